@@ -1,0 +1,2 @@
+//! The `eqfuse` command line; all work happens in the library.
+fn main() {}

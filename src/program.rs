@@ -1,0 +1,248 @@
+//! `Program`: a typed tensor program, the form every front end produces.
+//!
+//! It is a hash-consed `RecExpr<TensorLang>` (so equal subexpressions are one node) plus the
+//! declared dims, inputs with their types, binding names and named outputs.
+//! Invariant: every node of `expr` has a [`Fact`] in `facts` and was type-checked when added;
+//! a `Program` that exists is well typed.
+
+use std::collections::HashMap;
+
+use egg::{Id, Language, RecExpr, Symbol};
+
+use crate::infer::{infer, Fact};
+use crate::lang::{Kind, OpCode, TensorLang};
+use crate::types::TensorType;
+
+/// A declared input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Input {
+    pub name: String,
+    pub ty: TensorType,
+    pub id: Id,
+}
+
+/// A named result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Output {
+    pub name: String,
+    pub id: Id,
+}
+
+/// A typed tensor program.
+#[derive(Clone, Debug, Default)]
+pub struct Program {
+    /// Where it came from (a file name, or a name the caller chose); shown in plans.
+    pub source: String,
+    /// `dim NAME = VALUE` declarations, in order, after `--dim` overrides.
+    pub dims: Vec<(String, usize)>,
+    pub inputs: Vec<Input>,
+    pub outputs: Vec<Output>,
+    expr: RecExpr<TensorLang>,
+    facts: Vec<Fact>,
+    /// The first binding name given to each node, if any.
+    names: Vec<Option<String>>,
+    memo: HashMap<TensorLang, Id>,
+}
+
+impl Program {
+    pub fn new(source: impl Into<String>) -> Program {
+        Program { source: source.into(), ..Program::default() }
+    }
+
+    /// The nodes, children before parents.
+    pub fn expr(&self) -> &RecExpr<TensorLang> {
+        &self.expr
+    }
+
+    pub fn node(&self, id: Id) -> &TensorLang {
+        &self.expr[id]
+    }
+
+    pub fn len(&self) -> usize {
+        self.expr.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.expr.is_empty()
+    }
+
+    pub fn fact(&self, id: Id) -> &Fact {
+        &self.facts[usize::from(id)]
+    }
+
+    /// The tensor type of a node; `None` for attribute leaves.
+    pub fn ty(&self, id: Id) -> Option<&TensorType> {
+        self.fact(id).ty.as_ref()
+    }
+
+    /// The binding name of a node, if the program named it.
+    pub fn name(&self, id: Id) -> Option<&str> {
+        self.names[usize::from(id)].as_deref()
+    }
+
+    /// The size a `dim` declared, if any.
+    pub fn dim(&self, name: &str) -> Option<usize> {
+        self.dims.iter().find(|(n, _)| n == name).map(|&(_, v)| v)
+    }
+
+    pub fn input(&self, name: &str) -> Option<&Input> {
+        self.inputs.iter().find(|i| i.name == name)
+    }
+
+    /// Declares an input. Errors if the name is taken.
+    pub fn add_input(&mut self, name: &str, ty: TensorType) -> Result<Id, String> {
+        if self.input(name).is_some() {
+            return Err(format!("input `{name}` is declared twice"));
+        }
+        if name.parse::<crate::types::DType>().is_ok() || OpCode::from_name(name).is_some() {
+            return Err(format!("`{name}` names a dtype or an operator and cannot name an input"));
+        }
+        let id = self.push(TensorLang::Var(Symbol::from(name)), Fact::tensor(ty.clone()));
+        self.inputs.push(Input { name: name.to_string(), ty, id });
+        self.name_node(id, name);
+        Ok(id)
+    }
+
+    /// Adds a scalar constant.
+    pub fn num(&mut self, v: f64) -> Id {
+        self.push(TensorLang::num(v), Fact::constant(v))
+    }
+
+    /// Adds a node whose children are already in the program, checking its type.
+    pub fn add(&mut self, node: TensorLang) -> Result<Id, String> {
+        if let Some(&id) = self.memo.get(&node) {
+            return Ok(id);
+        }
+        let fact = match &node {
+            TensorLang::Num(n) => Fact::constant(n.value()),
+            TensorLang::Dims(d) => Fact::dims(d.0.clone()),
+            TensorLang::Type(t) => Fact::dtype(*t),
+            TensorLang::Var(s) => {
+                let i = self.input(s.as_str()).ok_or_else(|| format!("`{s}` is not a declared input"))?;
+                Fact::tensor(i.ty.clone())
+            }
+            TensorLang::Op(code, children) => {
+                if let Some(bad) = children.iter().find(|c| usize::from(**c) >= self.expr.len()) {
+                    return Err(format!("child {bad} of `{}` is not in the program", code.name()));
+                }
+                let args: Vec<&Fact> = children.iter().map(|&c| self.fact(c)).collect();
+                let inferred = infer(*code, &args)?;
+                let konst = fold(*code, &args);
+                Fact { ty: Some(inferred.ty), weak: inferred.weak, konst, dims: None, dtype: None }
+            }
+        };
+        Ok(self.push(node, fact))
+    }
+
+    /// Adds an operator by kind.
+    pub fn apply(&mut self, kind: Kind, children: Vec<Id>) -> Result<Id, String> {
+        self.add(TensorLang::op(OpCode::of(kind), children))
+    }
+
+    fn push(&mut self, node: TensorLang, fact: Fact) -> Id {
+        if let Some(&id) = self.memo.get(&node) {
+            return id;
+        }
+        let id = self.expr.add(node.clone());
+        self.facts.push(fact);
+        self.names.push(None);
+        self.memo.insert(node, id);
+        id
+    }
+
+    /// Gives a node a binding name, unless it already has one.
+    pub fn name_node(&mut self, id: Id, name: &str) {
+        let slot = &mut self.names[usize::from(id)];
+        if slot.is_none() {
+            *slot = Some(name.to_string());
+        }
+    }
+
+    /// Declares a result. Errors if the name is taken or the node is not a tensor.
+    pub fn add_output(&mut self, name: &str, id: Id) -> Result<(), String> {
+        if self.outputs.iter().any(|o| o.name == name) {
+            return Err(format!("`{name}` is listed as an output twice"));
+        }
+        if self.ty(id).is_none() {
+            return Err(format!("`{name}` is an attribute, not a tensor"));
+        }
+        self.outputs.push(Output { name: name.to_string(), id });
+        Ok(())
+    }
+
+    /// Builds a program from an expression (e.g. one extracted from an e-graph), keeping the
+    /// inputs and output names of `like`. Fails if the expression is ill typed.
+    pub fn from_expr(like: &Program, expr: &RecExpr<TensorLang>, roots: &[Id]) -> Result<Program, String> {
+        let mut p = Program::new(like.source.clone());
+        p.dims = like.dims.clone();
+        for i in &like.inputs {
+            p.add_input(&i.name, i.ty.clone())?;
+        }
+        let mut map = Vec::with_capacity(expr.len());
+        for node in expr.as_ref() {
+            let n = node.clone().map_children(|c| map[usize::from(c)]);
+            map.push(p.add(n)?);
+        }
+        if roots.len() != like.outputs.len() {
+            return Err(format!("{} roots for {} outputs", roots.len(), like.outputs.len()));
+        }
+        for (o, &r) in like.outputs.iter().zip(roots) {
+            p.add_output(&o.name, map[usize::from(r)])?;
+        }
+        Ok(p)
+    }
+
+    /// The nodes reachable from the outputs (inputs included, even if unused).
+    pub fn live(&self) -> Vec<bool> {
+        let mut live = vec![false; self.len()];
+        for o in &self.outputs {
+            live[usize::from(o.id)] = true;
+        }
+        for i in &self.inputs {
+            live[usize::from(i.id)] = true;
+        }
+        for i in (0..self.len()).rev() {
+            if live[i] {
+                for &c in self.expr[Id::from(i)].children() {
+                    live[usize::from(c)] = true;
+                }
+            }
+        }
+        live
+    }
+}
+
+/// Folds a pointwise op over scalar constants; `None` when any argument is not constant.
+pub fn fold(code: OpCode, args: &[&Fact]) -> Option<f64> {
+    let v = match code.kind() {
+        Kind::Unary(u) => crate::scalar::unary(u, args[0].konst?),
+        Kind::Binary(b) => {
+            let int = args.iter().any(|a| a.ty.as_ref().is_some_and(|t| !t.dtype.is_float()) && !a.weak);
+            crate::scalar::binary(b, args[0].konst?, args[1].konst?, int)
+        }
+        _ => return None,
+    };
+    if !args.iter().all(|a| a.ty.as_ref().is_some_and(|t| t.shape.is_empty())) {
+        return None;
+    }
+    v.is_finite().then_some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lang::Binary;
+    use crate::types::DType;
+
+    #[test]
+    fn hash_consing_and_types() {
+        let mut p = Program::new("t");
+        let x = p.add_input("x", TensorType::new(DType::F32, vec![4, 8])).unwrap();
+        let two = p.num(2.0);
+        let a = p.apply(Kind::Binary(Binary::Mul), vec![x, two]).unwrap();
+        let b = p.apply(Kind::Binary(Binary::Mul), vec![x, two]).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(p.ty(a).unwrap().shape, vec![4, 8]);
+        assert!(p.add_input("x", TensorType::scalar(DType::F32)).is_err());
+    }
+}
