@@ -6,18 +6,36 @@
 //! See `ARCHITECTURE.md` for the code map and invariants.
 
 mod analysis;
+mod cost;
+mod dag;
 mod error;
+mod expand;
+mod extract;
+mod fuse;
 mod infer;
 mod lang;
+mod optimize;
+mod plan;
+mod profile;
 mod program;
+mod render;
 mod scalar;
 mod types;
 
 pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
+pub use cost::{analyse, KernelCost};
+pub use dag::{Dag, DagNode, Role};
 pub use error::{Diagnostic, Error, Result};
+pub use expand::expand_composites;
+pub use extract::{build_plan, dag_of, extract, local_selection, ExtractOptions, Extracted, Selection};
+pub use fuse::{Fusion, Group};
 pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
 pub use lang::{Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
+pub use optimize::{egraph_of, optimize, unfused_totals, OptimizeOptions, Optimized, StageSummary};
+pub use plan::{FusionPlan, Kernel, SearchReport, Template, TensorRef, Totals};
+pub use profile::{DeviceProfile, TemplateRates};
 pub use program::{Input, Output, Program};
+pub use render::{human_bytes, plan_json, render, Format};
 pub use types::{DType, TensorType};
 
 /// Pointwise semantics on f64, shared by every CPU evaluator.

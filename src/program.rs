@@ -192,6 +192,31 @@ impl Program {
         Ok(p)
     }
 
+    /// Builds a program from s-expressions (the form rules and tests use): inputs with their
+    /// types, and each output as `(name, "(+ (* x 2) y)")`.
+    pub fn from_sexprs(
+        source: &str,
+        inputs: &[(&str, TensorType)],
+        outputs: &[(&str, &str)],
+    ) -> Result<Program, String> {
+        let mut p = Program::new(source);
+        for (name, ty) in inputs {
+            p.add_input(name, ty.clone())?;
+        }
+        for (name, text) in outputs {
+            let expr: RecExpr<TensorLang> = text.parse().map_err(|e| format!("output `{name}`: {e}"))?;
+            let mut map: Vec<Id> = Vec::with_capacity(expr.len());
+            for node in expr.as_ref() {
+                let n = node.clone().map_children(|c| map[usize::from(c)]);
+                map.push(p.add(n).map_err(|e| format!("output `{name}`: {e}"))?);
+            }
+            let root = *map.last().ok_or_else(|| format!("output `{name}` is empty"))?;
+            p.name_node(root, name);
+            p.add_output(name, root)?;
+        }
+        Ok(p)
+    }
+
     /// The nodes reachable from the outputs (inputs included, even if unused).
     pub fn live(&self) -> Vec<bool> {
         let mut live = vec![false; self.len()];

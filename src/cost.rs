@@ -1,0 +1,442 @@
+//! `KernelCost`: what one candidate kernel computes, whether a template can run it, and what it
+//! costs.
+//!
+//! A candidate kernel is a set of *members* (tensors it is responsible for) in a [`Dag`] where
+//! some nodes are materialized. Its body is the members plus every non-materialized node they
+//! reach; the materialized nodes it reaches outside itself are its reads. Cost is launch
+//! overhead + max(bytes / bandwidth, flops / rate), from the device profile.
+//! Invariant: this module decides legality and cost from the DAG and the profile alone; it never
+//! looks at the GPU, and the same candidate always gets the same answer.
+
+use crate::dag::{Dag, Role};
+use crate::infer::broadcast_shapes;
+use crate::lang::{Composite, Kind, Reduce, TensorLang, Unary};
+use crate::plan::Template;
+use crate::profile::DeviceProfile;
+use crate::types::DType;
+
+/// Largest body the register budget allows, in operators.
+const MAX_BODY_OPS: usize = 384;
+/// Widest product row a gemm epilogue may reduce over (one tile row).
+const MAX_GEMM_ROW: usize = 256;
+
+/// A legal candidate kernel, analysed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelCost {
+    pub template: Template,
+    pub domain: Vec<usize>,
+    /// Nodes computed in the kernel, in topological order (members included).
+    pub body: Vec<usize>,
+    /// Materialized nodes read from device memory.
+    pub reads: Vec<usize>,
+    pub flops: u64,
+    /// Times each full-size read is streamed (2 or more when a row does not fit on chip).
+    pub passes: u32,
+    /// Why the kernel is shaped as it is ("row of 65536 f32 exceeds shared memory ...").
+    pub notes: Vec<String>,
+}
+
+impl KernelCost {
+    /// Bytes read, counting re-streamed rows.
+    pub fn bytes_read(&self, dag: &Dag) -> u64 {
+        let full: usize = self.domain.iter().product();
+        self.reads
+            .iter()
+            .map(|&r| {
+                let b = dag.bytes(r);
+                let is_full = dag.nodes[r].ty().is_some_and(|t| t.numel() == full && full > 1);
+                if is_full {
+                    b * self.passes as u64
+                } else {
+                    b
+                }
+            })
+            .sum()
+    }
+
+    /// Predicted microseconds, given the bytes this kernel writes.
+    pub fn predict_us(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64) -> f64 {
+        let dtype = self.body.last().and_then(|&b| dag.nodes[b].ty()).map_or(DType::F32, |t| t.dtype);
+        profile.kernel_us(self.template, self.bytes_read(dag) + bytes_written, self.flops, dtype)
+    }
+}
+
+/// Analyses the kernel computing `members` (sorted) when `mat` marks the materialized nodes.
+/// Returns the reason when no template can run it.
+pub fn analyse(dag: &Dag, members: &[usize], mat: &[bool], profile: &DeviceProfile) -> Result<KernelCost, String> {
+    let (body, reads) = collect(dag, members, mat);
+    if body.len() > MAX_BODY_OPS {
+        return Err(format!("a body of {} operators exceeds the register budget ({MAX_BODY_OPS})", body.len()));
+    }
+    if reads.len() + members.len() > profile.max_kernel_args {
+        return Err(format!(
+            "{} tensor arguments exceed the limit of {}",
+            reads.len() + members.len(),
+            profile.max_kernel_args
+        ));
+    }
+    let flops = body.iter().map(|&b| node_flops(dag, b)).sum();
+    let shape = Shaped { dag, body: &body };
+    let (template, domain) = match shape.classify() {
+        Ok(t) => t,
+        // A single operator always runs on its own; the template follows from the operator.
+        Err(_) if members.len() == 1 && body.iter().all(|&b| b == members[0] || dag.nodes[b].role == Role::View) => {
+            shape.alone(members[0])
+        }
+        Err(e) => return Err(e),
+    };
+    let mut k = KernelCost { template, domain, body, reads, flops, passes: 1, notes: vec![] };
+    if template == Template::RowReduce {
+        row_passes(dag, &mut k, profile);
+    }
+    Ok(k)
+}
+
+/// The body and reads of a kernel: DFS from the members, stopping at materialized non-members.
+fn collect(dag: &Dag, members: &[usize], mat: &[bool]) -> (Vec<usize>, Vec<usize>) {
+    let mut seen = vec![false; dag.len()];
+    let mut body = Vec::new();
+    let mut reads = Vec::new();
+    let mut stack: Vec<usize> = members.to_vec();
+    for &m in members {
+        seen[m] = true;
+    }
+    while let Some(i) = stack.pop() {
+        body.push(i);
+        for c in dag.nodes[i].children() {
+            if seen[c] {
+                continue;
+            }
+            seen[c] = true;
+            if dag.nodes[c].role == Role::Leaf && !dag.is_output[c] {
+                continue;
+            }
+            if mat[c] && members.binary_search(&c).is_err() {
+                reads.push(c);
+            } else {
+                stack.push(c);
+            }
+        }
+    }
+    body.sort_unstable();
+    reads.sort_unstable();
+    (body, reads)
+}
+
+/// Flops one node costs when computed (transcendentals weigh 4).
+fn node_flops(dag: &Dag, i: usize) -> u64 {
+    let n = &dag.nodes[i];
+    let numel = n.ty().map_or(1, |t| t.numel()) as u64;
+    let child_numel = |k: usize| n.children().nth(k).and_then(|c| dag.nodes[c].ty()).map_or(1, |t| t.numel()) as u64;
+    match n.kind() {
+        None => 0,
+        Some(Kind::Unary(u)) => {
+            numel
+                * match u {
+                    Unary::Neg | Unary::Abs | Unary::Relu | Unary::Square | Unary::Not => 1,
+                    _ => 4,
+                }
+        }
+        Some(Kind::Binary(_)) | Some(Kind::Where) | Some(Kind::Cast) | Some(Kind::OneHot) | Some(Kind::Iota) => numel,
+        Some(Kind::Dropout) => 8 * numel,
+        Some(Kind::Reduce(_)) => child_numel(0),
+        Some(Kind::Reshape | Kind::Broadcast | Kind::Transpose | Kind::Grad) => 0,
+        Some(Kind::MatMul) => {
+            let a = dag.nodes[n.children().next().unwrap_or(i)].ty();
+            let k = a.and_then(|t| t.shape.last().copied()).unwrap_or(1) as u64;
+            2 * numel * k
+        }
+        Some(Kind::Composite(c)) => match c {
+            Composite::Softmax | Composite::LogSoftmax => 8 * numel,
+            Composite::LayerNorm | Composite::RmsNorm => 10 * numel,
+            Composite::CrossEntropy => 8 * child_numel(0),
+            Composite::Attention => {
+                // Two products of (S x D) by (D x T) and (S x T) by (T x Dv), plus the softmax.
+                let q =
+                    n.children().next().and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
+                let k =
+                    n.children().nth(1).and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
+                let (r, t) = (q.len(), k.len().saturating_sub(2));
+                let d = q.get(r.wrapping_sub(1)).copied().unwrap_or(1) as u64;
+                let tlen = k.get(t).copied().unwrap_or(1) as u64;
+                let rows = q.iter().take(r.saturating_sub(1)).product::<usize>() as u64;
+                rows * tlen * (4 * d + 8)
+            }
+        },
+    }
+}
+
+/// Shape classification of a body.
+struct Shaped<'a> {
+    dag: &'a Dag,
+    body: &'a [usize],
+}
+
+/// How a body node reduces.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Red {
+    /// Along the last axis (one row per block).
+    Row,
+    /// Along a leading axis, or across all rows (needs every block's partial result).
+    Across(usize),
+}
+
+impl Shaped<'_> {
+    fn shape(&self, i: usize) -> &[usize] {
+        self.dag.nodes[i].ty().map_or(&[], |t| &t.shape)
+    }
+
+    fn in_body(&self, i: usize) -> bool {
+        self.body.binary_search(&i).is_ok()
+    }
+
+    /// The reduction a node performs, if any: (kind, the shape it reduces).
+    fn reduction(&self, i: usize) -> Option<(Red, Vec<usize>)> {
+        let n = &self.dag.nodes[i];
+        let first = n.children().next()?;
+        let input = self.shape(first).to_vec();
+        let rank = input.len();
+        let axis_of = |k: usize| {
+            let a = n.children().nth(k).and_then(|c| self.dag.nodes[c].fact.konst)? as i64;
+            crate::infer::norm_axis(a, rank).ok()
+        };
+        let red = match n.kind()? {
+            Kind::Reduce(_) | Kind::Composite(Composite::Softmax | Composite::LogSoftmax) => {
+                let a = axis_of(1)?;
+                if a + 1 == rank {
+                    Red::Row
+                } else {
+                    Red::Across(a)
+                }
+            }
+            Kind::Composite(Composite::LayerNorm | Composite::RmsNorm) => Red::Row,
+            Kind::Composite(Composite::CrossEntropy) => Red::Across(usize::MAX),
+            _ => return None,
+        };
+        Some((red, input))
+    }
+
+    /// Picks the template and iteration space, or says why none fits.
+    fn classify(&self) -> Result<(Template, Vec<usize>), String> {
+        let anchors: Vec<usize> = self
+            .body
+            .iter()
+            .copied()
+            .filter(|&b| matches!(self.dag.nodes[b].kind(), Some(Kind::MatMul | Kind::Composite(Composite::Attention))))
+            .collect();
+        if anchors.len() > 1 {
+            return Err("two matrix products cannot share one kernel".into());
+        }
+        if let Some(&a) = anchors.first() {
+            return self.anchored(a);
+        }
+        let mut red: Option<Red> = None;
+        let mut domain: Vec<usize> = vec![];
+        for &b in self.body {
+            if let Some((r, input)) = self.reduction(b) {
+                if red.is_some_and(|x| x != r) {
+                    return Err("reductions over different axes cannot share one kernel".into());
+                }
+                if red.is_some() && input != domain {
+                    return Err("reductions over tensors of different shapes cannot share one kernel".into());
+                }
+                red = Some(r);
+                domain = input;
+            }
+        }
+        if red.is_none() {
+            domain = self
+                .body
+                .iter()
+                .map(|&b| self.shape(b))
+                .max_by_key(|s| s.iter().product::<usize>())
+                .unwrap_or(&[])
+                .to_vec();
+        }
+        self.fits(&domain)?;
+        if let Some(Red::Across(_)) = red {
+            self.nothing_after_across()?;
+        }
+        let template = match red {
+            None => Template::Elementwise,
+            Some(Red::Row) => Template::RowReduce,
+            Some(Red::Across(_)) => Template::ColReduce,
+        };
+        Ok((template, domain))
+    }
+
+    /// Every body value must broadcast to the iteration space.
+    fn fits(&self, domain: &[usize]) -> Result<(), String> {
+        for &b in self.body {
+            let s = self.shape(b);
+            if broadcast_shapes(s, domain).ok().as_deref() != Some(domain) {
+                return Err(format!(
+                    "a value of shape {} does not fit the kernel's iteration space {}",
+                    crate::lang::Dims(s.to_vec()),
+                    crate::lang::Dims(domain.to_vec())
+                ));
+            }
+            self.view_ok(b)?;
+        }
+        Ok(())
+    }
+
+    /// A transpose or a shape-changing reshape of a value computed in the same kernel would need
+    /// the value at other threads' indices.
+    fn view_ok(&self, b: usize) -> Result<(), String> {
+        let n = &self.dag.nodes[b];
+        let Some(child) = n.children().next() else { return Ok(()) };
+        if !self.computed_below(child) {
+            return Ok(());
+        }
+        let unit_only = |a: &[usize], b: &[usize]| a.iter().filter(|&&d| d != 1).eq(b.iter().filter(|&&d| d != 1));
+        match n.kind() {
+            Some(Kind::Transpose) if self.shape(b) != self.shape(child) || !self.trivial_transpose(b) => {
+                Err("a transpose of a value computed in the same kernel needs it in device memory".into())
+            }
+            Some(Kind::Reshape) if !unit_only(self.shape(b), self.shape(child)) => {
+                Err("a reshape of a value computed in the same kernel needs it in device memory".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether a body node is (or views) a value computed in this kernel, not one read from memory.
+    fn computed_below(&self, i: usize) -> bool {
+        if !self.in_body(i) {
+            return false;
+        }
+        let n = &self.dag.nodes[i];
+        n.role != Role::View || n.children().next().is_some_and(|c| self.computed_below(c))
+    }
+
+    /// A transpose that swaps an axis with itself or swaps two size-1 axes.
+    fn trivial_transpose(&self, b: usize) -> bool {
+        let n = &self.dag.nodes[b];
+        let s = self.shape(b);
+        let ax: Vec<Option<usize>> = n
+            .children()
+            .skip(1)
+            .map(|c| self.dag.nodes[c].fact.konst.and_then(|v| crate::infer::norm_axis(v as i64, s.len()).ok()))
+            .collect();
+        match ax[..] {
+            [Some(a), Some(c)] => a == c || (s[a] == 1 && s[c] == 1),
+            _ => false,
+        }
+    }
+
+    /// A value reduced across blocks can only be written, not used by the same kernel's body.
+    fn nothing_after_across(&self) -> Result<(), String> {
+        for &b in self.body {
+            if self.reduction(b).is_some_and(|(r, _)| matches!(r, Red::Across(_))) {
+                let feeds = self.dag.users[b].iter().any(|u| self.in_body(*u));
+                if feeds {
+                    return Err("a column or global reduction's result cannot feed the same kernel".into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A kernel anchored on a matrix product or attention.
+    fn anchored(&self, a: usize) -> Result<(Template, Vec<usize>), String> {
+        let n = &self.dag.nodes[a];
+        for c in n.children() {
+            if !self.in_body(c) {
+                continue;
+            }
+            if self.computed_below(c) {
+                return Err("a matrix product's operands must be in device memory (no prologue fusion)".into());
+            }
+        }
+        let domain = self.shape(a).to_vec();
+        let is_attention = matches!(n.kind(), Some(Kind::Composite(Composite::Attention)));
+        for &b in self.body {
+            if b == a || n.children().any(|c| c == b) {
+                continue;
+            }
+            match self.reduction(b) {
+                Some((Red::Row, _)) if !is_attention && domain.last().is_some_and(|&w| w <= MAX_GEMM_ROW) => {}
+                Some((Red::Row, _)) => {
+                    return Err(format!(
+                        "a row reduction over a product {} wide exceeds one tile row ({MAX_GEMM_ROW})",
+                        domain.last().copied().unwrap_or(0)
+                    ))
+                }
+                Some(_) => return Err("a matrix product's epilogue cannot reduce across rows".into()),
+                None => {}
+            }
+        }
+        self.fits(&domain)?;
+        Ok((if is_attention { Template::Attention } else { Template::Gemm }, domain))
+    }
+
+    /// The template of an operator standing alone.
+    fn alone(&self, i: usize) -> (Template, Vec<usize>) {
+        let n = &self.dag.nodes[i];
+        match (n.kind(), self.reduction(i)) {
+            (Some(Kind::MatMul), _) => (Template::Gemm, self.shape(i).to_vec()),
+            (Some(Kind::Composite(Composite::Attention)), _) => (Template::Attention, self.shape(i).to_vec()),
+            (_, Some((Red::Row, input))) => (Template::RowReduce, input),
+            (_, Some((Red::Across(_), input))) => (Template::ColReduce, input),
+            _ => (Template::Elementwise, self.shape(i).to_vec()),
+        }
+    }
+}
+
+/// Rows with dependent reductions are kept on chip when they fit; otherwise every full-size
+/// read is streamed once per dependent stage.
+fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
+    let width = k.domain.last().copied().unwrap_or(1);
+    let full: usize = k.domain.iter().product();
+    let full_reads = k.reads.iter().filter(|&&r| dag.nodes[r].ty().is_some_and(|t| t.numel() == full)).count().max(1);
+    let row_bytes = (width * 4 * full_reads) as u64;
+    let depth = reduction_depth(dag, k);
+    if depth <= 1 && !epilogue_uses_rows(dag, k) {
+        return;
+    }
+    if row_bytes <= profile.smem_per_block_bytes {
+        return;
+    }
+    k.passes = depth as u32 + 1;
+    k.notes.push(format!(
+        "row of {width} f32 ({row_bytes} bytes with {full_reads} input rows) exceeds shared memory ({} bytes): each input row is read {} times",
+        profile.smem_per_block_bytes, k.passes
+    ));
+}
+
+/// The longest chain of reductions in the body (composites count their internal stages).
+fn reduction_depth(dag: &Dag, k: &KernelCost) -> usize {
+    let mut depth = vec![0usize; dag.len()];
+    let mut max = 0;
+    for &b in &k.body {
+        let n = &dag.nodes[b];
+        let below = n.children().map(|c| depth[c]).max().unwrap_or(0);
+        let own = match n.kind() {
+            Some(Kind::Reduce(_)) => 1,
+            Some(Kind::Composite(Composite::Softmax | Composite::LogSoftmax | Composite::LayerNorm)) => 2,
+            Some(Kind::Composite(Composite::RmsNorm | Composite::CrossEntropy)) => 2,
+            _ => 0,
+        };
+        depth[b] = below + own;
+        max = max.max(depth[b]);
+    }
+    max
+}
+
+/// Whether a full-size value in the body uses a row-reduced value (so the row is needed again
+/// after the reduction).
+fn epilogue_uses_rows(dag: &Dag, k: &KernelCost) -> bool {
+    let full: usize = k.domain.iter().product();
+    let mut reduced = vec![false; dag.len()];
+    for &b in &k.body {
+        let n = &dag.nodes[b];
+        let is_red = matches!(n.kind(), Some(Kind::Reduce(Reduce::Sum | Reduce::Mean | Reduce::Amax | Reduce::Amin)));
+        let from_red = n.children().any(|c| reduced[c]);
+        if from_red && n.ty().is_some_and(|t| t.numel() == full) && !matches!(n.node, TensorLang::Num(_)) {
+            return true;
+        }
+        reduced[b] = is_red || from_red;
+    }
+    false
+}

@@ -1,0 +1,140 @@
+//! `Dag`: one chosen form of a program, as the fusion planner sees it.
+//!
+//! Extraction picks one e-node per needed e-class; the result is a DAG whose nodes are tensors
+//! (or attribute leaves). The unfused baseline builds one straight from a `Program`.
+//! Invariant: nodes are in topological order (children before parents) and every tensor node
+//! carries its type; leaves (`Num` literals, shapes, dtypes) are never in device memory.
+
+use egg::{Id, Language};
+
+use crate::infer::Fact;
+use crate::lang::{Kind, TensorLang};
+use crate::program::Program;
+use crate::types::TensorType;
+
+/// How the planner may treat a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A literal or attribute: compiled into the kernel, never in memory.
+    Leaf,
+    /// A program input: always in device memory.
+    Input,
+    /// `reshape`, `broadcast`, `transpose`: index arithmetic in the consumer, never written
+    /// unless it is an output.
+    View,
+    /// Everything else: computed by some kernel, written or kept on chip.
+    Compute,
+}
+
+/// One node of the DAG; `node`'s children are DAG indices.
+#[derive(Clone, Debug)]
+pub struct DagNode {
+    pub node: TensorLang,
+    pub fact: Fact,
+    /// A name from the program, if the value was bound to one.
+    pub name: Option<String>,
+    pub role: Role,
+}
+
+impl DagNode {
+    pub fn ty(&self) -> Option<&TensorType> {
+        self.fact.ty.as_ref()
+    }
+    pub fn children(&self) -> impl Iterator<Item = usize> + '_ {
+        self.node.children().iter().map(|&c| usize::from(c))
+    }
+    pub fn kind(&self) -> Option<Kind> {
+        self.node.opcode().map(|c| c.kind())
+    }
+}
+
+/// A chosen program form.
+#[derive(Clone, Debug, Default)]
+pub struct Dag {
+    pub nodes: Vec<DagNode>,
+    /// Program outputs in order: (output name, node).
+    pub outputs: Vec<(String, usize)>,
+    /// For each node, the nodes that use it (sorted, deduplicated).
+    pub users: Vec<Vec<usize>>,
+    /// For each node, whether it is a program output.
+    pub is_output: Vec<bool>,
+}
+
+impl Dag {
+    /// Builds the DAG of a program's live nodes.
+    pub fn from_program(p: &Program) -> Dag {
+        let live = p.live();
+        let mut map = vec![usize::MAX; p.len()];
+        let mut nodes = Vec::new();
+        for (i, node) in p.expr().as_ref().iter().enumerate() {
+            if !live[i] {
+                continue;
+            }
+            let id = Id::from(i);
+            let n = node.clone().map_children(|c| Id::from(map[usize::from(c)]));
+            map[i] = nodes.len();
+            nodes.push(DagNode {
+                role: role_of(&n),
+                node: n,
+                fact: p.fact(id).clone(),
+                name: p.name(id).map(str::to_string),
+            });
+        }
+        let outputs = p.outputs.iter().map(|o| (o.name.clone(), map[usize::from(o.id)])).collect();
+        Dag::finish(nodes, outputs)
+    }
+
+    /// Completes a DAG from its nodes and outputs (computes users and output flags).
+    pub fn finish(nodes: Vec<DagNode>, outputs: Vec<(String, usize)>) -> Dag {
+        let mut users = vec![Vec::new(); nodes.len()];
+        for (i, n) in nodes.iter().enumerate() {
+            for c in n.children() {
+                if users[c].last() != Some(&i) {
+                    users[c].push(i);
+                }
+            }
+        }
+        let mut is_output = vec![false; nodes.len()];
+        for &(_, o) in &outputs {
+            is_output[o] = true;
+        }
+        Dag { nodes, outputs, users, is_output }
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Bytes of a node's tensor (0 for leaves).
+    pub fn bytes(&self, i: usize) -> u64 {
+        self.nodes[i].ty().map_or(0, |t| t.bytes())
+    }
+
+    /// Whether the node must be in device memory whatever the plan: inputs, and outputs that are
+    /// not inputs.
+    pub fn must_materialize(&self, i: usize) -> bool {
+        self.nodes[i].role == Role::Input || self.is_output[i]
+    }
+
+    /// Whether the planner ever keeps this node only on chip (leaves and views are free unless
+    /// they are outputs).
+    pub fn is_free(&self, i: usize) -> bool {
+        !self.is_output[i] && matches!(self.nodes[i].role, Role::Leaf | Role::View)
+    }
+}
+
+/// The role a node plays, from its operator.
+pub fn role_of(n: &TensorLang) -> Role {
+    match n {
+        TensorLang::Num(_) | TensorLang::Dims(_) | TensorLang::Type(_) => Role::Leaf,
+        TensorLang::Var(_) => Role::Input,
+        TensorLang::Op(code, _) => match code.kind() {
+            Kind::Reshape | Kind::Broadcast | Kind::Transpose => Role::View,
+            _ => Role::Compute,
+        },
+    }
+}

@@ -1,0 +1,141 @@
+//! Expansion of composite operators into primitive ones.
+//!
+//! The unfused baseline is the program as eager execution runs it: every primitive operator its
+//! own kernel, so composites written directly are first expanded here. The expansions are the
+//! same decompositions the `patterns` rules recognise.
+//! Invariant: the expanded program computes the same values as the original (checked against
+//! the reference in the tests).
+
+use egg::{Id, Language};
+
+use crate::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
+use crate::program::Program;
+
+/// A copy of `p` with every composite replaced by primitives.
+pub fn expand_composites(p: &Program) -> Result<Program, String> {
+    let mut out = Program::new(p.source.clone());
+    out.dims = p.dims.clone();
+    for i in &p.inputs {
+        out.add_input(&i.name, i.ty.clone())?;
+    }
+    let mut map: Vec<Id> = Vec::with_capacity(p.len());
+    for (i, node) in p.expr().as_ref().iter().enumerate() {
+        let n = node.clone().map_children(|c| map[usize::from(c)]);
+        let id = match &n {
+            TensorLang::Op(code, ch) => match code.kind() {
+                Kind::Composite(c) => expand(&mut out, c, ch)?,
+                _ => out.add(n.clone())?,
+            },
+            _ => out.add(n.clone())?,
+        };
+        if let Some(name) = p.name(Id::from(i)) {
+            out.name_node(id, name);
+        }
+        map.push(id);
+    }
+    for o in &p.outputs {
+        out.add_output(&o.name, map[usize::from(o.id)])?;
+    }
+    Ok(out)
+}
+
+/// Small builder helpers over a program.
+struct B<'a>(&'a mut Program);
+
+impl B<'_> {
+    fn u(&mut self, u: Unary, x: Id) -> Result<Id, String> {
+        self.0.apply(Kind::Unary(u), vec![x])
+    }
+    fn b(&mut self, b: Binary, x: Id, y: Id) -> Result<Id, String> {
+        self.0.apply(Kind::Binary(b), vec![x, y])
+    }
+    fn r(&mut self, r: Reduce, x: Id, axis: Id) -> Result<Id, String> {
+        self.0.apply(Kind::Reduce(r), vec![x, axis])
+    }
+    fn num(&mut self, v: f64) -> Id {
+        self.0.num(v)
+    }
+    fn log_softmax(&mut self, x: Id, axis: Id) -> Result<Id, String> {
+        let m = self.r(Reduce::Amax, x, axis)?;
+        let s = self.b(Binary::Sub, x, m)?;
+        let e = self.u(Unary::Exp, s)?;
+        let z = self.r(Reduce::Sum, e, axis)?;
+        let l = self.u(Unary::Log, z)?;
+        self.b(Binary::Sub, s, l)
+    }
+    fn softmax(&mut self, x: Id, axis: Id) -> Result<Id, String> {
+        let m = self.r(Reduce::Amax, x, axis)?;
+        let s = self.b(Binary::Sub, x, m)?;
+        let e = self.u(Unary::Exp, s)?;
+        let z = self.r(Reduce::Sum, e, axis)?;
+        self.b(Binary::Div, e, z)
+    }
+}
+
+fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
+    let mut b = B(p);
+    match c {
+        Composite::Softmax => b.softmax(ch[0], ch[1]),
+        Composite::LogSoftmax => b.log_softmax(ch[0], ch[1]),
+        Composite::LayerNorm => {
+            let last = b.num(-1.0);
+            let mu = b.r(Reduce::Mean, ch[0], last)?;
+            let xc = b.b(Binary::Sub, ch[0], mu)?;
+            let sq = b.b(Binary::Mul, xc, xc)?;
+            let var = b.r(Reduce::Mean, sq, last)?;
+            let ve = b.b(Binary::Add, var, ch[3])?;
+            let rs = b.u(Unary::Rsqrt, ve)?;
+            let n = b.b(Binary::Mul, xc, rs)?;
+            let g = b.b(Binary::Mul, n, ch[1])?;
+            b.b(Binary::Add, g, ch[2])
+        }
+        Composite::RmsNorm => {
+            let last = b.num(-1.0);
+            let sq = b.b(Binary::Mul, ch[0], ch[0])?;
+            let ms = b.r(Reduce::Mean, sq, last)?;
+            let me = b.b(Binary::Add, ms, ch[2])?;
+            let rs = b.u(Unary::Rsqrt, me)?;
+            let n = b.b(Binary::Mul, ch[0], rs)?;
+            b.b(Binary::Mul, n, ch[1])
+        }
+        Composite::CrossEntropy => {
+            let shape = b.0.ty(ch[0]).ok_or("cross_entropy of an attribute")?.shape.clone();
+            let v = *shape.last().ok_or("cross_entropy of a scalar")?;
+            let rows: usize = shape[..shape.len() - 1].iter().product();
+            let last = b.num(-1.0);
+            let ls = b.log_softmax(ch[0], last)?;
+            let vn = b.num(v as f64);
+            let oh = b.0.apply(Kind::OneHot, vec![ch[1], vn])?;
+            let picked = b.b(Binary::Mul, oh, ls)?;
+            let row = b.r(Reduce::Sum, picked, last)?;
+            let dims = b.0.add(TensorLang::Dims(crate::lang::Dims(vec![rows])))?;
+            let flat = b.0.apply(Kind::Reshape, vec![row, dims])?;
+            let zero = b.num(0.0);
+            let mean = b.r(Reduce::Mean, flat, zero)?;
+            let neg = b.u(Unary::Neg, mean)?;
+            let scalar = b.0.add(TensorLang::Dims(crate::lang::Dims(vec![])))?;
+            b.0.apply(Kind::Reshape, vec![neg, scalar])
+        }
+        Composite::Attention => {
+            let (m1, m2) = (b.num(-1.0), b.num(-2.0));
+            let kt = b.0.apply(Kind::Transpose, vec![ch[1], m1, m2])?;
+            let s = b.0.apply(Kind::MatMul, vec![ch[0], kt])?;
+            let mut scaled = b.b(Binary::Mul, s, ch[3])?;
+            let causal = b.0.fact(ch[4]).konst.unwrap_or(0.0) != 0.0;
+            if causal {
+                let shape = b.0.ty(scaled).ok_or("attention of an attribute")?.shape.clone();
+                let (sq, sk) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+                let (nq, nk) = (b.num(sq as f64), b.num(sk as f64));
+                let iq = b.0.apply(Kind::Iota, vec![nq])?;
+                let ik = b.0.apply(Kind::Iota, vec![nk])?;
+                let dq = b.0.add(TensorLang::Dims(crate::lang::Dims(vec![sq, 1])))?;
+                let col = b.0.apply(Kind::Reshape, vec![iq, dq])?;
+                let keep = b.b(Binary::Ge, col, ik)?;
+                let neg = b.num(-1e30);
+                scaled = b.0.apply(Kind::Where, vec![keep, scaled, neg])?;
+            }
+            let p = b.softmax(scaled, m1)?;
+            b.0.apply(Kind::MatMul, vec![p, ch[2]])
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! Extraction: from a saturated e-graph to a [`FusionPlan`].
+//!
+//! Two choices are made together: the e-node of each needed e-class (which algebraic form), and
+//! the fusion state over the chosen form (which tensors are materialized, which kernels share
+//! work; see `fuse.rs`). E-nodes start from a local choice (the cheapest form if every operator
+//! were its own kernel, so composites that one template runs win over their decompositions);
+//! then single-class switches are tried, each judged by re-running fusion on the whole form,
+//! and kept when the fused plan gets faster.
+//! Invariant: extraction never touches the GPU, and equal inputs give byte-identical plans.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use egg::{CostFunction, Extractor, Id, Language, RecExpr, Symbol};
+
+use crate::analysis::TensorGraph;
+use crate::dag::{role_of, Dag, DagNode, Role};
+use crate::fuse::Fusion;
+use crate::lang::TensorLang;
+use crate::plan::{FusionPlan, Kernel, SearchReport, TensorRef, Totals};
+use crate::profile::DeviceProfile;
+use crate::program::Program;
+use crate::types::TensorType;
+
+/// The cost of a form if each operator ran as its own kernel: the local guide for e-node choice.
+struct LocalCost<'a> {
+    egraph: &'a TensorGraph,
+    profile: &'a DeviceProfile,
+}
+
+impl CostFunction<TensorLang> for LocalCost<'_> {
+    type Cost = f64;
+
+    fn cost<C: FnMut(Id) -> f64>(&mut self, enode: &TensorLang, mut costs: C) -> f64 {
+        let eg = self.egraph;
+        let Some(fact) = eg.analysis.node_fact(enode, |c| eg[c].data.fact.clone()) else {
+            return f64::INFINITY;
+        };
+        let children: f64 = enode.children().iter().map(|&c| costs(c)).sum();
+        let own = match role_of(enode) {
+            Role::Leaf | Role::Input => 0.0,
+            // A tiny cost keeps identity cycles (`reshape` of a `reshape`) out of the choice.
+            Role::View => 1e-6,
+            Role::Compute => {
+                let bytes: u64 =
+                    enode.children().iter().filter_map(|&c| eg[c].data.ty()).map(|t| t.bytes()).sum::<u64>()
+                        + fact.ty.as_ref().map_or(0, |t| t.bytes());
+                self.profile.launch_overhead_us
+                    + 1e6 * bytes as f64 / (self.profile.copy_bandwidth_gbs * 1e9)
+                    + 1e-6 * enode.children().len() as f64
+            }
+        };
+        own + children
+    }
+}
+
+/// A choice of e-node per e-class.
+pub type Selection = BTreeMap<Id, TensorLang>;
+
+/// Builds the DAG of a selection from the roots; class names come from `names`.
+pub fn dag_of(
+    egraph: &TensorGraph,
+    selection: &Selection,
+    roots: &[(String, Id)],
+    names: &BTreeMap<Id, String>,
+) -> Result<Dag, String> {
+    let mut index: BTreeMap<Id, usize> = BTreeMap::new();
+    let mut nodes: Vec<DagNode> = Vec::new();
+    // Iterative post-order, so deep programs do not overflow the stack.
+    for (_, root) in roots {
+        let mut stack = vec![(egraph.find(*root), false)];
+        let mut on_path = std::collections::BTreeSet::new();
+        while let Some((c, expanded)) = stack.pop() {
+            if index.contains_key(&c) {
+                continue;
+            }
+            let node = selection.get(&c).ok_or_else(|| format!("class {c} has no chosen node"))?;
+            if expanded {
+                on_path.remove(&c);
+                let n = node.clone().map_children(|ch| Id::from(index[&egraph.find(ch)]));
+                let fact = egraph[c].data.fact.clone().ok_or_else(|| format!("class {c} is ill typed"))?;
+                index.insert(c, nodes.len());
+                nodes.push(DagNode { role: role_of(&n), node: n, fact, name: names.get(&c).cloned() });
+                continue;
+            }
+            if !on_path.insert(c) {
+                return Err(format!("the chosen form is cyclic at class {c}"));
+            }
+            stack.push((c, true));
+            for &ch in node.children().iter().rev() {
+                let ch = egraph.find(ch);
+                if !index.contains_key(&ch) {
+                    if on_path.contains(&ch) {
+                        return Err(format!("the chosen form is cyclic at class {ch}"));
+                    }
+                    stack.push((ch, false));
+                }
+            }
+        }
+    }
+    let outputs = roots.iter().map(|(n, r)| (n.clone(), index[&egraph.find(*r)])).collect();
+    Ok(Dag::finish(nodes, outputs))
+}
+
+/// The local (unfused-cost) choice for every class.
+pub fn local_selection(egraph: &TensorGraph, profile: &DeviceProfile) -> Selection {
+    let ex = Extractor::new(egraph, LocalCost { egraph, profile });
+    egraph
+        .classes()
+        .filter_map(|c| {
+            let (cost, _) = ex.find_best(c.id);
+            cost.is_finite().then(|| (c.id, ex.find_best_node(c.id).clone()))
+        })
+        .collect()
+}
+
+/// Options for extraction.
+#[derive(Clone, Debug)]
+pub struct ExtractOptions {
+    /// When false, every computed tensor is its own kernel (`--no-fusion`).
+    pub fusion: bool,
+    /// Time allowed for e-node switches after the first plan.
+    pub improve_time: Duration,
+}
+
+impl Default for ExtractOptions {
+    fn default() -> Self {
+        ExtractOptions { fusion: true, improve_time: Duration::from_millis(500) }
+    }
+}
+
+/// A fused form: the DAG and its fusion state's predicted time.
+pub struct Extracted {
+    pub dag: Dag,
+    pub selection: Selection,
+    pub predicted_us: f64,
+}
+
+/// Chooses e-nodes and fusion jointly; returns the DAG of the best form found.
+pub fn extract(
+    egraph: &TensorGraph,
+    roots: &[(String, Id)],
+    names: &BTreeMap<Id, String>,
+    profile: &DeviceProfile,
+    opts: &ExtractOptions,
+) -> Result<Extracted, String> {
+    let mut selection = local_selection(egraph, profile);
+    let cost_of = |sel: &Selection| -> Result<(Dag, f64), String> {
+        let dag = dag_of(egraph, sel, roots, names)?;
+        let mut f = Fusion::unfused(&dag, profile);
+        if opts.fusion {
+            f.optimise();
+        }
+        let t = f.total_us();
+        Ok((dag, t))
+    };
+    let (mut dag, mut best) = cost_of(&selection)?;
+    if opts.fusion {
+        let start = Instant::now();
+        let mut improved = true;
+        while improved && start.elapsed() < opts.improve_time {
+            improved = false;
+            for (class, alt) in alternatives(egraph, &dag, &selection) {
+                if start.elapsed() >= opts.improve_time {
+                    break;
+                }
+                let mut trial = selection.clone();
+                trial.insert(class, alt);
+                if let Ok((d, t)) = cost_of(&trial) {
+                    if t < best - 1e-6 {
+                        selection = trial;
+                        dag = d;
+                        best = t;
+                        improved = true;
+                    }
+                }
+            }
+        }
+    }
+    Ok(Extracted { dag, selection, predicted_us: best })
+}
+
+/// Other e-nodes of the classes in the current form that differ in operator or children
+/// classes (commuted operands are not worth a trial).
+fn alternatives(egraph: &TensorGraph, dag: &Dag, selection: &Selection) -> Vec<(Id, TensorLang)> {
+    let mut out = Vec::new();
+    let used: std::collections::BTreeSet<Id> = selection
+        .iter()
+        .filter(|(_, n)| dag.nodes.iter().any(|d| d.node.opcode() == n.opcode()))
+        .map(|(&c, _)| c)
+        .collect();
+    for c in used {
+        let cur = &selection[&c];
+        let key = |n: &TensorLang| {
+            let mut ch: Vec<Id> = n.children().iter().map(|&x| egraph.find(x)).collect();
+            ch.sort();
+            (n.opcode(), ch)
+        };
+        let cur_key = key(cur);
+        for n in &egraph[c].nodes {
+            if n.opcode().is_some()
+                && key(n) != cur_key
+                && egraph.analysis.node_fact(n, |x| egraph[x].data.fact.clone()).is_some()
+            {
+                out.push((c, n.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// Turns a fusion state into kernels, naming every tensor.
+pub fn build_plan(
+    program: &Program,
+    dag: &Dag,
+    fusion: &Fusion,
+    profile: &DeviceProfile,
+    unfused: Totals,
+    search: SearchReport,
+) -> FusionPlan {
+    let names = tensor_names(dag);
+    let tref = |i: usize| TensorRef {
+        name: names[i].clone(),
+        ty: dag.nodes[i].ty().cloned().unwrap_or(TensorType::scalar(crate::DType::F32)),
+    };
+    let rejected = rejected_by_member(fusion);
+    let mut kernels = Vec::new();
+    for g in fusion.ordered() {
+        let k = &g.cost;
+        let mut body: RecExpr<TensorLang> = RecExpr::default();
+        let mut local: BTreeMap<usize, Id> = BTreeMap::new();
+        let leaf = |i: usize, body: &mut RecExpr<TensorLang>, local: &mut BTreeMap<usize, Id>| -> Id {
+            *local.entry(i).or_insert_with(|| {
+                let n = &dag.nodes[i];
+                match n.role {
+                    Role::Leaf if !dag.is_output[i] => body.add(n.node.clone()),
+                    _ => body.add(TensorLang::Var(Symbol::from(names[i].as_str()))),
+                }
+            })
+        };
+        for &r in &k.reads {
+            leaf(r, &mut body, &mut local);
+        }
+        let mut ops = Vec::new();
+        for &b in &k.body {
+            let n = &dag.nodes[b];
+            for c in n.children() {
+                if !local.contains_key(&c) {
+                    leaf(c, &mut body, &mut local);
+                }
+            }
+            let node = n.node.clone().map_children(|c| local[&usize::from(c)]);
+            ops.push(node.head());
+            let id = body.add(node);
+            local.insert(b, id);
+        }
+        let written: Vec<usize> = g.members.iter().copied().filter(|&m| fusion.is_written(m)).collect();
+        let bytes_written = fusion.group_write_bytes(g);
+        let mut notes: Vec<String> = k.notes.clone();
+        for m in &g.members {
+            notes.extend(rejected.get(m).into_iter().flatten().cloned());
+        }
+        notes.dedup();
+        kernels.push(Kernel {
+            id: kernels.len(),
+            template: k.template,
+            domain: k.domain.clone(),
+            ops,
+            reads: k.reads.iter().map(|&r| tref(r)).collect(),
+            writes: written.iter().map(|&w| tref(w)).collect(),
+            stores: written.iter().map(|w| local[w]).collect(),
+            body,
+            bytes_read: k.bytes_read(dag),
+            bytes_written,
+            flops: k.flops,
+            predicted_us: fusion.group_us(g),
+            rejected: notes,
+        });
+    }
+    let total = FusionPlan::sum_totals(&kernels);
+    FusionPlan {
+        program: program.source.clone(),
+        device: profile.name.clone(),
+        kernels,
+        inputs: program.inputs.iter().map(|i| TensorRef { name: i.name.clone(), ty: i.ty.clone() }).collect(),
+        outputs: dag.outputs.iter().map(|(o, i)| (o.clone(), names[*i].clone())).collect(),
+        total,
+        unfused,
+        search,
+    }
+}
+
+/// Fusions rejected near each node, as sentences.
+fn rejected_by_member(fusion: &Fusion) -> BTreeMap<usize, Vec<String>> {
+    let mut out: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    for (node, why) in &fusion.rejected {
+        out.entry(*node).or_default().push(format!("not fused: {why}"));
+    }
+    out
+}
+
+/// A unique name for every tensor: outputs by their output name, inputs and bound values by
+/// their program name, the rest `t{index}`.
+fn tensor_names(dag: &Dag) -> Vec<String> {
+    let mut names: Vec<Option<String>> = dag
+        .nodes
+        .iter()
+        .map(|n| match &n.node {
+            TensorLang::Var(s) => Some(s.to_string()),
+            _ => None,
+        })
+        .collect();
+    for (o, i) in &dag.outputs {
+        if names[*i].is_none() {
+            names[*i] = Some(o.clone());
+        }
+    }
+    for (i, n) in dag.nodes.iter().enumerate() {
+        if names[i].is_none() {
+            names[i] = n.name.clone();
+        }
+    }
+    let mut taken: std::collections::BTreeSet<String> = names.iter().flatten().cloned().collect();
+    names
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| {
+            n.unwrap_or_else(|| {
+                let mut name = format!("t{i}");
+                while taken.contains(&name) {
+                    name.push('_');
+                }
+                taken.insert(name.clone());
+                name
+            })
+        })
+        .collect()
+}

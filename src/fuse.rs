@@ -1,0 +1,359 @@
+//! Greedy fusion over one chosen program form: which tensors are materialized, and which
+//! materialized tensors share a kernel.
+//!
+//! The state starts as the unfused plan (every computed tensor materialized, one kernel each)
+//! and applies the move that saves the most predicted time, until none saves any (XLA's priority
+//! fusion, with recomputation as one of the moves):
+//! - *inline* a tensor: stop writing it; every kernel that read it computes it instead;
+//! - *merge* two kernels into one multi-output kernel (a producer and its consumer, or two
+//!   kernels reading the same tensor), which is legal only when no third kernel sits between.
+//!
+//! A materialized tensor is written once (if it is an output or another kernel reads it) and
+//! read once by each kernel that reaches it; an inlined tensor is recomputed by each kernel that
+//! reaches it. Invariant: every state the search visits is a legal, acyclic plan, and the search
+//! is deterministic (candidates are visited in index order; ties keep the first).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::cost::{analyse, KernelCost};
+use crate::dag::{Dag, Role};
+use crate::profile::DeviceProfile;
+
+/// One kernel of the fusion state.
+#[derive(Clone, Debug)]
+pub struct Group {
+    /// Materialized nodes this kernel computes (sorted).
+    pub members: Vec<usize>,
+    pub cost: KernelCost,
+}
+
+/// A fusion state: the materialized set and its kernels.
+#[derive(Clone, Debug)]
+pub struct Fusion<'a> {
+    dag: &'a Dag,
+    profile: &'a DeviceProfile,
+    /// Materialized nodes (inputs always).
+    pub mat: Vec<bool>,
+    /// Owning group of each materialized computed node.
+    owner: Vec<usize>,
+    pub groups: Vec<Option<Group>>,
+    /// How many groups read each node.
+    readers: Vec<u32>,
+    /// Rejected fusions: (node or group member it concerns, reason).
+    pub rejected: BTreeSet<(usize, String)>,
+    /// Moves applied.
+    pub moves: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Move {
+    Inline(usize),
+    Merge(usize, usize),
+}
+
+/// A move's effect, before it is applied.
+struct Proposal {
+    flip: Option<usize>,
+    remove: Vec<usize>,
+    add: Vec<Group>,
+    delta_us: f64,
+}
+
+const NONE: usize = usize::MAX;
+
+impl<'a> Fusion<'a> {
+    /// The unfused state: every computed tensor materialized in its own kernel.
+    pub fn unfused(dag: &'a Dag, profile: &'a DeviceProfile) -> Fusion<'a> {
+        let n = dag.len();
+        let mat: Vec<bool> = (0..n).map(|i| !dag.is_free(i)).collect();
+        let mut f = Fusion {
+            dag,
+            profile,
+            mat,
+            owner: vec![NONE; n],
+            groups: vec![],
+            readers: vec![0; n],
+            rejected: BTreeSet::new(),
+            moves: 0,
+        };
+        for i in 0..n {
+            if f.mat[i] && dag.nodes[i].role != Role::Input {
+                let members = vec![i];
+                let cost = analyse(dag, &members, &f.mat, profile)
+                    .expect("a single operator with its inputs in memory is always legal");
+                f.insert(Group { members, cost });
+            }
+        }
+        f
+    }
+
+    fn insert(&mut self, g: Group) {
+        let id = self.groups.len();
+        for &m in &g.members {
+            self.owner[m] = id;
+        }
+        for &r in &g.cost.reads {
+            self.readers[r] += 1;
+        }
+        self.groups.push(Some(g));
+    }
+
+    fn remove(&mut self, id: usize) {
+        if let Some(g) = self.groups[id].take() {
+            for &r in &g.cost.reads {
+                self.readers[r] -= 1;
+            }
+            for &m in &g.members {
+                if self.owner[m] == id {
+                    self.owner[m] = NONE;
+                }
+            }
+        }
+    }
+
+    /// Whether a materialized node is written, given reader counts.
+    fn written(&self, m: usize, readers: u32) -> bool {
+        self.dag.is_output[m] || readers > 0
+    }
+
+    /// Bytes a group writes, given a reader-count lookup.
+    fn write_bytes(&self, g: &Group, readers: impl Fn(usize) -> u32) -> u64 {
+        g.members.iter().filter(|&&m| self.written(m, readers(m))).map(|&m| self.dag.bytes(m)).sum()
+    }
+
+    /// Predicted time of a group in the current state.
+    pub fn group_us(&self, g: &Group) -> f64 {
+        g.cost.predict_us(self.dag, self.profile, self.write_bytes(g, |m| self.readers[m]))
+    }
+
+    /// Bytes a group writes in the current state.
+    pub fn group_write_bytes(&self, g: &Group) -> u64 {
+        self.write_bytes(g, |m| self.readers[m])
+    }
+
+    /// Whether a member of a group is written in the current state.
+    pub fn is_written(&self, m: usize) -> bool {
+        self.written(m, self.readers[m])
+    }
+
+    /// Predicted time of the whole state.
+    pub fn total_us(&self) -> f64 {
+        self.groups.iter().flatten().map(|g| self.group_us(g)).sum()
+    }
+
+    /// Runs greedy fusion to a local optimum.
+    pub fn optimise(&mut self) {
+        loop {
+            let mut best: Option<Proposal> = None;
+            for mv in self.candidates() {
+                match self.propose(mv) {
+                    Ok(p) if p.delta_us < -1e-9 && best.as_ref().is_none_or(|b| p.delta_us < b.delta_us) => {
+                        best = Some(p)
+                    }
+                    Ok(_) => {}
+                    Err((node, why)) => {
+                        self.rejected.insert((node, why));
+                    }
+                }
+            }
+            match best {
+                Some(p) => self.apply(p),
+                None => break,
+            }
+        }
+    }
+
+    /// Legal-looking moves from the current state, in a deterministic order.
+    fn candidates(&self) -> Vec<Move> {
+        let mut out = BTreeSet::new();
+        for (gid, g) in self.groups.iter().enumerate() {
+            let Some(g) = g else { continue };
+            if let [m] = g.members[..] {
+                if !self.dag.is_output[m] && self.dag.nodes[m].role == Role::Compute {
+                    out.insert(Move::Inline(m));
+                }
+            }
+            for &r in &g.cost.reads {
+                let o = self.owner[r];
+                if o != NONE && o != gid {
+                    out.insert(Move::Merge(o.min(gid), o.max(gid)));
+                }
+            }
+        }
+        // Kernels reading one tensor may share the read (sibling fusion).
+        let mut by_read: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (gid, g) in self.groups.iter().enumerate() {
+            for &r in g.iter().flat_map(|g| &g.cost.reads) {
+                by_read.entry(r).or_default().push(gid);
+            }
+        }
+        for gs in by_read.values() {
+            for w in gs.windows(2) {
+                out.insert(Move::Merge(w[0], w[1]));
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// Evaluates a move without applying it; `Err` names the node concerned and the reason.
+    fn propose(&self, mv: Move) -> Result<Proposal, (usize, String)> {
+        let (flip, remove, add_members): (Option<usize>, Vec<usize>, Vec<Vec<usize>>) = match mv {
+            Move::Inline(m) => {
+                let own = self.owner[m];
+                let users: BTreeSet<usize> = self
+                    .groups
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(gid, g)| g.as_ref().filter(|g| g.cost.reads.binary_search(&m).is_ok()).map(|_| gid))
+                    .collect();
+                let mut remove: Vec<usize> = users.iter().copied().collect();
+                remove.push(own);
+                let add = users
+                    .iter()
+                    .map(|&u| self.groups[u].as_ref().map(|g| g.members.clone()).unwrap_or_default())
+                    .collect();
+                (Some(m), remove, add)
+            }
+            Move::Merge(a, b) => {
+                if self.path_through_other(a, b) || self.path_through_other(b, a) {
+                    return Err((
+                        self.first_member(b),
+                        "fusing would put another kernel inside this one (a cycle)".into(),
+                    ));
+                }
+                let mut members = self.members(a).to_vec();
+                members.extend_from_slice(self.members(b));
+                members.sort_unstable();
+                (None, vec![a, b], vec![members])
+            }
+        };
+        let mut mat = self.mat.clone();
+        if let Some(m) = flip {
+            mat[m] = false;
+        }
+        let mut add = Vec::with_capacity(add_members.len());
+        for members in add_members {
+            match analyse(self.dag, &members, &mat, self.profile) {
+                Ok(cost) => add.push(Group { members, cost }),
+                Err(why) => {
+                    let who = flip.unwrap_or(members[0]);
+                    return Err((who, why));
+                }
+            }
+        }
+        let delta_us = self.delta(&remove, &add);
+        Ok(Proposal { flip, remove, add, delta_us })
+    }
+
+    /// The change in total time if `remove` were replaced by `add`.
+    fn delta(&self, remove: &[usize], add: &[Group]) -> f64 {
+        let mut diff: BTreeMap<usize, i64> = BTreeMap::new();
+        for &r in remove {
+            for &x in self.groups[r].as_ref().map_or(&[][..], |g| &g.cost.reads[..]) {
+                *diff.entry(x).or_default() -= 1;
+            }
+        }
+        for g in add {
+            for &x in &g.cost.reads {
+                *diff.entry(x).or_default() += 1;
+            }
+        }
+        let readers = |m: usize| (self.readers[m] as i64 + diff.get(&m).copied().unwrap_or(0)).max(0) as u32;
+        let mut delta: f64 =
+            add.iter().map(|g| g.cost.predict_us(self.dag, self.profile, self.write_bytes(g, readers))).sum();
+        delta -= remove.iter().filter_map(|&r| self.groups[r].as_ref()).map(|g| self.group_us(g)).sum::<f64>();
+        // Owners whose writes change because their readers changed.
+        let mut owners = BTreeSet::new();
+        for (&m, _) in diff.iter().filter(|(_, &d)| d != 0) {
+            let o = self.owner[m];
+            if o != NONE && !remove.contains(&o) && self.written(m, self.readers[m]) != self.written(m, readers(m)) {
+                owners.insert(o);
+            }
+        }
+        for o in owners {
+            let g = self.groups[o].as_ref().expect("owner is live");
+            delta += g.cost.predict_us(self.dag, self.profile, self.write_bytes(g, readers)) - self.group_us(g);
+        }
+        delta
+    }
+
+    fn apply(&mut self, p: Proposal) {
+        for &r in &p.remove {
+            self.remove(r);
+        }
+        if let Some(m) = p.flip {
+            self.mat[m] = false;
+        }
+        for g in p.add {
+            self.insert(g);
+        }
+        self.moves += 1;
+    }
+
+    fn members(&self, g: usize) -> &[usize] {
+        self.groups[g].as_ref().map_or(&[], |g| &g.members)
+    }
+
+    fn first_member(&self, g: usize) -> usize {
+        self.members(g).first().copied().unwrap_or(0)
+    }
+
+    /// Groups that read something `g` owns.
+    fn successors(&self, g: usize) -> BTreeSet<usize> {
+        let mut out = BTreeSet::new();
+        for (gid, other) in self.groups.iter().enumerate() {
+            if let Some(o) = other {
+                if gid != g && o.cost.reads.iter().any(|&r| self.owner[r] == g) {
+                    out.insert(gid);
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether `to` is reachable from `from` through at least one other group.
+    fn path_through_other(&self, from: usize, to: usize) -> bool {
+        let mut stack: Vec<usize> = self.successors(from).into_iter().filter(|&s| s != to).collect();
+        let mut seen: BTreeSet<usize> = stack.iter().copied().collect();
+        while let Some(g) = stack.pop() {
+            for s in self.successors(g) {
+                if s == to {
+                    return true;
+                }
+                if seen.insert(s) {
+                    stack.push(s);
+                }
+            }
+        }
+        false
+    }
+
+    /// The live groups in an execution order (producers first; ties by smallest member).
+    pub fn ordered(&self) -> Vec<&Group> {
+        let live: Vec<usize> = (0..self.groups.len()).filter(|&g| self.groups[g].is_some()).collect();
+        let mut indeg: BTreeMap<usize, usize> = live.iter().map(|&g| (g, 0)).collect();
+        let mut succ: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
+        for &g in &live {
+            let s = self.successors(g);
+            for &t in &s {
+                *indeg.get_mut(&t).expect("live") += 1;
+            }
+            succ.insert(g, s);
+        }
+        let mut ready: BTreeSet<(usize, usize)> =
+            live.iter().filter(|g| indeg[g] == 0).map(|&g| (self.first_member(g), g)).collect();
+        let mut out = Vec::with_capacity(live.len());
+        while let Some(&(k, g)) = ready.iter().next() {
+            ready.remove(&(k, g));
+            out.push(self.groups[g].as_ref().expect("live"));
+            for &t in &succ[&g] {
+                let d = indeg.get_mut(&t).expect("live");
+                *d -= 1;
+                if *d == 0 {
+                    ready.insert((self.first_member(t), t));
+                }
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,167 @@
+//! `optimize`: the whole planning pipeline, program in, plan out.
+//!
+//! program ──expand composites──> unfused baseline
+//! program ──e-graph──saturate (staged rulesets, budgets)──extract (e-nodes + fusion)──> plan
+//! Invariant: a plan always comes out (at worst the unfused one); budgets only shorten the search.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use egg::Id;
+
+use crate::analysis::{ShapeAnalysis, TensorGraph};
+use crate::dag::{Dag, Role};
+use crate::error::{Error, Result};
+use crate::expand::expand_composites;
+use crate::extract::{build_plan, extract, ExtractOptions};
+use crate::fuse::Fusion;
+use crate::lang::Kind;
+use crate::plan::{FusionPlan, SearchReport, Totals};
+use crate::profile::DeviceProfile;
+use crate::program::Program;
+
+/// Everything `eqfuse optimize` can be told.
+#[derive(Clone, Debug)]
+pub struct OptimizeOptions {
+    pub profile: DeviceProfile,
+    /// When false, every computed tensor is its own kernel.
+    pub fusion: bool,
+    /// Rule files to use instead of the built-in ones.
+    pub rules_dir: Option<String>,
+    pub node_limit: usize,
+    pub iter_limit: usize,
+    pub time_limit: Duration,
+    /// `greedy` or `ilp`.
+    pub extractor: String,
+}
+
+impl OptimizeOptions {
+    pub fn new(profile: DeviceProfile) -> OptimizeOptions {
+        OptimizeOptions {
+            profile,
+            fusion: true,
+            rules_dir: None,
+            node_limit: 20_000,
+            iter_limit: 12,
+            time_limit: Duration::from_secs(2),
+            extractor: "greedy".into(),
+        }
+    }
+}
+
+/// A plan and what `explain` tells about it.
+#[derive(Clone, Debug)]
+pub struct Optimized {
+    pub plan: FusionPlan,
+    /// Per ruleset stage: (ruleset, iterations, stop reason, rules fired with counts).
+    pub stages: Vec<StageSummary>,
+    /// Composite operators in the plan that the program did not write.
+    pub recognised: Vec<String>,
+}
+
+/// One saturation stage, as reported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageSummary {
+    pub ruleset: String,
+    pub iterations: usize,
+    pub stop_reason: String,
+    pub fired: BTreeMap<String, usize>,
+}
+
+/// Cost of the program as written, every primitive op its own kernel.
+pub fn unfused_totals(program: &Program, profile: &DeviceProfile) -> Result<Totals> {
+    let expanded = expand_composites(program).map_err(Error::Invalid)?;
+    let dag = Dag::from_program(&expanded);
+    let f = Fusion::unfused(&dag, profile);
+    let groups = f.ordered();
+    Ok(Totals {
+        kernels: groups.len(),
+        bytes: groups.iter().map(|g| g.cost.bytes_read(&dag) + f.group_write_bytes(g)).sum(),
+        flops: groups.iter().map(|g| g.cost.flops).sum(),
+        predicted_us: groups.iter().map(|g| f.group_us(g)).sum(),
+    })
+}
+
+/// The e-graph of a program, its output roots and the names of its bound classes.
+pub fn egraph_of(program: &Program) -> (TensorGraph, Vec<(String, Id)>, BTreeMap<Id, String>) {
+    let analysis = ShapeAnalysis::new(program.inputs.iter().map(|i| (i.name.clone(), i.ty.clone())));
+    let mut egraph = TensorGraph::new(analysis);
+    let live = program.live();
+    let mut map: Vec<Id> = Vec::with_capacity(program.len());
+    for (i, node) in program.expr().as_ref().iter().enumerate() {
+        let n = egg::Language::map_children(node.clone(), |c| map[usize::from(c)]);
+        let id = if live[i] { egraph.add(n) } else { Id::from(0) };
+        map.push(id);
+    }
+    egraph.rebuild();
+    let mut names = BTreeMap::new();
+    for i in 0..program.len() {
+        if let (true, Some(name)) = (live[i], program.name(Id::from(i))) {
+            names.entry(egraph.find(map[i])).or_insert_with(|| name.to_string());
+        }
+    }
+    let roots = program.outputs.iter().map(|o| (o.name.clone(), egraph.find(map[usize::from(o.id)]))).collect();
+    (egraph, roots, names)
+}
+
+/// Plans a program.
+pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> {
+    let unfused = unfused_totals(program, &opts.profile)?;
+    let (egraph, roots, names) = egraph_of(program);
+    let t0 = Instant::now();
+    let (egraph, stages, iterations, stop_reason) = run_stages(egraph, opts)?;
+    let saturate_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let roots: Vec<(String, Id)> = roots.into_iter().map(|(n, r)| (n, egraph.find(r))).collect();
+    let names: BTreeMap<Id, String> = names.into_iter().fold(BTreeMap::new(), |mut m, (c, n)| {
+        m.entry(egraph.find(c)).or_insert(n);
+        m
+    });
+    let t1 = Instant::now();
+    let ex_opts = ExtractOptions { fusion: opts.fusion, ..ExtractOptions::default() };
+    let best = extract(&egraph, &roots, &names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
+    let mut fusion = Fusion::unfused(&best.dag, &opts.profile);
+    if opts.fusion {
+        fusion.optimise();
+    }
+    let extract_ms = t1.elapsed().as_secs_f64() * 1e3;
+    let search = SearchReport {
+        iterations,
+        enodes: egraph.total_number_of_nodes(),
+        eclasses: egraph.number_of_classes(),
+        stop_reason,
+        saturate_ms: round3(saturate_ms),
+        extract_ms: round3(extract_ms),
+        extractor: if opts.fusion { "greedy-dag".into() } else { "no-fusion".into() },
+        gap: None,
+    };
+    let plan = build_plan(program, &best.dag, &fusion, &opts.profile, unfused, search);
+    let recognised = recognised_composites(program, &best.dag);
+    Ok(Optimized { plan, stages, recognised })
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1e3).round() / 1e3
+}
+
+/// Composite operators in the chosen form that the program did not contain.
+fn recognised_composites(program: &Program, dag: &Dag) -> Vec<String> {
+    let written: std::collections::BTreeSet<&str> = program
+        .expr()
+        .as_ref()
+        .iter()
+        .filter(|n| matches!(n.opcode().map(|c| c.kind()), Some(Kind::Composite(_))))
+        .map(|n| n.opcode().map_or("", |c| c.name()))
+        .collect();
+    dag.nodes
+        .iter()
+        .filter(|n| n.role == Role::Compute && matches!(n.kind(), Some(Kind::Composite(_))))
+        .filter_map(|n| n.node.opcode().map(|c| c.name()))
+        .filter(|name| !written.contains(name))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Saturation stages over the e-graph. Until the rule engine lands, no rules run.
+fn run_stages(egraph: TensorGraph, _opts: &OptimizeOptions) -> Result<(TensorGraph, Vec<StageSummary>, usize, String)> {
+    Ok((egraph, vec![], 0, "saturated".into()))
+}

@@ -1,0 +1,141 @@
+//! `FusionPlan` and `Kernel`: what the extractor chooses and everything downstream consumes.
+//!
+//! A plan is a list of kernels in execution order. Each kernel is an instance of one template,
+//! names the tensors it reads from and writes to device memory, and carries its body: a small
+//! `TensorLang` expression whose `Var` leaves are the tensors it reads. Everything in the body
+//! that is not a read stays in registers or shared memory.
+//! Invariant: a plan is self-contained; evaluating its kernels in order on the CPU reference
+//! gives the program's outputs (checked by tests for every example), and codegen never changes it.
+
+use egg::{Id, RecExpr};
+use serde::Serialize;
+
+use crate::lang::TensorLang;
+use crate::types::TensorType;
+
+/// The kernel templates of `kernels/`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Template {
+    /// Any fused pointwise body over broadcast inputs; several outputs.
+    Elementwise,
+    /// Reductions along the last axis with pointwise prologue and epilogue; several outputs.
+    RowReduce,
+    /// Reductions over a leading axis with pointwise prologue.
+    ColReduce,
+    /// A matrix product with a fused pointwise (or narrow row-softmax) epilogue.
+    Gemm,
+    /// Flash-style attention.
+    Attention,
+}
+
+impl Template {
+    pub const ALL: [Template; 5] =
+        [Template::Elementwise, Template::RowReduce, Template::ColReduce, Template::Gemm, Template::Attention];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Template::Elementwise => "elementwise",
+            Template::RowReduce => "rowreduce",
+            Template::ColReduce => "colreduce",
+            Template::Gemm => "gemm",
+            Template::Attention => "attention",
+        }
+    }
+}
+
+/// A tensor in device memory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TensorRef {
+    pub name: String,
+    #[serde(flatten)]
+    pub ty: TensorType,
+}
+
+/// One kernel of a plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kernel {
+    pub id: usize,
+    pub template: Template,
+    /// The iteration space: the shape of the largest value the kernel computes.
+    pub domain: Vec<usize>,
+    /// The operators fused into this kernel, in body order (contract field `ops`).
+    pub ops: Vec<String>,
+    /// Tensors read from device memory (each once).
+    pub reads: Vec<TensorRef>,
+    /// Tensors written to device memory.
+    pub writes: Vec<TensorRef>,
+    /// The computation; `Var` leaves name the tensors in `reads`.
+    pub body: RecExpr<TensorLang>,
+    /// For each entry of `writes`, the body node it stores.
+    pub stores: Vec<Id>,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub flops: u64,
+    pub predicted_us: f64,
+    /// Fusions the planner considered near this kernel and rejected, with the reason.
+    pub rejected: Vec<String>,
+}
+
+/// Totals over a plan.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Totals {
+    pub kernels: usize,
+    pub bytes: u64,
+    pub flops: u64,
+    pub predicted_us: f64,
+}
+
+/// How the search went.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SearchReport {
+    pub iterations: usize,
+    pub enodes: usize,
+    pub eclasses: usize,
+    pub stop_reason: String,
+    pub saturate_ms: f64,
+    pub extract_ms: f64,
+    pub extractor: String,
+    /// Relative distance of the chosen plan's predicted time above a proven lower bound (0 when
+    /// the plan is optimal for the cost model); `null` when no bound was computed.
+    pub gap: Option<f64>,
+}
+
+/// The extractor's output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FusionPlan {
+    /// The program's source name.
+    pub program: String,
+    /// The device profile's name.
+    pub device: String,
+    pub kernels: Vec<Kernel>,
+    /// The program's inputs, as read by the kernels.
+    pub inputs: Vec<TensorRef>,
+    /// For each program output, in order, the tensor holding it.
+    pub outputs: Vec<(String, String)>,
+    pub total: Totals,
+    /// The program as written, one kernel per primitive op (composites expanded).
+    pub unfused: Totals,
+    pub search: SearchReport,
+}
+
+impl FusionPlan {
+    /// Predicted speedup of this plan over the unfused one.
+    pub fn speedup(&self) -> f64 {
+        if self.total.predicted_us > 0.0 {
+            self.unfused.predicted_us / self.total.predicted_us
+        } else {
+            1.0
+        }
+    }
+
+    /// Recomputes `total` from the kernels.
+    pub fn sum_totals(kernels: &[Kernel]) -> Totals {
+        Totals {
+            kernels: kernels.len(),
+            bytes: kernels.iter().map(|k| k.bytes_read + k.bytes_written).sum(),
+            flops: kernels.iter().map(|k| k.flops).sum(),
+            predicted_us: kernels.iter().map(|k| k.predicted_us).sum(),
+        }
+    }
+}
