@@ -145,15 +145,7 @@ pub fn extract(
     opts: &ExtractOptions,
 ) -> Result<Extracted, String> {
     let mut selection = local_selection(egraph, profile);
-    let cost_of = |sel: &Selection| -> Result<(Dag, f64), String> {
-        let dag = dag_of(egraph, sel, roots, names)?;
-        let mut f = Fusion::unfused(&dag, profile);
-        if opts.fusion {
-            f.optimise();
-        }
-        let t = f.total_us();
-        Ok((dag, t))
-    };
+    let cost_of = |sel: &Selection| fused_cost(egraph, sel, roots, names, profile, opts.fusion);
     let (mut dag, mut best) = cost_of(&selection)?;
     if opts.fusion {
         let start = Instant::now();
@@ -178,6 +170,24 @@ pub fn extract(
         }
     }
     Ok(Extracted { dag, selection, predicted_us: best })
+}
+
+/// The DAG of a selection and the predicted time of its fused (or unfused) plan.
+pub fn fused_cost(
+    egraph: &TensorGraph,
+    selection: &Selection,
+    roots: &[(String, Id)],
+    names: &BTreeMap<Id, String>,
+    profile: &DeviceProfile,
+    fusion: bool,
+) -> Result<(Dag, f64), String> {
+    let dag = dag_of(egraph, selection, roots, names)?;
+    let mut f = Fusion::unfused(&dag, profile);
+    if fusion {
+        f.optimise();
+    }
+    let t = f.total_us();
+    Ok((dag, t))
 }
 
 /// Other e-nodes of the classes in the current form that differ in operator or children
