@@ -8,7 +8,9 @@
 mod analysis;
 mod error;
 mod infer;
+mod json;
 mod lang;
+mod parse;
 mod program;
 mod scalar;
 mod types;
@@ -16,7 +18,9 @@ mod types;
 pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
 pub use error::{Diagnostic, Error, Result};
 pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
+pub use json::{program_from_json, program_to_json};
 pub use lang::{Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
+pub use parse::{load_program, parse_dim_override, parse_program};
 pub use program::{Input, Output, Program};
 pub use types::{DType, TensorType};
 
