@@ -17,13 +17,18 @@ mod ilp;
 mod infer;
 mod json;
 mod lang;
+mod npy;
 mod optimize;
+mod parse;
 mod plan;
 mod profile;
-mod parse;
 mod program;
+mod reference;
 mod render;
+mod rng;
+mod run_cpu;
 mod scalar;
+mod tensor;
 mod types;
 
 pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
@@ -38,13 +43,23 @@ pub use ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};
 pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
 pub use json::{program_from_json, program_to_json};
 pub use lang::{Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
+pub use npy::{read_npy, write_npy};
 pub use optimize::{egraph_of, optimize, unfused_totals, OptimizeOptions, Optimized, StageSummary};
+pub use parse::{load_program, parse_dim_override, parse_program};
 pub use plan::{FusionPlan, Kernel, SearchReport, Template, TensorRef, Totals};
 pub use profile::{DeviceProfile, TemplateRates};
-pub use parse::{load_program, parse_dim_override, parse_program};
 pub use program::{Input, Output, Program};
+pub use reference::{eval, eval_all};
 pub use render::{human_bytes, plan_json, render, Format};
+pub use rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
+pub use run_cpu::{run_cpu, CpuRunOptions, CpuRunReport};
+pub use tensor::{tolerance, Comparison, Summary, Tensor};
 pub use types::{DType, TensorType};
+
+/// The counter-based generator that dropout and seeded inputs use (the CUDA side reproduces it).
+pub mod random {
+    pub use crate::rng::*;
+}
 
 /// Pointwise semantics on f64, shared by every CPU evaluator.
 pub mod scalars {
