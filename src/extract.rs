@@ -233,7 +233,7 @@ pub fn build_plan(
         name: names[i].clone(),
         ty: dag.nodes[i].ty().cloned().unwrap_or(TensorType::scalar(crate::DType::F32)),
     };
-    let rejected = rejected_by_member(fusion);
+    let rejected = rejected_by_member(fusion, &names);
     let mut kernels = Vec::new();
     for g in fusion.ordered() {
         let k = &g.cost;
@@ -300,11 +300,15 @@ pub fn build_plan(
     }
 }
 
-/// Fusions rejected near each node, as sentences.
-fn rejected_by_member(fusion: &Fusion) -> BTreeMap<usize, Vec<String>> {
+/// Fusions rejected near each node, as sentences, keyed by the kernel member they concern.
+fn rejected_by_member(fusion: &Fusion, names: &[String]) -> BTreeMap<usize, Vec<String>> {
     let mut out: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    for (node, why) in &fusion.rejected {
-        out.entry(*node).or_default().push(format!("not fused: {why}"));
+    for r in fusion.rejections() {
+        let (key, text) = match r.into {
+            None => (r.subject, format!("not fused: {} recomputed by its consumers instead of written: {}", names[r.subject], r.why)),
+            Some(b) => (b, format!("not fused: with the kernel writing {}: {}", names[r.subject], r.why)),
+        };
+        out.entry(key).or_default().push(text);
     }
     out
 }

@@ -39,10 +39,18 @@ pub struct Fusion<'a> {
     pub groups: Vec<Option<Group>>,
     /// How many groups read each node.
     readers: Vec<u32>,
-    /// Rejected fusions: (node or group member it concerns, reason).
-    pub rejected: BTreeSet<(usize, String)>,
     /// Moves applied.
     pub moves: usize,
+}
+
+/// A fusion the final state does not make.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// The tensor to inline, or a member of the first kernel of a merge.
+    pub subject: usize,
+    /// For a merge, a member of the second kernel.
+    pub into: Option<usize>,
+    pub why: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -73,7 +81,6 @@ impl<'a> Fusion<'a> {
             owner: vec![NONE; n],
             groups: vec![],
             readers: vec![0; n],
-            rejected: BTreeSet::new(),
             moves: 0,
         };
         for i in 0..n {
@@ -146,13 +153,9 @@ impl<'a> Fusion<'a> {
         loop {
             let mut best: Option<Proposal> = None;
             for mv in self.candidates() {
-                match self.propose(mv) {
-                    Ok(p) if p.delta_us < -1e-9 && best.as_ref().is_none_or(|b| p.delta_us < b.delta_us) => {
-                        best = Some(p)
-                    }
-                    Ok(_) => {}
-                    Err((node, why)) => {
-                        self.rejected.insert((node, why));
+                if let Ok(p) = self.propose(mv) {
+                    if p.delta_us < -1e-9 && best.as_ref().is_none_or(|b| p.delta_us < b.delta_us) {
+                        best = Some(p);
                     }
                 }
             }
@@ -161,6 +164,25 @@ impl<'a> Fusion<'a> {
                 None => break,
             }
         }
+    }
+
+    /// The fusions not made in the final state, and why: each remaining move is either illegal
+    /// (the reason) or slower (by how much). Keyed by the node the move concerns.
+    pub fn rejections(&self) -> Vec<Rejection> {
+        let mut out = Vec::new();
+        for mv in self.candidates() {
+            let (subject, into) = match mv {
+                Move::Inline(m) => (m, None),
+                Move::Merge(a, b) => (self.first_member(a), Some(self.first_member(b))),
+            };
+            let why = match self.propose(mv) {
+                Ok(p) if p.delta_us >= -1e-9 => format!("it would be slower by {:.2} us", p.delta_us),
+                Ok(_) => continue,
+                Err((_, why)) => why,
+            };
+            out.push(Rejection { subject, into, why });
+        }
+        out
     }
 
     /// Legal-looking moves from the current state, in a deterministic order.
