@@ -19,7 +19,11 @@ pub fn explain(opt: &Optimized) -> String {
     }
     for st in &opt.stages {
         let total: usize = st.fired.values().sum();
-        let _ = writeln!(s, "  stage {}: {} iterations, stopped: {}, {total} rewrites", st.ruleset, st.iterations, st.stop_reason);
+        let _ = writeln!(
+            s,
+            "  stage {}: {} iterations, stopped: {}, {total} rewrites",
+            st.ruleset, st.iterations, st.stop_reason
+        );
         let mut fired: Vec<_> = st.fired.iter().filter(|(_, &n)| n > 0).collect();
         fired.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         for (rule, n) in fired {

@@ -305,7 +305,10 @@ fn rejected_by_member(fusion: &Fusion, names: &[String]) -> BTreeMap<usize, Vec<
     let mut out: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     for r in fusion.rejections() {
         let (key, text) = match r.into {
-            None => (r.subject, format!("not fused: {} recomputed by its consumers instead of written: {}", names[r.subject], r.why)),
+            None => (
+                r.subject,
+                format!("not fused: {} recomputed by its consumers instead of written: {}", names[r.subject], r.why),
+            ),
             Some(b) => (b, format!("not fused: with the kernel writing {}: {}", names[r.subject], r.why)),
         };
         out.entry(key).or_default().push(text);

@@ -74,15 +74,7 @@ impl<'a> Fusion<'a> {
     pub fn unfused(dag: &'a Dag, profile: &'a DeviceProfile) -> Fusion<'a> {
         let n = dag.len();
         let mat: Vec<bool> = (0..n).map(|i| !dag.is_free(i)).collect();
-        let mut f = Fusion {
-            dag,
-            profile,
-            mat,
-            owner: vec![NONE; n],
-            groups: vec![],
-            readers: vec![0; n],
-            moves: 0,
-        };
+        let mut f = Fusion { dag, profile, mat, owner: vec![NONE; n], groups: vec![], readers: vec![0; n], moves: 0 };
         for i in 0..n {
             if f.mat[i] && dag.nodes[i].role != Role::Input {
                 let members = vec![i];

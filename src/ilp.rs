@@ -51,7 +51,9 @@ struct Terms {
 
 fn node_terms(egraph: &TensorGraph, node: &TensorLang) -> Terms {
     let ty = |c: Id| egraph[c].data.ty().cloned();
-    let numel = egraph.analysis.node_fact(node, |c| egraph[c].data.fact.clone()).and_then(|f| f.ty).map_or(1, |t| t.numel()) as u64;
+    let numel =
+        egraph.analysis.node_fact(node, |c| egraph[c].data.fact.clone()).and_then(|f| f.ty).map_or(1, |t| t.numel())
+            as u64;
     let kind = node.opcode().map(|c| c.kind());
     let anchor = matches!(kind, Some(Kind::MatMul | Kind::Composite(Composite::Attention)));
     let mut forced = Vec::new();
@@ -88,7 +90,11 @@ fn operand_in_memory(egraph: &TensorGraph, c: Id) -> Option<Id> {
 /// Output classes some kernel must write: those that are not program inputs. (An output that is
 /// an input moves nothing, and its read is not counted either, so the bound stays below it.)
 fn written_roots(egraph: &TensorGraph, roots: &[Id]) -> BTreeSet<Id> {
-    roots.iter().map(|&r| egraph.find(r)).filter(|&r| !egraph[r].nodes.iter().any(|n| matches!(n, TensorLang::Var(_)))).collect()
+    roots
+        .iter()
+        .map(|&r| egraph.find(r))
+        .filter(|&r| !egraph[r].nodes.iter().any(|n| matches!(n, TensorLang::Var(_))))
+        .collect()
 }
 
 fn is_root(egraph: &TensorGraph, roots: &[Id], c: Id) -> bool {
@@ -139,13 +145,22 @@ pub fn relaxed_cost(egraph: &TensorGraph, selection: &Selection, roots: &[Id], p
     }
     bytes += forced.iter().map(|&c| 2 * bytes_of(c)).sum::<u64>();
     let (bw, rate) = best_rates(profile);
-    profile.launch_overhead_us * anchors.max(usize::from(!root_set.is_empty())) as f64 + 1e6 * (bytes as f64 / bw).max(flops as f64 / rate)
+    profile.launch_overhead_us * anchors.max(usize::from(!root_set.is_empty())) as f64
+        + 1e6 * (bytes as f64 / bw).max(flops as f64 / rate)
 }
 
 /// Solves the integer program (or its LP relaxation when the time limit stops the solver).
-pub fn solve(egraph: &TensorGraph, roots: &[Id], profile: &DeviceProfile, time_limit: Duration) -> Result<IlpResult, String> {
+pub fn solve(
+    egraph: &TensorGraph,
+    roots: &[Id],
+    profile: &DeviceProfile,
+    time_limit: Duration,
+) -> Result<IlpResult, String> {
     if egraph.total_number_of_nodes() > ILP_MAX_NODES {
-        return Err(format!("the e-graph has {} e-nodes, more than the {ILP_MAX_NODES} the ILP takes", egraph.total_number_of_nodes()));
+        return Err(format!(
+            "the e-graph has {} e-nodes, more than the {ILP_MAX_NODES} the ILP takes",
+            egraph.total_number_of_nodes()
+        ));
     }
     match build_and_solve(egraph, roots, profile, Some(time_limit), true) {
         Ok(r) => Ok(r),
@@ -213,7 +228,10 @@ fn build_and_solve(
     if let Some(tl) = time_limit {
         model = model.with_time_limit(tl.as_secs_f64());
     }
-    model = model.with(constraint!(1e6 / bw * bytes <= t)).with(constraint!(1e6 / rate * flops <= t)).with(constraint!(anchors <= k));
+    model = model
+        .with(constraint!(1e6 / bw * bytes <= t))
+        .with(constraint!(1e6 / rate * flops <= t))
+        .with(constraint!(anchors <= k));
     if !root_set.is_empty() {
         model = model.with(constraint!(k >= 1.0));
     }

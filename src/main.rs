@@ -98,7 +98,11 @@ enum ExtractorArg {
 
 impl PlanArgs {
     fn load(&self) -> Result<Program, Error> {
-        let overrides = self.dims.iter().map(|d| eqfuse::parse_dim_override(d).map_err(Error::Invalid)).collect::<Result<Vec<_>, _>>()?;
+        let overrides = self
+            .dims
+            .iter()
+            .map(|d| eqfuse::parse_dim_override(d).map_err(Error::Invalid))
+            .collect::<Result<Vec<_>, _>>()?;
         eqfuse::load_program(&self.prog, &overrides)
     }
 
@@ -108,7 +112,10 @@ impl PlanArgs {
         o.rules_dir = self.rules.clone();
         o.node_limit = self.node_limit;
         if !(self.time_limit.is_finite() && self.time_limit > 0.0) {
-            return Err(Error::Invalid(format!("--time-limit must be a positive number of seconds, got {}", self.time_limit)));
+            return Err(Error::Invalid(format!(
+                "--time-limit must be a positive number of seconds, got {}",
+                self.time_limit
+            )));
         }
         o.time_limit = Duration::from_secs_f64(self.time_limit);
         o.extractor = match self.extractor {
@@ -161,7 +168,9 @@ fn run(cli: Cli) -> Result<(), Error> {
         Command::Run { plan, cpu, inputs, outputs, seed, repeat: _ } => {
             let program = plan.load()?;
             if !cpu {
-                return Err(Error::NoGpu("GPU execution is not built yet; use --cpu for the reference interpreter".into()));
+                return Err(Error::NoGpu(
+                    "GPU execution is not built yet; use --cpu for the reference interpreter".into(),
+                ));
             }
             let report = eqfuse::run_cpu(
                 &program,

@@ -127,8 +127,9 @@ fn the_bound_never_exceeds_the_greedy_plan() {
         ("(relu (@ x w))", vec![("x", f32(&[128, 256])), ("w", f32(&[256, 64]))]),
     ];
     for (expr, inputs) in progs {
-        let p = Program::from_sexprs("t", &inputs.iter().map(|(n, t)| (*n, t.clone())).collect::<Vec<_>>(), &[("o", expr)])
-            .unwrap();
+        let p =
+            Program::from_sexprs("t", &inputs.iter().map(|(n, t)| (*n, t.clone())).collect::<Vec<_>>(), &[("o", expr)])
+                .unwrap();
         let mut opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
         opts.extractor = "ilp".into();
         let plan = optimize(&p, &opts).unwrap().plan;

@@ -77,7 +77,10 @@ impl<'a> Builder<'a> {
             return Err(PError::new(name.pos, format!("`{n}` {why} and cannot name a value")));
         }
         if let Some(b) = self.scope.get(n) {
-            return Err(PError::new(name.pos, format!("`{n}` is already declared on line {}; names are bound once", b.line)));
+            return Err(PError::new(
+                name.pos,
+                format!("`{n}` is already declared on line {}; names are bound once", b.line),
+            ));
         }
         Ok(())
     }
@@ -171,7 +174,9 @@ impl<'a> Builder<'a> {
 
     /// A "did you mean" for a misspelt name, chosen deterministically among names in scope.
     fn suggest(&self, name: &str) -> String {
-        closest(name, self.scope.keys().map(String::as_str)).map(|s| format!(" (did you mean `{s}`?)")).unwrap_or_default()
+        closest(name, self.scope.keys().map(String::as_str))
+            .map(|s| format!(" (did you mean `{s}`?)"))
+            .unwrap_or_default()
     }
 
     fn call(&mut self, name: &str, args: &[Expr], pos: Pos) -> Result<egg::Id, PError> {

@@ -15,13 +15,22 @@ pub(super) const MAX_DEPTH: usize = 200;
 #[derive(Debug)]
 pub(super) enum Ast {
     /// A number literal; `int` when written without `.` or exponent.
-    Num { value: f64, int: bool },
+    Num {
+        value: f64,
+        int: bool,
+    },
     Name(String),
-    Call { name: String, args: Vec<Expr> },
+    Call {
+        name: String,
+        args: Vec<Expr>,
+    },
     /// `[a, b]`, meaningful only as a shape argument.
     List(Vec<Expr>),
     /// An operator written as a symbol (`+`, `^`, unary `-`, `<`, ...).
-    Op { code: OpCode, args: Vec<Expr> },
+    Op {
+        code: OpCode,
+        args: Vec<Expr>,
+    },
 }
 
 /// An expression and where it is: the operator token for operators, the name for calls, the first
