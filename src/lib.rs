@@ -26,7 +26,7 @@ pub use npy::{read_npy, write_npy};
 pub use program::{Input, Output, Program};
 pub use reference::{eval, eval_all};
 pub use rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
-pub use run_cpu::{run_cpu, CpuRunOptions, CpuRunReport};
+pub use run_cpu::{run_cpu, CpuRunOptions, CpuRunReport, InputReport, InputSource, OutputReport};
 pub use tensor::{tolerance, Comparison, Summary, Tensor};
 pub use types::{DType, TensorType};
 

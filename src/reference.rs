@@ -121,7 +121,10 @@ fn eval_node(program: &Program, id: Id, values: &[Option<Tensor>]) -> Result<Opt
             let ty = program.ty(id).ok_or_else(|| internal(program, id, "operator without a type"))?.clone();
             let args = Args { program, id, children, values };
             let data = eval_op(code.kind(), &args, &ty).map_err(|e| located(program, id, e))?;
-            Ok(Some(finish(code.kind(), program.fact(id).weak, ty, data)))
+            // Data movement of a typed tensor, and dropout, give values already rounded.
+            let moves = matches!(code.kind(), Kind::Transpose | Kind::Reshape | Kind::Broadcast | Kind::Dropout);
+            let rounded = program.fact(id).weak || (moves && !program.fact(children[0]).weak);
+            Ok(Some(finish(rounded, ty, data)))
         }
     }
 }
@@ -137,10 +140,9 @@ fn located(program: &Program, id: Id, e: Error) -> Error {
     }
 }
 
-/// Rounds a result to its dtype, except for weak literals and pure data movement.
-fn finish(kind: Kind, weak: bool, ty: TensorType, mut data: Vec<f64>) -> Tensor {
-    let moves_only = matches!(kind, Kind::Transpose | Kind::Reshape | Kind::Broadcast | Kind::Dropout);
-    if !weak && !moves_only {
+/// Rounds a result to its dtype unless `exact` says it needs none (a weak literal stays exact).
+fn finish(exact: bool, ty: TensorType, mut data: Vec<f64>) -> Tensor {
+    if !exact {
         let d = ty.dtype;
         if data.len() >= PAR_MIN {
             data.par_iter_mut().for_each(|v| *v = d.round(*v));
@@ -180,7 +182,7 @@ impl Args<'_> {
 }
 
 fn eval_op(kind: Kind, args: &Args, ty: &TensorType) -> Result<Vec<f64>> {
-    if ty.numel() == 0 {
+    if ty.numel() == 0 && kind != Kind::Grad {
         return Ok(Vec::new());
     }
     match kind {

@@ -337,7 +337,7 @@ fn gather_into(out: &mut Vec<f64>, src: &[f64], shape: &[usize], strides: &[usiz
     match (shape, strides) {
         ([], _) => out.push(src[base]),
         ([n], [1]) => out.extend_from_slice(&src[base..base + n]),
-        ([n], [0]) => out.extend(std::iter::repeat(src[base]).take(*n)),
+        ([n], [0]) => out.extend(std::iter::repeat_n(src[base], *n)),
         ([n], [s]) => out.extend((0..*n).map(|i| src[base + i * s])),
         _ => {
             for i in 0..shape[0] {
@@ -388,7 +388,7 @@ mod tests {
     #[test]
     fn broadcasting_and_transpose() {
         let col = t(&[2, 1], &[1., 2.]);
-        assert_eq!(col.broadcast_to(&[3, 2, 2]).unwrap().data, vec![1., 1., 2., 2.].repeat(3));
+        assert_eq!(col.broadcast_to(&[3, 2, 2]).unwrap().data, [1., 1., 2., 2.].repeat(3));
         let row = t(&[3], &[1., 2., 3.]);
         assert_eq!(row.broadcast_to(&[2, 3]).unwrap().data, vec![1., 2., 3., 1., 2., 3.]);
         assert!(row.broadcast_to(&[2, 2]).is_err());
