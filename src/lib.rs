@@ -56,7 +56,7 @@ pub use program::{Input, Output, Program};
 pub use reference::{eval, eval_all};
 pub use render::{human_bytes, plan_json, render, Format};
 pub use rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
-pub use run_cpu::{run_cpu, CpuRunOptions, CpuRunReport};
+pub use run_cpu::{run_cpu, CpuRunOptions, CpuRunReport, InputReport, InputSource, OutputReport};
 pub use tensor::{tolerance, Comparison, Summary, Tensor};
 pub use types::{DType, TensorType};
 

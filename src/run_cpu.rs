@@ -1,8 +1,9 @@
 //! `eqfuse run PROG --cpu`: run a program on the CPU reference with `.npy` files in and out.
 //!
 //! Each input `NAME` is read from `INPUTS/NAME.npy` when that file exists; otherwise it is drawn
-//! from the seeded generator and saved as `OUTPUTS/NAME.npy`, so pointing `--inputs` at an
-//! output folder repeats a run exactly. Each output is written as `OUTPUTS/NAME.npy`.
+//! from the seeded generator. Every input, loaded or generated, is saved as `OUTPUTS/NAME.npy`
+//! beside the outputs (`OUTPUTS/NAME.npy` too), so the output folder holds a complete run and
+//! pointing `--inputs` at it repeats the run exactly.
 //! Invariant: nothing is written until every input is loaded and the program has evaluated,
 //! so a failed run leaves no half-written output folder behind.
 
@@ -37,8 +38,8 @@ pub struct CpuRunOptions {
 pub enum InputSource {
     /// Read from this file.
     Loaded(PathBuf),
-    /// Drawn from the seeded generator and saved to this file.
-    Generated(PathBuf),
+    /// Drawn from the seeded generator.
+    Generated,
 }
 
 /// One input of a run.
@@ -46,6 +47,8 @@ pub enum InputSource {
 pub struct InputReport {
     pub name: String,
     pub source: InputSource,
+    /// Where the run saved it (beside the outputs).
+    pub saved: PathBuf,
     pub value: Tensor,
 }
 
@@ -72,13 +75,16 @@ pub struct CpuRunReport {
 pub fn run_cpu(program: &Program, opts: &CpuRunOptions) -> Result<CpuRunReport> {
     let outputs_dir = opts.outputs_dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUTS_DIR));
     check_names(program)?;
+    if let Some(dir) = opts.inputs_dir.as_ref().filter(|d| !d.is_dir()) {
+        return Err(Error::Invalid(format!("{}: the inputs folder does not exist", dir.display())));
+    }
     let inputs = gather_inputs(program, opts, &outputs_dir)?;
     let by_name: HashMap<String, Tensor> = inputs.iter().map(|i| (i.name.clone(), i.value.clone())).collect();
     let values = eval(program, &by_name)?;
     std::fs::create_dir_all(&outputs_dir).map_err(|e| Error::io(outputs_dir.display().to_string(), e))?;
     for input in &inputs {
-        if let InputSource::Generated(path) = &input.source {
-            write_npy(path, &input.value)?;
+        if input.source != InputSource::Loaded(input.saved.clone()) {
+            write_npy(&input.saved, &input.value)?;
         }
     }
     let outputs = program
@@ -120,12 +126,10 @@ fn gather_inputs(program: &Program, opts: &CpuRunOptions, outputs_dir: &Path) ->
                 let value = read_npy(&path, &input.ty)?;
                 (InputSource::Loaded(path), value)
             }
-            None => {
-                let value = random_program_input(program, k, opts.seed);
-                (InputSource::Generated(npy_path(outputs_dir, &input.name)), value)
-            }
+            None => (InputSource::Generated, random_program_input(program, k, opts.seed)),
         };
-        reports.push(InputReport { name: input.name.clone(), source, value });
+        let saved = npy_path(outputs_dir, &input.name);
+        reports.push(InputReport { name: input.name.clone(), source, saved, value });
     }
     Ok(reports)
 }
@@ -142,11 +146,11 @@ impl fmt::Display for CpuRunReport {
             writeln!(f, "inputs:")?;
         }
         for (i, ty) in self.inputs.iter().zip(&types) {
-            let (how, path) = match &i.source {
-                InputSource::Loaded(p) => ("loaded from", p),
-                InputSource::Generated(p) => ("generated, saved to", p),
+            let how = match &i.source {
+                InputSource::Loaded(p) => format!("loaded from {}", p.display()),
+                InputSource::Generated => "generated".to_string(),
             };
-            writeln!(f, "  {:width$}  {ty:tw$}  {how} {}", i.name, path.display())?;
+            writeln!(f, "  {:width$}  {ty:tw$}  {how}, saved to {}", i.name, i.saved.display())?;
         }
         writeln!(f, "outputs:")?;
         for (o, ty) in self.outputs.iter().zip(&out_types) {
