@@ -138,7 +138,7 @@ impl<'a> Builder<'a> {
             Ast::Name(n) => self.lookup(n, e.pos),
             Ast::Call { name, args } => self.call(name, args, e.pos),
             Ast::List(_) => {
-                Err(PError::new(e.pos, "a list literal is only allowed as the shape argument of reshape or broadcast"))
+                Err(PError::new(e.start, "a list literal is only allowed as the shape argument of reshape or broadcast"))
             }
             Ast::Op { code, args } => {
                 let children = args.iter().map(|a| self.value(a)).collect::<Result<Vec<_>, _>>()?;
@@ -218,19 +218,19 @@ impl<'a> Builder<'a> {
     fn dtype_argument(&self, a: &Expr) -> Result<DType, PError> {
         match &a.ast {
             Ast::Name(n) => parse_dtype(&Spanned { text: n.clone(), pos: a.pos, number: false }),
-            _ => Err(PError::new(a.pos, "the second argument of cast must be a dtype (f32 f16 bf16 i32 bool)")),
+            _ => Err(PError::new(a.start, "the second argument of cast must be a dtype (f32 f16 bf16 i32 bool)")),
         }
     }
 
     fn shape_argument(&self, code: OpCode, a: &Expr) -> Result<Vec<usize>, PError> {
         let Ast::List(items) = &a.ast else {
             let msg = format!("the second argument of {} must be a shape list such as `[4, N]`", code.name());
-            return Err(PError::new(a.pos, msg));
+            return Err(PError::new(a.start, msg));
         };
         let dims = items.iter().map(|item| self.size(&list_item(item)?)).collect::<Result<Vec<_>, _>>()?;
         match dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
             Some(n) if n <= MAX_ELEMENTS => Ok(dims),
-            _ => Err(PError::new(a.pos, "this shape has more than 2^48 elements")),
+            _ => Err(PError::new(a.start, "this shape has more than 2^48 elements")),
         }
     }
 
@@ -241,7 +241,7 @@ impl<'a> Builder<'a> {
             return PError::new(pos, m);
         }
         if !matches!(self.prog.node(children[1]), TensorLang::Var(_)) {
-            return PError::new(args[1].pos, "the second argument of grad must be an input");
+            return PError::new(args[1].start, "the second argument of grad must be an input");
         }
         PError::new(pos, "grad is not supported yet (reverse-mode autodiff is a later issue)")
     }
@@ -269,7 +269,7 @@ impl<'a> Builder<'a> {
         }
         match fold(code, &facts) {
             Some(v) => Ok(Some(v)),
-            None => Err(PError::new(pos, format!("this constant `{}` is infinite or NaN", code.name()))),
+            None => Err(PError::new(pos, format!("folding the constants of `{}` gives an infinite or NaN value", code.name()))),
         }
     }
 
@@ -312,7 +312,7 @@ fn list_item(item: &Expr) -> Result<Spanned, PError> {
     match &item.ast {
         Ast::Num { value, int: true } => Ok(Spanned { text: value.to_string(), pos: item.pos, number: true }),
         Ast::Name(n) => Ok(Spanned { text: n.clone(), pos: item.pos, number: false }),
-        _ => Err(PError::new(item.pos, "a shape list holds positive integers and dim names only")),
+        _ => Err(PError::new(item.start, "a shape list holds positive integers and dim names only")),
     }
 }
 
@@ -338,9 +338,10 @@ fn parse_dtype(s: &Spanned) -> Result<DType, PError> {
 }
 
 /// The candidate nearest to `name` by edit distance, if it is near enough to be a likely typo.
+/// Names under three characters get no suggestion: any other short name would be "near".
 fn closest<'n>(name: &str, candidates: impl Iterator<Item = &'n str>) -> Option<&'n str> {
-    let limit = (name.chars().count() / 3).clamp(1, 2);
-    candidates.map(|c| (edit_distance(name, c), c)).filter(|&(d, _)| d <= limit).min().map(|(_, c)| c)
+    let limit = (name.chars().count() / 3).min(2);
+    candidates.map(|c| (edit_distance(name, c), c)).filter(|&(d, _)| d > 0 && d <= limit).min().map(|(_, c)| c)
 }
 
 /// Levenshtein distance over characters.

@@ -24,12 +24,15 @@ pub(super) enum Ast {
     Op { code: OpCode, args: Vec<Expr> },
 }
 
-/// An expression and where it is: the operator token for operators, the name for calls, the first
-/// token otherwise. Type errors point here.
+/// An expression and where it is.
 #[derive(Debug)]
 pub(super) struct Expr {
     pub ast: Ast,
+    /// The operator token for operators, the name for calls, the first token otherwise; type
+    /// errors point here.
     pub pos: Pos,
+    /// The first token; errors about the expression as a whole (a wrong kind of argument) point here.
+    pub start: Pos,
     depth: usize,
 }
 
@@ -247,7 +250,8 @@ impl Parser {
                     }
                 }
             }
-            lhs = node(Ast::Op { code: OpCode::of(kind), args: vec![lhs, rhs] }, pos)?;
+            let start = lhs.start;
+            lhs = node(Ast::Op { code: OpCode::of(kind), args: vec![lhs, rhs] }, pos, start)?;
         }
         Ok(lhs)
     }
@@ -257,26 +261,27 @@ impl Parser {
         match t.tok {
             Tok::Punct("-") => {
                 let x = self.expr(PREFIX)?;
-                node(Ast::Op { code: OpCode::of(Kind::Unary(Unary::Neg)), args: vec![x] }, t.pos)
+                node(Ast::Op { code: OpCode::of(Kind::Unary(Unary::Neg)), args: vec![x] }, t.pos, t.pos)
             }
             Tok::Punct("(") => {
-                // Parentheses make no node and keep the inner position, so errors point at the
-                // operator inside.
-                let e = self.expr(0)?;
+                // Parentheses make no node and keep the inner operator's position, so type errors
+                // point at the operator inside.
+                let mut e = self.expr(0)?;
                 self.expect_punct(")", "`)` or an operator")?;
+                e.start = t.pos;
                 Ok(e)
             }
             Tok::Punct("[") => {
                 let items = self.list("]", "`,` or `]` in the list")?;
-                node(Ast::List(items), t.pos)
+                node(Ast::List(items), t.pos, t.pos)
             }
-            Tok::Number(n) => node(number(&n, t.pos)?, t.pos),
+            Tok::Number(n) => node(number(&n, t.pos)?, t.pos, t.pos),
             Tok::Ident(name) if self.at_punct("(") => {
                 self.next();
                 let args = self.list(")", "`,` or `)` after an argument")?;
-                node(Ast::Call { name, args }, t.pos)
+                node(Ast::Call { name, args }, t.pos, t.pos)
             }
-            Tok::Ident(name) => node(Ast::Name(name), t.pos),
+            Tok::Ident(name) => node(Ast::Name(name), t.pos, t.pos),
             tok => Err(PError::new(t.pos, format!("expected an expression, found {}", tok.describe()))),
         }
     }
@@ -301,7 +306,7 @@ impl Parser {
 
 /// Builds a node, refusing trees deeper than [`MAX_DEPTH`] (a long `a + b + c + ...` chain grows
 /// the tree without recursing in the parser).
-fn node(ast: Ast, pos: Pos) -> Result<Expr, PError> {
+fn node(ast: Ast, pos: Pos, start: Pos) -> Result<Expr, PError> {
     let children: &[Expr] = match &ast {
         Ast::Call { args, .. } | Ast::Op { args, .. } | Ast::List(args) => args,
         _ => &[],
@@ -310,7 +315,7 @@ fn node(ast: Ast, pos: Pos) -> Result<Expr, PError> {
     if depth > MAX_DEPTH {
         return Err(PError::new(pos, format!("expression nested more than {MAX_DEPTH} deep")));
     }
-    Ok(Expr { ast, pos, depth })
+    Ok(Expr { ast, pos, start, depth })
 }
 
 /// Integers beyond 2^53 are refused rather than silently rounded to the nearest f64.
