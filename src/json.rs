@@ -82,7 +82,11 @@ pub fn program_to_json(p: &Program) -> Value {
             })
             .collect(),
         nodes,
-        outputs: p.outputs.iter().map(|o| OutputJson { name: o.name.clone(), node: usize::from(o.id) as u64 }).collect(),
+        outputs: p
+            .outputs
+            .iter()
+            .map(|o| OutputJson { name: o.name.clone(), node: usize::from(o.id) as u64 })
+            .collect(),
     };
     // These structs hold only strings, integers and JSON values, which always serialize.
     serde_json::to_value(graph).expect("a graph always serializes")
@@ -122,7 +126,9 @@ pub fn program_from_json(file: &str, text: &str) -> Result<Program> {
     let value: Value = serde_json::from_str(text).map_err(|e| serde_error(file, text, e))?;
     match value.get("schema").and_then(Value::as_str) {
         Some(GRAPH_SCHEMA) => {}
-        Some(other) => return Err(invalid(file, format!("schema `{other}` is not supported; expected `{GRAPH_SCHEMA}`"))),
+        Some(other) => {
+            return Err(invalid(file, format!("schema `{other}` is not supported; expected `{GRAPH_SCHEMA}`")))
+        }
         None => return Err(invalid(file, format!("no \"schema\" field; expected \"schema\": \"{GRAPH_SCHEMA}\""))),
     }
     let graph: Graph = serde_json::from_str(text).map_err(|e| serde_error(file, text, e))?;
@@ -216,7 +222,12 @@ fn declared_inputs(ins: &[InputJson]) -> Result<Vec<(String, TensorType)>, Strin
 }
 
 /// Adds one node; `ids` maps earlier node indices to program ids.
-fn add_node(p: &mut Program, inputs: &[(String, TensorType)], ids: &[egg::Id], n: &NodeJson) -> Result<egg::Id, String> {
+fn add_node(
+    p: &mut Program,
+    inputs: &[(String, TensorType)],
+    ids: &[egg::Id],
+    n: &NodeJson,
+) -> Result<egg::Id, String> {
     let is_leaf = matches!(n.op.as_str(), "const" | "input" | "dims" | "dtype");
     if is_leaf && !n.args.is_empty() {
         return Err("a leaf takes no args".to_string());
@@ -300,7 +311,8 @@ fn outputs(p: &mut Program, outs: &[OutputJson], ids: &[egg::Id]) -> Result<(), 
 mod tests {
     use super::*;
 
-    const SRC: &str = "dim N = 4\ninput x: f32[N, 3]\ny = reshape(cast(x, bf16), [3, N])\nz = sum(y, -1) / N\noutput z, y\n";
+    const SRC: &str =
+        "dim N = 4\ninput x: f32[N, 3]\ny = reshape(cast(x, bf16), [3, N])\nz = sum(y, -1) / N\noutput z, y\n";
 
     #[test]
     fn round_trip() {

@@ -130,6 +130,21 @@ fn dims_are_constants_and_overridable() {
 }
 
 #[test]
+fn deep_but_legal_nesting_is_fine() {
+    // Just under the nesting limit, in both directions a tree can grow: recursion in the parser
+    // (nested calls, unary minus) and long left-associative chains.
+    let n = 60;
+    let calls = format!("{}x{}", "exp(".repeat(n), ")".repeat(n));
+    let minus = format!("{}x", "-".repeat(n));
+    let chain = vec!["x"; 250].join(" + ");
+    let both = format!("{}{}{}", "exp(".repeat(n), vec!["x"; 190].join(" + "), ")".repeat(n));
+    for src in [calls, minus, chain, both] {
+        let text = format!("input x: f32[2]\ny = {src}\noutput y\n");
+        parse_program("t.eqf", &text, &[]).unwrap();
+    }
+}
+
+#[test]
 fn errors_show_the_line_and_a_caret() {
     let e = error_of("input x: f32[4]\ny = x +* 2\noutput y\n");
     assert_eq!(e, "t.eqf:2:8: expected an expression, found `*`\n  |\n2 | y = x +* 2\n  |        ^");

@@ -39,7 +39,8 @@ pub(super) struct Token {
 }
 
 /// Two-character marks come first so that `<=` is not lexed as `<` then `=`.
-const PUNCT: &[&str] = &["<=", ">=", "==", "!=", "(", ")", "[", "]", ",", ":", "=", "+", "-", "*", "/", "@", "^", "<", ">"];
+const PUNCT: &[&str] =
+    &["<=", ">=", "==", "!=", "(", ")", "[", "]", ",", ":", "=", "+", "-", "*", "/", "@", "^", "<", ">"];
 
 /// Splits `source` into tokens, ending with [`Tok::Eof`].
 pub(super) fn lex(source: &str) -> Result<Vec<Token>, PError> {

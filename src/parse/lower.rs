@@ -77,7 +77,10 @@ impl<'a> Builder<'a> {
             return Err(PError::new(name.pos, format!("`{n}` {why} and cannot name a value")));
         }
         if let Some(b) = self.scope.get(n) {
-            return Err(PError::new(name.pos, format!("`{n}` is already declared on line {}; names are bound once", b.line)));
+            return Err(PError::new(
+                name.pos,
+                format!("`{n}` is already declared on line {}; names are bound once", b.line),
+            ));
         }
         Ok(())
     }
@@ -137,9 +140,10 @@ impl<'a> Builder<'a> {
             Ast::Num { value, .. } => Ok(self.prog.num(*value)),
             Ast::Name(n) => self.lookup(n, e.pos),
             Ast::Call { name, args } => self.call(name, args, e.pos),
-            Ast::List(_) => {
-                Err(PError::new(e.start, "a list literal is only allowed as the shape argument of reshape or broadcast"))
-            }
+            Ast::List(_) => Err(PError::new(
+                e.start,
+                "a list literal is only allowed as the shape argument of reshape or broadcast",
+            )),
             Ast::Op { code, args } => {
                 let children = args.iter().map(|a| self.value(a)).collect::<Result<Vec<_>, _>>()?;
                 self.op(*code, children, e.pos)
@@ -171,7 +175,9 @@ impl<'a> Builder<'a> {
 
     /// A "did you mean" for a misspelt name, chosen deterministically among names in scope.
     fn suggest(&self, name: &str) -> String {
-        closest(name, self.scope.keys().map(String::as_str)).map(|s| format!(" (did you mean `{s}`?)")).unwrap_or_default()
+        closest(name, self.scope.keys().map(String::as_str))
+            .map(|s| format!(" (did you mean `{s}`?)"))
+            .unwrap_or_default()
     }
 
     fn call(&mut self, name: &str, args: &[Expr], pos: Pos) -> Result<egg::Id, PError> {
@@ -269,7 +275,10 @@ impl<'a> Builder<'a> {
         }
         match fold(code, &facts) {
             Some(v) => Ok(Some(v)),
-            None => Err(PError::new(pos, format!("folding the constants of `{}` gives an infinite or NaN value", code.name()))),
+            None => Err(PError::new(
+                pos,
+                format!("folding the constants of `{}` gives an infinite or NaN value", code.name()),
+            )),
         }
     }
 
