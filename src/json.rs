@@ -302,6 +302,12 @@ fn outputs(p: &mut Program, outs: &[OutputJson], ids: &[egg::Id]) -> Result<(), 
             return Err(format!("output name `{}` is not an identifier", o.name));
         }
         let id = ids.get(o.node as usize).copied().ok_or_else(|| format!("output `{}`: no node {}", o.name, o.node))?;
+        if p.fact(id).weak {
+            return Err(format!(
+                "output `{}`: node {} is a constant, not a tensor computed from inputs",
+                o.name, o.node
+            ));
+        }
         p.add_output(&o.name, id).map_err(|m| format!("output `{}`: {m}", o.name))?;
     }
     Ok(())

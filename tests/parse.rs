@@ -269,7 +269,7 @@ struct Expected {
 
 /// Reads `# error: LINE:COL: text` (or `# error: -: text`) and an optional `# dims: N=V ...`.
 fn expected(path: &Path, src: &str) -> Expected {
-    let mut lines = src.lines();
+    let mut lines = src.trim_start_matches('\u{feff}').lines();
     let header = lines.next().and_then(|l| l.strip_prefix("# error: "));
     let header = header.unwrap_or_else(|| panic!("{}: first line must be `# error: LINE:COL: text`", path.display()));
     let (place, text) = header.split_once(": ").unwrap_or_else(|| panic!("{}: bad header", path.display()));

@@ -86,6 +86,7 @@ impl<'a> Builder<'a> {
     }
 
     fn dim(&mut self, name: &Spanned, value: &Spanned) -> Result<(), PError> {
+        self.check_free(name)?;
         let declared = positive_size(value)?;
         let size = self.overrides.iter().rev().find(|(n, _)| *n == name.text).map_or(declared, |&(_, v)| v);
         self.declare(name, Meaning::Dim(size))?;
@@ -94,10 +95,11 @@ impl<'a> Builder<'a> {
     }
 
     fn input(&mut self, name: &Spanned, dtype: &Spanned, shape: &[Spanned]) -> Result<(), PError> {
+        // Checked first so that errors come in reading order, and a reserved or repeated name gets
+        // the scope error rather than the program builder's.
+        self.check_free(name)?;
         let dt = parse_dtype(dtype)?;
         let shape = shape.iter().map(|s| self.size(s)).collect::<Result<Vec<_>, _>>()?;
-        // Checked first so that a reserved or repeated name gets the scope error, not the builder's.
-        self.check_free(name)?;
         let id = self.prog.add_input(&name.text, TensorType::new(dt, shape)).map_err(|m| PError::new(name.pos, m))?;
         self.declare(name, Meaning::Value(id))
     }
@@ -110,7 +112,10 @@ impl<'a> Builder<'a> {
         match self.scope.get(&s.text) {
             Some(Binding { meaning: Meaning::Dim(v), .. }) => Ok(*v),
             Some(_) => Err(PError::new(s.pos, format!("`{}` is a tensor, not a dim", s.text))),
-            None => Err(PError::new(s.pos, format!("unknown dim `{}`{}", s.text, self.suggest(&s.text)))),
+            None => {
+                let hint = self.suggest(&s.text, |m| matches!(m, Meaning::Dim(_)));
+                Err(PError::new(s.pos, format!("unknown dim `{}`{hint}", s.text)))
+            }
         }
     }
 
@@ -129,6 +134,12 @@ impl<'a> Builder<'a> {
             Some(_) => return Err(PError::new(name.pos, format!("`{}` is a dim, not a tensor", name.text))),
             None => return Err(self.unknown(&name.text, name.pos)),
         };
+        if self.prog.fact(id).weak {
+            return Err(PError::new(
+                name.pos,
+                format!("`{}` is a constant, not a tensor computed from inputs", name.text),
+            ));
+        }
         self.prog.add_output(&name.text, id).map_err(|m| PError::new(name.pos, m))?;
         self.outputs += 1;
         Ok(())
@@ -168,14 +179,14 @@ impl<'a> Builder<'a> {
         } else if KEYWORDS.contains(&name) {
             format!("`{name}` is a keyword and starts a statement")
         } else {
-            format!("unknown name `{name}`{}", self.suggest(name))
+            format!("unknown name `{name}`{}", self.suggest(name, |_| true))
         };
         PError::new(pos, msg)
     }
 
     /// A "did you mean" for a misspelt name, chosen deterministically among names in scope.
-    fn suggest(&self, name: &str) -> String {
-        closest(name, self.scope.keys().map(String::as_str))
+    fn suggest(&self, name: &str, wanted: impl Fn(Meaning) -> bool) -> String {
+        closest(name, self.scope.iter().filter(|(_, b)| wanted(b.meaning)).map(|(n, _)| n.as_str()))
             .map(|s| format!(" (did you mean `{s}`?)"))
             .unwrap_or_default()
     }
