@@ -11,7 +11,7 @@ use std::panic::{self, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use eqfuse::{parse_program, program_from_json, program_to_json, Kind, OPS};
+use eqfuse::{parse_program, program_from_json, program_to_json, Kind, OpInfo, OPS};
 use serde_json::Value;
 
 /// xorshift64*: small, fast and good enough to pick mutations.
@@ -196,12 +196,15 @@ fn token_soup(rng: &mut Rng, pool: &[String]) -> String {
 
 /// A random program over small random inputs: mostly ill typed, which is the point.
 fn random_program(rng: &mut Rng) -> String {
-    let dtypes = ["f32", "f16", "bf16", "i32", "bool"];
+    // Mostly one dtype, so that more programs get past dtype checks to the shape checks.
+    let dtypes = ["f32", "f32", "f32", "f32", "f32", "f32", "f16", "bf16", "i32", "bool"];
     let mut text = String::from("dim N = 3\n");
     let inputs = 1 + rng.below(3);
     for i in 0..inputs {
-        let rank = rng.below(4);
-        let dims: Vec<String> = (0..rank).map(|_| rng.pick(&["1", "2", "3", "N", "4"]).to_string()).collect();
+        let rank = 1 + rng.below(3);
+        // Mostly small sizes; sometimes 2^40, so that products of sizes overflow.
+        let sizes = ["1", "1", "2", "3", "N", "4", "1", "3", "1099511627776", "1099511627776"];
+        let dims: Vec<String> = (0..rank).map(|_| rng.pick(&sizes).to_string()).collect();
         text += &format!("input v{i}: {}[{}]\n", rng.pick(&dtypes), dims.join(", "));
     }
     let depth = 1 + rng.below(4);
@@ -210,22 +213,20 @@ fn random_program(rng: &mut Rng) -> String {
 }
 
 fn random_expr(rng: &mut Rng, inputs: usize, depth: usize) -> String {
-    let leaf = |rng: &mut Rng| match rng.below(4) {
-        0 => rng.pick(&["0", "1", "-1", "2", "0.5", "N", "-2", "3"]).to_string(),
-        _ => format!("v{}", rng.below(inputs)),
-    };
-    if depth == 0 {
-        return leaf(rng);
+    if depth == 0 || rng.chance(20) {
+        return match rng.below(4) {
+            0 => rng.pick(&["0", "1", "-1", "2", "0.5", "N", "-2", "3"]).to_string(),
+            _ => format!("v{}", rng.below(inputs)),
+        };
     }
+    let op = random_op(rng);
     let mut sub = || random_expr(rng, inputs, depth - 1);
-    let a = sub();
-    let b = sub();
-    let c = sub();
-    let op = rng.pick(OPS);
+    let (a, b, c) = (sub(), sub(), sub());
     let args: Vec<String> = match op.kind {
         Kind::Cast => vec![a, rng.pick(&["f32", "bf16", "i32", "bool", "x"]).to_string()],
         Kind::Reshape | Kind::Broadcast => {
-            vec![a, rng.pick(&["[3]", "[1, 3]", "[N, 2]", "[]", "[2, 3, 1]"]).to_string()]
+            let shapes = ["[3]", "[1, 3]", "[N, 2]", "[]", "[2, 3, 1]", "[1099511627776, 3]", "[3, 1099511627776]"];
+            vec![a, rng.pick(&shapes).to_string()]
         }
         _ => [a, b, c].into_iter().take(op.arity).collect(),
     };
@@ -236,6 +237,18 @@ fn random_expr(rng: &mut Rng, inputs: usize, depth: usize) -> String {
     } else {
         format!("-{}", args[0])
     }
+}
+
+/// An operator, weighted towards those that combine shapes (broadcasting, products, layout).
+fn random_op(rng: &mut Rng) -> &'static OpInfo {
+    let shapes = |k: Kind| matches!(k, Kind::Binary(_) | Kind::MatMul);
+    let layout = |k: Kind| matches!(k, Kind::Reshape | Kind::Broadcast | Kind::Transpose | Kind::Reduce(_));
+    let candidates: Vec<&'static OpInfo> = match rng.below(10) {
+        0..=3 => OPS.iter().filter(|o| shapes(o.kind)).collect(),
+        4 | 5 => OPS.iter().filter(|o| layout(o.kind)).collect(),
+        _ => OPS.iter().collect(),
+    };
+    *rng.pick(&candidates)
 }
 
 /// A structural mutation of a graph: a node, dim, input or output gets a wrong field.
@@ -362,6 +375,8 @@ fn front_ends_never_panic() {
     }
     for _ in 0..2000 {
         t.eqf(&token_soup(&mut rng, &pool), &[]);
+    }
+    for _ in 0..4000 {
         t.eqf(&random_program(&mut rng), &random_overrides(&mut rng));
     }
     let graphs: Vec<Value> =
