@@ -248,7 +248,7 @@ fn random_op(rng: &mut Rng) -> &'static OpInfo {
         4 | 5 => OPS.iter().filter(|o| layout(o.kind)).collect(),
         _ => OPS.iter().collect(),
     };
-    *rng.pick(&candidates)
+    candidates[rng.below(candidates.len())]
 }
 
 /// A structural mutation of a graph: a node, dim, input or output gets a wrong field.
