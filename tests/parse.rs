@@ -204,6 +204,21 @@ fn ok_cases_parse() {
 }
 
 #[test]
+fn constant_folding_leaves_no_unused_nodes() {
+    let mut files = example_files("examples");
+    files.extend(example_files("tests/cases/ok"));
+    for f in files.iter().filter(|f| !f.ends_with("mlp_grad.eqf")) {
+        let p = load(f).unwrap();
+        let live = p.live();
+        let dead: Vec<String> = (0..p.len()).filter(|&i| !live[i]).map(|i| p.node(Id::from(i)).to_string()).collect();
+        assert!(dead.is_empty(), "{}: unused nodes {dead:?}", f.display());
+    }
+    let p =
+        parse_program("t.eqf", "dim N = 4\ninput x: f32[2]\nc = 2\ny = x * (1 / 8 - N) ^ c\noutput y\n", &[]).unwrap();
+    assert_eq!(sexpr(&p, p.outputs[0].id), "(* x 15.015625)");
+}
+
+#[test]
 fn json_round_trip() {
     let mut files = example_files("examples");
     files.extend(example_files("tests/cases/ok"));

@@ -8,8 +8,9 @@ use std::collections::HashMap;
 use super::syntax::{Ast, Expr, Spanned, Stmt};
 use super::{PError, Pos};
 use crate::infer::{infer, Fact};
-use crate::lang::{is_identifier, Dims, Kind, OpCode, TensorLang, OPS};
-use crate::program::{fold, Program, MAX_ELEMENTS};
+use crate::lang::{is_identifier, Dims, Kind, OpCode, TensorLang, Unary, OPS};
+use crate::program::{Program, MAX_ELEMENTS};
+use crate::scalar::{binary, unary};
 use crate::types::{DType, TensorType};
 
 /// What a name in scope stands for.
@@ -147,6 +148,9 @@ impl<'a> Builder<'a> {
 
     /// Lowers an expression that denotes a value (a tensor or a constant).
     fn value(&mut self, e: &Expr) -> Result<egg::Id, PError> {
+        if let Some(v) = self.constant(e)? {
+            return Ok(self.prog.num(v));
+        }
         match &e.ast {
             Ast::Num { value, .. } => Ok(self.prog.num(*value)),
             Ast::Name(n) => self.lookup(n, e.pos),
@@ -263,33 +267,48 @@ impl<'a> Builder<'a> {
         PError::new(pos, "grad is not supported yet (reverse-mode autodiff is a later issue)")
     }
 
-    /// Adds an operator, folding pointwise ops over literal constants into one literal so that
-    /// attributes such as `-1` or `1/8` stay leaves that rules and evaluators can read.
     fn op(&mut self, code: OpCode, children: Vec<egg::Id>, pos: Pos) -> Result<egg::Id, PError> {
-        if let Some(v) = self.fold_constants(code, &children, pos)? {
-            return Ok(self.prog.num(v));
-        }
         self.add(TensorLang::op(code, children), pos)
     }
 
-    fn fold_constants(&self, code: OpCode, children: &[egg::Id], pos: Pos) -> Result<Option<f64>, PError> {
-        if !matches!(code.kind(), Kind::Unary(_) | Kind::Binary(_)) {
-            return Ok(None);
+    /// The value of an expression made only of literals, dims, constant bindings and pointwise
+    /// ops, if it is one. Such an expression becomes one literal, so that attributes written
+    /// `-1` or `1/8` are leaves that rules and evaluators can read, and no unused node is left.
+    fn constant(&self, e: &Expr) -> Result<Option<f64>, PError> {
+        let (code, args) = match &e.ast {
+            Ast::Num { value, .. } => return Ok(Some(*value)),
+            Ast::Name(n) => return Ok(self.named_constant(n)),
+            Ast::Op { code, args } => (*code, args),
+            Ast::Call { name, args } => match function(name) {
+                Some(code) if code.info().arity == args.len() => (code, args),
+                _ => return Ok(None),
+            },
+            Ast::List(_) => return Ok(None),
+        };
+        let mut values = Vec::with_capacity(args.len());
+        for a in args {
+            match self.constant(a)? {
+                Some(v) => values.push(v),
+                None => return Ok(None),
+            }
         }
-        let facts: Vec<&Fact> = children.iter().map(|&c| self.prog.fact(c)).collect();
-        if !facts.iter().all(|f| f.weak && f.konst.is_some()) {
-            return Ok(None);
+        // Comparisons and `not` give bool, which a literal cannot be: they stay nodes.
+        let v = match code.kind() {
+            Kind::Unary(u) if u != Unary::Not => unary(u, values[0]),
+            Kind::Binary(b) if !b.is_comparison() => binary(b, values[0], values[1], false),
+            _ => return Ok(None),
+        };
+        if !v.is_finite() {
+            let msg = format!("folding the constants of `{}` gives an infinite or NaN value", code.name());
+            return Err(PError::new(e.pos, msg));
         }
-        // Comparisons of literals give a strong bool, which is not a literal: leave it a node.
-        if !infer(code, &facts).map_err(|m| PError::new(pos, m))?.weak {
-            return Ok(None);
-        }
-        match fold(code, &facts) {
-            Some(v) => Ok(Some(v)),
-            None => Err(PError::new(
-                pos,
-                format!("folding the constants of `{}` gives an infinite or NaN value", code.name()),
-            )),
+        Ok(Some(v))
+    }
+
+    fn named_constant(&self, name: &str) -> Option<f64> {
+        match self.scope.get(name)?.meaning {
+            Meaning::Dim(v) => Some(v as f64),
+            Meaning::Value(id) => self.prog.fact(id).konst.filter(|_| self.prog.fact(id).weak),
         }
     }
 
