@@ -2,7 +2,20 @@
 //! other tools.
 //!
 //! A graph is the program's node list in order: leaves (`const`, `input`, `dims`, `dtype`) carry a
-//! `value`, operators carry `args`, indices of earlier nodes. Invariant: reading a graph that
+//! `value`, operators (spelled as in the op table) carry `args`, indices of earlier nodes; a node
+//! may carry the binding `name` the program gave it. `dims` are informational (shapes are given in
+//! full), and unknown fields are refused so that a misspelt field is reported, not ignored:
+//!
+//! ```json
+//! {"schema": "eqfuse.graph/1",
+//!  "dims": [{"name": "N", "value": 8}],
+//!  "inputs": [{"name": "x", "dtype": "f32", "shape": [8]}],
+//!  "nodes": [{"op": "input", "value": "x"}, {"op": "const", "value": 2},
+//!            {"op": "*", "args": [0, 1]}, {"op": "exp", "args": [2], "name": "y"}],
+//!  "outputs": [{"name": "y", "node": 3}]}
+//! ```
+//!
+//! Invariant: reading a graph that
 //! [`program_to_json`] wrote gives the same expression, node for node; reading any other text
 //! gives a well-typed program or an error (serde's line and column for bad JSON, the node index
 //! and op for a bad graph), never a panic.
@@ -302,6 +315,12 @@ fn outputs(p: &mut Program, outs: &[OutputJson], ids: &[egg::Id]) -> Result<(), 
             return Err(format!("output name `{}` is not an identifier", o.name));
         }
         let id = ids.get(o.node as usize).copied().ok_or_else(|| format!("output `{}`: no node {}", o.name, o.node))?;
+        if p.fact(id).weak {
+            return Err(format!(
+                "output `{}`: node {} is a constant, not a tensor computed from inputs",
+                o.name, o.node
+            ));
+        }
         p.add_output(&o.name, id).map_err(|m| format!("output `{}`: {m}", o.name))?;
     }
     Ok(())

@@ -120,8 +120,8 @@ pub fn load_program(path: &str, overrides: &[(String, usize)]) -> Result<Program
         std::io::stdin().read_to_string(&mut text).map_err(|e| Error::io("<stdin>", e))?;
         return parse_program("<stdin>", &text, overrides);
     }
-    let ext = std::path::Path::new(path).extension().and_then(|e| e.to_str()).unwrap_or("");
-    match ext {
+    let ext = std::path::Path::new(path).extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+    match ext.as_str() {
         "eqf" => parse_program(path, &read(path)?, overrides),
         "json" if overrides.is_empty() => crate::json::program_from_json(path, &read(path)?),
         "json" => Err(Error::Invalid(format!("{path}: --dim applies to .eqf programs; a JSON graph has fixed shapes"))),

@@ -120,7 +120,8 @@ fn recompute_or_materialize_a_tensor_read_by_two_reductions() {
 
 #[test]
 fn plans_compute_what_the_program_says() {
-    let cases: &[(&str, &[(&str, &[usize])])] = &[
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a [usize])]);
+    let cases: &[Case] = &[
         ("(softmax (* x 0.5) -1)", &[("x", &[6, 10])]),
         ("(/ (exp (- x (amax x -1))) (sum (exp (- x (amax x -1))) -1))", &[("x", &[5, 7])]),
         ("(+ (sum (* x y) 0) (mean y 0))", &[("x", &[4, 9]), ("y", &[4, 9])]),

@@ -44,7 +44,9 @@ const PUNCT: &[&str] =
 
 /// Splits `source` into tokens, ending with [`Tok::Eof`].
 pub(super) fn lex(source: &str) -> Result<Vec<Token>, PError> {
-    let mut lexer = Lexer { chars: source.chars().collect(), i: 0, pos: Pos { line: 1, col: 1 }, out: vec![] };
+    // Editors hide a byte-order mark, so columns are counted after it.
+    let text = source.strip_prefix('\u{feff}').unwrap_or(source);
+    let mut lexer = Lexer { chars: text.chars().collect(), i: 0, pos: Pos { line: 1, col: 1 }, out: vec![] };
     lexer.run()?;
     Ok(lexer.out)
 }

@@ -8,8 +8,9 @@ use std::collections::HashMap;
 use super::syntax::{Ast, Expr, Spanned, Stmt};
 use super::{PError, Pos};
 use crate::infer::{infer, Fact};
-use crate::lang::{is_identifier, Dims, Kind, OpCode, TensorLang, OPS};
-use crate::program::{fold, Program, MAX_ELEMENTS};
+use crate::lang::{is_identifier, Dims, Kind, OpCode, TensorLang, Unary, OPS};
+use crate::program::{Program, MAX_ELEMENTS};
+use crate::scalar::{binary, unary};
 use crate::types::{DType, TensorType};
 
 /// What a name in scope stands for.
@@ -86,6 +87,7 @@ impl<'a> Builder<'a> {
     }
 
     fn dim(&mut self, name: &Spanned, value: &Spanned) -> Result<(), PError> {
+        self.check_free(name)?;
         let declared = positive_size(value)?;
         let size = self.overrides.iter().rev().find(|(n, _)| *n == name.text).map_or(declared, |&(_, v)| v);
         self.declare(name, Meaning::Dim(size))?;
@@ -94,10 +96,11 @@ impl<'a> Builder<'a> {
     }
 
     fn input(&mut self, name: &Spanned, dtype: &Spanned, shape: &[Spanned]) -> Result<(), PError> {
+        // Checked first so that errors come in reading order, and a reserved or repeated name gets
+        // the scope error rather than the program builder's.
+        self.check_free(name)?;
         let dt = parse_dtype(dtype)?;
         let shape = shape.iter().map(|s| self.size(s)).collect::<Result<Vec<_>, _>>()?;
-        // Checked first so that a reserved or repeated name gets the scope error, not the builder's.
-        self.check_free(name)?;
         let id = self.prog.add_input(&name.text, TensorType::new(dt, shape)).map_err(|m| PError::new(name.pos, m))?;
         self.declare(name, Meaning::Value(id))
     }
@@ -110,7 +113,10 @@ impl<'a> Builder<'a> {
         match self.scope.get(&s.text) {
             Some(Binding { meaning: Meaning::Dim(v), .. }) => Ok(*v),
             Some(_) => Err(PError::new(s.pos, format!("`{}` is a tensor, not a dim", s.text))),
-            None => Err(PError::new(s.pos, format!("unknown dim `{}`{}", s.text, self.suggest(&s.text)))),
+            None => {
+                let hint = self.suggest(&s.text, |m| matches!(m, Meaning::Dim(_)));
+                Err(PError::new(s.pos, format!("unknown dim `{}`{hint}", s.text)))
+            }
         }
     }
 
@@ -129,6 +135,12 @@ impl<'a> Builder<'a> {
             Some(_) => return Err(PError::new(name.pos, format!("`{}` is a dim, not a tensor", name.text))),
             None => return Err(self.unknown(&name.text, name.pos)),
         };
+        if self.prog.fact(id).weak {
+            return Err(PError::new(
+                name.pos,
+                format!("`{}` is a constant, not a tensor computed from inputs", name.text),
+            ));
+        }
         self.prog.add_output(&name.text, id).map_err(|m| PError::new(name.pos, m))?;
         self.outputs += 1;
         Ok(())
@@ -136,13 +148,17 @@ impl<'a> Builder<'a> {
 
     /// Lowers an expression that denotes a value (a tensor or a constant).
     fn value(&mut self, e: &Expr) -> Result<egg::Id, PError> {
+        if let Some(v) = self.constant(e)? {
+            return Ok(self.prog.num(v));
+        }
         match &e.ast {
             Ast::Num { value, .. } => Ok(self.prog.num(*value)),
             Ast::Name(n) => self.lookup(n, e.pos),
             Ast::Call { name, args } => self.call(name, args, e.pos),
-            Ast::List(_) => {
-                Err(PError::new(e.pos, "a list literal is only allowed as the shape argument of reshape or broadcast"))
-            }
+            Ast::List(_) => Err(PError::new(
+                e.start,
+                "a list literal is only allowed as the shape argument of reshape or broadcast",
+            )),
             Ast::Op { code, args } => {
                 let children = args.iter().map(|a| self.value(a)).collect::<Result<Vec<_>, _>>()?;
                 self.op(*code, children, e.pos)
@@ -167,14 +183,14 @@ impl<'a> Builder<'a> {
         } else if KEYWORDS.contains(&name) {
             format!("`{name}` is a keyword and starts a statement")
         } else {
-            format!("unknown name `{name}`{}", self.suggest(name))
+            format!("unknown name `{name}`{}", self.suggest(name, |_| true))
         };
         PError::new(pos, msg)
     }
 
     /// A "did you mean" for a misspelt name, chosen deterministically among names in scope.
-    fn suggest(&self, name: &str) -> String {
-        closest(name, self.scope.keys().map(String::as_str))
+    fn suggest(&self, name: &str, wanted: impl Fn(Meaning) -> bool) -> String {
+        closest(name, self.scope.iter().filter(|(_, b)| wanted(b.meaning)).map(|(n, _)| n.as_str()))
             .map(|s| format!(" (did you mean `{s}`?)"))
             .unwrap_or_default()
     }
@@ -223,19 +239,19 @@ impl<'a> Builder<'a> {
     fn dtype_argument(&self, a: &Expr) -> Result<DType, PError> {
         match &a.ast {
             Ast::Name(n) => parse_dtype(&Spanned { text: n.clone(), pos: a.pos, number: false }),
-            _ => Err(PError::new(a.pos, "the second argument of cast must be a dtype (f32 f16 bf16 i32 bool)")),
+            _ => Err(PError::new(a.start, "the second argument of cast must be a dtype (f32 f16 bf16 i32 bool)")),
         }
     }
 
     fn shape_argument(&self, code: OpCode, a: &Expr) -> Result<Vec<usize>, PError> {
         let Ast::List(items) = &a.ast else {
             let msg = format!("the second argument of {} must be a shape list such as `[4, N]`", code.name());
-            return Err(PError::new(a.pos, msg));
+            return Err(PError::new(a.start, msg));
         };
         let dims = items.iter().map(|item| self.size(&list_item(item)?)).collect::<Result<Vec<_>, _>>()?;
         match dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
             Some(n) if n <= MAX_ELEMENTS => Ok(dims),
-            _ => Err(PError::new(a.pos, "this shape has more than 2^48 elements")),
+            _ => Err(PError::new(a.start, "this shape has more than 2^48 elements")),
         }
     }
 
@@ -246,35 +262,53 @@ impl<'a> Builder<'a> {
             return PError::new(pos, m);
         }
         if !matches!(self.prog.node(children[1]), TensorLang::Var(_)) {
-            return PError::new(args[1].pos, "the second argument of grad must be an input");
+            return PError::new(args[1].start, "the second argument of grad must be an input");
         }
         PError::new(pos, "grad is not supported yet (reverse-mode autodiff is a later issue)")
     }
 
-    /// Adds an operator, folding pointwise ops over literal constants into one literal so that
-    /// attributes such as `-1` or `1/8` stay leaves that rules and evaluators can read.
     fn op(&mut self, code: OpCode, children: Vec<egg::Id>, pos: Pos) -> Result<egg::Id, PError> {
-        if let Some(v) = self.fold_constants(code, &children, pos)? {
-            return Ok(self.prog.num(v));
-        }
         self.add(TensorLang::op(code, children), pos)
     }
 
-    fn fold_constants(&self, code: OpCode, children: &[egg::Id], pos: Pos) -> Result<Option<f64>, PError> {
-        if !matches!(code.kind(), Kind::Unary(_) | Kind::Binary(_)) {
-            return Ok(None);
+    /// The value of an expression made only of literals, dims, constant bindings and pointwise
+    /// ops, if it is one. Such an expression becomes one literal, so that attributes written
+    /// `-1` or `1/8` are leaves that rules and evaluators can read, and no unused node is left.
+    fn constant(&self, e: &Expr) -> Result<Option<f64>, PError> {
+        let (code, args) = match &e.ast {
+            Ast::Num { value, .. } => return Ok(Some(*value)),
+            Ast::Name(n) => return Ok(self.named_constant(n)),
+            Ast::Op { code, args } => (*code, args),
+            Ast::Call { name, args } => match function(name) {
+                Some(code) if code.info().arity == args.len() => (code, args),
+                _ => return Ok(None),
+            },
+            Ast::List(_) => return Ok(None),
+        };
+        let mut values = Vec::with_capacity(args.len());
+        for a in args {
+            match self.constant(a)? {
+                Some(v) => values.push(v),
+                None => return Ok(None),
+            }
         }
-        let facts: Vec<&Fact> = children.iter().map(|&c| self.prog.fact(c)).collect();
-        if !facts.iter().all(|f| f.weak && f.konst.is_some()) {
-            return Ok(None);
+        // Comparisons and `not` give bool, which a literal cannot be: they stay nodes.
+        let v = match code.kind() {
+            Kind::Unary(u) if u != Unary::Not => unary(u, values[0]),
+            Kind::Binary(b) if !b.is_comparison() => binary(b, values[0], values[1], false),
+            _ => return Ok(None),
+        };
+        if !v.is_finite() {
+            let msg = format!("folding the constants of `{}` gives an infinite or NaN value", code.name());
+            return Err(PError::new(e.pos, msg));
         }
-        // Comparisons of literals give a strong bool, which is not a literal: leave it a node.
-        if !infer(code, &facts).map_err(|m| PError::new(pos, m))?.weak {
-            return Ok(None);
-        }
-        match fold(code, &facts) {
-            Some(v) => Ok(Some(v)),
-            None => Err(PError::new(pos, format!("this constant `{}` is infinite or NaN", code.name()))),
+        Ok(Some(v))
+    }
+
+    fn named_constant(&self, name: &str) -> Option<f64> {
+        match self.scope.get(name)?.meaning {
+            Meaning::Dim(v) => Some(v as f64),
+            Meaning::Value(id) => self.prog.fact(id).konst.filter(|_| self.prog.fact(id).weak),
         }
     }
 
@@ -317,7 +351,7 @@ fn list_item(item: &Expr) -> Result<Spanned, PError> {
     match &item.ast {
         Ast::Num { value, int: true } => Ok(Spanned { text: value.to_string(), pos: item.pos, number: true }),
         Ast::Name(n) => Ok(Spanned { text: n.clone(), pos: item.pos, number: false }),
-        _ => Err(PError::new(item.pos, "a shape list holds positive integers and dim names only")),
+        _ => Err(PError::new(item.start, "a shape list holds positive integers and dim names only")),
     }
 }
 
@@ -343,9 +377,10 @@ fn parse_dtype(s: &Spanned) -> Result<DType, PError> {
 }
 
 /// The candidate nearest to `name` by edit distance, if it is near enough to be a likely typo.
+/// Names under three characters get no suggestion: any other short name would be "near".
 fn closest<'n>(name: &str, candidates: impl Iterator<Item = &'n str>) -> Option<&'n str> {
-    let limit = (name.chars().count() / 3).clamp(1, 2);
-    candidates.map(|c| (edit_distance(name, c), c)).filter(|&(d, _)| d <= limit).min().map(|(_, c)| c)
+    let limit = (name.chars().count() / 3).min(2);
+    candidates.map(|c| (edit_distance(name, c), c)).filter(|&(d, _)| d > 0 && d <= limit).min().map(|(_, c)| c)
 }
 
 /// Levenshtein distance over characters.

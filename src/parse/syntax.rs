@@ -1,15 +1,20 @@
 //! The `.eqf` grammar: tokens to statements and expression trees (a Pratt parser).
 //!
 //! Nothing here knows names, types or the op table beyond operator spellings; meaning is given by
-//! `lower`. Invariant: every tree is at most [`MAX_DEPTH`] deep, so that lowering and dropping it
-//! cannot overflow the stack whatever the input.
+//! `lower`. Invariant: the parser recurses at most [`MAX_NESTING`] deep and every tree is at most
+//! [`MAX_DEPTH`] deep, so that parsing, lowering and dropping a tree cannot overflow the stack
+//! whatever the input (together they stay well under a megabyte of stack in a debug build).
 
 use super::lex::{Tok, Token};
 use super::{PError, Pos};
 use crate::lang::{Binary, Kind, OpCode, Unary};
 
-/// Deepest expression nesting accepted; real programs stay far below it.
-pub(super) const MAX_DEPTH: usize = 200;
+/// Deepest nesting of parentheses, calls and prefix minus. A parser level costs kilobytes of stack
+/// in a debug build; hand-written programs stay far below this.
+pub(super) const MAX_NESTING: usize = 64;
+
+/// Deepest expression tree, which long chains such as `a + b + c + ...` grow without nesting.
+pub(super) const MAX_DEPTH: usize = 256;
 
 /// An expression tree.
 #[derive(Debug)]
@@ -33,12 +38,15 @@ pub(super) enum Ast {
     },
 }
 
-/// An expression and where it is: the operator token for operators, the name for calls, the first
-/// token otherwise. Type errors point here.
+/// An expression and where it is.
 #[derive(Debug)]
 pub(super) struct Expr {
     pub ast: Ast,
+    /// The operator token for operators, the name for calls, the first token otherwise; type
+    /// errors point here.
     pub pos: Pos,
+    /// The first token; errors about the expression as a whole (a wrong kind of argument) point here.
+    pub start: Pos,
     depth: usize,
 }
 
@@ -227,8 +235,9 @@ impl Parser {
     /// Pratt loop: parses operators binding tighter than `min`.
     fn expr(&mut self, min: u8) -> Result<Expr, PError> {
         self.depth += 1;
-        if self.depth > MAX_DEPTH {
-            return Err(PError::new(self.peek().pos, format!("expression nested more than {MAX_DEPTH} deep")));
+        if self.depth > MAX_NESTING {
+            let msg = format!("expression nested more than {MAX_NESTING} deep; split it into named steps");
+            return Err(PError::new(self.peek().pos, msg));
         }
         let result = self.expr_inner(min);
         self.depth -= 1;
@@ -237,28 +246,26 @@ impl Parser {
 
     fn expr_inner(&mut self, min: u8) -> Result<Expr, PError> {
         let mut lhs = self.prefix()?;
-        loop {
-            let Tok::Punct(p) = self.peek().tok else { break };
-            let Some((bp, kind)) = infix(p) else { break };
-            if bp <= min {
-                break;
-            }
+        while let Some((bp, kind)) = self.infix_ahead().filter(|&(bp, _)| bp > min) {
             let pos = self.next().pos;
             // `^` is right-associative and its right side may start with unary minus (`2^-1`).
             let rhs = if bp == POWER { self.expr(PREFIX - 1)? } else { self.expr(bp)? };
-            if bp == COMPARISON {
-                if let Tok::Punct(q) = self.peek().tok {
-                    if infix(q).is_some_and(|(b, _)| b == COMPARISON) {
-                        return Err(PError::new(
-                            self.peek().pos,
-                            "comparisons do not chain; use parentheses, e.g. `(a < b) == c`",
-                        ));
-                    }
-                }
+            if bp == COMPARISON && self.infix_ahead().is_some_and(|(b, _)| b == COMPARISON) {
+                let msg = "comparisons do not chain; use parentheses, e.g. `(a < b) == c`";
+                return Err(PError::new(self.peek().pos, msg));
             }
-            lhs = node(Ast::Op { code: OpCode::of(kind), args: vec![lhs, rhs] }, pos)?;
+            let start = lhs.start;
+            lhs = node(Ast::Op { code: OpCode::of(kind), args: vec![lhs, rhs] }, pos, start)?;
         }
         Ok(lhs)
+    }
+
+    /// The binary operator at the next token, if it is one.
+    fn infix_ahead(&self) -> Option<(u8, Kind)> {
+        match self.peek().tok {
+            Tok::Punct(p) => infix(p),
+            _ => None,
+        }
     }
 
     fn prefix(&mut self) -> Result<Expr, PError> {
@@ -266,26 +273,27 @@ impl Parser {
         match t.tok {
             Tok::Punct("-") => {
                 let x = self.expr(PREFIX)?;
-                node(Ast::Op { code: OpCode::of(Kind::Unary(Unary::Neg)), args: vec![x] }, t.pos)
+                node(Ast::Op { code: OpCode::of(Kind::Unary(Unary::Neg)), args: vec![x] }, t.pos, t.pos)
             }
             Tok::Punct("(") => {
-                // Parentheses make no node and keep the inner position, so errors point at the
-                // operator inside.
-                let e = self.expr(0)?;
+                // Parentheses make no node and keep the inner operator's position, so type errors
+                // point at the operator inside.
+                let mut e = self.expr(0)?;
                 self.expect_punct(")", "`)` or an operator")?;
+                e.start = t.pos;
                 Ok(e)
             }
             Tok::Punct("[") => {
                 let items = self.list("]", "`,` or `]` in the list")?;
-                node(Ast::List(items), t.pos)
+                node(Ast::List(items), t.pos, t.pos)
             }
-            Tok::Number(n) => node(number(&n, t.pos)?, t.pos),
+            Tok::Number(n) => node(number(&n, t.pos)?, t.pos, t.pos),
             Tok::Ident(name) if self.at_punct("(") => {
                 self.next();
                 let args = self.list(")", "`,` or `)` after an argument")?;
-                node(Ast::Call { name, args }, t.pos)
+                node(Ast::Call { name, args }, t.pos, t.pos)
             }
-            Tok::Ident(name) => node(Ast::Name(name), t.pos),
+            Tok::Ident(name) => node(Ast::Name(name), t.pos, t.pos),
             tok => Err(PError::new(t.pos, format!("expected an expression, found {}", tok.describe()))),
         }
     }
@@ -310,16 +318,17 @@ impl Parser {
 
 /// Builds a node, refusing trees deeper than [`MAX_DEPTH`] (a long `a + b + c + ...` chain grows
 /// the tree without recursing in the parser).
-fn node(ast: Ast, pos: Pos) -> Result<Expr, PError> {
+fn node(ast: Ast, pos: Pos, start: Pos) -> Result<Expr, PError> {
     let children: &[Expr] = match &ast {
         Ast::Call { args, .. } | Ast::Op { args, .. } | Ast::List(args) => args,
         _ => &[],
     };
     let depth = 1 + children.iter().map(|c| c.depth).max().unwrap_or(0);
     if depth > MAX_DEPTH {
-        return Err(PError::new(pos, format!("expression nested more than {MAX_DEPTH} deep")));
+        let msg = format!("expression tree more than {MAX_DEPTH} deep; split it into named steps");
+        return Err(PError::new(pos, msg));
     }
-    Ok(Expr { ast, pos, depth })
+    Ok(Expr { ast, pos, start, depth })
 }
 
 /// Integers beyond 2^53 are refused rather than silently rounded to the nearest f64.
@@ -386,7 +395,7 @@ mod tests {
         let deep = "(".repeat(500) + "x" + &")".repeat(500);
         assert!(parse(&deep).unwrap_err().msg.contains("nested"));
         let long = vec!["x"; 500].join(" + ");
-        assert!(parse(&long).unwrap_err().msg.contains("nested"));
+        assert!(parse(&long).unwrap_err().msg.contains("tree more than 256 deep"));
         let minus = "-".repeat(500) + "x";
         assert!(parse(&minus).unwrap_err().msg.contains("nested"));
     }
