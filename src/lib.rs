@@ -2,7 +2,7 @@
 //!
 //! A program (`.eqf` text or JSON) becomes a typed [`Program`]; it goes into an
 //! [`egg::EGraph`] over [`TensorLang`] with [`ShapeAnalysis`]; staged rulesets add equal forms;
-//! the extractor picks a [`FusionPlan`] by memory traffic; the CPU [`reference`] checks it all.
+//! the extractor picks a [`FusionPlan`] by memory traffic; the CPU reference ([`eval`]) checks it all.
 //! See `ARCHITECTURE.md` for the code map and invariants.
 
 mod analysis;
