@@ -65,6 +65,11 @@ pub mod random {
     pub use crate::rng::*;
 }
 
+/// The README's examples run as doctests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 /// Pointwise semantics on f64, shared by every CPU evaluator.
 pub mod scalars {
     pub use crate::scalar::{binary, gelu, gelu_tanh, sigmoid, unary};
