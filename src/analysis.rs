@@ -40,7 +40,11 @@ impl Sign {
 
     /// What holds of either (used for `where`, `max`/`min` and the like).
     fn meet(self, o: Sign) -> Sign {
-        Sign { positive: self.positive && o.positive, nonneg: self.nonneg && o.nonneg, nonzero: self.nonzero && o.nonzero }
+        Sign {
+            positive: self.positive && o.positive,
+            nonneg: self.nonneg && o.nonneg,
+            nonzero: self.nonzero && o.nonzero,
+        }
     }
 }
 

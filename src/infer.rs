@@ -130,7 +130,9 @@ pub fn infer(op: OpCode, args: &[&Fact]) -> R<Inferred> {
         Kind::Unary(u) => {
             let t = tensor(args[0], &format!("the argument of {name}"))?;
             match u {
-                Unary::Not if t.dtype != DType::Bool => return Err(format!("not needs a bool tensor, got {}", t.dtype)),
+                Unary::Not if t.dtype != DType::Bool => {
+                    return Err(format!("not needs a bool tensor, got {}", t.dtype))
+                }
                 Unary::Not => {}
                 Unary::Neg | Unary::Abs | Unary::Square | Unary::Relu if t.dtype != DType::Bool => {}
                 _ if args[0].weak => {}
@@ -356,10 +358,18 @@ fn infer_composite(c: Composite, name: &str, args: &[&Fact]) -> R<Inferred> {
             }
             let r = x.rank();
             if k.shape[r - 1] != last || k.shape[..r - 2] != x.shape[..r - 2] {
-                return Err(format!("the keys {} do not match the queries {}", shape_str(&k.shape), shape_str(&x.shape)));
+                return Err(format!(
+                    "the keys {} do not match the queries {}",
+                    shape_str(&k.shape),
+                    shape_str(&x.shape)
+                ));
             }
             if v.shape[r - 2] != k.shape[r - 2] || v.shape[..r - 2] != x.shape[..r - 2] {
-                return Err(format!("the values {} do not match the keys {}", shape_str(&v.shape), shape_str(&k.shape)));
+                return Err(format!(
+                    "the values {} do not match the keys {}",
+                    shape_str(&v.shape),
+                    shape_str(&k.shape)
+                ));
             }
             if k.dtype != x.dtype || v.dtype != x.dtype {
                 return Err(format!("attention needs q, k, v of one dtype, got {}, {}, {}", x.dtype, k.dtype, v.dtype));

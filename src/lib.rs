@@ -6,18 +6,24 @@
 //! See `ARCHITECTURE.md` for the code map and invariants.
 
 mod analysis;
+mod conditions;
 mod error;
 mod infer;
 mod lang;
 mod program;
+mod rules;
+mod saturate;
 mod scalar;
 mod types;
 
 pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
+pub use conditions::{condition, NamedCondition, CONDITIONS};
 pub use error::{Diagnostic, Error, Result};
 pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
 pub use lang::{Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
 pub use program::{Input, Output, Program};
+pub use rules::{default_rules, load_rules_dir, parse_ruleset, Rule, RuleSet, STAGE_ORDER};
+pub use saturate::{egraph_of, saturate, Budgets, Saturation, StageReport, StopReason};
 pub use types::{DType, TensorType};
 
 /// Pointwise semantics on f64, shared by every CPU evaluator.
