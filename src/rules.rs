@@ -397,7 +397,7 @@ fn parse_form(src: &Source, ruleset: &str, form: &Sx) -> Result<Vec<Rule>> {
         return Err(src.err(*pos, "a rule needs a name, a left side and a right side: `(rewrite NAME LHS RHS)`"));
     }
     let name = rule_name(src, &items[1])?;
-    let (conditions, inexact) = parse_options(src, &items[4..])?;
+    let Options { conditions, inexact } = parse_options(src, &items[4..])?;
     let raw = RawRule { name, pos: *pos, lhs: &items[2], rhs: &items[3], conditions, inexact };
     let forward = build_rule(src, ruleset, &raw)?;
     if !both {
@@ -419,16 +419,23 @@ fn rule_name<'a>(src: &Source, sx: &'a Sx) -> Result<&'a str> {
     }
 }
 
-/// The `:if (COND ?v ...)` and `:inexact` options after the right side.
-fn parse_options(src: &Source, items: &[Sx]) -> Result<(Vec<(String, Vec<Var>)>, bool)> {
-    let (mut conditions, mut inexact) = (vec![], false);
+/// The options after a rule's right side.
+#[derive(Default)]
+struct Options {
+    conditions: Vec<(String, Vec<Var>)>,
+    inexact: bool,
+}
+
+/// Reads `:if (COND ?v ...)` and `:inexact`.
+fn parse_options(src: &Source, items: &[Sx]) -> Result<Options> {
+    let mut opts = Options::default();
     let mut it = items.iter();
     while let Some(item) = it.next() {
         match item.atom() {
-            Some(":inexact") => inexact = true,
+            Some(":inexact") => opts.inexact = true,
             Some(":if") => {
                 let c = it.next().ok_or_else(|| src.err(item.pos(), "`:if` needs a condition like `(positive ?x)`"))?;
-                conditions.push(parse_condition(src, c)?);
+                opts.conditions.push(parse_condition(src, c)?);
             }
             Some(other) => {
                 return Err(src.err(item.pos(), format!("unknown option `{other}`; expected `:if` or `:inexact`")))
@@ -438,7 +445,7 @@ fn parse_options(src: &Source, items: &[Sx]) -> Result<(Vec<(String, Vec<Var>)>,
             }
         }
     }
-    Ok((conditions, inexact))
+    Ok(opts)
 }
 
 fn parse_condition(src: &Source, sx: &Sx) -> Result<(String, Vec<Var>)> {
