@@ -11,7 +11,7 @@ use egg::{Id, Subst, Var};
 
 use crate::analysis::TensorGraph;
 use crate::infer::{broadcast_shapes, infer, norm_axis, Fact};
-use crate::lang::{Binary, Composite, Kind, OpCode};
+use crate::lang::{Binary, Composite, Kind, OpCode, Reduce, TensorLang};
 use crate::types::{DType, TensorType};
 
 /// The signature every condition has: the e-graph, the match, and the condition's arguments.
@@ -86,6 +86,12 @@ pub const CONDITIONS: &[NamedCondition] = &[
     cond("targets-of", 2, "?t is i32 with the shape of the logits ?x without the last axis", |g, s, v| {
         both(g, s, v, |t, x| t.dtype == DType::I32 && x.rank() >= 1 && t.shape[..] == x.shape[..x.rank() - 1])
     }),
+    cond(
+        "not-max-shifted",
+        1,
+        "no node of ?x's class is `y - amax(y, a)` (already shifted by its maximum)",
+        |g, s, v| fact(g, s, v[0]).is_some() && class(s, v[0]).is_some_and(|c| !is_max_shifted(g, c)),
+    ),
     cond("attention-args", 3, "?q ?k ?v are valid queries, keys and values of attention", attention_args),
 ];
 
@@ -198,6 +204,19 @@ fn size1_at(g: &TensorGraph, s: &Subst, v: &[Var]) -> bool {
 fn axis_size(g: &TensorGraph, s: &Subst, v: &[Var]) -> bool {
     let (Some((x, axis)), Some(n)) = (axis_of(g, s, v[0], v[1]), int(g, s, v[2])) else { return false };
     x.shape[axis] as i64 == n
+}
+
+/// Whether a node of the class is `(- y (amax y a))`.
+fn is_max_shifted(g: &TensorGraph, class: Id) -> bool {
+    let amax = OpCode::of(Kind::Reduce(Reduce::Amax));
+    let sub = OpCode::of(Kind::Binary(Binary::Sub));
+    g[class].nodes.iter().any(|n| match n {
+        TensorLang::Op(op, ch) if *op == sub => g[ch[1]]
+            .nodes
+            .iter()
+            .any(|m| matches!(m, TensorLang::Op(op2, ch2) if *op2 == amax && g.find(ch2[0]) == g.find(ch[0]))),
+        _ => false,
+    })
 }
 
 fn attention_args(g: &TensorGraph, s: &Subst, v: &[Var]) -> bool {

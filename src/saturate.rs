@@ -5,7 +5,10 @@
 //! Budgets: `iter_limit` bounds the iterations of each stage; `node_limit` (e-graph size) and
 //! `time_limit` are totals shared by the stages: a stage may use an equal share of what is
 //! left when it starts, so an early stage that explodes (associativity, commutativity) cannot
-//! starve the later ones.
+//! starve the later ones. `stage_growth` also caps how much one stage may grow the e-graph
+//! relative to its size at the start: searching deep patterns (layernorm) in an e-graph that
+//! associativity and commutativity have blown up costs seconds per iteration, and the forms
+//! found past that point rarely change a fusion plan.
 //! Invariants: hitting a budget is a result ([`StopReason`]), never an error; identical inputs
 //! give an identical e-graph and report (timings aside, and as long as no time limit is hit);
 //! saturation never merges classes of different types: rules refuse ill-typed instantiations
@@ -35,11 +38,17 @@ pub struct Budgets {
     pub node_limit: usize,
     /// Wall time for all stages together.
     pub time_limit: Duration,
+    /// One stage may grow the e-graph to at most this many times its size at the start of the
+    /// stage (but always by [`MIN_STAGE_ROOM`] nodes); 0 for no such cap.
+    pub stage_growth: usize,
 }
+
+/// The e-nodes a stage may always add, however small the program (see [`Budgets::stage_growth`]).
+pub const MIN_STAGE_ROOM: usize = 1000;
 
 impl Default for Budgets {
     fn default() -> Budgets {
-        Budgets { iter_limit: 30, node_limit: 50_000, time_limit: Duration::from_secs(5) }
+        Budgets { iter_limit: 30, node_limit: 50_000, time_limit: Duration::from_secs(5), stage_growth: 8 }
     }
 }
 
@@ -55,6 +64,20 @@ impl Budgets {
     pub fn with_time_limit(mut self, t: Duration) -> Budgets {
         self.time_limit = t;
         self
+    }
+    pub fn with_stage_growth(mut self, factor: usize) -> Budgets {
+        self.stage_growth = factor;
+        self
+    }
+
+    /// The node limit of a stage that starts with `nodes` e-nodes, `left` stages to go.
+    fn stage_node_limit(&self, nodes: usize, left: usize) -> usize {
+        let share = nodes + self.node_limit.saturating_sub(nodes) / left;
+        if self.stage_growth == 0 {
+            return share;
+        }
+        let room = nodes.saturating_mul(self.stage_growth.saturating_sub(1)).max(MIN_STAGE_ROOM);
+        share.min(nodes.saturating_add(room))
     }
 }
 
@@ -155,8 +178,7 @@ pub fn saturate(program: &Program, rulesets: &[RuleSet], budgets: &Budgets) -> R
     let mut stages = vec![];
     for (k, set) in rulesets.iter().enumerate() {
         let left = rulesets.len() - k;
-        let nodes = egraph.total_size();
-        let node_limit = nodes + budgets.node_limit.saturating_sub(nodes) / left;
+        let node_limit = budgets.stage_node_limit(egraph.total_size(), left);
         let time_limit = budgets.time_limit.saturating_sub(start.elapsed()) / left as u32;
         let (g, report) = run_stage(egraph, set, budgets.iter_limit, node_limit, time_limit)?;
         egraph = g;
