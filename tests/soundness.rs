@@ -365,45 +365,56 @@ fn attempt(rule: &Rule, rng: &mut Rng, dtype: DType) -> Result<Attempt, String> 
     let case = format!("instantiation: {}", vars.join(", "));
     let rhs = instantiate(&mut p, &rule.rhs.ast, &subst)
         .map_err(|e| format!("right side does not type-check: {e}\n  {case}"))?;
-    let (lf, rf) = (p.fact(lhs), p.fact(rhs));
-    if lf.ty != rf.ty || lf.weak != rf.weak {
-        let weak = |w: bool| if w { " (weak)" } else { "" };
-        let (lt, rt) = (lf.ty.as_ref().map(|t| t.to_string()), rf.ty.as_ref().map(|t| t.to_string()));
-        return Err(format!(
-            "type changes: left {}{} right {}{}\n  {case}",
-            lt.unwrap_or_default(),
-            weak(lf.weak),
-            rt.unwrap_or_default(),
-            weak(rf.weak)
-        ));
-    }
-    let dtype = lf.ty.as_ref().map_or(DType::F32, |t| t.dtype);
-    let weak = lf.weak;
+    let ty = same_type(&p, lhs, rhs).map_err(|e| format!("{e}\n  {case}"))?;
     p.add_output("lhs", lhs).map_err(|e| e.to_string())?;
     p.add_output("rhs", rhs).map_err(|e| e.to_string())?;
+    let finite = same_values(&p, lhs, rhs).map_err(|e| format!("{e}\n  {case}"))?;
+    Ok(Attempt::Checked(finite, ty))
+}
+
+/// Check (a): both sides have one type; returns it (`f32w` for a weak literal).
+fn same_type(p: &Program, lhs: Id, rhs: Id) -> Result<String, String> {
+    let show = |id: Id| {
+        let f = p.fact(id);
+        let ty = f.ty.as_ref().map(|t| t.to_string()).unwrap_or_default();
+        format!("{ty}{}", if f.weak { "w" } else { "" })
+    };
+    let (l, r) = (show(lhs), show(rhs));
+    if l != r {
+        return Err(format!("type changes: left {l}, right {r} (w: weak literal)"));
+    }
+    let f = p.fact(lhs);
+    Ok(format!("{}{}", f.ty.as_ref().map_or(String::new(), |t| t.dtype.to_string()), if f.weak { "w" } else { "" }))
+}
+
+/// Check (b): both sides evaluate equal on random inputs; returns whether the left side had a
+/// finite element.
+fn same_values(p: &Program, lhs: Id, rhs: Id) -> Result<bool, String> {
+    let dtype = p.ty(lhs).map_or(DType::F32, |t| t.dtype);
     let mut finite = false;
     for seed in 0..SEEDS {
-        let inputs = random_inputs(&p, seed);
-        let values = eval_all(&p, &inputs).map_err(|e| format!("evaluation failed: {e}\n  {case}"))?;
+        let inputs = random_inputs(p, seed);
+        let values = eval_all(p, &inputs).map_err(|e| format!("evaluation failed: {e}"))?;
         let (Some(a), Some(b)) = (&values[usize::from(lhs)], &values[usize::from(rhs)]) else {
-            return Err(format!("no value for a side\n  {case}"));
+            return Err("no value for a side".to_string());
         };
+        // Every node is rounded to its dtype, so errors scale with the largest value seen.
         let scale =
             values.iter().flatten().flat_map(|t| &t.data).filter(|v| v.is_finite()).fold(0.0, |m, v| v.abs().max(m));
-        if let Some((i, x, y)) = mismatch(a, b, rtol(dtype) * (1.0 + scale)) {
+        let tol = rtol(dtype) * (1.0 + scale);
+        if let Some((i, x, y)) = mismatch(a, b, tol) {
             return Err(format!(
-                "values differ at element {i}: left {x}, right {y} (seed {seed}, tolerance {:.1e})\n  {case}\n  \
+                "values differ at element {i}: left {x}, right {y} (seed {seed}, tolerance {tol:.1e})\n  \
                  left = {}\n  right = {}\n  left value {:?}\n  right value {:?}",
-                rtol(dtype) * (1.0 + scale),
-                show(&p, lhs),
-                show(&p, rhs),
+                show(p, lhs),
+                show(p, rhs),
                 a.data,
                 b.data
             ));
         }
         finite |= a.data.iter().any(|v| v.is_finite());
     }
-    Ok(Attempt::Checked(finite, format!("{}{}", dtype, if weak { "w" } else { "" })))
+    Ok(finite)
 }
 
 /// Checks one rule; `Ok` holds the counted cases per dtype of the left side, `Err` names the
