@@ -21,7 +21,7 @@ use crate::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
 use crate::program::Program;
 use crate::rng;
 use crate::scalar::{binary, unary};
-use crate::tensor::{broadcast_index_map, split_axis, Tensor};
+use crate::tensor::{broadcast_index_map, broadcast_strides, split_axis, Tensor};
 use crate::types::{DType, TensorType};
 
 /// Loops over at least this many output elements run on the rayon pool.
@@ -119,12 +119,10 @@ fn eval_node(program: &Program, id: Id, values: &[Option<Tensor>]) -> Result<Opt
         TensorLang::Var(s) => Err(internal(program, id, &format!("input `{s}` has no value"))),
         TensorLang::Op(code, children) => {
             let ty = program.ty(id).ok_or_else(|| internal(program, id, "operator without a type"))?.clone();
+            let store = Store { dtype: (!program.fact(id).weak).then_some(ty.dtype) };
             let args = Args { program, id, children, values };
-            let data = eval_op(code.kind(), &args, &ty).map_err(|e| located(program, id, e))?;
-            // Data movement of a typed tensor, and dropout, give values already rounded.
-            let moves = matches!(code.kind(), Kind::Transpose | Kind::Reshape | Kind::Broadcast | Kind::Dropout);
-            let rounded = program.fact(id).weak || (moves && !program.fact(children[0]).weak);
-            Ok(Some(finish(rounded, ty, data)))
+            let data = eval_op(code.kind(), &args, &ty, store).map_err(|e| located(program, id, e))?;
+            Ok(Some(Tensor { dtype: ty.dtype, shape: ty.shape, data }))
         }
     }
 }
@@ -140,17 +138,30 @@ fn located(program: &Program, id: Id, e: Error) -> Error {
     }
 }
 
-/// Rounds a result to its dtype unless `exact` says it needs none (a weak literal stays exact).
-fn finish(exact: bool, ty: TensorType, mut data: Vec<f64>) -> Tensor {
-    if !exact {
-        let d = ty.dtype;
-        if data.len() >= PAR_MIN {
-            data.par_iter_mut().for_each(|v| *v = d.round(*v));
-        } else {
-            data.iter_mut().for_each(|v| *v = d.round(*v));
+/// How a node's values are stored: rounded to its dtype, or exact for a weak literal.
+#[derive(Clone, Copy)]
+struct Store {
+    dtype: Option<DType>,
+}
+
+impl Store {
+    fn round(self, v: f64) -> f64 {
+        match self.dtype {
+            Some(d) => d.round(v),
+            None => v,
         }
     }
-    Tensor { dtype: ty.dtype, shape: ty.shape, data }
+
+    fn round_all(self, mut data: Vec<f64>) -> Vec<f64> {
+        if self.dtype.is_some() {
+            if data.len() >= PAR_MIN {
+                data.par_iter_mut().for_each(|v| *v = self.round(*v));
+            } else {
+                data.iter_mut().for_each(|v| *v = self.round(*v));
+            }
+        }
+        data
+    }
 }
 
 /// The children of the op being evaluated, with access to their values and literals.
@@ -179,32 +190,39 @@ impl Args<'_> {
     fn axis(&self, k: usize, rank: usize) -> Result<usize> {
         norm_axis(self.konst(k)? as i64, rank).map_err(Error::Invalid)
     }
+
+    /// Whether argument `k` is a weak literal (whose value is not yet rounded).
+    fn weak(&self, k: usize) -> Result<bool> {
+        Ok(self.program.fact(self.child(k)?).weak)
+    }
 }
 
-fn eval_op(kind: Kind, args: &Args, ty: &TensorType) -> Result<Vec<f64>> {
+/// The values of one op, already in their stored form (see [`Store`]).
+fn eval_op(kind: Kind, args: &Args, ty: &TensorType, store: Store) -> Result<Vec<f64>> {
     if ty.numel() == 0 && kind != Kind::Grad {
         return Ok(Vec::new());
     }
+    let moved = |data: Vec<f64>| if args.weak(0)? { Ok(store.round_all(data)) } else { Ok(data) };
     match kind {
-        Kind::Unary(u) => Ok(map1(&args.tensor(0)?.data, |x| unary(u, x))),
-        Kind::Binary(b) => pointwise2(b, args.tensor(0)?, args.tensor(1)?, ty),
+        Kind::Unary(u) => Ok(map1(&args.tensor(0)?.data, |x| store.round(unary(u, x)))),
+        Kind::Binary(b) => pointwise2(b, args.tensor(0)?, args.tensor(1)?, ty, store),
         Kind::Reduce(r) => {
             let x = args.tensor(0)?;
-            Ok(reduce(r, x, args.axis(1, x.rank())?))
+            Ok(store.round_all(reduce(r, x, args.axis(1, x.rank())?)))
         }
-        Kind::Where => select(args.tensor(0)?, args.tensor(1)?, args.tensor(2)?, &ty.shape),
-        Kind::Cast => Ok(args.tensor(0)?.data.clone()),
+        Kind::Where => select(args.tensor(0)?, args.tensor(1)?, args.tensor(2)?, &ty.shape, store),
+        Kind::Cast => Ok(map1(&args.tensor(0)?.data, |x| store.round(x))),
         Kind::Transpose => {
             let x = args.tensor(0)?;
-            Ok(x.transpose(args.axis(1, x.rank())?, args.axis(2, x.rank())?)?.data)
+            moved(x.transpose(args.axis(1, x.rank())?, args.axis(2, x.rank())?)?.data)
         }
-        Kind::Reshape => Ok(args.tensor(0)?.data.clone()),
-        Kind::Broadcast => Ok(args.tensor(0)?.broadcast_data(&ty.shape)?.into_owned()),
-        Kind::MatMul => Ok(matmul(args.tensor(0)?, args.tensor(1)?, &ty.shape)),
+        Kind::Reshape => moved(args.tensor(0)?.data.clone()),
+        Kind::Broadcast => moved(args.tensor(0)?.broadcast_data(&ty.shape)?.into_owned()),
+        Kind::MatMul => Ok(store.round_all(matmul(args.tensor(0)?, args.tensor(1)?, &ty.shape))),
         Kind::Iota => Ok((0..ty.numel()).map(|i| i as f64).collect()),
         Kind::OneHot => Ok(onehot(args.tensor(0)?, ty.shape[ty.rank() - 1])),
         Kind::Dropout => Ok(rng::dropout(&args.tensor(0)?.data, ty.dtype, args.konst(1)?, args.konst(2)? as u32)),
-        Kind::Composite(c) => composite(c, args, ty),
+        Kind::Composite(c) => composite(c, args, ty).map(|d| store.round_all(d)),
         Kind::Grad => Err(Error::Invalid("grad is not supported by the reference yet".into())),
     }
 }
@@ -218,18 +236,10 @@ fn map1(x: &[f64], f: impl Fn(f64) -> f64 + Sync) -> Vec<f64> {
     }
 }
 
-fn map2(a: &[f64], b: &[f64], f: impl Fn(f64, f64) -> f64 + Sync) -> Vec<f64> {
-    if a.len() >= PAR_MIN {
-        a.par_iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
-    } else {
-        a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
-    }
-}
-
 /// A binary op with NumPy broadcasting; i32 division truncates.
-fn pointwise2(op: Binary, a: &Tensor, b: &Tensor, ty: &TensorType) -> Result<Vec<f64>> {
+fn pointwise2(op: Binary, a: &Tensor, b: &Tensor, ty: &TensorType, store: Store) -> Result<Vec<f64>> {
     let int = ty.dtype == DType::I32 && !op.is_comparison();
-    let f = |x, y| binary(op, x, y, int);
+    let f = |x, y| store.round(binary(op, x, y, int));
     let shape = &ty.shape;
     if a.numel() == 1 && b.shape == *shape {
         let x = a.data[0];
@@ -239,14 +249,44 @@ fn pointwise2(op: Binary, a: &Tensor, b: &Tensor, ty: &TensorType) -> Result<Vec
         let y = b.data[0];
         return Ok(map1(&a.data, |x| f(x, y)));
     }
-    Ok(map2(&a.broadcast_data(shape)?, &b.broadcast_data(shape)?, f))
+    if a.shape == b.shape {
+        return Ok(if a.numel() >= PAR_MIN {
+            a.data.par_iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect()
+        } else {
+            a.data.iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect()
+        });
+    }
+    Ok(zip_broadcast(a, b, shape, f))
+}
+
+/// `f` over two tensors broadcast to `shape`, reading them in place (no broadcast copies):
+/// the output is walked row by row along its last axis, where each operand has stride 0 or 1.
+fn zip_broadcast(a: &Tensor, b: &Tensor, shape: &[usize], f: impl Fn(f64, f64) -> f64 + Sync) -> Vec<f64> {
+    let (sa, sb) = (broadcast_strides(&a.shape, shape), broadcast_strides(&b.shape, shape));
+    let rank = shape.len();
+    let inner = shape.last().copied().unwrap_or(1);
+    let (ia, ib) = (sa.last().copied().unwrap_or(0), sb.last().copied().unwrap_or(0));
+    let mut out = vec![0.0; shape.iter().product()];
+    par_blocks(&mut out, inner, |(row, dst)| {
+        let (mut oa, mut ob, mut rest) = (0, 0, row);
+        for d in (0..rank.saturating_sub(1)).rev() {
+            let i = rest % shape[d];
+            rest /= shape[d];
+            oa += i * sa[d];
+            ob += i * sb[d];
+        }
+        for (j, o) in dst.iter_mut().enumerate() {
+            *o = f(a.data[oa + j * ia], b.data[ob + j * ib]);
+        }
+    });
+    out
 }
 
 /// `where(c, a, b)` with broadcasting.
-fn select(c: &Tensor, a: &Tensor, b: &Tensor, shape: &[usize]) -> Result<Vec<f64>> {
+fn select(c: &Tensor, a: &Tensor, b: &Tensor, shape: &[usize], store: Store) -> Result<Vec<f64>> {
     let c = c.broadcast_data(shape)?;
     let (a, b) = (a.broadcast_data(shape)?, b.broadcast_data(shape)?);
-    Ok((0..c.len()).map(|i| if c[i] != 0.0 { a[i] } else { b[i] }).collect())
+    Ok((0..c.len()).map(|i| store.round(if c[i] != 0.0 { a[i] } else { b[i] })).collect())
 }
 
 /// Reduction along `axis`, keeping it with size 1.
@@ -487,5 +527,27 @@ mod tests {
         let bad = HashMap::from([("x".to_string(), f32t(&[3], &[1., 2., 3.]))]);
         let e = eval(&p, &bad).unwrap_err().to_string();
         assert!(e.contains("input `x` is f32[3]") && e.contains("f32[2]"), "{e}");
+    }
+
+    #[test]
+    fn in_place_broadcasting_agrees_with_broadcast_copies() {
+        let pairs: &[(&[usize], &[usize])] = &[
+            (&[2, 1, 3], &[4, 1]),
+            (&[1], &[2, 3]),
+            (&[3, 1, 1], &[1, 2, 1]),
+            (&[2, 3], &[3]),
+            (&[2, 1], &[1, 5]),
+            (&[], &[2, 2]),
+            (&[4, 1, 2, 1], &[3, 1, 5]),
+        ];
+        for (k, &(sa, sb)) in pairs.iter().enumerate() {
+            let a = crate::rng::random_input(&TensorType::new(DType::F32, sa.to_vec()), 1, 2 * k);
+            let b = crate::rng::random_input(&TensorType::new(DType::F32, sb.to_vec()), 1, 2 * k + 1);
+            let shape = crate::infer::broadcast_shapes(sa, sb).unwrap();
+            let got = zip_broadcast(&a, &b, &shape, |x, y| x * 10.0 + y);
+            let (ba, bb) = (a.broadcast_to(&shape).unwrap(), b.broadcast_to(&shape).unwrap());
+            let want: Vec<f64> = ba.data.iter().zip(&bb.data).map(|(x, y)| x * 10.0 + y).collect();
+            assert_eq!(got, want, "{sa:?} with {sb:?}");
+        }
     }
 }

@@ -102,7 +102,7 @@ pub fn dropout_keep(seed: u32, index: u64, threshold: u32) -> bool {
 /// Applies dropout to row-major `data` of `dtype` (see the module docs for the exact formula).
 pub fn dropout(data: &[f64], dtype: DType, p: f64, seed: u32) -> Vec<f64> {
     let threshold = dropout_threshold(p);
-    let scale = dropout_scale(p) as f64;
+    let scale = dropout_scale(p);
     let key = stream_key(seed, 0);
     data.iter()
         .enumerate()
@@ -110,7 +110,8 @@ pub fn dropout(data: &[f64], dtype: DType, p: f64, seed: u32) -> Vec<f64> {
             let i = i as u64;
             let word = if i >> 32 == 0 { mix32(key ^ i as u32) } else { bits(seed, i) };
             if word >= threshold {
-                dtype.round((x * scale) as f32 as f64)
+                // One f32 multiply, as the CUDA kernel does it.
+                dtype.round((x as f32 * scale) as f64)
             } else {
                 0.0
             }

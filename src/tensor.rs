@@ -250,6 +250,8 @@ fn element_close(x: f64, y: f64, rtol: f64, atol: f64) -> bool {
 /// A few statistics of a tensor for a terminal report.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Summary {
+    /// Number of elements.
+    pub count: usize,
     pub min: f64,
     pub max: f64,
     pub mean: f64,
@@ -275,16 +277,21 @@ impl Summary {
                 n += 1;
             }
         }
+        let count = data.len();
         if n == 0 {
-            return Summary { min: f64::NAN, max: f64::NAN, mean: f64::NAN, nans, infs };
+            return Summary { count, min: f64::NAN, max: f64::NAN, mean: f64::NAN, nans, infs };
         }
-        Summary { min, max, mean: sum / n as f64, nans, infs }
+        Summary { count, min, max, mean: sum / n as f64, nans, infs }
     }
 }
 
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "min {} max {} mean {}", short(self.min), short(self.max), short(self.mean))?;
+        match self.count {
+            0 => return write!(f, "empty"),
+            1 if self.nans + self.infs == 0 => return write!(f, "value {}", short(self.min)),
+            _ => write!(f, "min {} max {} mean {}", short(self.min), short(self.max), short(self.mean))?,
+        }
         if self.nans > 0 {
             write!(f, ", {} NaN", self.nans)?;
         }
@@ -295,15 +302,17 @@ impl fmt::Display for Summary {
     }
 }
 
-/// A number in at most about 6 significant digits.
+/// A number in about 6 significant digits, without trailing zeros.
 fn short(v: f64) -> String {
     if v == v.trunc() && v.abs() < 1e9 {
-        format!("{v}")
-    } else if v != 0.0 && (v.abs() >= 1e5 || v.abs() < 1e-3) {
-        format!("{v:.4e}")
-    } else {
-        format!("{v:.5}")
+        return format!("{v}");
     }
+    if v.abs() >= 1e5 || v.abs() < 1e-3 {
+        return format!("{v:.4e}");
+    }
+    let digits = (5 - v.abs().log10().floor() as i32).max(0) as usize;
+    let s = format!("{v:.digits$}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// Row-major strides (in elements) of a shape.
@@ -419,5 +428,8 @@ mod tests {
         let s = t(&[4], &[1.0, -3.0, f64::NAN, 6.0]).summary();
         assert_eq!((s.min, s.max, s.nans), (-3.0, 6.0, 1));
         assert!((s.mean - 4.0 / 3.0).abs() < 1e-12);
+        assert_eq!(s.to_string(), "min -3 max 6 mean 1.33333, 1 NaN");
+        assert_eq!(t(&[], &[2.5]).summary().to_string(), "value 2.5");
+        assert_eq!(t(&[2], &[-21.125, 1e-7]).summary().to_string(), "min -21.125 max 1.0000e-7 mean -10.5625");
     }
 }

@@ -945,3 +945,26 @@ fn generated_class_indices_are_in_range() {
     assert!(inputs["t"].data.iter().all(|&v| (0.0..7.0).contains(&v)));
     assert!(eval(&p, &inputs).unwrap()[0].data[0].is_finite());
 }
+
+#[test]
+fn run_cpu_refuses_a_missing_inputs_folder() {
+    let dir = temp_dir();
+    let opts =
+        CpuRunOptions { inputs_dir: Some(dir.path().join("nope")), outputs_dir: Some(dir.path().join("out")), seed: 0 };
+    let e = run_cpu(&dense_program(), &opts).unwrap_err().to_string();
+    assert!(e.contains("nope") && e.contains("does not exist"), "{e}");
+}
+
+#[test]
+fn f16_programs_round_at_every_node() {
+    let mut c = Case::new();
+    let x = c.input("x", tensor(DType::F16, &[2], &[1000.0, 0.1]));
+    let sq = c.un(Unary::Square, x);
+    let v = c.eval1(sq);
+    // 1000^2 overflows f16; 0.1 is first rounded to f16, then its square is rounded again.
+    let tenth = DType::F16.round(0.1);
+    assert_eq!(v.data, vec![f64::INFINITY, DType::F16.round(tenth * tenth)]);
+    let ax = c.num(0.0);
+    let s = c.op(Kind::Reduce(Reduce::Sum), &[sq, ax]);
+    assert_eq!(c.eval1(s).data, vec![f64::INFINITY]);
+}
