@@ -155,7 +155,7 @@ pub struct Saturation {
 }
 
 /// Builds the e-graph of a program's live nodes; returns it and the output classes.
-pub fn egraph_of(program: &Program) -> (TensorGraph, Vec<Id>) {
+fn program_egraph(program: &Program) -> (TensorGraph, Vec<Id>) {
     let inputs = program.inputs.iter().map(|i| (i.name.clone(), i.ty.clone()));
     let mut egraph = TensorGraph::new(ShapeAnalysis::new(inputs));
     let live = program.live();
@@ -173,7 +173,18 @@ pub fn egraph_of(program: &Program) -> (TensorGraph, Vec<Id>) {
 
 /// Runs the rulesets in order on the program's e-graph.
 pub fn saturate(program: &Program, rulesets: &[RuleSet], budgets: &Budgets) -> Result<Saturation> {
-    let (mut egraph, roots) = egraph_of(program);
+    let (egraph, roots) = program_egraph(program);
+    saturate_egraph(egraph, roots, rulesets, budgets)
+}
+
+/// Runs the rulesets in order on an e-graph the caller built (its analysis must know the
+/// program's inputs); `roots` are the classes to report, mapped to their final classes.
+pub fn saturate_egraph(
+    mut egraph: TensorGraph,
+    roots: Vec<Id>,
+    rulesets: &[RuleSet],
+    budgets: &Budgets,
+) -> Result<Saturation> {
     let start = Instant::now();
     let mut stages = vec![];
     for (k, set) in rulesets.iter().enumerate() {
