@@ -148,12 +148,14 @@ pub fn extract(
     let cost_of = |sel: &Selection| fused_cost(egraph, sel, roots, names, profile, opts.fusion);
     let (mut dag, mut best) = cost_of(&selection)?;
     if opts.fusion {
+        // Each trial re-plans the whole form, so large forms get fewer trials.
+        let max_trials = (opts.max_trials * 100 / dag.len().max(1)).clamp(4.min(opts.max_trials), opts.max_trials);
         let mut trials = 0;
         let mut improved = true;
-        while improved && trials < opts.max_trials {
+        while improved && trials < max_trials {
             improved = false;
             for (class, alt) in alternatives(egraph, &dag, &selection) {
-                if trials >= opts.max_trials {
+                if trials >= max_trials {
                     break;
                 }
                 trials += 1;
