@@ -142,7 +142,7 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
     }
     let mut fusion = Fusion::unfused(&best.dag, &opts.profile);
     if opts.fusion {
-        fusion.optimise();
+        fusion.optimise_with_materialize();
     }
     let extract_ms = t1.elapsed().as_secs_f64() * 1e3;
     let search = SearchReport {
