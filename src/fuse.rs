@@ -93,6 +93,10 @@ enum Move {
     Materialize(usize, usize),
 }
 
+/// What a move changes: a node's materialization, the kernels removed, the member lists of the
+/// kernels added.
+type MoveParts = (Option<(usize, bool)>, Vec<usize>, Vec<Vec<usize>>);
+
 /// A move's effect, before it is applied.
 struct Proposal {
     /// A node whose materialization the move changes, and its new state.
@@ -326,7 +330,7 @@ impl<'a> Fusion<'a> {
 
     /// Evaluates a move without applying it; `Err` names the node concerned and the reason.
     fn propose(&self, mv: Move) -> Result<Proposal, (usize, String)> {
-        let (flip, remove, add_members): (Option<(usize, bool)>, Vec<usize>, Vec<Vec<usize>>) = match mv {
+        let (flip, remove, add_members): MoveParts = match mv {
             Move::Inline(m) => {
                 let own = self.owner[m];
                 let users = &self.readers_of[m];
@@ -423,12 +427,7 @@ impl<'a> Fusion<'a> {
     }
 
     /// The kernels a materialize move replaces, and their new member lists.
-    #[allow(clippy::type_complexity)]
-    fn materialize_members(
-        &self,
-        c: usize,
-        host: usize,
-    ) -> Result<(Option<(usize, bool)>, Vec<usize>, Vec<Vec<usize>>), (usize, String)> {
+    fn materialize_members(&self, c: usize, host: usize) -> Result<MoveParts, (usize, String)> {
         let users = self.computing(c);
         if host != NONE && users.iter().any(|&u| u != host && self.reachable(u, host)) {
             return Err((c, "the kernel that would write it runs after one that reads it".into()));
