@@ -523,7 +523,7 @@ mod tests {
     fn structurally_mutated_models_are_errors_or_programs() {
         let mut rng = Rng(0x2545_f491_4f6c_dd1d);
         let (mut loaded, mut failed) = (0, 0);
-        for model in ["layernorm", "mlp_softmax", "ops_shapes", "ops_pointwise"] {
+        for model in ["layernorm", "mlp_softmax", "ops_shapes", "ops_pointwise", "half"] {
             let bytes = std::fs::read(format!("tests/onnx/{model}/model.onnx")).unwrap();
             let original = proto::decode_model(&bytes).unwrap();
             for _ in 0..500 {

@@ -181,7 +181,12 @@ impl Importer<'_> {
             Kind::Where => args[1].dtype,
             _ => args[0].dtype,
         };
-        Ok(Val { id, shape, dtype })
+        let v = Val { id, shape, dtype };
+        if self.weak(&v) {
+            return Ok(v);
+        }
+        // Literals alone give an f32 result (`where(c, 0, 1)`); ONNX says which dtype it is.
+        Ok(Val { id: self.exact(&v)?, ..v })
     }
 
     fn unary(&mut self, n: &NodeProto, u: Unary) -> R<Out> {

@@ -43,7 +43,7 @@ def with_output_shapes(model):
     return model
 
 
-def save(name, model, feeds, expected):
+def save(name, model, feeds, expected, rtol=1e-5):
     model = with_output_shapes(model)
     onnx.checker.check_model(model, full_check=True)
     folder = os.path.join(HERE, name)
@@ -59,7 +59,7 @@ def save(name, model, feeds, expected):
     names = [o.name for o in model.graph.output]
     for k, r in zip(names, ref):
         e = expected.get(k, r)
-        np.testing.assert_allclose(e, r, rtol=1e-5, atol=1e-5, err_msg=f"{name}/{k}")
+        np.testing.assert_allclose(e, r, rtol=rtol, atol=rtol, err_msg=f"{name}/{k}")
         np.save(os.path.join(folder, "expected", k + ".npy"), np.asarray(e))
 
 
@@ -261,6 +261,40 @@ def ops_pointwise():
     save("ops_pointwise", model, {"x": x, "y": y, "m": m}, expected)
 
 
+def half():
+    """float16 throughout: a layer norm without bias, literals that must take the tensor's dtype
+    (Where of two scalar constants), and a graph output cast to float."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 8)).astype(np.float16)
+    m = rng.standard_normal((4, 8)) > 0
+    n = helper.make_node
+    h16 = lambda name, v: numpy_helper.from_array(np.array(v, dtype=np.float16), name)
+    nodes = [
+        n("LayerNormalization", ["x", "scale"], ["ln"], epsilon=1e-2),
+        n("Where", ["m", "zero", "one"], ["w"]),
+        n("Add", ["ln", "w"], ["y"]),
+        n("Mul", ["y", "half"], ["yh"]),
+        n("Cast", ["yh"], ["y32"], to=F32),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "half",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 8]),
+            helper.make_tensor_value_info("m", TensorProto.BOOL, [4, 8]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4, 8]), helper.make_tensor_value_info("y32", F32, [4, 8])],
+        initializer=[
+            h16("scale", rng.standard_normal(8)),
+            h16("zero", 0.0),
+            h16("one", 1.0),
+            h16("half", 0.5),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="gen_models.py")
+    save("half", model, {"x": x, "m": m}, {}, rtol=1e-2)
+
+
 def unsupported():
     """A model with an operator the importer does not read (Conv)."""
     nodes = [
@@ -297,6 +331,7 @@ if __name__ == "__main__":
     mlp_softmax()
     ops_shapes()
     ops_pointwise()
+    half()
     unsupported()
     symbolic()
     print("wrote the models under", HERE)
