@@ -179,7 +179,7 @@ class Exporter:
             inputs = [a.name for a in node.all_input_nodes]
             if all(i in static for i in inputs) and _foldable(node):
                 static.add(node.name)
-            elif _target_name(node) not in LOWERINGS:
+            elif _target_name(node) not in LOWERINGS and _target_name(node) not in SPLITS:
                 missing.append(_describe(node))
         if missing:
             raise ExportError("eqfuse has no lowering for " + ", ".join(missing))
@@ -208,16 +208,72 @@ class Exporter:
             self.env[node.name] = node.target(*args, **kwargs)
             self.static.add(node.name)
             return
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.value(n))
-        lower = LOWERINGS[_target_name(node)]
         try:
-            out = lower(Lowering(self.b, node), *args, **kwargs)
+            if _target_name(node) in SPLITS:
+                out = self.split(node)
+            else:
+                args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.value(n))
+                out = LOWERINGS[_target_name(node)](Lowering(self.b, node), *args, **kwargs)
         except ExportError as e:
             raise ExportError(f"{_describe(node)}: {e}") from None
         if isinstance(out, Value) and self.b.nodes[out.node]["op"] not in ("input", "const"):
             if "name" not in self.b.nodes[out.node]:
                 self.b.nodes[out.node]["name"] = self.b.unique_name(node.name)
         self.env[node.name] = out
+
+    def split(self, node: torch.fx.Node) -> tuple[Value, ...]:
+        """`split` along the last axis of a product with a constant weight (a fused QKV
+        projection): eqfuse has no slicing, so each part is its own product with the matching
+        columns of the weight and bias, which become inputs carrying those values. Views between
+        the product and the split that keep the last axis are replayed on each part."""
+        x, sizes = node.args[0], node.args[1]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+        shape = _static_shape(x.meta["val"], x)
+        if dim % len(shape) != len(shape) - 1:
+            raise ExportError("split along an axis other than the last")
+        n = shape[-1]
+        if isinstance(sizes, int):
+            sizes = [min(sizes, n - s) for s in range(0, n, sizes)]
+        views, prod = [], x
+        while _target_name(prod) in ("view", "reshape", "_unsafe_view") and _last(prod.args[0]) == n:
+            views.append(prod)
+            prod = prod.args[0]
+        a, w, bias, w_cols = self._product_operands(prod)
+        parts, start = [], 0
+        for i, size in enumerate(sizes):
+            cols = slice(start, start + size)
+            start += size
+            L = Lowering(self.b, node)
+            wi = self.constant(f"{w.name}_split{i}", w_cols(cols), literal=False)
+            y = L.matmul(a, wi)
+            if bias is not None:
+                b_i = self.constant(f"{bias.name}_split{i}", self.kinds[bias.name][1][cols], literal=False)
+                y = L.apply("+", y, b_i)
+            for v in reversed(views):
+                y = L.reshape(y, _static_shape(v.meta["val"], v)[:-1] + (size,))
+            parts.append(y)
+        return tuple(parts)
+
+    def _product_operands(self, prod: torch.fx.Node):
+        """(input value, weight node, bias node or None, columns of the weight as [K, cols])."""
+        name = _target_name(prod)
+        if name == "addmm" and len(prod.args) == 3 and not prod.kwargs:
+            bias, a, w = prod.args
+            transposed = False
+        elif name == "linear":
+            a, w = prod.args[0], prod.args[1]
+            bias = prod.args[2] if len(prod.args) > 2 else None
+            transposed = True
+        elif name == "mm":
+            (a, w), bias, transposed = prod.args, None, False
+        else:
+            raise ExportError("split of a value that is not a matrix product (eqfuse has no slicing)")
+        for t in (w, bias):
+            if t is not None and not isinstance(self.kinds.get(t.name, (None, None))[1], torch.Tensor):
+                raise ExportError("split of a product whose weight or bias is not a parameter (eqfuse has no slicing)")
+        weight = self.kinds[w.name][1]
+        w_cols = (lambda c: weight[c, :].t().contiguous()) if transposed else (lambda c: weight[:, c].contiguous())
+        return self.value(a), w, bias, w_cols
 
     def value(self, node: torch.fx.Node) -> object:
         """A node's lowered value; a static tensor is brought into the graph on first use (and
@@ -229,15 +285,16 @@ class Exporter:
             self.brought[node.name] = _map_tensors(v, lambda t: self.constant(node.name, t))
         return self.brought[node.name]
 
-    def constant(self, name: str, t: torch.Tensor) -> Value:
-        """A static tensor as a graph value: a literal when it holds one repeated value, else an
-        input carrying it."""
+    def constant(self, name: str, t: torch.Tensor, literal: bool = True) -> Value:
+        """A static tensor as a graph value: a literal when it holds one repeated value (and
+        `literal` allows it: a slice of a parameter stays an input, whatever its values now),
+        else an input carrying it."""
         dtype = dtype_name(t.dtype)
         shape = tuple(t.shape)
         if t.numel() == 0:
             raise ExportError(f"constant {name} is empty")
         first = t.reshape(-1)[0]
-        if bool((t == first).all()):
+        if literal and bool((t == first).all()):
             x = first.item()
             if isinstance(x, float) and math.isinf(x):
                 x = math.copysign(torch.finfo(t.dtype).max, x)
@@ -262,6 +319,15 @@ class Exporter:
             if not isinstance(v, Value):
                 raise ExportError(f"output {i} is not a tensor the graph computes")
             self.b.output(f"out{i}", v)
+
+
+SPLITS = ("split", "split_with_sizes")
+"""Operators the exporter lowers with knowledge of their producer (`Exporter.split`)."""
+
+
+def _last(node: torch.fx.Node) -> int | None:
+    val = node.meta.get("val")
+    return int(val.shape[-1]) if isinstance(val, torch.Tensor) and val.dim() else None
 
 
 def _map_tensors(v: object, f) -> object:
