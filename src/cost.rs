@@ -254,7 +254,7 @@ impl Shaped<'_> {
                 .unwrap_or(&[])
                 .to_vec();
         }
-        self.fits(&domain)?;
+        self.fits(&domain, &[])?;
         if let Some(Red::Across(_)) = red {
             self.nothing_after_across()?;
         }
@@ -266,9 +266,13 @@ impl Shaped<'_> {
         Ok((template, domain))
     }
 
-    /// Every body value must broadcast to the iteration space.
-    fn fits(&self, domain: &[usize]) -> Result<(), String> {
+    /// Every body value must broadcast to the iteration space (except `operand_views`: views of
+    /// reads that feed a matrix product, which the product indexes itself).
+    fn fits(&self, domain: &[usize], operand_views: &[usize]) -> Result<(), String> {
         for &b in self.body {
+            if operand_views.contains(&b) {
+                continue;
+            }
             let s = self.shape(b);
             if broadcast_shapes(s, domain).ok().as_deref() != Some(domain) {
                 return Err(format!(
@@ -368,7 +372,17 @@ impl Shaped<'_> {
                 None => {}
             }
         }
-        self.fits(&domain)?;
+        let mut operand_views = Vec::new();
+        for mut c in n.children() {
+            while self.in_body(c) && self.dag.nodes[c].role == Role::View {
+                operand_views.push(c);
+                match self.dag.nodes[c].children().next() {
+                    Some(g) => c = g,
+                    None => break,
+                }
+            }
+        }
+        self.fits(&domain, &operand_views)?;
         Ok((if is_attention { Template::Attention } else { Template::Gemm }, domain))
     }
 
