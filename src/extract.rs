@@ -337,6 +337,14 @@ fn tensor_names(dag: &Dag) -> Vec<String> {
             names[i] = n.name.clone();
         }
     }
+    // Two nodes may carry one binding name (a gradient named `d_h` by autodiff and a later
+    // binding `d_h`); names are kernel argument names, so only the first keeps it.
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, name) in names.iter_mut().enumerate() {
+        if name.as_ref().is_some_and(|n| !seen.insert(n.clone())) && !dag.is_output[i] {
+            *name = None;
+        }
+    }
     let mut taken: std::collections::BTreeSet<String> = names.iter().flatten().cloned().collect();
     names
         .into_iter()

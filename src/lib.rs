@@ -6,6 +6,7 @@
 //! See `ARCHITECTURE.md` for the code map and invariants.
 
 mod analysis;
+mod autodiff;
 mod cost;
 mod dag;
 mod error;
@@ -34,6 +35,7 @@ mod tensor;
 mod types;
 
 pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
+pub use autodiff::{expand_grads, grad, has_grads};
 pub use cost::{analyse, KernelCost};
 pub use dag::{Dag, DagNode, Role};
 pub use error::{Diagnostic, Error, Result};

@@ -104,8 +104,12 @@ pub fn egraph_of(program: &Program) -> (TensorGraph, Vec<(String, Id)>, BTreeMap
     (egraph, roots, names)
 }
 
-/// Plans a program.
+/// Plans a program. `grad` nodes (which a program built through the library may hold) are
+/// differentiated first, so the plan is of the joint forward and backward graph.
 pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> {
+    if crate::autodiff::has_grads(program) {
+        return optimize(&crate::autodiff::expand_grads(program)?, opts);
+    }
     let unfused = unfused_totals(program, &opts.profile)?;
     let (egraph, roots, names) = egraph_of(program);
     let t0 = Instant::now();

@@ -19,9 +19,6 @@ fn stem(p: &Path) -> String {
     p.file_stem().unwrap().to_string_lossy().into_owned()
 }
 
-/// Examples that need autodiff, which is not built yet: they must be refused clearly.
-const NEEDS_GRAD: &[&str] = &["mlp_grad"];
-
 /// Small sizes for the reference check; dims not listed become 6.
 fn small_dims(name: &str) -> Vec<(String, usize)> {
     let fixed: &[(&str, usize)] = match name {
@@ -47,13 +44,7 @@ fn stable_json(plan: &eqfuse::FusionPlan) -> serde_json::Value {
 fn every_example_plans_with_the_contract_fields() {
     for path in examples() {
         let name = stem(&path);
-        let loaded = load_program(path.to_str().unwrap(), &[]);
-        if NEEDS_GRAD.contains(&name.as_str()) {
-            let e = loaded.unwrap_err().to_string();
-            assert!(e.contains("grad is not supported yet"), "{name}: {e}");
-            continue;
-        }
-        let program = loaded.unwrap_or_else(|e| panic!("{name}: {e}"));
+        let program = load_program(path.to_str().unwrap(), &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
         let plan = optimize(&program, &opts()).unwrap().plan;
         let v = stable_json(&plan);
         for key in ["schema", "program", "device", "kernels", "total", "unfused", "search"] {
@@ -80,9 +71,6 @@ fn every_example_plans_with_the_contract_fields() {
 fn every_example_plan_computes_the_program_at_small_sizes() {
     for path in examples() {
         let name = stem(&path);
-        if NEEDS_GRAD.contains(&name.as_str()) {
-            continue;
-        }
         let full = load_program(path.to_str().unwrap(), &[]).unwrap();
         let mut dims = small_dims(&name);
         for (d, _) in &full.dims {

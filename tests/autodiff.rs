@@ -1,0 +1,375 @@
+//! Reverse-mode autodiff: every operator's gradient against central finite differences of the
+//! f64 reference, on small shapes with broadcasting; composites and their decomposed spellings;
+//! several gradients over one loss; gradients of gradients; and the errors.
+//!
+//! Each case is a program `y = f(inputs)`; the test adds a random input `r` of `y`'s type,
+//! differentiates `loss = sum(y * r)` (all axes) and compares each gradient element with
+//! `(loss(w + h) - loss(w - h)) / (w+h - (w-h))`, both evaluated by the reference. The
+//! reference rounds to f32 between ops, so the tolerance allows the rounding noise of the
+//! difference quotient.
+
+use std::collections::HashMap;
+
+use egg::Id;
+use eqfuse::{
+    eval, expand_grads, grad, has_grads, load_program, parse_program, random_inputs, Binary, DType, Kind, OpCode,
+    Program, Tensor, TensorLang, TensorType,
+};
+
+/// Finite-difference step for f32 inputs.
+const H: f64 = 4e-3;
+
+struct Case<'a> {
+    decls: &'a str,
+    body: &'a str,
+    wrt: &'a [&'a str],
+    /// Moves inputs at least this far from 0 (for kinks at 0: relu, abs).
+    away_from_zero: f64,
+}
+
+fn case<'a>(decls: &'a str, body: &'a str, wrt: &'a [&'a str]) -> Case<'a> {
+    Case { decls, body, wrt, away_from_zero: 0.0 }
+}
+
+/// The program of a case with `loss = sum(y * r)` over all axes, and the gradients as outputs
+/// after the loss: (program, gradient ids).
+fn build(c: &Case) -> (Program, Vec<Id>) {
+    let text = format!("{}\n{}\noutput y\n", c.decls, c.body);
+    let mut p = parse_program("case.eqf", &text, &[]).unwrap_or_else(|e| panic!("{}: {e}", c.body));
+    let y = p.outputs[0].id;
+    let ty = p.ty(y).unwrap().clone();
+    let r = p.add_input("r_", TensorType::new(ty.dtype, ty.shape.clone())).unwrap();
+    let mut loss = p.apply(Kind::Binary(Binary::Mul), vec![y, r]).unwrap();
+    for axis in 0..ty.rank() {
+        let a = p.num(axis as f64);
+        loss = p.apply(Kind::Reduce(eqfuse::Reduce::Sum), vec![loss, a]).unwrap();
+    }
+    let ws: Vec<Id> = c.wrt.iter().map(|w| p.input(w).unwrap().id).collect();
+    let gs = grad(&mut p, loss, &ws).unwrap_or_else(|e| panic!("{}: {e}", c.body));
+    p.outputs.clear();
+    p.add_output("loss", loss).unwrap();
+    for (w, &g) in c.wrt.iter().zip(&gs) {
+        assert_eq!(p.ty(g), Some(&p.input(w).unwrap().ty), "{}: gradient of {w} has the wrong type", c.body);
+        p.add_output(&format!("d_{w}"), g).unwrap();
+    }
+    (p, gs)
+}
+
+fn inputs(p: &Program, seed: u64, away: f64) -> HashMap<String, Tensor> {
+    let mut inputs = random_inputs(p, seed);
+    if away > 0.0 {
+        for t in inputs.values_mut().filter(|t| t.dtype.is_float()) {
+            t.data.iter_mut().for_each(|v| *v += away.copysign(*v));
+        }
+    }
+    inputs
+}
+
+fn loss_at(p: &Program, inputs: &HashMap<String, Tensor>) -> f64 {
+    eval(p, inputs).unwrap()[0].data[0]
+}
+
+/// Checks every gradient element against a central difference.
+fn check(c: &Case) {
+    let (p, _) = build(c);
+    for seed in [1, 2] {
+        let base = inputs(&p, seed, c.away_from_zero);
+        let out = eval(&p, &base).unwrap_or_else(|e| panic!("{}: {e}", c.body));
+        for (k, w) in c.wrt.iter().enumerate() {
+            let g = &out[k + 1];
+            let h = if base[*w].dtype == DType::F32 { H } else { 0.05 };
+            let tol_rel = if base[*w].dtype == DType::F32 { 1e-2 } else { 3e-2 };
+            for j in 0..g.numel() {
+                let (mut plus, mut minus) = (base.clone(), base.clone());
+                let x = base[*w].data[j];
+                plus.get_mut(*w).unwrap().data[j] = base[*w].dtype.round(x + h);
+                minus.get_mut(*w).unwrap().data[j] = base[*w].dtype.round(x - h);
+                let step = plus[*w].data[j] - minus[*w].data[j];
+                let fd = (loss_at(&p, &plus) - loss_at(&p, &minus)) / step;
+                let scale = out[0].data[0].abs().max(1.0);
+                let ok = (fd - g.data[j]).abs() <= 2e-3 * scale + tol_rel * g.data[j].abs();
+                assert!(ok, "{}: d loss / d {w}[{j}] is {} but finite differences give {fd}", c.body, g.data[j]);
+            }
+        }
+    }
+}
+
+const X34: &str = "input x: f32[3, 4]";
+
+#[test]
+fn pointwise_unary() {
+    let smooth = [
+        "neg(x)",
+        "exp(x)",
+        "log(x * x + 0.5)",
+        "sqrt(x * x + 0.5)",
+        "rsqrt(x * x + 0.5)",
+        "recip(x * x + 0.5)",
+        "tanh(x)",
+        "sigmoid(x)",
+        "gelu(x)",
+        "gelu_tanh(x)",
+        "silu(x)",
+        "erf(x)",
+        "sin(x)",
+        "cos(x)",
+        "square(x)",
+        "-x ^ 3",
+    ];
+    for f in smooth {
+        check(&case(X34, &format!("y = {f}"), &["x"]));
+    }
+    for f in ["relu(x)", "abs(x)", "relu(x) * x"] {
+        check(&Case { away_from_zero: 0.1, ..case(X34, &format!("y = {f}"), &["x"]) });
+    }
+}
+
+#[test]
+fn pointwise_binary_with_broadcasting() {
+    let shapes = [
+        ("input a: f32[3, 4]\ninput b: f32[4]", "a b"),
+        ("input a: f32[3, 1]\ninput b: f32[1, 4]", "a b"),
+        ("input a: f32[2, 3, 4]\ninput b: f32[3, 1]", "a b"),
+        ("input a: f32[]\ninput b: f32[2, 3]", "a b"),
+        ("input a: f32[2, 1, 3]\ninput b: f32[4, 1]", "a b"),
+    ];
+    let ops = ["a + b", "a - b", "a * b", "a / (b * b + 0.5)", "pow(a * a + 0.5, b)", "max(a, b)", "min(a, b)"];
+    for (decls, _) in shapes {
+        for op in ops {
+            check(&case(decls, &format!("y = {op}"), &["a", "b"]));
+        }
+        check(&case(decls, "y = a * a - b / 3", &["a"]));
+    }
+}
+
+#[test]
+fn ties_of_max_split_evenly() {
+    // max(x, x) = x: each side takes half of the gradient, so the sum is exactly 1.
+    let (p, _) = build(&case(X34, "y = max(x, x) + min(x, x)", &["x"]));
+    let inputs = random_inputs(&p, 1);
+    let out = eval(&p, &inputs).unwrap();
+    let r = &inputs["r_"];
+    for (g, r) in out[1].data.iter().zip(&r.data) {
+        assert!((g - 2.0 * r).abs() < 1e-6, "{g} against {}", 2.0 * r);
+    }
+    // amax of a row of equal values: the gradient is split evenly among the row.
+    let text =
+        "input x: f32[2, 3]\nz = x * 0 + 1\nloss = sum(sum(amax(z * x, -1), 0), 1)\ng = grad(loss, x)\noutput g\n";
+    let p = parse_program("t.eqf", text, &[]).unwrap();
+    let ones = Tensor::full(&TensorType::new(DType::F32, vec![2, 3]), 1.0);
+    let g = eval(&p, &HashMap::from([("x".to_string(), ones)])).unwrap();
+    assert!(g[0].data.iter().all(|&v| (v - 1.0 / 3.0).abs() < 1e-6), "{:?}", g[0].data);
+}
+
+#[test]
+fn where_comparisons_and_casts() {
+    let decls = "input a: f32[3, 4]\ninput b: f32[4]";
+    check(&case(decls, "y = where(a > b, a * 2, b)", &["a", "b"]));
+    check(&case(decls, "y = where(a > 0, exp(a), b * b)", &["a", "b"]));
+    check(&case(decls, "y = a * cast(a > b, f32)", &["a", "b"]));
+    check(&case("input a: bf16[3, 4]", "y = exp(cast(a, f32))", &["a"]));
+    check(&case("input a: f16[3, 4]", "y = exp(cast(a, f32)) * 2", &["a"]));
+}
+
+#[test]
+fn keep_dims_reductions() {
+    let decls = "input x: f32[2, 3, 4]";
+    for f in ["sum", "mean", "amax", "amin"] {
+        for axis in [0, 1, -1] {
+            check(&case(decls, &format!("y = {f}(x, {axis}) * x"), &["x"]));
+        }
+    }
+    check(&case(decls, "y = sum(amax(x, 1), 0)", &["x"]));
+    check(&case(decls, "y = x - mean(x, -1)", &["x"]));
+}
+
+#[test]
+fn layout_ops() {
+    let decls = "input x: f32[2, 3, 4]\ninput b: f32[4]";
+    check(&case(decls, "y = transpose(x, 0, 2) * 3", &["x"]));
+    check(&case(decls, "y = reshape(x, [4, 6]) * reshape(x, [4, 6])", &["x"]));
+    check(&case(decls, "y = broadcast(b, [2, 3, 4]) * x", &["x", "b"]));
+    check(&case(decls, "y = reshape(transpose(x * b, 1, 2), [8, 3])", &["x", "b"]));
+}
+
+#[test]
+fn matrix_products_with_batch_broadcasting() {
+    let cases = [
+        "input a: f32[3, 4]\ninput b: f32[4, 5]",
+        "input a: f32[2, 3, 4]\ninput b: f32[4, 5]",
+        "input a: f32[3, 4]\ninput b: f32[2, 4, 5]",
+        "input a: f32[2, 1, 3, 4]\ninput b: f32[3, 4, 5]",
+    ];
+    for decls in cases {
+        check(&case(decls, "y = a @ b", &["a", "b"]));
+    }
+    check(&case("input a: f32[3, 4]", "y = a @ transpose(a, 0, 1)", &["a"]));
+}
+
+#[test]
+fn dropout_iota_and_onehot() {
+    check(&case(X34, "y = dropout(x * x, 0.3, 7)", &["x"]));
+    check(&case("input x: f32[3, 4]\ninput t: i32[3]", "y = x * onehot(t, 4) + cast(iota(4), f32)", &["x"]));
+    // The gradient of dropout is dropout of the upstream gradient: the same mask and scale.
+    let text = "input x: f32[64]\ninput dy: f32[64]\nloss = sum(dropout(x, 0.5, 9) * dy, 0)\ng = grad(loss, x)\n\
+                k = dropout(dy, 0.5, 9)\noutput g, k\n";
+    let p = parse_program("t.eqf", text, &[]).unwrap();
+    let out = eval(&p, &random_inputs(&p, 4)).unwrap();
+    assert_eq!(out[0].data, out[1].data);
+    assert_eq!(p.outputs[0].id, p.outputs[1].id, "one node: dropout(dy, 0.5, 9)");
+}
+
+#[test]
+fn composites() {
+    let x = "input x: f32[3, 5]\ninput g: f32[5]\ninput b: f32[5]";
+    check(&case(x, "y = softmax(x, -1)", &["x"]));
+    check(&case(x, "y = softmax(x, 0)", &["x"]));
+    check(&case(x, "y = log_softmax(x, -1)", &["x"]));
+    check(&case(x, "y = log_softmax(x, 0)", &["x"]));
+    check(&case(x, "y = layernorm(x, g, b, 1e-5)", &["x", "g", "b"]));
+    check(&case(x, "y = rmsnorm(x, g, 1e-6)", &["x", "g"]));
+    check(&case("input x: f32[2, 3, 5]\ninput g: f32[5]", "y = layernorm(x, g, g, 1e-5)", &["x", "g"]));
+    check(&case("input x: f32[4, 5]\ninput t: i32[4]", "y = cross_entropy(x, t)", &["x"]));
+    check(&case("input x: f32[2, 3, 5]\ninput t: i32[2, 3]", "y = cross_entropy(x, t) * 1", &["x"]));
+    let qkv = "input q: f32[2, 3, 4]\ninput k: f32[2, 5, 4]\ninput v: f32[2, 5, 3]";
+    check(&case(qkv, "y = attention(q, k, v, 0.5, 0)", &["q", "k", "v"]));
+    let qkv = "input q: f32[2, 4, 4]\ninput k: f32[2, 4, 4]\ninput v: f32[2, 4, 3]";
+    check(&case(qkv, "y = attention(q, k, v, 0.5, 1)", &["q", "k", "v"]));
+}
+
+/// Whether the program computes an `==` comparison (the amax gradient's mask).
+fn has_eq(p: &Program) -> bool {
+    let live = p.live();
+    let eq = OpCode::from_name("==").unwrap();
+    p.expr().as_ref().iter().enumerate().any(|(i, n)| live[i] && n.opcode() == Some(eq))
+}
+
+#[test]
+fn decomposed_softmax_and_log_softmax_skip_the_max_shift() {
+    let x = "input x: f32[3, 5]";
+    let spellings = [
+        "z = x - amax(x, -1)\ne = exp(z)\ny = e / sum(e, -1)",
+        "z = x - amax(x, 1)\ny = z - log(sum(exp(z), -1))",
+        "y = x - (amax(x, -1) + log(sum(exp(x - amax(x, -1)), -1)))",
+        "z = x - amax(x, 0)\ny = z - log(sum(exp(z), 0))",
+    ];
+    for body in spellings {
+        let c = case(x, body, &["x"]);
+        check(&c);
+        let (p, _) = build(&c);
+        assert!(!has_eq(&p), "{body}: the gradient goes through amax");
+    }
+    // When the shifted value is also used elsewhere, its other use still gets its gradient.
+    check(&case(x, "z = x - amax(x, -1)\ne = exp(z)\ny = e / sum(e, -1) + z * z", &["x"]));
+    // A softmax over one axis of a max taken over another is not the idiom.
+    let c = case(x, "z = x - amax(x, 0)\ne = exp(z)\ny = e / sum(e, -1)", &["x"]);
+    check(&c);
+    assert!(has_eq(&build(&c).0));
+}
+
+#[test]
+fn several_grads_over_one_loss_share_one_backward_graph() {
+    let head = "input x: f32[4, 6]\ninput w1: f32[6, 8]\ninput w2: f32[8, 3]\n\
+                loss = sum(sum(tanh(tanh(x @ w1) @ w2), -1), 0)\n";
+    let apart =
+        parse_program("t.eqf", &format!("{head}g1 = grad(loss, w1)\ng2 = grad(loss, w2)\noutput g1, g2\n"), &[])
+            .unwrap();
+    let mut together = parse_program("t.eqf", &format!("{head}output loss\n"), &[]).unwrap();
+    let (loss, w1, w2) = (together.outputs[0].id, together.input("w1").unwrap().id, together.input("w2").unwrap().id);
+    let gs = grad(&mut together, loss, &[w1, w2]).unwrap();
+    together.outputs.clear();
+    together.add_output("g1", gs[0]).unwrap();
+    together.add_output("g2", gs[1]).unwrap();
+    let count = |p: &Program| p.live().iter().filter(|&&l| l).count();
+    assert_eq!(count(&apart), count(&together));
+    let inputs = random_inputs(&apart, 5);
+    assert_eq!(eval(&apart, &inputs).unwrap(), eval(&together, &inputs).unwrap());
+}
+
+#[test]
+fn gradients_of_gradients() {
+    let text = "input x: f32[5]\ng = grad(sum(x * x * x, 0), x)\nh = grad(sum(g, 0), x)\noutput g, h\n";
+    let p = parse_program("t.eqf", text, &[]).unwrap();
+    let inputs = random_inputs(&p, 3);
+    let out = eval(&p, &inputs).unwrap();
+    for (i, &x) in inputs["x"].data.iter().enumerate() {
+        assert!((out[0].data[i] - 3.0 * x * x).abs() < 1e-5 * (1.0 + 3.0 * x * x));
+        assert!((out[1].data[i] - 6.0 * x).abs() < 1e-5 * (1.0 + 6.0 * x.abs()));
+    }
+}
+
+#[test]
+fn unused_variables_get_zero_gradients_of_their_type() {
+    let text = "input x: f32[3]\ninput w: bf16[2, 2]\ng = grad(sum(x, 0), w)\noutput g\n";
+    let p = parse_program("t.eqf", text, &[]).unwrap();
+    assert_eq!(p.ty(p.outputs[0].id).unwrap(), &TensorType::new(DType::Bf16, vec![2, 2]));
+    let out = eval(&p, &random_inputs(&p, 1)).unwrap();
+    assert_eq!(out[0].data, vec![0.0; 4]);
+}
+
+#[test]
+fn grad_nodes_built_through_the_library_expand() {
+    let f = |s: &[usize]| TensorType::new(DType::F32, s.to_vec());
+    let p = Program::from_sexprs(
+        "t",
+        &[("x", f(&[2, 3])), ("w", f(&[3]))],
+        &[("g", "(grad (sum (sum (* (exp x) w) 0) 1) w)"), ("h", "(grad (sum (sum (* (exp x) w) 0) 1) x)")],
+    )
+    .unwrap();
+    assert!(has_grads(&p));
+    let e = eval(&p, &random_inputs(&p, 1)).unwrap_err().to_string();
+    assert!(e.contains("expand_grads"), "{e}");
+    let q = expand_grads(&p).unwrap();
+    assert!(!has_grads(&q));
+    let inputs = random_inputs(&q, 1);
+    let out = eval(&q, &inputs).unwrap();
+    let (x, w) = (&inputs["x"].data, &inputs["w"].data);
+    for j in 0..3 {
+        let want = x[j].exp() + x[3 + j].exp();
+        assert!((out[0].data[j] - want).abs() < 1e-5 * want, "{} against {want}", out[0].data[j]);
+        assert!((out[1].data[j] - x[j].exp() * w[j]).abs() < 1e-5 * (1.0 + (x[j].exp() * w[j]).abs()));
+    }
+}
+
+#[test]
+fn errors_name_the_problem() {
+    let f = |s: &[usize]| TensorType::new(DType::F32, s.to_vec());
+    let mut p = Program::from_sexprs("t", &[("x", f(&[3]))], &[("y", "(exp x)")]).unwrap();
+    let (x, y) = (p.inputs[0].id, p.outputs[0].id);
+    let e = grad(&mut p, y, &[x]).unwrap_err().to_string();
+    assert!(e.contains("one element"), "{e}");
+    let zero = p.num(0.0);
+    let s = p.apply(Kind::Reduce(eqfuse::Reduce::Sum), vec![y, zero]).unwrap();
+    let e = grad(&mut p, s, &[y]).unwrap_err().to_string();
+    assert!(e.contains("with respect to an input"), "{e}");
+    let mut p =
+        Program::from_sexprs("t", &[("t", TensorType::new(DType::I32, vec![3]))], &[("y", "(cast t f32)")]).unwrap();
+    let t = p.inputs[0].id;
+    let zero = p.num(0.0);
+    let s = p.apply(Kind::Reduce(eqfuse::Reduce::Sum), vec![p.outputs[0].id, zero]).unwrap();
+    let e = grad(&mut p, s, &[t]).unwrap_err().to_string();
+    assert!(e.contains("only floating-point inputs"), "{e}");
+    // The .eqf front end places grad's errors.
+    let e = parse_program("t.eqf", "input t: i32[3]\ng = grad(sum(cast(t, f32), 0), t)\noutput g\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("t.eqf:2:5:"), "{e}");
+}
+
+#[test]
+fn json_graphs_differentiate_too() {
+    let graph = r#"{"schema": "eqfuse.graph/1", "inputs": [{"name": "x", "dtype": "f32", "shape": [3]}],
+        "nodes": [{"op": "input", "value": "x"}, {"op": "*", "args": [0, 0]}, {"op": "const", "value": 0},
+                  {"op": "sum", "args": [1, 2]}, {"op": "grad", "args": [3, 0]}],
+        "outputs": [{"name": "g", "node": 4}]}"#;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("g.json");
+    std::fs::write(&path, graph).unwrap();
+    let p = load_program(path.to_str().unwrap(), &[]).unwrap();
+    let inputs = random_inputs(&p, 2);
+    let out = eval(&p, &inputs).unwrap();
+    for (g, x) in out[0].data.iter().zip(&inputs["x"].data) {
+        assert!((g - 2.0 * x).abs() < 1e-6);
+    }
+    assert!(!p.expr().as_ref().iter().any(|n| matches!(n, TensorLang::Op(c, _) if c.kind() == Kind::Grad)));
+}
