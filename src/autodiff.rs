@@ -222,7 +222,8 @@ impl<'a> Tape<'a> {
 
     /// The gradient of variable `w`: its adjoint, broadcast and cast to exactly `w`'s type.
     fn gradient(&mut self, w: Id) -> R<Id> {
-        let g = match self.adj[usize::from(w)] {
+        // A variable declared after the loss cannot reach it, and has no slot.
+        let g = match self.adj.get(usize::from(w)).copied().flatten() {
             Some(g) => g,
             None => self.p.num(0.0),
         };

@@ -300,11 +300,13 @@ fn gradients_of_gradients() {
 
 #[test]
 fn unused_variables_get_zero_gradients_of_their_type() {
-    let text = "input x: f32[3]\ninput w: bf16[2, 2]\ng = grad(sum(x, 0), w)\noutput g\n";
+    let text =
+        "input x: f32[3]\ninput l: f32[]\ninput w: bf16[2, 2]\ng = grad(sum(x, 0), w)\nh = grad(l, w)\noutput g, h\n";
     let p = parse_program("t.eqf", text, &[]).unwrap();
     assert_eq!(p.ty(p.outputs[0].id).unwrap(), &TensorType::new(DType::Bf16, vec![2, 2]));
     let out = eval(&p, &random_inputs(&p, 1)).unwrap();
     assert_eq!(out[0].data, vec![0.0; 4]);
+    assert_eq!(out[1].data, vec![0.0; 4]);
 }
 
 #[test]
