@@ -250,7 +250,7 @@ fn json_errors() {
     let grad = r#"{"op": "exp", "args": [0]}, {"op": "grad", "args": [0, 1]}"#;
     assert!(err(&graph(grad, r#"{"name": "g", "node": 2}"#)).contains("grad needs a loss with one element"));
     let grad = r#"{"op": "exp", "args": [0]}, {"op": "const", "value": 0}, {"op": "sum", "args": [1, 2]},
-        {"op": "sum", "args": [3, 4]}, {"op": "const", "value": 1}, {"op": "grad", "args": [5, 1]}"#;
+        {"op": "const", "value": 1}, {"op": "sum", "args": [3, 4]}, {"op": "grad", "args": [5, 1]}"#;
     assert!(err(&graph(grad, r#"{"name": "g", "node": 6}"#)).contains("with respect to an input, not `exp`"));
     assert!(err(&graph(r#"{"op": "exp", "args": [0], "extra": 1}"#, out1)).starts_with("g.json:2:"));
     assert!(err(r#"{"schema": "eqfuse.graph/9"}"#).contains("schema `eqfuse.graph/9` is not supported"));
