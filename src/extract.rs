@@ -9,7 +9,6 @@
 //! Invariant: extraction never touches the GPU, and equal inputs give byte-identical plans.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 
 use egg::{CostFunction, Extractor, Id, Language, RecExpr, Symbol};
 
@@ -80,7 +79,7 @@ pub fn dag_of(
                 let n = node.clone().map_children(|ch| Id::from(index[&egraph.find(ch)]));
                 let fact = egraph[c].data.fact.clone().ok_or_else(|| format!("class {c} is ill typed"))?;
                 index.insert(c, nodes.len());
-                nodes.push(DagNode { role: role_of(&n), node: n, fact, name: names.get(&c).cloned() });
+                nodes.push(DagNode { role: role_of(&n), node: n, fact, name: names.get(&c).cloned(), class: Some(c) });
                 continue;
             }
             if !on_path.insert(c) {
@@ -119,13 +118,14 @@ pub fn local_selection(egraph: &TensorGraph, profile: &DeviceProfile) -> Selecti
 pub struct ExtractOptions {
     /// When false, every computed tensor is its own kernel (`--no-fusion`).
     pub fusion: bool,
-    /// Time allowed for e-node switches after the first plan.
-    pub improve_time: Duration,
+    /// Most e-node switches tried after the first plan. A count, not a time, so that the plan
+    /// does not depend on the machine's speed.
+    pub max_trials: usize,
 }
 
 impl Default for ExtractOptions {
     fn default() -> Self {
-        ExtractOptions { fusion: true, improve_time: Duration::from_millis(500) }
+        ExtractOptions { fusion: true, max_trials: 64 }
     }
 }
 
@@ -148,14 +148,17 @@ pub fn extract(
     let cost_of = |sel: &Selection| fused_cost(egraph, sel, roots, names, profile, opts.fusion);
     let (mut dag, mut best) = cost_of(&selection)?;
     if opts.fusion {
-        let start = Instant::now();
+        // Each trial re-plans the whole form, so large forms get fewer trials.
+        let max_trials = (opts.max_trials * 100 / dag.len().max(1)).clamp(4.min(opts.max_trials), opts.max_trials);
+        let mut trials = 0;
         let mut improved = true;
-        while improved && start.elapsed() < opts.improve_time {
+        while improved && trials < max_trials {
             improved = false;
             for (class, alt) in alternatives(egraph, &dag, &selection) {
-                if start.elapsed() >= opts.improve_time {
+                if trials >= max_trials {
                     break;
                 }
+                trials += 1;
                 let mut trial = selection.clone();
                 trial.insert(class, alt);
                 if let Ok((d, t)) = cost_of(&trial) {
@@ -194,11 +197,7 @@ pub fn fused_cost(
 /// classes (commuted operands are not worth a trial).
 fn alternatives(egraph: &TensorGraph, dag: &Dag, selection: &Selection) -> Vec<(Id, TensorLang)> {
     let mut out = Vec::new();
-    let used: std::collections::BTreeSet<Id> = selection
-        .iter()
-        .filter(|(_, n)| dag.nodes.iter().any(|d| d.node.opcode() == n.opcode()))
-        .map(|(&c, _)| c)
-        .collect();
+    let used: std::collections::BTreeSet<Id> = dag.nodes.iter().filter_map(|d| d.class).collect();
     for c in used {
         let cur = &selection[&c];
         let key = |n: &TensorLang| {
@@ -216,6 +215,8 @@ fn alternatives(egraph: &TensorGraph, dag: &Dag, selection: &Selection) -> Vec<(
             }
         }
     }
+    // Composites first: one template running a whole pattern is the switch most likely to pay.
+    out.sort_by_key(|(c, n)| (!matches!(n.opcode().map(|o| o.kind()), Some(crate::lang::Kind::Composite(_))), *c));
     out
 }
 

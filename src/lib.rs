@@ -7,6 +7,7 @@
 
 mod analysis;
 mod autodiff;
+mod conditions;
 mod cost;
 mod dag;
 mod error;
@@ -29,13 +30,16 @@ mod program;
 mod reference;
 mod render;
 mod rng;
+mod rules;
 mod run_cpu;
+mod saturate;
 mod scalar;
 mod tensor;
 mod types;
 
 pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
 pub use autodiff::{expand_grads, grad, has_grads};
+pub use conditions::{condition, NamedCondition, CONDITIONS};
 pub use cost::{analyse, KernelCost};
 pub use dag::{Dag, DagNode, Role};
 pub use error::{Diagnostic, Error, Result};
@@ -58,7 +62,9 @@ pub use program::{Input, Output, Program};
 pub use reference::{eval, eval_all};
 pub use render::{human_bytes, plan_json, render, Format};
 pub use rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
+pub use rules::{default_rules, load_rules_dir, parse_ruleset, Rule, RuleSet, STAGE_ORDER};
 pub use run_cpu::{run_cpu, CpuRunOptions, CpuRunReport, InputReport, InputSource, OutputReport};
+pub use saturate::{saturate, saturate_egraph, Budgets, Saturation, StageReport, StopReason, MIN_STAGE_ROOM};
 pub use tensor::{tolerance, Comparison, Summary, Tensor};
 pub use types::{DType, TensorType};
 

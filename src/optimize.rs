@@ -19,6 +19,7 @@ use crate::lang::Kind;
 use crate::plan::{FusionPlan, SearchReport, Totals};
 use crate::profile::DeviceProfile;
 use crate::program::Program;
+use crate::saturate::{saturate_egraph, Budgets};
 
 /// Everything `eqfuse optimize` can be told.
 #[derive(Clone, Debug)]
@@ -145,7 +146,7 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
     }
     let mut fusion = Fusion::unfused(&best.dag, &opts.profile);
     if opts.fusion {
-        fusion.optimise();
+        fusion.optimise_with_materialize();
     }
     let extract_ms = t1.elapsed().as_secs_f64() * 1e3;
     let search = SearchReport {
@@ -185,7 +186,26 @@ fn recognised_composites(program: &Program, dag: &Dag) -> Vec<String> {
         .collect()
 }
 
-/// Saturation stages over the e-graph. Until the rule engine lands, no rules run.
-fn run_stages(egraph: TensorGraph, _opts: &OptimizeOptions) -> Result<(TensorGraph, Vec<StageSummary>, usize, String)> {
-    Ok((egraph, vec![], 0, "saturated".into()))
+/// Runs the rulesets (built-in, or from `--rules DIR`) over the e-graph.
+fn run_stages(egraph: TensorGraph, opts: &OptimizeOptions) -> Result<(TensorGraph, Vec<StageSummary>, usize, String)> {
+    let rulesets = match &opts.rules_dir {
+        Some(dir) => crate::rules::load_rules_dir(dir)?,
+        None => crate::rules::default_rules()?,
+    };
+    let budgets = Budgets::default()
+        .with_iter_limit(opts.iter_limit)
+        .with_node_limit(opts.node_limit)
+        .with_time_limit(opts.time_limit);
+    let sat = saturate_egraph(egraph, vec![], &rulesets, &budgets)?;
+    let stages = sat
+        .stages
+        .iter()
+        .map(|st| StageSummary {
+            ruleset: st.ruleset.clone(),
+            iterations: st.iterations,
+            stop_reason: st.stop_reason.to_string(),
+            fired: st.fired.clone(),
+        })
+        .collect();
+    Ok((sat.egraph, stages, sat.iterations, sat.stop_reason.to_string()))
 }

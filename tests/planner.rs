@@ -135,3 +135,14 @@ fn plans_compute_what_the_program_says() {
         plan_checked(&p);
     }
 }
+
+#[test]
+fn sign_facts_decide_whether_exp_log_cancels() {
+    let b = [("b", f32(&[64, 32]))];
+    let plan = plan_checked(&Program::from_sexprs("p", &b, &[("o", "(exp (log (+ (* b b) 1)))")]).unwrap());
+    let ops: Vec<&str> = plan.kernels.iter().flat_map(|k| k.ops.iter().map(String::as_str)).collect();
+    assert!(!ops.contains(&"exp") && !ops.contains(&"log"), "{ops:?}");
+    let plan = plan_checked(&Program::from_sexprs("p", &b, &[("o", "(exp (log b))")]).unwrap());
+    let ops: Vec<&str> = plan.kernels.iter().flat_map(|k| k.ops.iter().map(String::as_str)).collect();
+    assert!(ops.contains(&"exp") && ops.contains(&"log"), "{ops:?}");
+}
