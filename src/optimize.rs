@@ -122,7 +122,8 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
         m
     });
     let t1 = Instant::now();
-    let ex_opts = ExtractOptions { fusion: opts.fusion, ..ExtractOptions::default() };
+    let start = crate::extract::written_selection(program, &egraph);
+    let ex_opts = ExtractOptions { fusion: opts.fusion, start, ..ExtractOptions::default() };
     let mut best = extract(&egraph, &roots, &names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
     let mut extractor = if opts.fusion { "greedy-dag".to_string() } else { "no-fusion".to_string() };
     let mut gap = None;
