@@ -192,12 +192,7 @@ pub fn extract(
 type CostOf<'a> = dyn Fn(&Selection) -> Result<(Dag, f64), String> + 'a;
 
 /// Single-class e-node switches from `from`, each kept when the fused plan gets faster.
-fn improve(
-    egraph: &TensorGraph,
-    from: Extracted,
-    opts: &ExtractOptions,
-    cost_of: &CostOf,
-) -> Extracted {
+fn improve(egraph: &TensorGraph, from: Extracted, opts: &ExtractOptions, cost_of: &CostOf) -> Extracted {
     let Extracted { mut dag, mut selection, predicted_us: mut best } = from;
     if opts.fusion {
         // Each trial re-plans the whole form, so large forms get fewer trials.

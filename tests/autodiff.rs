@@ -375,3 +375,80 @@ fn json_graphs_differentiate_too() {
     }
     assert!(!p.expr().as_ref().iter().any(|n| matches!(n, TensorLang::Op(c, _) if c.kind() == Kind::Grad)));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The gradient examples, run by `eqfuse run --cpu`, against gradients derived by hand.
+
+/// Hand-derived layernorm backward: dx = r (ĝ - mean(ĝ) - x̂ mean(ĝ x̂)) with ĝ = dy γ.
+const LAYERNORM_BY_HAND: &str = "
+mu = mean(x, -1)
+xc = x - mu
+rstd = rsqrt(mean(xc * xc, -1) + 1e-5)
+xhat = xc * rstd
+y = xhat * gamma + beta
+gh = dy * gamma
+dx = rstd * (gh - mean(gh, -1) - xhat * mean(gh * xhat, -1))
+dgamma = reshape(sum(dy * xhat, 0), [C])
+dbeta = reshape(sum(dy, 0), [C])
+output y, dx, dgamma, dbeta
+";
+
+/// Cross-entropy: d loss / d logits = (softmax(logits) - onehot(targets)) / N.
+const CROSS_ENTROPY_BY_HAND: &str = "
+loss = cross_entropy(logits, targets)
+dlogits = (softmax(logits, -1) - onehot(targets, V)) / N
+output loss, dlogits
+";
+
+/// The MLP: with e = h @ w2 - target and d = 2 e / B, g2 = hᵀ d and g1 = xᵀ ((d w2ᵀ) gelu'(a)),
+/// gelu'(a) = Φ(a) + a φ(a).
+const MLP_BY_HAND: &str = "
+a = x @ w1
+h = gelu(a)
+d = 2 * (h @ w2 - target) / B
+loss = sum(sum((h @ w2 - target) ^ 2, -1), 0) / B
+cdf = 0.5 * (1 + erf(a / 1.4142135623730951))
+pdf = exp(-0.5 * a * a) * 0.3989422804014327
+g1 = transpose(x, 0, 1) @ ((d @ transpose(w2, 0, 1)) * (cdf + a * pdf))
+g2 = transpose(h, 0, 1) @ d
+output loss, g1, g2
+";
+
+/// Runs `eqfuse run --cpu` on an example at small sizes, then evaluates the hand-derived program
+/// (the example's declarations plus `by_hand`) on the inputs the run saved, and compares.
+fn run_example_against(example: &str, dims: &[(&str, usize)], by_hand: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_eqfuse"));
+    cmd.args(["run", "--cpu", example, "--outputs"]).arg(dir.path());
+    for (n, v) in dims {
+        cmd.args(["--dim", &format!("{n}={v}")]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{example}: {}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(example).unwrap();
+    let decls: String = text
+        .lines()
+        .filter(|l| l.starts_with("dim ") || l.starts_with("input "))
+        .map(|l| l.to_string() + "\n")
+        .collect();
+    let overrides: Vec<(String, usize)> = dims.iter().map(|(n, v)| (n.to_string(), *v)).collect();
+    let hand = parse_program("by_hand.eqf", &format!("{decls}{by_hand}"), &overrides).unwrap();
+    let inputs: HashMap<String, Tensor> = hand
+        .inputs
+        .iter()
+        .map(|i| (i.name.clone(), eqfuse::read_npy(dir.path().join(format!("{}.npy", i.name)), &i.ty).unwrap()))
+        .collect();
+    let want = eval(&hand, &inputs).unwrap();
+    for (o, w) in hand.outputs.iter().zip(&want) {
+        let got = eqfuse::read_npy(dir.path().join(format!("{}.npy", o.name)), &w.ty()).unwrap();
+        let cmp = got.compare(w, 1e-4, 1e-5);
+        assert!(cmp.ok(), "{example}: `{}` differs from the hand-derived value: {cmp}", o.name);
+    }
+}
+
+#[test]
+fn gradient_examples_equal_hand_derived_formulas() {
+    run_example_against("examples/layernorm_grad.eqf", &[("R", 5), ("C", 7)], LAYERNORM_BY_HAND);
+    run_example_against("examples/cross_entropy_grad.eqf", &[("N", 6), ("V", 9)], CROSS_ENTROPY_BY_HAND);
+    run_example_against("examples/mlp_grad.eqf", &[("B", 4), ("D", 5), ("H", 6)], MLP_BY_HAND);
+}
