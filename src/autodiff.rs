@@ -506,6 +506,9 @@ impl<'a> Tape<'a> {
     }
 
     /// `a @ b`: `g @ bᵀ` to `a` and `aᵀ @ g` to `b` (batch axes are summed by [`Tape::fit`]).
+    /// A matrix `b` shared by every batch of `a` gets one product over the rows of all batches,
+    /// `reshape(a, [rows, k])ᵀ @ reshape(g, [rows, n])`, instead of a product per batch summed
+    /// afterwards (the weight gradient of `x @ w` for `x: [B, S, E]`).
     fn matmul(&mut self, a: Id, b: Id, y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
         let gf = self.full_like(g, y)?;
         if self.on(a) {
@@ -513,8 +516,19 @@ impl<'a> Tape<'a> {
             out.push((a, self.op(Kind::MatMul, vec![gf, bt])?));
         }
         if self.on(b) {
-            let at = self.swap_last(a)?;
-            out.push((b, self.op(Kind::MatMul, vec![at, gf])?));
+            let (ta, tb, ty) = (self.ty(a)?, self.ty(b)?, self.ty(y)?);
+            let gb = if tb.rank() == 2 && ta.rank() > 2 && ta.shape[..ta.rank() - 2] == ty.shape[..ty.rank() - 2] {
+                let (k, n) = (tb.shape[0], tb.shape[1]);
+                let rows = ta.numel() / k;
+                let a2 = self.reshape(a, vec![rows, k])?;
+                let g2 = self.reshape(gf, vec![rows, n])?;
+                let at = self.swap_last(a2)?;
+                self.op(Kind::MatMul, vec![at, g2])?
+            } else {
+                let at = self.swap_last(a)?;
+                self.op(Kind::MatMul, vec![at, gf])?
+            };
+            out.push((b, gb));
         }
         Ok(())
     }
