@@ -48,7 +48,7 @@ pub struct Rule {
     pub ruleset: String,
     pub lhs: Pattern<TensorLang>,
     pub rhs: Pattern<TensorLang>,
-    /// Named conditions (see [`crate::conditions`]) and their arguments; all must hold.
+    /// Named conditions (see [`CONDITIONS`](crate::CONDITIONS)) and their arguments; all must hold.
     pub conditions: Vec<(String, Vec<Var>)>,
     /// The rule changes floating-point results beyond what exact arithmetic would keep equal
     /// (reassociation, cancellation, approximations); a strict mode leaves it out.
