@@ -45,7 +45,9 @@ pub use dag::{Dag, DagNode, Role};
 pub use error::{Diagnostic, Error, Result};
 pub use expand::expand_composites;
 pub use explain::explain;
-pub use extract::{build_plan, dag_of, extract, fused_cost, local_selection, ExtractOptions, Extracted, Selection};
+pub use extract::{
+    build_plan, dag_of, extract, fused_cost, local_selection, written_selection, ExtractOptions, Extracted, Selection,
+};
 pub use fuse::{Fusion, Group};
 pub use generate::residual_stack_eqf;
 pub use ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};

@@ -351,6 +351,11 @@ fn errors_name_the_problem() {
     let s = p.apply(Kind::Reduce(eqfuse::Reduce::Sum), vec![p.outputs[0].id, zero]).unwrap();
     let e = grad(&mut p, s, &[t]).unwrap_err().to_string();
     assert!(e.contains("only floating-point inputs"), "{e}");
+    // A `grad` node on the path to the loss (built through the library) is named, not guessed at.
+    let mut p = Program::from_sexprs("t", &[("x", f(&[3]))], &[("l", "(sum (grad (sum (* x x) 0) x) 0)")]).unwrap();
+    let (x, l) = (p.inputs[0].id, p.outputs[0].id);
+    let e = grad(&mut p, l, &[x]).unwrap_err().to_string();
+    assert!(e.contains("through a `grad` node"), "{e}");
     // The .eqf front end places grad's errors.
     let e = parse_program("t.eqf", "input t: i32[3]\ng = grad(sum(cast(t, f32), 0), t)\noutput g\n", &[])
         .unwrap_err()
