@@ -472,7 +472,8 @@ fn plan_against_floor(path: &str) -> (usize, u64, u64) {
 #[test]
 fn gradient_examples_plan_near_their_floors() {
     // Cross-entropy loss and gradient, 8192x32000 f32: the logits are read once and the gradient
-    // written once (one row kernel, then the mean of the per-row losses).
+    // written once (one row kernel; the mean of the per-row losses and its negation are two tiny
+    // kernels, as codegen does not yet fuse arithmetic after a column reduction).
     let (kernels, bytes, floor) = plan_against_floor("examples/cross_entropy_grad.eqf");
     assert!(kernels <= 3 && bytes as f64 <= 1.1 * floor as f64, "{kernels} kernels, {bytes} bytes, floor {floor}");
     // Layernorm forward and backward, 16384x4096 f32: one row kernel (y, dx) and two column
