@@ -105,7 +105,13 @@ fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
             let last = b.num(-1.0);
             let ls = b.log_softmax(ch[0], last)?;
             let vn = b.num(v as f64);
-            let oh = b.0.apply(Kind::OneHot, vec![ch[1], vn])?;
+            let mut oh = b.0.apply(Kind::OneHot, vec![ch[1], vn])?;
+            // `onehot` is f32; logits of another float dtype need it in theirs.
+            let dtype = b.0.ty(ch[0]).map(|t| t.dtype).unwrap_or(crate::types::DType::F32);
+            if dtype != crate::types::DType::F32 {
+                let t = b.0.add(TensorLang::Type(dtype))?;
+                oh = b.0.apply(Kind::Cast, vec![oh, t])?;
+            }
             let picked = b.b(Binary::Mul, oh, ls)?;
             let row = b.r(Reduce::Sum, picked, last)?;
             let dims = b.0.add(TensorLang::Dims(crate::lang::Dims(vec![rows])))?;
@@ -147,4 +153,20 @@ pub(crate) fn attention_scores(p: &mut Program, q: Id, k: Id, scale: Id, causal:
     let keep = b.b(Binary::Ge, col, ik)?;
     let neg = b.num(-1e30);
     b.0.apply(Kind::Where, vec![keep, scaled, neg])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{DType, TensorType};
+
+    #[test]
+    fn cross_entropy_of_bf16_logits_expands() {
+        let inputs = [("x", TensorType::new(DType::Bf16, vec![4, 8])), ("t", TensorType::new(DType::I32, vec![4]))];
+        let p = Program::from_sexprs("t", &inputs, &[("l", "(cross_entropy x t)")]).unwrap();
+        let e = expand_composites(&p).unwrap();
+        let values = crate::rng::random_inputs(&p, 1);
+        let (a, b) = (crate::reference::eval(&p, &values).unwrap(), crate::reference::eval(&e, &values).unwrap());
+        assert!(a[0].allclose(&b[0], 2e-2, 2e-2), "{:?} against {:?}", a[0].data, b[0].data);
+    }
 }

@@ -484,3 +484,26 @@ fn gradient_examples_plan_near_their_floors() {
     let (kernels, bytes, floor) = plan_against_floor("examples/layernorm_grad.eqf");
     assert!(kernels <= 3 && bytes as f64 <= 1.76 * floor as f64, "{kernels} kernels, {bytes} bytes, floor {floor}");
 }
+
+#[test]
+fn bf16_programs_differentiate_plan_and_check() {
+    let text = "input x: bf16[4, 8]\ninput g: bf16[8]\ninput t: i32[4]\ninput q: bf16[2, 4, 8]\ninput w: bf16[8, 8]\n\
+        a = layernorm(x, g, g, 1e-5) + rmsnorm(x, g, 1e-6) + softmax(x, -1) + log_softmax(x, 0)\n\
+        b = max(x, g) * min(x, 0) + amax(x, -1) * amin(x, 0) + where(x > 0, x, 2) + relu(x) * abs(x)\n\
+        c = attention(q, q, q, 0.35, 1)\n\
+        l = sum(sum(a * b, 1), 0) + cross_entropy(x, t) + sum(sum(sum(c @ w, -1), 1), 0)\n\
+        dx = grad(l, x)\ndg = grad(l, g)\ndq = grad(l, q)\ndw = grad(l, w)\noutput dx, dg, dq, dw\n";
+    let p = parse_program("bf16.eqf", text, &[]).unwrap();
+    for o in &p.outputs {
+        assert_eq!(p.ty(o.id).unwrap().dtype, DType::Bf16, "{}", o.name);
+    }
+    let plan =
+        eqfuse::optimize(&p, &eqfuse::OptimizeOptions::new(eqfuse::DeviceProfile::load("h100").unwrap())).unwrap().plan;
+    let inputs = random_inputs(&p, 7);
+    let (got, want) = (eqfuse::eval_plan(&plan, &inputs).unwrap(), eval(&p, &inputs).unwrap());
+    for ((o, g), w) in p.outputs.iter().zip(&got).zip(&want) {
+        let scale = w.data.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+        let cmp = g.compare(w, 2e-2, 2e-2 * scale);
+        assert!(cmp.ok(), "{}: {cmp}", o.name);
+    }
+}
