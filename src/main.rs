@@ -36,9 +36,9 @@ enum Command {
     /// Print the program as a JSON graph (`eqfuse.graph/1`), sizes applied: for other tools
     /// (the PyTorch baselines in benches/ read it).
     Export {
-        /// A `.eqf` program, a `.json` graph, or `-` for standard input.
+        /// A `.eqf` program, a `.json` graph, an `.onnx` model, or `-` for standard input.
         prog: String,
-        /// Override a declared size: `--dim N=4096` (repeatable).
+        /// Override a declared size (an ONNX symbolic dim too): `--dim N=4096` (repeatable).
         #[arg(long = "dim", value_name = "NAME=VALUE")]
         dims: Vec<String>,
     },
@@ -66,9 +66,9 @@ enum Command {
 
 #[derive(Args)]
 struct PlanArgs {
-    /// A `.eqf` program, a `.json` graph, or `-` for standard input.
+    /// A `.eqf` program, a `.json` graph, an `.onnx` model, or `-` for standard input.
     prog: String,
-    /// Override a declared size: `--dim N=4096` (repeatable).
+    /// Override a declared size (an ONNX symbolic dim too): `--dim N=4096` (repeatable).
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
     /// Device profile: `h100`, `h200`, or a profile JSON file.
