@@ -93,6 +93,7 @@ fn expand(p: &Program) -> R<Program> {
     }
     let mut out = Program::new(p.source.clone());
     out.dims = p.dims.clone();
+    out.values = p.values.clone();
     for i in &p.inputs {
         out.add_input(&i.name, i.ty.clone())?;
     }
