@@ -250,7 +250,8 @@ impl Shaped<'_> {
                 .body
                 .iter()
                 .map(|&b| self.shape(b))
-                .max_by_key(|s| s.iter().product::<usize>())
+                // Of equal sizes, the highest rank: [1, 1] and [] both fit [1, 1], not [].
+                .max_by_key(|s| (s.iter().product::<usize>(), s.len()))
                 .unwrap_or(&[])
                 .to_vec();
         }
@@ -330,17 +331,34 @@ impl Shaped<'_> {
         }
     }
 
-    /// A value reduced across blocks can only be written, not used by the same kernel's body.
+    /// A value reduced across blocks is complete only in the block that finishes it, so the
+    /// body may use it only as that block writes it: through views of its own size
+    /// (`reshape(sum(g, 0), [C])`), never in arithmetic, another reduction or anything of the
+    /// full iteration space. (Pointwise epilogues such as `-sum(l, 0) / N` would fit the
+    /// template's finishing step too; codegen does not emit them yet.)
     fn nothing_after_across(&self) -> Result<(), String> {
-        for &b in self.body {
-            if self.reduction(b).is_some_and(|(r, _)| matches!(r, Red::Across(_))) {
-                let feeds = self.dag.users[b].iter().any(|u| self.in_body(*u));
-                if feeds {
-                    return Err("a column or global reduction's result cannot feed the same kernel".into());
-                }
+        let mut after = vec![false; self.body.len()];
+        for (bi, &b) in self.body.iter().enumerate() {
+            let n = &self.dag.nodes[b];
+            let from_across = n.children().any(|c| {
+                self.body.binary_search(&c).is_ok_and(|ci| after[ci])
+                    || self.in_body(c) && self.reduction(c).is_some_and(|(r, _)| matches!(r, Red::Across(_)))
+            });
+            if !from_across {
+                continue;
+            }
+            after[bi] = true;
+            let view = matches!(n.kind(), Some(Kind::Reshape | Kind::Broadcast));
+            let reduced = n.children().filter(|&c| self.in_body(c)).all(|c| self.numel(b) <= self.numel(c));
+            if !view || !reduced {
+                return Err("a column or global reduction's result cannot feed the same kernel".into());
             }
         }
         Ok(())
+    }
+
+    fn numel(&self, i: usize) -> usize {
+        self.shape(i).iter().product()
     }
 
     /// A kernel anchored on a matrix product or attention.

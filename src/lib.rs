@@ -51,6 +51,7 @@
 //! `examples/library.rs` does the same for a dense layer with a residual and a layer norm.
 
 mod analysis;
+mod autodiff;
 mod conditions;
 mod cost;
 mod dag;
@@ -83,13 +84,16 @@ mod tensor;
 mod types;
 
 pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
+pub use autodiff::{expand_grads, grad, has_grads};
 pub use conditions::{condition, NamedCondition, CONDITIONS};
 pub use cost::{analyse, KernelCost};
 pub use dag::{Dag, DagNode, Role};
 pub use error::{Diagnostic, Error, Result};
 pub use expand::expand_composites;
 pub use explain::explain;
-pub use extract::{build_plan, dag_of, extract, fused_cost, local_selection, ExtractOptions, Extracted, Selection};
+pub use extract::{
+    build_plan, dag_of, extract, fused_cost, local_selection, written_selection, ExtractOptions, Extracted, Selection,
+};
 pub use fuse::{Fusion, Group};
 pub use generate::residual_stack_eqf;
 pub use ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};

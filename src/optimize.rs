@@ -105,8 +105,12 @@ pub fn egraph_of(program: &Program) -> (TensorGraph, Vec<(String, Id)>, BTreeMap
     (egraph, roots, names)
 }
 
-/// Plans a program.
+/// Plans a program. `grad` nodes (which a program built through the library may hold) are
+/// differentiated first, so the plan is of the joint forward and backward graph.
 pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> {
+    if crate::autodiff::has_grads(program) {
+        return optimize(&crate::autodiff::expand_grads(program)?, opts);
+    }
     let unfused = unfused_totals(program, &opts.profile)?;
     let (egraph, roots, names) = egraph_of(program);
     let t0 = Instant::now();
@@ -118,7 +122,8 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
         m
     });
     let t1 = Instant::now();
-    let ex_opts = ExtractOptions { fusion: opts.fusion, ..ExtractOptions::default() };
+    let start = crate::extract::written_selection(program, &egraph);
+    let ex_opts = ExtractOptions { fusion: opts.fusion, start, ..ExtractOptions::default() };
     let mut best = extract(&egraph, &roots, &names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
     let mut extractor = if opts.fusion { "greedy-dag".to_string() } else { "no-fusion".to_string() };
     let mut gap = None;

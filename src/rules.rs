@@ -34,8 +34,11 @@ use crate::lang::TensorLang;
 pub const STAGE_ORDER: &[&str] = &["algebra", "patterns", "autodiff", "memory"];
 
 /// The default rules, embedded in the binary.
-const DEFAULT_RULES: &[(&str, &str)] =
-    &[("algebra", include_str!("../rules/algebra.rules")), ("patterns", include_str!("../rules/patterns.rules"))];
+const DEFAULT_RULES: &[(&str, &str)] = &[
+    ("algebra", include_str!("../rules/algebra.rules")),
+    ("patterns", include_str!("../rules/patterns.rules")),
+    ("autodiff", include_str!("../rules/autodiff.rules")),
+];
 
 /// One rewrite rule, as loaded from a rule file.
 #[derive(Clone, Debug)]
