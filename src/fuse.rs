@@ -197,8 +197,14 @@ impl<'a> Fusion<'a> {
     /// it is applied (its neighbours may have changed), and only moves touching the kernels a
     /// move created are evaluated anew.
     pub fn optimise(&mut self) {
+        self.greedy(true);
+    }
+
+    /// Greedy fusion; with `merges` false, only inline moves (recomputation) are made.
+    fn greedy(&mut self, merges: bool) {
+        let allowed = |mv: &Move| merges || matches!(mv, Move::Inline(_));
         let mut queue: BinaryHeap<Queued> = BinaryHeap::new();
-        for mv in self.candidates() {
+        for mv in self.candidates().into_iter().filter(allowed) {
             self.enqueue(&mut queue, mv);
         }
         while let Some(q) = queue.pop() {
@@ -216,7 +222,7 @@ impl<'a> Fusion<'a> {
             }
             let first_new = self.groups.len();
             self.apply(p);
-            for mv in self.moves_near(first_new) {
+            for mv in self.moves_near(first_new).into_iter().filter(allowed) {
                 self.enqueue(&mut queue, mv);
             }
         }
@@ -233,10 +239,7 @@ impl<'a> Fusion<'a> {
     /// Whether a move still refers to live kernels.
     fn live_move(&self, mv: Move) -> bool {
         match mv {
-            Move::Inline(m) => {
-                let o = self.owner[m];
-                self.mat[m] && o != NONE && self.members(o) == [m]
-            }
+            Move::Inline(m) => self.mat[m] && self.owner[m] != NONE,
             Move::Merge(a, b) => self.groups[a].is_some() && self.groups[b].is_some(),
             Move::Materialize(c, host) => !self.mat[c] && (host == NONE || self.groups[host].is_some()),
         }
@@ -336,10 +339,16 @@ impl<'a> Fusion<'a> {
                 let users = &self.readers_of[m];
                 let mut remove: Vec<usize> = users.iter().copied().collect();
                 remove.push(own);
-                let add = users
+                let mut add: Vec<Vec<usize>> = users
                     .iter()
                     .map(|&u| self.groups[u].as_ref().map(|g| g.members.clone()).unwrap_or_default())
                     .collect();
+                // A member of a multi-output kernel: the kernel keeps its other members and
+                // computes this one on chip without writing it.
+                let rest: Vec<usize> = self.members(own).iter().copied().filter(|&x| x != m).collect();
+                if !rest.is_empty() {
+                    add.push(rest);
+                }
                 (Some((m, false)), remove, add)
             }
             Move::Materialize(c, host) => self.materialize_members(c, host)?,
@@ -496,8 +505,19 @@ impl<'a> Fusion<'a> {
 
     /// Greedy fusion, then the best materialize move while one saves time, each followed by
     /// fusion again (a bounded number of rounds).
+    ///
+    /// Greedy fusion is run twice, as it is and with all recomputation decided before any merge
+    /// (a merge made early can hide a cheaper recomputation, e.g. a layernorm backward whose
+    /// `dy * xhat` belongs in the gamma-gradient column kernel), and the faster result is kept.
     pub fn optimise_with_materialize(&mut self) {
+        let mut inline_first = self.clone();
+        inline_first.greedy(false);
+        inline_first.greedy(true);
         self.optimise();
+        if inline_first.total_us() < self.total_us() - 1e-9 {
+            *self = inline_first;
+        }
+
         for _ in 0..16 {
             let best = self
                 .materialize_candidates()
