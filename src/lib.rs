@@ -6,6 +6,7 @@
 //! See `ARCHITECTURE.md` for the code map and invariants.
 
 mod analysis;
+mod codegen;
 mod cost;
 mod dag;
 mod error;
@@ -14,6 +15,7 @@ mod extract;
 mod fuse;
 mod infer;
 mod lang;
+mod nvrtc;
 mod optimize;
 mod plan;
 mod profile;
@@ -23,6 +25,10 @@ mod scalar;
 mod types;
 
 pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
+pub use codegen::{
+    codegen_kernel, codegen_plan, manifest_json, write_codegen_dir, ArgRole, KernelArg, KernelSource, Launch,
+    TEMPLATE_FILES,
+};
 pub use cost::{analyse, KernelCost};
 pub use dag::{Dag, DagNode, Role};
 pub use error::{Diagnostic, Error, Result};
@@ -31,6 +37,10 @@ pub use extract::{build_plan, dag_of, extract, local_selection, ExtractOptions, 
 pub use fuse::{Fusion, Group};
 pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
 pub use lang::{Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
+pub use nvrtc::{
+    available as nvrtc_available, cache_dir, compile as nvrtc_compile, compile_cached as nvrtc_compile_cached,
+    Compiled, DEFAULT_ARCH,
+};
 pub use optimize::{egraph_of, optimize, unfused_totals, OptimizeOptions, Optimized, StageSummary};
 pub use plan::{FusionPlan, Kernel, SearchReport, Template, TensorRef, Totals};
 pub use profile::{DeviceProfile, TemplateRates};
