@@ -183,10 +183,9 @@ impl Analysis<TensorLang> for ShapeAnalysis {
             (Some(_), None) => changed_b = true,
             (None, None) => changed_b = false,
             (Some(fa), Some(fb)) => {
-                if fa.ty != fb.ty || fa.dims != fb.dims || fa.dtype != fb.dtype {
-                    if self.conflicts.len() < 16 {
-                        self.conflicts.push(format!("{:?} merged with {:?}", fa.ty, fb.ty));
-                    }
+                let differ = fa.ty != fb.ty || fa.dims != fb.dims || fa.dtype != fb.dtype;
+                if differ && self.conflicts.len() < 16 {
+                    self.conflicts.push(format!("{:?} merged with {:?}", fa.ty, fb.ty));
                 }
                 if fa.konst.is_none() && fb.konst.is_some() {
                     fa.konst = fb.konst;

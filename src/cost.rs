@@ -61,9 +61,14 @@ impl KernelCost {
     }
 }
 
-/// Analyses the kernel computing `members` (sorted) when `mat` marks the materialized nodes.
+/// Analyses the kernel computing `members` (sorted) when `mat` tells the materialized nodes.
 /// Returns the reason when no template can run it.
-pub fn analyse(dag: &Dag, members: &[usize], mat: &[bool], profile: &DeviceProfile) -> Result<KernelCost, String> {
+pub fn analyse(
+    dag: &Dag,
+    members: &[usize],
+    mat: &dyn Fn(usize) -> bool,
+    profile: &DeviceProfile,
+) -> Result<KernelCost, String> {
     let (body, reads) = collect(dag, members, mat);
     if body.len() > MAX_BODY_OPS {
         return Err(format!("a body of {} operators exceeds the register budget ({MAX_BODY_OPS})", body.len()));
@@ -93,25 +98,21 @@ pub fn analyse(dag: &Dag, members: &[usize], mat: &[bool], profile: &DeviceProfi
 }
 
 /// The body and reads of a kernel: DFS from the members, stopping at materialized non-members.
-fn collect(dag: &Dag, members: &[usize], mat: &[bool]) -> (Vec<usize>, Vec<usize>) {
-    let mut seen = vec![false; dag.len()];
+fn collect(dag: &Dag, members: &[usize], mat: &dyn Fn(usize) -> bool) -> (Vec<usize>, Vec<usize>) {
+    let mut seen: std::collections::HashSet<usize> = members.iter().copied().collect();
     let mut body = Vec::new();
     let mut reads = Vec::new();
     let mut stack: Vec<usize> = members.to_vec();
-    for &m in members {
-        seen[m] = true;
-    }
     while let Some(i) = stack.pop() {
         body.push(i);
         for c in dag.nodes[i].children() {
-            if seen[c] {
+            if !seen.insert(c) {
                 continue;
             }
-            seen[c] = true;
             if dag.nodes[c].role == Role::Leaf && !dag.is_output[c] {
                 continue;
             }
-            if mat[c] && members.binary_search(&c).is_err() {
+            if mat(c) && members.binary_search(&c).is_err() {
                 reads.push(c);
             } else {
                 stack.push(c);
@@ -407,19 +408,20 @@ fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
 
 /// The longest chain of reductions in the body (composites count their internal stages).
 fn reduction_depth(dag: &Dag, k: &KernelCost) -> usize {
-    let mut depth = vec![0usize; dag.len()];
+    let mut depth = vec![0usize; k.body.len()];
+    let pos = |c: usize| k.body.binary_search(&c).ok();
     let mut max = 0;
-    for &b in &k.body {
+    for (bi, &b) in k.body.iter().enumerate() {
         let n = &dag.nodes[b];
-        let below = n.children().map(|c| depth[c]).max().unwrap_or(0);
+        let below = n.children().filter_map(pos).map(|c| depth[c]).max().unwrap_or(0);
         let own = match n.kind() {
             Some(Kind::Reduce(_)) => 1,
             Some(Kind::Composite(Composite::Softmax | Composite::LogSoftmax | Composite::LayerNorm)) => 2,
             Some(Kind::Composite(Composite::RmsNorm | Composite::CrossEntropy)) => 2,
             _ => 0,
         };
-        depth[b] = below + own;
-        max = max.max(depth[b]);
+        depth[bi] = below + own;
+        max = max.max(depth[bi]);
     }
     max
 }
@@ -428,15 +430,16 @@ fn reduction_depth(dag: &Dag, k: &KernelCost) -> usize {
 /// after the reduction).
 fn epilogue_uses_rows(dag: &Dag, k: &KernelCost) -> bool {
     let full: usize = k.domain.iter().product();
-    let mut reduced = vec![false; dag.len()];
-    for &b in &k.body {
+    let mut reduced = vec![false; k.body.len()];
+    let pos = |c: usize| k.body.binary_search(&c).ok();
+    for (bi, &b) in k.body.iter().enumerate() {
         let n = &dag.nodes[b];
         let is_red = matches!(n.kind(), Some(Kind::Reduce(Reduce::Sum | Reduce::Mean | Reduce::Amax | Reduce::Amin)));
-        let from_red = n.children().any(|c| reduced[c]);
+        let from_red = n.children().filter_map(pos).any(|c| reduced[c]);
         if from_red && n.ty().is_some_and(|t| t.numel() == full) && !matches!(n.node, TensorLang::Num(_)) {
             return true;
         }
-        reduced[b] = is_red || from_red;
+        reduced[bi] = is_red || from_red;
     }
     false
 }

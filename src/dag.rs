@@ -34,6 +34,8 @@ pub struct DagNode {
     /// A name from the program, if the value was bound to one.
     pub name: Option<String>,
     pub role: Role,
+    /// The e-class this node was extracted from, when it came from an e-graph.
+    pub class: Option<Id>,
 }
 
 impl DagNode {
@@ -78,6 +80,7 @@ impl Dag {
                 node: n,
                 fact: p.fact(id).clone(),
                 name: p.name(id).map(str::to_string),
+                class: None,
             });
         }
         let outputs = p.outputs.iter().map(|o| (o.name.clone(), map[usize::from(o.id)])).collect();

@@ -9,7 +9,6 @@
 //! Invariant: extraction never touches the GPU, and equal inputs give byte-identical plans.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
 
 use egg::{CostFunction, Extractor, Id, Language, RecExpr, Symbol};
 
@@ -80,7 +79,7 @@ pub fn dag_of(
                 let n = node.clone().map_children(|ch| Id::from(index[&egraph.find(ch)]));
                 let fact = egraph[c].data.fact.clone().ok_or_else(|| format!("class {c} is ill typed"))?;
                 index.insert(c, nodes.len());
-                nodes.push(DagNode { role: role_of(&n), node: n, fact, name: names.get(&c).cloned() });
+                nodes.push(DagNode { role: role_of(&n), node: n, fact, name: names.get(&c).cloned(), class: Some(c) });
                 continue;
             }
             if !on_path.insert(c) {
@@ -119,13 +118,14 @@ pub fn local_selection(egraph: &TensorGraph, profile: &DeviceProfile) -> Selecti
 pub struct ExtractOptions {
     /// When false, every computed tensor is its own kernel (`--no-fusion`).
     pub fusion: bool,
-    /// Time allowed for e-node switches after the first plan.
-    pub improve_time: Duration,
+    /// Most e-node switches tried after the first plan. A count, not a time, so that the plan
+    /// does not depend on the machine's speed.
+    pub max_trials: usize,
 }
 
 impl Default for ExtractOptions {
     fn default() -> Self {
-        ExtractOptions { fusion: true, improve_time: Duration::from_millis(500) }
+        ExtractOptions { fusion: true, max_trials: 64 }
     }
 }
 
@@ -145,25 +145,18 @@ pub fn extract(
     opts: &ExtractOptions,
 ) -> Result<Extracted, String> {
     let mut selection = local_selection(egraph, profile);
-    let cost_of = |sel: &Selection| -> Result<(Dag, f64), String> {
-        let dag = dag_of(egraph, sel, roots, names)?;
-        let mut f = Fusion::unfused(&dag, profile);
-        if opts.fusion {
-            f.optimise();
-        }
-        let t = f.total_us();
-        Ok((dag, t))
-    };
+    let cost_of = |sel: &Selection| fused_cost(egraph, sel, roots, names, profile, opts.fusion);
     let (mut dag, mut best) = cost_of(&selection)?;
     if opts.fusion {
-        let start = Instant::now();
+        let mut trials = 0;
         let mut improved = true;
-        while improved && start.elapsed() < opts.improve_time {
+        while improved && trials < opts.max_trials {
             improved = false;
             for (class, alt) in alternatives(egraph, &dag, &selection) {
-                if start.elapsed() >= opts.improve_time {
+                if trials >= opts.max_trials {
                     break;
                 }
+                trials += 1;
                 let mut trial = selection.clone();
                 trial.insert(class, alt);
                 if let Ok((d, t)) = cost_of(&trial) {
@@ -180,15 +173,29 @@ pub fn extract(
     Ok(Extracted { dag, selection, predicted_us: best })
 }
 
+/// The DAG of a selection and the predicted time of its fused (or unfused) plan.
+pub fn fused_cost(
+    egraph: &TensorGraph,
+    selection: &Selection,
+    roots: &[(String, Id)],
+    names: &BTreeMap<Id, String>,
+    profile: &DeviceProfile,
+    fusion: bool,
+) -> Result<(Dag, f64), String> {
+    let dag = dag_of(egraph, selection, roots, names)?;
+    let mut f = Fusion::unfused(&dag, profile);
+    if fusion {
+        f.optimise();
+    }
+    let t = f.total_us();
+    Ok((dag, t))
+}
+
 /// Other e-nodes of the classes in the current form that differ in operator or children
 /// classes (commuted operands are not worth a trial).
 fn alternatives(egraph: &TensorGraph, dag: &Dag, selection: &Selection) -> Vec<(Id, TensorLang)> {
     let mut out = Vec::new();
-    let used: std::collections::BTreeSet<Id> = selection
-        .iter()
-        .filter(|(_, n)| dag.nodes.iter().any(|d| d.node.opcode() == n.opcode()))
-        .map(|(&c, _)| c)
-        .collect();
+    let used: std::collections::BTreeSet<Id> = dag.nodes.iter().filter_map(|d| d.class).collect();
     for c in used {
         let cur = &selection[&c];
         let key = |n: &TensorLang| {
@@ -206,6 +213,8 @@ fn alternatives(egraph: &TensorGraph, dag: &Dag, selection: &Selection) -> Vec<(
             }
         }
     }
+    // Composites first: one template running a whole pattern is the switch most likely to pay.
+    out.sort_by_key(|(c, n)| (!matches!(n.opcode().map(|o| o.kind()), Some(crate::lang::Kind::Composite(_))), *c));
     out
 }
 
@@ -223,7 +232,7 @@ pub fn build_plan(
         name: names[i].clone(),
         ty: dag.nodes[i].ty().cloned().unwrap_or(TensorType::scalar(crate::DType::F32)),
     };
-    let rejected = rejected_by_member(fusion);
+    let rejected = rejected_by_member(fusion, &names);
     let mut kernels = Vec::new();
     for g in fusion.ordered() {
         let k = &g.cost;
@@ -290,11 +299,18 @@ pub fn build_plan(
     }
 }
 
-/// Fusions rejected near each node, as sentences.
-fn rejected_by_member(fusion: &Fusion) -> BTreeMap<usize, Vec<String>> {
+/// Fusions rejected near each node, as sentences, keyed by the kernel member they concern.
+fn rejected_by_member(fusion: &Fusion, names: &[String]) -> BTreeMap<usize, Vec<String>> {
     let mut out: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    for (node, why) in &fusion.rejected {
-        out.entry(*node).or_default().push(format!("not fused: {why}"));
+    for r in fusion.rejections() {
+        let (key, text) = match r.into {
+            None => (
+                r.subject,
+                format!("not fused: {} recomputed by its consumers instead of written: {}", names[r.subject], r.why),
+            ),
+            Some(b) => (b, format!("not fused: with the kernel writing {}: {}", names[r.subject], r.why)),
+        };
+        out.entry(key).or_default().push(text);
     }
     out
 }

@@ -13,7 +13,8 @@
 //! reaches it. Invariant: every state the search visits is a legal, acyclic plan, and the search
 //! is deterministic (candidates are visited in index order; ties keep the first).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use crate::cost::{analyse, KernelCost};
 use crate::dag::{Dag, Role};
@@ -39,10 +40,48 @@ pub struct Fusion<'a> {
     pub groups: Vec<Option<Group>>,
     /// How many groups read each node.
     readers: Vec<u32>,
-    /// Rejected fusions: (node or group member it concerns, reason).
-    pub rejected: BTreeSet<(usize, String)>,
+    /// The groups reading each node.
+    readers_of: Vec<BTreeSet<usize>>,
     /// Moves applied.
     pub moves: usize,
+}
+
+/// A fusion the final state does not make.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// The tensor to inline, or a member of the first kernel of a merge.
+    pub subject: usize,
+    /// For a merge, a member of the second kernel.
+    pub into: Option<usize>,
+    pub why: String,
+}
+
+/// A queued move, ordered so that the largest saving (most negative delta) pops first, ties
+/// broken by the move itself for determinism.
+#[derive(Clone, Copy, Debug)]
+struct Queued {
+    delta_us: f64,
+    mv: Move,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+
+impl Eq for Queued {}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for Queued {
+    fn cmp(&self, o: &Self) -> Ordering {
+        o.delta_us.total_cmp(&self.delta_us).then_with(|| o.mv.cmp(&self.mv))
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -73,13 +112,14 @@ impl<'a> Fusion<'a> {
             owner: vec![NONE; n],
             groups: vec![],
             readers: vec![0; n],
-            rejected: BTreeSet::new(),
+            readers_of: vec![BTreeSet::new(); n],
             moves: 0,
         };
         for i in 0..n {
             if f.mat[i] && dag.nodes[i].role != Role::Input {
                 let members = vec![i];
-                let cost = analyse(dag, &members, &f.mat, profile)
+                let mat = f.mat.clone();
+                let cost = analyse(dag, &members, &|x| mat[x], profile)
                     .expect("a single operator with its inputs in memory is always legal");
                 f.insert(Group { members, cost });
             }
@@ -94,6 +134,7 @@ impl<'a> Fusion<'a> {
         }
         for &r in &g.cost.reads {
             self.readers[r] += 1;
+            self.readers_of[r].insert(id);
         }
         self.groups.push(Some(g));
     }
@@ -102,6 +143,7 @@ impl<'a> Fusion<'a> {
         if let Some(g) = self.groups[id].take() {
             for &r in &g.cost.reads {
                 self.readers[r] -= 1;
+                self.readers_of[r].remove(&id);
             }
             for &m in &g.members {
                 if self.owner[m] == id {
@@ -142,25 +184,107 @@ impl<'a> Fusion<'a> {
     }
 
     /// Runs greedy fusion to a local optimum.
+    ///
+    /// Lazy greedy: every candidate's saving is kept in a queue; the best is re-evaluated before
+    /// it is applied (its neighbours may have changed), and only moves touching the kernels a
+    /// move created are evaluated anew.
     pub fn optimise(&mut self) {
-        loop {
-            let mut best: Option<Proposal> = None;
-            for mv in self.candidates() {
-                match self.propose(mv) {
-                    Ok(p) if p.delta_us < -1e-9 && best.as_ref().is_none_or(|b| p.delta_us < b.delta_us) => {
-                        best = Some(p)
-                    }
-                    Ok(_) => {}
-                    Err((node, why)) => {
-                        self.rejected.insert((node, why));
-                    }
-                }
+        let mut queue: BinaryHeap<Queued> = BinaryHeap::new();
+        for mv in self.candidates() {
+            self.enqueue(&mut queue, mv);
+        }
+        while let Some(q) = queue.pop() {
+            if !self.live_move(q.mv) {
+                continue;
             }
-            match best {
-                Some(p) => self.apply(p),
-                None => break,
+            let Ok(p) = self.propose(q.mv) else { continue };
+            if p.delta_us >= -1e-9 {
+                continue;
+            }
+            // Stale and now worse than the next in line: queue it again at its true saving.
+            if p.delta_us > q.delta_us + 1e-9 && queue.peek().is_some_and(|n| n.delta_us < p.delta_us) {
+                queue.push(Queued { delta_us: p.delta_us, mv: q.mv });
+                continue;
+            }
+            let first_new = self.groups.len();
+            self.apply(p);
+            for mv in self.moves_near(first_new) {
+                self.enqueue(&mut queue, mv);
             }
         }
+    }
+
+    fn enqueue(&self, queue: &mut BinaryHeap<Queued>, mv: Move) {
+        if let Ok(p) = self.propose(mv) {
+            if p.delta_us < -1e-9 {
+                queue.push(Queued { delta_us: p.delta_us, mv });
+            }
+        }
+    }
+
+    /// Whether a move still refers to live kernels.
+    fn live_move(&self, mv: Move) -> bool {
+        match mv {
+            Move::Inline(m) => {
+                let o = self.owner[m];
+                self.mat[m] && o != NONE && self.members(o) == [m]
+            }
+            Move::Merge(a, b) => self.groups[a].is_some() && self.groups[b].is_some(),
+        }
+    }
+
+    /// Candidate moves that involve the kernels created from index `first_new` on.
+    fn moves_near(&self, first_new: usize) -> BTreeSet<Move> {
+        let mut out = BTreeSet::new();
+        for gid in first_new..self.groups.len() {
+            let Some(g) = &self.groups[gid] else { continue };
+            if let [m] = g.members[..] {
+                if self.inlinable(m) {
+                    out.insert(Move::Inline(m));
+                }
+            }
+            for &r in &g.cost.reads {
+                let o = self.owner[r];
+                if o != NONE && o != gid {
+                    out.insert(Move::Merge(o.min(gid), o.max(gid)));
+                    if let [m] = self.members(o) {
+                        if self.inlinable(*m) {
+                            out.insert(Move::Inline(*m));
+                        }
+                    }
+                }
+                for &sib in self.readers_of[r].iter().filter(|&&x| x != gid).take(8) {
+                    out.insert(Move::Merge(sib.min(gid), sib.max(gid)));
+                }
+            }
+            for s in self.successors(gid) {
+                out.insert(Move::Merge(gid.min(s), gid.max(s)));
+            }
+        }
+        out
+    }
+
+    fn inlinable(&self, m: usize) -> bool {
+        !self.dag.is_output[m] && self.dag.nodes[m].role == Role::Compute
+    }
+
+    /// The fusions not made in the final state, and why: each remaining move is either illegal
+    /// (the reason) or slower (by how much). Keyed by the node the move concerns.
+    pub fn rejections(&self) -> Vec<Rejection> {
+        let mut out = Vec::new();
+        for mv in self.candidates() {
+            let (subject, into) = match mv {
+                Move::Inline(m) => (m, None),
+                Move::Merge(a, b) => (self.first_member(a), Some(self.first_member(b))),
+            };
+            let why = match self.propose(mv) {
+                Ok(p) if p.delta_us >= -1e-9 => format!("it would be slower by {:.2} us", p.delta_us),
+                Ok(_) => continue,
+                Err((_, why)) => why,
+            };
+            out.push(Rejection { subject, into, why });
+        }
+        out
     }
 
     /// Legal-looking moves from the current state, in a deterministic order.
@@ -169,7 +293,7 @@ impl<'a> Fusion<'a> {
         for (gid, g) in self.groups.iter().enumerate() {
             let Some(g) = g else { continue };
             if let [m] = g.members[..] {
-                if !self.dag.is_output[m] && self.dag.nodes[m].role == Role::Compute {
+                if self.inlinable(m) {
                     out.insert(Move::Inline(m));
                 }
             }
@@ -200,12 +324,7 @@ impl<'a> Fusion<'a> {
         let (flip, remove, add_members): (Option<usize>, Vec<usize>, Vec<Vec<usize>>) = match mv {
             Move::Inline(m) => {
                 let own = self.owner[m];
-                let users: BTreeSet<usize> = self
-                    .groups
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(gid, g)| g.as_ref().filter(|g| g.cost.reads.binary_search(&m).is_ok()).map(|_| gid))
-                    .collect();
+                let users = &self.readers_of[m];
                 let mut remove: Vec<usize> = users.iter().copied().collect();
                 remove.push(own);
                 let add = users
@@ -227,10 +346,7 @@ impl<'a> Fusion<'a> {
                 (None, vec![a, b], vec![members])
             }
         };
-        let mut mat = self.mat.clone();
-        if let Some(m) = flip {
-            mat[m] = false;
-        }
+        let mat = |x: usize| self.mat[x] && Some(x) != flip;
         let mut add = Vec::with_capacity(add_members.len());
         for members in add_members {
             match analyse(self.dag, &members, &mat, self.profile) {
@@ -300,15 +416,7 @@ impl<'a> Fusion<'a> {
 
     /// Groups that read something `g` owns.
     fn successors(&self, g: usize) -> BTreeSet<usize> {
-        let mut out = BTreeSet::new();
-        for (gid, other) in self.groups.iter().enumerate() {
-            if let Some(o) = other {
-                if gid != g && o.cost.reads.iter().any(|&r| self.owner[r] == g) {
-                    out.insert(gid);
-                }
-            }
-        }
-        out
+        self.members(g).iter().flat_map(|&m| self.readers_of[m].iter().copied()).filter(|&s| s != g).collect()
     }
 
     /// Whether `to` is reachable from `from` through at least one other group.

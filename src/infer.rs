@@ -201,7 +201,8 @@ pub fn infer(op: OpCode, args: &[&Fact]) -> R<Inferred> {
         Kind::Reshape => {
             let t = tensor(args[0], "the argument of reshape")?;
             let d = args[1].dims.as_ref().ok_or("the second argument of reshape must be a shape list")?;
-            let n: usize = d.iter().product();
+            // A checked product: the list may come from a rule file or JSON with absurd sizes.
+            let n = d.iter().try_fold(1usize, |n, &s| n.checked_mul(s)).unwrap_or(usize::MAX);
             if n != t.numel() {
                 return Err(format!(
                     "cannot reshape {} ({} elements) to {} ({} elements)",

@@ -3,7 +3,7 @@
 //! The parser builds it, the rules match it, the reference interpreter evaluates it, the planner
 //! extracts it and codegen renders it. Attributes (axes, epsilons, shapes, dtypes) are leaf
 //! children, so that rules can bind them with pattern variables (`(sum (* ?c ?x) ?axis)`).
-//! Invariant: every operator has exactly one entry in [`Op::ALL`] naming its spelling, arity and
+//! Invariant: every operator has exactly one entry in [`OPS`] naming its spelling, arity and
 //! kind; nothing else in the crate spells operator names.
 
 use std::fmt;

@@ -1,2 +1,194 @@
-//! The `eqfuse` command line; all work happens in the library.
-fn main() {}
+//! The `eqfuse` command line: argument parsing, then a call into the library.
+//!
+//! Invariant: exit status 0 on success, 1 on bad input (`error: FILE:LINE:COL: what`), 2 on
+//! usage errors (clap's own), 3 when a GPU command finds no usable GPU.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use eqfuse::{DeviceProfile, Error, Format, OptimizeOptions, Program};
+
+#[derive(Parser)]
+#[command(name = "eqfuse", version, about = "E-graph superoptimizer for kernel fusion of tensor programs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Plan a program and show the plan and what it saves.
+    Optimize {
+        #[command(flatten)]
+        plan: PlanArgs,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = FormatArg::Table)]
+        format: FormatArg,
+    },
+    /// Show rewrites that fired, composite operators recognised and fusions rejected, with why.
+    Explain {
+        #[command(flatten)]
+        plan: PlanArgs,
+    },
+    /// Run a program: on the CPU reference with --cpu.
+    Run {
+        #[command(flatten)]
+        plan: PlanArgs,
+        /// Evaluate with the CPU reference interpreter instead of the GPU.
+        #[arg(long)]
+        cpu: bool,
+        /// Folder with NAME.npy for each input (missing inputs are generated and saved).
+        #[arg(long)]
+        inputs: Option<PathBuf>,
+        /// Folder for NAME.npy of each output.
+        #[arg(long, default_value = "eqfuse-out")]
+        outputs: PathBuf,
+        /// Seed of the input generator.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Timed repetitions on the GPU.
+        #[arg(long, default_value_t = 20)]
+        repeat: usize,
+    },
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// A `.eqf` program, a `.json` graph, or `-` for standard input.
+    prog: String,
+    /// Override a declared size: `--dim N=4096` (repeatable).
+    #[arg(long = "dim", value_name = "NAME=VALUE")]
+    dims: Vec<String>,
+    /// Device profile: `h100`, `h200`, or a profile JSON file.
+    #[arg(long, default_value = "h100")]
+    device: String,
+    /// Extractor: the greedy DAG extractor, or an exact lower bound by integer programming.
+    #[arg(long, value_enum, default_value_t = ExtractorArg::Greedy)]
+    extractor: ExtractorArg,
+    /// Most e-nodes the saturation may grow to.
+    #[arg(long, default_value_t = 20_000)]
+    node_limit: usize,
+    /// Seconds the saturation may take.
+    #[arg(long, default_value_t = 2.0)]
+    time_limit: f64,
+    /// Plan every computed tensor as its own kernel.
+    #[arg(long)]
+    no_fusion: bool,
+    /// Folder of `*.rules` files to use instead of the built-in rules.
+    #[arg(long)]
+    rules: Option<String>,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum FormatArg {
+    Table,
+    Json,
+    Text,
+    Dot,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ExtractorArg {
+    Greedy,
+    Ilp,
+}
+
+impl PlanArgs {
+    fn load(&self) -> Result<Program, Error> {
+        let overrides = self
+            .dims
+            .iter()
+            .map(|d| eqfuse::parse_dim_override(d).map_err(Error::Invalid))
+            .collect::<Result<Vec<_>, _>>()?;
+        eqfuse::load_program(&self.prog, &overrides)
+    }
+
+    fn options(&self) -> Result<OptimizeOptions, Error> {
+        let mut o = OptimizeOptions::new(DeviceProfile::load(&self.device)?);
+        o.fusion = !self.no_fusion;
+        o.rules_dir = self.rules.clone();
+        o.node_limit = self.node_limit;
+        if !(self.time_limit.is_finite() && self.time_limit > 0.0) {
+            return Err(Error::Invalid(format!(
+                "--time-limit must be a positive number of seconds, got {}",
+                self.time_limit
+            )));
+        }
+        o.time_limit = Duration::from_secs_f64(self.time_limit);
+        o.extractor = match self.extractor {
+            ExtractorArg::Greedy => "greedy",
+            ExtractorArg::Ilp => "ilp",
+        }
+        .into();
+        Ok(o)
+    }
+
+    fn optimize(&self) -> Result<(Program, eqfuse::Optimized), Error> {
+        let program = self.load()?;
+        let opts = self.options()?;
+        let spinner = spinner(&format!("planning {}", self.prog));
+        let result = eqfuse::optimize(&program, &opts);
+        spinner.finish_and_clear();
+        Ok((program, result?))
+    }
+}
+
+/// A spinner on a terminal; nothing when stderr is piped.
+fn spinner(msg: &str) -> indicatif::ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let pb = indicatif::ProgressBar::new_spinner();
+    pb.set_message(msg.to_string());
+    pb.enable_steady_tick(Duration::from_millis(100));
+    pb
+}
+
+fn run(cli: Cli) -> Result<(), Error> {
+    match cli.command {
+        Command::Optimize { plan, format } => {
+            let (_, opt) = plan.optimize()?;
+            let format = match format {
+                FormatArg::Table => Format::Table,
+                FormatArg::Json => Format::Json,
+                FormatArg::Text => Format::Text,
+                FormatArg::Dot => Format::Dot,
+            };
+            print!("{}", eqfuse::render(&opt.plan, format));
+            Ok(())
+        }
+        Command::Explain { plan } => {
+            let (_, opt) = plan.optimize()?;
+            print!("{}", eqfuse::explain(&opt));
+            Ok(())
+        }
+        Command::Run { plan, cpu, inputs, outputs, seed, repeat: _ } => {
+            let program = plan.load()?;
+            if !cpu {
+                return Err(Error::NoGpu(
+                    "GPU execution is not built yet; use --cpu for the reference interpreter".into(),
+                ));
+            }
+            let report = eqfuse::run_cpu(
+                &program,
+                &eqfuse::CpuRunOptions { inputs_dir: inputs, outputs_dir: Some(outputs), seed },
+            )?;
+            print!("{report}");
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code() as u8)
+        }
+    }
+}

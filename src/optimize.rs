@@ -13,7 +13,7 @@ use crate::analysis::{ShapeAnalysis, TensorGraph};
 use crate::dag::{Dag, Role};
 use crate::error::{Error, Result};
 use crate::expand::expand_composites;
-use crate::extract::{build_plan, extract, ExtractOptions};
+use crate::extract::{build_plan, extract, fused_cost, ExtractOptions, Extracted};
 use crate::fuse::Fusion;
 use crate::lang::Kind;
 use crate::plan::{FusionPlan, SearchReport, Totals};
@@ -118,7 +118,27 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
     });
     let t1 = Instant::now();
     let ex_opts = ExtractOptions { fusion: opts.fusion, ..ExtractOptions::default() };
-    let best = extract(&egraph, &roots, &names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
+    let mut best = extract(&egraph, &roots, &names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
+    let mut extractor = if opts.fusion { "greedy-dag".to_string() } else { "no-fusion".to_string() };
+    let mut gap = None;
+    if opts.extractor == "ilp" {
+        let root_ids: Vec<Id> = roots.iter().map(|(_, r)| *r).collect();
+        match crate::ilp::solve(&egraph, &root_ids, &opts.profile, opts.time_limit) {
+            Ok(r) => {
+                if let Some(sel) = &r.selection {
+                    if let Ok((dag, t)) = fused_cost(&egraph, sel, &roots, &names, &opts.profile, opts.fusion) {
+                        if t < best.predicted_us - 1e-9 {
+                            best = Extracted { dag, selection: sel.clone(), predicted_us: t };
+                        }
+                    }
+                }
+                let bound = if r.proven_optimal { "ilp" } else { "ilp-lp-bound" };
+                extractor = format!("{extractor}+{bound}");
+                gap = Some(round3(((best.predicted_us - r.lower_bound_us) / best.predicted_us).max(0.0)));
+            }
+            Err(why) => extractor = format!("{extractor} (ilp skipped: {why})"),
+        }
+    }
     let mut fusion = Fusion::unfused(&best.dag, &opts.profile);
     if opts.fusion {
         fusion.optimise();
@@ -131,8 +151,8 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
         stop_reason,
         saturate_ms: round3(saturate_ms),
         extract_ms: round3(extract_ms),
-        extractor: if opts.fusion { "greedy-dag".into() } else { "no-fusion".into() },
-        gap: None,
+        extractor,
+        gap,
     };
     let plan = build_plan(program, &best.dag, &fusion, &opts.profile, unfused, search);
     let recognised = recognised_composites(program, &best.dag);

@@ -13,6 +13,18 @@ use crate::infer::{infer, Fact};
 use crate::lang::{Kind, OpCode, TensorLang};
 use crate::types::TensorType;
 
+/// The most elements one tensor may have. Far beyond any device, and small enough that element
+/// and byte counts (`numel * 4`) never overflow, whatever sizes a program declares.
+pub const MAX_ELEMENTS: usize = 1 << 48;
+
+/// Rejects a type whose element count would overflow or exceed [`MAX_ELEMENTS`].
+fn check_size(ty: &TensorType) -> Result<(), String> {
+    match ty.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
+        Some(n) if n <= MAX_ELEMENTS => Ok(()),
+        _ => Err(format!("a tensor of type {ty} would have more than 2^48 elements")),
+    }
+}
+
 /// A declared input.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Input {
@@ -97,6 +109,7 @@ impl Program {
         if name.parse::<crate::types::DType>().is_ok() || OpCode::from_name(name).is_some() {
             return Err(format!("`{name}` names a dtype or an operator and cannot name an input"));
         }
+        check_size(&ty)?;
         let id = self.push(TensorLang::Var(Symbol::from(name)), Fact::tensor(ty.clone()));
         self.inputs.push(Input { name: name.to_string(), ty, id });
         self.name_node(id, name);
@@ -127,6 +140,7 @@ impl Program {
                 }
                 let args: Vec<&Fact> = children.iter().map(|&c| self.fact(c)).collect();
                 let inferred = infer(*code, &args)?;
+                check_size(&inferred.ty)?;
                 let konst = fold(*code, &args);
                 Fact { ty: Some(inferred.ty), weak: inferred.weak, konst, dims: None, dtype: None }
             }

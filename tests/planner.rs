@@ -69,3 +69,69 @@ fn two_matmuls_stay_apart_and_bias_relu_fuse_into_the_product() {
     assert_eq!(plan.total.kernels, 2, "{:#?}", plan.kernels);
     assert!(plan.kernels.iter().all(|k| k.template == Template::Gemm));
 }
+
+/// Plans `p` and checks the plan against the program on the reference.
+fn plan_checked(p: &Program) -> eqfuse::FusionPlan {
+    let plan = optimize(p, &opts()).unwrap().plan;
+    let inputs = eqfuse::random_inputs(p, 7);
+    for (name, cmp) in eqfuse::check_plan(p, &plan, &inputs).unwrap() {
+        assert!(cmp.ok(), "{name}: {cmp}");
+    }
+    plan
+}
+
+/// A tensor consumed by a row reduction and a column reduction. When it is cheap to compute
+/// from its inputs, both reduction kernels recompute it; when it is expensive (many
+/// transcendentals per element) and large, computing it twice costs more than writing it once.
+fn two_reductions(rows: usize, cols: usize, heavy: bool) -> Program {
+    let t = if heavy {
+        let mut e = "x".to_string();
+        for _ in 0..24 {
+            e = format!("(sin (exp (tanh {e})))");
+        }
+        e
+    } else {
+        "(* x 2)".to_string()
+    };
+    Program::from_sexprs(
+        "two_reductions",
+        &[("x", f32(&[rows, cols]))],
+        &[("r", &format!("(sum {t} -1)")), ("c", &format!("(sum {t} 0)"))],
+    )
+    .unwrap()
+}
+
+#[test]
+fn recompute_or_materialize_a_tensor_read_by_two_reductions() {
+    // Cheap producer: recomputed inside both reductions, nothing but the results written.
+    let plan = plan_checked(&two_reductions(64, 48, false));
+    assert_eq!(plan.total.kernels, 2, "{:#?}", plan.kernels);
+    assert!(plan.kernels.iter().all(|k| k.reads.iter().all(|r| r.name == "x")));
+    // Heavy producer at a large size: written once, read by both reductions.
+    let p = two_reductions(8192, 8192, true);
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert_eq!(plan.total.kernels, 3, "{:#?}", plan.kernels);
+    let heavy_large = plan.total.predicted_us;
+    // The same heavy producer at a small size is launch-bound: recomputing it is cheaper.
+    let plan = plan_checked(&two_reductions(64, 48, true));
+    assert_eq!(plan.total.kernels, 2, "{:#?}", plan.kernels);
+    assert!(heavy_large > plan.total.predicted_us);
+}
+
+#[test]
+fn plans_compute_what_the_program_says() {
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a [usize])]);
+    let cases: &[Case] = &[
+        ("(softmax (* x 0.5) -1)", &[("x", &[6, 10])]),
+        ("(/ (exp (- x (amax x -1))) (sum (exp (- x (amax x -1))) -1))", &[("x", &[5, 7])]),
+        ("(+ (sum (* x y) 0) (mean y 0))", &[("x", &[4, 9]), ("y", &[4, 9])]),
+        ("(transpose (relu (@ a b)) 0 1)", &[("a", &[3, 5]), ("b", &[5, 4])]),
+        ("(layernorm (+ x r) g b 0.001)", &[("x", &[3, 8]), ("r", &[3, 8]), ("g", &[8]), ("b", &[8])]),
+        ("(reshape (gelu (+ x b)) [4,3,2])", &[("x", &[4, 6]), ("b", &[6])]),
+    ];
+    for (expr, inputs) in cases {
+        let inputs: Vec<(&str, TensorType)> = inputs.iter().map(|(n, s)| (*n, f32(s))).collect();
+        let p = Program::from_sexprs("case", &inputs, &[("o", expr)]).unwrap();
+        plan_checked(&p);
+    }
+}

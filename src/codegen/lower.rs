@@ -15,33 +15,6 @@ use crate::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
 use crate::plan::{Kernel, Template};
 use crate::types::{DType, TensorType};
 
-/// The dropout constants of the counter-based generator (`src/rng.rs` on the reference branch,
-/// where they are defined; these copies go once it is merged).
-mod rng {
-    fn mix32(mut x: u32) -> u32 {
-        x ^= x >> 16;
-        x = x.wrapping_mul(0x7feb_352d);
-        x ^= x >> 15;
-        x = x.wrapping_mul(0x846c_a68b);
-        x ^= x >> 16;
-        x
-    }
-    pub fn stream_key(seed: u32, hi: u32) -> u32 {
-        mix32(mix32(seed ^ 0x9e37_79b9) ^ hi)
-    }
-    pub fn dropout_threshold(p: f64) -> u32 {
-        let t = (p.clamp(0.0, 1.0) * 4_294_967_296.0).floor();
-        if t >= u32::MAX as f64 {
-            u32::MAX
-        } else {
-            t as u32
-        }
-    }
-    pub fn dropout_scale(p: f64) -> f32 {
-        (1.0 / (1.0 - p)) as f32
-    }
-}
-
 /// A load from a tensor the kernel reads: one stride per domain axis (0 where broadcast).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Access {
@@ -324,9 +297,9 @@ impl<'a> Lowerer<'a> {
                     x,
                     index,
                     seed,
-                    key0: rng::stream_key(seed, 0),
-                    threshold: rng::dropout_threshold(p),
-                    scale: rng::dropout_scale(p),
+                    key0: crate::rng::stream_key(seed, 0),
+                    threshold: crate::rng::dropout_threshold(p),
+                    scale: crate::rng::dropout_scale(p),
                 };
                 self.push(op, ty.dtype, shape)
             }

@@ -1,0 +1,81 @@
+//! Evaluating a plan on the CPU reference, kernel by kernel, and checking it against the program.
+//!
+//! Each kernel's body is a small program whose inputs are the tensors it reads; running the
+//! kernels in plan order over a map of named tensors gives the plan's outputs, which must equal
+//! the program's. Invariant: this is the oracle for plans; it shares no code with the planner
+//! beyond the plan data itself.
+
+use std::collections::HashMap;
+
+use egg::Language;
+
+use crate::error::{Error, Result};
+use crate::plan::{FusionPlan, Kernel};
+use crate::program::Program;
+use crate::tensor::{tolerance, Comparison, Tensor};
+
+/// The program of one kernel: its reads as inputs, its body, its writes as outputs.
+pub fn kernel_program(k: &Kernel) -> Result<Program> {
+    let mut p = Program::new(format!("kernel {}", k.id));
+    let err = |e: String| Error::Invalid(format!("kernel {}: {e}", k.id));
+    for r in &k.reads {
+        p.add_input(&r.name, r.ty.clone()).map_err(err)?;
+    }
+    let mut map = Vec::with_capacity(k.body.len());
+    for node in k.body.as_ref() {
+        let n = node.clone().map_children(|c| map[usize::from(c)]);
+        map.push(p.add(n).map_err(err)?);
+    }
+    for (w, &s) in k.writes.iter().zip(&k.stores) {
+        let id = map[usize::from(s)];
+        if p.ty(id) != Some(&w.ty) {
+            return Err(err(format!("stores {:?} into `{}` of type {}", p.ty(id), w.name, w.ty)));
+        }
+        p.add_output(&w.name, id).map_err(err)?;
+    }
+    Ok(p)
+}
+
+/// Runs a plan's kernels in order on the reference; returns its outputs in program order.
+pub fn eval_plan(plan: &FusionPlan, inputs: &HashMap<String, Tensor>) -> Result<Vec<Tensor>> {
+    let mut env: HashMap<String, Tensor> = inputs.clone();
+    for k in &plan.kernels {
+        let p = kernel_program(k)?;
+        let args: HashMap<String, Tensor> = k
+            .reads
+            .iter()
+            .map(|r| {
+                env.get(&r.name).cloned().map(|t| (r.name.clone(), t)).ok_or_else(|| {
+                    Error::Invalid(format!("kernel {} reads `{}` before anything wrote it", k.id, r.name))
+                })
+            })
+            .collect::<Result<_>>()?;
+        let outs = crate::reference::eval(&p, &args)?;
+        for (w, t) in k.writes.iter().zip(outs) {
+            env.insert(w.name.clone(), t);
+        }
+    }
+    plan.outputs
+        .iter()
+        .map(|(o, t)| env.get(t).cloned().ok_or_else(|| Error::Invalid(format!("no kernel writes output `{o}` ({t})"))))
+        .collect()
+}
+
+/// Compares a plan's outputs with the program's on the same inputs, with dtype tolerances.
+pub fn check_plan(
+    program: &Program,
+    plan: &FusionPlan,
+    inputs: &HashMap<String, Tensor>,
+) -> Result<Vec<(String, Comparison)>> {
+    let want = crate::reference::eval(program, inputs)?;
+    let got = eval_plan(plan, inputs)?;
+    Ok(program
+        .outputs
+        .iter()
+        .zip(want.iter().zip(&got))
+        .map(|(o, (w, g))| {
+            let (rtol, atol) = tolerance(w.dtype);
+            (o.name.clone(), g.compare(w, rtol, atol))
+        })
+        .collect())
+}

@@ -1,0 +1,553 @@
+//! The CPU reference interpreter: the oracle for every rule, every plan and every GPU result.
+//!
+//! It evaluates a [`Program`] on concrete [`Tensor`]s in f64 and rounds each node's result to
+//! the dtype its fact declares, so an f32 program sees f32 values between ops while each op is
+//! computed without intermediate rounding (a composite op, like softmax, is one op).
+//! Invariants: pointwise semantics come only from [`crate::scalars`]; results are a pure
+//! function of the program and the inputs (no thread-order dependence: parallel loops split
+//! only over independent output rows); bad inputs give an [`Error`], never a panic.
+//!
+//! Weak scalar literals (`x * 0.1`) keep their exact f64 value until they meet a typed tensor;
+//! an output that is itself a weak literal is rounded to f32.
+
+use std::collections::HashMap;
+
+use egg::{Id, Language};
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::infer::norm_axis;
+use crate::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
+use crate::program::Program;
+use crate::rng;
+use crate::scalar::{binary, unary};
+use crate::tensor::{broadcast_index_map, broadcast_strides, split_axis, Tensor};
+use crate::types::{DType, TensorType};
+
+/// Loops over at least this many output elements run on the rayon pool.
+const PAR_MIN: usize = 1 << 15;
+
+/// Evaluates `program` on `inputs` (by input name) and returns its outputs in
+/// `program.outputs` order. Only nodes the outputs depend on are computed; intermediates are
+/// freed after their last use. Inputs the program does not declare are ignored.
+pub fn eval(program: &Program, inputs: &HashMap<String, Tensor>) -> Result<Vec<Tensor>> {
+    let mut values = run(program, inputs, false)?;
+    let outputs = &program.outputs;
+    (0..outputs.len())
+        .map(|k| {
+            let id = outputs[k].id;
+            let slot = &mut values[usize::from(id)];
+            // The same node may be listed under two names: take it only at its last listing.
+            let v = if outputs[k + 1..].iter().any(|o| o.id == id) { slot.clone() } else { slot.take() };
+            let v = v.ok_or_else(|| internal(program, id, "output has no value"))?;
+            Ok(weak_to_f32(program, id, v))
+        })
+        .collect()
+}
+
+/// Evaluates every live node of `program` and returns each node's value, indexed by node id:
+/// `None` for attribute leaves (shapes, dtypes) and for nodes no output depends on. Scalar
+/// literals are rank-0 f32 tensors holding their exact (unrounded) value.
+pub fn eval_all(program: &Program, inputs: &HashMap<String, Tensor>) -> Result<Vec<Option<Tensor>>> {
+    run(program, inputs, true)
+}
+
+fn run(program: &Program, inputs: &HashMap<String, Tensor>, keep_all: bool) -> Result<Vec<Option<Tensor>>> {
+    let mut values: Vec<Option<Tensor>> = vec![None; program.len()];
+    for input in &program.inputs {
+        values[usize::from(input.id)] = Some(check_input(&input.name, &input.ty, inputs)?);
+    }
+    let live = program.live();
+    let last_use = if keep_all { Vec::new() } else { last_uses(program, &live) };
+    for (i, &is_live) in live.iter().enumerate() {
+        let id = Id::from(i);
+        if !is_live || values[i].is_some() {
+            continue;
+        }
+        values[i] = eval_node(program, id, &values)?;
+        if !keep_all {
+            for &c in program.node(id).children() {
+                if last_use[usize::from(c)] == i {
+                    values[usize::from(c)] = None;
+                }
+            }
+        }
+    }
+    Ok(values)
+}
+
+/// For each node, the last node that reads it; outputs are read "at the end" and never freed.
+fn last_uses(program: &Program, live: &[bool]) -> Vec<usize> {
+    let mut last = vec![0; program.len()];
+    for (i, _) in live.iter().enumerate().filter(|(_, &l)| l) {
+        for &c in program.node(Id::from(i)).children() {
+            last[usize::from(c)] = i;
+        }
+    }
+    for o in &program.outputs {
+        last[usize::from(o.id)] = usize::MAX;
+    }
+    last
+}
+
+/// Finds an input, checks its type against the declaration, and rounds it to its dtype.
+fn check_input(name: &str, ty: &TensorType, inputs: &HashMap<String, Tensor>) -> Result<Tensor> {
+    let t = inputs.get(name).ok_or_else(|| Error::Invalid(format!("missing input `{name}` ({ty})")))?;
+    if t.dtype != ty.dtype || t.shape != ty.shape {
+        return Err(Error::Invalid(format!("input `{name}` is {}, but the program declares {ty}", t.ty())));
+    }
+    Tensor::new(t.dtype, t.shape.clone(), t.data.clone()).map_err(|e| Error::Invalid(format!("input `{name}`: {e}")))
+}
+
+fn weak_to_f32(program: &Program, id: Id, t: Tensor) -> Tensor {
+    if !program.fact(id).weak {
+        return t;
+    }
+    let data = t.data.iter().map(|&v| DType::F32.round(v)).collect();
+    Tensor { dtype: DType::F32, shape: t.shape, data }
+}
+
+fn internal(program: &Program, id: Id, what: &str) -> Error {
+    Error::Invalid(format!("reference: node {id} (`{}`): {what}", program.node(id).head()))
+}
+
+/// The value of one node from its children's values.
+fn eval_node(program: &Program, id: Id, values: &[Option<Tensor>]) -> Result<Option<Tensor>> {
+    match program.node(id) {
+        TensorLang::Num(n) => Ok(Some(Tensor { dtype: DType::F32, shape: vec![], data: vec![n.value()] })),
+        TensorLang::Dims(_) | TensorLang::Type(_) => Ok(None),
+        TensorLang::Var(s) => Err(internal(program, id, &format!("input `{s}` has no value"))),
+        TensorLang::Op(code, children) => {
+            let ty = program.ty(id).ok_or_else(|| internal(program, id, "operator without a type"))?.clone();
+            let store = Store { dtype: (!program.fact(id).weak).then_some(ty.dtype) };
+            let args = Args { program, id, children, values };
+            let data = eval_op(code.kind(), &args, &ty, store).map_err(|e| located(program, id, e))?;
+            Ok(Some(Tensor { dtype: ty.dtype, shape: ty.shape, data }))
+        }
+    }
+}
+
+/// Names the op (and its binding, if any) in an error from its evaluation.
+fn located(program: &Program, id: Id, e: Error) -> Error {
+    match e {
+        Error::Invalid(m) => {
+            let name = program.name(id).map(|n| format!(" (`{n}`)")).unwrap_or_default();
+            Error::Invalid(format!("`{}`{name}: {m}", program.node(id).head()))
+        }
+        other => other,
+    }
+}
+
+/// How a node's values are stored: rounded to its dtype, or exact for a weak literal.
+#[derive(Clone, Copy)]
+struct Store {
+    dtype: Option<DType>,
+}
+
+impl Store {
+    fn round(self, v: f64) -> f64 {
+        match self.dtype {
+            Some(d) => d.round(v),
+            None => v,
+        }
+    }
+
+    fn round_all(self, mut data: Vec<f64>) -> Vec<f64> {
+        if self.dtype.is_some() {
+            if data.len() >= PAR_MIN {
+                data.par_iter_mut().for_each(|v| *v = self.round(*v));
+            } else {
+                data.iter_mut().for_each(|v| *v = self.round(*v));
+            }
+        }
+        data
+    }
+}
+
+/// The children of the op being evaluated, with access to their values and literals.
+struct Args<'a> {
+    program: &'a Program,
+    id: Id,
+    children: &'a [Id],
+    values: &'a [Option<Tensor>],
+}
+
+impl Args<'_> {
+    fn tensor(&self, k: usize) -> Result<&Tensor> {
+        let c = self.child(k)?;
+        self.values[usize::from(c)].as_ref().ok_or_else(|| internal(self.program, self.id, "argument has no value"))
+    }
+
+    fn child(&self, k: usize) -> Result<Id> {
+        self.children.get(k).copied().ok_or_else(|| internal(self.program, self.id, "too few arguments"))
+    }
+
+    fn konst(&self, k: usize) -> Result<f64> {
+        let c = self.child(k)?;
+        self.program.fact(c).konst.ok_or_else(|| internal(self.program, self.id, "attribute is not a constant"))
+    }
+
+    fn axis(&self, k: usize, rank: usize) -> Result<usize> {
+        norm_axis(self.konst(k)? as i64, rank).map_err(Error::Invalid)
+    }
+
+    /// Whether argument `k` is a weak literal (whose value is not yet rounded).
+    fn weak(&self, k: usize) -> Result<bool> {
+        Ok(self.program.fact(self.child(k)?).weak)
+    }
+}
+
+/// The values of one op, already in their stored form (see [`Store`]).
+fn eval_op(kind: Kind, args: &Args, ty: &TensorType, store: Store) -> Result<Vec<f64>> {
+    if ty.numel() == 0 && kind != Kind::Grad {
+        return Ok(Vec::new());
+    }
+    let moved = |data: Vec<f64>| if args.weak(0)? { Ok(store.round_all(data)) } else { Ok(data) };
+    match kind {
+        Kind::Unary(u) => Ok(map1(&args.tensor(0)?.data, |x| store.round(unary(u, x)))),
+        Kind::Binary(b) => pointwise2(b, args.tensor(0)?, args.tensor(1)?, ty, store),
+        Kind::Reduce(r) => {
+            let x = args.tensor(0)?;
+            Ok(store.round_all(reduce(r, x, args.axis(1, x.rank())?)))
+        }
+        Kind::Where => select(args.tensor(0)?, args.tensor(1)?, args.tensor(2)?, &ty.shape, store),
+        Kind::Cast => Ok(map1(&args.tensor(0)?.data, |x| store.round(x))),
+        Kind::Transpose => {
+            let x = args.tensor(0)?;
+            moved(x.transpose(args.axis(1, x.rank())?, args.axis(2, x.rank())?)?.data)
+        }
+        Kind::Reshape => moved(args.tensor(0)?.data.clone()),
+        Kind::Broadcast => moved(args.tensor(0)?.broadcast_data(&ty.shape)?.into_owned()),
+        Kind::MatMul => Ok(store.round_all(matmul(args.tensor(0)?, args.tensor(1)?, &ty.shape))),
+        Kind::Iota => Ok((0..ty.numel()).map(|i| i as f64).collect()),
+        Kind::OneHot => Ok(onehot(args.tensor(0)?, ty.shape[ty.rank() - 1])),
+        Kind::Dropout => Ok(rng::dropout(&args.tensor(0)?.data, ty.dtype, args.konst(1)?, args.konst(2)? as u32)),
+        Kind::Composite(c) => composite(c, args, ty).map(|d| store.round_all(d)),
+        Kind::Grad => Err(Error::Invalid("grad is not supported by the reference yet".into())),
+    }
+}
+
+/// Maps a function over values, in parallel for large inputs (order is kept).
+fn map1(x: &[f64], f: impl Fn(f64) -> f64 + Sync) -> Vec<f64> {
+    if x.len() >= PAR_MIN {
+        x.par_iter().map(|&v| f(v)).collect()
+    } else {
+        x.iter().map(|&v| f(v)).collect()
+    }
+}
+
+/// A binary op with NumPy broadcasting; i32 division truncates.
+fn pointwise2(op: Binary, a: &Tensor, b: &Tensor, ty: &TensorType, store: Store) -> Result<Vec<f64>> {
+    let int = ty.dtype == DType::I32 && !op.is_comparison();
+    let f = |x, y| store.round(binary(op, x, y, int));
+    let shape = &ty.shape;
+    if a.numel() == 1 && b.shape == *shape {
+        let x = a.data[0];
+        return Ok(map1(&b.data, |y| f(x, y)));
+    }
+    if b.numel() == 1 && a.shape == *shape {
+        let y = b.data[0];
+        return Ok(map1(&a.data, |x| f(x, y)));
+    }
+    if a.shape == b.shape {
+        return Ok(if a.numel() >= PAR_MIN {
+            a.data.par_iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect()
+        } else {
+            a.data.iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect()
+        });
+    }
+    Ok(zip_broadcast(a, b, shape, f))
+}
+
+/// `f` over two tensors broadcast to `shape`, reading them in place (no broadcast copies):
+/// the output is walked row by row along its last axis, where each operand has stride 0 or 1.
+fn zip_broadcast(a: &Tensor, b: &Tensor, shape: &[usize], f: impl Fn(f64, f64) -> f64 + Sync) -> Vec<f64> {
+    let (sa, sb) = (broadcast_strides(&a.shape, shape), broadcast_strides(&b.shape, shape));
+    let rank = shape.len();
+    let inner = shape.last().copied().unwrap_or(1);
+    let (ia, ib) = (sa.last().copied().unwrap_or(0), sb.last().copied().unwrap_or(0));
+    let mut out = vec![0.0; shape.iter().product()];
+    par_blocks(&mut out, inner, |(row, dst)| {
+        let (mut oa, mut ob, mut rest) = (0, 0, row);
+        for d in (0..rank.saturating_sub(1)).rev() {
+            let i = rest % shape[d];
+            rest /= shape[d];
+            oa += i * sa[d];
+            ob += i * sb[d];
+        }
+        for (j, o) in dst.iter_mut().enumerate() {
+            *o = f(a.data[oa + j * ia], b.data[ob + j * ib]);
+        }
+    });
+    out
+}
+
+/// `where(c, a, b)` with broadcasting.
+fn select(c: &Tensor, a: &Tensor, b: &Tensor, shape: &[usize], store: Store) -> Result<Vec<f64>> {
+    let c = c.broadcast_data(shape)?;
+    let (a, b) = (a.broadcast_data(shape)?, b.broadcast_data(shape)?);
+    Ok((0..c.len()).map(|i| store.round(if c[i] != 0.0 { a[i] } else { b[i] })).collect())
+}
+
+/// Reduction along `axis`, keeping it with size 1.
+fn reduce(r: Reduce, x: &Tensor, axis: usize) -> Vec<f64> {
+    let (outer, n, inner) = split_axis(&x.shape, axis);
+    let (init, op) = match r {
+        Reduce::Sum | Reduce::Mean => (0.0, Binary::Add),
+        Reduce::Amax => (f64::NEG_INFINITY, Binary::Max),
+        Reduce::Amin => (f64::INFINITY, Binary::Min),
+    };
+    let mut out = vec![init; outer * inner];
+    let row = |(o, acc): (usize, &mut [f64])| {
+        let block = &x.data[o * n * inner..(o + 1) * n * inner];
+        for k in 0..n {
+            for (a, &v) in acc.iter_mut().zip(&block[k * inner..(k + 1) * inner]) {
+                *a = binary(op, *a, v, false);
+            }
+        }
+        if r == Reduce::Mean {
+            acc.iter_mut().for_each(|a| *a /= n as f64);
+        }
+    };
+    if x.numel() >= PAR_MIN {
+        out.par_chunks_mut(inner).enumerate().for_each(row);
+    } else {
+        out.chunks_mut(inner).enumerate().for_each(row);
+    }
+    out
+}
+
+/// `a @ b` over the last two axes with broadcast batch axes.
+fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Vec<f64> {
+    let r = out_shape.len();
+    let (m, n, k) = (out_shape[r - 2], out_shape[r - 1], a.shape[a.rank() - 1]);
+    let batch = &out_shape[..r - 2];
+    let a_batch = broadcast_index_map(&a.shape[..a.rank() - 2], batch);
+    let b_batch = broadcast_index_map(&b.shape[..b.rank() - 2], batch);
+    let mut out = vec![0.0; out_shape.iter().product()];
+    let row = |(ri, acc): (usize, &mut [f64])| {
+        let (bi, i) = (ri / m, ri % m);
+        let a_row = &a.data[(a_batch[bi] * m + i) * k..][..k];
+        let b_mat = &b.data[b_batch[bi] * k * n..][..k * n];
+        for (kk, &x) in a_row.iter().enumerate() {
+            for (c, &y) in acc.iter_mut().zip(&b_mat[kk * n..(kk + 1) * n]) {
+                *c += x * y;
+            }
+        }
+    };
+    if out.len() * k >= PAR_MIN {
+        out.par_chunks_mut(n).enumerate().for_each(row);
+    } else {
+        out.chunks_mut(n).enumerate().for_each(row);
+    }
+    out
+}
+
+/// `onehot(t, n)`: a row of `n` with a 1 at `t`; an index outside `[0, n)` gives a row of zeros.
+fn onehot(t: &Tensor, n: usize) -> Vec<f64> {
+    let mut out = vec![0.0; t.numel() * n];
+    for (r, &v) in t.data.iter().enumerate() {
+        if v >= 0.0 && v < n as f64 {
+            out[r * n + v as usize] = 1.0;
+        }
+    }
+    out
+}
+
+fn composite(c: Composite, args: &Args, ty: &TensorType) -> Result<Vec<f64>> {
+    let x = args.tensor(0)?;
+    match c {
+        Composite::Softmax => Ok(softmax(x, args.axis(1, x.rank())?, false)),
+        Composite::LogSoftmax => Ok(softmax(x, args.axis(1, x.rank())?, true)),
+        Composite::LayerNorm => layernorm(x, args.tensor(1)?, args.tensor(2)?, args.konst(3)?),
+        Composite::RmsNorm => rmsnorm(x, args.tensor(1)?, args.konst(2)?),
+        Composite::CrossEntropy => cross_entropy(x, args.tensor(1)?).map(|v| vec![v]),
+        Composite::Attention => {
+            let causal = args.konst(4)? != 0.0;
+            Ok(attention(x, args.tensor(1)?, args.tensor(2)?, args.konst(3)?, causal, &ty.shape))
+        }
+    }
+}
+
+/// Stable (log-)softmax along `axis`: `exp(x - max) / sum`, or `x - max - log(sum)`.
+fn softmax(x: &Tensor, axis: usize, log: bool) -> Vec<f64> {
+    let (_, n, inner) = split_axis(&x.shape, axis);
+    let mut out = vec![0.0; x.numel()];
+    let block = |(o, dst): (usize, &mut [f64])| {
+        let src = &x.data[o * n * inner..(o + 1) * n * inner];
+        for i in 0..inner {
+            let at = |k: usize| k * inner + i;
+            let m = (0..n).fold(f64::NEG_INFINITY, |m, k| binary(Binary::Max, m, src[at(k)], false));
+            let mut sum = 0.0;
+            for k in 0..n {
+                let e = unary(Unary::Exp, src[at(k)] - m);
+                dst[at(k)] = e;
+                sum += e;
+            }
+            let lse = unary(Unary::Log, sum);
+            for k in 0..n {
+                dst[at(k)] = if log { src[at(k)] - m - lse } else { dst[at(k)] / sum };
+            }
+        }
+    };
+    par_blocks(&mut out, n * inner, block);
+    out
+}
+
+/// Runs `f` over consecutive blocks of `len` elements, in parallel when the output is large.
+fn par_blocks(out: &mut [f64], len: usize, f: impl Fn((usize, &mut [f64])) + Sync + Send) {
+    if out.is_empty() || len == 0 {
+        return;
+    }
+    if out.len() >= PAR_MIN {
+        out.par_chunks_mut(len).enumerate().for_each(f);
+    } else {
+        out.chunks_mut(len).enumerate().for_each(f);
+    }
+}
+
+/// `(x - mean) * rsqrt(var + eps) * gamma + beta` over the last axis, biased variance.
+fn layernorm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<Vec<f64>> {
+    let c = x.shape[x.rank() - 1];
+    let mut out = vec![0.0; x.numel()];
+    par_blocks(&mut out, c, |(r, dst)| {
+        let row = &x.data[r * c..(r + 1) * c];
+        let mu = row.iter().sum::<f64>() / c as f64;
+        let var = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / c as f64;
+        let rstd = unary(Unary::Rsqrt, var + eps);
+        for (d, &v) in dst.iter_mut().zip(row) {
+            *d = (v - mu) * rstd;
+        }
+    });
+    let (g, b) = (gamma.broadcast_data(&x.shape)?, beta.broadcast_data(&x.shape)?);
+    Ok(out.iter().zip(g.iter().zip(b.iter())).map(|(&v, (&g, &b))| v * g + b).collect())
+}
+
+/// `x * rsqrt(mean(x^2) + eps) * gamma` over the last axis.
+fn rmsnorm(x: &Tensor, gamma: &Tensor, eps: f64) -> Result<Vec<f64>> {
+    let c = x.shape[x.rank() - 1];
+    let mut out = vec![0.0; x.numel()];
+    par_blocks(&mut out, c, |(r, dst)| {
+        let row = &x.data[r * c..(r + 1) * c];
+        let ms = row.iter().map(|v| v * v).sum::<f64>() / c as f64;
+        let rstd = unary(Unary::Rsqrt, ms + eps);
+        for (d, &v) in dst.iter_mut().zip(row) {
+            *d = v * rstd;
+        }
+    });
+    let g = gamma.broadcast_data(&x.shape)?;
+    Ok(out.iter().zip(g.iter()).map(|(&v, &g)| v * g).collect())
+}
+
+/// Mean over rows of `logsumexp(row) - row[target]`; a target outside `[0, V)` is an error.
+fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<f64> {
+    let v = logits.shape[logits.rank() - 1];
+    let rows = targets.numel();
+    let mut total = 0.0;
+    for (r, &t) in targets.data.iter().enumerate() {
+        if !(t >= 0.0 && t < v as f64) {
+            return Err(Error::Invalid(format!("target {t} of row {r} is outside the {v} classes [0, {v})")));
+        }
+        let row = &logits.data[r * v..(r + 1) * v];
+        let m = row.iter().fold(f64::NEG_INFINITY, |m, &x| binary(Binary::Max, m, x, false));
+        let lse = m + unary(Unary::Log, row.iter().map(|&x| unary(Unary::Exp, x - m)).sum::<f64>());
+        total += lse - row[t as usize];
+    }
+    Ok(total / rows as f64)
+}
+
+/// `softmax(q @ k^T * scale [with j > i masked to -inf]) @ v`, per batch.
+fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, causal: bool, out_shape: &[usize]) -> Vec<f64> {
+    let r = q.rank();
+    let (sq, d, sk, dv) = (q.shape[r - 2], q.shape[r - 1], k.shape[r - 2], v.shape[r - 1]);
+    let mut out = vec![0.0; out_shape.iter().product()];
+    par_blocks(&mut out, dv, |(ri, dst)| {
+        let (b, i) = (ri / sq, ri % sq);
+        let qi = &q.data[(b * sq + i) * d..][..d];
+        let keys = &k.data[b * sk * d..][..sk * d];
+        let vals = &v.data[b * sk * dv..][..sk * dv];
+        let mut s: Vec<f64> = (0..sk)
+            .map(|j| {
+                if causal && j > i {
+                    f64::NEG_INFINITY
+                } else {
+                    scale * qi.iter().zip(&keys[j * d..(j + 1) * d]).map(|(a, b)| a * b).sum::<f64>()
+                }
+            })
+            .collect();
+        let m = s.iter().fold(f64::NEG_INFINITY, |m, &x| binary(Binary::Max, m, x, false));
+        s.iter_mut().for_each(|x| *x = unary(Unary::Exp, *x - m));
+        let sum: f64 = s.iter().sum();
+        for (j, p) in s.iter().enumerate() {
+            for (o, &vv) in dst.iter_mut().zip(&vals[j * dv..(j + 1) * dv]) {
+                *o += p / sum * vv;
+            }
+        }
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32t(shape: &[usize], data: &[f64]) -> Tensor {
+        Tensor::new(DType::F32, shape.to_vec(), data.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn broadcast_add_and_keepdims_sum() {
+        let mut p = Program::new("t");
+        let x = p.add_input("x", TensorType::new(DType::F32, vec![2, 3])).unwrap();
+        let b = p.add_input("b", TensorType::new(DType::F32, vec![3])).unwrap();
+        let y = p.apply(Kind::Binary(Binary::Add), vec![x, b]).unwrap();
+        let axis = p.num(-1.0);
+        let s = p.apply(Kind::Reduce(Reduce::Sum), vec![y, axis]).unwrap();
+        p.add_output("y", y).unwrap();
+        p.add_output("s", s).unwrap();
+        let inputs = HashMap::from([
+            ("x".to_string(), f32t(&[2, 3], &[1., 2., 3., 4., 5., 6.])),
+            ("b".to_string(), f32t(&[3], &[10., 20., 30.])),
+        ]);
+        let out = eval(&p, &inputs).unwrap();
+        assert_eq!(out[0].data, vec![11., 22., 33., 14., 25., 36.]);
+        assert_eq!(out[1].shape, vec![2, 1]);
+        assert_eq!(out[1].data, vec![66., 75.]);
+        let all = eval_all(&p, &inputs).unwrap();
+        assert_eq!(all[usize::from(s)].as_ref().unwrap().data, vec![66., 75.]);
+    }
+
+    #[test]
+    fn missing_and_mistyped_inputs_are_named() {
+        let mut p = Program::new("t");
+        let x = p.add_input("x", TensorType::new(DType::F32, vec![2])).unwrap();
+        p.add_output("x", x).unwrap();
+        let e = eval(&p, &HashMap::new()).unwrap_err().to_string();
+        assert!(e.contains("missing input `x`"), "{e}");
+        let bad = HashMap::from([("x".to_string(), f32t(&[3], &[1., 2., 3.]))]);
+        let e = eval(&p, &bad).unwrap_err().to_string();
+        assert!(e.contains("input `x` is f32[3]") && e.contains("f32[2]"), "{e}");
+    }
+
+    #[test]
+    fn in_place_broadcasting_agrees_with_broadcast_copies() {
+        let pairs: &[(&[usize], &[usize])] = &[
+            (&[2, 1, 3], &[4, 1]),
+            (&[1], &[2, 3]),
+            (&[3, 1, 1], &[1, 2, 1]),
+            (&[2, 3], &[3]),
+            (&[2, 1], &[1, 5]),
+            (&[], &[2, 2]),
+            (&[4, 1, 2, 1], &[3, 1, 5]),
+        ];
+        for (k, &(sa, sb)) in pairs.iter().enumerate() {
+            let a = crate::rng::random_input(&TensorType::new(DType::F32, sa.to_vec()), 1, 2 * k);
+            let b = crate::rng::random_input(&TensorType::new(DType::F32, sb.to_vec()), 1, 2 * k + 1);
+            let shape = crate::infer::broadcast_shapes(sa, sb).unwrap();
+            let got = zip_broadcast(&a, &b, &shape, |x, y| x * 10.0 + y);
+            let (ba, bb) = (a.broadcast_to(&shape).unwrap(), b.broadcast_to(&shape).unwrap());
+            let want: Vec<f64> = ba.data.iter().zip(&bb.data).map(|(x, y)| x * 10.0 + y).collect();
+            assert_eq!(got, want, "{sa:?} with {sb:?}");
+        }
+    }
+}

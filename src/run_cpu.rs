@@ -1,0 +1,165 @@
+//! `eqfuse run PROG --cpu`: run a program on the CPU reference with `.npy` files in and out.
+//!
+//! Each input `NAME` is read from `INPUTS/NAME.npy` when that file exists; otherwise it is drawn
+//! from the seeded generator. Every input, loaded or generated, is saved as `OUTPUTS/NAME.npy`
+//! beside the outputs (`OUTPUTS/NAME.npy` too), so the output folder holds a complete run and
+//! pointing `--inputs` at it repeats the run exactly.
+//! Invariant: nothing is written until every input is loaded and the program has evaluated,
+//! so a failed run leaves no half-written output folder behind.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::npy::{read_npy, write_npy};
+use crate::program::Program;
+use crate::reference::eval;
+use crate::rng::random_program_input;
+use crate::tensor::{Summary, Tensor};
+use crate::types::TensorType;
+
+/// Where outputs go when no folder is given.
+pub const DEFAULT_OUTPUTS_DIR: &str = "eqfuse-out";
+
+/// Options of a CPU run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CpuRunOptions {
+    /// Folder holding `NAME.npy` for some or all inputs.
+    pub inputs_dir: Option<PathBuf>,
+    /// Folder for outputs and generated inputs; `./eqfuse-out` when `None`.
+    pub outputs_dir: Option<PathBuf>,
+    /// Seed of generated inputs.
+    pub seed: u64,
+}
+
+/// Where an input's values came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InputSource {
+    /// Read from this file.
+    Loaded(PathBuf),
+    /// Drawn from the seeded generator.
+    Generated,
+}
+
+/// One input of a run.
+#[derive(Clone, Debug)]
+pub struct InputReport {
+    pub name: String,
+    pub source: InputSource,
+    /// Where the run saved it (beside the outputs).
+    pub saved: PathBuf,
+    pub value: Tensor,
+}
+
+/// One output of a run.
+#[derive(Clone, Debug)]
+pub struct OutputReport {
+    pub name: String,
+    pub path: PathBuf,
+    pub summary: Summary,
+    pub value: Tensor,
+}
+
+/// What a CPU run did, for the terminal (`Display`) and for callers that compare values.
+#[derive(Clone, Debug)]
+pub struct CpuRunReport {
+    pub program: String,
+    pub seed: u64,
+    pub outputs_dir: PathBuf,
+    pub inputs: Vec<InputReport>,
+    pub outputs: Vec<OutputReport>,
+}
+
+/// Loads or generates the inputs, evaluates `program` on the reference, and writes the outputs.
+pub fn run_cpu(program: &Program, opts: &CpuRunOptions) -> Result<CpuRunReport> {
+    let outputs_dir = opts.outputs_dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUTS_DIR));
+    check_names(program)?;
+    if let Some(dir) = opts.inputs_dir.as_ref().filter(|d| !d.is_dir()) {
+        return Err(Error::Invalid(format!("{}: the inputs folder does not exist", dir.display())));
+    }
+    let inputs = gather_inputs(program, opts, &outputs_dir)?;
+    let by_name: HashMap<String, Tensor> = inputs.iter().map(|i| (i.name.clone(), i.value.clone())).collect();
+    let values = eval(program, &by_name)?;
+    std::fs::create_dir_all(&outputs_dir).map_err(|e| Error::io(outputs_dir.display().to_string(), e))?;
+    for input in &inputs {
+        if input.source != InputSource::Loaded(input.saved.clone()) {
+            write_npy(&input.saved, &input.value)?;
+        }
+    }
+    let outputs = program
+        .outputs
+        .iter()
+        .zip(values)
+        .map(|(o, value)| {
+            let path = npy_path(&outputs_dir, &o.name);
+            write_npy(&path, &value)?;
+            Ok(OutputReport { name: o.name.clone(), path, summary: value.summary(), value })
+        })
+        .collect::<Result<_>>()?;
+    Ok(CpuRunReport { program: program.source.clone(), seed: opts.seed, outputs_dir, inputs, outputs })
+}
+
+fn npy_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.npy"))
+}
+
+/// An output that shares a name with a different input would overwrite that input's file.
+fn check_names(program: &Program) -> Result<()> {
+    for o in &program.outputs {
+        if let Some(i) = program.input(&o.name).filter(|i| i.id != o.id) {
+            return Err(Error::Invalid(format!(
+                "output `{}` and input `{}` would both be saved as {}.npy",
+                o.name, i.name, o.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn gather_inputs(program: &Program, opts: &CpuRunOptions, outputs_dir: &Path) -> Result<Vec<InputReport>> {
+    let mut reports = Vec::with_capacity(program.inputs.len());
+    for (k, input) in program.inputs.iter().enumerate() {
+        let file = opts.inputs_dir.as_ref().map(|d| npy_path(d, &input.name)).filter(|p| p.is_file());
+        let (source, value) = match file {
+            Some(path) => {
+                let value = read_npy(&path, &input.ty)?;
+                (InputSource::Loaded(path), value)
+            }
+            None => (InputSource::Generated, random_program_input(program, k, opts.seed)),
+        };
+        let saved = npy_path(outputs_dir, &input.name);
+        reports.push(InputReport { name: input.name.clone(), source, saved, value });
+    }
+    Ok(reports)
+}
+
+impl fmt::Display for CpuRunReport {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        writeln!(f, "ran {} on the CPU reference (seed {})", self.program, self.seed)?;
+        let width = self.inputs.iter().map(|i| i.name.len()).chain(self.outputs.iter().map(|o| o.name.len())).max();
+        let width = width.unwrap_or(0);
+        let types: Vec<String> = self.inputs.iter().map(|i| ty_of(&i.value)).collect();
+        let out_types: Vec<String> = self.outputs.iter().map(|o| ty_of(&o.value)).collect();
+        let tw = types.iter().chain(&out_types).map(String::len).max().unwrap_or(0);
+        if !self.inputs.is_empty() {
+            writeln!(f, "inputs:")?;
+        }
+        for (i, ty) in self.inputs.iter().zip(&types) {
+            let how = match &i.source {
+                InputSource::Loaded(p) => format!("loaded from {}", p.display()),
+                InputSource::Generated => "generated".to_string(),
+            };
+            writeln!(f, "  {:width$}  {ty:tw$}  {how}, saved to {}", i.name, i.saved.display())?;
+        }
+        writeln!(f, "outputs:")?;
+        for (o, ty) in self.outputs.iter().zip(&out_types) {
+            writeln!(f, "  {:width$}  {ty:tw$}  {}  -> {}", o.name, o.summary, o.path.display())?;
+        }
+        Ok(())
+    }
+}
+
+fn ty_of(t: &Tensor) -> String {
+    TensorType::new(t.dtype, t.shape.clone()).to_string()
+}
