@@ -17,10 +17,16 @@
 // pass to the epilogue (one read of device memory); otherwise each stage re-reads them.
 // Cross-thread combining: warp shuffles, then shared memory across the row's warps.
 //
+// Global values (cross-entropy's mean over rows): when EQ_NGLOBAL > 0, each row adds row
+// values to EQ_NGLOBAL per-thread sums (`eq_global`); a block combines its rows in a fixed
+// order into the workspace `eq_ws`, and the last block to finish (counted in `eq_count`)
+// adds the blocks' partials in block order and stores the results (`eq_global_store`).
+//
 // Invariants: EQ_VEC divides EQ_COLS; every thread of a block reaches every __syncthreads
 // (rows past EQ_ROWS compute nothing but still take part); combining is in a fixed order and
 // every thread of a row gets lane 0's value, so results are deterministic and identical
-// across a row's threads; each output element is written exactly once.
+// across a row's threads; each output element is written exactly once; `eq_count` is zero
+// before and after every launch, and global sums do not depend on block scheduling.
 #ifndef EQ_COMMON_CUH
 #include "common.cuh"
 #endif
@@ -38,6 +44,7 @@
 #define EQ_CACHED 1
 #define EQ_STAGES 2
 #define EQ_NACC 1
+#define EQ_NGLOBAL 0
 #define EQ_PARAMS const float* __restrict__ p_x, float* __restrict__ p_y
 #define EQ_ARGS p_x, p_y
 
@@ -106,10 +113,50 @@ __device__ __forceinline__ void eq_row_combine(int s, float (&acc)[EQ_NACC],
     }
 }
 
+#if EQ_NGLOBAL > 0
+// Adds the block's per-row global sums (held by each row's lane 0) in slot order, then the
+// blocks' partials in block order in the last block to finish.
+__device__ __forceinline__ void eq_global_finish(EQ_PARAMS, float (&g)[EQ_NGLOBAL], int slot, int lane) {
+    __shared__ float gred[EQ_ROWS_PER_BLOCK][EQ_NGLOBAL];
+    __shared__ bool last_block;
+    if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < EQ_NGLOBAL; ++j) gred[slot][j] = g[j];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int j = 0; j < EQ_NGLOBAL; ++j) {
+            float t = gred[0][j];
+            for (int r = 1; r < EQ_ROWS_PER_BLOCK; ++r) t += gred[r][j];
+            eq_ws[blockIdx.x * EQ_NGLOBAL + j] = t;
+        }
+        __threadfence();
+        last_block = atomicAdd(eq_count, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0 || !last_block) return;
+    __threadfence();
+#pragma unroll
+    for (int j = 0; j < EQ_NGLOBAL; ++j) {
+        float t = eq_ld_cg(eq_ws + j);
+        for (unsigned int b = 1; b < gridDim.x; ++b) t += eq_ld_cg(eq_ws + b * EQ_NGLOBAL + j);
+        g[j] = t;
+    }
+    eq_global_store(EQ_ARGS, g);
+    *eq_count = 0;
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
     __shared__ float red[EQ_ROWS_PER_BLOCK][EQ_WARPS_PER_ROW][EQ_NACC];
     const int slot = threadIdx.x / EQ_ROW_THREADS;
     const int lane = threadIdx.x % EQ_ROW_THREADS;
+#if EQ_NGLOBAL > 0
+    float g[EQ_NGLOBAL];
+#pragma unroll
+    for (int j = 0; j < EQ_NGLOBAL; ++j) g[j] = 0.0f;
+#endif
     for (eq_idx base = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK; base < (eq_idx)EQ_ROWS;
          base += (eq_idx)gridDim.x * EQ_ROWS_PER_BLOCK) {
         const eq_idx row = base + slot;
@@ -158,6 +205,14 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
 #endif
             }
         }
-        if (lane == 0) eq_row_store(EQ_ARGS, row, rv);
+        if (lane == 0) {
+            eq_row_store(EQ_ARGS, row, rv);
+#if EQ_NGLOBAL > 0
+            eq_global(rv, g);
+#endif
+        }
     }
+#if EQ_NGLOBAL > 0
+    eq_global_finish(EQ_ARGS, g, slot, lane);
+#endif
 }

@@ -442,7 +442,7 @@ impl Emitter<'_> {
         let ty = value_type(node.dtype);
         match &node.op {
             Op::Const(v) => literal(*v, ty),
-            Op::Load(_) | Op::Reduce(..) => scope.refs[n].clone().unwrap_or_else(|| format!("n{n}")),
+            Op::Load(_) | Op::Reduce(..) | Op::Global(..) => scope.refs[n].clone().unwrap_or_else(|| format!("n{n}")),
             Op::Coord(k) if *k + 1 == self.rank() => format!("(int){}", self.lane_coord(scope, need)),
             Op::Coord(k) => {
                 need.insert(*k);
@@ -664,20 +664,20 @@ impl Emitter<'_> {
 
     /// The kernel's generated name: `{template}_{dtype}_k{id}`.
     pub fn name(&self) -> String {
-        kernel_name(self.k)
+        kernel_name(self.k, self.l.template)
     }
 }
 
 /// `{template}_{dtype}_k{id}`, the dtype being that of the first write (or read).
-pub fn kernel_name(k: &Kernel) -> String {
+pub fn kernel_name(k: &Kernel, template: Template) -> String {
     let dtype = k.writes.first().or(k.reads.first()).map_or(DType::F32, |t| t.ty.dtype);
-    format!("{}_{}_k{}", k.template.name(), dtype, k.id)
+    format!("{}_{}_k{}", template.name(), dtype, k.id)
 }
 
 fn children(op: &Op) -> Vec<usize> {
     match op {
         Op::Const(_) | Op::Load(_) | Op::Coord(_) | Op::Flat(_) => vec![],
-        Op::Unary(_, a) | Op::Cast(_, a) | Op::Reduce(_, a) => vec![*a],
+        Op::Unary(_, a) | Op::Cast(_, a) | Op::Reduce(_, a) | Op::Global(_, a) => vec![*a],
         Op::Binary(_, a, b) => vec![*a, *b],
         Op::Where(c, a, b) => vec![*c, *a, *b],
         Op::Dropout { x, index, .. } => vec![*x, *index],
@@ -698,6 +698,8 @@ mod rows {
         pub cached: Vec<usize>,
         /// Row values kept in `EqRow`.
         pub row_nodes: Vec<usize>,
+        /// Results reduced over all rows, in accumulator order.
+        pub globals: Vec<usize>,
     }
 
     pub(super) fn plan(e: &Emitter) -> RowPlan {
@@ -728,9 +730,12 @@ mod rows {
             .collect();
         let mut all: BTreeSet<usize> = live.into_iter().collect();
         all.extend(stage_nodes);
-        let row_nodes =
-            all.into_iter().filter(|&i| !elem[i] && !matches!(l.nodes[i].op, Op::Const(_) | Op::Flat(_))).collect();
-        RowPlan { avail, stages, cached, row_nodes }
+        let globals = all.iter().copied().filter(|&i| matches!(l.nodes[i].op, Op::Global(..))).collect();
+        let row_nodes = all
+            .into_iter()
+            .filter(|&i| !elem[i] && !matches!(l.nodes[i].op, Op::Const(_) | Op::Flat(_) | Op::Global(..)))
+            .collect();
+        RowPlan { avail, stages, cached, row_nodes, globals }
     }
 }
 
@@ -749,9 +754,10 @@ impl Emitter<'_> {
         let cached = rp.cached.len() * chunks * self.vec <= 64;
         let nacc = rp.stages.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let rpb = block / row_threads;
-        let grid = rows.div_ceil(rpb).min(1 << 24);
-
-        let mut d = self.common_defines(&self.name(), &[]);
+        let grid = rows.div_ceil(rpb).min(if rp.globals.is_empty() { 1 << 24 } else { 4096 });
+        let nglobal = rp.globals.len();
+        let ws: &[(&str, &str)] = if nglobal > 0 { &[("float", "eq_ws"), ("unsigned int", "eq_count")] } else { &[] };
+        let mut d = self.common_defines(&self.name(), ws);
         for (k, v) in [
             ("EQ_ROWS", rows),
             ("EQ_COLS", cols),
@@ -763,6 +769,7 @@ impl Emitter<'_> {
             ("EQ_CACHED", cached as usize),
             ("EQ_STAGES", rp.stages.len()),
             ("EQ_NACC", nacc),
+            ("EQ_NGLOBAL", nglobal),
         ] {
             let _ = writeln!(d, "#define {k} {v}");
         }
@@ -775,7 +782,13 @@ impl Emitter<'_> {
         body.push_str(&self.row_finish(&rp));
         body.push_str(&self.row_epilogue(&rp));
         body.push_str(&self.row_store(&rp));
-        let shape = Shape { grid: [grid as u32, 1, 1], block: [block as u32, 1, 1], workspace: vec![] };
+        body.push_str(&self.row_globals(&rp, rows));
+        let workspace = if nglobal > 0 {
+            vec![("eq_ws".into(), (grid * nglobal * 4) as u64, false), ("eq_count".into(), 4, true)]
+        } else {
+            vec![]
+        };
+        let shape = Shape { grid: [grid as u32, 1, 1], block: [block as u32, 1, 1], workspace };
         Ok(Rendered { defines: d, body, shape })
     }
 
@@ -904,7 +917,7 @@ impl Emitter<'_> {
 
     fn reduce_of(&self, i: usize) -> Reduce {
         match self.node(i).op {
-            Op::Reduce(r, _) => r,
+            Op::Reduce(r, _) | Op::Global(r, _) => r,
             _ => Reduce::Sum,
         }
     }
@@ -990,7 +1003,7 @@ impl Emitter<'_> {
         let mut need = BTreeSet::new();
         let mut t = Text::default();
         let last = self.rank().checked_sub(1);
-        for st in self.l.stores.iter().filter(|s| !self.store_is_elem(s)) {
+        for st in self.l.stores.iter().filter(|s| !self.store_is_elem(s) && !rp.globals.contains(&s.node)) {
             let val = self.operand(st.node, value_type(self.node(st.node).dtype), &scope);
             let (line, _) = self.store_row(st, &val, last, &mut need);
             t.line(1, line);
@@ -1001,6 +1014,33 @@ impl Emitter<'_> {
         f.s.push_str(&t.s);
         f.line(0, "}");
         f.s
+    }
+
+    /// `eq_global` (a row's contribution) and `eq_global_store`, when the kernel has globals.
+    fn row_globals(&self, rp: &rows::RowPlan, rows: usize) -> String {
+        if rp.globals.is_empty() {
+            return String::new();
+        }
+        let scope = self.row_scope(rp, false);
+        let mut t = Text::default();
+        t.line(0, "__device__ __forceinline__ void eq_global(const EqRow& rv, float (&g)[EQ_NGLOBAL]) {");
+        for (j, &i) in rp.globals.iter().enumerate() {
+            let x = children(&self.node(i).op)[0];
+            let val = self.operand(x, "float", &scope);
+            t.line(1, format!("g[{j}] = {};", reduce_combine(self.reduce_of(i), &format!("g[{j}]"), &val)));
+        }
+        t.line(0, "}");
+        t.line(0, "__device__ __forceinline__ void eq_global_store(EQ_PARAMS, const float (&g)[EQ_NGLOBAL]) {");
+        for st in self.l.stores.iter() {
+            let Some(j) = rp.globals.iter().position(|&g| g == st.node) else { continue };
+            let val = match self.reduce_of(st.node) {
+                Reduce::Mean => format!("g[{j}] / {}", literal(rows as f64, "float")),
+                _ => format!("g[{j}]"),
+            };
+            t.line(1, format!("eq_put({} + 0, {val});", self.param(None, Some(st.write))));
+        }
+        t.line(0, "}");
+        t.s
     }
 
     /// A store outside any lane loop (one element).

@@ -97,8 +97,8 @@ pub fn codegen_plan(plan: &FusionPlan) -> Result<Vec<KernelSource>> {
 pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
     let lowered = lower::lower(k)?;
     let r = emit::render(k, &lowered)?;
-    let name = emit::kernel_name(k);
-    let template = match k.template {
+    let name = emit::kernel_name(k, lowered.template);
+    let template = match lowered.template {
         Template::Elementwise => ELEMENTWISE,
         Template::RowReduce => ROWREDUCE,
         _ => COLREDUCE,
@@ -109,7 +109,7 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
     source.push_str(COMMON);
     source.push_str("\n// ---- generated body ----\n");
     source.push_str(&r.body);
-    source.push_str(&format!("\n// ---- kernels/{}.cu ----\n", k.template.name()));
+    source.push_str(&format!("\n// ---- kernels/{}.cu ----\n", lowered.template.name()));
     source.push_str(template);
     let mut args = Vec::new();
     for (t, role) in k.reads.iter().map(|t| (t, ArgRole::Read)).chain(k.writes.iter().map(|t| (t, ArgRole::Write))) {
@@ -136,7 +136,7 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
         file: format!("{name}.cu"),
         name,
         kernel: k.id,
-        template: k.template,
+        template: lowered.template,
         source,
         launch: Launch { grid: r.shape.grid, block: r.shape.block, smem_bytes: 0 },
         args,
