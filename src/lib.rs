@@ -6,6 +6,7 @@
 //! See `ARCHITECTURE.md` for the code map and invariants.
 
 mod analysis;
+mod calibrate;
 mod codegen;
 mod cost;
 mod dag;
@@ -15,6 +16,7 @@ mod explain;
 mod extract;
 mod fuse;
 mod generate;
+mod gpu;
 mod ilp;
 mod infer;
 mod json;
@@ -31,11 +33,13 @@ mod reference;
 mod render;
 mod rng;
 mod run_cpu;
+mod run_gpu;
 mod scalar;
 mod tensor;
 mod types;
 
 pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
+pub use calibrate::{calibrate, calibrate_on, short_name as profile_name_of, Calibration};
 pub use codegen::{
     codegen_kernel, codegen_plan, manifest_json, write_codegen_dir, ArgRole, KernelArg, KernelSource, Launch,
     TEMPLATE_FILES,
@@ -48,6 +52,7 @@ pub use explain::explain;
 pub use extract::{build_plan, dag_of, extract, fused_cost, local_selection, ExtractOptions, Extracted, Selection};
 pub use fuse::{Fusion, Group};
 pub use generate::residual_stack_eqf;
+pub use gpu::{tensor_bytes, tensor_from_bytes, Gpu};
 pub use ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};
 pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
 pub use json::{program_from_json, program_to_json};
@@ -67,6 +72,10 @@ pub use reference::{eval, eval_all};
 pub use render::{human_bytes, plan_json, render, Format};
 pub use rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
 pub use run_cpu::{run_cpu, CpuRunOptions, CpuRunReport, InputReport, InputSource, OutputReport};
+pub use run_gpu::{
+    compare as compare_output, run_on, run_plan_gpu, unfused_plan, GpuRunOptions, GpuRunReport, KernelTiming,
+    OutputCheck,
+};
 pub use tensor::{tolerance, Comparison, Summary, Tensor};
 pub use types::{DType, TensorType};
 

@@ -78,15 +78,9 @@ fn example_kernels_compile() {
         return;
     }
     let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
-    let mut examples: Vec<_> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/examples"))
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "eqf"))
-        .collect();
-    examples.sort();
+    let examples = common::example_paths();
     let (mut compiled, mut skipped) = (0, 0);
     for path in examples {
-        let path = path.to_str().unwrap().to_string();
         let full = match eqfuse::load_program(&path, &[]) {
             Ok(p) => p,
             Err(e) => {
@@ -105,10 +99,25 @@ fn example_kernels_compile() {
                     continue;
                 }
                 let s = eqfuse::codegen_kernel(&plan, k).unwrap_or_else(|e| panic!("{path}: {e}"));
-                nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[]).unwrap_or_else(|e| panic!("{path} / {}: {e}", s.name));
+                nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[])
+                    .unwrap_or_else(|e| panic!("{path} / {}: {e}", s.name));
                 compiled += 1;
             }
         }
     }
     eprintln!("compiled {compiled} example kernels; skipped {skipped} gemm/attention kernels (issue 6)");
+}
+
+/// Prints the generated bodies of the example at `EQ_SHOW_EXAMPLE` (a debugging aid).
+#[test]
+fn show_example() {
+    let Ok(path) = std::env::var("EQ_SHOW_EXAMPLE") else { return };
+    let p = eqfuse::load_program(&path, &[]).unwrap();
+    let plan = optimize(&p, &OptimizeOptions::new(DeviceProfile::load("h100").unwrap())).unwrap().plan;
+    println!("{}", eqfuse::render(&plan, eqfuse::Format::Text));
+    for s in codegen_plan(&plan).unwrap_or_default() {
+        let body = s.source.split("// ---- kernels/common.cuh ----").next().unwrap_or_default();
+        let gen = s.source.split("// ---- generated body ----").nth(1).unwrap_or_default();
+        println!("{body}{}", gen.split("// ---- kernels/").next().unwrap_or_default());
+    }
 }

@@ -253,7 +253,7 @@ fn choose_vec(l: &Lowered, k: &Kernel) -> usize {
         .unwrap_or(4);
     let mut v = 16 / widest;
     let rank1_elementwise = l.template == Template::Elementwise && r == 1;
-    while v > 1 && !rank1_elementwise && last % v != 0 {
+    while v > 1 && !rank1_elementwise && !last.is_multiple_of(v) {
         v /= 2;
     }
     v.max(1)
@@ -360,7 +360,7 @@ impl Emitter<'_> {
             let inner = *axes.last().unwrap_or(&0);
             let cs_of = |k: usize| cs[k - g.axes.start];
             let m = strides[inner] / cs_of(inner);
-            let linear = strides[inner] % cs_of(inner) == 0
+            let linear = strides[inner].is_multiple_of(cs_of(inner))
                 && g.axes.clone().filter(|&k| self.dim(k) > 1).all(|k| strides[k] == m * cs_of(k));
             if linear {
                 terms.push(if m == 1 { g.var.to_string() } else { format!("{} * {m}", g.var) });
@@ -452,7 +452,7 @@ impl Emitter<'_> {
                 let base = self.offset(strides, need);
                 let s = strides.last().copied().unwrap_or(0);
                 if scope.lanes && s != 0 {
-                    format!("(unsigned long long)({base} + {})", lane_term(*&s))
+                    format!("(unsigned long long)({base} + {})", lane_term(s))
                 } else {
                     format!("(unsigned long long)({base})")
                 }
@@ -516,6 +516,7 @@ impl Emitter<'_> {
                     t.line(depth, format!("const {vt} l{n} = eq_val({p}[{off}]);"));
                     format!("l{n}")
                 }
+                Lanes::Gather(0) => format!("eq_val({p}[{off}])"),
                 Lanes::Gather(s) => format!("eq_val({p}[{off} + {}])", lane_term(s)),
             };
             scope.refs[n] = Some(r);

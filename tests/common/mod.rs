@@ -19,6 +19,26 @@ pub const LAYERNORM: &str =
 /// Decomposed softmax of `x` over the last axis.
 pub const SOFTMAX: &str = "(/ (exp (- x (amax x -1))) (sum (exp (- x (amax x -1))) -1))";
 
+/// The example programs (`examples/*.eqf` from the working directory, else from the crate's
+/// folder), sorted by path.
+pub fn example_paths() -> Vec<String> {
+    let local = std::path::Path::new("examples");
+    let dir = if local.is_dir() {
+        local.to_path_buf()
+    } else {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
+    };
+    let mut paths: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "eqf"))
+        .filter_map(|p| p.to_str().map(str::to_string))
+        .collect();
+    paths.sort();
+    paths
+}
+
 /// A named case: a program at a size `scale` multiplies (1 for tests).
 pub struct Case {
     pub name: &'static str,
@@ -84,6 +104,11 @@ pub fn cases() -> Vec<Case> {
             &[("o", "(onehot t 10)"), ("i", "(+ (iota 10) (reshape (/ t 3) [64,1]))"), ("n", "(not k)")],
         ),
         case("scalar", &[("s", f32(&[])), ("x", f32(&[16]))], &[("y", "(* x (exp s))"), ("e", "(exp s)")]),
+        case(
+            "cross_entropy",
+            &[("logits", f32(&[64, 1000])), ("t", t(DType::I32, &[64]))],
+            &[("loss", "(cross_entropy logits t)")],
+        ),
         case("reshaped_row_value", &[("x", f32(&[48, 256]))], &[("s", "(reshape (sum x -1) [48])")]),
     ]
 }

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One GPU session of issue 4's checks and measurements, run on the device machine from the
+# repository root with the staged binaries in .gpu/ (see benches/gpu/stage.sh):
+#   1. the GPU tests (every case and example, fused and unfused, against the CPU reference);
+#   2. the large-size bench with calibration (fused against unfused, measured against predicted);
+#   3. compute-sanitizer memcheck on the small determinism cases;
+#   4. PyTorch eager and torch.compile on the same programs and GPU.
+# Writes at most 8 files under $OUT. Stages have their own time limits so that one slow stage
+# cannot starve the rest; STAGES (default "tests bench memcheck torch") picks stages.
+set -uo pipefail
+OUT="${OUT:-/tmp/eqfuse-out}"
+mkdir -p "$OUT/bench"
+G=.gpu
+STAGES="${STAGES:-tests bench memcheck torch}"
+export EQFUSE_CACHE_DIR="$G/cache" EQFUSE_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
+lib="$(ls /usr/local/cuda/lib64/libnvrtc.so.13 2>/dev/null || find / -xdev -name libnvrtc.so.13 2>/dev/null | head -1)"
+if [ -n "$lib" ]; then
+  export EQFUSE_NVRTC_DIR="$(dirname "$lib")"
+  export LD_LIBRARY_PATH="$EQFUSE_NVRTC_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+{
+  date -u +"date: %Y-%m-%d %H:%M UTC"
+  echo "commit: $(cat $G/COMMIT 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv
+  echo "nvrtc: ${lib:-not found}"
+} > "$OUT/bench.log" 2>&1
+cat "$OUT/bench.log"
+for s in $STAGES; do
+  echo "== stage $s"
+  case "$s" in
+    tests) timeout 170 "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
+           echo "tests exit $?" | tee -a "$OUT/gpu-tests.log"; tail -5 "$OUT/gpu-tests.log" ;;
+    bench) timeout 240 "$G/gpu-bench" --out "$OUT/bench" >> "$OUT/bench.log" 2>&1
+           echo "bench exit $?" | tee -a "$OUT/bench.log"; tail -45 "$OUT/bench.log" ;;
+    memcheck) timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 \
+             "$G/gpu-tests" reductions_are_deterministic --test-threads=1 --nocapture > "$OUT/memcheck.log" 2>&1
+           echo "memcheck exit $?" | tee -a "$OUT/memcheck.log"; tail -4 "$OUT/memcheck.log" ;;
+    torch) timeout 150 python3 "$G/torch_baselines.py" --out "$OUT/bench/torch.json" > "$OUT/torch.log" 2>&1
+           echo "torch exit $?" | tee -a "$OUT/torch.log"; grep '^{"program"' "$OUT/torch.log" ;;
+  esac
+done
