@@ -28,14 +28,14 @@ cat "$OUT/bench.log"
 for s in $STAGES; do
   echo "== stage $s"
   case "$s" in
-    tests) timeout 170 "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
+    tests) timeout 150 "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
            echo "tests exit $?" | tee -a "$OUT/gpu-tests.log"; tail -5 "$OUT/gpu-tests.log" ;;
-    bench) timeout 240 "$G/gpu-bench" --out "$OUT/bench" >> "$OUT/bench.log" 2>&1
+    bench) timeout 220 "$G/gpu-bench" --out "$OUT/bench" >> "$OUT/bench.log" 2>&1
            echo "bench exit $?" | tee -a "$OUT/bench.log"; tail -45 "$OUT/bench.log" ;;
-    memcheck) timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    memcheck) timeout 80 compute-sanitizer --tool memcheck --error-exitcode 9 \
              "$G/gpu-tests" reductions_are_deterministic --test-threads=1 --nocapture > "$OUT/memcheck.log" 2>&1
            echo "memcheck exit $?" | tee -a "$OUT/memcheck.log"; tail -4 "$OUT/memcheck.log" ;;
-    torch) timeout 150 python3 "$G/torch_baselines.py" --out "$OUT/bench/torch.json" > "$OUT/torch.log" 2>&1
+    torch) timeout 125 python3 "$G/torch_baselines.py" --out "$OUT/bench/torch.json" > "$OUT/torch.log" 2>&1
            echo "torch exit $?" | tee -a "$OUT/torch.log"; grep '^{"program"' "$OUT/torch.log" ;;
   esac
 done
