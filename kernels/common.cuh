@@ -138,6 +138,12 @@ __device__ __forceinline__ int eq_f2i(float x) {
     return (int)x;
 }
 
+// ---- online softmax: a running (max m, sum s of exp(x - m)) pair ----
+// `s` rescaled from max `m_old` to max `m` (an empty pair, m = -inf, stays empty).
+__device__ __forceinline__ float eq_lse_rescale(float s, float m_old, float m) {
+    return m == -EQ_INF ? 0.0f : s * expf(m_old - m);
+}
+
 // ---- the counter-based generator of src/rng.rs ----
 __device__ __forceinline__ unsigned int eq_mix32(unsigned int x) {
     x ^= x >> 16;

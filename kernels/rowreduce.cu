@@ -16,6 +16,9 @@
 // across the row's threads. When EQ_CACHED, the row's inputs stay in registers from the first
 // pass to the epilogue (one read of device memory); otherwise each stage re-reads them.
 // Cross-thread combining: warp shuffles, then shared memory across the row's warps.
+// Online form: a stage may hold a max m and the sum of exp(e - m) of the same row as one pair
+// (combined as m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)), so softmax needs one pass
+// before its epilogue instead of two.
 //
 // Global values (cross-entropy's mean over rows): when EQ_NGLOBAL > 0, each row adds row
 // values to EQ_NGLOBAL per-thread sums (`eq_global`); a block combines its rows in a fixed
@@ -55,7 +58,9 @@ __device__ __forceinline__ void eq_fetch(EQ_PARAMS, eq_idx row, eq_idx col0, flo
 }
 __device__ __forceinline__ void eq_row_init(EQ_PARAMS, eq_idx row, EqRow& rv) {}
 __device__ __forceinline__ void eq_acc_init(int s, float (&acc)[EQ_NACC]) { acc[0] = s == 0 ? -EQ_INF : 0.0f; }
-__device__ __forceinline__ float eq_combine(int s, int k, float a, float b) { return s == 0 ? eq_max(a, b) : a + b; }
+__device__ __forceinline__ void eq_merge(int s, float (&a)[EQ_NACC], const float (&b)[EQ_NACC]) {
+    a[0] = s == 0 ? eq_max(a[0], b[0]) : a[0] + b[0];
+}
 __device__ __forceinline__ void eq_accum(int s, EQ_PARAMS, eq_idx row, eq_idx col0, const float (&cv)[EQ_NCACHE][EQ_VEC],
                                          const EqRow& rv, float (&acc)[EQ_NACC]) {
 #pragma unroll
@@ -87,14 +92,15 @@ __device__ __forceinline__ void eq_row_combine(int s, float (&acc)[EQ_NACC],
     constexpr int width = EQ_ROW_THREADS < 32 ? EQ_ROW_THREADS : 32;
     const int wlane = threadIdx.x & 31;
 #pragma unroll
-    for (int k = 0; k < EQ_NACC; ++k) {
+    for (int off = width / 2; off > 0; off /= 2) {
+        float other[EQ_NACC];
 #pragma unroll
-        for (int off = width / 2; off > 0; off /= 2) {
-            acc[k] = eq_combine(s, k, acc[k], __shfl_xor_sync(0xffffffffu, acc[k], off));
-        }
-        // Butterflies leave each lane a differently rounded total: use the first lane's.
-        acc[k] = __shfl_sync(0xffffffffu, acc[k], wlane & ~(width - 1));
+        for (int k = 0; k < EQ_NACC; ++k) other[k] = __shfl_xor_sync(0xffffffffu, acc[k], off);
+        eq_merge(s, acc, other);
     }
+    // Butterflies leave each lane a differently rounded total: use the first lane's.
+#pragma unroll
+    for (int k = 0; k < EQ_NACC; ++k) acc[k] = __shfl_sync(0xffffffffu, acc[k], wlane & ~(width - 1));
     if (EQ_WARPS_PER_ROW > 1) {
         const int warp = lane / 32;
         if (wlane == 0) {
@@ -103,12 +109,9 @@ __device__ __forceinline__ void eq_row_combine(int s, float (&acc)[EQ_NACC],
         }
         __syncthreads();
 #pragma unroll
-        for (int k = 0; k < EQ_NACC; ++k) {
-            float t = red[slot][0][k];
+        for (int k = 0; k < EQ_NACC; ++k) acc[k] = red[slot][0][k];
 #pragma unroll
-            for (int w = 1; w < EQ_WARPS_PER_ROW; ++w) t = eq_combine(s, k, t, red[slot][w][k]);
-            acc[k] = t;
-        }
+        for (int w = 1; w < EQ_WARPS_PER_ROW; ++w) eq_merge(s, acc, red[slot][w]);
         __syncthreads();
     }
 }

@@ -3,7 +3,8 @@
 # repository root with the staged binaries in .gpu/ (see benches/gpu/stage.sh):
 #   1. the GPU tests (every case and example, fused and unfused, against the CPU reference);
 #   2. the large-size bench with calibration (fused against unfused, measured against predicted);
-#   3. compute-sanitizer memcheck on the small determinism cases;
+#   3. compute-sanitizer: memcheck on every test case and example, racecheck on the reduction
+#      cases (shared-memory combining);
 #   4. PyTorch eager and torch.compile on the same programs and GPU.
 # Writes at most 8 files under $OUT. Stages have their own time limits so that one slow stage
 # cannot starve the rest; STAGES (default "tests bench memcheck torch") picks stages.
@@ -28,14 +29,17 @@ cat "$OUT/bench.log"
 for s in $STAGES; do
   echo "== stage $s"
   case "$s" in
-    tests) timeout 150 "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
+    tests) timeout 120 "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
            echo "tests exit $?" | tee -a "$OUT/gpu-tests.log"; tail -5 "$OUT/gpu-tests.log" ;;
-    bench) timeout 220 "$G/gpu-bench" --out "$OUT/bench" >> "$OUT/bench.log" 2>&1
+    bench) timeout 200 "$G/gpu-bench" --out "$OUT/bench" >> "$OUT/bench.log" 2>&1
            echo "bench exit $?" | tee -a "$OUT/bench.log"; tail -45 "$OUT/bench.log" ;;
-    memcheck) timeout 80 compute-sanitizer --tool memcheck --error-exitcode 9 \
-             "$G/gpu-tests" reductions_are_deterministic --test-threads=1 --nocapture > "$OUT/memcheck.log" 2>&1
-           echo "memcheck exit $?" | tee -a "$OUT/memcheck.log"; tail -4 "$OUT/memcheck.log" ;;
-    torch) timeout 125 python3 "$G/torch_baselines.py" --out "$OUT/bench/torch.json" > "$OUT/torch.log" 2>&1
+    memcheck) timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
+             "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/memcheck.log" 2>&1
+           echo "memcheck exit $?" | tee -a "$OUT/memcheck.log"; grep -E "ERROR SUMMARY|test result|^ran" "$OUT/memcheck.log"
+           timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
+             "$G/gpu-tests" reductions_are_deterministic --test-threads=1 --nocapture >> "$OUT/memcheck.log" 2>&1
+           echo "racecheck exit $?" | tee -a "$OUT/memcheck.log"; tail -3 "$OUT/memcheck.log" ;;
+    torch) timeout 100 python3 "$G/torch_baselines.py" --out "$OUT/bench/torch.json" > "$OUT/torch.log" 2>&1
            echo "torch exit $?" | tee -a "$OUT/torch.log"; grep '^{"program"' "$OUT/torch.log" ;;
   esac
 done

@@ -259,6 +259,19 @@ fn choose_vec(l: &Lowered, k: &Kernel) -> usize {
     v.max(1)
 }
 
+/// The online softmax update of a max accumulator `k` and its sum `ks` by the lanes `x{k}`:
+/// one rescale per vector, one exponential per element.
+fn online_update(k: usize, ks: usize) -> Vec<String> {
+    vec![
+        format!("float m{k} = acc[{k}];"),
+        format!("for (int v = 0; v < EQ_VEC; ++v) m{k} = eq_max(m{k}, x{k}[v]);"),
+        format!("float s{k} = eq_lse_rescale(acc[{ks}], acc[{k}], m{k});"),
+        format!("if (m{k} != -EQ_INF) for (int v = 0; v < EQ_VEC; ++v) s{k} += expf(x{k}[v] - m{k});"),
+        format!("acc[{k}] = m{k};"),
+        format!("acc[{ks}] = s{k};"),
+    ]
+}
+
 /// The offset of lane `v` for a last-axis stride.
 fn lane_term(stride: usize) -> String {
     if stride == 1 {
@@ -701,6 +714,16 @@ mod rows {
         pub row_nodes: Vec<usize>,
         /// Results reduced over all rows, in accumulator order.
         pub globals: Vec<usize>,
+        /// Online pairs: (sum of exp(x - m), its max m), computed in the max's stage.
+        pub online: Vec<(usize, usize)>,
+    }
+
+    /// The max `m` of a `sum(exp(x - m))` whose `m` is `amax(x)` of the same `x`.
+    fn online_max(l: &Lowered, i: usize) -> Option<usize> {
+        let Op::Reduce(Reduce::Sum, e) = l.nodes[i].op else { return None };
+        let Op::Unary(Unary::Exp, d) = l.nodes[e].op else { return None };
+        let Op::Binary(Binary::Sub, a, m) = l.nodes[d].op else { return None };
+        matches!(l.nodes[m].op, Op::Reduce(Reduce::Amax, x) if x == a).then_some(m)
     }
 
     pub(super) fn plan(e: &Emitter) -> RowPlan {
@@ -710,9 +733,17 @@ mod rows {
         let elem: Vec<bool> = l.nodes.iter().map(|x| r > 0 && x.shape[r - 1] > 1).collect();
         let mut avail = vec![0usize; n];
         let mut stages: Vec<Vec<usize>> = vec![];
+        let mut online: Vec<(usize, usize)> = vec![];
         for i in 0..n {
             let below = children(&l.nodes[i].op).iter().map(|&c| avail[c]).max().unwrap_or(0);
             avail[i] = below;
+            if let Some(m) = online_max(l, i).filter(|m| !online.iter().any(|(_, x)| x == m)) {
+                let st = avail[m] - 1;
+                stages[st].push(i);
+                avail[i] = st + 1;
+                online.push((i, m));
+                continue;
+            }
             if let Op::Reduce(..) = l.nodes[i].op {
                 if stages.len() <= below {
                     stages.resize(below + 1, vec![]);
@@ -736,7 +767,7 @@ mod rows {
             .into_iter()
             .filter(|&i| !elem[i] && !matches!(l.nodes[i].op, Op::Const(_) | Op::Flat(_) | Op::Global(..)))
             .collect();
-        RowPlan { avail, stages, cached, row_nodes, globals }
+        RowPlan { avail, stages, cached, row_nodes, globals, online }
     }
 }
 
@@ -905,13 +936,31 @@ impl Emitter<'_> {
             t.line(1, format!("if (s == {s}) {{ {} }}", inits.join(" ")));
         }
         t.line(0, "}");
-        t.line(0, "__device__ __forceinline__ float eq_combine(int s, int k, float a, float b) {");
+        t.line(0, "__device__ __forceinline__ void eq_merge(int s, float (&a)[EQ_NACC], const float (&b)[EQ_NACC]) {");
         for (s, reds) in rp.stages.iter().enumerate() {
+            t.line(1, format!("if (s == {s}) {{"));
             for (k, &i) in reds.iter().enumerate() {
-                t.line(1, format!("if (s == {s} && k == {k}) return {};", reduce_combine(self.reduce_of(i), "a", "b")));
+                if rp.online.iter().any(|&(sum, _)| sum == i) {
+                    continue;
+                }
+                match rp.online.iter().find(|&&(_, m)| m == i).and_then(|&(sum, _)| reds.iter().position(|&x| x == sum))
+                {
+                    Some(ks) => {
+                        t.line(2, format!("const float m{k} = eq_max(a[{k}], b[{k}]);"));
+                        t.line(2, format!("a[{ks}] = eq_lse_rescale(a[{ks}], a[{k}], m{k}) + eq_lse_rescale(b[{ks}], b[{k}], m{k});"));
+                        t.line(2, format!("a[{k}] = m{k};"));
+                    }
+                    None => t.line(
+                        2,
+                        format!(
+                            "a[{k}] = {};",
+                            reduce_combine(self.reduce_of(i), &format!("a[{k}]"), &format!("b[{k}]"))
+                        ),
+                    ),
+                }
             }
+            t.line(1, "}");
         }
-        t.line(1, "return a;");
         t.line(0, "}");
         t.s
     }
@@ -930,19 +979,35 @@ impl Emitter<'_> {
         );
         for (s, reds) in rp.stages.iter().enumerate() {
             let mut scope = self.row_scope(rp, true);
-            let inputs: Vec<usize> = reds.iter().map(|&i| children(&self.node(i).op)[0]).collect();
+            let is_sum = |i: usize| rp.online.iter().any(|&(sum, _)| sum == i);
+            let inputs: Vec<usize> =
+                reds.iter().filter(|&&i| !is_sum(i)).map(|&i| children(&self.node(i).op)[0]).collect();
             let header = format!("if (s == {s}) {{");
             let f = self.lane_function(&header, 1, &mut scope, &inputs, |e, scope, _| {
-                let lines = reds
-                    .iter()
-                    .zip(&inputs)
-                    .enumerate()
-                    .map(|(k, (&red, &x))| {
-                        let val = e.operand(x, "float", scope);
-                        format!("acc[{k}] = {};", reduce_combine(e.reduce_of(red), &format!("acc[{k}]"), &val))
-                    })
-                    .collect();
-                (vec![], lines, vec![])
+                let (mut decls, mut lines, mut after) = (vec![], vec![], vec![]);
+                for (k, &red) in reds.iter().enumerate() {
+                    if is_sum(red) {
+                        continue;
+                    }
+                    let val = e.operand(children(&e.node(red).op)[0], "float", scope);
+                    let pair = rp
+                        .online
+                        .iter()
+                        .find(|&&(_, m)| m == red)
+                        .and_then(|&(sum, _)| reds.iter().position(|&x| x == sum));
+                    match pair {
+                        Some(ks) => {
+                            decls.push(format!("float x{k}[EQ_VEC];"));
+                            lines.push(format!("x{k}[v] = {val};"));
+                            after.extend(online_update(k, ks));
+                        }
+                        None => lines.push(format!(
+                            "acc[{k}] = {};",
+                            reduce_combine(e.reduce_of(red), &format!("acc[{k}]"), &val)
+                        )),
+                    }
+                }
+                (decls, lines, after)
             });
             out.push_str(&f);
         }
