@@ -4,7 +4,7 @@
 //! given by `--out` (default `target/gpu-bench`). Prints that it was skipped, and exits 0, on a
 //! machine without a usable GPU.
 //!
-//! `cargo bench --bench gpu -- [--out DIR] [--only NAME,...] [--repeat N] [--prefill]`
+//! `cargo bench --bench gpu -- [--out DIR] [--only NAME,...] [--repeat N] [--prefill] [--no-persistent]`
 //! (`--prefill`: compile every kernel into the NVRTC disk cache, no GPU needed).
 
 use std::fmt::Write as _;
@@ -37,10 +37,12 @@ struct Args {
     only: Option<Vec<String>>,
     repeat: usize,
     prefill: bool,
+    persistent: bool,
 }
 
 fn args() -> Args {
-    let mut a = Args { out: PathBuf::from("target/gpu-bench"), only: None, repeat: 30, prefill: false };
+    let mut a =
+        Args { out: PathBuf::from("target/gpu-bench"), only: None, repeat: 30, prefill: false, persistent: true };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
         match x.as_str() {
@@ -48,6 +50,7 @@ fn args() -> Args {
             "--only" => a.only = it.next().map(|s| s.split(',').map(str::to_string).collect()),
             "--repeat" => a.repeat = it.next().and_then(|s| s.parse().ok()).unwrap_or(a.repeat),
             "--prefill" => a.prefill = true,
+            "--no-persistent" => a.persistent = false,
             _ => {}
         }
     }
@@ -110,8 +113,13 @@ fn run(gpu: &Gpu, a: &Args) -> eqfuse::Result<()> {
         let program = load_program(file, &overrides)?;
         let fused = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
         let unfused = unfused_plan(&program, &profile)?;
-        let opts =
-            GpuRunOptions { repeat: a.repeat, check, profile: Some(profile.clone()), ..GpuRunOptions::default() };
+        let opts = GpuRunOptions {
+            repeat: a.repeat,
+            check,
+            profile: Some(profile.clone()),
+            persistent: a.persistent,
+            ..GpuRunOptions::default()
+        };
         let f = run_on(gpu, &program, &fused, &codegen_plan(&fused)?, &opts)?;
         print!("{f}");
         let u =

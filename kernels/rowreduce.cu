@@ -11,7 +11,10 @@
 //
 // Launch shape: EQ_ROW_THREADS threads (a power of two, 1..1024) cooperate on one row; a block
 // of EQ_BLOCK threads holds EQ_BLOCK / EQ_ROW_THREADS rows and loops over row groups
-// (grid-stride). Thread `lane` of a row owns columns (c * EQ_ROW_THREADS + lane) * EQ_VEC + v
+// (grid-stride; the runtime may launch fewer blocks than row groups, one wave of resident
+// blocks). When EQ_CACHED, as the epilogue consumes each cached chunk of a row it loads the same
+// chunk of the thread's next row into the freed registers, so the next row's reads overlap this
+// row's epilogue and writes. Thread `lane` of a row owns columns (c * EQ_ROW_THREADS + lane) * EQ_VEC + v
 // for c < EQ_CHUNKS, v < EQ_VEC, so each chunk is one 16-byte access per thread, coalesced
 // across the row's threads. When EQ_CACHED, the row's inputs stay in registers from the first
 // pass to the epilogue (one read of device memory); otherwise each stage re-reads them.
@@ -160,18 +163,21 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
 #pragma unroll
     for (int j = 0; j < EQ_NGLOBAL; ++j) g[j] = 0.0f;
 #endif
-    for (eq_idx base = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK; base < (eq_idx)EQ_ROWS;
-         base += (eq_idx)gridDim.x * EQ_ROWS_PER_BLOCK) {
-        const eq_idx row = base + slot;
-        const bool active = row < (eq_idx)EQ_ROWS;
+    const eq_idx stride = (eq_idx)gridDim.x * EQ_ROWS_PER_BLOCK;
 #if EQ_CACHED
-        float cache[EQ_CHUNKS][EQ_NCACHE][EQ_VEC];
+    float cache[EQ_CHUNKS][EQ_NCACHE][EQ_VEC];
+    {
+        const eq_idx first = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK + slot;
 #pragma unroll
         for (int c = 0; c < EQ_CHUNKS; ++c) {
             const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
-            if (active && col0 < (eq_idx)EQ_COLS) eq_fetch(EQ_ARGS, row, col0, cache[c]);
+            if (first < (eq_idx)EQ_ROWS && col0 < (eq_idx)EQ_COLS) eq_fetch(EQ_ARGS, first, col0, cache[c]);
         }
+    }
 #endif
+    for (eq_idx base = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK; base < (eq_idx)EQ_ROWS; base += stride) {
+        const eq_idx row = base + slot;
+        const bool active = row < (eq_idx)EQ_ROWS;
         EqRow rv;
         if (active) eq_row_init(EQ_ARGS, row, rv);
 #pragma unroll
@@ -201,6 +207,7 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
             if (col0 < (eq_idx)EQ_COLS) {
 #if EQ_CACHED
                 eq_epilogue(EQ_ARGS, row, col0, cache[c], rv);
+                if (row + stride < (eq_idx)EQ_ROWS) eq_fetch(EQ_ARGS, row + stride, col0, cache[c]);
 #else
                 float cv[EQ_NCACHE][EQ_VEC];
                 eq_fetch(EQ_ARGS, row, col0, cv);

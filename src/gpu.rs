@@ -46,6 +46,8 @@ pub struct Loaded {
     func: CudaFunction,
     /// Whether NVRTC's output came from the disk cache.
     pub cached: bool,
+    /// For a persistent kernel, the blocks that fit on the device at once (one wave).
+    pub resident_blocks: Option<u32>,
 }
 
 impl Gpu {
@@ -119,7 +121,17 @@ impl Gpu {
         let ptx = String::from_utf8_lossy(&c.ptx).into_owned();
         let module = cuda(self.ctx.load_module(Ptx::from_src(ptx)), &format!("loading {}", source.name))?;
         let func = cuda(module.load_function(&source.name), &format!("finding {}", source.name))?;
-        Ok(Loaded { source: source.clone(), func, cached: c.cached })
+        let resident_blocks = if source.launch.persistent {
+            let threads = source.launch.block.iter().product::<u32>();
+            let per_sm = cuda(
+                func.occupancy_max_active_blocks_per_multiprocessor(threads, source.launch.smem_bytes as usize, None),
+                &format!("the occupancy of {}", source.name),
+            )?;
+            Some(per_sm.max(1) * self.sms)
+        } else {
+            None
+        };
+        Ok(Loaded { source: source.clone(), func, cached: c.cached, resident_blocks })
     }
 
     /// Launches a kernel on `args` (in the order of its `args` list); asynchronous.
@@ -128,8 +140,9 @@ impl Gpu {
         if l.grid.contains(&0) {
             return Ok(());
         }
+        let gx = k.resident_blocks.map_or(l.grid[0], |r| l.grid[0].min(r));
         let cfg = LaunchConfig {
-            grid_dim: (l.grid[0], l.grid[1], l.grid[2]),
+            grid_dim: (gx, l.grid[1], l.grid[2]),
             block_dim: (l.block[0], l.block[1], l.block[2]),
             shared_mem_bytes: l.smem_bytes,
         };

@@ -40,11 +40,22 @@ pub struct GpuRunOptions {
     pub check: bool,
     /// Numbers to report bandwidth shares against; by default the profile the plan names.
     pub profile: Option<DeviceProfile>,
+    /// Whether kernels that loop over their work launch one wave of resident blocks (else one
+    /// block per unit of work).
+    pub persistent: bool,
 }
 
 impl Default for GpuRunOptions {
     fn default() -> Self {
-        GpuRunOptions { inputs_dir: None, outputs_dir: None, repeat: 20, seed: 0, check: true, profile: None }
+        GpuRunOptions {
+            inputs_dir: None,
+            outputs_dir: None,
+            repeat: 20,
+            seed: 0,
+            check: true,
+            profile: None,
+            persistent: true,
+        }
     }
 }
 
@@ -133,7 +144,10 @@ pub fn run_on(
     opts: &GpuRunOptions,
 ) -> Result<GpuRunReport> {
     let t0 = Instant::now();
-    let loaded: Vec<Loaded> = sources.iter().map(|s| gpu.load(s)).collect::<Result<_>>()?;
+    let mut loaded: Vec<Loaded> = sources.iter().map(|s| gpu.load(s)).collect::<Result<_>>()?;
+    if !opts.persistent {
+        loaded.iter_mut().for_each(|k| k.resident_blocks = None);
+    }
     let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = gather_inputs(program, opts)?;
     let mut bufs = Buffers::new(gpu, plan, &inputs, &loaded)?;

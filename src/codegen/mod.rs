@@ -34,6 +34,9 @@ pub struct Launch {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub smem_bytes: u32,
+    /// The kernel loops over its work, so any `grid[0]` from 1 up to the one given is valid; the
+    /// runtime launches one wave of resident blocks (a persistent grid) when that is fewer.
+    pub persistent: bool,
 }
 
 /// What a kernel argument is.
@@ -138,7 +141,12 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
         kernel: k.id,
         template: lowered.template,
         source,
-        launch: Launch { grid: r.shape.grid, block: r.shape.block, smem_bytes: 0 },
+        launch: Launch {
+            grid: r.shape.grid,
+            block: r.shape.block,
+            smem_bytes: 0,
+            persistent: lowered.template == Template::RowReduce,
+        },
         args,
     })
 }
