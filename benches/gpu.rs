@@ -4,7 +4,7 @@
 //! given by `--out` (default `target/gpu-bench`). Prints that it was skipped, and exits 0, on a
 //! machine without a usable GPU.
 //!
-//! `cargo bench --bench gpu -- [--out DIR] [--only NAME,...] [--repeat N] [--prefill] [--no-persistent]`
+//! `cargo bench --bench gpu -- [--out DIR] [--only NAME,...] [--repeat N] [--prefill] [--persistent]`
 //! (`--prefill`: compile every kernel into the NVRTC disk cache, no GPU needed).
 
 use std::fmt::Write as _;
@@ -42,7 +42,7 @@ struct Args {
 
 fn args() -> Args {
     let mut a =
-        Args { out: PathBuf::from("target/gpu-bench"), only: None, repeat: 30, prefill: false, persistent: true };
+        Args { out: PathBuf::from("target/gpu-bench"), only: None, repeat: 30, prefill: false, persistent: false };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
         match x.as_str() {
@@ -50,7 +50,7 @@ fn args() -> Args {
             "--only" => a.only = it.next().map(|s| s.split(',').map(str::to_string).collect()),
             "--repeat" => a.repeat = it.next().and_then(|s| s.parse().ok()).unwrap_or(a.repeat),
             "--prefill" => a.prefill = true,
-            "--no-persistent" => a.persistent = false,
+            "--persistent" => a.persistent = true,
             _ => {}
         }
     }

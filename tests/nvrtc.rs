@@ -53,22 +53,6 @@ fn generated_kernels_compile() {
     eprintln!("compiled {n} generated kernels with NVRTC");
 }
 
-/// Prints the generated bodies of the cases named in `EQ_SHOW` (a debugging aid).
-#[test]
-fn show_generated() {
-    let Ok(names) = std::env::var("EQ_SHOW") else { return };
-    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
-    for case in common::cases().into_iter().filter(|c| names.split(',').any(|n| n == c.name)) {
-        let plan = optimize(&case.program, &opts).unwrap().plan;
-        for s in codegen_plan(&plan).unwrap() {
-            let body = s.source.split("// ---- kernels/common.cuh ----").next().unwrap_or_default();
-            let gen = s.source.split("// ---- generated body ----").nth(1).unwrap_or_default();
-            let gen = gen.split("// ---- kernels/").next().unwrap_or_default();
-            println!("{body}{gen}");
-        }
-    }
-}
-
 /// Every example program at its declared sizes, and with every dim capped at 512 where the
 /// program allows it. Kernels of the gemm and attention templates are not generated yet
 /// (issue 6) and are skipped; any other codegen failure fails the test.
@@ -106,18 +90,4 @@ fn example_kernels_compile() {
         }
     }
     eprintln!("compiled {compiled} example kernels; skipped {skipped} gemm/attention kernels (issue 6)");
-}
-
-/// Prints the generated bodies of the example at `EQ_SHOW_EXAMPLE` (a debugging aid).
-#[test]
-fn show_example() {
-    let Ok(path) = std::env::var("EQ_SHOW_EXAMPLE") else { return };
-    let p = eqfuse::load_program(&path, &[]).unwrap();
-    let plan = optimize(&p, &OptimizeOptions::new(DeviceProfile::load("h100").unwrap())).unwrap().plan;
-    println!("{}", eqfuse::render(&plan, eqfuse::Format::Text));
-    for s in codegen_plan(&plan).unwrap_or_default() {
-        let body = s.source.split("// ---- kernels/common.cuh ----").next().unwrap_or_default();
-        let gen = s.source.split("// ---- generated body ----").nth(1).unwrap_or_default();
-        println!("{body}{}", gen.split("// ---- kernels/").next().unwrap_or_default());
-    }
 }

@@ -3,18 +3,18 @@
 # repository root with the staged binaries in .gpu/ (see benches/gpu/stage.sh):
 #   1. the GPU tests (every case and example, fused and unfused, against the CPU reference);
 #   2. the large-size bench with calibration (fused against unfused, measured against predicted),
-#      and (`flat`) the row-reduction programs again with one block per row group instead of a
-#      persistent grid;
+#      and (`persistent`) the row-reduction programs again with a persistent grid (one wave of
+#      resident blocks) instead of one block per row group;
 #   3. compute-sanitizer: memcheck on every test case and example, racecheck on the reduction
 #      cases (shared-memory combining);
 #   4. PyTorch eager and torch.compile on the same programs and GPU.
 # Writes at most 8 files under $OUT. Stages have their own time limits so that one slow stage
-# cannot starve the rest; STAGES (default "tests bench memcheck torch") picks stages.
+# cannot starve the rest; STAGES (default "tests bench persistent memcheck torch") picks stages.
 set -uo pipefail
 OUT="${OUT:-/tmp/eqfuse-out}"
 mkdir -p "$OUT/bench"
 G=.gpu
-STAGES="${STAGES:-tests bench flat memcheck torch}"
+STAGES="${STAGES:-tests bench persistent memcheck torch}"
 export EQFUSE_CACHE_DIR="$G/cache" EQFUSE_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 lib="$(ls /usr/local/cuda/lib64/libnvrtc.so.13 2>/dev/null || find / -xdev -name libnvrtc.so.13 2>/dev/null | head -1)"
 if [ -n "$lib" ]; then
@@ -35,9 +35,10 @@ for s in $STAGES; do
            echo "tests exit $?" | tee -a "$OUT/gpu-tests.log"; tail -5 "$OUT/gpu-tests.log" ;;
     bench) timeout 200 "$G/gpu-bench" --out "$OUT/bench" >> "$OUT/bench.log" 2>&1
            echo "bench exit $?" | tee -a "$OUT/bench.log"; tail -45 "$OUT/bench.log" ;;
-    flat) timeout 100 "$G/gpu-bench" --no-persistent --out /tmp/flat \
-             --only layernorm,layernorm_4096x1024,rmsnorm_bf16,softmax,softmax_small,cross_entropy > /tmp/flat.log 2>&1
-           echo "flat exit $?"; cp /tmp/flat/gpu-bench.md "$OUT/bench/gpu-bench-flat.md"; cat /tmp/flat/gpu-bench.md ;;
+    persistent) timeout 100 "$G/gpu-bench" --persistent --out /tmp/persistent \
+             --only layernorm,layernorm_4096x1024,rmsnorm_bf16,softmax,softmax_small,cross_entropy > /tmp/persistent.log 2>&1
+           echo "persistent exit $?"; cp /tmp/persistent/gpu-bench.md "$OUT/bench/gpu-bench-persistent.md"
+           cat /tmp/persistent/gpu-bench.md ;;
     memcheck) timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 \
              "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/memcheck.log" 2>&1
            echo "memcheck exit $?" | tee -a "$OUT/memcheck.log"; grep -E "ERROR SUMMARY|test result|^ran" "$OUT/memcheck.log"
