@@ -1,13 +1,60 @@
 //! eqfuse: an e-graph superoptimizer that discovers kernel-fusion plans for tensor programs.
 //!
-//! A program (`.eqf` text or JSON) becomes a typed [`Program`]; it goes into an
-//! [`egg::EGraph`] over [`TensorLang`] with [`ShapeAnalysis`]; staged rulesets add equal forms;
-//! the extractor picks a [`FusionPlan`] by memory traffic; the CPU reference ([`eval`]) checks it all.
-//! See `ARCHITECTURE.md` for the code map and invariants.
+//! A program (`.eqf` text, a JSON graph or an ONNX model) becomes a typed [`Program`]; it goes
+//! into an [`egg::EGraph`] over [`TensorLang`] with [`ShapeAnalysis`]; staged rulesets add equal
+//! forms; the extractor picks a [`FusionPlan`] by memory traffic; the CPU reference ([`eval`])
+//! checks it all. See `ARCHITECTURE.md` for the code map and invariants.
+//!
+//! # As a library
+//!
+//! A front end (an AD framework, a compiler) drives eqfuse in three steps:
+//!
+//! 1. **Build** a [`Program`]: from text ([`parse_program`]), a JSON graph ([`program_from_json`],
+//!    schema in `docs/graph-schema.md`), an ONNX model ([`program_from_onnx`]), any of them by
+//!    file name ([`load_program`]), or in code with the builder: [`Program::add_input`], then
+//!    [`Program::apply`] for each operator (a [`Kind`] and child ids), [`Program::num`] for a
+//!    literal, [`Program::add`] for a shape ([`TensorLang::Dims`]) or dtype attribute, and
+//!    [`Program::add_output`]. Every operator is type-checked as it is added; a bad one is an
+//!    `Err(String)` naming the operator and shapes, and the program is left as it was.
+//! 2. **Plan** it: [`optimize`] with [`OptimizeOptions`] (a [`DeviceProfile`], budgets) gives an
+//!    [`Optimized`] whose [`FusionPlan`] lists the kernels in order, with the tensors each reads
+//!    and writes and its body; [`plan_json`] is the contract of `docs/plan-schema.md`.
+//! 3. **Evaluate**: [`eval`] runs the program on the CPU reference with the caller's tensors by
+//!    input name, [`eval_plan`] runs the plan kernel by kernel, and [`check_plan`] compares them.
+//!
+//! ```
+//! use eqfuse::{check_plan, optimize, random_inputs, Binary, DType, DeviceProfile, Dims, Kind};
+//! use eqfuse::{OptimizeOptions, Program, Reduce, TensorLang, TensorType, Unary};
+//!
+//! // y = softmax-like normalisation of exp(x) along rows, flattened: written op by op.
+//! let mut p = Program::new("rows");
+//! let x = p.add_input("x", TensorType::new(DType::F32, vec![8, 32])).unwrap();
+//! let e = p.apply(Kind::Unary(Unary::Exp), vec![x]).unwrap();
+//! let last = p.num(-1.0);
+//! let s = p.apply(Kind::Reduce(Reduce::Sum), vec![e, last]).unwrap();
+//! let y = p.apply(Kind::Binary(Binary::Div), vec![e, s]).unwrap();
+//! let flat = p.add(TensorLang::Dims(Dims(vec![256]))).unwrap();
+//! let y = p.apply(Kind::Reshape, vec![y, flat]).unwrap();
+//! p.add_output("y", y).unwrap();
+//! // A type error is a value: [8, 32] does not reshape to [100].
+//! let bad = p.add(TensorLang::Dims(Dims(vec![100]))).unwrap();
+//! assert!(p.apply(Kind::Reshape, vec![x, bad]).unwrap_err().contains("cannot reshape"));
+//!
+//! let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+//! let plan = optimize(&p, &opts).unwrap().plan;
+//! assert!(plan.total.kernels < plan.unfused.kernels);
+//! for (_, cmp) in check_plan(&p, &plan, &random_inputs(&p, 0)).unwrap() {
+//!     assert!(cmp.ok());
+//! }
+//! ```
+//!
+//! `examples/library.rs` does the same for a dense layer with a residual and a layer norm.
 
 mod analysis;
+mod autodiff;
 mod calibrate;
 mod codegen;
+mod conditions;
 mod cost;
 mod dag;
 mod error;
@@ -23,6 +70,7 @@ mod json;
 mod lang;
 mod npy;
 mod nvrtc;
+mod onnx;
 mod optimize;
 mod parse;
 mod plan;
@@ -32,24 +80,30 @@ mod program;
 mod reference;
 mod render;
 mod rng;
+mod rules;
 mod run_cpu;
 mod run_gpu;
+mod saturate;
 mod scalar;
 mod tensor;
 mod types;
 
 pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
+pub use autodiff::{expand_grads, grad, has_grads};
 pub use calibrate::{calibrate, calibrate_on, short_name as profile_name_of, Calibration};
 pub use codegen::{
     codegen_kernel, codegen_plan, manifest_json, write_codegen_dir, ArgRole, KernelArg, KernelSource, Launch,
     TEMPLATE_FILES,
 };
+pub use conditions::{condition, NamedCondition, CONDITIONS};
 pub use cost::{analyse, KernelCost};
 pub use dag::{Dag, DagNode, Role};
 pub use error::{Diagnostic, Error, Result};
 pub use expand::expand_composites;
 pub use explain::explain;
-pub use extract::{build_plan, dag_of, extract, fused_cost, local_selection, ExtractOptions, Extracted, Selection};
+pub use extract::{
+    build_plan, dag_of, extract, fused_cost, local_selection, written_selection, ExtractOptions, Extracted, Selection,
+};
 pub use fuse::{Fusion, Group};
 pub use generate::residual_stack_eqf;
 pub use gpu::{tensor_bytes, tensor_from_bytes, Gpu};
@@ -62,6 +116,7 @@ pub use nvrtc::{
     available as nvrtc_available, cache_dir, compile as nvrtc_compile, compile_cached as nvrtc_compile_cached,
     Compiled, DEFAULT_ARCH,
 };
+pub use onnx::{program_from_onnx, supported_onnx_ops, ONNX_DIM_METADATA_PREFIX, ONNX_OPSETS};
 pub use optimize::{egraph_of, optimize, unfused_totals, OptimizeOptions, Optimized, StageSummary};
 pub use parse::{load_program, parse_dim_override, parse_program};
 pub use plan::{FusionPlan, Kernel, SearchReport, Template, TensorRef, Totals};
@@ -71,11 +126,13 @@ pub use program::{Input, Output, Program};
 pub use reference::{eval, eval_all};
 pub use render::{human_bytes, plan_json, render, Format};
 pub use rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
+pub use rules::{default_rules, load_rules_dir, parse_ruleset, Rule, RuleSet, STAGE_ORDER};
 pub use run_cpu::{run_cpu, CpuRunOptions, CpuRunReport, InputReport, InputSource, OutputReport};
 pub use run_gpu::{
     compare as compare_output, run_on, run_plan_gpu, unfused_plan, GpuRunOptions, GpuRunReport, KernelTiming,
     OutputCheck,
 };
+pub use saturate::{saturate, saturate_egraph, Budgets, Saturation, StageReport, StopReason, MIN_STAGE_ROOM};
 pub use tensor::{tolerance, Comparison, Summary, Tensor};
 pub use types::{DType, TensorType};
 

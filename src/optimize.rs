@@ -19,6 +19,7 @@ use crate::lang::Kind;
 use crate::plan::{FusionPlan, SearchReport, Totals};
 use crate::profile::DeviceProfile;
 use crate::program::Program;
+use crate::saturate::{saturate_egraph, Budgets};
 
 /// Everything `eqfuse optimize` can be told.
 #[derive(Clone, Debug)]
@@ -104,8 +105,12 @@ pub fn egraph_of(program: &Program) -> (TensorGraph, Vec<(String, Id)>, BTreeMap
     (egraph, roots, names)
 }
 
-/// Plans a program.
+/// Plans a program. `grad` nodes (which a program built through the library may hold) are
+/// differentiated first, so the plan is of the joint forward and backward graph.
 pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> {
+    if crate::autodiff::has_grads(program) {
+        return optimize(&crate::autodiff::expand_grads(program)?, opts);
+    }
     let unfused = unfused_totals(program, &opts.profile)?;
     let (egraph, roots, names) = egraph_of(program);
     let t0 = Instant::now();
@@ -117,7 +122,8 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
         m
     });
     let t1 = Instant::now();
-    let ex_opts = ExtractOptions { fusion: opts.fusion, ..ExtractOptions::default() };
+    let start = crate::extract::written_selection(program, &egraph);
+    let ex_opts = ExtractOptions { fusion: opts.fusion, start, ..ExtractOptions::default() };
     let mut best = extract(&egraph, &roots, &names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
     let mut extractor = if opts.fusion { "greedy-dag".to_string() } else { "no-fusion".to_string() };
     let mut gap = None;
@@ -141,7 +147,7 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
     }
     let mut fusion = Fusion::unfused(&best.dag, &opts.profile);
     if opts.fusion {
-        fusion.optimise();
+        fusion.optimise_with_materialize();
     }
     let extract_ms = t1.elapsed().as_secs_f64() * 1e3;
     let search = SearchReport {
@@ -181,7 +187,26 @@ fn recognised_composites(program: &Program, dag: &Dag) -> Vec<String> {
         .collect()
 }
 
-/// Saturation stages over the e-graph. Until the rule engine lands, no rules run.
-fn run_stages(egraph: TensorGraph, _opts: &OptimizeOptions) -> Result<(TensorGraph, Vec<StageSummary>, usize, String)> {
-    Ok((egraph, vec![], 0, "saturated".into()))
+/// Runs the rulesets (built-in, or from `--rules DIR`) over the e-graph.
+fn run_stages(egraph: TensorGraph, opts: &OptimizeOptions) -> Result<(TensorGraph, Vec<StageSummary>, usize, String)> {
+    let rulesets = match &opts.rules_dir {
+        Some(dir) => crate::rules::load_rules_dir(dir)?,
+        None => crate::rules::default_rules()?,
+    };
+    let budgets = Budgets::default()
+        .with_iter_limit(opts.iter_limit)
+        .with_node_limit(opts.node_limit)
+        .with_time_limit(opts.time_limit);
+    let sat = saturate_egraph(egraph, vec![], &rulesets, &budgets)?;
+    let stages = sat
+        .stages
+        .iter()
+        .map(|st| StageSummary {
+            ruleset: st.ruleset.clone(),
+            iterations: st.iterations,
+            stop_reason: st.stop_reason.to_string(),
+            fired: st.fired.clone(),
+        })
+        .collect();
+    Ok((sat.egraph, stages, sat.iterations, sat.stop_reason.to_string()))
 }

@@ -213,7 +213,7 @@ fn gather_inputs(program: &Program, opts: &GpuRunOptions) -> Result<HashMap<Stri
 fn seeded_input(program: &Program, k: usize, seed: u64) -> Tensor {
     use rayon::prelude::*;
     let ty = &program.inputs[k].ty;
-    if !ty.dtype.is_float() || ty.numel() < 1 << 20 {
+    if !ty.dtype.is_float() || ty.numel() < 1 << 20 || program.values.contains_key(&program.inputs[k].name) {
         return crate::rng::random_program_input(program, k, seed);
     }
     let s = crate::rng::input_seed(seed, k);

@@ -135,3 +135,27 @@ fn plans_compute_what_the_program_says() {
         plan_checked(&p);
     }
 }
+
+#[test]
+fn sign_facts_decide_whether_exp_log_cancels() {
+    let b = [("b", f32(&[64, 32]))];
+    let plan = plan_checked(&Program::from_sexprs("p", &b, &[("o", "(exp (log (+ (* b b) 1)))")]).unwrap());
+    let ops: Vec<&str> = plan.kernels.iter().flat_map(|k| k.ops.iter().map(String::as_str)).collect();
+    assert!(!ops.contains(&"exp") && !ops.contains(&"log"), "{ops:?}");
+    let plan = plan_checked(&Program::from_sexprs("p", &b, &[("o", "(exp (log b))")]).unwrap());
+    let ops: Vec<&str> = plan.kernels.iter().flat_map(|k| k.ops.iter().map(String::as_str)).collect();
+    assert!(ops.contains(&"exp") && ops.contains(&"log"), "{ops:?}");
+}
+
+#[test]
+fn bias_and_activation_fuse_into_a_product_with_a_transposed_operand() {
+    let p = Program::from_sexprs(
+        "linear",
+        &[("x", f32(&[4, 16, 32])), ("w", f32(&[24, 32])), ("b", f32(&[24]))],
+        &[("y", "(gelu (+ (@ x (transpose w 0 1)) b))")],
+    )
+    .unwrap();
+    let plan = plan_checked(&p);
+    assert_eq!(plan.total.kernels, 1, "{:#?}", plan.kernels);
+    assert_eq!(plan.kernels[0].template, Template::Gemm);
+}

@@ -1,0 +1,348 @@
+//! Staged equality saturation: each ruleset runs as one stage with its own egg [`Runner`].
+//!
+//! The program goes into an `EGraph<TensorLang, ShapeAnalysis>` (its live nodes; the roots are
+//! its outputs), then the rulesets run in order, each on the e-graph the previous one left.
+//! Budgets: `iter_limit` bounds the iterations of each stage; `node_limit` (e-graph size) and
+//! `time_limit` are totals shared by the stages: a stage may use an equal share of what is
+//! left when it starts, so an early stage that explodes (associativity, commutativity) cannot
+//! starve the later ones. `stage_growth` also caps how much one stage may grow the e-graph
+//! relative to its size at the start: searching deep patterns (layernorm) in an e-graph that
+//! associativity and commutativity have blown up costs seconds per iteration, and the forms
+//! found past that point rarely change a fusion plan.
+//! Invariants: hitting a budget is a result ([`StopReason`]), never an error; identical inputs
+//! give an identical e-graph and report (timings aside, and as long as no time limit is hit);
+//! saturation never merges classes of different types: rules refuse ill-typed instantiations
+//! (counted in [`StageReport::refused`]) and a merge the analysis still finds conflicting is an
+//! error naming the rules that ran.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use egg::{BackoffScheduler, Id, Language, Rewrite, Runner};
+
+use crate::analysis::{ShapeAnalysis, TensorGraph};
+use crate::error::{Error, Result};
+use crate::lang::TensorLang;
+use crate::program::Program;
+use crate::rules::RuleSet;
+
+/// Search budgets (builder style).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Budgets {
+    /// Iterations of each stage.
+    pub iter_limit: usize,
+    /// E-nodes in the e-graph, for all stages together.
+    pub node_limit: usize,
+    /// Wall time for all stages together.
+    pub time_limit: Duration,
+    /// One stage may grow the e-graph to at most this many times its size at the start of the
+    /// stage (but always by [`MIN_STAGE_ROOM`] nodes); 0 for no such cap.
+    pub stage_growth: usize,
+}
+
+/// The e-nodes a stage may always add, however small the program (see [`Budgets::stage_growth`]).
+pub const MIN_STAGE_ROOM: usize = 1000;
+
+impl Default for Budgets {
+    fn default() -> Budgets {
+        Budgets { iter_limit: 30, node_limit: 50_000, time_limit: Duration::from_secs(5), stage_growth: 8 }
+    }
+}
+
+impl Budgets {
+    pub fn with_iter_limit(mut self, n: usize) -> Budgets {
+        self.iter_limit = n;
+        self
+    }
+    pub fn with_node_limit(mut self, n: usize) -> Budgets {
+        self.node_limit = n;
+        self
+    }
+    pub fn with_time_limit(mut self, t: Duration) -> Budgets {
+        self.time_limit = t;
+        self
+    }
+    pub fn with_stage_growth(mut self, factor: usize) -> Budgets {
+        self.stage_growth = factor;
+        self
+    }
+
+    /// The node limit of a stage that starts with `nodes` e-nodes, `left` stages to go.
+    fn stage_node_limit(&self, nodes: usize, left: usize) -> usize {
+        let share = nodes + self.node_limit.saturating_sub(nodes) / left;
+        if self.stage_growth == 0 {
+            return share;
+        }
+        let room = nodes.saturating_mul(self.stage_growth.saturating_sub(1)).max(MIN_STAGE_ROOM);
+        share.min(nodes.saturating_add(room))
+    }
+}
+
+/// Why a stage stopped (egg's reasons).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// No rule could add anything more.
+    Saturated,
+    IterationLimit,
+    NodeLimit,
+    TimeLimit,
+    Other(String),
+}
+
+impl StopReason {
+    /// The kebab-case name used in reports and plan JSON (`"saturated"`, `"node-limit"`, ...).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            StopReason::Saturated => "saturated",
+            StopReason::IterationLimit => "iteration-limit",
+            StopReason::NodeLimit => "node-limit",
+            StopReason::TimeLimit => "time-limit",
+            StopReason::Other(_) => "other",
+        }
+    }
+
+    fn from_egg(r: &egg::StopReason) -> StopReason {
+        match r {
+            egg::StopReason::Saturated => StopReason::Saturated,
+            egg::StopReason::IterationLimit(_) => StopReason::IterationLimit,
+            egg::StopReason::NodeLimit(_) => StopReason::NodeLimit,
+            egg::StopReason::TimeLimit(_) => StopReason::TimeLimit,
+            egg::StopReason::Other(s) => StopReason::Other(s.clone()),
+        }
+    }
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match self {
+            StopReason::Other(s) => write!(f, "other: {s}"),
+            r => f.write_str(r.as_str()),
+        }
+    }
+}
+
+/// What one stage did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageReport {
+    pub ruleset: String,
+    pub iterations: usize,
+    pub stop_reason: StopReason,
+    /// E-nodes and e-classes when the stage ended.
+    pub enodes: usize,
+    pub eclasses: usize,
+    pub millis: f64,
+    /// Rules that changed the e-graph, with how many unions each made.
+    pub fired: BTreeMap<String, usize>,
+    /// Rules whose right side had a type different from the matched class's, with how many
+    /// instantiations were refused for it (a rule that is not type-preserving).
+    pub refused: BTreeMap<String, usize>,
+}
+
+/// The saturated e-graph and the report.
+pub struct Saturation {
+    pub egraph: TensorGraph,
+    /// The class of each program output, in `program.outputs` order (canonical ids).
+    pub roots: Vec<Id>,
+    pub stages: Vec<StageReport>,
+    /// The first stage's reason that is not `Saturated`, or `Saturated` if every stage
+    /// saturated: it says whether the search was cut short anywhere.
+    pub stop_reason: StopReason,
+    /// Iterations over all stages.
+    pub iterations: usize,
+}
+
+/// Builds the e-graph of a program's live nodes; returns it and the output classes.
+fn program_egraph(program: &Program) -> (TensorGraph, Vec<Id>) {
+    let inputs = program.inputs.iter().map(|i| (i.name.clone(), i.ty.clone()));
+    let mut egraph = TensorGraph::new(ShapeAnalysis::new(inputs));
+    let live = program.live();
+    let mut ids = vec![Id::from(0); program.len()];
+    for (i, node) in program.expr().as_ref().iter().enumerate() {
+        // Children of a live node are live, so they were added before it.
+        if live[i] {
+            ids[i] = egraph.add(node.clone().map_children(|c| ids[usize::from(c)]));
+        }
+    }
+    egraph.rebuild();
+    let roots = program.outputs.iter().map(|o| egraph.find(ids[usize::from(o.id)])).collect();
+    (egraph, roots)
+}
+
+/// Runs the rulesets in order on the program's e-graph.
+pub fn saturate(program: &Program, rulesets: &[RuleSet], budgets: &Budgets) -> Result<Saturation> {
+    let (egraph, roots) = program_egraph(program);
+    saturate_egraph(egraph, roots, rulesets, budgets)
+}
+
+/// Runs the rulesets in order on an e-graph the caller built (its analysis must know the
+/// program's inputs); `roots` are the classes to report, mapped to their final classes.
+pub fn saturate_egraph(
+    mut egraph: TensorGraph,
+    roots: Vec<Id>,
+    rulesets: &[RuleSet],
+    budgets: &Budgets,
+) -> Result<Saturation> {
+    let start = Instant::now();
+    let mut stages = vec![];
+    for (k, set) in rulesets.iter().enumerate() {
+        let left = rulesets.len() - k;
+        let node_limit = budgets.stage_node_limit(egraph.total_size(), left);
+        let time_limit = budgets.time_limit.saturating_sub(start.elapsed()) / left as u32;
+        let (g, report) = run_stage(egraph, set, budgets.iter_limit, node_limit, time_limit)?;
+        egraph = g;
+        stages.push(report);
+    }
+    let roots = roots.into_iter().map(|r| egraph.find(r)).collect();
+    let stop_reason = stages
+        .iter()
+        .map(|s| &s.stop_reason)
+        .find(|r| **r != StopReason::Saturated)
+        .cloned()
+        .unwrap_or(StopReason::Saturated);
+    let iterations = stages.iter().map(|s| s.iterations).sum();
+    Ok(Saturation { egraph, roots, stages, stop_reason, iterations })
+}
+
+type TensorRunner = Runner<TensorLang, ShapeAnalysis>;
+
+fn run_stage(
+    egraph: TensorGraph,
+    set: &RuleSet,
+    iter_limit: usize,
+    node_limit: usize,
+    time_limit: Duration,
+) -> Result<(TensorGraph, StageReport)> {
+    let guarded = set.rules.iter().map(|r| r.guarded_rewrite()).collect::<Result<Vec<_>>>()?;
+    let (rewrites, refused): (Vec<Rewrite<_, _>>, Vec<Arc<AtomicUsize>>) = guarded.into_iter().unzip();
+    let clock = Instant::now();
+    let conflicts_before = egraph.analysis.conflicts.len();
+    let runner = TensorRunner::default()
+        .with_egraph(egraph)
+        .with_scheduler(BackoffScheduler::default())
+        .with_iter_limit(iter_limit)
+        .with_node_limit(node_limit)
+        .with_time_limit(time_limit)
+        .with_hook(move |r| conflict_check(r, conflicts_before))
+        .run(&rewrites);
+    let millis = clock.elapsed().as_secs_f64() * 1e3;
+    if let Some(msg) = conflict_message(&runner, conflicts_before) {
+        return Err(Error::Invalid(format!("ruleset `{}`: {msg}", set.name)));
+    }
+    let report = StageReport {
+        ruleset: set.name.clone(),
+        iterations: runner.iterations.len(),
+        stop_reason: runner.stop_reason.as_ref().map_or(StopReason::Saturated, StopReason::from_egg),
+        enodes: runner.egraph.total_number_of_nodes(),
+        eclasses: runner.egraph.number_of_classes(),
+        millis,
+        fired: fired(&runner),
+        refused: set
+            .rules
+            .iter()
+            .zip(&refused)
+            .map(|(r, n)| (r.name.clone(), n.load(Ordering::Relaxed)))
+            .filter(|(_, n)| *n > 0)
+            .collect(),
+    };
+    Ok((runner.egraph, report))
+}
+
+fn fired(runner: &TensorRunner) -> BTreeMap<String, usize> {
+    let mut fired = BTreeMap::new();
+    for it in &runner.iterations {
+        for (name, n) in &it.applied {
+            *fired.entry(name.to_string()).or_insert(0) += n;
+        }
+    }
+    fired
+}
+
+/// Stops the stage as soon as the analysis records a type conflict.
+fn conflict_check(runner: &mut TensorRunner, before: usize) -> std::result::Result<(), String> {
+    match conflict_message(runner, before) {
+        Some(msg) => Err(msg),
+        None => Ok(()),
+    }
+}
+
+/// The new conflicts, naming the rules that fired in the last iteration.
+fn conflict_message(runner: &TensorRunner, before: usize) -> Option<String> {
+    let conflicts = &runner.egraph.analysis.conflicts;
+    if conflicts.len() <= before {
+        return None;
+    }
+    let rules: Vec<String> =
+        runner.iterations.last().map(|it| it.applied.keys().map(|k| k.to_string()).collect()).unwrap_or_default();
+    Some(format!(
+        "merged values of different types ({}); rules applied in that iteration: {}",
+        conflicts[before..].join("; "),
+        if rules.is_empty() { "none".to_string() } else { rules.join(", ") }
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lang::{Binary, Kind, Unary};
+    use crate::rules::parse_ruleset;
+    use crate::types::{DType, TensorType};
+
+    /// `exp(log(x)) * 1 + 0` with a positive `x = exp(a)`.
+    fn program() -> Program {
+        let mut p = Program::new("t");
+        let a = p.add_input("a", TensorType::new(DType::F32, vec![4, 8])).unwrap();
+        let x = p.apply(Kind::Unary(Unary::Exp), vec![a]).unwrap();
+        let l = p.apply(Kind::Unary(Unary::Log), vec![x]).unwrap();
+        let e = p.apply(Kind::Unary(Unary::Exp), vec![l]).unwrap();
+        let one = p.num(1.0);
+        let m = p.apply(Kind::Binary(Binary::Mul), vec![e, one]).unwrap();
+        let zero = p.num(0.0);
+        let y = p.apply(Kind::Binary(Binary::Add), vec![m, zero]).unwrap();
+        p.add_output("y", y).unwrap();
+        p
+    }
+
+    #[test]
+    fn stages_run_in_order_and_report() {
+        let text = "(rewrite mul-one (* ?x 1) ?x)\n(rewrite add-zero (+ ?x 0) ?x)\n\
+                    (rewrite exp-log (exp (log ?x)) ?x :if (positive ?x))";
+        let sets = vec![parse_ruleset("algebra", "a.rules", text).unwrap()];
+        let sat = saturate(&program(), &sets, &Budgets::default()).unwrap();
+        assert_eq!(sat.stop_reason, StopReason::Saturated);
+        let fired: Vec<&str> = sat.stages[0].fired.keys().map(String::as_str).collect();
+        assert_eq!(fired, ["add-zero", "exp-log", "mul-one"]);
+        assert_eq!(sat.roots.len(), 1);
+        assert!(sat.egraph[sat.roots[0]].nodes.iter().any(|n| n.to_string() == "exp"));
+    }
+
+    #[test]
+    fn budgets_are_results_and_ill_typed_rules_are_refused() {
+        let text = "(rewrite add-comm (+ ?x ?y) (+ ?y ?x))\n(rewrite grow (exp ?x) (exp (neg (neg ?x))))\n\
+                    (rewrite bad (+ ?x ?y) ?y)";
+        let sets = vec![parse_ruleset("algebra", "a.rules", text).unwrap()];
+        let budgets = Budgets::default().with_iter_limit(3);
+        let sat = saturate(&program(), &sets, &budgets).unwrap();
+        assert_eq!(sat.stop_reason, StopReason::IterationLimit);
+        assert_eq!(sat.stop_reason.as_str(), "iteration-limit");
+        assert_eq!(sat.iterations, 3);
+        assert!(sat.stages[0].refused.contains_key("bad"));
+        assert!(sat.egraph.analysis.conflicts.is_empty());
+    }
+
+    #[test]
+    fn deterministic() {
+        let sets = crate::rules::default_rules().unwrap();
+        let budgets = Budgets::default().with_time_limit(Duration::from_secs(3600)).with_node_limit(3000);
+        let a = saturate(&program(), &sets, &budgets).unwrap();
+        let b = saturate(&program(), &sets, &budgets).unwrap();
+        let strip = |s: &Saturation| {
+            s.stages.iter().map(|r| (r.iterations, r.enodes, r.eclasses, r.fired.clone())).collect::<Vec<_>>()
+        };
+        assert_eq!(strip(&a), strip(&b));
+        assert_eq!(a.roots, b.roots);
+        assert_eq!(format!("{:?}", a.egraph.dump()), format!("{:?}", b.egraph.dump()));
+    }
+}
