@@ -52,6 +52,8 @@
 
 mod analysis;
 mod autodiff;
+mod calibrate;
+mod codegen;
 mod conditions;
 mod cost;
 mod dag;
@@ -61,11 +63,13 @@ mod explain;
 mod extract;
 mod fuse;
 mod generate;
+mod gpu;
 mod ilp;
 mod infer;
 mod json;
 mod lang;
 mod npy;
+mod nvrtc;
 mod onnx;
 mod optimize;
 mod parse;
@@ -78,6 +82,7 @@ mod render;
 mod rng;
 mod rules;
 mod run_cpu;
+mod run_gpu;
 mod saturate;
 mod scalar;
 mod tensor;
@@ -85,6 +90,11 @@ mod types;
 
 pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
 pub use autodiff::{expand_grads, grad, has_grads};
+pub use calibrate::{calibrate, calibrate_on, short_name as profile_name_of, Calibration};
+pub use codegen::{
+    codegen_kernel, codegen_plan, manifest_json, write_codegen_dir, ArgRole, KernelArg, KernelSource, Launch,
+    TEMPLATE_FILES,
+};
 pub use conditions::{condition, NamedCondition, CONDITIONS};
 pub use cost::{analyse, KernelCost};
 pub use dag::{Dag, DagNode, Role};
@@ -96,11 +106,16 @@ pub use extract::{
 };
 pub use fuse::{Fusion, Group};
 pub use generate::residual_stack_eqf;
+pub use gpu::{tensor_bytes, tensor_from_bytes, Gpu};
 pub use ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};
 pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
 pub use json::{program_from_json, program_to_json};
 pub use lang::{Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
 pub use npy::{read_npy, write_npy};
+pub use nvrtc::{
+    available as nvrtc_available, cache_dir, compile as nvrtc_compile, compile_cached as nvrtc_compile_cached,
+    Compiled, DEFAULT_ARCH,
+};
 pub use onnx::{program_from_onnx, supported_onnx_ops, ONNX_DIM_METADATA_PREFIX, ONNX_OPSETS};
 pub use optimize::{egraph_of, optimize, unfused_totals, OptimizeOptions, Optimized, StageSummary};
 pub use parse::{load_program, parse_dim_override, parse_program};
@@ -113,6 +128,10 @@ pub use render::{human_bytes, plan_json, render, Format};
 pub use rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
 pub use rules::{default_rules, load_rules_dir, parse_ruleset, Rule, RuleSet, STAGE_ORDER};
 pub use run_cpu::{run_cpu, CpuRunOptions, CpuRunReport, InputReport, InputSource, OutputReport};
+pub use run_gpu::{
+    compare as compare_output, run_on, run_plan_gpu, unfused_plan, GpuRunOptions, GpuRunReport, KernelTiming,
+    OutputCheck,
+};
 pub use saturate::{saturate, saturate_egraph, Budgets, Saturation, StageReport, StopReason, MIN_STAGE_ROOM};
 pub use tensor::{tolerance, Comparison, Summary, Tensor};
 pub use types::{DType, TensorType};

@@ -1,0 +1,126 @@
+// colreduce.cu: reductions over one leading axis with a fused pointwise prologue (bias and
+// gamma gradients: sum(g, 0), sum(g * xhat, 0), ...), one or more outputs.
+//
+// Math: the iteration space is viewed as [EQ_OUTER, EQ_N, EQ_INNER] with the reduced axis in
+// the middle. For every (o, i) and accumulator k:
+//   out_k[o, 0, i] = finish_k( combine_k over n < EQ_N of e_k(o, n, i) )
+// (finish divides by EQ_N for a mean). Pointwise values of the whole space may be written too.
+//
+// Launch shape: block (EQ_TX, EQ_TY); thread x owns EQ_VEC consecutive inner elements
+// (16-byte access, coalesced across x), thread y strides over n. grid.x = EQ_OUTER * tiles of
+// EQ_TX * EQ_VEC inner elements; grid.y = EQ_CHUNKS splits n into chunks of EQ_CHUNK_N.
+// Stage 1: each block combines its chunk through shared memory in a fixed order. When
+// EQ_CHUNKS > 1 it writes that partial to the workspace `eq_ws`, and the last block of a
+// tile to arrive (counted in `eq_count`) combines the tile's partials in chunk order and
+// writes the outputs (stage 2, in the same launch).
+//
+// Invariants: the result does not depend on block scheduling (fixed combining order: bit
+// for bit deterministic); `eq_count` is all zeros before and after every launch (the runtime
+// zeroes it once at allocation; the last block resets its entry); EQ_VEC divides the last
+// extent of the space; a reduction's result is only written, never used in the same kernel.
+#ifndef EQ_COMMON_CUH
+#include "common.cuh"
+#endif
+
+#ifndef EQ_GENERATED
+// Default instance: db = sum(g, 0) over g: f32[4096, 256].
+#define EQ_KERNEL colreduce_f32
+#define EQ_OUTER 1
+#define EQ_N 4096
+#define EQ_INNER 256
+#define EQ_VEC 4
+#define EQ_TX 32
+#define EQ_TY 8
+#define EQ_CHUNKS 16
+#define EQ_CHUNK_N 256
+#define EQ_NACC 1
+#define EQ_PARAMS const float* __restrict__ p_g, float* __restrict__ p_db, float* __restrict__ eq_ws, \
+    unsigned int* __restrict__ eq_count
+#define EQ_ARGS p_g, p_db, eq_ws, eq_count
+
+__device__ __forceinline__ void eq_acc_init(float (&acc)[EQ_NACC][EQ_VEC]) {
+#pragma unroll
+    for (int v = 0; v < EQ_VEC; ++v) acc[0][v] = 0.0f;
+}
+__device__ __forceinline__ float eq_combine(int k, float a, float b) { return a + b; }
+__device__ __forceinline__ void eq_accum(EQ_PARAMS, eq_idx o, eq_idx n, eq_idx i0, float (&acc)[EQ_NACC][EQ_VEC]) {
+    float g[EQ_VEC];
+    eq_loadv<float, EQ_VEC>(p_g + n * EQ_INNER + i0, g);
+#pragma unroll
+    for (int v = 0; v < EQ_VEC; ++v) acc[0][v] = acc[0][v] + g[v];
+}
+__device__ __forceinline__ void eq_col_store(EQ_PARAMS, eq_idx o, eq_idx i0, const float (&acc)[EQ_NACC][EQ_VEC]) {
+    eq_storev<float, EQ_VEC>(p_db + i0, acc[0]);
+}
+#endif
+
+#define EQ_TILE (EQ_TX * EQ_VEC)
+#define EQ_TILES ((EQ_INNER + EQ_TILE - 1) / EQ_TILE)
+
+extern "C" __global__ void __launch_bounds__(EQ_TX * EQ_TY) EQ_KERNEL(EQ_PARAMS) {
+    __shared__ float red[EQ_TY][EQ_NACC][EQ_TILE];
+    __shared__ bool last_block;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const eq_idx tile = blockIdx.x;
+    const eq_idx o = tile / EQ_TILES;
+    const eq_idx i0 = (tile % EQ_TILES) * EQ_TILE + (eq_idx)tx * EQ_VEC;
+    const bool valid = i0 < (eq_idx)EQ_INNER;
+    const eq_idx n_begin = (eq_idx)blockIdx.y * EQ_CHUNK_N;
+    const eq_idx n_end = n_begin + EQ_CHUNK_N < (eq_idx)EQ_N ? n_begin + EQ_CHUNK_N : (eq_idx)EQ_N;
+
+    float acc[EQ_NACC][EQ_VEC];
+    eq_acc_init(acc);
+    if (valid) {
+#pragma unroll 4
+        for (eq_idx n = n_begin + ty; n < n_end; n += EQ_TY) eq_accum(EQ_ARGS, o, n, i0, acc);
+    }
+#pragma unroll
+    for (int k = 0; k < EQ_NACC; ++k) {
+#pragma unroll
+        for (int v = 0; v < EQ_VEC; ++v) red[ty][k][tx * EQ_VEC + v] = acc[k][v];
+    }
+    __syncthreads();
+    if (ty == 0) {
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) {
+#pragma unroll
+            for (int v = 0; v < EQ_VEC; ++v) {
+                float t = red[0][k][tx * EQ_VEC + v];
+                for (int y = 1; y < EQ_TY; ++y) t = eq_combine(k, t, red[y][k][tx * EQ_VEC + v]);
+                acc[k][v] = t;
+            }
+        }
+    }
+    if (EQ_CHUNKS == 1) {
+        if (ty == 0 && valid) eq_col_store(EQ_ARGS, o, i0, acc);
+        return;
+    }
+    // Stage 2: partials of tile `tile` live at eq_ws[((tile * EQ_CHUNKS + chunk) * EQ_NACC + k) * EQ_TILE + x].
+    float* part = eq_ws + (tile * EQ_CHUNKS + blockIdx.y) * (EQ_NACC * EQ_TILE);
+    if (ty == 0) {
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) {
+#pragma unroll
+            for (int v = 0; v < EQ_VEC; ++v) part[k * EQ_TILE + tx * EQ_VEC + v] = acc[k][v];
+        }
+        __threadfence();
+    }
+    __syncthreads();
+    if (tx == 0 && ty == 0) last_block = atomicAdd(&eq_count[tile], 1u) == EQ_CHUNKS - 1;
+    __syncthreads();
+    if (!last_block || ty != 0) return;
+    __threadfence();
+    const float* tile_parts = eq_ws + tile * EQ_CHUNKS * (EQ_NACC * EQ_TILE);
+#pragma unroll
+    for (int k = 0; k < EQ_NACC; ++k) {
+#pragma unroll
+        for (int v = 0; v < EQ_VEC; ++v) {
+            const int x = k * EQ_TILE + tx * EQ_VEC + v;
+            float t = eq_ld_cg(tile_parts + x);
+            for (int c = 1; c < EQ_CHUNKS; ++c) t = eq_combine(k, t, eq_ld_cg(tile_parts + c * (EQ_NACC * EQ_TILE) + x));
+            acc[k][v] = t;
+        }
+    }
+    if (valid) eq_col_store(EQ_ARGS, o, i0, acc);
+    if (tx == 0) eq_count[tile] = 0;
+}

@@ -1,0 +1,165 @@
+// common.cuh: storage types, conversions, vector access and pointwise helpers shared by the
+// eqfuse kernel templates (elementwise.cu, rowreduce.cu, colreduce.cu).
+//
+// Math: every value is computed in f32 (`float`), i32 (`int`) or `bool`; f16 and bf16 exist only
+// in device memory and are widened on load and rounded to nearest even on store:
+//   bf16(x) = top 16 bits of the f32 x after adding 0x7fff + bit16 (NaN kept a quiet NaN),
+//   f16(x)  = cvt.rn.f16.f32 (IEEE round to nearest even, overflow to infinity).
+// Pointwise helpers follow src/scalar.rs (gelu in erf form, NaN-propagating max/min, stable
+// sigmoid); `eq_dropout` is src/rng.rs bit for bit.
+//
+// Launch shape: none (helpers only).
+// Invariants: compiles with NVRTC and nothing but `--gpu-architecture`, so it includes no
+// CUDA header; `eq_loadv`/`eq_storev` of V elements need a pointer aligned to V * sizeof(T)
+// bytes, which the code generator guarantees (or passes V = 1).
+#ifndef EQ_COMMON_CUH
+#define EQ_COMMON_CUH
+
+#ifdef EQ_WIDE_INDEX
+typedef unsigned long long eq_idx;
+#else
+typedef unsigned int eq_idx;
+#endif
+
+#define EQ_INF (__int_as_float(0x7f800000))
+#define EQ_NAN (__int_as_float(0x7fc00000))
+
+// Storage types of f16, bf16 and bool tensors.
+struct eq_bf16 { unsigned short bits; };
+struct eq_f16 { unsigned short bits; };
+typedef unsigned char eq_bool;
+
+// ---- loads: storage to value ----
+__device__ __forceinline__ float eq_val(float x) { return x; }
+__device__ __forceinline__ float eq_val(eq_bf16 x) { return __uint_as_float(((unsigned int)x.bits) << 16); }
+__device__ __forceinline__ float eq_val(eq_f16 x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+}
+__device__ __forceinline__ int eq_val(int x) { return x; }
+__device__ __forceinline__ bool eq_val(eq_bool x) { return x != 0; }
+
+// ---- stores: value to storage ----
+__device__ __forceinline__ unsigned short eq_bf16_bits(float x) {
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+__device__ __forceinline__ unsigned short eq_f16_bits(float x) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+__device__ __forceinline__ void eq_put(float* p, float x) { *p = x; }
+__device__ __forceinline__ void eq_put(eq_bf16* p, float x) { p->bits = eq_bf16_bits(x); }
+__device__ __forceinline__ void eq_put(eq_f16* p, float x) { p->bits = eq_f16_bits(x); }
+__device__ __forceinline__ void eq_put(int* p, int x) { *p = x; }
+__device__ __forceinline__ void eq_put(eq_bool* p, bool x) { *p = x ? 1 : 0; }
+
+// Rounding a value to a narrower float type (the `cast` op), staying in f32.
+__device__ __forceinline__ float eq_round_bf16(float x) { return __uint_as_float(((unsigned int)eq_bf16_bits(x)) << 16); }
+__device__ __forceinline__ float eq_round_f16(float x) { eq_f16 h; h.bits = eq_f16_bits(x); return eq_val(h); }
+
+// ---- vector access: V consecutive elements in one 2, 4, 8 or 16-byte transaction ----
+template <int B> struct eq_word { };
+template <> struct eq_word<2> { typedef unsigned short t; };
+template <> struct eq_word<4> { typedef unsigned int t; };
+template <> struct eq_word<8> { typedef uint2 t; };
+template <> struct eq_word<16> { typedef uint4 t; };
+
+template <typename T, int V> struct eq_pack {
+    static constexpr int bytes = V * (int)sizeof(T);
+    static constexpr bool wide = V > 1 && (bytes == 2 || bytes == 4 || bytes == 8 || bytes == 16);
+};
+
+template <typename T, int V, typename U>
+__device__ __forceinline__ void eq_loadv(const T* __restrict__ p, U (&out)[V]) {
+    if constexpr (eq_pack<T, V>::wide) {
+        typedef typename eq_word<eq_pack<T, V>::bytes>::t W;
+        union { W w; T e[V]; } u;
+        u.w = *reinterpret_cast<const W*>(p);
+#pragma unroll
+        for (int v = 0; v < V; ++v) out[v] = eq_val(u.e[v]);
+    } else {
+#pragma unroll
+        for (int v = 0; v < V; ++v) out[v] = eq_val(p[v]);
+    }
+}
+
+template <typename T, int V, typename U>
+__device__ __forceinline__ void eq_storev(T* __restrict__ p, const U (&in)[V]) {
+    if constexpr (eq_pack<T, V>::wide) {
+        typedef typename eq_word<eq_pack<T, V>::bytes>::t W;
+        union { W w; T e[V]; } u;
+#pragma unroll
+        for (int v = 0; v < V; ++v) eq_put(&u.e[v], in[v]);
+        *reinterpret_cast<W*>(p) = u.w;
+    } else {
+#pragma unroll
+        for (int v = 0; v < V; ++v) eq_put(p + v, in[v]);
+    }
+}
+
+// A load that bypasses L1, for values other blocks of the same launch wrote.
+__device__ __forceinline__ float eq_ld_cg(const float* p) {
+    float x;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(x) : "l"(p));
+    return x;
+}
+
+// ---- pointwise semantics (src/scalar.rs) ----
+__device__ __forceinline__ float eq_sigmoid(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    const float e = expf(x);
+    return e / (1.0f + e);
+}
+__device__ __forceinline__ float eq_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+__device__ __forceinline__ float eq_gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float eq_silu(float x) { return x * eq_sigmoid(x); }
+__device__ __forceinline__ float eq_relu(float x) { return x > 0.0f ? x : 0.0f; }
+__device__ __forceinline__ int eq_relu(int x) { return x > 0 ? x : 0; }
+__device__ __forceinline__ float eq_abs(float x) { return fabsf(x); }
+__device__ __forceinline__ int eq_abs(int x) { return x < 0 ? -x : x; }
+__device__ __forceinline__ float eq_max(float a, float b) { return (a != a || b != b) ? EQ_NAN : fmaxf(a, b); }
+__device__ __forceinline__ float eq_min(float a, float b) { return (a != a || b != b) ? EQ_NAN : fminf(a, b); }
+__device__ __forceinline__ int eq_max(int a, int b) { return a > b ? a : b; }
+__device__ __forceinline__ int eq_min(int a, int b) { return a < b ? a : b; }
+// i32 division truncates; division by zero gives 0 (as the reference does).
+__device__ __forceinline__ int eq_idiv(int a, int b) { return b == 0 ? 0 : a / b; }
+// f32 to i32: truncate, saturate, NaN to 0.
+__device__ __forceinline__ int eq_f2i(float x) {
+    if (x != x) return 0;
+    if (x >= 2147483647.0f) return 2147483647;
+    if (x <= -2147483648.0f) return (-2147483647 - 1);
+    return (int)x;
+}
+
+// ---- online softmax: a running (max m, sum s of exp(x - m)) pair ----
+// `s` rescaled from max `m_old` to max `m` (an empty pair, m = -inf, stays empty).
+__device__ __forceinline__ float eq_lse_rescale(float s, float m_old, float m) {
+    return m == -EQ_INF ? 0.0f : s * expf(m_old - m);
+}
+
+// ---- the counter-based generator of src/rng.rs ----
+__device__ __forceinline__ unsigned int eq_mix32(unsigned int x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+// `key0` is stream_key(seed, 0), computed by the code generator for indices below 2^32.
+__device__ __forceinline__ float eq_dropout(float x, unsigned long long index, unsigned int seed, unsigned int key0,
+                                            unsigned int threshold, float scale) {
+    const unsigned int hi = (unsigned int)(index >> 32);
+    const unsigned int key = hi == 0 ? key0 : eq_mix32(eq_mix32(seed ^ 0x9e3779b9u) ^ hi);
+    const unsigned int bits = eq_mix32(key ^ (unsigned int)index);
+    return bits >= threshold ? __fmul_rn(x, scale) : 0.0f;
+}
+
+#endif  // EQ_COMMON_CUH

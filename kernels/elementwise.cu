@@ -1,0 +1,57 @@
+// elementwise.cu: any fused pointwise body over broadcast inputs, one or more outputs.
+//
+// Math: for every flat index i of the iteration space D (row-major, EQ_NUMEL elements),
+//   out_k[w_k(i)] = f_k(in_0[b_0(i)], in_1[b_1(i)], ...)
+// where b_j maps i to the element of input j under NumPy broadcasting (and transposes or
+// reshapes of inputs, all folded into strides by the code generator), and w_k is the
+// (row-major) index of output k; an output smaller than D is written only by the indices
+// whose broadcast coordinates are 0.
+//
+// Launch shape: 1-D grid-stride loop; EQ_THREADS threads per block; each step of a thread
+// handles EQ_VEC consecutive elements (16-byte loads and stores where the operand is
+// contiguous along the last axis), then a scalar loop covers the EQ_NUMEL % EQ_VEC tail.
+//
+// Invariants: EQ_VEC divides the last extent of D (or D has rank <= 1), so a vector never
+// crosses a row and every vector access is aligned; each output element is written exactly
+// once; the generated body `eq_body<V>(EQ_ARGS, i0)` handles elements i0 .. i0+V-1 and works
+// for any V, so the tail reuses it with V = 1.
+#ifndef EQ_COMMON_CUH
+#include "common.cuh"
+#endif
+
+#ifndef EQ_GENERATED
+// Default instance: out = (x + bias) * z over a [64, 256] f32 space, bias [256].
+#define EQ_KERNEL elementwise_f32
+#define EQ_NUMEL 16384
+#define EQ_VEC 4
+#define EQ_THREADS 256
+#define EQ_PARAMS const float* __restrict__ p_x, const float* __restrict__ p_bias, \
+    const float* __restrict__ p_z, float* __restrict__ p_out
+#define EQ_ARGS p_x, p_bias, p_z, p_out
+
+template <int V>
+__device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {
+    const eq_idx c1 = i0 % 256;
+    float x[V], b[V], z[V], out[V];
+    eq_loadv<float, V>(p_x + i0, x);
+    eq_loadv<float, V>(p_bias + c1, b);
+    eq_loadv<float, V>(p_z + i0, z);
+#pragma unroll
+    for (int v = 0; v < V; ++v) out[v] = (x[v] + b[v]) * z[v];
+    eq_storev<float, V>(p_out + i0, out);
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(EQ_THREADS) EQ_KERNEL(EQ_PARAMS) {
+    const eq_idx stride = (eq_idx)gridDim.x * EQ_THREADS;
+    const eq_idx first = (eq_idx)blockIdx.x * EQ_THREADS + threadIdx.x;
+    const eq_idx nvec = (eq_idx)EQ_NUMEL / EQ_VEC;
+    for (eq_idx v = first; v < nvec; v += stride) {
+        eq_body<EQ_VEC>(EQ_ARGS, v * EQ_VEC);
+    }
+    if (EQ_NUMEL % EQ_VEC != 0) {
+        for (eq_idx i = nvec * EQ_VEC + first; i < (eq_idx)EQ_NUMEL; i += stride) {
+            eq_body<1>(EQ_ARGS, i);
+        }
+    }
+}

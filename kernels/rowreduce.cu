@@ -1,0 +1,228 @@
+// rowreduce.cu: reductions along the last axis with a fused pointwise prologue and epilogue,
+// one or more outputs (softmax, log-softmax, layernorm, rmsnorm, and their decomposed forms).
+//
+// Math: the iteration space is EQ_ROWS rows of EQ_COLS columns. The body is a chain of
+// EQ_STAGES reduction stages followed by an epilogue:
+//   stage s:  acc_k = combine_k over j < EQ_COLS of e_{s,k}(row, j, rv)   (sum, max or min)
+//             rv   <- finish_s(acc)   (row values: means, rsqrt(var + eps), ...)
+//   epilogue: out(row, j) = g(row, j, rv) for every column j; row outputs from rv.
+// e and g may use row values of earlier stages (layernorm: stage 0 gives the mean, stage 1
+// the mean of squared centred values, the epilogue normalises).
+//
+// Launch shape: EQ_ROW_THREADS threads (a power of two, 1..1024) cooperate on one row; a block
+// of EQ_BLOCK threads holds EQ_BLOCK / EQ_ROW_THREADS rows and loops over row groups
+// (grid-stride; the runtime may launch fewer blocks than row groups, one wave of resident
+// blocks). When EQ_CACHED, as the epilogue consumes each cached chunk of a row it loads the same
+// chunk of the thread's next row into the freed registers, so the next row's reads overlap this
+// row's epilogue and writes. Thread `lane` of a row owns columns (c * EQ_ROW_THREADS + lane) * EQ_VEC + v
+// for c < EQ_CHUNKS, v < EQ_VEC, so each chunk is one 16-byte access per thread, coalesced
+// across the row's threads. When EQ_CACHED, the row's inputs stay in registers from the first
+// pass to the epilogue (one read of device memory); otherwise each stage re-reads them.
+// Cross-thread combining: warp shuffles, then shared memory across the row's warps.
+// Online form: a stage may hold a max m and the sum of exp(e - m) of the same row as one pair
+// (combined as m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)), so softmax needs one pass
+// before its epilogue instead of two.
+//
+// Global values (cross-entropy's mean over rows): when EQ_NGLOBAL > 0, each row adds row
+// values to EQ_NGLOBAL per-thread sums (`eq_global`); a block combines its rows in a fixed
+// order into the workspace `eq_ws`, and the last block to finish (counted in `eq_count`)
+// adds the blocks' partials in block order and stores the results (`eq_global_store`).
+//
+// Invariants: EQ_VEC divides EQ_COLS; every thread of a block reaches every __syncthreads
+// (rows past EQ_ROWS compute nothing but still take part); combining is in a fixed order and
+// every thread of a row gets lane 0's value, so results are deterministic and identical
+// across a row's threads; each output element is written exactly once; `eq_count` is zero
+// before and after every launch, and global sums do not depend on block scheduling.
+#ifndef EQ_COMMON_CUH
+#include "common.cuh"
+#endif
+
+#ifndef EQ_GENERATED
+// Default instance: y = softmax(x, -1) over [64, 512] f32.
+#define EQ_KERNEL rowreduce_f32
+#define EQ_ROWS 64
+#define EQ_COLS 512
+#define EQ_ROW_THREADS 32
+#define EQ_BLOCK 128
+#define EQ_VEC 4
+#define EQ_CHUNKS 4
+#define EQ_NCACHE 1
+#define EQ_CACHED 1
+#define EQ_STAGES 2
+#define EQ_NACC 1
+#define EQ_NGLOBAL 0
+#define EQ_PARAMS const float* __restrict__ p_x, float* __restrict__ p_y
+#define EQ_ARGS p_x, p_y
+
+struct EqRow { float m; float s; };
+
+__device__ __forceinline__ void eq_fetch(EQ_PARAMS, eq_idx row, eq_idx col0, float (&cv)[EQ_NCACHE][EQ_VEC]) {
+    eq_loadv<float, EQ_VEC>(p_x + row * EQ_COLS + col0, cv[0]);
+}
+__device__ __forceinline__ void eq_row_init(EQ_PARAMS, eq_idx row, EqRow& rv) {}
+__device__ __forceinline__ void eq_acc_init(int s, float (&acc)[EQ_NACC]) { acc[0] = s == 0 ? -EQ_INF : 0.0f; }
+__device__ __forceinline__ void eq_merge(int s, float (&a)[EQ_NACC], const float (&b)[EQ_NACC]) {
+    a[0] = s == 0 ? eq_max(a[0], b[0]) : a[0] + b[0];
+}
+__device__ __forceinline__ void eq_accum(int s, EQ_PARAMS, eq_idx row, eq_idx col0, const float (&cv)[EQ_NCACHE][EQ_VEC],
+                                         const EqRow& rv, float (&acc)[EQ_NACC]) {
+#pragma unroll
+    for (int v = 0; v < EQ_VEC; ++v) {
+        if (s == 0) acc[0] = eq_max(acc[0], cv[0][v]);
+        else acc[0] = acc[0] + expf(cv[0][v] - rv.m);
+    }
+}
+__device__ __forceinline__ void eq_finish(int s, EQ_PARAMS, eq_idx row, const float (&acc)[EQ_NACC], EqRow& rv) {
+    if (s == 0) rv.m = acc[0];
+    else rv.s = acc[0];
+}
+__device__ __forceinline__ void eq_epilogue(EQ_PARAMS, eq_idx row, eq_idx col0, const float (&cv)[EQ_NCACHE][EQ_VEC],
+                                            const EqRow& rv) {
+    float y[EQ_VEC];
+#pragma unroll
+    for (int v = 0; v < EQ_VEC; ++v) y[v] = expf(cv[0][v] - rv.m) / rv.s;
+    eq_storev<float, EQ_VEC>(p_y + row * EQ_COLS + col0, y);
+}
+__device__ __forceinline__ void eq_row_store(EQ_PARAMS, eq_idx row, const EqRow& rv) {}
+#endif
+
+#define EQ_ROWS_PER_BLOCK (EQ_BLOCK / EQ_ROW_THREADS)
+#define EQ_WARPS_PER_ROW (EQ_ROW_THREADS > 32 ? EQ_ROW_THREADS / 32 : 1)
+
+// Combines one stage's accumulators across the threads of a row; every thread gets the result.
+__device__ __forceinline__ void eq_row_combine(int s, float (&acc)[EQ_NACC],
+                                               float (*red)[EQ_WARPS_PER_ROW][EQ_NACC], int slot, int lane) {
+    constexpr int width = EQ_ROW_THREADS < 32 ? EQ_ROW_THREADS : 32;
+    const int wlane = threadIdx.x & 31;
+#pragma unroll
+    for (int off = width / 2; off > 0; off /= 2) {
+        float other[EQ_NACC];
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) other[k] = __shfl_xor_sync(0xffffffffu, acc[k], off);
+        eq_merge(s, acc, other);
+    }
+    // Butterflies leave each lane a differently rounded total: use the first lane's.
+#pragma unroll
+    for (int k = 0; k < EQ_NACC; ++k) acc[k] = __shfl_sync(0xffffffffu, acc[k], wlane & ~(width - 1));
+    if (EQ_WARPS_PER_ROW > 1) {
+        const int warp = lane / 32;
+        if (wlane == 0) {
+#pragma unroll
+            for (int k = 0; k < EQ_NACC; ++k) red[slot][warp][k] = acc[k];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) acc[k] = red[slot][0][k];
+#pragma unroll
+        for (int w = 1; w < EQ_WARPS_PER_ROW; ++w) eq_merge(s, acc, red[slot][w]);
+        __syncthreads();
+    }
+}
+
+#if EQ_NGLOBAL > 0
+// Adds the block's per-row global sums (held by each row's lane 0) in slot order, then the
+// blocks' partials in block order in the last block to finish.
+__device__ __forceinline__ void eq_global_finish(EQ_PARAMS, float (&g)[EQ_NGLOBAL], int slot, int lane) {
+    __shared__ float gred[EQ_ROWS_PER_BLOCK][EQ_NGLOBAL];
+    __shared__ bool last_block;
+    if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < EQ_NGLOBAL; ++j) gred[slot][j] = g[j];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int j = 0; j < EQ_NGLOBAL; ++j) {
+            float t = gred[0][j];
+            for (int r = 1; r < EQ_ROWS_PER_BLOCK; ++r) t += gred[r][j];
+            eq_ws[blockIdx.x * EQ_NGLOBAL + j] = t;
+        }
+        __threadfence();
+        last_block = atomicAdd(eq_count, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0 || !last_block) return;
+    __threadfence();
+#pragma unroll
+    for (int j = 0; j < EQ_NGLOBAL; ++j) {
+        float t = eq_ld_cg(eq_ws + j);
+        for (unsigned int b = 1; b < gridDim.x; ++b) t += eq_ld_cg(eq_ws + b * EQ_NGLOBAL + j);
+        g[j] = t;
+    }
+    eq_global_store(EQ_ARGS, g);
+    *eq_count = 0;
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
+    __shared__ float red[EQ_ROWS_PER_BLOCK][EQ_WARPS_PER_ROW][EQ_NACC];
+    const int slot = threadIdx.x / EQ_ROW_THREADS;
+    const int lane = threadIdx.x % EQ_ROW_THREADS;
+#if EQ_NGLOBAL > 0
+    float g[EQ_NGLOBAL];
+#pragma unroll
+    for (int j = 0; j < EQ_NGLOBAL; ++j) g[j] = 0.0f;
+#endif
+    const eq_idx stride = (eq_idx)gridDim.x * EQ_ROWS_PER_BLOCK;
+#if EQ_CACHED
+    float cache[EQ_CHUNKS][EQ_NCACHE][EQ_VEC];
+    {
+        const eq_idx first = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK + slot;
+#pragma unroll
+        for (int c = 0; c < EQ_CHUNKS; ++c) {
+            const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
+            if (first < (eq_idx)EQ_ROWS && col0 < (eq_idx)EQ_COLS) eq_fetch(EQ_ARGS, first, col0, cache[c]);
+        }
+    }
+#endif
+    for (eq_idx base = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK; base < (eq_idx)EQ_ROWS; base += stride) {
+        const eq_idx row = base + slot;
+        const bool active = row < (eq_idx)EQ_ROWS;
+        EqRow rv;
+        if (active) eq_row_init(EQ_ARGS, row, rv);
+#pragma unroll
+        for (int s = 0; s < EQ_STAGES; ++s) {
+            float acc[EQ_NACC];
+            eq_acc_init(s, acc);
+#pragma unroll
+            for (int c = 0; c < EQ_CHUNKS; ++c) {
+                const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
+                if (active && col0 < (eq_idx)EQ_COLS) {
+#if EQ_CACHED
+                    eq_accum(s, EQ_ARGS, row, col0, cache[c], rv, acc);
+#else
+                    float cv[EQ_NCACHE][EQ_VEC];
+                    eq_fetch(EQ_ARGS, row, col0, cv);
+                    eq_accum(s, EQ_ARGS, row, col0, cv, rv, acc);
+#endif
+                }
+            }
+            eq_row_combine(s, acc, red, slot, lane);
+            if (active) eq_finish(s, EQ_ARGS, row, acc, rv);
+        }
+        if (!active) continue;
+#pragma unroll
+        for (int c = 0; c < EQ_CHUNKS; ++c) {
+            const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
+            if (col0 < (eq_idx)EQ_COLS) {
+#if EQ_CACHED
+                eq_epilogue(EQ_ARGS, row, col0, cache[c], rv);
+                if (row + stride < (eq_idx)EQ_ROWS) eq_fetch(EQ_ARGS, row + stride, col0, cache[c]);
+#else
+                float cv[EQ_NCACHE][EQ_VEC];
+                eq_fetch(EQ_ARGS, row, col0, cv);
+                eq_epilogue(EQ_ARGS, row, col0, cv, rv);
+#endif
+            }
+        }
+        if (lane == 0) {
+            eq_row_store(EQ_ARGS, row, rv);
+#if EQ_NGLOBAL > 0
+            eq_global(rv, g);
+#endif
+        }
+    }
+#if EQ_NGLOBAL > 0
+    eq_global_finish(EQ_ARGS, g, slot, lane);
+#endif
+}

@@ -1,0 +1,713 @@
+//! Rendering of a lowered kernel as the generated part of a CUDA file: the `#define` block that
+//! instantiates a template and the fused body functions the template calls.
+//!
+//! Pointwise operators become C expressions through one table ([`unary_expr`], [`binary_expr`]);
+//! values live in `float`, `int` or `bool`; f16 and bf16 are converted on load and store only.
+//! Elements are visited `V` at a time along the last axis (16-byte vector access where an
+//! operand is contiguous there), and index arithmetic is folded per group of domain axes that
+//! the template enumerates with one variable (a flat index, a row, a column).
+//! The row and column reduction templates' functions are in `emit/rows.rs` and `emit/cols.rs`.
+//! Invariant: rendering is a pure function of the kernel, so equal plans give byte-identical
+//! CUDA (the golden snapshots rely on it).
+
+use std::collections::BTreeSet;
+use std::fmt::Write;
+
+mod cols;
+mod rows;
+
+use super::lower::{contiguous, Access, Lowered, Node, Op, Store};
+use crate::error::{Error, Result};
+use crate::lang::{Binary, Reduce, Unary};
+use crate::plan::{Kernel, Template};
+use crate::types::DType;
+
+/// Block, grid and extra buffers of a rendered kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    /// Scratch buffers in launch order after the kernel's tensors: (name, bytes, zeroed once).
+    pub workspace: Vec<(String, u64, bool)>,
+}
+
+/// The generated text of one kernel (defines and body), and its launch shape.
+pub struct Rendered {
+    pub defines: String,
+    pub body: String,
+    pub shape: Shape,
+}
+
+/// C value type of a dtype.
+fn value_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 | DType::F16 | DType::Bf16 => "float",
+        DType::I32 => "int",
+        DType::Bool => "bool",
+    }
+}
+
+/// C storage type of a dtype in device memory.
+pub fn storage_type(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "float",
+        DType::F16 => "eq_f16",
+        DType::Bf16 => "eq_bf16",
+        DType::I32 => "int",
+        DType::Bool => "eq_bool",
+    }
+}
+
+/// A literal of value type `ty`.
+fn literal(v: f64, ty: &str) -> String {
+    match ty {
+        "int" => format!("{}", v.clamp(i32::MIN as f64, i32::MAX as f64) as i64),
+        "bool" => (if v != 0.0 { "true" } else { "false" }).to_string(),
+        _ if v.is_infinite() => (if v > 0.0 { "EQ_INF" } else { "(-EQ_INF)" }).to_string(),
+        _ => {
+            let s = format!("{:?}", v as f32);
+            if s.contains('e') && !s.contains('.') {
+                let (m, e) = s.split_once('e').unwrap_or((&s, "0"));
+                format!("{m}.0e{e}f")
+            } else {
+                format!("{s}f")
+            }
+        }
+    }
+}
+
+/// The C expression of a unary operator.
+fn unary_expr(op: Unary, a: &str) -> String {
+    let f = |name: &str| format!("{name}({a})");
+    match op {
+        Unary::Neg => format!("(-{a})"),
+        Unary::Exp => f("expf"),
+        Unary::Log => f("logf"),
+        Unary::Sqrt => f("sqrtf"),
+        Unary::Rsqrt => f("rsqrtf"),
+        Unary::Recip => format!("(1.0f / {a})"),
+        Unary::Abs => f("eq_abs"),
+        Unary::Tanh => f("tanhf"),
+        Unary::Sigmoid => f("eq_sigmoid"),
+        Unary::Relu => f("eq_relu"),
+        Unary::Gelu => f("eq_gelu"),
+        Unary::GeluTanh => f("eq_gelu_tanh"),
+        Unary::Silu => f("eq_silu"),
+        Unary::Erf => f("erff"),
+        Unary::Sin => f("sinf"),
+        Unary::Cos => f("cosf"),
+        Unary::Square => format!("({a} * {a})"),
+        Unary::Not => format!("(!{a})"),
+    }
+}
+
+/// The C expression of a binary operator on values of type `ty`.
+fn binary_expr(op: Binary, a: &str, b: &str, ty: &str) -> String {
+    let infix = |s: &str| format!("({a} {s} {b})");
+    match op {
+        Binary::Add => infix("+"),
+        Binary::Sub => infix("-"),
+        Binary::Mul => infix("*"),
+        Binary::Div if ty == "int" => format!("eq_idiv({a}, {b})"),
+        Binary::Div => infix("/"),
+        Binary::Pow if ty == "int" => format!("eq_f2i(powf((float){a}, (float){b}))"),
+        Binary::Pow => format!("powf({a}, {b})"),
+        Binary::Max => format!("eq_max({a}, {b})"),
+        Binary::Min => format!("eq_min({a}, {b})"),
+        Binary::Lt => infix("<"),
+        Binary::Le => infix("<="),
+        Binary::Gt => infix(">"),
+        Binary::Ge => infix(">="),
+        Binary::Eq => infix("=="),
+        Binary::Ne => infix("!="),
+    }
+}
+
+/// A value converted by `cast` to `to`.
+fn cast_expr(from: &str, to: DType, a: &str) -> String {
+    match (from, to) {
+        ("float", DType::F32) | ("int", DType::I32) | ("bool", DType::Bool) => a.to_string(),
+        (_, DType::F32) => format!("((float){a})"),
+        (_, DType::Bf16) => format!("eq_round_bf16((float){a})"),
+        (_, DType::F16) => format!("eq_round_f16((float){a})"),
+        ("float", DType::I32) => format!("eq_f2i({a})"),
+        (_, DType::I32) => format!("((int){a})"),
+        (_, DType::Bool) => format!("({a} != 0)"),
+    }
+}
+
+/// The identity and combining expression of a reduction.
+fn reduce_init(r: Reduce) -> &'static str {
+    match r {
+        Reduce::Sum | Reduce::Mean => "0.0f",
+        Reduce::Amax => "(-EQ_INF)",
+        Reduce::Amin => "EQ_INF",
+    }
+}
+
+fn reduce_combine(r: Reduce, a: &str, b: &str) -> String {
+    match r {
+        Reduce::Sum | Reduce::Mean => format!("{a} + {b}"),
+        Reduce::Amax => format!("eq_max({a}, {b})"),
+        Reduce::Amin => format!("eq_min({a}, {b})"),
+    }
+}
+
+/// How a vector of V elements along the last axis is read from or written to memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lanes {
+    /// V consecutive, aligned elements: one vector access.
+    Vector,
+    /// The same element for every lane.
+    Uniform,
+    /// V separate accesses, `stride` apart.
+    Gather(usize),
+}
+
+/// Lines of a lane loop: declarations before it, lines inside it, lines after it.
+type PerLane = (Vec<String>, Vec<String>, Vec<String>);
+
+/// A group of consecutive domain axes that the template enumerates with one flat variable.
+struct Group {
+    axes: std::ops::Range<usize>,
+    var: &'static str,
+}
+
+/// Text of one function being generated.
+#[derive(Default)]
+struct Text {
+    s: String,
+}
+
+impl Text {
+    fn line(&mut self, depth: usize, l: impl AsRef<str>) {
+        for _ in 0..depth {
+            self.s.push_str("    ");
+        }
+        self.s.push_str(l.as_ref());
+        self.s.push('\n');
+    }
+}
+
+/// Where the values of nodes and accesses come from inside one generated function.
+#[derive(Clone)]
+struct Scope {
+    /// C expression of each node already available (per lane inside the lane loop).
+    refs: Vec<Option<String>>,
+    /// Whether code runs per lane (`v` in scope) or once (row values).
+    lanes: bool,
+}
+
+pub struct Emitter<'a> {
+    k: &'a Kernel,
+    l: &'a Lowered,
+    vec: usize,
+    /// The lane count symbol inside generated functions (`V` or `EQ_VEC`).
+    vsym: &'static str,
+    groups: Vec<Group>,
+}
+
+fn err(k: &Kernel, m: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!("kernel {} ({}): {m}", k.id, k.template.name()))
+}
+
+/// Renders a lowered kernel.
+pub fn render(k: &Kernel, l: &Lowered) -> Result<Rendered> {
+    let vec = choose_vec(l, k);
+    let r = l.domain.len();
+    let (groups, vsym) = match l.template {
+        Template::Elementwise => (vec![Group { axes: 0..r, var: "i0" }], "V"),
+        Template::RowReduce => {
+            let last = r.saturating_sub(1);
+            (vec![Group { axes: 0..last, var: "row" }, Group { axes: last..r, var: "col0" }], "EQ_VEC")
+        }
+        _ => {
+            let a = l.axis.ok_or_else(|| err(k, "a column reduction kernel without a reduction"))?;
+            let groups = vec![
+                Group { axes: 0..a, var: "o" },
+                Group { axes: a..a + 1, var: "n" },
+                Group { axes: a + 1..r, var: "i0" },
+            ];
+            (groups, "EQ_VEC")
+        }
+    };
+    let e = Emitter { k, l, vec, vsym, groups };
+    match l.template {
+        Template::Elementwise => e.elementwise(),
+        Template::RowReduce => e.rowreduce(),
+        _ => e.colreduce(),
+    }
+}
+
+/// The lane count: 16 bytes of the widest element accessed along the last axis, halved until
+/// it divides the last extent.
+fn choose_vec(l: &Lowered, k: &Kernel) -> usize {
+    let r = l.domain.len();
+    if r == 0 {
+        return 1;
+    }
+    let last = l.domain[r - 1];
+    let widest = l
+        .accesses
+        .iter()
+        .filter(|a| a.strides[r - 1] != 0)
+        .map(|a| a.dtype.size())
+        .chain(l.stores.iter().map(|s| k.writes[s.write].ty.dtype.size()))
+        .max()
+        .unwrap_or(4);
+    let mut v = 16 / widest;
+    let rank1_elementwise = l.template == Template::Elementwise && r == 1;
+    while v > 1 && !rank1_elementwise && !last.is_multiple_of(v) {
+        v /= 2;
+    }
+    v.max(1)
+}
+
+/// The offset of lane `v` for a last-axis stride.
+fn lane_term(stride: usize) -> String {
+    if stride == 1 {
+        "(eq_idx)v".to_string()
+    } else {
+        format!("(eq_idx)v * {stride}")
+    }
+}
+
+fn pow2_at_least(n: usize) -> usize {
+    n.max(1).next_power_of_two()
+}
+
+impl Emitter<'_> {
+    fn rank(&self) -> usize {
+        self.l.domain.len()
+    }
+
+    fn dim(&self, k: usize) -> usize {
+        self.l.domain[k]
+    }
+
+    fn node(&self, i: usize) -> &Node {
+        &self.l.nodes[i]
+    }
+
+    fn param(&self, read: Option<usize>, write: Option<usize>) -> String {
+        match (read, write) {
+            (Some(r), _) => format!("p_{}", self.k.reads[r].name),
+            (_, Some(w)) => format!("p_{}", self.k.writes[w].name),
+            _ => String::new(),
+        }
+    }
+
+    /// `EQ_PARAMS` and `EQ_ARGS`: the kernel's reads, writes, then any workspace.
+    fn params(&self, workspace: &[(&str, &str)]) -> (String, String) {
+        let mut decl = Vec::new();
+        let mut args = Vec::new();
+        for r in &self.k.reads {
+            decl.push(format!("const {}* __restrict__ p_{}", storage_type(r.ty.dtype), r.name));
+            args.push(format!("p_{}", r.name));
+        }
+        for w in &self.k.writes {
+            decl.push(format!("{}* __restrict__ p_{}", storage_type(w.ty.dtype), w.name));
+            args.push(format!("p_{}", w.name));
+        }
+        for (ty, name) in workspace {
+            decl.push(format!("{ty}* __restrict__ {name}"));
+            args.push(name.to_string());
+        }
+        (decl.join(", \\\n    "), args.join(", "))
+    }
+
+    fn common_defines(&self, name: &str, workspace: &[(&str, &str)]) -> String {
+        let (decl, args) = self.params(workspace);
+        let mut d = String::new();
+        let _ = writeln!(d, "#define EQ_GENERATED 1");
+        let _ = writeln!(d, "#define EQ_KERNEL {name}");
+        if self.wide() {
+            let _ = writeln!(d, "#define EQ_WIDE_INDEX 1");
+        }
+        let _ = writeln!(d, "#define EQ_PARAMS \\\n    {decl}");
+        let _ = writeln!(d, "#define EQ_ARGS {args}");
+        d
+    }
+
+    /// Whether some index may not fit 31 bits.
+    fn wide(&self) -> bool {
+        let limit = 1u64 << 31;
+        let dom: u64 = self.l.domain.iter().map(|&d| d as u64).product();
+        dom >= limit || self.k.reads.iter().chain(&self.k.writes).any(|t| t.ty.numel() as u64 >= limit)
+    }
+
+    /// How an access with `strides` is read V lanes at a time.
+    fn lanes_of(&self, strides: &[usize]) -> Lanes {
+        let r = self.rank();
+        if r == 0 || self.vec == 1 {
+            return Lanes::Gather(strides.last().copied().unwrap_or(0));
+        }
+        match strides[r - 1] {
+            0 => Lanes::Uniform,
+            1 if strides[..r - 1].iter().zip(&self.l.domain).all(|(&s, &d)| d == 1 || s % self.vec == 0) => {
+                Lanes::Vector
+            }
+            s => Lanes::Gather(s),
+        }
+    }
+
+    /// The offset of lane 0 for `strides`, recording the coordinates it needs.
+    fn offset(&self, strides: &[usize], need: &mut BTreeSet<usize>) -> String {
+        let mut terms: Vec<String> = Vec::new();
+        for g in &self.groups {
+            let axes: Vec<usize> = g.axes.clone().filter(|&k| self.dim(k) > 1 && strides[k] != 0).collect();
+            if axes.is_empty() {
+                continue;
+            }
+            let dims: Vec<usize> = g.axes.clone().map(|k| self.dim(k)).collect();
+            let cs = contiguous(&dims);
+            let inner = *axes.last().unwrap_or(&0);
+            let cs_of = |k: usize| cs[k - g.axes.start];
+            let m = strides[inner] / cs_of(inner);
+            let linear = strides[inner].is_multiple_of(cs_of(inner))
+                && g.axes.clone().filter(|&k| self.dim(k) > 1).all(|k| strides[k] == m * cs_of(k));
+            if linear {
+                terms.push(if m == 1 { g.var.to_string() } else { format!("{} * {m}", g.var) });
+            } else {
+                for k in axes {
+                    need.insert(k);
+                    terms.push(if strides[k] == 1 { format!("c{k}") } else { format!("c{k} * {}", strides[k]) });
+                }
+            }
+        }
+        if terms.is_empty() {
+            "0".to_string()
+        } else {
+            terms.join(" + ")
+        }
+    }
+
+    /// Coordinate declarations for the groups that hold the needed axes.
+    fn coords(&self, need: &BTreeSet<usize>, t: &mut Text, depth: usize) {
+        for g in &self.groups {
+            if !g.axes.clone().any(|k| need.contains(&k)) {
+                continue;
+            }
+            let axes: Vec<usize> = g.axes.clone().filter(|&k| self.dim(k) > 1).collect();
+            let Some(outer) = axes.iter().position(|k| need.contains(k)) else { continue };
+            let mut q = g.var.to_string();
+            for (j, &k) in axes.iter().enumerate().rev().take_while(|&(j, _)| j >= outer) {
+                let wanted = need.contains(&k);
+                if j == 0 {
+                    t.line(depth, format!("const eq_idx c{k} = {q};"));
+                    continue;
+                }
+                if wanted {
+                    t.line(depth, format!("const eq_idx c{k} = {q} % {};", self.dim(k)));
+                }
+                if j > outer {
+                    t.line(depth, format!("const eq_idx q{k} = {q} / {};", self.dim(k)));
+                    q = format!("q{k}");
+                }
+            }
+        }
+    }
+
+    /// Nodes that `roots` need, stopping at nodes already in `scope`.
+    fn closure(&self, roots: &[usize], scope: &Scope) -> Vec<usize> {
+        let mut seen = BTreeSet::new();
+        let mut stack: Vec<usize> = roots.to_vec();
+        while let Some(n) = stack.pop() {
+            if scope.refs[n].is_some() || !seen.insert(n) {
+                continue;
+            }
+            stack.extend(children(&self.node(n).op));
+        }
+        seen.into_iter().collect()
+    }
+
+    /// The C expression of an operand `c` wanted as value type `ty`.
+    fn operand(&self, c: usize, ty: &str, scope: &Scope) -> String {
+        if let Op::Const(v) = self.node(c).op {
+            return literal(v, ty);
+        }
+        scope.refs[c].clone().unwrap_or_else(|| format!("n{c}"))
+    }
+
+    /// The last-axis coordinate of the current lane.
+    fn lane_coord(&self, scope: &Scope, need: &mut BTreeSet<usize>) -> String {
+        let last = self.rank() - 1;
+        need.insert(last);
+        if scope.lanes {
+            format!("(c{last} + v)")
+        } else {
+            format!("c{last}")
+        }
+    }
+
+    /// The expression of a computed node from its operands.
+    fn expr(&self, n: usize, scope: &Scope, need: &mut BTreeSet<usize>) -> String {
+        let node = self.node(n);
+        let ty = value_type(node.dtype);
+        match &node.op {
+            Op::Const(v) => literal(*v, ty),
+            Op::Load(_) | Op::Reduce(..) | Op::Global(..) => scope.refs[n].clone().unwrap_or_else(|| format!("n{n}")),
+            Op::Coord(k) if *k + 1 == self.rank() => format!("(int){}", self.lane_coord(scope, need)),
+            Op::Coord(k) => {
+                need.insert(*k);
+                format!("(int)c{k}")
+            }
+            Op::Flat(strides) => {
+                let base = self.offset(strides, need);
+                let s = strides.last().copied().unwrap_or(0);
+                if scope.lanes && s != 0 {
+                    format!("(unsigned long long)({base} + {})", lane_term(s))
+                } else {
+                    format!("(unsigned long long)({base})")
+                }
+            }
+            Op::Unary(u, a) => unary_expr(*u, &self.operand(*a, ty, scope)),
+            Op::Binary(b, x, y) => {
+                let want = if b.is_comparison() { self.compare_type(*x, *y) } else { ty };
+                binary_expr(*b, &self.operand(*x, want, scope), &self.operand(*y, want, scope), want)
+            }
+            Op::Where(c, a, b) => {
+                format!(
+                    "({} ? {} : {})",
+                    self.operand(*c, "bool", scope),
+                    self.operand(*a, ty, scope),
+                    self.operand(*b, ty, scope)
+                )
+            }
+            Op::Cast(to, a) => {
+                let from = value_type(self.node(*a).dtype);
+                cast_expr(from, *to, &self.operand(*a, from, scope))
+            }
+            Op::Dropout { x, index, seed, key0, threshold, scale } => format!(
+                "eq_dropout({}, {}, {seed}u, {key0}u, {threshold}u, {})",
+                self.operand(*x, "float", scope),
+                self.expr(*index, scope, need),
+                literal(*scale as f64, "float")
+            ),
+        }
+    }
+
+    /// The value type two compared operands meet in (a literal takes the other's type).
+    fn compare_type(&self, x: usize, y: usize) -> &'static str {
+        let is_const = |i: usize| matches!(self.node(i).op, Op::Const(_));
+        match (is_const(x), is_const(y)) {
+            (true, false) => value_type(self.node(y).dtype),
+            (false, _) => value_type(self.node(x).dtype),
+            _ => "float",
+        }
+    }
+
+    /// Declares the loads of `nodes` that happen before the lane loop and sets every load's
+    /// reference; gathers are read inside the loop.
+    fn loads(&self, nodes: &[usize], scope: &mut Scope, t: &mut Text, depth: usize, need: &mut BTreeSet<usize>) {
+        for &n in nodes {
+            let Op::Load(a) = self.node(n).op else { continue };
+            if scope.refs[n].is_some() {
+                continue;
+            }
+            let acc = &self.l.accesses[a];
+            let p = self.param(Some(acc.read), None);
+            let vt = value_type(acc.dtype);
+            let off = self.offset(&acc.strides, need);
+            let lanes = if scope.lanes { self.lanes_of(&acc.strides) } else { Lanes::Uniform };
+            let r = match lanes {
+                Lanes::Vector => {
+                    t.line(depth, format!("{vt} l{n}[{}];", self.vsym));
+                    t.line(depth, format!("eq_loadv<{}, {}>({p} + {off}, l{n});", storage_type(acc.dtype), self.vsym));
+                    format!("l{n}[v]")
+                }
+                Lanes::Uniform => {
+                    t.line(depth, format!("const {vt} l{n} = eq_val({p}[{off}]);"));
+                    format!("l{n}")
+                }
+                Lanes::Gather(0) => format!("eq_val({p}[{off}])"),
+                Lanes::Gather(s) => format!("eq_val({p}[{off} + {}])", lane_term(s)),
+            };
+            scope.refs[n] = Some(r);
+        }
+    }
+
+    /// Emits `nodes` (ascending) as constants inside the current block; literals, loads and
+    /// flat indices are written where they are used.
+    fn values(&self, nodes: &[usize], scope: &mut Scope, t: &mut Text, depth: usize, need: &mut BTreeSet<usize>) {
+        for &n in nodes {
+            if scope.refs[n].is_some() || matches!(self.node(n).op, Op::Const(_) | Op::Flat(_)) {
+                continue;
+            }
+            let e = self.expr(n, scope, need);
+            t.line(depth, format!("const {} n{n} = {e};", value_type(self.node(n).dtype)));
+            scope.refs[n] = Some(format!("n{n}"));
+        }
+    }
+
+    /// Store code for `st` with value expression `val`: per-lane lines inside the loop, and a
+    /// vector store after it. `skip` is an axis the store is already reduced along.
+    fn store(
+        &self,
+        st: &Store,
+        val: &str,
+        skip: Option<usize>,
+        need: &mut BTreeSet<usize>,
+    ) -> (String, Option<String>) {
+        let r = self.rank();
+        let w = &self.k.writes[st.write];
+        let p = self.param(None, Some(st.write));
+        let strides: Vec<usize> =
+            contiguous(&st.shape).into_iter().zip(&st.shape).map(|(s, &d)| if d == 1 { 0 } else { s }).collect();
+        let off = self.offset(&strides, need);
+        let mut pred: Vec<String> = (0..r.saturating_sub(1))
+            .filter(|&k| st.shape[k] == 1 && self.dim(k) > 1 && Some(k) != skip)
+            .map(|k| {
+                need.insert(k);
+                format!("c{k} == 0")
+            })
+            .collect();
+        let last_bcast = r > 0 && st.shape[r - 1] == 1 && self.dim(r - 1) > 1 && Some(r - 1) != skip;
+        let lanes = if r == 0 { Lanes::Gather(0) } else { self.lanes_of(&strides) };
+        if lanes == Lanes::Vector && !last_bcast {
+            let cond = if pred.is_empty() { String::new() } else { format!("if ({}) ", pred.join(" && ")) };
+            let after =
+                format!("{cond}eq_storev<{}, {}>({p} + {off}, o{});", storage_type(w.ty.dtype), self.vsym, st.write);
+            return (format!("o{}[v] = {val};", st.write), Some(after));
+        }
+        if last_bcast {
+            pred.push(format!("{} == 0", self.lane_coord(&Scope { refs: vec![], lanes: true }, need)));
+        }
+        let s = strides.last().copied().unwrap_or(0);
+        let at = if s == 0 { off } else { format!("{off} + {}", lane_term(s)) };
+        let cond = if pred.is_empty() { String::new() } else { format!("if ({}) ", pred.join(" && ")) };
+        (format!("{cond}eq_put({p} + {at}, {val});"), None)
+    }
+
+    /// The reduction a node performs (sum for anything else).
+    fn reduce_of(&self, i: usize) -> Reduce {
+        match self.node(i).op {
+            Op::Reduce(r, _) | Op::Global(r, _) => r,
+            _ => Reduce::Sum,
+        }
+    }
+
+    fn scope(&self, lanes: bool) -> Scope {
+        Scope { refs: vec![None; self.l.nodes.len()], lanes }
+    }
+
+    /// A function (or block, at `depth`) that loads what `roots` need, then runs a lane loop
+    /// computing them followed by the lines `per_lane` gives: (declarations before the loop,
+    /// lines inside it, lines after it).
+    fn lane_function(
+        &self,
+        header: &str,
+        depth: usize,
+        scope: &mut Scope,
+        roots: &[usize],
+        per_lane: impl Fn(&Self, &Scope, &mut BTreeSet<usize>) -> PerLane,
+    ) -> String {
+        let mut need = BTreeSet::new();
+        let nodes = self.closure(roots, scope);
+        let mut pre = Text::default();
+        self.loads(&nodes, scope, &mut pre, depth + 1, &mut need);
+        let mut body = Text::default();
+        self.values(&nodes, scope, &mut body, depth + 2, &mut need);
+        let (decls, lines, after) = per_lane(self, scope, &mut need);
+        let mut t = Text::default();
+        t.line(depth, header);
+        self.coords(&need, &mut t, depth + 1);
+        t.s.push_str(&pre.s);
+        for d in decls {
+            t.line(depth + 1, d);
+        }
+        t.line(0, "#pragma unroll");
+        t.line(depth + 1, format!("for (int v = 0; v < {}; ++v) {{", self.vsym));
+        t.s.push_str(&body.s);
+        for l in lines {
+            t.line(depth + 2, l);
+        }
+        t.line(depth + 1, "}");
+        for a in after {
+            t.line(depth + 1, a);
+        }
+        t.line(depth, "}");
+        t.s
+    }
+
+    /// Per-lane store lines for `stores`, with declarations of vector staging arrays.
+    fn store_lines(
+        &self,
+        stores: &[&Store],
+        val: impl Fn(&Store) -> String,
+        skip: Option<usize>,
+        need: &mut BTreeSet<usize>,
+    ) -> PerLane {
+        let (mut decls, mut lines, mut after) = (vec![], vec![], vec![]);
+        for st in stores {
+            let (line, vector) = self.store(st, &val(st), skip, need);
+            if let Some(a) = vector {
+                let ty = value_type(self.k.writes[st.write].ty.dtype);
+                decls.push(format!("{ty} o{}[{}];", st.write, self.vsym));
+                after.push(a);
+            }
+            lines.push(line);
+        }
+        (decls, lines, after)
+    }
+
+    fn elementwise(&self) -> Result<Rendered> {
+        let mut scope = self.scope(true);
+        let roots: Vec<usize> = self.l.stores.iter().map(|s| s.node).collect();
+        let stores: Vec<&Store> = self.l.stores.iter().collect();
+        let f = self.lane_function(
+            "template <int V>\n__device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {",
+            0,
+            &mut scope,
+            &roots,
+            |e, scope, need| {
+                e.store_lines(&stores, |st| e.operand(st.node, value_type(e.node(st.node).dtype), scope), None, need)
+            },
+        );
+        let numel: usize = self.l.domain.iter().product();
+        let threads = 256usize;
+        let blocks = (numel / self.vec).max(numel % self.vec).div_ceil(threads).min(8192);
+        let mut d = self.common_defines(&self.name(), &[]);
+        let _ = writeln!(d, "#define EQ_NUMEL {numel}");
+        let _ = writeln!(d, "#define EQ_VEC {}", self.vec);
+        let _ = writeln!(d, "#define EQ_THREADS {threads}");
+        let shape = Shape { grid: [blocks as u32, 1, 1], block: [threads as u32, 1, 1], workspace: vec![] };
+        Ok(Rendered { defines: d, body: f, shape })
+    }
+
+    /// The kernel's generated name: `{template}_{dtype}_k{id}`.
+    pub fn name(&self) -> String {
+        kernel_name(self.k, self.l.template)
+    }
+}
+
+/// `{template}_{dtype}_k{id}`, the dtype being that of the first write (or read).
+pub fn kernel_name(k: &Kernel, template: Template) -> String {
+    let dtype = k.writes.first().or(k.reads.first()).map_or(DType::F32, |t| t.ty.dtype);
+    format!("{}_{}_k{}", template.name(), dtype, k.id)
+}
+
+fn children(op: &Op) -> Vec<usize> {
+    match op {
+        Op::Const(_) | Op::Load(_) | Op::Coord(_) | Op::Flat(_) => vec![],
+        Op::Unary(_, a) | Op::Cast(_, a) | Op::Reduce(_, a) | Op::Global(_, a) => vec![*a],
+        Op::Binary(_, a, b) => vec![*a, *b],
+        Op::Where(c, a, b) => vec![*c, *a, *b],
+        Op::Dropout { x, index, .. } => vec![*x, *index],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_are_valid_c() {
+        assert_eq!(literal(1e-5, "float"), "1.0e-5f");
+        assert_eq!(literal(2.0, "float"), "2.0f");
+        assert_eq!(literal(0.5, "float"), "0.5f");
+        assert_eq!(literal(f64::NEG_INFINITY, "float"), "(-EQ_INF)");
+        assert_eq!(literal(3.0, "int"), "3");
+        assert_eq!(literal(1.0, "bool"), "true");
+    }
+}

@@ -1,0 +1,116 @@
+//! Rendering for `kernels/colreduce.cu`: the prologue and accumulation over one leading axis,
+//! and the stores of the reduced values.
+//! Invariant: a column reduction's result is only stored, never used by the same kernel.
+
+use super::*;
+
+impl Emitter<'_> {
+    pub(super) fn colreduce(&self) -> Result<Rendered> {
+        let a = self.l.axis.unwrap_or(0);
+        let reds: Vec<usize> = (0..self.l.nodes.len()).filter(|&i| matches!(self.node(i).op, Op::Reduce(..))).collect();
+        for (i, n) in self.l.nodes.iter().enumerate() {
+            if children(&n.op).iter().any(|c| reds.contains(c)) {
+                return Err(err(
+                    self.k,
+                    format!("the result of a column reduction is used in the same kernel (node {i})"),
+                ));
+            }
+        }
+        let outer: usize = self.l.domain[..a].iter().product();
+        let n = self.dim(a);
+        let inner: usize = self.l.domain[a + 1..].iter().product();
+        let tx = pow2_at_least(inner.div_ceil(self.vec)).min(32);
+        let ty = (256 / tx).min(pow2_at_least(n));
+        let tile = tx * self.vec;
+        let tiles = outer * inner.div_ceil(tile);
+        let max_chunks = n.div_ceil(ty * 8).max(1);
+        let chunks = 1024usize.div_ceil(tiles.max(1)).clamp(1, max_chunks);
+        let chunk_n = n.div_ceil(chunks);
+        let chunks = n.div_ceil(chunk_n);
+        let nacc = reds.len().max(1);
+        let ws_bytes = (tiles * chunks * nacc * tile * 4).max(4) as u64;
+        let count_bytes = (tiles * 4).max(4) as u64;
+
+        let mut d = self.common_defines(&self.name(), &[("float", "eq_ws"), ("unsigned int", "eq_count")]);
+        for (k, v) in [
+            ("EQ_OUTER", outer),
+            ("EQ_N", n),
+            ("EQ_INNER", inner),
+            ("EQ_VEC", self.vec),
+            ("EQ_TX", tx),
+            ("EQ_TY", ty),
+            ("EQ_CHUNKS", chunks),
+            ("EQ_CHUNK_N", chunk_n),
+            ("EQ_NACC", nacc),
+        ] {
+            let _ = writeln!(d, "#define {k} {v}");
+        }
+        let mut body = String::new();
+        let mut t = Text::default();
+        t.line(0, "__device__ __forceinline__ void eq_acc_init(float (&acc)[EQ_NACC][EQ_VEC]) {");
+        for (k, &i) in reds.iter().enumerate() {
+            t.line(1, format!("for (int v = 0; v < EQ_VEC; ++v) acc[{k}][v] = {};", reduce_init(self.reduce_of(i))));
+        }
+        t.line(0, "}");
+        t.line(0, "__device__ __forceinline__ float eq_combine(int k, float a, float b) {");
+        for (k, &i) in reds.iter().enumerate() {
+            t.line(1, format!("if (k == {k}) return {};", reduce_combine(self.reduce_of(i), "a", "b")));
+        }
+        t.line(1, "return a;");
+        t.line(0, "}");
+        body.push_str(&t.s);
+        body.push_str(&self.col_accum(&reds));
+        body.push_str(&self.col_store(&reds, n));
+        let shape = Shape {
+            grid: [tiles as u32, chunks as u32, 1],
+            block: [tx as u32, ty as u32, 1],
+            workspace: vec![("eq_ws".into(), ws_bytes, false), ("eq_count".into(), count_bytes, true)],
+        };
+        Ok(Rendered { defines: d, body, shape })
+    }
+
+    fn col_accum(&self, reds: &[usize]) -> String {
+        let mut scope = self.scope(true);
+        for &i in reds {
+            scope.refs[i] = Some(String::new());
+        }
+        let inputs: Vec<usize> = reds.iter().map(|&i| children(&self.node(i).op)[0]).collect();
+        let stores: Vec<&Store> = self.l.stores.iter().filter(|s| !reds.contains(&s.node)).collect();
+        let mut roots = inputs.clone();
+        roots.extend(stores.iter().map(|s| s.node));
+        self.lane_function(
+            "__device__ __forceinline__ void eq_accum(EQ_PARAMS, eq_idx o, eq_idx n, eq_idx i0, float (&acc)[EQ_NACC][EQ_VEC]) {",
+            0,
+            &mut scope,
+            &roots,
+            |e, scope, need| {
+                let (decls, mut lines, after) =
+                    e.store_lines(&stores, |st| e.operand(st.node, value_type(e.node(st.node).dtype), scope), None, need);
+                for (k, (&red, &x)) in reds.iter().zip(&inputs).enumerate() {
+                    let val = e.operand(x, "float", scope);
+                    lines.push(format!("acc[{k}][v] = {};", reduce_combine(e.reduce_of(red), &format!("acc[{k}][v]"), &val)));
+                }
+                (decls, lines, after)
+            },
+        )
+    }
+
+    fn col_store(&self, reds: &[usize], n: usize) -> String {
+        let mut scope = self.scope(true);
+        for (k, &i) in reds.iter().enumerate() {
+            scope.refs[i] = Some(match self.reduce_of(i) {
+                Reduce::Mean => format!("(acc[{k}][v] / {})", literal(n as f64, "float")),
+                _ => format!("acc[{k}][v]"),
+            });
+        }
+        let stores: Vec<&Store> = self.l.stores.iter().filter(|s| reds.contains(&s.node)).collect();
+        let axis = self.l.axis;
+        self.lane_function(
+            "__device__ __forceinline__ void eq_col_store(EQ_PARAMS, eq_idx o, eq_idx i0, const float (&acc)[EQ_NACC][EQ_VEC]) {",
+            0,
+            &mut scope,
+            &[],
+            |e, scope, need| e.store_lines(&stores, |st| e.operand(st.node, "float", scope), axis, need),
+        )
+    }
+}

@@ -1,0 +1,442 @@
+//! Rendering for `kernels/rowreduce.cu`: reduction stages (with online softmax pairs), row
+//! values in `EqRow`, cached row loads, the epilogue, row stores and global (all-row) results.
+//! Invariant: a value is computed in the first stage where everything it depends on is known,
+//! so a cached row is read from memory once.
+
+use super::*;
+
+/// The plan of a row kernel.
+mod plan {
+    use super::*;
+
+    /// The plan of a row kernel: levels, stages, cached loads and row values.
+    pub(super) struct RowPlan {
+        /// Stages that must finish before a node can be computed.
+        pub avail: Vec<usize>,
+        /// Reductions of each stage, in accumulator order.
+        pub stages: Vec<Vec<usize>>,
+        /// Cached accesses (by load node), in cache order.
+        pub cached: Vec<usize>,
+        /// Row values kept in `EqRow`.
+        pub row_nodes: Vec<usize>,
+        /// Results reduced over all rows, in accumulator order.
+        pub globals: Vec<usize>,
+        /// Online pairs: (sum of exp(x - m), its max m), computed in the max's stage.
+        pub online: Vec<(usize, usize)>,
+    }
+
+    /// The max `m` of a `sum(exp(x - m))` whose `m` is `amax(x)` of the same `x`.
+    fn online_max(l: &Lowered, i: usize) -> Option<usize> {
+        let Op::Reduce(Reduce::Sum, e) = l.nodes[i].op else { return None };
+        let Op::Unary(Unary::Exp, d) = l.nodes[e].op else { return None };
+        let Op::Binary(Binary::Sub, a, m) = l.nodes[d].op else { return None };
+        matches!(l.nodes[m].op, Op::Reduce(Reduce::Amax, x) if x == a).then_some(m)
+    }
+
+    pub(super) fn plan(e: &Emitter) -> RowPlan {
+        let l = e.l;
+        let r = e.rank();
+        let n = l.nodes.len();
+        let elem: Vec<bool> = l.nodes.iter().map(|x| r > 0 && x.shape[r - 1] > 1).collect();
+        let mut avail = vec![0usize; n];
+        let mut stages: Vec<Vec<usize>> = vec![];
+        let mut online: Vec<(usize, usize)> = vec![];
+        for i in 0..n {
+            let below = children(&l.nodes[i].op).iter().map(|&c| avail[c]).max().unwrap_or(0);
+            avail[i] = below;
+            if let Some(m) = online_max(l, i).filter(|m| !online.iter().any(|(_, x)| x == m)) {
+                let st = avail[m] - 1;
+                stages[st].push(i);
+                avail[i] = st + 1;
+                online.push((i, m));
+                continue;
+            }
+            if let Op::Reduce(..) = l.nodes[i].op {
+                if stages.len() <= below {
+                    stages.resize(below + 1, vec![]);
+                }
+                stages[below].push(i);
+                avail[i] = below + 1;
+            }
+        }
+        let live = e.closure(&l.stores.iter().map(|s| s.node).collect::<Vec<_>>(), &e.scope(false));
+        let in_stages: Vec<usize> = stages.iter().flatten().map(|&x| children(&l.nodes[x].op)[0]).collect();
+        let stage_nodes = e.closure(&in_stages, &e.scope(false));
+        let cached: Vec<usize> = stage_nodes
+            .iter()
+            .copied()
+            .filter(|&i| elem[i] && matches!(l.nodes[i].op, Op::Load(_)) && l.nodes[i].dtype.is_float())
+            .collect();
+        let mut all: BTreeSet<usize> = live.into_iter().collect();
+        all.extend(stage_nodes);
+        let globals = all.iter().copied().filter(|&i| matches!(l.nodes[i].op, Op::Global(..))).collect();
+        let row_nodes = all
+            .into_iter()
+            .filter(|&i| !elem[i] && !matches!(l.nodes[i].op, Op::Const(_) | Op::Flat(_) | Op::Global(..)))
+            .collect();
+        RowPlan { avail, stages, cached, row_nodes, globals, online }
+    }
+}
+
+impl Emitter<'_> {
+    pub(super) fn rowreduce(&self) -> Result<Rendered> {
+        let rp = plan::plan(self);
+        let r = self.rank();
+        let cols = if r == 0 { 1 } else { self.dim(r - 1) };
+        let numel: usize = self.l.domain.iter().product();
+        let rows = numel.checked_div(cols).unwrap_or(0);
+        let per = cols.div_ceil(self.vec);
+        let row_threads = pow2_at_least(per.div_ceil(4)).min(1024);
+        let chunks = per.div_ceil(row_threads).max(1);
+        let block = row_threads.max(256);
+        let ncache = rp.cached.len().max(1);
+        let cached = rp.cached.len() * chunks * self.vec <= 64;
+        let nacc = rp.stages.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let rpb = block / row_threads;
+        let grid = rows.div_ceil(rpb).min(if rp.globals.is_empty() { 1 << 24 } else { 4096 });
+        let nglobal = rp.globals.len();
+        let ws: &[(&str, &str)] = if nglobal > 0 { &[("float", "eq_ws"), ("unsigned int", "eq_count")] } else { &[] };
+        let mut d = self.common_defines(&self.name(), ws);
+        for (k, v) in [
+            ("EQ_ROWS", rows),
+            ("EQ_COLS", cols),
+            ("EQ_ROW_THREADS", row_threads),
+            ("EQ_BLOCK", block),
+            ("EQ_VEC", self.vec),
+            ("EQ_CHUNKS", chunks),
+            ("EQ_NCACHE", ncache),
+            ("EQ_CACHED", cached as usize),
+            ("EQ_STAGES", rp.stages.len()),
+            ("EQ_NACC", nacc),
+            ("EQ_NGLOBAL", nglobal),
+        ] {
+            let _ = writeln!(d, "#define {k} {v}");
+        }
+        let mut body = String::new();
+        body.push_str(&self.row_struct(&rp));
+        body.push_str(&self.row_fetch(&rp));
+        body.push_str(&self.row_values(&rp, 0, None));
+        body.push_str(&self.row_acc(&rp));
+        body.push_str(&self.row_accum(&rp));
+        body.push_str(&self.row_finish(&rp));
+        body.push_str(&self.row_epilogue(&rp));
+        body.push_str(&self.row_store(&rp));
+        body.push_str(&self.row_globals(&rp, rows));
+        let workspace = if nglobal > 0 {
+            vec![("eq_ws".into(), (grid * nglobal * 4) as u64, false), ("eq_count".into(), 4, true)]
+        } else {
+            vec![]
+        };
+        let shape = Shape { grid: [grid as u32, 1, 1], block: [block as u32, 1, 1], workspace };
+        Ok(Rendered { defines: d, body, shape })
+    }
+
+    fn row_struct(&self, rp: &plan::RowPlan) -> String {
+        let mut t = Text::default();
+        t.line(0, "struct EqRow {");
+        for &i in &rp.row_nodes {
+            t.line(1, format!("{} n{i};", value_type(self.node(i).dtype)));
+        }
+        t.line(0, "};");
+        t.s
+    }
+
+    /// A scope where row values come from `rv` and cached loads from `cv`.
+    fn row_scope(&self, rp: &plan::RowPlan, lanes: bool) -> Scope {
+        let mut s = self.scope(lanes);
+        for &i in &rp.row_nodes {
+            s.refs[i] = Some(format!("rv.n{i}"));
+        }
+        if lanes {
+            for (k, &i) in rp.cached.iter().enumerate() {
+                s.refs[i] = Some(format!("cv[{k}][v]"));
+            }
+        }
+        s
+    }
+
+    fn row_fetch(&self, rp: &plan::RowPlan) -> String {
+        let mut need = BTreeSet::new();
+        let mut t = Text::default();
+        for (k, &i) in rp.cached.iter().enumerate() {
+            let Op::Load(a) = self.node(i).op else { continue };
+            let acc: &Access = &self.l.accesses[a];
+            let p = self.param(Some(acc.read), None);
+            let off = self.offset(&acc.strides, &mut need);
+            match self.lanes_of(&acc.strides) {
+                Lanes::Vector => {
+                    t.line(1, format!("eq_loadv<{}, EQ_VEC>({p} + {off}, cv[{k}]);", storage_type(acc.dtype)))
+                }
+                Lanes::Uniform => {
+                    t.line(1, format!("const float u{k} = eq_val({p}[{off}]);"));
+                    t.line(1, format!("for (int v = 0; v < EQ_VEC; ++v) cv[{k}][v] = u{k};"));
+                }
+                Lanes::Gather(s) => {
+                    t.line(0, "#pragma unroll");
+                    t.line(
+                        1,
+                        format!("for (int v = 0; v < EQ_VEC; ++v) cv[{k}][v] = eq_val({p}[{off} + {}]);", lane_term(s)),
+                    );
+                }
+            }
+        }
+        let mut f = Text::default();
+        f.line(
+            0,
+            "__device__ __forceinline__ void eq_fetch(EQ_PARAMS, eq_idx row, eq_idx col0, float (&cv)[EQ_NCACHE][EQ_VEC]) {",
+        );
+        self.coords(&need, &mut f, 1);
+        f.s.push_str(&t.s);
+        f.line(0, "}");
+        f.s
+    }
+
+    /// Row values available after `stage` stages: `eq_row_init` (stage 0) or the tail of
+    /// `eq_finish` (`Some(s)`: values of stage s + 1).
+    fn row_values(&self, rp: &plan::RowPlan, avail: usize, finish: Option<usize>) -> String {
+        let mut scope = self.row_scope(rp, false);
+        let mine: Vec<usize> = rp
+            .row_nodes
+            .iter()
+            .copied()
+            .filter(|&i| rp.avail[i] == avail && !matches!(self.node(i).op, Op::Reduce(..)))
+            .collect();
+        for &i in &mine {
+            scope.refs[i] = None;
+        }
+        let mut need = BTreeSet::new();
+        let mut t = Text::default();
+        for &i in &mine {
+            let e = match self.node(i).op {
+                Op::Load(a) => {
+                    let acc = &self.l.accesses[a];
+                    format!("eq_val({}[{}])", self.param(Some(acc.read), None), self.offset(&acc.strides, &mut need))
+                }
+                _ => self.expr(i, &scope, &mut need),
+            };
+            t.line(1, format!("rv.n{i} = {e};"));
+            scope.refs[i] = Some(format!("rv.n{i}"));
+        }
+        if finish.is_some() {
+            let mut f = Text::default();
+            self.coords(&need, &mut f, 1);
+            f.s.push_str(&t.s);
+            return f.s;
+        }
+        let mut f = Text::default();
+        f.line(0, "__device__ __forceinline__ void eq_row_init(EQ_PARAMS, eq_idx row, EqRow& rv) {");
+        self.coords(&need, &mut f, 1);
+        f.s.push_str(&t.s);
+        f.line(0, "}");
+        f.s
+    }
+
+    fn row_acc(&self, rp: &plan::RowPlan) -> String {
+        let mut t = Text::default();
+        t.line(0, "__device__ __forceinline__ void eq_acc_init(int s, float (&acc)[EQ_NACC]) {");
+        for (s, reds) in rp.stages.iter().enumerate() {
+            let inits: Vec<String> = reds
+                .iter()
+                .enumerate()
+                .map(|(k, &i)| format!("acc[{k}] = {};", reduce_init(self.reduce_of(i))))
+                .collect();
+            t.line(1, format!("if (s == {s}) {{ {} }}", inits.join(" ")));
+        }
+        t.line(0, "}");
+        t.line(0, "__device__ __forceinline__ void eq_merge(int s, float (&a)[EQ_NACC], const float (&b)[EQ_NACC]) {");
+        for (s, reds) in rp.stages.iter().enumerate() {
+            t.line(1, format!("if (s == {s}) {{"));
+            for (k, &i) in reds.iter().enumerate() {
+                if rp.online.iter().any(|&(sum, _)| sum == i) {
+                    continue;
+                }
+                match rp.online.iter().find(|&&(_, m)| m == i).and_then(|&(sum, _)| reds.iter().position(|&x| x == sum))
+                {
+                    Some(ks) => {
+                        t.line(2, format!("const float m{k} = eq_max(a[{k}], b[{k}]);"));
+                        t.line(2, format!("a[{ks}] = eq_lse_rescale(a[{ks}], a[{k}], m{k}) + eq_lse_rescale(b[{ks}], b[{k}], m{k});"));
+                        t.line(2, format!("a[{k}] = m{k};"));
+                    }
+                    None => t.line(
+                        2,
+                        format!(
+                            "a[{k}] = {};",
+                            reduce_combine(self.reduce_of(i), &format!("a[{k}]"), &format!("b[{k}]"))
+                        ),
+                    ),
+                }
+            }
+            t.line(1, "}");
+        }
+        t.line(0, "}");
+        t.s
+    }
+
+    fn row_accum(&self, rp: &plan::RowPlan) -> String {
+        let mut out = String::from(
+            "__device__ __forceinline__ void eq_accum(int s, EQ_PARAMS, eq_idx row, eq_idx col0,\n    \
+             const float (&cv)[EQ_NCACHE][EQ_VEC], const EqRow& rv, float (&acc)[EQ_NACC]) {\n",
+        );
+        for (s, reds) in rp.stages.iter().enumerate() {
+            let mut scope = self.row_scope(rp, true);
+            let is_sum = |i: usize| rp.online.iter().any(|&(sum, _)| sum == i);
+            let inputs: Vec<usize> =
+                reds.iter().filter(|&&i| !is_sum(i)).map(|&i| children(&self.node(i).op)[0]).collect();
+            let header = format!("if (s == {s}) {{");
+            let f = self.lane_function(&header, 1, &mut scope, &inputs, |e, scope, _| {
+                let (mut decls, mut lines, mut after) = (vec![], vec![], vec![]);
+                for (k, &red) in reds.iter().enumerate() {
+                    if is_sum(red) {
+                        continue;
+                    }
+                    let val = e.operand(children(&e.node(red).op)[0], "float", scope);
+                    let pair = rp
+                        .online
+                        .iter()
+                        .find(|&&(_, m)| m == red)
+                        .and_then(|&(sum, _)| reds.iter().position(|&x| x == sum));
+                    match pair {
+                        Some(ks) => {
+                            decls.push(format!("float x{k}[EQ_VEC];"));
+                            lines.push(format!("x{k}[v] = {val};"));
+                            after.extend(online_update(k, ks));
+                        }
+                        None => lines.push(format!(
+                            "acc[{k}] = {};",
+                            reduce_combine(e.reduce_of(red), &format!("acc[{k}]"), &val)
+                        )),
+                    }
+                }
+                (decls, lines, after)
+            });
+            out.push_str(&f);
+        }
+        out.push_str("}\n");
+        out
+    }
+
+    fn row_finish(&self, rp: &plan::RowPlan) -> String {
+        let cols = self.l.domain.last().copied().unwrap_or(1);
+        let mut t = Text::default();
+        t.line(
+            0,
+            "__device__ __forceinline__ void eq_finish(int s, EQ_PARAMS, eq_idx row, const float (&acc)[EQ_NACC], EqRow& rv) {",
+        );
+        for (s, reds) in rp.stages.iter().enumerate() {
+            t.line(1, format!("if (s == {s}) {{"));
+            for (k, &i) in reds.iter().enumerate() {
+                let v = match self.reduce_of(i) {
+                    Reduce::Mean => format!("acc[{k}] / {}", literal(cols as f64, "float")),
+                    _ => format!("acc[{k}]"),
+                };
+                if rp.row_nodes.contains(&i) {
+                    t.line(2, format!("rv.n{i} = {v};"));
+                }
+            }
+            let rest = self.row_values(rp, s + 1, Some(s));
+            for l in rest.lines() {
+                t.line(1, l);
+            }
+            t.line(1, "}");
+        }
+        t.line(0, "}");
+        t.s
+    }
+
+    fn row_epilogue(&self, rp: &plan::RowPlan) -> String {
+        let mut scope = self.row_scope(rp, true);
+        let stores: Vec<&Store> = self.l.stores.iter().filter(|s| self.store_is_elem(s)).collect();
+        let roots: Vec<usize> = stores.iter().map(|s| s.node).collect();
+        self.lane_function(
+            "__device__ __forceinline__ void eq_epilogue(EQ_PARAMS, eq_idx row, eq_idx col0,\n    \
+             const float (&cv)[EQ_NCACHE][EQ_VEC], const EqRow& rv) {",
+            0,
+            &mut scope,
+            &roots,
+            |e, scope, need| {
+                e.store_lines(&stores, |st| e.operand(st.node, value_type(e.node(st.node).dtype), scope), None, need)
+            },
+        )
+    }
+
+    fn store_is_elem(&self, s: &Store) -> bool {
+        let r = self.rank();
+        r > 0 && s.shape[r - 1] > 1
+    }
+
+    fn row_store(&self, rp: &plan::RowPlan) -> String {
+        let scope = self.row_scope(rp, false);
+        let mut need = BTreeSet::new();
+        let mut t = Text::default();
+        let last = self.rank().checked_sub(1);
+        for st in self.l.stores.iter().filter(|s| !self.store_is_elem(s) && !rp.globals.contains(&s.node)) {
+            let val = self.operand(st.node, value_type(self.node(st.node).dtype), &scope);
+            let (line, _) = self.store_row(st, &val, last, &mut need);
+            t.line(1, line);
+        }
+        let mut f = Text::default();
+        f.line(0, "__device__ __forceinline__ void eq_row_store(EQ_PARAMS, eq_idx row, const EqRow& rv) {");
+        self.coords(&need, &mut f, 1);
+        f.s.push_str(&t.s);
+        f.line(0, "}");
+        f.s
+    }
+
+    /// `eq_global` (a row's contribution) and `eq_global_store`, when the kernel has globals.
+    fn row_globals(&self, rp: &plan::RowPlan, rows: usize) -> String {
+        if rp.globals.is_empty() {
+            return String::new();
+        }
+        let scope = self.row_scope(rp, false);
+        let mut t = Text::default();
+        t.line(0, "__device__ __forceinline__ void eq_global(const EqRow& rv, float (&g)[EQ_NGLOBAL]) {");
+        for (j, &i) in rp.globals.iter().enumerate() {
+            let x = children(&self.node(i).op)[0];
+            let val = self.operand(x, "float", &scope);
+            t.line(1, format!("g[{j}] = {};", reduce_combine(self.reduce_of(i), &format!("g[{j}]"), &val)));
+        }
+        t.line(0, "}");
+        t.line(0, "__device__ __forceinline__ void eq_global_store(EQ_PARAMS, const float (&g)[EQ_NGLOBAL]) {");
+        for st in self.l.stores.iter() {
+            let Some(j) = rp.globals.iter().position(|&g| g == st.node) else { continue };
+            let val = match self.reduce_of(st.node) {
+                Reduce::Mean => format!("g[{j}] / {}", literal(rows as f64, "float")),
+                _ => format!("g[{j}]"),
+            };
+            t.line(1, format!("eq_put({} + 0, {val});", self.param(None, Some(st.write))));
+        }
+        t.line(0, "}");
+        t.s
+    }
+
+    /// A store outside any lane loop (one element).
+    fn store_row(&self, st: &Store, val: &str, skip: Option<usize>, need: &mut BTreeSet<usize>) -> (String, ()) {
+        let r = self.rank();
+        let p = self.param(None, Some(st.write));
+        let strides: Vec<usize> =
+            contiguous(&st.shape).into_iter().zip(&st.shape).map(|(s, &d)| if d == 1 { 0 } else { s }).collect();
+        let off = self.offset(&strides, need);
+        let pred: Vec<String> = (0..r)
+            .filter(|&k| st.shape[k] == 1 && self.dim(k) > 1 && Some(k) != skip)
+            .map(|k| {
+                need.insert(k);
+                format!("c{k} == 0")
+            })
+            .collect();
+        let cond = if pred.is_empty() { String::new() } else { format!("if ({}) ", pred.join(" && ")) };
+        (format!("{cond}eq_put({p} + {off}, {val});"), ())
+    }
+}
+
+/// The online softmax update of a max accumulator `k` and its sum `ks` by the lanes `x{k}`:
+/// one rescale per vector, one exponential per element.
+fn online_update(k: usize, ks: usize) -> Vec<String> {
+    vec![
+        format!("float m{k} = acc[{k}];"),
+        format!("for (int v = 0; v < EQ_VEC; ++v) m{k} = eq_max(m{k}, x{k}[v]);"),
+        format!("float s{k} = eq_lse_rescale(acc[{ks}], acc[{k}], m{k});"),
+        format!("if (m{k} != -EQ_INF) for (int v = 0; v < EQ_VEC; ++v) s{k} += expf(x{k}[v] - m{k});"),
+        format!("acc[{k}] = m{k};"),
+        format!("acc[{ks}] = s{k};"),
+    ]
+}

@@ -1,0 +1,618 @@
+//! Lowering of one kernel's `TensorLang` body to the code generator's small typed IR.
+//!
+//! Views (`transpose`, `broadcast`, `reshape`) of the tensors a kernel reads become strides of
+//! a memory access; composites become the stages of their decomposition (softmax: max, then
+//! sum of exponentials, then the quotient; layernorm: mean, then mean of squared centred
+//! values, then the normalised row). Every value is placed in the iteration space (the kernel's
+//! domain) by NumPy's right-aligned broadcasting.
+//! Invariant: lowering never changes what a kernel computes; a body it cannot express exactly
+//! (a transposed view of a value computed in the same kernel, a product, an integer reduction)
+//! is an error naming the op, never an approximation.
+
+use crate::error::{Error, Result};
+use crate::infer::{infer, norm_axis, Fact};
+use crate::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
+use crate::plan::{Kernel, Template};
+use crate::types::{DType, TensorType};
+
+/// A load from a tensor the kernel reads: one stride per domain axis (0 where broadcast).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// Index into the kernel's `reads`.
+    pub read: usize,
+    pub strides: Vec<usize>,
+    pub dtype: DType,
+}
+
+/// An IR operation; children are indices of earlier nodes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    Const(f64),
+    Load(usize),
+    /// The coordinate of the element along a domain axis.
+    Coord(usize),
+    /// A row-major flat index: the sum of coordinates times these strides.
+    Flat(Vec<usize>),
+    Unary(Unary, usize),
+    Binary(Binary, usize, usize),
+    Where(usize, usize, usize),
+    Cast(DType, usize),
+    /// `dropout` of `x` at flat index `index` (constants from `src/rng.rs`).
+    Dropout {
+        x: usize,
+        index: usize,
+        seed: u32,
+        key0: u32,
+        threshold: u32,
+        scale: f32,
+    },
+    /// A reduction along the kernel's reduction axis.
+    Reduce(Reduce, usize),
+    /// A reduction of a row value over all rows (a row kernel's global result).
+    Global(Reduce, usize),
+}
+
+/// One IR value: its operation, element type and shape aligned to the domain's rank.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub op: Op,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+/// A write of the kernel: the value stored and the shape (aligned to the domain) whose
+/// row-major order gives the element's place in the output tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Store {
+    pub write: usize,
+    pub node: usize,
+    pub shape: Vec<usize>,
+}
+
+/// A kernel's body in IR form.
+#[derive(Clone, Debug)]
+pub struct Lowered {
+    pub template: Template,
+    pub domain: Vec<usize>,
+    /// The reduced domain axis: the last for `rowreduce`, the one leading axis for `colreduce`.
+    pub axis: Option<usize>,
+    pub nodes: Vec<Node>,
+    pub accesses: Vec<Access>,
+    pub stores: Vec<Store>,
+}
+
+/// What a body node became.
+#[derive(Clone, Debug)]
+enum Slot {
+    /// An attribute or a literal not used as a value.
+    Attr,
+    /// A (view of a) tensor read from memory, not yet loaded: strides over its own shape.
+    View { read: usize, shape: Vec<usize>, strides: Vec<usize>, dtype: DType },
+    /// A computed value, seen through a view with shape `shape`.
+    Value { node: usize, shape: Vec<usize> },
+}
+
+/// Lowers a kernel of an elementwise, row-reduction or column-reduction template.
+pub fn lower(kernel: &Kernel) -> Result<Lowered> {
+    let mut l = Lowerer::new(kernel)?;
+    let body = kernel.body.as_ref();
+    let mut facts: Vec<Fact> = Vec::with_capacity(body.len());
+    let mut slots: Vec<Slot> = Vec::with_capacity(body.len());
+    for node in body {
+        let fact = l.fact(node, &facts)?;
+        let slot = l.slot(node, &fact, &facts, &slots)?;
+        facts.push(fact);
+        slots.push(slot);
+    }
+    for (w, &id) in kernel.stores.iter().enumerate() {
+        let store = l.store(w, &slots[usize::from(id)])?;
+        l.out.stores.push(store);
+    }
+    Ok(l.out)
+}
+
+struct Lowerer<'a> {
+    kernel: &'a Kernel,
+    out: Lowered,
+}
+
+fn unsupported(kernel: &Kernel, what: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!("kernel {} ({}): {what}", kernel.id, kernel.template.name()))
+}
+
+/// Row-major strides of a shape.
+pub fn contiguous(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for k in (0..shape.len().saturating_sub(1)).rev() {
+        s[k] = s[k + 1] * shape[k + 1];
+    }
+    s
+}
+
+/// Strides of `reshape` applied to a strided view, when the new shape can be expressed by
+/// strides over the same memory (PyTorch's `computeStride`); `None` otherwise.
+fn reshape_strides(old: &[usize], strides: &[usize], new: &[usize]) -> Option<Vec<usize>> {
+    let numel: usize = old.iter().product();
+    if old.is_empty() || numel <= 1 {
+        return Some(contiguous(new));
+    }
+    let mut out = vec![0; new.len()];
+    let mut view_d = new.len() as isize - 1;
+    let mut base = strides[old.len() - 1];
+    let (mut tensor_numel, mut view_numel) = (1usize, 1usize);
+    for d in (0..old.len()).rev() {
+        tensor_numel *= old[d];
+        let chunk_ends = d == 0 || (old[d - 1] != 1 && strides[d - 1] != tensor_numel * base);
+        if !chunk_ends {
+            continue;
+        }
+        while view_d >= 0 && (view_numel < tensor_numel || new[view_d as usize] == 1) {
+            out[view_d as usize] = view_numel * base;
+            view_numel *= new[view_d as usize];
+            view_d -= 1;
+        }
+        if view_numel != tensor_numel {
+            return None;
+        }
+        if d > 0 {
+            base = strides[d - 1];
+            tensor_numel = 1;
+            view_numel = 1;
+        }
+    }
+    (view_d == -1).then_some(out)
+}
+
+impl<'a> Lowerer<'a> {
+    fn new(kernel: &'a Kernel) -> Result<Lowerer<'a>> {
+        if matches!(kernel.template, Template::Gemm | Template::Attention) {
+            return Err(unsupported(
+                kernel,
+                "code generation for the gemm and attention templates is not supported yet (issue 6)",
+            ));
+        }
+        let out = Lowered {
+            template: kernel.template,
+            domain: kernel.domain.clone(),
+            axis: None,
+            nodes: vec![],
+            accesses: vec![],
+            stores: vec![],
+        };
+        Ok(Lowerer { kernel, out })
+    }
+
+    fn rank(&self) -> usize {
+        self.out.domain.len()
+    }
+
+    /// The type of a body node, from its children's facts.
+    fn fact(&self, node: &TensorLang, facts: &[Fact]) -> Result<Fact> {
+        Ok(match node {
+            TensorLang::Num(n) => Fact::constant(n.value()),
+            TensorLang::Dims(d) => Fact::dims(d.0.clone()),
+            TensorLang::Type(t) => Fact::dtype(*t),
+            TensorLang::Var(s) => Fact::tensor(self.read_of(s.as_str())?.1.clone()),
+            TensorLang::Op(code, ch) => {
+                let args: Vec<&Fact> = ch.iter().map(|&c| &facts[usize::from(c)]).collect();
+                let inferred = infer(*code, &args).map_err(|e| unsupported(self.kernel, e))?;
+                Fact { ty: Some(inferred.ty), weak: inferred.weak, konst: None, dims: None, dtype: None }
+            }
+        })
+    }
+
+    fn read_of(&self, name: &str) -> Result<(usize, &TensorType)> {
+        self.kernel
+            .reads
+            .iter()
+            .position(|r| r.name == name)
+            .map(|i| (i, &self.kernel.reads[i].ty))
+            .ok_or_else(|| unsupported(self.kernel, format!("the body uses `{name}`, which the kernel does not read")))
+    }
+
+    /// Right-aligns a shape to the domain's rank.
+    fn align(&self, shape: &[usize]) -> Result<Vec<usize>> {
+        let r = self.rank();
+        if shape.len() > r {
+            return Err(unsupported(
+                self.kernel,
+                format!("a value of shape {} does not fit the iteration space", crate::lang::Dims(shape.to_vec())),
+            ));
+        }
+        let mut out = vec![1; r - shape.len()];
+        out.extend_from_slice(shape);
+        Ok(out)
+    }
+
+    fn push(&mut self, op: Op, dtype: DType, shape: Vec<usize>) -> usize {
+        if let Some(i) = self.out.nodes.iter().position(|n| n.op == op && n.dtype == dtype && n.shape == shape) {
+            return i;
+        }
+        self.out.nodes.push(Node { op, dtype, shape });
+        self.out.nodes.len() - 1
+    }
+
+    fn slot(&mut self, node: &TensorLang, fact: &Fact, facts: &[Fact], slots: &[Slot]) -> Result<Slot> {
+        match node {
+            TensorLang::Num(n) => {
+                let id = self.push(Op::Const(n.value()), DType::F32, vec![1; self.rank()]);
+                Ok(Slot::Value { node: id, shape: vec![] })
+            }
+            TensorLang::Dims(_) | TensorLang::Type(_) => Ok(Slot::Attr),
+            TensorLang::Var(s) => {
+                let (read, ty) = self.read_of(s.as_str())?;
+                Ok(Slot::View { read, shape: ty.shape.clone(), strides: contiguous(&ty.shape), dtype: ty.dtype })
+            }
+            TensorLang::Op(code, ch) => {
+                let ch: Vec<usize> = ch.iter().map(|&c| usize::from(c)).collect();
+                let ty = fact.ty.clone().ok_or_else(|| unsupported(self.kernel, "an operator without a type"))?;
+                self.op(code.kind(), code.name(), &ch, &ty, facts, slots)
+            }
+        }
+    }
+
+    fn konst(&self, facts: &[Fact], c: usize, what: &str) -> Result<f64> {
+        facts[c].konst.ok_or_else(|| unsupported(self.kernel, format!("{what} must be a constant")))
+    }
+
+    fn op(
+        &mut self,
+        kind: Kind,
+        name: &str,
+        ch: &[usize],
+        ty: &TensorType,
+        facts: &[Fact],
+        slots: &[Slot],
+    ) -> Result<Slot> {
+        let shape = self.align(&ty.shape)?;
+        let value = |node: usize| Slot::Value { node, shape: ty.shape.clone() };
+        let node = match kind {
+            Kind::Transpose | Kind::Reshape | Kind::Broadcast => return self.view(kind, ch, ty, facts, &slots[ch[0]]),
+            Kind::Unary(u) => {
+                let a = self.value(&slots[ch[0]])?;
+                self.push(Op::Unary(u, a), ty.dtype, shape)
+            }
+            Kind::Binary(b) => {
+                let (a, c) = (self.value(&slots[ch[0]])?, self.value(&slots[ch[1]])?);
+                self.push(Op::Binary(b, a, c), ty.dtype, shape)
+            }
+            Kind::Where => {
+                let (c, a, b) = (self.value(&slots[ch[0]])?, self.value(&slots[ch[1]])?, self.value(&slots[ch[2]])?);
+                self.push(Op::Where(c, a, b), ty.dtype, shape)
+            }
+            Kind::Cast => {
+                let a = self.value(&slots[ch[0]])?;
+                self.push(Op::Cast(ty.dtype, a), ty.dtype, shape)
+            }
+            Kind::Reduce(r) => {
+                let axis = self.konst(facts, ch[1], "the axis of a reduction")? as i64;
+                return self.reduce(r, &slots[ch[0]], axis, ty);
+            }
+            Kind::Iota => self.coord_of(shape.clone(), DType::I32),
+            Kind::OneHot => self.onehot(&slots[ch[0]], ty)?,
+            Kind::Dropout => {
+                let p = self.konst(facts, ch[1], "the probability of dropout")?;
+                let seed = self.konst(facts, ch[2], "the seed of dropout")? as u32;
+                let x = self.value(&slots[ch[0]])?;
+                let index = self.push(Op::Flat(self.flat_strides(&shape)), DType::I32, shape.clone());
+                let op = Op::Dropout {
+                    x,
+                    index,
+                    seed,
+                    key0: crate::rng::stream_key(seed, 0),
+                    threshold: crate::rng::dropout_threshold(p),
+                    scale: crate::rng::dropout_scale(p),
+                };
+                self.push(op, ty.dtype, shape)
+            }
+            Kind::Composite(c) => self.composite(c, ch, ty, facts, slots)?,
+            Kind::MatMul | Kind::Grad => {
+                return Err(unsupported(self.kernel, format!("`{name}` cannot be generated by this template")))
+            }
+        };
+        Ok(value(node))
+    }
+
+    /// Strides that give the row-major index of an element of `shape` (aligned) from domain
+    /// coordinates.
+    fn flat_strides(&self, shape: &[usize]) -> Vec<usize> {
+        contiguous(shape).into_iter().zip(shape).map(|(s, &d)| if d == 1 { 0 } else { s }).collect()
+    }
+
+    /// The coordinate along the last axis of an aligned shape (0 when that extent is 1).
+    fn coord_of(&mut self, shape: Vec<usize>, dtype: DType) -> usize {
+        let r = self.rank();
+        if r == 0 || shape[r - 1] == 1 {
+            return self.push(Op::Const(0.0), dtype, shape);
+        }
+        self.push(Op::Coord(r - 1), dtype, shape)
+    }
+
+    /// `onehot(t, n)`: `t` is read at the element's coordinates without the last one.
+    fn onehot(&mut self, t: &Slot, ty: &TensorType) -> Result<usize> {
+        let Slot::View { read, shape, strides, dtype } = t else {
+            return Err(unsupported(self.kernel, "onehot of a value computed in the same kernel"));
+        };
+        let mut s = shape.clone();
+        s.push(*ty.shape.last().unwrap_or(&1));
+        let mut st = strides.clone();
+        st.push(0);
+        let idx = self.load(*read, &s, &st, *dtype)?;
+        let aligned = self.align(&ty.shape)?;
+        let col = self.coord_of(aligned.clone(), DType::I32);
+        let eq = self.push(Op::Binary(Binary::Eq, idx, col), DType::Bool, aligned.clone());
+        Ok(self.push(Op::Cast(DType::F32, eq), DType::F32, aligned))
+    }
+
+    /// A view of a view stays a view; a view of a computed value must keep every element where
+    /// the kernel computes it.
+    fn view(&mut self, kind: Kind, ch: &[usize], ty: &TensorType, facts: &[Fact], child: &Slot) -> Result<Slot> {
+        match child {
+            Slot::View { read, shape, strides, dtype } => {
+                let strides = match kind {
+                    Kind::Transpose => {
+                        let a = norm_axis(self.konst(facts, ch[1], "a transpose axis")? as i64, shape.len());
+                        let b = norm_axis(self.konst(facts, ch[2], "a transpose axis")? as i64, shape.len());
+                        let (a, b) = (a.map_err(Error::Invalid)?, b.map_err(Error::Invalid)?);
+                        let mut s = strides.clone();
+                        s.swap(a, b);
+                        s
+                    }
+                    Kind::Broadcast => broadcast_strides(shape, strides, &ty.shape),
+                    _ => reshape_strides(shape, strides, &ty.shape).ok_or_else(|| {
+                        unsupported(self.kernel, "a reshape of a transposed or broadcast input is not supported yet")
+                    })?,
+                };
+                Ok(Slot::View { read: *read, shape: ty.shape.clone(), strides, dtype: *dtype })
+            }
+            Slot::Value { node, .. } => Ok(Slot::Value { node: *node, shape: ty.shape.clone() }),
+            Slot::Attr => Err(unsupported(self.kernel, "a view of an attribute")),
+        }
+    }
+
+    /// The IR node holding a slot's value at each element of the domain.
+    fn value(&mut self, slot: &Slot) -> Result<usize> {
+        match slot {
+            Slot::View { read, shape, strides, dtype } => self.load(*read, shape, strides, *dtype),
+            Slot::Value { node, shape } => {
+                let seen = self.align(shape)?;
+                if !same_places(&self.out.nodes[*node].shape, &seen) {
+                    return Err(unsupported(
+                        self.kernel,
+                        "a reshape or transpose of a value computed in the same kernel moves its elements",
+                    ));
+                }
+                Ok(*node)
+            }
+            Slot::Attr => Err(unsupported(self.kernel, "an attribute used as a value")),
+        }
+    }
+
+    fn load(&mut self, read: usize, shape: &[usize], strides: &[usize], dtype: DType) -> Result<usize> {
+        let aligned = self.align(shape)?;
+        let pad = aligned.len() - shape.len();
+        let dom: Vec<usize> =
+            (0..aligned.len()).map(|k| if k < pad || aligned[k] == 1 { 0 } else { strides[k - pad] }).collect();
+        let access = Access { read, strides: dom, dtype };
+        let a = match self.out.accesses.iter().position(|x| *x == access) {
+            Some(a) => a,
+            None => {
+                self.out.accesses.push(access);
+                self.out.accesses.len() - 1
+            }
+        };
+        Ok(self.push(Op::Load(a), dtype, aligned))
+    }
+
+    fn reduce(&mut self, r: Reduce, x: &Slot, axis: i64, ty: &TensorType) -> Result<Slot> {
+        let xv = self.value(x)?;
+        let xshape = self.out.nodes[xv].shape.clone();
+        let in_rank = match x {
+            Slot::View { shape, .. } | Slot::Value { shape, .. } => shape.len(),
+            Slot::Attr => 0,
+        };
+        let a = norm_axis(axis, in_rank).map_err(Error::Invalid)? + self.rank() - in_rank;
+        if xshape[a] == 1 {
+            return Ok(Slot::Value { node: xv, shape: ty.shape.clone() });
+        }
+        let node = self.reduction(r, xv, a)?;
+        Ok(Slot::Value { node, shape: ty.shape.clone() })
+    }
+
+    /// A reduction of node `x` along domain axis `a` (which has extent above 1).
+    fn reduction(&mut self, r: Reduce, x: usize, a: usize) -> Result<usize> {
+        let dtype = self.out.nodes[x].dtype;
+        if !dtype.is_float() {
+            return Err(unsupported(self.kernel, format!("a reduction of {dtype} values is not supported yet")));
+        }
+        let want = match self.out.template {
+            Template::RowReduce => self.rank() - 1,
+            Template::ColReduce => *self.out.axis.get_or_insert(a),
+            _ => return Err(unsupported(self.kernel, "a reduction in an elementwise kernel")),
+        };
+        if a != want {
+            return Err(unsupported(
+                self.kernel,
+                format!("a reduction along axis {a} in a kernel that reduces along axis {want}"),
+            ));
+        }
+        self.out.axis = Some(want);
+        let mut shape = self.out.nodes[x].shape.clone();
+        shape[a] = 1;
+        Ok(self.push(Op::Reduce(r, x), dtype, shape))
+    }
+
+    fn composite(
+        &mut self,
+        c: Composite,
+        ch: &[usize],
+        ty: &TensorType,
+        facts: &[Fact],
+        slots: &[Slot],
+    ) -> Result<usize> {
+        let x = self.value(&slots[ch[0]])?;
+        let last = self.rank().checked_sub(1).ok_or_else(|| unsupported(self.kernel, "a composite of a scalar"))?;
+        if let Composite::Softmax | Composite::LogSoftmax = c {
+            let axis = self.konst(facts, ch[1], "the axis of softmax")? as i64;
+            let a = norm_axis(axis, ty.rank()).map_err(Error::Invalid)? + self.rank() - ty.rank();
+            if a != last {
+                return Err(unsupported(self.kernel, "softmax over an axis other than the last is not supported yet"));
+            }
+        }
+        let full = self.out.nodes[x].shape.clone();
+        let mut b = Builder { l: self, dtype: ty.dtype, full };
+        match c {
+            Composite::Softmax | Composite::LogSoftmax => {
+                let m = b.reduce(Reduce::Amax, x, last)?;
+                let d = b.bin(Binary::Sub, x, m);
+                let e = b.un(Unary::Exp, d);
+                let s = b.reduce(Reduce::Sum, e, last)?;
+                Ok(if c == Composite::Softmax {
+                    b.bin(Binary::Div, e, s)
+                } else {
+                    let ls = b.un(Unary::Log, s);
+                    b.bin(Binary::Sub, d, ls)
+                })
+            }
+            Composite::LayerNorm => {
+                let (g, beta) = (b.l.value(&slots[ch[1]])?, b.l.value(&slots[ch[2]])?);
+                let eps = b.l.konst(facts, ch[3], "the epsilon of layernorm")?;
+                let mu = b.reduce(Reduce::Mean, x, last)?;
+                let xc = b.bin(Binary::Sub, x, mu);
+                let sq = b.bin(Binary::Mul, xc, xc);
+                let var = b.reduce(Reduce::Mean, sq, last)?;
+                let rstd = b.rsqrt_plus(var, eps);
+                let n = b.bin(Binary::Mul, xc, rstd);
+                let s = b.bin(Binary::Mul, n, g);
+                Ok(b.bin(Binary::Add, s, beta))
+            }
+            Composite::RmsNorm => {
+                let g = b.l.value(&slots[ch[1]])?;
+                let eps = b.l.konst(facts, ch[2], "the epsilon of rmsnorm")?;
+                let sq = b.bin(Binary::Mul, x, x);
+                let ms = b.reduce(Reduce::Mean, sq, last)?;
+                let rstd = b.rsqrt_plus(ms, eps);
+                let n = b.bin(Binary::Mul, x, rstd);
+                Ok(b.bin(Binary::Mul, n, g))
+            }
+            Composite::CrossEntropy => b.cross_entropy(x, &slots[ch[1]]),
+            Composite::Attention => {
+                Err(unsupported(b.l.kernel, "attention is generated by its own template (issue 6)"))
+            }
+        }
+    }
+
+    /// A write of a slot: loads are materialized; a computed value is stored in the row-major
+    /// order of its own shape when a reshape moved it, else of the shape it is seen with.
+    fn store(&mut self, write: usize, slot: &Slot) -> Result<Store> {
+        let (node, seen) = match slot {
+            Slot::View { shape, .. } => (self.value(slot)?, shape.clone()),
+            Slot::Value { node, shape } => (*node, shape.clone()),
+            Slot::Attr => return Err(unsupported(self.kernel, "a write of an attribute")),
+        };
+        let seen = self.align(&seen)?;
+        let own = self.out.nodes[node].shape.clone();
+        let shape = if same_places(&own, &seen) { seen } else { own };
+        let numel: usize = shape.iter().product();
+        if numel != self.kernel.writes[write].ty.numel() {
+            return Err(unsupported(
+                self.kernel,
+                format!("write `{}` does not match its value", self.kernel.writes[write].name),
+            ));
+        }
+        Ok(Store { write, node, shape })
+    }
+}
+
+/// Whether a value of aligned shape `own`, seen with aligned shape `seen`, keeps each element
+/// at the same domain coordinates (true for broadcasts and for reshapes that only add or drop
+/// size-1 axes in place).
+fn same_places(own: &[usize], seen: &[usize]) -> bool {
+    own.iter().zip(seen).all(|(&a, &b)| a == b || a == 1)
+}
+
+/// Strides of `broadcast(x, dims)` for a view `x` of `shape` with `strides`.
+fn broadcast_strides(shape: &[usize], strides: &[usize], dims: &[usize]) -> Vec<usize> {
+    let pad = dims.len() - shape.len().min(dims.len());
+    (0..dims.len()).map(|k| if k < pad || shape[k - pad] == 1 { 0 } else { strides[k - pad] }).collect()
+}
+
+/// Helpers for expanding composites into IR nodes of one dtype.
+struct Builder<'l, 'a> {
+    l: &'l mut Lowerer<'a>,
+    dtype: DType,
+    full: Vec<usize>,
+}
+
+impl Builder<'_, '_> {
+    fn shape_of(&self, a: usize, b: usize) -> Vec<usize> {
+        let (x, y) = (&self.l.out.nodes[a].shape, &self.l.out.nodes[b].shape);
+        x.iter().zip(y).map(|(&p, &q)| p.max(q)).collect()
+    }
+    fn bin(&mut self, op: Binary, a: usize, b: usize) -> usize {
+        let shape = self.shape_of(a, b);
+        self.l.push(Op::Binary(op, a, b), self.dtype, shape)
+    }
+    fn un(&mut self, op: Unary, a: usize) -> usize {
+        let shape = self.l.out.nodes[a].shape.clone();
+        self.l.push(Op::Unary(op, a), self.dtype, shape)
+    }
+    fn reduce(&mut self, r: Reduce, x: usize, axis: usize) -> Result<usize> {
+        if self.full[axis] == 1 {
+            return Ok(x);
+        }
+        self.l.reduction(r, x, axis)
+    }
+    /// `cross_entropy(x, t)`: per row `log(sum(exp(x - max))) + max - x[t]`, then the mean over
+    /// rows. The kernel becomes a row kernel with one global result.
+    fn cross_entropy(&mut self, x: usize, t: &Slot) -> Result<usize> {
+        let Slot::View { read, shape, strides, dtype } = t else {
+            return Err(unsupported(self.l.kernel, "cross_entropy targets computed in the same kernel"));
+        };
+        let last = self.full.len() - 1;
+        self.l.out.template = Template::RowReduce;
+        let (mut ts, mut tst) = (shape.clone(), strides.clone());
+        ts.push(1);
+        tst.push(0);
+        let target = self.l.load(*read, &ts, &tst, *dtype)?;
+        let col = self.l.coord_of(self.full.clone(), DType::I32);
+        let hit = self.l.push(Op::Binary(Binary::Eq, col, target), DType::Bool, self.full.clone());
+        let zero = self.l.push(Op::Const(0.0), DType::F32, vec![1; self.full.len()]);
+        let x_at_t = self.l.push(Op::Where(hit, x, zero), self.dtype, self.full.clone());
+        let picked = self.reduce(Reduce::Sum, x_at_t, last)?;
+        let m = self.reduce(Reduce::Amax, x, last)?;
+        let d = self.bin(Binary::Sub, x, m);
+        let e = self.un(Unary::Exp, d);
+        let s = self.reduce(Reduce::Sum, e, last)?;
+        let ls = self.un(Unary::Log, s);
+        let lse = self.bin(Binary::Add, ls, m);
+        let loss = self.bin(Binary::Sub, lse, picked);
+        Ok(self.l.push(Op::Global(Reduce::Mean, loss), self.dtype, vec![1; self.full.len()]))
+    }
+
+    fn rsqrt_plus(&mut self, v: usize, eps: f64) -> usize {
+        let e = self.l.push(Op::Const(eps), DType::F32, vec![1; self.full.len()]);
+        let s = self.bin(Binary::Add, v, e);
+        self.un(Unary::Rsqrt, s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reshape_strides_of_contiguous_and_transposed_views() {
+        assert_eq!(reshape_strides(&[4, 6], &[6, 1], &[2, 2, 6]), Some(vec![12, 6, 1]));
+        assert_eq!(reshape_strides(&[4, 6], &[6, 1], &[24]), Some(vec![1]));
+        // A transposed [6, 4] view of a contiguous [4, 6] tensor cannot be flattened by strides.
+        assert_eq!(reshape_strides(&[6, 4], &[1, 6], &[24]), None);
+        // Adding a unit axis to a transposed view works.
+        assert_eq!(reshape_strides(&[6, 4], &[1, 6], &[6, 1, 4]).map(|s| (s[0], s[2])), Some((1, 6)));
+    }
+
+    #[test]
+    fn broadcast_of_a_view() {
+        assert_eq!(broadcast_strides(&[1, 5], &[5, 1], &[3, 4, 5]), vec![0, 0, 1]);
+    }
+}

@@ -1,0 +1,216 @@
+//! Code generation: each kernel of a [`FusionPlan`] as a self-contained CUDA source.
+//!
+//! A kernel's file is a generated `#define` block and fused body functions (see `emit.rs`),
+//! then `kernels/common.cuh` and the kernel's template (`kernels/{template}.cu`) verbatim: the
+//! template is instantiated by macros and by the functions it calls, never edited as text.
+//! NVRTC compiles the file with nothing but the architecture flag.
+//! Invariant: codegen never changes the plan and is a pure function of it (golden snapshots
+//! in `tests/snapshots` hold the rendered CUDA of small programs).
+
+mod emit;
+mod lower;
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::plan::{FusionPlan, Kernel, Template};
+use crate::render::{render, Format};
+use crate::types::DType;
+
+const COMMON: &str = include_str!("../../kernels/common.cuh");
+const ELEMENTWISE: &str = include_str!("../../kernels/elementwise.cu");
+const ROWREDUCE: &str = include_str!("../../kernels/rowreduce.cu");
+const COLREDUCE: &str = include_str!("../../kernels/colreduce.cu");
+
+/// The template files, by name, as they are embedded (for tests that compile them alone).
+pub const TEMPLATE_FILES: [(&str, &str); 4] =
+    [("common.cuh", COMMON), ("elementwise.cu", ELEMENTWISE), ("rowreduce.cu", ROWREDUCE), ("colreduce.cu", COLREDUCE)];
+
+/// Grid, block and dynamic shared memory of a launch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Launch {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub smem_bytes: u32,
+    /// The kernel loops over its work, so any `grid[0]` from 1 up to the one given is valid; the
+    /// runtime launches one wave of resident blocks (a persistent grid) when that is fewer.
+    pub persistent: bool,
+}
+
+/// What a kernel argument is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ArgRole {
+    /// A tensor the kernel reads.
+    Read,
+    /// A tensor the kernel writes.
+    Write,
+    /// Scratch memory owned by the kernel.
+    Workspace,
+}
+
+/// One pointer argument of a kernel, in launch order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct KernelArg {
+    /// The tensor's name (or the workspace's).
+    pub name: String,
+    pub role: ArgRole,
+    /// Element type of a tensor; `None` for workspace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<DType>,
+    pub shape: Vec<usize>,
+    pub bytes: u64,
+    /// Workspace that must be zero before the first launch (the kernel leaves it zero).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub zeroed: bool,
+}
+
+/// A kernel rendered as CUDA, with how to launch it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KernelSource {
+    /// The `extern "C"` function name: `{template}_{dtype}_k{id}`.
+    pub name: String,
+    /// The plan kernel's id.
+    pub kernel: usize,
+    pub template: Template,
+    /// The file name `write_codegen_dir` gives it.
+    pub file: String,
+    #[serde(skip)]
+    pub source: String,
+    pub launch: Launch,
+    pub args: Vec<KernelArg>,
+}
+
+impl KernelSource {
+    /// Whether the launch does no work (an empty iteration space).
+    pub fn is_empty(&self) -> bool {
+        self.launch.grid.contains(&0)
+    }
+}
+
+/// Renders every kernel of a plan, in plan order. Errors name the kernel (for example a gemm
+/// kernel, whose code generation is not supported yet).
+pub fn codegen_plan(plan: &FusionPlan) -> Result<Vec<KernelSource>> {
+    plan.kernels.iter().map(|k| codegen_kernel(plan, k)).collect()
+}
+
+/// Renders one kernel.
+pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
+    let lowered = lower::lower(k)?;
+    let r = emit::render(k, &lowered)?;
+    let name = emit::kernel_name(k, lowered.template);
+    let template = match lowered.template {
+        Template::Elementwise => ELEMENTWISE,
+        Template::RowReduce => ROWREDUCE,
+        _ => COLREDUCE,
+    };
+    let mut source = header(plan, k, lowered.template, &name, &r.shape);
+    source.push_str(&r.defines);
+    source.push_str("\n// ---- kernels/common.cuh ----\n");
+    source.push_str(COMMON);
+    source.push_str("\n// ---- generated body ----\n");
+    source.push_str(&r.body);
+    source.push_str(&format!("\n// ---- kernels/{}.cu ----\n", lowered.template.name()));
+    source.push_str(template);
+    let mut args = Vec::new();
+    for (t, role) in k.reads.iter().map(|t| (t, ArgRole::Read)).chain(k.writes.iter().map(|t| (t, ArgRole::Write))) {
+        args.push(KernelArg {
+            name: t.name.clone(),
+            role,
+            dtype: Some(t.ty.dtype),
+            shape: t.ty.shape.clone(),
+            bytes: t.ty.bytes(),
+            zeroed: false,
+        });
+    }
+    for (n, bytes, zeroed) in &r.shape.workspace {
+        args.push(KernelArg {
+            name: n.clone(),
+            role: ArgRole::Workspace,
+            dtype: None,
+            shape: vec![],
+            bytes: *bytes,
+            zeroed: *zeroed,
+        });
+    }
+    Ok(KernelSource {
+        file: format!("{name}.cu"),
+        name,
+        kernel: k.id,
+        template: lowered.template,
+        source,
+        launch: Launch {
+            grid: r.shape.grid,
+            block: r.shape.block,
+            smem_bytes: 0,
+            persistent: lowered.template == Template::RowReduce,
+        },
+        args,
+    })
+}
+
+/// The opening comment of a generated file.
+fn header(plan: &FusionPlan, k: &Kernel, template: Template, name: &str, shape: &emit::Shape) -> String {
+    let tensors = |ts: &[crate::plan::TensorRef]| {
+        ts.iter().map(|t| format!("{} {}", t.name, t.ty)).collect::<Vec<_>>().join(", ")
+    };
+    let mut h = String::new();
+    h.push_str(&format!(
+        "// {name}: kernel {} of `{}`, generated by eqfuse codegen; do not edit.\n",
+        k.id, plan.program
+    ));
+    h.push_str(&format!("// template: {}; iteration space {}\n", template.name(), crate::lang::Dims(k.domain.clone())));
+    h.push_str(&format!("// ops: {}\n", k.ops.join(" ")));
+    h.push_str(&format!("// reads: {}\n", tensors(&k.reads)));
+    h.push_str(&format!("// writes: {}\n", tensors(&k.writes)));
+    h.push_str(&format!(
+        "// launch: grid ({}, {}, {}), block ({}, {}, {})\n",
+        shape.grid[0], shape.grid[1], shape.grid[2], shape.block[0], shape.block[1], shape.block[2]
+    ));
+    h
+}
+
+/// The launch manifest of a plan: kernels in launch order with their arguments.
+#[derive(Serialize)]
+struct Manifest<'a> {
+    schema: &'static str,
+    program: &'a str,
+    device: &'a str,
+    arch: &'static str,
+    inputs: Vec<(&'a str, String)>,
+    outputs: &'a [(String, String)],
+    kernels: &'a [KernelSource],
+}
+
+/// The launch manifest as JSON text.
+pub fn manifest_json(plan: &FusionPlan, sources: &[KernelSource]) -> String {
+    let m = Manifest {
+        schema: "eqfuse.launch/1",
+        program: &plan.program,
+        device: &plan.device,
+        arch: "sm_90",
+        inputs: plan.inputs.iter().map(|t| (t.name.as_str(), t.ty.to_string())).collect(),
+        outputs: &plan.outputs,
+        kernels: sources,
+    };
+    serde_json::to_string_pretty(&m).unwrap_or_default() + "\n"
+}
+
+/// Writes one `.cu` per kernel, `plan.json` and `launch.json` into `dir` (created if needed).
+/// Nothing is written if any kernel fails to render.
+pub fn write_codegen_dir(plan: &FusionPlan, dir: &Path) -> Result<Vec<KernelSource>> {
+    let sources = codegen_plan(plan)?;
+    let io = |p: &Path, e| Error::io(p.display().to_string(), e);
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    for s in &sources {
+        let p = dir.join(&s.file);
+        std::fs::write(&p, &s.source).map_err(|e| io(&p, e))?;
+    }
+    let p = dir.join("plan.json");
+    std::fs::write(&p, render(plan, Format::Json)).map_err(|e| io(&p, e))?;
+    let p = dir.join("launch.json");
+    std::fs::write(&p, manifest_json(plan, &sources)).map_err(|e| io(&p, e))?;
+    Ok(sources)
+}

@@ -1,0 +1,522 @@
+//! `eqfuse run PROG` on the GPU: generated kernels run in plan order, every output checked
+//! against the CPU reference, every kernel timed against its prediction.
+//!
+//! Inputs come from `INPUTS/NAME.npy` when present, else from the seeded generator (the same
+//! values `run --cpu` uses). Outputs are poisoned (all bytes 0xFF: NaN in every float type)
+//! before the checked run, so an element no kernel writes cannot pass. Timings are CUDA-event
+//! medians over `repeat` runs after that warm-up run, with the L2 cache flushed before each run
+//! when the plan's data would fit in it.
+//! Invariants: a plan with a kernel codegen cannot generate fails before the GPU is touched;
+//! the check compares each output's largest absolute error with its largest reference value
+//! (f32 within 1e-5, f16 and bf16 within 1e-2, integers exactly).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::codegen::{codegen_plan, ArgRole, KernelSource};
+use crate::error::{Error, Result};
+use crate::gpu::{tensor_bytes, tensor_from_bytes, Buffer, Gpu, Loaded};
+use crate::npy::{read_npy, write_npy};
+use crate::plan::FusionPlan;
+use crate::profile::DeviceProfile;
+use crate::program::Program;
+use crate::tensor::Tensor;
+use crate::types::{DType, TensorType};
+
+/// Options of a GPU run.
+#[derive(Clone, Debug)]
+pub struct GpuRunOptions {
+    /// Folder holding `NAME.npy` for some or all inputs.
+    pub inputs_dir: Option<PathBuf>,
+    /// Folder to write outputs (and generated inputs) to as `.npy`; nothing is written if `None`.
+    pub outputs_dir: Option<PathBuf>,
+    /// Timed runs after the checked one (0: no timing).
+    pub repeat: usize,
+    /// Seed of generated inputs.
+    pub seed: u64,
+    /// Whether to compare outputs with the CPU reference.
+    pub check: bool,
+    /// Numbers to report bandwidth shares against; by default the profile the plan names.
+    pub profile: Option<DeviceProfile>,
+    /// Whether kernels that loop over their work launch one wave of resident blocks instead of
+    /// one block per unit of work. Off by default: on an H100 (2026-11-22) it made softmax and
+    /// layernorm 16384x4096 slower (86% and 91% of copy bandwidth against 96% and 97%) and
+    /// cross-entropy's row kernel 2% faster.
+    pub persistent: bool,
+}
+
+impl Default for GpuRunOptions {
+    fn default() -> Self {
+        GpuRunOptions {
+            inputs_dir: None,
+            outputs_dir: None,
+            repeat: 20,
+            seed: 0,
+            check: true,
+            profile: None,
+            persistent: false,
+        }
+    }
+}
+
+/// One kernel's timing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelTiming {
+    pub id: usize,
+    pub name: String,
+    /// Bytes the plan counts for the kernel (each read once, each write once).
+    pub bytes: u64,
+    pub predicted_us: f64,
+    /// Median over the timed runs (NaN when not timed).
+    pub measured_us: f64,
+    /// `bytes / measured`, in GB/s.
+    pub achieved_gbs: f64,
+}
+
+/// One output compared with the reference.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutputCheck {
+    pub name: String,
+    pub ty: TensorType,
+    /// Elements that are NaN where the reference is not (never written, or a real NaN).
+    pub unwritten: usize,
+    /// Elements outside the tolerance.
+    pub mismatches: usize,
+    pub max_abs_error: f64,
+    /// The largest absolute reference value.
+    pub max_abs_ref: f64,
+    /// `max_abs_error / max_abs_ref`.
+    pub scaled_error: f64,
+    pub tolerance: f64,
+}
+
+impl OutputCheck {
+    pub fn ok(&self) -> bool {
+        self.unwritten == 0 && self.mismatches == 0
+    }
+}
+
+/// What a GPU run did.
+#[derive(Clone, Debug)]
+pub struct GpuRunReport {
+    pub program: String,
+    pub device: String,
+    pub arch: String,
+    pub seed: u64,
+    pub repeat: usize,
+    pub kernels: Vec<KernelTiming>,
+    /// Median over the timed runs of the whole plan, launch gaps included.
+    pub total_measured_us: f64,
+    pub total_predicted_us: f64,
+    /// Copy bandwidth the shares are relative to (GB/s, read plus write).
+    pub copy_bandwidth_gbs: Option<f64>,
+    /// Empty when the run was not checked.
+    pub outputs: Vec<OutputCheck>,
+    /// Kernels compiled, and how many came from the NVRTC disk cache.
+    pub compiled: usize,
+    pub cached: usize,
+    pub compile_ms: f64,
+    /// The outputs' values, in plan output order.
+    pub values: Vec<(String, Tensor)>,
+}
+
+impl GpuRunReport {
+    /// Whether every checked output matched the reference.
+    pub fn ok(&self) -> bool {
+        self.outputs.iter().all(OutputCheck::ok)
+    }
+}
+
+/// Generates the plan's kernels, opens the GPU, and runs. With no usable GPU this is
+/// [`Error::NoGpu`]; a kernel codegen does not support is an error naming it.
+pub fn run_plan_gpu(program: &Program, plan: &FusionPlan, opts: &GpuRunOptions) -> Result<GpuRunReport> {
+    let sources = codegen_plan(plan)?;
+    let gpu = Gpu::open()?;
+    run_on(&gpu, program, plan, &sources, opts)
+}
+
+/// Runs generated kernels on an open GPU (calibration and benches reuse one device).
+pub fn run_on(
+    gpu: &Gpu,
+    program: &Program,
+    plan: &FusionPlan,
+    sources: &[KernelSource],
+    opts: &GpuRunOptions,
+) -> Result<GpuRunReport> {
+    let t0 = Instant::now();
+    let mut loaded: Vec<Loaded> = sources.iter().map(|s| gpu.load(s)).collect::<Result<_>>()?;
+    if !opts.persistent {
+        loaded.iter_mut().for_each(|k| k.resident_blocks = None);
+    }
+    let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let inputs = gather_inputs(program, opts)?;
+    let mut bufs = Buffers::new(gpu, plan, &inputs, &loaded)?;
+    bufs.poison(gpu, plan)?;
+    for k in &loaded {
+        gpu.launch(k, &bufs.args(k)?)?;
+        gpu.sync(&k.source.name)?;
+    }
+    let values = bufs.outputs(gpu, plan)?;
+    let outputs = if opts.check { check(program, &inputs, &values)? } else { vec![] };
+    let (kernels, total) = time_plan(gpu, plan, &loaded, &bufs, opts.repeat)?;
+    if let Some(dir) = &opts.outputs_dir {
+        write_outputs(dir, program, opts, &inputs, &values)?;
+    }
+    let profile = opts.profile.clone().or_else(|| DeviceProfile::load(&plan.device).ok());
+    Ok(GpuRunReport {
+        program: plan.program.clone(),
+        device: gpu.name.clone(),
+        arch: gpu.arch.clone(),
+        seed: opts.seed,
+        repeat: opts.repeat,
+        kernels,
+        total_measured_us: total,
+        total_predicted_us: plan.total.predicted_us,
+        copy_bandwidth_gbs: profile.map(|p| p.copy_bandwidth_gbs),
+        outputs,
+        compiled: loaded.len(),
+        cached: loaded.iter().filter(|k| k.cached).count(),
+        compile_ms,
+        values,
+    })
+}
+
+/// The program as eager execution runs it: composites expanded, every primitive operator its
+/// own kernel writing its result (the plan whose totals are `FusionPlan::unfused`).
+pub fn unfused_plan(program: &Program, profile: &DeviceProfile) -> Result<FusionPlan> {
+    let expanded = crate::expand::expand_composites(program).map_err(Error::Invalid)?;
+    let dag = crate::dag::Dag::from_program(&expanded);
+    let fusion = crate::fuse::Fusion::unfused(&dag, profile);
+    let totals = crate::optimize::unfused_totals(program, profile)?;
+    let search = crate::plan::SearchReport { extractor: "unfused".into(), ..Default::default() };
+    Ok(crate::extract::build_plan(program, &dag, &fusion, profile, totals, search))
+}
+
+/// Each input from `INPUTS/NAME.npy` if that file exists, else seeded.
+fn gather_inputs(program: &Program, opts: &GpuRunOptions) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    for (k, input) in program.inputs.iter().enumerate() {
+        let file = opts.inputs_dir.as_ref().map(|d| d.join(format!("{}.npy", input.name))).filter(|p| p.is_file());
+        let t = match file {
+            Some(p) => read_npy(&p, &input.ty)?,
+            None => seeded_input(program, k, opts.seed),
+        };
+        out.insert(input.name.clone(), t);
+    }
+    Ok(out)
+}
+
+/// Input `k` from the seeded generator: `rng::random_program_input`, drawn in parallel for large
+/// float inputs (every element is a function of its index alone, so the values are the same).
+fn seeded_input(program: &Program, k: usize, seed: u64) -> Tensor {
+    use rayon::prelude::*;
+    let ty = &program.inputs[k].ty;
+    if !ty.dtype.is_float() || ty.numel() < 1 << 20 || program.values.contains_key(&program.inputs[k].name) {
+        return crate::rng::random_program_input(program, k, seed);
+    }
+    let s = crate::rng::input_seed(seed, k);
+    let normal = |i: u64| {
+        let u1 = (crate::rng::bits(s, 2 * i) as f64 + 0.5) / 4_294_967_296.0;
+        let u2 = crate::rng::bits(s, 2 * i + 1) as f64 / 4_294_967_296.0;
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    };
+    let data = (0..ty.numel() as u64).into_par_iter().map(|i| ty.dtype.round(normal(i))).collect();
+    Tensor { dtype: ty.dtype, shape: ty.shape.clone(), data }
+}
+
+/// Device buffers: one per tensor of the plan, plus each kernel's workspace.
+struct Buffers {
+    tensors: HashMap<String, (Buffer, TensorType)>,
+    /// Each kernel's workspace buffers, by kernel name.
+    workspace: HashMap<String, Vec<Buffer>>,
+}
+
+impl Buffers {
+    fn new(gpu: &Gpu, plan: &FusionPlan, inputs: &HashMap<String, Tensor>, loaded: &[Loaded]) -> Result<Buffers> {
+        let mut tensors = HashMap::new();
+        for i in &plan.inputs {
+            let t = inputs.get(&i.name).ok_or_else(|| Error::Invalid(format!("missing input `{}`", i.name)))?;
+            tensors.insert(i.name.clone(), (gpu.upload(&tensor_bytes(t), &i.name)?, i.ty.clone()));
+        }
+        for k in &plan.kernels {
+            for w in &k.writes {
+                if !tensors.contains_key(&w.name) {
+                    tensors.insert(w.name.clone(), (gpu.alloc(w.ty.bytes() as usize, &w.name)?, w.ty.clone()));
+                }
+            }
+        }
+        let mut workspace = HashMap::new();
+        for k in loaded {
+            let mut ws = Vec::new();
+            for a in k.source.args.iter().filter(|a| a.role == ArgRole::Workspace) {
+                let mut b = gpu.alloc(a.bytes as usize, &format!("{} of {}", a.name, k.source.name))?;
+                gpu.fill(&mut b, 0, &a.name)?;
+                ws.push(b);
+            }
+            workspace.insert(k.source.name.clone(), ws);
+        }
+        Ok(Buffers { tensors, workspace })
+    }
+
+    /// Fills every tensor a kernel writes with 0xFF bytes.
+    fn poison(&mut self, gpu: &Gpu, plan: &FusionPlan) -> Result<()> {
+        for k in &plan.kernels {
+            for w in &k.writes {
+                if let Some((b, _)) = self.tensors.get_mut(&w.name) {
+                    gpu.fill(b, 0xff, &w.name)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A kernel's arguments in launch order.
+    fn args(&self, k: &Loaded) -> Result<Vec<&Buffer>> {
+        let mut ws = self.workspace.get(&k.source.name).into_iter().flatten();
+        k.source
+            .args
+            .iter()
+            .map(|a| match a.role {
+                ArgRole::Workspace => ws.next().ok_or_else(|| missing(&a.name)),
+                _ => self.tensors.get(&a.name).map(|(b, _)| b).ok_or_else(|| missing(&a.name)),
+            })
+            .collect()
+    }
+
+    /// The plan's outputs, downloaded.
+    fn outputs(&self, gpu: &Gpu, plan: &FusionPlan) -> Result<Vec<(String, Tensor)>> {
+        plan.outputs
+            .iter()
+            .map(|(name, tensor)| {
+                let (b, ty) = self.tensors.get(tensor).ok_or_else(|| missing(tensor))?;
+                let bytes = gpu.download(b, ty.bytes() as usize, name)?;
+                Ok((name.clone(), tensor_from_bytes(ty, &bytes)))
+            })
+            .collect()
+    }
+}
+
+fn missing(name: &str) -> Error {
+    Error::Invalid(format!("no device buffer for `{name}`"))
+}
+
+/// Tolerance of a dtype, relative to the largest reference value.
+fn tolerance(d: DType) -> f64 {
+    match d {
+        DType::F32 => 1e-5,
+        DType::F16 | DType::Bf16 => 1e-2,
+        DType::I32 | DType::Bool => 0.0,
+    }
+}
+
+fn check(program: &Program, inputs: &HashMap<String, Tensor>, got: &[(String, Tensor)]) -> Result<Vec<OutputCheck>> {
+    let want = crate::reference::eval(program, inputs)?;
+    Ok(got.iter().zip(&want).map(|((name, g), w)| compare(name, g, w)).collect())
+}
+
+/// Compares a GPU output with the reference by the largest absolute error, scaled by the
+/// largest absolute reference value.
+pub fn compare(name: &str, got: &Tensor, want: &Tensor) -> OutputCheck {
+    let tol = tolerance(want.dtype);
+    let max_abs_ref = want.data.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+    let scale = if max_abs_ref > 0.0 { max_abs_ref } else { 1.0 };
+    let (mut unwritten, mut mismatches, mut max_err) = (0, 0, 0.0f64);
+    for (&g, &w) in got.data.iter().zip(&want.data) {
+        if g.is_nan() && !w.is_nan() {
+            unwritten += 1;
+            continue;
+        }
+        if g == w || (g.is_nan() && w.is_nan()) {
+            continue;
+        }
+        let err = (g - w).abs();
+        if err.is_finite() {
+            max_err = max_err.max(err);
+        }
+        if err.is_nan() || err > tol * scale {
+            mismatches += 1;
+        }
+    }
+    if got.shape != want.shape {
+        mismatches = mismatches.max(1);
+    }
+    OutputCheck {
+        name: name.to_string(),
+        ty: TensorType::new(want.dtype, want.shape.clone()),
+        unwritten,
+        mismatches,
+        max_abs_error: max_err,
+        max_abs_ref,
+        scaled_error: max_err / scale,
+        tolerance: tol,
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+/// Times `repeat` runs of the plan with events around every kernel; returns per-kernel and
+/// whole-plan medians.
+fn time_plan(
+    gpu: &Gpu,
+    plan: &FusionPlan,
+    loaded: &[Loaded],
+    bufs: &Buffers,
+    repeat: usize,
+) -> Result<(Vec<KernelTiming>, f64)> {
+    let n = loaded.len();
+    let mut per: Vec<Vec<f64>> = vec![Vec::with_capacity(repeat); n];
+    let mut totals = Vec::with_capacity(repeat);
+    let bytes: u64 = plan.total.bytes;
+    let mut flush = if repeat > 0 && bytes < 8 * gpu.l2_bytes as u64 {
+        Some(gpu.alloc(2 * gpu.l2_bytes, "the L2 flush buffer")?)
+    } else {
+        None
+    };
+    let args: Vec<Vec<&Buffer>> = loaded.iter().map(|k| bufs.args(k)).collect::<Result<_>>()?;
+    let events: Vec<_> = (0..=n).map(|_| gpu.event()).collect::<Result<_>>()?;
+    for _ in 0..repeat {
+        if let Some(f) = flush.as_mut() {
+            gpu.fill(f, 0, "the L2 flush buffer")?;
+        }
+        gpu.record(&events[0])?;
+        for (i, k) in loaded.iter().enumerate() {
+            gpu.launch(k, &args[i])?;
+            gpu.record(&events[i + 1])?;
+        }
+        gpu.sync("a timed run of the plan")?;
+        for i in 0..n {
+            per[i].push(gpu.elapsed_us(&events[i], &events[i + 1])?);
+        }
+        totals.push(gpu.elapsed_us(&events[0], &events[n])?);
+    }
+    let kernels = loaded
+        .iter()
+        .zip(per.iter_mut())
+        .map(|(k, times)| {
+            let pk = &plan.kernels[k.source.kernel];
+            let bytes = pk.bytes_read + pk.bytes_written;
+            let measured_us = median(times);
+            KernelTiming {
+                id: pk.id,
+                name: k.source.name.clone(),
+                bytes,
+                predicted_us: pk.predicted_us,
+                measured_us,
+                achieved_gbs: bytes as f64 / (measured_us * 1e3),
+            }
+        })
+        .collect();
+    Ok((kernels, median(&mut totals)))
+}
+
+fn write_outputs(
+    dir: &Path,
+    program: &Program,
+    opts: &GpuRunOptions,
+    inputs: &HashMap<String, Tensor>,
+    values: &[(String, Tensor)],
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
+    for i in &program.inputs {
+        let from_file = opts.inputs_dir.as_ref().is_some_and(|d| d.join(format!("{}.npy", i.name)).is_file());
+        if let (false, Some(t)) = (from_file, inputs.get(&i.name)) {
+            write_npy(dir.join(format!("{}.npy", i.name)), t)?;
+        }
+    }
+    for (name, t) in values {
+        write_npy(dir.join(format!("{name}.npy")), t)?;
+    }
+    Ok(())
+}
+
+impl fmt::Display for GpuRunReport {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        writeln!(f, "ran {} on {} ({}), seed {}", self.program, self.device, self.arch, self.seed)?;
+        writeln!(
+            f,
+            "compiled {} kernels ({} from the NVRTC cache) in {:.0} ms",
+            self.compiled, self.cached, self.compile_ms
+        )?;
+        if self.repeat > 0 {
+            writeln!(f, "times: median of {} runs after a warm-up", self.repeat)?;
+            writeln!(
+                f,
+                "  {:<28} {:>12} {:>12} {:>12} {:>10} {:>10}",
+                "kernel", "predicted us", "measured us", "bytes", "GB/s", "of copy"
+            )?;
+            for k in &self.kernels {
+                let share = self
+                    .copy_bandwidth_gbs
+                    .map_or(String::from("-"), |c| format!("{:.0}%", 100.0 * k.achieved_gbs / c));
+                writeln!(
+                    f,
+                    "  {:<28} {:>12.1} {:>12.1} {:>12} {:>10.0} {:>10}",
+                    k.name,
+                    k.predicted_us,
+                    k.measured_us,
+                    crate::render::human_bytes(k.bytes),
+                    k.achieved_gbs,
+                    share
+                )?;
+            }
+            writeln!(f, "  {:<28} {:>12.1} {:>12.1}", "total", self.total_predicted_us, self.total_measured_us)?;
+        }
+        if !self.outputs.is_empty() {
+            writeln!(f, "outputs against the CPU reference:")?;
+        }
+        for o in &self.outputs {
+            let verdict = if o.ok() { "ok" } else { "MISMATCH" };
+            write!(
+                f,
+                "  {:<12} {:<20} {verdict}: max error {:.2e} of max |ref| {:.3} (scaled {:.2e}, tolerance {:.0e})",
+                o.name,
+                o.ty.to_string(),
+                o.max_abs_error,
+                o.max_abs_ref,
+                o.scaled_error,
+                o.tolerance
+            )?;
+            if o.unwritten > 0 || o.mismatches > 0 {
+                write!(f, "; {} unwritten, {} outside tolerance", o.unwritten, o.mismatches)?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_inputs_equal_the_reference_generator() {
+        let ty = TensorType::new(DType::Bf16, vec![1 << 20]);
+        let p = Program::from_sexprs("p", &[("x", ty)], &[("y", "(exp x)")]).unwrap();
+        assert_eq!(seeded_input(&p, 0, 9), crate::rng::random_program_input(&p, 0, 9));
+    }
+
+    #[test]
+    fn comparison_scales_by_the_largest_reference_value() {
+        let want = Tensor { dtype: DType::F32, shape: vec![3], data: vec![100.0, 1e-3, -2.0] };
+        let got = Tensor { dtype: DType::F32, shape: vec![3], data: vec![100.0, 1.5e-3, -2.0] };
+        assert!(compare("y", &got, &want).ok());
+        let bad = Tensor { dtype: DType::F32, shape: vec![3], data: vec![100.1, 1e-3, f64::NAN] };
+        let c = compare("y", &bad, &want);
+        assert_eq!((c.unwritten, c.mismatches), (1, 1));
+        assert!(!c.ok());
+    }
+}

@@ -1,0 +1,75 @@
+//! Golden CUDA: the generated part (header, `#define` block and fused body functions) of the
+//! kernels of a few small programs and examples, as `insta` snapshots. A change to code
+//! generation that alters a kernel shows up here in review; the templates themselves are the
+//! files in `kernels/`. Also checks `write_codegen_dir`'s files.
+
+mod common;
+
+use eqfuse::{codegen_plan, optimize, write_codegen_dir, DeviceProfile, KernelSource, OptimizeOptions, Program};
+
+fn opts() -> OptimizeOptions {
+    OptimizeOptions::new(DeviceProfile::load("h100").unwrap())
+}
+
+/// The generated part of a kernel's source (everything but the verbatim header and template).
+fn generated(s: &KernelSource) -> String {
+    let head = s.source.split("\n// ---- kernels/common.cuh ----\n").next().unwrap_or_default();
+    let body = s.source.split("\n// ---- generated body ----\n").nth(1).unwrap_or_default();
+    let body = body.split("\n// ---- kernels/").next().unwrap_or_default();
+    format!("{head}\n{body}")
+}
+
+fn snapshot_program(name: &str, program: &Program) {
+    let plan = optimize(program, &opts()).unwrap().plan;
+    let text: Vec<String> = codegen_plan(&plan).unwrap().iter().map(generated).collect();
+    insta::assert_snapshot!(format!("cuda_{name}"), text.join("\n"));
+}
+
+#[test]
+fn generated_cuda_of_small_cases() {
+    let wanted = ["bias_gelu_dropout", "layernorm", "rmsnorm_bf16", "bias_grads", "cross_entropy", "views", "halves"];
+    for case in common::cases().into_iter().filter(|c| wanted.contains(&c.name)) {
+        snapshot_program(case.name, &case.program);
+    }
+}
+
+#[test]
+fn generated_cuda_of_examples() {
+    for name in ["softmax", "cross_entropy", "add_mul"] {
+        let p = eqfuse::load_program(&format!("examples/{name}.eqf"), &[]).unwrap();
+        snapshot_program(&format!("example_{name}"), &p);
+    }
+}
+
+#[test]
+fn codegen_dir_holds_sources_plan_and_manifest() {
+    let case = common::cases().into_iter().find(|c| c.name == "residual_layernorm").unwrap();
+    let plan = optimize(&case.program, &opts()).unwrap().plan;
+    let dir = tempfile::tempdir().unwrap();
+    let sources = write_codegen_dir(&plan, dir.path()).unwrap();
+    for s in &sources {
+        let text = std::fs::read_to_string(dir.path().join(&s.file)).unwrap();
+        assert_eq!(text, s.source);
+        assert!(text.contains(&format!("EQ_KERNEL {}", s.name)));
+    }
+    let plan_json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan_json["schema"], "eqfuse.plan/1");
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("launch.json")).unwrap()).unwrap();
+    assert_eq!(m["schema"], "eqfuse.launch/1");
+    let k = &m["kernels"][0];
+    for key in ["name", "file", "template", "launch", "args"] {
+        assert!(k.get(key).is_some(), "manifest kernel without `{key}`");
+    }
+    assert_eq!(k["args"][0]["role"], "read");
+    assert!(k["launch"]["grid"].as_array().is_some_and(|g| g.len() == 3));
+}
+
+#[test]
+fn gemm_kernels_are_refused_with_the_kernel_named() {
+    let p = eqfuse::load_program("examples/dense.eqf", &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let err = codegen_plan(&plan).unwrap_err().to_string();
+    assert!(err.contains("kernel 0") && err.contains("not supported yet"), "{err}");
+}

@@ -1,0 +1,114 @@
+//! Programs shared by the code generation, NVRTC and GPU tests: small cases that cover every
+//! template, operator, dtype and broadcasting pattern codegen handles.
+#![allow(dead_code)]
+
+use eqfuse::{DType, Program, TensorType};
+
+pub fn t(dtype: DType, shape: &[usize]) -> TensorType {
+    TensorType::new(dtype, shape.to_vec())
+}
+
+pub fn f32(shape: &[usize]) -> TensorType {
+    t(DType::F32, shape)
+}
+
+/// Decomposed layernorm of `x` over the last axis.
+pub const LAYERNORM: &str =
+    "(+ (* (* (- x (mean x -1)) (rsqrt (+ (mean (* (- x (mean x -1)) (- x (mean x -1))) -1) 0.00001))) gamma) beta)";
+
+/// Decomposed softmax of `x` over the last axis.
+pub const SOFTMAX: &str = "(/ (exp (- x (amax x -1))) (sum (exp (- x (amax x -1))) -1))";
+
+/// The example programs (`examples/*.eqf` from the working directory, else from the crate's
+/// folder), sorted by path.
+pub fn example_paths() -> Vec<String> {
+    let local = std::path::Path::new("examples");
+    let dir = if local.is_dir() {
+        local.to_path_buf()
+    } else {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples")
+    };
+    let mut paths: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "eqf"))
+        .filter_map(|p| p.to_str().map(str::to_string))
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// A named case: a program at a size `scale` multiplies (1 for tests).
+pub struct Case {
+    pub name: &'static str,
+    pub program: Program,
+}
+
+fn case(name: &'static str, inputs: &[(&str, TensorType)], outputs: &[(&str, &str)]) -> Case {
+    let program = Program::from_sexprs(name, inputs, outputs).unwrap_or_else(|e| panic!("{name}: {e}"));
+    Case { name, program }
+}
+
+/// The small cases (each well under a million elements).
+pub fn cases() -> Vec<Case> {
+    let (r, c) = (64, 1024);
+    let bf = |s: &[usize]| t(DType::Bf16, s);
+    let h = |s: &[usize]| t(DType::F16, s);
+    vec![
+        case("add_mul", &[("x", f32(&[4096])), ("y", f32(&[4096])), ("z", f32(&[4096]))], &[("out", "(* (+ x y) z)")]),
+        case("softplus_tail", &[("x", f32(&[1001]))], &[("y", "(log (+ (exp x) 1))")]),
+        case("bias_gelu_dropout", &[("x", f32(&[r, c])), ("b", f32(&[c]))], &[("y", "(dropout (gelu (+ x b)) 0.1 7)")]),
+        case("layernorm", &[("x", f32(&[r, c])), ("gamma", f32(&[c])), ("beta", f32(&[c]))], &[("y", LAYERNORM)]),
+        case("softmax", &[("x", f32(&[r, c]))], &[("y", SOFTMAX)]),
+        case("softmax_odd", &[("x", f32(&[7, 33]))], &[("y", "(softmax x -1)")]),
+        case("log_softmax", &[("x", f32(&[32, 4096]))], &[("y", "(log_softmax x -1)")]),
+        case("rmsnorm_bf16", &[("x", bf(&[r, c])), ("g", bf(&[c]))], &[("y", "(rmsnorm x g 0.000001)")]),
+        case(
+            "residual_layernorm",
+            &[("x", f32(&[r, 768])), ("res", f32(&[r, 768])), ("g", f32(&[768])), ("b", f32(&[768]))],
+            &[("h", "(+ x res)"), ("y", "(layernorm (+ x res) g b 0.00001)")],
+        ),
+        case("row_sums", &[("x", f32(&[r, 300]))], &[("s", "(sum (* x x) -1)"), ("m", "(amin x -1)")]),
+        case(
+            "bias_grads",
+            &[("g", f32(&[512, 256])), ("xh", f32(&[512, 256]))],
+            &[("db", "(sum g 0)"), ("dg", "(sum (* g xh) 0)")],
+        ),
+        case("col_mean_rank3", &[("x", f32(&[4, 200, 96]))], &[("m", "(mean x 1)"), ("a", "(amax x 1)")]),
+        case("long_rows", &[("x", f32(&[4, 70000]))], &[("y", SOFTMAX)]),
+        case(
+            "views",
+            &[("a", f32(&[32, 64])), ("bt", f32(&[64, 32])), ("v", f32(&[32, 1]))],
+            &[("y", "(+ (* a (transpose bt 0 1)) (broadcast v [32,64]))")],
+        ),
+        case(
+            "pointwise_zoo",
+            &[("x", f32(&[8, 128])), ("y", f32(&[8, 128]))],
+            &[
+                ("u", "(+ (+ (silu x) (sigmoid y)) (+ (tanh x) (gelu_tanh y)))"),
+                ("w", "(+ (+ (erf x) (sin y)) (+ (cos x) (abs y)))"),
+                ("z", "(+ (+ (sqrt (abs x)) (rsqrt (+ (square y) 1))) (+ (recip (+ (abs x) 1)) (pow (abs y) 1.5)))"),
+                ("m", "(where (> x y) (max x y) (min (neg x) y))"),
+                ("q", "(relu (- x (* y 2)))"),
+            ],
+        ),
+        case(
+            "halves",
+            &[("a", bf(&[256, 64])), ("b", h(&[256, 64]))],
+            &[("y", "(* a (cast b bf16))"), ("z", "(cast (+ (cast a f32) 1) f16)")],
+        ),
+        case(
+            "ints_and_bools",
+            &[("t", t(DType::I32, &[64])), ("k", t(DType::Bool, &[64, 10]))],
+            &[("o", "(onehot t 10)"), ("i", "(+ (iota 10) (reshape (/ t 3) [64,1]))"), ("n", "(not k)")],
+        ),
+        case("scalar", &[("s", f32(&[])), ("x", f32(&[16]))], &[("y", "(* x (exp s))"), ("e", "(exp s)")]),
+        case(
+            "cross_entropy",
+            &[("logits", f32(&[64, 1000])), ("t", t(DType::I32, &[64]))],
+            &[("loss", "(cross_entropy logits t)")],
+        ),
+        case("reshaped_row_value", &[("x", f32(&[48, 256]))], &[("s", "(reshape (sum x -1) [48])")]),
+    ]
+}

@@ -1,0 +1,93 @@
+//! CI check: every kernel the code generator emits for the test cases (and every template on
+//! its own, with its default parameters) compiles with NVRTC for sm_90, without a GPU.
+//!
+//! NVRTC comes from `.ci/install-nvrtc` (the `nvidia-cuda-nvrtc` 13.0 wheel unpacked into
+//! `.nvrtc/`) or the loader path. Where it is missing the test says so and passes, unless
+//! `CI=true`, where a missing NVRTC fails.
+
+mod common;
+
+use eqfuse::{codegen_plan, nvrtc_available, nvrtc_compile, optimize, DeviceProfile, OptimizeOptions, DEFAULT_ARCH};
+
+fn nvrtc_or_skip() -> bool {
+    match nvrtc_available() {
+        Ok(_) => true,
+        Err(why) if std::env::var("CI").as_deref() == Ok("true") => panic!("CI=true but NVRTC is unusable: {why}"),
+        Err(why) => {
+            eprintln!("skipped: NVRTC is not available ({why})");
+            false
+        }
+    }
+}
+
+#[test]
+fn templates_compile_alone() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/kernels");
+    for (name, text) in eqfuse::TEMPLATE_FILES.iter().filter(|(n, _)| n.ends_with(".cu")) {
+        let c = nvrtc_compile(text, name, DEFAULT_ARCH, &[format!("--include-path={dir}")])
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!c.ptx.is_empty());
+    }
+}
+
+#[test]
+fn generated_kernels_compile() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let mut n = 0;
+    for case in common::cases() {
+        let plan = optimize(&case.program, &opts).unwrap().plan;
+        let sources = codegen_plan(&plan).unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        for s in sources {
+            let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[])
+                .unwrap_or_else(|e| panic!("{} / {}: {e}\n{}", case.name, s.name, s.source));
+            assert!(c.log.trim().is_empty(), "{} / {}: warnings\n{}", case.name, s.name, c.log);
+            n += 1;
+        }
+    }
+    eprintln!("compiled {n} generated kernels with NVRTC");
+}
+
+/// Every example program at its declared sizes, and with every dim capped at 512 where the
+/// program allows it. Kernels of the gemm and attention templates are not generated yet
+/// (issue 6) and are skipped; any other codegen failure fails the test.
+#[test]
+fn example_kernels_compile() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let examples = common::example_paths();
+    let (mut compiled, mut skipped) = (0, 0);
+    for path in examples {
+        let full = match eqfuse::load_program(&path, &[]) {
+            Ok(p) => p,
+            Err(e) => {
+                eprintln!("skipped {path}: {e}");
+                continue;
+            }
+        };
+        let capped: Vec<(String, usize)> = full.dims.iter().map(|(n, v)| (n.clone(), (*v).min(512))).collect();
+        let mut programs = vec![full];
+        programs.extend(eqfuse::load_program(&path, &capped).ok());
+        for p in programs {
+            let plan = optimize(&p, &opts).unwrap().plan;
+            for k in &plan.kernels {
+                if matches!(k.template, eqfuse::Template::Gemm | eqfuse::Template::Attention) {
+                    skipped += 1;
+                    continue;
+                }
+                let s = eqfuse::codegen_kernel(&plan, k).unwrap_or_else(|e| panic!("{path}: {e}"));
+                nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[])
+                    .unwrap_or_else(|e| panic!("{path} / {}: {e}", s.name));
+                compiled += 1;
+            }
+        }
+    }
+    eprintln!("compiled {compiled} example kernels; skipped {skipped} gemm/attention kernels (issue 6)");
+}
