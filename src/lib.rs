@@ -52,6 +52,7 @@
 
 mod analysis;
 mod autodiff;
+mod bench;
 mod calibrate;
 mod codegen;
 mod conditions;
@@ -90,6 +91,7 @@ mod types;
 
 pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
 pub use autodiff::{expand_grads, grad, has_grads};
+pub use bench::{bench_programs, spearman, BenchReport, BenchRow};
 pub use calibrate::{calibrate, calibrate_on, short_name as profile_name_of, Calibration};
 pub use codegen::{
     codegen_kernel, codegen_plan, manifest_json, write_codegen_dir, ArgRole, KernelArg, KernelSource, Launch,

@@ -42,7 +42,40 @@ enum Command {
         #[arg(long = "dim", value_name = "NAME=VALUE")]
         dims: Vec<String>,
     },
-    /// Run a program: on the CPU reference with --cpu.
+    /// Write one self-contained `.cu` per kernel, `plan.json` and a launch manifest.
+    Codegen {
+        #[command(flatten)]
+        plan: PlanArgs,
+        /// Folder to write into.
+        #[arg(short = 'o', long = "out")]
+        out: PathBuf,
+    },
+    /// Unfused against fused on the GPU, measured and predicted, for each program (default: the
+    /// examples that run on the GPU), with the rank correlation of predicted and measured time.
+    Bench {
+        /// Programs (`.eqf`, `.json`, `.onnx`); none means every example that runs on the GPU.
+        progs: Vec<String>,
+        /// Override a declared size in every program: `--dim N=4096` (repeatable).
+        #[arg(long = "dim", value_name = "NAME=VALUE")]
+        dims: Vec<String>,
+        /// Device profile the plans are made for.
+        #[arg(long, default_value = "h100")]
+        device: String,
+        /// Timed repetitions per plan.
+        #[arg(long, default_value_t = 30)]
+        repeat: usize,
+        /// Also write the results as JSON here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Measure copy bandwidth, launch overhead and template rates on this GPU.
+    Calibrate {
+        /// Write the profile JSON here (default: print it).
+        #[arg(short = 'o', long = "out")]
+        out: Option<PathBuf>,
+    },
+    /// Run a program on the GPU (or on the CPU reference with --cpu), checking every output
+    /// against the CPU reference and timing each kernel against its prediction.
     Run {
         #[command(flatten)]
         plan: PlanArgs,
@@ -190,13 +223,56 @@ fn run(cli: Cli) -> Result<(), Error> {
             println!("{text}");
             Ok(())
         }
-        Command::Run { plan, cpu, inputs, outputs, seed, repeat: _ } => {
-            let program = plan.load()?;
-            if !cpu {
-                return Err(Error::NoGpu(
-                    "GPU execution is not built yet; use --cpu for the reference interpreter".into(),
-                ));
+        Command::Codegen { plan, out } => {
+            let (_, opt) = plan.optimize()?;
+            let sources = eqfuse::write_codegen_dir(&opt.plan, &out)?;
+            println!("wrote {} kernels, plan.json and launch.json to {}", sources.len(), out.display());
+            Ok(())
+        }
+        Command::Bench { progs, dims, device, repeat, json } => {
+            let overrides = dims
+                .iter()
+                .map(|d| eqfuse::parse_dim_override(d).map_err(Error::Invalid))
+                .collect::<Result<Vec<_>, _>>()?;
+            let files = if progs.is_empty() { default_bench_programs() } else { progs };
+            let programs = files.iter().map(|f| eqfuse::load_program(f, &overrides)).collect::<Result<Vec<_>, _>>()?;
+            let opts = OptimizeOptions::new(DeviceProfile::load(&device)?);
+            let report = eqfuse::bench_programs(&programs, &opts, repeat)?;
+            print!("{report}");
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&report.to_json()).expect("JSON values serialize") + "\n";
+                std::fs::write(&path, text).map_err(|e| Error::io(path.display().to_string(), e))?;
             }
+            Ok(())
+        }
+        Command::Calibrate { out } => {
+            let profile = eqfuse::calibrate()?;
+            let text = serde_json::to_string_pretty(&profile).expect("JSON values serialize") + "\n";
+            match out {
+                Some(path) => std::fs::write(&path, text).map_err(|e| Error::io(path.display().to_string(), e))?,
+                None => print!("{text}"),
+            }
+            Ok(())
+        }
+        Command::Run { plan, cpu, inputs, outputs, seed, repeat } => {
+            if !cpu {
+                let (program, opt) = plan.optimize()?;
+                let opts = eqfuse::GpuRunOptions {
+                    inputs_dir: inputs,
+                    outputs_dir: Some(outputs),
+                    repeat,
+                    seed,
+                    profile: Some(plan.options()?.profile),
+                    ..Default::default()
+                };
+                let report = eqfuse::run_plan_gpu(&program, &opt.plan, &opts)?;
+                print!("{report}");
+                if !report.ok() {
+                    return Err(Error::Invalid("outputs differ from the CPU reference".into()));
+                }
+                return Ok(());
+            }
+            let program = plan.load()?;
             let report = eqfuse::run_cpu(
                 &program,
                 &eqfuse::CpuRunOptions { inputs_dir: inputs, outputs_dir: Some(outputs), seed },
@@ -205,6 +281,15 @@ fn run(cli: Cli) -> Result<(), Error> {
             Ok(())
         }
     }
+}
+
+/// The examples whose plans run on the GPU today (no matrix products or attention), at their
+/// declared sizes.
+fn default_bench_programs() -> Vec<String> {
+    ["add_mul", "softplus", "bias_gelu_dropout", "layernorm", "rmsnorm", "softmax", "softmax_small", "cross_entropy"]
+        .iter()
+        .map(|n| format!("examples/{n}.eqf"))
+        .collect()
 }
 
 fn main() -> ExitCode {
