@@ -91,36 +91,19 @@ fn expand(p: &Program) -> R<Program> {
             }
         }
     }
-    let mut out = Program::new(p.source.clone());
-    out.dims = p.dims.clone();
-    out.values = p.values.clone();
-    for i in &p.inputs {
-        out.add_input(&i.name, i.ty.clone())?;
-    }
-    let mut map: Vec<Id> = Vec::with_capacity(p.len());
     let mut done: HashMap<(Id, Id), Id> = HashMap::new();
-    for (i, node) in p.expr().as_ref().iter().enumerate() {
-        let id = match node {
-            TensorLang::Op(code, ch) if code.kind() == Kind::Grad => {
-                if !done.contains_key(&(ch[0], ch[1])) {
-                    let ws = &wanted[&ch[0]];
-                    let mapped: Vec<Id> = ws.iter().map(|&w| map[usize::from(w)]).collect();
-                    let grads = grad_of(&mut out, map[usize::from(ch[0])], &mapped)?;
-                    done.extend(ws.iter().zip(grads).map(|(&w, g)| ((ch[0], w), g)));
-                }
-                done[&(ch[0], ch[1])]
+    p.rewrite_nodes(|out, map, node| match node {
+        TensorLang::Op(code, ch) if code.kind() == Kind::Grad => {
+            if !done.contains_key(&(ch[0], ch[1])) {
+                let ws = &wanted[&ch[0]];
+                let mapped: Vec<Id> = ws.iter().map(|&w| map[usize::from(w)]).collect();
+                let grads = grad_of(out, map[usize::from(ch[0])], &mapped)?;
+                done.extend(ws.iter().zip(grads).map(|(&w, g)| ((ch[0], w), g)));
             }
-            _ => out.add(node.clone().map_children(|c| map[usize::from(c)]))?,
-        };
-        if let Some(name) = p.name(Id::from(i)) {
-            out.name_node(id, name);
+            Ok(Some(done[&(ch[0], ch[1])]))
         }
-        map.push(id);
-    }
-    for o in &p.outputs {
-        out.add_output(&o.name, map[usize::from(o.id)])?;
-    }
-    Ok(out)
+        _ => Ok(None),
+    })
 }
 
 fn check_loss(p: &Program, loss: Id) -> R<()> {

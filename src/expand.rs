@@ -6,37 +6,23 @@
 //! Invariant: the expanded program computes the same values as the original (checked against
 //! the reference in the tests).
 
-use egg::{Id, Language};
+use egg::Id;
 
 use crate::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
 use crate::program::Program;
 
 /// A copy of `p` with every composite replaced by primitives.
 pub fn expand_composites(p: &Program) -> Result<Program, String> {
-    let mut out = Program::new(p.source.clone());
-    out.dims = p.dims.clone();
-    for i in &p.inputs {
-        out.add_input(&i.name, i.ty.clone())?;
-    }
-    let mut map: Vec<Id> = Vec::with_capacity(p.len());
-    for (i, node) in p.expr().as_ref().iter().enumerate() {
-        let n = node.clone().map_children(|c| map[usize::from(c)]);
-        let id = match &n {
-            TensorLang::Op(code, ch) => match code.kind() {
-                Kind::Composite(c) => expand(&mut out, c, ch)?,
-                _ => out.add(n.clone())?,
-            },
-            _ => out.add(n.clone())?,
-        };
-        if let Some(name) = p.name(Id::from(i)) {
-            out.name_node(id, name);
-        }
-        map.push(id);
-    }
-    for o in &p.outputs {
-        out.add_output(&o.name, map[usize::from(o.id)])?;
-    }
-    Ok(out)
+    p.rewrite_nodes(|out, map, node| match node {
+        TensorLang::Op(code, ch) => match code.kind() {
+            Kind::Composite(c) => {
+                let ch: Vec<Id> = ch.iter().map(|&x| map[usize::from(x)]).collect();
+                expand(out, c, &ch).map(Some)
+            }
+            _ => Ok(None),
+        },
+        _ => Ok(None),
+    })
 }
 
 /// Small builder helpers over a program.

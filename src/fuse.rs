@@ -460,8 +460,13 @@ impl<'a> Fusion<'a> {
 
     /// Whether `to` can be reached from `from` along reads (directly or through other kernels).
     fn reachable(&self, from: usize, to: usize) -> bool {
-        let mut stack = vec![from];
-        let mut seen = BTreeSet::from([from]);
+        self.reaches(vec![from], to)
+    }
+
+    /// Whether `to` can be reached from any of `starts` along reads.
+    fn reaches(&self, starts: Vec<usize>, to: usize) -> bool {
+        let mut seen: BTreeSet<usize> = starts.iter().copied().collect();
+        let mut stack = starts;
         while let Some(g) = stack.pop() {
             for s in self.successors(g) {
                 if s == to {
@@ -550,19 +555,7 @@ impl<'a> Fusion<'a> {
 
     /// Whether `to` is reachable from `from` through at least one other group.
     fn path_through_other(&self, from: usize, to: usize) -> bool {
-        let mut stack: Vec<usize> = self.successors(from).into_iter().filter(|&s| s != to).collect();
-        let mut seen: BTreeSet<usize> = stack.iter().copied().collect();
-        while let Some(g) = stack.pop() {
-            for s in self.successors(g) {
-                if s == to {
-                    return true;
-                }
-                if seen.insert(s) {
-                    stack.push(s);
-                }
-            }
-        }
-        false
+        self.reaches(self.successors(from).into_iter().filter(|&s| s != to).collect(), to)
     }
 
     /// The live groups in an execution order (producers first; ties by smallest member).

@@ -237,6 +237,36 @@ impl Program {
         Ok(p)
     }
 
+    /// A copy of this program (same inputs, names and outputs) in which each node is first
+    /// offered to `replace`, which gets the copy so far, the map from old nodes to new ones, and
+    /// the old node; when it returns `None` the node is copied with its children mapped.
+    pub fn rewrite_nodes(
+        &self,
+        mut replace: impl FnMut(&mut Program, &[Id], &TensorLang) -> Result<Option<Id>, String>,
+    ) -> Result<Program, String> {
+        let mut out = Program::new(self.source.clone());
+        out.dims = self.dims.clone();
+        out.values = self.values.clone();
+        for i in &self.inputs {
+            out.add_input(&i.name, i.ty.clone())?;
+        }
+        let mut map: Vec<Id> = Vec::with_capacity(self.len());
+        for (i, node) in self.expr.as_ref().iter().enumerate() {
+            let id = match replace(&mut out, &map, node)? {
+                Some(id) => id,
+                None => out.add(node.clone().map_children(|c| map[usize::from(c)]))?,
+            };
+            if let Some(name) = self.name(Id::from(i)) {
+                out.name_node(id, name);
+            }
+            map.push(id);
+        }
+        for o in &self.outputs {
+            out.add_output(&o.name, map[usize::from(o.id)])?;
+        }
+        Ok(out)
+    }
+
     /// The nodes reachable from the outputs (inputs included, even if unused).
     pub fn live(&self) -> Vec<bool> {
         let mut live = vec![false; self.len()];
