@@ -45,7 +45,7 @@ for s in $STAGES; do
            timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
              "$G/gpu-tests" reductions_are_deterministic --test-threads=1 --nocapture >> "$OUT/memcheck.log" 2>&1
            echo "racecheck exit $?" | tee -a "$OUT/memcheck.log"; tail -3 "$OUT/memcheck.log" ;;
-    torch) timeout 100 python3 "$G/torch_baselines.py" --out "$OUT/bench/torch.json" > "$OUT/torch.log" 2>&1
-           echo "torch exit $?" | tee -a "$OUT/torch.log"; grep '^{"program"' "$OUT/torch.log" ;;
+    torch) timeout 300 python3 "$G/torch_baselines.py" --out "$OUT/bench/torch.json" "$G"/graphs/*.json > "$OUT/torch.log" 2>&1
+           echo "torch exit $?" | tee -a "$OUT/torch.log"; grep '^{"graph"' "$OUT/torch.log" ;;
   esac
 done

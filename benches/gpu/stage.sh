@@ -25,7 +25,14 @@ EQFUSE_PREFILL=1 "$tests" --test-threads=1 >/dev/null
 rm -rf "$MAIN/.gpu" && mkdir -p "$MAIN/.gpu"
 cp "$tests" "$MAIN/.gpu/gpu-tests"
 cp "$bench" "$MAIN/.gpu/gpu-bench"
-cp benches/gpu/run.sh benches/gpu/torch_baselines.py "$MAIN/.gpu/"
+cp benches/gpu/run.sh benches/torch_baselines.py "$MAIN/.gpu/"
+# The PyTorch baselines run the same programs, exported as JSON graphs at the bench's sizes.
+cargo build --release --quiet
+mkdir -p "$MAIN/.gpu/graphs"
+for n in add_mul softplus bias_gelu_dropout rmsnorm softmax softmax_small cross_entropy layernorm; do
+  target/release/eqfuse export "examples/$n.eqf" > "$MAIN/.gpu/graphs/$n.json"
+done
+target/release/eqfuse export examples/layernorm.eqf --dim R=16384 --dim C=4096 > "$MAIN/.gpu/graphs/layernorm_16384x4096.json"
 cp -r "$EQFUSE_CACHE_DIR" "$MAIN/.gpu/cache"
 git rev-parse --short HEAD > "$MAIN/.gpu/COMMIT"
 du -sh "$MAIN/.gpu"
