@@ -105,7 +105,13 @@ fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
             let last = b.num(-1.0);
             let ls = b.log_softmax(ch[0], last)?;
             let vn = b.num(v as f64);
-            let oh = b.0.apply(Kind::OneHot, vec![ch[1], vn])?;
+            let mut oh = b.0.apply(Kind::OneHot, vec![ch[1], vn])?;
+            // onehot is f32; half-precision logits need it in their dtype (0 and 1 are exact).
+            let dtype = b.0.ty(ch[0]).ok_or("cross_entropy of an attribute")?.dtype;
+            if dtype != crate::types::DType::F32 {
+                let to = b.0.add(TensorLang::Type(dtype))?;
+                oh = b.0.apply(Kind::Cast, vec![oh, to])?;
+            }
             let picked = b.b(Binary::Mul, oh, ls)?;
             let row = b.r(Reduce::Sum, picked, last)?;
             let dims = b.0.add(TensorLang::Dims(crate::lang::Dims(vec![rows])))?;

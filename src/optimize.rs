@@ -105,9 +105,27 @@ pub fn egraph_of(program: &Program) -> (TensorGraph, Vec<(String, Id)>, BTreeMap
     (egraph, roots, names)
 }
 
-/// Plans a program.
+/// A program's saturated e-graph: what planning starts from. Several plans (other extractors,
+/// profiles, fusion off) may share one, since saturation does not depend on them.
+pub struct Saturated {
+    pub egraph: TensorGraph,
+    /// The output names and their classes (canonical).
+    pub roots: Vec<(String, Id)>,
+    /// Program names of bound classes (canonical).
+    pub names: BTreeMap<Id, String>,
+    pub stages: Vec<StageSummary>,
+    pub iterations: usize,
+    pub stop_reason: String,
+    pub saturate_ms: f64,
+}
+
+/// Plans a program: [`saturate_program`], then [`plan_saturated`].
 pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> {
-    let unfused = unfused_totals(program, &opts.profile)?;
+    plan_saturated(program, &saturate_program(program, opts)?, opts)
+}
+
+/// Puts a program into an e-graph and runs the rulesets over it within `opts`' budgets.
+pub fn saturate_program(program: &Program, opts: &OptimizeOptions) -> Result<Saturated> {
     let (egraph, roots, names) = egraph_of(program);
     let t0 = Instant::now();
     let (egraph, stages, iterations, stop_reason) = run_stages(egraph, opts)?;
@@ -117,17 +135,25 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
         m.entry(egraph.find(c)).or_insert(n);
         m
     });
+    Ok(Saturated { egraph, roots, names, stages, iterations, stop_reason, saturate_ms })
+}
+
+/// Extracts a plan from a program's saturated e-graph with `opts`' profile, extractor and
+/// fusion setting (its budgets were spent by saturation; `time_limit` also bounds the ILP).
+pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions) -> Result<Optimized> {
+    let unfused = unfused_totals(program, &opts.profile)?;
+    let (egraph, roots, names) = (&sat.egraph, &sat.roots, &sat.names);
     let t1 = Instant::now();
     let ex_opts = ExtractOptions { fusion: opts.fusion, ..ExtractOptions::default() };
-    let mut best = extract(&egraph, &roots, &names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
+    let mut best = extract(egraph, roots, names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
     let mut extractor = if opts.fusion { "greedy-dag".to_string() } else { "no-fusion".to_string() };
     let mut gap = None;
     if opts.extractor == "ilp" {
         let root_ids: Vec<Id> = roots.iter().map(|(_, r)| *r).collect();
-        match crate::ilp::solve(&egraph, &root_ids, &opts.profile, opts.time_limit) {
+        match crate::ilp::solve(egraph, &root_ids, &opts.profile, opts.time_limit) {
             Ok(r) => {
                 if let Some(sel) = &r.selection {
-                    if let Ok((dag, t)) = fused_cost(&egraph, sel, &roots, &names, &opts.profile, opts.fusion) {
+                    if let Ok((dag, t)) = fused_cost(egraph, sel, roots, names, &opts.profile, opts.fusion) {
                         if t < best.predicted_us - 1e-9 {
                             best = Extracted { dag, selection: sel.clone(), predicted_us: t };
                         }
@@ -146,18 +172,18 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
     }
     let extract_ms = t1.elapsed().as_secs_f64() * 1e3;
     let search = SearchReport {
-        iterations,
+        iterations: sat.iterations,
         enodes: egraph.total_number_of_nodes(),
         eclasses: egraph.number_of_classes(),
-        stop_reason,
-        saturate_ms: round3(saturate_ms),
+        stop_reason: sat.stop_reason.clone(),
+        saturate_ms: round3(sat.saturate_ms),
         extract_ms: round3(extract_ms),
         extractor,
         gap,
     };
     let plan = build_plan(program, &best.dag, &fusion, &opts.profile, unfused, search);
     let recognised = recognised_composites(program, &best.dag);
-    Ok(Optimized { plan, stages, recognised })
+    Ok(Optimized { plan, stages: sat.stages.clone(), recognised })
 }
 
 fn round3(x: f64) -> f64 {

@@ -1,0 +1,377 @@
+//! Differential testing of the whole pipeline (issue 9): random programs from `gen_program`,
+//! each planned under several configurations, and every plan evaluated kernel by kernel on the
+//! CPU reference against the program.
+//!
+//! Each output of each plan is compared with the program twice:
+//! - in f64 without per-node rounding ([`Precision::F64`]): two forms that are equal as real
+//!   functions agree there to f64 accuracy however differently they round, so a difference is a
+//!   wrong plan (an unsound rule, a kernel that reads the wrong tensor, a lost broadcast);
+//! - in the declared dtypes, with the dtype tolerances of [`tolerance`]. A rewritten plan rounds
+//!   differently from the program (reassociation, `exp(a + b)` as `exp(a) * exp(b)`), so an
+//!   element outside the tolerance is accepted when the plan is no further from the f64 value
+//!   than the tolerance plus twice the program's own rounding error there; beyond that the plan
+//!   is numerically worse than the program, which fails too.
+//!
+//! A failing program is shrunk by proptest and saved under `tests/cases/diff/` with a header
+//! saying how it was found and what failed; `every_saved_case_passes` runs every saved case
+//! through the same check, so each past failure stays fixed.
+//!
+//! `EQFUSE_DIFF_CASES` (default 1000) and `EQFUSE_DIFF_SEED` (default fixed, so CI runs are
+//! reproducible) change the number of programs and the seed of the random run.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use eqfuse::{
+    eval_plan_with, eval_with, expand_composites, parse_program, plan_saturated, random_inputs, recipes,
+    saturate_program, tolerance, DType, DeviceProfile, FusionPlan, OptimizeOptions, Precision, Program, Recipe,
+    Saturated, Tensor,
+};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+
+/// Steps per random program (a pattern step writes a few statements).
+const MAX_STEPS: usize = 8;
+const DEFAULT_CASES: usize = 1000;
+const DEFAULT_SEED: u64 = 0x00e9_f05e;
+const CASE_DIR: &str = "tests/cases/diff";
+
+/// One way of planning: a name for messages, and the options.
+struct Setup {
+    name: &'static str,
+    opts: OptimizeOptions,
+    /// Whether it plans every program, or only those with an odd input seed (to save time).
+    always: bool,
+}
+
+/// Greedy, ILP and unfused planning with the H100 profile, and greedy planning with a profile
+/// whose launches are nearly free and whose on-chip limits are tiny: at the small sizes of
+/// generated programs the H100 numbers make every fusion pay, while this one makes bytes decide
+/// (as they do at real sizes) and sends rows through the multi-pass and argument-limit paths.
+/// All four plan from one saturation (with the first setup's budgets); the ILP's solver gets
+/// 0.1 s (then its LP relaxation bounds), which proves most small programs optimal, and the
+/// tight profile plans every other program.
+fn setups() -> Vec<Setup> {
+    let h100 = DeviceProfile::load("h100").expect("built-in profile");
+    let base = OptimizeOptions::new(h100.clone());
+    let ilp_time = std::time::Duration::from_millis(100);
+    let mut tight = h100;
+    tight.name = "tight".into();
+    tight.launch_overhead_us = 0.01;
+    tight.smem_per_block_bytes = 256;
+    tight.max_kernel_args = 5;
+    let ilp = OptimizeOptions { extractor: "ilp".into(), time_limit: ilp_time, ..base.clone() };
+    vec![
+        Setup { name: "greedy", opts: base.clone(), always: true },
+        Setup { name: "ilp", opts: ilp, always: true },
+        Setup { name: "no-fusion", opts: OptimizeOptions { fusion: false, ..base.clone() }, always: true },
+        Setup { name: "greedy-tight", opts: OptimizeOptions { profile: tight, ..base }, always: false },
+    ]
+}
+
+/// What the checks saw, summed over programs.
+#[derive(Default, Debug)]
+struct Tally {
+    programs: usize,
+    plans: usize,
+    kernels: usize,
+    /// Outputs outside the dtype tolerance that the program's own rounding error explains.
+    rounding: usize,
+    /// Rules that fired, with how many programs they fired in.
+    rules: BTreeMap<String, usize>,
+    /// Composites the plans used that the programs did not write.
+    recognised: BTreeMap<String, usize>,
+}
+
+impl Tally {
+    fn add(&mut self, o: &Tally) {
+        self.programs += o.programs;
+        self.plans += o.plans;
+        self.kernels += o.kernels;
+        self.rounding += o.rounding;
+        for (k, v) in &o.rules {
+            *self.rules.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &o.recognised {
+            *self.recognised.entry(k.clone()).or_default() += v;
+        }
+    }
+}
+
+/// Parses a program and draws its inputs; a refusal is a generator bug.
+fn load(text: &str, input_seed: u64) -> Result<(Program, HashMap<String, Tensor>), String> {
+    let p = parse_program("generated.eqf", text, &[]).map_err(|e| format!("generator: the parser refused it: {e}"))?;
+    let inputs = random_inputs(&p, input_seed);
+    Ok((p, inputs))
+}
+
+/// The program's outputs at both precisions; non-finite values are a generator bug (its
+/// intervals should have kept them finite).
+fn reference(p: &Program, inputs: &HashMap<String, Tensor>) -> Result<(Vec<Tensor>, Vec<Tensor>), String> {
+    let declared = eval_with(p, inputs, Precision::Declared).map_err(|e| format!("generator: reference: {e}"))?;
+    let f64s = eval_with(p, inputs, Precision::F64).map_err(|e| format!("generator: reference in f64: {e}"))?;
+    for (o, t) in p.outputs.iter().zip(&declared) {
+        if t.data.iter().any(|v| !v.is_finite()) {
+            return Err(format!("generator: output `{}` is not finite: {}", o.name, t.summary()));
+        }
+    }
+    Ok((declared, f64s))
+}
+
+/// Whether `got` equals `want` (both in f64) to f64 accuracy; integers and bools exactly.
+fn same_in_f64(got: &Tensor, want: &Tensor) -> Result<(), String> {
+    let (rtol, atol) = if want.dtype.is_float() { (1e-9, 1e-9) } else { (0.0, 0.0) };
+    let c = got.compare(want, rtol, atol);
+    if c.ok() {
+        Ok(())
+    } else {
+        Err(c.to_string())
+    }
+}
+
+/// How a plan's output compares with the program's in the declared dtypes.
+enum Rounded {
+    Within,
+    /// Outside the dtype tolerance, explained by the program's own rounding error.
+    Explained,
+    /// The plan is further from the f64 value than the program's error allows.
+    Worse(String),
+}
+
+/// Compares `got` with `want` in the declared dtype; see the module docs for the rule.
+fn compare_rounded(got: &Tensor, want: &Tensor, exact: &Tensor) -> Rounded {
+    let (rtol, atol) = tolerance(want.dtype);
+    if got.compare(want, rtol, atol).ok() {
+        return Rounded::Within;
+    }
+    for (i, ((&g, &w), &x)) in got.data.iter().zip(&want.data).zip(&exact.data).enumerate() {
+        let allowed = atol + rtol * x.abs() + 2.0 * (w - x).abs();
+        if !((g - x).abs() <= allowed) {
+            return Rounded::Worse(format!(
+                "element {i}: plan {g}, program {w}, f64 value {x}: the plan is {:.3e} away, the program {:.3e} \
+                 ({} tolerance {rtol}, {atol})",
+                (g - x).abs(),
+                (w - x).abs(),
+                want.dtype
+            ));
+        }
+    }
+    Rounded::Explained
+}
+
+/// Checks one plan of `p` against the program's outputs.
+fn check_plan_outputs(
+    p: &Program,
+    plan: &FusionPlan,
+    inputs: &HashMap<String, Tensor>,
+    want: &(Vec<Tensor>, Vec<Tensor>),
+    tally: &mut Tally,
+) -> Result<(), String> {
+    let got_x = eval_plan_with(plan, inputs, Precision::F64).map_err(|e| format!("evaluating the plan: {e}"))?;
+    let got_r = eval_plan_with(plan, inputs, Precision::Declared).map_err(|e| format!("evaluating the plan: {e}"))?;
+    for (k, o) in p.outputs.iter().enumerate() {
+        let name = &o.name;
+        if got_x[k].dtype != want.0[k].dtype || got_x[k].shape != want.0[k].shape {
+            return Err(format!("output `{name}`: the plan gives {}, the program {}", got_x[k].ty(), want.0[k].ty()));
+        }
+        same_in_f64(&got_x[k], &want.1[k])
+            .map_err(|e| format!("output `{name}` differs in f64 (a wrong plan): {e}"))?;
+        match compare_rounded(&got_r[k], &want.0[k], &want.1[k]) {
+            Rounded::Within => {}
+            Rounded::Explained => tally.rounding += 1,
+            Rounded::Worse(e) => return Err(format!("output `{name}` loses precision: {e}")),
+        }
+    }
+    Ok(())
+}
+
+/// Invariants of the plan itself: fusion never predicts slower than the unfused program.
+fn check_plan_totals(setup: &Setup, plan: &FusionPlan) -> Result<(), String> {
+    let (t, u) = (plan.total.predicted_us, plan.unfused.predicted_us);
+    if setup.opts.fusion && t > u * (1.0 + 1e-9) + 1e-9 {
+        return Err(format!("the fused plan predicts {t:.3} us, more than the unfused {u:.3} us"));
+    }
+    Ok(())
+}
+
+/// Plans `p` under one setup and checks the plan; returns the plan's predicted time.
+fn check_setup(
+    p: &Program,
+    sat: &Saturated,
+    setup: &Setup,
+    inputs: &HashMap<String, Tensor>,
+    want: &(Vec<Tensor>, Vec<Tensor>),
+    tally: &mut Tally,
+) -> Result<f64, String> {
+    let optimized = plan_saturated(p, sat, &setup.opts).map_err(|e| format!("planning failed: {e}"))?;
+    let plan = &optimized.plan;
+    check_plan_totals(setup, plan)?;
+    check_plan_outputs(p, plan, inputs, want, tally)?;
+    tally.plans += 1;
+    tally.kernels += plan.kernels.len();
+    for c in &optimized.recognised {
+        *tally.recognised.entry(c.clone()).or_default() += 1;
+    }
+    Ok(plan.total.predicted_us)
+}
+
+/// The whole check of one program: the reference, the composite expansion (the unfused
+/// baseline), and every setup's plan. `Err` says what failed.
+fn check_program(text: &str, input_seed: u64, setups: &[Setup]) -> Result<Tally, String> {
+    let mut tally = Tally { programs: 1, ..Tally::default() };
+    let (p, inputs) = load(text, input_seed)?;
+    let want = reference(&p, &inputs)?;
+    let expanded = expand_composites(&p).map_err(|e| format!("expanding composites: {e}"))?;
+    let unfused = eval_with(&expanded, &inputs, Precision::F64).map_err(|e| format!("expanded program: {e}"))?;
+    for ((o, got), w) in p.outputs.iter().zip(&unfused).zip(&want.1) {
+        same_in_f64(got, w).map_err(|e| format!("the expanded program differs at `{}`: {e}", o.name))?;
+    }
+    let sat = saturate_program(&p, &setups[0].opts).map_err(|e| format!("saturation failed: {e}"))?;
+    for stage in &sat.stages {
+        for rule in stage.fired.keys() {
+            *tally.rules.entry(rule.clone()).or_default() += 1;
+        }
+    }
+    let mut times = BTreeMap::new();
+    for s in setups.iter().filter(|s| s.always || input_seed % 2 == 1) {
+        let t = check_setup(&p, &sat, s, &inputs, &want, &mut tally).map_err(|e| format!("{}: {e}", s.name))?;
+        times.insert(s.name, t);
+    }
+    if times["ilp"] > times["greedy"] + 1e-6 {
+        return Err(format!("ilp: predicts {:.3} us, more than greedy's {:.3} us", times["ilp"], times["greedy"]));
+    }
+    Ok(tally)
+}
+
+/// A case file: the program with a header saying how it was found and what failed.
+fn case_text(recipe: &Recipe, why: &str, origin: &str) -> String {
+    let mut head = format!("# differential case: {origin}, shrunk by proptest\n");
+    for line in why.lines() {
+        head += &format!("# failed: {line}\n");
+    }
+    head += &format!("# input-seed: {}\n", recipe.input_seed);
+    head + &recipe.render()
+}
+
+/// Saves a failing case under `tests/cases/diff/`, named by a hash of its program.
+fn save_case(recipe: &Recipe, why: &str, origin: &str) -> PathBuf {
+    let text = recipe.render();
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(CASE_DIR);
+    std::fs::create_dir_all(&dir).expect("case folder");
+    let path = dir.join(format!("case_{:08x}.eqf", hash as u32));
+    std::fs::write(&path, case_text(recipe, why, origin)).expect("case file");
+    path
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Runs `cases` random programs from `seed` through the check; on a failure, returns the shrunk
+/// recipe's saved case file and the reason.
+fn run_random(seed: u64, cases: usize, setups: &[Setup]) -> (Tally, Option<(PathBuf, String)>) {
+    let config =
+        Config { cases: cases as u32, failure_persistence: None, max_shrink_time: 120_000, ..Config::default() };
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let tally = RefCell::new(Tally::default());
+    let result = runner.run(&recipes(MAX_STEPS), |r| {
+        let t = check_program(&r.render(), r.input_seed, setups).map_err(TestCaseError::fail)?;
+        tally.borrow_mut().add(&t);
+        Ok(())
+    });
+    let failure = match result {
+        Ok(()) => None,
+        Err(TestError::Fail(why, recipe)) => {
+            let origin = format!("tests/differential.rs, seed {seed}");
+            Some((save_case(&recipe, why.message(), &origin), why.message().to_string()))
+        }
+        Err(TestError::Abort(why)) => Some((PathBuf::new(), format!("proptest aborted: {why}"))),
+    };
+    (tally.into_inner(), failure)
+}
+
+fn report(what: &str, t: &Tally, secs: f64, mismatches: usize) {
+    println!(
+        "{what}: {} programs, {} plans ({} kernels) checked in {secs:.1} s: {mismatches} mismatches, \
+         {} outputs outside the dtype tolerance by rounding the program shares",
+        t.programs, t.plans, t.kernels, t.rounding
+    );
+    let rules: Vec<String> = t.rules.iter().map(|(r, n)| format!("{r} ({n})")).collect();
+    println!("rules fired ({} distinct): {}", rules.len(), rules.join(", "));
+    println!("composites recognised: {:?}", t.recognised);
+}
+
+#[test]
+fn random_programs_plan_to_what_the_program_computes() {
+    let cases = env_or("EQFUSE_DIFF_CASES", DEFAULT_CASES as u64) as usize;
+    let seed = env_or("EQFUSE_DIFF_SEED", DEFAULT_SEED);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
+    let start = Instant::now();
+    let results: Vec<(Tally, Option<(PathBuf, String)>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|k| {
+                let share = cases / threads + usize::from(k < cases % threads);
+                scope.spawn(move || run_random(seed.wrapping_add(k as u64), share, &setups()))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("worker")).collect()
+    });
+    let mut total = Tally::default();
+    let mut failures = vec![];
+    for (t, f) in results {
+        total.add(&t);
+        failures.extend(f);
+    }
+    report("differential", &total, start.elapsed().as_secs_f64(), failures.len());
+    for (path, why) in &failures {
+        println!("FAILED, saved as {}:\n{why}", path.display());
+    }
+    assert!(failures.is_empty(), "{} random programs failed; shrunk cases saved (see above)", failures.len());
+    assert!(total.programs >= cases, "only {} of {cases} programs were checked", total.programs);
+}
+
+/// The input seed a case file names in its header (0 if none).
+fn header_seed(text: &str) -> u64 {
+    text.lines().filter_map(|l| l.strip_prefix("# input-seed:")).find_map(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+#[test]
+fn every_saved_case_passes() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(CASE_DIR);
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(&dir).map(|d| d.map(|e| e.expect("entry").path()).collect()).unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == "eqf"));
+    files.sort();
+    let setups = setups();
+    let start = Instant::now();
+    let mut total = Tally::default();
+    let mut failed = vec![];
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("case file");
+        match check_program(&text, header_seed(&text), &setups) {
+            Ok(t) => total.add(&t),
+            Err(e) => failed.push(format!("{}: {e}", f.display())),
+        }
+    }
+    report("saved cases", &total, start.elapsed().as_secs_f64(), failed.len());
+    assert!(failed.is_empty(), "saved cases fail:\n{}", failed.join("\n"));
+}
+
+#[test]
+fn generated_programs_use_every_dtype() {
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..200 {
+        let text = eqfuse::random_recipe(seed, MAX_STEPS).render();
+        let p = parse_program("g.eqf", &text, &[]).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        for i in 0..p.len() {
+            if let Some(t) = p.ty(egg::Id::from(i)) {
+                seen.insert(t.dtype);
+            }
+        }
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), DType::ALL.to_vec());
+}
