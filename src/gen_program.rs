@@ -1460,6 +1460,21 @@ mod tests {
         assert_ne!(random_recipe(7, 10).render(), random_recipe(8, 10).render());
     }
 
+    /// Every operator of the language but `grad` appears in a few hundred random programs, and
+    /// every program parses.
+    #[test]
+    fn random_programs_parse_and_use_every_operator() {
+        let mut seen = BTreeSet::new();
+        for seed in 0..400 {
+            let text = random_recipe(seed, 8).render();
+            let p = crate::parse::parse_program("g.eqf", &text, &[]).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            seen.extend(p.expr().as_ref().iter().filter_map(|n| n.opcode()).map(|c| c.name()));
+        }
+        let missing: Vec<&str> =
+            crate::lang::OPS.iter().map(|o| o.name).filter(|n| *n != "grad" && !seen.contains(n)).collect();
+        assert!(missing.is_empty(), "never generated: {missing:?}");
+    }
+
     #[test]
     fn the_simplest_recipe_is_a_sum() {
         let r = Recipe {
