@@ -147,7 +147,7 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
     let ex_opts = ExtractOptions { fusion: opts.fusion, ..ExtractOptions::default() };
     let mut best = extract(egraph, roots, names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
     let mut extractor = if opts.fusion { "greedy-dag".to_string() } else { "no-fusion".to_string() };
-    let mut gap = None;
+    let (mut gap, mut lower_bound_us) = (None, None);
     if opts.extractor == "ilp" {
         let root_ids: Vec<Id> = roots.iter().map(|(_, r)| *r).collect();
         match crate::ilp::solve(egraph, &root_ids, &opts.profile, opts.time_limit) {
@@ -162,6 +162,7 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
                 let bound = if r.proven_optimal { "ilp" } else { "ilp-lp-bound" };
                 extractor = format!("{extractor}+{bound}");
                 gap = Some(round3(((best.predicted_us - r.lower_bound_us) / best.predicted_us).max(0.0)));
+                lower_bound_us = Some(r.lower_bound_us);
             }
             Err(why) => extractor = format!("{extractor} (ilp skipped: {why})"),
         }
@@ -180,6 +181,7 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
         extract_ms: round3(extract_ms),
         extractor,
         gap,
+        lower_bound_us,
     };
     let plan = build_plan(program, &best.dag, &fusion, &opts.profile, unfused, search);
     let recognised = recognised_composites(program, &best.dag);

@@ -147,8 +147,8 @@ fn eval_node(program: &Program, id: Id, values: &[Option<Tensor>], precision: Pr
         TensorLang::Var(s) => Err(internal(program, id, &format!("input `{s}` has no value"))),
         TensorLang::Op(code, children) => {
             let ty = program.ty(id).ok_or_else(|| internal(program, id, "operator without a type"))?.clone();
-            let rounds = !program.fact(id).weak && !(precision == Precision::F64 && ty.dtype.is_float());
-            let store = Store { dtype: rounds.then_some(ty.dtype) };
+            let unrounded = program.fact(id).weak || (precision == Precision::F64 && ty.dtype.is_float());
+            let store = Store { dtype: (!unrounded).then_some(ty.dtype) };
             let args = Args { program, id, children, values };
             let data = eval_op(code.kind(), &args, &ty, store).map_err(|e| located(program, id, e))?;
             Ok(Some(Tensor { dtype: ty.dtype, shape: ty.shape, data }))
