@@ -2,6 +2,8 @@
 //!
 //! program ──expand composites──> unfused baseline
 //! program ──e-graph──saturate (staged rulesets, budgets)──extract (e-nodes + fusion)──> plan
+//! The two halves are `saturate_program` and `plan_saturated`, so that plans with other
+//! extractors, profiles or fusion off can share one saturation.
 //! Invariant: a plan always comes out (at worst the unfused one); budgets only shorten the search.
 
 use std::collections::BTreeMap;
