@@ -250,11 +250,12 @@ impl Shaped<'_> {
                 .body
                 .iter()
                 .map(|&b| self.shape(b))
-                .max_by_key(|s| s.iter().product::<usize>())
+                // Of equal sizes, the highest rank: [1, 1] and [] both fit [1, 1], not [].
+                .max_by_key(|s| (s.iter().product::<usize>(), s.len()))
                 .unwrap_or(&[])
                 .to_vec();
         }
-        self.fits(&domain)?;
+        self.fits(&domain, &[])?;
         if let Some(Red::Across(_)) = red {
             self.nothing_after_across()?;
         }
@@ -266,9 +267,13 @@ impl Shaped<'_> {
         Ok((template, domain))
     }
 
-    /// Every body value must broadcast to the iteration space.
-    fn fits(&self, domain: &[usize]) -> Result<(), String> {
+    /// Every body value must broadcast to the iteration space (except `operand_views`: views of
+    /// reads that feed a matrix product, which the product indexes itself).
+    fn fits(&self, domain: &[usize], operand_views: &[usize]) -> Result<(), String> {
         for &b in self.body {
+            if operand_views.contains(&b) {
+                continue;
+            }
             let s = self.shape(b);
             if broadcast_shapes(s, domain).ok().as_deref() != Some(domain) {
                 return Err(format!(
@@ -326,17 +331,34 @@ impl Shaped<'_> {
         }
     }
 
-    /// A value reduced across blocks can only be written, not used by the same kernel's body.
+    /// A value reduced across blocks is complete only in the block that finishes it, so the
+    /// body may use it only as that block writes it: through views of its own size
+    /// (`reshape(sum(g, 0), [C])`), never in arithmetic, another reduction or anything of the
+    /// full iteration space. (Pointwise epilogues such as `-sum(l, 0) / N` would fit the
+    /// template's finishing step too; codegen does not emit them yet.)
     fn nothing_after_across(&self) -> Result<(), String> {
-        for &b in self.body {
-            if self.reduction(b).is_some_and(|(r, _)| matches!(r, Red::Across(_))) {
-                let feeds = self.dag.users[b].iter().any(|u| self.in_body(*u));
-                if feeds {
-                    return Err("a column or global reduction's result cannot feed the same kernel".into());
-                }
+        let mut after = vec![false; self.body.len()];
+        for (bi, &b) in self.body.iter().enumerate() {
+            let n = &self.dag.nodes[b];
+            let from_across = n.children().any(|c| {
+                self.body.binary_search(&c).is_ok_and(|ci| after[ci])
+                    || self.in_body(c) && self.reduction(c).is_some_and(|(r, _)| matches!(r, Red::Across(_)))
+            });
+            if !from_across {
+                continue;
+            }
+            after[bi] = true;
+            let view = matches!(n.kind(), Some(Kind::Reshape | Kind::Broadcast));
+            let reduced = n.children().filter(|&c| self.in_body(c)).all(|c| self.numel(b) <= self.numel(c));
+            if !view || !reduced {
+                return Err("a column or global reduction's result cannot feed the same kernel".into());
             }
         }
         Ok(())
+    }
+
+    fn numel(&self, i: usize) -> usize {
+        self.shape(i).iter().product()
     }
 
     /// A kernel anchored on a matrix product or attention.
@@ -368,7 +390,17 @@ impl Shaped<'_> {
                 None => {}
             }
         }
-        self.fits(&domain)?;
+        let mut operand_views = Vec::new();
+        for mut c in n.children() {
+            while self.in_body(c) && self.dag.nodes[c].role == Role::View {
+                operand_views.push(c);
+                match self.dag.nodes[c].children().next() {
+                    Some(g) => c = g,
+                    None => break,
+                }
+            }
+        }
+        self.fits(&domain, &operand_views)?;
         Ok((if is_attention { Template::Attention } else { Template::Gemm }, domain))
     }
 

@@ -106,11 +106,11 @@ fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
             let ls = b.log_softmax(ch[0], last)?;
             let vn = b.num(v as f64);
             let mut oh = b.0.apply(Kind::OneHot, vec![ch[1], vn])?;
-            // onehot is f32; half-precision logits need it in their dtype (0 and 1 are exact).
-            let dtype = b.0.ty(ch[0]).ok_or("cross_entropy of an attribute")?.dtype;
+            // `onehot` is f32; logits of another float dtype need it in theirs.
+            let dtype = b.0.ty(ch[0]).map(|t| t.dtype).unwrap_or(crate::types::DType::F32);
             if dtype != crate::types::DType::F32 {
-                let to = b.0.add(TensorLang::Type(dtype))?;
-                oh = b.0.apply(Kind::Cast, vec![oh, to])?;
+                let t = b.0.add(TensorLang::Type(dtype))?;
+                oh = b.0.apply(Kind::Cast, vec![oh, t])?;
             }
             let picked = b.b(Binary::Mul, oh, ls)?;
             let row = b.r(Reduce::Sum, picked, last)?;
@@ -123,25 +123,50 @@ fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
             b.0.apply(Kind::Reshape, vec![neg, scalar])
         }
         Composite::Attention => {
-            let (m1, m2) = (b.num(-1.0), b.num(-2.0));
-            let kt = b.0.apply(Kind::Transpose, vec![ch[1], m1, m2])?;
-            let s = b.0.apply(Kind::MatMul, vec![ch[0], kt])?;
-            let mut scaled = b.b(Binary::Mul, s, ch[3])?;
-            let causal = b.0.fact(ch[4]).konst.unwrap_or(0.0) != 0.0;
-            if causal {
-                let shape = b.0.ty(scaled).ok_or("attention of an attribute")?.shape.clone();
-                let (sq, sk) = (shape[shape.len() - 2], shape[shape.len() - 1]);
-                let (nq, nk) = (b.num(sq as f64), b.num(sk as f64));
-                let iq = b.0.apply(Kind::Iota, vec![nq])?;
-                let ik = b.0.apply(Kind::Iota, vec![nk])?;
-                let dq = b.0.add(TensorLang::Dims(crate::lang::Dims(vec![sq, 1])))?;
-                let col = b.0.apply(Kind::Reshape, vec![iq, dq])?;
-                let keep = b.b(Binary::Ge, col, ik)?;
-                let neg = b.num(-1e30);
-                scaled = b.0.apply(Kind::Where, vec![keep, scaled, neg])?;
-            }
+            let scaled = attention_scores(b.0, ch[0], ch[1], ch[3], ch[4])?;
+            let m1 = b.num(-1.0);
             let p = b.softmax(scaled, m1)?;
             b.0.apply(Kind::MatMul, vec![p, ch[2]])
         }
+    }
+}
+
+/// The scaled scores of `attention(q, k, v, scale, causal)`: `q @ kᵀ * scale`, with the keys after
+/// each query replaced by -1e30 when `causal` is 1 (so that their softmax weight is 0). The
+/// autodiff pass recomputes them for the backward.
+pub(crate) fn attention_scores(p: &mut Program, q: Id, k: Id, scale: Id, causal: Id) -> Result<Id, String> {
+    let mut b = B(p);
+    let (m1, m2) = (b.num(-1.0), b.num(-2.0));
+    let kt = b.0.apply(Kind::Transpose, vec![k, m1, m2])?;
+    let s = b.0.apply(Kind::MatMul, vec![q, kt])?;
+    let scaled = b.b(Binary::Mul, s, scale)?;
+    if b.0.fact(causal).konst.unwrap_or(0.0) == 0.0 {
+        return Ok(scaled);
+    }
+    let shape = b.0.ty(scaled).ok_or("attention of an attribute")?.shape.clone();
+    let (sq, sk) = (shape[shape.len() - 2], shape[shape.len() - 1]);
+    let (nq, nk) = (b.num(sq as f64), b.num(sk as f64));
+    let iq = b.0.apply(Kind::Iota, vec![nq])?;
+    let ik = b.0.apply(Kind::Iota, vec![nk])?;
+    let dq = b.0.add(TensorLang::Dims(crate::lang::Dims(vec![sq, 1])))?;
+    let col = b.0.apply(Kind::Reshape, vec![iq, dq])?;
+    let keep = b.b(Binary::Ge, col, ik)?;
+    let neg = b.num(-1e30);
+    b.0.apply(Kind::Where, vec![keep, scaled, neg])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{DType, TensorType};
+
+    #[test]
+    fn cross_entropy_of_bf16_logits_expands() {
+        let inputs = [("x", TensorType::new(DType::Bf16, vec![4, 8])), ("t", TensorType::new(DType::I32, vec![4]))];
+        let p = Program::from_sexprs("t", &inputs, &[("l", "(cross_entropy x t)")]).unwrap();
+        let e = expand_composites(&p).unwrap();
+        let values = crate::rng::random_inputs(&p, 1);
+        let (a, b) = (crate::reference::eval(&p, &values).unwrap(), crate::reference::eval(&e, &values).unwrap());
+        assert!(a[0].allclose(&b[0], 2e-2, 2e-2), "{:?} against {:?}", a[0].data, b[0].data);
     }
 }

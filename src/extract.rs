@@ -113,6 +113,32 @@ pub fn local_selection(egraph: &TensorGraph, profile: &DeviceProfile) -> Selecti
         .collect()
 }
 
+/// The program's own form in its saturated e-graph: each class gets the e-node of the first
+/// program node in it. A chosen node's children are earlier program nodes, whose classes' first
+/// nodes are earlier still, so the choice is acyclic. `None` if a node is not in the e-graph.
+///
+/// Starting the search from it as well keeps a form the local choice would break apart: the
+/// joint forward and backward graph of autodiff shares forward values (a log-softmax's `exp`
+/// and `sum`) that the local choice would replace with a composite per use.
+pub fn written_selection(program: &Program, egraph: &TensorGraph) -> Option<Selection> {
+    let live = program.live();
+    let mut class: Vec<Option<Id>> = vec![None; program.len()];
+    let mut selection = Selection::new();
+    for (i, node) in program.expr().as_ref().iter().enumerate() {
+        if !live[i] {
+            continue;
+        }
+        let mut n = node.clone();
+        for c in n.children_mut() {
+            *c = class[usize::from(*c)]?;
+        }
+        let id = egraph.lookup(n.clone())?;
+        selection.entry(id).or_insert(n);
+        class[i] = Some(id);
+    }
+    Some(selection)
+}
+
 /// Options for extraction.
 #[derive(Clone, Debug)]
 pub struct ExtractOptions {
@@ -121,11 +147,14 @@ pub struct ExtractOptions {
     /// Most e-node switches tried after the first plan. A count, not a time, so that the plan
     /// does not depend on the machine's speed.
     pub max_trials: usize,
+    /// Another starting form, searched from as well as the local choice (the program as
+    /// written, see [`written_selection`]); the faster result wins, ties keep the local one.
+    pub start: Option<Selection>,
 }
 
 impl Default for ExtractOptions {
     fn default() -> Self {
-        ExtractOptions { fusion: true, max_trials: 64 }
+        ExtractOptions { fusion: true, max_trials: 64, start: None }
     }
 }
 
@@ -144,9 +173,27 @@ pub fn extract(
     profile: &DeviceProfile,
     opts: &ExtractOptions,
 ) -> Result<Extracted, String> {
-    let mut selection = local_selection(egraph, profile);
+    let local = local_selection(egraph, profile);
     let cost_of = |sel: &Selection| fused_cost(egraph, sel, roots, names, profile, opts.fusion);
-    let (mut dag, mut best) = cost_of(&selection)?;
+    let (dag, t) = cost_of(&local)?;
+    let mut best = improve(egraph, Extracted { dag, selection: local, predicted_us: t }, opts, &cost_of);
+    if let Some(start) = &opts.start {
+        if let Ok((dag, t)) = cost_of(start) {
+            let other = improve(egraph, Extracted { dag, selection: start.clone(), predicted_us: t }, opts, &cost_of);
+            if other.predicted_us < best.predicted_us - 1e-6 {
+                best = other;
+            }
+        }
+    }
+    Ok(best)
+}
+
+/// The fused cost of a selection: its DAG and predicted time.
+type CostOf<'a> = dyn Fn(&Selection) -> Result<(Dag, f64), String> + 'a;
+
+/// Single-class e-node switches from `from`, each kept when the fused plan gets faster.
+fn improve(egraph: &TensorGraph, from: Extracted, opts: &ExtractOptions, cost_of: &CostOf) -> Extracted {
+    let Extracted { mut dag, mut selection, predicted_us: mut best } = from;
     if opts.fusion {
         // Each trial re-plans the whole form, so large forms get fewer trials.
         let max_trials = (opts.max_trials * 100 / dag.len().max(1)).clamp(4.min(opts.max_trials), opts.max_trials);
@@ -172,7 +219,7 @@ pub fn extract(
             }
         }
     }
-    Ok(Extracted { dag, selection, predicted_us: best })
+    Extracted { dag, selection, predicted_us: best }
 }
 
 /// The DAG of a selection and the predicted time of its fused (or unfused) plan.
@@ -342,6 +389,14 @@ fn tensor_names(dag: &Dag) -> Vec<String> {
     for (i, n) in dag.nodes.iter().enumerate() {
         if names[i].is_none() {
             names[i] = n.name.clone();
+        }
+    }
+    // Two nodes may carry one binding name (a gradient named `d_h` by autodiff and a later
+    // binding `d_h`); names are kernel argument names, so only the first keeps it.
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, name) in names.iter_mut().enumerate() {
+        if name.as_ref().is_some_and(|n| !seen.insert(n.clone())) && !dag.is_output[i] {
+            *name = None;
         }
     }
     let mut taken: std::collections::BTreeSet<String> = names.iter().flatten().cloned().collect();

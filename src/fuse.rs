@@ -88,11 +88,19 @@ impl Ord for Queued {
 enum Move {
     Inline(usize),
     Merge(usize, usize),
+    /// Write an inlined tensor instead of recomputing it: computed by the given kernel (one
+    /// that already computes it or one of its operands), or by a new kernel of its own (`NONE`).
+    Materialize(usize, usize),
 }
+
+/// What a move changes: a node's materialization, the kernels removed, the member lists of the
+/// kernels added.
+type MoveParts = (Option<(usize, bool)>, Vec<usize>, Vec<Vec<usize>>);
 
 /// A move's effect, before it is applied.
 struct Proposal {
-    flip: Option<usize>,
+    /// A node whose materialization the move changes, and its new state.
+    flip: Option<(usize, bool)>,
     remove: Vec<usize>,
     add: Vec<Group>,
     delta_us: f64,
@@ -230,6 +238,7 @@ impl<'a> Fusion<'a> {
                 self.mat[m] && o != NONE && self.members(o) == [m]
             }
             Move::Merge(a, b) => self.groups[a].is_some() && self.groups[b].is_some(),
+            Move::Materialize(c, host) => !self.mat[c] && (host == NONE || self.groups[host].is_some()),
         }
     }
 
@@ -274,7 +283,7 @@ impl<'a> Fusion<'a> {
         let mut out = Vec::new();
         for mv in self.candidates() {
             let (subject, into) = match mv {
-                Move::Inline(m) => (m, None),
+                Move::Inline(m) | Move::Materialize(m, _) => (m, None),
                 Move::Merge(a, b) => (self.first_member(a), Some(self.first_member(b))),
             };
             let why = match self.propose(mv) {
@@ -321,7 +330,7 @@ impl<'a> Fusion<'a> {
 
     /// Evaluates a move without applying it; `Err` names the node concerned and the reason.
     fn propose(&self, mv: Move) -> Result<Proposal, (usize, String)> {
-        let (flip, remove, add_members): (Option<usize>, Vec<usize>, Vec<Vec<usize>>) = match mv {
+        let (flip, remove, add_members): MoveParts = match mv {
             Move::Inline(m) => {
                 let own = self.owner[m];
                 let users = &self.readers_of[m];
@@ -331,8 +340,9 @@ impl<'a> Fusion<'a> {
                     .iter()
                     .map(|&u| self.groups[u].as_ref().map(|g| g.members.clone()).unwrap_or_default())
                     .collect();
-                (Some(m), remove, add)
+                (Some((m, false)), remove, add)
             }
+            Move::Materialize(c, host) => self.materialize_members(c, host)?,
             Move::Merge(a, b) => {
                 if self.path_through_other(a, b) || self.path_through_other(b, a) {
                     return Err((
@@ -346,13 +356,16 @@ impl<'a> Fusion<'a> {
                 (None, vec![a, b], vec![members])
             }
         };
-        let mat = |x: usize| self.mat[x] && Some(x) != flip;
+        let mat = |x: usize| match flip {
+            Some((f, state)) if f == x => state,
+            _ => self.mat[x],
+        };
         let mut add = Vec::with_capacity(add_members.len());
         for members in add_members {
             match analyse(self.dag, &members, &mat, self.profile) {
                 Ok(cost) => add.push(Group { members, cost }),
                 Err(why) => {
-                    let who = flip.unwrap_or(members[0]);
+                    let who = flip.map_or(members[0], |(f, _)| f);
                     return Err((who, why));
                 }
             }
@@ -397,13 +410,109 @@ impl<'a> Fusion<'a> {
         for &r in &p.remove {
             self.remove(r);
         }
-        if let Some(m) = p.flip {
-            self.mat[m] = false;
+        if let Some((m, state)) = p.flip {
+            self.mat[m] = state;
         }
         for g in p.add {
             self.insert(g);
         }
         self.moves += 1;
+    }
+
+    /// The kernels that compute an inlined node in their bodies.
+    fn computing(&self, c: usize) -> Vec<usize> {
+        (0..self.groups.len())
+            .filter(|&g| self.groups[g].as_ref().is_some_and(|g| g.cost.body.binary_search(&c).is_ok()))
+            .collect()
+    }
+
+    /// The kernels a materialize move replaces, and their new member lists.
+    fn materialize_members(&self, c: usize, host: usize) -> Result<MoveParts, (usize, String)> {
+        let users = self.computing(c);
+        if host != NONE && users.iter().any(|&u| u != host && self.reachable(u, host)) {
+            return Err((c, "the kernel that would write it runs after one that reads it".into()));
+        }
+        let mut remove = users.clone();
+        let mut add: Vec<Vec<usize>> =
+            users.iter().filter(|&&u| u != host).map(|&u| self.members(u).to_vec()).collect();
+        if host == NONE {
+            add.push(vec![c]);
+        } else {
+            if !users.contains(&host) {
+                remove.push(host);
+            }
+            let mut m = self.members(host).to_vec();
+            m.push(c);
+            m.sort_unstable();
+            add.push(m);
+        }
+        Ok((Some((c, true)), remove, add))
+    }
+
+    /// Whether `to` can be reached from `from` along reads (directly or through other kernels).
+    fn reachable(&self, from: usize, to: usize) -> bool {
+        let mut stack = vec![from];
+        let mut seen = BTreeSet::from([from]);
+        while let Some(g) = stack.pop() {
+            for s in self.successors(g) {
+                if s == to {
+                    return true;
+                }
+                if seen.insert(s) {
+                    stack.push(s);
+                }
+            }
+        }
+        false
+    }
+
+    /// Materialize moves for tensors recomputed by several kernels: written by a kernel that
+    /// computes it or one of its operands, or by a kernel of its own.
+    fn materialize_candidates(&self) -> Vec<Move> {
+        let mut computed_by: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (gid, g) in self.groups.iter().enumerate() {
+            for &b in g.iter().flat_map(|g| &g.cost.body) {
+                if !self.mat[b] && self.dag.nodes[b].role == Role::Compute {
+                    computed_by.entry(b).or_default().push(gid);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for (c, users) in computed_by {
+            if users.len() < 2 {
+                continue;
+            }
+            let mut hosts: BTreeSet<usize> = users.iter().copied().collect();
+            for ch in self.dag.nodes[c].children() {
+                if self.mat[ch] && self.owner[ch] != NONE {
+                    hosts.insert(self.owner[ch]);
+                }
+            }
+            out.push(Move::Materialize(c, NONE));
+            out.extend(hosts.into_iter().map(|h| Move::Materialize(c, h)));
+        }
+        out
+    }
+
+    /// Greedy fusion, then the best materialize move while one saves time, each followed by
+    /// fusion again (a bounded number of rounds).
+    pub fn optimise_with_materialize(&mut self) {
+        self.optimise();
+        for _ in 0..16 {
+            let best = self
+                .materialize_candidates()
+                .into_iter()
+                .filter_map(|mv| self.propose(mv).ok())
+                .filter(|p| p.delta_us < -1e-9)
+                .min_by(|a, b| a.delta_us.total_cmp(&b.delta_us));
+            match best {
+                Some(p) => {
+                    self.apply(p);
+                    self.optimise();
+                }
+                None => break,
+            }
+        }
     }
 
     fn members(&self, g: usize) -> &[usize] {
@@ -463,5 +572,67 @@ impl<'a> Fusion<'a> {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::program::Program;
+    use crate::types::{DType, TensorType};
+
+    fn programs() -> Vec<Program> {
+        let f = |s: &[usize]| TensorType::new(DType::F32, s.to_vec());
+        vec![
+            Program::from_sexprs(
+                "a",
+                &[("x", f(&[64, 32])), ("y", f(&[64, 32])), ("g", f(&[32]))],
+                &[("o", "(layernorm (+ x y) g g 0.001)"), ("p", "(sum (* (+ x y) 2) 0)"), ("q", "(exp (+ x y))")],
+            )
+            .unwrap(),
+            Program::from_sexprs(
+                "b",
+                &[("x", f(&[128, 64])), ("w", f(&[64, 16]))],
+                &[("o", "(softmax (@ (relu x) w) -1)"), ("p", "(amax (relu x) 0)")],
+            )
+            .unwrap(),
+        ]
+    }
+
+    /// Every move's predicted change equals the change of the recomputed total once applied.
+    #[test]
+    fn move_deltas_match_the_recomputed_total() {
+        let profile = DeviceProfile::load("h100").unwrap();
+        for p in programs() {
+            let dag = Dag::from_program(&p);
+            let mut f = Fusion::unfused(&dag, &profile);
+            for round in 0..6 {
+                let mut moves = f.candidates();
+                moves.extend(f.materialize_candidates());
+                let mut applied = false;
+                for mv in moves {
+                    let Ok(prop) = f.propose(mv) else { continue };
+                    let mut g = f.clone();
+                    let before = g.total_us();
+                    let delta = prop.delta_us;
+                    g.apply(prop);
+                    let after = g.total_us();
+                    assert!(
+                        (after - before - delta).abs() < 1e-6,
+                        "{}: {mv:?} predicted {delta}, got {}",
+                        p.source,
+                        after - before
+                    );
+                    if !applied && delta < 0.0 {
+                        f = g;
+                        applied = true;
+                    }
+                }
+                if !applied {
+                    assert!(round > 0, "no improving move from the unfused state");
+                    break;
+                }
+            }
+        }
     }
 }

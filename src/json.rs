@@ -301,7 +301,7 @@ fn operator(p: &mut Program, ids: &[egg::Id], op: &str, args: &[u64]) -> Result<
     if code.kind() == Kind::Grad {
         let facts: Vec<&Fact> = children.iter().map(|&c| p.fact(c)).collect();
         infer(code, &facts)?;
-        return Err("grad is not supported yet (reverse-mode autodiff is a later issue)".to_string());
+        return crate::autodiff::grad_of(p, children[0], &children[1..]).map(|g| g[0]);
     }
     p.add(TensorLang::op(code, children))
 }

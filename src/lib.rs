@@ -1,11 +1,57 @@
 //! eqfuse: an e-graph superoptimizer that discovers kernel-fusion plans for tensor programs.
 //!
-//! A program (`.eqf` text or JSON) becomes a typed [`Program`]; it goes into an
-//! [`egg::EGraph`] over [`TensorLang`] with [`ShapeAnalysis`]; staged rulesets add equal forms;
-//! the extractor picks a [`FusionPlan`] by memory traffic; the CPU reference ([`eval`]) checks it all.
-//! See `ARCHITECTURE.md` for the code map and invariants.
+//! A program (`.eqf` text, a JSON graph or an ONNX model) becomes a typed [`Program`]; it goes
+//! into an [`egg::EGraph`] over [`TensorLang`] with [`ShapeAnalysis`]; staged rulesets add equal
+//! forms; the extractor picks a [`FusionPlan`] by memory traffic; the CPU reference ([`eval`])
+//! checks it all. See `ARCHITECTURE.md` for the code map and invariants.
+//!
+//! # As a library
+//!
+//! A front end (an AD framework, a compiler) drives eqfuse in three steps:
+//!
+//! 1. **Build** a [`Program`]: from text ([`parse_program`]), a JSON graph ([`program_from_json`],
+//!    schema in `docs/graph-schema.md`), an ONNX model ([`program_from_onnx`]), any of them by
+//!    file name ([`load_program`]), or in code with the builder: [`Program::add_input`], then
+//!    [`Program::apply`] for each operator (a [`Kind`] and child ids), [`Program::num`] for a
+//!    literal, [`Program::add`] for a shape ([`TensorLang::Dims`]) or dtype attribute, and
+//!    [`Program::add_output`]. Every operator is type-checked as it is added; a bad one is an
+//!    `Err(String)` naming the operator and shapes, and the program is left as it was.
+//! 2. **Plan** it: [`optimize`] with [`OptimizeOptions`] (a [`DeviceProfile`], budgets) gives an
+//!    [`Optimized`] whose [`FusionPlan`] lists the kernels in order, with the tensors each reads
+//!    and writes and its body; [`plan_json`] is the contract of `docs/plan-schema.md`.
+//! 3. **Evaluate**: [`eval`] runs the program on the CPU reference with the caller's tensors by
+//!    input name, [`eval_plan`] runs the plan kernel by kernel, and [`check_plan`] compares them.
+//!
+//! ```
+//! use eqfuse::{check_plan, optimize, random_inputs, Binary, DType, DeviceProfile, Dims, Kind};
+//! use eqfuse::{OptimizeOptions, Program, Reduce, TensorLang, TensorType, Unary};
+//!
+//! // y = softmax-like normalisation of exp(x) along rows, flattened: written op by op.
+//! let mut p = Program::new("rows");
+//! let x = p.add_input("x", TensorType::new(DType::F32, vec![8, 32])).unwrap();
+//! let e = p.apply(Kind::Unary(Unary::Exp), vec![x]).unwrap();
+//! let last = p.num(-1.0);
+//! let s = p.apply(Kind::Reduce(Reduce::Sum), vec![e, last]).unwrap();
+//! let y = p.apply(Kind::Binary(Binary::Div), vec![e, s]).unwrap();
+//! let flat = p.add(TensorLang::Dims(Dims(vec![256]))).unwrap();
+//! let y = p.apply(Kind::Reshape, vec![y, flat]).unwrap();
+//! p.add_output("y", y).unwrap();
+//! // A type error is a value: [8, 32] does not reshape to [100].
+//! let bad = p.add(TensorLang::Dims(Dims(vec![100]))).unwrap();
+//! assert!(p.apply(Kind::Reshape, vec![x, bad]).unwrap_err().contains("cannot reshape"));
+//!
+//! let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+//! let plan = optimize(&p, &opts).unwrap().plan;
+//! assert!(plan.total.kernels < plan.unfused.kernels);
+//! for (_, cmp) in check_plan(&p, &plan, &random_inputs(&p, 0)).unwrap() {
+//!     assert!(cmp.ok());
+//! }
+//! ```
+//!
+//! `examples/library.rs` does the same for a dense layer with a residual and a layer norm.
 
 mod analysis;
+mod autodiff;
 mod conditions;
 mod cost;
 mod dag;
@@ -21,6 +67,7 @@ mod infer;
 mod json;
 mod lang;
 mod npy;
+mod onnx;
 mod optimize;
 mod parse;
 mod plan;
@@ -38,13 +85,16 @@ mod tensor;
 mod types;
 
 pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
+pub use autodiff::{expand_grads, grad, has_grads};
 pub use conditions::{condition, NamedCondition, CONDITIONS};
 pub use cost::{analyse, KernelCost};
 pub use dag::{Dag, DagNode, Role};
 pub use error::{Diagnostic, Error, Result};
 pub use expand::expand_composites;
 pub use explain::explain;
-pub use extract::{build_plan, dag_of, extract, fused_cost, local_selection, ExtractOptions, Extracted, Selection};
+pub use extract::{
+    build_plan, dag_of, extract, fused_cost, local_selection, written_selection, ExtractOptions, Extracted, Selection,
+};
 pub use fuse::{Fusion, Group};
 pub use gen_program::{random_recipe, recipes, Recipe, Step};
 pub use generate::residual_stack_eqf;
@@ -53,6 +103,7 @@ pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
 pub use json::{program_from_json, program_to_json};
 pub use lang::{Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
 pub use npy::{read_npy, write_npy};
+pub use onnx::{program_from_onnx, supported_onnx_ops, ONNX_DIM_METADATA_PREFIX, ONNX_OPSETS};
 pub use optimize::{
     egraph_of, optimize, plan_saturated, saturate_program, unfused_totals, OptimizeOptions, Optimized, Saturated,
     StageSummary,

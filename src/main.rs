@@ -33,6 +33,15 @@ enum Command {
         #[command(flatten)]
         plan: PlanArgs,
     },
+    /// Print the program as a JSON graph (`eqfuse.graph/1`), sizes applied: for other tools
+    /// (the PyTorch baselines in benches/ read it).
+    Export {
+        /// A `.eqf` program, a `.json` graph, an `.onnx` model, or `-` for standard input.
+        prog: String,
+        /// Override a declared size (an ONNX symbolic dim too): `--dim N=4096` (repeatable).
+        #[arg(long = "dim", value_name = "NAME=VALUE")]
+        dims: Vec<String>,
+    },
     /// Run a program: on the CPU reference with --cpu.
     Run {
         #[command(flatten)]
@@ -57,9 +66,9 @@ enum Command {
 
 #[derive(Args)]
 struct PlanArgs {
-    /// A `.eqf` program, a `.json` graph, or `-` for standard input.
+    /// A `.eqf` program, a `.json` graph, an `.onnx` model, or `-` for standard input.
     prog: String,
-    /// Override a declared size: `--dim N=4096` (repeatable).
+    /// Override a declared size (an ONNX symbolic dim too): `--dim N=4096` (repeatable).
     #[arg(long = "dim", value_name = "NAME=VALUE")]
     dims: Vec<String>,
     /// Device profile: `h100`, `h200`, or a profile JSON file.
@@ -163,6 +172,22 @@ fn run(cli: Cli) -> Result<(), Error> {
         Command::Explain { plan } => {
             let (_, opt) = plan.optimize()?;
             print!("{}", eqfuse::explain(&opt));
+            Ok(())
+        }
+        Command::Export { prog, dims } => {
+            let args = PlanArgs {
+                prog,
+                dims,
+                device: "h100".into(),
+                extractor: ExtractorArg::Greedy,
+                node_limit: 0,
+                time_limit: 1.0,
+                no_fusion: false,
+                rules: None,
+            };
+            let program = args.load()?;
+            let text = serde_json::to_string_pretty(&eqfuse::program_to_json(&program)).expect("JSON values serialize");
+            println!("{text}");
             Ok(())
         }
         Command::Run { plan, cpu, inputs, outputs, seed, repeat: _ } => {

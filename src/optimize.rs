@@ -121,8 +121,13 @@ pub struct Saturated {
     pub saturate_ms: f64,
 }
 
-/// Plans a program: [`saturate_program`], then [`plan_saturated`].
+/// Plans a program: [`saturate_program`], then [`plan_saturated`]. `grad` nodes (which a program
+/// built through the library may hold) are differentiated first, so the plan is of the joint
+/// forward and backward graph.
 pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> {
+    if crate::autodiff::has_grads(program) {
+        return optimize(&crate::autodiff::expand_grads(program)?, opts);
+    }
     plan_saturated(program, &saturate_program(program, opts)?, opts)
 }
 
@@ -146,7 +151,8 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
     let unfused = unfused_totals(program, &opts.profile)?;
     let (egraph, roots, names) = (&sat.egraph, &sat.roots, &sat.names);
     let t1 = Instant::now();
-    let ex_opts = ExtractOptions { fusion: opts.fusion, ..ExtractOptions::default() };
+    let start = crate::extract::written_selection(program, egraph);
+    let ex_opts = ExtractOptions { fusion: opts.fusion, start, ..ExtractOptions::default() };
     let mut best = extract(egraph, roots, names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
     let mut extractor = if opts.fusion { "greedy-dag".to_string() } else { "no-fusion".to_string() };
     let (mut gap, mut lower_bound_us) = (None, None);
@@ -171,7 +177,7 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
     }
     let mut fusion = Fusion::unfused(&best.dag, &opts.profile);
     if opts.fusion {
-        fusion.optimise();
+        fusion.optimise_with_materialize();
     }
     let extract_ms = t1.elapsed().as_secs_f64() * 1e3;
     let search = SearchReport {

@@ -88,7 +88,7 @@ fn diagnostic(file: &str, source: &str, e: PError) -> Error {
     Error::input(Diagnostic::at(file, source, e.pos.line, e.pos.col, e.msg))
 }
 
-fn check_override(name: &str, value: usize) -> Result<(), String> {
+pub(crate) fn check_override(name: &str, value: usize) -> Result<(), String> {
     if !is_identifier(name) {
         return Err(format!("--dim {name}={value}: `{name}` is not a dim name"));
     }
@@ -113,7 +113,8 @@ pub fn parse_dim_override(s: &str) -> Result<(String, usize), String> {
 }
 
 /// Reads and parses a program, choosing the front end by file name: `.eqf` text, a `.json`
-/// graph, or `-` for `.eqf` text on standard input.
+/// graph, an `.onnx` model (`--dim` sizes its symbolic dims), or `-` for `.eqf` text on
+/// standard input.
 pub fn load_program(path: &str, overrides: &[(String, usize)]) -> Result<Program> {
     if path == "-" {
         let mut text = String::new();
@@ -125,7 +126,9 @@ pub fn load_program(path: &str, overrides: &[(String, usize)]) -> Result<Program
         "eqf" => parse_program(path, &read(path)?, overrides),
         "json" if overrides.is_empty() => crate::json::program_from_json(path, &read(path)?),
         "json" => Err(Error::Invalid(format!("{path}: --dim applies to .eqf programs; a JSON graph has fixed shapes"))),
-        "onnx" => Err(Error::Invalid(format!("{path}: ONNX import is not supported yet"))),
+        "onnx" => {
+            crate::onnx::program_from_onnx(path, &std::fs::read(path).map_err(|e| Error::io(path, e))?, overrides)
+        }
         _ => Err(Error::Invalid(format!("{path}: unknown program format; expected .eqf, .json, .onnx or - (stdin)"))),
     }
 }

@@ -1,16 +1,18 @@
 //! `Program`: a typed tensor program, the form every front end produces.
 //!
 //! It is a hash-consed `RecExpr<TensorLang>` (so equal subexpressions are one node) plus the
-//! declared dims, inputs with their types, binding names and named outputs.
+//! declared dims, inputs with their types, binding names and named outputs. A front end that
+//! knows the value of an input (an ONNX initializer: a weight) records it in [`Program::values`].
 //! Invariant: every node of `expr` has a [`Fact`] in `facts` and was type-checked when added;
 //! a `Program` that exists is well typed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use egg::{Id, Language, RecExpr, Symbol};
 
 use crate::infer::{infer, Fact};
 use crate::lang::{Kind, OpCode, TensorLang};
+use crate::tensor::Tensor;
 use crate::types::TensorType;
 
 /// The most elements one tensor may have. Far beyond any device, and small enough that element
@@ -49,6 +51,9 @@ pub struct Program {
     pub dims: Vec<(String, usize)>,
     pub inputs: Vec<Input>,
     pub outputs: Vec<Output>,
+    /// Values of inputs that the program itself supplies (ONNX initializers), by input name.
+    /// Runs use them unless the caller gives that input; planning ignores them.
+    pub values: BTreeMap<String, Tensor>,
     expr: RecExpr<TensorLang>,
     facts: Vec<Fact>,
     /// The first binding name given to each node, if any.
@@ -189,6 +194,7 @@ impl Program {
     pub fn from_expr(like: &Program, expr: &RecExpr<TensorLang>, roots: &[Id]) -> Result<Program, String> {
         let mut p = Program::new(like.source.clone());
         p.dims = like.dims.clone();
+        p.values = like.values.clone();
         for i in &like.inputs {
             p.add_input(&i.name, i.ty.clone())?;
         }

@@ -252,7 +252,7 @@ fn eval_op(kind: Kind, args: &Args, ty: &TensorType, store: Store) -> Result<Vec
         Kind::OneHot => Ok(onehot(args.tensor(0)?, ty.shape[ty.rank() - 1])),
         Kind::Dropout => Ok(rng::dropout(&args.tensor(0)?.data, ty.dtype, args.konst(1)?, args.konst(2)? as u32)),
         Kind::Composite(c) => composite(c, args, ty).map(|d| store.round_all(d)),
-        Kind::Grad => Err(Error::Invalid("grad is not supported by the reference yet".into())),
+        Kind::Grad => Err(Error::Invalid("a `grad` node must be expanded first (eqfuse::expand_grads)".into())),
     }
 }
 

@@ -151,7 +151,8 @@ fn normal(w1: u32, w2: u32) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
-/// Seeded inputs for every input of `program`, by name; see [`random_program_input`].
+/// Seeded inputs for every input of `program`, by name; see [`random_program_input`]. An input
+/// whose value the program carries ([`Program::values`], an ONNX weight) gets that value.
 pub fn random_inputs(program: &Program, seed: u64) -> HashMap<String, Tensor> {
     let bounds = index_bounds(program);
     (0..program.inputs.len()).map(|k| (program.inputs[k].name.clone(), input_k(program, k, seed, &bounds))).collect()
@@ -160,6 +161,7 @@ pub fn random_inputs(program: &Program, seed: u64) -> HashMap<String, Tensor> {
 /// The seeded value of input number `k` (declaration order; it uses stream `k`). An i32 input
 /// used directly as the indices of `onehot(t, n)` or the targets of `cross_entropy(logits, t)`
 /// is drawn from `[0, n)` (the class count, the smallest over such uses), so that it is in range.
+/// An input whose value the program carries ([`Program::values`]) gets that value.
 /// Panics if `k` is not an input index of `program`.
 pub fn random_program_input(program: &Program, k: usize, seed: u64) -> Tensor {
     input_k(program, k, seed, &index_bounds(program))
@@ -167,6 +169,9 @@ pub fn random_program_input(program: &Program, k: usize, seed: u64) -> Tensor {
 
 fn input_k(program: &Program, k: usize, seed: u64, bounds: &HashMap<String, u32>) -> Tensor {
     let input = &program.inputs[k];
+    if let Some(v) = program.values.get(&input.name) {
+        return v.clone();
+    }
     let bound = bounds.get(&input.name).copied().unwrap_or(DEFAULT_INT_BOUND);
     random_input_below(&input.ty, seed, k, bound)
 }

@@ -34,8 +34,11 @@ use crate::lang::TensorLang;
 pub const STAGE_ORDER: &[&str] = &["algebra", "patterns", "autodiff", "memory"];
 
 /// The default rules, embedded in the binary.
-const DEFAULT_RULES: &[(&str, &str)] =
-    &[("algebra", include_str!("../rules/algebra.rules")), ("patterns", include_str!("../rules/patterns.rules"))];
+const DEFAULT_RULES: &[(&str, &str)] = &[
+    ("algebra", include_str!("../rules/algebra.rules")),
+    ("patterns", include_str!("../rules/patterns.rules")),
+    ("autodiff", include_str!("../rules/autodiff.rules")),
+];
 
 /// One rewrite rule, as loaded from a rule file.
 #[derive(Clone, Debug)]
@@ -45,7 +48,7 @@ pub struct Rule {
     pub ruleset: String,
     pub lhs: Pattern<TensorLang>,
     pub rhs: Pattern<TensorLang>,
-    /// Named conditions (see [`crate::conditions`]) and their arguments; all must hold.
+    /// Named conditions (see [`CONDITIONS`](crate::CONDITIONS)) and their arguments; all must hold.
     pub conditions: Vec<(String, Vec<Var>)>,
     /// The rule changes floating-point results beyond what exact arithmetic would keep equal
     /// (reassociation, cancellation, approximations); a strict mode leaves it out.

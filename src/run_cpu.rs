@@ -1,7 +1,8 @@
 //! `eqfuse run PROG --cpu`: run a program on the CPU reference with `.npy` files in and out.
 //!
-//! Each input `NAME` is read from `INPUTS/NAME.npy` when that file exists; otherwise it is drawn
-//! from the seeded generator. Every input, loaded or generated, is saved as `OUTPUTS/NAME.npy`
+//! Each input `NAME` is read from `INPUTS/NAME.npy` when that file exists; otherwise it is the
+//! value the program carries (an ONNX initializer, [`Program::values`]), if any; otherwise it is
+//! drawn from the seeded generator. Every input, loaded or generated, is saved as `OUTPUTS/NAME.npy`
 //! beside the outputs (`OUTPUTS/NAME.npy` too), so the output folder holds a complete run and
 //! pointing `--inputs` at it repeats the run exactly.
 //! Invariant: nothing is written until every input is loaded and the program has evaluated,
@@ -38,6 +39,8 @@ pub struct CpuRunOptions {
 pub enum InputSource {
     /// Read from this file.
     Loaded(PathBuf),
+    /// The value the program carries (an ONNX initializer).
+    Program,
     /// Drawn from the seeded generator.
     Generated,
 }
@@ -126,6 +129,9 @@ fn gather_inputs(program: &Program, opts: &CpuRunOptions, outputs_dir: &Path) ->
                 let value = read_npy(&path, &input.ty)?;
                 (InputSource::Loaded(path), value)
             }
+            None if program.values.contains_key(&input.name) => {
+                (InputSource::Program, random_program_input(program, k, opts.seed))
+            }
             None => (InputSource::Generated, random_program_input(program, k, opts.seed)),
         };
         let saved = npy_path(outputs_dir, &input.name);
@@ -148,6 +154,7 @@ impl fmt::Display for CpuRunReport {
         for (i, ty) in self.inputs.iter().zip(&types) {
             let how = match &i.source {
                 InputSource::Loaded(p) => format!("loaded from {}", p.display()),
+                InputSource::Program => "from the model".to_string(),
                 InputSource::Generated => "generated".to_string(),
             };
             writeln!(f, "  {:width$}  {ty:tw$}  {how}, saved to {}", i.name, i.saved.display())?;

@@ -146,3 +146,16 @@ fn sign_facts_decide_whether_exp_log_cancels() {
     let ops: Vec<&str> = plan.kernels.iter().flat_map(|k| k.ops.iter().map(String::as_str)).collect();
     assert!(ops.contains(&"exp") && ops.contains(&"log"), "{ops:?}");
 }
+
+#[test]
+fn bias_and_activation_fuse_into_a_product_with_a_transposed_operand() {
+    let p = Program::from_sexprs(
+        "linear",
+        &[("x", f32(&[4, 16, 32])), ("w", f32(&[24, 32])), ("b", f32(&[24]))],
+        &[("y", "(gelu (+ (@ x (transpose w 0 1)) b))")],
+    )
+    .unwrap();
+    let plan = plan_checked(&p);
+    assert_eq!(plan.total.kernels, 1, "{:#?}", plan.kernels);
+    assert_eq!(plan.kernels[0].template, Template::Gemm);
+}

@@ -216,7 +216,7 @@ impl<'a> Builder<'a> {
         let children =
             args.iter().enumerate().map(|(i, a)| self.argument(code, i, a)).collect::<Result<Vec<_>, _>>()?;
         if code.kind() == Kind::Grad {
-            return Err(self.refuse_grad(code, &children, args, pos));
+            return self.grad(code, &children, args, pos);
         }
         self.op(code, children, pos)
     }
@@ -255,16 +255,17 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// `grad` is type-checked like any call (so its mistakes are reported first), then refused.
-    fn refuse_grad(&self, code: OpCode, children: &[egg::Id], args: &[Expr], pos: Pos) -> PError {
+    /// `grad(loss, w)` is type-checked like any call (so its mistakes are reported first), then
+    /// differentiated on the spot: the program gets the backward graph, never a `grad` node.
+    fn grad(&mut self, code: OpCode, children: &[egg::Id], args: &[Expr], pos: Pos) -> Result<egg::Id, PError> {
         let facts: Vec<&Fact> = children.iter().map(|&c| self.prog.fact(c)).collect();
-        if let Err(m) = infer(code, &facts) {
-            return PError::new(pos, m);
-        }
+        infer(code, &facts).map_err(|m| PError::new(pos, m))?;
         if !matches!(self.prog.node(children[1]), TensorLang::Var(_)) {
-            return PError::new(args[1].start, "the second argument of grad must be an input");
+            return Err(PError::new(args[1].start, "the second argument of grad must be an input"));
         }
-        PError::new(pos, "grad is not supported yet (reverse-mode autodiff is a later issue)")
+        let g =
+            crate::autodiff::grad_of(&mut self.prog, children[0], &children[1..]).map_err(|m| PError::new(pos, m))?;
+        Ok(g[0])
     }
 
     fn op(&mut self, code: OpCode, children: Vec<egg::Id>, pos: Pos) -> Result<egg::Id, PError> {

@@ -1,0 +1,861 @@
+"""PyTorch graphs to eqfuse JSON graphs (`eqfuse.graph/1`).
+
+Two entry points:
+
+- `export_program(ep)` takes a `torch.export.ExportedProgram` (forward only);
+- `export_graph_module(gm)` takes an ATen-level `torch.fx.GraphModule`, such as the forward, the
+  backward or the joint forward-backward graph that AOTAutograd hands a `torch.compile` backend
+  (see `backend.py`), or `ep.graph_module` after `ep.run_decompositions()`.
+
+Both read shapes and dtypes from each node's `meta["val"]` (the fake tensor PyTorch traced with),
+so shapes must be static. Each ATen operator is lowered by one entry of `LOWERINGS` onto eqfuse
+operators (docs/graph-schema.md); operators eqfuse has no equivalent for are collected, and the
+export fails with one `ExportError` naming every such operator and node, before any lowering.
+
+Values: user inputs become graph inputs. Parameters become graph inputs too, and their tensors
+are returned in `Exported.values` (write them with `Exported.save(..., values_dir=...)` and run
+`eqfuse run --cpu graph.json --inputs values_dir`). Buffers and constant tensors are *static*: a
+node whose inputs are all static (a causal mask sliced from a buffer, an `arange`) is evaluated
+here with PyTorch, and its result enters the graph as a literal (one value, or one repeated
+value, broadcast) or as an input with its value. Literals are finite: an infinite one (a mask's
+`-inf`) becomes the largest finite value of its dtype.
+
+Invariant: the graph computes what the PyTorch graph computes (up to floating-point rounding) or
+the export raises `ExportError`; it never drops an operator silently.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.fx
+
+from .graph import ExportError, GraphBuilder, Value, broadcast_shapes
+
+TORCH_DTYPES = {
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int32: "i32",
+    torch.int64: "i32",  # eqfuse's one integer type; values beyond 32 bits do not fit
+    torch.int16: "i32",
+    torch.int8: "i32",
+    torch.uint8: "i32",
+    torch.bool: "bool",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return TORCH_DTYPES[dtype]
+    except KeyError:
+        raise ExportError(f"dtype {dtype} is not supported (eqfuse holds f32, f16, bf16, integers as i32, bool)")
+
+
+@dataclass
+class Exported:
+    """The result of an export."""
+
+    graph: dict
+    """The `eqfuse.graph/1` graph."""
+    values: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Tensors of inputs the model supplies (parameters, folded constants), by graph input name."""
+    input_names: list[str] = field(default_factory=list)
+    """For each placeholder of the PyTorch graph, in order, its graph input name (None when the
+    placeholder is unused or static)."""
+
+    def save(self, path: str | Path, values_dir: str | Path | None = None) -> None:
+        """Writes the graph as JSON, and each value as `values_dir/NAME.npy`."""
+        import json
+
+        Path(path).write_text(json.dumps(self.graph, indent=1) + "\n")
+        if values_dir is not None:
+            import numpy as np
+
+            Path(values_dir).mkdir(parents=True, exist_ok=True)
+            for name, t in self.values.items():
+                t = t.detach().cpu()
+                t = t.float() if t.dtype == torch.bfloat16 else t
+                np.save(Path(values_dir) / f"{name}.npy", t.numpy())
+
+
+def export_program(ep: "torch.export.ExportedProgram") -> Exported:
+    """Exports the forward graph of an `ExportedProgram`.
+
+    Parameters become inputs with values; buffers and lifted constants are static. The program's
+    user outputs become the graph's outputs, named `out0`, `out1`, ...
+    """
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    gm = ep.graph_module
+    kinds: dict[str, tuple[str, torch.Tensor | None]] = {}
+    for spec in ep.graph_signature.input_specs:
+        name = spec.arg.name
+        if spec.kind == InputKind.USER_INPUT:
+            kinds[name] = ("input", None)
+        elif spec.kind == InputKind.PARAMETER:
+            kinds[name] = ("parameter", ep.state_dict[spec.target])
+        elif spec.kind in (InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            value = ep.state_dict.get(spec.target) if spec.target in ep.state_dict else ep.constants[spec.target]
+            kinds[name] = ("static", value)
+        else:
+            raise ExportError(f"input {name} of kind {spec.kind.name} is not supported")
+    for spec in ep.graph_signature.output_specs:
+        if spec.kind != OutputKind.USER_OUTPUT:
+            raise ExportError(f"output {spec.arg.name} of kind {spec.kind.name} (a mutation) is not supported")
+    return Exporter(gm, kinds).run()
+
+
+def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Tensor] | None = None) -> Exported:
+    """Exports an ATen-level graph: every placeholder is an input (`parameters` gives values for
+    some, by placeholder name); `get_attr` tensors are static. Outputs that are `None` (as in a
+    backward graph, for inputs without gradient) are skipped."""
+    parameters = parameters or {}
+    kinds = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            value = parameters.get(node.name)
+            kinds[node.name] = ("parameter", value) if value is not None else ("input", None)
+    return Exporter(gm, kinds).run()
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return t.overloadpacket.__name__
+    if isinstance(t, torch._ops.OpOverloadPacket):
+        return t.__name__
+    if t is operator.getitem:
+        return "getitem"
+    return getattr(t, "__name__", str(t))
+
+
+def _describe(node: torch.fx.Node) -> str:
+    return f"{node.target} (node {node.name})"
+
+
+class Exporter:
+    """One export: walks the fx graph in order, lowering each node."""
+
+    def __init__(self, gm: torch.fx.GraphModule, kinds: dict[str, tuple[str, torch.Tensor | None]]):
+        self.gm = gm
+        self.kinds = kinds
+        self.b = GraphBuilder()
+        self.env: dict[str, object] = {}  # node name -> Value, tuple of Values, or a static tensor
+        self.static: set[str] = set()
+        self.brought: dict[str, object] = {}  # static node name -> its value in the graph
+        self.values: dict[str, torch.Tensor] = {}
+
+    def run(self) -> Exported:
+        self.check_supported()
+        input_names: list[str | None] = []
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                input_names.append(self.placeholder(node))
+            elif node.op == "get_attr":
+                self.env[node.name] = _fetch_attr(self.gm, node.target)
+                self.static.add(node.name)
+            elif node.op == "call_function":
+                self.call(node)
+            elif node.op == "output":
+                self.outputs(node)
+            else:
+                raise ExportError(f"fx node {node.name} of kind {node.op} is not supported (export an ATen graph)")
+        return Exported(self.b.to_json(), self.values, input_names)
+
+    def check_supported(self) -> None:
+        """Every operator must have a lowering, except in nodes evaluated here (static ones)."""
+        static = {n for n, (kind, _) in self.kinds.items() if kind == "static"}
+        missing = []
+        for node in self.gm.graph.nodes:
+            if node.op == "get_attr":
+                static.add(node.name)
+            if node.op != "call_function":
+                continue
+            inputs = [a.name for a in node.all_input_nodes]
+            if all(i in static for i in inputs) and _foldable(node):
+                static.add(node.name)
+            elif _target_name(node) not in LOWERINGS and _target_name(node) not in SPLITS:
+                missing.append(_describe(node))
+        if missing:
+            raise ExportError("eqfuse has no lowering for " + ", ".join(missing))
+
+    def placeholder(self, node: torch.fx.Node) -> str | None:
+        kind, value = self.kinds.get(node.name, ("input", None))
+        if kind == "static":
+            self.env[node.name] = value
+            self.static.add(node.name)
+            return None
+        val = node.meta.get("val")
+        if val is None or not isinstance(val, torch.Tensor):
+            if not node.users:
+                return None
+            raise ExportError(f"placeholder {node.name} has no tensor metadata (meta['val'])")
+        v = self.b.input(node.name, dtype_name(val.dtype), _static_shape(val, node))
+        self.env[node.name] = v
+        name = self.b.input_name(v)
+        if value is not None:
+            self.values[name] = value
+        return name
+
+    def call(self, node: torch.fx.Node) -> None:
+        if all(a.name in self.static for a in node.all_input_nodes) and _foldable(node):
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n.name])
+            self.env[node.name] = node.target(*args, **kwargs)
+            self.static.add(node.name)
+            return
+        try:
+            if _target_name(node) in SPLITS:
+                out = self.split(node)
+            else:
+                args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.value(n))
+                out = LOWERINGS[_target_name(node)](Lowering(self.b, node), *args, **kwargs)
+        except ExportError as e:
+            raise ExportError(f"{_describe(node)}: {e}") from None
+        if isinstance(out, Value) and self.b.nodes[out.node]["op"] not in ("input", "const"):
+            if "name" not in self.b.nodes[out.node]:
+                self.b.nodes[out.node]["name"] = self.b.unique_name(node.name)
+        self.env[node.name] = out
+
+    def split(self, node: torch.fx.Node) -> tuple[Value, ...]:
+        """`split` along the last axis of a product with a constant weight (a fused QKV
+        projection): eqfuse has no slicing, so each part is its own product with the matching
+        columns of the weight and bias, which become inputs carrying those values. Views between
+        the product and the split that keep the last axis are replayed on each part."""
+        x, sizes = node.args[0], node.args[1]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+        shape = _static_shape(x.meta["val"], x)
+        if dim % len(shape) != len(shape) - 1:
+            raise ExportError("split along an axis other than the last")
+        n = shape[-1]
+        if isinstance(sizes, int):
+            sizes = [min(sizes, n - s) for s in range(0, n, sizes)]
+        views, prod = [], x
+        while _target_name(prod) in ("view", "reshape", "_unsafe_view") and _last(prod.args[0]) == n:
+            views.append(prod)
+            prod = prod.args[0]
+        a, w, bias, w_cols = self._product_operands(prod)
+        parts, start = [], 0
+        for i, size in enumerate(sizes):
+            cols = slice(start, start + size)
+            start += size
+            L = Lowering(self.b, node)
+            wi = self.constant(f"{w.name}_split{i}", w_cols(cols), literal=False)
+            y = L.matmul(a, wi)
+            if bias is not None:
+                b_i = self.constant(f"{bias.name}_split{i}", self.kinds[bias.name][1][cols], literal=False)
+                y = L.apply("+", y, b_i)
+            for v in reversed(views):
+                y = L.reshape(y, _static_shape(v.meta["val"], v)[:-1] + (size,))
+            parts.append(y)
+        return tuple(parts)
+
+    def _product_operands(self, prod: torch.fx.Node):
+        """(input value, weight node, bias node or None, columns of the weight as [K, cols])."""
+        name = _target_name(prod)
+        if name == "addmm" and len(prod.args) == 3 and not prod.kwargs:
+            bias, a, w = prod.args
+            transposed = False
+        elif name == "linear":
+            a, w = prod.args[0], prod.args[1]
+            bias = prod.args[2] if len(prod.args) > 2 else None
+            transposed = True
+        elif name == "mm":
+            (a, w), bias, transposed = prod.args, None, False
+        else:
+            raise ExportError("split of a value that is not a matrix product (eqfuse has no slicing)")
+        for t in (w, bias):
+            if t is not None and not isinstance(self.kinds.get(t.name, (None, None))[1], torch.Tensor):
+                raise ExportError("split of a product whose weight or bias is not a parameter (eqfuse has no slicing)")
+        weight = self.kinds[w.name][1]
+        w_cols = (lambda c: weight[c, :].t().contiguous()) if transposed else (lambda c: weight[:, c].contiguous())
+        return self.value(a), w, bias, w_cols
+
+    def value(self, node: torch.fx.Node) -> object:
+        """A node's lowered value; a static tensor is brought into the graph on first use (and
+        stays static, so that other nodes can still be evaluated from it)."""
+        v = self.env[node.name]
+        if node.name not in self.static:
+            return v
+        if node.name not in self.brought:
+            self.brought[node.name] = _map_tensors(v, lambda t: self.constant(node.name, t))
+        return self.brought[node.name]
+
+    def constant(self, name: str, t: torch.Tensor, literal: bool = True) -> Value:
+        """A static tensor as a graph value: a literal when it holds one repeated value (and
+        `literal` allows it: a slice of a parameter stays an input, whatever its values now),
+        else an input carrying it."""
+        dtype = dtype_name(t.dtype)
+        shape = tuple(t.shape)
+        if t.numel() == 0:
+            raise ExportError(f"constant {name} is empty")
+        first = t.reshape(-1)[0]
+        if literal and bool((t == first).all()):
+            x = first.item()
+            if isinstance(x, float) and math.isinf(x):
+                x = math.copysign(torch.finfo(t.dtype).max, x)
+            lit = self.b.const(x)
+            if shape == () and dtype != "bool":
+                return Value(lit.node, dtype if dtype != "f32" else None, ())
+            typed = self.b.op("cast", [lit.node, self.b.dtype(dtype)], dtype, ())
+            if shape == ():
+                return typed
+            return self.b.op("broadcast", [typed.node, self.b.dims(shape)], dtype, shape)
+        v = self.b.input(name, dtype, shape)
+        self.values[self.b.input_name(v)] = t
+        return v
+
+    def outputs(self, node: torch.fx.Node) -> None:
+        results = node.args[0]
+        results = results if isinstance(results, (list, tuple)) else [results]
+        for i, r in enumerate(results):
+            if r is None:
+                continue
+            v = self.value(r) if isinstance(r, torch.fx.Node) else None
+            if not isinstance(v, Value):
+                raise ExportError(f"output {i} is not a tensor the graph computes")
+            self.b.output(f"out{i}", v)
+
+
+SPLITS = ("split", "split_with_sizes")
+"""Operators the exporter lowers with knowledge of their producer (`Exporter.split`)."""
+
+
+def _last(node: torch.fx.Node) -> int | None:
+    val = node.meta.get("val")
+    return int(val.shape[-1]) if isinstance(val, torch.Tensor) and val.dim() else None
+
+
+def _map_tensors(v: object, f) -> object:
+    """`f` applied to a tensor, or to each tensor of a tuple or list."""
+    if isinstance(v, torch.Tensor):
+        return f(v)
+    if isinstance(v, (tuple, list)):
+        return type(v)(_map_tensors(x, f) for x in v)
+    return v
+
+
+def _fetch_attr(gm: torch.fx.GraphModule, target: str) -> torch.Tensor:
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _foldable(node: torch.fx.Node) -> bool:
+    """Whether a node with only static inputs may be evaluated at export time: not random, not
+    in place, and producing tensors."""
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return not t._schema.is_mutable and "rand" not in t.__name__ and "dropout" not in t.__name__ and "empty" not in t.__name__
+    return t is operator.getitem
+
+
+def _static_shape(val: torch.Tensor, node: torch.fx.Node) -> tuple[int, ...]:
+    try:
+        return tuple(int(d) for d in val.shape)
+    except (TypeError, ValueError):
+        raise ExportError(f"{node.name} has a symbolic shape {tuple(val.shape)}; export with static shapes")
+
+
+class Lowering:
+    """Helpers for lowering one node: typed pointwise application, views, reductions. Every
+    helper computes the result's dtype and shape as eqfuse will, so that lowerings compose."""
+
+    def __init__(self, b: GraphBuilder, node: torch.fx.Node):
+        self.b = b
+        self.node = node
+
+    # --- the node's own result type, from PyTorch's metadata
+
+    def out_dtype(self) -> str:
+        val = self.node.meta.get("val")
+        if isinstance(val, (list, tuple)):
+            val = val[0]
+        if not isinstance(val, torch.Tensor):
+            raise ExportError("no tensor metadata (meta['val'])")
+        return dtype_name(val.dtype)
+
+    def out_shape(self) -> tuple[int, ...]:
+        val = self.node.meta.get("val")
+        return _static_shape(val, self.node)
+
+    # --- values
+
+    def lit(self, x: float) -> Value:
+        """A literal. eqfuse literals are finite, so an infinity (a mask's `-inf`) becomes the
+        largest finite value of the node's float dtype: the same after `exp`, `max` or `softmax`
+        unless a whole row is masked."""
+        if math.isinf(x):
+            dtype = self.out_dtype() if self.node.meta.get("val") is not None else "f32"
+            big = torch.finfo(_torch_dtype(dtype if dtype in ("f32", "f16", "bf16") else "f32")).max
+            x = math.copysign(big, x)
+        return self.b.const(x)
+
+    def val(self, x: object) -> Value:
+        """A tensor argument, or a Python number as a literal."""
+        if isinstance(x, Value):
+            return x
+        if isinstance(x, (bool, int, float)):
+            return self.lit(float(x))
+        raise ExportError(f"argument {x!r} is not a tensor or a number")
+
+    def cast(self, v: Value, dtype: str) -> Value:
+        """`v` converted to `dtype` (a literal becomes a typed scalar)."""
+        if v.dtype == dtype:
+            return v
+        return self.b.op("cast", [v.node, self.b.dtype(dtype)], dtype, v.shape)
+
+    def apply(self, op: str, *args: Value, dtype: str | None = None) -> Value:
+        """A pointwise operator; the result dtype is the first strong operand's unless given."""
+        shape = broadcast_shapes(*(a.shape for a in args))
+        if dtype is None:
+            strong = [a.dtype for a in args if not a.weak]
+            dtype = strong[0] if strong else None
+        return self.b.op(op, [a.node for a in args], dtype, shape)
+
+    def pointwise(self, op: str, *args: object) -> Value:
+        """A pointwise operator with PyTorch's type promotion: strong operands are cast to the
+        node's result dtype first (so `i32_tensor * 0.5` computes in f32, as PyTorch does)."""
+        dtype = self.out_dtype()
+        vals = [self.val(a) for a in args]
+        vals = [v if v.weak else self.cast(v, dtype) for v in vals]
+        if all(v.weak for v in vals):
+            vals[0] = self.cast(vals[0], dtype)
+        return self.apply(op, *vals, dtype=dtype)
+
+    def compare(self, op: str, a: object, b: object) -> Value:
+        """A comparison with PyTorch's promotion: tensors of two dtypes meet in their common one,
+        and an integer tensor compared with a fractional number is compared as f32."""
+        va, vb = self.val(a), self.val(b)
+        if not va.weak and not vb.weak and va.dtype != vb.dtype:
+            common = dtype_name(torch.promote_types(_torch_dtype(va.dtype), _torch_dtype(vb.dtype)))
+            va, vb = self.cast(va, common), self.cast(vb, common)
+        fractional = any(isinstance(x, float) and not x.is_integer() for x in (a, b))
+        if fractional:
+            va = va if va.weak or va.dtype not in ("i32", "bool") else self.cast(va, "f32")
+            vb = vb if vb.weak or vb.dtype not in ("i32", "bool") else self.cast(vb, "f32")
+        return self.apply(op, va, vb, dtype="bool")
+
+    def reshape(self, v: Value, shape: tuple[int, ...]) -> Value:
+        shape = tuple(int(d) for d in shape)
+        if v.shape == shape and not v.weak:
+            return v
+        if math.prod(shape) != v.numel:
+            raise ExportError(f"cannot reshape {list(v.shape)} to {list(shape)}")
+        return self.b.op("reshape", [v.node, self.b.dims(shape)], v.dtype or "f32", shape)
+
+    def broadcast(self, v: Value, shape: tuple[int, ...]) -> Value:
+        shape = tuple(int(d) for d in shape)
+        if v.shape == shape and not v.weak:
+            return v
+        if broadcast_shapes(v.shape, shape) != shape:
+            raise ExportError(f"cannot broadcast {list(v.shape)} to {list(shape)}")
+        return self.b.op("broadcast", [v.node, self.b.dims(shape)], v.dtype or "f32", shape)
+
+    def axis(self, axis: int, rank: int) -> int:
+        if not -rank <= axis < max(rank, 1):
+            raise ExportError(f"axis {axis} is out of range for rank {rank}")
+        return axis % rank if rank else 0
+
+    def axis_lit(self, axis: int, rank: int) -> int:
+        """An axis attribute: -1 for the last axis (the spelling eqfuse's rules use)."""
+        return self.lit(-1 if axis == rank - 1 else axis).node
+
+    def swap(self, v: Value, a: int, c: int) -> Value:
+        shape = list(v.shape)
+        shape[a], shape[c] = shape[c], shape[a]
+        return self.b.op("transpose", [v.node, self.axis_lit(a, v.rank), self.axis_lit(c, v.rank)], v.dtype, tuple(shape))
+
+    def permute(self, v: Value, perm: list[int]) -> Value:
+        perm = [self.axis(p, v.rank) for p in perm]
+        if sorted(perm) != list(range(v.rank)):
+            raise ExportError(f"{perm} is not a permutation")
+        order = list(range(v.rank))
+        for i, want in enumerate(perm):
+            j = order.index(want)
+            if j != i:
+                v = self.swap(v, i, j)
+                order[i], order[j] = order[j], order[i]
+        return v
+
+    def reduce(self, op: str, v: Value, dims: object, keepdim: bool) -> Value:
+        """A reduction over several axes (None or [] is all), as a chain of one-axis ones."""
+        if isinstance(dims, int):
+            dims = [dims]
+        axes = sorted({self.axis(d, v.rank) for d in dims}) if dims else list(range(v.rank))
+        shape = list(v.shape)
+        for a in axes:
+            shape[a] = 1
+            v = self.b.op(op, [v.node, self.axis_lit(a, v.rank)], v.dtype, tuple(shape))
+        if not keepdim:
+            v = self.reshape(v, tuple(d for i, d in enumerate(shape) if i not in axes))
+        return v
+
+    def matmul(self, a: Value, c: Value) -> Value:
+        """NumPy matmul; a 1-D operand gains an axis for the product and loses it after."""
+        if a.rank == 0 or c.rank == 0:
+            raise ExportError("matmul of a scalar")
+        a2 = self.reshape(a, (1,) + a.shape) if a.rank == 1 else a
+        c2 = self.reshape(c, c.shape + (1,)) if c.rank == 1 else c
+        batch = broadcast_shapes(a2.shape[:-2], c2.shape[:-2])
+        if a2.shape[-1] != c2.shape[-2]:
+            raise ExportError(f"inner sizes differ: {list(a.shape)} @ {list(c.shape)}")
+        y = self.b.op("@", [a2.node, c2.node], a.dtype, batch + (a2.shape[-2], c2.shape[-1]))
+        shape = list(y.shape)
+        if c.rank == 1:
+            shape.pop()
+        if a.rank == 1:
+            shape.pop(-1 if c.rank == 1 else -2)
+        return self.reshape(y, tuple(shape))
+
+    def full(self, x: float, dtype: str, shape: tuple[int, ...]) -> Value:
+        lit = self.cast(self.lit(x), dtype)
+        return self.broadcast(lit, shape) if shape else lit
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "i32": torch.int32, "bool": torch.bool}[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# The lowerings: ATen operator packet name -> function(Lowering, *args, **kwargs).
+
+
+def _scaled(L: Lowering, v: object, alpha: float) -> object:
+    return v if alpha == 1 else L.pointwise("*", v, alpha)
+
+
+def _unary(op):
+    return lambda L, x, *rest, **kw: L.pointwise(op, x)
+
+
+def _binary(op):
+    return lambda L, a, b, **kw: L.pointwise(op, a, b)
+
+
+def _cmp(op):
+    return lambda L, a, b: L.compare(op, a, b)
+
+
+def _nothing(L, *args, **kw):
+    """Run-time assertions on metadata, which the export has already checked by tracing."""
+    return None
+
+
+def _identity(L, x, *rest, **kw):
+    return x
+
+
+def _cast(L, x, *rest, **kw):
+    return L.cast(L.val(x), L.out_dtype())
+
+
+def _div(L, a, b, rounding_mode=None):
+    if rounding_mode is not None:
+        raise ExportError(f"division with rounding_mode={rounding_mode!r}")
+    return L.pointwise("/", a, b)
+
+
+def _gelu(L, x, approximate="none"):
+    return L.pointwise({"none": "gelu", "tanh": "gelu_tanh"}[approximate], x)
+
+
+def _clamp(L, x, min=None, max=None):
+    y = x
+    if min is not None:
+        y = L.pointwise("max", y, min)
+    if max is not None:
+        y = L.pointwise("min", y, max)
+    return y
+
+
+def _sum(L, x, dim=None, keepdim=False, dtype=None):
+    x = L.cast(x, L.out_dtype())
+    return L.reduce("sum", x, dim, keepdim)
+
+
+def _mean(L, x, dim=None, keepdim=False, dtype=None):
+    x = L.cast(x, L.out_dtype())
+    return L.reduce("mean", x, dim, keepdim)
+
+
+def _amax(L, x, dim=(), keepdim=False):
+    return L.reduce("amax", x, dim, keepdim)
+
+
+def _amin(L, x, dim=(), keepdim=False):
+    return L.reduce("amin", x, dim, keepdim)
+
+
+def _var_mean(L, x, dim=None, *, correction=1, keepdim=False):
+    mu = L.reduce("mean", x, dim, True)
+    xc = L.apply("-", x, mu)
+    var = L.reduce("mean", L.apply("*", xc, xc), dim, True)
+    n = x.numel // mu.numel
+    if correction:
+        var = L.apply("*", var, L.lit(n / (n - correction)))
+    if not keepdim:
+        shape = L.out_shape()
+        var, mu = L.reshape(var, shape), L.reshape(mu, shape)
+    return (var, mu)
+
+
+def _var(L, x, dim=None, *, correction=1, keepdim=False):
+    return _var_mean(L, x, dim, correction=correction, keepdim=keepdim)[0]
+
+
+def _softmax(op):
+    def lower(L, x, dim, *rest, **kw):
+        x = L.cast(x, L.out_dtype())
+        return L.b.op(op, [x.node, L.axis_lit(L.axis(dim, x.rank), x.rank)], x.dtype, x.shape)
+
+    return lower
+
+
+def _layer_norm_parts(L, x, normalized_shape, weight, bias, eps):
+    """layernorm over the trailing axes `normalized_shape`, flattened into one when several."""
+    k = len(normalized_shape)
+    lead, row = x.shape[: x.rank - k], math.prod(normalized_shape)
+    x2 = L.reshape(x, lead + (row,))
+    params = []
+    for p, fill in ((weight, 1.0), (bias, 0.0)):
+        if p is None:
+            params.append(L.full(fill, x.dtype, ()))
+        else:
+            params.append(L.reshape(L.broadcast(p, tuple(normalized_shape)), (row,)) if k > 1 else p)
+    y = L.b.op("layernorm", [x2.node, params[0].node, params[1].node, L.lit(eps).node], x.dtype, x2.shape)
+    return L.reshape(y, x.shape), x2, lead
+
+
+def _layer_norm(L, x, normalized_shape, weight=None, bias=None, eps=1e-5, *rest, **kw):
+    return _layer_norm_parts(L, x, normalized_shape, weight, bias, eps)[0]
+
+
+def _native_layer_norm(L, x, normalized_shape, weight, bias, eps):
+    """(y, mean, rstd), mean and rstd with the normalised axes kept as size 1."""
+    y, x2, lead = _layer_norm_parts(L, x, normalized_shape, weight, bias, eps)
+    stat_shape = lead + (1,) * len(normalized_shape)
+    mu = L.reduce("mean", x2, [-1], True)
+    xc = L.apply("-", x2, mu)
+    var = L.reduce("mean", L.apply("*", xc, xc), [-1], True)
+    rstd = L.apply("rsqrt", L.apply("+", var, L.lit(eps)))
+    return (y, L.reshape(mu, stat_shape), L.reshape(rstd, stat_shape))
+
+
+def _linear(L, x, w, b=None):
+    y = L.matmul(x, L.swap(w, 0, 1) if w.rank == 2 else w)
+    return y if b is None else L.apply("+", y, b)
+
+
+def _addmm(L, bias, a, c, *, beta=1, alpha=1):
+    y = _scaled(L, L.matmul(a, c), alpha)
+    return L.pointwise("+", y, _scaled(L, bias, beta)) if beta != 0 else y
+
+
+def _matmul(L, a, c):
+    return L.matmul(a, c)
+
+
+def _transpose(L, x, a, c):
+    if x.rank < 2:
+        return x
+    return L.swap(x, L.axis(a, x.rank), L.axis(c, x.rank))
+
+
+def _t(L, x):
+    return L.swap(x, 0, 1) if x.rank == 2 else x
+
+
+def _permute(L, x, dims):
+    return L.permute(x, list(dims))
+
+
+def _view(L, x, shape, *rest):
+    return L.reshape(x, L.out_shape())
+
+
+def _expand(L, x, sizes, *rest, **kw):
+    return L.broadcast(x, L.out_shape())
+
+
+def _getitem(L, seq, i):
+    if not isinstance(seq, (tuple, list)):
+        raise ExportError("getitem of something that is not a tuple of tensors")
+    return seq[i]
+
+
+def _where(L, c, a, b):
+    va, vb = L.val(a), L.val(b)
+    dtype = L.out_dtype()
+    va = va if va.weak else L.cast(va, dtype)
+    vb = vb if vb.weak else L.cast(vb, dtype)
+    if va.weak and vb.weak:
+        va = L.cast(va, dtype)
+    return L.apply("where", L.val(c), va, vb, dtype=dtype)
+
+
+def _masked_fill(L, x, mask, value):
+    return _where(L, mask, value, x)
+
+
+def _like(fill):
+    def lower(L, x, *rest, **kw):
+        return L.full(fill if fill is not None else rest[0], L.out_dtype(), L.out_shape())
+
+    return lower
+
+
+def _sdpa(L, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+    if attn_mask is not None or dropout_p != 0.0 or enable_gqa:
+        raise ExportError("attention with a mask tensor, dropout or grouped heads")
+    if k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
+        raise ExportError("attention with differing batch or head axes")
+    s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    shape = q.shape[:-1] + (v.shape[-1],)
+    return L.b.op("attention", [q.node, k.node, v.node, L.lit(s).node, L.lit(1 if is_causal else 0).node], q.dtype, shape)
+
+
+def _threshold_backward(L, grad, x, threshold):
+    return _where(L, L.compare("<=", x, threshold), 0.0, grad)
+
+
+def _tanh_backward(L, grad, y):
+    return L.apply("*", grad, L.apply("-", L.lit(1), L.apply("*", y, y)))
+
+
+def _sigmoid_backward(L, grad, y):
+    return L.apply("*", grad, L.apply("*", y, L.apply("-", L.lit(1), y)))
+
+
+def _gelu_backward(L, grad, x, approximate="none"):
+    if approximate != "none":
+        raise ExportError("the backward of gelu(approximate='tanh')")
+    cdf = L.apply("*", L.lit(0.5), L.apply("+", L.lit(1), L.apply("erf", L.apply("*", x, L.lit(math.sqrt(0.5))))))
+    pdf = L.apply("*", L.lit(1 / math.sqrt(2 * math.pi)), L.apply("exp", L.apply("*", L.apply("*", x, x), L.lit(-0.5))))
+    return L.apply("*", grad, L.apply("+", cdf, L.apply("*", x, pdf)))
+
+
+def _softmax_backward(L, grad, out, dim, input_dtype):
+    a = L.axis(dim, out.rank)
+    s = L.reduce("sum", L.apply("*", grad, out), [a], True)
+    return L.apply("*", out, L.apply("-", grad, s))
+
+
+def _log_softmax_backward(L, grad, out, dim, input_dtype):
+    a = L.axis(dim, out.rank)
+    s = L.reduce("sum", grad, [a], True)
+    return L.apply("-", grad, L.apply("*", L.apply("exp", out), s))
+
+
+def _dropout(L, x, p, train):
+    if train and p != 0:
+        raise ExportError("dropout in training mode (eqfuse's dropout draws other random numbers)")
+    return x
+
+
+def _unsqueeze(L, x, dim):
+    return L.reshape(x, L.out_shape())
+
+
+def _squeeze(L, x, *dims):
+    return L.reshape(x, L.out_shape())
+
+
+LOWERINGS = {
+    "add": lambda L, a, b, alpha=1: L.pointwise("+", a, _scaled(L, b, alpha)),
+    "sub": lambda L, a, b, alpha=1: L.pointwise("-", a, _scaled(L, b, alpha)),
+    "rsub": lambda L, a, b, alpha=1: L.pointwise("-", b, _scaled(L, a, alpha)),
+    "mul": _binary("*"),
+    "div": _div,
+    "true_divide": _div,
+    "pow": _binary("pow"),
+    "maximum": _binary("max"),
+    "minimum": _binary("min"),
+    "clamp_min": lambda L, x, m: L.pointwise("max", x, m),
+    "clamp_max": lambda L, x, m: L.pointwise("min", x, m),
+    "clamp": _clamp,
+    "neg": _unary("neg"),
+    "exp": _unary("exp"),
+    "log": _unary("log"),
+    "sqrt": _unary("sqrt"),
+    "rsqrt": _unary("rsqrt"),
+    "reciprocal": _unary("recip"),
+    "abs": _unary("abs"),
+    "tanh": _unary("tanh"),
+    "sigmoid": _unary("sigmoid"),
+    "relu": _unary("relu"),
+    "silu": _unary("silu"),
+    "erf": _unary("erf"),
+    "sin": _unary("sin"),
+    "cos": _unary("cos"),
+    "square": _unary("square"),
+    "gelu": _gelu,
+    "log1p": lambda L, x: L.pointwise("log", L.pointwise("+", x, 1)),
+    "expm1": lambda L, x: L.pointwise("-", L.pointwise("exp", x), 1),
+    "logical_not": lambda L, x: L.apply("not", L.cast(x, "bool"), dtype="bool"),
+    "eq": _cmp("=="),
+    "ne": _cmp("!="),
+    "lt": _cmp("<"),
+    "le": _cmp("<="),
+    "gt": _cmp(">"),
+    "ge": _cmp(">="),
+    "where": _where,
+    "masked_fill": _masked_fill,
+    "_to_copy": _cast,
+    "to": _cast,
+    "convert_element_type": _cast,
+    "type_as": _cast,
+    "clone": _identity,
+    "contiguous": _identity,
+    "alias": _identity,
+    "detach": _identity,
+    "lift_fresh_copy": _identity,
+    "dropout": _dropout,
+    "sum": _sum,
+    "mean": _mean,
+    "amax": _amax,
+    "amin": _amin,
+    "var_mean": _var_mean,
+    "var": _var,
+    "softmax": _softmax("softmax"),
+    "_softmax": _softmax("softmax"),
+    "log_softmax": _softmax("log_softmax"),
+    "_log_softmax": _softmax("log_softmax"),
+    "layer_norm": _layer_norm,
+    "native_layer_norm": _native_layer_norm,
+    "linear": _linear,
+    "addmm": _addmm,
+    "mm": _matmul,
+    "bmm": _matmul,
+    "matmul": _matmul,
+    "t": _t,
+    "transpose": _transpose,
+    "permute": _permute,
+    "view": _view,
+    "reshape": _view,
+    "_unsafe_view": _view,
+    "flatten": _view,
+    "expand": _expand,
+    "unsqueeze": _unsqueeze,
+    "squeeze": _squeeze,
+    "zeros_like": _like(0.0),
+    "ones_like": _like(1.0),
+    "full_like": _like(None),
+    "scaled_dot_product_attention": _sdpa,
+    "threshold_backward": _threshold_backward,
+    "tanh_backward": _tanh_backward,
+    "sigmoid_backward": _sigmoid_backward,
+    "gelu_backward": _gelu_backward,
+    "_softmax_backward_data": _softmax_backward,
+    "_log_softmax_backward_data": _log_softmax_backward,
+    "getitem": _getitem,
+    "_assert_tensor_metadata": _nothing,
+    "_assert_async": _nothing,
+    "_assert_scalar": _nothing,
+}
+"""ATen operators (by overload packet name) eqfuse can take, each with its lowering."""

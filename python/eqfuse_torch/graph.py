@@ -1,0 +1,148 @@
+"""Writing eqfuse JSON graphs (`eqfuse.graph/1`, docs/graph-schema.md) from Python.
+
+`GraphBuilder` appends nodes in order and tracks each value's dtype and shape, so that the code
+lowering another framework's operators can decide where reshapes and casts are needed. It needs
+no PyTorch. Invariant: every node's `args` index earlier nodes, equal nodes are written once
+(the Rust reader hash-conses too), and names are identifiers unique within the graph.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+
+SCHEMA = "eqfuse.graph/1"
+DTYPES = ("f32", "f16", "bf16", "i32", "bool")
+
+# Operator spellings of eqfuse's op table (src/lang.rs `OPS`). An input may not use one as its name.
+OPS = frozenset(
+    "neg exp log sqrt rsqrt recip abs tanh sigmoid relu gelu gelu_tanh silu erf sin cos square not "
+    "+ - * / pow max min < <= > >= == != sum mean amax amin where cast transpose reshape broadcast @ "
+    "iota onehot dropout softmax log_softmax layernorm rmsnorm cross_entropy attention grad".split()
+)
+
+
+class ExportError(Exception):
+    """A graph eqfuse cannot take; the message names the operators and nodes involved."""
+
+
+@dataclass(frozen=True)
+class Value:
+    """A node of the graph being built: its index, dtype (None for a weak literal, which takes
+    the dtype of the tensor it meets) and shape."""
+
+    node: int
+    dtype: str | None
+    shape: tuple[int, ...]
+
+    @property
+    def weak(self) -> bool:
+        return self.dtype is None
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """NumPy broadcasting; raises ExportError for shapes that do not broadcast."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for axis in range(rank):
+        sizes = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            raise ExportError(f"shapes {list(shapes)} do not broadcast")
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
+def identifier(text: str) -> str:
+    """An identifier from any text: other characters become `_`, and a `v_` prefix is added
+    when the text does not start with a letter or `_`."""
+    out = re.sub(r"[^A-Za-z0-9_]", "_", text)
+    return out if re.match(r"[A-Za-z_]", out) else "v_" + out
+
+
+class GraphBuilder:
+    """Builds one `eqfuse.graph/1` graph."""
+
+    def __init__(self) -> None:
+        self.nodes: list[dict] = []
+        self.inputs: list[dict] = []
+        self.outputs: list[dict] = []
+        self._memo: dict[str, int] = {}
+        self._names: set[str] = set()
+
+    def unique_name(self, text: str, input: bool = False) -> str:
+        """A fresh identifier for `text`; input names also avoid dtypes and operator spellings."""
+        base = identifier(text)
+        name, k = base, 0
+        while name in self._names or (input and (name in OPS or name in DTYPES)):
+            k += 1
+            name = f"{base}_{k}"
+        self._names.add(name)
+        return name
+
+    def _add(self, entry: dict, name: str | None = None) -> int:
+        key = json.dumps(entry, sort_keys=True)
+        index = self._memo.get(key)
+        if index is None:
+            index = len(self.nodes)
+            self.nodes.append(dict(entry))
+            self._memo[key] = index
+        if name is not None and "name" not in self.nodes[index] and entry["op"] not in ("input", "const"):
+            self.nodes[index]["name"] = self.unique_name(name)
+        return index
+
+    def input(self, name: str, dtype: str, shape: tuple[int, ...]) -> Value:
+        """Declares an input under a fresh identifier made from `name`; returns its value."""
+        if dtype not in DTYPES:
+            raise ExportError(f"input {name}: dtype {dtype} is not one of {DTYPES}")
+        if any(d < 1 for d in shape):
+            raise ExportError(f"input {name}: shape {list(shape)} has an empty axis")
+        ident = self.unique_name(name, input=True)
+        self.inputs.append({"name": ident, "dtype": dtype, "shape": list(shape)})
+        return Value(self._add({"op": "input", "value": ident}), dtype, tuple(shape))
+
+    def input_name(self, v: Value) -> str:
+        """The name of an input value."""
+        return self.nodes[v.node]["value"]
+
+    def const(self, x: float) -> Value:
+        """A weak scalar literal."""
+        x = float(x)
+        if not math.isfinite(x):
+            raise ExportError(f"the literal {x} is not finite")
+        value = int(x) if x.is_integer() and abs(x) < 9e15 else x
+        return Value(self._add({"op": "const", "value": value}), None, ())
+
+    def dims(self, shape: tuple[int, ...]) -> int:
+        return self._add({"op": "dims", "value": [int(d) for d in shape]})
+
+    def dtype(self, dtype: str) -> int:
+        return self._add({"op": "dtype", "value": dtype})
+
+    def op(self, op: str, args: list[int], dtype: str | None, shape: tuple[int, ...], name: str | None = None) -> Value:
+        """Applies an operator to earlier nodes (values and attribute nodes, in table order)."""
+        if op not in OPS:
+            raise ExportError(f"`{op}` is not an eqfuse operator")
+        return Value(self._add({"op": op, "args": list(args)}, name), dtype, tuple(shape))
+
+    def output(self, name: str, v: Value) -> str:
+        """Declares a result; returns the identifier it was given."""
+        if v.weak:
+            raise ExportError(f"output {name} is a constant, not computed from inputs")
+        ident = self.unique_name(name)
+        self.outputs.append({"name": ident, "node": v.node})
+        return ident
+
+    def to_json(self) -> dict:
+        if not self.outputs:
+            raise ExportError("the graph has no outputs")
+        return {"schema": SCHEMA, "inputs": self.inputs, "nodes": self.nodes, "outputs": self.outputs}

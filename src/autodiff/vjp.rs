@@ -1,0 +1,500 @@
+//! The vector-Jacobian product of every operator: how a node's adjoint flows to its operands.
+//!
+//! Each rule returns contributions `(operand, value)` that [`Tape::fit`] then sums over
+//! broadcast axes and casts to the operand's type, so a rule may return a value of any shape that
+//! broadcasts to the node's. Rules use forward values where the derivative has a form in them
+//! (`exp`: y; `tanh`: 1 - y²), and composites use closed forms; the decomposed softmax and
+//! log-softmax are recognised and get the closed form too (see [`Tape::softmax_idiom`]).
+//! Invariant: a rule only adds nodes, and only for operands that carry gradient.
+
+use egg::Id;
+
+use super::{Tape, R};
+use crate::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
+use crate::types::DType;
+
+/// The nodes of a max-shifted exp-sum: `m = amax(x, a)`, `s = x - m`, `e = exp(s)`,
+/// `z = sum(e, a)`.
+struct Shifted {
+    x: Id,
+    axis: Id,
+    m: Id,
+    s: Id,
+    e: Id,
+    z: Id,
+}
+
+impl Tape<'_> {
+    /// The contributions of node `n`'s adjoint `g` to its active operands.
+    pub(super) fn vjp(&mut self, n: Id, g: Id) -> R<Vec<(Id, Id)>> {
+        if let Some(found) = self.softmax_idiom(n, g)? {
+            return Ok(found);
+        }
+        let TensorLang::Op(code, ch) = self.p.node(n).clone() else { return Ok(vec![]) };
+        let mut out = Vec::new();
+        match code.kind() {
+            Kind::Unary(u) => {
+                if self.on(ch[0]) {
+                    out.push((ch[0], self.unary(u, ch[0], n, g)?));
+                }
+            }
+            Kind::Binary(b) => self.binary(b, ch[0], ch[1], n, g, &mut out)?,
+            Kind::Reduce(r) => {
+                if self.on(ch[0]) {
+                    out.push((ch[0], self.reduce(r, ch[0], ch[1], n, g)?));
+                }
+            }
+            Kind::Where => {
+                let zero = self.p.num(0.0);
+                if self.on(ch[1]) {
+                    out.push((ch[1], self.op(Kind::Where, vec![ch[0], g, zero])?));
+                }
+                if self.on(ch[2]) {
+                    out.push((ch[2], self.op(Kind::Where, vec![ch[0], zero, g])?));
+                }
+            }
+            Kind::Cast | Kind::Broadcast => out.push((ch[0], g)),
+            Kind::Transpose => {
+                let gf = self.full_like(g, n)?;
+                out.push((ch[0], self.op(Kind::Transpose, vec![gf, ch[1], ch[2]])?));
+            }
+            Kind::Reshape => {
+                let gf = self.full_like(g, n)?;
+                let shape = self.ty(ch[0])?.shape;
+                out.push((ch[0], self.reshape(gf, shape)?));
+            }
+            Kind::MatMul => self.matmul(ch[0], ch[1], n, g, &mut out)?,
+            Kind::Dropout => {
+                let gf = self.full_like(g, n)?;
+                out.push((ch[0], self.op(Kind::Dropout, vec![gf, ch[1], ch[2]])?));
+            }
+            Kind::Composite(c) => self.composite(c, &ch, n, g, &mut out)?,
+            Kind::Iota | Kind::OneHot => {}
+            Kind::Grad => {
+                return Err("cannot differentiate through a `grad` node that is not expanded yet \
+                            (expand inner grads first, e.g. with expand_grads)"
+                    .to_string())
+            }
+        }
+        Ok(out.into_iter().filter(|&(c, _)| self.on(c)).collect())
+    }
+
+    /// Derivative of a pointwise unary op at `x` (result `y`), times `g`.
+    fn unary(&mut self, u: Unary, x: Id, y: Id, g: Id) -> R<Id> {
+        use Binary::{Add, Mul, Sub};
+        let d = match u {
+            Unary::Neg => return self.un(Unary::Neg, g),
+            Unary::Exp => y,
+            Unary::Log => return self.bin(Binary::Div, g, x),
+            Unary::Sqrt => {
+                let half = self.binc(Mul, g, 0.5)?;
+                return self.bin(Binary::Div, half, y);
+            }
+            Unary::Rsqrt => {
+                let y3 = self.chain(Mul, &[y, y, y])?;
+                self.binc(Mul, y3, -0.5)?
+            }
+            Unary::Recip => {
+                let y2 = self.bin(Mul, y, y)?;
+                self.un(Unary::Neg, y2)?
+            }
+            Unary::Abs => {
+                let zero = self.p.num(0.0);
+                let pos = self.indicator(Binary::Gt, x, zero, y)?;
+                let neg = self.indicator(Binary::Lt, x, zero, y)?;
+                self.bin(Sub, pos, neg)?
+            }
+            Unary::Tanh => {
+                let y2 = self.bin(Mul, y, y)?;
+                self.cbin(Sub, 1.0, y2)?
+            }
+            Unary::Sigmoid => {
+                let one_minus = self.cbin(Sub, 1.0, y)?;
+                self.bin(Mul, y, one_minus)?
+            }
+            Unary::Relu => {
+                let zero = self.p.num(0.0);
+                let keep = self.bin(Binary::Gt, y, zero)?;
+                return self.op(Kind::Where, vec![keep, g, zero]);
+            }
+            Unary::Gelu => self.gelu_derivative(x)?,
+            Unary::GeluTanh => self.gelu_tanh_derivative(x)?,
+            Unary::Silu => {
+                // silu' = s + x s (1 - s) = y + s (1 - y), with s = sigmoid(x) and y = x s.
+                let s = self.un(Unary::Sigmoid, x)?;
+                let one_minus = self.cbin(Sub, 1.0, y)?;
+                let t = self.bin(Mul, s, one_minus)?;
+                self.bin(Add, y, t)?
+            }
+            Unary::Erf => {
+                let x2 = self.bin(Mul, x, x)?;
+                let e = self.un(Unary::Neg, x2).and_then(|n| self.un(Unary::Exp, n))?;
+                self.binc(Mul, e, std::f64::consts::FRAC_2_SQRT_PI)?
+            }
+            Unary::Sin => self.un(Unary::Cos, x)?,
+            Unary::Cos => {
+                let s = self.un(Unary::Sin, x)?;
+                self.un(Unary::Neg, s)?
+            }
+            Unary::Square => self.binc(Mul, x, 2.0)?,
+            Unary::Not => return Err("`not` has no gradient (its values are bool)".to_string()),
+        };
+        self.bin(Mul, g, d)
+    }
+
+    /// gelu'(x) = Φ(x) + x φ(x) = 0.5 (1 + erf(x / √2)) + x exp(-x²/2) / √(2π).
+    fn gelu_derivative(&mut self, x: Id) -> R<Id> {
+        use Binary::{Add, Mul};
+        let scaled = self.binc(Mul, x, std::f64::consts::FRAC_1_SQRT_2)?;
+        let erf = self.un(Unary::Erf, scaled)?;
+        let one_plus = self.cbin(Add, 1.0, erf)?;
+        let cdf = self.cbin(Mul, 0.5, one_plus)?;
+        let x2 = self.bin(Mul, x, x)?;
+        let e = self.binc(Mul, x2, -0.5).and_then(|v| self.un(Unary::Exp, v))?;
+        let pdf = self.binc(Mul, e, 0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2)?;
+        let xpdf = self.bin(Mul, x, pdf)?;
+        self.bin(Add, cdf, xpdf)
+    }
+
+    /// For y = 0.5 x (1 + t), t = tanh(c (x + k x³)):
+    /// y' = 0.5 (1 + t) + 0.5 x (1 - t²) c (1 + 3 k x²).
+    fn gelu_tanh_derivative(&mut self, x: Id) -> R<Id> {
+        use Binary::{Add, Mul, Sub};
+        let (c, k) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+        let x2 = self.bin(Mul, x, x)?;
+        let x3 = self.bin(Mul, x2, x)?;
+        let inner = self.binc(Mul, x3, k).and_then(|v| self.bin(Add, x, v))?;
+        let t = self.binc(Mul, inner, c).and_then(|v| self.un(Unary::Tanh, v))?;
+        let left = self.cbin(Add, 1.0, t).and_then(|v| self.binc(Mul, v, 0.5))?;
+        let t2 = self.bin(Mul, t, t)?;
+        let sech2 = self.cbin(Sub, 1.0, t2)?;
+        let slope = self.binc(Mul, x2, 3.0 * k).and_then(|v| self.cbin(Add, 1.0, v))?;
+        let right = self.chain(Mul, &[x, sech2, slope])?;
+        let right = self.binc(Mul, right, 0.5 * c)?;
+        self.bin(Add, left, right)
+    }
+
+    fn binary(&mut self, b: Binary, a: Id, c: Id, y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
+        use Binary::{Div, Mul, Sub};
+        match b {
+            Binary::Add => out.extend([(a, g), (c, g)]),
+            Binary::Sub => out.extend([(a, g), (c, self.un(Unary::Neg, g)?)]),
+            Binary::Mul if a == c => {
+                let ga = self.bin(Mul, g, a)?;
+                out.push((a, self.binc(Mul, ga, 2.0)?));
+            }
+            Binary::Mul => {
+                if self.on(a) {
+                    out.push((a, self.bin(Mul, g, c)?));
+                }
+                if self.on(c) {
+                    out.push((c, self.bin(Mul, g, a)?));
+                }
+            }
+            Binary::Div => {
+                if self.on(a) {
+                    out.push((a, self.bin(Div, g, c)?));
+                }
+                if self.on(c) {
+                    // d(a/c)/dc = -a/c² = -y/c.
+                    let gy = self.bin(Mul, g, y)?;
+                    let q = self.bin(Div, gy, c)?;
+                    out.push((c, self.un(Unary::Neg, q)?));
+                }
+            }
+            Binary::Pow => {
+                if self.on(a) {
+                    let e = self.binc(Sub, c, 1.0)?;
+                    let p = self.bin(Binary::Pow, a, e)?;
+                    let d = self.bin(Mul, c, p)?;
+                    out.push((a, self.bin(Mul, g, d)?));
+                }
+                if self.on(c) {
+                    let l = self.un(Unary::Log, a)?;
+                    let d = self.bin(Mul, y, l)?;
+                    out.push((c, self.bin(Mul, g, d)?));
+                }
+            }
+            Binary::Max | Binary::Min => {
+                // The weight of `a`: 1 where it wins, 1/2 where it ties, 0 where it loses.
+                let (strict, loose) =
+                    if b == Binary::Max { (Binary::Gt, Binary::Ge) } else { (Binary::Lt, Binary::Le) };
+                let s = self.indicator(strict, a, c, y)?;
+                let l = self.indicator(loose, a, c, y)?;
+                let wa = self.bin(Binary::Add, s, l).and_then(|v| self.binc(Mul, v, 0.5))?;
+                if self.on(a) {
+                    out.push((a, self.bin(Mul, g, wa)?));
+                }
+                if self.on(c) {
+                    let wc = self.cbin(Sub, 1.0, wa)?;
+                    out.push((c, self.bin(Mul, g, wc)?));
+                }
+            }
+            Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge | Binary::Eq | Binary::Ne => {}
+        }
+        Ok(())
+    }
+
+    fn reduce(&mut self, r: Reduce, x: Id, axis: Id, y: Id, g: Id) -> R<Id> {
+        match r {
+            Reduce::Sum => Ok(g),
+            Reduce::Mean => {
+                let n = self.axis_size(x, axis)?;
+                self.binc(Binary::Div, g, n as f64)
+            }
+            Reduce::Amax | Reduce::Amin => {
+                // Split evenly among the elements equal to the extremum.
+                let mask = self.indicator(Binary::Eq, x, y, y)?;
+                let count = self.op(Kind::Reduce(Reduce::Sum), vec![mask, axis])?;
+                let share = self.bin(Binary::Div, g, count)?;
+                self.bin(Binary::Mul, mask, share)
+            }
+        }
+    }
+
+    /// `a @ b`: `g @ bᵀ` to `a` and `aᵀ @ g` to `b` (batch axes are summed by [`Tape::fit`]).
+    /// A matrix `b` shared by every batch of `a` gets one product over the rows of all batches,
+    /// `reshape(a, [rows, k])ᵀ @ reshape(g, [rows, n])`, instead of a product per batch summed
+    /// afterwards (the weight gradient of `x @ w` for `x: [B, S, E]`).
+    fn matmul(&mut self, a: Id, b: Id, y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
+        let gf = self.full_like(g, y)?;
+        if self.on(a) {
+            let bt = self.swap_last(b)?;
+            out.push((a, self.op(Kind::MatMul, vec![gf, bt])?));
+        }
+        if self.on(b) {
+            let (ta, tb, ty) = (self.ty(a)?, self.ty(b)?, self.ty(y)?);
+            let gb = if tb.rank() == 2 && ta.rank() > 2 && ta.shape[..ta.rank() - 2] == ty.shape[..ty.rank() - 2] {
+                let (k, n) = (tb.shape[0], tb.shape[1]);
+                let rows = ta.numel() / k;
+                let a2 = self.reshape(a, vec![rows, k])?;
+                let g2 = self.reshape(gf, vec![rows, n])?;
+                let at = self.swap_last(a2)?;
+                self.op(Kind::MatMul, vec![at, g2])?
+            } else {
+                let at = self.swap_last(a)?;
+                self.op(Kind::MatMul, vec![at, gf])?
+            };
+            out.push((b, gb));
+        }
+        Ok(())
+    }
+
+    fn composite(&mut self, c: Composite, ch: &[Id], y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
+        match c {
+            Composite::Softmax => out.push((ch[0], self.softmax_backward(y, ch[1], g)?)),
+            Composite::LogSoftmax => {
+                let p = self.un(Unary::Exp, y)?;
+                out.push((ch[0], self.log_softmax_backward(p, ch[1], g, y)?));
+            }
+            Composite::LayerNorm => self.layernorm(ch, y, g, out)?,
+            Composite::RmsNorm => self.rmsnorm(ch, y, g, out)?,
+            Composite::CrossEntropy => out.push((ch[0], self.cross_entropy(ch[0], ch[1], g)?)),
+            Composite::Attention => self.attention(ch, y, g, out)?,
+        }
+        Ok(())
+    }
+
+    /// Softmax `p` along `axis`: `p * (g - sum(g * p, axis))`.
+    fn softmax_backward(&mut self, p: Id, axis: Id, g: Id) -> R<Id> {
+        let gp = self.bin(Binary::Mul, g, p)?;
+        let s = self.op(Kind::Reduce(Reduce::Sum), vec![gp, axis])?;
+        let d = self.bin(Binary::Sub, g, s)?;
+        self.bin(Binary::Mul, p, d)
+    }
+
+    /// Log-softmax `y` with softmax `p`: `g - p * sum(g, axis)`.
+    fn log_softmax_backward(&mut self, p: Id, axis: Id, g: Id, y: Id) -> R<Id> {
+        let gf = self.full_like(g, y)?;
+        let s = self.op(Kind::Reduce(Reduce::Sum), vec![gf, axis])?;
+        let ps = self.bin(Binary::Mul, p, s)?;
+        self.bin(Binary::Sub, gf, ps)
+    }
+
+    /// The row statistics of a layernorm (`mean`) or rmsnorm (`None`) of `x`, spelled as
+    /// `expand.rs` spells them so that they hash-cons with an expanded forward:
+    /// returns (`x - mu` or `x`, `rsqrt(var + eps)`).
+    fn norm_stats(&mut self, x: Id, eps: Id, centred: bool) -> R<(Id, Id)> {
+        let last = self.p.num(-1.0);
+        let xc = if centred {
+            let mu = self.op(Kind::Reduce(Reduce::Mean), vec![x, last])?;
+            self.bin(Binary::Sub, x, mu)?
+        } else {
+            x
+        };
+        let sq = self.bin(Binary::Mul, xc, xc)?;
+        let var = self.op(Kind::Reduce(Reduce::Mean), vec![sq, last])?;
+        let ve = self.bin(Binary::Add, var, eps)?;
+        Ok((xc, self.un(Unary::Rsqrt, ve)?))
+    }
+
+    /// dx = r (ĝ - mean(ĝ) - x̂ mean(ĝ x̂)) with ĝ = g γ; dγ = g x̂; dβ = g.
+    fn layernorm(&mut self, ch: &[Id], y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
+        let (x, gamma, beta, eps) = (ch[0], ch[1], ch[2], ch[3]);
+        let (xc, r) = self.norm_stats(x, eps, true)?;
+        let xhat = self.bin(Binary::Mul, xc, r)?;
+        if self.on(x) {
+            let gf = self.full_like(g, y)?;
+            let gh = self.bin(Binary::Mul, gf, gamma)?;
+            let last = self.p.num(-1.0);
+            let m1 = self.op(Kind::Reduce(Reduce::Mean), vec![gh, last])?;
+            let ghx = self.bin(Binary::Mul, gh, xhat)?;
+            let m2 = self.op(Kind::Reduce(Reduce::Mean), vec![ghx, last])?;
+            let t = self.bin(Binary::Mul, xhat, m2)?;
+            let d = self.bin(Binary::Sub, gh, m1).and_then(|v| self.bin(Binary::Sub, v, t))?;
+            out.push((x, self.bin(Binary::Mul, r, d)?));
+        }
+        if self.on(gamma) {
+            out.push((gamma, self.bin(Binary::Mul, g, xhat)?));
+        }
+        out.push((beta, g));
+        Ok(())
+    }
+
+    /// dx = r (ĝ - x̂ mean(ĝ x̂)) with ĝ = g γ, x̂ = x r; dγ = g x̂.
+    fn rmsnorm(&mut self, ch: &[Id], y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
+        let (x, gamma, eps) = (ch[0], ch[1], ch[2]);
+        let (_, r) = self.norm_stats(x, eps, false)?;
+        let xhat = self.bin(Binary::Mul, x, r)?;
+        if self.on(x) {
+            let gf = self.full_like(g, y)?;
+            let gh = self.bin(Binary::Mul, gf, gamma)?;
+            let last = self.p.num(-1.0);
+            let ghx = self.bin(Binary::Mul, gh, xhat)?;
+            let m = self.op(Kind::Reduce(Reduce::Mean), vec![ghx, last])?;
+            let t = self.bin(Binary::Mul, xhat, m)?;
+            let d = self.bin(Binary::Sub, gh, t)?;
+            out.push((x, self.bin(Binary::Mul, r, d)?));
+        }
+        if self.on(gamma) {
+            out.push((gamma, self.bin(Binary::Mul, g, xhat)?));
+        }
+        Ok(())
+    }
+
+    /// d cross_entropy / d logits = (softmax(logits) - onehot(targets)) / rows, times `g`.
+    fn cross_entropy(&mut self, x: Id, t: Id, g: Id) -> R<Id> {
+        let ty = self.ty(x)?;
+        let v = *ty.shape.last().ok_or("cross_entropy of a scalar")?;
+        let rows: usize = ty.shape[..ty.rank() - 1].iter().product();
+        let last = self.p.num(-1.0);
+        let p = self.op(Kind::Composite(Composite::Softmax), vec![x, last])?;
+        let n = self.p.num(v as f64);
+        let mut onehot = self.op(Kind::OneHot, vec![t, n])?;
+        if ty.dtype != DType::F32 {
+            onehot = self.cast(onehot, ty.dtype)?;
+        }
+        let d = self.bin(Binary::Sub, p, onehot)?;
+        let scale = self.binc(Binary::Div, g, rows as f64)?;
+        self.bin(Binary::Mul, d, scale)
+    }
+
+    /// Attention backward with the probabilities recomputed (the forward keeps none):
+    /// P = softmax(S), dV = Pᵀ dO, dS = P (dO Vᵀ - sum(P dO Vᵀ)) · scale, dQ = dS K, dK = dSᵀ Q.
+    fn attention(&mut self, ch: &[Id], y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
+        let (q, k, v, scale, causal) = (ch[0], ch[1], ch[2], ch[3], ch[4]);
+        let scores = crate::expand::attention_scores(self.p, q, k, scale, causal)?;
+        let last = self.p.num(-1.0);
+        let p = self.op(Kind::Composite(Composite::Softmax), vec![scores, last])?;
+        let gf = self.full_like(g, y)?;
+        if self.on(v) {
+            let pt = self.swap_last(p)?;
+            out.push((v, self.op(Kind::MatMul, vec![pt, gf])?));
+        }
+        if !(self.on(q) || self.on(k)) {
+            return Ok(());
+        }
+        let vt = self.swap_last(v)?;
+        let dp = self.op(Kind::MatMul, vec![gf, vt])?;
+        let ds = self.softmax_backward(p, last, dp)?;
+        let ds = self.bin(Binary::Mul, ds, scale)?;
+        if self.on(q) {
+            out.push((q, self.op(Kind::MatMul, vec![ds, k])?));
+        }
+        if self.on(k) {
+            let dst = self.swap_last(ds)?;
+            out.push((k, self.op(Kind::MatMul, vec![dst, q])?));
+        }
+        Ok(())
+    }
+
+    /// The decomposed softmax `e / z` and log-softmax `s - log(z)` (or `x - (m + log(z))`),
+    /// with `m = amax(x, a)`, `s = x - m`, `e = exp(s)`, `z = sum(e, a)`, differentiated as one
+    /// function of `x`: the gradient through the shift `m` is exactly zero, so it is left out.
+    /// The log-softmax's gradient reuses the forward `e / z` as its softmax.
+    fn softmax_idiom(&mut self, n: Id, g: Id) -> R<Option<Vec<(Id, Id)>>> {
+        let Some((log, parts)) = self.softmax_parts(n) else { return Ok(None) };
+        if !self.on(parts.x) {
+            return Ok(Some(vec![]));
+        }
+        let dx = if log {
+            let p = self.bin(Binary::Div, parts.e, parts.z)?;
+            self.log_softmax_backward(p, parts.axis, g, n)?
+        } else {
+            self.softmax_backward(n, parts.axis, g)?
+        };
+        Ok(Some(vec![(parts.x, dx)]))
+    }
+
+    /// Whether `n` is a decomposed softmax (false) or log-softmax (true), and its parts.
+    fn softmax_parts(&self, n: Id) -> Option<(bool, Shifted)> {
+        let (b, l, r) = self.binary_parts(n)?;
+        match b {
+            Binary::Div => self.exp_sum(r).filter(|p| p.e == l).map(|p| (false, p)),
+            Binary::Sub => match self.log_of(r) {
+                Some(z) => self.exp_sum(z).filter(|p| p.s == l).map(|p| (true, p)),
+                None => {
+                    let (Binary::Add, m, lz) = self.binary_parts(r)? else { return None };
+                    let p = self.exp_sum(self.log_of(lz)?)?;
+                    (p.x == l && p.m == m).then_some((true, p))
+                }
+            },
+            _ => None,
+        }
+    }
+
+    fn log_of(&self, id: Id) -> Option<Id> {
+        match self.p.node(id) {
+            TensorLang::Op(c, ch) if c.kind() == Kind::Unary(Unary::Log) => Some(ch[0]),
+            _ => None,
+        }
+    }
+
+    /// `z = sum(exp(x - amax(x, a)), a)` and its parts.
+    fn exp_sum(&self, z: Id) -> Option<Shifted> {
+        let TensorLang::Op(c, ch) = self.p.node(z) else { return None };
+        let TensorLang::Op(ce, che) = self.p.node(ch[0]) else { return None };
+        if c.kind() != Kind::Reduce(Reduce::Sum) || ce.kind() != Kind::Unary(Unary::Exp) {
+            return None;
+        }
+        let s = che[0];
+        let (Binary::Sub, x, m) = self.binary_parts(s)? else { return None };
+        let TensorLang::Op(cm, chm) = self.p.node(m) else { return None };
+        let shift = cm.kind() == Kind::Reduce(Reduce::Amax) && chm[0] == x && self.same_axis(x, chm[1], ch[1]);
+        shift.then_some(Shifted { x, axis: ch[1], m, s, e: ch[0], z })
+    }
+
+    fn binary_parts(&self, n: Id) -> Option<(Binary, Id, Id)> {
+        match self.p.node(n) {
+            TensorLang::Op(c, ch) => match c.kind() {
+                Kind::Binary(b) => Some((b, ch[0], ch[1])),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Whether two axis literals name the same axis of `x`.
+    fn same_axis(&self, x: Id, a: Id, b: Id) -> bool {
+        let rank = self.p.ty(x).map_or(0, |t| t.rank());
+        let norm = |id: Id| self.p.fact(id).konst.and_then(|v| crate::infer::norm_axis(v as i64, rank).ok());
+        norm(a).is_some() && norm(a) == norm(b)
+    }
+
+    fn axis_size(&self, x: Id, axis: Id) -> R<usize> {
+        let ty = self.ty(x)?;
+        let a = self.p.fact(axis).konst.ok_or("a reduction axis must be a constant")?;
+        let a = crate::infer::norm_axis(a as i64, ty.rank())?;
+        Ok(ty.shape[a])
+    }
+}

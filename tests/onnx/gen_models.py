@@ -1,0 +1,337 @@
+"""Writes the ONNX test models of tests/onnx.rs with the `onnx` package, and their expected
+outputs: each model gets a folder `NAME/` holding `model.onnx`, `inputs/*.npy` and
+`expected/*.npy`.
+
+Expected outputs come from computations independent of eqfuse: plain NumPy for the two models
+the issue names (a decomposed layernorm; Gemm + Relu + MatMul + Softmax), and onnx's own
+reference evaluator (`onnx.reference`) for the operator-coverage models, checked against NumPy
+where that is short. Run from the repository root:
+
+    pip install onnx numpy
+    python3 tests/onnx/gen_models.py
+
+The outputs are deterministic (fixed seeds), so re-running rewrites identical files.
+"""
+
+import os
+import shutil
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+F32 = TensorProto.FLOAT
+
+
+def const_i64(name, values):
+    return numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+
+
+def const_f32(name, values):
+    return numpy_helper.from_array(np.asarray(values, dtype=np.float32), name)
+
+
+def with_output_shapes(model):
+    """Fills in the shapes of outputs declared without one, from onnx's shape inference."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    known = {v.name: v for v in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    for out in model.graph.output:
+        if not out.type.tensor_type.HasField("shape") and out.name in known:
+            out.type.CopyFrom(known[out.name].type)
+    return model
+
+
+def save(name, model, feeds, expected, rtol=1e-5):
+    model = with_output_shapes(model)
+    onnx.checker.check_model(model, full_check=True)
+    folder = os.path.join(HERE, name)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(os.path.join(folder, "inputs"))
+    os.makedirs(os.path.join(folder, "expected"))
+    onnx.save(model, os.path.join(folder, "model.onnx"))
+    for k, v in feeds.items():
+        np.save(os.path.join(folder, "inputs", k + ".npy"), v)
+    # Every expected output is also computed by onnx's reference evaluator, as a cross-check
+    # of the independent computation (or as the computation itself).
+    ref = ReferenceEvaluator(model).run(None, feeds)
+    names = [o.name for o in model.graph.output]
+    for k, r in zip(names, ref):
+        e = expected.get(k, r)
+        np.testing.assert_allclose(e, r, rtol=rtol, atol=rtol, err_msg=f"{name}/{k}")
+        np.save(os.path.join(folder, "expected", k + ".npy"), np.asarray(e))
+
+
+def layernorm():
+    """The decomposed layernorm PyTorch's exporter writes: mean, sub, pow, mean, add, sqrt, div,
+    mul, add. The batch size is symbolic, with a default in the model's metadata."""
+    c = 64
+    rng = np.random.default_rng(1)
+    gamma = rng.standard_normal(c).astype(np.float32)
+    beta = rng.standard_normal(c).astype(np.float32)
+    nodes = [
+        helper.make_node("ReduceMean", ["x", "axes"], ["mu"], name="/ln/ReduceMean", keepdims=1),
+        helper.make_node("Sub", ["x", "mu"], ["xc"], name="/ln/Sub"),
+        helper.make_node("Pow", ["xc", "two"], ["sq"], name="/ln/Pow"),
+        helper.make_node("ReduceMean", ["sq", "axes"], ["var"], name="/ln/ReduceMean_1", keepdims=1),
+        helper.make_node("Add", ["var", "eps"], ["ve"], name="/ln/Add"),
+        helper.make_node("Sqrt", ["ve"], ["sd"], name="/ln/Sqrt"),
+        helper.make_node("Div", ["xc", "sd"], ["nrm"], name="/ln/Div"),
+        helper.make_node("Mul", ["nrm", "gamma"], ["scaled"], name="/ln/Mul"),
+        helper.make_node("Add", ["scaled", "beta"], ["y"], name="/ln/Add_1"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "layernorm",
+        [helper.make_tensor_value_info("x", F32, ["batch", c])],
+        [helper.make_tensor_value_info("y", F32, ["batch", c])],
+        initializer=[
+            const_i64("axes", [-1]),
+            const_f32("two", 2.0),
+            const_f32("eps", 1e-5),
+            const_f32("gamma", gamma),
+            const_f32("beta", beta),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="gen_models.py")
+    helper.set_model_props(model, {"eqfuse.dim.batch": "16"})
+    x = rng.standard_normal((16, c)).astype(np.float32)
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    y = (x - mu) / np.sqrt(var + np.float32(1e-5)) * gamma + beta
+    save("layernorm", model, {"x": x}, {"y": y.astype(np.float32)})
+
+
+def mlp_softmax():
+    """Gemm (transB, bias) + Relu + MatMul + Softmax, at opset 13."""
+    b, d, h, k = 8, 32, 64, 16
+    rng = np.random.default_rng(2)
+    w1 = (rng.standard_normal((h, d)) / np.sqrt(d)).astype(np.float32)
+    b1 = rng.standard_normal(h).astype(np.float32)
+    w2 = (rng.standard_normal((h, k)) / np.sqrt(h)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], name="fc1", transB=1),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "w2"], ["z"], name="fc2"),
+        helper.make_node("Softmax", ["z"], ["y"], name="softmax", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp_softmax",
+        [helper.make_tensor_value_info("x", F32, [b, d])],
+        [helper.make_tensor_value_info("y", F32, [b, k])],
+        initializer=[const_f32("w1", w1), const_f32("b1", b1), const_f32("w2", w2)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="gen_models.py")
+    x = rng.standard_normal((b, d)).astype(np.float32)
+    z = np.maximum(x @ w1.T + b1, 0) @ w2
+    e = np.exp(z - z.max(-1, keepdims=True))
+    y = e / e.sum(-1, keepdims=True)
+    save("mlp_softmax", model, {"x": x}, {"y": y.astype(np.float32)})
+
+
+def ops_shapes():
+    """Layout and reduction operators at opset 17: general Transpose, Reshape with 0 and -1,
+    Unsqueeze, Squeeze, Expand, reductions over several axes with keepdims=0, LogSoftmax,
+    LayerNormalization over two axes, MatMul with 1-D operands, Gemm with transA, alpha, beta."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    v5 = rng.standard_normal(5).astype(np.float32)
+    v4 = rng.standard_normal(4).astype(np.float32)
+    scale = rng.standard_normal((4, 5)).astype(np.float32)
+    bias = rng.standard_normal((4, 5)).astype(np.float32)
+    a = rng.standard_normal((5, 4)).astype(np.float32)
+    bm = rng.standard_normal((5, 6)).astype(np.float32)
+    cm = rng.standard_normal((1, 6)).astype(np.float32)
+    n = helper.make_node
+    nodes = [
+        n("Transpose", ["x"], ["t"], perm=[2, 0, 3, 1]),
+        n("Reshape", ["t", "shape_0m1"], ["flat"]),
+        n("Unsqueeze", ["flat", "axes_0_m1"], ["u"]),
+        n("Squeeze", ["u", "axes_0"], ["sq1"]),
+        n("Squeeze", ["sq1"], ["sq"]),
+        n("ReduceMax", ["sq"], ["rmax"], axes=[1], keepdims=1),
+        n("Expand", ["rmax", "shape_2_4_30"], ["expanded"]),
+        n("Identity", ["expanded"], ["ex"]),
+        n("ReduceSum", ["x", "axes_1_3"], ["rsum"], keepdims=0),
+        n("LogSoftmax", ["x"], ["lsm"], axis=1),
+        n("LayerNormalization", ["x", "scale", "bias"], ["ln"], axis=-2, epsilon=1e-3),
+        n("MatMul", ["x", "v5"], ["mv"]),
+        n("MatMul", ["v4", "x"], ["vm"]),
+        n("Gemm", ["a", "bm", "cm"], ["gemm"], transA=1, alpha=0.5, beta=2.0),
+        n("Transpose", ["x"], ["tdefault"]),
+        n("ReduceMean", ["x"], ["rall"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ops_shapes",
+        [helper.make_tensor_value_info("x", F32, list(x.shape))],
+        [
+            helper.make_tensor_value_info(name, F32, None)
+            for name in ["t", "sq", "ex", "rsum", "lsm", "ln", "mv", "vm", "gemm", "tdefault", "rall"]
+        ],
+        initializer=[
+            const_i64("shape_0m1", [0, -1]),
+            const_i64("axes_0_m1", [0, -1]),
+            const_i64("axes_0", [0]),
+            const_i64("shape_2_4_30", [2, 1, 1]),
+            const_i64("axes_1_3", [1, 3]),
+            const_f32("v5", v5),
+            const_f32("v4", v4),
+            const_f32("scale", scale),
+            const_f32("bias", bias),
+            const_f32("a", a),
+            const_f32("bm", bm),
+            const_f32("cm", cm),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="gen_models.py")
+    expected = {
+        "t": x.transpose(2, 0, 3, 1),
+        "rsum": x.sum(axis=(1, 3)),
+        "mv": x @ v5,
+        "vm": v4 @ x,
+        "gemm": 0.5 * (a.T @ bm) + 2.0 * cm,
+        "tdefault": x.transpose(3, 2, 1, 0),
+        "rall": np.float32(x.mean()),
+    }
+    save("ops_shapes", model, {"x": x}, expected)
+
+
+def ops_pointwise():
+    """Pointwise operators at opset 21: Gelu both ways, Where on a bool input, Cast through
+    int64, variadic Max and Min, Pow by an int64 exponent, constants of every attribute kind,
+    reductions with axes as an input (opset 18 on) and noop_with_empty_axes."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    y = rng.standard_normal((3, 8)).astype(np.float32)
+    m = rng.standard_normal((3, 8)) > 0
+    n = helper.make_node
+    nodes = [
+        n("Gelu", ["x"], ["gelu"]),
+        n("Gelu", ["x"], ["gelu_tanh"], approximate="tanh"),
+        n("Erf", ["x"], ["erf"]),
+        n("Tanh", ["x"], ["tanh"]),
+        n("Sigmoid", ["x"], ["sigmoid"]),
+        n("Abs", ["x"], ["ax"]),
+        n("Constant", [], ["one"], value_float=1.0),
+        n("Add", ["ax", "one"], ["ax1"]),
+        n("Log", ["ax1"], ["log"]),
+        n("Sqrt", ["ax1"], ["sqrt"]),
+        n("Reciprocal", ["ax1"], ["recip"]),
+        n("Exp", ["x"], ["exp"]),
+        n("Neg", ["x"], ["neg"]),
+        n("Where", ["m", "x", "y"], ["where"]),
+        n("Constant", [], ["three"], value=numpy_helper.from_array(np.array(3.0, dtype=np.float32))),
+        n("Mul", ["x", "three"], ["x3"]),
+        n("Cast", ["x3"], ["xi"], to=TensorProto.INT64),
+        n("Cast", ["xi"], ["trunc"], to=TensorProto.FLOAT),
+        n("Max", ["x", "y", "neg"], ["max3"]),
+        n("Min", ["x", "one"], ["min2"]),
+        n("Constant", [], ["p3"], value_int=3),
+        n("Pow", ["x", "p3"], ["cube"]),
+        n("Sub", ["x", "y"], ["sub"]),
+        n("Div", ["x", "ax1"], ["div"]),
+        n("Relu", ["x"], ["relu"]),
+        n("Constant", [], ["axes_last"], value_ints=[-1]),
+        n("ReduceMean", ["x", "axes_last"], ["rmean"], keepdims=0),
+        n("ReduceMax", ["x", "axes_last"], ["rmax"]),
+        n("ReduceSum", ["x"], ["noop"], noop_with_empty_axes=1),
+        n("Softmax", ["x"], ["sm0"], axis=0),
+        n("LayerNormalization", ["x", "gamma"], ["ln"]),
+    ]
+    outs = [
+        "gelu", "gelu_tanh", "erf", "tanh", "sigmoid", "log", "sqrt", "recip", "exp", "where",
+        "trunc", "max3", "min2", "cube", "sub", "div", "relu", "rmean", "rmax", "noop", "sm0", "ln",
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ops_pointwise",
+        [
+            helper.make_tensor_value_info("x", F32, [3, 8]),
+            helper.make_tensor_value_info("y", F32, [3, 8]),
+            helper.make_tensor_value_info("m", TensorProto.BOOL, [3, 8]),
+        ],
+        [helper.make_tensor_value_info(o, F32, None) for o in outs],
+        initializer=[const_f32("gamma", rng.standard_normal(8).astype(np.float32))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], producer_name="gen_models.py")
+    expected = {"where": np.where(m, x, y), "trunc": np.trunc(x * 3), "cube": x**3, "relu": np.maximum(x, 0)}
+    save("ops_pointwise", model, {"x": x, "y": y, "m": m}, expected)
+
+
+def half():
+    """float16 throughout: a layer norm without bias, literals that must take the tensor's dtype
+    (Where of two scalar constants), and a graph output cast to float."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 8)).astype(np.float16)
+    m = rng.standard_normal((4, 8)) > 0
+    n = helper.make_node
+    h16 = lambda name, v: numpy_helper.from_array(np.array(v, dtype=np.float16), name)
+    nodes = [
+        n("LayerNormalization", ["x", "scale"], ["ln"], epsilon=1e-2),
+        n("Where", ["m", "zero", "one"], ["w"]),
+        n("Add", ["ln", "w"], ["y"]),
+        n("Mul", ["y", "half"], ["yh"]),
+        n("Cast", ["yh"], ["y32"], to=F32),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "half",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 8]),
+            helper.make_tensor_value_info("m", TensorProto.BOOL, [4, 8]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4, 8]), helper.make_tensor_value_info("y32", F32, [4, 8])],
+        initializer=[
+            h16("scale", rng.standard_normal(8)),
+            h16("zero", 0.0),
+            h16("one", 1.0),
+            h16("half", 0.5),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="gen_models.py")
+    save("half", model, {"x": x, "m": m}, {}, rtol=1e-2)
+
+
+def unsupported():
+    """A model with an operator the importer does not read (Conv)."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="first"),
+        helper.make_node("Conv", ["r", "w"], ["y"], name="/conv/Conv"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "unsupported",
+        [helper.make_tensor_value_info("x", F32, [1, 1, 4, 4]), helper.make_tensor_value_info("w", F32, [1, 1, 3, 3])],
+        [helper.make_tensor_value_info("y", F32, [1, 1, 2, 2])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="gen_models.py")
+    onnx.checker.check_model(model)
+    onnx.save(model, os.path.join(HERE, "unsupported.onnx"))
+
+
+def symbolic():
+    """A model with a symbolic size and no default for it."""
+    node = helper.make_node("Exp", ["x"], ["y"])
+    graph = helper.make_graph(
+        [node],
+        "symbolic",
+        [helper.make_tensor_value_info("x", F32, ["n", 4])],
+        [helper.make_tensor_value_info("y", F32, ["n", 4])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="gen_models.py")
+    onnx.checker.check_model(model)
+    onnx.save(model, os.path.join(HERE, "symbolic.onnx"))
+
+
+if __name__ == "__main__":
+    layernorm()
+    mlp_softmax()
+    ops_shapes()
+    ops_pointwise()
+    half()
+    unsupported()
+    symbolic()
+    print("wrote the models under", HERE)
