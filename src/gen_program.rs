@@ -13,10 +13,11 @@
 //! and their intervals, `ops.rs` the primitive operations, `patterns.rs` the composites and the
 //! decomposed forms the pattern rules recognise.
 //!
-//! The programs cover every operator of the language that the reference evaluates (`grad`
-//! aside): pointwise unary and binary ops, comparisons and `where`, casts among all dtypes,
-//! reductions over any axis, layout views, matrix products with batch broadcasting, `iota`,
-//! `onehot`, `dropout`, every composite, and the decomposed forms the pattern rules recognise.
+//! The programs cover every operator of the language: pointwise unary and binary ops,
+//! comparisons and `where`, casts among all dtypes, reductions over any axis, layout views,
+//! matrix products with batch broadcasting, `iota`, `onehot`, `dropout`, every composite, the
+//! decomposed forms the pattern rules recognise, and (in a third of the programs whose floats
+//! are all f32) a loss with `grad`s of it, which the front end turns into the backward graph.
 //! Shapes mix size 1 and odd sizes with NumPy broadcasting; values are shared by several
 //! consumers; every value no statement uses is an output (unless its step makes it dead code),
 //! some used ones are outputs too, and a statement may only rename a value (an input or
@@ -89,6 +90,9 @@ pub struct Recipe {
     /// The seed of the program's inputs (`random_inputs`).
     pub input_seed: u64,
     pub steps: Vec<Step>,
+    /// Whether the program ends with a loss and gradients of it (1 in 3; only programs whose
+    /// floats are all f32 get them), and which inputs they are with respect to.
+    pub grads: u8,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -100,11 +104,12 @@ fn step() -> impl Strategy<Value = Step> {
 pub fn recipes(max_steps: usize) -> impl Strategy<Value = Recipe> {
     let frame = prop::collection::vec(0..SIZES.len() as u8, 1..=3);
     let steps = prop::collection::vec(step(), 1..=max_steps.max(1));
-    (frame, any::<u8>(), any::<u16>(), steps).prop_map(|(frame, dtype, seed, steps)| Recipe {
+    (frame, any::<u8>(), any::<u16>(), steps, any::<u8>()).prop_map(|(frame, dtype, seed, steps, grads)| Recipe {
         frame,
         dtype,
         input_seed: seed as u64,
         steps,
+        grads,
     })
 }
 
@@ -128,6 +133,9 @@ impl Recipe {
                 (true, true) => g.dead.insert(v.text),
                 _ => false,
             };
+        }
+        if self.grads % 3 == 1 {
+            g.gradients(self.grads / 3);
         }
         g.finish()
     }
@@ -538,6 +546,7 @@ mod tests {
             frame: vec![0],
             dtype: 0,
             input_seed: 0,
+            grads: 0,
             steps: vec![Step { op: 0, a: 0, b: 0, c: 0, attr: 0, attr2: 0, output: false }],
         };
         assert_eq!(r.render(), "input x0: f32[2]\nt0 = x0 + x0\noutput t0\n");

@@ -15,7 +15,9 @@
 //!   narrowest float dtype times the largest magnitude the plan computes (the forward error of
 //!   a few roundings there: a cancellation the program performs exactly may round in the plan).
 //!   Beyond that, or where the plan overflows and the program does not, the plan is
-//!   numerically worse than the program, which fails too.
+//!   numerically worse than the program, which fails too. Gradients are checked in f64 only:
+//!   the backward graph compares computed values (`relu`'s and `abs`'s derivatives, ties of
+//!   `max` and `amax`), and a comparison of values that round differently may flip.
 //!
 //! A failing program is shrunk by proptest and saved under `tests/cases/diff/` with a header
 //! saying how it was found and what failed; `every_saved_case_passes` runs every saved case
@@ -87,8 +89,10 @@ struct Tally {
     programs: usize,
     plans: usize,
     kernels: usize,
-    /// Outputs outside the dtype tolerance that the program's own rounding error explains.
+    /// Outputs outside the dtype tolerance that rounding explains.
     rounding: usize,
+    /// Gradient outputs (checked in f64 only).
+    gradients: usize,
     /// Rules that fired, with how many programs they fired in.
     rules: BTreeMap<String, usize>,
     /// Composites the plans used that the programs did not write.
@@ -101,6 +105,7 @@ impl Tally {
         self.plans += o.plans;
         self.kernels += o.kernels;
         self.rounding += o.rounding;
+        self.gradients += o.gradients;
         for (k, v) in &o.rules {
             *self.rules.entry(k.clone()).or_default() += v;
         }
@@ -211,24 +216,38 @@ fn compare_rounded(got: &Tensor, want: &Tensor, exact: &Tensor, allowance: impl 
     ))
 }
 
+/// The names bound to `grad(...)` in a program's text.
+fn gradient_names(text: &str) -> Vec<String> {
+    text.lines().filter_map(|l| l.split_once(" = grad(")).map(|(name, _)| name.trim().to_string()).collect()
+}
+
+/// What one program's plans are checked against.
+struct Want<'a> {
+    inputs: &'a HashMap<String, Tensor>,
+    /// The program's outputs in their dtypes and in f64.
+    declared: Vec<Tensor>,
+    f64s: Vec<Tensor>,
+    /// Outputs checked in f64 only (gradients).
+    f64_only: Vec<String>,
+}
+
 /// Checks one plan of `p` against the program's outputs.
-fn check_plan_outputs(
-    p: &Program,
-    plan: &FusionPlan,
-    inputs: &HashMap<String, Tensor>,
-    want: &(Vec<Tensor>, Vec<Tensor>),
-    tally: &mut Tally,
-) -> Result<(), String> {
+fn check_plan_outputs(p: &Program, plan: &FusionPlan, want: &Want, tally: &mut Tally) -> Result<(), String> {
+    let inputs = want.inputs;
     let got_x = eval_plan_with(plan, inputs, Precision::F64).map_err(|e| format!("evaluating the plan: {e}"))?;
     let got_r = eval_plan_with(plan, inputs, Precision::Declared).map_err(|e| format!("evaluating the plan: {e}"))?;
     for (k, o) in p.outputs.iter().enumerate() {
         let name = &o.name;
-        if got_x[k].dtype != want.0[k].dtype || got_x[k].shape != want.0[k].shape {
-            return Err(format!("output `{name}`: the plan gives {}, the program {}", got_x[k].ty(), want.0[k].ty()));
+        let (declared, f64s) = (&want.declared[k], &want.f64s[k]);
+        if got_x[k].dtype != declared.dtype || got_x[k].shape != declared.shape {
+            return Err(format!("output `{name}`: the plan gives {}, the program {}", got_x[k].ty(), declared.ty()));
         }
-        same_in_f64(&got_x[k], &want.1[k])
-            .map_err(|e| format!("output `{name}` differs in f64 (a wrong plan): {e}"))?;
-        match compare_rounded(&got_r[k], &want.0[k], &want.1[k], || rounding_allowance(plan, inputs)) {
+        same_in_f64(&got_x[k], f64s).map_err(|e| format!("output `{name}` differs in f64 (a wrong plan): {e}"))?;
+        if want.f64_only.contains(name) {
+            tally.gradients += 1;
+            continue;
+        }
+        match compare_rounded(&got_r[k], declared, f64s, || rounding_allowance(plan, inputs)) {
             Rounded::Within => {}
             Rounded::Explained => tally.rounding += 1,
             Rounded::Worse(e) => return Err(format!("output `{name}` loses precision: {e}")),
@@ -358,8 +377,7 @@ fn template_contract(k: &Kernel, p: &Program, reds: &[(Red, usize)], anchors: &[
         Template::RowReduce => !reds.is_empty() && all_rows && anchors.is_empty(),
         Template::ColReduce => {
             let across: Vec<usize> = reds.iter().filter(|(r, _)| *r != Red::Row).map(|&(_, i)| i).collect();
-            let used = p.expr().as_ref().iter().any(|n| n.children().iter().any(|c| across.contains(&usize::from(*c))));
-            !across.is_empty() && anchors.is_empty() && !used
+            !across.is_empty() && anchors.is_empty() && only_views_after(p, across)
         }
         Template::Gemm => names == ["@"] && all_rows && (reds.is_empty() || k.domain.last().is_some_and(|&w| w <= 256)),
         Template::Attention => names == ["attention"] && reds.is_empty(),
@@ -371,22 +389,34 @@ fn template_contract(k: &Kernel, p: &Program, reds: &[(Red, usize)], anchors: &[
     }
 }
 
+/// Whether everything computed from the `across` reductions' results (a column or global
+/// reduction, complete only when every block is done) is a reshape or broadcast no larger than
+/// what it views: the only epilogue `colreduce` runs.
+fn only_views_after(p: &Program, mut after: Vec<usize>) -> bool {
+    let numel = |i: usize| p.ty(egg::Id::from(i)).map_or(1, |t| t.numel());
+    for (i, n) in p.expr().as_ref().iter().enumerate() {
+        let TensorLang::Op(code, ch) = n else { continue };
+        if !ch.iter().any(|c| after.contains(&usize::from(*c))) {
+            continue;
+        }
+        let view = matches!(code.kind(), Kind::Reshape | Kind::Broadcast);
+        if !view || numel(i) > numel(usize::from(ch[0])) {
+            return false;
+        }
+        after.push(i);
+    }
+    true
+}
+
 /// Plans `p` under one setup and checks the plan; returns the plan's predicted time.
-fn check_setup(
-    p: &Program,
-    sat: &Saturated,
-    setup: &Setup,
-    inputs: &HashMap<String, Tensor>,
-    want: &(Vec<Tensor>, Vec<Tensor>),
-    tally: &mut Tally,
-) -> Result<f64, String> {
+fn check_setup(p: &Program, sat: &Saturated, setup: &Setup, want: &Want, tally: &mut Tally) -> Result<f64, String> {
     let optimized = plan_saturated(p, sat, &setup.opts).map_err(|e| format!("planning failed: {e}"))?;
     let plan = &optimized.plan;
     check_plan_totals(setup, plan)?;
     for k in &plan.kernels {
         lint_kernel(k, &setup.opts.profile).map_err(|e| format!("kernel {} breaks its template: {e}", k.id))?;
     }
-    check_plan_outputs(p, plan, inputs, want, tally)?;
+    check_plan_outputs(p, plan, want, tally)?;
     tally.plans += 1;
     tally.kernels += plan.kernels.len();
     for c in &optimized.recognised {
@@ -400,10 +430,11 @@ fn check_setup(
 fn check_program(text: &str, input_seed: u64, setups: &[Setup]) -> Result<Tally, String> {
     let mut tally = Tally { programs: 1, ..Tally::default() };
     let (p, inputs) = load(text, input_seed)?;
-    let want = reference(&p, &inputs)?;
+    let (declared, f64s) = reference(&p, &inputs)?;
+    let want = Want { inputs: &inputs, declared, f64s, f64_only: gradient_names(text) };
     let expanded = expand_composites(&p).map_err(|e| format!("expanding composites: {e}"))?;
     let unfused = eval_with(&expanded, &inputs, Precision::F64).map_err(|e| format!("expanded program: {e}"))?;
-    for ((o, got), w) in p.outputs.iter().zip(&unfused).zip(&want.1) {
+    for ((o, got), w) in p.outputs.iter().zip(&unfused).zip(&want.f64s) {
         same_in_f64(got, w).map_err(|e| format!("the expanded program differs at `{}`: {e}", o.name))?;
     }
     let sat = saturate_program(&p, &setups[0].opts).map_err(|e| format!("saturation failed: {e}"))?;
@@ -414,7 +445,7 @@ fn check_program(text: &str, input_seed: u64, setups: &[Setup]) -> Result<Tally,
     }
     let mut times = BTreeMap::new();
     for s in setups.iter().filter(|s| s.always || input_seed % 2 == 1) {
-        let t = check_setup(&p, &sat, s, &inputs, &want, &mut tally).map_err(|e| format!("{}: {e}", s.name))?;
+        let t = check_setup(&p, &sat, s, &want, &mut tally).map_err(|e| format!("{}: {e}", s.name))?;
         times.insert(s.name, t);
     }
     if times["ilp"] > times["greedy"] + 1e-6 {
@@ -476,8 +507,8 @@ fn run_random(seed: u64, cases: usize, setups: &[Setup]) -> (Tally, Option<(Path
 fn report(what: &str, t: &Tally, secs: f64, mismatches: usize) {
     println!(
         "{what}: {} programs, {} plans ({} kernels) checked in {secs:.1} s: {mismatches} mismatches, \
-         {} outputs outside the dtype tolerance, explained by rounding",
-        t.programs, t.plans, t.kernels, t.rounding
+         {} outputs outside the dtype tolerance, explained by rounding; {} gradients (in f64 only)",
+        t.programs, t.plans, t.kernels, t.rounding, t.gradients
     );
     let rules: Vec<String> = t.rules.iter().map(|(r, n)| format!("{r} ({n})")).collect();
     println!("rules fired ({} distinct): {}", rules.len(), rules.join(", "));

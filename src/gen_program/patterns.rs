@@ -336,4 +336,26 @@ impl Gen {
         self.outputs.insert(h.text);
         y
     }
+
+    /// `l = sum(reshape(v * w, [n]), 0)` of the newest float value `v` and new weights `w`, and
+    /// `grad(l, x)` for one or two of the float inputs (all of them f32: the backward graph
+    /// compares computed values, as `relu` and `amax` do, which coarser rounding could flip).
+    pub(super) fn gradients(&mut self, sel: u8) {
+        if self.pool.iter().any(|e| e.is_float() && e.dtype() != DType::F32) {
+            return;
+        }
+        let Some(v) = self.pick(0, |e| e.is_float()) else { return };
+        let w = self.input(DType::F32, v.shape().to_vec());
+        let n = numel(v.shape());
+        let text = format!("sum(reshape({} * {}, [{n}]), 0)", v.operand(), w.text);
+        let loss = self.bind(v.derive(text, TensorType::new(DType::F32, vec![1]), 0.0, 0.0, false));
+        self.outputs.insert(loss.text.clone());
+        let xs: Vec<E> = self.pool.iter().filter(|e| e.is_float() && e.text.starts_with('x')).cloned().collect();
+        for k in 0..=usize::from(sel % 2) {
+            let x = &xs[(usize::from(sel / 2) + k * 3) % xs.len()];
+            let g = call("grad", &[loss.text.clone(), x.text.clone()], x.ty.clone(), 0.0, 0.0, false);
+            let g = self.bind(g);
+            self.outputs.insert(g.text);
+        }
+    }
 }
