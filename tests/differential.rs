@@ -40,7 +40,7 @@ use eqfuse::{
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
 /// Steps per random program (a pattern step writes a few statements).
-const MAX_STEPS: usize = 8;
+const MAX_STEPS: usize = 6;
 const DEFAULT_CASES: usize = 1000;
 const DEFAULT_SEED: u64 = 0x00e9_f05e;
 const CASE_DIR: &str = "tests/cases/diff";
@@ -49,7 +49,7 @@ const CASE_DIR: &str = "tests/cases/diff";
 struct Setup {
     name: &'static str,
     opts: OptimizeOptions,
-    /// Whether it plans every program, or only those with an odd input seed (to save time).
+    /// Whether it plans every program, or only a third of them (to save time).
     always: bool,
 }
 
@@ -58,8 +58,8 @@ struct Setup {
 /// generated programs the H100 numbers make every fusion pay, while this one makes bytes decide
 /// (as they do at real sizes) and sends rows through the multi-pass and argument-limit paths.
 /// All four plan from one saturation (with the first setup's budgets); the ILP's solver gets
-/// 0.1 s (then its LP relaxation bounds), which proves most small programs optimal, and the
-/// tight profile plans every other program.
+/// 50 ms (then its LP relaxation bounds), which proves half the programs optimal, and the
+/// tight profile plans a third of the programs.
 fn setups() -> Vec<Setup> {
     setups_with_rules(None)
 }
@@ -68,7 +68,7 @@ fn setups() -> Vec<Setup> {
 fn setups_with_rules(rules_dir: Option<String>) -> Vec<Setup> {
     let h100 = DeviceProfile::load("h100").expect("built-in profile");
     let base = OptimizeOptions { rules_dir, ..OptimizeOptions::new(h100.clone()) };
-    let ilp_time = std::time::Duration::from_millis(100);
+    let ilp_time = std::time::Duration::from_millis(50);
     let mut tight = h100;
     tight.name = "tight".into();
     tight.launch_overhead_us = 0.01;
@@ -444,7 +444,7 @@ fn check_program(text: &str, input_seed: u64, setups: &[Setup]) -> Result<Tally,
         }
     }
     let mut times = BTreeMap::new();
-    for s in setups.iter().filter(|s| s.always || input_seed % 2 == 1) {
+    for s in setups.iter().filter(|s| s.always || input_seed % 3 == 1) {
         let t = check_setup(&p, &sat, s, &want, &mut tally).map_err(|e| format!("{}: {e}", s.name))?;
         times.insert(s.name, t);
     }

@@ -340,8 +340,10 @@ impl Gen {
     /// `l = sum(reshape(v * w, [n]), 0)` of the newest float value `v` and new weights `w`, and
     /// `grad(l, x)` for one or two of the float inputs (all of them f32: the backward graph
     /// compares computed values, as `relu` and `amax` do, which coarser rounding could flip).
+    /// Only programs of at most 8 statements get them: a backward graph doubles a program, and
+    /// planning time grows faster than the program.
     pub(super) fn gradients(&mut self, sel: u8) {
-        if self.pool.iter().any(|e| e.is_float() && e.dtype() != DType::F32) {
+        if self.lines.len() > 8 || self.pool.iter().any(|e| e.is_float() && e.dtype() != DType::F32) {
             return;
         }
         let Some(v) = self.pick(0, |e| e.is_float()) else { return };
