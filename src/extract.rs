@@ -246,6 +246,12 @@ fn alternatives(egraph: &TensorGraph, dag: &Dag, selection: &Selection) -> Vec<(
     let mut out = Vec::new();
     let used: std::collections::BTreeSet<Id> = dag.nodes.iter().filter_map(|d| d.class).collect();
     for c in used {
+        // A class with a constant value keeps its literal: attributes (axes, scales, epsilons)
+        // must stay literals for the type rules and the templates, and a literal costs nothing
+        // in any kernel, so a computed form (`square(0.5)` for `0.25`) is never worth a trial.
+        if egraph[c].data.konst().is_some() {
+            continue;
+        }
         let cur = &selection[&c];
         let key = |n: &TensorLang| {
             let mut ch: Vec<Id> = n.children().iter().map(|&x| egraph.find(x)).collect();

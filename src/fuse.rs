@@ -379,6 +379,12 @@ impl<'a> Fusion<'a> {
                 }
             }
         }
+        if let Move::Materialize(c, host) = mv {
+            let writer = add.iter().find(|g| g.members.contains(&c)).expect("a kernel writes it");
+            if self.materialize_cycles(c, host, &writer.cost.reads) {
+                return Err((c, "the kernel that would write it reads from one that runs after it (a cycle)".into()));
+            }
+        }
         let delta_us = self.delta(&remove, &add);
         Ok(Proposal { flip, remove, add, delta_us })
     }
@@ -456,6 +462,20 @@ impl<'a> Fusion<'a> {
             add.push(m);
         }
         Ok((Some((c, true)), remove, add))
+    }
+
+    /// Whether writing `c` from `host` (or from a kernel of its own) closes a cycle. The writer
+    /// newly reads `c`'s operands (`reads`), and every kernel that computed `c` will read it from
+    /// the writer; so the kernel owning one of those operands must not be, or run after, the
+    /// host or one of those kernels. (The host may own one operand and not another: computing
+    /// `a == amax(a)` where it writes `a` makes it read `amax(a)`, computed after it.)
+    fn materialize_cycles(&self, c: usize, host: usize, reads: &[usize]) -> bool {
+        let mut before = self.computing(c);
+        if host != NONE {
+            before.push(host);
+        }
+        let owners = reads.iter().map(|&r| self.owner[r]).filter(|&o| o != NONE && o != host);
+        owners.collect::<BTreeSet<usize>>().into_iter().any(|o| before.iter().any(|&b| b == o || self.reachable(b, o)))
     }
 
     /// Whether `to` can be reached from `from` along reads (directly or through other kernels).
@@ -584,6 +604,8 @@ impl<'a> Fusion<'a> {
                 }
             }
         }
+        // A cycle would leave its kernels (and all after them) out of the plan.
+        debug_assert_eq!(out.len(), live.len(), "the kernels of a fusion state form a cycle");
         out
     }
 }

@@ -76,15 +76,27 @@ fn node_terms(egraph: &TensorGraph, node: &TensorLang) -> Terms {
     Terms { flops, anchor, forced }
 }
 
-/// The class a product operand must be in memory as: itself, or what a view of it views; `None`
-/// when that is a program input (already in memory) or a literal.
+/// The class a product operand must be in memory as: itself, or what a view of it views (a
+/// product reads its operands through views, which are never written); `None` when that is a
+/// program input (already in memory) or a literal. Views never make a tensor bigger than what
+/// they view, so following one keeps the bound below whatever form the solver picks for the
+/// operand; where a class offers two views, or views form a cycle, nothing is charged.
 fn operand_in_memory(egraph: &TensorGraph, c: Id) -> Option<Id> {
-    let c = egraph.find(c);
-    let class = &egraph[c];
-    if class.nodes.iter().any(|n| matches!(role_of(n), Role::Input | Role::Leaf)) {
-        return None;
+    let mut c = egraph.find(c);
+    let mut seen = BTreeSet::new();
+    loop {
+        let class = &egraph[c];
+        if !seen.insert(c) || class.nodes.iter().any(|n| matches!(role_of(n), Role::Input | Role::Leaf)) {
+            return None;
+        }
+        let viewed: Vec<Id> =
+            class.nodes.iter().filter(|n| role_of(n) == Role::View).map(|n| egraph.find(n.children()[0])).collect();
+        match viewed[..] {
+            [] => return Some(c),
+            [v] => c = v,
+            _ => return None,
+        }
     }
-    Some(c)
 }
 
 /// Output classes some kernel must write: those that are not program inputs. (An output that is

@@ -63,6 +63,7 @@ mod expand;
 mod explain;
 mod extract;
 mod fuse;
+mod gen_program;
 mod generate;
 mod gpu;
 mod ilp;
@@ -107,6 +108,7 @@ pub use extract::{
     build_plan, dag_of, extract, fused_cost, local_selection, written_selection, ExtractOptions, Extracted, Selection,
 };
 pub use fuse::{Fusion, Group};
+pub use gen_program::{random_recipe, recipes, Recipe, Step};
 pub use generate::residual_stack_eqf;
 pub use gpu::{tensor_bytes, tensor_from_bytes, Gpu};
 pub use ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};
@@ -119,13 +121,16 @@ pub use nvrtc::{
     Compiled, DEFAULT_ARCH,
 };
 pub use onnx::{program_from_onnx, supported_onnx_ops, ONNX_DIM_METADATA_PREFIX, ONNX_OPSETS};
-pub use optimize::{egraph_of, optimize, unfused_totals, OptimizeOptions, Optimized, StageSummary};
+pub use optimize::{
+    egraph_of, optimize, plan_saturated, saturate_program, unfused_totals, OptimizeOptions, Optimized, Saturated,
+    StageSummary,
+};
 pub use parse::{load_program, parse_dim_override, parse_program};
 pub use plan::{FusionPlan, Kernel, SearchReport, Template, TensorRef, Totals};
-pub use plancheck::{check_plan, eval_plan, kernel_program};
+pub use plancheck::{check_plan, eval_plan, eval_plan_with, kernel_program};
 pub use profile::{DeviceProfile, TemplateRates};
 pub use program::{Input, Output, Program};
-pub use reference::{eval, eval_all};
+pub use reference::{eval, eval_all, eval_with, Precision};
 pub use render::{human_bytes, plan_json, render, Format};
 pub use rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
 pub use rules::{default_rules, load_rules_dir, parse_ruleset, Rule, RuleSet, STAGE_ORDER};

@@ -2,6 +2,8 @@
 //!
 //! program ──expand composites──> unfused baseline
 //! program ──e-graph──saturate (staged rulesets, budgets)──extract (e-nodes + fusion)──> plan
+//! The two halves are `saturate_program` and `plan_saturated`, so that plans with other
+//! extractors, profiles or fusion off can share one saturation.
 //! Invariant: a plan always comes out (at worst the unfused one); budgets only shorten the search.
 
 use std::collections::BTreeMap;
@@ -105,13 +107,32 @@ pub fn egraph_of(program: &Program) -> (TensorGraph, Vec<(String, Id)>, BTreeMap
     (egraph, roots, names)
 }
 
-/// Plans a program. `grad` nodes (which a program built through the library may hold) are
-/// differentiated first, so the plan is of the joint forward and backward graph.
+/// A program's saturated e-graph: what planning starts from. Several plans (other extractors,
+/// profiles, fusion off) may share one, since saturation does not depend on them.
+pub struct Saturated {
+    pub egraph: TensorGraph,
+    /// The output names and their classes (canonical).
+    pub roots: Vec<(String, Id)>,
+    /// Program names of bound classes (canonical).
+    pub names: BTreeMap<Id, String>,
+    pub stages: Vec<StageSummary>,
+    pub iterations: usize,
+    pub stop_reason: String,
+    pub saturate_ms: f64,
+}
+
+/// Plans a program: [`saturate_program`], then [`plan_saturated`]. `grad` nodes (which a program
+/// built through the library may hold) are differentiated first, so the plan is of the joint
+/// forward and backward graph.
 pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> {
     if crate::autodiff::has_grads(program) {
         return optimize(&crate::autodiff::expand_grads(program)?, opts);
     }
-    let unfused = unfused_totals(program, &opts.profile)?;
+    plan_saturated(program, &saturate_program(program, opts)?, opts)
+}
+
+/// Puts a program into an e-graph and runs the rulesets over it within `opts`' budgets.
+pub fn saturate_program(program: &Program, opts: &OptimizeOptions) -> Result<Saturated> {
     let (egraph, roots, names) = egraph_of(program);
     let t0 = Instant::now();
     let (egraph, stages, iterations, stop_reason) = run_stages(egraph, opts)?;
@@ -121,18 +142,26 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
         m.entry(egraph.find(c)).or_insert(n);
         m
     });
+    Ok(Saturated { egraph, roots, names, stages, iterations, stop_reason, saturate_ms })
+}
+
+/// Extracts a plan from a program's saturated e-graph with `opts`' profile, extractor and
+/// fusion setting (its budgets were spent by saturation; `time_limit` also bounds the ILP).
+pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions) -> Result<Optimized> {
+    let unfused = unfused_totals(program, &opts.profile)?;
+    let (egraph, roots, names) = (&sat.egraph, &sat.roots, &sat.names);
     let t1 = Instant::now();
-    let start = crate::extract::written_selection(program, &egraph);
+    let start = crate::extract::written_selection(program, egraph);
     let ex_opts = ExtractOptions { fusion: opts.fusion, start, ..ExtractOptions::default() };
-    let mut best = extract(&egraph, &roots, &names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
+    let mut best = extract(egraph, roots, names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
     let mut extractor = if opts.fusion { "greedy-dag".to_string() } else { "no-fusion".to_string() };
-    let mut gap = None;
+    let (mut gap, mut lower_bound_us) = (None, None);
     if opts.extractor == "ilp" {
         let root_ids: Vec<Id> = roots.iter().map(|(_, r)| *r).collect();
-        match crate::ilp::solve(&egraph, &root_ids, &opts.profile, opts.time_limit) {
+        match crate::ilp::solve(egraph, &root_ids, &opts.profile, opts.time_limit) {
             Ok(r) => {
                 if let Some(sel) = &r.selection {
-                    if let Ok((dag, t)) = fused_cost(&egraph, sel, &roots, &names, &opts.profile, opts.fusion) {
+                    if let Ok((dag, t)) = fused_cost(egraph, sel, roots, names, &opts.profile, opts.fusion) {
                         if t < best.predicted_us - 1e-9 {
                             best = Extracted { dag, selection: sel.clone(), predicted_us: t };
                         }
@@ -141,6 +170,7 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
                 let bound = if r.proven_optimal { "ilp" } else { "ilp-lp-bound" };
                 extractor = format!("{extractor}+{bound}");
                 gap = Some(round3(((best.predicted_us - r.lower_bound_us) / best.predicted_us).max(0.0)));
+                lower_bound_us = Some(r.lower_bound_us);
             }
             Err(why) => extractor = format!("{extractor} (ilp skipped: {why})"),
         }
@@ -151,18 +181,19 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
     }
     let extract_ms = t1.elapsed().as_secs_f64() * 1e3;
     let search = SearchReport {
-        iterations,
+        iterations: sat.iterations,
         enodes: egraph.total_number_of_nodes(),
         eclasses: egraph.number_of_classes(),
-        stop_reason,
-        saturate_ms: round3(saturate_ms),
+        stop_reason: sat.stop_reason.clone(),
+        saturate_ms: round3(sat.saturate_ms),
         extract_ms: round3(extract_ms),
         extractor,
         gap,
+        lower_bound_us,
     };
     let plan = build_plan(program, &best.dag, &fusion, &opts.profile, unfused, search);
     let recognised = recognised_composites(program, &best.dag);
-    Ok(Optimized { plan, stages, recognised })
+    Ok(Optimized { plan, stages: sat.stages.clone(), recognised })
 }
 
 fn round3(x: f64) -> f64 {

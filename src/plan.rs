@@ -99,6 +99,9 @@ pub struct SearchReport {
     /// Relative distance of the chosen plan's predicted time above a proven lower bound (0 when
     /// the plan is optimal for the cost model); `null` when no bound was computed.
     pub gap: Option<f64>,
+    /// The proven lower bound itself, in microseconds, when one was computed (unrounded, so that
+    /// tests can check the plan never beats it).
+    pub lower_bound_us: Option<f64>,
 }
 
 /// The extractor's output.

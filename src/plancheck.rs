@@ -12,6 +12,7 @@ use egg::Language;
 use crate::error::{Error, Result};
 use crate::plan::{FusionPlan, Kernel};
 use crate::program::Program;
+use crate::reference::Precision;
 use crate::tensor::{tolerance, Comparison, Tensor};
 
 /// The program of one kernel: its reads as inputs, its body, its writes as outputs.
@@ -38,6 +39,15 @@ pub fn kernel_program(k: &Kernel) -> Result<Program> {
 
 /// Runs a plan's kernels in order on the reference; returns its outputs in program order.
 pub fn eval_plan(plan: &FusionPlan, inputs: &HashMap<String, Tensor>) -> Result<Vec<Tensor>> {
+    eval_plan_with(plan, inputs, Precision::Declared)
+}
+
+/// As [`eval_plan`], with each kernel evaluated at `precision` (see [`Precision`]).
+pub fn eval_plan_with(
+    plan: &FusionPlan,
+    inputs: &HashMap<String, Tensor>,
+    precision: Precision,
+) -> Result<Vec<Tensor>> {
     let mut env: HashMap<String, Tensor> = inputs.clone();
     for k in &plan.kernels {
         let p = kernel_program(k)?;
@@ -50,7 +60,7 @@ pub fn eval_plan(plan: &FusionPlan, inputs: &HashMap<String, Tensor>) -> Result<
                 })
             })
             .collect::<Result<_>>()?;
-        let outs = crate::reference::eval(&p, &args)?;
+        let outs = crate::reference::eval_with(&p, &args, precision)?;
         for (w, t) in k.writes.iter().zip(outs) {
             env.insert(w.name.clone(), t);
         }

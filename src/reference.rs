@@ -27,11 +27,30 @@ use crate::types::{DType, TensorType};
 /// Loops over at least this many output elements run on the rayon pool.
 const PAR_MIN: usize = 1 << 15;
 
+/// How the reference stores the value of each floating-point node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// Rounded to the node's declared dtype, as a device computing one op at a time stores it.
+    #[default]
+    Declared,
+    /// Kept in f64, unrounded: float casts do not round either (integer and bool values still
+    /// do, and dropout still multiplies in f32). Two forms of a program that are equal as real
+    /// functions agree here to f64 accuracy however differently they round in their dtypes, so
+    /// this separates a wrong plan from one that merely rounds differently. The tensors it gives
+    /// are the one exception to [`Tensor`]'s invariant: their float values are not rounded.
+    F64,
+}
+
 /// Evaluates `program` on `inputs` (by input name) and returns its outputs in
 /// `program.outputs` order. Only nodes the outputs depend on are computed; intermediates are
 /// freed after their last use. Inputs the program does not declare are ignored.
 pub fn eval(program: &Program, inputs: &HashMap<String, Tensor>) -> Result<Vec<Tensor>> {
-    let mut values = run(program, inputs, false)?;
+    eval_with(program, inputs, Precision::Declared)
+}
+
+/// As [`eval`], storing float values as `precision` says.
+pub fn eval_with(program: &Program, inputs: &HashMap<String, Tensor>, precision: Precision) -> Result<Vec<Tensor>> {
+    let mut values = run(program, inputs, false, precision)?;
     let outputs = &program.outputs;
     (0..outputs.len())
         .map(|k| {
@@ -49,13 +68,18 @@ pub fn eval(program: &Program, inputs: &HashMap<String, Tensor>) -> Result<Vec<T
 /// `None` for attribute leaves (shapes, dtypes) and for nodes no output depends on. Scalar
 /// literals are rank-0 f32 tensors holding their exact (unrounded) value.
 pub fn eval_all(program: &Program, inputs: &HashMap<String, Tensor>) -> Result<Vec<Option<Tensor>>> {
-    run(program, inputs, true)
+    run(program, inputs, true, Precision::Declared)
 }
 
-fn run(program: &Program, inputs: &HashMap<String, Tensor>, keep_all: bool) -> Result<Vec<Option<Tensor>>> {
+fn run(
+    program: &Program,
+    inputs: &HashMap<String, Tensor>,
+    keep_all: bool,
+    precision: Precision,
+) -> Result<Vec<Option<Tensor>>> {
     let mut values: Vec<Option<Tensor>> = vec![None; program.len()];
     for input in &program.inputs {
-        values[usize::from(input.id)] = Some(check_input(&input.name, &input.ty, inputs)?);
+        values[usize::from(input.id)] = Some(check_input(&input.name, &input.ty, inputs, precision)?);
     }
     let live = program.live();
     let last_use = if keep_all { Vec::new() } else { last_uses(program, &live) };
@@ -64,7 +88,7 @@ fn run(program: &Program, inputs: &HashMap<String, Tensor>, keep_all: bool) -> R
         if !is_live || values[i].is_some() {
             continue;
         }
-        values[i] = eval_node(program, id, &values)?;
+        values[i] = eval_node(program, id, &values, precision)?;
         if !keep_all {
             for &c in program.node(id).children() {
                 if last_use[usize::from(c)] == i {
@@ -90,11 +114,15 @@ fn last_uses(program: &Program, live: &[bool]) -> Vec<usize> {
     last
 }
 
-/// Finds an input, checks its type against the declaration, and rounds it to its dtype.
-fn check_input(name: &str, ty: &TensorType, inputs: &HashMap<String, Tensor>) -> Result<Tensor> {
+/// Finds an input, checks its type against the declaration, and rounds it to its dtype (unless
+/// it is a float at [`Precision::F64`]: a kernel of a plan reads unrounded intermediates then).
+fn check_input(name: &str, ty: &TensorType, inputs: &HashMap<String, Tensor>, precision: Precision) -> Result<Tensor> {
     let t = inputs.get(name).ok_or_else(|| Error::Invalid(format!("missing input `{name}` ({ty})")))?;
     if t.dtype != ty.dtype || t.shape != ty.shape {
         return Err(Error::Invalid(format!("input `{name}` is {}, but the program declares {ty}", t.ty())));
+    }
+    if precision == Precision::F64 && ty.dtype.is_float() {
+        return Ok(t.clone());
     }
     Tensor::new(t.dtype, t.shape.clone(), t.data.clone()).map_err(|e| Error::Invalid(format!("input `{name}`: {e}")))
 }
@@ -112,14 +140,15 @@ fn internal(program: &Program, id: Id, what: &str) -> Error {
 }
 
 /// The value of one node from its children's values.
-fn eval_node(program: &Program, id: Id, values: &[Option<Tensor>]) -> Result<Option<Tensor>> {
+fn eval_node(program: &Program, id: Id, values: &[Option<Tensor>], precision: Precision) -> Result<Option<Tensor>> {
     match program.node(id) {
         TensorLang::Num(n) => Ok(Some(Tensor { dtype: DType::F32, shape: vec![], data: vec![n.value()] })),
         TensorLang::Dims(_) | TensorLang::Type(_) => Ok(None),
         TensorLang::Var(s) => Err(internal(program, id, &format!("input `{s}` has no value"))),
         TensorLang::Op(code, children) => {
             let ty = program.ty(id).ok_or_else(|| internal(program, id, "operator without a type"))?.clone();
-            let store = Store { dtype: (!program.fact(id).weak).then_some(ty.dtype) };
+            let unrounded = program.fact(id).weak || (precision == Precision::F64 && ty.dtype.is_float());
+            let store = Store { dtype: (!unrounded).then_some(ty.dtype) };
             let args = Args { program, id, children, values };
             let data = eval_op(code.kind(), &args, &ty, store).map_err(|e| located(program, id, e))?;
             Ok(Some(Tensor { dtype: ty.dtype, shape: ty.shape, data }))
