@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the GPU test and bench binaries in release, fills the NVRTC cache for them (no GPU
-# needed), and stages everything the device run needs into MAIN/.gpu (MAIN: the checkout the
+# needed), and stages everything the device run needs into DEST (default MAIN/.gpu; MAIN: the checkout the
 # device tool sends, default /work/main; .gpu is git-ignored there). Run from the repository.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,17 +22,18 @@ for l in sys.stdin:
         print(m["executable"])')"
 EQFUSE_PREFILL=1 "$tests" --test-threads=1 >/dev/null
 "$bench" --prefill
-rm -rf "$MAIN/.gpu" && mkdir -p "$MAIN/.gpu"
-cp "$tests" "$MAIN/.gpu/gpu-tests"
-cp "$bench" "$MAIN/.gpu/gpu-bench"
-cp benches/gpu/run.sh benches/torch_baselines.py "$MAIN/.gpu/"
+DEST="${DEST:-$MAIN/.gpu}"
+rm -rf "$DEST" && mkdir -p "$DEST"
+cp "$tests" "$DEST/gpu-tests"
+cp "$bench" "$DEST/gpu-bench"
+cp benches/gpu/run.sh benches/torch_baselines.py "$DEST/"
 # The PyTorch baselines run the same programs, exported as JSON graphs at the bench's sizes.
 cargo build --release --quiet
-mkdir -p "$MAIN/.gpu/graphs"
+mkdir -p "$DEST/graphs"
 for n in add_mul softplus bias_gelu_dropout rmsnorm softmax softmax_small cross_entropy layernorm; do
-  target/release/eqfuse export "examples/$n.eqf" > "$MAIN/.gpu/graphs/$n.json"
+  target/release/eqfuse export "examples/$n.eqf" > "$DEST/graphs/$n.json"
 done
-target/release/eqfuse export examples/layernorm.eqf --dim R=16384 --dim C=4096 > "$MAIN/.gpu/graphs/layernorm_16384x4096.json"
-cp -r "$EQFUSE_CACHE_DIR" "$MAIN/.gpu/cache"
-git rev-parse --short HEAD > "$MAIN/.gpu/COMMIT"
-du -sh "$MAIN/.gpu"
+target/release/eqfuse export examples/layernorm.eqf --dim R=16384 --dim C=4096 > "$DEST/graphs/layernorm_16384x4096.json"
+cp -r "$EQFUSE_CACHE_DIR" "$DEST/cache"
+git rev-parse --short HEAD > "$DEST/COMMIT"
+du -sh "$DEST"
