@@ -13,7 +13,7 @@
 set -uo pipefail
 OUT="${OUT:-/tmp/eqfuse-out}"
 mkdir -p "$OUT/bench"
-G=.gpu
+G="${G:-.gpu}"
 STAGES="${STAGES:-tests bench persistent memcheck torch}"
 export EQFUSE_CACHE_DIR="$G/cache" EQFUSE_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 lib="$(ls /usr/local/cuda/lib64/libnvrtc.so.13 2>/dev/null || find / -xdev -name libnvrtc.so.13 2>/dev/null | head -1)"
