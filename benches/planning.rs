@@ -1,9 +1,14 @@
-//! Planning time (saturation and extraction) over the example corpus and over generated residual
-//! stacks of 1 to 12 blocks. Targets: every example under 100 ms; a 12-block stack (about 500
-//! operators) under 5 s on one core.
+//! Planning time (saturation and extraction) over the example corpus, over generated residual
+//! stacks of 1 to 12 blocks, and over generated transformer stacks of 1 to 12 blocks, forward and
+//! forward+backward (issue 7). Each stack size prints its e-graph size, iterations, stop reason
+//! and kernel count once. Targets: every example under 100 ms; a transformer block
+//! forward+backward under 1 s; 12 of them under 30 s.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use eqfuse::{load_program, optimize, parse_program, residual_stack_eqf, DeviceProfile, OptimizeOptions};
+use eqfuse::{
+    load_program, optimize, parse_program, residual_stack_eqf, transformer_stack_eqf, DeviceProfile, OptimizeOptions,
+    Program,
+};
 
 fn opts() -> OptimizeOptions {
     OptimizeOptions::new(DeviceProfile::load("h100").expect("built-in profile"))
@@ -26,20 +31,28 @@ fn examples(c: &mut Criterion) {
     group.finish();
 }
 
+/// Plans `program` once and prints its size and search report (the scaling table's columns).
+fn describe(what: &str, program: &Program) {
+    let start = std::time::Instant::now();
+    let plan = optimize(program, &opts()).expect("plans").plan;
+    eprintln!(
+        "{what}: {} operators, {} e-nodes, {} e-classes, {} iterations, stopped: {}, {} kernels, planned in {:.3} s",
+        program.len(),
+        plan.search.enodes,
+        plan.search.eclasses,
+        plan.search.iterations,
+        plan.search.stop_reason,
+        plan.total.kernels,
+        start.elapsed().as_secs_f64()
+    );
+}
+
 fn stacks(c: &mut Criterion) {
     let mut group = c.benchmark_group("plan-residual-stack");
     group.sample_size(10);
     for blocks in [1, 2, 4, 8, 12] {
         let program = parse_program("stack.eqf", &residual_stack_eqf(blocks, 4096, 1024), &[]).expect("parses");
-        let plan = optimize(&program, &opts()).expect("plans").plan;
-        eprintln!(
-            "stack of {blocks}: {} operators, {} e-nodes, {} iterations, stopped: {}, {} kernels",
-            program.len(),
-            plan.search.enodes,
-            plan.search.iterations,
-            plan.search.stop_reason,
-            plan.total.kernels
-        );
+        describe(&format!("residual stack of {blocks}"), &program);
         group.bench_with_input(BenchmarkId::from_parameter(blocks), &program, |b, p| {
             b.iter(|| optimize(p, &opts()).expect("plans"))
         });
@@ -47,5 +60,22 @@ fn stacks(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, examples, stacks);
+fn transformer_stacks(c: &mut Criterion) {
+    for backward in [false, true] {
+        let name = if backward { "plan-transformer-fwd-bwd" } else { "plan-transformer-fwd" };
+        let mut group = c.benchmark_group(name);
+        group.sample_size(10);
+        for blocks in [1, 2, 4, 8, 12] {
+            let text = transformer_stack_eqf(blocks, 2, 512, backward);
+            let program = parse_program("transformer.eqf", &text, &[]).expect("parses");
+            describe(&format!("{name} of {blocks}"), &program);
+            group.bench_with_input(BenchmarkId::from_parameter(blocks), &program, |b, p| {
+                b.iter(|| optimize(p, &opts()).expect("plans"))
+            });
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, examples, stacks, transformer_stacks);
 criterion_main!(benches);

@@ -30,3 +30,71 @@ pub fn residual_stack_eqf(blocks: usize, rows: usize, cols: usize) -> String {
     let _ = writeln!(s, "output x{blocks}");
     s
 }
+
+/// A stack of `blocks` pre-norm transformer blocks (GPT-2 small shape: width 768, 12 heads of
+/// 64, MLP width 3072) over `x0: f32[B, S, 768]`: layernorm, attention written out across heads
+/// (two products around a max-shifted softmax), residual, layernorm, MLP with gelu, residual —
+/// the block of `examples/transformer_block.eqf`, repeated with weights of its own. With
+/// `backward`, an upstream gradient `dy` is given and the program also outputs the gradient of
+/// `sum(y * dy)` with respect to the input and every weight (the joint forward and backward graph).
+pub fn transformer_stack_eqf(blocks: usize, batch: usize, seq: usize, backward: bool) -> String {
+    let mut s = format!(
+        "# {blocks} pre-norm transformer blocks{}\n",
+        if backward { ", forward and backward" } else { ", forward" }
+    );
+    let _ = writeln!(s, "dim B = {batch}\ndim S = {seq}\ndim E = 768\ndim H = 12\ndim Dh = 64\ndim F = 3072");
+    let _ = writeln!(s, "input x0: f32[B, S, E]");
+    let weights = |b: usize| {
+        [
+            ("ln1_g", "E"),
+            ("ln1_b", "E"),
+            ("wq", "E, E"),
+            ("wk", "E, E"),
+            ("wv", "E, E"),
+            ("wo", "E, E"),
+            ("ln2_g", "E"),
+            ("ln2_b", "E"),
+            ("w1", "E, F"),
+            ("b1", "F"),
+            ("w2", "F, E"),
+            ("b2", "E"),
+        ]
+        .map(|(w, shape)| (format!("{w}_{b}"), shape))
+    };
+    for b in 0..blocks {
+        for (w, shape) in weights(b) {
+            let _ = writeln!(s, "input {w}: f32[{shape}]");
+        }
+    }
+    if backward {
+        let _ = writeln!(s, "input dy: f32[B, S, E]");
+    }
+    for b in 0..blocks {
+        let (x, y) = (format!("x{b}"), format!("x{}", b + 1));
+        let _ = writeln!(s, "h_{b} = layernorm({x}, ln1_g_{b}, ln1_b_{b}, 1e-5)");
+        for p in ["q", "k", "v"] {
+            let _ = writeln!(s, "{p}_{b} = transpose(reshape(h_{b} @ w{p}_{b}, [B, S, H, Dh]), 1, 2)");
+        }
+        let _ = writeln!(s, "s_{b} = q_{b} @ transpose(k_{b}, -1, -2) * 0.125");
+        let _ = writeln!(s, "e_{b} = exp(s_{b} - amax(s_{b}, -1))");
+        let _ = writeln!(s, "p_{b} = e_{b} / sum(e_{b}, -1)");
+        let _ = writeln!(s, "a_{b} = reshape(transpose(p_{b} @ v_{b}, 1, 2), [B, S, E])");
+        let _ = writeln!(s, "r_{b} = {x} + a_{b} @ wo_{b}");
+        let _ = writeln!(s, "h2_{b} = layernorm(r_{b}, ln2_g_{b}, ln2_b_{b}, 1e-5)");
+        let _ = writeln!(s, "{y} = r_{b} + gelu(h2_{b} @ w1_{b} + b1_{b}) @ w2_{b} + b2_{b}");
+    }
+    let mut outputs = vec![format!("x{blocks}")];
+    if backward {
+        let _ = writeln!(s, "loss = sum(sum(sum(x{blocks} * dy, -1), 1), 0)");
+        let _ = writeln!(s, "dx0 = grad(loss, x0)");
+        outputs.push("dx0".into());
+        for b in 0..blocks {
+            for (w, _) in weights(b) {
+                let _ = writeln!(s, "d{w} = grad(loss, {w})");
+                outputs.push(format!("d{w}"));
+            }
+        }
+    }
+    let _ = writeln!(s, "output {}", outputs.join(", "));
+    s
+}

@@ -109,7 +109,7 @@ pub use extract::{
 };
 pub use fuse::{Fusion, Group};
 pub use gen_program::{random_recipe, recipes, Recipe, Step};
-pub use generate::residual_stack_eqf;
+pub use generate::{residual_stack_eqf, transformer_stack_eqf};
 pub use gpu::{tensor_bytes, tensor_from_bytes, Gpu};
 pub use ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};
 pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};

@@ -147,3 +147,31 @@ fn identical_input_gives_byte_identical_plans() {
         assert_eq!(a, b, "{name}");
     }
 }
+
+#[test]
+fn generated_transformer_stacks_plan_and_compute_the_program() {
+    // The scaling bench's programs (benches/planning.rs), at small widths: two blocks, forward and
+    // forward+backward, fused and unfused, checked against the reference like the examples.
+    let dims: Vec<(String, usize)> =
+        [("E", 12), ("H", 3), ("Dh", 4), ("F", 16)].iter().map(|(n, v)| (n.to_string(), *v)).collect();
+    for backward in [false, true] {
+        let text = eqfuse::transformer_stack_eqf(2, 2, 8, backward);
+        let program = eqfuse::parse_program("stack.eqf", &text, &dims).unwrap();
+        assert_eq!(program.outputs.len(), if backward { 2 + 2 * 12 } else { 1 });
+        for fusion in [true, false] {
+            let mut o = opts();
+            o.fusion = fusion;
+            let plan = optimize(&program, &o).unwrap().plan;
+            if fusion {
+                assert!(plan.total.kernels < plan.unfused.kernels, "backward {backward}: nothing fused");
+            }
+            check_gradients(
+                &format!("stack (backward {backward})"),
+                fusion,
+                &program,
+                &plan,
+                &random_inputs(&program, 5),
+            );
+        }
+    }
+}
