@@ -112,7 +112,7 @@ fn run(gpu: &Gpu, a: &Args) -> eqfuse::Result<()> {
         let overrides: Vec<(String, usize)> = dims.iter().map(|(n, v)| (n.to_string(), *v)).collect();
         let program = load_program(file, &overrides)?;
         let fused = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
-        let unfused = unfused_plan(&program, &profile)?;
+        let unfused = unfused_plan(&program, &profile, false)?;
         let opts = GpuRunOptions {
             repeat: a.repeat,
             check,
@@ -192,7 +192,7 @@ fn prefill() -> eqfuse::Result<()> {
         let overrides: Vec<(String, usize)> = dims.iter().map(|(n, v)| (n.to_string(), *v)).collect();
         let program = load_program(file, &overrides)?;
         let fused = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
-        let unfused = unfused_plan(&program, &profile)?;
+        let unfused = unfused_plan(&program, &profile, false)?;
         for plan in [fused, unfused] {
             for s in codegen_plan(&plan)? {
                 eqfuse::nvrtc_compile_cached(&s.source, &s.name, eqfuse::DEFAULT_ARCH)?;

@@ -58,7 +58,7 @@ pub fn bench_programs(programs: &[Program], opts: &OptimizeOptions, repeat: usiz
     let mut rows = Vec::new();
     for program in programs {
         let fused = optimize(program, opts)?.plan;
-        let unfused = unfused_plan(program, &opts.profile)?;
+        let unfused = unfused_plan(program, &opts.profile, opts.strict)?;
         let run = GpuRunOptions { repeat, profile: Some(opts.profile.clone()), ..GpuRunOptions::default() };
         let f = run_on(&gpu, program, &fused, &codegen_plan(&fused)?, &run)?;
         let u = run_on(&gpu, program, &unfused, &codegen_plan(&unfused)?, &GpuRunOptions { check: false, ..run })?;

@@ -67,6 +67,9 @@ enum Command {
         /// Also write the results as JSON here.
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Strict numerics for both plans (see `optimize --strict`).
+        #[arg(long)]
+        strict: bool,
     },
     /// Measure copy bandwidth, launch overhead and template rates on this GPU.
     Calibrate {
@@ -122,6 +125,10 @@ struct PlanArgs {
     /// Folder of `*.rules` files to use instead of the built-in rules.
     #[arg(long)]
     rules: Option<String>,
+    /// Strict numerics: no inexact rule (reassociation, approximations), and kernels that keep
+    /// the unfused plan's floating-point operations and roundings (bit-identical results).
+    #[arg(long)]
+    strict: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -153,6 +160,7 @@ impl PlanArgs {
         o.fusion = !self.no_fusion;
         o.rules_dir = self.rules.clone();
         o.node_limit = self.node_limit;
+        o.strict = self.strict;
         if !(self.time_limit.is_finite() && self.time_limit > 0.0) {
             return Err(Error::Invalid(format!(
                 "--time-limit must be a positive number of seconds, got {}",
@@ -217,6 +225,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                 time_limit: 1.0,
                 no_fusion: false,
                 rules: None,
+                strict: false,
             };
             let program = args.load()?;
             let text = serde_json::to_string_pretty(&eqfuse::program_to_json(&program)).expect("JSON values serialize");
@@ -229,14 +238,15 @@ fn run(cli: Cli) -> Result<(), Error> {
             println!("wrote {} kernels, plan.json and launch.json to {}", sources.len(), out.display());
             Ok(())
         }
-        Command::Bench { progs, dims, device, repeat, json } => {
+        Command::Bench { progs, dims, device, repeat, json, strict } => {
             let overrides = dims
                 .iter()
                 .map(|d| eqfuse::parse_dim_override(d).map_err(Error::Invalid))
                 .collect::<Result<Vec<_>, _>>()?;
             let files = if progs.is_empty() { default_bench_programs() } else { progs };
             let programs = files.iter().map(|f| eqfuse::load_program(f, &overrides)).collect::<Result<Vec<_>, _>>()?;
-            let opts = OptimizeOptions::new(DeviceProfile::load(&device)?);
+            let mut opts = OptimizeOptions::new(DeviceProfile::load(&device)?);
+            opts.strict = strict;
             let report = eqfuse::bench_programs(&programs, &opts, repeat)?;
             print!("{report}");
             if let Some(path) = json {

@@ -36,6 +36,9 @@ pub struct OptimizeOptions {
     pub time_limit: Duration,
     /// `greedy` or `ilp`.
     pub extractor: String,
+    /// Strict numerics: rules marked `:inexact` are left out, and the plan asks code generation
+    /// for the unfused plan's exact floating-point behaviour (see [`SearchReport::strict`]).
+    pub strict: bool,
 }
 
 impl OptimizeOptions {
@@ -48,6 +51,7 @@ impl OptimizeOptions {
             iter_limit: 12,
             time_limit: Duration::from_secs(2),
             extractor: "greedy".into(),
+            strict: false,
         }
     }
 }
@@ -190,6 +194,7 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
         extractor,
         gap,
         lower_bound_us,
+        strict: opts.strict,
     };
     let plan = build_plan(program, &best.dag, &fusion, &opts.profile, unfused, search);
     let recognised = recognised_composites(program, &best.dag);
@@ -220,10 +225,15 @@ fn recognised_composites(program: &Program, dag: &Dag) -> Vec<String> {
 
 /// Runs the rulesets (built-in, or from `--rules DIR`) over the e-graph.
 fn run_stages(egraph: TensorGraph, opts: &OptimizeOptions) -> Result<(TensorGraph, Vec<StageSummary>, usize, String)> {
-    let rulesets = match &opts.rules_dir {
+    let mut rulesets = match &opts.rules_dir {
         Some(dir) => crate::rules::load_rules_dir(dir)?,
         None => crate::rules::default_rules()?,
     };
+    if opts.strict {
+        for set in &mut rulesets {
+            set.rules.retain(|r| !r.inexact);
+        }
+    }
     let budgets = Budgets::default()
         .with_iter_limit(opts.iter_limit)
         .with_node_limit(opts.node_limit)

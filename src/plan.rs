@@ -102,6 +102,10 @@ pub struct SearchReport {
     /// The proven lower bound itself, in microseconds, when one was computed (unrounded, so that
     /// tests can check the plan never beats it).
     pub lower_bound_us: Option<f64>,
+    /// Strict numerics (`--strict`): only exact rules were used, and code generation keeps the
+    /// unfused plan's floating-point operations, their order and their roundings, so fused
+    /// results are bit-identical to the unfused plan's on the GPU.
+    pub strict: bool,
 }
 
 /// The extractor's output.

@@ -58,7 +58,7 @@ fn kernel_json(k: &Kernel) -> Value {
 
 /// The plan as the JSON contract (`eqfuse.plan/1`).
 pub fn plan_json(plan: &FusionPlan) -> Value {
-    json!({
+    let mut v = json!({
         "schema": "eqfuse.plan/1",
         "program": plan.program,
         "device": plan.device,
@@ -79,7 +79,11 @@ pub fn plan_json(plan: &FusionPlan) -> Value {
         },
         "inputs": plan.inputs.iter().map(|i| json!({"name": i.name, "dtype": i.ty.dtype, "shape": i.ty.shape})).collect::<Vec<_>>(),
         "outputs": plan.outputs.iter().map(|(o, t)| json!({"name": o, "tensor": t})).collect::<Vec<_>>(),
-    })
+    });
+    if plan.search.strict {
+        v["strict"] = Value::Bool(true);
+    }
+    v
 }
 
 /// Bytes with a binary unit.

@@ -185,12 +185,15 @@ pub fn run_on(
 
 /// The program as eager execution runs it: composites expanded, every primitive operator its
 /// own kernel writing its result (the plan whose totals are `FusionPlan::unfused`).
-pub fn unfused_plan(program: &Program, profile: &DeviceProfile) -> Result<FusionPlan> {
+///
+/// `strict` marks it for strict code generation (the baseline that `--strict` plans are
+/// bit-identical to).
+pub fn unfused_plan(program: &Program, profile: &DeviceProfile, strict: bool) -> Result<FusionPlan> {
     let expanded = crate::expand::expand_composites(program).map_err(Error::Invalid)?;
     let dag = crate::dag::Dag::from_program(&expanded);
     let fusion = crate::fuse::Fusion::unfused(&dag, profile);
     let totals = crate::optimize::unfused_totals(program, profile)?;
-    let search = crate::plan::SearchReport { extractor: "unfused".into(), ..Default::default() };
+    let search = crate::plan::SearchReport { extractor: "unfused".into(), strict, ..Default::default() };
     Ok(crate::extract::build_plan(program, &dag, &fusion, profile, totals, search))
 }
 

@@ -73,3 +73,27 @@ fn gemm_kernels_are_refused_with_the_kernel_named() {
     let err = codegen_plan(&plan).unwrap_err().to_string();
     assert!(err.contains("kernel 0") && err.contains("not supported yet"), "{err}");
 }
+
+#[test]
+fn strict_kernels_round_like_the_unfused_plan() {
+    // (a*b + c) in bf16, then a row sum and a softmax: the default plan contracts and keeps f32
+    // intermediates; the strict plan never contracts, rounds every bf16 value where it is
+    // computed, and sums rows in the unfused order (4 lanes, no online max/sum pair).
+    let text = "input a: bf16[64, 256]\ninput b: bf16[64, 256]\ninput c: bf16[64, 256]\n\
+                t = a * b + c\ny = softmax(t, -1)\ns = sum(t, -1)\noutput y, s\n";
+    let program = eqfuse::parse_program("strict.eqf", text, &[]).unwrap();
+    let render = |strict: bool| {
+        let plan = optimize(&program, &OptimizeOptions { strict, ..opts() }).unwrap().plan;
+        assert_eq!(plan.search.strict, strict);
+        codegen_plan(&plan).unwrap().iter().map(generated).collect::<String>()
+    };
+    let (fast, strict) = (render(false), render(true));
+    assert!(!fast.contains("__fmul_rn") && !fast.contains("eq_round_bf16(("), "{fast}");
+    assert!(strict.contains("__fmul_rn(") && strict.contains("__fadd_rn("), "{strict}");
+    assert!(strict.contains("eq_round_bf16(__fadd_rn("), "bf16 values rounded where computed:\n{strict}");
+    assert!(strict.contains("#define EQ_VEC 4") && !strict.contains("#define EQ_VEC 8"), "{strict}");
+    let plan = optimize(&program, &OptimizeOptions { strict: true, ..opts() }).unwrap().plan;
+    assert_eq!(eqfuse::plan_json(&plan)["strict"], true);
+    let unfused = eqfuse::unfused_plan(&program, &opts().profile, true).unwrap();
+    assert!(codegen_plan(&unfused).unwrap().iter().any(|s| s.source.contains("__fadd_rn(")));
+}

@@ -59,7 +59,7 @@ fn plans() -> Vec<(String, Program, FusionPlan)> {
     let mut out = Vec::new();
     for (name, program) in programs {
         let fused = optimize(&program, &opts).unwrap().plan;
-        let unfused = unfused_plan(&program, &profile).unwrap();
+        let unfused = unfused_plan(&program, &profile, false).unwrap();
         for (which, plan) in [("fused", fused), ("unfused", unfused)] {
             if generated(&plan) {
                 out.push((format!("{name} ({which})"), program.clone(), plan));

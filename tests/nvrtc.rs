@@ -54,7 +54,7 @@ fn generated_kernels_compile() {
 }
 
 /// Every example program at its declared sizes, and with every dim capped at 512 where the
-/// program allows it. Kernels of the gemm and attention templates are not generated yet
+/// program allows it, planned with and without `--strict`. Kernels of the gemm and attention templates are not generated yet
 /// (issue 6) and are skipped; any other codegen failure fails the test.
 #[test]
 fn example_kernels_compile() {
@@ -75,8 +75,8 @@ fn example_kernels_compile() {
         let capped: Vec<(String, usize)> = full.dims.iter().map(|(n, v)| (n.clone(), (*v).min(512))).collect();
         let mut programs = vec![full];
         programs.extend(eqfuse::load_program(&path, &capped).ok());
-        for p in programs {
-            let plan = optimize(&p, &opts).unwrap().plan;
+        for (p, strict) in programs.iter().flat_map(|p| [(p, false), (p, true)]) {
+            let plan = optimize(p, &OptimizeOptions { strict, ..opts.clone() }).unwrap().plan;
             for k in &plan.kernels {
                 if matches!(k.template, eqfuse::Template::Gemm | eqfuse::Template::Attention) {
                     skipped += 1;

@@ -76,8 +76,9 @@ fn literal(v: f64, ty: &str) -> String {
     }
 }
 
-/// The C expression of a unary operator.
-fn unary_expr(op: Unary, a: &str) -> String {
+/// The C expression of a unary operator. `strict`: products are never contracted into a fused
+/// multiply-add (see [`binary_expr`]).
+fn unary_expr(op: Unary, a: &str, strict: bool) -> String {
     let f = |name: &str| format!("{name}({a})");
     match op {
         Unary::Neg => format!("(-{a})"),
@@ -96,14 +97,27 @@ fn unary_expr(op: Unary, a: &str) -> String {
         Unary::Erf => f("erff"),
         Unary::Sin => f("sinf"),
         Unary::Cos => f("cosf"),
+        Unary::Square if strict => format!("__fmul_rn({a}, {a})"),
         Unary::Square => format!("({a} * {a})"),
         Unary::Not => format!("(!{a})"),
     }
 }
 
-/// The C expression of a binary operator on values of type `ty`.
-fn binary_expr(op: Binary, a: &str, b: &str, ty: &str) -> String {
+/// The C expression of a binary operator on values of type `ty`. `strict`: float arithmetic
+/// through the round-to-nearest intrinsics, which the compiler never contracts into a fused
+/// multiply-add, so a fused kernel rounds after every operation exactly as the unfused plan,
+/// which stores every intermediate, does.
+fn binary_expr(op: Binary, a: &str, b: &str, ty: &str, strict: bool) -> String {
     let infix = |s: &str| format!("({a} {s} {b})");
+    if strict && ty == "float" {
+        match op {
+            Binary::Add => return format!("__fadd_rn({a}, {b})"),
+            Binary::Sub => return format!("__fsub_rn({a}, {b})"),
+            Binary::Mul => return format!("__fmul_rn({a}, {b})"),
+            Binary::Div => return format!("__fdiv_rn({a}, {b})"),
+            _ => {}
+        }
+    }
     match op {
         Binary::Add => infix("+"),
         Binary::Sub => infix("-"),
@@ -145,8 +159,9 @@ fn reduce_init(r: Reduce) -> &'static str {
     }
 }
 
-fn reduce_combine(r: Reduce, a: &str, b: &str) -> String {
+fn reduce_combine(r: Reduce, a: &str, b: &str, strict: bool) -> String {
     match r {
+        Reduce::Sum | Reduce::Mean if strict => format!("__fadd_rn({a}, {b})"),
         Reduce::Sum | Reduce::Mean => format!("{a} + {b}"),
         Reduce::Amax => format!("eq_max({a}, {b})"),
         Reduce::Amin => format!("eq_min({a}, {b})"),
@@ -205,6 +220,9 @@ pub struct Emitter<'a> {
     /// The lane count symbol inside generated functions (`V` or `EQ_VEC`).
     vsym: &'static str,
     groups: Vec<Group>,
+    /// Strict numerics (the plan's `search.strict`): no contraction, every value rounded to its
+    /// dtype, and row reductions in an order that depends on the row length alone.
+    strict: bool,
 }
 
 fn err(k: &Kernel, m: impl std::fmt::Display) -> Error {
@@ -212,8 +230,8 @@ fn err(k: &Kernel, m: impl std::fmt::Display) -> Error {
 }
 
 /// Renders a lowered kernel.
-pub fn render(k: &Kernel, l: &Lowered) -> Result<Rendered> {
-    let vec = choose_vec(l, k);
+pub fn render(k: &Kernel, l: &Lowered, strict: bool) -> Result<Rendered> {
+    let vec = choose_vec(l, k, strict);
     let r = l.domain.len();
     let (groups, vsym) = match l.template {
         Template::Elementwise => (vec![Group { axes: 0..r, var: "i0" }], "V"),
@@ -231,7 +249,7 @@ pub fn render(k: &Kernel, l: &Lowered) -> Result<Rendered> {
             (groups, "EQ_VEC")
         }
     };
-    let e = Emitter { k, l, vec, vsym, groups };
+    let e = Emitter { k, l, vec, vsym, groups, strict };
     match l.template {
         Template::Elementwise => e.elementwise(),
         Template::RowReduce => e.rowreduce(),
@@ -240,8 +258,10 @@ pub fn render(k: &Kernel, l: &Lowered) -> Result<Rendered> {
 }
 
 /// The lane count: 16 bytes of the widest element accessed along the last axis, halved until
-/// it divides the last extent.
-fn choose_vec(l: &Lowered, k: &Kernel) -> usize {
+/// it divides the last extent. Strict row reductions take 4 lanes whatever the dtypes (halved
+/// the same way), since the lane count decides which elements each thread sums: a fused kernel
+/// must sum a row in the same order as the unfused plan's kernel of the same reduction.
+fn choose_vec(l: &Lowered, k: &Kernel, strict: bool) -> usize {
     let r = l.domain.len();
     if r == 0 {
         return 1;
@@ -255,7 +275,7 @@ fn choose_vec(l: &Lowered, k: &Kernel) -> usize {
         .chain(l.stores.iter().map(|s| k.writes[s.write].ty.dtype.size()))
         .max()
         .unwrap_or(4);
-    let mut v = 16 / widest;
+    let mut v = if strict && l.template == Template::RowReduce { 4 } else { 16 / widest };
     let rank1_elementwise = l.template == Template::Elementwise && r == 1;
     while v > 1 && !rank1_elementwise && !last.is_multiple_of(v) {
         v /= 2;
@@ -461,10 +481,12 @@ impl Emitter<'_> {
                     format!("(unsigned long long)({base})")
                 }
             }
-            Op::Unary(u, a) => unary_expr(*u, &self.operand(*a, ty, scope)),
+            Op::Unary(u, a) => self.rounded(n, unary_expr(*u, &self.operand(*a, ty, scope), self.strict)),
             Op::Binary(b, x, y) => {
                 let want = if b.is_comparison() { self.compare_type(*x, *y) } else { ty };
-                binary_expr(*b, &self.operand(*x, want, scope), &self.operand(*y, want, scope), want)
+                let e =
+                    binary_expr(*b, &self.operand(*x, want, scope), &self.operand(*y, want, scope), want, self.strict);
+                self.rounded(n, e)
             }
             Op::Where(c, a, b) => {
                 format!(
@@ -478,12 +500,25 @@ impl Emitter<'_> {
                 let from = value_type(self.node(*a).dtype);
                 cast_expr(from, *to, &self.operand(*a, from, scope))
             }
-            Op::Dropout { x, index, seed, key0, threshold, scale } => format!(
-                "eq_dropout({}, {}, {seed}u, {key0}u, {threshold}u, {})",
-                self.operand(*x, "float", scope),
-                self.expr(*index, scope, need),
-                literal(*scale as f64, "float")
+            Op::Dropout { x, index, seed, key0, threshold, scale } => self.rounded(
+                n,
+                format!(
+                    "eq_dropout({}, {}, {seed}u, {key0}u, {threshold}u, {})",
+                    self.operand(*x, "float", scope),
+                    self.expr(*index, scope, need),
+                    literal(*scale as f64, "float")
+                ),
             ),
+        }
+    }
+
+    /// Under strict numerics, a computed f16 or bf16 value rounded to its dtype where it is
+    /// computed, as the unfused plan rounds it when it stores it (f32 arithmetic rounds already).
+    fn rounded(&self, n: usize, e: String) -> String {
+        match self.node(n).dtype {
+            DType::Bf16 if self.strict => format!("eq_round_bf16({e})"),
+            DType::F16 if self.strict => format!("eq_round_f16({e})"),
+            _ => e,
         }
     }
 

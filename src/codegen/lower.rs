@@ -108,6 +108,11 @@ pub fn lower(kernel: &Kernel) -> Result<Lowered> {
         let store = l.store(w, &slots[usize::from(id)])?;
         l.out.stores.push(store);
     }
+    // A column reduction over a unit axis reduces nothing (`reduce` passes the value through):
+    // what is left is pointwise.
+    if l.out.template == Template::ColReduce && l.out.axis.is_none() {
+        l.out.template = Template::Elementwise;
+    }
     Ok(l.out)
 }
 

@@ -99,7 +99,7 @@ pub fn codegen_plan(plan: &FusionPlan) -> Result<Vec<KernelSource>> {
 /// Renders one kernel.
 pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
     let lowered = lower::lower(k)?;
-    let r = emit::render(k, &lowered)?;
+    let r = emit::render(k, &lowered, plan.search.strict)?;
     let name = emit::kernel_name(k, lowered.template);
     let template = match lowered.template {
         Template::Elementwise => ELEMENTWISE,

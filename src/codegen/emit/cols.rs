@@ -54,7 +54,7 @@ impl Emitter<'_> {
         t.line(0, "}");
         t.line(0, "__device__ __forceinline__ float eq_combine(int k, float a, float b) {");
         for (k, &i) in reds.iter().enumerate() {
-            t.line(1, format!("if (k == {k}) return {};", reduce_combine(self.reduce_of(i), "a", "b")));
+            t.line(1, format!("if (k == {k}) return {};", reduce_combine(self.reduce_of(i), "a", "b", self.strict)));
         }
         t.line(1, "return a;");
         t.line(0, "}");
@@ -88,7 +88,7 @@ impl Emitter<'_> {
                     e.store_lines(&stores, |st| e.operand(st.node, value_type(e.node(st.node).dtype), scope), None, need);
                 for (k, (&red, &x)) in reds.iter().zip(&inputs).enumerate() {
                     let val = e.operand(x, "float", scope);
-                    lines.push(format!("acc[{k}][v] = {};", reduce_combine(e.reduce_of(red), &format!("acc[{k}][v]"), &val)));
+                    lines.push(format!("acc[{k}][v] = {};", reduce_combine(e.reduce_of(red), &format!("acc[{k}][v]"), &val, e.strict)));
                 }
                 (decls, lines, after)
             },
@@ -98,10 +98,11 @@ impl Emitter<'_> {
     fn col_store(&self, reds: &[usize], n: usize) -> String {
         let mut scope = self.scope(true);
         for (k, &i) in reds.iter().enumerate() {
-            scope.refs[i] = Some(match self.reduce_of(i) {
+            let v = match self.reduce_of(i) {
                 Reduce::Mean => format!("(acc[{k}][v] / {})", literal(n as f64, "float")),
                 _ => format!("acc[{k}][v]"),
-            });
+            };
+            scope.refs[i] = Some(self.rounded(i, v));
         }
         let stores: Vec<&Store> = self.l.stores.iter().filter(|s| reds.contains(&s.node)).collect();
         let axis = self.l.axis;

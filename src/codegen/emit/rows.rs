@@ -44,7 +44,9 @@ mod plan {
         for i in 0..n {
             let below = children(&l.nodes[i].op).iter().map(|&c| avail[c]).max().unwrap_or(0);
             avail[i] = below;
-            if let Some(m) = online_max(l, i).filter(|m| !online.iter().any(|(_, x)| x == m)) {
+            // Strict numerics keep the two passes the unfused plan makes (max, then the sum).
+            let pair = if e.strict { None } else { online_max(l, i) };
+            if let Some(m) = pair.filter(|m| !online.iter().any(|(_, x)| x == m)) {
                 let st = avail[m] - 1;
                 stages[st].push(i);
                 avail[i] = st + 1;
@@ -261,7 +263,7 @@ impl Emitter<'_> {
                         2,
                         format!(
                             "a[{k}] = {};",
-                            reduce_combine(self.reduce_of(i), &format!("a[{k}]"), &format!("b[{k}]"))
+                            reduce_combine(self.reduce_of(i), &format!("a[{k}]"), &format!("b[{k}]"), self.strict)
                         ),
                     ),
                 }
@@ -303,7 +305,7 @@ impl Emitter<'_> {
                         }
                         None => lines.push(format!(
                             "acc[{k}] = {};",
-                            reduce_combine(e.reduce_of(red), &format!("acc[{k}]"), &val)
+                            reduce_combine(e.reduce_of(red), &format!("acc[{k}]"), &val, e.strict)
                         )),
                     }
                 }
@@ -330,7 +332,7 @@ impl Emitter<'_> {
                     _ => format!("acc[{k}]"),
                 };
                 if rp.row_nodes.contains(&i) {
-                    t.line(2, format!("rv.n{i} = {v};"));
+                    t.line(2, format!("rv.n{i} = {};", self.rounded(i, v)));
                 }
             }
             let rest = self.row_values(rp, s + 1, Some(s));
@@ -393,7 +395,10 @@ impl Emitter<'_> {
         for (j, &i) in rp.globals.iter().enumerate() {
             let x = children(&self.node(i).op)[0];
             let val = self.operand(x, "float", &scope);
-            t.line(1, format!("g[{j}] = {};", reduce_combine(self.reduce_of(i), &format!("g[{j}]"), &val)));
+            t.line(
+                1,
+                format!("g[{j}] = {};", reduce_combine(self.reduce_of(i), &format!("g[{j}]"), &val, self.strict)),
+            );
         }
         t.line(0, "}");
         t.line(0, "__device__ __forceinline__ void eq_global_store(EQ_PARAMS, const float (&g)[EQ_NGLOBAL]) {");

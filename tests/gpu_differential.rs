@@ -1,0 +1,324 @@
+//! GPU differential run (issue 9): random programs from `gen_program` (the generator of
+//! `tests/differential.rs`), each planned three ways — the default plan, the `--strict` plan, and
+//! the strict unfused plan (the program as eager runs it) — compiled, run on the GPU, and checked:
+//!
+//! - every plan's GPU outputs against the CPU reference evaluation of the same plan (its kernels
+//!   evaluated one by one on the reference, rounding every value to its dtype). The CPU
+//!   differential test proves each plan computes its program; this proves the kernels compute
+//!   their plan, so together the GPU computes the program. The rule is `tests/differential.rs`'s:
+//!   within the dtype tolerance, or, where not, no further from the f64 values than the tolerance
+//!   plus four times the reference's own distance plus 8 units of roundoff of the largest
+//!   magnitude (the GPU's transcendental functions are not correctly rounded, and a cancellation
+//!   amplifies an ulp);
+//! - the strict plan's outputs against the strict unfused plan's, bit for bit (`--strict`: no
+//!   inexact rule, no contraction into fused multiply-adds, every value rounded to its dtype,
+//!   reductions in the unfused order).
+//!
+//! Programs whose plans hold a kernel codegen does not support yet (matrix products, attention)
+//! are counted and skipped. A failing program is shrunk by proptest (on the GPU) and saved under
+//! `tests/cases/diff_gpu/`; `every_saved_gpu_case_passes` runs every saved case again.
+//!
+//! Without a GPU the tests say why and pass (`EQFUSE_REQUIRE_GPU=1` makes that a failure);
+//! with `EQFUSE_PREFILL=1` and no GPU they compile every kernel of the run into the NVRTC disk
+//! cache instead, so that a GPU session spends no time compiling. `EQFUSE_GPU_DIFF_CASES`
+//! (default 1000) and `EQFUSE_GPU_DIFF_SEED` choose the programs.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use eqfuse::{
+    codegen_plan, eval_all, eval_plan_with, eval_with, kernel_program, nvrtc_compile_cached, optimize, parse_program,
+    random_inputs, recipes, run_on, tolerance, unfused_plan, DType, DeviceProfile, Error, FusionPlan, Gpu,
+    GpuRunOptions, KernelSource, OptimizeOptions, Precision, Program, Recipe, Template, Tensor, DEFAULT_ARCH,
+};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+
+const MAX_STEPS: usize = 6;
+const DEFAULT_CASES: u64 = 1000;
+const DEFAULT_SEED: u64 = 0x0e9f_06a0;
+const CASE_DIR: &str = "tests/cases/diff_gpu";
+
+/// The device, or what to do without one.
+enum Mode {
+    Gpu(Gpu),
+    /// No GPU: compile every kernel into the disk cache.
+    Prefill,
+}
+
+fn mode() -> Option<Mode> {
+    match Gpu::open() {
+        Ok(g) => Some(Mode::Gpu(g)),
+        Err(e @ Error::NoGpu(_)) if std::env::var("EQFUSE_REQUIRE_GPU").as_deref() != Ok("1") => {
+            if std::env::var("EQFUSE_PREFILL").as_deref() == Ok("1") {
+                return Some(Mode::Prefill);
+            }
+            eprintln!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// What the run saw, summed over programs.
+#[derive(Default, Debug)]
+struct Tally {
+    programs: usize,
+    /// Programs skipped because a plan holds a kernel codegen does not support yet.
+    skipped: usize,
+    plans: usize,
+    kernels: usize,
+    /// Outputs outside the dtype tolerance that rounding explains.
+    rounding: usize,
+    /// Strict plans whose outputs were bit-identical to the strict unfused plan's.
+    strict_identical: usize,
+}
+
+impl Tally {
+    fn add(&mut self, o: &Tally) {
+        self.programs += o.programs;
+        self.skipped += o.skipped;
+        self.plans += o.plans;
+        self.kernels += o.kernels;
+        self.rounding += o.rounding;
+        self.strict_identical += o.strict_identical;
+    }
+}
+
+/// The three plans of a program: (name, plan).
+fn plans(p: &Program) -> Result<Vec<(&'static str, FusionPlan)>, String> {
+    let profile = DeviceProfile::load("h100").expect("built-in profile");
+    let opts = OptimizeOptions::new(profile.clone());
+    let strict = OptimizeOptions { strict: true, ..opts.clone() };
+    let plan = |o: &OptimizeOptions| optimize(p, o).map(|r| r.plan).map_err(|e| format!("planning: {e}"));
+    Ok(vec![
+        ("default", plan(&opts)?),
+        ("strict", plan(&strict)?),
+        ("strict-unfused", unfused_plan(p, &profile, true).map_err(|e| format!("unfused plan: {e}"))?),
+    ])
+}
+
+/// Whether codegen can be expected to support every kernel of the plan.
+fn generated(plan: &FusionPlan) -> bool {
+    plan.kernels.iter().all(|k| !matches!(k.template, Template::Gemm | Template::Attention))
+}
+
+/// The unit roundoff of a float dtype.
+fn unit_roundoff(d: DType) -> f64 {
+    match d {
+        DType::F32 => f64::powi(2.0, -24),
+        DType::F16 => f64::powi(2.0, -11),
+        DType::Bf16 => f64::powi(2.0, -8),
+        DType::I32 | DType::Bool => 0.0,
+    }
+}
+
+/// 8 units of roundoff of the plan's narrowest float dtype times the largest magnitude any of
+/// its kernels computes (on the reference).
+fn rounding_allowance(plan: &FusionPlan, inputs: &HashMap<String, Tensor>) -> f64 {
+    let (mut unit, mut largest) = (0.0f64, 0.0f64);
+    let mut env = inputs.clone();
+    for k in &plan.kernels {
+        let Ok(p) = kernel_program(k) else { return 0.0 };
+        let args: HashMap<String, Tensor> =
+            k.reads.iter().filter_map(|r| Some((r.name.clone(), env.get(&r.name)?.clone()))).collect();
+        let Ok(values) = eval_all(&p, &args) else { return 0.0 };
+        for t in values.iter().flatten().filter(|t| t.dtype.is_float()) {
+            unit = unit.max(unit_roundoff(t.dtype));
+            largest = t.data.iter().filter(|v| v.is_finite()).fold(largest, |m, v| m.max(v.abs()));
+        }
+        for (w, o) in k.writes.iter().zip(&p.outputs) {
+            if let Some(t) = &values[usize::from(o.id)] {
+                env.insert(w.name.clone(), t.clone());
+            }
+        }
+    }
+    8.0 * unit * largest
+}
+
+fn worst_error(t: &Tensor, exact: &Tensor) -> (f64, usize) {
+    let errors = t.data.iter().zip(&exact.data).map(|(a, x)| (a - x).abs());
+    errors.enumerate().fold((0.0, 0), |(m, at), (i, e)| if e > m || e.is_nan() { (e, i) } else { (m, at) })
+}
+
+/// Checks a GPU output against the plan's reference value (`want`, declared precision) and the
+/// program's f64 value (`exact`); `Ok(true)` when only rounding explains the difference.
+fn check_output(got: &Tensor, want: &Tensor, exact: &Tensor, allowance: impl Fn() -> f64) -> Result<bool, String> {
+    if got.shape != want.shape {
+        return Err(format!("shape {:?}, the reference {:?}", got.shape, want.shape));
+    }
+    let (rtol, atol) = tolerance(want.dtype);
+    let c = got.compare(want, rtol, atol);
+    if c.ok() {
+        return Ok(false);
+    }
+    if !want.dtype.is_float() {
+        return Err(format!("{c}"));
+    }
+    if let Some(i) = (0..got.data.len()).find(|&i| !got.data[i].is_finite() && want.data[i].is_finite()) {
+        return Err(format!("element {i} is {} on the GPU, {} on the reference", got.data[i], want.data[i]));
+    }
+    let scale = exact.data.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let ((gpu, at), (reference, _)) = (worst_error(got, exact), worst_error(want, exact));
+    if gpu <= atol + rtol * scale + 4.0 * reference + allowance() {
+        return Ok(true);
+    }
+    Err(format!(
+        "the GPU is up to {gpu:.3e} from the f64 values (at element {at}: GPU {}, reference {}, f64 {}), the \
+         reference up to {reference:.3e} ({} tolerance {rtol}, {atol}; {c})",
+        got.data[at], want.data[at], exact.data[at], want.dtype
+    ))
+}
+
+/// Whether two runs' outputs are the same bits (every value came from a dtype no wider than
+/// f32, so equal f64 values are equal bits; NaN matches NaN).
+fn identical(a: &Tensor, b: &Tensor) -> Option<usize> {
+    a.data.iter().zip(&b.data).position(|(x, y)| !(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())))
+}
+
+/// Plans, compiles, runs and checks one program.
+fn check_program(mode: &Mode, text: &str, input_seed: u64) -> Result<Tally, String> {
+    let p = parse_program("generated.eqf", text, &[]).map_err(|e| format!("generator: the parser refused it: {e}"))?;
+    let plans = plans(&p)?;
+    let mut tally = Tally { programs: 1, ..Tally::default() };
+    if !plans.iter().all(|(_, plan)| generated(plan)) {
+        tally.skipped = 1;
+        return Ok(tally);
+    }
+    let mut sources: Vec<Vec<KernelSource>> = vec![];
+    for (name, plan) in &plans {
+        sources.push(codegen_plan(plan).map_err(|e| format!("{name} plan: codegen: {e}"))?);
+    }
+    let gpu = match mode {
+        Mode::Prefill => {
+            for s in sources.iter().flatten() {
+                nvrtc_compile_cached(&s.source, &s.name, DEFAULT_ARCH).map_err(|e| format!("{}: {e}", s.name))?;
+            }
+            return Ok(tally);
+        }
+        Mode::Gpu(g) => g,
+    };
+    let inputs = random_inputs(&p, input_seed);
+    let exact = eval_with(&p, &inputs, Precision::F64).map_err(|e| format!("reference in f64: {e}"))?;
+    let opts = GpuRunOptions { seed: input_seed, repeat: 0, check: false, ..GpuRunOptions::default() };
+    let mut values: Vec<Vec<Tensor>> = vec![];
+    for ((name, plan), src) in plans.iter().zip(&sources) {
+        let report = run_on(gpu, &p, plan, src, &opts).map_err(|e| format!("{name} plan: GPU run: {e}"))?;
+        let want = eval_plan_with(plan, &inputs, Precision::Declared).map_err(|e| format!("{name} plan: {e}"))?;
+        for (k, ((out, got), w)) in report.values.iter().zip(&want).enumerate() {
+            match check_output(got, w, &exact[k], || rounding_allowance(plan, &inputs)) {
+                Ok(rounding) => tally.rounding += rounding as usize,
+                Err(e) => return Err(format!("{name} plan, output `{out}` on the GPU: {e}")),
+            }
+        }
+        tally.plans += 1;
+        tally.kernels += src.len();
+        values.push(report.values.into_iter().map(|(_, t)| t).collect());
+    }
+    for (k, o) in p.outputs.iter().enumerate() {
+        if let Some(i) = identical(&values[1][k], &values[2][k]) {
+            return Err(format!(
+                "strict plan, output `{}`: not bit-identical to the strict unfused plan at element {i} ({} against {})",
+                o.name, values[1][k].data[i], values[2][k].data[i]
+            ));
+        }
+    }
+    tally.strict_identical = 1;
+    Ok(tally)
+}
+
+fn case_text(recipe: &Recipe, why: &str, origin: &str) -> String {
+    let mut head = format!("# GPU differential case: {origin}, shrunk by proptest\n");
+    for line in why.lines() {
+        head += &format!("# failed: {line}\n");
+    }
+    head += &format!("# input-seed: {}\n", recipe.input_seed);
+    head + &recipe.render()
+}
+
+fn save_case(recipe: &Recipe, why: &str, origin: &str) -> PathBuf {
+    let text = recipe.render();
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(CASE_DIR);
+    std::fs::create_dir_all(&dir).expect("case folder");
+    let path = dir.join(format!("case_{:08x}.eqf", hash as u32));
+    std::fs::write(&path, case_text(recipe, why, origin)).expect("case file");
+    path
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn report(what: &str, t: &Tally, secs: f64, failures: usize) {
+    println!(
+        "{what}: {} programs ({} skipped: matrix products or attention), {} plans ({} kernels) run on the GPU in \
+         {secs:.1} s: {failures} failures; {} outputs outside the dtype tolerance, explained by rounding; strict plan \
+         bit-identical to the strict unfused plan for {} of {} programs",
+        t.programs,
+        t.skipped,
+        t.plans,
+        t.kernels,
+        t.rounding,
+        t.strict_identical,
+        t.programs - t.skipped
+    );
+}
+
+#[test]
+fn random_programs_run_on_the_gpu_as_their_plans_say() {
+    let Some(mode) = mode() else { return };
+    let cases = env_or("EQFUSE_GPU_DIFF_CASES", DEFAULT_CASES) as u32;
+    let seed = env_or("EQFUSE_GPU_DIFF_SEED", DEFAULT_SEED);
+    let config = Config { cases, failure_persistence: None, max_shrink_time: 120_000, ..Config::default() };
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let tally = RefCell::new(Tally::default());
+    let start = Instant::now();
+    let result = runner.run(&recipes(MAX_STEPS), |r| {
+        let t = check_program(&mode, &r.render(), r.input_seed).map_err(TestCaseError::fail)?;
+        tally.borrow_mut().add(&t);
+        Ok(())
+    });
+    let failure = match result {
+        Ok(()) => None,
+        Err(TestError::Fail(why, recipe)) => {
+            let origin = format!("tests/gpu_differential.rs, seed {seed}");
+            Some(format!("{} (saved as {})", why.message(), save_case(&recipe, why.message(), &origin).display()))
+        }
+        Err(TestError::Abort(why)) => Some(format!("proptest aborted: {why}")),
+    };
+    let t = tally.into_inner();
+    let what = if matches!(mode, Mode::Prefill) { "prefilled (no GPU)" } else { "random programs" };
+    report(what, &t, start.elapsed().as_secs_f64(), failure.is_some() as usize);
+    if let Some(f) = failure {
+        panic!("a random program failed on the GPU: {f}");
+    }
+}
+
+#[test]
+fn every_saved_gpu_case_passes() {
+    let Some(mode) = mode() else { return };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(CASE_DIR);
+    let mut files: Vec<PathBuf> =
+        std::fs::read_dir(&dir).map(|d| d.map(|e| e.expect("entry").path()).collect()).unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == "eqf"));
+    files.sort();
+    let (start, mut total, mut failed) = (Instant::now(), Tally::default(), vec![]);
+    for f in &files {
+        let text = std::fs::read_to_string(f).expect("case file");
+        let seed = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# input-seed:"))
+            .find_map(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        match check_program(&mode, &text, seed) {
+            Ok(t) => total.add(&t),
+            Err(e) => failed.push(format!("{}: {e}", f.display())),
+        }
+    }
+    report("saved GPU cases", &total, start.elapsed().as_secs_f64(), failed.len());
+    assert!(failed.is_empty(), "saved GPU cases fail:\n{}", failed.join("\n"));
+}
