@@ -1,7 +1,9 @@
 //! `eqfuse explain`: why the plan is what it is.
 //!
-//! Lists the rewrites that fired (per ruleset stage, with counts), the composite operators the
-//! search recognised in the program, and for each kernel the fusions rejected near it and why.
+//! Lists the rewrites that fired (per ruleset stage, with counts), the rules the chosen form
+//! depends on (with the inexact ones named, when the search recorded explanations), the composite
+//! operators the search recognised in the program, and for each kernel the fusions rejected near
+//! it and why.
 //! Invariant: everything it prints comes from the search and plan records; it recomputes nothing.
 
 use std::fmt::Write as _;
@@ -28,6 +30,19 @@ pub fn explain(opt: &Optimized) -> String {
         fired.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         for (rule, n) in fired {
             let _ = writeln!(s, "    {n:>6}  {rule}");
+        }
+    }
+    if let Some(used) = &opt.rules_used {
+        let inexact: Vec<&str> = used.iter().filter(|(_, i)| *i).map(|(r, _)| r.as_str()).collect();
+        let _ = writeln!(s, "\nrules the chosen form depends on (egg's explanation of each output): {}", used.len());
+        let _ = writeln!(
+            s,
+            "  inexact (they round differently; --strict leaves them out): {}",
+            if inexact.is_empty() { "none".to_string() } else { inexact.join(", ") }
+        );
+        let exact: Vec<&str> = used.iter().filter(|(_, i)| !*i).map(|(r, _)| r.as_str()).collect();
+        if !exact.is_empty() {
+            let _ = writeln!(s, "  exact: {}", exact.join(", "));
         }
     }
     s.push_str("\ncomposite operators recognised:\n");

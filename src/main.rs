@@ -211,7 +211,9 @@ fn run(cli: Cli) -> Result<(), Error> {
             Ok(())
         }
         Command::Explain { plan } => {
-            let (_, opt) = plan.optimize()?;
+            let program = plan.load()?;
+            let opts = OptimizeOptions { explanations: true, ..plan.options()? };
+            let opt = eqfuse::optimize(&program, &opts)?;
             print!("{}", eqfuse::explain(&opt));
             Ok(())
         }

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::expand::expand_composites;
 use crate::extract::{build_plan, extract, fused_cost, ExtractOptions, Extracted};
 use crate::fuse::Fusion;
-use crate::lang::Kind;
+use crate::lang::{Kind, TensorLang};
 use crate::plan::{FusionPlan, SearchReport, Totals};
 use crate::profile::DeviceProfile;
 use crate::program::Program;
@@ -39,6 +39,9 @@ pub struct OptimizeOptions {
     /// Strict numerics: rules marked `:inexact` are left out, and the plan asks code generation
     /// for the unfused plan's exact floating-point behaviour (see [`SearchReport::strict`]).
     pub strict: bool,
+    /// Record why classes merged (egg's explanations; slower), so that
+    /// [`Optimized::rules_used`] can name the rules the chosen form depends on (`explain`).
+    pub explanations: bool,
 }
 
 impl OptimizeOptions {
@@ -52,6 +55,7 @@ impl OptimizeOptions {
             time_limit: Duration::from_secs(2),
             extractor: "greedy".into(),
             strict: false,
+            explanations: false,
         }
     }
 }
@@ -64,6 +68,10 @@ pub struct Optimized {
     pub stages: Vec<StageSummary>,
     /// Composite operators in the plan that the program did not write.
     pub recognised: Vec<String>,
+    /// With [`OptimizeOptions::explanations`]: the rules on the proof that each output's chosen
+    /// form equals the program's (egg's explanation of the equivalence), sorted, with whether
+    /// each is `:inexact`. `None` when explanations were off.
+    pub rules_used: Option<Vec<(String, bool)>>,
 }
 
 /// One saturation stage, as reported.
@@ -91,8 +99,16 @@ pub fn unfused_totals(program: &Program, profile: &DeviceProfile) -> Result<Tota
 
 /// The e-graph of a program, its output roots and the names of its bound classes.
 pub fn egraph_of(program: &Program) -> (TensorGraph, Vec<(String, Id)>, BTreeMap<Id, String>) {
+    egraph_with(program, false)
+}
+
+/// [`egraph_of`], with egg's explanations enabled or not.
+fn egraph_with(program: &Program, explanations: bool) -> (TensorGraph, Vec<(String, Id)>, BTreeMap<Id, String>) {
     let analysis = ShapeAnalysis::new(program.inputs.iter().map(|i| (i.name.clone(), i.ty.clone())));
     let mut egraph = TensorGraph::new(analysis);
+    if explanations {
+        egraph = egraph.with_explanations_enabled();
+    }
     let live = program.live();
     let mut map: Vec<Id> = Vec::with_capacity(program.len());
     for (i, node) in program.expr().as_ref().iter().enumerate() {
@@ -137,7 +153,7 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
 
 /// Puts a program into an e-graph and runs the rulesets over it within `opts`' budgets.
 pub fn saturate_program(program: &Program, opts: &OptimizeOptions) -> Result<Saturated> {
-    let (egraph, roots, names) = egraph_of(program);
+    let (egraph, roots, names) = egraph_with(program, opts.explanations);
     let t0 = Instant::now();
     let (egraph, stages, iterations, stop_reason) = run_stages(egraph, opts)?;
     let saturate_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -198,7 +214,47 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
     };
     let plan = build_plan(program, &best.dag, &fusion, &opts.profile, unfused, search);
     let recognised = recognised_composites(program, &best.dag);
-    Ok(Optimized { plan, stages: sat.stages.clone(), recognised })
+    let rules_used = sat.egraph.are_explanations_enabled().then(|| rules_used(program, &sat.egraph, &best.dag, opts));
+    Ok(Optimized { plan, stages: sat.stages.clone(), recognised, rules_used })
+}
+
+/// The rules egg's explanations put on the proofs that each output's chosen form equals the
+/// program's, with whether each is inexact.
+fn rules_used(program: &Program, egraph: &TensorGraph, dag: &Dag, opts: &OptimizeOptions) -> Vec<(String, bool)> {
+    let mut egraph = egraph.clone();
+    let prefix = |nodes: &[TensorLang], end: usize| -> egg::RecExpr<TensorLang> { nodes[..=end].to_vec().into() };
+    let chosen: Vec<TensorLang> = dag.nodes.iter().map(|n| n.node.clone()).collect();
+    let mut names = std::collections::BTreeSet::new();
+    for (o, (_, d)) in program.outputs.iter().zip(&dag.outputs) {
+        let written = prefix(program.expr().as_ref(), usize::from(o.id));
+        let mut ex = egraph.explain_equivalence(&written, &prefix(&chosen, *d));
+        for step in ex.make_flat_explanation() {
+            collect_rules(step, &mut names);
+        }
+    }
+    let inexact: std::collections::BTreeSet<String> = match &opts.rules_dir {
+        Some(dir) => crate::rules::load_rules_dir(dir),
+        None => crate::rules::default_rules(),
+    }
+    .map(|sets| sets.iter().flat_map(|s| &s.rules).filter(|r| r.inexact).map(|r| r.name.clone()).collect())
+    .unwrap_or_default();
+    names
+        .into_iter()
+        .map(|n| {
+            let base = n.strip_suffix("-rev").unwrap_or(&n).to_string();
+            let inexact = inexact.contains(&n) || inexact.contains(&base);
+            (n, inexact)
+        })
+        .collect()
+}
+
+fn collect_rules(t: &egg::FlatTerm<TensorLang>, out: &mut std::collections::BTreeSet<String>) {
+    for r in [&t.forward_rule, &t.backward_rule].into_iter().flatten() {
+        out.insert(r.to_string());
+    }
+    for c in &t.children {
+        collect_rules(c, out);
+    }
 }
 
 fn round3(x: f64) -> f64 {

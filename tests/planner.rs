@@ -159,3 +159,22 @@ fn bias_and_activation_fuse_into_a_product_with_a_transposed_operand() {
     assert_eq!(plan.total.kernels, 1, "{:#?}", plan.kernels);
     assert_eq!(plan.kernels[0].template, Template::Gemm);
 }
+
+#[test]
+fn explain_names_the_inexact_rules_the_plan_depends_on_and_strict_uses_none() {
+    let text = "input x: f32[1024, 1024]\ninput b: f32[1024]\n\
+                y = (x + b) * 0.5 * (1 + erf((x + b) * 0.7071067811865476))\nz = sum(y * 2.0, -1) + sum(y, -1)\noutput z\n";
+    let p = eqfuse::parse_program("g.eqf", text, &[]).unwrap();
+    let o = OptimizeOptions { explanations: true, ..opts() };
+    let fast = optimize(&p, &o).unwrap();
+    let used = fast.rules_used.clone().expect("explanations were on");
+    assert!(used.contains(&("gelu-from-erf".to_string(), true)), "{used:?}");
+    assert!(
+        eqfuse::explain(&fast).contains("inexact (they round differently; --strict leaves them out): gelu-from-erf")
+    );
+    let strict = optimize(&p, &OptimizeOptions { strict: true, ..o }).unwrap();
+    assert!(strict.rules_used.unwrap().iter().all(|(_, inexact)| !inexact));
+    assert!(strict.plan.search.strict && strict.plan.total.predicted_us >= fast.plan.total.predicted_us);
+    // Without explanations nothing is claimed.
+    assert!(optimize(&p, &opts()).unwrap().rules_used.is_none());
+}
