@@ -295,7 +295,15 @@ impl Shaped<'_> {
         if !self.computed_below(child) {
             return Ok(());
         }
-        let unit_only = |a: &[usize], b: &[usize]| a.iter().filter(|&&d| d != 1).eq(b.iter().filter(|&&d| d != 1));
+        // Shapes broadcast from the right: a reshape keeps every element where it was (as the
+        // code generator sees it) when, aligned at the right, each axis of the value either
+        // matches the view's or has size 1. Adding or dropping unit axes elsewhere moves elements:
+        // `[2]` as `[2, 1]` goes from the last axis to the one before.
+        let unit_only = |view: &[usize], own: &[usize]| {
+            let r = view.len().max(own.len());
+            let at = |s: &[usize], k: usize| if k + s.len() < r { 1 } else { s[k + s.len() - r] };
+            (0..r).all(|k| at(own, k) == at(view, k) || at(own, k) == 1)
+        };
         match n.kind() {
             Some(Kind::Transpose) if self.shape(b) != self.shape(child) || !self.trivial_transpose(b) => {
                 Err("a transpose of a value computed in the same kernel needs it in device memory".into())

@@ -20,7 +20,9 @@
 //!
 //! Without a GPU the tests say why and pass (`EQFUSE_REQUIRE_GPU=1` makes that a failure);
 //! with `EQFUSE_PREFILL=1` and no GPU they compile every kernel of the run into the NVRTC disk
-//! cache instead, so that a GPU session spends no time compiling. `EQFUSE_GPU_DIFF_CASES`
+//! cache instead, so that a GPU session spends no time compiling (`EQFUSE_PREFILL_SHARD=K/N`
+//! does the same for every N-th program from the K-th, GPU or not, so that N processes can
+//! share the work). `EQFUSE_GPU_DIFF_CASES`
 //! (default 1000) and `EQFUSE_GPU_DIFF_SEED` choose the programs.
 
 use std::cell::RefCell;
@@ -43,16 +45,23 @@ const CASE_DIR: &str = "tests/cases/diff_gpu";
 /// The device, or what to do without one.
 enum Mode {
     Gpu(Gpu),
-    /// No GPU: compile every kernel into the disk cache.
-    Prefill,
+    /// No GPU (or `EQFUSE_PREFILL_SHARD=K/N`): compile every kernel into the disk cache (of
+    /// the programs whose index is K modulo N).
+    Prefill(usize, usize),
 }
 
 fn mode() -> Option<Mode> {
+    if let Some((k, n)) = std::env::var("EQFUSE_PREFILL_SHARD").ok().and_then(|v| {
+        let (k, n) = v.split_once('/')?;
+        Some((k.parse().ok()?, n.parse().ok()?))
+    }) {
+        return Some(Mode::Prefill(k, n));
+    }
     match Gpu::open() {
         Ok(g) => Some(Mode::Gpu(g)),
         Err(e @ Error::NoGpu(_)) if std::env::var("EQFUSE_REQUIRE_GPU").as_deref() != Ok("1") => {
             if std::env::var("EQFUSE_PREFILL").as_deref() == Ok("1") {
-                return Some(Mode::Prefill);
+                return Some(Mode::Prefill(0, 1));
             }
             eprintln!("skipped: {e}");
             None
@@ -178,7 +187,12 @@ fn identical(a: &Tensor, b: &Tensor) -> Option<usize> {
 }
 
 /// Plans, compiles, runs and checks one program.
-fn check_program(mode: &Mode, text: &str, input_seed: u64) -> Result<Tally, String> {
+fn check_program(mode: &Mode, index: usize, text: &str, input_seed: u64) -> Result<Tally, String> {
+    if let Mode::Prefill(k, n) = mode {
+        if index % n != *k {
+            return Ok(Tally::default());
+        }
+    }
     let p = parse_program("generated.eqf", text, &[]).map_err(|e| format!("generator: the parser refused it: {e}"))?;
     let plans = plans(&p)?;
     let mut tally = Tally { programs: 1, ..Tally::default() };
@@ -191,7 +205,7 @@ fn check_program(mode: &Mode, text: &str, input_seed: u64) -> Result<Tally, Stri
         sources.push(codegen_plan(plan).map_err(|e| format!("{name} plan: codegen: {e}"))?);
     }
     let gpu = match mode {
-        Mode::Prefill => {
+        Mode::Prefill(..) => {
             for s in sources.iter().flatten() {
                 nvrtc_compile_cached(&s.source, &s.name, DEFAULT_ARCH).map_err(|e| format!("{}: {e}", s.name))?;
             }
@@ -277,8 +291,10 @@ fn random_programs_run_on_the_gpu_as_their_plans_say() {
     let mut runner = TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
     let tally = RefCell::new(Tally::default());
     let start = Instant::now();
+    let index = std::cell::Cell::new(0);
     let result = runner.run(&recipes(MAX_STEPS), |r| {
-        let t = check_program(&mode, &r.render(), r.input_seed).map_err(TestCaseError::fail)?;
+        index.set(index.get() + 1);
+        let t = check_program(&mode, index.get(), &r.render(), r.input_seed).map_err(TestCaseError::fail)?;
         tally.borrow_mut().add(&t);
         Ok(())
     });
@@ -291,7 +307,7 @@ fn random_programs_run_on_the_gpu_as_their_plans_say() {
         Err(TestError::Abort(why)) => Some(format!("proptest aborted: {why}")),
     };
     let t = tally.into_inner();
-    let what = if matches!(mode, Mode::Prefill) { "prefilled (no GPU)" } else { "random programs" };
+    let what = if matches!(mode, Mode::Prefill(..)) { "prefilled (no GPU)" } else { "random programs" };
     report(what, &t, start.elapsed().as_secs_f64(), failure.is_some() as usize);
     if let Some(f) = failure {
         panic!("a random program failed on the GPU: {f}");
@@ -314,7 +330,7 @@ fn every_saved_gpu_case_passes() {
             .filter_map(|l| l.strip_prefix("# input-seed:"))
             .find_map(|v| v.trim().parse().ok())
             .unwrap_or(0);
-        match check_program(&mode, &text, seed) {
+        match check_program(&mode, 0, &text, seed) {
             Ok(t) => total.add(&t),
             Err(e) => failed.push(format!("{}: {e}", f.display())),
         }
