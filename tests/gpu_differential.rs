@@ -40,6 +40,7 @@ use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, Test
 const MAX_STEPS: usize = 6;
 const DEFAULT_CASES: u64 = 1000;
 const DEFAULT_SEED: u64 = 0x0e9f_06a0;
+/// Relative to the package root, where `cargo test` runs (and where the device script runs).
 const CASE_DIR: &str = "tests/cases/diff_gpu";
 
 /// The device, or what to do without one.
@@ -254,7 +255,7 @@ fn case_text(recipe: &Recipe, why: &str, origin: &str) -> String {
 fn save_case(recipe: &Recipe, why: &str, origin: &str) -> PathBuf {
     let text = recipe.render();
     let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(CASE_DIR);
+    let dir = Path::new(CASE_DIR).to_path_buf();
     std::fs::create_dir_all(&dir).expect("case folder");
     let path = dir.join(format!("case_{:08x}.eqf", hash as u32));
     std::fs::write(&path, case_text(recipe, why, origin)).expect("case file");
@@ -317,7 +318,7 @@ fn random_programs_run_on_the_gpu_as_their_plans_say() {
 #[test]
 fn every_saved_gpu_case_passes() {
     let Some(mode) = mode() else { return };
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(CASE_DIR);
+    let dir = Path::new(CASE_DIR).to_path_buf();
     let mut files: Vec<PathBuf> =
         std::fs::read_dir(&dir).map(|d| d.map(|e| e.expect("entry").path()).collect()).unwrap_or_default();
     files.retain(|p| p.extension().is_some_and(|e| e == "eqf"));

@@ -34,3 +34,4 @@ EQFUSE_GPU_DIFF_CASES=100 timeout 200 compute-sanitizer --tool memcheck --error-
 echo "memcheck (100 programs) exit $?" | tee -a "$OUT/difftest.log"; grep -E "ERROR SUMMARY|programs" "$OUT/memcheck-diff.log"
 timeout 120 "$G/gpu-tests" strict --test-threads=1 --nocapture > "$OUT/strict.log" 2>&1
 echo "strict examples exit $?" | tee -a "$OUT/difftest.log"; grep -E "strict:|panicked|not run" "$OUT/strict.log" | head -20
+mkdir -p "$OUT/cases"; cp tests/cases/diff_gpu/*.eqf "$OUT/cases/" 2>/dev/null; ls "$OUT/cases"
