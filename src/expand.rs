@@ -25,6 +25,36 @@ pub fn expand_composites(p: &Program) -> Result<Program, String> {
     })
 }
 
+/// A copy of `p` with each softmax and log-softmax along a leading axis replaced by its parts
+/// (max, exp, sum, divide): no template runs such a composite in one kernel, so the planner starts
+/// from the parts, as it would from a program that wrote them (the pattern rules recognise
+/// softmax along the last axis only). `None` when there is none.
+pub fn expand_leading_softmax(p: &Program) -> Result<Option<Program>, String> {
+    let leading = |out: &Program, c: Composite, ch: &[Id]| {
+        matches!(c, Composite::Softmax | Composite::LogSoftmax)
+            && out
+                .ty(ch[0])
+                .zip(out.fact(ch[1]).konst)
+                .is_some_and(|(t, a)| crate::infer::norm_axis(a as i64, t.rank()).is_ok_and(|a| a + 1 != t.rank()))
+    };
+    let mut any = false;
+    let q = p.rewrite_nodes(|out, map, node| match node {
+        TensorLang::Op(code, ch) => match code.kind() {
+            Kind::Composite(c) => {
+                let ch: Vec<Id> = ch.iter().map(|&x| map[usize::from(x)]).collect();
+                if !leading(out, c, &ch) {
+                    return Ok(None);
+                }
+                any = true;
+                expand(out, c, &ch).map(Some)
+            }
+            _ => Ok(None),
+        },
+        _ => Ok(None),
+    })?;
+    Ok(any.then_some(q))
+}
+
 /// Small builder helpers over a program.
 struct B<'a>(&'a mut Program);
 

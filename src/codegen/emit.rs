@@ -81,6 +81,8 @@ fn literal(v: f64, ty: &str) -> String {
 fn unary_expr(op: Unary, a: &str, strict: bool) -> String {
     let f = |name: &str| format!("{name}({a})");
     match op {
+        // (`-` before a negative literal would read as the decrement operator.)
+        Unary::Neg if a.starts_with('-') => format!("(-({a}))"),
         Unary::Neg => format!("(-{a})"),
         Unary::Exp => f("expf"),
         Unary::Log => f("logf"),
@@ -744,5 +746,8 @@ mod tests {
         assert_eq!(literal(f64::NEG_INFINITY, "float"), "(-EQ_INF)");
         assert_eq!(literal(3.0, "int"), "3");
         assert_eq!(literal(1.0, "bool"), "true");
+        // A negated negative literal must not read as `--` (found by the GPU differential run).
+        assert_eq!(unary_expr(Unary::Neg, &literal(-1.0, "float"), true), "(-(-1.0f))");
+        assert_eq!(unary_expr(Unary::Neg, "n3", false), "(-n3)");
     }
 }
