@@ -30,6 +30,8 @@ const PROGRAMS: &[Bench] = &[
     ("softmax", "examples/softmax.eqf", &[], true),
     ("softmax_small", "examples/softmax_small.eqf", &[], true),
     ("cross_entropy", "examples/cross_entropy.eqf", &[], true),
+    ("cross_entropy_grad", "examples/cross_entropy_grad.eqf", &[], true),
+    ("layernorm_grad", "examples/layernorm_grad.eqf", &[], true),
 ];
 
 struct Args {
@@ -100,8 +102,12 @@ fn run(gpu: &Gpu, a: &Args) -> eqfuse::Result<()> {
         "device: {} ({}); copy bandwidth {:.0} GB/s; launch {:.2} us\n",
         gpu.name, gpu.arch, profile.copy_bandwidth_gbs, profile.launch_overhead_us
     );
-    let _ = writeln!(md, "| program | fused kernels | fused us (pred) | unfused us (pred) | speedup measured | speedup predicted | check |");
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(
+        md,
+        "| program | fused kernels | fused us (pred) | unfused us (pred) | speedup measured | speedup predicted | \
+         fused us, graph | unfused us, graph | speedup, graphs | device memory (one buffer per tensor) | unfused memory (one per tensor) | check |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut kernels_md = String::from(
         "\n| program | kernel | bytes | predicted us | measured us | GB/s | of copy |\n|---|---|---|---|---|---|---|\n",
     );
@@ -118,6 +124,7 @@ fn run(gpu: &Gpu, a: &Args) -> eqfuse::Result<()> {
             check,
             profile: Some(profile.clone()),
             persistent: a.persistent,
+            graph: true,
             ..GpuRunOptions::default()
         };
         let f = run_on(gpu, &program, &fused, &codegen_plan(&fused)?, &opts)?;
@@ -139,14 +146,21 @@ fn run(gpu: &Gpu, a: &Args) -> eqfuse::Result<()> {
         } else {
             "MISMATCH".to_string()
         };
+        let (fg, ug) = (f.graph_measured_us.unwrap_or(f64::NAN), u.graph_measured_us.unwrap_or(f64::NAN));
+        let mem = |r: &GpuRunReport| {
+            format!("{} ({})", eqfuse::human_bytes(r.device_bytes), eqfuse::human_bytes(r.unshared_device_bytes))
+        };
         let _ = writeln!(
             md,
-            "| {name} | {} | {:.1} ({:.1}) | {:.1} ({:.1}) | {speed_m:.2}x | {speed_p:.2}x | {verdict} |",
+            "| {name} | {} | {:.1} ({:.1}) | {:.1} ({:.1}) | {speed_m:.2}x | {speed_p:.2}x | {fg:.1} | {ug:.1} | {:.2}x | {} | {} | {verdict} |",
             f.kernels.len(),
             f.total_measured_us,
             f.total_predicted_us,
             u.total_measured_us,
-            u.total_predicted_us
+            u.total_predicted_us,
+            ug / fg,
+            mem(&f),
+            mem(&u)
         );
         for k in &f.kernels {
             let _ = writeln!(
@@ -208,6 +222,8 @@ fn prefill() -> eqfuse::Result<()> {
 fn report_json(r: &GpuRunReport, copy_gbs: f64) -> serde_json::Value {
     json!({
         "measured_us": r.total_measured_us, "predicted_us": r.total_predicted_us, "ok": r.ok(),
+        "graph_measured_us": r.graph_measured_us, "device_bytes": r.device_bytes,
+        "unshared_device_bytes": r.unshared_device_bytes,
         "kernels": r.kernels.iter().map(|k| json!({
             "name": k.name, "bytes": k.bytes, "predicted_us": k.predicted_us, "measured_us": k.measured_us,
             "achieved_gbs": k.achieved_gbs, "copy_share": k.achieved_gbs / copy_gbs })).collect::<Vec<_>>(),

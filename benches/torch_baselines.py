@@ -56,6 +56,11 @@ def binary(op, a, b):
             "==": lambda: a == b, "!=": lambda: a != b}[op]()
 
 
+def as_tensor(x):
+    """A literal (autodiff's seeds and scales) as an f32 scalar tensor on the GPU."""
+    return x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.float32, device="cuda")
+
+
 def build(graph):
     """A Python function of the inputs (in declaration order) computing the graph's outputs."""
     nodes = graph["nodes"]
@@ -94,9 +99,9 @@ def build(graph):
             elif op == "transpose":
                 v = a[0].transpose(int(a[1]), int(a[2]))
             elif op == "reshape":
-                v = a[0].reshape(a[1])
+                v = as_tensor(a[0]).reshape(a[1])
             elif op == "broadcast":
-                v = a[0].expand(a[1])
+                v = as_tensor(a[0]).expand(a[1])
             elif op == "@":
                 v = a[0] @ a[1]
             elif op == "iota":

@@ -102,6 +102,21 @@ __device__ __forceinline__ void eq_storev(T* __restrict__ p, const U (&in)[V]) {
     }
 }
 
+// ---- asynchronous copies global -> shared (sm_80+), no registers held while in flight ----
+template <int B>
+__device__ __forceinline__ void eq_cp_async(void* smem, const void* gmem) {
+    static_assert(B == 4 || B == 8 || B == 16, "cp.async copies 4, 8 or 16 bytes");
+    unsigned int s;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(smem));
+    if constexpr (B == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(gmem), "n"(B) : "memory");
+    }
+}
+__device__ __forceinline__ void eq_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void eq_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 // A load that bypasses L1, for values other blocks of the same launch wrote.
 __device__ __forceinline__ float eq_ld_cg(const float* p) {
     float x;

@@ -18,6 +18,14 @@
 // for c < EQ_CHUNKS, v < EQ_VEC, so each chunk is one 16-byte access per thread, coalesced
 // across the row's threads. When EQ_CACHED, the row's inputs stay in registers from the first
 // pass to the epilogue (one read of device memory); otherwise each stage re-reads them.
+// Pipelined form (EQ_PIPELINED, for cached rows so long that one block's rows take the
+// registers of a whole SM, e.g. cross-entropy over 32000 columns): the block loops over its
+// rows (launched as one wave of resident blocks), and while it reduces and writes row r from
+// registers, row r + stride streams into shared memory (`cp.async`, no registers held, one
+// 16-byte slot per thread, chunk and cached access: EQ_STAGE_BYTES of dynamic shared memory);
+// the epilogue moves each chunk of the next row from shared memory into the registers it
+// frees and starts copying the same chunk of the row after that. Each thread reads back only
+// what it copied itself, so no barrier guards the staging buffer.
 // Cross-thread combining: warp shuffles, then shared memory across the row's warps.
 // Online form: a stage may hold a max m and the sum of exp(e - m) of the same row as one pair
 // (combined as m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)), so softmax needs one pass
@@ -86,6 +94,9 @@ __device__ __forceinline__ void eq_epilogue(EQ_PARAMS, eq_idx row, eq_idx col0, 
 __device__ __forceinline__ void eq_row_store(EQ_PARAMS, eq_idx row, const EqRow& rv) {}
 #endif
 
+#ifndef EQ_PIPELINED
+#define EQ_PIPELINED 0
+#endif
 #define EQ_ROWS_PER_BLOCK (EQ_BLOCK / EQ_ROW_THREADS)
 #define EQ_WARPS_PER_ROW (EQ_ROW_THREADS > 32 ? EQ_ROW_THREADS / 32 : 1)
 
@@ -118,6 +129,15 @@ __device__ __forceinline__ void eq_row_combine(int s, float (&acc)[EQ_NACC],
         __syncthreads();
     }
 }
+
+#if EQ_PIPELINED
+// The staging slot of (row slot, chunk, lane): EQ_NCACHE slots of 16 bytes, one per cached
+// access, each 16 * EQ_ROW_THREADS bytes apart so that a warp's accesses are contiguous.
+extern __shared__ __align__(16) unsigned char eq_staging[];
+__device__ __forceinline__ unsigned char* eq_stage_slot(int slot, int c, int lane) {
+    return eq_staging + ((size_t)(slot * EQ_CHUNKS + c) * EQ_NCACHE * EQ_ROW_THREADS + lane) * 16;
+}
+#endif
 
 #if EQ_NGLOBAL > 0
 // Adds the block's per-row global sums (held by each row's lane 0) in slot order, then the
@@ -173,6 +193,15 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
             const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
             if (first < (eq_idx)EQ_ROWS && col0 < (eq_idx)EQ_COLS) eq_fetch(EQ_ARGS, first, col0, cache[c]);
         }
+#if EQ_PIPELINED
+#pragma unroll
+        for (int c = 0; c < EQ_CHUNKS; ++c) {
+            const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
+            if (first + stride < (eq_idx)EQ_ROWS && col0 < (eq_idx)EQ_COLS)
+                eq_stage(EQ_ARGS, first + stride, col0, eq_stage_slot(slot, c, lane));
+        }
+        eq_cp_async_commit();
+#endif
     }
 #endif
     for (eq_idx base = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK; base < (eq_idx)EQ_ROWS; base += stride) {
@@ -201,13 +230,22 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
             if (active) eq_finish(s, EQ_ARGS, row, acc, rv);
         }
         if (!active) continue;
+#if EQ_PIPELINED
+        eq_cp_async_wait_all();
+#endif
 #pragma unroll
         for (int c = 0; c < EQ_CHUNKS; ++c) {
             const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
             if (col0 < (eq_idx)EQ_COLS) {
 #if EQ_CACHED
                 eq_epilogue(EQ_ARGS, row, col0, cache[c], rv);
+#if EQ_PIPELINED
+                if (row + stride < (eq_idx)EQ_ROWS) eq_unstage(eq_stage_slot(slot, c, lane), cache[c]);
+                if (row + 2 * stride < (eq_idx)EQ_ROWS)
+                    eq_stage(EQ_ARGS, row + 2 * stride, col0, eq_stage_slot(slot, c, lane));
+#else
                 if (row + stride < (eq_idx)EQ_ROWS) eq_fetch(EQ_ARGS, row + stride, col0, cache[c]);
+#endif
 #else
                 float cv[EQ_NCACHE][EQ_VEC];
                 eq_fetch(EQ_ARGS, row, col0, cv);
@@ -215,6 +253,9 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
 #endif
             }
         }
+#if EQ_PIPELINED
+        eq_cp_async_commit();
+#endif
         if (lane == 0) {
             eq_row_store(EQ_ARGS, row, rv);
 #if EQ_NGLOBAL > 0

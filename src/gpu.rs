@@ -40,6 +40,9 @@ pub struct Gpu {
     pub memory_bytes: usize,
 }
 
+/// Launches captured once into a CUDA graph, replayed as one unit.
+pub struct Graph(cudarc::driver::CudaGraph);
+
 /// A compiled kernel ready to launch.
 pub struct Loaded {
     pub source: KernelSource,
@@ -64,8 +67,10 @@ impl Gpu {
         crate::nvrtc::available().map_err(|why| Error::NoGpu(format!("a GPU is present but NVRTC is not: {why}")))?;
         let ctx = CudaContext::new(0).map_err(|e| Error::NoGpu(format!("cannot open device 0: {e}")))?;
         // One stream, so cudarc's cross-stream event tracking is pure overhead.
-        // SAFETY: no buffers exist yet; everything runs on the default stream.
+        // SAFETY: no buffers exist yet; everything runs on the one stream below.
         unsafe { ctx.disable_event_tracking() };
+        // A created stream, not the legacy default one, which CUDA-graph capture refuses.
+        let stream = cuda(ctx.new_stream(), "creating a stream")?;
         let (major, minor) = cuda(ctx.compute_capability(), "reading the compute capability")?;
         let attr = |a, what| cuda(ctx.attribute(a), what);
         let sms = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, "reading the SM count")? as u32;
@@ -76,7 +81,7 @@ impl Gpu {
             sms,
             l2_bytes: l2,
             memory_bytes: cuda(ctx.total_mem(), "reading the memory size")?,
-            stream: ctx.default_stream(),
+            stream,
             ctx,
         })
     }
@@ -121,6 +126,11 @@ impl Gpu {
         let ptx = String::from_utf8_lossy(&c.ptx).into_owned();
         let module = cuda(self.ctx.load_module(Ptx::from_src(ptx)), &format!("loading {}", source.name))?;
         let func = cuda(module.load_function(&source.name), &format!("finding {}", source.name))?;
+        if source.launch.smem_bytes > 48 * 1024 {
+            use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
+            let what = format!("allowing {} bytes of shared memory to {}", source.launch.smem_bytes, source.name);
+            cuda(func.set_attribute(MAX_SMEM, source.launch.smem_bytes as i32), &what)?;
+        }
         let resident_blocks = if source.launch.persistent {
             let threads = source.launch.block.iter().product::<u32>();
             let per_sm = cuda(
@@ -172,6 +182,28 @@ impl Gpu {
     /// Microseconds between two recorded events (waits for the second).
     pub fn elapsed_us(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f64> {
         cuda(start.elapsed_ms(end), "reading an event time").map(|ms| ms as f64 * 1e3)
+    }
+
+    /// Captures the launches `body` queues on the stream into a CUDA graph (nothing runs
+    /// while capturing). Capture ends even when `body` fails, so the stream stays usable.
+    pub fn capture(&self, body: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        cuda(self.stream.begin_capture(mode), "beginning a graph capture")?;
+        let queued = body();
+        let graph = cuda(self.stream.end_capture(CUgraphInstantiate_flags(0)), "ending a graph capture");
+        queued?;
+        let graph = graph?.ok_or_else(|| Error::Cuda {
+            context: "a graph capture".into(),
+            message: "the capture produced no graph".into(),
+        })?;
+        cuda(graph.upload(), "uploading a graph")?;
+        Ok(Graph(graph))
+    }
+
+    /// Queues one replay of a captured graph.
+    pub fn replay(&self, g: &Graph) -> Result<()> {
+        cuda(g.0.launch(), "replaying a graph")
     }
 
     /// Compiles and loads raw CUDA source holding `extern "C"` kernel `name` (calibration).

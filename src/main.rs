@@ -97,6 +97,9 @@ enum Command {
         /// Timed repetitions on the GPU.
         #[arg(long, default_value_t = 20)]
         repeat: usize,
+        /// Also capture the plan's launches once as a CUDA graph and time its replays.
+        #[arg(long)]
+        graph: bool,
     },
 }
 
@@ -266,7 +269,7 @@ fn run(cli: Cli) -> Result<(), Error> {
             }
             Ok(())
         }
-        Command::Run { plan, cpu, inputs, outputs, seed, repeat } => {
+        Command::Run { plan, cpu, inputs, outputs, seed, repeat, graph } => {
             if !cpu {
                 let (program, opt) = plan.optimize()?;
                 let opts = eqfuse::GpuRunOptions {
@@ -275,6 +278,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                     repeat,
                     seed,
                     profile: Some(plan.options()?.profile),
+                    graph,
                     ..Default::default()
                 };
                 let report = eqfuse::run_plan_gpu(&program, &opt.plan, &opts)?;

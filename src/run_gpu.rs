@@ -2,8 +2,11 @@
 //! against the CPU reference, every kernel timed against its prediction.
 //!
 //! Inputs come from `INPUTS/NAME.npy` when present, else from the seeded generator (the same
-//! values `run --cpu` uses). Outputs are poisoned (all bytes 0xFF: NaN in every float type)
-//! before the checked run, so an element no kernel writes cannot pass. Timings are CUDA-event
+//! values `run --cpu` uses). Every tensor a kernel writes is poisoned (all bytes 0xFF: NaN in
+//! every float type) just before that kernel's checked launch, so an element no kernel writes
+//! cannot pass, also in a buffer that an earlier, dead tensor used: intermediates share device
+//! buffers by liveness ([`MemoryPlan`]), inputs and outputs have their own. With `graph`, the
+//! plan's launches are also captured once into a CUDA graph and its replays timed. Timings are CUDA-event
 //! medians over `repeat` runs after that warm-up run, with the L2 cache flushed before each run
 //! when the plan's data would fit in it.
 //! Invariants: a plan with a kernel codegen cannot generate fails before the GPU is touched;
@@ -18,6 +21,7 @@ use std::time::Instant;
 use crate::codegen::{codegen_plan, ArgRole, KernelSource};
 use crate::error::{Error, Result};
 use crate::gpu::{tensor_bytes, tensor_from_bytes, Buffer, Gpu, Loaded};
+use crate::memplan::MemoryPlan;
 use crate::npy::{read_npy, write_npy};
 use crate::plan::FusionPlan;
 use crate::profile::DeviceProfile;
@@ -45,6 +49,8 @@ pub struct GpuRunOptions {
     /// layernorm 16384x4096 slower (86% and 91% of copy bandwidth against 96% and 97%) and
     /// cross-entropy's row kernel 2% faster.
     pub persistent: bool,
+    /// Whether to also time replays of the plan captured as one CUDA graph.
+    pub graph: bool,
 }
 
 impl Default for GpuRunOptions {
@@ -57,6 +63,7 @@ impl Default for GpuRunOptions {
             check: true,
             profile: None,
             persistent: false,
+            graph: false,
         }
     }
 }
@@ -110,6 +117,14 @@ pub struct GpuRunReport {
     /// Median over the timed runs of the whole plan, launch gaps included.
     pub total_measured_us: f64,
     pub total_predicted_us: f64,
+    /// Median over the timed replays of the plan captured as one CUDA graph (`graph` option).
+    pub graph_measured_us: Option<f64>,
+    /// Whether the outputs after the graph's replays equal those of the checked run, bit for bit.
+    pub graph_same: Option<bool>,
+    /// Device bytes the run allocated (tensors, shared by liveness, and workspace): its peak.
+    pub device_bytes: u64,
+    /// Device bytes with one buffer per tensor (no sharing), workspace included.
+    pub unshared_device_bytes: u64,
     /// Copy bandwidth the shares are relative to (GB/s, read plus write).
     pub copy_bandwidth_gbs: Option<f64>,
     /// Empty when the run was not checked.
@@ -125,7 +140,7 @@ pub struct GpuRunReport {
 impl GpuRunReport {
     /// Whether every checked output matched the reference.
     pub fn ok(&self) -> bool {
-        self.outputs.iter().all(OutputCheck::ok)
+        self.outputs.iter().all(OutputCheck::ok) && self.graph_same != Some(false)
     }
 }
 
@@ -148,19 +163,27 @@ pub fn run_on(
     let t0 = Instant::now();
     let mut loaded: Vec<Loaded> = sources.iter().map(|s| gpu.load(s)).collect::<Result<_>>()?;
     if !opts.persistent {
-        loaded.iter_mut().for_each(|k| k.resident_blocks = None);
+        loaded.iter_mut().filter(|k| !k.source.launch.wave).for_each(|k| k.resident_blocks = None);
     }
     let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
     let inputs = gather_inputs(program, opts)?;
-    let mut bufs = Buffers::new(gpu, plan, &inputs, &loaded)?;
-    bufs.poison(gpu, plan)?;
+    let memory = MemoryPlan::of_plan(plan);
+    let mut bufs = Buffers::new(gpu, plan, &memory, &inputs, &loaded)?;
     for k in &loaded {
+        bufs.poison(gpu, &plan.kernels[k.source.kernel])?;
         gpu.launch(k, &bufs.args(k)?)?;
         gpu.sync(&k.source.name)?;
     }
     let values = bufs.outputs(gpu, plan)?;
     let outputs = if opts.check { check(program, &inputs, &values)? } else { vec![] };
     let (kernels, total) = time_plan(gpu, plan, &loaded, &bufs, opts.repeat)?;
+    let (graph_measured_us, graph_same) = if opts.graph {
+        let t = time_graph(gpu, plan, &loaded, &bufs, opts.repeat)?;
+        (Some(t), Some(same_bits(&values, &bufs.outputs(gpu, plan)?)))
+    } else {
+        (None, None)
+    };
+    let workspace: u64 = bufs.workspace.values().flatten().map(|b| b.len() as u64).sum();
     if let Some(dir) = &opts.outputs_dir {
         write_outputs(dir, program, opts, &inputs, &values)?;
     }
@@ -174,6 +197,10 @@ pub fn run_on(
         kernels,
         total_measured_us: total,
         total_predicted_us: plan.total.predicted_us,
+        graph_measured_us,
+        graph_same,
+        device_bytes: memory.peak_bytes + workspace,
+        unshared_device_bytes: memory.unshared_bytes + workspace,
         copy_bandwidth_gbs: profile.map(|p| p.copy_bandwidth_gbs),
         outputs,
         compiled: loaded.len(),
@@ -229,25 +256,48 @@ fn seeded_input(program: &Program, k: usize, seed: u64) -> Tensor {
     Tensor { dtype: ty.dtype, shape: ty.shape.clone(), data }
 }
 
-/// Device buffers: one per tensor of the plan, plus each kernel's workspace.
+/// Device buffers: each input and output its own, intermediates shared by liveness
+/// ([`MemoryPlan`]), plus each kernel's workspace.
 struct Buffers {
-    tensors: HashMap<String, (Buffer, TensorType)>,
+    buffers: Vec<Buffer>,
+    /// Each tensor's buffer (an index into `buffers`) and type.
+    tensors: HashMap<String, (usize, TensorType)>,
     /// Each kernel's workspace buffers, by kernel name.
     workspace: HashMap<String, Vec<Buffer>>,
 }
 
 impl Buffers {
-    fn new(gpu: &Gpu, plan: &FusionPlan, inputs: &HashMap<String, Tensor>, loaded: &[Loaded]) -> Result<Buffers> {
+    fn new(
+        gpu: &Gpu,
+        plan: &FusionPlan,
+        memory: &MemoryPlan,
+        inputs: &HashMap<String, Tensor>,
+        loaded: &[Loaded],
+    ) -> Result<Buffers> {
+        let mut buffers = Vec::new();
         let mut tensors = HashMap::new();
         for i in &plan.inputs {
             let t = inputs.get(&i.name).ok_or_else(|| Error::Invalid(format!("missing input `{}`", i.name)))?;
-            tensors.insert(i.name.clone(), (gpu.upload(&tensor_bytes(t), &i.name)?, i.ty.clone()));
+            buffers.push(gpu.upload(&tensor_bytes(t), &i.name)?);
+            tensors.insert(i.name.clone(), (buffers.len() - 1, i.ty.clone()));
+        }
+        let shared = buffers.len();
+        for (k, &bytes) in memory.slots.iter().enumerate() {
+            buffers.push(gpu.alloc(bytes as usize, &format!("shared buffer {k}"))?);
         }
         for k in &plan.kernels {
             for w in &k.writes {
-                if !tensors.contains_key(&w.name) {
-                    tensors.insert(w.name.clone(), (gpu.alloc(w.ty.bytes() as usize, &w.name)?, w.ty.clone()));
+                if tensors.contains_key(&w.name) {
+                    continue;
                 }
+                let at = match memory.slot_of.get(&w.name) {
+                    Some(slot) => shared + slot,
+                    None => {
+                        buffers.push(gpu.alloc(w.ty.bytes() as usize, &w.name)?);
+                        buffers.len() - 1
+                    }
+                };
+                tensors.insert(w.name.clone(), (at, w.ty.clone()));
             }
         }
         let mut workspace = HashMap::new();
@@ -260,16 +310,14 @@ impl Buffers {
             }
             workspace.insert(k.source.name.clone(), ws);
         }
-        Ok(Buffers { tensors, workspace })
+        Ok(Buffers { buffers, tensors, workspace })
     }
 
-    /// Fills every tensor a kernel writes with 0xFF bytes.
-    fn poison(&mut self, gpu: &Gpu, plan: &FusionPlan) -> Result<()> {
-        for k in &plan.kernels {
-            for w in &k.writes {
-                if let Some((b, _)) = self.tensors.get_mut(&w.name) {
-                    gpu.fill(b, 0xff, &w.name)?;
-                }
+    /// Fills the buffer of every tensor a kernel writes with 0xFF bytes.
+    fn poison(&mut self, gpu: &Gpu, k: &crate::plan::Kernel) -> Result<()> {
+        for w in &k.writes {
+            if let Some(&(b, _)) = self.tensors.get(&w.name) {
+                gpu.fill(&mut self.buffers[b], 0xff, &w.name)?;
             }
         }
         Ok(())
@@ -283,7 +331,7 @@ impl Buffers {
             .iter()
             .map(|a| match a.role {
                 ArgRole::Workspace => ws.next().ok_or_else(|| missing(&a.name)),
-                _ => self.tensors.get(&a.name).map(|(b, _)| b).ok_or_else(|| missing(&a.name)),
+                _ => self.tensors.get(&a.name).map(|(b, _)| &self.buffers[*b]).ok_or_else(|| missing(&a.name)),
             })
             .collect()
     }
@@ -294,7 +342,7 @@ impl Buffers {
             .iter()
             .map(|(name, tensor)| {
                 let (b, ty) = self.tensors.get(tensor).ok_or_else(|| missing(tensor))?;
-                let bytes = gpu.download(b, ty.bytes() as usize, name)?;
+                let bytes = gpu.download(&self.buffers[*b], ty.bytes() as usize, name)?;
                 Ok((name.clone(), tensor_from_bytes(ty, &bytes)))
             })
             .collect()
@@ -425,6 +473,42 @@ fn time_plan(
     Ok((kernels, median(&mut totals)))
 }
 
+/// Captures the plan's launches once as a CUDA graph and times `repeat` replays after one
+/// warm-up replay (the L2 flush, when needed, runs before each replay, outside the graph);
+/// the median, in microseconds.
+fn time_graph(gpu: &Gpu, plan: &FusionPlan, loaded: &[Loaded], bufs: &Buffers, repeat: usize) -> Result<f64> {
+    let args: Vec<Vec<&Buffer>> = loaded.iter().map(|k| bufs.args(k)).collect::<Result<_>>()?;
+    let graph = gpu.capture(|| loaded.iter().zip(&args).try_for_each(|(k, a)| gpu.launch(k, a)))?;
+    let mut flush = if plan.total.bytes < 8 * gpu.l2_bytes as u64 {
+        Some(gpu.alloc(2 * gpu.l2_bytes, "the L2 flush buffer")?)
+    } else {
+        None
+    };
+    let (start, end) = (gpu.event()?, gpu.event()?);
+    let mut times = Vec::with_capacity(repeat);
+    for rep in 0..=repeat {
+        if let Some(f) = flush.as_mut() {
+            gpu.fill(f, 0, "the L2 flush buffer")?;
+        }
+        gpu.record(&start)?;
+        gpu.replay(&graph)?;
+        gpu.record(&end)?;
+        gpu.sync("a replay of the plan's graph")?;
+        if rep > 0 {
+            times.push(gpu.elapsed_us(&start, &end)?);
+        }
+    }
+    Ok(median(&mut times))
+}
+
+/// Whether two lists of outputs hold the same bits.
+fn same_bits(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|((_, x), (_, y))| {
+            x.data.len() == y.data.len() && x.data.iter().zip(&y.data).all(|(p, q)| p.to_bits() == q.to_bits())
+        })
+}
+
 fn write_outputs(
     dir: &Path,
     program: &Program,
@@ -476,7 +560,20 @@ impl fmt::Display for GpuRunReport {
                 )?;
             }
             writeln!(f, "  {:<28} {:>12.1} {:>12.1}", "total", self.total_predicted_us, self.total_measured_us)?;
+            if let Some(g) = self.graph_measured_us {
+                let same = match self.graph_same {
+                    Some(false) => " (outputs DIFFER from the checked run)",
+                    _ => " (outputs identical to the checked run)",
+                };
+                writeln!(f, "  {:<28} {:>12} {:>12.1}{same}", "total, one CUDA graph", "", g)?;
+            }
         }
+        writeln!(
+            f,
+            "device memory: {} allocated (intermediates share buffers by liveness); {} with one buffer per tensor",
+            crate::render::human_bytes(self.device_bytes),
+            crate::render::human_bytes(self.unshared_device_bytes)
+        )?;
         if !self.outputs.is_empty() {
             writeln!(f, "outputs against the CPU reference:")?;
         }

@@ -169,3 +169,33 @@ fn strict_plans_are_bit_identical_to_the_unfused_plan() {
     eprintln!("strict: {} programs, {} not bit-identical", pairs.len(), differ.len());
     assert!(differ.is_empty(), "strict plans differ from the unfused plan on {}: {}", gpu.name, differ.join(", "));
 }
+
+/// Rows too long for two blocks' registers per SM take the pipelined row kernel (the next row
+/// staged in shared memory while this one is reduced): cross-entropy over 32000 columns, with
+/// more rows than one wave of blocks, so every block streams several rows; then a CUDA graph
+/// of a multi-kernel plan replays to the same outputs.
+#[test]
+fn pipelined_long_rows_and_graph_replay_match_the_reference() {
+    let profile = DeviceProfile::load("h100").unwrap();
+    let opts = OptimizeOptions::new(profile.clone());
+    let mut plans = Vec::new();
+    for file in ["examples/cross_entropy.eqf", "examples/cross_entropy_grad.eqf"] {
+        let p = eqfuse::load_program(file, &[("N".into(), 300), ("V".into(), 32000)]).unwrap();
+        let plan = optimize(&p, &opts).unwrap().plan;
+        let sources = codegen_plan(&plan).unwrap();
+        assert!(sources.iter().any(|s| s.launch.wave && s.launch.smem_bytes > 0), "{file}: not pipelined");
+        plans.push((file.to_string(), p, plan));
+    }
+    let p = eqfuse::load_program("examples/layernorm.eqf", &[("R".into(), 64), ("C".into(), 512)]).unwrap();
+    plans.push(("layernorm (unfused)".into(), p.clone(), unfused_plan(&p, &profile, false).unwrap()));
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (name, program, plan) in &plans {
+        let sources = codegen_plan(plan).unwrap();
+        let opts = GpuRunOptions { repeat: 3, seed: 5, graph: true, ..GpuRunOptions::default() };
+        let r = run_on(&gpu, program, plan, &sources, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(r.ok(), "{name}: {r}");
+        assert!(r.graph_measured_us.is_some_and(|t| t > 0.0), "{name}: {r}");
+        assert!(r.device_bytes <= r.unshared_device_bytes, "{name}: {r}");
+        eprintln!("ok: {name}\n{r}");
+    }
+}

@@ -30,10 +30,13 @@ cp benches/gpu/run.sh benches/torch_baselines.py "$DEST/"
 # The PyTorch baselines run the same programs, exported as JSON graphs at the bench's sizes.
 cargo build --release --quiet
 mkdir -p "$DEST/graphs"
-for n in add_mul softplus bias_gelu_dropout rmsnorm softmax softmax_small cross_entropy layernorm; do
+for n in add_mul softplus bias_gelu_dropout rmsnorm softmax softmax_small cross_entropy layernorm \
+  cross_entropy_grad layernorm_grad; do
   target/release/eqfuse export "examples/$n.eqf" > "$DEST/graphs/$n.json"
 done
 target/release/eqfuse export examples/layernorm.eqf --dim R=16384 --dim C=4096 > "$DEST/graphs/layernorm_16384x4096.json"
+cp target/release/eqfuse "$DEST/eqfuse"
+mkdir -p "$DEST/examples" && cp examples/*.eqf "$DEST/examples/"
 cp -r "$EQFUSE_CACHE_DIR" "$DEST/cache"
 git rev-parse --short HEAD > "$DEST/COMMIT"
 du -sh "$DEST"

@@ -29,6 +29,10 @@ pub struct Shape {
     pub block: [u32; 3],
     /// Scratch buffers in launch order after the kernel's tensors: (name, bytes, zeroed once).
     pub workspace: Vec<(String, u64, bool)>,
+    /// Dynamic shared memory of a block.
+    pub smem_bytes: u32,
+    /// Launch one wave of resident blocks (the kernel loops over its work and gains from it).
+    pub wave: bool,
 }
 
 /// The generated text of one kernel (defines and body), and its launch shape.
@@ -708,7 +712,13 @@ impl Emitter<'_> {
         let _ = writeln!(d, "#define EQ_NUMEL {numel}");
         let _ = writeln!(d, "#define EQ_VEC {}", self.vec);
         let _ = writeln!(d, "#define EQ_THREADS {threads}");
-        let shape = Shape { grid: [blocks as u32, 1, 1], block: [threads as u32, 1, 1], workspace: vec![] };
+        let shape = Shape {
+            grid: [blocks as u32, 1, 1],
+            block: [threads as u32, 1, 1],
+            workspace: vec![],
+            smem_bytes: 0,
+            wave: false,
+        };
         Ok(Rendered { defines: d, body: f, shape })
     }
 

@@ -37,6 +37,10 @@ pub struct Launch {
     /// The kernel loops over its work, so any `grid[0]` from 1 up to the one given is valid; the
     /// runtime launches one wave of resident blocks (a persistent grid) when that is fewer.
     pub persistent: bool,
+    /// The kernel is written for one wave of resident blocks (it pipelines its loop): the
+    /// runtime launches one whatever its persistent-grid option says.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub wave: bool,
 }
 
 /// What a kernel argument is.
@@ -144,8 +148,9 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
         launch: Launch {
             grid: r.shape.grid,
             block: r.shape.block,
-            smem_bytes: 0,
-            persistent: lowered.template == Template::RowReduce,
+            smem_bytes: r.shape.smem_bytes,
+            persistent: matches!(lowered.template, Template::RowReduce | Template::Elementwise),
+            wave: r.shape.wave,
         },
         args,
     })

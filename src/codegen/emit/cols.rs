@@ -65,6 +65,8 @@ impl Emitter<'_> {
             grid: [tiles as u32, chunks as u32, 1],
             block: [tx as u32, ty as u32, 1],
             workspace: vec![("eq_ws".into(), ws_bytes, false), ("eq_count".into(), count_bytes, true)],
+            smem_bytes: 0,
+            wave: false,
         };
         Ok(Rendered { defines: d, body, shape })
     }

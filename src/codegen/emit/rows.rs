@@ -93,6 +93,13 @@ impl Emitter<'_> {
         let block = row_threads.max(256);
         let ncache = rp.cached.len().max(1);
         let cached = rp.cached.len() * chunks * self.vec <= 64;
+        let rpb0 = block / row_threads;
+        let stage_bytes = rpb0 * chunks * ncache * row_threads * 16;
+        let pipelined = cached
+            && rows > 1
+            && block * (rp.cached.len() * chunks * self.vec + REGS_BESIDE_CACHE) > REGS_PER_SM / 2
+            && stage_bytes <= MAX_STAGE_BYTES
+            && rp.cached.iter().all(|&i| self.stageable(i));
         let nacc = rp.stages.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let rpb = block / row_threads;
         let grid = rows.div_ceil(rpb).min(if rp.globals.is_empty() { 1 << 24 } else { 4096 });
@@ -111,12 +118,16 @@ impl Emitter<'_> {
             ("EQ_STAGES", rp.stages.len()),
             ("EQ_NACC", nacc),
             ("EQ_NGLOBAL", nglobal),
+            ("EQ_PIPELINED", pipelined as usize),
         ] {
             let _ = writeln!(d, "#define {k} {v}");
         }
         let mut body = String::new();
         body.push_str(&self.row_struct(&rp));
         body.push_str(&self.row_fetch(&rp));
+        if pipelined {
+            body.push_str(&self.row_stage(&rp));
+        }
         body.push_str(&self.row_values(&rp, 0, None));
         body.push_str(&self.row_acc(&rp));
         body.push_str(&self.row_accum(&rp));
@@ -129,7 +140,13 @@ impl Emitter<'_> {
         } else {
             vec![]
         };
-        let shape = Shape { grid: [grid as u32, 1, 1], block: [block as u32, 1, 1], workspace };
+        let shape = Shape {
+            grid: [grid as u32, 1, 1],
+            block: [block as u32, 1, 1],
+            workspace,
+            smem_bytes: if pipelined { stage_bytes as u32 } else { 0 },
+            wave: pipelined,
+        };
         Ok(Rendered { defines: d, body, shape })
     }
 
@@ -155,6 +172,51 @@ impl Emitter<'_> {
             }
         }
         s
+    }
+
+    /// Whether a cached load can be staged through shared memory by `cp.async`: one vector
+    /// access of 4, 8 or 16 bytes per lane group.
+    fn stageable(&self, i: usize) -> bool {
+        let Op::Load(a) = self.node(i).op else { return false };
+        let acc: &Access = &self.l.accesses[a];
+        let bytes = acc.dtype.size() * self.vec;
+        matches!(self.lanes_of(&acc.strides), Lanes::Vector) && matches!(bytes, 4 | 8 | 16)
+    }
+
+    /// `eq_stage` (start copying a chunk's cached loads into its staging slots) and
+    /// `eq_unstage` (read them back as values), for the pipelined form.
+    fn row_stage(&self, rp: &plan::RowPlan) -> String {
+        let mut need = BTreeSet::new();
+        let (mut st, mut un) = (Text::default(), Text::default());
+        for (k, &i) in rp.cached.iter().enumerate() {
+            let Op::Load(a) = self.node(i).op else { continue };
+            let acc: &Access = &self.l.accesses[a];
+            let p = self.param(Some(acc.read), None);
+            let off = self.offset(&acc.strides, &mut need);
+            let (ty, bytes) = (storage_type(acc.dtype), acc.dtype.size() * self.vec);
+            st.line(1, format!("eq_cp_async<{bytes}>(slot + {k} * 16 * EQ_ROW_THREADS, {p} + {off});"));
+            un.line(
+                1,
+                format!(
+                    "eq_loadv<{ty}, EQ_VEC>(reinterpret_cast<const {ty}*>(slot + {k} * 16 * EQ_ROW_THREADS), cv[{k}]);"
+                ),
+            );
+        }
+        let mut f = Text::default();
+        f.line(
+            0,
+            "__device__ __forceinline__ void eq_stage(EQ_PARAMS, eq_idx row, eq_idx col0, unsigned char* slot) {",
+        );
+        self.coords(&need, &mut f, 1);
+        f.s.push_str(&st.s);
+        f.line(0, "}");
+        f.line(
+            0,
+            "__device__ __forceinline__ void eq_unstage(const unsigned char* slot, float (&cv)[EQ_NCACHE][EQ_VEC]) {",
+        );
+        f.s.push_str(&un.s);
+        f.line(0, "}");
+        f.s
     }
 
     fn row_fetch(&self, rp: &plan::RowPlan) -> String {
@@ -432,6 +494,13 @@ impl Emitter<'_> {
         (format!("{cond}eq_put({p} + {off}, {val});"), ())
     }
 }
+
+/// Registers of an SM (sm_80 and sm_90).
+const REGS_PER_SM: usize = 65536;
+/// Registers a row thread needs beside its cached row (indices, accumulators, row values).
+const REGS_BESIDE_CACHE: usize = 24;
+/// The most shared memory the pipelined form stages a block's next rows in.
+const MAX_STAGE_BYTES: usize = 160 * 1024;
 
 /// The online softmax update of a max accumulator `k` and its sum `ks` by the lanes `x{k}`:
 /// one rescale per vector, one exponential per element.
