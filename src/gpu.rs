@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig, PushKernelArg,
 };
@@ -121,6 +121,14 @@ impl Gpu {
         let ptx = String::from_utf8_lossy(&c.ptx).into_owned();
         let module = cuda(self.ctx.load_module(Ptx::from_src(ptx)), &format!("loading {}", source.name))?;
         let func = cuda(module.load_function(&source.name), &format!("finding {}", source.name))?;
+        if source.launch.smem_bytes > 48 * 1024 {
+            // Dynamic shared memory over 48 KiB must be asked for (attention with 128-wide heads).
+            let attr = CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            cuda(
+                func.set_attribute(attr, source.launch.smem_bytes as i32),
+                &format!("the shared memory of {}", source.name),
+            )?;
+        }
         let resident_blocks = if source.launch.persistent {
             let threads = source.launch.block.iter().product::<u32>();
             let per_sm = cuda(
