@@ -183,13 +183,15 @@ impl<'a> Body<'a> {
                     reshape_strides(&shape, &strides, &below)
                         .ok_or_else(|| unsupported(self.k, "the stored view of attention moves its elements"))?
                 }
-                _ => return Err(unsupported(
-                    self.k,
-                    format!(
+                _ => {
+                    return Err(unsupported(
+                        self.k,
+                        format!(
                         "the template writes attention or a view of it; `{}` is a fused epilogue it does not generate",
                         self.nodes[node].head()
                     ),
-                )),
+                    ))
+                }
             };
             node = ch[0];
         }
