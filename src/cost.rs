@@ -382,6 +382,13 @@ impl Shaped<'_> {
         }
         let domain = self.shape(a).to_vec();
         let is_attention = matches!(n.kind(), Some(Kind::Composite(Composite::Attention)));
+        if is_attention {
+            // The template writes attention as computed (or through a view), nothing more.
+            if let Some(&b) = self.body.iter().find(|&&b| b != a && self.dag.nodes[b].role == Role::Compute) {
+                let op = self.dag.nodes[b].node.head();
+                return Err(format!("attention takes no fused epilogue (`{op}` runs in its own kernel)"));
+            }
+        }
         for &b in self.body {
             if b == a || n.children().any(|c| c == b) {
                 continue;

@@ -40,7 +40,7 @@ fn prefill(plans: &[(String, Program, FusionPlan)]) {
 }
 
 fn generated(plan: &FusionPlan) -> bool {
-    plan.kernels.iter().all(|k| !matches!(k.template, Template::Gemm | Template::Attention))
+    plan.kernels.iter().all(|k| k.template != Template::Gemm)
 }
 
 /// Every case and capped example, fused and unfused, whose kernels codegen supports.
@@ -64,7 +64,7 @@ fn plans() -> Vec<(String, Program, FusionPlan)> {
             if generated(&plan) {
                 out.push((format!("{name} ({which})"), program.clone(), plan));
             } else {
-                eprintln!("not run: {name} ({which}) has gemm or attention kernels (issue 6)");
+                eprintln!("not run: {name} ({which}) has gemm kernels (issue 6)");
             }
         }
     }

@@ -54,8 +54,8 @@ fn generated_kernels_compile() {
 }
 
 /// Every example program at its declared sizes, and with every dim capped at 512 where the
-/// program allows it, planned with and without `--strict`. Kernels of the gemm and attention templates are not generated yet
-/// (issue 6) and are skipped; any other codegen failure fails the test.
+/// program allows it, planned with and without `--strict`. Kernels of the gemm template are not generated yet (issue 6) and are
+/// skipped; any other codegen failure fails the test.
 #[test]
 fn example_kernels_compile() {
     if !nvrtc_or_skip() {
@@ -78,7 +78,7 @@ fn example_kernels_compile() {
         for (p, strict) in programs.iter().flat_map(|p| [(p, false), (p, true)]) {
             let plan = optimize(p, &OptimizeOptions { strict, ..opts.clone() }).unwrap().plan;
             for k in &plan.kernels {
-                if matches!(k.template, eqfuse::Template::Gemm | eqfuse::Template::Attention) {
+                if k.template == eqfuse::Template::Gemm {
                     skipped += 1;
                     continue;
                 }
@@ -89,5 +89,5 @@ fn example_kernels_compile() {
             }
         }
     }
-    eprintln!("compiled {compiled} example kernels; skipped {skipped} gemm/attention kernels (issue 6)");
+    eprintln!("compiled {compiled} example kernels; skipped {skipped} gemm kernels (issue 6)");
 }

@@ -136,7 +136,7 @@ pub fn contiguous(shape: &[usize]) -> Vec<usize> {
 
 /// Strides of `reshape` applied to a strided view, when the new shape can be expressed by
 /// strides over the same memory (PyTorch's `computeStride`); `None` otherwise.
-fn reshape_strides(old: &[usize], strides: &[usize], new: &[usize]) -> Option<Vec<usize>> {
+pub(crate) fn reshape_strides(old: &[usize], strides: &[usize], new: &[usize]) -> Option<Vec<usize>> {
     let numel: usize = old.iter().product();
     if old.is_empty() || numel <= 1 {
         return Some(contiguous(new));
@@ -537,7 +537,7 @@ fn same_places(own: &[usize], seen: &[usize]) -> bool {
 }
 
 /// Strides of `broadcast(x, dims)` for a view `x` of `shape` with `strides`.
-fn broadcast_strides(shape: &[usize], strides: &[usize], dims: &[usize]) -> Vec<usize> {
+pub(crate) fn broadcast_strides(shape: &[usize], strides: &[usize], dims: &[usize]) -> Vec<usize> {
     let pad = dims.len() - shape.len().min(dims.len());
     (0..dims.len()).map(|k| if k < pad || shape[k - pad] == 1 { 0 } else { strides[k - pad] }).collect()
 }

@@ -7,6 +7,7 @@
 //! Invariant: codegen never changes the plan and is a pure function of it (golden snapshots
 //! in `tests/snapshots` hold the rendered CUDA of small programs).
 
+mod attention;
 mod emit;
 mod lower;
 
@@ -23,10 +24,16 @@ const COMMON: &str = include_str!("../../kernels/common.cuh");
 const ELEMENTWISE: &str = include_str!("../../kernels/elementwise.cu");
 const ROWREDUCE: &str = include_str!("../../kernels/rowreduce.cu");
 const COLREDUCE: &str = include_str!("../../kernels/colreduce.cu");
+const ATTENTION: &str = include_str!("../../kernels/attention.cu");
 
 /// The template files, by name, as they are embedded (for tests that compile them alone).
-pub const TEMPLATE_FILES: [(&str, &str); 4] =
-    [("common.cuh", COMMON), ("elementwise.cu", ELEMENTWISE), ("rowreduce.cu", ROWREDUCE), ("colreduce.cu", COLREDUCE)];
+pub const TEMPLATE_FILES: [(&str, &str); 5] = [
+    ("common.cuh", COMMON),
+    ("elementwise.cu", ELEMENTWISE),
+    ("rowreduce.cu", ROWREDUCE),
+    ("colreduce.cu", COLREDUCE),
+    ("attention.cu", ATTENTION),
+];
 
 /// Grid, block and dynamic shared memory of a launch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -102,6 +109,9 @@ pub fn codegen_plan(plan: &FusionPlan) -> Result<Vec<KernelSource>> {
 
 /// Renders one kernel.
 pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
+    if k.template == Template::Attention {
+        return attention::codegen(plan, k, ATTENTION, COMMON);
+    }
     let lowered = lower::lower(k)?;
     let r = emit::render(k, &lowered, plan.search.strict)?;
     let name = emit::kernel_name(k, lowered.template);

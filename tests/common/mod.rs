@@ -110,5 +110,21 @@ pub fn cases() -> Vec<Case> {
             &[("loss", "(cross_entropy logits t)")],
         ),
         case("reshaped_row_value", &[("x", f32(&[48, 256]))], &[("s", "(reshape (sum x -1) [48])")]),
+        case(
+            "attention_causal_bf16",
+            &[("q", bf(&[2, 3, 200, 64])), ("k", bf(&[2, 3, 200, 64])), ("v", bf(&[2, 3, 200, 64]))],
+            &[("o", "(attention q k v 0.125 1)")],
+        ),
+        case(
+            "attention_f16_d128",
+            &[("q", h(&[2, 130, 128])), ("k", h(&[2, 77, 128])), ("v", h(&[2, 77, 128]))],
+            &[("o", "(attention q k v 0.088 0)")],
+        ),
+        case(
+            "attention_heads_view",
+            &[("q", bf(&[2, 100, 4, 32])), ("k", bf(&[2, 100, 4, 32])), ("v", bf(&[2, 100, 4, 32]))],
+            &[("o", "(transpose (attention (transpose q 1 2) (transpose k 1 2) (transpose v 1 2) 0.17 1) 1 2)")],
+        ),
+        case("attention_self", &[("x", bf(&[1, 4, 96, 16]))], &[("o", "(attention x x x 0.25 0)")]),
     ]
 }

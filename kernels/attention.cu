@@ -1,0 +1,500 @@
+// attention.cu: flash-style attention forward (FlashAttention-2 design) on tensor cores.
+//
+// Math: for every batch index b (the flattened batch axes) and query row i < EQ_SQ,
+//   s_ij = scale * <q_bi, k_bj>            for key j < EQ_SK (j <= i when EQ_CAUSAL; others -inf)
+//   o_bi = sum_j exp(s_ij - m_i) v_bj / l_i,   m_i = max_j s_ij,   l_i = sum_j exp(s_ij - m_i)
+//   lse_bi = m_i + log(l_i)                (written only when EQ_LSE, as f32 [EQ_NB, EQ_SQ])
+// computed one key tile at a time with the online softmax: a row keeps its running max m and
+// running sum l in registers; a new tile with row max m' rescales l and the output accumulator
+// by exp(m - max(m, m')) before adding its own terms. Scores are kept in base-2 units
+// (EQ_SCALE_LOG2 = scale * log2(e)), so every exponential is one ex2.approx. Products run on
+// tensor cores (mma.sync m16n8k16, bf16 or f16 inputs, f32 accumulate); the probabilities are
+// rounded to the storage type before the second product (as FlashAttention does). The score
+// matrix exists only in registers, one EQ_BM x EQ_BN tile at a time, never in device memory.
+//
+// Launch shape: grid (ceil(EQ_SQ / EQ_BM), EQ_NB), block EQ_NWARPS * 32 threads, dynamic
+// shared memory EQ_SMEM_BYTES = (EQ_BM + 4 * EQ_BN) * EQ_DP * 2 bytes: the query tile, and two
+// buffers each of the key and value tiles (cp.async double buffering: tile j + 1 of the keys
+// and tile j of the values load while tile j's scores and softmax run). Warp w owns query rows
+// [32 w, 32 w + 32) of the block's tile (two m16 tiles). Under EQ_CAUSAL the block for the
+// last query tile runs first (the longest), and key tiles wholly above the diagonal are skipped.
+//
+// Layout: every tensor is addressed as base + b0 * S0 + b1 * S1 + b2 * S2 + row * SR + d, with
+// b = (b0 * EQ_NB1 + b1) * EQ_NB2 + b2 (strides per tensor: EQ_{Q,K,V,O}_{S0,S1,S2,SR}), so views
+// (transposed or reshaped batch and sequence axes) are read and written in place. The head axis
+// is contiguous, EQ_D is a multiple of 8 and every stride a multiple of 8 elements (16-byte
+// cp.async), which the code generator checks. In shared memory a row holds EQ_DP = EQ_D rounded
+// up to 64 elements (zero-filled past EQ_D), in 16-byte chunks placed at chunk ^ (row & 7), so
+// ldmatrix and cp.async are free of bank conflicts.
+//
+// f32 operands (EQ_F32) take a CUDA-core path with the same math in full f32 (see below).
+//
+// Invariants: compiles with NVRTC and nothing but the architecture flag (sm_80 or later);
+// rows past EQ_SQ and keys past EQ_SK are zero-filled on load and masked (keys) or not stored
+// (rows); every thread reaches every __syncthreads; each output element is written exactly
+// once; results do not depend on scheduling (no atomics, fixed reduction order).
+#ifndef EQ_COMMON_CUH
+#include "common.cuh"
+#endif
+
+#ifndef EQ_GENERATED
+// Default instance: o = attention(q, k, v, 0.125, 0) over bf16 [8, 16, 2048, 64], contiguous.
+#define EQ_KERNEL attention_bf16
+#define EQ_T eq_bf16
+#define EQ_BF16 1
+#define EQ_D 64
+#define EQ_SQ 2048
+#define EQ_SK 2048
+#define EQ_NB 128
+#define EQ_NB1 16
+#define EQ_NB2 1
+#define EQ_CAUSAL 0
+#define EQ_LSE 0
+#define EQ_SCALE 0.125f
+#define EQ_SCALE_LOG2 0.18033688011112042f
+#define EQ_Q_S0 2097152LL
+#define EQ_Q_S1 131072LL
+#define EQ_Q_S2 0LL
+#define EQ_Q_SR 64LL
+#define EQ_K_S0 2097152LL
+#define EQ_K_S1 131072LL
+#define EQ_K_S2 0LL
+#define EQ_K_SR 64LL
+#define EQ_V_S0 2097152LL
+#define EQ_V_S1 131072LL
+#define EQ_V_S2 0LL
+#define EQ_V_SR 64LL
+#define EQ_O_S0 2097152LL
+#define EQ_O_S1 131072LL
+#define EQ_O_S2 0LL
+#define EQ_O_SR 64LL
+#define EQ_PARAMS                                                                                \
+    const eq_bf16* __restrict__ p_q, const eq_bf16* __restrict__ p_k, const eq_bf16* __restrict__ p_v, \
+        eq_bf16* __restrict__ p_o
+#define EQ_QP p_q
+#define EQ_KP p_k
+#define EQ_VP p_v
+#define EQ_OP p_o
+#endif
+
+#ifndef EQ_F32
+#define EQ_F32 0
+#endif
+
+#if EQ_F32
+// ---- f32 operands: the same online softmax on CUDA cores, in full f32 (no tensor cores) ----
+// Launch shape: grid (ceil(EQ_SQ / 64), EQ_NB), block 64 threads, one query row per thread;
+// dynamic shared memory EQ_SMEM_BYTES = (64 * (EQ_D + 1) + 2 * 32 * EQ_D) * 4 bytes: the query
+// tile (rows padded by one word, so each thread's row is conflict-free) and one 32-key tile of
+// keys and values, read by all threads at one address (a broadcast). EQ_D needs no alignment.
+#define EQ_FBM 64
+#define EQ_FBN 32
+#define EQ_SMEM_BYTES ((EQ_FBM * (EQ_D + 1) + 2 * EQ_FBN * EQ_D) * 4)
+
+extern "C" __global__ void __launch_bounds__(EQ_FBM) EQ_KERNEL(EQ_PARAMS) {
+    extern __shared__ __align__(16) float eq_fsmem[];
+    float* sq = eq_fsmem;
+    float* sk = sq + EQ_FBM * (EQ_D + 1);
+    float* sv = sk + EQ_FBN * EQ_D;
+    const int tid = threadIdx.x;
+    const int mblocks = (EQ_SQ + EQ_FBM - 1) / EQ_FBM;
+    const int mb = EQ_CAUSAL ? mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    const long long b = blockIdx.y;
+    const long long b0 = b / (EQ_NB1 * EQ_NB2), b1 = (b / EQ_NB2) % EQ_NB1, b2 = b % EQ_NB2;
+    const float* qg = EQ_QP + b0 * EQ_Q_S0 + b1 * EQ_Q_S1 + b2 * EQ_Q_S2;
+    const float* kg = EQ_KP + b0 * EQ_K_S0 + b1 * EQ_K_S1 + b2 * EQ_K_S2;
+    const float* vg = EQ_VP + b0 * EQ_V_S0 + b1 * EQ_V_S1 + b2 * EQ_V_S2;
+    float* og = EQ_OP + b0 * EQ_O_S0 + b1 * EQ_O_S1 + b2 * EQ_O_S2;
+    const int m0 = mb * EQ_FBM, row = m0 + tid;
+    for (int c = tid; c < EQ_FBM * EQ_D; c += EQ_FBM) {
+        const int r = c / EQ_D, d = c % EQ_D;
+        sq[r * (EQ_D + 1) + d] = m0 + r < EQ_SQ ? qg[(long long)(m0 + r) * EQ_Q_SR + d] : 0.0f;
+    }
+    float o[EQ_D];
+#pragma unroll
+    for (int d = 0; d < EQ_D; ++d) o[d] = 0.0f;
+    float m = -EQ_INF, l = 0.0f;
+    const float scale = EQ_SCALE;
+    const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_FBM ? EQ_SK : m0 + EQ_FBM) : EQ_SK;
+    for (int n0 = 0; n0 < n_end; n0 += EQ_FBN) {
+        __syncthreads();  // the previous tile is consumed (and the queries stored)
+        for (int c = tid; c < EQ_FBN * EQ_D; c += EQ_FBM) {
+            const int r = c / EQ_D, d = c % EQ_D;
+            const bool ok = n0 + r < EQ_SK;
+            sk[c] = ok ? kg[(long long)(n0 + r) * EQ_K_SR + d] : 0.0f;
+            sv[c] = ok ? vg[(long long)(n0 + r) * EQ_V_SR + d] : 0.0f;
+        }
+        __syncthreads();
+        float s[EQ_FBN];
+        float mx = m;
+#pragma unroll
+        for (int j = 0; j < EQ_FBN; ++j) {
+            float acc = 0.0f;
+#pragma unroll 16
+            for (int d = 0; d < EQ_D; ++d) acc = fmaf(sq[tid * (EQ_D + 1) + d], sk[j * EQ_D + d], acc);
+            const int col = n0 + j;
+            s[j] = (col >= EQ_SK || (EQ_CAUSAL && col > row)) ? -EQ_INF : acc * scale;
+            mx = fmaxf(mx, s[j]);
+        }
+        const float mu = mx == -EQ_INF ? 0.0f : mx;
+        const float alpha = expf(m - mu);
+        m = mx;
+        l *= alpha;
+#pragma unroll
+        for (int d = 0; d < EQ_D; ++d) o[d] *= alpha;
+#pragma unroll
+        for (int j = 0; j < EQ_FBN; ++j) {
+            const float p = expf(s[j] - mu);
+            l += p;
+#pragma unroll
+            for (int d = 0; d < EQ_D; ++d) o[d] = fmaf(p, sv[j * EQ_D + d], o[d]);
+        }
+    }
+    if (row < EQ_SQ) {
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+        for (int d = 0; d < EQ_D; ++d) og[(long long)row * EQ_O_SR + d] = o[d] * inv;
+#if EQ_LSE
+        EQ_LSEP[b * EQ_SQ + row] = m + logf(l);
+#endif
+    }
+}
+#else
+
+#ifndef EQ_BM
+#define EQ_BM 128
+#endif
+#ifndef EQ_BN
+#define EQ_BN 64
+#endif
+#ifndef EQ_NWARPS
+#define EQ_NWARPS 4
+#endif
+#define EQ_DP (((EQ_D + 63) / 64) * 64)
+#ifndef EQ_Q_REGS
+#define EQ_Q_REGS (EQ_DP <= 64)
+#endif
+#define EQ_SMEM_BYTES ((EQ_BM + 4 * EQ_BN) * EQ_DP * 2)
+
+namespace eq_att {
+
+constexpr int NT = EQ_NWARPS * 32;   // threads
+constexpr int MT = EQ_BM / (16 * EQ_NWARPS);   // m16 tiles per warp
+constexpr int SN = EQ_BN / 8;   // n8 tiles of a score tile
+constexpr int KT = EQ_DP / 16;   // k16 steps of q k^T
+constexpr int DT = EQ_DP / 8;   // n8 tiles of the output
+constexpr int CH = EQ_DP / 8;   // 16-byte chunks of a shared row
+static_assert(EQ_BM % (16 * EQ_NWARPS) == 0, "EQ_BM must be a multiple of 16 * EQ_NWARPS");
+static_assert(EQ_BN % 16 == 0, "EQ_BN must be a multiple of 16");
+static_assert(EQ_D % 8 == 0 && EQ_D > 0, "EQ_D must be a positive multiple of 8");
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// One 16-byte copy global -> shared; `bytes` 0 writes zeros and reads nothing.
+__device__ __forceinline__ void cp16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm4t(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a * b on one m16n8k16 tile (row-major a, column-major b, f32 accumulate).
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if EQ_BF16
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Two f32 rounded to the storage type (nearest even), `lo` in the low half.
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+#if EQ_BF16
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Byte offset of chunk `ch` of row `r` in a swizzled tile.
+__device__ __forceinline__ unsigned at(int r, int ch) { return (unsigned)((r * CH + (ch ^ (r & 7))) * 16); }
+
+// Loads rows [row0, row0 + ROWS) of a [rows, EQ_D] matrix with row stride `sr` into a tile;
+// rows at or past `limit` and chunks past EQ_D are zero.
+template <int ROWS>
+__device__ __forceinline__ void load_tile(unsigned dst, const EQ_T* g, long long sr, int row0, int limit) {
+#pragma unroll
+    for (int c = threadIdx.x; c < ROWS * CH; c += NT) {
+        const int r = c / CH, ch = c % CH;
+        const bool ok = row0 + r < limit && ch * 8 < EQ_D;
+        const EQ_T* src = ok ? g + (long long)(row0 + r) * sr + ch * 8 : g;
+        cp16(dst + at(r, ch), src, ok ? 16 : 0);
+    }
+}
+
+}  // namespace eq_att
+
+extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32, 1) EQ_KERNEL(EQ_PARAMS) {
+    using namespace eq_att;
+    extern __shared__ __align__(128) unsigned char eq_smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int mblocks = (EQ_SQ + EQ_BM - 1) / EQ_BM;
+    const int mb = EQ_CAUSAL ? mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    const long long b = blockIdx.y;
+    const long long b0 = b / (EQ_NB1 * EQ_NB2), b1 = (b / EQ_NB2) % EQ_NB1, b2 = b % EQ_NB2;
+    const EQ_T* qg = EQ_QP + b0 * EQ_Q_S0 + b1 * EQ_Q_S1 + b2 * EQ_Q_S2;
+    const EQ_T* kg = EQ_KP + b0 * EQ_K_S0 + b1 * EQ_K_S1 + b2 * EQ_K_S2;
+    const EQ_T* vg = EQ_VP + b0 * EQ_V_S0 + b1 * EQ_V_S1 + b2 * EQ_V_S2;
+    EQ_T* og = EQ_OP + b0 * EQ_O_S0 + b1 * EQ_O_S1 + b2 * EQ_O_S2;
+    const int m0 = mb * EQ_BM;
+    const unsigned sq = smem_u32(eq_smem);
+    const unsigned sk = sq + EQ_BM * EQ_DP * 2;
+    const unsigned sv = sk + 2 * EQ_BN * EQ_DP * 2;
+    constexpr unsigned KV_BYTES = EQ_BN * EQ_DP * 2;
+    const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_BM ? EQ_SK : m0 + EQ_BM) : EQ_SK;
+    const int ntiles = (n_end + EQ_BN - 1) / EQ_BN;
+    // The first query row this warp owns (absolute), and this thread's row within an m16 tile.
+    const int wrow = m0 + warp * MT * 16;
+    const int g = lane >> 2, t = lane & 3;
+
+    load_tile<EQ_BM>(sq, qg, EQ_Q_SR, m0, EQ_SQ);
+    cp_commit();
+    if (ntiles > 0) load_tile<EQ_BN>(sk, kg, EQ_K_SR, 0, EQ_SK);
+    cp_commit();
+
+#if EQ_Q_REGS
+    unsigned qf[MT][KT][4];
+    cp_wait<1>();
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+            const int r = warp * MT * 16 + mt * 16 + (lane & 15);
+            ldsm4(qf[mt][kt], sq + at(r, kt * 2 + (lane >> 4)));
+        }
+#endif
+
+    float o[MT][DT][4];
+    float m_i[MT][2], l_i[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.0f;
+        m_i[mt][0] = m_i[mt][1] = -EQ_INF;
+        l_i[mt][0] = l_i[mt][1] = 0.0f;
+    }
+
+    for (int j = 0; j < ntiles; ++j) {
+        const int n0 = j * EQ_BN;
+        const unsigned kb = sk + (j & 1) * KV_BYTES, vb = sv + (j & 1) * KV_BYTES;
+        load_tile<EQ_BN>(vb, vg, EQ_V_SR, n0, EQ_SK);
+        cp_commit();
+        cp_wait<1>();  // the keys of tile j (and the queries) have landed
+        __syncthreads();
+
+        // s = q k^T for this warp's rows and the tile's EQ_BN keys.
+        float s[MT][SN][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+#if EQ_Q_REGS
+#define EQ_QA(mt) qf[mt][kt]
+#else
+            unsigned qa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const int r = warp * MT * 16 + mt * 16 + (lane & 15);
+                ldsm4(qa[mt], sq + at(r, kt * 2 + (lane >> 4)));
+            }
+#define EQ_QA(mt) qa[mt]
+#endif
+#pragma unroll
+            for (int np = 0; np < SN / 2; ++np) {
+                unsigned bk[4];
+                const int r = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                ldsm4(bk, kb + at(r, kt * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma(s[mt][2 * np], EQ_QA(mt), bk[0], bk[1]);
+                    mma(s[mt][2 * np + 1], EQ_QA(mt), bk[2], bk[3]);
+                }
+            }
+#undef EQ_QA
+        }
+
+        // Prefetch the next key tile into the other buffer (its last reader, tile j - 1's
+        // scores, finished before this iteration's barrier).
+        if (j + 1 < ntiles) load_tile<EQ_BN>(sk + ((j + 1) & 1) * KV_BYTES, kg, EQ_K_SR, n0 + EQ_BN, EQ_SK);
+        cp_commit();
+
+        // Scale to base-2 units and mask keys past the end (and above the diagonal).
+        const bool masked = n0 + EQ_BN > EQ_SK || (EQ_CAUSAL && n0 + EQ_BN - 1 > wrow);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float x = s[mt][nt][e] * EQ_SCALE_LOG2;
+                    if (masked) {
+                        const int col = n0 + nt * 8 + 2 * t + (e & 1);
+                        const int row = wrow + mt * 16 + g + (e >> 1) * 8;
+                        if (col >= EQ_SK || (EQ_CAUSAL && col > row)) x = -EQ_INF;
+                    }
+                    s[mt][nt][e] = x;
+                }
+
+        // Online softmax: new row maxima (over the quad sharing a row), rescale, exponentiate.
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = m_i[mt][h];
+#pragma unroll
+                for (int nt = 0; nt < SN; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mu = mx == -EQ_INF ? 0.0f : mx;
+                const float alpha = ex2(m_i[mt][h] - mu);
+                m_i[mt][h] = mx;
+                float rs = 0.0f;
+#pragma unroll
+                for (int nt = 0; nt < SN; ++nt) {
+                    const float p0 = ex2(s[mt][nt][2 * h] - mu), p1 = ex2(s[mt][nt][2 * h + 1] - mu);
+                    s[mt][nt][2 * h] = p0;
+                    s[mt][nt][2 * h + 1] = p1;
+                    rs += p0 + p1;
+                }
+                l_i[mt][h] = l_i[mt][h] * alpha + rs;
+#pragma unroll
+                for (int dt = 0; dt < DT; ++dt) {
+                    o[mt][dt][2 * h] *= alpha;
+                    o[mt][dt][2 * h + 1] *= alpha;
+                }
+            }
+
+        // The probabilities as A fragments: the accumulator layout of two n8 tiles is the
+        // operand layout of one k16 step.
+        unsigned pa[MT][SN / 2][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int kk = 0; kk < SN / 2; ++kk) {
+                pa[mt][kk][0] = pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pa[mt][kk][1] = pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pa[mt][kk][2] = pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pa[mt][kk][3] = pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
+
+        cp_wait<1>();  // the values of tile j have landed
+        __syncthreads();
+
+        // o += p v.
+#pragma unroll
+        for (int kk = 0; kk < SN / 2; ++kk)
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; ++dp) {
+                unsigned bv[4];
+                const int r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+                ldsm4t(bv, vb + at(r, dp * 2 + (lane >> 4)));
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    mma(o[mt][2 * dp], pa[mt][kk], bv[0], bv[1]);
+                    mma(o[mt][2 * dp + 1], pa[mt][kk], bv[2], bv[3]);
+                }
+            }
+    }
+    cp_wait<0>();
+
+    // Epilogue: divide by the row sums (summed over the quad), stage the tile in shared memory
+    // (over the queries, which no warp reads any more), store 16-byte chunks.
+    float inv[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = l_i[mt][h];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            l_i[mt][h] = l;
+            inv[mt][h] = l > 0.0f ? 1.0f / l : 0.0f;
+        }
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = warp * MT * 16 + mt * 16 + g + h * 8;
+                const unsigned w = pack2(o[mt][dt][2 * h] * inv[mt][h], o[mt][dt][2 * h + 1] * inv[mt][h]);
+                const unsigned addr = sq + at(r, dt) + 4 * t;
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(w));
+            }
+    __syncthreads();
+#pragma unroll
+    for (int c = tid; c < EQ_BM * CH; c += NT) {
+        const int r = c / CH, ch = c % CH;
+        if (m0 + r < EQ_SQ && ch * 8 < EQ_D) {
+            uint4 w;
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+                         : "r"(sq + at(r, ch)));
+            *reinterpret_cast<uint4*>(og + (long long)(m0 + r) * EQ_O_SR + ch * 8) = w;
+        }
+    }
+#if EQ_LSE
+    // lse = (m + log2 l) * ln 2, by the first thread of each quad.
+    if (t == 0) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = wrow + mt * 16 + g + h * 8;
+                if (row < EQ_SQ) EQ_LSEP[b * EQ_SQ + row] = (m_i[mt][h] + __log2f(l_i[mt][h])) * 0.69314718055994531f;
+            }
+    }
+#endif
+}
+#endif  // EQ_F32

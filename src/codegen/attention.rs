@@ -1,0 +1,471 @@
+//! Code generation for the `attention` template: a plan kernel whose body is one
+//! `attention(q, k, v, scale, causal)`, its operands views of tensors in memory and its stored
+//! value the attention or a view of it, becomes an instance of `kernels/attention.cu`.
+//!
+//! Views become strides: each of q, k, v, o is addressed as b0·S0 + b1·S1 + b2·S2 + row·SR + d
+//! over at most three (merged) batch axes, so transposed heads (`transpose(reshape(x, [B, S, H,
+//! D]), 1, 2)`) are read, and a transposed output written, in place. What the template cannot run
+//! exactly (a fused epilogue, f32 operands, a head axis that is not contiguous or not a multiple
+//! of 8, different query and value head sizes, heads over 128) is an error naming the kernel,
+//! never an approximation.
+
+use crate::error::{Error, Result};
+use crate::infer::{infer, norm_axis, Fact};
+use crate::lang::{Composite, Kind, TensorLang};
+use crate::plan::{FusionPlan, Kernel, Template};
+use crate::types::{DType, TensorType};
+
+use super::lower::{broadcast_strides, contiguous, reshape_strides};
+use super::{ArgRole, KernelArg, KernelSource, Launch};
+
+/// Query rows per block, key rows per tile, and warps per block (`kernels/attention.cu`).
+pub const BLOCK_M: usize = 128;
+pub const BLOCK_N: usize = 64;
+pub const WARPS: usize = 4;
+/// The largest head size the template keeps in registers.
+pub const MAX_HEAD: usize = 128;
+
+/// The shared memory a block of the template uses for head size `d` (bytes).
+pub fn smem_bytes(d: usize) -> usize {
+    let dp = d.div_ceil(64) * 64;
+    (BLOCK_M + 4 * BLOCK_N) * dp * 2
+}
+
+/// Query rows per block (one per thread) and keys per tile of the f32 path.
+pub const F32_BLOCK_M: usize = 64;
+pub const F32_BLOCK_N: usize = 32;
+
+/// The shared memory a block of the f32 path uses for head size `d` (bytes).
+pub fn smem_bytes_f32(d: usize) -> usize {
+    (F32_BLOCK_M * (d + 1) + 2 * F32_BLOCK_N * d) * 4
+}
+
+fn unsupported(k: &Kernel, what: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!("kernel {} (attention): {what}", k.id))
+}
+
+/// A tensor in memory seen through views: which read, its shape, strides in elements.
+#[derive(Clone, Debug)]
+struct Strided {
+    read: usize,
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+}
+
+/// The value of a constant subexpression (a literal, or a pointwise op of literals).
+fn const_value(body: &[TensorLang], i: usize) -> Option<f64> {
+    match &body[i] {
+        TensorLang::Num(n) => Some(n.value()),
+        TensorLang::Op(code, ch) => {
+            let c = |k: usize| ch.get(k).and_then(|&c| const_value(body, usize::from(c)));
+            match code.kind() {
+                Kind::Unary(u) => Some(crate::scalar::unary(u, c(0)?)),
+                Kind::Binary(b) if !b.is_comparison() => Some(crate::scalar::binary(b, c(0)?, c(1)?, false)),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+struct Body<'a> {
+    k: &'a Kernel,
+    nodes: &'a [TensorLang],
+    facts: Vec<Fact>,
+}
+
+impl<'a> Body<'a> {
+    fn new(k: &'a Kernel) -> Result<Body<'a>> {
+        let nodes = k.body.as_ref();
+        let mut facts: Vec<Fact> = Vec::with_capacity(nodes.len());
+        for (i, node) in nodes.iter().enumerate() {
+            let fact = match node {
+                TensorLang::Num(n) => Fact::constant(n.value()),
+                TensorLang::Dims(d) => Fact::dims(d.0.clone()),
+                TensorLang::Type(t) => Fact::dtype(*t),
+                TensorLang::Var(s) => {
+                    let r = k.reads.iter().find(|r| r.name == s.as_str()).ok_or_else(|| {
+                        unsupported(k, format!("the body uses `{s}`, which the kernel does not read"))
+                    })?;
+                    Fact::tensor(r.ty.clone())
+                }
+                TensorLang::Op(code, ch) => {
+                    let args: Vec<&Fact> = ch.iter().map(|&c| &facts[usize::from(c)]).collect();
+                    let inferred = infer(*code, &args).map_err(|e| unsupported(k, e))?;
+                    let mut f = Fact::tensor(inferred.ty);
+                    f.weak = inferred.weak;
+                    f.konst = const_value(nodes, i);
+                    f
+                }
+            };
+            facts.push(fact);
+        }
+        Ok(Body { k, nodes, facts })
+    }
+
+    fn ty(&self, i: usize) -> Result<&TensorType> {
+        self.facts[i].ty.as_ref().ok_or_else(|| unsupported(self.k, "an attribute used as a tensor"))
+    }
+
+    fn children(&self, i: usize) -> Vec<usize> {
+        match &self.nodes[i] {
+            TensorLang::Op(_, ch) => ch.iter().map(|&c| usize::from(c)).collect(),
+            _ => vec![],
+        }
+    }
+
+    fn kind(&self, i: usize) -> Option<Kind> {
+        self.nodes[i].opcode().map(|c| c.kind())
+    }
+
+    fn axis(&self, i: usize, rank: usize) -> Result<usize> {
+        let a = self.facts[i].konst.ok_or_else(|| unsupported(self.k, "a transpose axis must be a constant"))?;
+        norm_axis(a as i64, rank).map_err(|e| unsupported(self.k, e))
+    }
+
+    /// The operand `i` as strides over a read tensor (views only), recording the nodes it passes.
+    fn operand(&self, i: usize, seen: &mut Vec<usize>) -> Result<Strided> {
+        seen.push(i);
+        match (&self.nodes[i], self.kind(i)) {
+            (TensorLang::Var(s), _) => {
+                let read = self.k.reads.iter().position(|r| r.name == s.as_str()).unwrap_or(0);
+                let shape = self.k.reads[read].ty.shape.clone();
+                Ok(Strided { read, strides: contiguous(&shape), shape })
+            }
+            (_, Some(kind @ (Kind::Transpose | Kind::Reshape | Kind::Broadcast))) => {
+                let ch = self.children(i);
+                let x = self.operand(ch[0], seen)?;
+                seen.extend_from_slice(&ch[1..]);
+                let shape = self.ty(i)?.shape.clone();
+                let strides = match kind {
+                    Kind::Transpose => {
+                        let (a, b) = (self.axis(ch[1], x.shape.len())?, self.axis(ch[2], x.shape.len())?);
+                        let mut s = x.strides.clone();
+                        s.swap(a, b);
+                        s
+                    }
+                    Kind::Broadcast => broadcast_strides(&x.shape, &x.strides, &shape),
+                    _ => reshape_strides(&x.shape, &x.strides, &shape)
+                        .ok_or_else(|| unsupported(self.k, "a reshape of a transposed operand moves its elements"))?,
+                };
+                Ok(Strided { read: x.read, shape, strides })
+            }
+            _ => Err(unsupported(
+                self.k,
+                format!(
+                    "the operands of attention must be tensors in memory or views of them, not `{}`",
+                    self.nodes[i].head()
+                ),
+            )),
+        }
+    }
+
+    /// Strides of the attention value `att` in the memory of the tensor stored from node `top`,
+    /// which is `att` or views of it (inverted one at a time, from the stored tensor down).
+    fn output(&self, top: usize, att: usize, seen: &mut Vec<usize>) -> Result<Vec<usize>> {
+        let mut node = top;
+        let mut strides = contiguous(&self.ty(top)?.shape);
+        while node != att {
+            seen.push(node);
+            let ch = self.children(node);
+            let shape = self.ty(node)?.shape.clone();
+            let below = self.ty(ch[0])?.shape.clone();
+            strides = match self.kind(node) {
+                Some(Kind::Transpose) => {
+                    seen.extend_from_slice(&ch[1..]);
+                    let (a, b) = (self.axis(ch[1], below.len())?, self.axis(ch[2], below.len())?);
+                    let mut s = strides;
+                    s.swap(a, b);
+                    s
+                }
+                Some(Kind::Reshape) => {
+                    seen.extend_from_slice(&ch[1..]);
+                    reshape_strides(&shape, &strides, &below)
+                        .ok_or_else(|| unsupported(self.k, "the stored view of attention moves its elements"))?
+                }
+                _ => {
+                    return Err(unsupported(
+                        self.k,
+                        format!(
+                        "the template writes attention or a view of it; `{}` is a fused epilogue it does not generate",
+                        self.nodes[node].head()
+                    ),
+                    ))
+                }
+            };
+            node = ch[0];
+        }
+        Ok(strides)
+    }
+}
+
+/// The template instance of one kernel: every number the `#define` block needs.
+#[derive(Clone, Debug, PartialEq)]
+struct Instance {
+    dtype: DType,
+    d: usize,
+    sq: usize,
+    sk: usize,
+    /// Merged batch axes (at most three, outermost first, padded with 1).
+    batch: [usize; 3],
+    /// Per tensor (q, k, v, o): the three batch strides and the row stride.
+    strides: [[usize; 4]; 4],
+    /// Read index of q, k, v.
+    reads: [usize; 3],
+    scale: f64,
+    causal: bool,
+}
+
+fn instance(k: &Kernel) -> Result<Instance> {
+    let body = Body::new(k)?;
+    let atts: Vec<usize> = (0..body.nodes.len())
+        .filter(|&i| matches!(body.kind(i), Some(Kind::Composite(Composite::Attention))))
+        .collect();
+    let &[att] = atts.as_slice() else {
+        return Err(unsupported(
+            k,
+            format!("the body holds {} attention operators, the template runs one", atts.len()),
+        ));
+    };
+    let ch = body.children(att);
+    let mut seen = vec![att, ch[3], ch[4]];
+    let ops: Vec<Strided> = ch[..3].iter().map(|&c| body.operand(c, &mut seen)).collect::<Result<_>>()?;
+    let scale = body.facts[ch[3]].konst.ok_or_else(|| unsupported(k, "the scale must be a constant"))?;
+    let causal = body.facts[ch[4]].konst.ok_or_else(|| unsupported(k, "the causal flag must be a constant"))? != 0.0;
+    if !scale.is_finite() {
+        return Err(unsupported(k, format!("the scale {scale} is not finite")));
+    }
+    // Constant subexpressions of the scale.
+    let mut stack = vec![ch[3]];
+    while let Some(i) = stack.pop() {
+        seen.push(i);
+        stack.extend(body.children(i));
+    }
+    if k.stores.len() != 1 {
+        return Err(unsupported(k, format!("the template writes one tensor, the kernel writes {}", k.stores.len())));
+    }
+    let ost = body.output(usize::from(k.stores[0]), att, &mut seen)?;
+    if let Some(extra) = (0..body.nodes.len()).find(|i| !seen.contains(i)) {
+        return Err(unsupported(
+            k,
+            format!("`{}` is fused into the kernel, but the template runs attention alone", body.nodes[extra].head()),
+        ));
+    }
+
+    let oty = body.ty(att)?.clone();
+    let dtype = oty.dtype;
+    if !matches!(dtype, DType::Bf16 | DType::F16 | DType::F32) {
+        return Err(unsupported(k, format!("the template runs f32, bf16 and f16 attention, not {dtype}")));
+    }
+    let tensor_cores = dtype != DType::F32;
+    let r = oty.rank();
+    let (sq, d, sk) = (ops[0].shape[r - 2], ops[0].shape[r - 1], ops[1].shape[r - 2]);
+    let dv = ops[2].shape[r - 1];
+    if dv != d {
+        return Err(unsupported(k, format!("query head size {d} and value head size {dv} differ")));
+    }
+    if d == 0 || d > MAX_HEAD || (tensor_cores && d % 8 != 0) {
+        return Err(unsupported(k, format!("head size {d} is not a multiple of 8 up to {MAX_HEAD}")));
+    }
+    if sk == 0 {
+        return Err(unsupported(k, "attention over zero keys"));
+    }
+    if k.writes[0].ty.dtype != dtype || ops.iter().any(|o| k.reads[o.read].ty.dtype != dtype) {
+        return Err(unsupported(k, "the operands and the output must share one storage type"));
+    }
+    let all: [&[usize]; 4] = [&ops[0].strides, &ops[1].strides, &ops[2].strides, &ost];
+    for s in all {
+        if s[r - 1] != 1 && d > 1 {
+            return Err(unsupported(k, "every operand needs a contiguous head axis"));
+        }
+        if tensor_cores && s[..r - 1].iter().any(|&x| x % 8 != 0) {
+            return Err(unsupported(
+                k,
+                "bf16 and f16 operands need strides of multiples of 8 elements (16-byte loads)",
+            ));
+        }
+    }
+    // Batch axes: drop extents of 1, merge neighbours that are contiguous in all four tensors.
+    let mut axes: Vec<(usize, [usize; 4])> = (0..r - 2)
+        .filter(|&a| oty.shape[a] != 1)
+        .map(|a| (oty.shape[a], [all[0][a], all[1][a], all[2][a], all[3][a]]))
+        .collect();
+    let mut i = axes.len();
+    while i > 1 {
+        i -= 1;
+        let (n, inner) = axes[i];
+        let outer = axes[i - 1].1;
+        if (0..4).all(|t| outer[t] == inner[t] * n) {
+            axes[i - 1] = (axes[i - 1].0 * n, inner);
+            axes.remove(i);
+        }
+    }
+    if axes.len() > 3 {
+        return Err(unsupported(k, "more than three batch axes that cannot be merged"));
+    }
+    while axes.len() < 3 {
+        axes.insert(0, (1, [0; 4]));
+    }
+    let nb: usize = axes.iter().map(|a| a.0).product();
+    if nb > 65535 {
+        return Err(unsupported(k, format!("{nb} batch entries exceed the grid's 65535")));
+    }
+    let mut strides = [[0; 4]; 4];
+    for (t, row) in strides.iter_mut().enumerate() {
+        *row = [axes[0].1[t], axes[1].1[t], axes[2].1[t], all[t][r - 2]];
+    }
+    Ok(Instance {
+        dtype,
+        d,
+        sq,
+        sk,
+        batch: [axes[0].0, axes[1].0, axes[2].0],
+        strides,
+        reads: [ops[0].read, ops[1].read, ops[2].read],
+        scale,
+        causal,
+    })
+}
+
+/// The C spelling of an f32 constant.
+fn float_literal(x: f64) -> String {
+    let s = format!("{:?}", x as f32);
+    if s.contains(['.', 'e', 'E']) {
+        format!("{s}f")
+    } else {
+        format!("{s}.0f")
+    }
+}
+
+/// Renders an attention kernel of a plan.
+pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str) -> Result<KernelSource> {
+    debug_assert_eq!(k.template, Template::Attention);
+    let inst = instance(k)?;
+    let name = format!("attention_{}_k{}", inst.dtype, k.id);
+    let ctype = match inst.dtype {
+        DType::Bf16 => "eq_bf16",
+        DType::F16 => "eq_f16",
+        _ => "float",
+    };
+    let nb: usize = inst.batch.iter().product();
+    let f32 = inst.dtype == DType::F32;
+    let (rows, threads, smem) = if f32 {
+        (F32_BLOCK_M, F32_BLOCK_M, smem_bytes_f32(inst.d))
+    } else {
+        (BLOCK_M, WARPS * 32, smem_bytes(inst.d))
+    };
+    let grid = [inst.sq.div_ceil(rows) as u32, nb as u32, 1];
+    let block = [threads as u32, 1, 1];
+    let smem = smem as u32;
+
+    let mut params = Vec::new();
+    let mut args = Vec::new();
+    for (i, t) in k.reads.iter().enumerate() {
+        params.push(format!("const {ctype}* __restrict__ p_r{i}"));
+        args.push(KernelArg {
+            name: t.name.clone(),
+            role: ArgRole::Read,
+            dtype: Some(t.ty.dtype),
+            shape: t.ty.shape.clone(),
+            bytes: t.ty.bytes(),
+            zeroed: false,
+        });
+    }
+    for (i, t) in k.writes.iter().enumerate() {
+        params.push(format!("{ctype}* __restrict__ p_w{i}"));
+        args.push(KernelArg {
+            name: t.name.clone(),
+            role: ArgRole::Write,
+            dtype: Some(t.ty.dtype),
+            shape: t.ty.shape.clone(),
+            bytes: t.ty.bytes(),
+            zeroed: false,
+        });
+    }
+
+    let tensors = |ts: &[crate::plan::TensorRef]| {
+        ts.iter().map(|t| format!("{} {}", t.name, t.ty)).collect::<Vec<_>>().join(", ")
+    };
+    let mut s = String::new();
+    s.push_str(&format!(
+        "// {name}: kernel {} of `{}`, generated by eqfuse codegen; do not edit.\n",
+        k.id, plan.program
+    ));
+    s.push_str(&format!("// template: attention; iteration space {}\n", crate::lang::Dims(k.domain.clone())));
+    s.push_str(&format!("// ops: {}\n", k.ops.join(" ")));
+    s.push_str(&format!("// reads: {}\n", tensors(&k.reads)));
+    s.push_str(&format!("// writes: {}\n", tensors(&k.writes)));
+    s.push_str(&format!(
+        "// launch: grid ({}, {}, {}), block ({}, {}, {}), dynamic shared memory {smem} bytes\n",
+        grid[0], grid[1], grid[2], block[0], block[1], block[2]
+    ));
+    let mut def = |n: &str, v: String| s.push_str(&format!("#define {n} {v}\n"));
+    def("EQ_GENERATED", String::new());
+    def("EQ_KERNEL", name.clone());
+    def("EQ_T", ctype.into());
+    def("EQ_BF16", u8::from(inst.dtype == DType::Bf16).to_string());
+    def("EQ_D", inst.d.to_string());
+    def("EQ_SQ", inst.sq.to_string());
+    def("EQ_SK", inst.sk.to_string());
+    def("EQ_NB", nb.to_string());
+    def("EQ_NB1", inst.batch[1].to_string());
+    def("EQ_NB2", inst.batch[2].to_string());
+    def("EQ_CAUSAL", u8::from(inst.causal).to_string());
+    def("EQ_LSE", "0".into());
+    def("EQ_F32", u8::from(f32).to_string());
+    def("EQ_SCALE", float_literal(inst.scale));
+    def("EQ_SCALE_LOG2", float_literal(inst.scale * std::f64::consts::LOG2_E));
+    def("EQ_BM", BLOCK_M.to_string());
+    def("EQ_BN", BLOCK_N.to_string());
+    def("EQ_NWARPS", WARPS.to_string());
+    for (t, tag) in ["Q", "K", "V", "O"].iter().enumerate() {
+        for (j, suffix) in ["S0", "S1", "S2", "SR"].iter().enumerate() {
+            def(&format!("EQ_{tag}_{suffix}"), format!("{}LL", inst.strides[t][j]));
+        }
+    }
+    def("EQ_PARAMS", params.join(", "));
+    for (tag, r) in ["EQ_QP", "EQ_KP", "EQ_VP"].iter().zip(inst.reads) {
+        def(tag, format!("p_r{r}"));
+    }
+    def("EQ_OP", "p_w0".into());
+    s.push_str("\n// ---- kernels/common.cuh ----\n");
+    s.push_str(common);
+    s.push_str("\n// ---- kernels/attention.cu ----\n");
+    s.push_str(template_text);
+    Ok(KernelSource {
+        file: format!("{name}.cu"),
+        name,
+        kernel: k.id,
+        template: Template::Attention,
+        source: s,
+        launch: Launch { grid, block, smem_bytes: smem, persistent: false, wave: false },
+        args,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_literals_are_c() {
+        assert_eq!(float_literal(1.0), "1.0f");
+        assert_eq!(float_literal(0.125 * std::f64::consts::LOG2_E), "0.18033688f");
+    }
+
+    #[test]
+    fn shared_memory_per_head_size() {
+        assert_eq!(smem_bytes(64), 49152);
+        assert_eq!(smem_bytes(128), 98304);
+        assert_eq!(smem_bytes(8), 49152);
+    }
+
+    #[test]
+    fn constants_fold() {
+        let body: Vec<TensorLang> = vec![
+            TensorLang::num(8.0),
+            TensorLang::op(crate::lang::OpCode::of(Kind::Unary(crate::lang::Unary::Recip)), vec![0.into()]),
+        ];
+        assert_eq!(const_value(&body, 1), Some(0.125));
+    }
+}

@@ -1,0 +1,66 @@
+//! The attention template: plans keep the score matrix out of device memory, and code
+//! generation turns attention kernels into instances of `kernels/attention.cu` (compiled with
+//! NVRTC where it is available; run on the GPU by tests/gpu.rs through the shared cases).
+
+use eqfuse::{codegen_plan, load_program, optimize, DeviceProfile, OptimizeOptions, Template};
+
+fn opts() -> OptimizeOptions {
+    OptimizeOptions::new(DeviceProfile::load("h100").unwrap())
+}
+
+#[test]
+fn attention_example_moves_q_k_v_and_o_once_and_never_the_scores() {
+    let p = load_program("examples/attention.eqf", &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let (b, h, s, d) = (8u64, 16u64, 2048u64, 64u64);
+    assert_eq!(plan.total.kernels, 1, "{:#?}", plan.kernels);
+    assert_eq!(plan.kernels[0].template, Template::Attention);
+    assert_eq!(plan.total.bytes, 4 * b * h * s * d * 2);
+    // No tensor of S x S elements per head is read or written by any kernel.
+    for k in &plan.kernels {
+        for t in k.reads.iter().chain(&k.writes) {
+            assert!(t.ty.numel() as u64 <= b * h * s * d, "{} {} holds scores", t.name, t.ty);
+        }
+    }
+    // The eager plan writes the scores several times over.
+    assert!(plan.unfused.bytes > 4 * b * h * s * s * 2);
+}
+
+#[test]
+fn attention_kernel_launch_shape() {
+    let p = load_program("examples/attention.eqf", &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let src = codegen_plan(&plan).unwrap();
+    assert_eq!(src.len(), 1);
+    let k = &src[0];
+    assert_eq!(k.name, "attention_bf16_k0");
+    assert_eq!(k.launch.grid, [16, 128, 1]);
+    assert_eq!(k.launch.block, [128, 1, 1]);
+    assert_eq!(k.launch.smem_bytes, 49152);
+    let names: Vec<&str> = k.args.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["q", "k", "v", "o"]);
+    assert!(k.source.contains("#define EQ_SCALE_LOG2 0.18033688f"));
+    assert!(k.source.contains("#define EQ_CAUSAL 0"));
+}
+
+#[test]
+fn attention_with_an_epilogue_is_two_kernels() {
+    let src = "input q: bf16[2, 64, 64]\noutput y\ny = attention(q, q, q, 0.125, 1) * 2\n";
+    let src = src.replace("output y\ny", "y");
+    let p = eqfuse::parse_program("e.eqf", &format!("{src}output y\n"), &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let att: Vec<_> = plan.kernels.iter().filter(|k| k.template == Template::Attention).collect();
+    assert_eq!(att.len(), 1);
+    assert_eq!(att[0].ops, ["attention"]);
+    // Every kernel of the plan has a generated source.
+    assert_eq!(codegen_plan(&plan).unwrap().len(), plan.kernels.len());
+}
+
+#[test]
+fn unsupported_head_sizes_are_errors_not_panics() {
+    let src = "input q: bf16[2, 64, 12]\no = attention(q, q, q, 0.125, 0)\noutput o\n";
+    let p = eqfuse::parse_program("odd.eqf", src, &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let e = codegen_plan(&plan).unwrap_err().to_string();
+    assert!(e.contains("head size 12"), "{e}");
+}
