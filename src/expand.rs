@@ -29,13 +29,17 @@ pub fn expand_composites(p: &Program) -> Result<Program, String> {
 /// (max, exp, sum, divide): no template runs such a composite in one kernel, so the planner starts
 /// from the parts, as it would from a program that wrote them (the pattern rules recognise
 /// softmax along the last axis only). `None` when there is none.
-pub fn expand_leading_softmax(p: &Program) -> Result<Option<Program>, String> {
+///
+/// With `strict`, attention is expanded too: its kernel's online softmax rounds differently from
+/// the unfused plan's two products around a softmax, which strict numerics must reproduce.
+pub fn expand_for_planning(p: &Program, strict: bool) -> Result<Option<Program>, String> {
     let leading = |out: &Program, c: Composite, ch: &[Id]| {
-        matches!(c, Composite::Softmax | Composite::LogSoftmax)
+        let leading_softmax = matches!(c, Composite::Softmax | Composite::LogSoftmax)
             && out
                 .ty(ch[0])
                 .zip(out.fact(ch[1]).konst)
-                .is_some_and(|(t, a)| crate::infer::norm_axis(a as i64, t.rank()).is_ok_and(|a| a + 1 != t.rank()))
+                .is_some_and(|(t, a)| crate::infer::norm_axis(a as i64, t.rank()).is_ok_and(|a| a + 1 != t.rank()));
+        leading_softmax || strict && c == Composite::Attention
     };
     let mut any = false;
     let q = p.rewrite_nodes(|out, map, node| match node {

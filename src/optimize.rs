@@ -148,7 +148,7 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
     if crate::autodiff::has_grads(program) {
         return optimize(&crate::autodiff::expand_grads(program)?, opts);
     }
-    if let Some(p) = crate::expand::expand_leading_softmax(program).map_err(Error::Invalid)? {
+    if let Some(p) = crate::expand::expand_for_planning(program, opts.strict).map_err(Error::Invalid)? {
         return optimize(&p, opts);
     }
     plan_saturated(program, &saturate_program(program, opts)?, opts)
