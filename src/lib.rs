@@ -56,6 +56,7 @@ mod bench;
 mod calibrate;
 mod codegen;
 mod conditions;
+mod cublas;
 mod cost;
 mod dag;
 mod error;
@@ -126,7 +127,9 @@ pub use optimize::{
     StageSummary,
 };
 pub use parse::{load_program, parse_dim_override, parse_program};
-pub use plan::{FusionPlan, Kernel, SearchReport, Template, TensorRef, Totals};
+pub use codegen::gemm::cublaslt_call as gemm_cublaslt_call;
+pub use cublas::{LtCall, LtEpilogue, LtOperand};
+pub use plan::{FusionPlan, GemmImpl, Kernel, SearchReport, Template, TensorRef, Totals};
 pub use plancheck::{check_plan, eval_plan, eval_plan_with, kernel_program};
 pub use profile::{DeviceProfile, TemplateRates};
 pub use program::{Input, Output, Program};

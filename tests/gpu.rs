@@ -10,7 +10,7 @@ mod common;
 
 use eqfuse::{
     codegen_plan, nvrtc_compile_cached, optimize, run_on, unfused_plan, DeviceProfile, Error, FusionPlan, Gpu,
-    GpuRunOptions, GpuRunReport, OptimizeOptions, Program, Template, DEFAULT_ARCH,
+    GemmImpl, GpuRunOptions, GpuRunReport, OptimizeOptions, Program, Template, DEFAULT_ARCH,
 };
 
 /// The GPU, or `None` after saying why there is none (or after prefilling the cache).
@@ -39,8 +39,10 @@ fn prefill(plans: &[(String, Program, FusionPlan)]) {
     eprintln!("prefilled the NVRTC cache with {n} kernels");
 }
 
+/// Whether codegen supports every kernel (attention is not generated yet, issue 6; a product
+/// whose operand view strides cannot express is refused by codegen).
 fn generated(plan: &FusionPlan) -> bool {
-    plan.kernels.iter().all(|k| !matches!(k.template, Template::Gemm | Template::Attention))
+    plan.kernels.iter().all(|k| k.template != Template::Attention) && codegen_plan(plan).is_ok()
 }
 
 /// Every case and capped example, fused and unfused, whose kernels codegen supports.
@@ -64,7 +66,7 @@ fn plans() -> Vec<(String, Program, FusionPlan)> {
             if generated(&plan) {
                 out.push((format!("{name} ({which})"), program.clone(), plan));
             } else {
-                eprintln!("not run: {name} ({which}) has gemm or attention kernels (issue 6)");
+                eprintln!("not run: {name} ({which}) has kernels codegen does not support (attention, issue 6)");
             }
         }
     }
@@ -123,5 +125,51 @@ fn reductions_are_deterministic() {
             let same = x.data.iter().zip(&y.data).all(|(p, q)| p.to_bits() == q.to_bits());
             assert!(same, "{name}: output {n} differs between two runs");
         }
+    }
+}
+
+/// Gemm kernels in both implementations (cuBLASLt where its epilogues cover the body, and the
+/// generated kernel always), f32 and bf16, with transposed, batched and broadcast operands read
+/// in place, pointwise and row-softmax epilogues.
+#[test]
+fn gemm_implementations_match_the_reference() {
+    let programs = [
+        ("dense_relu", "dim M = 96\ndim K = 80\ndim N = 72\ninput x: f32[M, K]\ninput w: f32[K, N]\ninput b: f32[N]\ny = relu(x @ w + b)\noutput y\n"),
+        ("dense_gelu_tanh", "input x: f32[64, 256]\ninput w: f32[256, 192]\ninput b: f32[192]\ny = gelu_tanh(x @ w + b)\noutput y\n"),
+        ("dense_gelu_bf16", "input x: bf16[128, 256]\ninput w: bf16[256, 320]\ninput b: bf16[320]\ny = gelu_tanh(x @ w + b)\noutput y\n"),
+        ("bias_bf16", "input x: bf16[64, 128]\ninput w: bf16[128, 96]\ninput b: bf16[96]\ny = x @ w + b\noutput y\n"),
+        ("xt_w", "input x: f32[80, 48]\ninput w: f32[80, 144]\ny = transpose(x, 0, 1) @ w\noutput y\n"),
+        ("x_wt", "input x: f32[48, 80]\ninput w: f32[144, 80]\ny = relu(x @ transpose(w, 0, 1))\noutput y\n"),
+        ("batched", "input a: f32[3, 40, 24]\ninput b: f32[3, 24, 56]\ny = a @ b\noutput y\n"),
+        ("broadcast_b", "input a: f32[3, 40, 24]\ninput b: f32[24, 56]\ny = gelu(a @ b) * 2\noutput y\n"),
+        ("erf_gelu_epilogue", "input x: bf16[64, 96]\ninput w: bf16[96, 160]\ninput b: bf16[160]\ny = gelu(x @ w + b)\noutput y\n"),
+        ("softmax_epilogue", "input x: f32[70, 130]\ninput w: f32[130, 37]\ny = softmax(x @ w, -1)\noutput y\n"),
+        ("softmax_bf16", "input x: bf16[64, 128]\ninput w: bf16[128, 200]\ny = softmax(x @ w, -1)\noutput y\n"),
+        ("two_writes", "input x: f32[64, 64]\ninput w: f32[64, 32]\ns = x @ w\ny = exp(s)\noutput s, y\n"),
+    ];
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let mut plans = Vec::new();
+    for (name, src) in programs {
+        let program = eqfuse::parse_program(name, src, &[]).unwrap();
+        let plan = optimize(&program, &opts).unwrap().plan;
+        assert!(plan.kernels.iter().any(|k| k.template == Template::Gemm), "{name}: no gemm kernel");
+        for imp in [GemmImpl::Cublaslt, GemmImpl::Generated] {
+            let mut p = plan.clone();
+            let mut any = false;
+            for k in p.kernels.iter_mut().filter(|k| k.template == Template::Gemm) {
+                if imp == GemmImpl::Generated || eqfuse::gemm_cublaslt_call(k).is_some() {
+                    k.implementation = Some(imp);
+                    any = true;
+                }
+            }
+            if any {
+                plans.push((format!("{name} ({})", imp.name()), program.clone(), p));
+            }
+        }
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        let r = run_checked(&gpu, name, program, plan, seed as u64);
+        eprintln!("ok: {name}: {}", r.outputs.iter().map(|o| format!("{} scaled error {:.1e}", o.name, o.scaled_error)).collect::<Vec<_>>().join(", "));
     }
 }
