@@ -4,8 +4,10 @@
 # reference), calibration of the gemm rates, eqfuse run of the dense bf16 target and softmax
 # regression at three sizes, and the PyTorch baselines on the same GPU. Logs under $OUT.
 set -uo pipefail
-G="${G:-.gpu-gemm}"
+G="$(cd "${G:-.gpu-gemm}" && pwd)"
 OUT="${OUT:-/tmp/out}"
+# The staged examples (this branch's) are the ones the tests and runs read.
+cd "$G"
 export EQFUSE_CACHE_DIR="$G/cache" EQFUSE_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 export EQFUSE_NVRTC_DIR=/usr/local/cuda/lib64 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 E="$G/eqfuse"

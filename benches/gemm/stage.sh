@@ -17,6 +17,7 @@ EQFUSE_PREFILL=1 "$tests" --test-threads=1 >/dev/null
 DEST="${DEST:-/work/main/.gpu-gemm}"
 rm -rf "$DEST" && mkdir -p "$DEST/graphs"
 cp "$tests" "$DEST/gpu-tests"
+cp -r examples "$DEST/examples"
 cp target/release/eqfuse "$DEST/eqfuse"
 cp benches/gemm/run.sh benches/torch_baselines.py benches/gemm/softmax_regression_eager.py "$DEST/"
 target/release/eqfuse export examples/dense_gelu_bf16.eqf > "$DEST/graphs/dense_gelu_bf16.json"
