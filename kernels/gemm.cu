@@ -16,7 +16,8 @@
 // Launch shape: grid (ceil(EQ_N / EQ_BN), ceil(EQ_M / EQ_BM), batch), EQ_GEMM_THREADS threads.
 // The block computes a EQ_BM x EQ_BN tile: thread (tx, ty) owns rows ty*EQ_TM + i and columns
 // tx + j*(EQ_BN/EQ_TN); each step stages a EQ_BK-deep slice of A (transposed) and B in shared
-// memory, loading along whichever axis is contiguous in device memory. The finished tile goes to
+// memory, loading along whichever axis is contiguous in device memory, and loads the next
+// slice into registers before computing on this one. The finished tile goes to
 // shared memory (reusing the staging space) with row stride EQ_TS, and the epilogue reads it there.
 //
 // Invariants: operands are widened to f32 on load and every product element is a sum in
@@ -73,6 +74,11 @@ __device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {
 }
 #endif
 
+// The product's own dtype: a bf16 or f16 product is rounded to it before the epilogue, as the
+// program (and the reference) computes it.
+#ifndef EQ_ROUND_PRODUCT
+#define EQ_ROUND_PRODUCT(x) (x)
+#endif
 #define EQ_TX (EQ_BN / EQ_TN)
 #define EQ_STAGE_FLOATS (EQ_BK * (EQ_BM + 1) + EQ_BK * (EQ_BN + 1))
 #define EQ_TILE_FLOATS (EQ_BM * EQ_TS)
@@ -132,21 +138,46 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
 #pragma unroll
         for (int j = 0; j < EQ_TN; ++j) acc[i][j] = 0.0f;
 
-    for (int k0 = 0; k0 < EQ_K; k0 += EQ_BK) {
-        for (int e = tid; e < EQ_BM * EQ_BK; e += EQ_GEMM_THREADS) {
+    // Each thread stages EQ_NA elements of the A slice and EQ_NB of the B slice; the next
+    // slice's loads are issued before this slice's arithmetic, so their latency overlaps it.
+    constexpr int EQ_NA = (EQ_BM * EQ_BK + EQ_GEMM_THREADS - 1) / EQ_GEMM_THREADS;
+    constexpr int EQ_NB = (EQ_BN * EQ_BK + EQ_GEMM_THREADS - 1) / EQ_GEMM_THREADS;
+    float ra[EQ_NA], rb[EQ_NB];
+    auto fetch = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < EQ_NA; ++i) {
             // Consecutive threads walk the axis that is contiguous in memory.
+            const int e = tid + i * EQ_GEMM_THREADS;
             const int m = EQ_SAK == 1 ? e / EQ_BK : e % EQ_BM;
             const int kk = EQ_SAK == 1 ? e % EQ_BK : e / EQ_BM;
             const int gm = m0 + m, gk = k0 + kk;
-            as[kk][m] = (gm < EQ_M && gk < EQ_K) ? eq_val(pa[(eq_idx)gm * EQ_SAM + (eq_idx)gk * EQ_SAK]) : 0.0f;
+            const bool in = e < EQ_BM * EQ_BK && gm < EQ_M && gk < EQ_K;
+            ra[i] = in ? eq_val(pa[(eq_idx)gm * EQ_SAM + (eq_idx)gk * EQ_SAK]) : 0.0f;
         }
-        for (int e = tid; e < EQ_BN * EQ_BK; e += EQ_GEMM_THREADS) {
+#pragma unroll
+        for (int i = 0; i < EQ_NB; ++i) {
+            const int e = tid + i * EQ_GEMM_THREADS;
             const int n = EQ_SBK == 1 ? e / EQ_BK : e % EQ_BN;
             const int kk = EQ_SBK == 1 ? e % EQ_BK : e / EQ_BN;
             const int gn = n0 + n, gk = k0 + kk;
-            bs[kk][n] = (gn < EQ_N && gk < EQ_K) ? eq_val(pb[(eq_idx)gk * EQ_SBK + (eq_idx)gn * EQ_SBN]) : 0.0f;
+            const bool in = e < EQ_BN * EQ_BK && gn < EQ_N && gk < EQ_K;
+            rb[i] = in ? eq_val(pb[(eq_idx)gk * EQ_SBK + (eq_idx)gn * EQ_SBN]) : 0.0f;
+        }
+    };
+    fetch(0);
+    for (int k0 = 0; k0 < EQ_K; k0 += EQ_BK) {
+#pragma unroll
+        for (int i = 0; i < EQ_NA; ++i) {
+            const int e = tid + i * EQ_GEMM_THREADS;
+            if (e < EQ_BM * EQ_BK) as[EQ_SAK == 1 ? e % EQ_BK : e / EQ_BM][EQ_SAK == 1 ? e / EQ_BK : e % EQ_BM] = ra[i];
+        }
+#pragma unroll
+        for (int i = 0; i < EQ_NB; ++i) {
+            const int e = tid + i * EQ_GEMM_THREADS;
+            if (e < EQ_BN * EQ_BK) bs[EQ_SBK == 1 ? e % EQ_BK : e / EQ_BN][EQ_SBK == 1 ? e / EQ_BK : e % EQ_BN] = rb[i];
         }
         __syncthreads();
+        if (k0 + EQ_BK < EQ_K) fetch(k0 + EQ_BK);
 #pragma unroll
         for (int kk = 0; kk < EQ_BK; ++kk) {
             float a[EQ_TM], b[EQ_TN];
@@ -167,7 +198,7 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
 #pragma unroll
     for (int i = 0; i < EQ_TM; ++i)
 #pragma unroll
-        for (int j = 0; j < EQ_TN; ++j) tile[(ty * EQ_TM + i) * EQ_TS + tx + j * EQ_TX] = acc[i][j];
+        for (int j = 0; j < EQ_TN; ++j) tile[(ty * EQ_TM + i) * EQ_TS + tx + j * EQ_TX] = EQ_ROUND_PRODUCT(acc[i][j]);
     __syncthreads();
     // The epilogue indexes the product by (flat row, column); this pointer maps the block's
     // rows and columns onto its tile.

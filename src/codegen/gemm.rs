@@ -43,7 +43,10 @@ pub fn tile(n: usize, rows: bool) -> Tile {
     if rows || n <= 128 {
         let bn = n.next_power_of_two().max(16);
         let bm = (THREADS / bn).max(8);
-        Tile { bm, bn, bk: 16, tm: 1, tn: bm * bn / THREADS, ts: bn + 4, rows }
+        // Few, deep steps: a narrow product is latency-bound per step (shared memory allows
+        // 64 deep up to 128 columns, 32 deep up to 256).
+        let bk = if bn <= 128 { 64 } else { 32 };
+        Tile { bm, bn, bk, tm: 1, tn: bm * bn / THREADS, ts: bn + 4, rows }
     } else {
         Tile { bm: 64, bn: 128, bk: 16, tm: 4, tn: 8, ts: 132, rows }
     }
@@ -153,6 +156,15 @@ pub fn render(k: &Kernel) -> Result<Rendered> {
     ] {
         let _ = writeln!(d, "#define {name} {v}");
     }
+    let product = k.writes.first().map_or(DType::F32, |w| w.ty.dtype);
+    let product = product_dtype(k).unwrap_or(product);
+    if let Some(round) = match product {
+        DType::Bf16 => Some("eq_round_bf16"),
+        DType::F16 => Some("eq_round_f16"),
+        _ => None,
+    } {
+        let _ = writeln!(d, "#define EQ_ROUND_PRODUCT(x) {round}(x)");
+    }
     let _ = writeln!(d, "#define EQ_TA {}", emit::storage_type(p.a.dtype));
     let _ = writeln!(d, "#define EQ_TB {}", emit::storage_type(p.b.dtype));
     let _ = writeln!(d, "#define EQ_A p_{}", k.reads[p.a.read].name);
@@ -163,6 +175,25 @@ pub fn render(k: &Kernel) -> Result<Rendered> {
     body.push_str(&r.body);
     let grid = [n.div_ceil(t.bn) as u32, m.div_ceil(t.bm) as u32, batch as u32];
     Ok(Rendered { defines: d, body, grid, block: [THREADS as u32, 1, 1], call: None })
+}
+
+/// The dtype of the kernel's matrix product (the type the program gives `a @ b`).
+fn product_dtype(k: &Kernel) -> Option<DType> {
+    let nodes = k.body.as_ref();
+    let mm = nodes.iter().find_map(|n| match n {
+        crate::lang::TensorLang::Op(code, ch) if code.kind() == crate::lang::Kind::MatMul => Some(ch[0]),
+        _ => None,
+    })?;
+    // The product's dtype is its operands' (they agree, the type checker says so); find the
+    // first operand's leaf read.
+    let mut id = mm;
+    loop {
+        match &nodes[usize::from(id)] {
+            crate::lang::TensorLang::Var(s) => return k.reads.iter().find(|r| r.name == s.as_str()).map(|r| r.ty.dtype),
+            crate::lang::TensorLang::Op(_, ch) => id = ch[0],
+            _ => return None,
+        }
+    }
 }
 
 /// `eq_idx NAME(eq_idx z)`: the offset of batch `z`'s matrix of an operand (0 where the
