@@ -15,8 +15,8 @@ use crate::codegen::codegen_plan;
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::optimize::{optimize, OptimizeOptions};
-use crate::plan::Template;
-use crate::profile::DeviceProfile;
+use crate::plan::{GemmImpl, Template};
+use crate::profile::{DeviceProfile, TemplateRates};
 use crate::program::Program;
 use crate::run_gpu::{run_on, GpuRunOptions};
 use crate::types::{DType, TensorType};
@@ -31,6 +31,8 @@ pub struct Calibration {
     pub launch_us: f64,
     /// (template, program, bytes moved, median microseconds, share of copy bandwidth).
     pub templates: Vec<(Template, String, u64, f64, f64)>,
+    /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
+    pub gemm: Vec<(GemmImpl, DType, String, f64, f64)>,
 }
 
 /// Calibrates device 0 against the built-in profile of its kind (`h100`, `h200`, else `h100`).
@@ -83,13 +85,55 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         }
         templates.push((template, program.source.clone(), k.bytes, k.measured_us, share));
     }
+    let gemm = gemm_rates(gpu, &mut profile)?;
     profile.source = format!(
-        "calibrated by `eqfuse calibrate` on {} ({}, {}): copy bandwidth, launch overhead and the elementwise, rowreduce and colreduce efficiencies measured; arithmetic rates and the gemm and attention rows kept from the previous profile",
+        "calibrated by `eqfuse calibrate` on {} ({}, {}): copy bandwidth, launch overhead, the elementwise, rowreduce and colreduce efficiencies and the gemm implementations' f32 and bf16 rates measured; the other arithmetic rates and the attention row kept from the previous profile",
         today(),
         gpu.name,
         gpu.arch
     );
-    Ok(Calibration { profile, copy_bytes, copy_us, launch_us, templates })
+    Ok(Calibration { profile, copy_bytes, copy_us, launch_us, templates, gemm })
+}
+
+/// The arithmetic rate of each gemm implementation on a large square product per dtype
+/// (compute-bound: 4096 cubed), written into the gemm template's `implementations`.
+fn gemm_rates(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<(GemmImpl, DType, String, f64, f64)>> {
+    let mut out = Vec::new();
+    for dtype in [DType::F32, DType::Bf16] {
+        let n = 4096;
+        let t = TensorType::new(dtype, vec![n, n]);
+        let name = format!("calibrate-gemm-{dtype}");
+        let program =
+            Program::from_sexprs(&name, &[("x", t.clone()), ("w", t)], &[("y", "(@ x w)")]).map_err(Error::Invalid)?;
+        let mut plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+        if plan.kernels.len() != 1 || plan.kernels[0].template != Template::Gemm {
+            return Err(Error::Invalid(format!("calibration program {name} did not plan as one gemm kernel")));
+        }
+        for imp in [GemmImpl::Cublaslt, GemmImpl::Generated] {
+            // Calibration measures each implementation, whichever the planner would pick.
+            plan.kernels[0].implementation = Some(imp);
+            let sources = codegen_plan(&plan)?;
+            let opts =
+                GpuRunOptions { repeat: 10, check: false, profile: Some(profile.clone()), ..GpuRunOptions::default() };
+            let r = run_on(gpu, &program, &plan, &sources, &opts)?;
+            let us = r.kernels[0].measured_us;
+            let tflops = plan.kernels[0].flops as f64 / (us * 1e6);
+            let g = profile.templates.entry(Template::Gemm.name().into()).or_insert_with(|| TemplateRates {
+                bandwidth_efficiency: 0.8,
+                flops_f32_tflops: tflops,
+                flops_bf16_tflops: None,
+                implementations: Default::default(),
+            });
+            let base = TemplateRates { implementations: Default::default(), ..g.clone() };
+            let rates = g.implementations.entry(imp.name().into()).or_insert(base);
+            match dtype {
+                DType::F32 => rates.flops_f32_tflops = round(tflops, 1),
+                _ => rates.flops_bf16_tflops = Some(round(tflops, 1)),
+            }
+            out.push((imp, dtype, name.clone(), us, tflops));
+        }
+    }
+    Ok(out)
 }
 
 fn round(x: f64, digits: i32) -> f64 {
@@ -190,6 +234,9 @@ impl fmt::Display for Calibration {
                 100.0 * share,
                 crate::render::human_bytes(*bytes)
             )?;
+        }
+        for (imp, dtype, prog, us, tflops) in &self.gemm {
+            writeln!(f, "  gemm {:<9} {dtype:<4} {tflops:>6.1} TFLOP/s ({prog}: {us:.1} us)", imp.name())?;
         }
         Ok(())
     }

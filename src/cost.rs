@@ -11,9 +11,13 @@
 use crate::dag::{Dag, Role};
 use crate::infer::broadcast_shapes;
 use crate::lang::{Composite, Kind, Reduce, TensorLang, Unary};
-use crate::plan::Template;
+use std::collections::BTreeMap;
+
+use egg::{Id, Language, RecExpr, Symbol};
+
+use crate::plan::{GemmImpl, Kernel, Template, TensorRef};
 use crate::profile::DeviceProfile;
-use crate::types::DType;
+use crate::types::{DType, TensorType};
 
 /// Largest body the register budget allows, in operators.
 const MAX_BODY_OPS: usize = 384;
@@ -34,6 +38,9 @@ pub struct KernelCost {
     pub passes: u32,
     /// Why the kernel is shaped as it is ("row of 65536 f32 exceeds shared memory ...").
     pub notes: Vec<String>,
+    /// For a gemm kernel, the implementation predicted faster (cuBLASLt only where its
+    /// epilogues cover the body).
+    pub implementation: Option<GemmImpl>,
 }
 
 impl KernelCost {
@@ -57,7 +64,11 @@ impl KernelCost {
     /// Predicted microseconds, given the bytes this kernel writes.
     pub fn predict_us(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64) -> f64 {
         let dtype = self.body.last().and_then(|&b| dag.nodes[b].ty()).map_or(DType::F32, |t| t.dtype);
-        profile.kernel_us(self.template, self.bytes_read(dag) + bytes_written, self.flops, dtype)
+        let bytes = self.bytes_read(dag) + bytes_written;
+        match self.implementation {
+            Some(imp) => profile.gemm_us(imp, bytes, self.flops, dtype),
+            None => profile.kernel_us(self.template, bytes, self.flops, dtype),
+        }
     }
 }
 
@@ -90,11 +101,90 @@ pub fn analyse(
         }
         Err(e) => return Err(e),
     };
-    let mut k = KernelCost { template, domain, body, reads, flops, passes: 1, notes: vec![] };
+    let mut k = KernelCost { template, domain, body, reads, flops, passes: 1, notes: vec![], implementation: None };
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
     }
+    if template == Template::Gemm {
+        let kernel = candidate_kernel(dag, members, &k);
+        // A fusion the generated kernel cannot run is refused; a product alone stays legal
+        // (the fusion search starts from it), and codegen names what it cannot index.
+        let alone = k.body.iter().all(|&b| members.contains(&b) || dag.nodes[b].role == Role::View);
+        if !alone {
+            crate::codegen::gemm::can_generate(&kernel).map_err(|e| format!("the gemm template cannot run it: {e}"))?;
+        }
+        k.implementation = Some(gemm_implementation(dag, members, &kernel, &k, profile));
+    }
     Ok(k)
+}
+
+/// cuBLASLt when it can run the kernel (one write; its epilogues cover the body; codegen's own
+/// test, on the kernel as the plan would hold it) and the profile predicts it faster than the
+/// generated kernel; the generated kernel otherwise.
+fn gemm_implementation(
+    dag: &Dag,
+    members: &[usize],
+    kernel: &Kernel,
+    k: &KernelCost,
+    profile: &DeviceProfile,
+) -> GemmImpl {
+    if members.len() != 1 || crate::codegen::gemm::cublaslt_call(kernel).is_none() {
+        return GemmImpl::Generated;
+    }
+    let dtype = k.body.last().and_then(|&b| dag.nodes[b].ty()).map_or(DType::F32, |t| t.dtype);
+    let bytes = k.bytes_read(dag) + dag.bytes(members[0]);
+    let lt = profile.gemm_us(GemmImpl::Cublaslt, bytes, k.flops, dtype);
+    let generated = profile.gemm_us(GemmImpl::Generated, bytes, k.flops, dtype);
+    if lt <= generated {
+        GemmImpl::Cublaslt
+    } else {
+        GemmImpl::Generated
+    }
+}
+
+/// The plan kernel a candidate would become if it wrote every member (reads named `t{node}`),
+/// for codegen's structural questions.
+fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost) -> Kernel {
+    let name = |i: usize| format!("t{i}");
+    let tref = |i: usize| TensorRef {
+        name: name(i),
+        ty: dag.nodes[i].ty().cloned().unwrap_or(TensorType::scalar(DType::F32)),
+    };
+    let mut body: RecExpr<TensorLang> = RecExpr::default();
+    let mut local: BTreeMap<usize, Id> = BTreeMap::new();
+    for &r in &k.reads {
+        local.insert(r, body.add(TensorLang::Var(Symbol::from(name(r).as_str()))));
+    }
+    for &b in &k.body {
+        let n = &dag.nodes[b];
+        for c in n.children() {
+            if !local.contains_key(&c) {
+                let leaf = match n.role {
+                    _ if dag.nodes[c].role == Role::Leaf && !dag.is_output[c] => dag.nodes[c].node.clone(),
+                    _ => TensorLang::Var(Symbol::from(name(c).as_str())),
+                };
+                local.insert(c, body.add(leaf));
+            }
+        }
+        let id = body.add(n.node.clone().map_children(|c| local[&usize::from(c)]));
+        local.insert(b, id);
+    }
+    Kernel {
+        id: 0,
+        template: Template::Gemm,
+        domain: k.domain.clone(),
+        ops: vec![],
+        reads: k.reads.iter().map(|&r| tref(r)).collect(),
+        writes: members.iter().map(|&m| tref(m)).collect(),
+        stores: members.iter().map(|m| local[m]).collect(),
+        body,
+        bytes_read: 0,
+        bytes_written: 0,
+        flops: 0,
+        predicted_us: 0.0,
+        rejected: vec![],
+        implementation: None,
+    }
 }
 
 /// The body and reads of a kernel: DFS from the members, stopping at materialized non-members.

@@ -339,6 +339,7 @@ pub fn build_plan(
             flops: k.flops,
             predicted_us: fusion.group_us(g),
             rejected: notes,
+            implementation: k.implementation,
         });
     }
     let total = FusionPlan::sum_totals(&kernels);

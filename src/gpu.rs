@@ -27,6 +27,11 @@ fn cuda<T>(r: std::result::Result<T, DriverError>, context: &str) -> Result<T> {
     r.map_err(|e| Error::Cuda { context: context.to_string(), message: e.to_string() })
 }
 
+/// [`cuda`] for other modules of the runtime (the cuBLASLt path).
+pub(crate) fn cuda_result<T>(r: std::result::Result<T, DriverError>, context: &str) -> Result<T> {
+    cuda(r, context)
+}
+
 /// The device all GPU work of a process goes to.
 pub struct Gpu {
     ctx: Arc<CudaContext>,
@@ -46,7 +51,9 @@ pub struct Graph(cudarc::driver::CudaGraph);
 /// A compiled kernel ready to launch.
 pub struct Loaded {
     pub source: KernelSource,
-    func: CudaFunction,
+    /// The compiled kernel, or (for a gemm kernel that is one cuBLASLt call) the prepared call.
+    func: Option<CudaFunction>,
+    lt: Option<crate::cublas::LtGemm>,
     /// Whether NVRTC's output came from the disk cache.
     pub cached: bool,
     /// For a persistent kernel, the blocks that fit on the device at once (one wave).
@@ -122,6 +129,16 @@ impl Gpu {
 
     /// Compiles (through the NVRTC disk cache) and loads a kernel.
     pub fn load(&self, source: &KernelSource) -> Result<Loaded> {
+        if let Some(call) = &source.cublaslt {
+            let lt = crate::cublas::LtGemm::new(self.stream.clone(), call, &source.name)?;
+            return Ok(Loaded {
+                source: source.clone(),
+                func: None,
+                lt: Some(lt),
+                cached: true,
+                resident_blocks: None,
+            });
+        }
         let c = crate::nvrtc::compile_cached(&source.source, &source.name, &self.arch)?;
         let ptx = String::from_utf8_lossy(&c.ptx).into_owned();
         let module = cuda(self.ctx.load_module(Ptx::from_src(ptx)), &format!("loading {}", source.name))?;
@@ -141,11 +158,22 @@ impl Gpu {
         } else {
             None
         };
-        Ok(Loaded { source: source.clone(), func, cached: c.cached, resident_blocks })
+        Ok(Loaded { source: source.clone(), func: Some(func), lt: None, cached: c.cached, resident_blocks })
     }
 
     /// Launches a kernel on `args` (in the order of its `args` list); asynchronous.
     pub fn launch(&self, k: &Loaded, args: &[&Buffer]) -> Result<()> {
+        if let Some(lt) = &k.lt {
+            let arg = |name: &str| {
+                k.source.args.iter().position(|a| a.name == name).and_then(|i| args.get(i).copied()).ok_or_else(|| {
+                    Error::Invalid(format!("{}: no argument `{name}` for the cuBLASLt call", k.source.name))
+                })
+            };
+            let c = &lt.call;
+            let bias = c.bias.as_deref().map(arg).transpose()?;
+            return lt.launch(arg(&c.a.tensor)?, arg(&c.b.tensor)?, bias, arg(&c.d)?);
+        }
+        let Some(func) = &k.func else { return Ok(()) };
         let l = &k.source.launch;
         if l.grid.contains(&0) {
             return Ok(());
@@ -156,7 +184,7 @@ impl Gpu {
             block_dim: (l.block[0], l.block[1], l.block[2]),
             shared_mem_bytes: l.smem_bytes,
         };
-        let mut b = self.stream.launch_builder(&k.func);
+        let mut b = self.stream.launch_builder(func);
         for a in args {
             b.arg(*a);
         }

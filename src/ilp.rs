@@ -115,17 +115,14 @@ fn is_root(egraph: &TensorGraph, roots: &[Id], c: Id) -> bool {
 
 /// The best rates over templates: a bound must not assume any kernel slower than the fastest.
 fn best_rates(profile: &DeviceProfile) -> (f64, f64) {
-    let bw = Template::ALL.iter().map(|&t| profile.rates(t).bandwidth_efficiency).fold(0.0, f64::max)
-        * profile.copy_bandwidth_gbs
-        * 1e9;
-    let rate = Template::ALL
+    // Each template's rates and those of its implementations (gemm: cuBLASLt, generated).
+    let all: Vec<&crate::profile::TemplateRates> = Template::ALL
         .iter()
-        .map(|&t| {
-            let r = profile.rates(t);
-            r.flops_bf16_tflops.unwrap_or(0.0).max(r.flops_f32_tflops)
-        })
-        .fold(0.0, f64::max)
-        * 1e12;
+        .flat_map(|&t| std::iter::once(profile.rates(t)).chain(profile.rates(t).implementations.values()))
+        .collect();
+    let bw = all.iter().map(|r| r.bandwidth_efficiency).fold(0.0, f64::max) * profile.copy_bandwidth_gbs * 1e9;
+    let rate =
+        all.iter().map(|r| r.flops_bf16_tflops.unwrap_or(0.0).max(r.flops_f32_tflops)).fold(0.0, f64::max) * 1e12;
     (bw, rate)
 }
 

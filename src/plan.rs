@@ -44,6 +44,25 @@ impl Template {
     }
 }
 
+/// How a gemm kernel runs: one cuBLASLt call (its epilogues only) or the generated tensor
+/// product template with any fused epilogue. The cost model picks the faster by the profile's
+/// per-implementation rates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GemmImpl {
+    Cublaslt,
+    Generated,
+}
+
+impl GemmImpl {
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmImpl::Cublaslt => "cublaslt",
+            GemmImpl::Generated => "generated",
+        }
+    }
+}
+
 /// A tensor in device memory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct TensorRef {
@@ -75,6 +94,8 @@ pub struct Kernel {
     pub predicted_us: f64,
     /// Fusions the planner considered near this kernel and rejected, with the reason.
     pub rejected: Vec<String>,
+    /// For a gemm kernel, the implementation the cost model chose.
+    pub implementation: Option<GemmImpl>,
 }
 
 /// Totals over a plan.

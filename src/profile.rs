@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::plan::Template;
+use crate::plan::{GemmImpl, Template};
 use crate::types::DType;
 
 /// Rates of one kernel template.
@@ -22,6 +22,10 @@ pub struct TemplateRates {
     /// Arithmetic rate for bf16/f16 operands (tensor cores), in TFLOP/s, where it differs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flops_bf16_tflops: Option<f64>,
+    /// Rates of each implementation of the template where it has several (gemm: `cublaslt`
+    /// and `generated`), measured by `eqfuse calibrate`; the template's own rates otherwise.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub implementations: BTreeMap<String, TemplateRates>,
 }
 
 /// One GPU's numbers.
@@ -87,6 +91,19 @@ impl DeviceProfile {
         &self.templates[t.name()]
     }
 
+    /// The rates of one gemm implementation (the gemm template's own where the profile has none).
+    pub fn gemm_rates(&self, imp: GemmImpl) -> &TemplateRates {
+        let g = self.rates(Template::Gemm);
+        g.implementations.get(imp.name()).unwrap_or(g)
+    }
+
+    /// Predicted time of a gemm kernel in implementation `imp`, in microseconds.
+    pub fn gemm_us(&self, imp: GemmImpl, bytes: u64, flops: u64, dtype: DType) -> f64 {
+        let r = self.gemm_rates(imp);
+        let memory = bytes as f64 / (self.copy_bandwidth_gbs * 1e9 * r.bandwidth_efficiency);
+        self.launch_overhead_us + 1e6 * memory.max(flops as f64 / (rate_tflops(r, dtype) * 1e12))
+    }
+
     /// Seconds to move `bytes` with template `t`.
     pub fn memory_seconds(&self, t: Template, bytes: u64) -> f64 {
         bytes as f64 / (self.copy_bandwidth_gbs * 1e9 * self.rates(t).bandwidth_efficiency)
@@ -94,17 +111,20 @@ impl DeviceProfile {
 
     /// Seconds for `flops` with template `t` on operands of `dtype`.
     pub fn compute_seconds(&self, t: Template, flops: u64, dtype: DType) -> f64 {
-        let r = self.rates(t);
-        let tflops = match dtype {
-            DType::Bf16 | DType::F16 => r.flops_bf16_tflops.unwrap_or(r.flops_f32_tflops),
-            _ => r.flops_f32_tflops,
-        };
-        flops as f64 / (tflops * 1e12)
+        flops as f64 / (rate_tflops(self.rates(t), dtype) * 1e12)
     }
 
     /// Predicted time of one kernel in microseconds: launch + max(memory, compute).
     pub fn kernel_us(&self, t: Template, bytes: u64, flops: u64, dtype: DType) -> f64 {
         self.launch_overhead_us + 1e6 * self.memory_seconds(t, bytes).max(self.compute_seconds(t, flops, dtype))
+    }
+}
+
+/// The arithmetic rate of `r` for operands of `dtype`, in TFLOP/s.
+fn rate_tflops(r: &TemplateRates, dtype: DType) -> f64 {
+    match dtype {
+        DType::Bf16 | DType::F16 => r.flops_bf16_tflops.unwrap_or(r.flops_f32_tflops),
+        _ => r.flops_f32_tflops,
     }
 }
 

@@ -40,7 +40,7 @@ fn us(x: f64) -> f64 {
 }
 
 fn kernel_json(k: &Kernel) -> Value {
-    json!({
+    let mut v = json!({
         "id": k.id,
         "template": k.template.name(),
         "ops": k.ops,
@@ -53,7 +53,19 @@ fn kernel_json(k: &Kernel) -> Value {
         "domain": k.domain,
         "body": k.body.to_string(),
         "rejected": k.rejected,
-    })
+    });
+    if let (Some(imp), Some(o)) = (k.implementation, v.as_object_mut()) {
+        o.insert("implementation".into(), json!(imp.name()));
+    }
+    v
+}
+
+/// The template's name, with a gemm kernel's implementation (`gemm/cublaslt`).
+fn template_label(k: &Kernel) -> String {
+    match k.implementation {
+        Some(imp) => format!("{}/{}", k.template.name(), imp.name()),
+        None => k.template.name().to_string(),
+    }
 }
 
 /// The plan as the JSON contract (`eqfuse.plan/1`).
@@ -133,7 +145,7 @@ fn render_table(plan: &FusionPlan) -> String {
     for k in &plan.kernels {
         table.add_row(vec![
             Cell::new(k.id),
-            Cell::new(k.template.name()),
+            Cell::new(template_label(k)),
             Cell::new(wrap_list(&k.ops, 40)),
             Cell::new(k.reads.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ")),
             Cell::new(k.writes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ")),
@@ -170,7 +182,7 @@ fn render_text(plan: &FusionPlan) -> String {
         let names = |v: &[crate::plan::TensorRef]| {
             v.iter().map(|t| format!("{} {}", t.name, t.ty)).collect::<Vec<_>>().join(", ")
         };
-        let _ = writeln!(s, "kernel {} ({} over {}):", k.id, k.template.name(), crate::lang::Dims(k.domain.clone()));
+        let _ = writeln!(s, "kernel {} ({} over {}):", k.id, template_label(k), crate::lang::Dims(k.domain.clone()));
         let _ = writeln!(s, "  reads  {}", names(&k.reads));
         let _ = writeln!(s, "  writes {}", names(&k.writes));
         let _ = writeln!(s, "  body   {}", k.body);

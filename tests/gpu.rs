@@ -9,8 +9,8 @@
 mod common;
 
 use eqfuse::{
-    codegen_plan, nvrtc_compile_cached, optimize, run_on, unfused_plan, DeviceProfile, Error, FusionPlan, Gpu,
-    GpuRunOptions, GpuRunReport, OptimizeOptions, Program, Template, DEFAULT_ARCH,
+    codegen_plan, nvrtc_compile_cached, optimize, run_on, unfused_plan, DeviceProfile, Error, FusionPlan, GemmImpl,
+    Gpu, GpuRunOptions, GpuRunReport, OptimizeOptions, Program, Template, DEFAULT_ARCH,
 };
 
 /// The GPU, or `None` after saying why there is none (or after prefilling the cache).
@@ -39,8 +39,10 @@ fn prefill(plans: &[(String, Program, FusionPlan)]) {
     eprintln!("prefilled the NVRTC cache with {n} kernels");
 }
 
+/// Whether codegen supports every kernel (attention is not generated yet, issue 6; a product
+/// whose operand view strides cannot express is refused by codegen).
 fn generated(plan: &FusionPlan) -> bool {
-    plan.kernels.iter().all(|k| k.template != Template::Gemm)
+    codegen_plan(plan).is_ok()
 }
 
 /// Every case and capped example, fused and unfused, whose kernels codegen supports.
@@ -64,7 +66,7 @@ fn plans() -> Vec<(String, Program, FusionPlan)> {
             if generated(&plan) {
                 out.push((format!("{name} ({which})"), program.clone(), plan));
             } else {
-                eprintln!("not run: {name} ({which}) has gemm kernels (issue 6)");
+                eprintln!("not run: {name} ({which}) has kernels codegen does not support (attention, issue 6)");
             }
         }
     }
@@ -126,76 +128,55 @@ fn reductions_are_deterministic() {
     }
 }
 
-/// `--strict`: on every case and capped example, the strict plan's outputs are bit-identical to
-/// the strict unfused plan's (and both match the reference).
+/// Gemm kernels in both implementations (cuBLASLt where its epilogues cover the body, and the
+/// generated kernel always), f32 and bf16, with transposed, batched and broadcast operands read
+/// in place, pointwise and row-softmax epilogues.
 #[test]
-fn strict_plans_are_bit_identical_to_the_unfused_plan() {
-    let profile = DeviceProfile::load("h100").unwrap();
-    let opts = OptimizeOptions { strict: true, ..OptimizeOptions::new(profile.clone()) };
-    let mut programs: Vec<(String, Program)> =
-        common::cases().into_iter().map(|c| (c.name.to_string(), c.program)).collect();
-    for path in common::example_paths() {
-        let Ok(full) = eqfuse::load_program(&path, &[]) else { continue };
-        let capped: Vec<(String, usize)> = full.dims.iter().map(|(n, v)| (n.clone(), (*v).min(512))).collect();
-        if let Ok(p) = eqfuse::load_program(&path, &capped) {
-            programs.push((path, p));
-        }
-    }
-    let mut pairs = vec![];
-    let mut flat = vec![];
-    for (name, program) in programs {
-        let fused = optimize(&program, &opts).unwrap().plan;
-        let unfused = unfused_plan(&program, &profile, true).unwrap();
-        if !(generated(&fused) && generated(&unfused)) {
-            eprintln!("not run: {name} has gemm or attention kernels (issue 6)");
-            continue;
-        }
-        flat.push((format!("{name} (strict)"), program.clone(), fused.clone()));
-        flat.push((format!("{name} (strict unfused)"), program.clone(), unfused.clone()));
-        pairs.push((name, program, fused, unfused));
-    }
-    let Some(gpu) = gpu_or_skip(&flat) else { return };
-    let mut differ = vec![];
-    for (seed, (name, program, fused, unfused)) in pairs.iter().enumerate() {
-        let a = run_checked(&gpu, name, program, fused, seed as u64);
-        let b = run_checked(&gpu, name, program, unfused, seed as u64);
-        for ((n, x), (_, y)) in a.values.iter().zip(&b.values) {
-            let same = x.data.iter().zip(&y.data).all(|(p, q)| p.to_bits() == q.to_bits() || p.is_nan() && q.is_nan());
-            if !same {
-                differ.push(format!("{name}: output {n}"));
+fn gemm_implementations_match_the_reference() {
+    let programs = [
+        ("dense_relu", "dim M = 96\ndim K = 80\ndim N = 72\ninput x: f32[M, K]\ninput w: f32[K, N]\ninput b: f32[N]\ny = relu(x @ w + b)\noutput y\n"),
+        ("dense_gelu_tanh", "input x: f32[64, 256]\ninput w: f32[256, 192]\ninput b: f32[192]\ny = gelu_tanh(x @ w + b)\noutput y\n"),
+        ("dense_gelu_bf16", "input x: bf16[128, 256]\ninput w: bf16[256, 320]\ninput b: bf16[320]\ny = gelu_tanh(x @ w + b)\noutput y\n"),
+        ("bias_bf16", "input x: bf16[64, 128]\ninput w: bf16[128, 96]\ninput b: bf16[96]\ny = x @ w + b\noutput y\n"),
+        ("xt_w", "input x: f32[80, 48]\ninput w: f32[80, 144]\ny = transpose(x, 0, 1) @ w\noutput y\n"),
+        ("x_wt", "input x: f32[48, 80]\ninput w: f32[144, 80]\ny = relu(x @ transpose(w, 0, 1))\noutput y\n"),
+        ("batched", "input a: f32[3, 40, 24]\ninput b: f32[3, 24, 56]\ny = a @ b\noutput y\n"),
+        ("broadcast_b", "input a: f32[3, 40, 24]\ninput b: f32[24, 56]\ny = gelu(a @ b) * 2\noutput y\n"),
+        ("erf_gelu_epilogue", "input x: bf16[64, 96]\ninput w: bf16[96, 160]\ninput b: bf16[160]\ny = gelu(x @ w + b)\noutput y\n"),
+        ("softmax_epilogue", "input x: f32[70, 130]\ninput w: f32[130, 37]\ny = softmax(x @ w, -1)\noutput y\n"),
+        ("softmax_bf16", "input x: bf16[64, 128]\ninput w: bf16[128, 200]\ny = softmax(x @ w, -1)\noutput y\n"),
+        ("two_writes", "input x: f32[64, 64]\ninput w: f32[64, 32]\ns = x @ w\ny = exp(s)\noutput s, y\n"),
+    ];
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let mut plans = Vec::new();
+    for (name, src) in programs {
+        let program = eqfuse::parse_program(name, src, &[]).unwrap();
+        let plan = optimize(&program, &opts).unwrap().plan;
+        assert!(plan.kernels.iter().any(|k| k.template == Template::Gemm), "{name}: no gemm kernel");
+        for imp in [GemmImpl::Cublaslt, GemmImpl::Generated] {
+            let mut p = plan.clone();
+            let mut any = false;
+            for k in p.kernels.iter_mut().filter(|k| k.template == Template::Gemm) {
+                if imp == GemmImpl::Generated || eqfuse::gemm_cublaslt_call(k).is_some() {
+                    k.implementation = Some(imp);
+                    any = true;
+                }
+            }
+            if any {
+                plans.push((format!("{name} ({})", imp.name()), program.clone(), p));
             }
         }
     }
-    eprintln!("strict: {} programs, {} not bit-identical", pairs.len(), differ.len());
-    assert!(differ.is_empty(), "strict plans differ from the unfused plan on {}: {}", gpu.name, differ.join(", "));
-}
-
-/// Rows too long for two blocks' registers per SM take the pipelined row kernel (the next row
-/// staged in shared memory while this one is reduced): cross-entropy over 32000 columns, with
-/// more rows than one wave of blocks, so every block streams several rows; then a CUDA graph
-/// of a multi-kernel plan replays to the same outputs.
-#[test]
-fn pipelined_long_rows_and_graph_replay_match_the_reference() {
-    let profile = DeviceProfile::load("h100").unwrap();
-    let opts = OptimizeOptions::new(profile.clone());
-    let mut plans = Vec::new();
-    for file in ["examples/cross_entropy.eqf", "examples/cross_entropy_grad.eqf"] {
-        let p = eqfuse::load_program(file, &[("N".into(), 300), ("V".into(), 32000)]).unwrap();
-        let plan = optimize(&p, &opts).unwrap().plan;
-        let sources = codegen_plan(&plan).unwrap();
-        assert!(sources.iter().any(|s| s.launch.wave && s.launch.smem_bytes > 0), "{file}: not pipelined");
-        plans.push((file.to_string(), p, plan));
-    }
-    let p = eqfuse::load_program("examples/layernorm.eqf", &[("R".into(), 64), ("C".into(), 512)]).unwrap();
-    plans.push(("layernorm (unfused)".into(), p.clone(), unfused_plan(&p, &profile, false).unwrap()));
     let Some(gpu) = gpu_or_skip(&plans) else { return };
-    for (name, program, plan) in &plans {
-        let sources = codegen_plan(plan).unwrap();
-        let opts = GpuRunOptions { repeat: 3, seed: 5, graph: true, ..GpuRunOptions::default() };
-        let r = run_on(&gpu, program, plan, &sources, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert!(r.ok(), "{name}: {r}");
-        assert!(r.graph_measured_us.is_some_and(|t| t > 0.0), "{name}: {r}");
-        assert!(r.device_bytes <= r.unshared_device_bytes, "{name}: {r}");
-        eprintln!("ok: {name}\n{r}");
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        let r = run_checked(&gpu, name, program, plan, seed as u64);
+        eprintln!(
+            "ok: {name}: {}",
+            r.outputs
+                .iter()
+                .map(|o| format!("{} scaled error {:.1e}", o.name, o.scaled_error))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
 }

@@ -54,8 +54,8 @@ fn generated_kernels_compile() {
 }
 
 /// Every example program at its declared sizes, and with every dim capped at 512 where the
-/// program allows it, planned with and without `--strict`. Kernels of the gemm template are not generated yet (issue 6) and are
-/// skipped; any other codegen failure fails the test.
+/// program allows it, planned with and without `--strict`. Gemm kernels that are one cuBLASLt
+/// call have no source: they are skipped (and counted); any other codegen failure fails the test. Generated gemm kernels must compile without warnings.
 #[test]
 fn example_kernels_compile() {
     if !nvrtc_or_skip() {
@@ -63,7 +63,7 @@ fn example_kernels_compile() {
     }
     let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
     let examples = common::example_paths();
-    let (mut compiled, mut skipped) = (0, 0);
+    let (mut compiled, mut skipped, mut gemm) = (0, 0, 0);
     for path in examples {
         let full = match eqfuse::load_program(&path, &[]) {
             Ok(p) => p,
@@ -78,16 +78,31 @@ fn example_kernels_compile() {
         for (p, strict) in programs.iter().flat_map(|p| [(p, false), (p, true)]) {
             let plan = optimize(p, &OptimizeOptions { strict, ..opts.clone() }).unwrap().plan;
             for k in &plan.kernels {
-                if k.template == eqfuse::Template::Gemm {
+                let s = match eqfuse::codegen_kernel(&plan, k) {
+                    Ok(s) => s,
+                    // A product whose operand is a reshape of a transposed view (no strides
+                    // express it) is a known gap of codegen; anything else fails the test.
+                    Err(e) if k.template == eqfuse::Template::Gemm && e.to_string().contains("not supported yet") => {
+                        eprintln!("skipped {path} kernel {}: {e}", k.id);
+                        skipped += 1;
+                        continue;
+                    }
+                    Err(e) => panic!("{path}: {e}"),
+                };
+                if s.cublaslt.is_some() {
                     skipped += 1;
                     continue;
                 }
-                let s = eqfuse::codegen_kernel(&plan, k).unwrap_or_else(|e| panic!("{path}: {e}"));
-                nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[])
+                let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[])
                     .unwrap_or_else(|e| panic!("{path} / {}: {e}", s.name));
+                if k.template == eqfuse::Template::Gemm {
+                    assert!(c.log.trim().is_empty(), "{path} / {}: warnings\n{}", s.name, c.log);
+                    gemm += 1;
+                }
                 compiled += 1;
             }
         }
     }
-    eprintln!("compiled {compiled} example kernels; skipped {skipped} gemm kernels (issue 6)");
+    eprintln!("compiled {compiled} example kernels ({gemm} generated gemm); skipped {skipped} cuBLASLt kernels");
+    assert!(gemm >= 4, "the examples' generated gemm kernels were not compiled");
 }

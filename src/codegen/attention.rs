@@ -439,6 +439,7 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
         template: Template::Attention,
         source: s,
         launch: Launch { grid, block, smem_bytes: smem, persistent: false, wave: false },
+        cublaslt: None,
         args,
     })
 }

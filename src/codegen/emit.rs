@@ -731,6 +731,8 @@ impl Emitter<'_> {
 /// `{template}_{dtype}_k{id}`, the dtype being that of the first write (or read).
 pub fn kernel_name(k: &Kernel, template: Template) -> String {
     let dtype = k.writes.first().or(k.reads.first()).map_or(DType::F32, |t| t.ty.dtype);
+    // A gemm kernel's epilogue is rendered by another template's emitter; the kernel keeps its name.
+    let template = if k.template == Template::Gemm { Template::Gemm } else { template };
     format!("{}_{}_k{}", template.name(), dtype, k.id)
 }
 

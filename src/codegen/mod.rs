@@ -9,6 +9,7 @@
 
 mod attention;
 mod emit;
+pub mod gemm;
 mod lower;
 
 use std::path::Path;
@@ -25,14 +26,16 @@ const ELEMENTWISE: &str = include_str!("../../kernels/elementwise.cu");
 const ROWREDUCE: &str = include_str!("../../kernels/rowreduce.cu");
 const COLREDUCE: &str = include_str!("../../kernels/colreduce.cu");
 const ATTENTION: &str = include_str!("../../kernels/attention.cu");
+const GEMM: &str = include_str!("../../kernels/gemm.cu");
 
 /// The template files, by name, as they are embedded (for tests that compile them alone).
-pub const TEMPLATE_FILES: [(&str, &str); 5] = [
+pub const TEMPLATE_FILES: [(&str, &str); 6] = [
     ("common.cuh", COMMON),
     ("elementwise.cu", ELEMENTWISE),
     ("rowreduce.cu", ROWREDUCE),
     ("colreduce.cu", COLREDUCE),
     ("attention.cu", ATTENTION),
+    ("gemm.cu", GEMM),
 ];
 
 /// Grid, block and dynamic shared memory of a launch.
@@ -92,6 +95,10 @@ pub struct KernelSource {
     pub source: String,
     pub launch: Launch,
     pub args: Vec<KernelArg>,
+    /// A gemm kernel run as one cuBLASLt call instead of generated CUDA (then `source` is
+    /// empty, `file` too, and `launch` is unused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cublaslt: Option<crate::cublas::LtCall>,
 }
 
 impl KernelSource {
@@ -112,6 +119,9 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
     if k.template == Template::Attention {
         return attention::codegen(plan, k, ATTENTION, COMMON);
     }
+    if k.template == Template::Gemm {
+        return codegen_gemm(plan, k);
+    }
     let lowered = lower::lower(k)?;
     let r = emit::render(k, &lowered, plan.search.strict)?;
     let name = emit::kernel_name(k, lowered.template);
@@ -128,17 +138,7 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
     source.push_str(&r.body);
     source.push_str(&format!("\n// ---- kernels/{}.cu ----\n", lowered.template.name()));
     source.push_str(template);
-    let mut args = Vec::new();
-    for (t, role) in k.reads.iter().map(|t| (t, ArgRole::Read)).chain(k.writes.iter().map(|t| (t, ArgRole::Write))) {
-        args.push(KernelArg {
-            name: t.name.clone(),
-            role,
-            dtype: Some(t.ty.dtype),
-            shape: t.ty.shape.clone(),
-            bytes: t.ty.bytes(),
-            zeroed: false,
-        });
-    }
+    let mut args = tensor_args(k);
     for (n, bytes, zeroed) in &r.shape.workspace {
         args.push(KernelArg {
             name: n.clone(),
@@ -163,7 +163,55 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
             wave: r.shape.wave,
         },
         args,
+        cublaslt: None,
     })
+}
+
+/// A gemm kernel: generated CUDA (`kernels/gemm.cu` after the rendered epilogue), or one
+/// cuBLASLt call.
+fn codegen_gemm(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
+    let r = gemm::render(k, plan.search.strict)?;
+    let name = emit::kernel_name(k, Template::Gemm);
+    let shape = emit::Shape { grid: r.grid, block: r.block, workspace: vec![], smem_bytes: 0, wave: false };
+    let (file, source) = if r.call.is_some() {
+        (String::new(), String::new())
+    } else {
+        let mut source = header(plan, k, Template::Gemm, &name, &shape);
+        source.push_str(&r.defines);
+        source.push_str("\n// ---- kernels/common.cuh ----\n");
+        source.push_str(COMMON);
+        source.push_str("\n// ---- generated body ----\n");
+        source.push_str(&r.body);
+        source.push_str("\n// ---- kernels/gemm.cu ----\n");
+        source.push_str(GEMM);
+        (format!("{name}.cu"), source)
+    };
+    Ok(KernelSource {
+        file,
+        name,
+        kernel: k.id,
+        template: Template::Gemm,
+        source,
+        launch: Launch { grid: r.grid, block: r.block, smem_bytes: 0, persistent: false, wave: false },
+        args: tensor_args(k),
+        cublaslt: r.call,
+    })
+}
+
+/// A kernel's tensor arguments: its reads, then its writes.
+fn tensor_args(k: &Kernel) -> Vec<KernelArg> {
+    let mut args = Vec::new();
+    for (t, role) in k.reads.iter().map(|t| (t, ArgRole::Read)).chain(k.writes.iter().map(|t| (t, ArgRole::Write))) {
+        args.push(KernelArg {
+            name: t.name.clone(),
+            role,
+            dtype: Some(t.ty.dtype),
+            shape: t.ty.shape.clone(),
+            bytes: t.ty.bytes(),
+            zeroed: false,
+        });
+    }
+    args
 }
 
 /// The opening comment of a generated file.
@@ -219,7 +267,7 @@ pub fn write_codegen_dir(plan: &FusionPlan, dir: &Path) -> Result<Vec<KernelSour
     let sources = codegen_plan(plan)?;
     let io = |p: &Path, e| Error::io(p.display().to_string(), e);
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-    for s in &sources {
+    for s in sources.iter().filter(|s| s.cublaslt.is_none()) {
         let p = dir.join(&s.file);
         std::fs::write(&p, &s.source).map_err(|e| io(&p, e))?;
     }

@@ -1,0 +1,254 @@
+// gemm.cu: a matrix product with an arbitrary fused epilogue (the generated implementation of
+// the gemm template; cuBLASLt runs the epilogues it has, see src/cublas.rs).
+//
+// Math: for each batch index z and each element (m, n) of the product,
+//   P[z, m, n] = sum over k < EQ_K of A[z, m, k] * B[z, k, n]     (f32 accumulation)
+// where A and B are views of tensors the kernel reads, indexed in place through strides
+// (EQ_SAM, EQ_SAK, EQ_SBK, EQ_SBN and the batch offsets eq_a_batch / eq_b_batch), so a
+// transposed or broadcast operand is never materialized. The epilogue is generated code that
+// reads P as the pseudo-tensor `p_eq_product` (a tile in shared memory):
+//   EQ_EPI_ROWS == 0: out = g(P, reads) element by element (the elementwise template's
+//                     `eq_body<V>(EQ_ARGS, i0)`, i0 the flat index of the element);
+//   EQ_EPI_ROWS == 1: row reductions then an epilogue over each whole row of P (the row
+//                     template's eq_fetch / eq_accum / eq_finish / eq_epilogue functions), so a
+//                     row softmax of a product no wider than one tile (EQ_BN >= EQ_N) is one kernel.
+//
+// Launch shape: grid (ceil(EQ_N / EQ_BN), ceil(EQ_M / EQ_BM), batch), EQ_GEMM_THREADS threads.
+// The block computes a EQ_BM x EQ_BN tile: thread (tx, ty) owns rows ty*EQ_TM + i and columns
+// tx + j*(EQ_BN/EQ_TN); each step stages a EQ_BK-deep slice of A (transposed) and B in shared
+// memory, loading along whichever axis is contiguous in device memory, and loads the next
+// slice into registers before computing on this one. The finished tile goes to
+// shared memory (reusing the staging space) with row stride EQ_TS, and the epilogue reads it there.
+//
+// Invariants: operands are widened to f32 on load and every product element is a sum in
+// increasing k order, so results are deterministic; elements outside [0, M) x [0, N) are
+// computed as zero and never stored; every thread reaches every __syncthreads; EQ_TS is a
+// multiple of 4 and tile columns start at multiples of EQ_BN, so the epilogue's vector loads
+// of the tile are aligned; in the row form EQ_BN >= EQ_N, so a row is whole in one block.
+#ifndef EQ_COMMON_CUH
+#include "common.cuh"
+#endif
+
+#ifndef EQ_GENERATED
+// Default instance: y = relu(a @ b + bias), a [64, 128] f32, b [128, 96] f32, bias [96].
+#define EQ_KERNEL gemm_f32
+#define EQ_KPARAMS const float* __restrict__ p_a, const float* __restrict__ p_b, \
+    const float* __restrict__ p_bias, float* __restrict__ p_y
+#define EQ_PARAMS const float* __restrict__ p_a, const float* __restrict__ p_b, \
+    const float* __restrict__ p_bias, const float* __restrict__ p_eq_product, float* __restrict__ p_y
+#define EQ_ARGS p_a, p_b, p_bias, p_eq_product, p_y
+#define EQ_M 64
+#define EQ_N 96
+#define EQ_K 128
+#define EQ_TA float
+#define EQ_TB float
+#define EQ_A p_a
+#define EQ_B p_b
+#define EQ_SAM 128
+#define EQ_SAK 1
+#define EQ_SBK 96
+#define EQ_SBN 1
+#define EQ_GEMM_THREADS 256
+#define EQ_BM 64
+#define EQ_BN 128
+#define EQ_BK 16
+#define EQ_TM 4
+#define EQ_TN 8
+#define EQ_TS 132
+#define EQ_EPI_ROWS 0
+#define EQ_VEC 4
+
+__device__ __forceinline__ eq_idx eq_a_batch(eq_idx z) { return 0; }
+__device__ __forceinline__ eq_idx eq_b_batch(eq_idx z) { return 0; }
+
+template <int V>
+__device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {
+    const eq_idx c1 = i0 % EQ_N;
+    const eq_idx c0 = i0 / EQ_N;
+    float p[V], b[V], y[V];
+    eq_loadv<float, V>(p_eq_product + c0 * EQ_TS + c1, p);
+    eq_loadv<float, V>(p_bias + c1, b);
+#pragma unroll
+    for (int v = 0; v < V; ++v) y[v] = eq_relu(p[v] + b[v]);
+    eq_storev<float, V>(p_y + i0, y);
+}
+#endif
+
+// The product's own dtype: a bf16 or f16 product is rounded to it before the epilogue, as the
+// program (and the reference) computes it.
+#ifndef EQ_ROUND_PRODUCT
+#define EQ_ROUND_PRODUCT(x) (x)
+#endif
+#define EQ_TX (EQ_BN / EQ_TN)
+#define EQ_STAGE_FLOATS (EQ_BK * (EQ_BM + 1) + EQ_BK * (EQ_BN + 1))
+#define EQ_TILE_FLOATS (EQ_BM * EQ_TS)
+#define EQ_SMEM_FLOATS (EQ_STAGE_FLOATS > EQ_TILE_FLOATS ? EQ_STAGE_FLOATS : EQ_TILE_FLOATS)
+
+#if EQ_EPI_ROWS
+#define EQ_GROWS (EQ_GEMM_THREADS / EQ_ROW_THREADS)
+#define EQ_GWARPS (EQ_ROW_THREADS > 32 ? EQ_ROW_THREADS / 32 : 1)
+
+// Combines one stage's accumulators across the threads of a row (as rowreduce.cu does); every
+// thread gets the first lane's result.
+__device__ __forceinline__ void eq_gemm_row_combine(int s, float (&acc)[EQ_NACC], float (*red)[EQ_GWARPS][EQ_NACC],
+                                                    int slot, int lane) {
+    constexpr int width = EQ_ROW_THREADS < 32 ? EQ_ROW_THREADS : 32;
+    const int wlane = threadIdx.x & 31;
+#pragma unroll
+    for (int off = width / 2; off > 0; off /= 2) {
+        float other[EQ_NACC];
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) other[k] = __shfl_xor_sync(0xffffffffu, acc[k], off);
+        eq_merge(s, acc, other);
+    }
+#pragma unroll
+    for (int k = 0; k < EQ_NACC; ++k) acc[k] = __shfl_sync(0xffffffffu, acc[k], wlane & ~(width - 1));
+    if (EQ_GWARPS > 1) {
+        const int warp = lane / 32;
+        if (wlane == 0) {
+#pragma unroll
+            for (int k = 0; k < EQ_NACC; ++k) red[slot][warp][k] = acc[k];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) acc[k] = red[slot][0][k];
+#pragma unroll
+        for (int w = 1; w < EQ_GWARPS; ++w) eq_merge(s, acc, red[slot][w]);
+        __syncthreads();
+    }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARAMS) {
+    __shared__ __align__(16) float eq_smem[EQ_SMEM_FLOATS];
+    float (*as)[EQ_BM + 1] = reinterpret_cast<float (*)[EQ_BM + 1]>(eq_smem);
+    float (*bs)[EQ_BN + 1] = reinterpret_cast<float (*)[EQ_BN + 1]>(eq_smem + EQ_BK * (EQ_BM + 1));
+    const int tid = threadIdx.x;
+    const int tx = tid % EQ_TX;
+    const int ty = tid / EQ_TX;
+    const eq_idx z = blockIdx.z;
+    const int m0 = blockIdx.y * EQ_BM;
+    const int n0 = blockIdx.x * EQ_BN;
+    const EQ_TA* __restrict__ pa = EQ_A + eq_a_batch(z);
+    const EQ_TB* __restrict__ pb = EQ_B + eq_b_batch(z);
+
+    float acc[EQ_TM][EQ_TN];
+#pragma unroll
+    for (int i = 0; i < EQ_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < EQ_TN; ++j) acc[i][j] = 0.0f;
+
+    // Each thread stages EQ_NA elements of the A slice and EQ_NB of the B slice; the next
+    // slice's loads are issued before this slice's arithmetic, so their latency overlaps it.
+    constexpr int EQ_NA = (EQ_BM * EQ_BK + EQ_GEMM_THREADS - 1) / EQ_GEMM_THREADS;
+    constexpr int EQ_NB = (EQ_BN * EQ_BK + EQ_GEMM_THREADS - 1) / EQ_GEMM_THREADS;
+    float ra[EQ_NA], rb[EQ_NB];
+    auto fetch = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < EQ_NA; ++i) {
+            // Consecutive threads walk the axis that is contiguous in memory.
+            const int e = tid + i * EQ_GEMM_THREADS;
+            const int m = EQ_SAK == 1 ? e / EQ_BK : e % EQ_BM;
+            const int kk = EQ_SAK == 1 ? e % EQ_BK : e / EQ_BM;
+            const int gm = m0 + m, gk = k0 + kk;
+            const bool in = e < EQ_BM * EQ_BK && gm < EQ_M && gk < EQ_K;
+            ra[i] = in ? eq_val(pa[(eq_idx)gm * EQ_SAM + (eq_idx)gk * EQ_SAK]) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < EQ_NB; ++i) {
+            const int e = tid + i * EQ_GEMM_THREADS;
+            const int n = EQ_SBK == 1 ? e / EQ_BK : e % EQ_BN;
+            const int kk = EQ_SBK == 1 ? e % EQ_BK : e / EQ_BN;
+            const int gn = n0 + n, gk = k0 + kk;
+            const bool in = e < EQ_BN * EQ_BK && gn < EQ_N && gk < EQ_K;
+            rb[i] = in ? eq_val(pb[(eq_idx)gk * EQ_SBK + (eq_idx)gn * EQ_SBN]) : 0.0f;
+        }
+    };
+    fetch(0);
+    for (int k0 = 0; k0 < EQ_K; k0 += EQ_BK) {
+#pragma unroll
+        for (int i = 0; i < EQ_NA; ++i) {
+            const int e = tid + i * EQ_GEMM_THREADS;
+            if (e < EQ_BM * EQ_BK) as[EQ_SAK == 1 ? e % EQ_BK : e / EQ_BM][EQ_SAK == 1 ? e / EQ_BK : e % EQ_BM] = ra[i];
+        }
+#pragma unroll
+        for (int i = 0; i < EQ_NB; ++i) {
+            const int e = tid + i * EQ_GEMM_THREADS;
+            if (e < EQ_BN * EQ_BK) bs[EQ_SBK == 1 ? e % EQ_BK : e / EQ_BN][EQ_SBK == 1 ? e / EQ_BK : e % EQ_BN] = rb[i];
+        }
+        __syncthreads();
+        if (k0 + EQ_BK < EQ_K) fetch(k0 + EQ_BK);
+#pragma unroll
+        for (int kk = 0; kk < EQ_BK; ++kk) {
+            float a[EQ_TM], b[EQ_TN];
+#pragma unroll
+            for (int i = 0; i < EQ_TM; ++i) a[i] = as[kk][ty * EQ_TM + i];
+#pragma unroll
+            for (int j = 0; j < EQ_TN; ++j) b[j] = bs[kk][tx + j * EQ_TX];
+#pragma unroll
+            for (int i = 0; i < EQ_TM; ++i)
+#pragma unroll
+                for (int j = 0; j < EQ_TN; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+
+    // The finished tile, in shared memory with row stride EQ_TS.
+    float* tile = eq_smem;
+#pragma unroll
+    for (int i = 0; i < EQ_TM; ++i)
+#pragma unroll
+        for (int j = 0; j < EQ_TN; ++j) tile[(ty * EQ_TM + i) * EQ_TS + tx + j * EQ_TX] = EQ_ROUND_PRODUCT(acc[i][j]);
+    __syncthreads();
+    // The epilogue indexes the product by (flat row, column); this pointer maps the block's
+    // rows and columns onto its tile.
+    const eq_idx row0 = z * (eq_idx)EQ_M + (eq_idx)m0;
+    const float* __restrict__ p_eq_product = tile - ((long long)row0 * EQ_TS + n0);
+
+#if EQ_EPI_ROWS
+    __shared__ float red[EQ_GROWS][EQ_GWARPS][EQ_NACC];
+    const int slot = tid / EQ_ROW_THREADS;
+    const int lane = tid % EQ_ROW_THREADS;
+    for (int r0 = 0; r0 < EQ_BM; r0 += EQ_GROWS) {
+        const int m = m0 + r0 + slot;
+        const bool active = r0 + slot < EQ_BM && m < EQ_M;
+        const eq_idx row = z * (eq_idx)EQ_M + (eq_idx)m;
+        EqRow rv;
+        if (active) eq_row_init(EQ_ARGS, row, rv);
+#pragma unroll
+        for (int s = 0; s < EQ_STAGES; ++s) {
+            float racc[EQ_NACC];
+            eq_acc_init(s, racc);
+#pragma unroll
+            for (int c = 0; c < EQ_CHUNKS; ++c) {
+                const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
+                if (active && col0 < (eq_idx)EQ_COLS) {
+                    float cv[EQ_NCACHE][EQ_VEC];
+                    eq_fetch(EQ_ARGS, row, col0, cv);
+                    eq_accum(s, EQ_ARGS, row, col0, cv, rv, racc);
+                }
+            }
+            eq_gemm_row_combine(s, racc, red, slot, lane);
+            if (active) eq_finish(s, EQ_ARGS, row, racc, rv);
+        }
+        if (!active) continue;
+#pragma unroll
+        for (int c = 0; c < EQ_CHUNKS; ++c) {
+            const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
+            if (col0 < (eq_idx)EQ_COLS) {
+                float cv[EQ_NCACHE][EQ_VEC];
+                eq_fetch(EQ_ARGS, row, col0, cv);
+                eq_epilogue(EQ_ARGS, row, col0, cv, rv);
+            }
+        }
+        if (lane == 0) eq_row_store(EQ_ARGS, row, rv);
+    }
+#else
+    constexpr int groups = EQ_BN / EQ_VEC;
+    for (int e = tid; e < EQ_BM * groups; e += EQ_GEMM_THREADS) {
+        const int m = m0 + e / groups;
+        const int n = n0 + (e % groups) * EQ_VEC;
+        if (m < EQ_M && n < EQ_N) eq_body<EQ_VEC>(EQ_ARGS, (z * (eq_idx)EQ_M + (eq_idx)m) * EQ_N + (eq_idx)n);
+    }
+#endif
+}

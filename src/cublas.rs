@@ -1,0 +1,288 @@
+//! The cuBLASLt implementation of the gemm template: a gemm kernel whose epilogue cuBLASLt has
+//! (bias, relu, tanh-form gelu, and bias with either) runs as ONE `cublasLtMatmul` call.
+//!
+//! Row-major tensors are handed to cuBLASLt (column-major) as their transposes: the row-major
+//! product `D[M, N] = A[M, K] @ B[K, N]` is the column-major `D^T = B^T A^T`, so B is
+//! cuBLASLt's first operand and the bias (one value per output column) is its per-row bias
+//! vector. A transposed view of an operand is read in place by flipping that operand's op flag,
+//! never materialized. f32 runs with `CUBLAS_COMPUTE_32F` (no TF32); bf16 and f16 accumulate
+//! in f32 (`CUBLAS_COMPUTE_32F`).
+//! Invariants: `LtCall` is a pure description (built by codegen, serialisable into the launch
+//! manifest); every cuBLASLt status becomes `Error::Cuda` naming the kernel, here; a machine
+//! without `libcublasLt` gets `Error::NoGpu`, never cudarc's panic.
+
+use std::sync::Arc;
+
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys;
+use cudarc::driver::{CudaStream, DevicePtr};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::types::DType;
+
+/// The epilogues of cuBLASLt that eqfuse uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LtEpilogue {
+    Default,
+    Bias,
+    Relu,
+    ReluBias,
+    /// cuBLASLt's GELU is the tanh form (`gelu_tanh`), not the erf form of `gelu`.
+    Gelu,
+    GeluBias,
+}
+
+/// One column-major operand of the call: a tensor by name, its op flag and layout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LtOperand {
+    pub tensor: String,
+    pub transpose: bool,
+    /// The stored (column-major) matrix: rows, columns, leading dimension.
+    pub rows: u64,
+    pub cols: u64,
+    pub ld: i64,
+    /// Elements between consecutive batch matrices (0: shared by every batch).
+    pub batch_stride: i64,
+}
+
+/// A gemm kernel as one cuBLASLt call (column-major terms: `d[m, n] = op(a) op(b)`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LtCall {
+    pub dtype: DType,
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub batch: u64,
+    pub a: LtOperand,
+    pub b: LtOperand,
+    /// The output, contiguous: column-major `[m, n]` with leading dimension `m`.
+    pub d: String,
+    pub epilogue: LtEpilogue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bias: Option<String>,
+}
+
+fn data_type(d: DType) -> Result<sys::cudaDataType> {
+    match d {
+        DType::F32 => Ok(sys::cudaDataType_t::CUDA_R_32F),
+        DType::Bf16 => Ok(sys::cudaDataType_t::CUDA_R_16BF),
+        DType::F16 => Ok(sys::cudaDataType_t::CUDA_R_16F),
+        _ => Err(Error::Invalid(format!("cuBLASLt has no {d} matrix product"))),
+    }
+}
+
+fn status<T>(r: std::result::Result<T, lt::CublasError>, what: &str) -> Result<T> {
+    r.map_err(|e| Error::Cuda { context: what.to_string(), message: e.to_string() })
+}
+
+/// Whether `libcublasLt` can be loaded (cudarc panics on first use otherwise).
+pub fn available() -> bool {
+    // SAFETY: only tries to open the library by name.
+    unsafe { sys::is_culib_present() }
+}
+
+/// A prepared call: descriptors, layouts and the algorithm chosen once, so that each launch is
+/// one `cublasLtMatmul` with no host-side planning.
+pub struct LtGemm {
+    pub call: LtCall,
+    name: String,
+    handle: sys::cublasLtHandle_t,
+    desc: sys::cublasLtMatmulDesc_t,
+    layouts: [sys::cublasLtMatrixLayout_t; 3],
+    algo: sys::cublasLtMatmulAlgo_t,
+    workspace: cudarc::driver::CudaSlice<u8>,
+    stream: Arc<CudaStream>,
+}
+
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+impl LtGemm {
+    /// Builds the descriptors of `call` and asks cuBLASLt's heuristic for its best algorithm.
+    pub fn new(stream: Arc<CudaStream>, call: &LtCall, name: &str) -> Result<LtGemm> {
+        if !available() {
+            return Err(Error::NoGpu("the cuBLASLt library (libcublasLt.so) is not installed".into()));
+        }
+        let what = |s: &str| format!("{name}: {s}");
+        let ty = data_type(call.dtype)?;
+        let handle = status(lt::create_handle(), &what("creating a cuBLASLt handle"))?;
+        let mut g = LtGemm {
+            call: call.clone(),
+            name: name.to_string(),
+            handle,
+            desc: std::ptr::null_mut(),
+            layouts: [std::ptr::null_mut(); 3],
+            // SAFETY: plain data, overwritten by the heuristic below before any use.
+            algo: unsafe { std::mem::zeroed() },
+            // SAFETY: scratch for cuBLASLt, which writes before it reads.
+            workspace: crate::gpu::cuda_result(unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }, "cuBLASLt workspace")?,
+            stream,
+        };
+        g.desc = status(
+            lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType_t::CUDA_R_32F),
+            &what("creating the matmul descriptor"),
+        )?;
+        let set_desc = |attr, ptr: *const std::ffi::c_void, size: usize| {
+            // SAFETY: `ptr` points at `size` bytes of the attribute's type.
+            status(unsafe { lt::set_matmul_desc_attribute(g.desc, attr, ptr, size) }, &what("setting an attribute"))
+        };
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        let (ta, tb): (i32, i32) = (call.a.transpose.into(), call.b.transpose.into());
+        set_desc(D::CUBLASLT_MATMUL_DESC_TRANSA, &ta as *const i32 as *const _, 4)?;
+        set_desc(D::CUBLASLT_MATMUL_DESC_TRANSB, &tb as *const i32 as *const _, 4)?;
+        let epi = match call.epilogue {
+            LtEpilogue::Default => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
+            LtEpilogue::Bias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            LtEpilogue::Relu => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU,
+            LtEpilogue::ReluBias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS,
+            LtEpilogue::Gelu => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU,
+            LtEpilogue::GeluBias => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
+        };
+        set_desc(D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epi as *const _ as *const _, std::mem::size_of_val(&epi))?;
+        if call.bias.is_some() {
+            set_desc(D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &ty as *const _ as *const _, std::mem::size_of_val(&ty))?;
+        }
+        let layout = |o: (u64, u64, i64, i64)| -> Result<sys::cublasLtMatrixLayout_t> {
+            let l = status(lt::create_matrix_layout(ty, o.0, o.1, o.2), &what("creating a matrix layout"))?;
+            if call.batch > 1 {
+                let count = call.batch as i32;
+                use sys::cublasLtMatrixLayoutAttribute_t as L;
+                // SAFETY: the attributes are an i32 and an i64, passed with their sizes.
+                unsafe {
+                    status(
+                        lt::set_matrix_layout_attribute(
+                            l,
+                            L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                            &count as *const i32 as *const _,
+                            4,
+                        ),
+                        &what("setting the batch count"),
+                    )?;
+                    status(
+                        lt::set_matrix_layout_attribute(
+                            l,
+                            L::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                            &o.3 as *const i64 as *const _,
+                            8,
+                        ),
+                        &what("setting the batch stride"),
+                    )?;
+                }
+            }
+            Ok(l)
+        };
+        g.layouts[0] = layout((call.a.rows, call.a.cols, call.a.ld, call.a.batch_stride))?;
+        g.layouts[1] = layout((call.b.rows, call.b.cols, call.b.ld, call.b.batch_stride))?;
+        g.layouts[2] = layout((call.m, call.n, call.m as i64, (call.m * call.n) as i64))?;
+        let pref = status(lt::create_matmul_pref(), &what("creating a preference"))?;
+        let ws = WORKSPACE_BYTES;
+        use sys::cublasLtMatmulPreferenceAttributes_t as P;
+        // SAFETY: the attribute is a usize, passed with its size; `pref` is live.
+        let heuristic = unsafe {
+            let r = status(
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &ws as *const usize as *const _,
+                    8,
+                ),
+                &what("setting the workspace size"),
+            )
+            .and_then(|_| {
+                status(
+                    lt::get_matmul_algo_heuristic(
+                        g.handle,
+                        g.desc,
+                        g.layouts[0],
+                        g.layouts[1],
+                        g.layouts[2],
+                        g.layouts[2],
+                        pref,
+                    ),
+                    &what("no cuBLASLt algorithm for this product"),
+                )
+            });
+            let _ = lt::destroy_matmul_pref(pref);
+            r?
+        };
+        g.algo = heuristic.algo;
+        Ok(g)
+    }
+
+    /// Queues the call on the stream: `a`, `b`, the bias (if any) and `d` are device buffers
+    /// of the sizes the plan gives those tensors.
+    pub fn launch(
+        &self,
+        a: &crate::gpu::Buffer,
+        b: &crate::gpu::Buffer,
+        bias: Option<&crate::gpu::Buffer>,
+        d: &crate::gpu::Buffer,
+    ) -> Result<()> {
+        let s = &self.stream;
+        let (pa, _ra) = a.device_ptr(s);
+        let (pb, _rb) = b.device_ptr(s);
+        let (pd, _rd) = d.device_ptr(s);
+        let (pw, _rw) = self.workspace.device_ptr(s);
+        let bias_ptr = bias.map(|x| x.device_ptr(s));
+        if let Some((p, _)) = &bias_ptr {
+            let p: u64 = *p;
+            // SAFETY: the attribute is a device pointer, passed with its size.
+            status(
+                unsafe {
+                    lt::set_matmul_desc_attribute(
+                        self.desc,
+                        sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                        &p as *const u64 as *const _,
+                        8,
+                    )
+                },
+                &self.name,
+            )?;
+        }
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: descriptors are live; the buffers hold the matrices the layouts describe
+        // (codegen built them from the tensors' shapes); C is D with beta = 0.
+        status(
+            unsafe {
+                lt::matmul(
+                    self.handle,
+                    self.desc,
+                    &alpha as *const f32 as *const _,
+                    &beta as *const f32 as *const _,
+                    pa as *const _,
+                    self.layouts[0],
+                    pb as *const _,
+                    self.layouts[1],
+                    pd as *const _,
+                    self.layouts[2],
+                    pd as *mut _,
+                    self.layouts[2],
+                    &self.algo,
+                    pw as *mut _,
+                    WORKSPACE_BYTES,
+                    s.cu_stream() as *mut _,
+                )
+            },
+            &self.name,
+        )
+    }
+}
+
+impl Drop for LtGemm {
+    fn drop(&mut self) {
+        // SAFETY: each handle was created by this value and is destroyed once; errors on
+        // teardown are ignored (nothing can be done about them).
+        unsafe {
+            for l in self.layouts {
+                if !l.is_null() {
+                    let _ = lt::destroy_matrix_layout(l);
+                }
+            }
+            if !self.desc.is_null() {
+                let _ = lt::destroy_matmul_desc(self.desc);
+            }
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}
