@@ -67,14 +67,6 @@ fn codegen_dir_holds_sources_plan_and_manifest() {
 }
 
 #[test]
-fn gemm_kernels_are_refused_with_the_kernel_named() {
-    let p = eqfuse::load_program("examples/dense.eqf", &[]).unwrap();
-    let plan = optimize(&p, &opts()).unwrap().plan;
-    let err = codegen_plan(&plan).unwrap_err().to_string();
-    assert!(err.contains("kernel 0") && err.contains("not supported yet"), "{err}");
-}
-
-#[test]
 fn strict_kernels_round_like_the_unfused_plan() {
     // (a*b + c) in bf16, then a row sum and a softmax: the default plan contracts and keeps f32
     // intermediates; the strict plan never contracts, rounds every bf16 value where it is
