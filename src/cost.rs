@@ -128,7 +128,7 @@ fn gemm_implementation(
     k: &KernelCost,
     profile: &DeviceProfile,
 ) -> GemmImpl {
-    if members.len() != 1 || crate::codegen::gemm::cublaslt_call(kernel).is_none() {
+    if profile.strict || members.len() != 1 || crate::codegen::gemm::cublaslt_call(kernel).is_none() {
         return GemmImpl::Generated;
     }
     let dtype = k.body.last().and_then(|&b| dag.nodes[b].ty()).map_or(DType::F32, |t| t.dtype);

@@ -151,6 +151,11 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
     if let Some(p) = crate::expand::expand_for_planning(program, opts.strict).map_err(Error::Invalid)? {
         return optimize(&p, opts);
     }
+    if opts.strict && !opts.profile.strict {
+        let mut o = opts.clone();
+        o.profile.strict = true;
+        return optimize(program, &o);
+    }
     plan_saturated(program, &saturate_program(program, opts)?, opts)
 }
 

@@ -48,6 +48,10 @@ pub struct DeviceProfile {
     /// Most tensors one kernel may take (reads plus writes).
     pub max_kernel_args: usize,
     pub templates: BTreeMap<String, TemplateRates>,
+    /// Plans for strict numerics (not part of the file): matrix products take the generated
+    /// kernel, whose accumulation order does not depend on the epilogue, never cuBLASLt.
+    #[serde(skip)]
+    pub strict: bool,
 }
 
 const H100: &str = include_str!("../profiles/h100.json");

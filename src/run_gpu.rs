@@ -220,6 +220,7 @@ pub fn run_on(
 /// bit-identical to).
 pub fn unfused_plan(program: &Program, profile: &DeviceProfile, strict: bool) -> Result<FusionPlan> {
     let expanded = crate::expand::expand_composites(program).map_err(Error::Invalid)?;
+    let profile = &DeviceProfile { strict, ..profile.clone() };
     let dag = crate::dag::Dag::from_program(&expanded);
     let fusion = crate::fuse::Fusion::unfused(&dag, profile);
     let totals = crate::optimize::unfused_totals(program, profile)?;
