@@ -13,7 +13,7 @@ Two steps, so that the GPU machine only does GPU work:
 `prepare` writes into DIR: `graph.json` (the `eqfuse.graph/1` export of
 `GPT2Block(GPT2Config(...))`, eval mode, random weights seeded, nothing downloaded),
 `inputs/NAME.npy` (the activation `x` and every weight, named as the graph's inputs),
-`torch/out0.npy` (PyTorch's output on the CPU, f32), `plan.json` (`eqfuse optimize --format
+`torch/out0.npy` (PyTorch's output on the CPU, f32), `torch/block.pt` (the block's state), `plan.json` (`eqfuse optimize --format
 json`) and `config.json` (the sizes and seed, so that the `gpu` step rebuilds the same block).
 
 `gpu` runs `eqfuse run graph.json --inputs DIR/inputs --outputs ...` (eqfuse checks every output
@@ -88,6 +88,7 @@ def prepare(args) -> int:
     cfg["input"] = user[0]
     np.save(d / "inputs" / f"{user[0]}.npy", x.numpy())
     np.save(d / "torch" / "out0.npy", want.numpy())
+    torch.save(block.state_dict(), d / "torch" / "block.pt")
     cfg["outputs"] = [o["name"] for o in exported.graph["outputs"]]
     cfg["export_s"] = round(export_s, 2)
     cfg["graph_nodes"] = len(exported.graph["nodes"])
@@ -173,30 +174,49 @@ def torch_compile_kernels(block, x, reps: int = 50) -> dict:
             (other if re.match(r"(?i)^(memcpy|memset)", name) else kernels).append(name)
         return kernels, other
 
-    def timed(fn):
-        with torch.no_grad():
-            for _ in range(5):
-                fn(x)
-            ts = []
-            for _ in range(reps):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                fn(x)
-                e.record()
-                e.synchronize()
-                ts.append(s.elapsed_time(e) * 1e3)
-        ts.sort()
-        return ts[len(ts) // 2]
-
     eager_k, eager_o = counted(block)
     compiled = torch.compile(block)
     with torch.no_grad():
         compiled(x)
     comp_k, comp_o = counted(compiled)
     return {
-        "eager": {"kernels": len(eager_k), "names": eager_k, "other_events": eager_o, "median_us": timed(block)},
-        "compile": {"kernels": len(comp_k), "names": comp_k, "other_events": comp_o, "median_us": timed(compiled)},
+        "eager": {"kernels": len(eager_k), "names": eager_k, "other_events": eager_o, "median_us": timed(block, x, reps)},
+        "compile": {"kernels": len(comp_k), "names": comp_k, "other_events": comp_o, "median_us": timed(compiled, x, reps)},
     }
+
+
+def timed(fn, x, reps: int = 50) -> float:
+    """Median microseconds of `fn(x)` over `reps` calls (CUDA events, after 5 warm-up calls)."""
+    import torch
+
+    with torch.no_grad():
+        for _ in range(5):
+            fn(x)
+        ts = []
+        for _ in range(reps):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn(x)
+            e.record()
+            e.synchronize()
+            ts.append(s.elapsed_time(e) * 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def through_backend(block, x, want_gpu, args) -> dict:
+    """The block through `torch.compile(backend=EqfuseBackend())`: which graphs ran eqfuse's
+    kernels, the output against PyTorch eager on the GPU, and the time of one call."""
+    import torch
+    from eqfuse_torch.backend import EqfuseBackend
+
+    be = EqfuseBackend(binary=args.eqfuse, device=args.device, report=None)
+    compiled = torch.compile(block, backend=be)
+    with torch.no_grad():
+        got = first(compiled(x)).float().cpu().numpy()
+    return {"graphs": [{"kind": p.kind, "runs": p.runs, "why_eager": p.why_eager,
+                        "kernels": p.plan["total"]["kernels"] if p.plan else None} for p in be.plans],
+            "vs_torch_gpu": compare(got, want_gpu, args.atol, args.rtol), "median_us": timed(compiled, x)}
 
 
 def inductor_bytes(code_dir: Path) -> dict | None:
@@ -227,7 +247,9 @@ def gpu(args) -> int:
     torch.backends.cudnn.allow_tf32 = False
     want_cpu = np.load(d / "torch" / "out0.npy")
 
-    eq_out = out_dir / "eqfuse-out"
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    eq_out = work / "eqfuse-out"
     cmd = [args.eqfuse, "run", str(d / "graph.json"), "--inputs", str(d / "inputs"), "--outputs", str(eq_out),
            "--repeat", str(args.repeat), "--device", args.device]
     t0 = time.time()
@@ -243,21 +265,36 @@ def gpu(args) -> int:
         result["eqfuse_run"]["error"] = (r.stderr.strip().splitlines() or ["?"])[-1]
 
     # PyTorch on the same GPU: eager output (a second reference), and torch.compile's kernels.
-    cache = out_dir / "inductor-cache"
+    cache = work / "inductor-cache"
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache))
-    block, x = build_block(cfg)
-    block, x = block.cuda(), x.cuda()
+    block, _ = build_block(cfg)
+    # The weights and input `prepare` used (the GPU machine's transformers may initialise
+    # differently): every parameter must load.
+    state = torch.load(d / "torch" / "block.pt")
+    missing, _unexpected = block.load_state_dict(state, strict=False)
+    params = {n for n, _ in block.named_parameters()}
+    if params & set(missing):
+        raise SystemExit(f"error: parameters not in the saved state: {sorted(params & set(missing))}")
+    x = torch.from_numpy(np.load(d / "inputs" / f"{cfg['input']}.npy"))
+    block, x = block.eval().cuda(), x.cuda()
     with torch.no_grad():
         want_gpu = first(block(x)).float().cpu().numpy()
     result["torch_gpu_vs_torch_cpu"] = compare(want_gpu, want_cpu, args.atol, args.rtol)
     if r.returncode == 0:
         result["eqfuse_vs_torch_gpu"] = compare(got, want_gpu, args.atol, args.rtol)
     try:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.benchmark_kernel = True  # Inductor then records each Triton kernel's bytes (kernel_num_gb)
         tc = torch_compile_kernels(block, x)
         tc["compile"]["inductor_bytes"] = inductor_bytes(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]))
         result["torch"] = tc
     except Exception as e:  # report, do not lose the eqfuse result
         result["torch"] = {"error": f"{type(e).__name__}: {e}"}
+    try:
+        result["backend"] = through_backend(block, x, want_gpu, args)
+    except Exception as e:
+        result["backend"] = {"error": f"{type(e).__name__}: {e}"}
     m = re.search(r"total[^\n]*", r.stdout)
     result["eqfuse_run"]["total_line"] = m.group(0) if m else None
     (out_dir / "gpt2.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -294,6 +331,13 @@ def report(res: dict) -> str:
         lines.append(f"| PyTorch eager | {tc['eager']['kernels']} | n/a | {tc['eager']['median_us']:.1f} us measured |")
         lines += ["", "torch.compile kernels (one call after warm-up, torch.profiler CUDA kernel events):", ""]
         lines += [f"- `{n}`" for n in tc["compile"]["names"]]
+    be = res.get("backend", {})
+    if "error" in be:
+        lines.append(f"\ntorch.compile(backend=EqfuseBackend()) failed: {be['error']}")
+    elif be:
+        runs = ", ".join(f"{g['kind']}: {g['runs']}" + (f" ({g['why_eager']})" if g["why_eager"] else "") for g in be["graphs"])
+        lines += ["", f"torch.compile(backend=EqfuseBackend()): {runs}; vs PyTorch eager on this GPU: "
+                      f"{fmt_cmp(be['vs_torch_gpu'])}; {be['median_us']:.1f} us per call (median)"]
     if run.get("total_line"):
         lines += ["", f"eqfuse run: `{run['total_line']}`"]
     return "\n".join(lines) + "\n"
@@ -316,7 +360,8 @@ def main() -> int:
     g = sub.add_parser("gpu")
     g.add_argument("--dir", required=True)
     g.add_argument("--eqfuse", required=True)
-    g.add_argument("--out", required=True)
+    g.add_argument("--out", required=True, help="results: gpt2.json, gpt2.md, eqfuse-run.log")
+    g.add_argument("--work", default="gpt2-work", help="eqfuse's outputs and Inductor's cache")
     g.add_argument("--device", default="h100")
     g.add_argument("--repeat", type=int, default=20)
     for q in (p, g):
