@@ -221,14 +221,16 @@ def through_backend(block, x, want_gpu, args) -> dict:
 
 def inductor_bytes(code_dir: Path) -> dict | None:
     """Sums the `kernel_num_gb` Inductor writes into its Triton kernels' metadata (bytes read and
-    written by each kernel, counted by Inductor), over the generated files of this process."""
-    total, n = 0.0, 0
+    written by each kernel, Inductor's estimate) over the generated files of this process, once
+    per kernel name (a kernel's source can appear in more than one cached file)."""
+    seen: dict[str, float] = {}
     for f in code_dir.rglob("*.py"):
         text = f.read_text(errors="replace")
         for m in re.finditer(r"'kernel_num_gb':\s*([0-9.eE+-]+)", text):
-            total += float(m.group(1))
-            n += 1
-    return {"triton_kernels_annotated": n, "bytes": int(total * 1e9)} if n else None
+            names = re.findall(r"'kernel_name':\s*'([^']+)'", text[max(0, m.start() - 3000):m.end() + 3000])
+            key = names[0] if names else f"{f.name}:{m.start()}"
+            seen[key] = float(m.group(1))
+    return {"triton_kernels_annotated": len(seen), "bytes": int(sum(seen.values()) * 1e9)} if seen else None
 
 
 def gpu(args) -> int:
