@@ -19,8 +19,9 @@ is given to `eqfuse codegen`, each generated `.cu` is compiled with NVRTC throug
 kernels are launched in plan order on PyTorch's current stream, on PyTorch's tensors
 (`runtime.py`). The graph runs eagerly instead (the AOTAutograd ATen graph, unfused), with a
 warning saying why, when: the exporter or the planner refuses it (an operator without a lowering,
-a dynamic shape, no binary), the inputs are not on a CUDA device, CuPy is missing, or a kernel is
-not generated CUDA (a gemm planned as a cuBLASLt call). The joint graph is only planned.
+a dynamic shape, no binary), the inputs are not on a CUDA device, CuPy is missing, or codegen
+refuses a kernel. A gemm planned as a cuBLASLt call runs as a torch product (`runtime.py`). The
+joint graph is only planned.
 """
 
 from __future__ import annotations
