@@ -1,12 +1,12 @@
-"""A `torch.compile` backend that plans the captured graphs with eqfuse.
+"""A `torch.compile` backend that plans the captured graphs with eqfuse and runs eqfuse's kernels.
 
     import torch
     from eqfuse_torch import eqfuse_backend
 
     compiled = torch.compile(model, backend=eqfuse_backend)
-    y = compiled(x)                # runs, and plans what it captured
+    y = compiled(x)                # runs eqfuse's kernels where it can, eagerly where not
     for p in eqfuse_backend.plans:  # one record per captured graph
-        print(p.kind, p.plan["total"] if p.plan else p.error)
+        print(p.kind, p.runs, p.plan["total"] if p.plan else p.error)
 
 What it does: TorchDynamo captures the model; AOTAutograd traces it to ATen with PyTorch's core
 decompositions, giving a forward graph and, when gradients are needed, the joint
@@ -14,11 +14,14 @@ forward-backward graph and the partitioned backward graph. Each is exported to e
 graph (`export.py`) and planned by the `eqfuse` binary (`eqfuse optimize --format json`); the
 plan is kept in `EqfuseBackend.plans` and summarised through `report` (stderr by default).
 
-What it does NOT do yet: run eqfuse's kernels. The graphs run eagerly (the AOTAutograd ATen
-graphs, unfused), so results are PyTorch's and so is the speed; the plan is a report. Running the
-planned kernels needs the GPU runtime to be callable from Python, which it is not yet. A graph
-eqfuse cannot take (an operator without a lowering, a dynamic shape, the binary missing) is run
-eagerly as well, with a warning naming why.
+Running (`execute=True`, the default): a forward or backward graph whose inputs are CUDA tensors
+is given to `eqfuse codegen`, each generated `.cu` is compiled with NVRTC through CuPy, and the
+kernels are launched in plan order on PyTorch's current stream, on PyTorch's tensors
+(`runtime.py`). The graph runs eagerly instead (the AOTAutograd ATen graph, unfused), with a
+warning saying why, when: the exporter or the planner refuses it (an operator without a lowering,
+a dynamic shape, no binary), the inputs are not on a CUDA device, CuPy is missing, or codegen
+refuses a kernel. A gemm planned as a cuBLASLt call runs as a torch product (`runtime.py`). The
+joint graph is only planned.
 """
 
 from __future__ import annotations
@@ -88,6 +91,10 @@ class CapturedPlan:
     """Its `eqfuse.plan/1` plan, or None when the export or the planning failed."""
     error: str | None = None
     """Why there is no plan."""
+    runs: str = "eager"
+    """`eqfuse` when eqfuse's kernels run the graph, `eager` when PyTorch runs it."""
+    why_eager: str | None = None
+    """Why the graph runs eagerly (None when eqfuse runs it, or for the joint graph)."""
 
 
 def _stderr(line: str) -> None:
@@ -97,13 +104,16 @@ def _stderr(line: str) -> None:
 class EqfuseBackend:
     """The backend; call the instance as `torch.compile(model, backend=instance)`.
 
-    `binary`, `device` and `args` go to `eqfuse optimize`; `report` receives one line per
-    captured graph (None to stay quiet); `joint` also plans the joint forward-backward graph.
+    `binary`, `device` and `args` go to `eqfuse optimize` / `eqfuse codegen`; `report` receives
+    one line per captured graph (None to stay quiet); `joint` also plans the joint
+    forward-backward graph; `execute` runs eqfuse's kernels where it can (else every graph runs
+    eagerly and the plans are a report).
     """
 
     def __init__(self, binary: str | None = None, device: str = "h100", args: tuple[str, ...] = (),
-                 report=_stderr, joint: bool = True):
+                 report=_stderr, joint: bool = True, execute: bool = True):
         self.binary, self.device, self.args, self.report, self.joint = binary, device, args, report, joint
+        self.execute = execute
         self.plans: list[CapturedPlan] = []
 
     def __call__(self, gm, example_inputs):
@@ -113,8 +123,7 @@ class EqfuseBackend:
 
         def compiler(kind):
             def compile_graph(aten_gm, inputs):
-                self.capture(kind, aten_gm)
-                return make_boxed_func(aten_gm.forward)
+                return make_boxed_func(self.compile(kind, aten_gm, inputs))
 
             return compile_graph
 
@@ -131,28 +140,108 @@ class EqfuseBackend:
         )
         return backend(gm, example_inputs)
 
-    def capture(self, kind: str, aten_gm) -> CapturedPlan:
-        """Exports and plans one ATen graph; never raises (a failure is recorded and warned)."""
+    def compile(self, kind: str, aten_gm, example_inputs):
+        """The callable that runs one forward or backward graph: eqfuse's kernels, or the ATen
+        graph eagerly when they cannot run (warned, and recorded in the plan's `why_eager`)."""
+        record, exported, runner = self.capture(kind, aten_gm, example_inputs=example_inputs, build=self.execute)
+        if runner is None:
+            return aten_gm.forward
+        return _Runner(aten_gm, exported, runner)
+
+    def capture(self, kind: str, aten_gm, example_inputs=None, build: bool = False):
+        """Exports and plans one ATen graph, and with `build` compiles its kernels for running;
+        never raises (a failure is recorded and warned). Returns (record, export, GpuPlan or None)."""
         from .export import export_graph_module
 
-        graph = None
+        graph = exported = runner = None
         try:
-            graph = export_graph_module(aten_gm).graph
+            exported = export_graph_module(aten_gm)
+            graph = exported.graph
             record = CapturedPlan(kind, graph, plan_graph(graph, binary=self.binary, device=self.device, args=self.args))
         except (ExportError, PlanError) as e:
             record = CapturedPlan(kind, graph, None, str(e))
-            warnings.warn(f"eqfuse: the {kind} graph runs eagerly without a plan: {e}", stacklevel=2)
         except Exception as e:  # an exporter bug must not stop the user's model from running
             record = CapturedPlan(kind, graph, None, f"{type(e).__name__}: {e}")
-            warnings.warn(f"eqfuse: the {kind} graph runs eagerly without a plan: {e}", stacklevel=2)
+        if record.plan is None:
+            record.why_eager = f"no plan: {record.error}"
+        elif build:
+            try:
+                runner = self._build(graph, example_inputs)
+                record.runs = "eqfuse"
+            except Exception as e:  # RuntimeUnavailable, PlanError, a CuPy compile error
+                record.why_eager = f"{type(e).__name__}: {e}" if not isinstance(e, _Quiet) else str(e)
         self.plans.append(record)
+        if record.why_eager and (build or record.plan is None):
+            warnings.warn(f"eqfuse: the {kind} graph runs eagerly: {record.why_eager}", stacklevel=2)
         if self.report and record.plan:
             t, u = record.plan["total"], record.plan["unfused"]
+            how = "running eqfuse's kernels" if record.runs == "eqfuse" else "running it eagerly"
             self.report(
                 f"eqfuse: {kind} graph: {t['kernels']} kernels, {t['bytes']} bytes, {t['predicted_us']} us predicted "
-                f"(unfused {u['kernels']} kernels, {u['bytes']} bytes, {u['predicted_us']} us); running it eagerly"
+                f"(unfused {u['kernels']} kernels, {u['bytes']} bytes, {u['predicted_us']} us); {how}"
             )
-        return record
+        return record, exported, runner
+
+    def _build(self, graph: dict, example_inputs):
+        import torch
+
+        from .runtime import Codegen, GpuPlan
+
+        tensors = [t for t in (example_inputs or []) if isinstance(t, torch.Tensor)]
+        if not tensors or any(t.device.type != "cuda" for t in tensors):
+            raise _Quiet("its inputs are not all CUDA tensors (eqfuse's kernels run on the GPU only)")
+        with torch.cuda.device(tensors[0].device):
+            cg = Codegen.of_graph(graph, binary=self.binary, device=self.device, args=self.args)
+            return GpuPlan(cg)
+
+
+class _Quiet(Exception):
+    """A reason to run eagerly that needs no exception type in its message."""
+
+
+class _Runner:
+    """Calls a GpuPlan with an AOTAutograd graph's positional arguments; returns its outputs in
+    the graph's order, with the graph's dtypes and shapes (None where the graph returns None)."""
+
+    def __init__(self, aten_gm, exported, plan):
+        import torch
+
+        self.plan = plan
+        self.input_names = exported.input_names
+        self.values = {}
+        device = plan.device
+        for name, t in exported.values.items():
+            self.values[name] = t.detach().to(device)
+        out_node = next(n for n in aten_gm.graph.nodes if n.op == "output")
+        results = out_node.args[0]
+        results = results if isinstance(results, (list, tuple)) else [results]
+        names = iter(o["name"] for o in exported.graph["outputs"])
+        self.outputs = []
+        for r in results:
+            if r is None:
+                self.outputs.append(None)
+            else:
+                val = r.meta["val"]
+                self.outputs.append((next(names), val.dtype, tuple(val.shape)))
+        self.torch = torch
+
+    def __call__(self, *args):
+        inputs = dict(self.values)
+        for name, a in zip(self.input_names, args):
+            if name is not None:
+                inputs[name] = a
+        got = self.plan(inputs)
+        out = []
+        for o in self.outputs:
+            if o is None:
+                out.append(None)
+                continue
+            name, dtype, shape = o
+            t = got[name]
+            if t.dtype != dtype:
+                t = t.to(dtype)
+            out.append(t.reshape(shape))
+        return out
 
 
 eqfuse_backend = EqfuseBackend()

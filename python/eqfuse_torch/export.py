@@ -194,6 +194,9 @@ class Exporter:
         if val is None or not isinstance(val, torch.Tensor):
             if not node.users:
                 return None
+            if isinstance(val, (torch.SymInt, torch.SymFloat, int, float)):
+                raise ExportError(f"placeholder {node.name} is a size or scalar ({val}), not a tensor: shapes must be "
+                                  "static (torch.compile(..., dynamic=False))")
             raise ExportError(f"placeholder {node.name} has no tensor metadata (meta['val'])")
         v = self.b.input(node.name, dtype_name(val.dtype), _static_shape(val, node))
         self.env[node.name] = v

@@ -1,0 +1,242 @@
+"""Tests of the runtime that launches eqfuse's generated kernels from PyTorch (`runtime.py`) and
+of the backend's choice between running them and running eagerly.
+
+On a machine without a GPU or CuPy (CI), the plumbing is tested with a stand-in for `GpuPlan`
+that evaluates the same plan with `eqfuse run --cpu`; the GPU tests run only where CUDA and CuPy
+are present (the device machine): a layernorm + GELU + residual graph through
+`torch.compile(backend=EqfuseBackend())` must run eqfuse's kernels and match eager.
+
+Run from the repository root: `python3 -m pytest python/tests`.
+"""
+
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+
+from eqfuse_torch import export_program  # noqa: E402
+from eqfuse_torch.backend import EqfuseBackend, PlanError, _Runner, find_eqfuse  # noqa: E402
+from eqfuse_torch.runtime import Codegen, GpuPlan, RuntimeUnavailable, _parse_type, lt_call_torch  # noqa: E402
+
+F = torch.nn.functional
+
+
+def ln_gelu_residual(x, w, b):
+    """The small graph of the GPU check: layernorm, GELU, a residual."""
+    return F.gelu(F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)) + x
+
+
+def graph_of(fn, *args):
+    class M(torch.nn.Module):
+        def forward(self, *a):
+            return fn(*a)
+
+    return export_program(torch.export.export(M(), args))
+
+
+def test_codegen_writes_every_kernel_and_its_manifest():
+    x, w, b = torch.randn(64, 256), torch.randn(256), torch.randn(256)
+    cg = Codegen.of_graph(graph_of(ln_gelu_residual, x, w, b).graph)
+    m = cg.manifest
+    assert m["schema"] == "eqfuse.launch/1"
+    assert [k["name"] for k in m["kernels"]] and cg.unsupported() == []
+    assert len(m["kernels"]) == cg.plan["total"]["kernels"] == 1
+    for k in m["kernels"]:
+        source = (cg.dir / k["file"]).read_text()
+        assert f'extern "C"' in source and k["name"] in source
+        assert [a["role"] for a in k["args"]][:3] == ["read", "read", "read"]
+    assert [_parse_type(t) for _, t in m["inputs"]] == [("f32", (64, 256)), ("f32", (256,)), ("f32", (256,))]
+
+
+def test_unsupported_names_cublaslt_kernels_and_missing_files(tmp_path):
+    (tmp_path / "k0.cu").write_text("// a kernel")
+    manifest = {"kernels": [
+        {"kernel": 0, "name": "elementwise_f32_k0", "file": "k0.cu"},
+        {"kernel": 1, "name": "gemm_f32_k1", "file": "", "cublaslt": {"m": 8}},
+        {"kernel": 2, "name": "rowreduce_f32_k2", "file": "k2.cu"},
+    ]}
+    reasons = Codegen(tmp_path, manifest, {}).unsupported()
+    assert reasons == ["kernel 1 (gemm_f32_k1) is a cuBLASLt call, not generated CUDA",
+                       "kernel 2 (rowreduce_f32_k2) has no generated source file"]
+
+
+def test_codegen_refusal_is_a_plan_error():
+    bad = {"schema": "eqfuse.graph/1", "inputs": [], "nodes": [], "outputs": [{"name": "y", "node": 3}]}
+    with pytest.raises(PlanError):
+        Codegen.of_graph(bad)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_gpu_plan_refuses_without_a_gpu():
+    x, w, b = torch.randn(8, 32), torch.randn(32), torch.randn(32)
+    cg = Codegen.of_graph(graph_of(ln_gelu_residual, x, w, b).graph)
+    with pytest.raises(RuntimeUnavailable, match="no CUDA device"):
+        GpuPlan(cg)
+
+
+def _lt_operand(name, t, transposed_view):
+    """The manifest's description of a row-major operand (codegen/gemm.rs `lt_operand`): a
+    contiguous [R, C] is column-major [C, R] with ld C, op N; a transposed view of a contiguous
+    [C, R] is column-major [R, C] with ld R, op T."""
+    r, c = t.shape[-2:]
+    bs = r * c if t.dim() == 3 else 0
+    if transposed_view:
+        return {"tensor": name, "transpose": True, "rows": r, "cols": c, "ld": r, "batch_stride": bs}
+    return {"tensor": name, "transpose": False, "rows": c, "cols": r, "ld": c, "batch_stride": bs}
+
+
+@pytest.mark.parametrize("epilogue", ["default", "bias", "relu_bias", "gelu_bias"])
+@pytest.mark.parametrize("batched,wt", [(False, False), (False, True), (True, False)])
+def test_cublaslt_calls_run_as_torch_products(epilogue, batched, wt):
+    """Row-major D = act(A @ B + bias) is the column-major call d = op(B) op(A), m = N, n = M."""
+    torch.manual_seed(0)
+    M, K, N, batch = 5, 7, 3, (2 if batched else 1)
+    a = torch.randn(batch, M, K) if batched else torch.randn(M, K)
+    w_stored = torch.randn(N, K) if wt else torch.randn(K, N)   # B = w_stored.T when wt
+    b_logical = w_stored.t() if wt else w_stored
+    bias = torch.randn(N)
+    env = {"a": a, "w": w_stored, "bias": bias, "d": torch.full((batch, M, N) if batched else (M, N), float("nan"))}
+    call = {"dtype": "f32", "m": N, "n": M, "k": K, "batch": batch, "a": _lt_operand("w", b_logical, wt),
+            "b": _lt_operand("a", a, False), "d": "d", "epilogue": epilogue}
+    if "bias" in epilogue:
+        call["bias"] = "bias"
+    lt_call_torch(call, env)
+    want = a @ b_logical + (bias if "bias" in epilogue else 0)
+    if epilogue.startswith("relu"):
+        want = torch.relu(want)
+    if epilogue.startswith("gelu"):
+        want = F.gelu(want, approximate="tanh")
+    torch.testing.assert_close(env["d"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_codegen_cublaslt_calls_compute_the_graph():
+    """When this binary plans a dense layer as a cuBLASLt call, running the manifest's call with
+    `lt_call_torch` on the graph's inputs gives the graph's output."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(64, 96), torch.randn(48, 96), torch.randn(48)
+    exported = graph_of(lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"), x, w, b)
+    try:
+        cg = Codegen.of_graph(exported.graph)
+    except PlanError as e:
+        pytest.skip(f"this eqfuse binary has no gemm code generation: {e}")
+    calls = [k for k in cg.manifest["kernels"] if k.get("cublaslt")]
+    if len(calls) != len(cg.manifest["kernels"]):
+        pytest.skip("the plan is not one cuBLASLt call")
+    names = [n for n in exported.input_names if n]
+    env = dict(zip(names, (x, w, b)))
+    out_name, tensor = cg.manifest["outputs"][0]
+    shape = tuple(calls[0]["args"][-1]["shape"])
+    env[tensor] = torch.empty(shape)
+    lt_call_torch(calls[0]["cublaslt"], env)
+    torch.testing.assert_close(env[tensor], F.gelu(F.linear(x, w, b), approximate="tanh"), rtol=1e-4, atol=1e-4)
+
+
+class CpuReferencePlan:
+    """A stand-in for GpuPlan: the same codegen plan, evaluated by `eqfuse run --cpu`."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.calls = 0
+
+    def __call__(self, inputs):
+        import json
+
+        self.calls += 1
+        with tempfile.TemporaryDirectory() as d:
+            d = Path(d)
+            (d / "g.json").write_text(json.dumps(self.graph))
+            (d / "in").mkdir()
+            for name, t in inputs.items():
+                np.save(d / "in" / f"{name}.npy", t.detach().float().numpy() if t.dtype == torch.bfloat16 else t.detach().numpy())
+            r = subprocess.run([find_eqfuse(), "run", "--cpu", str(d / "g.json"), "--inputs", str(d / "in"), "--outputs",
+                                str(d / "out")], capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            return {o["name"]: torch.from_numpy(np.load(d / "out" / f"{o['name']}.npy")) for o in self.graph["outputs"]}
+
+
+def test_backend_runner_maps_arguments_values_and_outputs(monkeypatch):
+    """The backend's path to a plan, with the plan evaluated on the CPU reference: arguments by
+    placeholder, folded constants as values, outputs in the graph's order, dtype and shape."""
+    made = []
+
+    def fake_build(self, graph, example_inputs):
+        made.append(CpuReferencePlan(graph))
+        return made[-1]
+
+    monkeypatch.setattr(EqfuseBackend, "_build", fake_build)
+
+    def f(x, w, b, i):
+        y = ln_gelu_residual(x, w, b)
+        return y.reshape(4, 2, 16), (x.sum(-1) > 0).long() + i, y.mean()
+
+    args = (torch.randn(8, 16), torch.randn(16), torch.randn(16), torch.arange(8))
+    backend = EqfuseBackend(report=None)
+    with torch.no_grad():
+        got = torch.compile(f, backend=backend)(*args)
+    want = f(*args)
+    assert made and made[0].calls == 1, [(p.kind, p.error, p.why_eager) for p in backend.plans]
+    assert [p.runs for p in backend.plans] == ["eqfuse"]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_backend_runs_cpu_inputs_eagerly_with_a_warning():
+    x, w, b = torch.randn(8, 32), torch.randn(32), torch.randn(32)
+    backend = EqfuseBackend(report=None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            got = torch.compile(ln_gelu_residual, backend=backend)(x, w, b)
+    torch.testing.assert_close(got, ln_gelu_residual(x, w, b))
+    (p,) = backend.plans
+    assert p.runs == "eager" and p.plan is not None
+    assert "not all CUDA tensors" in p.why_eager
+    assert any("runs eagerly" in str(c.message) and "CUDA" in str(c.message) for c in caught)
+
+
+def _gpu_ready():
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import cupy  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+gpu = pytest.mark.skipif(not _gpu_ready(), reason="needs a CUDA device and CuPy")
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(64, 256), (4096, 1024)])
+def test_gpu_backend_runs_eqfuse_kernels_and_matches_eager(shape):
+    torch.manual_seed(0)
+    x = torch.randn(*shape, device="cuda")
+    w = torch.randn(shape[-1], device="cuda")
+    b = torch.randn(shape[-1], device="cuda")
+    backend = EqfuseBackend(report=None)
+    torch._dynamo.reset()  # earlier tests compiled this function: no recompilation with dynamic sizes
+    with torch.no_grad():
+        compiled = torch.compile(ln_gelu_residual, backend=backend, dynamic=False)
+        got = compiled(x, w, b)
+        torch.cuda.synchronize()
+    (p,) = backend.plans
+    assert p.runs == "eqfuse", p.why_eager
+    torch.testing.assert_close(got, ln_gelu_residual(x, w, b), rtol=1e-5, atol=1e-5)
+    # a second call with other values reuses the compiled kernels
+    x2 = torch.randn_like(x)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x2, w, b), ln_gelu_residual(x2, w, b), rtol=1e-5, atol=1e-5)
+    assert len(backend.plans) == 1
