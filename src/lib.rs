@@ -105,7 +105,8 @@ pub use error::{Diagnostic, Error, Result};
 pub use expand::expand_composites;
 pub use explain::explain;
 pub use extract::{
-    build_plan, dag_of, extract, fused_cost, local_selection, written_selection, ExtractOptions, Extracted, Selection,
+    build_plan, dag_of, extract, fused_cost, local_selection, planned_cost, written_selection, ExtractOptions,
+    Extracted, Selection,
 };
 pub use fuse::{Fusion, Group};
 pub use gen_program::{random_recipe, recipes, Recipe, Step};

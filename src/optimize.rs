@@ -15,7 +15,7 @@ use crate::analysis::{ShapeAnalysis, TensorGraph};
 use crate::dag::{Dag, Role};
 use crate::error::{Error, Result};
 use crate::expand::expand_composites;
-use crate::extract::{build_plan, extract, fused_cost, ExtractOptions, Extracted};
+use crate::extract::{build_plan, extract, planned_cost, ExtractOptions, Extracted};
 use crate::fuse::Fusion;
 use crate::lang::Kind;
 use crate::plan::{FusionPlan, SearchReport, Totals};
@@ -161,7 +161,7 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
         match crate::ilp::solve(egraph, &root_ids, &opts.profile, opts.time_limit) {
             Ok(r) => {
                 if let Some(sel) = &r.selection {
-                    if let Ok((dag, t)) = fused_cost(egraph, sel, roots, names, &opts.profile, opts.fusion) {
+                    if let Ok((dag, t)) = planned_cost(egraph, sel, roots, names, &opts.profile, opts.fusion) {
                         if t < best.predicted_us - 1e-9 {
                             best = Extracted { dag, selection: sel.clone(), predicted_us: t };
                         }
