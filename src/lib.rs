@@ -70,6 +70,7 @@ mod ilp;
 mod infer;
 mod json;
 mod lang;
+mod memory;
 mod npy;
 mod nvrtc;
 mod onnx;
@@ -116,6 +117,7 @@ pub use ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};
 pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
 pub use json::{program_from_json, program_to_json};
 pub use lang::{Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
+pub use memory::{liveness, packed_bytes, parse_bytes, KernelIo, MemoryReport, SavedTensor};
 pub use npy::{read_npy, write_npy};
 pub use nvrtc::{
     available as nvrtc_available, cache_dir, compile as nvrtc_compile, compile_cached as nvrtc_compile_cached,

@@ -122,6 +122,11 @@ struct PlanArgs {
     /// Folder of `*.rules` files to use instead of the built-in rules.
     #[arg(long)]
     rules: Option<String>,
+    /// Most bytes of live device tensors the plan may need at once (`1073741824`, `512MiB`,
+    /// `1.5GB`): saved tensors are recomputed instead where the budget demands it; exits 1 when
+    /// no plan fits.
+    #[arg(long, value_name = "BYTES")]
+    memory_budget: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -160,6 +165,10 @@ impl PlanArgs {
             )));
         }
         o.time_limit = Duration::from_secs_f64(self.time_limit);
+        if let Some(b) = &self.memory_budget {
+            o.memory_budget =
+                Some(eqfuse::parse_bytes(b).map_err(|e| Error::Invalid(format!("--memory-budget: {e}")))?);
+        }
         o.extractor = match self.extractor {
             ExtractorArg::Greedy => "greedy",
             ExtractorArg::Ilp => "ilp",
@@ -217,6 +226,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                 time_limit: 1.0,
                 no_fusion: false,
                 rules: None,
+                memory_budget: None,
             };
             let program = args.load()?;
             let text = serde_json::to_string_pretty(&eqfuse::program_to_json(&program)).expect("JSON values serialize");

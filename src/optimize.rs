@@ -15,12 +15,13 @@ use crate::analysis::{ShapeAnalysis, TensorGraph};
 use crate::dag::{Dag, Role};
 use crate::error::{Error, Result};
 use crate::expand::expand_composites;
-use crate::extract::{build_plan, extract, planned_cost, ExtractOptions, Extracted};
+use crate::extract::{better_plan, build_plan, extract, scored, ExtractOptions, Extracted};
 use crate::fuse::Fusion;
 use crate::lang::Kind;
 use crate::plan::{FusionPlan, SearchReport, Totals};
 use crate::profile::DeviceProfile;
 use crate::program::Program;
+use crate::render::human_bytes;
 use crate::saturate::{saturate_egraph, Budgets};
 
 /// Everything `eqfuse optimize` can be told.
@@ -36,6 +37,10 @@ pub struct OptimizeOptions {
     pub time_limit: Duration,
     /// `greedy` or `ilp`.
     pub extractor: String,
+    /// Most bytes of live device tensors the plan may need at once (`--memory-budget`): the
+    /// planner recomputes saved tensors instead of writing them until the peak fits, or fails
+    /// saying that no plan fits and the smallest peak it found.
+    pub memory_budget: Option<u64>,
 }
 
 impl OptimizeOptions {
@@ -48,6 +53,7 @@ impl OptimizeOptions {
             iter_limit: 12,
             time_limit: Duration::from_secs(2),
             extractor: "greedy".into(),
+            memory_budget: None,
         }
     }
 }
@@ -161,9 +167,9 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
         match crate::ilp::solve(egraph, &root_ids, &opts.profile, opts.time_limit) {
             Ok(r) => {
                 if let Some(sel) = &r.selection {
-                    if let Ok((dag, t)) = planned_cost(egraph, sel, roots, names, &opts.profile, opts.fusion) {
-                        if t < best.predicted_us - 1e-9 {
-                            best = Extracted { dag, selection: sel.clone(), predicted_us: t };
+                    if let Ok((dag, t, bytes)) = scored(egraph, sel, roots, names, &opts.profile, opts.fusion, true) {
+                        if better_plan(t, bytes, best.predicted_us, best.bytes) {
+                            best = Extracted { dag, selection: sel.clone(), predicted_us: t, bytes };
                         }
                     }
                 }
@@ -179,6 +185,23 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
     if opts.fusion {
         fusion.optimise_with_materialize();
     }
+    if let Some(budget) = opts.memory_budget {
+        let inputs: Vec<(String, crate::types::TensorType)> =
+            program.inputs.iter().map(|i| (i.name.clone(), i.ty.clone())).collect();
+        fusion = crate::memory::fit_budget(&best.dag, fusion, &inputs, budget).map_err(|m| {
+            let io = m.inputs_bytes + m.outputs_bytes;
+            Error::Invalid(format!(
+                "no plan of {} fits the memory budget of {budget} bytes ({}): the smallest peak found is {} bytes \
+                 ({}){}, with every saved tensor it could drop recomputed; the inputs and outputs alone take {io} bytes ({})",
+                program.source,
+                human_bytes(budget),
+                m.peak_bytes,
+                human_bytes(m.peak_bytes),
+                m.peak_kernel.map_or(String::new(), |k| format!(" at kernel {k}")),
+                human_bytes(io)
+            ))
+        })?;
+    }
     let extract_ms = t1.elapsed().as_secs_f64() * 1e3;
     let search = SearchReport {
         iterations: sat.iterations,
@@ -191,7 +214,8 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
         gap,
         lower_bound_us,
     };
-    let plan = build_plan(program, &best.dag, &fusion, &opts.profile, unfused, search);
+    let mut plan = build_plan(program, &best.dag, &fusion, &opts.profile, unfused, search);
+    plan.memory.budget_bytes = opts.memory_budget;
     let recognised = recognised_composites(program, &best.dag);
     Ok(Optimized { plan, stages: sat.stages.clone(), recognised })
 }
