@@ -62,6 +62,18 @@ pub struct MemoryReport {
     pub saved: Vec<SavedTensor>,
     /// The budget the plan was made under (`--memory-budget`), if any.
     pub budget_bytes: Option<u64>,
+    /// Bytes live while each kernel runs, in plan order.
+    pub live_bytes: Vec<u64>,
+}
+
+impl MemoryReport {
+    /// Bytes over `budget` summed over the kernels: what the budget search drives to zero (it
+    /// falls with every saved tensor dropped at a kernel over the budget, even where several
+    /// kernels share the peak).
+    pub fn excess(&self, budget: u64) -> u64 {
+        self.live_bytes.iter().map(|&b| b.saturating_sub(budget)).sum::<u64>()
+            + self.inputs_bytes.saturating_sub(budget) * self.live_bytes.is_empty() as u64
+    }
 }
 
 /// What liveness needs of one kernel: the tensors it reads and writes.
@@ -108,8 +120,10 @@ pub fn liveness(
     }
     let outputs_bytes = spans.iter().filter(|(n, _)| is_output(n)).map(|(_, s)| s.2).sum();
     let (mut peak_bytes, mut peak_kernel) = (inputs_bytes, None);
+    let mut live_bytes = Vec::with_capacity(kernels.len());
     for k in 0..kernels.len() {
         let live: u64 = inputs_bytes + spans.values().filter(|s| s.0 <= k && k <= s.1).map(|s| s.2).sum::<u64>();
+        live_bytes.push(live);
         if peak_kernel.is_none() || live > peak_bytes {
             peak_bytes = live;
             peak_kernel = Some(k);
@@ -131,7 +145,7 @@ pub fn liveness(
             })
         })
         .collect();
-    MemoryReport { peak_bytes, peak_kernel, inputs_bytes, outputs_bytes, saved, budget_bytes: None }
+    MemoryReport { peak_bytes, peak_kernel, inputs_bytes, outputs_bytes, saved, budget_bytes: None, live_bytes }
 }
 
 /// The memory report of a fusion state over `dag` (tensor names are node indices, inputs keep
@@ -161,9 +175,11 @@ pub fn state_memory(dag: &Dag, f: &Fusion, inputs: &[(String, TensorType)]) -> M
 }
 
 /// Makes a fusion state fit a memory budget by recomputing saved tensors instead of writing them.
-/// Each step recomputes the saved tensor that lowers the peak at the least predicted time per
-/// byte, then lets greedy fusion tidy the kernels (kept only when that does not raise the peak),
-/// until the peak fits. When it never fits, the error is the report of the smallest peak found.
+/// Each step recomputes the saved tensor that lowers the excess over the budget (summed over the
+/// kernels, [`MemoryReport::excess`]) at the least predicted time per byte, then lets greedy
+/// fusion tidy the kernels (kept only when that does not raise the excess), until the peak fits
+/// or no recomputation lowers the excess. Only tensors their readers can compute in their own
+/// kernels are dropped: a matrix product's operand stays in memory. When it never fits, the error is the report of the smallest peak found.
 pub fn fit_budget<'a>(
     dag: &'a Dag,
     mut f: Fusion<'a>,
@@ -174,13 +190,15 @@ pub fn fit_budget<'a>(
     while mem.peak_bytes > budget {
         let t0 = f.total_us();
         let mut best: Option<(f64, Fusion<'a>, MemoryReport)> = None;
-        for m in f.saved() {
-            let Ok(next) = f.recomputed(m) else { continue };
+        let saved = f.saved();
+        for &m in &saved {
+            let Some(next) = recompute(&f, m, &saved) else { continue };
             let nm = state_memory(dag, &next, inputs);
-            if nm.peak_bytes >= mem.peak_bytes {
+            let (before, after) = (mem.excess(budget), nm.excess(budget));
+            if after >= before {
                 continue;
             }
-            let score = (next.total_us() - t0) / (mem.peak_bytes - nm.peak_bytes) as f64;
+            let score = (next.total_us() - t0) / (before - after) as f64;
             if best.as_ref().is_none_or(|(s, _, _)| score < *s - 1e-12) {
                 best = Some((score, next, nm));
             }
@@ -189,12 +207,24 @@ pub fn fit_budget<'a>(
         let mut tidy = next.clone();
         tidy.optimise();
         let tm = state_memory(dag, &tidy, inputs);
-        (f, mem) = if tm.peak_bytes <= nm.peak_bytes { (tidy, tm) } else { (next, nm) };
+        (f, mem) = if tm.excess(budget) <= nm.excess(budget) { (tidy, tm) } else { (next, nm) };
     }
     if mem.peak_bytes > budget {
         return Err(mem);
     }
     Ok(f)
+}
+
+/// The state with `m` recomputed by its readers, and so every tensor that this would newly write
+/// instead (a kernel fused from a chain keeps the chain's links materialized but unwritten, so
+/// recomputing its last link alone writes the one before). `None` when a template cannot run it.
+fn recompute<'a>(f: &Fusion<'a>, m: usize, saved: &[usize]) -> Option<Fusion<'a>> {
+    let mut next = f.recomputed(m).ok()?;
+    // Each step stops materializing one more tensor, so this ends.
+    loop {
+        let Some(&x) = next.saved().iter().find(|x| !saved.contains(x)) else { return Some(next) };
+        next = next.recomputed(x).ok()?;
+    }
 }
 
 /// Parses a byte count: a whole number with an optional unit (`B`, `KB`, `MB`, `GB`, `TB`: powers

@@ -181,6 +181,23 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
             Err(why) => extractor = format!("{extractor} (ilp skipped: {why})"),
         }
     }
+    // 1-bit masks only where codegen cannot run the kernels anyway or runs them packed: a mask
+    // that a generated kernel would store or load unpacked makes the search run again without it.
+    loop {
+        let unpack: Vec<usize> = {
+            let mut f = Fusion::unfused(&best.dag, &opts.profile);
+            if opts.fusion {
+                f.optimise_with_materialize();
+            }
+            masks_codegen_cannot_run(&best.dag, &f)
+        };
+        if unpack.is_empty() {
+            break;
+        }
+        for i in unpack {
+            best.dag.packed[i] = false;
+        }
+    }
     let mut fusion = Fusion::unfused(&best.dag, &opts.profile);
     if opts.fusion {
         fusion.optimise_with_materialize();
@@ -192,7 +209,7 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
             let io = m.inputs_bytes + m.outputs_bytes;
             Error::Invalid(format!(
                 "no plan of {} fits the memory budget of {budget} bytes ({}): the smallest peak found is {} bytes \
-                 ({}){}, with every saved tensor it could drop recomputed; the inputs and outputs alone take {io} bytes ({})",
+                 ({}){}, after recomputing every saved tensor that lowered it (a matrix product's operands stay saved); the inputs and outputs alone take {io} bytes ({})",
                 program.source,
                 human_bytes(budget),
                 m.peak_bytes,
@@ -218,6 +235,19 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
     plan.memory.budget_bytes = opts.memory_budget;
     let recognised = recognised_composites(program, &best.dag);
     Ok(Optimized { plan, stages: sat.stages.clone(), recognised })
+}
+
+/// Packed masks written or read by a kernel that codegen generates without packed-mask support.
+fn masks_codegen_cannot_run(dag: &Dag, f: &Fusion) -> Vec<usize> {
+    use crate::codegen::{generates, packs_masks};
+    let groups = f.ordered();
+    let stuck = |t: crate::plan::Template| generates(t) && !packs_masks(t);
+    (0..dag.len())
+        .filter(|&i| dag.is_packed(i) && f.mat[i])
+        .filter(|&i| {
+            groups.iter().any(|g| (g.members.contains(&i) || g.cost.reads.contains(&i)) && stuck(g.cost.template))
+        })
+        .collect()
 }
 
 fn round3(x: f64) -> f64 {
