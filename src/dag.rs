@@ -60,6 +60,9 @@ pub struct Dag {
     pub users: Vec<Vec<usize>>,
     /// For each node, whether it is a program output.
     pub is_output: Vec<bool>,
+    /// For each node, whether it is stored 1 bit per element when written (a saved bool mask;
+    /// see [`Dag::pack_masks`]). Empty: nothing is packed.
+    pub packed: Vec<bool>,
 }
 
 impl Dag {
@@ -101,7 +104,27 @@ impl Dag {
         for &(_, o) in &outputs {
             is_output[o] = true;
         }
-        Dag { nodes, outputs, users, is_output }
+        Dag { nodes, outputs, users, is_output, packed: vec![] }
+    }
+
+    /// Stores every computed bool tensor that is not a program output 1 bit per element when a
+    /// kernel writes it for another ([`crate::memory::packed_bytes`]): a mask saved for the
+    /// backward (ReLU's `y > 0`) then moves 1/8 of its bytes, and the search weighs saving it
+    /// against re-reading what it was computed from. Outputs keep their declared layout.
+    pub fn pack_masks(mut self) -> Dag {
+        self.packed = (0..self.nodes.len())
+            .map(|i| {
+                self.nodes[i].role == Role::Compute
+                    && !self.is_output[i]
+                    && self.nodes[i].ty().is_some_and(crate::memory::packable)
+            })
+            .collect();
+        self
+    }
+
+    /// Whether a node is stored 1 bit per element when written.
+    pub fn is_packed(&self, i: usize) -> bool {
+        self.packed.get(i).copied().unwrap_or(false)
     }
 
     pub fn len(&self) -> usize {
@@ -112,9 +135,13 @@ impl Dag {
         self.nodes.is_empty()
     }
 
-    /// Bytes of a node's tensor (0 for leaves).
+    /// Bytes of a node's tensor in device memory (0 for leaves; a packed mask's words).
     pub fn bytes(&self, i: usize) -> u64 {
-        self.nodes[i].ty().map_or(0, |t| t.bytes())
+        match self.nodes[i].ty() {
+            Some(t) if self.is_packed(i) => crate::memory::packed_bytes(t.numel()),
+            Some(t) => t.bytes(),
+            None => 0,
+        }
     }
 
     /// Whether the node must be in device memory whatever the plan: inputs, and outputs that are

@@ -80,5 +80,19 @@ pub fn explain(opt: &Optimized) -> String {
         human_bytes(plan.unfused.bytes),
         plan.speedup()
     );
+    let _ = writeln!(s, "{}", crate::render::memory_line(&plan.memory));
+    for t in &plan.memory.saved {
+        let _ = writeln!(
+            s,
+            "  saved {} {}{}: {}{}, written by kernel {}, last read by kernel {}",
+            t.name,
+            t.ty.dtype.name(),
+            crate::lang::Dims(t.ty.shape.clone()),
+            human_bytes(t.bytes),
+            if t.packed { " (1 bit per element)" } else { "" },
+            t.written_by,
+            t.last_read_by
+        );
+    }
     s
 }

@@ -98,7 +98,7 @@ pub fn dag_of(
         }
     }
     let outputs = roots.iter().map(|(n, r)| (n.clone(), index[&egraph.find(*r)])).collect();
-    Ok(Dag::finish(nodes, outputs))
+    Ok(Dag::finish(nodes, outputs).pack_masks())
 }
 
 /// The local (unfused-cost) choice for every class.
@@ -163,6 +163,13 @@ pub struct Extracted {
     pub dag: Dag,
     pub selection: Selection,
     pub predicted_us: f64,
+    /// Bytes the fused plan moves (the tie-break between plans of equal predicted time).
+    pub bytes: u64,
+}
+
+/// Whether a plan of (time, bytes) beats another: faster, or as fast with fewer bytes moved.
+pub fn better_plan(t: f64, bytes: u64, than_t: f64, than_bytes: u64) -> bool {
+    t < than_t - 1e-6 || (t <= than_t + 1e-6 && bytes < than_bytes)
 }
 
 /// Chooses e-nodes and fusion jointly; returns the DAG of the best form found.
@@ -174,26 +181,47 @@ pub fn extract(
     opts: &ExtractOptions,
 ) -> Result<Extracted, String> {
     let local = local_selection(egraph, profile);
-    let cost_of = |sel: &Selection| fused_cost(egraph, sel, roots, names, profile, opts.fusion);
-    let (dag, t) = cost_of(&local)?;
-    let mut best = improve(egraph, Extracted { dag, selection: local, predicted_us: t }, opts, &cost_of);
-    if let Some(start) = &opts.start {
-        if let Ok((dag, t)) = cost_of(start) {
-            let other = improve(egraph, Extracted { dag, selection: start.clone(), predicted_us: t }, opts, &cost_of);
-            if other.predicted_us < best.predicted_us - 1e-6 {
-                best = other;
-            }
+    let cost_of = |sel: &Selection| scored(egraph, sel, roots, names, profile, opts.fusion, false);
+    // Each start and its improvement are candidates. Switches are judged by greedy fusion alone
+    // (cheap, so many can be tried); the candidates are judged by the whole search the plan is
+    // built with (greedy fusion, recomputation first, materialize rounds: `planned_cost`), which
+    // can turn a form that greedy fusion judged worse into the better plan (the layernorm
+    // backward as written: `dy * xhat` recomputed in the gamma-gradient column kernel from the
+    // saved row statistics, where the switch to an `rmsnorm` composite wins under greedy fusion
+    // alone but then needs `dy * xhat` written).
+    let mut candidates: Vec<Selection> = vec![];
+    let mut starts = vec![local];
+    starts.extend(opts.start.clone());
+    for (k, start) in starts.into_iter().enumerate() {
+        let (dag, t, bytes) = match cost_of(&start) {
+            Ok(x) => x,
+            Err(e) if k == 0 => return Err(e),
+            Err(_) => continue,
+        };
+        let improved =
+            improve(egraph, Extracted { dag, selection: start.clone(), predicted_us: t, bytes }, opts, &cost_of);
+        candidates.push(improved.selection);
+        candidates.push(start);
+    }
+    let mut best: Option<Extracted> = None;
+    for sel in candidates {
+        if best.as_ref().is_some_and(|b| b.selection == sel) {
+            continue;
+        }
+        let Ok((dag, t, bytes)) = scored(egraph, &sel, roots, names, profile, opts.fusion, true) else { continue };
+        if best.as_ref().is_none_or(|b| better_plan(t, bytes, b.predicted_us, b.bytes)) {
+            best = Some(Extracted { dag, selection: sel, predicted_us: t, bytes });
         }
     }
-    Ok(best)
+    best.ok_or_else(|| "no chosen form could be planned".to_string())
 }
 
 /// The fused cost of a selection: its DAG and predicted time.
-type CostOf<'a> = dyn Fn(&Selection) -> Result<(Dag, f64), String> + 'a;
+type CostOf<'a> = dyn Fn(&Selection) -> Result<(Dag, f64, u64), String> + 'a;
 
 /// Single-class e-node switches from `from`, each kept when the fused plan gets faster.
 fn improve(egraph: &TensorGraph, from: Extracted, opts: &ExtractOptions, cost_of: &CostOf) -> Extracted {
-    let Extracted { mut dag, mut selection, predicted_us: mut best } = from;
+    let Extracted { mut dag, mut selection, predicted_us: mut best, bytes: mut best_bytes } = from;
     if opts.fusion {
         // Each trial re-plans the whole form, so large forms get fewer trials.
         let max_trials = (opts.max_trials * 100 / dag.len().max(1)).clamp(4.min(opts.max_trials), opts.max_trials);
@@ -208,21 +236,23 @@ fn improve(egraph: &TensorGraph, from: Extracted, opts: &ExtractOptions, cost_of
                 trials += 1;
                 let mut trial = selection.clone();
                 trial.insert(class, alt);
-                if let Ok((d, t)) = cost_of(&trial) {
-                    if t < best - 1e-6 {
+                if let Ok((d, t, b)) = cost_of(&trial) {
+                    if better_plan(t, b, best, best_bytes) {
                         selection = trial;
                         dag = d;
                         best = t;
+                        best_bytes = b;
                         improved = true;
                     }
                 }
             }
         }
     }
-    Extracted { dag, selection, predicted_us: best }
+    Extracted { dag, selection, predicted_us: best, bytes: best_bytes }
 }
 
-/// The DAG of a selection and the predicted time of its fused (or unfused) plan.
+/// The DAG of a selection and the predicted time of its fused (or unfused) plan, by greedy
+/// fusion alone.
 pub fn fused_cost(
     egraph: &TensorGraph,
     selection: &Selection,
@@ -231,13 +261,42 @@ pub fn fused_cost(
     profile: &DeviceProfile,
     fusion: bool,
 ) -> Result<(Dag, f64), String> {
+    scored(egraph, selection, roots, names, profile, fusion, false).map(|(d, t, _)| (d, t))
+}
+
+/// The DAG of a selection and the predicted time of the plan `optimize` builds from it: greedy
+/// fusion, recomputation first, and materialize rounds ([`Fusion::optimise_with_materialize`]).
+pub fn planned_cost(
+    egraph: &TensorGraph,
+    selection: &Selection,
+    roots: &[(String, Id)],
+    names: &BTreeMap<Id, String>,
+    profile: &DeviceProfile,
+    fusion: bool,
+) -> Result<(Dag, f64), String> {
+    scored(egraph, selection, roots, names, profile, fusion, true).map(|(d, t, _)| (d, t))
+}
+
+/// The DAG of a selection, its plan's predicted time and bytes moved; `full` runs the whole
+/// search `optimize` builds plans with, otherwise greedy fusion alone.
+pub(crate) fn scored(
+    egraph: &TensorGraph,
+    selection: &Selection,
+    roots: &[(String, Id)],
+    names: &BTreeMap<Id, String>,
+    profile: &DeviceProfile,
+    fusion: bool,
+    full: bool,
+) -> Result<(Dag, f64, u64), String> {
     let dag = dag_of(egraph, selection, roots, names)?;
     let mut f = Fusion::unfused(&dag, profile);
-    if fusion {
-        f.optimise();
+    match (fusion, full) {
+        (false, _) => {}
+        (true, false) => f.optimise(),
+        (true, true) => f.optimise_with_materialize(),
     }
-    let t = f.total_us();
-    Ok((dag, t))
+    let (t, b) = (f.total_us(), f.total_bytes());
+    Ok((dag, t, b))
 }
 
 /// Other e-nodes of the classes in the current form that differ in operator or children
@@ -343,15 +402,21 @@ pub fn build_plan(
         });
     }
     let total = FusionPlan::sum_totals(&kernels);
+    let inputs: Vec<TensorRef> =
+        program.inputs.iter().map(|i| TensorRef { name: i.name.clone(), ty: i.ty.clone() }).collect();
+    let outputs: Vec<(String, String)> = dag.outputs.iter().map(|(o, i)| (o.clone(), names[*i].clone())).collect();
+    let packed = (0..dag.len()).filter(|&i| dag.is_packed(i)).map(|i| names[i].clone()).collect();
+    let memory = FusionPlan::memory_of(&kernels, &inputs, &outputs, &packed);
     FusionPlan {
         program: program.source.clone(),
         device: profile.name.clone(),
         kernels,
-        inputs: program.inputs.iter().map(|i| TensorRef { name: i.name.clone(), ty: i.ty.clone() }).collect(),
-        outputs: dag.outputs.iter().map(|(o, i)| (o.clone(), names[*i].clone())).collect(),
+        inputs,
+        outputs,
         total,
         unfused,
         search,
+        memory,
     }
 }
 

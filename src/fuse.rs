@@ -56,12 +56,20 @@ pub struct Rejection {
     pub why: String,
 }
 
-/// A queued move, ordered so that the largest saving (most negative delta) pops first, ties
-/// broken by the move itself for determinism.
+/// A queued move, ordered so that the largest saving (most negative delta) pops first, equal
+/// times by the bytes saved, then by the move itself for determinism.
 #[derive(Clone, Copy, Debug)]
 struct Queued {
     delta_us: f64,
+    delta_bytes: i64,
     mv: Move,
+}
+
+/// Whether a change of (time, traffic) improves a plan: faster, or as fast with fewer bytes
+/// moved (a kernel bound by its flops, a matrix product, moves bytes for free in the time model;
+/// fewer bytes still leave bandwidth to other work and memory to the rest of the program).
+fn improves(delta_us: f64, delta_bytes: i64) -> bool {
+    delta_us < -1e-9 || (delta_us <= 1e-9 && delta_bytes < 0)
 }
 
 impl PartialEq for Queued {
@@ -80,7 +88,10 @@ impl PartialOrd for Queued {
 
 impl Ord for Queued {
     fn cmp(&self, o: &Self) -> Ordering {
-        o.delta_us.total_cmp(&self.delta_us).then_with(|| o.mv.cmp(&self.mv))
+        o.delta_us
+            .total_cmp(&self.delta_us)
+            .then_with(|| o.delta_bytes.cmp(&self.delta_bytes))
+            .then_with(|| o.mv.cmp(&self.mv))
     }
 }
 
@@ -104,6 +115,8 @@ struct Proposal {
     remove: Vec<usize>,
     add: Vec<Group>,
     delta_us: f64,
+    /// The change in bytes moved.
+    delta_bytes: i64,
 }
 
 const NONE: usize = usize::MAX;
@@ -191,6 +204,16 @@ impl<'a> Fusion<'a> {
         self.groups.iter().flatten().map(|g| self.group_us(g)).sum()
     }
 
+    /// Bytes moved by the whole state.
+    pub fn total_bytes(&self) -> u64 {
+        self.groups.iter().flatten().map(|g| g.cost.bytes_read(self.dag) + self.group_write_bytes(g)).sum()
+    }
+
+    /// Whether this state is better than another: faster, or as fast with fewer bytes moved.
+    pub fn better_than(&self, other: &Fusion) -> bool {
+        improves(self.total_us() - other.total_us(), self.total_bytes() as i64 - other.total_bytes() as i64)
+    }
+
     /// Runs greedy fusion to a local optimum.
     ///
     /// Lazy greedy: every candidate's saving is kept in a queue; the best is re-evaluated before
@@ -212,12 +235,12 @@ impl<'a> Fusion<'a> {
                 continue;
             }
             let Ok(p) = self.propose(q.mv) else { continue };
-            if p.delta_us >= -1e-9 {
+            if !improves(p.delta_us, p.delta_bytes) {
                 continue;
             }
             // Stale and now worse than the next in line: queue it again at its true saving.
             if p.delta_us > q.delta_us + 1e-9 && queue.peek().is_some_and(|n| n.delta_us < p.delta_us) {
-                queue.push(Queued { delta_us: p.delta_us, mv: q.mv });
+                queue.push(Queued { delta_us: p.delta_us, delta_bytes: p.delta_bytes, mv: q.mv });
                 continue;
             }
             let first_new = self.groups.len();
@@ -230,8 +253,8 @@ impl<'a> Fusion<'a> {
 
     fn enqueue(&self, queue: &mut BinaryHeap<Queued>, mv: Move) {
         if let Ok(p) = self.propose(mv) {
-            if p.delta_us < -1e-9 {
-                queue.push(Queued { delta_us: p.delta_us, mv });
+            if improves(p.delta_us, p.delta_bytes) {
+                queue.push(Queued { delta_us: p.delta_us, delta_bytes: p.delta_bytes, mv });
             }
         }
     }
@@ -290,7 +313,9 @@ impl<'a> Fusion<'a> {
                 Move::Merge(a, b) => (self.first_member(a), Some(self.first_member(b))),
             };
             let why = match self.propose(mv) {
-                Ok(p) if p.delta_us >= -1e-9 => format!("it would be slower by {:.2} us", p.delta_us),
+                Ok(p) if !improves(p.delta_us, p.delta_bytes) => {
+                    format!("it would be slower by {:.2} us", p.delta_us.max(0.0))
+                }
                 Ok(_) => continue,
                 Err((_, why)) => why,
             };
@@ -385,12 +410,12 @@ impl<'a> Fusion<'a> {
                 return Err((c, "the kernel that would write it reads from one that runs after it (a cycle)".into()));
             }
         }
-        let delta_us = self.delta(&remove, &add);
-        Ok(Proposal { flip, remove, add, delta_us })
+        let (delta_us, delta_bytes) = self.delta(&remove, &add);
+        Ok(Proposal { flip, remove, add, delta_us, delta_bytes })
     }
 
-    /// The change in total time if `remove` were replaced by `add`.
-    fn delta(&self, remove: &[usize], add: &[Group]) -> f64 {
+    /// The change in total time and in bytes moved if `remove` were replaced by `add`.
+    fn delta(&self, remove: &[usize], add: &[Group]) -> (f64, i64) {
         let mut diff: BTreeMap<usize, i64> = BTreeMap::new();
         for &r in remove {
             for &x in self.groups[r].as_ref().map_or(&[][..], |g| &g.cost.reads[..]) {
@@ -405,7 +430,12 @@ impl<'a> Fusion<'a> {
         let readers = |m: usize| (self.readers[m] as i64 + diff.get(&m).copied().unwrap_or(0)).max(0) as u32;
         let mut delta: f64 =
             add.iter().map(|g| g.cost.predict_us(self.dag, self.profile, self.write_bytes(g, readers))).sum();
-        delta -= remove.iter().filter_map(|&r| self.groups[r].as_ref()).map(|g| self.group_us(g)).sum::<f64>();
+        let mut bytes: i64 =
+            add.iter().map(|g| (g.cost.bytes_read(self.dag) + self.write_bytes(g, readers)) as i64).sum();
+        for g in remove.iter().filter_map(|&r| self.groups[r].as_ref()) {
+            delta -= self.group_us(g);
+            bytes -= (g.cost.bytes_read(self.dag) + self.group_write_bytes(g)) as i64;
+        }
         // Owners whose writes change because their readers changed.
         let mut owners = BTreeSet::new();
         for (&m, _) in diff.iter().filter(|(_, &d)| d != 0) {
@@ -417,8 +447,9 @@ impl<'a> Fusion<'a> {
         for o in owners {
             let g = self.groups[o].as_ref().expect("owner is live");
             delta += g.cost.predict_us(self.dag, self.profile, self.write_bytes(g, readers)) - self.group_us(g);
+            bytes += self.write_bytes(g, readers) as i64 - self.group_write_bytes(g) as i64;
         }
-        delta
+        (delta, bytes)
     }
 
     fn apply(&mut self, p: Proposal) {
@@ -513,15 +544,21 @@ impl<'a> Fusion<'a> {
         }
         let mut out = Vec::new();
         for (c, users) in computed_by {
+            let mut operand_owners: BTreeSet<usize> = BTreeSet::new();
+            for ch in self.dag.nodes[c].children() {
+                if self.mat[ch] && self.owner[ch] != NONE {
+                    operand_owners.insert(self.owner[ch]);
+                }
+            }
             if users.len() < 2 {
+                // Computed by one kernel: worth writing only from the kernel that owns its
+                // operands, so that the reader reads it instead of them (a 1-bit mask saved by
+                // the forward kernel instead of the activation it is computed from).
+                out.extend(operand_owners.into_iter().filter(|h| !users.contains(h)).map(|h| Move::Materialize(c, h)));
                 continue;
             }
             let mut hosts: BTreeSet<usize> = users.iter().copied().collect();
-            for ch in self.dag.nodes[c].children() {
-                if self.mat[ch] && self.owner[ch] != NONE {
-                    hosts.insert(self.owner[ch]);
-                }
-            }
+            hosts.extend(operand_owners);
             out.push(Move::Materialize(c, NONE));
             out.extend(hosts.into_iter().map(|h| Move::Materialize(c, h)));
         }
@@ -539,7 +576,7 @@ impl<'a> Fusion<'a> {
         inline_first.greedy(false);
         inline_first.greedy(true);
         self.optimise();
-        if inline_first.total_us() < self.total_us() - 1e-9 {
+        if inline_first.better_than(self) {
             *self = inline_first;
         }
 
@@ -548,8 +585,8 @@ impl<'a> Fusion<'a> {
                 .materialize_candidates()
                 .into_iter()
                 .filter_map(|mv| self.propose(mv).ok())
-                .filter(|p| p.delta_us < -1e-9)
-                .min_by(|a, b| a.delta_us.total_cmp(&b.delta_us));
+                .filter(|p| improves(p.delta_us, p.delta_bytes))
+                .min_by(|a, b| a.delta_us.total_cmp(&b.delta_us).then(a.delta_bytes.cmp(&b.delta_bytes)));
             match best {
                 Some(p) => {
                     self.apply(p);
@@ -558,6 +595,34 @@ impl<'a> Fusion<'a> {
                 None => break,
             }
         }
+    }
+
+    /// Computed tensors written for another kernel, not outputs: what recomputation could drop
+    /// (the values a forward pass saves for its backward), in index order.
+    pub fn saved(&self) -> Vec<usize> {
+        (0..self.dag.len())
+            .filter(|&m| self.mat[m] && self.owner[m] != NONE && self.inlinable(m) && self.is_written(m))
+            .collect()
+    }
+
+    /// The state with `m` recomputed by every kernel that reads it instead of written (an inline
+    /// move), or why no template can run the kernels that would then compute it.
+    pub fn recomputed(&self, m: usize) -> Result<Fusion<'a>, String> {
+        if !(self.mat[m] && self.owner[m] != NONE && self.inlinable(m)) {
+            return Err("not a computed tensor written by a kernel".into());
+        }
+        let p = self.propose(Move::Inline(m)).map_err(|(_, why)| why)?;
+        let mut next = self.clone();
+        next.apply(p);
+        Ok(next)
+    }
+
+    /// The kernels of the state in execution order, each as (reads, written members).
+    pub fn kernel_io(&self) -> Vec<(Vec<usize>, Vec<usize>)> {
+        self.ordered()
+            .into_iter()
+            .map(|g| (g.cost.reads.clone(), g.members.iter().copied().filter(|&m| self.is_written(m)).collect()))
+            .collect()
     }
 
     fn members(&self, g: usize) -> &[usize] {
@@ -649,9 +714,12 @@ mod tests {
                     let Ok(prop) = f.propose(mv) else { continue };
                     let mut g = f.clone();
                     let before = g.total_us();
+                    let bytes_before = g.total_bytes() as i64;
                     let delta = prop.delta_us;
+                    let delta_bytes = prop.delta_bytes;
                     g.apply(prop);
                     let after = g.total_us();
+                    assert_eq!(g.total_bytes() as i64 - bytes_before, delta_bytes, "{}: {mv:?} bytes", p.source);
                     assert!(
                         (after - before - delta).abs() < 1e-6,
                         "{}: {mv:?} predicted {delta}, got {}",

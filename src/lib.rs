@@ -71,6 +71,7 @@ mod ilp;
 mod infer;
 mod json;
 mod lang;
+mod memory;
 mod memplan;
 mod npy;
 mod nvrtc;
@@ -109,7 +110,8 @@ pub use error::{Diagnostic, Error, Result};
 pub use expand::expand_composites;
 pub use explain::explain;
 pub use extract::{
-    build_plan, dag_of, extract, fused_cost, local_selection, written_selection, ExtractOptions, Extracted, Selection,
+    build_plan, dag_of, extract, fused_cost, local_selection, planned_cost, written_selection, ExtractOptions,
+    Extracted, Selection,
 };
 pub use fuse::{Fusion, Group};
 pub use gen_program::{random_recipe, recipes, Recipe, Step};
@@ -119,6 +121,7 @@ pub use ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};
 pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
 pub use json::{program_from_json, program_to_json};
 pub use lang::{Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
+pub use memory::{liveness, packed_bytes, parse_bytes, KernelIo, MemoryReport, SavedTensor};
 pub use memplan::{MemoryPlan, Step as MemoryStep};
 pub use npy::{read_npy, write_npy};
 pub use nvrtc::{

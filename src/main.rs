@@ -132,6 +132,11 @@ struct PlanArgs {
     /// the unfused plan's floating-point operations and roundings (bit-identical results).
     #[arg(long)]
     strict: bool,
+    /// Most bytes of live device tensors the plan may need at once (`1073741824`, `512MiB`,
+    /// `1.5GB`): saved tensors are recomputed instead where the budget demands it; exits 1 when
+    /// no plan fits.
+    #[arg(long, value_name = "BYTES")]
+    memory_budget: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -171,6 +176,10 @@ impl PlanArgs {
             )));
         }
         o.time_limit = Duration::from_secs_f64(self.time_limit);
+        if let Some(b) = &self.memory_budget {
+            o.memory_budget =
+                Some(eqfuse::parse_bytes(b).map_err(|e| Error::Invalid(format!("--memory-budget: {e}")))?);
+        }
         o.extractor = match self.extractor {
             ExtractorArg::Greedy => "greedy",
             ExtractorArg::Ilp => "ilp",
@@ -231,6 +240,7 @@ fn run(cli: Cli) -> Result<(), Error> {
                 no_fusion: false,
                 rules: None,
                 strict: false,
+                memory_budget: None,
             };
             let program = args.load()?;
             let text = serde_json::to_string_pretty(&eqfuse::program_to_json(&program)).expect("JSON values serialize");

@@ -15,12 +15,13 @@ use crate::analysis::{ShapeAnalysis, TensorGraph};
 use crate::dag::{Dag, Role};
 use crate::error::{Error, Result};
 use crate::expand::expand_composites;
-use crate::extract::{build_plan, extract, fused_cost, ExtractOptions, Extracted};
+use crate::extract::{better_plan, build_plan, extract, scored, ExtractOptions, Extracted};
 use crate::fuse::Fusion;
 use crate::lang::{Kind, TensorLang};
 use crate::plan::{FusionPlan, SearchReport, Totals};
 use crate::profile::DeviceProfile;
 use crate::program::Program;
+use crate::render::human_bytes;
 use crate::saturate::{saturate_egraph, Budgets};
 
 /// Everything `eqfuse optimize` can be told.
@@ -42,6 +43,10 @@ pub struct OptimizeOptions {
     /// Record why classes merged (egg's explanations; slower), so that
     /// [`Optimized::rules_used`] can name the rules the chosen form depends on (`explain`).
     pub explanations: bool,
+    /// Most bytes of live device tensors the plan may need at once (`--memory-budget`): the
+    /// planner recomputes saved tensors instead of writing them until the peak fits, or fails
+    /// saying that no plan fits and the smallest peak it found.
+    pub memory_budget: Option<u64>,
 }
 
 impl OptimizeOptions {
@@ -56,6 +61,7 @@ impl OptimizeOptions {
             extractor: "greedy".into(),
             strict: false,
             explanations: false,
+            memory_budget: None,
         }
     }
 }
@@ -189,9 +195,9 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
         match crate::ilp::solve(egraph, &root_ids, &opts.profile, opts.time_limit) {
             Ok(r) => {
                 if let Some(sel) = &r.selection {
-                    if let Ok((dag, t)) = fused_cost(egraph, sel, roots, names, &opts.profile, opts.fusion) {
-                        if t < best.predicted_us - 1e-9 {
-                            best = Extracted { dag, selection: sel.clone(), predicted_us: t };
+                    if let Ok((dag, t, bytes)) = scored(egraph, sel, roots, names, &opts.profile, opts.fusion, true) {
+                        if better_plan(t, bytes, best.predicted_us, best.bytes) {
+                            best = Extracted { dag, selection: sel.clone(), predicted_us: t, bytes };
                         }
                     }
                 }
@@ -203,9 +209,43 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
             Err(why) => extractor = format!("{extractor} (ilp skipped: {why})"),
         }
     }
+    // 1-bit masks only where codegen cannot run the kernels anyway or runs them packed: a mask
+    // that a generated kernel would store or load unpacked makes the search run again without it.
+    loop {
+        let unpack: Vec<usize> = {
+            let mut f = Fusion::unfused(&best.dag, &opts.profile);
+            if opts.fusion {
+                f.optimise_with_materialize();
+            }
+            masks_codegen_cannot_run(&best.dag, &f)
+        };
+        if unpack.is_empty() {
+            break;
+        }
+        for i in unpack {
+            best.dag.packed[i] = false;
+        }
+    }
     let mut fusion = Fusion::unfused(&best.dag, &opts.profile);
     if opts.fusion {
         fusion.optimise_with_materialize();
+    }
+    if let Some(budget) = opts.memory_budget {
+        let inputs: Vec<(String, crate::types::TensorType)> =
+            program.inputs.iter().map(|i| (i.name.clone(), i.ty.clone())).collect();
+        fusion = crate::memory::fit_budget(&best.dag, fusion, &inputs, budget).map_err(|m| {
+            let io = m.inputs_bytes + m.outputs_bytes;
+            Error::Invalid(format!(
+                "no plan of {} fits the memory budget of {budget} bytes ({}): the smallest peak found is {} bytes \
+                 ({}){}, after recomputing every saved tensor that lowered it (a matrix product's operands stay saved); the inputs and outputs alone take {io} bytes ({})",
+                program.source,
+                human_bytes(budget),
+                m.peak_bytes,
+                human_bytes(m.peak_bytes),
+                m.peak_kernel.map_or(String::new(), |k| format!(" at kernel {k}")),
+                human_bytes(io)
+            ))
+        })?;
     }
     let extract_ms = t1.elapsed().as_secs_f64() * 1e3;
     let search = SearchReport {
@@ -220,7 +260,8 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
         lower_bound_us,
         strict: opts.strict,
     };
-    let plan = build_plan(program, &best.dag, &fusion, &opts.profile, unfused, search);
+    let mut plan = build_plan(program, &best.dag, &fusion, &opts.profile, unfused, search);
+    plan.memory.budget_bytes = opts.memory_budget;
     let recognised = recognised_composites(program, &best.dag);
     let rules_used = sat.egraph.are_explanations_enabled().then(|| rules_used(program, &sat.egraph, &best.dag, opts));
     Ok(Optimized { plan, stages: sat.stages.clone(), recognised, rules_used })
@@ -263,6 +304,19 @@ fn collect_rules(t: &egg::FlatTerm<TensorLang>, out: &mut std::collections::BTre
     for c in &t.children {
         collect_rules(c, out);
     }
+}
+
+/// Packed masks written or read by a kernel that codegen generates without packed-mask support.
+fn masks_codegen_cannot_run(dag: &Dag, f: &Fusion) -> Vec<usize> {
+    use crate::codegen::{generates, packs_masks};
+    let groups = f.ordered();
+    let stuck = |t: crate::plan::Template| generates(t) && !packs_masks(t);
+    (0..dag.len())
+        .filter(|&i| dag.is_packed(i) && f.mat[i])
+        .filter(|&i| {
+            groups.iter().any(|g| (g.members.contains(&i) || g.cost.reads.contains(&i)) && stuck(g.cost.template))
+        })
+        .collect()
 }
 
 fn round3(x: f64) -> f64 {

@@ -145,6 +145,8 @@ pub struct FusionPlan {
     /// The program as written, one kernel per primitive op (composites expanded).
     pub unfused: Totals,
     pub search: SearchReport,
+    /// Peak device memory by liveness over the kernels, and the tensors saved between kernels.
+    pub memory: crate::memory::MemoryReport,
 }
 
 impl FusionPlan {
@@ -155,6 +157,36 @@ impl FusionPlan {
         } else {
             1.0
         }
+    }
+
+    /// The memory report of kernels run in order over these inputs and outputs; `packed` lists
+    /// the tensors stored 1 bit per element.
+    pub fn memory_of(
+        kernels: &[Kernel],
+        inputs: &[TensorRef],
+        outputs: &[(String, String)],
+        packed: &std::collections::BTreeSet<String>,
+    ) -> crate::memory::MemoryReport {
+        use std::collections::BTreeMap;
+        let mut types: BTreeMap<&str, &TensorType> = inputs.iter().map(|i| (i.name.as_str(), &i.ty)).collect();
+        for k in kernels {
+            types.extend(k.writes.iter().map(|w| (w.name.as_str(), &w.ty)));
+        }
+        let io: Vec<crate::memory::KernelIo> = kernels
+            .iter()
+            .map(|k| crate::memory::KernelIo {
+                reads: k.reads.iter().map(|r| r.name.as_str()).collect(),
+                writes: k.writes.iter().map(|w| w.name.as_str()).collect(),
+            })
+            .collect();
+        let ins: Vec<(&str, &TensorType)> = inputs.iter().map(|i| (i.name.as_str(), &i.ty)).collect();
+        let outs: Vec<&str> = outputs.iter().map(|(_, t)| t.as_str()).collect();
+        crate::memory::liveness(&io, &ins, &outs, &|n| types.get(n).map(|t| (*t).clone()), &|n| packed.contains(n))
+    }
+
+    /// Whether a tensor of the plan is stored 1 bit per element (a saved bool mask).
+    pub fn is_packed(&self, name: &str) -> bool {
+        self.memory.saved.iter().any(|s| s.packed && s.name == name)
     }
 
     /// Recomputes `total` from the kernels.

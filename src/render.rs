@@ -91,11 +91,49 @@ pub fn plan_json(plan: &FusionPlan) -> Value {
         },
         "inputs": plan.inputs.iter().map(|i| json!({"name": i.name, "dtype": i.ty.dtype, "shape": i.ty.shape})).collect::<Vec<_>>(),
         "outputs": plan.outputs.iter().map(|(o, t)| json!({"name": o, "tensor": t})).collect::<Vec<_>>(),
+        "memory": memory_json(&plan.memory),
     });
     if plan.search.strict {
         v["strict"] = Value::Bool(true);
     }
     v
+}
+
+fn memory_json(m: &crate::memory::MemoryReport) -> Value {
+    json!({
+        "peak_bytes": m.peak_bytes,
+        "peak_kernel": m.peak_kernel,
+        "inputs_bytes": m.inputs_bytes,
+        "outputs_bytes": m.outputs_bytes,
+        "saved_bytes": m.saved.iter().map(|s| s.bytes).sum::<u64>(),
+        "saved": m.saved.iter().map(|s| json!({
+            "tensor": s.name, "dtype": s.ty.dtype, "shape": s.ty.shape, "bytes": s.bytes, "packed": s.packed,
+            "written_by": s.written_by, "last_read_by": s.last_read_by,
+        })).collect::<Vec<_>>(),
+        "budget_bytes": m.budget_bytes,
+    })
+}
+
+/// One line on device memory: the peak, what is saved between kernels, packed masks, the budget.
+pub fn memory_line(m: &crate::memory::MemoryReport) -> String {
+    let saved: u64 = m.saved.iter().map(|s| s.bytes).sum();
+    let packed: Vec<&str> = m.saved.iter().filter(|s| s.packed).map(|s| s.name.as_str()).collect();
+    let mut s = format!(
+        "memory: peak {}{} (inputs {}, outputs {}); {} saved between kernels in {} tensors",
+        human_bytes(m.peak_bytes),
+        m.peak_kernel.map_or(String::new(), |k| format!(" at kernel {k}")),
+        human_bytes(m.inputs_bytes),
+        human_bytes(m.outputs_bytes),
+        human_bytes(saved),
+        m.saved.len()
+    );
+    if !packed.is_empty() {
+        s.push_str(&format!(", 1-bit masks: {}", packed.join(", ")));
+    }
+    if let Some(b) = m.budget_bytes {
+        s.push_str(&format!("; budget {}", human_bytes(b)));
+    }
+    s
 }
 
 /// Bytes with a binary unit.
@@ -128,6 +166,7 @@ fn summary(plan: &FusionPlan) -> String {
         plan.speedup(),
         plan.device
     );
+    let _ = writeln!(s, "{}", memory_line(&plan.memory));
     let se = &plan.search;
     let gap = se.gap.map_or("not computed".to_string(), |g| format!("{:.1}%", g * 100.0));
     let _ = writeln!(

@@ -114,8 +114,33 @@ pub fn codegen_plan(plan: &FusionPlan) -> Result<Vec<KernelSource>> {
     plan.kernels.iter().map(|k| codegen_kernel(plan, k)).collect()
 }
 
+/// Whether code generation runs kernels of this template at all.
+pub fn generates(t: Template) -> bool {
+    matches!(t, Template::Elementwise | Template::RowReduce | Template::ColReduce)
+}
+
+/// Whether generated kernels of this template store and load 1-bit masks (a saved bool tensor
+/// packed 32 elements to a word, `memory.rs`). None do yet: the planner keeps masks unpacked in
+/// plans whose kernels codegen runs (`optimize.rs`), and codegen refuses a packed mask.
+pub fn packs_masks(t: Template) -> bool {
+    let _ = t;
+    false
+}
+
 /// Renders one kernel.
 pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
+    if generates(k.template) && !packs_masks(k.template) {
+        if let Some(t) = k.reads.iter().chain(&k.writes).find(|t| plan.is_packed(&t.name)) {
+            return Err(crate::error::Error::Invalid(format!(
+                "kernel {} ({}): `{}` is a 1-bit mask (a bool tensor stored 32 elements to a word), which \
+                 generated {} kernels do not store or load yet",
+                k.id,
+                k.template.name(),
+                t.name,
+                k.template.name()
+            )));
+        }
+    }
     if k.template == Template::Attention {
         return attention::codegen(plan, k, ATTENTION, COMMON);
     }
