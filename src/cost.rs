@@ -146,7 +146,10 @@ fn gemm_implementation(
 /// for codegen's structural questions.
 fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost) -> Kernel {
     let name = |i: usize| format!("t{i}");
-    let tref = |i: usize| TensorRef { name: name(i), ty: dag.nodes[i].ty().cloned().unwrap_or(TensorType::scalar(DType::F32)) };
+    let tref = |i: usize| TensorRef {
+        name: name(i),
+        ty: dag.nodes[i].ty().cloned().unwrap_or(TensorType::scalar(DType::F32)),
+    };
     let mut body: RecExpr<TensorLang> = RecExpr::default();
     let mut local: BTreeMap<usize, Id> = BTreeMap::new();
     for &r in &k.reads {
@@ -155,12 +158,13 @@ fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost) -> Kernel {
     for &b in &k.body {
         let n = &dag.nodes[b];
         for c in n.children() {
-            if !local.contains_key(&c) {
-                let leaf = match n.role {
-                    _ if dag.nodes[c].role == Role::Leaf && !dag.is_output[c] => dag.nodes[c].node.clone(),
-                    _ => TensorLang::Var(Symbol::from(name(c).as_str())),
+            if let std::collections::btree_map::Entry::Vacant(e) = local.entry(c) {
+                let leaf = if dag.nodes[c].role == Role::Leaf && !dag.is_output[c] {
+                    dag.nodes[c].node.clone()
+                } else {
+                    TensorLang::Var(Symbol::from(name(c).as_str()))
                 };
-                local.insert(c, body.add(leaf));
+                e.insert(body.add(leaf));
             }
         }
         let id = body.add(n.node.clone().map_children(|c| local[&usize::from(c)]));

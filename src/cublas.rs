@@ -151,7 +151,12 @@ impl LtGemm {
                 // SAFETY: the attributes are an i32 and an i64, passed with their sizes.
                 unsafe {
                     status(
-                        lt::set_matrix_layout_attribute(l, L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count as *const i32 as *const _, 4),
+                        lt::set_matrix_layout_attribute(
+                            l,
+                            L::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                            &count as *const i32 as *const _,
+                            4,
+                        ),
                         &what("setting the batch count"),
                     )?;
                     status(
@@ -176,7 +181,12 @@ impl LtGemm {
         // SAFETY: the attribute is a usize, passed with its size; `pref` is live.
         let heuristic = unsafe {
             let r = status(
-                lt::set_matmul_pref_attribute(pref, P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws as *const usize as *const _, 8),
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &ws as *const usize as *const _,
+                    8,
+                ),
                 &what("setting the workspace size"),
             )
             .and_then(|_| {
@@ -202,7 +212,13 @@ impl LtGemm {
 
     /// Queues the call on the stream: `a`, `b`, the bias (if any) and `d` are device buffers
     /// of the sizes the plan gives those tensors.
-    pub fn launch(&self, a: &crate::gpu::Buffer, b: &crate::gpu::Buffer, bias: Option<&crate::gpu::Buffer>, d: &crate::gpu::Buffer) -> Result<()> {
+    pub fn launch(
+        &self,
+        a: &crate::gpu::Buffer,
+        b: &crate::gpu::Buffer,
+        bias: Option<&crate::gpu::Buffer>,
+        d: &crate::gpu::Buffer,
+    ) -> Result<()> {
         let s = &self.stream;
         let (pa, _ra) = a.device_ptr(s);
         let (pb, _rb) = b.device_ptr(s);

@@ -126,7 +126,13 @@ impl Gpu {
     pub fn load(&self, source: &KernelSource) -> Result<Loaded> {
         if let Some(call) = &source.cublaslt {
             let lt = crate::cublas::LtGemm::new(self.stream.clone(), call, &source.name)?;
-            return Ok(Loaded { source: source.clone(), func: None, lt: Some(lt), cached: true, resident_blocks: None });
+            return Ok(Loaded {
+                source: source.clone(),
+                func: None,
+                lt: Some(lt),
+                cached: true,
+                resident_blocks: None,
+            });
         }
         let c = crate::nvrtc::compile_cached(&source.source, &source.name, &self.arch)?;
         let ptx = String::from_utf8_lossy(&c.ptx).into_owned();

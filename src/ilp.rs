@@ -121,8 +121,8 @@ fn best_rates(profile: &DeviceProfile) -> (f64, f64) {
         .flat_map(|&t| std::iter::once(profile.rates(t)).chain(profile.rates(t).implementations.values()))
         .collect();
     let bw = all.iter().map(|r| r.bandwidth_efficiency).fold(0.0, f64::max) * profile.copy_bandwidth_gbs * 1e9;
-    let rate = all.iter().map(|r| r.flops_bf16_tflops.unwrap_or(0.0).max(r.flops_f32_tflops)).fold(0.0, f64::max)
-        * 1e12;
+    let rate =
+        all.iter().map(|r| r.flops_bf16_tflops.unwrap_or(0.0).max(r.flops_f32_tflops)).fold(0.0, f64::max) * 1e12;
     (bw, rate)
 }
 

@@ -56,8 +56,8 @@ mod bench;
 mod calibrate;
 mod codegen;
 mod conditions;
-mod cublas;
 mod cost;
+mod cublas;
 mod dag;
 mod error;
 mod expand;
@@ -95,12 +95,14 @@ pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
 pub use autodiff::{expand_grads, grad, has_grads};
 pub use bench::{bench_programs, spearman, BenchReport, BenchRow};
 pub use calibrate::{calibrate, calibrate_on, short_name as profile_name_of, Calibration};
+pub use codegen::gemm::cublaslt_call as gemm_cublaslt_call;
 pub use codegen::{
     codegen_kernel, codegen_plan, manifest_json, write_codegen_dir, ArgRole, KernelArg, KernelSource, Launch,
     TEMPLATE_FILES,
 };
 pub use conditions::{condition, NamedCondition, CONDITIONS};
 pub use cost::{analyse, KernelCost};
+pub use cublas::{LtCall, LtEpilogue, LtOperand};
 pub use dag::{Dag, DagNode, Role};
 pub use error::{Diagnostic, Error, Result};
 pub use expand::expand_composites;
@@ -127,8 +129,6 @@ pub use optimize::{
     StageSummary,
 };
 pub use parse::{load_program, parse_dim_override, parse_program};
-pub use codegen::gemm::cublaslt_call as gemm_cublaslt_call;
-pub use cublas::{LtCall, LtEpilogue, LtOperand};
 pub use plan::{FusionPlan, GemmImpl, Kernel, SearchReport, Template, TensorRef, Totals};
 pub use plancheck::{check_plan, eval_plan, eval_plan_with, kernel_program};
 pub use profile::{DeviceProfile, TemplateRates};

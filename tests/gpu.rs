@@ -9,8 +9,8 @@
 mod common;
 
 use eqfuse::{
-    codegen_plan, nvrtc_compile_cached, optimize, run_on, unfused_plan, DeviceProfile, Error, FusionPlan, Gpu,
-    GemmImpl, GpuRunOptions, GpuRunReport, OptimizeOptions, Program, Template, DEFAULT_ARCH,
+    codegen_plan, nvrtc_compile_cached, optimize, run_on, unfused_plan, DeviceProfile, Error, FusionPlan, GemmImpl,
+    Gpu, GpuRunOptions, GpuRunReport, OptimizeOptions, Program, Template, DEFAULT_ARCH,
 };
 
 /// The GPU, or `None` after saying why there is none (or after prefilling the cache).
@@ -170,6 +170,13 @@ fn gemm_implementations_match_the_reference() {
     let Some(gpu) = gpu_or_skip(&plans) else { return };
     for (seed, (name, program, plan)) in plans.iter().enumerate() {
         let r = run_checked(&gpu, name, program, plan, seed as u64);
-        eprintln!("ok: {name}: {}", r.outputs.iter().map(|o| format!("{} scaled error {:.1e}", o.name, o.scaled_error)).collect::<Vec<_>>().join(", "));
+        eprintln!(
+            "ok: {name}: {}",
+            r.outputs
+                .iter()
+                .map(|o| format!("{} scaled error {:.1e}", o.name, o.scaled_error))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
 }

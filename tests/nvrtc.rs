@@ -108,6 +108,8 @@ fn example_kernels_compile() {
             }
         }
     }
-    eprintln!("compiled {compiled} example kernels ({gemm} generated gemm); skipped {skipped} attention and cuBLASLt kernels");
+    eprintln!(
+        "compiled {compiled} example kernels ({gemm} generated gemm); skipped {skipped} attention and cuBLASLt kernels"
+    );
     assert!(gemm >= 4, "the examples' generated gemm kernels were not compiled");
 }

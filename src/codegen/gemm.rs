@@ -16,7 +16,7 @@ use super::lower::{self, Lowered, Op, Operand};
 use crate::cublas::{LtCall, LtEpilogue, LtOperand};
 use crate::error::{Error, Result};
 use crate::lang::{Binary, Unary};
-use crate::plan::{GemmImpl, Kernel, TensorRef, Template};
+use crate::plan::{GemmImpl, Kernel, Template, TensorRef};
 use crate::types::{DType, TensorType};
 
 /// The name of the pseudo-tensor holding the product tile.
@@ -117,7 +117,10 @@ pub fn render(k: &Kernel) -> Result<Rendered> {
     let n = *k.domain.last().ok_or_else(|| Error::Invalid(format!("kernel {} (gemm): a scalar product", k.id)))?;
     let rows = reduces(k);
     if rows && n > 256 {
-        return Err(Error::Invalid(format!("kernel {} (gemm): a row epilogue over {n} columns exceeds one tile", k.id)));
+        return Err(Error::Invalid(format!(
+            "kernel {} (gemm): a row epilogue over {n} columns exceeds one tile",
+            k.id
+        )));
     }
     let t = tile(n, rows);
     let (ext, l) = lowered(k, t.ts)?;
@@ -189,7 +192,9 @@ fn product_dtype(k: &Kernel) -> Option<DType> {
     let mut id = mm;
     loop {
         match &nodes[usize::from(id)] {
-            crate::lang::TensorLang::Var(s) => return k.reads.iter().find(|r| r.name == s.as_str()).map(|r| r.ty.dtype),
+            crate::lang::TensorLang::Var(s) => {
+                return k.reads.iter().find(|r| r.name == s.as_str()).map(|r| r.ty.dtype)
+            }
             crate::lang::TensorLang::Op(_, ch) => id = ch[0],
             _ => return None,
         }
@@ -204,14 +209,16 @@ fn batch_offset(name: &str, o: &Operand, dom: &[usize]) -> String {
     let mut terms = Vec::new();
     let mut lines = Vec::new();
     let mut q = "z".to_string();
-    for j in (0..nb).rev() {
+    let axes: Vec<usize> = (0..nb).rev().filter(|&j| dom[j] > 1).collect();
+    for (i, &j) in axes.iter().enumerate() {
         let stride = if j < pad || o.shape[j - pad] == 1 { 0 } else { o.strides[j - pad] };
-        if dom[j] == 1 {
-            continue;
+        if stride != 0 {
+            lines.push(format!("    const eq_idx c{j} = {q} % {};", dom[j]));
         }
-        lines.push(format!("    const eq_idx c{j} = {q} % {};", dom[j]));
-        lines.push(format!("    const eq_idx q{j} = {q} / {};", dom[j]));
-        q = format!("q{j}");
+        if i + 1 < axes.len() {
+            lines.push(format!("    const eq_idx q{j} = {q} / {};", dom[j]));
+            q = format!("q{j}");
+        }
         if stride != 0 {
             terms.push(format!("c{j} * {stride}"));
         }
@@ -241,14 +248,28 @@ fn lt_operand(name: &str, shape: &[usize], strides: &[usize], batch_stride: usiz
     if sc == 1 || cols == 1 {
         let ld = if rows == 1 { cols } else { sr };
         if ld >= cols.max(1) {
-            return Some(LtOperand { tensor: name.into(), transpose: false, rows: cols as u64, cols: rows as u64, ld: ld as i64, batch_stride: bs });
+            return Some(LtOperand {
+                tensor: name.into(),
+                transpose: false,
+                rows: cols as u64,
+                cols: rows as u64,
+                ld: ld as i64,
+                batch_stride: bs,
+            });
         }
     }
     // A transposed view: memory is column-major [rows, cols] with leading dimension sc: op T.
     if sr == 1 || rows == 1 {
         let ld = if cols == 1 { rows } else { sc };
         if ld >= rows.max(1) {
-            return Some(LtOperand { tensor: name.into(), transpose: true, rows: rows as u64, cols: cols as u64, ld: ld as i64, batch_stride: bs });
+            return Some(LtOperand {
+                tensor: name.into(),
+                transpose: true,
+                rows: rows as u64,
+                cols: cols as u64,
+                ld: ld as i64,
+                batch_stride: bs,
+            });
         }
     }
     None
