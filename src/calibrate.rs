@@ -21,6 +21,10 @@ use crate::program::Program;
 use crate::run_gpu::{run_on, GpuRunOptions};
 use crate::types::{DType, TensorType};
 
+/// One gemm implementation's measured rate: (implementation, dtype, program, median
+/// microseconds, TFLOP/s).
+pub type GemmRate = (GemmImpl, DType, String, f64, f64);
+
 /// What calibration measured, and the profile made from it.
 #[derive(Clone, Debug)]
 pub struct Calibration {
@@ -32,7 +36,7 @@ pub struct Calibration {
     /// (template, program, bytes moved, median microseconds, share of copy bandwidth).
     pub templates: Vec<(Template, String, u64, f64, f64)>,
     /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
-    pub gemm: Vec<(GemmImpl, DType, String, f64, f64)>,
+    pub gemm: Vec<GemmRate>,
 }
 
 /// Calibrates device 0 against the built-in profile of its kind (`h100`, `h200`, else `h100`).
@@ -97,7 +101,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
 
 /// The arithmetic rate of each gemm implementation on a large square product per dtype
 /// (compute-bound: 4096 cubed), written into the gemm template's `implementations`.
-fn gemm_rates(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<(GemmImpl, DType, String, f64, f64)>> {
+fn gemm_rates(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<GemmRate>> {
     let mut out = Vec::new();
     for dtype in [DType::F32, DType::Bf16] {
         let n = 4096;

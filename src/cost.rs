@@ -158,12 +158,13 @@ fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost) -> Kernel {
     for &b in &k.body {
         let n = &dag.nodes[b];
         for c in n.children() {
-            if !local.contains_key(&c) {
-                let leaf = match n.role {
-                    _ if dag.nodes[c].role == Role::Leaf && !dag.is_output[c] => dag.nodes[c].node.clone(),
-                    _ => TensorLang::Var(Symbol::from(name(c).as_str())),
+            if let std::collections::btree_map::Entry::Vacant(e) = local.entry(c) {
+                let leaf = if dag.nodes[c].role == Role::Leaf && !dag.is_output[c] {
+                    dag.nodes[c].node.clone()
+                } else {
+                    TensorLang::Var(Symbol::from(name(c).as_str()))
                 };
-                local.insert(c, body.add(leaf));
+                e.insert(body.add(leaf));
             }
         }
         let id = body.add(n.node.clone().map_children(|c| local[&usize::from(c)]));

@@ -89,3 +89,40 @@ fn strict_kernels_round_like_the_unfused_plan() {
     let unfused = eqfuse::unfused_plan(&program, &opts().profile, true).unwrap();
     assert!(codegen_plan(&unfused).unwrap().iter().any(|s| s.source.contains("__fadd_rn(")));
 }
+
+#[test]
+fn gemm_kernels_render_in_their_implementation() {
+    // dense.eqf: relu(x @ w + b) is one cuBLASLt call with the RELU_BIAS epilogue; x is
+    // row-major [M, K], so in cuBLASLt's column-major terms w is the first operand, untransposed.
+    let p = eqfuse::load_program("examples/dense.eqf", &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert_eq!(plan.kernels[0].implementation, Some(eqfuse::GemmImpl::Cublaslt));
+    let s = &codegen_plan(&plan).unwrap()[0];
+    let call = s.cublaslt.as_ref().expect("a cuBLASLt call");
+    assert_eq!(call.epilogue, eqfuse::LtEpilogue::ReluBias);
+    assert_eq!((call.m, call.n, call.k), (4096, 4096, 1024));
+    assert_eq!((call.a.tensor.as_str(), call.a.transpose, call.a.ld), ("w", false, 4096));
+    assert_eq!((call.b.tensor.as_str(), call.b.transpose, call.b.ld), ("x", false, 1024));
+    assert!(s.source.is_empty());
+    // A transposed operand flips its op flag instead of being copied.
+    let t = eqfuse::parse_program(
+        "t",
+        "input x: f32[80, 48]\ninput w: f32[80, 144]\ny = transpose(x, 0, 1) @ w\noutput y\n",
+        &[],
+    )
+    .unwrap();
+    let plan = optimize(&t, &opts()).unwrap().plan;
+    let call = codegen_plan(&plan).unwrap()[0].cublaslt.clone().expect("a cuBLASLt call");
+    assert_eq!((call.b.tensor.as_str(), call.b.transpose, call.b.ld), ("x", true, 48));
+    // softmax(x @ w) is one generated kernel whose epilogue is the row template's functions.
+    let p = eqfuse::load_program("examples/softmax_regression.eqf", &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert_eq!(plan.kernels.len(), 1);
+    assert_eq!(plan.kernels[0].implementation, Some(eqfuse::GemmImpl::Generated));
+    let s = &codegen_plan(&plan).unwrap()[0];
+    assert!(s.cublaslt.is_none() && s.name == "gemm_f32_k0");
+    for needle in ["#define EQ_EPI_ROWS 1", "eq_accum", "// ---- kernels/gemm.cu ----", "p_eq_product"] {
+        assert!(s.source.contains(needle), "missing {needle}");
+    }
+    assert_eq!(s.args.len(), 3, "the product tile is not a kernel argument");
+}

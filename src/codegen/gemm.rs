@@ -209,14 +209,16 @@ fn batch_offset(name: &str, o: &Operand, dom: &[usize]) -> String {
     let mut terms = Vec::new();
     let mut lines = Vec::new();
     let mut q = "z".to_string();
-    for j in (0..nb).rev() {
+    let axes: Vec<usize> = (0..nb).rev().filter(|&j| dom[j] > 1).collect();
+    for (i, &j) in axes.iter().enumerate() {
         let stride = if j < pad || o.shape[j - pad] == 1 { 0 } else { o.strides[j - pad] };
-        if dom[j] == 1 {
-            continue;
+        if stride != 0 {
+            lines.push(format!("    const eq_idx c{j} = {q} % {};", dom[j]));
         }
-        lines.push(format!("    const eq_idx c{j} = {q} % {};", dom[j]));
-        lines.push(format!("    const eq_idx q{j} = {q} / {};", dom[j]));
-        q = format!("q{j}");
+        if i + 1 < axes.len() {
+            lines.push(format!("    const eq_idx q{j} = {q} / {};", dom[j]));
+            q = format!("q{j}");
+        }
         if stride != 0 {
             terms.push(format!("c{j} * {stride}"));
         }
