@@ -6,8 +6,8 @@
 #   2. the GPU differential run over EQFUSE_GPU_DIFF_CASES (default 1000) random programs, and
 #      the saved GPU cases;
 #   3. compute-sanitizer memcheck over the first 100 of them;
-#   4. the strict test: every case and example, strict plan bit-identical to the strict
-#      unfused plan.
+#   4. the GPU tests (tests/gpu.rs), the strict one included: every case and example, strict
+#      plan bit-identical to the strict unfused plan.
 # Logs go to $OUT.
 set -uo pipefail
 OUT="${OUT:-/tmp/eqfuse-out}"
@@ -32,6 +32,6 @@ echo "gpu differential exit $?" | tee -a "$OUT/difftest.log"; grep -E "programs|
 EQFUSE_GPU_DIFF_CASES=100 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
   "$G/gpu-diff" random_programs --test-threads=1 --nocapture > "$OUT/memcheck-diff.log" 2>&1
 echo "memcheck (100 programs) exit $?" | tee -a "$OUT/difftest.log"; grep -E "ERROR SUMMARY|programs" "$OUT/memcheck-diff.log"
-timeout 120 "$G/gpu-tests" strict --test-threads=1 --nocapture > "$OUT/strict.log" 2>&1
-echo "strict examples exit $?" | tee -a "$OUT/difftest.log"; grep -E "strict:|panicked|not run" "$OUT/strict.log" | head -20
-mkdir -p "$OUT/cases"; cp tests/cases/diff_gpu/*.eqf "$OUT/cases/" 2>/dev/null; ls "$OUT/cases"
+timeout 200 "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/strict.log" 2>&1
+echo "gpu tests (strict included) exit $?" | tee -a "$OUT/difftest.log"; grep -E "strict:|panicked|not run|test result|MISMATCH|ERROR" "$OUT/strict.log" | head -30
+tar czf "$OUT/cases.tgz" tests/cases/diff_gpu; tar tzf "$OUT/cases.tgz" | wc -l
