@@ -92,7 +92,12 @@ pub const CONDITIONS: &[NamedCondition] = &[
         "no node of ?x's class is `y - amax(y, a)` (already shifted by its maximum)",
         |g, s, v| fact(g, s, v[0]).is_some() && class(s, v[0]).is_some_and(|c| !is_max_shifted(g, c)),
     ),
-    cond("attention-args", 3, "?q ?k ?v are valid queries, keys and values of attention", attention_args),
+    cond(
+        "attention-args",
+        3,
+        "?q ?k ?v are valid queries, keys and values of attention that its template runs",
+        attention_args,
+    ),
 ];
 
 /// Looks a condition up by its spelling.
@@ -223,6 +228,10 @@ fn attention_args(g: &TensorGraph, s: &Subst, v: &[Var]) -> bool {
     let facts: Option<Vec<&Fact>> = v.iter().map(|&x| fact(g, s, x)).collect();
     let Some(mut facts) = facts else { return false };
     if facts.iter().any(|f| f.ty.is_none() || f.weak) {
+        return false;
+    }
+    let tys: Vec<&TensorType> = facts.iter().filter_map(|f| f.ty.as_ref()).collect();
+    if !crate::codegen::attention_template_runs(tys[0], tys[1], tys[2]) {
         return false;
     }
     let (scale, causal) = (Fact::constant(1.0), Fact::constant(0.0));

@@ -39,7 +39,11 @@ pub fn expand_for_planning(p: &Program, strict: bool) -> Result<Option<Program>,
                 .ty(ch[0])
                 .zip(out.fact(ch[1]).konst)
                 .is_some_and(|(t, a)| crate::infer::norm_axis(a as i64, t.rank()).is_ok_and(|a| a + 1 != t.rank()));
-        leading_softmax || strict && c == Composite::Attention
+        let runs = || {
+            let ty = |i: usize| out.ty(ch[i]);
+            matches!((ty(0), ty(1), ty(2)), (Some(q), Some(k), Some(v)) if crate::codegen::attention_template_runs(q, k, v))
+        };
+        leading_softmax || c == Composite::Attention && (strict || !runs())
     };
     let mut any = false;
     let q = p.rewrite_nodes(|out, map, node| match node {

@@ -57,10 +57,16 @@ fn attention_with_an_epilogue_is_two_kernels() {
 }
 
 #[test]
-fn unsupported_head_sizes_are_errors_not_panics() {
+fn attention_the_template_does_not_run_is_planned_from_its_parts() {
+    // bf16 heads of 12 (not a multiple of 8): a written attention is expanded before planning,
+    // and the parts are not recognised back, so every kernel has a source (found by the GPU
+    // differential run, where such plans failed in codegen).
     let src = "input q: bf16[2, 64, 12]\no = attention(q, q, q, 0.125, 0)\noutput o\n";
     let p = eqfuse::parse_program("odd.eqf", src, &[]).unwrap();
     let plan = optimize(&p, &opts()).unwrap().plan;
-    let e = codegen_plan(&plan).unwrap_err().to_string();
-    assert!(e.contains("head size 12"), "{e}");
+    assert!(plan.kernels.iter().all(|k| k.template != eqfuse::Template::Attention), "{plan:?}");
+    assert_eq!(codegen_plan(&plan).unwrap().len(), plan.kernels.len());
+    let p = eqfuse::parse_program("ok.eqf", &src.replace("12]", "16]"), &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert!(plan.kernels.iter().any(|k| k.template == eqfuse::Template::Attention));
 }

@@ -180,3 +180,77 @@ fn gemm_implementations_match_the_reference() {
         );
     }
 }
+
+/// `--strict`: on every case and capped example, the strict plan's outputs are bit-identical to
+/// the strict unfused plan's (and both match the reference).
+#[test]
+fn strict_plans_are_bit_identical_to_the_unfused_plan() {
+    let profile = DeviceProfile::load("h100").unwrap();
+    let opts = OptimizeOptions { strict: true, ..OptimizeOptions::new(profile.clone()) };
+    let mut programs: Vec<(String, Program)> =
+        common::cases().into_iter().map(|c| (c.name.to_string(), c.program)).collect();
+    for path in common::example_paths() {
+        let Ok(full) = eqfuse::load_program(&path, &[]) else { continue };
+        let capped: Vec<(String, usize)> = full.dims.iter().map(|(n, v)| (n.clone(), (*v).min(512))).collect();
+        if let Ok(p) = eqfuse::load_program(&path, &capped) {
+            programs.push((path, p));
+        }
+    }
+    let mut pairs = vec![];
+    let mut flat = vec![];
+    for (name, program) in programs {
+        let fused = optimize(&program, &opts).unwrap().plan;
+        let unfused = unfused_plan(&program, &profile, true).unwrap();
+        if !(generated(&fused) && generated(&unfused)) {
+            eprintln!("not run: {name} has gemm or attention kernels (issue 6)");
+            continue;
+        }
+        flat.push((format!("{name} (strict)"), program.clone(), fused.clone()));
+        flat.push((format!("{name} (strict unfused)"), program.clone(), unfused.clone()));
+        pairs.push((name, program, fused, unfused));
+    }
+    let Some(gpu) = gpu_or_skip(&flat) else { return };
+    let mut differ = vec![];
+    for (seed, (name, program, fused, unfused)) in pairs.iter().enumerate() {
+        let a = run_checked(&gpu, name, program, fused, seed as u64);
+        let b = run_checked(&gpu, name, program, unfused, seed as u64);
+        for ((n, x), (_, y)) in a.values.iter().zip(&b.values) {
+            let same = x.data.iter().zip(&y.data).all(|(p, q)| p.to_bits() == q.to_bits() || p.is_nan() && q.is_nan());
+            if !same {
+                differ.push(format!("{name}: output {n}"));
+            }
+        }
+    }
+    eprintln!("strict: {} programs, {} not bit-identical", pairs.len(), differ.len());
+    assert!(differ.is_empty(), "strict plans differ from the unfused plan on {}: {}", gpu.name, differ.join(", "));
+}
+
+/// Rows too long for two blocks' registers per SM take the pipelined row kernel (the next row
+/// staged in shared memory while this one is reduced): cross-entropy over 32000 columns, with
+/// more rows than one wave of blocks, so every block streams several rows; then a CUDA graph
+/// of a multi-kernel plan replays to the same outputs.
+#[test]
+fn pipelined_long_rows_and_graph_replay_match_the_reference() {
+    let profile = DeviceProfile::load("h100").unwrap();
+    let opts = OptimizeOptions::new(profile.clone());
+    let mut plans = Vec::new();
+    for file in ["examples/cross_entropy.eqf", "examples/cross_entropy_grad.eqf"] {
+        let p = eqfuse::load_program(file, &[("N".into(), 300), ("V".into(), 32000)]).unwrap();
+        let plan = optimize(&p, &opts).unwrap().plan;
+        let sources = codegen_plan(&plan).unwrap();
+        assert!(sources.iter().any(|s| s.launch.wave && s.launch.smem_bytes > 0), "{file}: not pipelined");
+        plans.push((file.to_string(), p, plan));
+    }
+    let p = eqfuse::load_program("examples/layernorm.eqf", &[("R".into(), 64), ("C".into(), 512)]).unwrap();
+    plans.push(("layernorm (unfused)".into(), p.clone(), unfused_plan(&p, &profile, false).unwrap()));
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (name, program, plan) in &plans {
+        let sources = codegen_plan(plan).unwrap();
+        let opts = GpuRunOptions { repeat: 3, seed: 5, graph: true, ..GpuRunOptions::default() };
+        let r = run_on(&gpu, program, plan, &sources, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(r.ok(), "{name}: {r}");
+        assert!(r.graph_measured_us.is_some_and(|t| t > 0.0), "{name}: {r}");
+        assert!(r.device_bytes <= r.unshared_device_bytes, "{name}: {r}");
+        eprintln!("ok: {name}\n{r}");
+    }
+}

@@ -40,6 +40,22 @@ pub fn smem_bytes_f32(d: usize) -> usize {
     (F32_BLOCK_M * (d + 1) + 2 * F32_BLOCK_N * d) * 4
 }
 
+/// Whether the template runs attention over queries, keys and values of these types (storage
+/// type, equal head sizes, head size): the pattern rules recognise attention, and the planner
+/// keeps a written one whole, only where this holds (the operands' strides are codegen's to check).
+pub fn template_runs(q: &TensorType, k: &TensorType, v: &TensorType) -> bool {
+    let (Some(&d), Some(&dk), Some(&dv)) = (q.shape.last(), k.shape.last(), v.shape.last()) else { return false };
+    let tensor_cores = q.dtype != DType::F32;
+    matches!(q.dtype, DType::Bf16 | DType::F16 | DType::F32)
+        && q.dtype == k.dtype
+        && q.dtype == v.dtype
+        && d == dk
+        && d == dv
+        && d > 0
+        && d <= MAX_HEAD
+        && (!tensor_cores || d % 8 == 0)
+}
+
 fn unsupported(k: &Kernel, what: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("kernel {} (attention): {what}", k.id))
 }
@@ -276,7 +292,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
     let all: [&[usize]; 4] = [&ops[0].strides, &ops[1].strides, &ops[2].strides, &ost];
     for s in all {
         if s[r - 1] != 1 && d > 1 {
-            return Err(unsupported(k, "every operand needs a contiguous head axis"));
+            return Err(unsupported(k, "an operand without a contiguous head axis is not supported yet"));
         }
         if tensor_cores && s[..r - 1].iter().any(|&x| x % 8 != 0) {
             return Err(unsupported(

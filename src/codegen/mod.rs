@@ -8,6 +8,7 @@
 //! in `tests/snapshots` hold the rendered CUDA of small programs).
 
 mod attention;
+pub use attention::template_runs as attention_template_runs;
 mod emit;
 pub mod gemm;
 mod lower;
