@@ -230,8 +230,11 @@ impl<'a> Fusion<'a> {
         for mv in self.candidates().into_iter().filter(allowed) {
             self.enqueue(&mut queue, mv);
         }
+        // Every move saves time or, at equal time (within 1e-9 us), bytes; the cap only guards
+        // against rounding letting equal-time moves trade back and forth.
+        let cap = self.moves + 16 * self.dag.len() + 64;
         while let Some(q) = queue.pop() {
-            if !self.live_move(q.mv) {
+            if !self.live_move(q.mv) || self.moves >= cap {
                 continue;
             }
             let Ok(p) = self.propose(q.mv) else { continue };
