@@ -30,8 +30,10 @@ pub fn expand_composites(p: &Program) -> Result<Program, String> {
 /// from the parts, as it would from a program that wrote them (the pattern rules recognise
 /// softmax along the last axis only). `None` when there is none.
 ///
-/// With `strict`, attention is expanded too: its kernel's online softmax rounds differently from
-/// the unfused plan's two products around a softmax, which strict numerics must reproduce.
+/// Attention is expanded where its template does not run (head sizes, dtypes). With `strict`,
+/// attention and cross-entropy are expanded too: their kernels round differently from the unfused
+/// plan's parts (attention's online softmax; cross-entropy's gathered target logit), and strict
+/// numerics must reproduce the unfused plan bit for bit.
 pub fn expand_for_planning(p: &Program, strict: bool) -> Result<Option<Program>, String> {
     let leading = |out: &Program, c: Composite, ch: &[Id]| {
         let leading_softmax = matches!(c, Composite::Softmax | Composite::LogSoftmax)
@@ -43,7 +45,7 @@ pub fn expand_for_planning(p: &Program, strict: bool) -> Result<Option<Program>,
             let ty = |i: usize| out.ty(ch[i]);
             matches!((ty(0), ty(1), ty(2)), (Some(q), Some(k), Some(v)) if crate::codegen::attention_template_runs(q, k, v))
         };
-        leading_softmax || c == Composite::Attention && (strict || !runs())
+        leading_softmax || c == Composite::Attention && (strict || !runs()) || c == Composite::CrossEntropy && strict
     };
     let mut any = false;
     let q = p.rewrite_nodes(|out, map, node| match node {

@@ -142,32 +142,18 @@ fn the_cli_takes_a_budget_and_exits_1_when_none_fits() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--memory-budget"));
 }
 
+/// The planner can store a saved mask 1 bit per element (`memory.rs`), but no generated kernel
+/// packs or unpacks one yet (`codegen::packs_masks`), and every kernel of the ReLU MLP's plan is
+/// generated (matrix products included), so its masks stay one byte per element: the plan
+/// codegens, and computes the program.
 #[test]
-fn the_relu_mlp_saves_a_one_bit_mask_instead_of_the_pre_activation() {
+fn the_relu_mlp_keeps_its_mask_unpacked_while_kernels_cannot_pack_it() {
     let p = load_program("examples/mlp_relu_grad.eqf", &[]).unwrap();
     let plan = optimize(&p, &opts()).unwrap().plan;
-    let (b, h) = (1024usize, 4096usize);
-    let masks: Vec<_> = plan.memory.saved.iter().filter(|s| s.packed).collect();
-    assert_eq!(masks.len(), 1, "{:?}", plan.memory.saved);
-    let mask = masks[0];
-    assert_eq!(mask.ty, TensorType::new(DType::Bool, vec![b, h]));
-    assert_eq!(mask.bytes, (b * h / 8) as u64);
-    // The pre-activation x @ w1 is not kept: the only [B, H] f32 tensors saved are h (an operand
-    // of the w2 gradient's product) and the gradient of the pre-activation (an operand of w1's).
-    let full: Vec<&str> = plan.memory.saved.iter().filter(|s| s.ty == f32(&[b, h])).map(|s| s.name.as_str()).collect();
-    assert_eq!(full.len(), 2, "{full:?}");
-    assert!(full.contains(&"h"), "{full:?}");
-    // The kernel using the mask reads it, 1/32 of the pre-activation's bytes.
-    let reader = plan.kernels.iter().find(|k| k.reads.iter().any(|r| r.name == mask.name)).unwrap();
-    assert_eq!(reader.bytes_read, (b * h / 8 + h * 1024 * 4 + b * 1024 * 4) as u64, "{}", reader.body);
-    // The JSON shows the mask and its bytes.
+    assert!(plan.memory.saved.iter().all(|s| !s.packed), "{:?}", plan.memory.saved);
+    assert_eq!(eqfuse::codegen_plan(&plan).unwrap().len(), plan.kernels.len());
     let j = plan_json(&plan);
-    let saved = j["memory"]["saved"].as_array().unwrap();
-    let e = saved.iter().find(|s| s["tensor"] == mask.name.as_str()).unwrap();
-    assert_eq!(e["packed"], true);
-    assert_eq!(e["bytes"], (b * h / 8) as u64);
-    assert_eq!(e["dtype"], "bool");
-    // And the plan computes the program (the mask is the boolean it is on the reference).
+    assert!(j["memory"]["saved"].as_array().unwrap().iter().all(|s| s["packed"] == false));
     let small =
         load_program("examples/mlp_relu_grad.eqf", &[("B".into(), 4), ("D".into(), 5), ("H".into(), 40)]).unwrap();
     let plan = optimize(&small, &opts()).unwrap().plan;

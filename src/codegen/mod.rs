@@ -117,7 +117,10 @@ pub fn codegen_plan(plan: &FusionPlan) -> Result<Vec<KernelSource>> {
 
 /// Whether code generation runs kernels of this template at all.
 pub fn generates(t: Template) -> bool {
-    matches!(t, Template::Elementwise | Template::RowReduce | Template::ColReduce)
+    matches!(
+        t,
+        Template::Elementwise | Template::RowReduce | Template::ColReduce | Template::Gemm | Template::Attention
+    )
 }
 
 /// Whether generated kernels of this template store and load 1-bit masks (a saved bool tensor
