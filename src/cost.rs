@@ -101,6 +101,15 @@ pub fn analyse(
         }
         Err(e) => return Err(e),
     };
+    // A product's kernel iterates over the product's elements: it can write nothing of another
+    // size (an operand passed through as an output had elements left unwritten; found by the GPU
+    // differential run).
+    let size: usize = domain.iter().product();
+    if matches!(template, Template::Gemm | Template::Attention)
+        && members.iter().any(|&m| dag.nodes[m].ty().is_some_and(|t| t.numel() != size))
+    {
+        return Err("a matrix product's kernel writes only values the size of the product".into());
+    }
     let mut k = KernelCost { template, domain, body, reads, flops, passes: 1, notes: vec![], implementation: None };
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
