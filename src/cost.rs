@@ -110,6 +110,12 @@ pub fn analyse(
     {
         return Err("a matrix product's kernel writes only values the size of the product".into());
     }
+    // Under strict numerics a product's epilogue is pointwise: the generated kernel sums a row of
+    // its tile in another order than the row template does (found by the strict GPU runs).
+    let reduces = |b: &usize| matches!(dag.nodes[*b].kind(), Some(Kind::Reduce(_) | Kind::Composite(_)));
+    if profile.strict && template == Template::Gemm && body.iter().any(reduces) {
+        return Err("under strict numerics a product's epilogue reduces nothing".into());
+    }
     let mut k = KernelCost { template, domain, body, reads, flops, passes: 1, notes: vec![], implementation: None };
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
