@@ -142,10 +142,19 @@ __device__ __forceinline__ int eq_abs(int x) { return x < 0 ? -x : x; }
 __device__ __forceinline__ float eq_max(float a, float b) { return (a != a || b != b) ? EQ_NAN : fmaxf(a, b); }
 __device__ __forceinline__ float eq_min(float a, float b) { return (a != a || b != b) ? EQ_NAN : fminf(a, b); }
 __device__ __forceinline__ int eq_max(int a, int b) { return a > b ? a : b; }
+__device__ __forceinline__ double eq_max(double a, double b) { return a > b ? a : b; }
+__device__ __forceinline__ double eq_min(double a, double b) { return a < b ? a : b; }
 __device__ __forceinline__ int eq_min(int a, int b) { return a < b ? a : b; }
 // i32 division truncates; division by zero gives 0 (as the reference does).
 __device__ __forceinline__ int eq_idiv(int a, int b) { return b == 0 ? 0 : a / b; }
 // f32 to i32: truncate, saturate, NaN to 0.
+// A double truncated to i32 as the reference rounds to i32 (NaN to 0, saturating).
+__device__ __forceinline__ int eq_d2i(double x) {
+    if (x != x) return 0;
+    if (x >= 2147483647.0) return 2147483647;
+    if (x <= -2147483648.0) return (-2147483647 - 1);
+    return (int)x;
+}
 __device__ __forceinline__ int eq_f2i(float x) {
     if (x != x) return 0;
     if (x >= 2147483647.0f) return 2147483647;

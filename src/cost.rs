@@ -411,6 +411,9 @@ impl Shaped<'_> {
             (0..r).all(|k| at(own, k) == at(view, k) || at(own, k) == 1)
         };
         match n.kind() {
+            // (`onehot` reads its indices at the element's coordinates without the last one;
+            // found by the GPU differential run.)
+            Some(Kind::OneHot) => Err("onehot of a value computed in the same kernel needs it in device memory".into()),
             Some(Kind::Transpose) if self.shape(b) != self.shape(child) || !self.trivial_transpose(b) => {
                 Err("a transpose of a value computed in the same kernel needs it in device memory".into())
             }

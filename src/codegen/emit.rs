@@ -488,6 +488,18 @@ impl Emitter<'_> {
                 }
             }
             Op::Unary(u, a) => self.rounded(n, unary_expr(*u, &self.operand(*a, ty, scope), self.strict)),
+            Op::Binary(b, x, y) if self.int_with_fraction(*x, *y) => {
+                // An integer with a fractional literal: the reference computes in f64 and
+                // truncates to i32 (a comparison compares the f64 values), so does this; the
+                // literal is not truncated first (found by the GPU differential run).
+                let d = |i: usize| format!("((double){})", self.operand(i, "float", scope));
+                let (a, c) = (d(*x), d(*y));
+                match b {
+                    _ if b.is_comparison() => binary_expr(*b, &a, &c, "double", false),
+                    Binary::Div => format!("({c} == 0.0 ? 0 : eq_d2i({a} / {c}))"),
+                    _ => format!("eq_d2i({})", binary_expr(*b, &a, &c, "double", false)),
+                }
+            }
             Op::Binary(b, x, y) => {
                 let want = if b.is_comparison() { self.compare_type(*x, *y) } else { ty };
                 let e =
@@ -526,6 +538,13 @@ impl Emitter<'_> {
             DType::F16 if self.strict => format!("eq_round_f16({e})"),
             _ => e,
         }
+    }
+
+    /// Whether one operand is an i32 value and the other a literal with a fractional part.
+    fn int_with_fraction(&self, x: usize, y: usize) -> bool {
+        let frac = |i: usize| matches!(self.node(i).op, Op::Const(v) if v.fract() != 0.0);
+        let int = |i: usize| self.node(i).dtype == DType::I32 && !matches!(self.node(i).op, Op::Const(_));
+        (frac(x) && int(y)) || (frac(y) && int(x))
     }
 
     /// The value type two compared operands meet in (a literal takes the other's type).
