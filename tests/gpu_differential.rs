@@ -26,16 +26,19 @@
 //! (default 1000) and `EQFUSE_GPU_DIFF_SEED` choose the programs.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use eqfuse::{
-    codegen_plan, eval_all, eval_plan_with, eval_with, kernel_program, nvrtc_compile_cached, optimize, parse_program,
-    random_inputs, recipes, run_on, tolerance, unfused_plan, DType, DeviceProfile, Error, FusionPlan, Gpu,
-    GpuRunOptions, KernelSource, OptimizeOptions, Precision, Program, Recipe, Tensor, DEFAULT_ARCH,
+    codegen_plan, eval_plan_with, eval_with, nvrtc_compile_cached, optimize, parse_program, random_inputs, recipes,
+    run_on, tolerance, unfused_plan, DeviceProfile, Error, FusionPlan, Gpu, GpuRunOptions, KernelSource,
+    OptimizeOptions, Precision, Program, Recipe, Tensor, DEFAULT_ARCH,
 };
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+
+mod rounding;
+use rounding::{rounding_allowance, worst_error};
 
 const MAX_STEPS: usize = 6;
 const DEFAULT_CASES: u64 = 1000;
@@ -110,44 +113,6 @@ fn plans(p: &Program) -> Result<Vec<(&'static str, FusionPlan)>, String> {
         ("strict", plan(&strict)?),
         ("strict-unfused", unfused_plan(p, &profile, true).map_err(|e| format!("unfused plan: {e}"))?),
     ])
-}
-
-/// The unit roundoff of a float dtype.
-fn unit_roundoff(d: DType) -> f64 {
-    match d {
-        DType::F32 => f64::powi(2.0, -24),
-        DType::F16 => f64::powi(2.0, -11),
-        DType::Bf16 => f64::powi(2.0, -8),
-        DType::I32 | DType::Bool => 0.0,
-    }
-}
-
-/// 8 units of roundoff of the plan's narrowest float dtype times the largest magnitude any of
-/// its kernels computes (on the reference).
-fn rounding_allowance(plan: &FusionPlan, inputs: &HashMap<String, Tensor>) -> f64 {
-    let (mut unit, mut largest) = (0.0f64, 0.0f64);
-    let mut env = inputs.clone();
-    for k in &plan.kernels {
-        let Ok(p) = kernel_program(k) else { return 0.0 };
-        let args: HashMap<String, Tensor> =
-            k.reads.iter().filter_map(|r| Some((r.name.clone(), env.get(&r.name)?.clone()))).collect();
-        let Ok(values) = eval_all(&p, &args) else { return 0.0 };
-        for t in values.iter().flatten().filter(|t| t.dtype.is_float()) {
-            unit = unit.max(unit_roundoff(t.dtype));
-            largest = t.data.iter().filter(|v| v.is_finite()).fold(largest, |m, v| m.max(v.abs()));
-        }
-        for (w, o) in k.writes.iter().zip(&p.outputs) {
-            if let Some(t) = &values[usize::from(o.id)] {
-                env.insert(w.name.clone(), t.clone());
-            }
-        }
-    }
-    8.0 * unit * largest
-}
-
-fn worst_error(t: &Tensor, exact: &Tensor) -> (f64, usize) {
-    let errors = t.data.iter().zip(&exact.data).map(|(a, x)| (a - x).abs());
-    errors.enumerate().fold((0.0, 0), |(m, at), (i, e)| if e > m || e.is_nan() { (e, i) } else { (m, at) })
 }
 
 /// Checks a GPU output against the plan's reference value (`want`, declared precision) and the
