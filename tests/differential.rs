@@ -35,12 +35,12 @@ use egg::Language;
 use eqfuse::{
     broadcast_shapes, eval_plan_with, eval_with, expand_composites, kernel_program, parse_program, plan_saturated,
     random_inputs, recipes, saturate_program, tolerance, Composite, DType, DeviceProfile, FusionPlan, Kernel, Kind,
-    OptimizeOptions, Precision, Program, Recipe, Saturated, Template, Tensor, TensorLang,
+    OptimizeOptions, Precision, Program, Saturated, Template, Tensor, TensorLang,
 };
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
-mod rounding;
-use rounding::{rounding_allowance, worst_error};
+mod difftools;
+use difftools::{rounding_allowance, save_case, worst_error};
 
 /// Steps per random program (a pattern step writes a few statements).
 const MAX_STEPS: usize = 6;
@@ -418,27 +418,6 @@ fn check_program(text: &str, input_seed: u64, setups: &[Setup]) -> Result<Tally,
     Ok(tally)
 }
 
-/// A case file: the program with a header saying how it was found and what failed.
-fn case_text(recipe: &Recipe, why: &str, origin: &str) -> String {
-    let mut head = format!("# differential case: {origin}, shrunk by proptest\n");
-    for line in why.lines() {
-        head += &format!("# failed: {line}\n");
-    }
-    head += &format!("# input-seed: {}\n", recipe.input_seed);
-    head + &recipe.render()
-}
-
-/// Saves a failing case under `tests/cases/diff/`, named by a hash of its program.
-fn save_case(recipe: &Recipe, why: &str, origin: &str) -> PathBuf {
-    let text = recipe.render();
-    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(CASE_DIR);
-    std::fs::create_dir_all(&dir).expect("case folder");
-    let path = dir.join(format!("case_{:08x}.eqf", hash as u32));
-    std::fs::write(&path, case_text(recipe, why, origin)).expect("case file");
-    path
-}
-
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -461,7 +440,8 @@ fn run_random(seed: u64, cases: usize, setups: &[Setup]) -> (Tally, Option<(Path
         Ok(()) => None,
         Err(TestError::Fail(why, recipe)) => {
             let origin = format!("tests/differential.rs, seed {seed}");
-            Some((save_case(&recipe, why.message(), &origin), why.message().to_string()))
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(CASE_DIR);
+            Some((save_case(&dir, &recipe, why.message(), "differential case", &origin), why.message().to_string()))
         }
         Err(TestError::Abort(why)) => Some((PathBuf::new(), format!("proptest aborted: {why}"))),
     };

@@ -45,10 +45,8 @@ fn generated(plan: &FusionPlan) -> bool {
     codegen_plan(plan).is_ok()
 }
 
-/// Every case and capped example, fused and unfused, whose kernels codegen supports.
-fn plans() -> Vec<(String, Program, FusionPlan)> {
-    let profile = DeviceProfile::load("h100").unwrap();
-    let opts = OptimizeOptions::new(profile.clone());
+/// Every shared case, and every example with its dims capped at 512.
+fn programs() -> Vec<(String, Program)> {
     let mut programs: Vec<(String, Program)> =
         common::cases().into_iter().map(|c| (c.name.to_string(), c.program)).collect();
     for path in common::example_paths() {
@@ -58,6 +56,14 @@ fn plans() -> Vec<(String, Program, FusionPlan)> {
             programs.push((path, p));
         }
     }
+    programs
+}
+
+/// Every case and capped example, fused and unfused, whose kernels codegen supports.
+fn plans() -> Vec<(String, Program, FusionPlan)> {
+    let profile = DeviceProfile::load("h100").unwrap();
+    let opts = OptimizeOptions::new(profile.clone());
+    let programs = programs();
     let mut out = Vec::new();
     for (name, program) in programs {
         let fused = optimize(&program, &opts).unwrap().plan;
@@ -187,15 +193,7 @@ fn gemm_implementations_match_the_reference() {
 fn strict_plans_are_bit_identical_to_the_unfused_plan() {
     let profile = DeviceProfile::load("h100").unwrap();
     let opts = OptimizeOptions { strict: true, ..OptimizeOptions::new(profile.clone()) };
-    let mut programs: Vec<(String, Program)> =
-        common::cases().into_iter().map(|c| (c.name.to_string(), c.program)).collect();
-    for path in common::example_paths() {
-        let Ok(full) = eqfuse::load_program(&path, &[]) else { continue };
-        let capped: Vec<(String, usize)> = full.dims.iter().map(|(n, v)| (n.clone(), (*v).min(512))).collect();
-        if let Ok(p) = eqfuse::load_program(&path, &capped) {
-            programs.push((path, p));
-        }
-    }
+    let programs = programs();
     let mut pairs = vec![];
     let mut flat = vec![];
     for (name, program) in programs {

@@ -33,12 +33,12 @@ use std::time::Instant;
 use eqfuse::{
     codegen_plan, eval_plan_with, eval_with, nvrtc_compile_cached, optimize, parse_program, random_inputs, recipes,
     run_on, tolerance, unfused_plan, DeviceProfile, Error, FusionPlan, Gpu, GpuRunOptions, KernelSource,
-    OptimizeOptions, Precision, Program, Recipe, Tensor, DEFAULT_ARCH,
+    OptimizeOptions, Precision, Program, Tensor, DEFAULT_ARCH,
 };
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
-mod rounding;
-use rounding::{rounding_allowance, worst_error};
+mod difftools;
+use difftools::{rounding_allowance, save_case, worst_error};
 
 const MAX_STEPS: usize = 6;
 const DEFAULT_CASES: u64 = 1000;
@@ -213,25 +213,6 @@ fn check_program(mode: &Mode, index: usize, text: &str, input_seed: u64) -> Resu
     Ok(tally)
 }
 
-fn case_text(recipe: &Recipe, why: &str, origin: &str) -> String {
-    let mut head = format!("# GPU differential case: {origin}, shrunk by proptest\n");
-    for line in why.lines() {
-        head += &format!("# failed: {line}\n");
-    }
-    head += &format!("# input-seed: {}\n", recipe.input_seed);
-    head + &recipe.render()
-}
-
-fn save_case(recipe: &Recipe, why: &str, origin: &str) -> PathBuf {
-    let text = recipe.render();
-    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    let dir = Path::new(CASE_DIR).to_path_buf();
-    std::fs::create_dir_all(&dir).expect("case folder");
-    let path = dir.join(format!("case_{:08x}.eqf", hash as u32));
-    std::fs::write(&path, case_text(recipe, why, origin)).expect("case file");
-    path
-}
-
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -276,7 +257,11 @@ fn random_programs_run_on_the_gpu_as_their_plans_say() {
         Ok(()) => None,
         Err(TestError::Fail(why, recipe)) => {
             let origin = format!("tests/gpu_differential.rs, seed {seed}");
-            Some(format!("{} (saved as {})", why.message(), save_case(&recipe, why.message(), &origin).display()))
+            Some(format!(
+                "{} (saved as {})",
+                why.message(),
+                save_case(Path::new(CASE_DIR), &recipe, why.message(), "GPU differential case", &origin).display()
+            ))
         }
         Err(TestError::Abort(why)) => Some(format!("proptest aborted: {why}")),
     };

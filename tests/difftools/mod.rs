@@ -1,10 +1,11 @@
-//! Rounding measures shared by the CPU and GPU differential tests (`tests/differential.rs`,
-//! `tests/gpu_differential.rs`): how far a result is from the f64 values, and how much error a
-//! few roundings may explain.
+//! What the CPU and GPU differential tests (`tests/differential.rs`, `tests/gpu_differential.rs`)
+//! share: how far a result is from the f64 values, how much error a few roundings may explain,
+//! and the case files failing programs are saved as.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
-use eqfuse::{eval_all, kernel_program, DType, FusionPlan, Tensor};
+use eqfuse::{eval_all, kernel_program, DType, FusionPlan, Recipe, Tensor};
 
 /// The largest distance of `t` from `exact`, and where it is.
 pub fn worst_error(t: &Tensor, exact: &Tensor) -> (f64, usize) {
@@ -43,4 +44,25 @@ pub fn rounding_allowance(plan: &FusionPlan, inputs: &HashMap<String, Tensor>) -
         }
     }
     8.0 * unit * largest
+}
+
+/// A case file: the program with a header saying how it was found (`what`, `origin`) and what
+/// failed.
+pub fn case_text(recipe: &Recipe, why: &str, what: &str, origin: &str) -> String {
+    let mut head = format!("# {what}: {origin}, shrunk by proptest\n");
+    for line in why.lines() {
+        head += &format!("# failed: {line}\n");
+    }
+    head += &format!("# input-seed: {}\n", recipe.input_seed);
+    head + &recipe.render()
+}
+
+/// Saves a failing case in `dir`, named by a hash of its program.
+pub fn save_case(dir: &Path, recipe: &Recipe, why: &str, what: &str, origin: &str) -> PathBuf {
+    let text = recipe.render();
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    std::fs::create_dir_all(dir).expect("case folder");
+    let path = dir.join(format!("case_{:08x}.eqf", hash as u32));
+    std::fs::write(&path, case_text(recipe, why, what, origin)).expect("case file");
+    path
 }
