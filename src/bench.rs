@@ -123,7 +123,8 @@ impl BenchReport {
     pub fn to_json(&self) -> Value {
         let report = |r: &GpuRunReport, bytes: u64| {
             json!({"kernels": r.kernels.len(), "bytes": bytes, "predicted_us": r.total_predicted_us,
-                   "measured_us": r.total_measured_us, "ok": r.ok()})
+                   "measured_us": r.total_measured_us, "ok": r.ok(),
+                   "near_decisions": r.outputs.iter().map(|o| o.near_decisions).sum::<usize>()})
         };
         json!({
             "schema": "eqfuse.bench/1",
@@ -165,7 +166,11 @@ impl fmt::Display for BenchReport {
                 format!("{:.2}x", r.speedup_measured()),
                 format!("{:.2}x", r.speedup_predicted()),
                 r.copy_share().map_or("-".into(), |s| format!("{:.0}%", 100.0 * s)),
-                if r.fused.ok() { "ok".into() } else { "MISMATCH".into() },
+                match r.fused.outputs.iter().map(|o| o.near_decisions).sum::<usize>() {
+                    _ if !r.fused.ok() => "MISMATCH".into(),
+                    0 => "ok".into(),
+                    n => format!("ok ({n} near a decision)"),
+                },
             ]);
         }
         writeln!(f, "bench on {}\n{t}", self.device)?;

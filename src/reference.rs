@@ -50,7 +50,29 @@ pub fn eval(program: &Program, inputs: &HashMap<String, Tensor>) -> Result<Vec<T
 
 /// As [`eval`], storing float values as `precision` says.
 pub fn eval_with(program: &Program, inputs: &HashMap<String, Tensor>, precision: Precision) -> Result<Vec<Tensor>> {
-    let mut values = run(program, inputs, false, precision)?;
+    outputs_of(program, run(program, inputs, false, precision, None)?)
+}
+
+/// The unrounded ([`Precision::F64`]) outputs, NaN wherever a value depends on a decision that
+/// rounding could flip: a comparison of float operands closer together than
+/// `near(dtype, k) × max(|a|, |b|)` (the largest magnitude over either operand tensor; `k` the
+/// longest product contraction the operands were computed through) gives NaN
+/// there, and so does a `where` whose condition is NaN; NaN then spreads through everything
+/// computed from it (a product's whole row and column, a sum's whole reduction). A device that
+/// computes the same real function in another rounding order may decide those comparisons the
+/// other way (a ReLU gradient at a pre-activation a few ulps from 0), and the outputs that
+/// depend on them then differ by far more than rounding: the GPU check leaves them out of the
+/// comparison and reports how many (`run_gpu`). Some ops drop NaN (`amax`, `max`, integer
+/// arithmetic), which only marks fewer values, never more.
+pub fn eval_near_decisions(
+    program: &Program,
+    inputs: &HashMap<String, Tensor>,
+    near: &dyn Fn(DType, usize) -> f64,
+) -> Result<Vec<Tensor>> {
+    outputs_of(program, run(program, inputs, false, Precision::F64, Some(near))?)
+}
+
+fn outputs_of(program: &Program, mut values: Vec<Option<Tensor>>) -> Result<Vec<Tensor>> {
     let outputs = &program.outputs;
     (0..outputs.len())
         .map(|k| {
@@ -68,7 +90,7 @@ pub fn eval_with(program: &Program, inputs: &HashMap<String, Tensor>, precision:
 /// `None` for attribute leaves (shapes, dtypes) and for nodes no output depends on. Scalar
 /// literals are rank-0 f32 tensors holding their exact (unrounded) value.
 pub fn eval_all(program: &Program, inputs: &HashMap<String, Tensor>) -> Result<Vec<Option<Tensor>>> {
-    run(program, inputs, true, Precision::Declared)
+    run(program, inputs, true, Precision::Declared, None)
 }
 
 fn run(
@@ -76,6 +98,7 @@ fn run(
     inputs: &HashMap<String, Tensor>,
     keep_all: bool,
     precision: Precision,
+    near: Option<&dyn Fn(DType, usize) -> f64>,
 ) -> Result<Vec<Option<Tensor>>> {
     let mut values: Vec<Option<Tensor>> = vec![None; program.len()];
     for input in &program.inputs {
@@ -83,12 +106,29 @@ fn run(
     }
     let live = program.live();
     let last_use = if keep_all { Vec::new() } else { last_uses(program, &live) };
+    // With `near`: for each `relu`, `max` and `min` node, 1 where its operands were within
+    // `near` of each other (see `mark_near_decisions`).
+    let mut kinks: HashMap<Id, Tensor> = HashMap::new();
+    // With `near`: the longest product contraction each node's value went through.
+    let mut depth = vec![0usize; if near.is_some() { program.len() } else { 0 }];
     for (i, &is_live) in live.iter().enumerate() {
         let id = Id::from(i);
         if !is_live || values[i].is_some() {
             continue;
         }
         values[i] = eval_node(program, id, &values, precision)?;
+        if let Some(near) = near {
+            let node = program.node(id);
+            let mut k = node.children().iter().map(|&c| depth[usize::from(c)]).max().unwrap_or(0);
+            if let TensorLang::Op(code, ch) = node {
+                if code.kind() == Kind::MatMul {
+                    k = k.max(program.ty(ch[0]).and_then(|t| t.shape.last().copied()).unwrap_or(0));
+                }
+            }
+            depth[i] = k;
+            let near_k = |d: DType| near(d, k);
+            mark_near_decisions(program, id, &mut values, &mut kinks, &near_k)?;
+        }
         if !keep_all {
             for &c in program.node(id).children() {
                 if last_use[usize::from(c)] == i {
@@ -154,6 +194,83 @@ fn eval_node(program: &Program, id: Id, values: &[Option<Tensor>], precision: Pr
             Ok(Some(Tensor { dtype: ty.dtype, shape: ty.shape, data }))
         }
     }
+}
+
+/// See [`eval_near_decisions`]: sets to NaN the values of node `id` that follow a decision
+/// within `near` of its threshold. `relu`, `max` and `min` are continuous, so their values are
+/// kept, but where their operands were that close (in `kinks`) the value is exactly the
+/// threshold on one side and not on the other: `relu(z) > 0` with `z` a few ulps below 0 reads an
+/// exact 0 here and may read a small positive value on the device. So a comparison of two equal
+/// values is near its threshold unless one of them is such a node's value whose operands were
+/// not close.
+fn mark_near_decisions(
+    program: &Program,
+    id: Id,
+    values: &mut [Option<Tensor>],
+    kinks: &mut HashMap<Id, Tensor>,
+    near: &dyn Fn(DType) -> f64,
+) -> Result<()> {
+    let TensorLang::Op(code, ch) = program.node(id) else { return Ok(()) };
+    let Some((shape, dtype)) = values[usize::from(id)].as_ref().map(|t| (t.shape.clone(), t.dtype)) else {
+        return Ok(());
+    };
+    let arg =
+        |k: usize| values[usize::from(ch[k])].as_ref().ok_or_else(|| internal(program, id, "argument has no value"));
+    let magnitude = |t: &Tensor| t.data.iter().filter(|v| v.is_finite()).fold(0.0f64, |m, v| m.max(v.abs()));
+    let close = |a: &Tensor, c: &Tensor| -> Result<Vec<bool>> {
+        let rel = [a, c].iter().filter(|t| t.dtype.is_float()).map(|t| near(t.dtype)).fold(0.0, f64::max);
+        let delta = rel * magnitude(a).max(magnitude(c));
+        let (x, y) = (a.broadcast_data(&shape)?, c.broadcast_data(&shape)?);
+        Ok(x.iter().zip(y.iter()).map(|(&x, &y)| x.is_nan() || y.is_nan() || (x - y).abs() <= delta).collect())
+    };
+    let as_tensor = |m: Vec<bool>| Tensor {
+        dtype: DType::F32,
+        shape: shape.clone(),
+        data: m.into_iter().map(|b| b as u8 as f64).collect(),
+    };
+    let marked: Vec<bool> = match code.kind() {
+        Kind::Unary(Unary::Relu) if dtype.is_float() => {
+            let z = arg(0)?;
+            let zero = Tensor { dtype: z.dtype, shape: vec![], data: vec![0.0] };
+            let k = close(z, &zero)?;
+            kinks.insert(id, as_tensor(k));
+            return Ok(());
+        }
+        Kind::Binary(Binary::Max | Binary::Min) if dtype.is_float() => {
+            let k = close(arg(0)?, arg(1)?)?;
+            kinks.insert(id, as_tensor(k));
+            return Ok(());
+        }
+        Kind::Binary(b) if b.is_comparison() => {
+            let (a, c) = (arg(0)?, arg(1)?);
+            if !a.dtype.is_float() && !c.dtype.is_float() {
+                return Ok(());
+            }
+            let mut m = close(a, c)?;
+            let (x, y) = (a.broadcast_data(&shape)?, c.broadcast_data(&shape)?);
+            for c in &ch[..2] {
+                if let Some(kink) = kinks.get(c) {
+                    let kink = kink.broadcast_data(&shape)?;
+                    for i in 0..m.len() {
+                        if m[i] && x[i] == y[i] && kink[i] == 0.0 {
+                            m[i] = false;
+                        }
+                    }
+                }
+            }
+            m
+        }
+        Kind::Where => arg(0)?.broadcast_data(&shape)?.iter().map(|c| c.is_nan()).collect(),
+        _ => return Ok(()),
+    };
+    if let Some(t) = values[usize::from(id)].as_mut() {
+        for (v, m) in t.data.iter_mut().zip(marked) {
+            if m {
+                *v = f64::NAN;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Names the op (and its binding, if any) in an error from its evaluation.

@@ -3,8 +3,8 @@
 # staged in G (default .gpu-diff): `gpu-diff` is tests/gpu_differential.rs, `gpu-tests` is
 # tests/gpu.rs, both built in release.
 #   1. the NVRTC cache filled for the random programs in 16 parallel shards (CPU only);
-#   2. the GPU differential run over EQFUSE_GPU_DIFF_CASES (default 1000) random programs, and
-#      the saved GPU cases;
+#   2. the GPU differential run over CASES random programs for each of SEEDS (one process per
+#      seed), and the saved GPU cases;
 #   3. compute-sanitizer memcheck over the first 100 of them;
 #   4. the GPU tests (tests/gpu.rs), the strict one included: every case and example, strict
 #      plan bit-identical to the strict unfused plan.
@@ -21,17 +21,42 @@ export EQFUSE_NVRTC_DIR="$(dirname "$lib")" LD_LIBRARY_PATH="$(dirname "$lib")${
   echo "commit: $(cat $G/COMMIT 2>/dev/null)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 } | tee "$OUT/difftest.log"
+# SEEDS (default "1 2") and CASES (default 500) random programs per seed, one process per seed
+# on the one GPU; a failing program is saved as a case and the run goes on.
+# PARTS (default "random memcheck strict") picks the steps: random (prefill, the random programs
+# and the saved cases), memcheck (the first 100 programs of the first seed), strict (tests/gpu.rs).
+SEEDS="${SEEDS:-1 2}" CASES="${CASES:-500}" PARTS="${PARTS:-random memcheck strict}"
+first_seed="${SEEDS%% *}"
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+if has random; then
 t0=$(date +%s)
-for k in $(seq 0 15); do
-  EQFUSE_PREFILL_SHARD=$k/16 timeout 200 "$G/gpu-diff" random_programs --test-threads=1 > /dev/null 2>&1 &
+for s in $SEEDS; do
+  for k in $(seq 0 7); do
+    EQFUSE_GPU_DIFF_SEED=$s EQFUSE_GPU_DIFF_CASES=$CASES EQFUSE_PREFILL_SHARD=$k/8 timeout 200 \
+      "$G/gpu-diff" random_programs --test-threads=1 > /dev/null 2>&1 &
+  done
 done
 wait
 echo "prefill: $(( $(date +%s) - t0 )) s, $(ls "$G/cache" | wc -l) cached kernels" | tee -a "$OUT/difftest.log"
-timeout 240 "$G/gpu-diff" --test-threads=1 --nocapture > "$OUT/gpu-diff.log" 2>&1
-echo "gpu differential exit $?" | tee -a "$OUT/difftest.log"; grep -E "programs|failed|FAILED|panicked" "$OUT/gpu-diff.log" | head -20
-EQFUSE_GPU_DIFF_CASES=100 timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
+for s in $SEEDS; do
+  EQFUSE_GPU_DIFF_SEED=$s EQFUSE_GPU_DIFF_CASES=$CASES timeout 330 "$G/gpu-diff" random_programs \
+    --test-threads=1 --nocapture > "$OUT/gpu-diff-seed$s.log" 2>&1 &
+done
+wait
+for s in $SEEDS; do
+  echo "seed $s:" | tee -a "$OUT/difftest.log"
+  grep -E "random programs:|FAILED|panicked" "$OUT/gpu-diff-seed$s.log" | cut -c1-600 | head -20 | tee -a "$OUT/difftest.log"
+done
+timeout 120 "$G/gpu-diff" every_saved --test-threads=1 --nocapture > "$OUT/gpu-diff-cases.log" 2>&1
+echo "saved cases exit $?" | tee -a "$OUT/difftest.log"; grep -E "saved GPU cases:|panicked" "$OUT/gpu-diff-cases.log" | head -5
+fi
+if has memcheck; then
+EQFUSE_GPU_DIFF_SEED=$first_seed EQFUSE_GPU_DIFF_CASES=100 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
   "$G/gpu-diff" random_programs --test-threads=1 --nocapture > "$OUT/memcheck-diff.log" 2>&1
 echo "memcheck (100 programs) exit $?" | tee -a "$OUT/difftest.log"; grep -E "ERROR SUMMARY|programs" "$OUT/memcheck-diff.log"
+fi
+if has strict; then
 timeout 200 "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/strict.log" 2>&1
 echo "gpu tests (strict included) exit $?" | tee -a "$OUT/difftest.log"; grep -E "strict:|panicked|not run|test result|MISMATCH|ERROR" "$OUT/strict.log" | head -30
+fi
 tar czf "$OUT/cases.tgz" tests/cases/diff_gpu; tar tzf "$OUT/cases.tgz" | wc -l
