@@ -439,7 +439,7 @@ fn run_random(seed: u64, cases: usize, setups: &[Setup]) -> (Tally, Option<(Path
     let failure = match result {
         Ok(()) => None,
         Err(TestError::Fail(why, recipe)) => {
-            let origin = format!("tests/differential.rs, seed {seed}");
+            let origin = format!("tests/differential.rs, seed {seed}, shrunk by proptest");
             let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(CASE_DIR);
             Some((save_case(&dir, &recipe, why.message(), "differential case", &origin), why.message().to_string()))
         }

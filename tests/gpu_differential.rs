@@ -15,8 +15,9 @@
 //!   reductions in the unfused order).
 //!
 //! Programs whose plans hold a kernel codegen refuses as not supported yet are counted by reason
-//! and skipped. A failing program is shrunk by proptest (on the GPU) and saved under
-//! `tests/cases/diff_gpu/`; `every_saved_gpu_case_passes` runs every saved case again.
+//! and skipped. A failing program is saved as generated (not shrunk: that would rerun the GPU
+//! for minutes) under `tests/cases/diff_gpu/` and the run goes on to the next;
+//! `every_saved_gpu_case_passes` runs every saved case again.
 //!
 //! Without a GPU the tests say why and pass (`EQFUSE_REQUIRE_GPU=1` makes that a failure);
 //! with `EQFUSE_PREFILL=1` and no GPU they compile every kernel of the run into the NVRTC disk

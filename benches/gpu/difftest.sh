@@ -24,7 +24,8 @@ export EQFUSE_NVRTC_DIR="$(dirname "$lib")" LD_LIBRARY_PATH="$(dirname "$lib")${
 # SEEDS (default "1 2") and CASES (default 500) random programs per seed, one process per seed
 # on the one GPU; a failing program is saved as a case and the run goes on.
 # PARTS (default "random memcheck strict") picks the steps: random (prefill, the random programs
-# and the saved cases), memcheck (the first 100 programs of the first seed), strict (tests/gpu.rs).
+# and the saved cases), memcheck (the first 100 programs of the first seed), strict (tests/gpu.rs,
+# every case and example), examples-memcheck (tests/gpu.rs under compute-sanitizer memcheck).
 SEEDS="${SEEDS:-1 2}" CASES="${CASES:-500}" PARTS="${PARTS:-random memcheck strict}"
 first_seed="${SEEDS%% *}"
 has() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -58,5 +59,11 @@ fi
 if has strict; then
 timeout 200 "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/strict.log" 2>&1
 echo "gpu tests (strict included) exit $?" | tee -a "$OUT/difftest.log"; grep -E "strict:|panicked|not run|test result|MISMATCH|ERROR" "$OUT/strict.log" | head -30
+fi
+if has examples-memcheck; then
+timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$G/gpu-tests" --test-threads=1 --nocapture \
+  > "$OUT/memcheck-tests.log" 2>&1
+echo "memcheck of the GPU tests (cases and examples) exit $?" | tee -a "$OUT/difftest.log"
+grep -E "ERROR SUMMARY|test result" "$OUT/memcheck-tests.log" | tail -3 | tee -a "$OUT/difftest.log"
 fi
 tar czf "$OUT/cases.tgz" tests/cases/diff_gpu; tar tzf "$OUT/cases.tgz" | wc -l

@@ -49,7 +49,7 @@ pub fn rounding_allowance(plan: &FusionPlan, inputs: &HashMap<String, Tensor>) -
 /// A case file: the program with a header saying how it was found (`what`, `origin`) and what
 /// failed.
 pub fn case_text(recipe: &Recipe, why: &str, what: &str, origin: &str) -> String {
-    let mut head = format!("# {what}: {origin}, shrunk by proptest\n");
+    let mut head = format!("# {what}: {origin}\n");
     for line in why.lines() {
         head += &format!("# failed: {line}\n");
     }
