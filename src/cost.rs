@@ -503,6 +503,16 @@ impl Shaped<'_> {
                 continue;
             }
             match self.reduction(b) {
+                // The epilogue reduces rows of the product's tile: a value of another shape (a
+                // read summed over its own axis) has no tile to be reduced in (found by the GPU
+                // differential run).
+                Some((Red::Row, input)) if input != domain => {
+                    return Err(format!(
+                        "a row reduction in a product's epilogue must reduce a value of the product's shape {}, not {}",
+                        crate::lang::Dims(domain.clone()),
+                        crate::lang::Dims(input)
+                    ))
+                }
                 Some((Red::Row, _)) if !is_attention && domain.last().is_some_and(|&w| w <= MAX_GEMM_ROW) => {}
                 Some((Red::Row, _)) => {
                     return Err(format!(

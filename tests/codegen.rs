@@ -126,3 +126,31 @@ fn gemm_kernels_render_in_their_implementation() {
     }
     assert_eq!(s.args.len(), 3, "the product tile is not a kernel argument");
 }
+
+/// Every program the GPU differential run saved plans (default and strict) into kernels that
+/// codegen renders, or refuses only as "not supported yet" (which the GPU run counts as
+/// skipped). A kernel the cost model accepts but codegen renders wrongly or refuses otherwise
+/// is a legality mismatch: `case_0f5a2be1` had a product whose epilogue summed a read of
+/// another shape, which codegen rendered over the wrong extent.
+#[test]
+fn saved_gpu_cases_plan_into_kernels_codegen_renders() {
+    let mut files: Vec<_> = std::fs::read_dir("tests/cases/diff_gpu")
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "eqf"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 30, "{} case files", files.len());
+    for f in &files {
+        let p = eqfuse::load_program(f.to_str().unwrap(), &[]).unwrap();
+        for strict in [false, true] {
+            let mut o = opts();
+            o.strict = strict;
+            let plan = optimize(&p, &o).unwrap().plan;
+            if let Err(e) = codegen_plan(&plan) {
+                let e = e.to_string();
+                assert!(e.contains("not supported yet"), "{} (strict {strict}): {e}", f.display());
+            }
+        }
+    }
+}

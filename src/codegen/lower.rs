@@ -512,6 +512,16 @@ impl<'a> Lowerer<'a> {
                 format!("a reduction along axis {a} in a kernel that reduces along axis {want}"),
             ));
         }
+        // The template reduces along the iteration space's own extent: a value whose extent
+        // there differs (a gemm epilogue summing a read of another shape) has no loop to run on
+        // (found by the GPU differential run: a sum of a transposed read over the product's K).
+        let (have, span) = (self.out.nodes[x].shape[a], self.out.domain[a]);
+        if have != span {
+            return Err(unsupported(
+                self.kernel,
+                format!("a reduction over {have} elements along an axis of the iteration space with {span}"),
+            ));
+        }
         self.out.axis = Some(want);
         let mut shape = self.out.nodes[x].shape.clone();
         shape[a] = 1;
