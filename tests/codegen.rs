@@ -129,9 +129,9 @@ fn gemm_kernels_render_in_their_implementation() {
 
 /// Every program the GPU differential run saved plans (default and strict) into kernels that
 /// codegen renders, or refuses only as "not supported yet" (which the GPU run counts as
-/// skipped). A kernel the cost model accepts but codegen renders wrongly or refuses otherwise
-/// is a legality mismatch: `case_0f5a2be1` had a product whose epilogue summed a read of
-/// another shape, which codegen rendered over the wrong extent.
+/// skipped): a kernel the cost model accepts and codegen refuses otherwise is a legality
+/// mismatch, which without a GPU shows up only here. (Whether a rendered kernel computes the
+/// right values is the GPU run's to say: `every_saved_gpu_case_passes`.)
 #[test]
 fn saved_gpu_cases_plan_into_kernels_codegen_renders() {
     let mut files: Vec<_> = std::fs::read_dir("tests/cases/diff_gpu")
