@@ -99,5 +99,5 @@ fn example_kernels_compile() {
     }
     eprintln!("compiled {compiled} example kernels ({gemm} generated gemm); skipped {skipped} cuBLASLt kernels");
     assert!(gemm >= 4, "the examples' generated gemm kernels were not compiled");
-    assert!(attention >= 2, "the transformer block's attention kernels were not compiled");
+    assert!(attention >= 1, "the transformer block's attention kernel was not compiled");
 }
