@@ -28,7 +28,9 @@ mkdir -p "$OUT/gpt2"
   echo "bench exit $?"
   echo "== GPT-2 block"
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-  timeout 150 python3 "$G/python/gpt2_block.py" gpu --dir "$G/gpt2" --eqfuse "$G/eqfuse" --out "$OUT/gpt2" \
+  timeout 60 python3 "$G/python/gpt2_block.py" prepare --dir /tmp/gpt2 --eqfuse "$G/eqfuse" 2>&1
+  echo "prepare exit $?"
+  timeout 150 python3 "$G/python/gpt2_block.py" gpu --dir /tmp/gpt2 --eqfuse "$G/eqfuse" --out "$OUT/gpt2" \
     --work /tmp/gpt2-work --skip-backend 2>&1
   echo "gpt2 exit $?"
 } 2>&1 | tee "$OUT/views.log"
