@@ -23,7 +23,7 @@ pub enum Role {
     /// unless it is an output.
     View,
     /// Everything else: computed by some kernel, written or kept on chip. This includes a
-    /// *layout copy*: a view that a reshape above it cannot read in place ([`layout_copies`]).
+    /// *layout copy*: a view that a reshape above it cannot read in place (see `layout_copies`).
     Compute,
 }
 
