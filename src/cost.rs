@@ -120,11 +120,20 @@ pub fn analyse(
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
     }
+    // A product alone (one member, the rest views of its reads) stays legal: the fusion search
+    // starts from it, and codegen names what it cannot index. Any fusion, a product with its
+    // epilogue as well as attention storing a view of itself, is asked of codegen.
+    let alone = members.len() == 1 && k.body.iter().all(|&b| members.contains(&b) || dag.nodes[b].role == Role::View);
+    if template == Template::Attention && !alone {
+        if members.len() != 1 {
+            return Err("the attention template writes one tensor".into());
+        }
+        let kernel = candidate_kernel(dag, members, &k, Template::Attention);
+        crate::codegen::attention::can_generate(&kernel)
+            .map_err(|e| format!("the attention template cannot run it: {e}"))?;
+    }
     if template == Template::Gemm {
-        let kernel = candidate_kernel(dag, members, &k);
-        // A fusion the generated kernel cannot run is refused; a product alone stays legal
-        // (the fusion search starts from it), and codegen names what it cannot index.
-        let alone = k.body.iter().all(|&b| members.contains(&b) || dag.nodes[b].role == Role::View);
+        let kernel = candidate_kernel(dag, members, &k, Template::Gemm);
         if !alone {
             crate::codegen::gemm::can_generate(&kernel).map_err(|e| format!("the gemm template cannot run it: {e}"))?;
         }
@@ -159,7 +168,7 @@ fn gemm_implementation(
 
 /// The plan kernel a candidate would become if it wrote every member (reads named `t{node}`),
 /// for codegen's structural questions.
-fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost) -> Kernel {
+fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost, template: Template) -> Kernel {
     let name = |i: usize| format!("t{i}");
     let tref = |i: usize| TensorRef {
         name: name(i),
@@ -187,7 +196,7 @@ fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost) -> Kernel {
     }
     Kernel {
         id: 0,
-        template: Template::Gemm,
+        template,
         domain: k.domain.clone(),
         ops: vec![],
         reads: k.reads.iter().map(|&r| tref(r)).collect(),
@@ -491,9 +500,14 @@ impl Shaped<'_> {
         }
         let domain = self.shape(a).to_vec();
         let is_attention = matches!(n.kind(), Some(Kind::Composite(Composite::Attention)));
+        // Views of the anchor it stores (attention written as `[B, S, H, D]` for a reshape to
+        // `[B, S, E]`): the template's output strides place them; codegen checks the strides.
+        let stored = if is_attention { self.views_above(a) } else { vec![] };
         if is_attention {
             // The template writes attention as computed (or through a view), nothing more.
-            if let Some(&b) = self.body.iter().find(|&&b| b != a && self.dag.nodes[b].role == Role::Compute) {
+            if let Some(&b) =
+                self.body.iter().find(|&&b| b != a && !stored.contains(&b) && self.dag.nodes[b].role == Role::Compute)
+            {
                 let op = self.dag.nodes[b].node.head();
                 return Err(format!("attention takes no fused epilogue (`{op}` runs in its own kernel)"));
             }
@@ -534,8 +548,23 @@ impl Shaped<'_> {
                 }
             }
         }
+        operand_views.extend(stored);
         self.fits(&domain, &operand_views)?;
         Ok((if is_attention { Template::Attention } else { Template::Gemm }, domain))
+    }
+
+    /// Body nodes that are views (or layout copies) of `a`, through views only.
+    fn views_above(&self, a: usize) -> Vec<usize> {
+        let is_view =
+            |b: usize| matches!(self.dag.nodes[b].kind(), Some(Kind::Transpose | Kind::Reshape | Kind::Broadcast));
+        let mut out: Vec<usize> = Vec::new();
+        for &b in self.body {
+            let over = |c: usize| c == a || out.contains(&c);
+            if b != a && is_view(b) && self.dag.nodes[b].children().next().is_some_and(over) {
+                out.push(b);
+            }
+        }
+        out
     }
 
     /// The template of an operator standing alone.

@@ -22,7 +22,8 @@ pub enum Role {
     /// `reshape`, `broadcast`, `transpose`: index arithmetic in the consumer, never written
     /// unless it is an output.
     View,
-    /// Everything else: computed by some kernel, written or kept on chip.
+    /// Everything else: computed by some kernel, written or kept on chip. This includes a
+    /// *layout copy*: a view that a reshape above it cannot read in place (see `layout_copies`).
     Compute,
 }
 
@@ -91,7 +92,8 @@ impl Dag {
     }
 
     /// Completes a DAG from its nodes and outputs (computes users and output flags).
-    pub fn finish(nodes: Vec<DagNode>, outputs: Vec<(String, usize)>) -> Dag {
+    pub fn finish(mut nodes: Vec<DagNode>, outputs: Vec<(String, usize)>) -> Dag {
+        layout_copies(&mut nodes);
         let mut users = vec![Vec::new(); nodes.len()];
         for (i, n) in nodes.iter().enumerate() {
             for c in n.children() {
@@ -166,5 +168,54 @@ pub fn role_of(n: &TensorLang) -> Role {
             Kind::Reshape | Kind::Broadcast | Kind::Transpose => Role::View,
             _ => Role::Compute,
         },
+    }
+}
+
+/// Marks the views that must be written in their own layout before a reshape can read them.
+///
+/// Every tensor in device memory is row-major, so a chain of views over one is a set of strides,
+/// except a reshape that merges or splits axes a transpose or broadcast below it has separated
+/// (`reshape(transpose(o, 1, 2), [B, S, E])`): no strides describe it, and no template can
+/// read it in place. The view below such a reshape becomes a computed tensor (role `Compute`):
+/// the planner writes it, from a copy kernel of its own or from the kernel that computes its
+/// operand where that template can store a view (attention), and charges the traffic; the
+/// reshape then reads a row-major tensor. The test is the code generator's own
+/// (`reshape_strides`, PyTorch's `computeStride`), so the planner never keeps a view that codegen
+/// cannot index.
+fn layout_copies(nodes: &mut [DagNode]) {
+    use crate::codegen::lower::{broadcast_strides, contiguous, reshape_strides};
+    // Strides of each view over the row-major memory of the nearest non-view node below it.
+    let mut strides: Vec<Option<Vec<usize>>> = vec![None; nodes.len()];
+    for i in 0..nodes.len() {
+        let Some(shape) = nodes[i].ty().map(|t| t.shape.clone()) else { continue };
+        if nodes[i].role != Role::View {
+            strides[i] = Some(contiguous(&shape));
+            continue;
+        }
+        let ch: Vec<usize> = nodes[i].children().collect();
+        let Some(below) = nodes[ch[0]].ty().map(|t| t.shape.clone()) else { continue };
+        let Some(base) = strides[ch[0]].clone() else { continue };
+        let konst =
+            |k: usize| nodes[ch[k]].fact.konst.and_then(|v| crate::infer::norm_axis(v as i64, below.len()).ok());
+        strides[i] = match nodes[i].kind() {
+            Some(Kind::Transpose) => match (konst(1), konst(2)) {
+                (Some(a), Some(b)) => {
+                    let mut s = base;
+                    s.swap(a, b);
+                    Some(s)
+                }
+                _ => None,
+            },
+            Some(Kind::Broadcast) => Some(broadcast_strides(&below, &base, &shape)),
+            Some(Kind::Reshape) => match reshape_strides(&below, &base, &shape) {
+                Some(s) => Some(s),
+                None if nodes[ch[0]].role == Role::View => {
+                    nodes[ch[0]].role = Role::Compute;
+                    reshape_strides(&below, &contiguous(&below), &shape)
+                }
+                None => None,
+            },
+            _ => None,
+        };
     }
 }

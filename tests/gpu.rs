@@ -39,12 +39,6 @@ fn prefill(plans: &[(String, Program, FusionPlan)]) {
     eprintln!("prefilled the NVRTC cache with {n} kernels");
 }
 
-/// Whether codegen supports every kernel (attention is not generated yet, issue 6; a product
-/// whose operand view strides cannot express is refused by codegen).
-fn generated(plan: &FusionPlan) -> bool {
-    codegen_plan(plan).is_ok()
-}
-
 /// Every shared case, and every example with its dims capped at 512.
 fn programs() -> Vec<(String, Program)> {
     let mut programs: Vec<(String, Program)> =
@@ -52,14 +46,19 @@ fn programs() -> Vec<(String, Program)> {
     for path in common::example_paths() {
         let Ok(full) = eqfuse::load_program(&path, &[]) else { continue };
         let capped: Vec<(String, usize)> = full.dims.iter().map(|(n, v)| (n.clone(), (*v).min(512))).collect();
-        if let Ok(p) = eqfuse::load_program(&path, &capped) {
-            programs.push((path, p));
+        match eqfuse::load_program(&path, &capped) {
+            Ok(p) => programs.push((path, p)),
+            // The transformer blocks do not load with E capped below H * Dh. They run at their
+            // declared sizes in benches/gpu/views.sh: at small sizes their seeded inputs (unscaled
+            // N(0, 1) weights, a saturated softmax) put even PyTorch's f32 autograd outside the
+            // one-product k·u tolerance (benches/results/2026-11-22-h100-172185a-views).
+            Err(e) => eprintln!("not run here: {path}: {e}"),
         }
     }
     programs
 }
 
-/// Every case and capped example, fused and unfused, whose kernels codegen supports.
+/// Every case and capped example, fused and unfused (codegen runs every plan's kernels).
 fn plans() -> Vec<(String, Program, FusionPlan)> {
     let profile = DeviceProfile::load("h100").unwrap();
     let opts = OptimizeOptions::new(profile.clone());
@@ -69,11 +68,7 @@ fn plans() -> Vec<(String, Program, FusionPlan)> {
         let fused = optimize(&program, &opts).unwrap().plan;
         let unfused = unfused_plan(&program, &profile, false).unwrap();
         for (which, plan) in [("fused", fused), ("unfused", unfused)] {
-            if generated(&plan) {
-                out.push((format!("{name} ({which})"), program.clone(), plan));
-            } else {
-                eprintln!("not run: {name} ({which}) has kernels codegen does not support (attention, issue 6)");
-            }
+            out.push((format!("{name} ({which})"), program.clone(), plan));
         }
     }
     out
@@ -199,10 +194,6 @@ fn strict_plans_are_bit_identical_to_the_unfused_plan() {
     for (name, program) in programs {
         let fused = optimize(&program, &opts).unwrap().plan;
         let unfused = unfused_plan(&program, &profile, true).unwrap();
-        if !(generated(&fused) && generated(&unfused)) {
-            eprintln!("not run: {name} has gemm or attention kernels (issue 6)");
-            continue;
-        }
         flat.push((format!("{name} (strict)"), program.clone(), fused.clone()));
         flat.push((format!("{name} (strict unfused)"), program.clone(), unfused.clone()));
         pairs.push((name, program, fused, unfused));

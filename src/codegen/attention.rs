@@ -232,6 +232,13 @@ struct Instance {
     causal: bool,
 }
 
+/// Whether the template can run an attention kernel (its operands and stored view have strides
+/// it takes, its types and head size are ones it runs); the reason otherwise. The planner asks
+/// this of a kernel that stores a view of attention, so that it keeps only what codegen runs.
+pub(crate) fn can_generate(k: &Kernel) -> Result<()> {
+    instance(k).map(|_| ())
+}
+
 fn instance(k: &Kernel) -> Result<Instance> {
     let body = Body::new(k)?;
     let atts: Vec<usize> = (0..body.nodes.len())

@@ -7,11 +7,11 @@
 //! Invariant: codegen never changes the plan and is a pure function of it (golden snapshots
 //! in `tests/snapshots` hold the rendered CUDA of small programs).
 
-mod attention;
+pub(crate) mod attention;
 pub use attention::template_runs as attention_template_runs;
 mod emit;
 pub mod gemm;
-mod lower;
+pub(crate) mod lower;
 
 use std::path::Path;
 
