@@ -11,12 +11,17 @@ import argparse, glob, json, math, os
 
 
 def check(run):
-    """The check column: ok, ok with the count of elements left out because they follow a
-    comparison rounding can decide either way (run_gpu.rs `near_decision`), or MISMATCH."""
+    """The check column: ok, or MISMATCH; ok says when it needed the f32 reference's own error
+    from the exact values as allowance, or left out elements that follow a comparison rounding
+    can decide either way (run_gpu.rs `check`)."""
     if not run["ok"]:
         return "MISMATCH"
-    n = run.get("near_decisions", 0)
-    return f"ok ({n} near a decision)" if n else "ok"
+    notes = []
+    if run.get("within_reference_error"):
+        notes.append("within the f32 reference's error")
+    if run.get("near_decisions", 0):
+        notes.append(f"{run['near_decisions']} near a decision")
+    return f"ok ({'; '.join(notes)})" if notes else "ok"
 
 def load(d):
     device = open(os.path.join(d, "device.txt")).read().strip().splitlines()
