@@ -507,7 +507,9 @@ impl Emitter<'_> {
             Op::Binary(Binary::Div, x, y) if self.row_divisor(n, *y) => {
                 // Each element divided by one value of its row: one reciprocal per row (the
                 // compiler computes the loop-invariant `1.0f / y` once) and a product per
-                // element, instead of an IEEE division per element (within 1.5 ulp of it).
+                // element, instead of an IEEE division per element: within 1.5 ulp of it while
+                // 1/y is a normal number (2^-126 < |y| < 2^126); beyond that the reciprocal
+                // loses precision or overflows.
                 let (a, d) = (self.operand(*x, ty, scope), self.operand(*y, ty, scope));
                 format!("({a} * (1.0f / {d}))")
             }
