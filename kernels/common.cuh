@@ -139,8 +139,17 @@ __device__ __forceinline__ float eq_relu(float x) { return x > 0.0f ? x : 0.0f; 
 __device__ __forceinline__ int eq_relu(int x) { return x > 0 ? x : 0; }
 __device__ __forceinline__ float eq_abs(float x) { return fabsf(x); }
 __device__ __forceinline__ int eq_abs(int x) { return x < 0 ? -x : x; }
-__device__ __forceinline__ float eq_max(float a, float b) { return (a != a || b != b) ? EQ_NAN : fmaxf(a, b); }
-__device__ __forceinline__ float eq_min(float a, float b) { return (a != a || b != b) ? EQ_NAN : fminf(a, b); }
+// NaN if either operand is NaN, else the larger (one instruction: `max.NaN`, sm_80 and later).
+__device__ __forceinline__ float eq_max(float a, float b) {
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
+__device__ __forceinline__ float eq_min(float a, float b) {
+    float d;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
 __device__ __forceinline__ int eq_max(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ double eq_max(double a, double b) { return a > b ? a : b; }
 __device__ __forceinline__ double eq_min(double a, double b) { return a < b ? a : b; }

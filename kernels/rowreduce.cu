@@ -29,7 +29,9 @@
 // Cross-thread combining: warp shuffles, then shared memory across the row's warps.
 // Online form: a stage may hold a max m and the sum of exp(e - m) of the same row as one pair
 // (combined as m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)), so softmax needs one pass
-// before its epilogue instead of two.
+// before its epilogue instead of two. Codegen uses it only for rows that are not cached: over a
+// cached row a second pass reads registers, and the pair's rescaling costs more arithmetic than
+// it saves (cross-entropy 8192x32000 on an H100: 975 us online, 779 us in two stages).
 //
 // Global values (cross-entropy's mean over rows): when EQ_NGLOBAL > 0, each row adds row
 // values to EQ_NGLOBAL per-thread sums (`eq_global`); a block combines its rows in a fixed

@@ -581,23 +581,37 @@ impl Shaped<'_> {
 }
 
 /// Rows with dependent reductions are kept on chip when they fit; otherwise every full-size
-/// read is streamed once per dependent stage.
+/// read is streamed once per dependent stage. "Fits" is the question codegen asks
+/// (`codegen::row_cached`: at most 64 elements per thread in registers at the launch shape it
+/// picks), within the profile's shared memory per block (the pipelined form stages the next row
+/// there).
 fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
     let width = k.domain.last().copied().unwrap_or(1);
     let full: usize = k.domain.iter().product();
-    let full_reads = k.reads.iter().filter(|&&r| dag.nodes[r].ty().is_some_and(|t| t.numel() == full)).count().max(1);
+    let full_types: Vec<_> =
+        k.reads.iter().filter_map(|&r| dag.nodes[r].ty()).filter(|t| t.numel() == full).map(|t| t.dtype).collect();
+    let full_reads = full_types.len().max(1);
     let row_bytes = (width * 4 * full_reads) as u64;
     let depth = reduction_depth(dag, k);
     if depth <= 1 && !epilogue_uses_rows(dag, k) {
         return;
     }
-    if row_bytes <= profile.smem_per_block_bytes {
+    // Elements per access as codegen chooses them: 16 bytes of the widest input, halved until
+    // they divide the row.
+    let widest = full_types.iter().map(|d| d.size()).max().unwrap_or(4);
+    let mut vec = 16 / widest.max(1);
+    while vec > 1 && !width.is_multiple_of(vec) {
+        vec /= 2;
+    }
+    if row_bytes <= profile.smem_per_block_bytes && crate::codegen::row_cached(width, full_reads, vec) {
         return;
     }
     k.passes = depth as u32 + 1;
     k.notes.push(format!(
-        "row of {width} f32 ({row_bytes} bytes with {full_reads} input rows) exceeds shared memory ({} bytes): each input row is read {} times",
-        profile.smem_per_block_bytes, k.passes
+        "row of {width} f32 ({row_bytes} bytes with {full_reads} input rows) does not fit on chip (shared memory {} bytes, {} elements per thread): each input row is read {} times",
+        profile.smem_per_block_bytes,
+        crate::codegen::ROW_CACHE_PER_THREAD,
+        k.passes
     ));
 }
 

@@ -10,6 +10,7 @@
 pub(crate) mod attention;
 pub use attention::template_runs as attention_template_runs;
 mod emit;
+pub use emit::{row_cached, ROW_CACHE_PER_THREAD};
 pub mod gemm;
 pub(crate) mod lower;
 

@@ -33,7 +33,8 @@ mod plan {
         matches!(l.nodes[m].op, Op::Reduce(Reduce::Amax, x) if x == a).then_some(m)
     }
 
-    pub(super) fn plan(e: &Emitter) -> RowPlan {
+    /// `online`: whether a `sum(exp(x - amax(x)))` may share its max's stage as an online pair.
+    pub(super) fn plan(e: &Emitter, online_pairs: bool) -> RowPlan {
         let l = e.l;
         let r = e.rank();
         let n = l.nodes.len();
@@ -45,7 +46,7 @@ mod plan {
             let below = children(&l.nodes[i].op).iter().map(|&c| avail[c]).max().unwrap_or(0);
             avail[i] = below;
             // Strict numerics keep the two passes the unfused plan makes (max, then the sum).
-            let pair = if e.strict { None } else { online_max(l, i) };
+            let pair = if e.strict || !online_pairs { None } else { online_max(l, i) };
             if let Some(m) = pair.filter(|m| !online.iter().any(|(_, x)| x == m)) {
                 let st = avail[m] - 1;
                 stages[st].push(i);
@@ -82,7 +83,7 @@ mod plan {
 
 impl Emitter<'_> {
     pub(super) fn rowreduce(&self) -> Result<Rendered> {
-        let rp = plan::plan(self);
+        let mut rp = plan::plan(self, true);
         let r = self.rank();
         let cols = if r == 0 { 1 } else { self.dim(r - 1) };
         let numel: usize = self.l.domain.iter().product();
@@ -91,8 +92,16 @@ impl Emitter<'_> {
         let row_threads = pow2_at_least(per.div_ceil(4)).min(1024);
         let chunks = per.div_ceil(row_threads).max(1);
         let block = row_threads.max(256);
+        let cached = row_cached(cols, rp.cached.len(), self.vec);
+        if cached && !rp.online.is_empty() {
+            // A row held on chip costs nothing to pass over twice: the max, then the sum of
+            // exponentials, as separate stages, is far less arithmetic than the online pair's
+            // rescaling (cross-entropy 8192x32000 on an H100, 2026-11-22: 828 million
+            // instructions against 473 million, 975 us against 779 us; benches/results/
+            // 2026-11-22-h100-*-ce). The cached loads are the same either way.
+            rp = plan::plan(self, false);
+        }
         let ncache = rp.cached.len().max(1);
-        let cached = rp.cached.len() * chunks * self.vec <= 64;
         let rpb0 = block / row_threads;
         let stage_bytes = rpb0 * chunks * ncache * row_threads * 16;
         let pipelined = cached
@@ -493,6 +502,24 @@ impl Emitter<'_> {
         let cond = if pred.is_empty() { String::new() } else { format!("if ({}) ", pred.join(" && ")) };
         (format!("{cond}eq_put({p} + {off}, {val});"), ())
     }
+}
+
+/// The most row elements one thread keeps in registers (`float cache[EQ_CHUNKS][EQ_NCACHE][EQ_VEC]`).
+pub const ROW_CACHE_PER_THREAD: usize = 64;
+/// The most threads that share one row.
+pub const MAX_ROW_THREADS: usize = 1024;
+
+/// Whether a row kernel over rows of `cols` elements keeps its `ncache` cached inputs in
+/// registers (read once) rather than reading them again in every stage: at most
+/// [`ROW_CACHE_PER_THREAD`] elements per thread at the launch shape `rowreduce` picks (`vec`
+/// elements per access, up to [`MAX_ROW_THREADS`] threads per row). The cost model asks the same
+/// question (`cost::row_passes`), so a row it prices as read once is one codegen keeps on chip.
+pub fn row_cached(cols: usize, ncache: usize, vec: usize) -> bool {
+    let vec = vec.max(1);
+    let per = cols.div_ceil(vec);
+    let row_threads = pow2_at_least(per.div_ceil(4)).min(MAX_ROW_THREADS);
+    let chunks = per.div_ceil(row_threads).max(1);
+    ncache * chunks * vec <= ROW_CACHE_PER_THREAD
 }
 
 /// Registers of an SM (sm_80 and sm_90).
