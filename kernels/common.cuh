@@ -135,6 +135,13 @@ __device__ __forceinline__ float eq_gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
 }
 __device__ __forceinline__ float eq_silu(float x) { return x * eq_sigmoid(x); }
+// x / d for a divisor shared by a row: a product with the (hoisted) reciprocal while 1/d is a
+// normal number (within 1.5 ulp of the division), else the IEEE division (0, inf, NaN, tiny or
+// huge d).
+__device__ __forceinline__ float eq_div_row(float x, float d) {
+    const float a = fabsf(d);
+    return (a > 0x1p-125f && a < 0x1p125f) ? x * (1.0f / d) : x / d;
+}
 __device__ __forceinline__ float eq_relu(float x) { return x > 0.0f ? x : 0.0f; }
 __device__ __forceinline__ int eq_relu(int x) { return x > 0 ? x : 0; }
 __device__ __forceinline__ float eq_abs(float x) { return fabsf(x); }

@@ -508,10 +508,11 @@ impl Emitter<'_> {
                 // Each element divided by one value of its row: one reciprocal per row (the
                 // compiler computes the loop-invariant `1.0f / y` once) and a product per
                 // element, instead of an IEEE division per element: within 1.5 ulp of it while
-                // 1/y is a normal number (2^-126 < |y| < 2^126); beyond that the reciprocal
-                // loses precision or overflows.
+                // 1/y is a normal number (2^-125 < |y| < 2^125). Beyond that (and for 0, inf,
+                // NaN) the reciprocal would lose precision or overflow, so the element is
+                // divided (`eq_div_row`: a select on the row's divisor, uniform across the row).
                 let (a, d) = (self.operand(*x, ty, scope), self.operand(*y, ty, scope));
-                format!("({a} * (1.0f / {d}))")
+                format!("eq_div_row({a}, {d})")
             }
             Op::Binary(b, x, y) => {
                 let want = if b.is_comparison() { self.compare_type(*x, *y) } else { ty };
