@@ -649,7 +649,10 @@ impl Emitter<'_> {
             // The mask is the iteration space's size (checked by `render`): lane v's bit is
             // element i0 + v, and the warp writes whole words after the lane loop.
             let b = st.write;
-            return (format!("mb{b} |= ({val}) ? (1u << v) : 0u;"), Some(format!("eq_put_bits<V>({p}, i0, mb{b}, ok);")));
+            return (
+                format!("mb{b} |= ({val}) ? (1u << v) : 0u;"),
+                Some(format!("eq_put_bits<V>({p}, i0, mb{b}, ok);")),
+            );
         }
         let strides: Vec<usize> =
             contiguous(&st.shape).into_iter().zip(&st.shape).map(|(s, &d)| if d == 1 { 0 } else { s }).collect();
@@ -768,15 +771,9 @@ impl Emitter<'_> {
         } else {
             "template <int V>\n__device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {"
         };
-        let f = self.lane_function(
-            header,
-            0,
-            &mut scope,
-            &roots,
-            |e, scope, need| {
-                e.store_lines(&stores, |st| e.operand(st.node, value_type(e.node(st.node).dtype), scope), None, need)
-            },
-        );
+        let f = self.lane_function(header, 0, &mut scope, &roots, |e, scope, need| {
+            e.store_lines(&stores, |st| e.operand(st.node, value_type(e.node(st.node).dtype), scope), None, need)
+        });
         let numel: usize = self.l.domain.iter().product();
         let threads = 256usize;
         let blocks = (numel / self.vec).max(numel % self.vec).div_ceil(threads).min(8192);

@@ -147,15 +147,18 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
     let (ext, l) = lowered(k, t.ts)?;
     let r = emit::render(&ext, &l, strict, packed)?;
     if let Some(w) = k.writes.iter().find(|w| packed.contains(&w.name)) {
-        let vec: usize = r
-            .defines
-            .lines()
-            .find_map(|l| l.strip_prefix("#define EQ_VEC ")?.trim().parse().ok())
-            .unwrap_or(1);
+        let vec: usize =
+            r.defines.lines().find_map(|l| l.strip_prefix("#define EQ_VEC ")?.trim().parse().ok()).unwrap_or(1);
         if let Err(why) = stores_mask_check(k, rows).and_then(|()| {
-            ((t.bm * t.bn / vec) % 32 == 0).then_some(()).ok_or("a warp's lanes would not agree on the trip count")
+            (t.bm * t.bn / vec)
+                .is_multiple_of(32)
+                .then_some(())
+                .ok_or("a warp's lanes would not agree on the trip count")
         }) {
-            return Err(Error::Invalid(format!("kernel {} (gemm): cannot store the 1-bit mask `{}`: {why}", k.id, w.name)));
+            return Err(Error::Invalid(format!(
+                "kernel {} (gemm): cannot store the 1-bit mask `{}`: {why}",
+                k.id, w.name
+            )));
         }
     }
     let p = l.product.as_ref().expect("checked by lowered");

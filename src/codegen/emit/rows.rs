@@ -181,7 +181,9 @@ impl Emitter<'_> {
         let acc: &Access = &self.l.accesses[a];
         let bytes = acc.dtype.size() * self.vec;
         // A packed mask's bits are tested in place, never copied.
-        !self.packed_read(acc.read) && matches!(self.lanes_of(&acc.strides), Lanes::Vector) && matches!(bytes, 4 | 8 | 16)
+        !self.packed_read(acc.read)
+            && matches!(self.lanes_of(&acc.strides), Lanes::Vector)
+            && matches!(bytes, 4 | 8 | 16)
     }
 
     /// `eq_stage` (start copying a chunk's cached loads into its staging slots) and
