@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 5's device run (1-bit masks), from the repository root with the files staged by
+# benches/gpu/stage-masks.sh in $G (default .gpu-masks): tests/masks.rs on the GPU, then
+# `eqfuse run` of the ReLU/dropout MLP example at a medium and at its declared size (packed
+# mask, every output checked against the CPU reference, kernels timed), then tests/gpu.rs's
+# cases and examples. Logs under $OUT.
+set -uo pipefail
+OUT="${OUT:-/tmp/eqfuse-out}"
+G="${G:-.gpu-masks}"
+mkdir -p "$OUT"
+export EQFUSE_CACHE_DIR="$G/cache" EQFUSE_REQUIRE_GPU=1
+export EQFUSE_NVRTC_DIR=/usr/local/cuda/lib64 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+{
+  date -u +"date: %Y-%m-%d %H:%M UTC"
+  echo "commit: $(cat $G/COMMIT)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+} > "$OUT/masks.log" 2>&1
+timeout 40 "$G/masks-tests" --test-threads=1 --nocapture >> "$OUT/masks.log" 2>&1
+echo "masks tests exit $?" >> "$OUT/masks.log"
+ex="$G/examples/mlp_relu_dropout_grad.eqf"
+timeout 30 "$G/eqfuse" run "$ex" --dim B=1024 --dim D=512 --dim H=2048 --repeat 10 --outputs /tmp/o1 > "$OUT/run-medium.log" 2>&1
+echo "run medium exit $?" >> "$OUT/run-medium.log"
+timeout 60 "$G/eqfuse" run "$ex" --repeat 10 --outputs /tmp/o2 > "$OUT/run-full.log" 2>&1
+echo "run full exit $?" >> "$OUT/run-full.log"
+"$G/eqfuse" optimize "$ex" --format json > "$OUT/plan-full.json" 2>&1
+timeout 50 "$G/gpu-tests" cases_and_examples --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
+echo "gpu tests exit $?" >> "$OUT/gpu-tests.log"
+tail -3 "$OUT"/*.log
