@@ -315,15 +315,15 @@ fn masks_codegen_cannot_run(dag: &Dag, f: &Fusion) -> Vec<usize> {
     (0..dag.len())
         .filter(|&i| dag.is_packed(i) && f.mat[i])
         .filter(|&i| {
-            let numel = dag.nodes[i].ty().map_or(0, |t| t.numel());
+            let shape = dag.nodes[i].ty().map(|t| t.shape.clone());
             groups.iter().any(|g| {
                 let t = g.cost.template;
-                let domain: usize = g.cost.domain.iter().product();
                 let gemm_shape = t != crate::plan::Template::Gemm
                     || (g.cost.implementation != Some(crate::plan::GemmImpl::Cublaslt)
                         && crate::codegen::gemm::stores_masks_shaped(&g.cost.domain, reduces_rows(dag, &g.cost.body))
                             .is_ok());
-                let bad_writer = g.members.contains(&i) && (!stores_masks(t) || domain != numel || !gemm_shape);
+                let bad_writer = g.members.contains(&i)
+                    && (!stores_masks(t) || shape.as_ref() != Some(&g.cost.domain) || !gemm_shape);
                 let bad_reader = g.cost.reads.contains(&i)
                     && (!loads_masks(t) || g.cost.implementation == Some(crate::plan::GemmImpl::Cublaslt));
                 generates(t) && (bad_writer || bad_reader)

@@ -162,13 +162,12 @@ pub fn packed_mask_refusal(plan: &FusionPlan, k: &Kernel) -> Option<String> {
             return Some(what(&t.name, "load"));
         }
     }
-    let domain: usize = k.domain.iter().product();
     if let Some(t) = k.writes.iter().find(|t| plan.is_packed(&t.name)) {
         if !stores_masks(k.template) || cublaslt {
             return Some(what(&t.name, "store"));
         }
-        if t.ty.numel() != domain {
-            return Some(what(&t.name, "store smaller than their iteration space"));
+        if t.ty.shape != k.domain {
+            return Some(what(&t.name, "store in another shape than their iteration space"));
         }
     }
     None
