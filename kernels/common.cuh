@@ -102,6 +102,56 @@ __device__ __forceinline__ void eq_storev(T* __restrict__ p, const U (&in)[V]) {
     }
 }
 
+// ---- 1-bit masks: a saved bool tensor stored packed, 32 elements to a 32-bit word ----
+// Element i is bit i % 32 of word i / 32 (row-major i; docs/plan-schema.md). A packed mask is
+// passed as one pointer wrapped in `eq_bits` (read) or `eq_bits_out` (written); `p[i]` and
+// `p + i` work as on an `eq_bool` pointer, so a generated load reads the same either way.
+struct eq_bits_at {
+    const unsigned int* w;
+    eq_idx i;
+    __device__ __forceinline__ bool operator[](eq_idx d) const {
+        const eq_idx j = i + d;
+        return ((w[j >> 5] >> (j & 31u)) & 1u) != 0u;
+    }
+    __device__ __forceinline__ eq_bits_at operator+(eq_idx d) const { return eq_bits_at{w, i + d}; }
+};
+struct eq_bits {
+    const unsigned int* w;
+    __device__ __forceinline__ bool operator[](eq_idx i) const { return ((w[i >> 5] >> (i & 31u)) & 1u) != 0u; }
+    __device__ __forceinline__ eq_bits_at operator+(eq_idx i) const { return eq_bits_at{w, i}; }
+};
+struct eq_bits_out {
+    unsigned int* w;
+};
+__device__ __forceinline__ bool eq_val(bool x) { return x; }
+
+// V consecutive mask elements from one word: a vector access starts at a multiple of V, and V
+// divides 32, so the V bits never straddle two words.
+template <typename T, int V, typename U>
+__device__ __forceinline__ void eq_loadv(eq_bits_at p, U (&out)[V]) {
+    static_assert(V >= 1 && V <= 32 && 32 % V == 0, "a vector of mask bits lies in one word");
+    const unsigned int word = p.w[p.i >> 5] >> (p.i & 31u);
+#pragma unroll
+    for (int v = 0; v < V; ++v) out[v] = ((word >> v) & 1u) != 0u;
+}
+
+// Stores the mask bits of a warp: lane l holds in `bits` (bit v) elements i0 .. i0 + V - 1, the
+// lanes of the warp hold consecutive groups of V, and lane 0's i0 is a multiple of 32 V (the
+// elementwise template's warp-uniform loop, EQ_PACKED_WRITES). The 32 / V lanes of one word OR
+// their shifted bits together and the first of them writes the word; a lane with `ok` false
+// contributes nothing (and its word, past the end, is not written). Every lane of the warp must
+// call it.
+template <int V>
+__device__ __forceinline__ void eq_put_bits(eq_bits_out p, eq_idx i0, unsigned int bits, bool ok) {
+    static_assert(V >= 1 && V <= 32 && 32 % V == 0, "a word holds whole groups of V");
+    constexpr unsigned int G = 32 / V;
+    const unsigned int lane = threadIdx.x & 31u;
+    unsigned int c = ok ? bits << ((lane * V) & 31u) : 0u;
+#pragma unroll
+    for (unsigned int o = 1; o < G; o <<= 1) c |= __shfl_xor_sync(0xffffffffu, c, o);
+    if (ok && lane % G == 0) p.w[i0 >> 5] = c;
+}
+
 // ---- asynchronous copies global -> shared (sm_80+), no registers held while in flight ----
 template <int B>
 __device__ __forceinline__ void eq_cp_async(void* smem, const void* gmem) {

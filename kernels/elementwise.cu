@@ -14,7 +14,8 @@
 // Invariants: EQ_VEC divides the last extent of D (or D has rank <= 1), so a vector never
 // crosses a row and every vector access is aligned; each output element is written exactly
 // once; the generated body `eq_body<V>(EQ_ARGS, i0)` handles elements i0 .. i0+V-1 and works
-// for any V, so the tail reuses it with V = 1.
+// for any V, so the tail reuses it with V = 1. A kernel storing a 1-bit mask (EQ_PACKED_WRITES)
+// runs a warp-uniform loop instead and its body takes whether the element group is in range.
 #ifndef EQ_COMMON_CUH
 #include "common.cuh"
 #endif
@@ -46,6 +47,17 @@ extern "C" __global__ void __launch_bounds__(EQ_THREADS) EQ_KERNEL(EQ_PARAMS) {
     const eq_idx stride = (eq_idx)gridDim.x * EQ_THREADS;
     const eq_idx first = (eq_idx)blockIdx.x * EQ_THREADS + threadIdx.x;
     const eq_idx nvec = (eq_idx)EQ_NUMEL / EQ_VEC;
+#ifdef EQ_PACKED_WRITES
+    // A kernel that stores a 1-bit mask: every lane of a warp runs every step, since the warp
+    // assembles mask words from its lanes' bits (eq_put_bits); a lane past the end computes on
+    // element 0 and stores nothing. The code generator makes EQ_VEC divide EQ_NUMEL here, so
+    // there is no tail.
+    const eq_idx lane = threadIdx.x & 31;
+    for (eq_idx w = first - lane; w < nvec; w += stride) {
+        const bool ok = w + lane < nvec;
+        eq_body<EQ_VEC>(EQ_ARGS, ok ? (w + lane) * EQ_VEC : 0, ok);
+    }
+#else
     for (eq_idx v = first; v < nvec; v += stride) {
         eq_body<EQ_VEC>(EQ_ARGS, v * EQ_VEC);
     }
@@ -54,4 +66,5 @@ extern "C" __global__ void __launch_bounds__(EQ_THREADS) EQ_KERNEL(EQ_PARAMS) {
             eq_body<1>(EQ_ARGS, i);
         }
     }
+#endif
 }

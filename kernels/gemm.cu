@@ -243,6 +243,21 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
         }
         if (lane == 0) eq_row_store(EQ_ARGS, row, rv);
     }
+#elif defined(EQ_PACKED_WRITES)
+    // The epilogue stores a 1-bit mask: every lane of a warp runs every step (the warp assembles
+    // mask words from its lanes' bits, eq_put_bits). The code generator makes EQ_BN and EQ_N
+    // multiples of 32 and EQ_BM * groups a multiple of 32, so the lanes of one word share a row
+    // and start at a multiple of 32, and a warp's lanes agree on the trip count. A lane outside
+    // the product computes on the block's first element and stores nothing.
+    constexpr int groups = EQ_BN / EQ_VEC;
+    static_assert(EQ_BN % 32 == 0 && EQ_N % 32 == 0 && (EQ_BM * groups) % 32 == 0, "mask words align to tile rows");
+    for (int e = tid; e < EQ_BM * groups; e += EQ_GEMM_THREADS) {
+        const int m = m0 + e / groups;
+        const int n = n0 + (e % groups) * EQ_VEC;
+        const bool ok = m < EQ_M && n < EQ_N;
+        const eq_idx i0 = ok ? (z * (eq_idx)EQ_M + (eq_idx)m) * EQ_N + (eq_idx)n : row0 * EQ_N + (eq_idx)n0;
+        eq_body<EQ_VEC>(EQ_ARGS, i0, ok);
+    }
 #else
     constexpr int groups = EQ_BN / EQ_VEC;
     for (int e = tid; e < EQ_BM * groups; e += EQ_GEMM_THREADS) {

@@ -99,8 +99,8 @@ pub use bench::{bench_programs, spearman, BenchReport, BenchRow};
 pub use calibrate::{calibrate, calibrate_on, short_name as profile_name_of, Calibration};
 pub use codegen::gemm::cublaslt_call as gemm_cublaslt_call;
 pub use codegen::{
-    codegen_kernel, codegen_plan, manifest_json, write_codegen_dir, ArgRole, KernelArg, KernelSource, Launch,
-    TEMPLATE_FILES,
+    codegen_kernel, codegen_plan, loads_masks, manifest_json, stores_masks, write_codegen_dir, ArgRole, KernelArg,
+    KernelSource, Launch, TEMPLATE_FILES,
 };
 pub use conditions::{condition, NamedCondition, CONDITIONS};
 pub use cost::{analyse, KernelCost};
@@ -121,7 +121,7 @@ pub use ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};
 pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
 pub use json::{program_from_json, program_to_json};
 pub use lang::{Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
-pub use memory::{liveness, packed_bytes, parse_bytes, KernelIo, MemoryReport, SavedTensor};
+pub use memory::{liveness, pack_mask, packed_bytes, parse_bytes, unpack_mask, KernelIo, MemoryReport, SavedTensor};
 pub use memplan::{MemoryPlan, Step as MemoryStep};
 pub use npy::{read_npy, write_npy};
 pub use nvrtc::{

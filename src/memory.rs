@@ -26,6 +26,33 @@ pub fn packed_bytes(numel: usize) -> u64 {
     numel.div_ceil(32) as u64 * 4
 }
 
+/// The words of a packed mask: element `i` (row-major) is bit `i % 32` of word `i / 32`, the bits
+/// past the last element zero; the layout generated kernels store and load (`eq_bits` in
+/// `kernels/common.cuh`). `None` unless the tensor is bool.
+pub fn pack_mask(t: &crate::tensor::Tensor) -> Option<Vec<u32>> {
+    if t.dtype != DType::Bool {
+        return None;
+    }
+    let mut words = vec![0u32; t.numel().div_ceil(32)];
+    for (i, &v) in t.data.iter().enumerate() {
+        if v != 0.0 {
+            words[i / 32] |= 1 << (i % 32);
+        }
+    }
+    Some(words)
+}
+
+/// The bool tensor of type `ty` that packed words hold (see [`pack_mask`]); `None` when the words
+/// are too few for it.
+pub fn unpack_mask(words: &[u32], ty: &TensorType) -> Option<crate::tensor::Tensor> {
+    let n = ty.numel();
+    if words.len() < n.div_ceil(32) || ty.dtype != DType::Bool {
+        return None;
+    }
+    let data = (0..n).map(|i| ((words[i / 32] >> (i % 32)) & 1) as f64).collect();
+    crate::tensor::Tensor::new(DType::Bool, ty.shape.clone(), data).ok()
+}
+
 /// Whether a tensor of this type is stored packed when it is saved between kernels.
 pub fn packable(ty: &TensorType) -> bool {
     ty.dtype == DType::Bool && ty.numel() > 1
@@ -308,6 +335,24 @@ mod tests {
         assert_eq!(r.saved[0].bytes, 128);
         assert!(r.saved[0].packed);
         assert_eq!(r.peak_bytes, 4000 + 128 + 4000);
+    }
+
+    #[test]
+    fn packed_words_hold_bit_i_mod_32_of_word_i_div_32() {
+        use crate::tensor::Tensor;
+        let ty = TensorType::new(DType::Bool, vec![3, 23]);
+        let t = Tensor::from_fn(&ty, |i| ((i * 7 + i / 5) % 3 == 0) as u8 as f64);
+        let words = pack_mask(&t).unwrap();
+        assert_eq!(words.len(), 3);
+        for i in 0..69 {
+            assert_eq!((words[i / 32] >> (i % 32)) & 1 == 1, t.data[i] != 0.0, "element {i}");
+        }
+        // The bits past the 69th element are zero, and the words give the tensor back.
+        assert_eq!(words[2] >> 5, 0);
+        assert_eq!(unpack_mask(&words, &ty).unwrap(), t);
+        assert!(unpack_mask(&words[..2], &ty).is_none());
+        assert!(pack_mask(&Tensor::zeros(&f32(&[4]))).is_none());
+        assert_eq!(words.len() as u64 * 4, packed_bytes(69));
     }
 
     #[test]

@@ -306,17 +306,35 @@ fn collect_rules(t: &egg::FlatTerm<TensorLang>, out: &mut std::collections::BTre
     }
 }
 
-/// Packed masks written or read by a kernel that codegen generates without packed-mask support.
+/// Packed masks that codegen cannot run: written by a generated kernel that does not store
+/// masks (or whose iteration space is not the mask's), or read by one that does not load them
+/// (a cuBLASLt call included). Mirrors `codegen::packed_mask_refusal` on the fusion state.
 fn masks_codegen_cannot_run(dag: &Dag, f: &Fusion) -> Vec<usize> {
-    use crate::codegen::{generates, packs_masks};
+    use crate::codegen::{generates, loads_masks, stores_masks};
     let groups = f.ordered();
-    let stuck = |t: crate::plan::Template| generates(t) && !packs_masks(t);
     (0..dag.len())
         .filter(|&i| dag.is_packed(i) && f.mat[i])
         .filter(|&i| {
-            groups.iter().any(|g| (g.members.contains(&i) || g.cost.reads.contains(&i)) && stuck(g.cost.template))
+            let shape = dag.nodes[i].ty().map(|t| t.shape.clone());
+            groups.iter().any(|g| {
+                let t = g.cost.template;
+                let gemm_shape = t != crate::plan::Template::Gemm
+                    || (g.cost.implementation != Some(crate::plan::GemmImpl::Cublaslt)
+                        && crate::codegen::gemm::stores_masks_shaped(&g.cost.domain, reduces_rows(dag, &g.cost.body))
+                            .is_ok());
+                let bad_writer = g.members.contains(&i)
+                    && (!stores_masks(t) || shape.as_ref() != Some(&g.cost.domain) || !gemm_shape);
+                let bad_reader = g.cost.reads.contains(&i)
+                    && (!loads_masks(t) || g.cost.implementation == Some(crate::plan::GemmImpl::Cublaslt));
+                generates(t) && (bad_writer || bad_reader)
+            })
         })
         .collect()
+}
+
+/// Whether a kernel body holds a reduction (a gemm kernel's epilogue then reduces rows).
+fn reduces_rows(dag: &Dag, body: &[usize]) -> bool {
+    body.iter().any(|&i| matches!(dag.nodes[i].kind(), Some(Kind::Reduce(_))))
 }
 
 fn round3(x: f64) -> f64 {

@@ -62,6 +62,14 @@ pub fn eval_plan_with(
             .collect::<Result<_>>()?;
         let outs = crate::reference::eval_with(&p, &args, precision)?;
         for (w, t) in k.writes.iter().zip(outs) {
+            // A packed mask goes through its words (memory.rs), as on the GPU.
+            let t = if plan.is_packed(&w.name) {
+                crate::memory::pack_mask(&t).and_then(|words| crate::memory::unpack_mask(&words, &w.ty)).ok_or_else(
+                    || Error::Invalid(format!("kernel {} stores `{}` packed, but it is not a bool mask", k.id, w.name)),
+                )?
+            } else {
+                t
+            };
             env.insert(w.name.clone(), t);
         }
     }

@@ -100,18 +100,33 @@ pub fn plan_json(plan: &FusionPlan) -> Value {
 }
 
 fn memory_json(m: &crate::memory::MemoryReport) -> Value {
-    json!({
+    let mut v = json!({
         "peak_bytes": m.peak_bytes,
         "peak_kernel": m.peak_kernel,
         "inputs_bytes": m.inputs_bytes,
         "outputs_bytes": m.outputs_bytes,
         "saved_bytes": m.saved.iter().map(|s| s.bytes).sum::<u64>(),
-        "saved": m.saved.iter().map(|s| json!({
-            "tensor": s.name, "dtype": s.ty.dtype, "shape": s.ty.shape, "bytes": s.bytes, "packed": s.packed,
-            "written_by": s.written_by, "last_read_by": s.last_read_by,
-        })).collect::<Vec<_>>(),
+        "saved": m.saved.iter().map(|s| {
+            let mut e = json!({
+                "tensor": s.name, "dtype": s.ty.dtype, "shape": s.ty.shape, "bytes": s.bytes, "packed": s.packed,
+                "written_by": s.written_by, "last_read_by": s.last_read_by,
+            });
+            // A packed mask also says what it would take one byte per element.
+            if s.packed {
+                e["unpacked_bytes"] = json!(s.ty.bytes());
+            }
+            e
+        }).collect::<Vec<_>>(),
         "budget_bytes": m.budget_bytes,
-    })
+    });
+    // With packed masks: the bytes they save over one byte per element (memory and traffic of
+    // the mask itself; what the plan saves by keeping a mask instead of the value it came from
+    // is in the totals).
+    let masks_saved: u64 = m.saved.iter().filter(|s| s.packed).map(|s| s.ty.bytes().saturating_sub(s.bytes)).sum();
+    if m.saved.iter().any(|s| s.packed) {
+        v["masks_saved_bytes"] = json!(masks_saved);
+    }
+    v
 }
 
 /// One line on device memory: the peak, what is saved between kernels, packed masks, the budget.

@@ -142,12 +142,11 @@ fn the_cli_takes_a_budget_and_exits_1_when_none_fits() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--memory-budget"));
 }
 
-/// The planner can store a saved mask 1 bit per element (`memory.rs`), but no generated kernel
-/// packs or unpacks one yet (`codegen::packs_masks`), and every kernel of the ReLU MLP's plan is
-/// generated (matrix products included), so its masks stay one byte per element: the plan
+/// In the ReLU MLP without dropout the backward needs the activation itself (the second weight's
+/// gradient reads it), so no mask is packed (`tests/masks.rs` has the MLP where one is): the plan
 /// codegens, and computes the program.
 #[test]
-fn the_relu_mlp_keeps_its_mask_unpacked_while_kernels_cannot_pack_it() {
+fn the_relu_mlp_without_dropout_saves_no_mask() {
     let p = load_program("examples/mlp_relu_grad.eqf", &[]).unwrap();
     let plan = optimize(&p, &opts()).unwrap().plan;
     assert!(plan.memory.saved.iter().all(|s| !s.packed), "{:?}", plan.memory.saved);
@@ -173,7 +172,7 @@ fn masks_stay_unpacked_where_codegen_runs_the_kernels_and_codegen_refuses_packed
     let p = eqfuse::parse_program("mask.eqf", MASK_BETWEEN_GENERATED_KERNELS, &[]).unwrap();
     let plan = optimize(&p, &opts()).unwrap().plan;
     // The row kernel saves the mask for the column kernel: one byte per element, since generated
-    // row and column kernels do not store or load 1-bit masks yet.
+    // row kernels do not store 1-bit masks (column kernels load them).
     let m = plan.memory.saved.iter().find(|s| s.ty.dtype == DType::Bool).expect("a saved mask");
     assert!(!m.packed);
     assert_eq!(m.bytes, 4096 * 1024);

@@ -233,15 +233,28 @@ pub struct Emitter<'a> {
     /// Strict numerics (the plan's `search.strict`): no contraction, every value rounded to its
     /// dtype, and row reductions in an order that depends on the row length alone.
     strict: bool,
+    /// The kernel's reads and writes stored 1 bit per element (packed masks, `memory.rs`).
+    packed: &'a BTreeSet<String>,
 }
 
 fn err(k: &Kernel, m: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("kernel {} ({}): {m}", k.id, k.template.name()))
 }
 
-/// Renders a lowered kernel.
-pub fn render(k: &Kernel, l: &Lowered, strict: bool) -> Result<Rendered> {
-    let vec = choose_vec(l, k, strict);
+/// Renders a lowered kernel; `packed` names the tensors stored 1 bit per element (a read is
+/// tested bit by bit, a write is assembled a warp at a time, elementwise kernels only).
+pub fn render(k: &Kernel, l: &Lowered, strict: bool, packed: &BTreeSet<String>) -> Result<Rendered> {
+    let packed_writes = l.stores.iter().any(|s| packed.contains(&k.writes[s.write].name));
+    if packed_writes && l.template != Template::Elementwise {
+        return Err(err(k, "only elementwise kernels store 1-bit masks"));
+    }
+    if let Some(st) = l.stores.iter().find(|s| packed.contains(&k.writes[s.write].name) && s.shape != l.domain) {
+        return Err(err(
+            k,
+            format!("the 1-bit mask `{}` is not the size of the iteration space", k.writes[st.write].name),
+        ));
+    }
+    let vec = choose_vec(l, k, strict, packed_writes);
     let r = l.domain.len();
     let (groups, vsym) = match l.template {
         Template::Elementwise => (vec![Group { axes: 0..r, var: "i0" }], "V"),
@@ -259,7 +272,7 @@ pub fn render(k: &Kernel, l: &Lowered, strict: bool) -> Result<Rendered> {
             (groups, "EQ_VEC")
         }
     };
-    let e = Emitter { k, l, vec, vsym, groups, strict };
+    let e = Emitter { k, l, vec, vsym, groups, strict, packed };
     match l.template {
         Template::Elementwise => e.elementwise(),
         Template::RowReduce => e.rowreduce(),
@@ -270,8 +283,10 @@ pub fn render(k: &Kernel, l: &Lowered, strict: bool) -> Result<Rendered> {
 /// The lane count: 16 bytes of the widest element accessed along the last axis, halved until
 /// it divides the last extent. Strict row reductions take 4 lanes whatever the dtypes (halved
 /// the same way), since the lane count decides which elements each thread sums: a fused kernel
-/// must sum a row in the same order as the unfused plan's kernel of the same reduction.
-fn choose_vec(l: &Lowered, k: &Kernel, strict: bool) -> usize {
+/// must sum a row in the same order as the unfused plan's kernel of the same reduction. A kernel
+/// storing a 1-bit mask has no tail loop (its loop is warp-uniform): the lane count divides the
+/// iteration space whatever its rank.
+fn choose_vec(l: &Lowered, k: &Kernel, strict: bool, packed_writes: bool) -> usize {
     let r = l.domain.len();
     if r == 0 {
         return 1;
@@ -286,7 +301,7 @@ fn choose_vec(l: &Lowered, k: &Kernel, strict: bool) -> usize {
         .max()
         .unwrap_or(4);
     let mut v = if strict && l.template == Template::RowReduce { 4 } else { 16 / widest };
-    let rank1_elementwise = l.template == Template::Elementwise && r == 1;
+    let rank1_elementwise = l.template == Template::Elementwise && r == 1 && !packed_writes;
     while v > 1 && !rank1_elementwise && !last.is_multiple_of(v) {
         v /= 2;
     }
@@ -327,16 +342,31 @@ impl Emitter<'_> {
         }
     }
 
+    /// Whether write `w` is a packed mask.
+    fn packed_write(&self, w: usize) -> bool {
+        self.packed.contains(&self.k.writes[w].name)
+    }
+
+    /// Whether the kernel stores a packed mask (its body then takes whether its elements exist).
+    fn packed_writes(&self) -> bool {
+        self.l.stores.iter().any(|s| self.packed_write(s.write))
+    }
+
+    /// Whether read `r` is a packed mask.
+    fn packed_read(&self, r: usize) -> bool {
+        self.packed.contains(&self.k.reads[r].name)
+    }
+
     /// `EQ_PARAMS` and `EQ_ARGS`: the kernel's reads, writes, then any workspace.
     fn params(&self, workspace: &[(&str, &str)]) -> (String, String) {
         let mut decl = Vec::new();
         let mut args = Vec::new();
         for r in &self.k.reads {
-            decl.push(format!("const {}* __restrict__ p_{}", storage_type(r.ty.dtype), r.name));
+            decl.push(param_decl(&r.name, r.ty.dtype, true, self.packed.contains(&r.name)));
             args.push(format!("p_{}", r.name));
         }
         for w in &self.k.writes {
-            decl.push(format!("{}* __restrict__ p_{}", storage_type(w.ty.dtype), w.name));
+            decl.push(param_decl(&w.name, w.ty.dtype, false, self.packed.contains(&w.name)));
             args.push(format!("p_{}", w.name));
         }
         for (ty, name) in workspace {
@@ -351,6 +381,9 @@ impl Emitter<'_> {
         let mut d = String::new();
         let _ = writeln!(d, "#define EQ_GENERATED 1");
         let _ = writeln!(d, "#define EQ_KERNEL {name}");
+        if self.packed_writes() {
+            let _ = writeln!(d, "#define EQ_PACKED_WRITES 1");
+        }
         if self.wide() {
             let _ = writeln!(d, "#define EQ_WIDE_INDEX 1");
         }
@@ -643,6 +676,15 @@ impl Emitter<'_> {
         let r = self.rank();
         let w = &self.k.writes[st.write];
         let p = self.param(None, Some(st.write));
+        if self.packed_write(st.write) {
+            // The mask is the iteration space's size (checked by `render`): lane v's bit is
+            // element i0 + v, and the warp writes whole words after the lane loop.
+            let b = st.write;
+            return (
+                format!("mb{b} |= ({val}) ? (1u << v) : 0u;"),
+                Some(format!("eq_put_bits<V>({p}, i0, mb{b}, ok);")),
+            );
+        }
         let strides: Vec<usize> =
             contiguous(&st.shape).into_iter().zip(&st.shape).map(|(s, &d)| if d == 1 { 0 } else { s }).collect();
         let off = self.offset(&strides, need);
@@ -730,14 +772,23 @@ impl Emitter<'_> {
         need: &mut BTreeSet<usize>,
     ) -> PerLane {
         let (mut decls, mut lines, mut after) = (vec![], vec![], vec![]);
+        // A kernel storing a packed mask runs its body for element groups past the end too
+        // (`ok` false): only the mask's warp-wide store sees them.
+        let guard = if self.packed_writes() { "if (ok) " } else { "" };
         for st in stores {
             let (line, vector) = self.store(st, &val(st), skip, need);
+            if self.packed_write(st.write) {
+                decls.push(format!("unsigned int mb{} = 0u;", st.write));
+                after.extend(vector);
+                lines.push(line);
+                continue;
+            }
             if let Some(a) = vector {
                 let ty = value_type(self.k.writes[st.write].ty.dtype);
                 decls.push(format!("{ty} o{}[{}];", st.write, self.vsym));
-                after.push(a);
+                after.push(format!("{guard}{a}"));
             }
-            lines.push(line);
+            lines.push(format!("{guard}{line}"));
         }
         (decls, lines, after)
     }
@@ -746,15 +797,14 @@ impl Emitter<'_> {
         let mut scope = self.scope(true);
         let roots: Vec<usize> = self.l.stores.iter().map(|s| s.node).collect();
         let stores: Vec<&Store> = self.l.stores.iter().collect();
-        let f = self.lane_function(
-            "template <int V>\n__device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {",
-            0,
-            &mut scope,
-            &roots,
-            |e, scope, need| {
-                e.store_lines(&stores, |st| e.operand(st.node, value_type(e.node(st.node).dtype), scope), None, need)
-            },
-        );
+        let header = if self.packed_writes() {
+            "template <int V>\n__device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0, bool ok) {"
+        } else {
+            "template <int V>\n__device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {"
+        };
+        let f = self.lane_function(header, 0, &mut scope, &roots, |e, scope, need| {
+            e.store_lines(&stores, |st| e.operand(st.node, value_type(e.node(st.node).dtype), scope), None, need)
+        });
         let numel: usize = self.l.domain.iter().product();
         let threads = 256usize;
         // Up to one vector per thread for 16M vectors (64M f32); the loop strides over more.
@@ -778,6 +828,18 @@ impl Emitter<'_> {
     /// The kernel's generated name: `{template}_{dtype}_k{id}`.
     pub fn name(&self) -> String {
         kernel_name(self.k, self.l.template)
+    }
+}
+
+/// The declaration of a kernel's tensor parameter `p_{name}`: a pointer to its storage type, or
+/// for a packed mask the wrapper of its words (`eq_bits`, `eq_bits_out` in `kernels/common.cuh`),
+/// which indexes like a bool pointer.
+pub fn param_decl(name: &str, dtype: DType, read: bool, packed: bool) -> String {
+    match (read, packed) {
+        (true, true) => format!("eq_bits p_{name}"),
+        (false, true) => format!("eq_bits_out p_{name}"),
+        (true, false) => format!("const {}* __restrict__ p_{name}", storage_type(dtype)),
+        (false, false) => format!("{}* __restrict__ p_{name}", storage_type(dtype)),
     }
 }
 

@@ -87,6 +87,26 @@ pub fn can_generate(k: &Kernel) -> Result<()> {
     lowered(k, tile(n, rows).ts).map(|_| ())
 }
 
+/// Whether the generated kernel's epilogue can store 1-bit masks: an elementwise epilogue over a
+/// product whose width is a multiple of 32, so that a warp's mask words lie in one tile row and
+/// start at multiples of 32 (the tile widths are then multiples of 32 too). The planner asks the
+/// same (`optimize.rs`), from the kernel's iteration space and whether it reduces rows.
+pub fn stores_mask_check(k: &Kernel, rows: bool) -> std::result::Result<(), &'static str> {
+    stores_masks_shaped(&k.domain, rows)
+}
+
+/// [`stores_mask_check`] from the iteration space and whether the epilogue reduces rows.
+pub fn stores_masks_shaped(domain: &[usize], rows: bool) -> std::result::Result<(), &'static str> {
+    let n = domain.last().copied().unwrap_or(0);
+    if rows {
+        return Err("a row epilogue does not store masks");
+    }
+    if n == 0 || !n.is_multiple_of(32) || !tile(n, false).bn.is_multiple_of(32) {
+        return Err("the product's width is not a multiple of 32");
+    }
+    Ok(())
+}
+
 /// The implementations that can run a gemm kernel: cuBLASLt where its form fits, and always
 /// the generated kernel (unless the body cannot be lowered at all).
 pub fn cublaslt_call(k: &Kernel) -> Option<LtCall> {
@@ -105,8 +125,9 @@ pub struct Rendered {
     pub call: Option<LtCall>,
 }
 
-/// Renders a gemm kernel in the plan's implementation.
-pub fn render(k: &Kernel, strict: bool) -> Result<Rendered> {
+/// Renders a gemm kernel in the plan's implementation; `packed` names the masks stored 1 bit per
+/// element (the generated epilogue reads them bit by bit; it stores none).
+pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<String>) -> Result<Rendered> {
     if k.implementation == Some(GemmImpl::Cublaslt) {
         let call = cublaslt_call(k).ok_or_else(|| {
             Error::Invalid(format!("kernel {} (gemm): marked cuBLASLt but its form is not one cuBLASLt runs", k.id))
@@ -124,7 +145,22 @@ pub fn render(k: &Kernel, strict: bool) -> Result<Rendered> {
     }
     let t = tile(n, rows);
     let (ext, l) = lowered(k, t.ts)?;
-    let r = emit::render(&ext, &l, strict)?;
+    let r = emit::render(&ext, &l, strict, packed)?;
+    if let Some(w) = k.writes.iter().find(|w| packed.contains(&w.name)) {
+        let vec: usize =
+            r.defines.lines().find_map(|l| l.strip_prefix("#define EQ_VEC ")?.trim().parse().ok()).unwrap_or(1);
+        if let Err(why) = stores_mask_check(k, rows).and_then(|()| {
+            (t.bm * t.bn / vec)
+                .is_multiple_of(32)
+                .then_some(())
+                .ok_or("a warp's lanes would not agree on the trip count")
+        }) {
+            return Err(Error::Invalid(format!(
+                "kernel {} (gemm): cannot store the 1-bit mask `{}`: {why}",
+                k.id, w.name
+            )));
+        }
+    }
     let p = l.product.as_ref().expect("checked by lowered");
     let dom = &k.domain;
     let rank = dom.len();
@@ -134,8 +170,8 @@ pub fn render(k: &Kernel, strict: bool) -> Result<Rendered> {
     let kparams: Vec<String> = k
         .reads
         .iter()
-        .map(|t| format!("const {}* __restrict__ p_{}", emit::storage_type(t.ty.dtype), t.name))
-        .chain(k.writes.iter().map(|t| format!("{}* __restrict__ p_{}", emit::storage_type(t.ty.dtype), t.name)))
+        .map(|t| emit::param_decl(&t.name, t.ty.dtype, true, packed.contains(&t.name)))
+        .chain(k.writes.iter().map(|t| emit::param_decl(&t.name, t.ty.dtype, false, packed.contains(&t.name))))
         .collect();
     let _ = writeln!(d, "#define EQ_KPARAMS \\\n    {}", kparams.join(", \\\n    "));
     let (sa, sb) = (&p.a.strides, &p.b.strides);

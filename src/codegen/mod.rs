@@ -124,27 +124,60 @@ pub fn generates(t: Template) -> bool {
     )
 }
 
-/// Whether generated kernels of this template store and load 1-bit masks (a saved bool tensor
-/// packed 32 elements to a word, `memory.rs`). None do yet: the planner keeps masks unpacked in
-/// plans whose kernels codegen runs (`optimize.rs`), and codegen refuses a packed mask.
-pub fn packs_masks(t: Template) -> bool {
-    let _ = t;
-    false
+/// Whether generated kernels of this template load 1-bit masks (a saved bool tensor packed 32
+/// elements to a word, `memory.rs`): every template whose reads go through the shared emitter
+/// (`emit.rs`: a bit test per element). Attention reads no masks; a gemm kernel loads one only
+/// in its generated implementation (its epilogue), never as a cuBLASLt call.
+pub fn loads_masks(t: Template) -> bool {
+    matches!(t, Template::Elementwise | Template::RowReduce | Template::ColReduce | Template::Gemm)
+}
+
+/// Whether generated kernels of this template store 1-bit masks: the elementwise template, and
+/// the generated gemm's elementwise epilogue where the product's width is a multiple of 32
+/// ([`gemm::stores_masks_shaped`]), for a mask the size of the iteration space (a warp assembles
+/// its words from its lanes' bits, `eq_put_bits` in `kernels/common.cuh`). A mask written by any
+/// other kernel stays one byte per element (`optimize.rs`).
+pub fn stores_masks(t: Template) -> bool {
+    matches!(t, Template::Elementwise | Template::Gemm)
+}
+
+/// Why codegen cannot run kernel `k` with its packed reads and writes, if it cannot: a packed
+/// mask read by a template that does not load masks (or by a cuBLASLt call), or written by one
+/// that does not store them, or not the size of the kernel's iteration space.
+pub fn packed_mask_refusal(plan: &FusionPlan, k: &Kernel) -> Option<String> {
+    if !generates(k.template) {
+        return None;
+    }
+    let what = |t: &str, how: &str| {
+        format!(
+            "kernel {} ({}): `{t}` is a 1-bit mask (a bool tensor stored 32 elements to a word), which generated {} \
+             kernels do not {how}",
+            k.id,
+            k.template.name(),
+            k.template.name()
+        )
+    };
+    let cublaslt = k.implementation == Some(crate::plan::GemmImpl::Cublaslt);
+    if let Some(t) = k.reads.iter().find(|t| plan.is_packed(&t.name)) {
+        if !loads_masks(k.template) || cublaslt {
+            return Some(what(&t.name, "load"));
+        }
+    }
+    if let Some(t) = k.writes.iter().find(|t| plan.is_packed(&t.name)) {
+        if !stores_masks(k.template) || cublaslt {
+            return Some(what(&t.name, "store"));
+        }
+        if t.ty.shape != k.domain {
+            return Some(what(&t.name, "store in another shape than their iteration space"));
+        }
+    }
+    None
 }
 
 /// Renders one kernel.
 pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
-    if generates(k.template) && !packs_masks(k.template) {
-        if let Some(t) = k.reads.iter().chain(&k.writes).find(|t| plan.is_packed(&t.name)) {
-            return Err(crate::error::Error::Invalid(format!(
-                "kernel {} ({}): `{}` is a 1-bit mask (a bool tensor stored 32 elements to a word), which \
-                 generated {} kernels do not store or load yet",
-                k.id,
-                k.template.name(),
-                t.name,
-                k.template.name()
-            )));
-        }
+    if let Some(why) = packed_mask_refusal(plan, k) {
+        return Err(Error::Invalid(why));
     }
     if k.template == Template::Attention {
         return attention::codegen(plan, k, ATTENTION, COMMON);
@@ -153,7 +186,7 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
         return codegen_gemm(plan, k);
     }
     let lowered = lower::lower(k)?;
-    let r = emit::render(k, &lowered, plan.search.strict)?;
+    let r = emit::render(k, &lowered, plan.search.strict, &packed_names(plan))?;
     let name = emit::kernel_name(k, lowered.template);
     let template = match lowered.template {
         Template::Elementwise => ELEMENTWISE,
@@ -168,7 +201,7 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
     source.push_str(&r.body);
     source.push_str(&format!("\n// ---- kernels/{}.cu ----\n", lowered.template.name()));
     source.push_str(template);
-    let mut args = tensor_args(k);
+    let mut args = tensor_args(k, &packed_names(plan));
     for (n, bytes, zeroed) in &r.shape.workspace {
         args.push(KernelArg {
             name: n.clone(),
@@ -200,7 +233,7 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
 /// A gemm kernel: generated CUDA (`kernels/gemm.cu` after the rendered epilogue), or one
 /// cuBLASLt call.
 fn codegen_gemm(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
-    let r = gemm::render(k, plan.search.strict)?;
+    let r = gemm::render(k, plan.search.strict, &packed_names(plan))?;
     let name = emit::kernel_name(k, Template::Gemm);
     let shape = emit::Shape { grid: r.grid, block: r.block, workspace: vec![], smem_bytes: 0, wave: false };
     let (file, source) = if r.call.is_some() {
@@ -223,13 +256,18 @@ fn codegen_gemm(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
         template: Template::Gemm,
         source,
         launch: Launch { grid: r.grid, block: r.block, smem_bytes: 0, persistent: false, wave: false },
-        args: tensor_args(k),
+        args: tensor_args(k, &packed_names(plan)),
         cublaslt: r.call,
     })
 }
 
-/// A kernel's tensor arguments: its reads, then its writes.
-fn tensor_args(k: &Kernel) -> Vec<KernelArg> {
+/// The tensors the plan stores 1 bit per element.
+fn packed_names(plan: &FusionPlan) -> std::collections::BTreeSet<String> {
+    plan.memory.saved.iter().filter(|s| s.packed).map(|s| s.name.clone()).collect()
+}
+
+/// A kernel's tensor arguments: its reads, then its writes (a packed mask takes its words' bytes).
+fn tensor_args(k: &Kernel, packed: &std::collections::BTreeSet<String>) -> Vec<KernelArg> {
     let mut args = Vec::new();
     for (t, role) in k.reads.iter().map(|t| (t, ArgRole::Read)).chain(k.writes.iter().map(|t| (t, ArgRole::Write))) {
         args.push(KernelArg {
@@ -237,7 +275,7 @@ fn tensor_args(k: &Kernel) -> Vec<KernelArg> {
             role,
             dtype: Some(t.ty.dtype),
             shape: t.ty.shape.clone(),
-            bytes: t.ty.bytes(),
+            bytes: if packed.contains(&t.name) { crate::memory::packed_bytes(t.ty.numel()) } else { t.ty.bytes() },
             zeroed: false,
         });
     }

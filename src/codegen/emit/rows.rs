@@ -189,7 +189,10 @@ impl Emitter<'_> {
         let Op::Load(a) = self.node(i).op else { return false };
         let acc: &Access = &self.l.accesses[a];
         let bytes = acc.dtype.size() * self.vec;
-        matches!(self.lanes_of(&acc.strides), Lanes::Vector) && matches!(bytes, 4 | 8 | 16)
+        // A packed mask's bits are tested in place, never copied.
+        !self.packed_read(acc.read)
+            && matches!(self.lanes_of(&acc.strides), Lanes::Vector)
+            && matches!(bytes, 4 | 8 | 16)
     }
 
     /// `eq_stage` (start copying a chunk's cached loads into its staging slots) and
