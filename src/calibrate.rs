@@ -68,6 +68,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     profile.device = gpu.name.clone();
     profile.copy_bandwidth_gbs = round(copy_gbs, 1);
     profile.launch_overhead_us = round(launch_us, 2);
+    profile.l2_bytes = Some(gpu.l2_bytes as u64);
     let mut templates = Vec::new();
     for (template, program) in synthetic()? {
         let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;

@@ -47,6 +47,10 @@ pub struct DeviceProfile {
     pub registers_per_thread: u32,
     /// Most tensors one kernel may take (reads plus writes).
     pub max_kernel_args: usize,
+    /// L2 cache size in bytes, read off the device by `eqfuse calibrate` (absent in profiles
+    /// calibrated before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_bytes: Option<u64>,
     pub templates: BTreeMap<String, TemplateRates>,
     /// Plans for strict numerics (not part of the file): matrix products take the generated
     /// kernel, whose accumulation order does not depend on the epilogue, never cuBLASLt.
