@@ -125,8 +125,10 @@ impl BenchReport {
             let per_kernel: Vec<Value> = r
                 .kernels
                 .iter()
-                .map(|k| json!({"name": k.name, "bytes": k.bytes, "predicted_us": k.predicted_us,
-                                "measured_us": k.measured_us}))
+                .map(|k| {
+                    json!({"name": k.name, "bytes": k.bytes, "predicted_us": k.predicted_us,
+                                "measured_us": k.measured_us})
+                })
                 .collect();
             json!({"kernels": r.kernels.len(), "bytes": bytes, "predicted_us": r.total_predicted_us,
                    "measured_us": r.total_measured_us, "ok": r.ok(), "per_kernel": per_kernel})

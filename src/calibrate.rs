@@ -69,6 +69,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     profile.copy_bandwidth_gbs = round(copy_gbs, 1);
     profile.launch_overhead_us = round(launch_us, 2);
     profile.l2_bytes = Some(gpu.l2_bytes as u64);
+    profile.sm_count = Some(gpu.sms);
     let mut templates = Vec::new();
     for (template, program) in synthetic()? {
         let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
@@ -128,6 +129,9 @@ fn gemm_rates(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<GemmRate>> {
                 flops_f32_tflops: tflops,
                 flops_bf16_tflops: None,
                 implementations: Default::default(),
+                stage_latency_us: None,
+                call_overhead_us: None,
+                tiles: Default::default(),
             });
             let base = TemplateRates { implementations: Default::default(), ..g.clone() };
             let rates = g.implementations.entry(imp.name().into()).or_insert(base);
