@@ -77,7 +77,7 @@ impl KernelCost {
         let work = Work { bytes: self.bytes_read(dag) + bytes_written, hit, flops: self.flops, stages: self.stages };
         match self.implementation {
             Some(imp) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
-            None => profile.kernel_work_us(self.template, &work, dtype),
+            None => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
     }
 }
@@ -142,6 +142,9 @@ pub fn analyse(
         row_passes(dag, &mut k, profile);
         k.stages = reduction_depth(dag, &k) as u32;
     }
+    if template == Template::Attention {
+        k.tiles = attention_tiles(dag, &k);
+    }
     if template == Template::Gemm {
         let kernel = candidate_kernel(dag, members, &k);
         k.tiles = gemm_tiles(dag, &k, &kernel);
@@ -202,6 +205,31 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel) -> Option<GemmTiles> {
         bm: t.bm,
         bn: t.bn,
         rows,
+    })
+}
+
+/// Attention on f32 operands runs on CUDA cores, one query row per thread: a block of
+/// `F32_BLOCK_M` rows walks every key (each step one key and one head element), so it is timed
+/// like a gemm tile of `F32_BLOCK_M` rows whose reduction axis is keys x head size.
+fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
+    let a =
+        k.body.iter().copied().find(|&b| matches!(dag.nodes[b].kind(), Some(Kind::Composite(Composite::Attention))))?;
+    let mut ch = dag.nodes[a].children();
+    let q = dag.nodes[ch.next()?].ty()?;
+    let key = dag.nodes[ch.next()?].ty()?;
+    if q.dtype != DType::F32 || q.shape.len() < 2 || key.shape.len() < 2 {
+        return None;
+    }
+    let (r, kr) = (q.shape.len(), key.shape.len());
+    let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], key.shape[kr - 2]);
+    Some(GemmTiles {
+        batch: q.shape[..r - 2].iter().product(),
+        m: sq,
+        n: crate::codegen::attention::F32_BLOCK_N,
+        k: sk * d,
+        bm: crate::codegen::attention::F32_BLOCK_M,
+        bn: crate::codegen::attention::F32_BLOCK_N,
+        rows: false,
     })
 }
 

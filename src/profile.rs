@@ -216,10 +216,13 @@ impl DeviceProfile {
 
     /// [`kernel_us`](Self::kernel_us) with L2 hits and dependent reduction stages: launch +
     /// stages x the template's stage latency + max(memory, compute).
-    pub fn kernel_work_us(&self, t: Template, work: &Work, dtype: DType) -> f64 {
+    /// A kernel with `tiles` (attention's CUDA-core f32 path) is timed by the template's tile
+    /// rates where the profile has them.
+    pub fn kernel_work_us(&self, t: Template, work: &Work, dtype: DType, tiles: Option<&GemmTiles>) -> f64 {
         let r = self.rates(t);
         let stages = r.stage_latency_us.unwrap_or(0.0) * f64::from(work.stages);
-        let compute = 1e6 * self.compute_seconds(t, work.flops, dtype);
+        let compute =
+            tiles.and_then(|g| self.tile_us(r, g)).unwrap_or_else(|| 1e6 * self.compute_seconds(t, work.flops, dtype));
         self.launch_overhead_us + stages + self.memory_us(r, work).max(compute)
     }
 }
