@@ -93,7 +93,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     }
     let gemm = gemm_rates(gpu, &mut profile)?;
     profile.source = format!(
-        "calibrated by `eqfuse calibrate` on {} ({}, {}): copy bandwidth, launch overhead, the elementwise, rowreduce and colreduce efficiencies and the gemm implementations' f32 and bf16 rates measured; the other arithmetic rates and the attention row kept from the previous profile",
+        "calibrated by `eqfuse calibrate` on {} ({}, {}): copy bandwidth, launch overhead, the elementwise, rowreduce and colreduce efficiencies and the gemm implementations' f32 and bf16 rates measured; the other arithmetic rates, the attention row and the plan-order terms (L2 reuse capacity and bandwidth, row stage latency, cuBLASLt call overhead, generated-gemm tile step times) kept from the previous profile",
         today(),
         gpu.name,
         gpu.arch

@@ -140,7 +140,7 @@ pub fn analyse(
     };
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
-        k.stages = reduction_depth(dag, &k) as u32;
+        k.stages = latency_stages(dag, &k);
     }
     if template == Template::Attention {
         k.tiles = attention_tiles(dag, &k);
@@ -149,7 +149,7 @@ pub fn analyse(
         let kernel = candidate_kernel(dag, members, &k);
         k.tiles = gemm_tiles(dag, &k, &kernel);
         if k.tiles.is_some_and(|t| t.rows) {
-            k.stages = reduction_depth(dag, &k) as u32;
+            k.stages = latency_stages(dag, &k);
         }
         // A fusion the generated kernel cannot run is refused; a product alone stays legal
         // (the fusion search starts from it), and codegen names what it cannot index.
@@ -636,6 +636,30 @@ fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
         "row of {width} f32 ({row_bytes} bytes with {full_reads} input rows) exceeds shared memory ({} bytes): each input row is read {} times",
         profile.smem_per_block_bytes, k.passes
     ));
+}
+
+/// The reduction stages a row kernel's latency counts: its longest chain of reductions, and at
+/// least two where it has two or more reductions side by side (a max and a sum of exponentials
+/// combine across the block as the online pair, in one pass like the `softmax` composite's two
+/// stages; measured alike on the H100, `benches/results/2026-11-22-h100-152e396-predict`).
+/// An `rmsnorm` is one reduction (its mean of squares), as written out.
+fn latency_stages(dag: &Dag, k: &KernelCost) -> u32 {
+    let mut depth = vec![0usize; k.body.len()];
+    let pos = |c: usize| k.body.binary_search(&c).ok();
+    let mut reductions = 0;
+    for (bi, &b) in k.body.iter().enumerate() {
+        let n = &dag.nodes[b];
+        let below = n.children().filter_map(pos).map(|c| depth[c]).max().unwrap_or(0);
+        let own = match n.kind() {
+            Some(Kind::Reduce(_) | Kind::Composite(Composite::RmsNorm)) => 1,
+            Some(Kind::Composite(Composite::Attention)) => 0,
+            Some(Kind::Composite(_)) => 2,
+            _ => 0,
+        };
+        reductions += own;
+        depth[bi] = below + own;
+    }
+    depth.iter().copied().max().unwrap_or(0).max(reductions.min(2)) as u32
 }
 
 /// The longest chain of reductions in the body (composites count their internal stages).

@@ -265,6 +265,55 @@ fn rate_tflops(r: &TemplateRates, dtype: DType) -> f64 {
 mod tests {
     use super::*;
 
+    fn tiles(m: usize, n: usize, k: usize, bm: usize, bn: usize, rows: bool) -> GemmTiles {
+        GemmTiles { batch: 1, m, n, k, bm, bn, rows }
+    }
+
+    /// A profile with one measured tile (8x64: 30 ns per step alone, 20 shared) and 100 SMs.
+    fn tiled() -> (DeviceProfile, TemplateRates) {
+        let mut p = DeviceProfile::load("h100").unwrap();
+        p.sm_count = Some(100);
+        let mut r = p.gemm_rates(GemmImpl::Generated).clone();
+        r.tiles =
+            [("8x64".to_string(), TileRate { lone_ns_per_k: 30.0, sm_ns_per_k: 20.0, row_epilogue_us: 2.0 })].into();
+        (p, r)
+    }
+
+    #[test]
+    fn generated_gemm_steps_are_latency_bound_alone_and_throughput_bound_shared() {
+        let (p, r) = tiled();
+        // 800 rows in 8-row tiles: 100 blocks, one per SM: 1000 steps of 30 ns.
+        assert!((p.tile_us(&r, &tiles(800, 64, 1000, 8, 64, false)).unwrap() - 30.0).abs() < 1e-9);
+        // 8000 rows: 10 blocks per SM share it, 10 x 20 ns a step.
+        assert!((p.tile_us(&r, &tiles(8000, 64, 1000, 8, 64, false)).unwrap() - 200.0).abs() < 1e-9);
+        // A row epilogue adds its time once per wave.
+        assert!((p.tile_us(&r, &tiles(8000, 64, 1000, 8, 64, true)).unwrap() - 220.0).abs() < 1e-9);
+        // An unmeasured tile takes the nearest measured one, scaled by the elements staged per
+        // step: 8x128 stages 136 against 72.
+        let us = p.tile_us(&r, &tiles(800, 128, 1000, 8, 128, false)).unwrap();
+        assert!((us - 30.0 * 136.0 / 72.0).abs() < 1e-9);
+        // Without an SM count there is no tile model.
+        let q = DeviceProfile { sm_count: None, ..p.clone() };
+        assert!(q.tile_us(&r, &tiles(800, 64, 1000, 8, 64, false)).is_none());
+    }
+
+    #[test]
+    fn l2_hits_and_reduction_stages_change_a_kernels_time() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let work = Work { bytes: 32 << 20, hit: 0, flops: 0, stages: 0 };
+        let miss = p.kernel_work_us(Template::RowReduce, &work, DType::F32, None);
+        let hit = p.kernel_work_us(Template::RowReduce, &Work { hit: 16 << 20, ..work }, DType::F32, None);
+        assert!(hit < miss, "{hit} {miss}");
+        let staged = p.kernel_work_us(Template::RowReduce, &Work { stages: 2, ..work }, DType::F32, None);
+        let stage = p.rates(Template::RowReduce).stage_latency_us.unwrap();
+        assert!((staged - miss - 2.0 * stage).abs() < 1e-9);
+        // With no L2 figures a hit costs what a miss does.
+        let plain = DeviceProfile { l2_bandwidth_gbs: None, ..p.clone() };
+        let a = plain.kernel_work_us(Template::Elementwise, &work, DType::F32, None);
+        let b = plain.kernel_work_us(Template::Elementwise, &Work { hit: 16 << 20, ..work }, DType::F32, None);
+        assert!((a - b).abs() < 1e-9);
+    }
+
     #[test]
     fn builtin_profiles_load() {
         for name in ["h100", "h200"] {
