@@ -15,9 +15,11 @@ use crate::dag::Dag;
 use crate::fuse::Fusion;
 use crate::profile::DeviceProfile;
 
-/// Bytes each kernel reads from L2, for kernels given in plan order as (reads, writes), each a
-/// list of (tensor, bytes).
-pub fn l2_hits(kernels: &[(Vec<(usize, u64)>, Vec<(usize, u64)>)], capacity: u64) -> Vec<u64> {
+/// One kernel's device-memory accesses: (reads, writes), each a list of (tensor, bytes).
+pub type Access = (Vec<(usize, u64)>, Vec<(usize, u64)>);
+
+/// Bytes each kernel reads from L2, for kernels given in plan order.
+pub fn l2_hits(kernels: &[Access], capacity: u64) -> Vec<u64> {
     // Resident tensors, least recent first: (tensor, resident bytes).
     let mut cache: Vec<(usize, u64)> = Vec::new();
     let mut hits = Vec::with_capacity(kernels.len());
@@ -51,7 +53,7 @@ pub fn ordered_times(dag: &Dag, fusion: &Fusion, profile: &DeviceProfile) -> Vec
     let groups = fusion.ordered();
     let hits = match profile.l2_reuse_bytes {
         Some(capacity) => {
-            let access: Vec<_> = groups
+            let access: Vec<Access> = groups
                 .iter()
                 .map(|g| {
                     let reads = g.cost.reads.iter().map(|&r| (r, dag.bytes(r))).collect();
