@@ -144,10 +144,19 @@ impl BenchReport {
 
     pub fn to_json(&self) -> Value {
         let report = |r: &GpuRunReport, bytes: u64| {
+            let per_kernel: Vec<Value> = r
+                .kernels
+                .iter()
+                .map(|k| {
+                    json!({"name": k.name, "bytes": k.bytes, "predicted_us": k.predicted_us,
+                                "measured_us": k.measured_us})
+                })
+                .collect();
             json!({"kernels": r.kernels.len(), "bytes": bytes, "predicted_us": r.total_predicted_us,
                    "measured_us": r.total_measured_us, "ok": r.ok(),
                    "near_decisions": r.outputs.iter().map(|o| o.near_decisions).sum::<usize>(),
-                   "within_reference_error": r.outputs.iter().any(|o| o.reference_error > 0.0)})
+                   "within_reference_error": r.outputs.iter().any(|o| o.reference_error > 0.0),
+                   "per_kernel": per_kernel})
         };
         json!({
             "schema": "eqfuse.bench/1",

@@ -68,6 +68,8 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     profile.device = gpu.name.clone();
     profile.copy_bandwidth_gbs = round(copy_gbs, 1);
     profile.launch_overhead_us = round(launch_us, 2);
+    profile.l2_bytes = Some(gpu.l2_bytes as u64);
+    profile.sm_count = Some(gpu.sms);
     let mut templates = Vec::new();
     for (template, program) in synthetic()? {
         let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
@@ -91,7 +93,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     }
     let gemm = gemm_rates(gpu, &mut profile)?;
     profile.source = format!(
-        "calibrated by `eqfuse calibrate` on {} ({}, {}): copy bandwidth, launch overhead, the elementwise, rowreduce and colreduce efficiencies and the gemm implementations' f32 and bf16 rates measured; the other arithmetic rates and the attention row kept from the previous profile",
+        "calibrated by `eqfuse calibrate` on {} ({}, {}): copy bandwidth, launch overhead, the elementwise, rowreduce and colreduce efficiencies and the gemm implementations' f32 and bf16 rates measured; the other arithmetic rates, the attention row and the plan-order terms (L2 reuse capacity and bandwidth, row stage latency, cuBLASLt call overhead, generated-gemm tile step times) kept from the previous profile",
         today(),
         gpu.name,
         gpu.arch
@@ -127,6 +129,9 @@ fn gemm_rates(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<GemmRate>> {
                 flops_f32_tflops: tflops,
                 flops_bf16_tflops: None,
                 implementations: Default::default(),
+                stage_latency_us: None,
+                call_overhead_us: None,
+                tiles: Default::default(),
             });
             let base = TemplateRates { implementations: Default::default(), ..g.clone() };
             let rates = g.implementations.entry(imp.name().into()).or_insert(base);

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use egg::{Id, Language, RecExpr, Symbol};
 
 use crate::plan::{GemmImpl, Kernel, Template, TensorRef};
-use crate::profile::DeviceProfile;
+use crate::profile::{DeviceProfile, GemmTiles, Work};
 use crate::types::{DType, TensorType};
 
 /// Largest body the register budget allows, in operators.
@@ -41,6 +41,10 @@ pub struct KernelCost {
     /// For a gemm kernel, the implementation predicted faster (cuBLASLt only where its
     /// epilogues cover the body).
     pub implementation: Option<GemmImpl>,
+    /// Dependent reduction stages (row kernels, and a gemm's row epilogue).
+    pub stages: u32,
+    /// For a gemm kernel, the product and the tile the generated implementation runs it in.
+    pub tiles: Option<GemmTiles>,
 }
 
 impl KernelCost {
@@ -61,13 +65,19 @@ impl KernelCost {
             .sum()
     }
 
-    /// Predicted microseconds, given the bytes this kernel writes.
+    /// Predicted microseconds, given the bytes this kernel writes (every read from device
+    /// memory).
     pub fn predict_us(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64) -> f64 {
+        self.predict_us_hit(dag, profile, bytes_written, 0)
+    }
+
+    /// Predicted microseconds when `hit` of the bytes read come from L2 (see `residency.rs`).
+    pub fn predict_us_hit(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64, hit: u64) -> f64 {
         let dtype = self.body.last().and_then(|&b| dag.nodes[b].ty()).map_or(DType::F32, |t| t.dtype);
-        let bytes = self.bytes_read(dag) + bytes_written;
+        let work = Work { bytes: self.bytes_read(dag) + bytes_written, hit, flops: self.flops, stages: self.stages };
         match self.implementation {
-            Some(imp) => profile.gemm_us(imp, bytes, self.flops, dtype),
-            None => profile.kernel_us(self.template, bytes, self.flops, dtype),
+            Some(imp) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
+            None => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
     }
 }
@@ -116,9 +126,24 @@ pub fn analyse(
     if profile.strict && template == Template::Gemm && body.iter().any(reduces) {
         return Err("under strict numerics a product's epilogue reduces nothing".into());
     }
-    let mut k = KernelCost { template, domain, body, reads, flops, passes: 1, notes: vec![], implementation: None };
+    let mut k = KernelCost {
+        template,
+        domain,
+        body,
+        reads,
+        flops,
+        passes: 1,
+        notes: vec![],
+        implementation: None,
+        stages: 0,
+        tiles: None,
+    };
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
+        k.stages = latency_stages(dag, &k);
+    }
+    if template == Template::Attention {
+        k.tiles = attention_tiles(dag, &k);
     }
     // A product alone (one member, the rest views of its reads) stays legal: the fusion search
     // starts from it, and codegen names what it cannot index. Any fusion, a product with its
@@ -134,6 +159,12 @@ pub fn analyse(
     }
     if template == Template::Gemm {
         let kernel = candidate_kernel(dag, members, &k, Template::Gemm);
+        k.tiles = gemm_tiles(dag, &k, &kernel);
+        if k.tiles.is_some_and(|t| t.rows) {
+            k.stages = latency_stages(dag, &k);
+        }
+        // A fusion the generated kernel cannot run is refused; a product alone stays legal
+        // (the fusion search starts from it), and codegen names what it cannot index.
         if !alone {
             crate::codegen::gemm::can_generate(&kernel).map_err(|e| format!("the gemm template cannot run it: {e}"))?;
         }
@@ -156,14 +187,61 @@ fn gemm_implementation(
         return GemmImpl::Generated;
     }
     let dtype = k.body.last().and_then(|&b| dag.nodes[b].ty()).map_or(DType::F32, |t| t.dtype);
-    let bytes = k.bytes_read(dag) + dag.bytes(members[0]);
-    let lt = profile.gemm_us(GemmImpl::Cublaslt, bytes, k.flops, dtype);
-    let generated = profile.gemm_us(GemmImpl::Generated, bytes, k.flops, dtype);
+    let work = Work { bytes: k.bytes_read(dag) + dag.bytes(members[0]), hit: 0, flops: k.flops, stages: k.stages };
+    let lt = profile.gemm_us(GemmImpl::Cublaslt, &work, dtype, None);
+    let generated = profile.gemm_us(GemmImpl::Generated, &work, dtype, k.tiles.as_ref());
     if lt <= generated {
         GemmImpl::Cublaslt
     } else {
         GemmImpl::Generated
     }
+}
+
+/// The product a gemm kernel computes and the tile codegen would run it in.
+fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel) -> Option<GemmTiles> {
+    let product = k.body.iter().copied().find(|&b| matches!(dag.nodes[b].kind(), Some(Kind::MatMul)))?;
+    let a = dag.nodes[product].children().next().and_then(|c| dag.nodes[c].ty())?;
+    let dom = &k.domain;
+    let rank = dom.len();
+    if rank < 2 {
+        return None;
+    }
+    let rows = crate::codegen::gemm::reduces(kernel);
+    let t = crate::codegen::gemm::tile(dom[rank - 1], rows);
+    Some(GemmTiles {
+        batch: dom[..rank - 2].iter().product(),
+        m: dom[rank - 2],
+        n: dom[rank - 1],
+        k: a.shape.last().copied().unwrap_or(1),
+        bm: t.bm,
+        bn: t.bn,
+        rows,
+    })
+}
+
+/// Attention on f32 operands runs on CUDA cores, one query row per thread: a block of
+/// `F32_BLOCK_M` rows walks every key (each step one key and one head element), so it is timed
+/// like a gemm tile of `F32_BLOCK_M` rows whose reduction axis is keys x head size.
+fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
+    let a =
+        k.body.iter().copied().find(|&b| matches!(dag.nodes[b].kind(), Some(Kind::Composite(Composite::Attention))))?;
+    let mut ch = dag.nodes[a].children();
+    let q = dag.nodes[ch.next()?].ty()?;
+    let key = dag.nodes[ch.next()?].ty()?;
+    if q.dtype != DType::F32 || q.shape.len() < 2 || key.shape.len() < 2 {
+        return None;
+    }
+    let (r, kr) = (q.shape.len(), key.shape.len());
+    let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], key.shape[kr - 2]);
+    Some(GemmTiles {
+        batch: q.shape[..r - 2].iter().product(),
+        m: sq,
+        n: crate::codegen::attention::F32_BLOCK_N,
+        k: sk * d,
+        bm: crate::codegen::attention::F32_BLOCK_M,
+        bn: crate::codegen::attention::F32_BLOCK_N,
+        rows: false,
+    })
 }
 
 /// The plan kernel a candidate would become if it wrote every member (reads named `t{node}`),
@@ -613,6 +691,30 @@ fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
         crate::codegen::ROW_CACHE_PER_THREAD,
         k.passes
     ));
+}
+
+/// The reduction stages a row kernel's latency counts: its longest chain of reductions, and at
+/// least two where it has two or more reductions side by side (a max and a sum of exponentials
+/// combine across the block as the online pair, in one pass like the `softmax` composite's two
+/// stages; measured alike on the H100, `benches/results/2026-11-22-h100-152e396-predict`).
+/// An `rmsnorm` is one reduction (its mean of squares), as written out.
+fn latency_stages(dag: &Dag, k: &KernelCost) -> u32 {
+    let mut depth = vec![0usize; k.body.len()];
+    let pos = |c: usize| k.body.binary_search(&c).ok();
+    let mut reductions = 0;
+    for (bi, &b) in k.body.iter().enumerate() {
+        let n = &dag.nodes[b];
+        let below = n.children().filter_map(pos).map(|c| depth[c]).max().unwrap_or(0);
+        let own = match n.kind() {
+            Some(Kind::Reduce(_) | Kind::Composite(Composite::RmsNorm)) => 1,
+            Some(Kind::Composite(Composite::Attention)) => 0,
+            Some(Kind::Composite(_)) => 2,
+            _ => 0,
+        };
+        reductions += own;
+        depth[bi] = below + own;
+    }
+    depth.iter().copied().max().unwrap_or(0).max(reductions.min(2)) as u32
 }
 
 /// The longest chain of reductions in the body (composites count their internal stages).

@@ -348,7 +348,8 @@ pub fn build_plan(
     };
     let rejected = rejected_by_member(fusion, &names);
     let mut kernels = Vec::new();
-    for g in fusion.ordered() {
+    let times = crate::residency::ordered_times(dag, fusion, profile);
+    for (g, predicted_us) in fusion.ordered().into_iter().zip(times) {
         let k = &g.cost;
         let mut body: RecExpr<TensorLang> = RecExpr::default();
         let mut local: BTreeMap<usize, Id> = BTreeMap::new();
@@ -396,7 +397,7 @@ pub fn build_plan(
             bytes_read: k.bytes_read(dag),
             bytes_written,
             flops: k.flops,
-            predicted_us: fusion.group_us(g),
+            predicted_us,
             rejected: notes,
             implementation: k.implementation,
         });

@@ -84,6 +84,7 @@ mod profile;
 mod program;
 mod reference;
 mod render;
+mod residency;
 mod rng;
 mod rules;
 mod run_cpu;

@@ -99,7 +99,7 @@ pub fn unfused_totals(program: &Program, profile: &DeviceProfile) -> Result<Tota
         kernels: groups.len(),
         bytes: groups.iter().map(|g| g.cost.bytes_read(&dag) + f.group_write_bytes(g)).sum(),
         flops: groups.iter().map(|g| g.cost.flops).sum(),
-        predicted_us: groups.iter().map(|g| f.group_us(g)).sum(),
+        predicted_us: crate::residency::ordered_times(&dag, &f, profile).iter().sum(),
     })
 }
 

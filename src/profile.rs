@@ -26,6 +26,33 @@ pub struct TemplateRates {
     /// and `generated`), measured by `eqfuse calibrate`; the template's own rates otherwise.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub implementations: BTreeMap<String, TemplateRates>,
+    /// Time each dependent reduction stage adds to a kernel of this template (a block must
+    /// finish one stage's reduction before the next reads it), in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_latency_us: Option<f64>,
+    /// Fixed time of one call in place of the launch overhead (a library call such as
+    /// cuBLASLt's), in microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_overhead_us: Option<f64>,
+    /// The generated gemm kernel's measured time per step of its reduction axis, by tile
+    /// (`"BMxBN"`): see [`TileRate`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tiles: BTreeMap<String, TileRate>,
+}
+
+/// How fast one tile shape of the generated gemm kernel runs: each block walks the reduction
+/// axis one step at a time (staging a BM-row slice of A and a BN-column slice of B), so its time
+/// is `K` times a step time. A block alone on its SM is bound by latency (`lone_ns_per_k`);
+/// blocks sharing the SMs are bound by the SM's throughput (`sm_ns_per_k` per block).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TileRate {
+    /// Nanoseconds per reduction step of one block alone on its SM.
+    pub lone_ns_per_k: f64,
+    /// Nanoseconds per reduction step per block when several blocks share each SM.
+    pub sm_ns_per_k: f64,
+    /// Microseconds a row-reducing epilogue (softmax of the tile's rows) adds per wave of blocks.
+    #[serde(default)]
+    pub row_epilogue_us: f64,
 }
 
 /// One GPU's numbers.
@@ -47,6 +74,21 @@ pub struct DeviceProfile {
     pub registers_per_thread: u32,
     /// Most tensors one kernel may take (reads plus writes).
     pub max_kernel_args: usize,
+    /// L2 cache size in bytes, read off the device by `eqfuse calibrate` (absent in profiles
+    /// calibrated before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_bytes: Option<u64>,
+    /// Bytes of recently touched tensors that a later kernel finds in L2 (the model's
+    /// least-recently-used capacity; less than `l2_bytes` where the cache is partitioned).
+    /// Absent: the plan order is not modelled and every read comes from device memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_reuse_bytes: Option<u64>,
+    /// Bandwidth of reads that hit L2, in GB/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_bandwidth_gbs: Option<f64>,
+    /// Streaming multiprocessors (for wave counts of tiled kernels).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_count: Option<u32>,
     pub templates: BTreeMap<String, TemplateRates>,
     /// Plans for strict numerics (not part of the file): matrix products take the generated
     /// kernel, whose accumulation order does not depend on the epilogue, never cuBLASLt.
@@ -101,11 +143,60 @@ impl DeviceProfile {
         g.implementations.get(imp.name()).unwrap_or(g)
     }
 
-    /// Predicted time of a gemm kernel in implementation `imp`, in microseconds.
-    pub fn gemm_us(&self, imp: GemmImpl, bytes: u64, flops: u64, dtype: DType) -> f64 {
+    /// Predicted time of a gemm kernel in implementation `imp`, in microseconds (`work.hit`
+    /// bytes read from L2; `tiles`: the generated kernel's tile and product shape, timed by the
+    /// profile's tile rates where it has them).
+    pub fn gemm_us(&self, imp: GemmImpl, work: &Work, dtype: DType, tiles: Option<&GemmTiles>) -> f64 {
         let r = self.gemm_rates(imp);
-        let memory = bytes as f64 / (self.copy_bandwidth_gbs * 1e9 * r.bandwidth_efficiency);
-        self.launch_overhead_us + 1e6 * memory.max(flops as f64 / (rate_tflops(r, dtype) * 1e12))
+        let memory = self.memory_us(r, work);
+        let fixed = r.call_overhead_us.unwrap_or(self.launch_overhead_us);
+        let compute = match (imp, tiles.and_then(|t| self.tile_us(r, t))) {
+            // Tile step times are measured on f32 operands and used for every operand type.
+            (GemmImpl::Generated, Some(us)) => us,
+            _ => 1e6 * work.flops as f64 / (rate_tflops(r, dtype) * 1e12),
+        };
+        fixed + memory.max(compute)
+    }
+
+    /// The generated kernel's time from its tile's measured step times: `K` steps per block,
+    /// each the lone-block step time or the SM's share of its blocks' steps, whichever is longer,
+    /// plus the row epilogue once per wave. `None` when the profile has no rate for the tile.
+    fn tile_us(&self, r: &TemplateRates, t: &GemmTiles) -> Option<f64> {
+        // A tile the profile has no rate for takes the measured tile nearest in operand
+        // elements staged per step (BM + BN), its step times scaled by that count.
+        let staged = |key: &str| -> Option<usize> {
+            let (m, n) = key.split_once('x')?;
+            Some(m.parse::<usize>().ok()? + n.parse::<usize>().ok()?)
+        };
+        let own = t.bm + t.bn;
+        let (key, rate) = r
+            .tiles
+            .iter()
+            .filter(|(k, _)| staged(k).is_some())
+            .min_by_key(|(k, _)| staged(k).unwrap_or(0).abs_diff(own))?;
+        let scale = own as f64 / staged(key)? as f64;
+        let rate = TileRate {
+            lone_ns_per_k: rate.lone_ns_per_k * scale,
+            sm_ns_per_k: rate.sm_ns_per_k * scale,
+            row_epilogue_us: rate.row_epilogue_us,
+        };
+        let rate = &rate;
+        let sms = f64::from(self.sm_count?);
+        let blocks = (t.m.div_ceil(t.bm) * t.n.div_ceil(t.bn) * t.batch) as f64;
+        let per_k = rate.lone_ns_per_k.max(blocks / sms * rate.sm_ns_per_k);
+        let epilogue = if t.rows { rate.row_epilogue_us * (blocks / sms).ceil() } else { 0.0 };
+        Some(1e-3 * t.k as f64 * per_k + epilogue)
+    }
+
+    /// Microseconds to move a kernel's bytes: misses at the template's share of copy bandwidth,
+    /// L2 hits at L2 bandwidth.
+    fn memory_us(&self, r: &TemplateRates, work: &Work) -> f64 {
+        let hit = work.hit.min(work.bytes);
+        let hbm = (work.bytes - hit) as f64 / (self.copy_bandwidth_gbs * 1e3 * r.bandwidth_efficiency);
+        let l2 = self
+            .l2_bandwidth_gbs
+            .map_or(hit as f64 / (self.copy_bandwidth_gbs * 1e3 * r.bandwidth_efficiency), |b| hit as f64 / (b * 1e3));
+        hbm + l2
     }
 
     /// Seconds to move `bytes` with template `t`.
@@ -122,6 +213,44 @@ impl DeviceProfile {
     pub fn kernel_us(&self, t: Template, bytes: u64, flops: u64, dtype: DType) -> f64 {
         self.launch_overhead_us + 1e6 * self.memory_seconds(t, bytes).max(self.compute_seconds(t, flops, dtype))
     }
+
+    /// [`kernel_us`](Self::kernel_us) with L2 hits and dependent reduction stages: launch +
+    /// stages x the template's stage latency + max(memory, compute).
+    /// A kernel with `tiles` (attention's CUDA-core f32 path) is timed by the template's tile
+    /// rates where the profile has them.
+    pub fn kernel_work_us(&self, t: Template, work: &Work, dtype: DType, tiles: Option<&GemmTiles>) -> f64 {
+        let r = self.rates(t);
+        let stages = r.stage_latency_us.unwrap_or(0.0) * f64::from(work.stages);
+        let compute =
+            tiles.and_then(|g| self.tile_us(r, g)).unwrap_or_else(|| 1e6 * self.compute_seconds(t, work.flops, dtype));
+        self.launch_overhead_us + stages + self.memory_us(r, work).max(compute)
+    }
+}
+
+/// What one kernel moves and computes, as the time model sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Work {
+    /// Bytes read and written.
+    pub bytes: u64,
+    /// Of those, bytes read from L2 (written or read by a recent kernel).
+    pub hit: u64,
+    pub flops: u64,
+    /// Dependent reduction stages (a softmax has two: its max, then its sum).
+    pub stages: u32,
+}
+
+/// The shape a generated gemm kernel runs: the product (batch x M x N, reduction K) and the tile
+/// code generation picks for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmTiles {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub bm: usize,
+    pub bn: usize,
+    /// Whether the epilogue reduces rows.
+    pub rows: bool,
 }
 
 /// The arithmetic rate of `r` for operands of `dtype`, in TFLOP/s.
@@ -135,6 +264,55 @@ fn rate_tflops(r: &TemplateRates, dtype: DType) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tiles(m: usize, n: usize, k: usize, bm: usize, bn: usize, rows: bool) -> GemmTiles {
+        GemmTiles { batch: 1, m, n, k, bm, bn, rows }
+    }
+
+    /// A profile with one measured tile (8x64: 30 ns per step alone, 20 shared) and 100 SMs.
+    fn tiled() -> (DeviceProfile, TemplateRates) {
+        let mut p = DeviceProfile::load("h100").unwrap();
+        p.sm_count = Some(100);
+        let mut r = p.gemm_rates(GemmImpl::Generated).clone();
+        r.tiles =
+            [("8x64".to_string(), TileRate { lone_ns_per_k: 30.0, sm_ns_per_k: 20.0, row_epilogue_us: 2.0 })].into();
+        (p, r)
+    }
+
+    #[test]
+    fn generated_gemm_steps_are_latency_bound_alone_and_throughput_bound_shared() {
+        let (p, r) = tiled();
+        // 800 rows in 8-row tiles: 100 blocks, one per SM: 1000 steps of 30 ns.
+        assert!((p.tile_us(&r, &tiles(800, 64, 1000, 8, 64, false)).unwrap() - 30.0).abs() < 1e-9);
+        // 8000 rows: 10 blocks per SM share it, 10 x 20 ns a step.
+        assert!((p.tile_us(&r, &tiles(8000, 64, 1000, 8, 64, false)).unwrap() - 200.0).abs() < 1e-9);
+        // A row epilogue adds its time once per wave.
+        assert!((p.tile_us(&r, &tiles(8000, 64, 1000, 8, 64, true)).unwrap() - 220.0).abs() < 1e-9);
+        // An unmeasured tile takes the nearest measured one, scaled by the elements staged per
+        // step: 8x128 stages 136 against 72.
+        let us = p.tile_us(&r, &tiles(800, 128, 1000, 8, 128, false)).unwrap();
+        assert!((us - 30.0 * 136.0 / 72.0).abs() < 1e-9);
+        // Without an SM count there is no tile model.
+        let q = DeviceProfile { sm_count: None, ..p.clone() };
+        assert!(q.tile_us(&r, &tiles(800, 64, 1000, 8, 64, false)).is_none());
+    }
+
+    #[test]
+    fn l2_hits_and_reduction_stages_change_a_kernels_time() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let work = Work { bytes: 32 << 20, hit: 0, flops: 0, stages: 0 };
+        let miss = p.kernel_work_us(Template::RowReduce, &work, DType::F32, None);
+        let hit = p.kernel_work_us(Template::RowReduce, &Work { hit: 16 << 20, ..work }, DType::F32, None);
+        assert!(hit < miss, "{hit} {miss}");
+        let staged = p.kernel_work_us(Template::RowReduce, &Work { stages: 2, ..work }, DType::F32, None);
+        let stage = p.rates(Template::RowReduce).stage_latency_us.unwrap();
+        assert!((staged - miss - 2.0 * stage).abs() < 1e-9);
+        // With no L2 figures a hit costs what a miss does.
+        let plain = DeviceProfile { l2_bandwidth_gbs: None, ..p.clone() };
+        let a = plain.kernel_work_us(Template::Elementwise, &work, DType::F32, None);
+        let b = plain.kernel_work_us(Template::Elementwise, &Work { hit: 16 << 20, ..work }, DType::F32, None);
+        assert!((a - b).abs() < 1e-9);
+    }
 
     #[test]
     fn builtin_profiles_load() {

@@ -72,7 +72,7 @@ fn lowered(k: &Kernel, ts: usize) -> Result<(Kernel, Lowered)> {
 }
 
 /// Whether the body reduces rows (so the epilogue is the row form).
-fn reduces(k: &Kernel) -> bool {
+pub fn reduces(k: &Kernel) -> bool {
     lower::epilogue_template(k) == Template::RowReduce
 }
 

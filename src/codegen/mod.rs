@@ -7,7 +7,7 @@
 //! Invariant: codegen never changes the plan and is a pure function of it (golden snapshots
 //! in `tests/snapshots` hold the rendered CUDA of small programs).
 
-pub(crate) mod attention;
+pub mod attention;
 pub use attention::template_runs as attention_template_runs;
 mod emit;
 pub use emit::{row_cached, ROW_CACHE_PER_THREAD};
