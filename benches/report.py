@@ -18,7 +18,7 @@ def check(run):
         return "MISMATCH"
     notes = []
     if run.get("within_reference_error"):
-        notes.append("within the f32 reference's error")
+        notes.append("within an f32 evaluation's error")
     if run.get("near_decisions", 0):
         notes.append(f"{run['near_decisions']} near a decision")
     return f"ok ({'; '.join(notes)})" if notes else "ok"

@@ -113,7 +113,7 @@ fn check_cell(r: &GpuRunReport) -> String {
     }
     let mut notes = vec![];
     if r.outputs.iter().any(|o| o.reference_error > 0.0) {
-        notes.push("within the f32 reference's error".to_string());
+        notes.push("within an f32 evaluation's error".to_string());
     }
     let near: usize = r.outputs.iter().map(|o| o.near_decisions).sum();
     if near > 0 {

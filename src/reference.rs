@@ -39,6 +39,11 @@ pub enum Precision {
     /// this separates a wrong plan from one that merely rounds differently. The tensors it gives
     /// are the one exception to [`Tensor`]'s invariant: their float values are not rounded.
     F64,
+    /// As `Declared`, with each matrix product and sum accumulated in f32 in index order (one
+    /// rounding per term, as an f32 fused multiply-add does): what a straightforward f32
+    /// evaluation gets, whose error grows with the length of the sums. The GPU check allows a
+    /// device result as far from the exact values as this (`run_gpu`).
+    F32Sums,
 }
 
 /// Evaluates `program` on `inputs` (by input name) and returns its outputs in
@@ -188,7 +193,8 @@ fn eval_node(program: &Program, id: Id, values: &[Option<Tensor>], precision: Pr
         TensorLang::Op(code, children) => {
             let ty = program.ty(id).ok_or_else(|| internal(program, id, "operator without a type"))?.clone();
             let unrounded = program.fact(id).weak || (precision == Precision::F64 && ty.dtype.is_float());
-            let store = Store { dtype: (!unrounded).then_some(ty.dtype) };
+            let f32_sums = precision == Precision::F32Sums && ty.dtype.is_float();
+            let store = Store { dtype: (!unrounded).then_some(ty.dtype), f32_sums };
             let args = Args { program, id, children, values };
             let data = eval_op(code.kind(), &args, &ty, store).map_err(|e| located(program, id, e))?;
             Ok(Some(Tensor { dtype: ty.dtype, shape: ty.shape, data }))
@@ -288,6 +294,8 @@ fn located(program: &Program, id: Id, e: Error) -> Error {
 #[derive(Clone, Copy)]
 struct Store {
     dtype: Option<DType>,
+    /// Sums (products, `sum`, `mean`) accumulate in f32 ([`Precision::F32Sums`]).
+    f32_sums: bool,
 }
 
 impl Store {
@@ -354,7 +362,7 @@ fn eval_op(kind: Kind, args: &Args, ty: &TensorType, store: Store) -> Result<Vec
         Kind::Binary(b) => pointwise2(b, args.tensor(0)?, args.tensor(1)?, ty, store),
         Kind::Reduce(r) => {
             let x = args.tensor(0)?;
-            Ok(store.round_all(reduce(r, x, args.axis(1, x.rank())?)))
+            Ok(store.round_all(reduce(r, x, args.axis(1, x.rank())?, store.f32_sums)))
         }
         Kind::Where => select(args.tensor(0)?, args.tensor(1)?, args.tensor(2)?, &ty.shape, store),
         Kind::Cast => Ok(map1(&args.tensor(0)?.data, |x| store.round(x))),
@@ -364,7 +372,7 @@ fn eval_op(kind: Kind, args: &Args, ty: &TensorType, store: Store) -> Result<Vec
         }
         Kind::Reshape => moved(args.tensor(0)?.data.clone()),
         Kind::Broadcast => moved(args.tensor(0)?.broadcast_data(&ty.shape)?.into_owned()),
-        Kind::MatMul => Ok(store.round_all(matmul(args.tensor(0)?, args.tensor(1)?, &ty.shape))),
+        Kind::MatMul => Ok(store.round_all(matmul(args.tensor(0)?, args.tensor(1)?, &ty.shape, store.f32_sums))),
         Kind::Iota => Ok((0..ty.numel()).map(|i| i as f64).collect()),
         Kind::OneHot => Ok(onehot(args.tensor(0)?, ty.shape[ty.rank() - 1])),
         Kind::Dropout => Ok(rng::dropout(&args.tensor(0)?.data, ty.dtype, args.konst(1)?, args.konst(2)? as u32)),
@@ -436,7 +444,7 @@ fn select(c: &Tensor, a: &Tensor, b: &Tensor, shape: &[usize], store: Store) -> 
 }
 
 /// Reduction along `axis`, keeping it with size 1.
-fn reduce(r: Reduce, x: &Tensor, axis: usize) -> Vec<f64> {
+fn reduce(r: Reduce, x: &Tensor, axis: usize, f32_sums: bool) -> Vec<f64> {
     let (outer, n, inner) = split_axis(&x.shape, axis);
     let (init, op) = match r {
         Reduce::Sum | Reduce::Mean => (0.0, Binary::Add),
@@ -449,6 +457,9 @@ fn reduce(r: Reduce, x: &Tensor, axis: usize) -> Vec<f64> {
         for k in 0..n {
             for (a, &v) in acc.iter_mut().zip(&block[k * inner..(k + 1) * inner]) {
                 *a = binary(op, *a, v, false);
+                if f32_sums {
+                    *a = *a as f32 as f64;
+                }
             }
         }
         if r == Reduce::Mean {
@@ -464,7 +475,7 @@ fn reduce(r: Reduce, x: &Tensor, axis: usize) -> Vec<f64> {
 }
 
 /// `a @ b` over the last two axes with broadcast batch axes.
-fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Vec<f64> {
+fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize], f32_sums: bool) -> Vec<f64> {
     let r = out_shape.len();
     let (m, n, k) = (out_shape[r - 2], out_shape[r - 1], a.shape[a.rank() - 1]);
     let batch = &out_shape[..r - 2];
@@ -478,6 +489,10 @@ fn matmul(a: &Tensor, b: &Tensor, out_shape: &[usize]) -> Vec<f64> {
         for (kk, &x) in a_row.iter().enumerate() {
             for (c, &y) in acc.iter_mut().zip(&b_mat[kk * n..(kk + 1) * n]) {
                 *c += x * y;
+                if f32_sums {
+                    // x and y are f32 values, so x * y is exact in f64: this is an f32 FMA.
+                    *c = *c as f32 as f64;
+                }
             }
         }
     };

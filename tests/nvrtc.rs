@@ -90,7 +90,7 @@ fn example_kernels_compile() {
                     assert!(c.log.trim().is_empty(), "{path} / {}: warnings\n{}", s.name, c.log);
                     gemm += 1;
                 }
-                if k.template == eqfuse::Template::Attention && path.contains("transformer_block") {
+                if k.template == eqfuse::Template::Attention {
                     attention += 1;
                 }
                 compiled += 1;
@@ -99,5 +99,7 @@ fn example_kernels_compile() {
     }
     eprintln!("compiled {compiled} example kernels ({gemm} generated gemm); skipped {skipped} cuBLASLt kernels");
     assert!(gemm >= 4, "the examples' generated gemm kernels were not compiled");
-    assert!(attention >= 1, "the transformer block's attention kernel was not compiled");
+    // (The transformer blocks' f32 attention is planned as products and row kernels since the
+    // cost model timed the f32 attention path; tests/views.rs checks attention writing a view.)
+    assert!(attention >= 1, "no example's attention kernel was compiled");
 }
