@@ -25,7 +25,8 @@ export EQFUSE_NVRTC_DIR="$(dirname "$lib")" LD_LIBRARY_PATH="$(dirname "$lib")${
 # on the one GPU; a failing program is saved as a case and the run goes on.
 # PARTS (default "random memcheck strict") picks the steps: random (prefill, the random programs
 # and the saved cases), memcheck (the first 100 programs of the first seed), strict (tests/gpu.rs,
-# every case and example), examples-memcheck (tests/gpu.rs under compute-sanitizer memcheck).
+# every case and example), examples-memcheck (tests/gpu.rs under compute-sanitizer memcheck),
+# check (`eqfuse run` of three gradient examples at full size).
 SEEDS="${SEEDS:-1 2}" CASES="${CASES:-500}" PARTS="${PARTS:-random memcheck strict}"
 first_seed="${SEEDS%% *}"
 has() { [[ " $PARTS " == *" $1 "* ]]; }
@@ -60,6 +61,15 @@ if has strict; then
 timeout 200 "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/strict.log" 2>&1
 echo "gpu tests (strict included) exit $?" | tee -a "$OUT/difftest.log"; grep -E "strict:|panicked|not run|test result|MISMATCH|ERROR" "$OUT/strict.log" | head -30
 fi
+if has check; then
+# `eqfuse run` (the release binary staged as $G/eqfuse) of the examples whose check needs the
+# f32-evaluation allowance or leaves out elements near a decision.
+for x in transformer_block_grad mlp_relu_grad mlp_relu_dropout_grad; do
+  timeout 120 "$G/eqfuse" run "examples/$x.eqf" --repeat 3 > "$OUT/run-$x.log" 2>&1
+  echo "run $x exit $?" | tee -a "$OUT/difftest.log"
+  sed -n '/outputs against the CPU reference/,$p' "$OUT/run-$x.log" | cut -c1-260 | tee -a "$OUT/difftest.log"
+done
+fi
 if has examples-memcheck; then
 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$G/gpu-tests" --test-threads=1 --nocapture \
   > "$OUT/memcheck-tests.log" 2>&1
@@ -67,3 +77,5 @@ echo "memcheck of the GPU tests (cases and examples) exit $?" | tee -a "$OUT/dif
 grep -E "ERROR SUMMARY|test result" "$OUT/memcheck-tests.log" | tail -3 | tee -a "$OUT/difftest.log"
 fi
 tar czf "$OUT/cases.tgz" tests/cases/diff_gpu; tar tzf "$OUT/cases.tgz" | wc -l
+# At most 8 files come back from the device: every log but difftest.log goes into logs.tgz.
+(cd "$OUT" && tar czf logs.tgz $(ls *.log | grep -v '^difftest.log$') && ls *.log | grep -v '^difftest.log$' | xargs rm -f)
