@@ -254,7 +254,15 @@ fn random_programs_run_on_the_gpu_as_their_plans_say() {
     let start = Instant::now();
     for index in 1..=cases as usize {
         let r = strategy.new_tree(&mut runner).expect("the generator draws a program").current();
-        match check_program(&mode, index, &r.render(), r.input_seed) {
+        // A panic (a bug, never an answer) is a failure like any other, saved and counted.
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check_program(&mode, index, &r.render(), r.input_seed)
+        }))
+        .unwrap_or_else(|e| {
+            let what = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
+            Err(format!("panicked: {}", what.unwrap_or_default()))
+        });
+        match checked {
             Ok(t) => tally.add(&t),
             Err(why) => {
                 let origin = format!("tests/gpu_differential.rs, seed {seed}, program {index}");

@@ -342,6 +342,11 @@ fn lt_call(k: &Kernel, l: &Lowered) -> Option<LtCall> {
         let (pr, b) = if is_acc(x) { (x, y) } else { (y, x) };
         let Op::Load(a) = l.nodes[b].op else { return None };
         let acc = &l.accesses[a];
+        // `p + p`: the other addend is the product tile itself (the lowered kernel's extra
+        // read past `k.reads`), not a bias (found by the GPU differential run: a panic).
+        if is_acc(b) || acc.read >= k.reads.len() {
+            return None;
+        }
         let vector = acc.strides[rank - 1] == 1 && acc.strides[..rank - 1].iter().all(|&s| s == 0);
         let n = dom[rank - 1];
         if !is_acc(pr) || !vector || acc.dtype != dtype || k.reads[acc.read].ty.numel() != n {
