@@ -24,7 +24,8 @@ export EQFUSE_NVRTC_DIR="$(dirname "$lib")" LD_LIBRARY_PATH="$(dirname "$lib")${
 # SEEDS (default "1 2") and CASES (default 500) random programs per seed, one process per seed
 # on the one GPU; a failing program is saved as a case and the run goes on.
 # PARTS (default "random memcheck strict") picks the steps: random (prefill, the random programs
-# and the saved cases), memcheck (the first 100 programs of the first seed), strict (tests/gpu.rs,
+# and the saved cases), saved (the saved cases alone), memcheck (the first 100 programs of the
+# first seed), strict (tests/gpu.rs,
 # every case and example), examples-memcheck (tests/gpu.rs under compute-sanitizer memcheck),
 # check (`eqfuse run` of three gradient examples at full size).
 SEEDS="${SEEDS:-1 2}" CASES="${CASES:-500}" PARTS="${PARTS:-random memcheck strict}"
@@ -52,10 +53,9 @@ done
 timeout 120 "$G/gpu-diff" every_saved --test-threads=1 --nocapture > "$OUT/gpu-diff-cases.log" 2>&1
 echo "saved cases exit $?" | tee -a "$OUT/difftest.log"; grep -E "saved GPU cases:|panicked" "$OUT/gpu-diff-cases.log" | head -5
 fi
-if has memcheck; then
-EQFUSE_GPU_DIFF_SEED=$first_seed EQFUSE_GPU_DIFF_CASES=100 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
-  "$G/gpu-diff" random_programs --test-threads=1 --nocapture > "$OUT/memcheck-diff.log" 2>&1
-echo "memcheck (100 programs) exit $?" | tee -a "$OUT/difftest.log"; grep -E "ERROR SUMMARY|programs" "$OUT/memcheck-diff.log"
+if has saved; then
+timeout 150 "$G/gpu-diff" every_saved --test-threads=1 --nocapture > "$OUT/gpu-diff-cases.log" 2>&1
+echo "saved cases exit $?" | tee -a "$OUT/difftest.log"; grep -E "saved GPU cases:|fail" "$OUT/gpu-diff-cases.log" | cut -c1-400 | head -8 | tee -a "$OUT/difftest.log"
 fi
 if has strict; then
 timeout 200 "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/strict.log" 2>&1
@@ -69,6 +69,11 @@ for x in transformer_block_grad mlp_relu_grad mlp_relu_dropout_grad; do
   echo "run $x exit $?" | tee -a "$OUT/difftest.log"
   sed -n '/outputs against the CPU reference/,$p' "$OUT/run-$x.log" | cut -c1-260 | tee -a "$OUT/difftest.log"
 done
+fi
+if has memcheck; then
+EQFUSE_GPU_DIFF_SEED=$first_seed EQFUSE_GPU_DIFF_CASES=100 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  "$G/gpu-diff" random_programs --test-threads=1 --nocapture > "$OUT/memcheck-diff.log" 2>&1
+echo "memcheck (100 programs) exit $?" | tee -a "$OUT/difftest.log"; grep -E "ERROR SUMMARY|programs" "$OUT/memcheck-diff.log"
 fi
 if has examples-memcheck; then
 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$G/gpu-tests" --test-threads=1 --nocapture \

@@ -489,6 +489,20 @@ impl<'a> Lowerer<'a> {
         };
         let a = norm_axis(axis, in_rank).map_err(Error::Invalid)? + self.rank() - in_rank;
         if xshape[a] == 1 {
+            // The value is the same all along the axis (it is broadcast there, or the axis has
+            // one element): its max, min and mean are the value, its sum the value times the
+            // axis' extent (found by the GPU differential run: a sum over a broadcast axis came
+            // out as one element's value).
+            let n = match x {
+                Slot::View { shape, .. } | Slot::Value { shape, .. } => shape[a + in_rank - self.rank()],
+                Slot::Attr => 1,
+            };
+            if r == Reduce::Sum && n > 1 {
+                let dtype = self.out.nodes[xv].dtype;
+                let c = self.push(Op::Const(n as f64), DType::F32, vec![1; self.rank()]);
+                let node = self.push(Op::Binary(Binary::Mul, xv, c), dtype, xshape);
+                return Ok(Slot::Value { node, shape: ty.shape.clone() });
+            }
             return Ok(Slot::Value { node: xv, shape: ty.shape.clone() });
         }
         let node = self.reduction(r, xv, a)?;
