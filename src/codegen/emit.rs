@@ -244,6 +244,13 @@ fn err(k: &Kernel, m: impl std::fmt::Display) -> Error {
 /// Renders a lowered kernel; `packed` names the tensors stored 1 bit per element (a read is
 /// tested bit by bit, a write is assembled a warp at a time, elementwise kernels only).
 pub fn render(k: &Kernel, l: &Lowered, strict: bool, packed: &BTreeSet<String>) -> Result<Rendered> {
+    if strict && l.repeated_sum {
+        return Err(err(
+            k,
+            "under --strict, a sum over an axis its value is broadcast along (computed as one product here, \
+             added copy by copy unfused) is not supported yet",
+        ));
+    }
     let packed_writes = l.stores.iter().any(|s| packed.contains(&k.writes[s.write].name));
     if packed_writes && l.template != Template::Elementwise {
         return Err(err(k, "only elementwise kernels store 1-bit masks"));

@@ -82,6 +82,10 @@ pub struct Lowered {
     /// A gemm kernel's matrix product, whose value the body reads as the pseudo-tensor
     /// `product.acc` (a tile in shared memory); `None` for other templates.
     pub product: Option<Product>,
+    /// Whether a sum over an axis its value is broadcast along became a product with the
+    /// extent: one rounding, where the unfused plan adds the copies one by one (`--strict`
+    /// refuses it, see `emit::render`).
+    pub repeated_sum: bool,
 }
 
 /// One operand of a matrix product: a (view of a) tensor the kernel reads, indexed in place.
@@ -224,6 +228,7 @@ impl<'a> Lowerer<'a> {
             accesses: vec![],
             stores: vec![],
             product: None,
+            repeated_sum: false,
         };
         Ok(Lowerer { kernel, out, gemm })
     }
@@ -501,6 +506,7 @@ impl<'a> Lowerer<'a> {
                 let dtype = self.out.nodes[xv].dtype;
                 let c = self.push(Op::Const(n as f64), DType::F32, vec![1; self.rank()]);
                 let node = self.push(Op::Binary(Binary::Mul, xv, c), dtype, xshape);
+                self.out.repeated_sum = true;
                 return Ok(Slot::Value { node, shape: ty.shape.clone() });
             }
             return Ok(Slot::Value { node: xv, shape: ty.shape.clone() });
