@@ -431,6 +431,9 @@ fn check(program: &Program, inputs: &HashMap<String, Tensor>, got: &[(String, Te
                 }
             }
         }
+        if out.iter().all(OutputCheck::ok) {
+            return Ok(out);
+        }
         // As close to the exact values as a straightforward evaluation in the declared types
         // (each op rounded, each sum accumulated in f32 in order): a badly conditioned program
         // (a chain of products through a saturated softmax, a layernorm's backward) is that
