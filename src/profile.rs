@@ -35,7 +35,7 @@ pub struct TemplateRates {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_overhead_us: Option<f64>,
     /// The generated gemm kernel's measured time per step of its reduction axis, by tile
-    /// (`"BMxBN"`): see [`TileRate`].
+    /// (`"BMxBN"`): see `TileRate`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tiles: BTreeMap<String, TileRate>,
 }

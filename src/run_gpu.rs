@@ -101,10 +101,10 @@ pub struct OutputCheck {
     /// each step's declared type.
     pub unrounded: bool,
     /// Elements left out of the comparison because they depend on a comparison whose operands
-    /// lie within rounding of each other (see [`near_decision`]); 0 unless the output failed
+    /// lie within rounding of each other (see `near_decision`); 0 unless the output failed
     /// without leaving them out.
     pub near_decisions: usize,
-    /// When the output matched only allowing [`REFERENCE_ERROR_FACTOR`] times a straightforward
+    /// When the output matched only allowing `REFERENCE_ERROR_FACTOR` times a straightforward
     /// f32 evaluation's own largest distance from the exact values: that distance (else 0).
     pub reference_error: f64,
 }

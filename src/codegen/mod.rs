@@ -134,7 +134,7 @@ pub fn loads_masks(t: Template) -> bool {
 
 /// Whether generated kernels of this template store 1-bit masks: the elementwise template, and
 /// the generated gemm's elementwise epilogue where the product's width is a multiple of 32
-/// ([`gemm::stores_masks_shaped`]), for a mask the size of the iteration space (a warp assembles
+/// (`gemm::stores_masks_shaped`), for a mask the size of the iteration space (a warp assembles
 /// its words from its lanes' bits, `eq_put_bits` in `kernels/common.cuh`). A mask written by any
 /// other kernel stays one byte per element (`optimize.rs`).
 pub fn stores_masks(t: Template) -> bool {
