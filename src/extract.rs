@@ -37,15 +37,7 @@ impl CostFunction<TensorLang> for LocalCost<'_> {
         };
         let children: f64 = enode.children().iter().map(|&c| costs(c)).sum();
         let own = match role_of(enode) {
-            // Of two literals in one class (an inexact rule folded `log(exp(1))` to
-            // 0.9999999999999999 and merged it with `1`), the shortest to write: the one the
-            // program wrote, which is exact where an axis or a flag needs an integer (found
-            // by the GPU differential run's prefill: an axis 0.9999999999999999 in codegen).
-            Role::Leaf => match enode {
-                TensorLang::Num(n) => 1e-9 * n.value().to_string().len() as f64,
-                _ => 0.0,
-            },
-            Role::Input => 0.0,
+            Role::Leaf | Role::Input => 0.0,
             // A tiny cost keeps identity cycles (`reshape` of a `reshape`) out of the choice.
             Role::View => 1e-6,
             Role::Compute => {
