@@ -112,7 +112,7 @@ fn run(
     let live = program.live();
     let last_use = if keep_all { Vec::new() } else { last_uses(program, &live) };
     // With `near`: for each `relu`, `max` and `min` node, 1 where its operands were within
-    // `near` of each other (see `mark_near_decisions`).
+    // `near` of each other (see `mark_near_decisions`); freed with the node's value.
     let mut kinks: HashMap<Id, Tensor> = HashMap::new();
     // With `near`: the longest product contraction each node's value went through.
     let mut depth = vec![0usize; if near.is_some() { program.len() } else { 0 }];
@@ -138,6 +138,7 @@ fn run(
             for &c in program.node(id).children() {
                 if last_use[usize::from(c)] == i {
                     values[usize::from(c)] = None;
+                    kinks.remove(&c);
                 }
             }
         }
