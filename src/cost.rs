@@ -207,7 +207,7 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel) -> Option<GemmTiles> {
         return None;
     }
     let rows = crate::codegen::gemm::reduces(kernel);
-    let t = crate::codegen::gemm::tile(dom[rank - 1], rows);
+    let t = crate::codegen::gemm::tile(dom, rows);
     Some(GemmTiles {
         batch: dom[..rank - 2].iter().product(),
         m: dom[rank - 2],

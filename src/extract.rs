@@ -74,10 +74,14 @@ pub fn dag_of(
                 continue;
             }
             let node = selection.get(&c).ok_or_else(|| format!("class {c} has no chosen node"))?;
+            let node = written_literal(egraph, c, node);
             if expanded {
                 on_path.remove(&c);
                 let n = node.clone().map_children(|ch| Id::from(index[&egraph.find(ch)]));
-                let fact = egraph[c].data.fact.clone().ok_or_else(|| format!("class {c} is ill typed"))?;
+                let mut fact = egraph[c].data.fact.clone().ok_or_else(|| format!("class {c} is ill typed"))?;
+                if let TensorLang::Num(v) = &n {
+                    fact.konst = Some(v.value());
+                }
                 index.insert(c, nodes.len());
                 nodes.push(DagNode { role: role_of(&n), node: n, fact, name: names.get(&c).cloned(), class: Some(c) });
                 continue;
@@ -99,6 +103,27 @@ pub fn dag_of(
     }
     let outputs = roots.iter().map(|(n, r)| (n.clone(), index[&egraph.find(*r)])).collect();
     Ok(Dag::finish(nodes, outputs).pack_masks())
+}
+
+/// The literal a class is written as when its chosen node is a literal: of the class's literals
+/// (all of cost 0), the shortest to write. An inexact rule can merge a folded constant with a
+/// literal the program wrote (`log(exp(1))`, folded to 0.9999999999999999, with the axis `1`);
+/// the program's literal is then the exact one, where an axis or a flag needs an integer (found
+/// by the GPU differential test's prefill run, tests/cases/diff_gpu/case_9fa2ed95.eqf). Only the
+/// literal is swapped, so no cost and no other choice changes.
+fn written_literal<'a>(egraph: &'a TensorGraph, c: Id, chosen: &'a TensorLang) -> &'a TensorLang {
+    if !matches!(chosen, TensorLang::Num(_)) {
+        return chosen;
+    }
+    egraph[c]
+        .nodes
+        .iter()
+        .filter_map(|n| match n {
+            TensorLang::Num(v) => Some((v.value().to_string(), n)),
+            _ => None,
+        })
+        .min_by(|(a, _), (b, _)| a.len().cmp(&b.len()).then_with(|| a.cmp(b)))
+        .map_or(chosen, |(_, n)| n)
 }
 
 /// The local (unfused-cost) choice for every class.

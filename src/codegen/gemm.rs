@@ -37,9 +37,29 @@ pub struct Tile {
 
 const THREADS: usize = 256;
 
-/// The tile for a product `n` wide: one tile row covers the whole product row when the epilogue
-/// reduces rows (or the product is narrow), else 64 x 128 tiles.
-pub fn tile(n: usize, rows: bool) -> Tile {
+/// Products narrower than this many columns (with an elementwise epilogue) may take the blocked
+/// tall tile [`TALL_BM`] x (n rounded up to a power of two).
+const TALL_MAX_N: usize = 64;
+/// Rows of the tall tile: 16 x 16 threads, each owning 8 rows and n/16 columns.
+const TALL_BM: usize = 128;
+/// A narrow product takes the tall tile only when it has at least this many of them, so the
+/// GPU stays busy (the one-element-per-thread narrow tile keeps more blocks in flight).
+const TALL_MIN_BLOCKS: usize = 128;
+
+/// The tile for a product over iteration space `dom` (batch axes, rows, columns): one tile row
+/// covers the whole product row when the epilogue reduces rows; a product at most 64 wide takes
+/// the blocked 128-row tile when it has enough rows to fill the GPU with such tiles (else one
+/// element per thread in rows of the product's width); wider products 64 x 128 tiles.
+pub fn tile(dom: &[usize], rows: bool) -> Tile {
+    let rank = dom.len();
+    let n = dom.last().copied().unwrap_or(1);
+    let m = if rank >= 2 { dom[rank - 2] } else { 1 };
+    let batch: usize = if rank >= 2 { dom[..rank - 2].iter().product() } else { 1 };
+    if !rows && n <= TALL_MAX_N && m.div_ceil(TALL_BM) * batch >= TALL_MIN_BLOCKS {
+        let bn = n.next_power_of_two().max(16);
+        let tn = bn / 16;
+        return Tile { bm: TALL_BM, bn, bk: 16, tm: TALL_BM / (THREADS / 16), tn, ts: bn + 4, rows };
+    }
     if rows || n <= 128 {
         let bn = n.next_power_of_two().max(16);
         let bm = (THREADS / bn).max(8);
@@ -84,7 +104,7 @@ pub fn can_generate(k: &Kernel) -> Result<()> {
     if rows && n > 256 {
         return Err(Error::Invalid(format!("a row epilogue over {n} columns exceeds one tile")));
     }
-    lowered(k, tile(n, rows).ts).map(|_| ())
+    lowered(k, tile(&k.domain, rows).ts).map(|_| ())
 }
 
 /// Whether the generated kernel's epilogue can store 1-bit masks: an elementwise epilogue over a
@@ -101,7 +121,7 @@ pub fn stores_masks_shaped(domain: &[usize], rows: bool) -> std::result::Result<
     if rows {
         return Err("a row epilogue does not store masks");
     }
-    if n == 0 || !n.is_multiple_of(32) || !tile(n, false).bn.is_multiple_of(32) {
+    if n == 0 || !n.is_multiple_of(32) || !tile(domain, false).bn.is_multiple_of(32) {
         return Err("the product's width is not a multiple of 32");
     }
     Ok(())
@@ -143,7 +163,7 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
             k.id
         )));
     }
-    let t = tile(n, rows);
+    let t = tile(&k.domain, rows);
     let (ext, l) = lowered(k, t.ts)?;
     let r = emit::render(&ext, &l, strict, packed)?;
     if let Some(w) = k.writes.iter().find(|w| packed.contains(&w.name)) {
