@@ -38,7 +38,8 @@ impl BenchRow {
     pub fn speedup_error(&self) -> f64 {
         (self.speedup_predicted() - self.speedup_measured()).abs() / self.speedup_measured()
     }
-    /// Achieved bandwidth of the fused plan as a share of copy bandwidth.
+    /// Achieved bandwidth of the fused plan as a share of copy bandwidth (measured in the same
+    /// run, see [`BenchReport::copy_bandwidth_gbs`]; else the profile's).
     pub fn copy_share(&self) -> Option<f64> {
         let gbs = self.fused_bytes as f64 / (self.fused.total_measured_us * 1e3);
         self.fused.copy_bandwidth_gbs.map(|c| gbs / c)
@@ -50,18 +51,29 @@ impl BenchRow {
 pub struct BenchReport {
     pub device: String,
     pub rows: Vec<BenchRow>,
+    /// Copy bandwidth (bytes read plus written per second, in GB/s) measured at the start of this
+    /// run: a 1 GiB device-to-device copy, median of 20 after 3 warm-ups. Shares of copy
+    /// bandwidth are taken against it, so they compare with the same GPU in the same state.
+    pub copy_bandwidth_gbs: f64,
+    /// The profile's copy bandwidth (what predictions used).
+    pub profile_copy_bandwidth_gbs: f64,
 }
 
 /// Benches programs on the GPU at hand.
 pub fn bench_programs(programs: &[Program], opts: &OptimizeOptions, repeat: usize) -> Result<BenchReport> {
     let gpu = Gpu::open()?;
+    let copy_bytes = crate::calibrate::copy_bytes(&gpu);
+    let copy_gbs = 2.0 * copy_bytes as f64 / (crate::calibrate::copy_time(&gpu, copy_bytes as usize)? * 1e3);
     let mut rows = Vec::new();
     for program in programs {
         let fused = optimize(program, opts)?.plan;
         let unfused = unfused_plan(program, &opts.profile, opts.strict)?;
         let run = GpuRunOptions { repeat, profile: Some(opts.profile.clone()), ..GpuRunOptions::default() };
-        let f = run_on(&gpu, program, &fused, &codegen_plan(&fused)?, &run)?;
-        let u = run_on(&gpu, program, &unfused, &codegen_plan(&unfused)?, &GpuRunOptions { check: false, ..run })?;
+        let mut f = run_on(&gpu, program, &fused, &codegen_plan(&fused)?, &run)?;
+        let mut u = run_on(&gpu, program, &unfused, &codegen_plan(&unfused)?, &GpuRunOptions { check: false, ..run })?;
+        // Achieved bandwidth against the copy measured in this run (predictions use the profile).
+        f.copy_bandwidth_gbs = Some(copy_gbs);
+        u.copy_bandwidth_gbs = Some(copy_gbs);
         rows.push(BenchRow {
             program: program.source.clone(),
             fused: f,
@@ -70,7 +82,12 @@ pub fn bench_programs(programs: &[Program], opts: &OptimizeOptions, repeat: usiz
             unfused_bytes: unfused.total.bytes,
         });
     }
-    Ok(BenchReport { device: gpu.name.clone(), rows })
+    Ok(BenchReport {
+        device: gpu.name.clone(),
+        rows,
+        copy_bandwidth_gbs: copy_gbs,
+        profile_copy_bandwidth_gbs: opts.profile.copy_bandwidth_gbs,
+    })
 }
 
 /// Spearman's rank correlation of two equally long lists (ties get their mean rank).
@@ -149,7 +166,8 @@ impl BenchReport {
                 .iter()
                 .map(|k| {
                     json!({"name": k.name, "bytes": k.bytes, "predicted_us": k.predicted_us,
-                                "measured_us": k.measured_us})
+                                "measured_us": k.measured_us,
+                                "copy_share": r.copy_bandwidth_gbs.map(|c| k.achieved_gbs / c)})
                 })
                 .collect();
             json!({"kernels": r.kernels.len(), "bytes": bytes, "predicted_us": r.total_predicted_us,
@@ -161,6 +179,8 @@ impl BenchReport {
         json!({
             "schema": "eqfuse.bench/1",
             "device": self.device,
+            "copy_bandwidth_gbs": self.copy_bandwidth_gbs,
+            "profile_copy_bandwidth_gbs": self.profile_copy_bandwidth_gbs,
             "programs": self.rows.iter().map(|r| json!({
                 "program": r.program,
                 "fused": report(&r.fused, r.fused_bytes),
@@ -202,6 +222,12 @@ impl fmt::Display for BenchReport {
             ]);
         }
         writeln!(f, "bench on {}\n{t}", self.device)?;
+        writeln!(
+            f,
+            "copy bandwidth measured in this run: {:.0} GB/s (the profile's: {:.0} GB/s); shares of copy \
+             bandwidth are against the measured one",
+            self.copy_bandwidth_gbs, self.profile_copy_bandwidth_gbs
+        )?;
         match self.rank_correlation() {
             Some(rho) => writeln!(f, "rank correlation of predicted and measured time: {rho:.3}"),
             None => writeln!(f, "rank correlation: too few plans"),

@@ -59,7 +59,7 @@ pub fn short_name(device: &str) -> String {
 
 /// Calibrates an open GPU; rates it does not measure come from `base`.
 pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
-    let copy_bytes = (gpu.memory_bytes / 16).min(1 << 30) as u64;
+    let copy_bytes = copy_bytes(gpu);
     let copy_us = copy_time(gpu, copy_bytes as usize)?;
     let copy_gbs = 2.0 * copy_bytes as f64 / (copy_us * 1e3);
     let launch_us = launch_time(gpu)?;
@@ -150,8 +150,13 @@ fn round(x: f64, digits: i32) -> f64 {
     (x * m).round() / m
 }
 
+/// Bytes the copy-bandwidth measurement copies: 1 GiB, or a 16th of a smaller device's memory.
+pub(crate) fn copy_bytes(gpu: &Gpu) -> u64 {
+    (gpu.memory_bytes / 16).min(1 << 30) as u64
+}
+
 /// Median microseconds of a device-to-device copy of `bytes`.
-fn copy_time(gpu: &Gpu, bytes: usize) -> Result<f64> {
+pub(crate) fn copy_time(gpu: &Gpu, bytes: usize) -> Result<f64> {
     let mut src = gpu.alloc(bytes, "the copy source")?;
     gpu.fill(&mut src, 0x3c, "the copy source")?;
     let mut dst = gpu.alloc(bytes, "the copy destination")?;
