@@ -32,10 +32,14 @@ def load(d):
             if os.path.basename(f) != "bench.json":
                 name += "_" + os.path.basename(f)[len("bench_"):-len(".json")]
             rows.append((name, p))
+    copy = None
+    main = os.path.join(d, "bench.json")
+    if os.path.exists(main):
+        copy = json.load(open(main)).get("copy_bandwidth_gbs")
     torch = {}
     for t in json.load(open(os.path.join(d, "torch.json"))):
         torch[os.path.splitext(os.path.basename(t["graph"]))[0]] = t
-    return device, rows, torch
+    return device, rows, torch, copy
 
 
 def svg_bars(title, labels, series, names, path, ref=None):
@@ -94,7 +98,7 @@ def main():
     ap.add_argument("session")
     ap.add_argument("--out", default="benches/results/REPORT.md")
     a = ap.parse_args()
-    device, rows, torch = load(a.session)
+    device, rows, torch, copy = load(a.session)
     outdir = os.path.dirname(a.out)
     rel = os.path.relpath(a.session, outdir)
     lines = ["# eqfuse against PyTorch: report", "",
@@ -103,7 +107,8 @@ def main():
              "Times in microseconds, medians of CUDA-event timings (30 runs after warm-up; L2 flushed or inputs",
              "larger than L2). eqfuse: `eqfuse bench` (fused plan checked against the CPU reference). PyTorch:",
              "`benches/torch_baselines.py` on the same programs (exported with `eqfuse export`), same shapes and",
-             "dtypes, same GPU, same session.", "",
+             "dtypes, same GPU, same session." + (f" Shares of copy bandwidth are against a 1 GiB device copy measured "
+             f"at the start of the bench run: {copy:.0f} GB/s (bytes read plus written)." if copy else ""), "",
              "| program | eqfuse fused | eqfuse unfused | torch eager | torch.compile | compile (reduce-overhead) | vs compile | of copy bw | speedup measured | predicted | check |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     ratios, labels, s_eager, s_comp, errs, points = [], [], [], [], [], []
