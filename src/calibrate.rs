@@ -132,6 +132,7 @@ fn gemm_rates(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<GemmRate>> {
                 stage_latency_us: None,
                 call_overhead_us: None,
                 tiles: Default::default(),
+                tiles_16bit: Default::default(),
             });
             let base = TemplateRates { implementations: Default::default(), ..g.clone() };
             let rates = g.implementations.entry(imp.name().into()).or_insert(base);

@@ -38,6 +38,11 @@ pub struct TemplateRates {
     /// (`"BMxBN"`): see `TileRate`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tiles: BTreeMap<String, TileRate>,
+    /// The same, measured on 16-bit (bf16) operands and used for bf16 and f16 operands where
+    /// the tile is listed (16-bit loads make the generated kernel's steps slower); other tiles
+    /// of 16-bit products take `tiles`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tiles_16bit: BTreeMap<String, TileRate>,
 }
 
 /// How fast one tile shape of the generated gemm kernel runs: each block walks the reduction
@@ -150,8 +155,7 @@ impl DeviceProfile {
         let r = self.gemm_rates(imp);
         let memory = self.memory_us(r, work);
         let fixed = r.call_overhead_us.unwrap_or(self.launch_overhead_us);
-        let compute = match (imp, tiles.and_then(|t| self.tile_us(r, t))) {
-            // Tile step times are measured on f32 operands and used for every operand type.
+        let compute = match (imp, tiles.and_then(|t| self.tile_us(r, t, dtype))) {
             (GemmImpl::Generated, Some(us)) => us,
             _ => 1e6 * work.flops as f64 / (rate_tflops(r, dtype) * 1e12),
         };
@@ -161,7 +165,12 @@ impl DeviceProfile {
     /// The generated kernel's time from its tile's measured step times: `K` steps per block,
     /// each the lone-block step time or the SM's share of its blocks' steps, whichever is longer,
     /// plus the row epilogue once per wave. `None` when the profile has no rate for the tile.
-    fn tile_us(&self, r: &TemplateRates, t: &GemmTiles) -> Option<f64> {
+    fn tile_us(&self, r: &TemplateRates, t: &GemmTiles, dtype: DType) -> Option<f64> {
+        let key = format!("{}x{}", t.bm, t.bn);
+        let sixteen = matches!(dtype, DType::Bf16 | DType::F16);
+        if let Some(rate) = r.tiles_16bit.get(&key).filter(|_| sixteen) {
+            return self.tile_time(rate, t);
+        }
         // A tile the profile has no rate for takes the measured tile nearest in operand
         // elements staged per step (BM + BN), its step times scaled by that count.
         let staged = |key: &str| -> Option<usize> {
@@ -180,7 +189,11 @@ impl DeviceProfile {
             sm_ns_per_k: rate.sm_ns_per_k * scale,
             row_epilogue_us: rate.row_epilogue_us,
         };
-        let rate = &rate;
+        self.tile_time(&rate, t)
+    }
+
+    /// `K` steps of one tile rate: see [`tile_us`](Self::tile_us).
+    fn tile_time(&self, rate: &TileRate, t: &GemmTiles) -> Option<f64> {
         let sms = f64::from(self.sm_count?);
         let blocks = (t.m.div_ceil(t.bm) * t.n.div_ceil(t.bn) * t.batch) as f64;
         let per_k = rate.lone_ns_per_k.max(blocks / sms * rate.sm_ns_per_k);
@@ -221,8 +234,9 @@ impl DeviceProfile {
     pub fn kernel_work_us(&self, t: Template, work: &Work, dtype: DType, tiles: Option<&GemmTiles>) -> f64 {
         let r = self.rates(t);
         let stages = r.stage_latency_us.unwrap_or(0.0) * f64::from(work.stages);
-        let compute =
-            tiles.and_then(|g| self.tile_us(r, g)).unwrap_or_else(|| 1e6 * self.compute_seconds(t, work.flops, dtype));
+        let compute = tiles
+            .and_then(|g| self.tile_us(r, g, dtype))
+            .unwrap_or_else(|| 1e6 * self.compute_seconds(t, work.flops, dtype));
         self.launch_overhead_us + stages + self.memory_us(r, work).max(compute)
     }
 }
@@ -283,18 +297,32 @@ mod tests {
     fn generated_gemm_steps_are_latency_bound_alone_and_throughput_bound_shared() {
         let (p, r) = tiled();
         // 800 rows in 8-row tiles: 100 blocks, one per SM: 1000 steps of 30 ns.
-        assert!((p.tile_us(&r, &tiles(800, 64, 1000, 8, 64, false)).unwrap() - 30.0).abs() < 1e-9);
+        assert!((p.tile_us(&r, &tiles(800, 64, 1000, 8, 64, false), DType::F32).unwrap() - 30.0).abs() < 1e-9);
         // 8000 rows: 10 blocks per SM share it, 10 x 20 ns a step.
-        assert!((p.tile_us(&r, &tiles(8000, 64, 1000, 8, 64, false)).unwrap() - 200.0).abs() < 1e-9);
+        assert!((p.tile_us(&r, &tiles(8000, 64, 1000, 8, 64, false), DType::F32).unwrap() - 200.0).abs() < 1e-9);
         // A row epilogue adds its time once per wave.
-        assert!((p.tile_us(&r, &tiles(8000, 64, 1000, 8, 64, true)).unwrap() - 220.0).abs() < 1e-9);
+        assert!((p.tile_us(&r, &tiles(8000, 64, 1000, 8, 64, true), DType::F32).unwrap() - 220.0).abs() < 1e-9);
         // An unmeasured tile takes the nearest measured one, scaled by the elements staged per
         // step: 8x128 stages 136 against 72.
-        let us = p.tile_us(&r, &tiles(800, 128, 1000, 8, 128, false)).unwrap();
+        let us = p.tile_us(&r, &tiles(800, 128, 1000, 8, 128, false), DType::F32).unwrap();
         assert!((us - 30.0 * 136.0 / 72.0).abs() < 1e-9);
         // Without an SM count there is no tile model.
         let q = DeviceProfile { sm_count: None, ..p.clone() };
-        assert!(q.tile_us(&r, &tiles(800, 64, 1000, 8, 64, false)).is_none());
+        assert!(q.tile_us(&r, &tiles(800, 64, 1000, 8, 64, false), DType::F32).is_none());
+    }
+
+    #[test]
+    fn sixteen_bit_operands_take_their_own_tile_rates_where_measured() {
+        let (p, mut r) = tiled();
+        r.tiles_16bit =
+            [("8x64".to_string(), TileRate { lone_ns_per_k: 90.0, sm_ns_per_k: 60.0, row_epilogue_us: 0.0 })].into();
+        let t = tiles(800, 64, 1000, 8, 64, false);
+        assert!((p.tile_us(&r, &t, DType::Bf16).unwrap() - 90.0).abs() < 1e-9);
+        assert!((p.tile_us(&r, &t, DType::F16).unwrap() - 90.0).abs() < 1e-9);
+        assert!((p.tile_us(&r, &t, DType::F32).unwrap() - 30.0).abs() < 1e-9);
+        // A tile with no 16-bit rate takes the f32 tiles (nearest, scaled).
+        let wide = tiles(800, 128, 1000, 8, 128, false);
+        assert!((p.tile_us(&r, &wide, DType::Bf16).unwrap() - 30.0 * 136.0 / 72.0).abs() < 1e-9);
     }
 
     #[test]
