@@ -20,8 +20,14 @@
 // slice into registers before computing on this one. The finished tile goes to
 // shared memory (reusing the staging space) with row stride EQ_TS, and the epilogue reads it there.
 //
+// Tensor cores (EQ_MMA, 16-bit operands outside strict numerics, tiles of at least 64 rows):
+// the same tile, staging and epilogue, but the block's 8 warps compute it with mma.sync
+// m16n8k16 (bf16 or f16 inputs, f32 accumulation) from raw 16-bit slices EQ_BK = 32 deep; see the
+// EQ_MMA block below.
+//
 // Invariants: operands are widened to f32 on load and every product element is a sum in
-// increasing k order, so results are deterministic; elements outside [0, M) x [0, N) are
+// increasing k order (under EQ_MMA: of 16-element groups, each summed by the tensor core), so
+// results are deterministic and do not depend on the tile; elements outside [0, M) x [0, N) are
 // computed as zero and never stored; every thread reaches every __syncthreads; EQ_TS is a
 // multiple of 4 and tile columns start at multiples of EQ_BN, so the epilogue's vector loads
 // of the tile are aligned; in the row form EQ_BN >= EQ_N, so a row is whole in one block.
@@ -80,7 +86,27 @@ __device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {
 #define EQ_ROUND_PRODUCT(x) (x)
 #endif
 #define EQ_TX (EQ_BN / EQ_TN)
+#ifndef EQ_MMA
+#define EQ_MMA 0
+#endif
+#if EQ_MMA
+// Tensor-core mainloop (16-bit operands, EQ_MMA_F16 for f16 else bf16): the block's 8 warps
+// form an EQ_WM x EQ_WN grid, warp (wm, wn) owning the EQ_WTM x EQ_WTN sub-tile at
+// (wm * EQ_WTM, wn * EQ_WTN), as EQ_MI x EQ_NI mma.sync m16n8k16 tiles (f32 accumulators).
+// A step stages the slices A[m0 .. m0+BM) x [k0 .. k0+BK) and B[k0 ..) x [n0 .. n0+BN) in
+// shared memory as raw 16-bit values, both with k contiguous (rows of EQ_KP = BK + 8 elements,
+// so the fragments' 32-bit loads of 8 rows by 4 lanes fall in 32 distinct banks).
+#define EQ_WN (EQ_BN >= 128 ? 4 : (EQ_BN >= 64 ? 2 : 1))
+#define EQ_WM ((EQ_GEMM_THREADS / 32) / EQ_WN)
+#define EQ_WTM (EQ_BM / EQ_WM)
+#define EQ_WTN (EQ_BN / EQ_WN)
+#define EQ_MI (EQ_WTM / 16)
+#define EQ_NI (EQ_WTN / 8)
+#define EQ_KP (EQ_BK + 8)
+#define EQ_STAGE_FLOATS (((EQ_BM + EQ_BN) * EQ_KP + 1) / 2)
+#else
 #define EQ_STAGE_FLOATS (EQ_BK * (EQ_BM + 1) + EQ_BK * (EQ_BN + 1))
+#endif
 #define EQ_TILE_FLOATS (EQ_BM * EQ_TS)
 #define EQ_SMEM_FLOATS (EQ_STAGE_FLOATS > EQ_TILE_FLOATS ? EQ_STAGE_FLOATS : EQ_TILE_FLOATS)
 
@@ -119,19 +145,129 @@ __device__ __forceinline__ void eq_gemm_row_combine(int s, float (&acc)[EQ_NACC]
 }
 #endif
 
+#if EQ_MMA
+static_assert(EQ_WM * EQ_WN * 32 == EQ_GEMM_THREADS && EQ_WTM % 16 == 0 && EQ_WTN % 8 == 0 && EQ_BK % 16 == 0,
+              "the warp grid tiles the block tile with m16n8k16 products");
+// d += a b on the tensor cores: a 16x16 (row-major fragment), b 16x8 (column-major), f32 d.
+__device__ __forceinline__ void eq_mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if EQ_MMA_F16
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+__device__ __forceinline__ unsigned eq_ld_pair(const unsigned short* p) { return *reinterpret_cast<const unsigned*>(p); }
+#endif
+
 extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARAMS) {
     __shared__ __align__(16) float eq_smem[EQ_SMEM_FLOATS];
-    float (*as)[EQ_BM + 1] = reinterpret_cast<float (*)[EQ_BM + 1]>(eq_smem);
-    float (*bs)[EQ_BN + 1] = reinterpret_cast<float (*)[EQ_BN + 1]>(eq_smem + EQ_BK * (EQ_BM + 1));
     const int tid = threadIdx.x;
-    const int tx = tid % EQ_TX;
-    const int ty = tid / EQ_TX;
     const eq_idx z = blockIdx.z;
     const int m0 = blockIdx.y * EQ_BM;
     const int n0 = blockIdx.x * EQ_BN;
     const EQ_TA* __restrict__ pa = EQ_A + eq_a_batch(z);
     const EQ_TB* __restrict__ pb = EQ_B + eq_b_batch(z);
 
+#if EQ_MMA
+    unsigned short* as16 = reinterpret_cast<unsigned short*>(eq_smem);
+    unsigned short* bs16 = as16 + EQ_BM * EQ_KP;
+    const int warp = tid / 32, lane32 = tid % 32, g = lane32 / 4, t4 = lane32 % 4;
+    const int wm = warp / EQ_WN, wn = warp % EQ_WN;
+    float acc[EQ_MI][EQ_NI][4];
+#pragma unroll
+    for (int i = 0; i < EQ_MI; ++i)
+#pragma unroll
+        for (int j = 0; j < EQ_NI; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
+    // As in the CUDA-core loop: each thread stages EQ_NA elements of A and EQ_NB of B (raw 16-bit
+    // values, zero past the product's edges), the next slice loaded before this one is used.
+    constexpr int EQ_NA = (EQ_BM * EQ_BK + EQ_GEMM_THREADS - 1) / EQ_GEMM_THREADS;
+    constexpr int EQ_NB = (EQ_BN * EQ_BK + EQ_GEMM_THREADS - 1) / EQ_GEMM_THREADS;
+    unsigned short ra[EQ_NA], rb[EQ_NB];
+    auto fetch = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < EQ_NA; ++i) {
+            const int e = tid + i * EQ_GEMM_THREADS;
+            const int m = EQ_SAK == 1 ? e / EQ_BK : e % EQ_BM;
+            const int kk = EQ_SAK == 1 ? e % EQ_BK : e / EQ_BM;
+            const int gm = m0 + m, gk = k0 + kk;
+            const bool in = e < EQ_BM * EQ_BK && gm < EQ_M && gk < EQ_K;
+            ra[i] = in ? pa[(eq_idx)gm * EQ_SAM + (eq_idx)gk * EQ_SAK].bits : (unsigned short)0;
+        }
+#pragma unroll
+        for (int i = 0; i < EQ_NB; ++i) {
+            const int e = tid + i * EQ_GEMM_THREADS;
+            const int n = EQ_SBK == 1 ? e / EQ_BK : e % EQ_BN;
+            const int kk = EQ_SBK == 1 ? e % EQ_BK : e / EQ_BN;
+            const int gn = n0 + n, gk = k0 + kk;
+            const bool in = e < EQ_BN * EQ_BK && gn < EQ_N && gk < EQ_K;
+            rb[i] = in ? pb[(eq_idx)gk * EQ_SBK + (eq_idx)gn * EQ_SBN].bits : (unsigned short)0;
+        }
+    };
+    fetch(0);
+    for (int k0 = 0; k0 < EQ_K; k0 += EQ_BK) {
+#pragma unroll
+        for (int i = 0; i < EQ_NA; ++i) {
+            const int e = tid + i * EQ_GEMM_THREADS;
+            if (e < EQ_BM * EQ_BK)
+                as16[(EQ_SAK == 1 ? e / EQ_BK : e % EQ_BM) * EQ_KP + (EQ_SAK == 1 ? e % EQ_BK : e / EQ_BM)] = ra[i];
+        }
+#pragma unroll
+        for (int i = 0; i < EQ_NB; ++i) {
+            const int e = tid + i * EQ_GEMM_THREADS;
+            if (e < EQ_BN * EQ_BK)
+                bs16[(EQ_SBK == 1 ? e / EQ_BK : e % EQ_BN) * EQ_KP + (EQ_SBK == 1 ? e % EQ_BK : e / EQ_BN)] = rb[i];
+        }
+        __syncthreads();
+        if (k0 + EQ_BK < EQ_K) fetch(k0 + EQ_BK);
+#pragma unroll
+        for (int kk = 0; kk < EQ_BK; kk += 16) {
+            unsigned a[EQ_MI][4], b[EQ_NI][2];
+#pragma unroll
+            for (int i = 0; i < EQ_MI; ++i) {
+                const unsigned short* r = as16 + (wm * EQ_WTM + i * 16 + g) * EQ_KP + kk + 2 * t4;
+                a[i][0] = eq_ld_pair(r);
+                a[i][1] = eq_ld_pair(r + 8 * EQ_KP);
+                a[i][2] = eq_ld_pair(r + 8);
+                a[i][3] = eq_ld_pair(r + 8 * EQ_KP + 8);
+            }
+#pragma unroll
+            for (int j = 0; j < EQ_NI; ++j) {
+                const unsigned short* c = bs16 + (wn * EQ_WTN + j * 8 + g) * EQ_KP + kk + 2 * t4;
+                b[j][0] = eq_ld_pair(c);
+                b[j][1] = eq_ld_pair(c + 8);
+            }
+#pragma unroll
+            for (int i = 0; i < EQ_MI; ++i)
+#pragma unroll
+                for (int j = 0; j < EQ_NI; ++j) eq_mma16816(acc[i][j], a[i], b[j][0], b[j][1]);
+        }
+        __syncthreads();
+    }
+    // The finished tile, in shared memory with row stride EQ_TS (accumulator c of tile (i, j) of
+    // lane (g, t4) is element (g + 8 (c / 2), 2 t4 + c % 2) of that 16 x 8 tile).
+    float* tile = eq_smem;
+#pragma unroll
+    for (int i = 0; i < EQ_MI; ++i)
+#pragma unroll
+        for (int j = 0; j < EQ_NI; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                tile[(wm * EQ_WTM + i * 16 + g + 8 * (c / 2)) * EQ_TS + wn * EQ_WTN + j * 8 + 2 * t4 + c % 2] =
+                    EQ_ROUND_PRODUCT(acc[i][j][c]);
+    __syncthreads();
+#else
+    const int tx = tid % EQ_TX;
+    const int ty = tid / EQ_TX;
+    float (*as)[EQ_BM + 1] = reinterpret_cast<float (*)[EQ_BM + 1]>(eq_smem);
+    float (*bs)[EQ_BN + 1] = reinterpret_cast<float (*)[EQ_BN + 1]>(eq_smem + EQ_BK * (EQ_BM + 1));
     float acc[EQ_TM][EQ_TN];
 #pragma unroll
     for (int i = 0; i < EQ_TM; ++i)
@@ -200,6 +336,7 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
 #pragma unroll
         for (int j = 0; j < EQ_TN; ++j) tile[(ty * EQ_TM + i) * EQ_TS + tx + j * EQ_TX] = EQ_ROUND_PRODUCT(acc[i][j]);
     __syncthreads();
+#endif
     // The epilogue indexes the product by (flat row, column); this pointer maps the block's
     // rows and columns onto its tile.
     const eq_idx row0 = z * (eq_idx)EQ_M + (eq_idx)m0;

@@ -133,6 +133,7 @@ fn gemm_rates(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<GemmRate>> {
                 call_overhead_us: None,
                 tiles: Default::default(),
                 tiles_16bit: Default::default(),
+                tiles_mma: Default::default(),
             });
             let base = TemplateRates { implementations: Default::default(), ..g.clone() };
             let rates = g.implementations.entry(imp.name().into()).or_insert(base);

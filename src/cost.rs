@@ -159,7 +159,7 @@ pub fn analyse(
     }
     if template == Template::Gemm {
         let kernel = candidate_kernel(dag, members, &k, Template::Gemm);
-        k.tiles = gemm_tiles(dag, &k, &kernel);
+        k.tiles = gemm_tiles(dag, &k, &kernel, profile.strict);
         if k.tiles.is_some_and(|t| t.rows) {
             k.stages = latency_stages(dag, &k);
         }
@@ -198,7 +198,7 @@ fn gemm_implementation(
 }
 
 /// The product a gemm kernel computes and the tile codegen would run it in.
-fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel) -> Option<GemmTiles> {
+fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Option<GemmTiles> {
     let product = k.body.iter().copied().find(|&b| matches!(dag.nodes[b].kind(), Some(Kind::MatMul)))?;
     let a = dag.nodes[product].children().next().and_then(|c| dag.nodes[c].ty())?;
     let dom = &k.domain;
@@ -208,6 +208,8 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel) -> Option<GemmTiles> {
     }
     let rows = crate::codegen::gemm::reduces(kernel);
     let t = crate::codegen::gemm::tile(dom, rows);
+    let b = dag.nodes[product].children().nth(1).and_then(|c| dag.nodes[c].ty())?;
+    let mma = crate::codegen::gemm::uses_mma(&t, a.dtype, b.dtype, strict);
     Some(GemmTiles {
         batch: dom[..rank - 2].iter().product(),
         m: dom[rank - 2],
@@ -216,6 +218,7 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel) -> Option<GemmTiles> {
         bm: t.bm,
         bn: t.bn,
         rows,
+        mma,
     })
 }
 
@@ -241,6 +244,7 @@ fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
         bm: crate::codegen::attention::F32_BLOCK_M,
         bn: crate::codegen::attention::F32_BLOCK_N,
         rows: false,
+        mma: false,
     })
 }
 

@@ -43,6 +43,10 @@ pub struct TemplateRates {
     /// of 16-bit products take `tiles`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tiles_16bit: BTreeMap<String, TileRate>,
+    /// The same for the tensor-core mainloop (16-bit operands outside strict numerics), by tile;
+    /// a tile without a rate here is timed as its products at the implementation's bf16 rate.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tiles_mma: BTreeMap<String, TileRate>,
 }
 
 /// How fast one tile shape of the generated gemm kernel runs: each block walks the reduction
@@ -167,6 +171,9 @@ impl DeviceProfile {
     /// plus the row epilogue once per wave. `None` when the profile has no rate for the tile.
     fn tile_us(&self, r: &TemplateRates, t: &GemmTiles, dtype: DType) -> Option<f64> {
         let key = format!("{}x{}", t.bm, t.bn);
+        if t.mma {
+            return r.tiles_mma.get(&key).and_then(|rate| self.tile_time(rate, t));
+        }
         let sixteen = matches!(dtype, DType::Bf16 | DType::F16);
         if let Some(rate) = r.tiles_16bit.get(&key).filter(|_| sixteen) {
             return self.tile_time(rate, t);
@@ -265,6 +272,8 @@ pub struct GemmTiles {
     pub bn: usize,
     /// Whether the epilogue reduces rows.
     pub rows: bool,
+    /// Whether the product runs on the tensor cores (16-bit operands; `tiles_mma`).
+    pub mma: bool,
 }
 
 /// The arithmetic rate of `r` for operands of `dtype`, in TFLOP/s.
@@ -280,7 +289,7 @@ mod tests {
     use super::*;
 
     fn tiles(m: usize, n: usize, k: usize, bm: usize, bn: usize, rows: bool) -> GemmTiles {
-        GemmTiles { batch: 1, m, n, k, bm, bn, rows }
+        GemmTiles { batch: 1, m, n, k, bm, bn, rows, mma: false }
     }
 
     /// A profile with one measured tile (8x64: 30 ns per step alone, 20 shared) and 100 SMs.

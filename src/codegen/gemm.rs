@@ -72,6 +72,24 @@ pub fn tile(dom: &[usize], rows: bool) -> Tile {
     }
 }
 
+/// Whether the generated kernel runs its product on the tensor cores (`EQ_MMA` in
+/// kernels/gemm.cu): both operands bf16 or both f16, outside strict numerics (the tensor core
+/// sums 16 products at a time, another order than the CUDA-core loop), with an elementwise
+/// epilogue over a tile of at least 64 rows (the 8 warps' m16n8 grid covers it).
+pub fn uses_mma(t: &Tile, a: DType, b: DType, strict: bool) -> bool {
+    let sixteen = matches!(a, DType::Bf16 | DType::F16) && a == b;
+    sixteen && !strict && !t.rows && t.bm >= 64 && t.bn >= 16
+}
+
+/// The tile with the tensor-core path's slice depth when `mma`.
+pub fn mma_tile(t: Tile, mma: bool) -> Tile {
+    if mma {
+        Tile { bk: 32, ..t }
+    } else {
+        t
+    }
+}
+
 /// The kernel with the product tile appended to its reads (the epilogue's view of it).
 fn extended(k: &Kernel) -> Result<(Kernel, usize)> {
     if k.reads.iter().chain(&k.writes).any(|t| t.name == PRODUCT) {
@@ -182,6 +200,8 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
         }
     }
     let p = l.product.as_ref().expect("checked by lowered");
+    let mma = uses_mma(&t, p.a.dtype, p.b.dtype, strict);
+    let t = mma_tile(t, mma);
     let dom = &k.domain;
     let rank = dom.len();
     let (m, kk) = (dom[rank - 2], p.a.shape[p.a.shape.len() - 1]);
@@ -223,6 +243,12 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
         _ => None,
     } {
         let _ = writeln!(d, "#define EQ_ROUND_PRODUCT(x) {round}(x)");
+    }
+    if mma {
+        let _ = writeln!(d, "#define EQ_MMA 1");
+        if p.a.dtype == DType::F16 {
+            let _ = writeln!(d, "#define EQ_MMA_F16 1");
+        }
     }
     let _ = writeln!(d, "#define EQ_TA {}", emit::storage_type(p.a.dtype));
     let _ = writeln!(d, "#define EQ_TB {}", emit::storage_type(p.b.dtype));
