@@ -103,3 +103,48 @@ fn example_kernels_compile() {
     // cost model timed the f32 attention path; tests/views.rs checks attention writing a view.)
     assert!(attention >= 1, "no example's attention kernel was compiled");
 }
+
+/// The generated gemm's tensor-core path (16-bit operands outside strict numerics): the probe
+/// programs of benches/gpu/predict, planned with a profile that makes cuBLASLt too slow to pick,
+/// render with `EQ_MMA` (f16 with `EQ_MMA_F16`) in the 64x128 and the tall tiles, with edges no
+/// tile divides and a transposed operand, and compile without warnings; under `--strict` the
+/// same products take the CUDA-core loop.
+#[test]
+fn tensor_core_gemm_kernels_compile() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let profile = DeviceProfile::load("benches/gpu/predict/generated-only.json").unwrap();
+    let dims = |v: &[(&str, usize)]| v.iter().map(|(n, x)| (n.to_string(), *x)).collect::<Vec<_>>();
+    let probes = [
+        ("matmul_bf16", dims(&[("M", 512), ("K", 96), ("N", 512)]), "EQ_BM 64", false),
+        ("matmul_bf16", dims(&[("M", 16384), ("K", 64), ("N", 64)]), "EQ_BN 64", false),
+        ("matmul_bf16", dims(&[("M", 16384), ("K", 64), ("N", 16)]), "EQ_BN 16", false),
+        ("matmul_f16", dims(&[]), "EQ_BM 64", true),
+        ("bmm_tail_bf16", dims(&[]), "EQ_BM 128", false),
+        ("matmul_bt_bf16", dims(&[]), "EQ_SBK 1", false),
+    ];
+    for (name, d, shape, f16) in probes {
+        let path = format!("benches/gpu/predict/{name}.eqf");
+        let program = eqfuse::load_program(&path, &d).unwrap();
+        for strict in [false, true] {
+            let plan = optimize(&program, &OptimizeOptions { strict, ..OptimizeOptions::new(profile.clone()) }).unwrap().plan;
+            let k = plan.kernels.iter().find(|k| k.template == eqfuse::Template::Gemm).expect("a product");
+            let s = eqfuse::codegen_kernel(&plan, k).unwrap();
+            assert!(s.cublaslt.is_none(), "{name}: cuBLASLt was picked");
+            let defines = generated_defines(&s.source);
+            assert_eq!(defines.contains("#define EQ_MMA 1"), !strict, "{name} (strict {strict}): {defines}");
+            assert_eq!(defines.contains("#define EQ_MMA_F16 1"), f16 && !strict, "{name}: {defines}");
+            if !strict {
+                assert!(defines.contains(&format!("#define {shape}")), "{name}: {defines}");
+            }
+            let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(c.log.trim().is_empty(), "{name}: warnings\n{}", c.log);
+        }
+    }
+}
+
+/// The generated `#define` block of a kernel source (before the template text).
+fn generated_defines(source: &str) -> String {
+    source.split("// ---- kernels/").next().unwrap_or(source).to_string()
+}
