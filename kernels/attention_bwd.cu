@@ -76,6 +76,7 @@
 #ifndef EQ_DV
 #define EQ_DV 0
 #endif
+#define EQ_LOG2E 1.4426950408889634f
 #define EQ_DP (((EQ_D + 63) / 64) * 64)
 #define EQ_TILE_BYTES (EQ_BM * EQ_DP * 2)
 #if EQ_MODE == 0
@@ -93,7 +94,6 @@ constexpr int SN = EQ_BN / 8;       // n8 tiles of a score tile
 constexpr int KT = EQ_DP / 16;      // k16 steps over the head
 constexpr int DT = EQ_DP / 8;       // n8 tiles over the head
 constexpr int CH = EQ_DP / 8;       // 16-byte chunks of a shared row
-constexpr float LOG2E = 1.4426950408889634f;
 static_assert(EQ_BM == 16 * EQ_NWARPS, "a warp owns 16 rows");
 static_assert(EQ_BM == EQ_BN, "square tiles (one tile size for both loops)");
 static_assert(EQ_D % 8 == 0 && EQ_D > 0 && EQ_D <= 128, "EQ_D must be a multiple of 8 up to 128");
@@ -330,7 +330,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = wrow + g + h * 8;
-        lse2[h] = row < EQ_SQ ? EQ_LSEP[b * EQ_SQ + row] * LOG2E : 0.0f;
+        lse2[h] = row < EQ_SQ ? EQ_LSEP[b * EQ_SQ + row] * EQ_LOG2E : 0.0f;
         del[h] = row < EQ_SQ ? EQ_DELP[b * EQ_SQ + row] : 0.0f;
     }
     float dq[DT][4];
@@ -456,7 +456,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int qc = nt * 8 + 2 * t + (e & 1);
-                float x = ex2(p[nt][e] * EQ_SCALE_LOG2 - lse[qc] * LOG2E);
+                float x = ex2(p[nt][e] * EQ_SCALE_LOG2 - lse[qc] * EQ_LOG2E);
                 if (masked) {
                     const int key = wkey + g + (e >> 1) * 8, row = m0 + qc;
                     if (row >= EQ_SQ || key >= EQ_SK || (EQ_CAUSAL && key > row)) x = 0.0f;
