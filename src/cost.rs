@@ -10,7 +10,7 @@
 
 use crate::dag::{Dag, Role};
 use crate::infer::broadcast_shapes;
-use crate::lang::{Composite, Kind, Reduce, TensorLang, Unary};
+use crate::lang::{AttnArg, Composite, Kind, Reduce, TensorLang, Unary};
 use std::collections::BTreeMap;
 
 use egg::{Id, Language, RecExpr, Symbol};
@@ -73,7 +73,16 @@ impl KernelCost {
 
     /// Predicted microseconds when `hit` of the bytes read come from L2 (see `residency.rs`).
     pub fn predict_us_hit(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64, hit: u64) -> f64 {
-        let dtype = self.body.last().and_then(|&b| dag.nodes[b].ty()).map_or(DType::F32, |t| t.dtype);
+        // (Attention's log-sum-exp is f32; its products run in the operands' dtype.)
+        let dtype = self
+            .body
+            .last()
+            .map(|&b| match dag.nodes[b].kind() {
+                Some(Kind::Composite(Composite::AttentionLse)) => dag.nodes[b].children().next().unwrap_or(b),
+                _ => b,
+            })
+            .and_then(|b| dag.nodes[b].ty())
+            .map_or(DType::F32, |t| t.dtype);
         let work = Work { bytes: self.bytes_read(dag) + bytes_written, hit, flops: self.flops, stages: self.stages };
         match self.implementation {
             Some(imp) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
@@ -101,7 +110,15 @@ pub fn analyse(
             profile.max_kernel_args
         ));
     }
-    let flops = body.iter().map(|&b| node_flops(dag, b)).sum();
+    let mut flops: u64 = body.iter().map(|&b| node_flops(dag, b)).sum();
+    // The key and value gradients of attention in one kernel share the recomputed scores and
+    // probabilities: four products, not the six plus four of each alone.
+    let kv_grads = |b: &usize, w: AttnArg| dag.nodes[*b].kind() == Some(Kind::Composite(Composite::AttentionGrad(w)));
+    if let (Some(kg), true) =
+        (body.iter().find(|b| kv_grads(b, AttnArg::K)), body.iter().any(|b| kv_grads(b, AttnArg::V)))
+    {
+        flops = flops.saturating_sub(attention_grad_shared_flops(dag, *kg));
+    }
     let shape = Shaped { dag, body: &body };
     let (template, domain) = match shape.classify() {
         Ok(t) => t,
@@ -149,7 +166,12 @@ pub fn analyse(
     // starts from it, and codegen names what it cannot index. Any fusion, a product with its
     // epilogue as well as attention storing a view of itself, is asked of codegen.
     let alone = members.len() == 1 && k.body.iter().all(|&b| members.contains(&b) || dag.nodes[b].role == Role::View);
-    if template == Template::Attention && !alone {
+    let backward = k.body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()));
+    if template == Template::Attention && backward && (!alone || members.len() != 1) {
+        let kernel = candidate_kernel(dag, members, &k, Template::Attention);
+        crate::codegen::attention_bwd::can_generate(&kernel)
+            .map_err(|e| format!("the attention backward template cannot run it: {e}"))?;
+    } else if template == Template::Attention && !alone {
         if members.len() != 1 {
             return Err("the attention template writes one tensor".into());
         }
@@ -321,6 +343,35 @@ fn collect(dag: &Dag, members: &[usize], mat: &dyn Fn(usize) -> bool) -> (Vec<us
     (body, reads)
 }
 
+/// Whether an operator is one of attention's backward composites.
+pub(crate) fn is_attention_backward(kind: Option<Kind>) -> bool {
+    matches!(kind, Some(Kind::Composite(Composite::AttentionLse | Composite::AttentionGrad(_))))
+}
+
+/// Whether an operator anchors a kernel of its own template (a product, attention, or one of
+/// attention's backward composites).
+fn is_anchor(kind: Option<Kind>) -> bool {
+    matches!(kind, Some(Kind::MatMul | Kind::Composite(Composite::Attention))) || is_attention_backward(kind)
+}
+
+/// Rows (batch x queries), keys and head size of an attention-family node.
+fn attention_dims(dag: &Dag, n: &crate::dag::DagNode) -> (u64, u64, u64) {
+    let q = n.children().next().and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
+    let k = n.children().nth(1).and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
+    let (r, t) = (q.len(), k.len().saturating_sub(2));
+    let d = q.get(r.wrapping_sub(1)).copied().unwrap_or(1) as u64;
+    let tlen = k.get(t).copied().unwrap_or(1) as u64;
+    let rows = q.iter().take(r.saturating_sub(1)).product::<usize>() as u64;
+    (rows, tlen, d)
+}
+
+/// What the key and value gradients of attention share when one kernel computes both: the
+/// scores and probabilities (one product and the exponentials).
+fn attention_grad_shared_flops(dag: &Dag, i: usize) -> u64 {
+    let (rows, tlen, d) = attention_dims(dag, &dag.nodes[i]);
+    rows * tlen * (2 * d + 8)
+}
+
 /// Flops one node costs when computed (transcendentals weigh 4).
 fn node_flops(dag: &Dag, i: usize) -> u64 {
     let n = &dag.nodes[i];
@@ -359,6 +410,17 @@ fn node_flops(dag: &Dag, i: usize) -> u64 {
                 let tlen = k.get(t).copied().unwrap_or(1) as u64;
                 let rows = q.iter().take(r.saturating_sub(1)).product::<usize>() as u64;
                 rows * tlen * (4 * d + 8)
+            }
+            // Recomputed scores (2d) and probabilities (8), then: the log-sum-exp alone; the
+            // query and key gradients two more products each (g vᵀ, then dS k or dSᵀ q), the
+            // value gradient one (Pᵀ g).
+            Composite::AttentionLse => {
+                let (rows, tlen, d) = attention_dims(dag, n);
+                rows * tlen * (2 * d + 8)
+            }
+            Composite::AttentionGrad(w) => {
+                let (rows, tlen, d) = attention_dims(dag, n);
+                rows * tlen * if w == AttnArg::V { 4 * d + 8 } else { 6 * d + 12 }
             }
         },
     }
@@ -416,17 +478,21 @@ impl Shaped<'_> {
 
     /// Picks the template and iteration space, or says why none fits.
     fn classify(&self) -> Result<(Template, Vec<usize>), String> {
-        let anchors: Vec<usize> = self
-            .body
-            .iter()
-            .copied()
-            .filter(|&b| matches!(self.dag.nodes[b].kind(), Some(Kind::MatMul | Kind::Composite(Composite::Attention))))
-            .collect();
+        let anchors: Vec<usize> = self.body.iter().copied().filter(|&b| is_anchor(self.dag.nodes[b].kind())).collect();
+        if let [a, b] = anchors[..] {
+            // The key and value gradients of one attention: one kernel computes both.
+            let grad =
+                |i: usize, w: AttnArg| self.dag.nodes[i].kind() == Some(Kind::Composite(Composite::AttentionGrad(w)));
+            let same = self.dag.nodes[a].children().eq(self.dag.nodes[b].children());
+            if same && (grad(a, AttnArg::K) && grad(b, AttnArg::V) || grad(a, AttnArg::V) && grad(b, AttnArg::K)) {
+                return self.anchored(a, Some(b));
+            }
+        }
         if anchors.len() > 1 {
             return Err("two matrix products cannot share one kernel".into());
         }
         if let Some(&a) = anchors.first() {
-            return self.anchored(a);
+            return self.anchored(a, None);
         }
         let mut red: Option<Red> = None;
         let mut domain: Vec<usize> = vec![];
@@ -570,7 +636,9 @@ impl Shaped<'_> {
     }
 
     /// A kernel anchored on a matrix product or attention.
-    fn anchored(&self, a: usize) -> Result<(Template, Vec<usize>), String> {
+    /// `partner`: the value gradient beside a key gradient (or the reverse), written by the same
+    /// kernel.
+    fn anchored(&self, a: usize, partner: Option<usize>) -> Result<(Template, Vec<usize>), String> {
         let n = &self.dag.nodes[a];
         for c in n.children() {
             if !self.in_body(c) {
@@ -581,21 +649,22 @@ impl Shaped<'_> {
             }
         }
         let domain = self.shape(a).to_vec();
-        let is_attention = matches!(n.kind(), Some(Kind::Composite(Composite::Attention)));
+        let is_attention =
+            matches!(n.kind(), Some(Kind::Composite(Composite::Attention))) || is_attention_backward(n.kind());
         // Views of the anchor it stores (attention written as `[B, S, H, D]` for a reshape to
         // `[B, S, E]`): the template's output strides place them; codegen checks the strides.
         let stored = if is_attention { self.views_above(a) } else { vec![] };
         if is_attention {
             // The template writes attention as computed (or through a view), nothing more.
-            if let Some(&b) =
-                self.body.iter().find(|&&b| b != a && !stored.contains(&b) && self.dag.nodes[b].role == Role::Compute)
-            {
+            if let Some(&b) = self.body.iter().find(|&&b| {
+                b != a && Some(b) != partner && !stored.contains(&b) && self.dag.nodes[b].role == Role::Compute
+            }) {
                 let op = self.dag.nodes[b].node.head();
                 return Err(format!("attention takes no fused epilogue (`{op}` runs in its own kernel)"));
             }
         }
         for &b in self.body {
-            if b == a || n.children().any(|c| c == b) {
+            if b == a || Some(b) == partner || n.children().any(|c| c == b) {
                 continue;
             }
             match self.reduction(b) {
@@ -655,6 +724,7 @@ impl Shaped<'_> {
         match (n.kind(), self.reduction(i)) {
             (Some(Kind::MatMul), _) => (Template::Gemm, self.shape(i).to_vec()),
             (Some(Kind::Composite(Composite::Attention)), _) => (Template::Attention, self.shape(i).to_vec()),
+            (k, _) if is_attention_backward(k) => (Template::Attention, self.shape(i).to_vec()),
             (_, Some((Red::Row, input))) => (Template::RowReduce, input),
             (_, Some((Red::Across(_), input))) => (Template::ColReduce, input),
             _ => (Template::Elementwise, self.shape(i).to_vec()),
@@ -711,7 +781,7 @@ fn latency_stages(dag: &Dag, k: &KernelCost) -> u32 {
         let below = n.children().filter_map(pos).map(|c| depth[c]).max().unwrap_or(0);
         let own = match n.kind() {
             Some(Kind::Reduce(_) | Kind::Composite(Composite::RmsNorm)) => 1,
-            Some(Kind::Composite(Composite::Attention)) => 0,
+            Some(Kind::Composite(Composite::Attention | Composite::AttentionLse | Composite::AttentionGrad(_))) => 0,
             Some(Kind::Composite(_)) => 2,
             _ => 0,
         };

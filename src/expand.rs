@@ -45,7 +45,18 @@ pub fn expand_for_planning(p: &Program, strict: bool) -> Result<Option<Program>,
             let ty = |i: usize| out.ty(ch[i]);
             matches!((ty(0), ty(1), ty(2)), (Some(q), Some(k), Some(v)) if crate::codegen::attention_template_runs(q, k, v))
         };
-        leading_softmax || c == Composite::Attention && (strict || !runs()) || c == Composite::CrossEntropy && strict
+        // The backward's composites run where their kernels do (bf16 and f16 on tensor cores).
+        let bwd_runs = || {
+            let ty = |i: usize| out.ty(ch[i]);
+            let (q, k) = (ty(0), ty(1));
+            let v = if c == Composite::AttentionLse { ty(1) } else { ty(2) };
+            matches!((q, k, v), (Some(q), Some(k), Some(v)) if crate::codegen::attention_bwd::template_runs(q, k, v))
+        };
+        let backward = matches!(c, Composite::AttentionLse | Composite::AttentionGrad(_));
+        leading_softmax
+            || c == Composite::Attention && (strict || !runs())
+            || c == Composite::CrossEntropy && strict
+            || backward && (strict || !bwd_runs())
     };
     let mut any = false;
     let q = p.rewrite_nodes(|out, map, node| match node {
@@ -88,6 +99,16 @@ impl B<'_> {
         let z = self.r(Reduce::Sum, e, axis)?;
         let l = self.u(Unary::Log, z)?;
         self.b(Binary::Sub, s, l)
+    }
+    fn cast(&mut self, x: Id, dtype: crate::types::DType) -> Result<Id, String> {
+        if self.0.ty(x).is_some_and(|t| t.dtype == dtype) {
+            return Ok(x);
+        }
+        let t = self.0.add(TensorLang::Type(dtype))?;
+        self.0.apply(Kind::Cast, vec![x, t])
+    }
+    fn f32(&mut self, x: Id) -> Result<Id, String> {
+        self.cast(x, crate::types::DType::F32)
     }
     fn softmax(&mut self, x: Id, axis: Id) -> Result<Id, String> {
         let m = self.r(Reduce::Amax, x, axis)?;
@@ -153,6 +174,44 @@ fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
             let m1 = b.num(-1.0);
             let p = b.softmax(scaled, m1)?;
             b.0.apply(Kind::MatMul, vec![p, ch[2]])
+        }
+        Composite::AttentionLse => {
+            // In f32: log(sum(exp(s - m))) + m over the scaled, masked scores.
+            let (q, k) = (b.f32(ch[0])?, b.f32(ch[1])?);
+            let s = attention_scores(b.0, q, k, ch[2], ch[3])?;
+            let last = b.num(-1.0);
+            let m = b.r(Reduce::Amax, s, last)?;
+            let sh = b.b(Binary::Sub, s, m)?;
+            let e = b.u(Unary::Exp, sh)?;
+            let z = b.r(Reduce::Sum, e, last)?;
+            let l = b.u(Unary::Log, z)?;
+            b.b(Binary::Add, l, m)
+        }
+        Composite::AttentionGrad(which) => {
+            // In f32: P = exp(s - lse), dS = P (g vᵀ - delta) scale; dS k, dSᵀ q or Pᵀ g.
+            let dtype = b.0.ty(ch[0]).map(|t| t.dtype).unwrap_or(crate::types::DType::F32);
+            let (q, k, v, g) = (b.f32(ch[0])?, b.f32(ch[1])?, b.f32(ch[2])?, b.f32(ch[3])?);
+            let s = attention_scores(b.0, q, k, ch[6], ch[7])?;
+            let sh = b.b(Binary::Sub, s, ch[4])?;
+            let p = b.u(Unary::Exp, sh)?;
+            let (m1, m2) = (b.num(-1.0), b.num(-2.0));
+            let out = if which == crate::lang::AttnArg::V {
+                let pt = b.0.apply(Kind::Transpose, vec![p, m1, m2])?;
+                b.0.apply(Kind::MatMul, vec![pt, g])?
+            } else {
+                let vt = b.0.apply(Kind::Transpose, vec![v, m1, m2])?;
+                let dp = b.0.apply(Kind::MatMul, vec![g, vt])?;
+                let c = b.b(Binary::Sub, dp, ch[5])?;
+                let ds = b.b(Binary::Mul, p, c)?;
+                let ds = b.b(Binary::Mul, ds, ch[6])?;
+                if which == crate::lang::AttnArg::Q {
+                    b.0.apply(Kind::MatMul, vec![ds, k])?
+                } else {
+                    let dst = b.0.apply(Kind::Transpose, vec![ds, m1, m2])?;
+                    b.0.apply(Kind::MatMul, vec![dst, q])?
+                }
+            };
+            b.cast(out, dtype)
         }
     }
 }

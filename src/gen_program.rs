@@ -526,8 +526,9 @@ mod tests {
         assert_ne!(random_recipe(7, 10).render(), random_recipe(8, 10).render());
     }
 
-    /// Every operator of the language but `grad` appears in a few hundred random programs, and
-    /// every program parses.
+    /// Every operator of the language but `grad` and attention's backward composites (which
+    /// the autodiff pass emits for bf16 and f16 attention, while generated gradients are f32)
+    /// appears in a few hundred random programs, and every program parses.
     #[test]
     fn random_programs_parse_and_use_every_operator() {
         let mut seen = BTreeSet::new();
@@ -538,6 +539,8 @@ mod tests {
         }
         let missing: Vec<&str> =
             crate::lang::OPS.iter().map(|o| o.name).filter(|n| *n != "grad" && !seen.contains(n)).collect();
+        let missing: Vec<&str> =
+            missing.into_iter().filter(|n| *n != "attention_lse" && !n.starts_with("attention_grad_")).collect();
         assert!(missing.is_empty(), "never generated: {missing:?}");
     }
 

@@ -302,7 +302,6 @@ fn infer_composite(c: Composite, name: &str, args: &[&Fact]) -> R<Inferred> {
     if x.rank() == 0 {
         return Err(format!("{name} needs a tensor of rank 1 or more, got a scalar"));
     }
-    let last = x.shape[x.rank() - 1];
     let param = |i: usize, what: &str| -> R<()> {
         let p = tensor(args[i], &format!("{what} of {name}"))?;
         let b = broadcast_shapes(&x.shape, &p.shape).map_err(|e| format!("{what} of {name}: {e}"))?;
@@ -349,43 +348,95 @@ fn infer_composite(c: Composite, name: &str, args: &[&Fact]) -> R<Inferred> {
         Composite::Attention => {
             let k = tensor(args[1], "the keys of attention")?;
             let v = tensor(args[2], "the values of attention")?;
-            if x.rank() < 2 || k.rank() != x.rank() || v.rank() != x.rank() {
-                return Err(format!(
-                    "attention needs q, k, v of one rank (2 or more), got {}, {}, {}",
-                    shape_str(&x.shape),
-                    shape_str(&k.shape),
-                    shape_str(&v.shape)
-                ));
-            }
-            let r = x.rank();
-            if k.shape[r - 1] != last || k.shape[..r - 2] != x.shape[..r - 2] {
-                return Err(format!(
-                    "the keys {} do not match the queries {}",
-                    shape_str(&k.shape),
-                    shape_str(&x.shape)
-                ));
-            }
-            if v.shape[r - 2] != k.shape[r - 2] || v.shape[..r - 2] != x.shape[..r - 2] {
-                return Err(format!(
-                    "the values {} do not match the keys {}",
-                    shape_str(&v.shape),
-                    shape_str(&k.shape)
-                ));
-            }
-            if k.dtype != x.dtype || v.dtype != x.dtype {
-                return Err(format!("attention needs q, k, v of one dtype, got {}, {}, {}", x.dtype, k.dtype, v.dtype));
-            }
+            attention_operands(x, k, v)?;
             float_const(args[3], "the scale of attention")?;
-            let causal = int_const(args[4], "the causal flag of attention")?;
-            if causal != 0 && causal != 1 {
-                return Err(format!("the causal flag of attention must be 0 or 1, got {causal}"));
-            }
+            causal_flag(args[4])?;
             let mut shape = x.shape.clone();
-            shape[r - 1] = v.shape[r - 1];
+            shape[x.rank() - 1] = v.shape[x.rank() - 1];
             return Ok(Inferred { ty: TensorType::new(x.dtype, shape), weak: false });
+        }
+        Composite::AttentionLse => {
+            let k = tensor(args[1], "the keys of attention_lse")?;
+            attention_operands(x, k, k)?;
+            float_const(args[2], "the scale of attention_lse")?;
+            causal_flag(args[3])?;
+            let mut shape = x.shape.clone();
+            shape[x.rank() - 1] = 1;
+            return Ok(Inferred { ty: TensorType::new(DType::F32, shape), weak: false });
+        }
+        Composite::AttentionGrad(which) => {
+            let k = tensor(args[1], &format!("the keys of {name}"))?;
+            let v = tensor(args[2], &format!("the values of {name}"))?;
+            attention_operands(x, k, v)?;
+            let r = x.rank();
+            let mut oshape = x.shape.clone();
+            oshape[r - 1] = v.shape[r - 1];
+            let g = tensor(args[3], &format!("the output gradient of {name}"))?;
+            if g.shape != oshape || g.dtype != x.dtype {
+                return Err(format!(
+                    "the output gradient of {name} must be {}{}, got {}{}",
+                    x.dtype,
+                    shape_str(&oshape),
+                    g.dtype,
+                    shape_str(&g.shape)
+                ));
+            }
+            let mut rows = x.shape.clone();
+            rows[r - 1] = 1;
+            for (i, what) in [(4, "log-sum-exp"), (5, "delta")] {
+                let t = tensor(args[i], &format!("the {what} of {name}"))?;
+                if t.shape != rows || t.dtype != DType::F32 {
+                    return Err(format!(
+                        "the {what} of {name} must be f32{}, got {}{}",
+                        shape_str(&rows),
+                        t.dtype,
+                        shape_str(&t.shape)
+                    ));
+                }
+            }
+            float_const(args[6], &format!("the scale of {name}"))?;
+            causal_flag(args[7])?;
+            let ty = match which {
+                crate::lang::AttnArg::Q => x,
+                crate::lang::AttnArg::K => k,
+                crate::lang::AttnArg::V => v,
+            };
+            return Ok(Inferred { ty: ty.clone(), weak: false });
         }
     }
     Ok(Inferred { ty: x.clone(), weak: false })
+}
+
+/// Queries, keys and values of attention: one rank (2 or more), matching batch axes, key and
+/// query head sizes equal, one dtype.
+fn attention_operands(x: &TensorType, k: &TensorType, v: &TensorType) -> R<()> {
+    if x.rank() < 2 || k.rank() != x.rank() || v.rank() != x.rank() {
+        return Err(format!(
+            "attention needs q, k, v of one rank (2 or more), got {}, {}, {}",
+            shape_str(&x.shape),
+            shape_str(&k.shape),
+            shape_str(&v.shape)
+        ));
+    }
+    let r = x.rank();
+    if k.shape[r - 1] != x.shape[r - 1] || k.shape[..r - 2] != x.shape[..r - 2] {
+        return Err(format!("the keys {} do not match the queries {}", shape_str(&k.shape), shape_str(&x.shape)));
+    }
+    if v.shape[r - 2] != k.shape[r - 2] || v.shape[..r - 2] != x.shape[..r - 2] {
+        return Err(format!("the values {} do not match the keys {}", shape_str(&v.shape), shape_str(&k.shape)));
+    }
+    if k.dtype != x.dtype || v.dtype != x.dtype {
+        return Err(format!("attention needs q, k, v of one dtype, got {}, {}, {}", x.dtype, k.dtype, v.dtype));
+    }
+    Ok(())
+}
+
+fn causal_flag(f: &Fact) -> R<()> {
+    let causal = int_const(f, "the causal flag of attention")?;
+    if causal != 0 && causal != 1 {
+        return Err(format!("the causal flag of attention must be 0 or 1, got {causal}"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -86,6 +86,23 @@ pub enum Composite {
     CrossEntropy,
     /// `attention(q, k, v, scale, causal)`: `softmax(q @ k^T * scale [+ causal mask]) @ v`.
     Attention,
+    /// `attention_lse(q, k, scale, causal)`: the f32 log-sum-exp of each row of attention's
+    /// scaled (and masked) scores, `[..., SQ, 1]`; what its backward recomputes the
+    /// probabilities from.
+    AttentionLse,
+    /// `attention_grad_{q,k,v}(q, k, v, g, lse, delta, scale, causal)`: the gradient of attention
+    /// with respect to one operand, given the upstream gradient `g`, the scores' log-sum-exp and
+    /// `delta = sum(g * o, -1)` (f32 `[..., SQ, 1]` both): with `P = exp(s * scale - lse)`
+    /// (0 where masked), `dS = P (g vᵀ - delta) scale`, it is `dS k`, `dSᵀ q` or `Pᵀ g`.
+    AttentionGrad(AttnArg),
+}
+
+/// Which operand of attention a gradient is taken with respect to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AttnArg {
+    Q,
+    K,
+    V,
 }
 
 /// How an operator's children are used; drives shape inference and evaluation.
@@ -183,6 +200,10 @@ pub const OPS: &[OpInfo] = &[
     op("rmsnorm", 3, Kind::Composite(Composite::RmsNorm)),
     op("cross_entropy", 2, Kind::Composite(Composite::CrossEntropy)),
     op("attention", 5, Kind::Composite(Composite::Attention)),
+    op("attention_lse", 4, Kind::Composite(Composite::AttentionLse)),
+    op("attention_grad_q", 8, Kind::Composite(Composite::AttentionGrad(AttnArg::Q))),
+    op("attention_grad_k", 8, Kind::Composite(Composite::AttentionGrad(AttnArg::K))),
+    op("attention_grad_v", 8, Kind::Composite(Composite::AttentionGrad(AttnArg::V))),
     op("grad", 2, Kind::Grad),
 ];
 

@@ -121,7 +121,7 @@ pub use gpu::{tensor_bytes, tensor_from_bytes, Gpu};
 pub use ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};
 pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
 pub use json::{program_from_json, program_to_json};
-pub use lang::{Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
+pub use lang::{AttnArg, Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
 pub use memory::{liveness, pack_mask, packed_bytes, parse_bytes, unpack_mask, KernelIo, MemoryReport, SavedTensor};
 pub use memplan::{MemoryPlan, Step as MemoryStep};
 pub use npy::{read_npy, write_npy};

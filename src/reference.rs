@@ -17,7 +17,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::infer::norm_axis;
-use crate::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
+use crate::lang::{AttnArg, Binary, Composite, Kind, Reduce, TensorLang, Unary};
 use crate::program::Program;
 use crate::rng;
 use crate::scalar::{binary, unary};
@@ -528,7 +528,116 @@ fn composite(c: Composite, args: &Args, ty: &TensorType) -> Result<Vec<f64>> {
             let causal = args.konst(4)? != 0.0;
             Ok(attention(x, args.tensor(1)?, args.tensor(2)?, args.konst(3)?, causal, &ty.shape))
         }
+        Composite::AttentionLse => Ok(attention_lse(x, args.tensor(1)?, args.konst(2)?, args.konst(3)? != 0.0)),
+        Composite::AttentionGrad(which) => {
+            let t = |i: usize| args.tensor(i);
+            let (scale, causal) = (args.konst(6)?, args.konst(7)? != 0.0);
+            Ok(attention_grad(which, [x, t(1)?, t(2)?, t(3)?, t(4)?, t(5)?], scale, causal))
+        }
     }
+}
+
+/// The scaled scores of one query row against every key (masked ones `-inf`).
+fn attention_row_scores(qi: &[f64], keys: &[f64], d: usize, i: usize, scale: f64, causal: bool) -> Vec<f64> {
+    (0..keys.len() / d.max(1))
+        .map(|j| {
+            if causal && j > i {
+                f64::NEG_INFINITY
+            } else {
+                scale * qi.iter().zip(&keys[j * d..(j + 1) * d]).map(|(a, b)| a * b).sum::<f64>()
+            }
+        })
+        .collect()
+}
+
+/// `log(sum_j exp(scale <q_i, k_j>))` over the unmasked keys of each query row.
+fn attention_lse(q: &Tensor, k: &Tensor, scale: f64, causal: bool) -> Vec<f64> {
+    let r = q.rank();
+    let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], k.shape[r - 2]);
+    let mut out = vec![0.0; q.numel() / d.max(1)];
+    par_blocks(&mut out, 1, |(ri, dst)| {
+        let (b, i) = (ri / sq, ri % sq);
+        let s = attention_row_scores(
+            &q.data[(b * sq + i) * d..][..d],
+            &k.data[b * sk * d..][..sk * d],
+            d,
+            i,
+            scale,
+            causal,
+        );
+        let m = s.iter().fold(f64::NEG_INFINITY, |m, &x| binary(Binary::Max, m, x, false));
+        dst[0] = m + unary(Unary::Log, s.iter().map(|&x| unary(Unary::Exp, x - m)).sum::<f64>());
+    });
+    out
+}
+
+/// The gradient of attention with respect to one operand, from `[q, k, v, g, lse, delta]`:
+/// `P = exp(s scale - lse)`, `dS = P (g vᵀ - delta) scale`; `dS k`, `dSᵀ q` or `Pᵀ g`.
+fn attention_grad(which: AttnArg, t: [&Tensor; 6], scale: f64, causal: bool) -> Vec<f64> {
+    let [q, k, v, g, lse, delta] = t;
+    let r = q.rank();
+    let (sq, d, sk, dv) = (q.shape[r - 2], q.shape[r - 1], k.shape[r - 2], v.shape[r - 1]);
+    let nb = q.numel() / (sq * d).max(1);
+    // Per batch entry: P and dS, [sq, sk] each.
+    let per_batch = |b: usize| -> (Vec<f64>, Vec<f64>) {
+        let keys = &k.data[b * sk * d..][..sk * d];
+        let vals = &v.data[b * sk * dv..][..sk * dv];
+        let mut p = vec![0.0; sq * sk];
+        let mut ds = vec![0.0; sq * sk];
+        for i in 0..sq {
+            let s = attention_row_scores(&q.data[(b * sq + i) * d..][..d], keys, d, i, scale, causal);
+            let gi = &g.data[(b * sq + i) * dv..][..dv];
+            let (l, dl) = (lse.data[b * sq + i], delta.data[b * sq + i]);
+            for j in 0..sk {
+                let pij = if s[j] == f64::NEG_INFINITY { 0.0 } else { unary(Unary::Exp, s[j] - l) };
+                let dp: f64 = gi.iter().zip(&vals[j * dv..(j + 1) * dv]).map(|(a, b)| a * b).sum();
+                p[i * sk + j] = pij;
+                ds[i * sk + j] = pij * (dp - dl) * scale;
+            }
+        }
+        (p, ds)
+    };
+    let (rows, width) = match which {
+        AttnArg::Q => (sq, d),
+        AttnArg::K => (sk, d),
+        AttnArg::V => (sk, dv),
+    };
+    let mut out = vec![0.0; nb * rows * width];
+    par_blocks(&mut out, rows * width, |(b, dst)| {
+        let (p, ds) = per_batch(b);
+        match which {
+            AttnArg::Q => {
+                let keys = &k.data[b * sk * d..][..sk * d];
+                for i in 0..sq {
+                    for j in 0..sk {
+                        let x = ds[i * sk + j];
+                        for (o, &kk) in dst[i * d..(i + 1) * d].iter_mut().zip(&keys[j * d..(j + 1) * d]) {
+                            *o += x * kk;
+                        }
+                    }
+                }
+            }
+            AttnArg::K | AttnArg::V => {
+                let (m, src) = if which == AttnArg::K {
+                    (&ds, &q.data[b * sq * d..][..sq * d])
+                } else {
+                    (&p, &g.data[b * sq * dv..][..sq * dv])
+                };
+                for i in 0..sq {
+                    let row = &src[i * width..(i + 1) * width];
+                    for j in 0..sk {
+                        let x = m[i * sk + j];
+                        if x != 0.0 {
+                            for (o, &y) in dst[j * width..(j + 1) * width].iter_mut().zip(row) {
+                                *o += x * y;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
+    out
 }
 
 /// Stable (log-)softmax along `axis`: `exp(x - max) / sum`, or `x - max - log(sum)`.

@@ -387,6 +387,11 @@ fn longest_contraction(program: &Program) -> usize {
                 let a = program.ty(ch[0]);
                 k = k.max(a.and_then(|t| t.shape.last().copied()).unwrap_or(0));
             }
+            // Attention's gradients sum over every query (keys) or key (queries).
+            if crate::cost::is_attention_backward(Some(code.kind())) {
+                let rows = |c: egg::Id| program.ty(c).and_then(|t| t.shape.iter().rev().nth(1).copied()).unwrap_or(0);
+                k = k.max(rows(ch[0])).max(rows(ch[1]));
+            }
         }
     }
     k

@@ -10,7 +10,7 @@
 use egg::Id;
 
 use super::{Tape, R};
-use crate::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
+use crate::lang::{AttnArg, Binary, Composite, Kind, Reduce, TensorLang, Unary};
 use crate::types::DType;
 
 /// The nodes of a max-shifted exp-sum: `m = amax(x, a)`, `s = x - m`, `e = exp(s)`,
@@ -291,6 +291,12 @@ impl Tape<'_> {
             Composite::RmsNorm => self.rmsnorm(ch, y, g, out)?,
             Composite::CrossEntropy => out.push((ch[0], self.cross_entropy(ch[0], ch[1], g)?)),
             Composite::Attention => self.attention(ch, y, g, out)?,
+            Composite::AttentionLse | Composite::AttentionGrad(_) => {
+                return Err(format!(
+                    "`{}` (attention's backward) has no gradient: second-order attention gradients are not supported",
+                    crate::lang::OpCode::of(Kind::Composite(c)).name()
+                ))
+            }
         }
         Ok(())
     }
@@ -391,8 +397,16 @@ impl Tape<'_> {
 
     /// Attention backward with the probabilities recomputed (the forward keeps none):
     /// P = softmax(S), dV = Pᵀ dO, dS = P (dO Vᵀ - sum(P dO Vᵀ)) · scale, dQ = dS K, dK = dSᵀ Q.
+    ///
+    /// Where the flash-style backward kernels run (bf16, f16; `codegen::attention_bwd`), the
+    /// gradients are its composites instead, which recompute the probabilities from the scores'
+    /// log-sum-exp: `lse = attention_lse(q, k)`, `delta = sum(g * o, -1)` (f32), and
+    /// `attention_grad_{q,k,v}(q, k, v, g, lse, delta)`; no `[S, S]` value is left in the graph.
     fn attention(&mut self, ch: &[Id], y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
         let (q, k, v, scale, causal) = (ch[0], ch[1], ch[2], ch[3], ch[4]);
+        if crate::codegen::attention_bwd::template_runs(&self.ty(q)?, &self.ty(k)?, &self.ty(v)?) {
+            return self.attention_flash(ch, y, g, out);
+        }
         let scores = crate::expand::attention_scores(self.p, q, k, scale, causal)?;
         let last = self.p.num(-1.0);
         let p = self.op(Kind::Composite(Composite::Softmax), vec![scores, last])?;
@@ -414,6 +428,27 @@ impl Tape<'_> {
         if self.on(k) {
             let dst = self.swap_last(ds)?;
             out.push((k, self.op(Kind::MatMul, vec![dst, q])?));
+        }
+        Ok(())
+    }
+
+    /// The flash-style attention backward (see [`Tape::attention`]).
+    fn attention_flash(&mut self, ch: &[Id], y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
+        let (q, k, v, scale, causal) = (ch[0], ch[1], ch[2], ch[3], ch[4]);
+        let gf = self.full_like(g, y)?;
+        let lse = self.op(Kind::Composite(Composite::AttentionLse), vec![q, k, scale, causal])?;
+        let (g32, y32) = (self.cast(gf, DType::F32)?, self.cast(y, DType::F32)?);
+        let gy = self.bin(Binary::Mul, g32, y32)?;
+        let last = self.p.num(-1.0);
+        let delta = self.op(Kind::Reduce(Reduce::Sum), vec![gy, last])?;
+        for (x, which) in [(q, AttnArg::Q), (k, AttnArg::K), (v, AttnArg::V)] {
+            if self.on(x) {
+                let d = self.op(
+                    Kind::Composite(Composite::AttentionGrad(which)),
+                    vec![q, k, v, gf, lse, delta, scale, causal],
+                )?;
+                out.push((x, d));
+            }
         }
         Ok(())
     }

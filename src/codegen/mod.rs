@@ -8,6 +8,7 @@
 //! in `tests/snapshots` hold the rendered CUDA of small programs).
 
 pub mod attention;
+pub mod attention_bwd;
 pub use attention::template_runs as attention_template_runs;
 mod emit;
 pub use emit::{row_cached, ROW_CACHE_PER_THREAD};
@@ -29,15 +30,17 @@ const ROWREDUCE: &str = include_str!("../../kernels/rowreduce.cu");
 const COLREDUCE: &str = include_str!("../../kernels/colreduce.cu");
 const ATTENTION: &str = include_str!("../../kernels/attention.cu");
 const GEMM: &str = include_str!("../../kernels/gemm.cu");
+const ATTENTION_BWD: &str = include_str!("../../kernels/attention_bwd.cu");
 
 /// The template files, by name, as they are embedded (for tests that compile them alone).
-pub const TEMPLATE_FILES: [(&str, &str); 6] = [
+pub const TEMPLATE_FILES: [(&str, &str); 7] = [
     ("common.cuh", COMMON),
     ("elementwise.cu", ELEMENTWISE),
     ("rowreduce.cu", ROWREDUCE),
     ("colreduce.cu", COLREDUCE),
     ("attention.cu", ATTENTION),
     ("gemm.cu", GEMM),
+    ("attention_bwd.cu", ATTENTION_BWD),
 ];
 
 /// Grid, block and dynamic shared memory of a launch.
@@ -178,6 +181,9 @@ pub fn packed_mask_refusal(plan: &FusionPlan, k: &Kernel) -> Option<String> {
 pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
     if let Some(why) = packed_mask_refusal(plan, k) {
         return Err(Error::Invalid(why));
+    }
+    if k.template == Template::Attention && attention_bwd::is_backward(k) {
+        return attention_bwd::codegen(plan, k, ATTENTION_BWD, COMMON);
     }
     if k.template == Template::Attention {
         return attention::codegen(plan, k, ATTENTION, COMMON);

@@ -1,0 +1,490 @@
+// attention_bwd.cu: flash-style attention backward (FlashAttention-2 design, deterministic) on
+// tensor cores: three kernels, chosen by EQ_MODE, that never hold the score matrix in device
+// memory.
+//
+// Math, per batch index b and with s_ij = scale * <q_i, k_j> (keys j > i masked under
+// EQ_CAUSAL, keys past EQ_SK always):
+//   EQ_MODE 0 (attention_lse):     lse_i = log sum_j exp(s_ij)                      (f32)
+//   with P_ij = exp(s_ij - lse_i) (0 where masked), dP_ij = <g_i, v_j>,
+//   dS_ij = P_ij (dP_ij - delta_i) scale                (lse, delta: f32 [EQ_NB, EQ_SQ])
+//   EQ_MODE 1 (attention_grad_q):  dq_i = sum_j dS_ij k_j
+//   EQ_MODE 2 (attention_grad_k/v): dk_j = sum_i dS_ij q_i (EQ_DK), dv_j = sum_i P_ij g_i (EQ_DV)
+// Mode 0 and 1 run one block per EQ_BM query rows looping over key tiles; mode 2 one block per
+// EQ_BM key rows looping over query tiles (its rows are keys), so every output element is
+// summed by one thread in a fixed order: no atomics, results do not depend on scheduling.
+// Products run as mma.sync m16n8k16 (bf16 or f16 inputs, f32 accumulate); P and dS are rounded
+// to the storage type before the products that consume them (as FlashAttention does).
+//
+// Launch shape: grid (ceil(rows / EQ_BM), EQ_NB), block EQ_NWARPS * 32 threads (warp w owns
+// rows [16 w, 16 w + 16) of the block's tile), dynamic shared memory EQ_SMEM_BYTES: the block's
+// own tiles (queries and output gradient, or keys and values), and two buffers of the tiles it
+// loops over (cp.async double buffering), plus (mode 2) two buffers of lse and delta.
+//
+// Layout: every tensor is contiguous, [EQ_NB, rows, EQ_D] (lse and delta [EQ_NB, EQ_SQ]); EQ_D
+// is a multiple of 8 up to 128. In shared memory a row holds EQ_DP = EQ_D rounded up to 64
+// elements (zero-filled past EQ_D), in 16-byte chunks placed at chunk ^ (row & 7) (conflict-free
+// ldmatrix and cp.async).
+//
+// Invariants: compiles with NVRTC and nothing but the architecture flag (sm_80 or later);
+// rows past the ends are zero-filled on load, masked, and never stored; every thread reaches
+// every __syncthreads; each output element is written exactly once.
+#ifndef EQ_COMMON_CUH
+#include "common.cuh"
+#endif
+
+#ifndef EQ_GENERATED
+// Default instance: dk, dv of attention(q, k, v, 0.125, 0) over bf16 [8, 16, 2048, 64].
+#define EQ_KERNEL attention_bwd_bf16
+#define EQ_T eq_bf16
+#define EQ_BF16 1
+#define EQ_MODE 2
+#define EQ_DK 1
+#define EQ_DV 1
+#define EQ_D 64
+#define EQ_SQ 2048
+#define EQ_SK 2048
+#define EQ_NB 128
+#define EQ_CAUSAL 0
+#define EQ_SCALE 0.125f
+#define EQ_SCALE_LOG2 0.18033688011112042f
+#define EQ_PARAMS                                                                                        \
+    const eq_bf16* __restrict__ p_q, const eq_bf16* __restrict__ p_k, const eq_bf16* __restrict__ p_v,     \
+        const eq_bf16* __restrict__ p_g, const float* __restrict__ p_lse, const float* __restrict__ p_del, \
+        eq_bf16* __restrict__ p_dk, eq_bf16* __restrict__ p_dv
+#define EQ_QP p_q
+#define EQ_KP p_k
+#define EQ_VP p_v
+#define EQ_GP p_g
+#define EQ_LSEP p_lse
+#define EQ_DELP p_del
+#define EQ_DKP p_dk
+#define EQ_DVP p_dv
+#endif
+
+#ifndef EQ_BM
+#define EQ_BM 64
+#endif
+#ifndef EQ_BN
+#define EQ_BN 64
+#endif
+#ifndef EQ_NWARPS
+#define EQ_NWARPS 4
+#endif
+#ifndef EQ_DK
+#define EQ_DK 0
+#endif
+#ifndef EQ_DV
+#define EQ_DV 0
+#endif
+#define EQ_LOG2E 1.4426950408889634f
+#define EQ_DP (((EQ_D + 63) / 64) * 64)
+#define EQ_TILE_BYTES (EQ_BM * EQ_DP * 2)
+#if EQ_MODE == 0
+#define EQ_SMEM_BYTES (3 * EQ_TILE_BYTES)
+#elif EQ_MODE == 1
+#define EQ_SMEM_BYTES (6 * EQ_TILE_BYTES)
+#else
+#define EQ_SMEM_BYTES (6 * EQ_TILE_BYTES + 4 * EQ_BM * 4)
+#endif
+
+namespace eq_attb {
+
+constexpr int NT = EQ_NWARPS * 32;  // threads
+constexpr int SN = EQ_BN / 8;       // n8 tiles of a score tile
+constexpr int KT = EQ_DP / 16;      // k16 steps over the head
+constexpr int DT = EQ_DP / 8;       // n8 tiles over the head
+constexpr int CH = EQ_DP / 8;       // 16-byte chunks of a shared row
+static_assert(EQ_BM == 16 * EQ_NWARPS, "a warp owns 16 rows");
+static_assert(EQ_BM == EQ_BN, "square tiles (one tile size for both loops)");
+static_assert(EQ_D % 8 == 0 && EQ_D > 0 && EQ_D <= 128, "EQ_D must be a multiple of 8 up to 128");
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void cp16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp4(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm4t(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+// d += a * b on one m16n8k16 tile (row-major a, column-major b, f32 accumulate).
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#if EQ_BF16
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+// Two f32 rounded to the storage type (nearest even), `lo` in the low half.
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+#if EQ_BF16
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+// Byte offset of chunk `ch` of row `r` in a swizzled tile.
+__device__ __forceinline__ unsigned at(int r, int ch) { return (unsigned)((r * CH + (ch ^ (r & 7))) * 16); }
+
+// Loads rows [row0, row0 + EQ_BM) of a contiguous [rows, EQ_D] matrix into a tile; rows at or
+// past `limit` and chunks past EQ_D are zero.
+__device__ __forceinline__ void load_tile(unsigned dst, const EQ_T* g, int row0, int limit) {
+#pragma unroll
+    for (int c = threadIdx.x; c < EQ_BM * CH; c += NT) {
+        const int r = c / CH, ch = c % CH;
+        const bool ok = row0 + r < limit && ch * 8 < EQ_D;
+        const EQ_T* src = ok ? g + (long long)(row0 + r) * EQ_D + ch * 8 : g;
+        cp16(dst + at(r, ch), src, ok ? 16 : 0);
+    }
+}
+
+// The A fragments (rows [16 w, 16 w + 16) of this warp) of a tile, one per k16 step.
+__device__ __forceinline__ void a_frags(unsigned (&f)[KT][4], unsigned tile, int warp, int lane) {
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt) ldsm4(f[kt], tile + at(warp * 16 + (lane & 15), kt * 2 + (lane >> 4)));
+}
+
+// acc[16 x EQ_BN] = A[16 x EQ_D] * B^T, B's EQ_BN rows in a tile (q k^T, g v^T).
+__device__ __forceinline__ void mma_abt(float (&acc)[SN][4], const unsigned (&a)[KT][4], unsigned tile, int lane) {
+#pragma unroll
+    for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt)
+#pragma unroll
+        for (int np = 0; np < SN / 2; ++np) {
+            unsigned bk[4];
+            const int r = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+            ldsm4(bk, tile + at(r, kt * 2 + ((lane >> 3) & 1)));
+            mma(acc[2 * np], a[kt], bk[0], bk[1]);
+            mma(acc[2 * np + 1], a[kt], bk[2], bk[3]);
+        }
+}
+
+// acc[16 x EQ_DP] += P[16 x EQ_BN] * B, B's EQ_BN rows in a tile (dS k, P^T g, dS^T q); P in the
+// accumulator layout, rounded to the storage type here.
+__device__ __forceinline__ void mma_pb(float (&acc)[DT][4], const float (&p)[SN][4], unsigned tile, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < SN / 2; ++kk) {
+        unsigned pa[4];
+        pa[0] = pack2(p[2 * kk][0], p[2 * kk][1]);
+        pa[1] = pack2(p[2 * kk][2], p[2 * kk][3]);
+        pa[2] = pack2(p[2 * kk + 1][0], p[2 * kk + 1][1]);
+        pa[3] = pack2(p[2 * kk + 1][2], p[2 * kk + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < DT / 2; ++dp) {
+            unsigned bv[4];
+            const int r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+            ldsm4t(bv, tile + at(r, dp * 2 + (lane >> 4)));
+            mma(acc[2 * dp], pa, bv[0], bv[1]);
+            mma(acc[2 * dp + 1], pa, bv[2], bv[3]);
+        }
+    }
+}
+
+// Stores this warp's 16 rows of an accumulator (times `mul`) to a contiguous [rows, EQ_D] matrix.
+__device__ __forceinline__ void store_rows(EQ_T* out, const float (&acc)[DT][4], float mul, int row0, int limit,
+                                           int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + g + h * 8, col = dt * 8 + 2 * t;
+            if (row < limit && col < EQ_D) {
+                const unsigned w = pack2(acc[dt][2 * h] * mul, acc[dt][2 * h + 1] * mul);
+                *reinterpret_cast<unsigned*>(out + (long long)row * EQ_D + col) = w;
+            }
+        }
+}
+
+}  // namespace eq_attb
+
+#if EQ_MODE == 0
+// ---- the log-sum-exp of each query row: the forward's online max and sum, without values ----
+extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS) {
+    using namespace eq_attb;
+    extern __shared__ __align__(128) unsigned char eq_smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int mblocks = (EQ_SQ + EQ_BM - 1) / EQ_BM;
+    const int m0 = (EQ_CAUSAL ? mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x) * EQ_BM;
+    const long long b = blockIdx.y;
+    const EQ_T* qg = EQ_QP + b * EQ_SQ * EQ_D;
+    const EQ_T* kg = EQ_KP + b * EQ_SK * EQ_D;
+    const unsigned sq = smem_u32(eq_smem), sk = sq + EQ_TILE_BYTES;
+    const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_BM ? EQ_SK : m0 + EQ_BM) : EQ_SK;
+    const int ntiles = (n_end + EQ_BN - 1) / EQ_BN;
+    const int wrow = m0 + warp * 16;
+    load_tile(sq, qg, m0, EQ_SQ);
+    if (ntiles > 0) load_tile(sk, kg, 0, EQ_SK);
+    cp_commit();
+    float m_i[2] = {-EQ_INF, -EQ_INF}, l_i[2] = {0.0f, 0.0f};
+    unsigned qf[KT][4];
+    for (int j = 0; j < ntiles; ++j) {
+        const int n0 = j * EQ_BN;
+        if (j + 1 < ntiles) load_tile(sk + ((j + 1) & 1) * EQ_TILE_BYTES, kg, n0 + EQ_BN, EQ_SK);
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        if (j == 0) a_frags(qf, sq, warp, lane);
+        float s[SN][4];
+        mma_abt(s, qf, sk + (j & 1) * EQ_TILE_BYTES, lane);
+        const bool masked = n0 + EQ_BN > EQ_SK || (EQ_CAUSAL && n0 + EQ_BN - 1 > wrow);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = m_i[h];
+#pragma unroll
+            for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+                for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                    float x = s[nt][e] * EQ_SCALE_LOG2;
+                    if (masked) {
+                        const int col = n0 + nt * 8 + 2 * t + (e & 1), row = wrow + g + h * 8;
+                        if (col >= EQ_SK || (EQ_CAUSAL && col > row)) x = -EQ_INF;
+                    }
+                    s[nt][e] = x;
+                    mx = fmaxf(mx, x);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mu = mx == -EQ_INF ? 0.0f : mx;
+            float rs = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < SN; ++nt) rs += ex2(s[nt][2 * h] - mu) + ex2(s[nt][2 * h + 1] - mu);
+            l_i[h] = l_i[h] * ex2(m_i[h] - mu) + rs;
+            m_i[h] = mx;
+        }
+        __syncthreads();  // the key tile is consumed before it is loaded again
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = l_i[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = wrow + g + h * 8;
+        if (t == 0 && row < EQ_SQ) EQ_LSEOUT[b * EQ_SQ + row] = (m_i[h] + __log2f(l)) * 0.69314718055994531f;
+    }
+}
+
+#elif EQ_MODE == 1
+// ---- dq: one block per query tile, looping over key tiles ----
+extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS) {
+    using namespace eq_attb;
+    extern __shared__ __align__(128) unsigned char eq_smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int mblocks = (EQ_SQ + EQ_BM - 1) / EQ_BM;
+    const int m0 = (EQ_CAUSAL ? mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x) * EQ_BM;
+    const long long b = blockIdx.y;
+    const EQ_T* qg = EQ_QP + b * EQ_SQ * EQ_D;
+    const EQ_T* kg = EQ_KP + b * EQ_SK * EQ_D;
+    const EQ_T* vg = EQ_VP + b * EQ_SK * EQ_D;
+    const EQ_T* gg = EQ_GP + b * EQ_SQ * EQ_D;
+    const unsigned sq = smem_u32(eq_smem), sg = sq + EQ_TILE_BYTES, sk = sg + EQ_TILE_BYTES;
+    const unsigned sv = sk + 2 * EQ_TILE_BYTES;
+    const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_BM ? EQ_SK : m0 + EQ_BM) : EQ_SK;
+    const int ntiles = (n_end + EQ_BN - 1) / EQ_BN;
+    const int wrow = m0 + warp * 16;
+    load_tile(sq, qg, m0, EQ_SQ);
+    load_tile(sg, gg, m0, EQ_SQ);
+    if (ntiles > 0) {
+        load_tile(sk, kg, 0, EQ_SK);
+        load_tile(sv, vg, 0, EQ_SK);
+    }
+    cp_commit();
+    // This thread's rows' lse (base 2) and delta.
+    float lse2[2], del[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = wrow + g + h * 8;
+        lse2[h] = row < EQ_SQ ? EQ_LSEP[b * EQ_SQ + row] * EQ_LOG2E : 0.0f;
+        del[h] = row < EQ_SQ ? EQ_DELP[b * EQ_SQ + row] : 0.0f;
+    }
+    float dq[DT][4];
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[dt][e] = 0.0f;
+    unsigned qf[KT][4], gf[KT][4];
+    for (int j = 0; j < ntiles; ++j) {
+        const int n0 = j * EQ_BN;
+        const unsigned kb = sk + (j & 1) * EQ_TILE_BYTES, vb = sv + (j & 1) * EQ_TILE_BYTES;
+        if (j + 1 < ntiles) {
+            load_tile(sk + ((j + 1) & 1) * EQ_TILE_BYTES, kg, n0 + EQ_BN, EQ_SK);
+            load_tile(sv + ((j + 1) & 1) * EQ_TILE_BYTES, vg, n0 + EQ_BN, EQ_SK);
+        }
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        if (j == 0) {
+            a_frags(qf, sq, warp, lane);
+            a_frags(gf, sg, warp, lane);
+        }
+        float s[SN][4], dp[SN][4];
+        mma_abt(s, qf, kb, lane);
+        mma_abt(dp, gf, vb, lane);
+        const bool masked = n0 + EQ_BN > EQ_SK || (EQ_CAUSAL && n0 + EQ_BN - 1 > wrow);
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int h = e >> 1;
+                float p = ex2(s[nt][e] * EQ_SCALE_LOG2 - lse2[h]);
+                if (masked) {
+                    const int col = n0 + nt * 8 + 2 * t + (e & 1), row = wrow + g + h * 8;
+                    if (col >= EQ_SK || (EQ_CAUSAL && col > row)) p = 0.0f;
+                }
+                s[nt][e] = p * (dp[nt][e] - del[h]);
+            }
+        mma_pb(dq, s, kb, lane);
+        __syncthreads();  // the key and value tiles are consumed before they are loaded again
+    }
+    cp_wait<0>();
+    store_rows(EQ_DQP + b * EQ_SQ * EQ_D, dq, EQ_SCALE, wrow, EQ_SQ, lane);
+}
+
+#else
+// ---- dk and dv: one block per key tile, looping over query tiles ----
+extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS) {
+    using namespace eq_attb;
+    extern __shared__ __align__(128) unsigned char eq_smem[];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    // (Under EQ_CAUSAL the first key tiles see the most queries: they run first.)
+    const int n0 = (int)blockIdx.x * EQ_BN;
+    const long long b = blockIdx.y;
+    const EQ_T* qg = EQ_QP + b * EQ_SQ * EQ_D;
+    const EQ_T* kg = EQ_KP + b * EQ_SK * EQ_D;
+    const EQ_T* vg = EQ_VP + b * EQ_SK * EQ_D;
+    const EQ_T* gg = EQ_GP + b * EQ_SQ * EQ_D;
+    const float* lg = EQ_LSEP + b * EQ_SQ;
+    const float* dg = EQ_DELP + b * EQ_SQ;
+    const unsigned sk = smem_u32(eq_smem), sv = sk + EQ_TILE_BYTES, sq = sv + EQ_TILE_BYTES;
+    const unsigned sg = sq + 2 * EQ_TILE_BYTES, sl = sg + 2 * EQ_TILE_BYTES;  // sl: [2][2][EQ_BM] f32
+    const float* slf = reinterpret_cast<const float*>(eq_smem + 6 * EQ_TILE_BYTES);
+    const int m_start = EQ_CAUSAL ? (n0 / EQ_BM) * EQ_BM : 0;
+    const int ntiles = m_start < EQ_SQ ? (EQ_SQ - m_start + EQ_BM - 1) / EQ_BM : 0;
+    const int wkey = n0 + warp * 16;  // this warp's first key
+    auto load_q = [&](int it) {
+        const int m0 = m_start + it * EQ_BM, buf = it & 1;
+        load_tile(sq + buf * EQ_TILE_BYTES, qg, m0, EQ_SQ);
+        load_tile(sg + buf * EQ_TILE_BYTES, gg, m0, EQ_SQ);
+        if (tid < 2 * EQ_BM) {
+            const int r = tid % EQ_BM, which = tid / EQ_BM;
+            const bool ok = m0 + r < EQ_SQ;
+            const float* src = (which == 0 ? lg : dg) + (ok ? m0 + r : 0);
+            cp4(sl + ((buf * 2 + which) * EQ_BM + r) * 4, src, ok ? 4 : 0);
+        }
+    };
+    load_tile(sk, kg, n0, EQ_SK);
+    load_tile(sv, vg, n0, EQ_SK);
+    if (ntiles > 0) load_q(0);
+    cp_commit();
+#if EQ_DK
+    float dk[DT][4];
+#endif
+#if EQ_DV
+    float dv[DT][4];
+#endif
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+#if EQ_DK
+            dk[dt][e] = 0.0f;
+#endif
+#if EQ_DV
+            dv[dt][e] = 0.0f;
+#endif
+        }
+    unsigned kf[KT][4];
+#if EQ_DK
+    unsigned vf[KT][4];
+#endif
+    for (int it = 0; it < ntiles; ++it) {
+        const int m0 = m_start + it * EQ_BM, buf = it & 1;
+        if (it + 1 < ntiles) load_q(it + 1);
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        if (it == 0) {
+            a_frags(kf, sk, warp, lane);
+#if EQ_DK
+            a_frags(vf, sv, warp, lane);
+#endif
+        }
+        const unsigned qb = sq + buf * EQ_TILE_BYTES, gb = sg + buf * EQ_TILE_BYTES;
+        const float* lse = slf + (buf * 2) * EQ_BM;
+        // s^T = k q^T: this warp's 16 keys by the tile's EQ_BM queries; then P^T.
+        float p[SN][4];
+        mma_abt(p, kf, qb, lane);
+        const bool masked = m0 + EQ_BM > EQ_SQ || n0 + EQ_BN > EQ_SK || (EQ_CAUSAL && wkey + 15 > m0);
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int qc = nt * 8 + 2 * t + (e & 1);
+                float x = ex2(p[nt][e] * EQ_SCALE_LOG2 - lse[qc] * EQ_LOG2E);
+                if (masked) {
+                    const int key = wkey + g + (e >> 1) * 8, row = m0 + qc;
+                    if (row >= EQ_SQ || key >= EQ_SK || (EQ_CAUSAL && key > row)) x = 0.0f;
+                }
+                p[nt][e] = x;
+            }
+#if EQ_DV
+        mma_pb(dv, p, gb, lane);  // dv += P^T g
+#endif
+#if EQ_DK
+        // dP^T = v g^T, dS^T = P^T (dP^T - delta), dk += dS^T q.
+        float dp[SN][4];
+        mma_abt(dp, vf, gb, lane);
+        const float* del = slf + (buf * 2 + 1) * EQ_BM;
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dp[nt][e] = p[nt][e] * (dp[nt][e] - del[nt * 8 + 2 * t + (e & 1)]);
+        mma_pb(dk, dp, qb, lane);
+#endif
+        __syncthreads();  // this buffer is consumed before it is loaded again
+    }
+    cp_wait<0>();
+#if EQ_DK
+    store_rows(EQ_DKP + b * EQ_SK * EQ_D, dk, EQ_SCALE, wkey, EQ_SK, lane);
+#endif
+#if EQ_DV
+    store_rows(EQ_DVP + b * EQ_SK * EQ_D, dv, 1.0f, wkey, EQ_SK, lane);
+#endif
+}
+#endif

@@ -1,0 +1,335 @@
+//! Code generation for attention's backward (`kernels/attention_bwd.cu`): a plan kernel of the
+//! attention template whose body is `attention_lse`, `attention_grad_q`, or `attention_grad_k`
+//! and/or `attention_grad_v` of one attention (one kernel writes both), its operands tensors in
+//! memory, becomes an instance of the template in the matching mode.
+//!
+//! The template takes contiguous operands (`[batch..., rows, head]` row-major, the statistics
+//! `[batch..., rows, 1]`), bf16 or f16 with head sizes that are multiples of 8 up to 128; views
+//! of operands, stored views, fused epilogues and f32 operands are errors naming the kernel
+//! ("not supported yet"), never an approximation. (f32 attention keeps the decomposed backward:
+//! the autodiff pass emits these composites only where [`template_runs`] holds.)
+
+use crate::error::{Error, Result};
+use crate::lang::{AttnArg, Composite, Kind, TensorLang};
+use crate::plan::{FusionPlan, Kernel, Template};
+use crate::types::{DType, TensorType};
+
+use super::{ArgRole, KernelArg, KernelSource, Launch};
+
+/// Rows per block (query rows, or key rows of the key and value gradients), and warps per block.
+pub const BLOCK: usize = 64;
+pub const WARPS: usize = 4;
+/// The largest head size the template runs.
+pub const MAX_HEAD: usize = 128;
+
+/// Whether the backward kernels run attention over queries, keys and values of these types:
+/// bf16 or f16, one dtype, equal head sizes, a multiple of 8 up to 128.
+pub fn template_runs(q: &TensorType, k: &TensorType, v: &TensorType) -> bool {
+    let (Some(&d), Some(&dk), Some(&dv)) = (q.shape.last(), k.shape.last(), v.shape.last()) else { return false };
+    matches!(q.dtype, DType::Bf16 | DType::F16)
+        && q.dtype == k.dtype
+        && q.dtype == v.dtype
+        && d == dk
+        && d == dv
+        && d > 0
+        && d <= MAX_HEAD
+        && d % 8 == 0
+        && q.rank() >= 2
+}
+
+/// Whether a kernel of the attention template is one of the backward's.
+pub fn is_backward(k: &Kernel) -> bool {
+    k.body.as_ref().iter().any(|n| {
+        matches!(
+            n.opcode().map(|c| c.kind()),
+            Some(Kind::Composite(Composite::AttentionLse | Composite::AttentionGrad(_)))
+        )
+    })
+}
+
+/// The shared memory a block uses in `mode` for head size `d` (bytes).
+pub fn smem_bytes(mode: Mode, d: usize) -> usize {
+    let tile = BLOCK * d.div_ceil(64) * 64 * 2;
+    match mode {
+        Mode::Lse => 3 * tile,
+        Mode::Dq => 6 * tile,
+        Mode::Dkv { .. } => 6 * tile + 4 * BLOCK * 4,
+    }
+}
+
+/// Which kernel of the backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Lse,
+    Dq,
+    Dkv { dk: bool, dv: bool },
+}
+
+fn unsupported(k: &Kernel, what: impl std::fmt::Display) -> Error {
+    Error::Invalid(format!("kernel {} (attention backward): {what} is not supported yet", k.id))
+}
+
+/// One kernel's instance: every number the `#define` block needs.
+#[derive(Clone, Debug, PartialEq)]
+struct Instance {
+    mode: Mode,
+    dtype: DType,
+    d: usize,
+    sq: usize,
+    sk: usize,
+    nb: usize,
+    scale: f64,
+    causal: bool,
+    /// `(macro, read index)` of each operand the mode reads.
+    reads: Vec<(&'static str, usize)>,
+    /// `(macro, write index)` of each value it stores.
+    writes: Vec<(&'static str, usize)>,
+}
+
+/// Whether the template can run a backward kernel; the reason otherwise.
+pub(crate) fn can_generate(k: &Kernel) -> Result<()> {
+    instance(k).map(|_| ())
+}
+
+fn instance(k: &Kernel) -> Result<Instance> {
+    let nodes = k.body.as_ref();
+    let kind = |i: usize| nodes[i].opcode().map(|c| c.kind());
+    let children = |i: usize| -> Vec<usize> {
+        match &nodes[i] {
+            TensorLang::Op(_, ch) => ch.iter().map(|&c| usize::from(c)).collect(),
+            _ => vec![],
+        }
+    };
+    let anchors: Vec<usize> = (0..nodes.len())
+        .filter(|&i| matches!(kind(i), Some(Kind::Composite(Composite::AttentionLse | Composite::AttentionGrad(_)))))
+        .collect();
+    let Some(&first) = anchors.first() else { return Err(unsupported(k, "a kernel without a backward operator")) };
+    let ch = children(first);
+    let modes: Vec<Option<Kind>> = anchors.iter().map(|&a| kind(a)).collect();
+    let grad = |w: AttnArg| Some(Kind::Composite(Composite::AttentionGrad(w)));
+    let mode = match modes[..] {
+        [Some(Kind::Composite(Composite::AttentionLse))] => Mode::Lse,
+        [m] if m == grad(AttnArg::Q) => Mode::Dq,
+        [m] if m == grad(AttnArg::K) => Mode::Dkv { dk: true, dv: false },
+        [m] if m == grad(AttnArg::V) => Mode::Dkv { dk: false, dv: true },
+        [a, b]
+            if (a == grad(AttnArg::K) && b == grad(AttnArg::V) || a == grad(AttnArg::V) && b == grad(AttnArg::K))
+                && children(anchors[0]) == children(anchors[1]) =>
+        {
+            Mode::Dkv { dk: true, dv: true }
+        }
+        _ => return Err(unsupported(k, "this combination of backward operators in one kernel")),
+    };
+    // Operands: reads, by name; attributes: constants.
+    let read_of = |i: usize| -> Result<usize> {
+        match &nodes[i] {
+            TensorLang::Var(s) => k
+                .reads
+                .iter()
+                .position(|r| r.name == s.as_str())
+                .ok_or_else(|| unsupported(k, format!("`{s}`, which the kernel does not read,"))),
+            n => Err(unsupported(k, format!("an operand computed in the kernel or viewed (`{}`)", n.head()))),
+        }
+    };
+    let konst = |i: usize| -> Result<f64> {
+        match &nodes[i] {
+            TensorLang::Num(n) => Ok(n.value()),
+            n => Err(unsupported(k, format!("a non-literal attribute (`{}`)", n.head()))),
+        }
+    };
+    let (tensors, scale_at) = if mode == Mode::Lse { (2, 2) } else { (6, 6) };
+    let ops: Vec<usize> = ch[..tensors].iter().map(|&c| read_of(c)).collect::<Result<_>>()?;
+    let scale = konst(ch[scale_at])?;
+    let causal = konst(ch[scale_at + 1])? != 0.0;
+    if !scale.is_finite() {
+        return Err(unsupported(k, format!("the scale {scale}")));
+    }
+    // Nothing else in the body: the operands, the attributes, the anchors.
+    let mut allowed: Vec<usize> = anchors.clone();
+    allowed.extend(&ch);
+    if let Some(extra) = (0..nodes.len()).find(|i| !allowed.contains(i)) {
+        return Err(unsupported(k, format!("`{}` fused into the kernel", nodes[extra].head())));
+    }
+    let ty = |r: usize| &k.reads[r].ty;
+    let (q, kt) = (ty(ops[0]), ty(ops[1]));
+    let v = if mode == Mode::Lse { kt } else { ty(ops[2]) };
+    if !template_runs(q, kt, v) {
+        return Err(unsupported(k, format!("attention backward over {q}, {kt}, {v}")));
+    }
+    let r = q.rank();
+    let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], kt.shape[r - 2]);
+    let nb: usize = q.shape[..r - 2].iter().product();
+    if nb > 65535 {
+        return Err(unsupported(k, format!("{nb} batch entries (over the grid's 65535)")));
+    }
+    if sk == 0 || sq == 0 {
+        return Err(unsupported(k, "attention over zero queries or keys"));
+    }
+    // Stores: each anchor written as computed (no stored views).
+    let mut writes = Vec::new();
+    for (w, &st) in k.stores.iter().enumerate() {
+        let st = usize::from(st);
+        let tag = match kind(st) {
+            Some(Kind::Composite(Composite::AttentionLse)) => "EQ_LSEOUT",
+            Some(Kind::Composite(Composite::AttentionGrad(AttnArg::Q))) => "EQ_DQP",
+            Some(Kind::Composite(Composite::AttentionGrad(AttnArg::K))) => "EQ_DKP",
+            Some(Kind::Composite(Composite::AttentionGrad(AttnArg::V))) => "EQ_DVP",
+            _ => return Err(unsupported(k, format!("storing `{}`", nodes[st].head()))),
+        };
+        writes.push((tag, w));
+    }
+    if writes.len() != anchors.len() {
+        return Err(unsupported(k, "a backward operator the kernel does not store"));
+    }
+    let names: &[&'static str] = if mode == Mode::Lse {
+        &["EQ_QP", "EQ_KP"]
+    } else {
+        &["EQ_QP", "EQ_KP", "EQ_VP", "EQ_GP", "EQ_LSEP", "EQ_DELP"]
+    };
+    let reads = names.iter().copied().zip(ops.iter().copied()).collect();
+    Ok(Instance { mode, dtype: q.dtype, d, sq, sk, nb, scale, causal, reads, writes })
+}
+
+/// The C spelling of an f32 constant.
+fn float_literal(x: f64) -> String {
+    let s = format!("{:?}", x as f32);
+    if s.contains(['.', 'e', 'E']) {
+        format!("{s}f")
+    } else {
+        format!("{s}.0f")
+    }
+}
+
+fn ctype(d: DType) -> &'static str {
+    match d {
+        DType::Bf16 => "eq_bf16",
+        DType::F16 => "eq_f16",
+        _ => "float",
+    }
+}
+
+/// Renders a backward kernel of a plan.
+pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str) -> Result<KernelSource> {
+    debug_assert_eq!(k.template, Template::Attention);
+    let inst = instance(k)?;
+    let (mode_no, what) = match inst.mode {
+        Mode::Lse => (0, "lse"),
+        Mode::Dq => (1, "dq"),
+        Mode::Dkv { dk: true, dv: true } => (2, "dkv"),
+        Mode::Dkv { dk: true, .. } => (2, "dk"),
+        Mode::Dkv { .. } => (2, "dv"),
+    };
+    let name = format!("attention_bwd_{what}_{}_k{}", inst.dtype, k.id);
+    let rows = if matches!(inst.mode, Mode::Dkv { .. }) { inst.sk } else { inst.sq };
+    let grid = [rows.div_ceil(BLOCK) as u32, inst.nb as u32, 1];
+    let block = [(WARPS * 32) as u32, 1, 1];
+    let smem = smem_bytes(inst.mode, inst.d) as u32;
+
+    let mut params = Vec::new();
+    let mut args = Vec::new();
+    for (i, t) in k.reads.iter().enumerate() {
+        params.push(format!("const {}* __restrict__ p_r{i}", ctype(t.ty.dtype)));
+        args.push(KernelArg {
+            name: t.name.clone(),
+            role: ArgRole::Read,
+            dtype: Some(t.ty.dtype),
+            shape: t.ty.shape.clone(),
+            bytes: t.ty.bytes(),
+            zeroed: false,
+        });
+    }
+    for (i, t) in k.writes.iter().enumerate() {
+        params.push(format!("{}* __restrict__ p_w{i}", ctype(t.ty.dtype)));
+        args.push(KernelArg {
+            name: t.name.clone(),
+            role: ArgRole::Write,
+            dtype: Some(t.ty.dtype),
+            shape: t.ty.shape.clone(),
+            bytes: t.ty.bytes(),
+            zeroed: false,
+        });
+    }
+    let tensors = |ts: &[crate::plan::TensorRef]| {
+        ts.iter().map(|t| format!("{} {}", t.name, t.ty)).collect::<Vec<_>>().join(", ")
+    };
+    let mut s = String::new();
+    s.push_str(&format!(
+        "// {name}: kernel {} of `{}`, generated by eqfuse codegen; do not edit.\n",
+        k.id, plan.program
+    ));
+    s.push_str(&format!(
+        "// template: attention (backward); iteration space {}\n",
+        crate::lang::Dims(k.domain.clone())
+    ));
+    s.push_str(&format!("// ops: {}\n", k.ops.join(" ")));
+    s.push_str(&format!("// reads: {}\n", tensors(&k.reads)));
+    s.push_str(&format!("// writes: {}\n", tensors(&k.writes)));
+    s.push_str(&format!(
+        "// launch: grid ({}, {}, {}), block ({}, {}, {}), dynamic shared memory {smem} bytes\n",
+        grid[0], grid[1], grid[2], block[0], block[1], block[2]
+    ));
+    let mut def = |n: &str, v: String| s.push_str(&format!("#define {n} {v}\n"));
+    def("EQ_GENERATED", String::new());
+    def("EQ_KERNEL", name.clone());
+    def("EQ_T", ctype(inst.dtype).into());
+    def("EQ_BF16", u8::from(inst.dtype == DType::Bf16).to_string());
+    def("EQ_MODE", mode_no.to_string());
+    if let Mode::Dkv { dk, dv } = inst.mode {
+        def("EQ_DK", u8::from(dk).to_string());
+        def("EQ_DV", u8::from(dv).to_string());
+    }
+    def("EQ_D", inst.d.to_string());
+    def("EQ_SQ", inst.sq.to_string());
+    def("EQ_SK", inst.sk.to_string());
+    def("EQ_NB", inst.nb.to_string());
+    def("EQ_CAUSAL", u8::from(inst.causal).to_string());
+    def("EQ_SCALE", float_literal(inst.scale));
+    def("EQ_SCALE_LOG2", float_literal(inst.scale * std::f64::consts::LOG2_E));
+    def("EQ_BM", BLOCK.to_string());
+    def("EQ_BN", BLOCK.to_string());
+    def("EQ_NWARPS", WARPS.to_string());
+    def("EQ_PARAMS", params.join(", "));
+    for (tag, r) in &inst.reads {
+        def(tag, format!("p_r{r}"));
+    }
+    for (tag, w) in &inst.writes {
+        def(tag, format!("p_w{w}"));
+    }
+    s.push_str("\n// ---- kernels/common.cuh ----\n");
+    s.push_str(common);
+    s.push_str("\n// ---- kernels/attention_bwd.cu ----\n");
+    s.push_str(template_text);
+    Ok(KernelSource {
+        file: format!("{name}.cu"),
+        name,
+        kernel: k.id,
+        template: Template::Attention,
+        source: s,
+        launch: Launch { grid, block, smem_bytes: smem, persistent: false, wave: false },
+        cublaslt: None,
+        args,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_memory_per_mode() {
+        assert_eq!(smem_bytes(Mode::Lse, 64), 24576);
+        assert_eq!(smem_bytes(Mode::Dq, 64), 49152);
+        assert_eq!(smem_bytes(Mode::Dkv { dk: true, dv: true }, 64), 50176);
+        assert_eq!(smem_bytes(Mode::Dkv { dk: true, dv: true }, 128), 99328);
+    }
+
+    #[test]
+    fn runs_bf16_and_f16_heads_up_to_128() {
+        let t = |d: DType, h: usize| TensorType::new(d, vec![2, 16, h]);
+        assert!(template_runs(&t(DType::Bf16, 64), &t(DType::Bf16, 64), &t(DType::Bf16, 64)));
+        assert!(template_runs(&t(DType::F16, 128), &t(DType::F16, 128), &t(DType::F16, 128)));
+        assert!(!template_runs(&t(DType::F32, 64), &t(DType::F32, 64), &t(DType::F32, 64)));
+        assert!(!template_runs(&t(DType::Bf16, 12), &t(DType::Bf16, 12), &t(DType::Bf16, 12)));
+        assert!(!template_runs(&t(DType::Bf16, 256), &t(DType::Bf16, 256), &t(DType::Bf16, 256)));
+    }
+}

@@ -1,0 +1,173 @@
+//! Attention's flash-style backward (`attention_lse`, `attention_grad_{q,k,v}`): the gradients
+//! the autodiff pass emits for bf16 and f16 attention agree with central finite differences of
+//! the forward (unrounded reference), the expansion of the composites (strict numerics, and
+//! types the kernels do not run) computes the same values, and the plan of
+//! `examples/attention_grad.eqf` moves no score matrix through device memory.
+
+use std::collections::HashMap;
+
+use eqfuse::{
+    eval, eval_plan, eval_with, grad, load_program, parse_program, random_inputs, Binary, DType, DeviceProfile, Kind,
+    OptimizeOptions, Precision, Program, Reduce, Tensor, TensorType,
+};
+
+/// `loss = sum(attention(q, k, v) * r)` and its gradients with respect to q, k, v.
+fn program(dtype: &str, sq: usize, sk: usize, d: usize, causal: u8) -> Program {
+    let text = format!(
+        "input q: {dtype}[2, {sq}, {d}]\ninput k: {dtype}[2, {sk}, {d}]\ninput v: {dtype}[2, {sk}, {d}]\n\
+         y = attention(q, k, v, 0.3, {causal})\noutput y\n"
+    );
+    let mut p = parse_program("att.eqf", &text, &[]).unwrap();
+    let y = p.outputs[0].id;
+    let ty = p.ty(y).unwrap().clone();
+    let r = p.add_input("r", TensorType::new(ty.dtype, ty.shape.clone())).unwrap();
+    let mut loss = p.apply(Kind::Binary(Binary::Mul), vec![y, r]).unwrap();
+    for axis in 0..ty.rank() {
+        let a = p.num(axis as f64);
+        loss = p.apply(Kind::Reduce(Reduce::Sum), vec![loss, a]).unwrap();
+    }
+    let ws: Vec<_> = ["q", "k", "v"].iter().map(|w| p.input(w).unwrap().id).collect();
+    let gs = grad(&mut p, loss, &ws).unwrap();
+    p.outputs.clear();
+    p.add_output("loss", loss).unwrap();
+    for (w, g) in ["q", "k", "v"].iter().zip(gs) {
+        p.add_output(&format!("d_{w}"), g).unwrap();
+    }
+    p
+}
+
+fn ops(p: &Program) -> Vec<&'static str> {
+    p.expr().as_ref().iter().filter_map(|n| n.opcode()).map(|c| c.name()).collect()
+}
+
+#[test]
+fn bf16_and_f16_gradients_use_the_flash_backward_and_match_finite_differences() {
+    for (dtype, sq, sk, d, causal) in [("bf16", 5, 7, 8, 0), ("f16", 6, 6, 16, 1), ("bf16", 9, 4, 8, 1)] {
+        let p = program(dtype, sq, sk, d, causal);
+        let names = ops(&p);
+        for op in ["attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v"] {
+            assert!(names.contains(&op), "{dtype}: no `{op}` in {names:?}");
+        }
+        assert!(!names.contains(&"@") && !names.contains(&"softmax"), "{dtype}: the decomposed backward: {names:?}");
+        let base = random_inputs(&p, 3);
+        let out = eval_with(&p, &base, Precision::F64).unwrap();
+        let h = 1e-5;
+        for (wi, w) in ["q", "k", "v"].iter().enumerate() {
+            let g = &out[wi + 1];
+            let scale = g.data.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+            for j in 0..g.numel() {
+                let at = |delta: f64| {
+                    let mut x: HashMap<String, Tensor> = base.clone();
+                    x.get_mut(*w).unwrap().data[j] += delta;
+                    eval_with(&p, &x, Precision::F64).unwrap()[0].data[0]
+                };
+                let fd = (at(h) - at(-h)) / (2.0 * h);
+                assert!(
+                    (fd - g.data[j]).abs() <= 1e-6 + 1e-5 * scale,
+                    "{dtype} causal {causal}: d loss / d {w}[{j}] is {} but finite differences give {fd}",
+                    g.data[j]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn f32_attention_keeps_the_decomposed_backward() {
+    let names = ops(&program("f32", 4, 4, 8, 1));
+    assert!(!names.iter().any(|n| n.starts_with("attention_")), "{names:?}");
+    assert!(names.contains(&"@"));
+}
+
+/// The composites' expansion (what strict plans and the unfused baseline run) equals their
+/// reference, and so does every plan of them, strict or not, kernel by kernel.
+#[test]
+fn the_expansion_and_the_plans_agree_with_the_reference() {
+    for causal in [0, 1] {
+        let p = program("bf16", 12, 10, 16, causal);
+        let inputs = random_inputs(&p, 5);
+        let want = eval_with(&p, &inputs, Precision::F64).unwrap();
+        let expanded = eqfuse::expand_composites(&p).unwrap();
+        assert!(!ops(&expanded).iter().any(|n| n.starts_with("attention")));
+        let got = eval_with(&expanded, &inputs, Precision::F64).unwrap();
+        for (g, w) in got.iter().zip(&want) {
+            let cmp = g.compare(w, 1e-9, 1e-9);
+            assert!(cmp.ok(), "causal {causal}, expanded: {cmp}");
+        }
+        let declared = eval(&p, &inputs).unwrap();
+        for strict in [false, true] {
+            let mut opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+            opts.strict = strict;
+            let plan = eqfuse::optimize(&p, &opts).unwrap().plan;
+            let got = eval_plan(&plan, &inputs).unwrap();
+            for ((o, g), w) in p.outputs.iter().zip(&got).zip(&declared) {
+                let scale = w.data.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+                let cmp = g.compare(w, 3e-2, 3e-2 * scale);
+                assert!(cmp.ok(), "causal {causal}, strict {strict}, {}: {cmp}", o.name);
+            }
+        }
+    }
+}
+
+/// The example's plan: the forward, the log-sum-exp, one row kernel (delta), the query gradient
+/// and one kernel for the key and value gradients; no tensor of a score matrix's size is read or
+/// written, and the traffic stays within a small multiple of the inputs and outputs.
+#[test]
+fn attention_grad_plan_moves_no_score_matrix() {
+    let p = load_program("examples/attention_grad.eqf", &[]).unwrap();
+    let plan = eqfuse::optimize(&p, &OptimizeOptions::new(DeviceProfile::load("h100").unwrap())).unwrap().plan;
+    let (b, h, s) = (8usize, 16usize, 2048usize);
+    let scores = b * h * s * s;
+    for k in &plan.kernels {
+        for t in k.reads.iter().chain(&k.writes) {
+            assert!(t.ty.numel() < scores / 16, "kernel {} moves {} {}", k.id, t.name, t.ty);
+        }
+    }
+    let grads: Vec<_> = plan.kernels.iter().filter(|k| k.ops.iter().any(|o| o.starts_with("attention_grad"))).collect();
+    assert_eq!(grads.len(), 2, "{:?}", plan.kernels.iter().map(|k| k.ops.clone()).collect::<Vec<_>>());
+    assert!(grads.iter().any(|k| k.writes.len() == 2), "dk and dv in one kernel");
+    let io: u64 = p.inputs.iter().map(|i| i.ty.bytes()).sum::<u64>()
+        + p.outputs.iter().map(|o| p.ty(o.id).unwrap().bytes()).sum::<u64>();
+    assert!(plan.total.bytes <= 6 * io, "{} bytes against {io} of inputs and outputs", plan.total.bytes);
+    assert!(plan.total.kernels <= 6, "{} kernels", plan.total.kernels);
+}
+
+#[test]
+fn the_composites_can_be_written_and_are_checked() {
+    let ok = "input q: bf16[2, 4, 8]\ninput k: bf16[2, 6, 8]\ninput v: bf16[2, 6, 8]\ninput g: bf16[2, 4, 8]\n\
+              l = attention_lse(q, k, 0.5, 0)\nd = sum(cast(g, f32), -1)\n\
+              dq = attention_grad_q(q, k, v, g, l, d, 0.5, 0)\noutput l, dq\n";
+    let p = parse_program("w.eqf", ok, &[]).unwrap();
+    assert_eq!(p.ty(p.outputs[0].id).unwrap(), &TensorType::new(DType::F32, vec![2, 4, 1]));
+    let bad = ok.replace("attention_grad_q(q, k, v, g, l, d", "attention_grad_q(q, k, v, g, d, g");
+    let e = parse_program("w.eqf", &bad, &[]).unwrap_err().to_string();
+    assert!(e.contains("delta of attention_grad_q must be f32[2,4,1]"), "{e}");
+}
+
+/// The backward kernels of f16 and bf16 attention, causal or not, head sizes 64 and 128 and a
+/// ragged one (rows that do not fill a tile), compile with NVRTC without warnings (skipped where
+/// NVRTC is missing, as `tests/nvrtc.rs` does).
+#[test]
+fn backward_kernels_compile_for_every_mode() {
+    if eqfuse::nvrtc_available().is_err() {
+        eprintln!("skipped: NVRTC is not available");
+        return;
+    }
+    for (dtype, s, d, causal) in [("f16", 256, 128, 1), ("bf16", 100, 64, 1), ("f16", 72, 40, 0)] {
+        let text = format!(
+            "input q: {dtype}[2, 3, {s}, {d}]\ninput k: {dtype}[2, 3, {s}, {d}]\ninput v: {dtype}[2, 3, {s}, {d}]\n\
+             input g: {dtype}[2, 3, {s}, {d}]\no = attention(q, k, v, 0.125, {causal})\n\
+             l = sum(sum(sum(sum(cast(o, f32) * cast(g, f32), -1), -2), -3), -4)\n\
+             dq = grad(l, q)\ndk = grad(l, k)\ndv = grad(l, v)\noutput dq, dk, dv\n"
+        );
+        let p = parse_program("c.eqf", &text, &[]).unwrap();
+        let plan = eqfuse::optimize(&p, &OptimizeOptions::new(DeviceProfile::load("h100").unwrap())).unwrap().plan;
+        let sources = eqfuse::codegen_plan(&plan).unwrap();
+        assert!(sources.iter().any(|s| s.name.starts_with("attention_bwd_dkv")), "{dtype} {s} {d}");
+        for src in sources.iter().filter(|s| s.name.starts_with("attention_bwd")) {
+            let c = eqfuse::nvrtc_compile(&src.source, &src.file, eqfuse::DEFAULT_ARCH, &[])
+                .unwrap_or_else(|e| panic!("{}: {e}", src.name));
+            assert!(c.log.trim().is_empty(), "{}: warnings\n{}", src.name, c.log);
+        }
+    }
+}
