@@ -29,6 +29,11 @@
 //
 // f32 operands (EQ_F32) take a CUDA-core path with the same math in full f32 (see below).
 //
+// Hopper: an instance with EQ_WGMMA (bf16 or f16, a positive scale) compiled for sm_90a (where
+// __CUDA_ARCH_FEAT_SM90_ALL is defined) runs a wgmma path instead (see below), with its own
+// launch shape (EQ_HWG warpgroups, EQ_HSMEM_BYTES); compiled for any other target the same
+// source runs the mma.sync path. The runtime picks the sm_90a compile on a 9.0 device.
+//
 // Invariants: compiles with NVRTC and nothing but the architecture flag (sm_80 or later);
 // rows past EQ_SQ and keys past EQ_SK are zero-filled on load and masked (keys) or not stored
 // (rows); every thread reaches every __syncthreads; each output element is written exactly
@@ -187,8 +192,8 @@ extern "C" __global__ void __launch_bounds__(EQ_FBM) EQ_KERNEL(EQ_PARAMS) {
 #elif EQ_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // ---- Hopper (sm_90a): the same online softmax on warpgroup MMAs (wgmma) ----
 // Launch shape: grid (ceil(EQ_SQ / EQ_HBM), EQ_NB), block EQ_HWG * 128 threads, dynamic shared
-// memory EQ_HSMEM_BYTES: the query tile, two buffers each of the key and value tiles, and 1024
-// bytes to align the tiles to the 128-byte swizzle's 1024-byte period. Warpgroup w owns query
+// memory EQ_HSMEM_BYTES: the query tile, EQ_HST buffers each of the key and value tiles, and
+// 1024 bytes to align the tiles to the 128-byte swizzle's 1024-byte period. Warpgroup w owns query
 // rows [64 w, 64 w + 64) of the block's tile; its warp u (of 4) the 16 rows from 64 w + 16 u,
 // laid out in registers as in an m16n8k16 mma, so the score accumulator of S = Q K^T turns into
 // the register A operand of O += P V without moving data (as in FlashAttention-3).
@@ -196,10 +201,14 @@ extern "C" __global__ void __launch_bounds__(EQ_FBM) EQ_KERNEL(EQ_PARAMS) {
 // block c of row r lies at (c * R + r) * 128, its 16-byte chunk k at chunk k ^ (r & 7): the
 // 128-byte swizzle that wgmma descriptors name. Keys are the K-major B operand of S = Q K^T,
 // values the N-major (transposed) B operand of O += P V; the queries go to registers (ldmatrix).
-// Pipeline per key tile j: wait for keys j and values j - 1 (cp.async, issued one tile ahead),
-// one barrier, prefetch keys j + 1 and values j, issue S_j = Q K_j^T and then O += P_{j-1} V_{j-1},
-// wait for S_j only, run the softmax of tile j while the tensor cores run P_{j-1} V_{j-1}, then
-// wait, rescale O by the tile's factor and keep P_j for the next tile.
+// Pipeline per key tile j: wait for keys j and values j - 1 (cp.async, issued EQ_HST - 1 tiles
+// ahead), one barrier, prefetch keys j + EQ_HST - 1 and values j + EQ_HST - 2, issue
+// S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, wait for S_j only, run the softmax of tile j
+// while the tensor cores run P_{j-1} V_{j-1}, then wait, rescale O by the tile's factor and keep
+// P_j for the next tile. Measured on an H100 (benches/results/2026-11-22-h100-1c9eca3-attnfwd):
+// 64 keys per tile with two blocks per SM (heads up to 64) beat 128 keys with one, and deeper
+// buffering (EQ_HST 3 or 4) gained nothing, so the code generator uses EQ_HBN 64, EQ_HST 2.
+// The scale must be positive: row maxima are taken over the unscaled scores.
 #define EQ_DP EQ_HDP
 #define EQ_SMEM_BYTES EQ_HSMEM_BYTES
 #if EQ_BF16

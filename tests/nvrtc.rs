@@ -40,14 +40,21 @@ fn templates_compile_alone() {
 }
 
 /// A kernel with a Hopper path (`launch.sm90a`) must compile for sm_90a too, and there run
-/// wgmma; its sm_90 compile must not.
+/// wgmma; its sm_90 compile must not. ptxas's performance advisories (C75xx: wgmmas serialized,
+/// which an instance at the register cap of two blocks per SM can get, e.g. causal attention
+/// over transposed views) are reported, not failures: the code is correct, only slower.
 fn compile_sm90a(what: &str, s: &eqfuse::KernelSource, sm90: &[u8]) {
     if s.launch.sm90a.is_none() {
         return;
     }
     let c = nvrtc_compile(&s.source, &s.file, "sm_90a", &[])
         .unwrap_or_else(|e| panic!("{what} / {} (sm_90a): {e}", s.name));
-    assert!(c.log.trim().is_empty(), "{what} / {} (sm_90a): warnings\n{}", s.name, c.log);
+    let (advisories, warnings): (Vec<&str>, Vec<&str>) =
+        c.log.lines().filter(|l| !l.trim().is_empty()).partition(|l| l.contains("Potential Performance Loss"));
+    for a in advisories {
+        eprintln!("{what} / {} (sm_90a): {a}", s.name);
+    }
+    assert!(warnings.is_empty(), "{what} / {} (sm_90a): warnings\n{}", s.name, c.log);
     assert!(String::from_utf8_lossy(&c.ptx).contains("wgmma.mma_async"), "{what} / {}: no wgmma on sm_90a", s.name);
     assert!(!String::from_utf8_lossy(sm90).contains("wgmma"), "{what} / {}: wgmma on sm_90", s.name);
 }
@@ -66,7 +73,7 @@ fn generated_kernels_compile() {
             let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[])
                 .unwrap_or_else(|e| panic!("{} / {}: {e}\n{}", case.name, s.name, s.source));
             assert!(c.log.trim().is_empty(), "{} / {}: warnings\n{}", case.name, s.name, c.log);
-            compile_sm90a(&case.name, &s, &c.ptx);
+            compile_sm90a(case.name, &s, &c.ptx);
             n += 1;
         }
     }
