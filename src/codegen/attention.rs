@@ -38,7 +38,7 @@ pub fn smem_bytes(d: usize) -> usize {
 /// The Hopper path (`kernels/attention.cu` on sm_90a, wgmma): warpgroups per block (64 query
 /// rows each) and keys per tile. 64 keys let heads up to 64 run two blocks per SM (128
 /// registers a thread), which measured 0.40 ms on the attention example where 128 keys and one
-/// block per SM took 0.51 ms (benches/results/2026-11-22-h100-*-attnfwd).
+/// block per SM took 0.51 ms (benches/results/2026-11-22-h100-1c9eca3-attnfwd).
 pub const HOPPER_WARPGROUPS: usize = 2;
 pub const HOPPER_BLOCK_M: usize = 64 * HOPPER_WARPGROUPS;
 pub const HOPPER_BLOCK_N: usize = 64;
