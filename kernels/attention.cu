@@ -29,6 +29,11 @@
 //
 // f32 operands (EQ_F32) take a CUDA-core path with the same math in full f32 (see below).
 //
+// Hopper: an instance with EQ_WGMMA (bf16 or f16, a positive scale) compiled for sm_90a (where
+// __CUDA_ARCH_FEAT_SM90_ALL is defined) runs a wgmma path instead (see below), with its own
+// launch shape (EQ_HWG warpgroups, EQ_HSMEM_BYTES); compiled for any other target the same
+// source runs the mma.sync path. The runtime picks the sm_90a compile on a 9.0 device.
+//
 // Invariants: compiles with NVRTC and nothing but the architecture flag (sm_80 or later);
 // rows past EQ_SQ and keys past EQ_SK are zero-filled on load and masked (keys) or not stored
 // (rows); every thread reaches every __syncthreads; each output element is written exactly
@@ -80,6 +85,31 @@
 #ifndef EQ_F32
 #define EQ_F32 0
 #endif
+
+#ifndef EQ_WGMMA
+#define EQ_WGMMA 0
+#endif
+// The Hopper path's shape (used only where EQ_WGMMA and the target is sm_90a; defined for every
+// target so that the host side of a launcher sees them): EQ_HWG warpgroups of 64 query rows
+// each, EQ_HBN keys per tile (64 or 128), EQ_HDP = EQ_D rounded up to 64.
+#ifndef EQ_HWG
+#define EQ_HWG 2
+#endif
+#define EQ_HDP (((EQ_D + 63) / 64) * 64)
+#ifndef EQ_HBN
+#define EQ_HBN 64
+#endif
+// Blocks per SM the register allocation must allow (two for heads up to 64, where a thread's
+// tiles fit in 128 registers: two blocks' four warpgroups overlap each other's softmax).
+#ifndef EQ_HMINB
+#define EQ_HMINB (EQ_HDP <= 64 ? 2 : 1)
+#endif
+// Shared-memory buffers (stages) of the key and value tiles: loads run EQ_HST - 1 tiles ahead.
+#ifndef EQ_HST
+#define EQ_HST 2
+#endif
+#define EQ_HBM (64 * EQ_HWG)
+#define EQ_HSMEM_BYTES ((EQ_HBM + 2 * EQ_HST * EQ_HBN) * EQ_HDP * 2 + 1024)
 
 #if EQ_F32
 // ---- f32 operands: the same online softmax on CUDA cores, in full f32 (no tensor cores) ----
@@ -158,6 +188,456 @@ extern "C" __global__ void __launch_bounds__(EQ_FBM) EQ_KERNEL(EQ_PARAMS) {
         EQ_LSEP[b * EQ_SQ + row] = m + logf(l);
 #endif
     }
+}
+#elif EQ_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// ---- Hopper (sm_90a): the same online softmax on warpgroup MMAs (wgmma) ----
+// Launch shape: grid (ceil(EQ_SQ / EQ_HBM), EQ_NB), block EQ_HWG * 128 threads, dynamic shared
+// memory EQ_HSMEM_BYTES: the query tile, EQ_HST buffers each of the key and value tiles, and
+// 1024 bytes to align the tiles to the 128-byte swizzle's 1024-byte period. Warpgroup w owns query
+// rows [64 w, 64 w + 64) of the block's tile; its warp u (of 4) the 16 rows from 64 w + 16 u,
+// laid out in registers as in an m16n8k16 mma, so the score accumulator of S = Q K^T turns into
+// the register A operand of O += P V without moving data (as in FlashAttention-3).
+// Shared tiles: a row of R rows holds EQ_HDP elements as EQ_HDP / 64 blocks of 64 (128 bytes);
+// block c of row r lies at (c * R + r) * 128, its 16-byte chunk k at chunk k ^ (r & 7): the
+// 128-byte swizzle that wgmma descriptors name. Keys are the K-major B operand of S = Q K^T,
+// values the N-major (transposed) B operand of O += P V; the queries go to registers (ldmatrix).
+// Pipeline per key tile j: wait for keys j and values j - 1 (cp.async, issued EQ_HST - 1 tiles
+// ahead), one barrier, prefetch keys j + EQ_HST - 1 and values j + EQ_HST - 2, issue
+// S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, wait for S_j only, run the softmax of tile j
+// while the tensor cores run P_{j-1} V_{j-1}, then wait, rescale O by the tile's factor and keep
+// P_j for the next tile. Measured on an H100 (benches/results/2026-11-22-h100-1c9eca3-attnfwd):
+// 64 keys per tile with two blocks per SM (heads up to 64) beat 128 keys with one, and deeper
+// buffering (EQ_HST 3 or 4) gained nothing, so the code generator uses EQ_HBN 64, EQ_HST 2.
+// The scale must be positive: row maxima are taken over the unscaled scores.
+#define EQ_DP EQ_HDP
+#define EQ_SMEM_BYTES EQ_HSMEM_BYTES
+#if EQ_BF16
+#define EQ_WG_AB "bf16.bf16"
+#else
+#define EQ_WG_AB "f16.f16"
+#endif
+
+namespace eq_hop {
+
+constexpr int NT = EQ_HWG * 128;   // threads
+constexpr int BM = EQ_HBM;   // query rows per block
+constexpr int BN = EQ_HBN;   // keys per tile
+constexpr int CB = EQ_DP / 64;   // 64-element blocks of a row
+constexpr int CH = EQ_DP / 8;   // 16-byte chunks of a row
+constexpr int SN = BN / 8;   // n8 tiles of a score tile
+constexpr int KT = EQ_DP / 16;   // k16 steps of q k^T
+constexpr int PK = BN / 16;   // k16 steps of p v
+constexpr unsigned KV_BYTES = BN * EQ_DP * 2;
+constexpr int ST = EQ_HST;   // key and value buffers
+static_assert(ST >= 2, "EQ_HST must be at least 2");
+static_assert(BN == 64 || BN == 128, "EQ_HBN must be 64 or 128");
+static_assert(EQ_D % 8 == 0 && EQ_D > 0 && EQ_D <= 128, "EQ_D must be a multiple of 8 up to 128");
+static_assert(EQ_SCALE_LOG2 > 0.0f, "the Hopper path takes a positive scale");
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void cp16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Shared memory written by cp.async (the generic proxy) becomes visible to wgmma (the async proxy).
+__device__ __forceinline__ void fence_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void ldsm4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+#if EQ_BF16
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Byte offset of chunk `ch` of row `r` in a tile of R rows (see the layout above).
+template <int R>
+__device__ __forceinline__ unsigned at(int r, int ch) {
+    return (unsigned)((((ch >> 3) * R + r) << 7) + (((ch & 7) ^ (r & 7)) << 4));
+}
+
+// A shared-memory matrix descriptor with the 128-byte swizzle (byte offsets, 16-byte units).
+__device__ __forceinline__ unsigned long long desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins registers an asynchronous wgmma reads or writes at this point of the program.
+template <int N>
+__device__ __forceinline__ void pin(float (&x)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(x[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void pin(float (&x)[N][32]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) pin(x[i]);
+}
+template <int N>
+__device__ __forceinline__ void pin(unsigned (&x)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(x[i][e])::"memory");
+}
+
+// d (+)= a * b over m64n64k16: a from registers (the m16n8k16 A layout per warp), b from shared
+// memory through `desc`; TB selects a K-major (0) or N-major (1) b; ACC = 0 overwrites d.
+template <int TB, int ACC>
+__device__ __forceinline__ void wg_n64(float (&d)[32], const unsigned (&a)[4], unsigned long long desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." EQ_WG_AB " "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TB), "n"(ACC));
+}
+
+// d (+)= a * b over m64n128k16: a from registers (the m16n8k16 A layout per warp), b from shared
+// memory through `desc`; TB selects a K-major (0) or N-major (1) b; ACC = 0 overwrites d.
+template <int TB, int ACC>
+__device__ __forceinline__ void wg_n128(float (&d)[64], const unsigned (&a)[4], unsigned long long desc) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %70, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32." EQ_WG_AB " "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TB), "n"(ACC));
+}
+
+
+template <int ROWS>
+__device__ __forceinline__ void load_tile(unsigned dst, const EQ_T* g, long long sr, int row0, int limit) {
+#pragma unroll
+    for (int c = threadIdx.x; c < ROWS * CH; c += NT) {
+        const int r = c / CH, ch = c % CH;
+        const bool ok = row0 + r < limit && ch * 8 < EQ_D;
+        const EQ_T* src = ok ? g + (long long)(row0 + r) * sr + ch * 8 : g;
+        cp16(dst + at<ROWS>(r, ch), src, ok ? 16 : 0);
+    }
+}
+
+// Descriptors of the key tile at `kb` for the KT k16 steps of s = q k^T (K-major), and of the
+// value tile at `vb` for the PK k16 steps of o += p v (N-major: 16 keys are 2048 bytes), per
+// 64-column block. They are computed and pinned before the wgmma fence: ptxas serializes
+// wgmmas whose input registers are defined between the fence and the wgmma.
+__device__ __forceinline__ void qk_desc(unsigned long long (&d)[KT], unsigned kb) {
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt) {
+        d[kt] = desc(kb + (kt >> 2) * (BN * 128) + (kt & 3) * 32, 16, 1024);
+        asm volatile("" : "+l"(d[kt]));
+    }
+}
+__device__ __forceinline__ void pv_desc(unsigned long long (&d)[PK][CB], unsigned vb) {
+#pragma unroll
+    for (int kk = 0; kk < PK; ++kk)
+#pragma unroll
+        for (int cb = 0; cb < CB; ++cb) {
+            d[kk][cb] = desc(vb + cb * (BN * 128) + kk * 2048, 1024, 1024);
+            asm volatile("" : "+l"(d[kk][cb]));
+        }
+}
+
+// s = q k^T for one warpgroup (issued, not waited for).
+__device__ __forceinline__ void qk(float (&s)[BN / 2], const unsigned (&qf)[KT][4], const unsigned long long (&d)[KT]) {
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt) {
+#if EQ_HBN == 128
+        if (kt == 0) wg_n128<0, 0>(s, qf[kt], d[kt]);
+        else wg_n128<0, 1>(s, qf[kt], d[kt]);
+#else
+        if (kt == 0) wg_n64<0, 0>(s, qf[kt], d[kt]);
+        else wg_n64<0, 1>(s, qf[kt], d[kt]);
+#endif
+    }
+}
+
+// o += p v for one warpgroup (issued, not waited for).
+__device__ __forceinline__ void pv(float (&o)[CB][32], const unsigned (&p)[PK][4], const unsigned long long (&d)[PK][CB]) {
+#pragma unroll
+    for (int kk = 0; kk < PK; ++kk)
+#pragma unroll
+        for (int cb = 0; cb < CB; ++cb) wg_n64<1, 1>(o[cb], p[kk], d[kk][cb]);
+}
+
+// The online softmax of one score tile (keys from n0) in base-2 units: masks keys past the end
+// (and above the diagonal), takes the row maxima of the raw scores (the scale is positive) over
+// the quad sharing a row, and leaves the probabilities rounded to the storage type in `pn` (the
+// A operand of p v), the factor the output must be rescaled by in `alpha`.
+__device__ __forceinline__ void softmax(float (&s)[BN / 2], unsigned (&pn)[PK][4], float (&m_i)[2], float (&l_i)[2],
+                                        float (&alpha)[2], int n0, int wrow, int g, int t) {
+    const bool masked = n0 + BN > EQ_SK || (EQ_CAUSAL && n0 + BN - 1 > wrow);
+    if (masked) {
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = n0 + nt * 8 + 2 * t + (e & 1);
+                const int row = wrow + g + (e >> 1) * 8;
+                if (col >= EQ_SK || (EQ_CAUSAL && col > row)) s[nt * 4 + e] = -EQ_INF;
+            }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float mx = -EQ_INF;
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * h], s[nt * 4 + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m_i[h], mx * EQ_SCALE_LOG2);
+        const float mu = mnew == -EQ_INF ? 0.0f : mnew;
+        alpha[h] = ex2(m_i[h] - mu);
+        m_i[h] = mnew;
+        float rs = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt) {
+            const float p0 = ex2(fmaf(s[nt * 4 + 2 * h], EQ_SCALE_LOG2, -mu));
+            const float p1 = ex2(fmaf(s[nt * 4 + 2 * h + 1], EQ_SCALE_LOG2, -mu));
+            s[nt * 4 + 2 * h] = p0;
+            s[nt * 4 + 2 * h + 1] = p1;
+            rs += p0 + p1;
+        }
+        l_i[h] = l_i[h] * alpha[h] + rs;
+    }
+#pragma unroll
+    for (int kk = 0; kk < PK; ++kk) {
+        pn[kk][0] = pack2(s[8 * kk + 0], s[8 * kk + 1]);
+        pn[kk][1] = pack2(s[8 * kk + 2], s[8 * kk + 3]);
+        pn[kk][2] = pack2(s[8 * kk + 4], s[8 * kk + 5]);
+        pn[kk][3] = pack2(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+template <int ROWS>
+__device__ __forceinline__ void load_tile(unsigned dst, const EQ_T* g, long long sr, int row0, int limit);
+
+// Key tile j >= 1 of the pipeline (see above): `pi` holds P_{j-1}, which the wgmma issued here
+// reads while the softmax of tile j writes P_j into `po`.
+__device__ __forceinline__ void step(int j, int ntiles, float (&s)[BN / 2], float (&o)[CB][32], const unsigned (&qf)[KT][4],
+                                     unsigned (&pi)[PK][4], unsigned (&po)[PK][4], float (&m_i)[2], float (&l_i)[2],
+                                     unsigned sk, unsigned sv, const EQ_T* kg, const EQ_T* vg, int wrow, int g, int t) {
+    const int n0 = j * BN;
+    cp_wait<ST - 2>();  // group j: keys j and values j - 1
+    fence_async();
+    __syncthreads();  // ... for every thread, and tile j - 1's wgmmas are done in both warpgroups
+    // Group ST - 1 + j: keys j + ST - 1 and values j + ST - 2, into the buffers of tiles j - 1
+    // and j - 2, whose wgmmas are done (an empty group past the last tile keeps the count).
+    if (j + ST - 1 < ntiles) load_tile<BN>(sk + ((j + ST - 1) % ST) * KV_BYTES, kg, EQ_K_SR, n0 + (ST - 1) * BN, EQ_SK);
+    if (j + ST - 2 < ntiles) load_tile<BN>(sv + ((j + ST - 2) % ST) * KV_BYTES, vg, EQ_V_SR, n0 + (ST - 2) * BN, EQ_SK);
+    cp_commit();
+
+    unsigned long long dk[KT], dv[PK][CB];
+    qk_desc(dk, sk + (j % ST) * KV_BYTES);
+    pv_desc(dv, sv + ((j - 1) % ST) * KV_BYTES);
+    pin(s);
+    pin(o);
+    pin(pi);
+    wg_fence();
+    qk(s, qf, dk);
+    wg_commit();
+    pv(o, pi, dv);
+    wg_commit();
+    wg_wait<1>();  // s is ready; p v may still run
+    pin(s);
+    float alpha[2];
+    softmax(s, po, m_i, l_i, alpha, n0, wrow, g, t);
+    wg_wait<0>();
+    pin(o);
+    pin(pi);
+#pragma unroll
+    for (int cb = 0; cb < CB; ++cb)
+#pragma unroll
+        for (int e = 0; e < 32; ++e) o[cb][e] *= alpha[(e >> 1) & 1];
+}
+
+// The last tile's o += p v, once its values have landed.
+__device__ __forceinline__ void finish(float (&o)[CB][32], unsigned (&p)[PK][4], unsigned vb) {
+    cp_wait_all();
+    fence_async();
+    __syncthreads();
+    unsigned long long dv[PK][CB];
+    pv_desc(dv, vb);
+    pin(o);
+    pin(p);
+    wg_fence();
+    pv(o, p, dv);
+    wg_commit();
+    wg_wait<0>();
+    pin(o);
+}
+
+}  // namespace eq_hop
+
+extern "C" __global__ void __launch_bounds__(EQ_HWG * 128, EQ_HMINB) EQ_KERNEL(EQ_PARAMS) {
+    using namespace eq_hop;
+    extern __shared__ __align__(1024) unsigned char eq_smem[];
+    const int tid = threadIdx.x, wg = tid >> 7, wu = (tid >> 5) & 3, lane = tid & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int mblocks = (EQ_SQ + BM - 1) / BM;
+    const int mb = EQ_CAUSAL ? mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x;
+    const long long b = blockIdx.y;
+    const long long b0 = b / (EQ_NB1 * EQ_NB2), b1 = (b / EQ_NB2) % EQ_NB1, b2 = b % EQ_NB2;
+    const EQ_T* qg = EQ_QP + b0 * EQ_Q_S0 + b1 * EQ_Q_S1 + b2 * EQ_Q_S2;
+    const EQ_T* kg = EQ_KP + b0 * EQ_K_S0 + b1 * EQ_K_S1 + b2 * EQ_K_S2;
+    const EQ_T* vg = EQ_VP + b0 * EQ_V_S0 + b1 * EQ_V_S1 + b2 * EQ_V_S2;
+    EQ_T* og = EQ_OP + b0 * EQ_O_S0 + b1 * EQ_O_S1 + b2 * EQ_O_S2;
+    const int m0 = mb * BM;
+    const unsigned sq = (smem_u32(eq_smem) + 1023u) & ~1023u;
+    const unsigned sk = sq + BM * EQ_DP * 2;
+    const unsigned sv = sk + ST * KV_BYTES;
+    const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + BM ? EQ_SK : m0 + BM) : EQ_SK;
+    const int ntiles = (n_end + BN - 1) / BN;
+    // The first query row (absolute) of this warp's 16.
+    const int wrow = m0 + wg * 64 + wu * 16;
+
+    load_tile<BM>(sq, qg, EQ_Q_SR, m0, EQ_SQ);
+    load_tile<BN>(sk, kg, EQ_K_SR, 0, EQ_SK);
+    cp_commit();
+    // Groups 1 .. ST - 1: keys i and values i - 1.
+#pragma unroll
+    for (int i = 1; i < ST; ++i) {
+        if (i < ntiles) load_tile<BN>(sk + i * KV_BYTES, kg, EQ_K_SR, i * BN, EQ_SK);
+        if (i - 1 < ntiles) load_tile<BN>(sv + (i - 1) * KV_BYTES, vg, EQ_V_SR, (i - 1) * BN, EQ_SK);
+        cp_commit();
+    }
+    cp_wait<ST - 1>();  // group 0
+    fence_async();
+    __syncthreads();
+
+    unsigned qf[KT][4];
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt) ldsm4(qf[kt], sq + at<BM>(wg * 64 + wu * 16 + (lane & 15), kt * 2 + (lane >> 4)));
+
+    float o[CB][32];
+    float s[BN / 2];
+    unsigned pa[PK][4], pb[PK][4];
+#pragma unroll
+    for (int cb = 0; cb < CB; ++cb)
+#pragma unroll
+        for (int e = 0; e < 32; ++e) o[cb][e] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < BN / 2; ++e) s[e] = 0.0f;
+    float m_i[2] = {-EQ_INF, -EQ_INF}, l_i[2] = {0.0f, 0.0f};
+
+    // Tile 0: its scores and probabilities (the output is still zero).
+    {
+        unsigned long long dk[KT];
+        qk_desc(dk, sk);
+        pin(s);
+        wg_fence();
+        qk(s, qf, dk);
+    }
+    wg_commit();
+    wg_wait<0>();
+    pin(s);
+    {
+        float alpha[2];
+        softmax(s, pa, m_i, l_i, alpha, 0, wrow, g, t);
+    }
+
+    // Tiles 1 .. ntiles - 1, two per trip so that the probabilities alternate between two
+    // register sets (no copy: ptxas serializes wgmmas when a copy would reuse the registers the
+    // wgmma in flight reads).
+    int j = 1;
+    for (; j + 1 < ntiles; j += 2) {
+        step(j, ntiles, s, o, qf, pa, pb, m_i, l_i, sk, sv, kg, vg, wrow, g, t);
+        step(j + 1, ntiles, s, o, qf, pb, pa, m_i, l_i, sk, sv, kg, vg, wrow, g, t);
+    }
+    // The last tile's p v.
+    if (j < ntiles) {
+        step(j, ntiles, s, o, qf, pa, pb, m_i, l_i, sk, sv, kg, vg, wrow, g, t);
+        finish(o, pb, sv + ((ntiles - 1) % ST) * KV_BYTES);
+    } else {
+        finish(o, pa, sv + ((ntiles - 1) % ST) * KV_BYTES);
+    }
+
+    // Epilogue: divide by the row sums (summed over the quad), stage the tile in shared memory
+    // (over the queries, which live in registers since the start), store 16-byte chunks.
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = l_i[h];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        l_i[h] = l;
+        inv[h] = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+#pragma unroll
+    for (int cb = 0; cb < CB; ++cb)
+#pragma unroll
+        for (int dt = 0; dt < 8; ++dt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = wg * 64 + wu * 16 + g + h * 8;
+                const unsigned w = pack2(o[cb][dt * 4 + 2 * h] * inv[h], o[cb][dt * 4 + 2 * h + 1] * inv[h]);
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(sq + at<BM>(r, cb * 8 + dt) + 4 * t), "r"(w));
+            }
+    __syncthreads();
+#pragma unroll
+    for (int c = tid; c < BM * CH; c += NT) {
+        const int r = c / CH, ch = c % CH;
+        if (m0 + r < EQ_SQ && ch * 8 < EQ_D) {
+            uint4 w;
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w)
+                         : "r"(sq + at<BM>(r, ch)));
+            *reinterpret_cast<uint4*>(og + (long long)(m0 + r) * EQ_O_SR + ch * 8) = w;
+        }
+    }
+#if EQ_LSE
+    // lse = (m + log2 l) * ln 2, by the first thread of each quad.
+    if (t == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = wrow + g + h * 8;
+            if (row < EQ_SQ) EQ_LSEP[b * EQ_SQ + row] = (m_i[h] + __log2f(l_i[h])) * 0.69314718055994531f;
+        }
+    }
+#endif
 }
 #else
 

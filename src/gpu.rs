@@ -58,6 +58,8 @@ pub struct Loaded {
     pub cached: bool,
     /// For a persistent kernel, the blocks that fit on the device at once (one wave).
     pub resident_blocks: Option<u32>,
+    /// Whether the source's Hopper path was compiled (for sm_90a) and its launch shape taken.
+    pub sm90a: bool,
 }
 
 impl Gpu {
@@ -137,9 +139,20 @@ impl Gpu {
                 lt: Some(lt),
                 cached: true,
                 resident_blocks: None,
+                sm90a: false,
             });
         }
-        let c = crate::nvrtc::compile_cached(&source.source, &source.name, &self.arch)?;
+        // A source with a Hopper path runs it on a 9.0 device: compiled for sm_90a, launched
+        // with that path's shape (`EQFUSE_NO_SM90A` set keeps the portable path, for comparisons).
+        let mut source = source.clone();
+        let mut arch = self.arch.as_str();
+        if let Some(hopper) = source.launch.sm90a.take() {
+            if self.arch == "sm_90" && std::env::var_os("EQFUSE_NO_SM90A").is_none() {
+                source.launch = *hopper;
+                arch = "sm_90a";
+            }
+        }
+        let c = crate::nvrtc::compile_cached(&source.source, &source.name, arch)?;
         let ptx = String::from_utf8_lossy(&c.ptx).into_owned();
         let module = cuda(self.ctx.load_module(Ptx::from_src(ptx)), &format!("loading {}", source.name))?;
         let func = cuda(module.load_function(&source.name), &format!("finding {}", source.name))?;
@@ -158,7 +171,8 @@ impl Gpu {
         } else {
             None
         };
-        Ok(Loaded { source: source.clone(), func: Some(func), lt: None, cached: c.cached, resident_blocks })
+        let sm90a = arch == "sm_90a";
+        Ok(Loaded { source, func: Some(func), lt: None, cached: c.cached, resident_blocks, sm90a })
     }
 
     /// Launches a kernel on `args` (in the order of its `args` list); asynchronous.

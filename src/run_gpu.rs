@@ -142,6 +142,8 @@ pub struct GpuRunReport {
     /// Kernels compiled, and how many came from the NVRTC disk cache.
     pub compiled: usize,
     pub cached: usize,
+    /// Kernels that run their Hopper path (compiled for sm_90a).
+    pub sm90a: usize,
     pub compile_ms: f64,
     /// The outputs' values, in plan output order.
     pub values: Vec<(String, Tensor)>,
@@ -215,6 +217,7 @@ pub fn run_on(
         outputs,
         compiled: loaded.len(),
         cached: loaded.iter().filter(|k| k.cached).count(),
+        sm90a: loaded.iter().filter(|k| k.sm90a).count(),
         compile_ms,
         values,
     })
@@ -696,8 +699,11 @@ impl fmt::Display for GpuRunReport {
         writeln!(f, "ran {} on {} ({}), seed {}", self.program, self.device, self.arch, self.seed)?;
         writeln!(
             f,
-            "compiled {} kernels ({} from the NVRTC cache) in {:.0} ms",
-            self.compiled, self.cached, self.compile_ms
+            "compiled {} kernels ({} from the NVRTC cache{}) in {:.0} ms",
+            self.compiled,
+            self.cached,
+            if self.sm90a > 0 { format!("; {} on the sm_90a path", self.sm90a) } else { String::new() },
+            self.compile_ms
         )?;
         if self.repeat > 0 {
             writeln!(f, "times: median of {} runs after a warm-up", self.repeat)?;

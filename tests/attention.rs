@@ -41,6 +41,30 @@ fn attention_kernel_launch_shape() {
     assert_eq!(names, ["q", "k", "v", "o"]);
     assert!(k.source.contains("#define EQ_SCALE_LOG2 0.18033688f"));
     assert!(k.source.contains("#define EQ_CAUSAL 0"));
+    // The wgmma path on a 9.0 device: two warpgroups of 64 rows, 64-key tiles, two buffers each
+    // of keys and values, 1024 bytes of alignment.
+    let h = k.launch.sm90a.as_deref().expect("a bf16 attention kernel has a Hopper path");
+    assert_eq!(h.grid, [16, 128, 1]);
+    assert_eq!(h.block, [256, 1, 1]);
+    assert_eq!(h.smem_bytes, (128 + 4 * 64) * 64 * 2 + 1024);
+    assert!(h.sm90a.is_none());
+    assert!(k.source.contains("#define EQ_WGMMA 1"));
+}
+
+#[test]
+fn only_tensor_core_attention_with_a_positive_scale_has_a_hopper_path() {
+    let hopper = |ty: &str, scale: &str| {
+        let src = format!("input q: {ty}[2, 4, 100, 32]\no = attention(q, q, q, {scale}, 1)\noutput o\n");
+        let p = eqfuse::parse_program("h.eqf", &src, &[]).unwrap();
+        let plan = optimize(&p, &opts()).unwrap().plan;
+        let src = codegen_plan(&plan).unwrap();
+        let k = src.iter().find(|s| s.template == Template::Attention).expect("an attention kernel");
+        k.launch.sm90a.is_some() && k.source.contains("#define EQ_WGMMA 1")
+    };
+    assert!(hopper("bf16", "0.125"));
+    assert!(hopper("f16", "0.125"));
+    assert!(!hopper("bf16", "-0.125"));
+    assert!(!hopper("f32", "0.125"));
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! CI check: every kernel the code generator emits for the test cases (and every template on
-//! its own, with its default parameters) compiles with NVRTC for sm_90, without a GPU.
+//! its own, with its default parameters) compiles with NVRTC for sm_90, without a GPU; kernels
+//! with a Hopper path (attention) compile for sm_90a as well.
 //!
 //! NVRTC comes from `.ci/install-nvrtc` (the `nvidia-cuda-nvrtc` 13.0 wheel unpacked into
 //! `.nvrtc/`) or the loader path. Where it is missing the test says so and passes, unless
@@ -31,6 +32,31 @@ fn templates_compile_alone() {
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(!c.ptx.is_empty());
     }
+    // The attention template's Hopper (wgmma) path, which only an sm_90a compile takes.
+    let text = eqfuse::TEMPLATE_FILES.iter().find(|(n, _)| *n == "attention.cu").unwrap().1;
+    let c = nvrtc_compile(text, "attention.cu", "sm_90a", &[format!("--include-path={dir}"), "-DEQ_WGMMA=1".into()])
+        .unwrap_or_else(|e| panic!("attention.cu for sm_90a: {e}"));
+    assert!(String::from_utf8_lossy(&c.ptx).contains("wgmma.mma_async"));
+}
+
+/// A kernel with a Hopper path (`launch.sm90a`) must compile for sm_90a too, and there run
+/// wgmma; its sm_90 compile must not. ptxas's performance advisories (C75xx: wgmmas serialized,
+/// which an instance at the register cap of two blocks per SM can get, e.g. causal attention
+/// over transposed views) are reported, not failures: the code is correct, only slower.
+fn compile_sm90a(what: &str, s: &eqfuse::KernelSource, sm90: &[u8]) {
+    if s.launch.sm90a.is_none() {
+        return;
+    }
+    let c = nvrtc_compile(&s.source, &s.file, "sm_90a", &[])
+        .unwrap_or_else(|e| panic!("{what} / {} (sm_90a): {e}", s.name));
+    let (advisories, warnings): (Vec<&str>, Vec<&str>) =
+        c.log.lines().filter(|l| !l.trim().is_empty()).partition(|l| l.contains("Potential Performance Loss"));
+    for a in advisories {
+        eprintln!("{what} / {} (sm_90a): {a}", s.name);
+    }
+    assert!(warnings.is_empty(), "{what} / {} (sm_90a): warnings\n{}", s.name, c.log);
+    assert!(String::from_utf8_lossy(&c.ptx).contains("wgmma.mma_async"), "{what} / {}: no wgmma on sm_90a", s.name);
+    assert!(!String::from_utf8_lossy(sm90).contains("wgmma"), "{what} / {}: wgmma on sm_90", s.name);
 }
 
 #[test]
@@ -47,6 +73,7 @@ fn generated_kernels_compile() {
             let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[])
                 .unwrap_or_else(|e| panic!("{} / {}: {e}\n{}", case.name, s.name, s.source));
             assert!(c.log.trim().is_empty(), "{} / {}: warnings\n{}", case.name, s.name, c.log);
+            compile_sm90a(case.name, &s, &c.ptx);
             n += 1;
         }
     }
@@ -91,6 +118,7 @@ fn example_kernels_compile() {
                     gemm += 1;
                 }
                 if k.template == eqfuse::Template::Attention {
+                    compile_sm90a(&path, &s, &c.ptx);
                     attention += 1;
                 }
                 compiled += 1;

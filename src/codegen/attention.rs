@@ -8,6 +8,10 @@
 //! exactly (a fused epilogue, f32 operands, a head axis that is not contiguous or not a multiple
 //! of 8, different query and value head sizes, heads over 128) is an error naming the kernel,
 //! never an approximation.
+//!
+//! A bf16 or f16 instance with a positive scale also carries the launch of the template's Hopper
+//! path (`Launch::sm90a`): one source, whose `sm_90a` compile (on a 9.0 device) runs the wgmma
+//! path and whose other compiles run the mma.sync path, each with its own block shape.
 
 use crate::error::{Error, Result};
 use crate::infer::{infer, norm_axis, Fact};
@@ -29,6 +33,21 @@ pub const MAX_HEAD: usize = 128;
 pub fn smem_bytes(d: usize) -> usize {
     let dp = d.div_ceil(64) * 64;
     (BLOCK_M + 4 * BLOCK_N) * dp * 2
+}
+
+/// The Hopper path (`kernels/attention.cu` on sm_90a, wgmma): warpgroups per block (64 query
+/// rows each) and keys per tile. 64 keys let heads up to 64 run two blocks per SM (128
+/// registers a thread), which measured 0.40 ms on the attention example where 128 keys and one
+/// block per SM took 0.51 ms (benches/results/2026-11-22-h100-1c9eca3-attnfwd).
+pub const HOPPER_WARPGROUPS: usize = 2;
+pub const HOPPER_BLOCK_M: usize = 64 * HOPPER_WARPGROUPS;
+pub const HOPPER_BLOCK_N: usize = 64;
+
+/// The shared memory a block of the Hopper path uses for head size `d` (bytes): the query
+/// tile, two buffers each of keys and values, and 1024 bytes to align them for the swizzle.
+pub fn hopper_smem_bytes(d: usize) -> usize {
+    let dp = d.div_ceil(64) * 64;
+    (HOPPER_BLOCK_M + 4 * HOPPER_BLOCK_N) * dp * 2 + 1024
 }
 
 /// Query rows per block (one per thread) and keys per tile of the f32 path.
@@ -380,6 +399,19 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     let grid = [inst.sq.div_ceil(rows) as u32, nb as u32, 1];
     let block = [threads as u32, 1, 1];
     let smem = smem as u32;
+    // The Hopper path takes every bf16 and f16 instance of a positive scale (its softmax takes
+    // row maxima of the unscaled scores); the others keep the mma.sync path everywhere.
+    let hopper = !f32 && (inst.scale * std::f64::consts::LOG2_E) as f32 > 0.0;
+    let sm90a = hopper.then(|| {
+        Box::new(Launch {
+            grid: [inst.sq.div_ceil(HOPPER_BLOCK_M) as u32, nb as u32, 1],
+            block: [(HOPPER_WARPGROUPS * 128) as u32, 1, 1],
+            smem_bytes: hopper_smem_bytes(inst.d) as u32,
+            persistent: false,
+            wave: false,
+            sm90a: None,
+        })
+    });
 
     let mut params = Vec::new();
     let mut args = Vec::new();
@@ -422,6 +454,12 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
         "// launch: grid ({}, {}, {}), block ({}, {}, {}), dynamic shared memory {smem} bytes\n",
         grid[0], grid[1], grid[2], block[0], block[1], block[2]
     ));
+    if let Some(h) = &sm90a {
+        s.push_str(&format!(
+            "// launch for sm_90a (the wgmma path): grid ({}, {}, {}), block ({}, {}, {}), dynamic shared memory {} bytes\n",
+            h.grid[0], h.grid[1], h.grid[2], h.block[0], h.block[1], h.block[2], h.smem_bytes
+        ));
+    }
     let mut def = |n: &str, v: String| s.push_str(&format!("#define {n} {v}\n"));
     def("EQ_GENERATED", String::new());
     def("EQ_KERNEL", name.clone());
@@ -441,6 +479,10 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     def("EQ_BM", BLOCK_M.to_string());
     def("EQ_BN", BLOCK_N.to_string());
     def("EQ_NWARPS", WARPS.to_string());
+    def("EQ_WGMMA", u8::from(hopper).to_string());
+    def("EQ_HWG", HOPPER_WARPGROUPS.to_string());
+    def("EQ_HBN", HOPPER_BLOCK_N.to_string());
+    def("EQ_HMINB", if inst.d <= 64 { "2" } else { "1" }.into());
     for (t, tag) in ["Q", "K", "V", "O"].iter().enumerate() {
         for (j, suffix) in ["S0", "S1", "S2", "SR"].iter().enumerate() {
             def(&format!("EQ_{tag}_{suffix}"), format!("{}LL", inst.strides[t][j]));
@@ -461,7 +503,7 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
         kernel: k.id,
         template: Template::Attention,
         source: s,
-        launch: Launch { grid, block, smem_bytes: smem, persistent: false, wave: false },
+        launch: Launch { grid, block, smem_bytes: smem, persistent: false, wave: false, sm90a },
         cublaslt: None,
         args,
     })
@@ -482,6 +524,9 @@ mod tests {
         assert_eq!(smem_bytes(64), 49152);
         assert_eq!(smem_bytes(128), 98304);
         assert_eq!(smem_bytes(8), 49152);
+        assert_eq!(hopper_smem_bytes(64), (128 + 4 * 64) * 64 * 2 + 1024);
+        assert_eq!(hopper_smem_bytes(128), (128 + 4 * 64) * 128 * 2 + 1024);
+        assert_eq!(hopper_smem_bytes(16), hopper_smem_bytes(64));
     }
 
     #[test]

@@ -56,6 +56,12 @@ pub struct Launch {
     /// runtime launches one whatever its persistent-grid option says.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub wave: bool,
+    /// The launch of the source's Hopper path: on a device of compute capability 9.0 the
+    /// runtime compiles the source for `sm_90a` (whose feature macro selects that path, e.g.
+    /// attention on wgmma) and launches it with this shape instead; elsewhere the source
+    /// compiles to its portable path, launched as above.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sm90a: Option<Box<Launch>>,
 }
 
 /// What a kernel argument is.
@@ -230,6 +236,7 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
             smem_bytes: r.shape.smem_bytes,
             persistent: matches!(lowered.template, Template::RowReduce | Template::Elementwise),
             wave: r.shape.wave,
+            sm90a: None,
         },
         args,
         cublaslt: None,
@@ -261,7 +268,7 @@ fn codegen_gemm(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
         kernel: k.id,
         template: Template::Gemm,
         source,
-        launch: Launch { grid: r.grid, block: r.block, smem_bytes: 0, persistent: false, wave: false },
+        launch: Launch { grid: r.grid, block: r.block, smem_bytes: 0, persistent: false, wave: false, sm90a: None },
         args: tensor_args(k, &packed_names(plan)),
         cublaslt: r.call,
     })

@@ -1,0 +1,21 @@
+# Device call: standalone driver (nvcc build, checks, timings), eqfuse runs (checked against the
+# CPU reference) on the wgmma path, the attention example timed on both paths, GPU tests.
+cd .gpu-attnfwd
+export EQFUSE_CACHE_DIR=/tmp/eqcache EQFUSE_NVRTC_DIR=/usr/local/cuda/lib64 LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH EQFUSE_REQUIRE_GPU=1
+{ date -u +"date: %Y-%m-%d %H:%M UTC"; echo "commit: $(cat COMMIT)"; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; nvcc --version | tail -2; } > $OUT/device.log 2>&1
+cat $OUT/device.log
+(cd attnfwd && KDIR=../kernels timeout 150 bash build.sh > build.out 2>&1; echo "build exit $?" >> build.out) &
+B=$!
+for p in causal_tail f16_d128 heads_view; do timeout 40 ./eqfuse run progs/$p.eqf --repeat 10 --outputs /tmp/o-$p; echo "$p exit $?"; done > $OUT/run-small.log 2>&1
+grep -E "exit|ok|MISMATCH|rror|us" $OUT/run-small.log | head -30
+wait $B; cat attnfwd/build.out attnfwd/build_*.log > $OUT/build.log; tail -18 attnfwd/build.out
+cuobjdump -sass attnfwd/h64.o 2>/dev/null | grep -oE "HGMMA\.[A-Z0-9x.]*|HMMA\.[A-Z0-9.]*" | sort | uniq -c > $OUT/sass.log; cat $OUT/sass.log
+(cd attnfwd && timeout 60 ./driver) > $OUT/driver.log 2>&1; echo "driver exit $?" >> $OUT/driver.log
+cat $OUT/driver.log
+timeout 80 ./eqfuse run progs/attention.eqf --repeat 30 --outputs /tmp/o-att > $OUT/run-attention.log 2>&1; echo "exit $?" >> $OUT/run-attention.log
+cat $OUT/run-attention.log | tail -12
+EQFUSE_NO_SM90A=1 timeout 60 ./eqfuse bench progs/attention.eqf --repeat 30 > $OUT/bench-mmasync.log 2>&1; echo "exit $?" >> $OUT/bench-mmasync.log
+timeout 60 ./eqfuse bench progs/attention.eqf --repeat 30 > $OUT/bench-wgmma.log 2>&1; echo "exit $?" >> $OUT/bench-wgmma.log
+tail -6 $OUT/bench-mmasync.log $OUT/bench-wgmma.log
+cd .. && timeout 100 .gpu-attnfwd/gpu-tests --test-threads=1 --nocapture cases_and_examples > $OUT/gpu-tests.log 2>&1; echo "tests exit $?" >> $OUT/gpu-tests.log
+grep -E "attention|MISMATCH|ERROR|ran |exit|test result" $OUT/gpu-tests.log | head -20
