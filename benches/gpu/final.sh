@@ -24,7 +24,7 @@ E=$G/examples
 # the device's 10-minute limit (the two sessions' folders are merged before benches/report.py).
 PARTS="${PARTS:-bench torch}"
 if [[ " $PARTS " == *" bench "* ]]; then
-timeout 420 "$G/eqfuse" bench $(cat $G/programs.txt | sed "s|^|$E/|; s|$|.eqf|") --json "$S/bench.json" > "$S/bench.txt" 2>&1
+timeout "${BENCH_TIMEOUT:-420}" "$G/eqfuse" bench $(cat $G/programs.txt | sed "s|^|$E/|; s|$|.eqf|") --json "$S/bench.json" > "$S/bench.txt" 2>&1
 echo "bench exit $?"; tail -40 "$S/bench.txt"
 timeout 60 "$G/eqfuse" bench $E/layernorm.eqf --dim R=16384 --dim C=4096 --json "$S/bench_16384x4096.json" > "$S/bench_16384x4096.txt" 2>&1
 echo "bench 16384x4096 exit $?"
