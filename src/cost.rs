@@ -84,8 +84,11 @@ impl KernelCost {
             .and_then(|b| dag.nodes[b].ty())
             .map_or(DType::F32, |t| t.dtype);
         let work = Work { bytes: self.bytes_read(dag) + bytes_written, hit, flops: self.flops, stages: self.stages };
+        let backward = self.template == Template::Attention
+            && self.body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()));
         match self.implementation {
             Some(imp) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
+            None if backward => profile.attention_backward_us(&work, dtype),
             None => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
     }

@@ -178,17 +178,22 @@ impl DeviceProfile {
         if let Some(rate) = r.tiles_16bit.get(&key).filter(|_| sixteen) {
             return self.tile_time(rate, t);
         }
+        if let Some(rate) = r.tiles.get(&key) {
+            return self.tile_time(rate, t);
+        }
         // A tile the profile has no rate for takes the measured tile nearest in operand
-        // elements staged per step (BM + BN), its step times scaled by that count.
+        // elements staged per step (BM + BN), its step times scaled by that count; the blocked
+        // 128-row tiles (another loop shape) are taken only for themselves.
         let staged = |key: &str| -> Option<usize> {
             let (m, n) = key.split_once('x')?;
             Some(m.parse::<usize>().ok()? + n.parse::<usize>().ok()?)
         };
+        let tall = |key: &str| key.split_once('x').is_some_and(|(m, _)| m == "128");
         let own = t.bm + t.bn;
         let (key, rate) = r
             .tiles
             .iter()
-            .filter(|(k, _)| staged(k).is_some())
+            .filter(|(k, _)| staged(k).is_some() && !tall(k))
             .min_by_key(|(k, _)| staged(k).unwrap_or(0).abs_diff(own))?;
         let scale = own as f64 / staged(key)? as f64;
         let rate = TileRate {
@@ -239,11 +244,22 @@ impl DeviceProfile {
     /// A kernel with `tiles` (attention's CUDA-core f32 path) is timed by the template's tile
     /// rates where the profile has them.
     pub fn kernel_work_us(&self, t: Template, work: &Work, dtype: DType, tiles: Option<&GemmTiles>) -> f64 {
-        let r = self.rates(t);
+        self.work_us(self.rates(t), work, dtype, tiles)
+    }
+
+    /// [`kernel_work_us`](Self::kernel_work_us) of the attention template's backward kernels
+    /// (the log-sum-exp pass and the gradients, mma.sync kernels), at the rates of its
+    /// `backward` implementation where the profile has one.
+    pub fn attention_backward_us(&self, work: &Work, dtype: DType) -> f64 {
+        let a = self.rates(Template::Attention);
+        self.work_us(a.implementations.get("backward").unwrap_or(a), work, dtype, None)
+    }
+
+    fn work_us(&self, r: &TemplateRates, work: &Work, dtype: DType, tiles: Option<&GemmTiles>) -> f64 {
         let stages = r.stage_latency_us.unwrap_or(0.0) * f64::from(work.stages);
         let compute = tiles
             .and_then(|g| self.tile_us(r, g, dtype))
-            .unwrap_or_else(|| 1e6 * self.compute_seconds(t, work.flops, dtype));
+            .unwrap_or_else(|| 1e6 * work.flops as f64 / (rate_tflops(r, dtype) * 1e12));
         self.launch_overhead_us + stages + self.memory_us(r, work).max(compute)
     }
 }

@@ -156,7 +156,8 @@ fn tensor_core_gemm_kernels_compile() {
         let path = format!("benches/gpu/predict/{name}.eqf");
         let program = eqfuse::load_program(&path, &d).unwrap();
         for strict in [false, true] {
-            let plan = optimize(&program, &OptimizeOptions { strict, ..OptimizeOptions::new(profile.clone()) }).unwrap().plan;
+            let plan =
+                optimize(&program, &OptimizeOptions { strict, ..OptimizeOptions::new(profile.clone()) }).unwrap().plan;
             let k = plan.kernels.iter().find(|k| k.template == eqfuse::Template::Gemm).expect("a product");
             let s = eqfuse::codegen_kernel(&plan, k).unwrap();
             assert!(s.cublaslt.is_none(), "{name}: cuBLASLt was picked");
