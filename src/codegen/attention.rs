@@ -20,7 +20,7 @@ use crate::plan::{FusionPlan, Kernel, Template};
 use crate::types::{DType, TensorType};
 
 use super::lower::{broadcast_strides, contiguous, reshape_strides};
-use super::{ArgRole, KernelArg, KernelSource, Launch};
+use super::{KernelSource, Launch};
 
 /// Query rows per block, key rows per tile, and warps per block (`kernels/attention.cu`).
 pub const BLOCK_M: usize = 128;
@@ -413,30 +413,9 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
         })
     });
 
-    let mut params = Vec::new();
-    let mut args = Vec::new();
-    for (i, t) in k.reads.iter().enumerate() {
-        params.push(format!("const {ctype}* __restrict__ p_r{i}"));
-        args.push(KernelArg {
-            name: t.name.clone(),
-            role: ArgRole::Read,
-            dtype: Some(t.ty.dtype),
-            shape: t.ty.shape.clone(),
-            bytes: t.ty.bytes(),
-            zeroed: false,
-        });
-    }
-    for (i, t) in k.writes.iter().enumerate() {
-        params.push(format!("{ctype}* __restrict__ p_w{i}"));
-        args.push(KernelArg {
-            name: t.name.clone(),
-            role: ArgRole::Write,
-            dtype: Some(t.ty.dtype),
-            shape: t.ty.shape.clone(),
-            bytes: t.ty.bytes(),
-            zeroed: false,
-        });
-    }
+    let mut params: Vec<String> = (0..k.reads.len()).map(|i| format!("const {ctype}* __restrict__ p_r{i}")).collect();
+    params.extend((0..k.writes.len()).map(|i| format!("{ctype}* __restrict__ p_w{i}")));
+    let args = super::tensor_args(k, &Default::default());
 
     let tensors = |ts: &[crate::plan::TensorRef]| {
         ts.iter().map(|t| format!("{} {}", t.name, t.ty)).collect::<Vec<_>>().join(", ")

@@ -14,7 +14,7 @@ use crate::lang::{AttnArg, Composite, Kind, TensorLang};
 use crate::plan::{FusionPlan, Kernel, Template};
 use crate::types::{DType, TensorType};
 
-use super::{ArgRole, KernelArg, KernelSource, Launch};
+use super::{KernelSource, Launch};
 
 /// Rows per block (query rows, or key rows of the key and value gradients), and warps per block.
 pub const BLOCK: usize = 64;
@@ -225,30 +225,10 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     let block = [(WARPS * 32) as u32, 1, 1];
     let smem = smem_bytes(inst.mode, inst.d) as u32;
 
-    let mut params = Vec::new();
-    let mut args = Vec::new();
-    for (i, t) in k.reads.iter().enumerate() {
-        params.push(format!("const {}* __restrict__ p_r{i}", ctype(t.ty.dtype)));
-        args.push(KernelArg {
-            name: t.name.clone(),
-            role: ArgRole::Read,
-            dtype: Some(t.ty.dtype),
-            shape: t.ty.shape.clone(),
-            bytes: t.ty.bytes(),
-            zeroed: false,
-        });
-    }
-    for (i, t) in k.writes.iter().enumerate() {
-        params.push(format!("{}* __restrict__ p_w{i}", ctype(t.ty.dtype)));
-        args.push(KernelArg {
-            name: t.name.clone(),
-            role: ArgRole::Write,
-            dtype: Some(t.ty.dtype),
-            shape: t.ty.shape.clone(),
-            bytes: t.ty.bytes(),
-            zeroed: false,
-        });
-    }
+    let mut params: Vec<String> =
+        k.reads.iter().enumerate().map(|(i, t)| format!("const {}* __restrict__ p_r{i}", ctype(t.ty.dtype))).collect();
+    params.extend(k.writes.iter().enumerate().map(|(i, t)| format!("{}* __restrict__ p_w{i}", ctype(t.ty.dtype))));
+    let args = super::tensor_args(k, &Default::default());
     let tensors = |ts: &[crate::plan::TensorRef]| {
         ts.iter().map(|t| format!("{} {}", t.name, t.ty)).collect::<Vec<_>>().join(", ")
     };

@@ -280,7 +280,7 @@ fn packed_names(plan: &FusionPlan) -> std::collections::BTreeSet<String> {
 }
 
 /// A kernel's tensor arguments: its reads, then its writes (a packed mask takes its words' bytes).
-fn tensor_args(k: &Kernel, packed: &std::collections::BTreeSet<String>) -> Vec<KernelArg> {
+pub(crate) fn tensor_args(k: &Kernel, packed: &std::collections::BTreeSet<String>) -> Vec<KernelArg> {
     let mut args = Vec::new();
     for (t, role) in k.reads.iter().map(|t| (t, ArgRole::Read)).chain(k.writes.iter().map(|t| (t, ArgRole::Write))) {
         args.push(KernelArg {
