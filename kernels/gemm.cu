@@ -86,6 +86,12 @@ __device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {
 #define EQ_ROUND_PRODUCT(x) (x)
 #endif
 #define EQ_TX (EQ_BN / EQ_TN)
+// Staged element e of a step's A slice (EQ_BM rows by EQ_BK) or B slice (EQ_BN columns by
+// EQ_BK): its row (column) and depth, consecutive e walking the axis contiguous in memory.
+#define EQ_A_ROW(e) (EQ_SAK == 1 ? (e) / EQ_BK : (e) % EQ_BM)
+#define EQ_A_DEPTH(e) (EQ_SAK == 1 ? (e) % EQ_BK : (e) / EQ_BM)
+#define EQ_B_COL(e) (EQ_SBK == 1 ? (e) / EQ_BK : (e) % EQ_BN)
+#define EQ_B_DEPTH(e) (EQ_SBK == 1 ? (e) % EQ_BK : (e) / EQ_BN)
 #ifndef EQ_MMA
 #define EQ_MMA 0
 #endif
@@ -195,8 +201,8 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
 #pragma unroll
         for (int i = 0; i < EQ_NA; ++i) {
             const int e = tid + i * EQ_GEMM_THREADS;
-            const int m = EQ_SAK == 1 ? e / EQ_BK : e % EQ_BM;
-            const int kk = EQ_SAK == 1 ? e % EQ_BK : e / EQ_BM;
+            const int m = EQ_A_ROW(e);
+            const int kk = EQ_A_DEPTH(e);
             const int gm = m0 + m, gk = k0 + kk;
             const bool in = e < EQ_BM * EQ_BK && gm < EQ_M && gk < EQ_K;
             ra[i] = in ? pa[(eq_idx)gm * EQ_SAM + (eq_idx)gk * EQ_SAK].bits : (unsigned short)0;
@@ -204,8 +210,8 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
 #pragma unroll
         for (int i = 0; i < EQ_NB; ++i) {
             const int e = tid + i * EQ_GEMM_THREADS;
-            const int n = EQ_SBK == 1 ? e / EQ_BK : e % EQ_BN;
-            const int kk = EQ_SBK == 1 ? e % EQ_BK : e / EQ_BN;
+            const int n = EQ_B_COL(e);
+            const int kk = EQ_B_DEPTH(e);
             const int gn = n0 + n, gk = k0 + kk;
             const bool in = e < EQ_BN * EQ_BK && gn < EQ_N && gk < EQ_K;
             rb[i] = in ? pb[(eq_idx)gk * EQ_SBK + (eq_idx)gn * EQ_SBN].bits : (unsigned short)0;
@@ -217,13 +223,13 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
         for (int i = 0; i < EQ_NA; ++i) {
             const int e = tid + i * EQ_GEMM_THREADS;
             if (e < EQ_BM * EQ_BK)
-                as16[(EQ_SAK == 1 ? e / EQ_BK : e % EQ_BM) * EQ_KP + (EQ_SAK == 1 ? e % EQ_BK : e / EQ_BM)] = ra[i];
+                as16[EQ_A_ROW(e) * EQ_KP + EQ_A_DEPTH(e)] = ra[i];
         }
 #pragma unroll
         for (int i = 0; i < EQ_NB; ++i) {
             const int e = tid + i * EQ_GEMM_THREADS;
             if (e < EQ_BN * EQ_BK)
-                bs16[(EQ_SBK == 1 ? e / EQ_BK : e % EQ_BN) * EQ_KP + (EQ_SBK == 1 ? e % EQ_BK : e / EQ_BN)] = rb[i];
+                bs16[EQ_B_COL(e) * EQ_KP + EQ_B_DEPTH(e)] = rb[i];
         }
         __syncthreads();
         if (k0 + EQ_BK < EQ_K) fetch(k0 + EQ_BK);
@@ -284,8 +290,8 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
         for (int i = 0; i < EQ_NA; ++i) {
             // Consecutive threads walk the axis that is contiguous in memory.
             const int e = tid + i * EQ_GEMM_THREADS;
-            const int m = EQ_SAK == 1 ? e / EQ_BK : e % EQ_BM;
-            const int kk = EQ_SAK == 1 ? e % EQ_BK : e / EQ_BM;
+            const int m = EQ_A_ROW(e);
+            const int kk = EQ_A_DEPTH(e);
             const int gm = m0 + m, gk = k0 + kk;
             const bool in = e < EQ_BM * EQ_BK && gm < EQ_M && gk < EQ_K;
             ra[i] = in ? eq_val(pa[(eq_idx)gm * EQ_SAM + (eq_idx)gk * EQ_SAK]) : 0.0f;
@@ -293,8 +299,8 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
 #pragma unroll
         for (int i = 0; i < EQ_NB; ++i) {
             const int e = tid + i * EQ_GEMM_THREADS;
-            const int n = EQ_SBK == 1 ? e / EQ_BK : e % EQ_BN;
-            const int kk = EQ_SBK == 1 ? e % EQ_BK : e / EQ_BN;
+            const int n = EQ_B_COL(e);
+            const int kk = EQ_B_DEPTH(e);
             const int gn = n0 + n, gk = k0 + kk;
             const bool in = e < EQ_BN * EQ_BK && gn < EQ_N && gk < EQ_K;
             rb[i] = in ? eq_val(pb[(eq_idx)gk * EQ_SBK + (eq_idx)gn * EQ_SBN]) : 0.0f;
@@ -305,12 +311,12 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
 #pragma unroll
         for (int i = 0; i < EQ_NA; ++i) {
             const int e = tid + i * EQ_GEMM_THREADS;
-            if (e < EQ_BM * EQ_BK) as[EQ_SAK == 1 ? e % EQ_BK : e / EQ_BM][EQ_SAK == 1 ? e / EQ_BK : e % EQ_BM] = ra[i];
+            if (e < EQ_BM * EQ_BK) as[EQ_A_DEPTH(e)][EQ_A_ROW(e)] = ra[i];
         }
 #pragma unroll
         for (int i = 0; i < EQ_NB; ++i) {
             const int e = tid + i * EQ_GEMM_THREADS;
-            if (e < EQ_BN * EQ_BK) bs[EQ_SBK == 1 ? e % EQ_BK : e / EQ_BN][EQ_SBK == 1 ? e / EQ_BK : e % EQ_BN] = rb[i];
+            if (e < EQ_BN * EQ_BK) bs[EQ_B_DEPTH(e)][EQ_B_COL(e)] = rb[i];
         }
         __syncthreads();
         if (k0 + EQ_BK < EQ_K) fetch(k0 + EQ_BK);
