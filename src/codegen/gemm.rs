@@ -81,15 +81,6 @@ pub fn uses_mma(t: &Tile, a: DType, b: DType, strict: bool) -> bool {
     sixteen && !strict && !t.rows && t.bm >= 64 && t.bn >= 16
 }
 
-/// The tile with the tensor-core path's slice depth when `mma`.
-pub fn mma_tile(t: Tile, mma: bool) -> Tile {
-    if mma {
-        Tile { bk: 32, ..t }
-    } else {
-        t
-    }
-}
-
 /// The kernel with the product tile appended to its reads (the epilogue's view of it).
 fn extended(k: &Kernel) -> Result<(Kernel, usize)> {
     if k.reads.iter().chain(&k.writes).any(|t| t.name == PRODUCT) {
@@ -201,7 +192,8 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
     }
     let p = l.product.as_ref().expect("checked by lowered");
     let mma = uses_mma(&t, p.a.dtype, p.b.dtype, strict);
-    let t = mma_tile(t, mma);
+    // The tensor-core mainloop stages slices 32 deep (two k16 steps).
+    let t = if mma { Tile { bk: 32, ..t } } else { t };
     let dom = &k.domain;
     let rank = dom.len();
     let (m, kk) = (dom[rank - 2], p.a.shape[p.a.shape.len() - 1]);
