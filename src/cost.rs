@@ -84,8 +84,11 @@ impl KernelCost {
             .and_then(|b| dag.nodes[b].ty())
             .map_or(DType::F32, |t| t.dtype);
         let work = Work { bytes: self.bytes_read(dag) + bytes_written, hit, flops: self.flops, stages: self.stages };
+        // (The forward kernel writing its log-sum-exp too runs at the forward's rate.)
+        let has = |c: Composite| self.body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(c)));
         let backward = self.template == Template::Attention
-            && self.body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()));
+            && self.body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()))
+            && !has(Composite::Attention);
         match self.implementation {
             Some(imp) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
             None if backward => profile.attention_backward_us(&work, dtype),
@@ -122,6 +125,13 @@ pub fn analyse(
     {
         flops = flops.saturating_sub(attention_grad_shared_flops(dag, *kg));
     }
+    // The forward kernel writing its log-sum-exp computes it for free.
+    let is = |b: &usize, c: Composite| dag.nodes[*b].kind() == Some(Kind::Composite(c));
+    if let (Some(&l), true) =
+        (body.iter().find(|b| is(b, Composite::AttentionLse)), body.iter().any(|b| is(b, Composite::Attention)))
+    {
+        flops = flops.saturating_sub(node_flops(dag, l));
+    }
     let shape = Shaped { dag, body: &body };
     let (template, domain) = match shape.classify() {
         Ok(t) => t,
@@ -135,8 +145,10 @@ pub fn analyse(
     // size (an operand passed through as an output had elements left unwritten; found by the GPU
     // differential run).
     let size: usize = domain.iter().product();
+    // (Attention's log-sum-exp, one value per row, is the exception its kernels write.)
+    let lse = |m: usize| dag.nodes[m].kind() == Some(Kind::Composite(Composite::AttentionLse));
     if matches!(template, Template::Gemm | Template::Attention)
-        && members.iter().any(|&m| dag.nodes[m].ty().is_some_and(|t| t.numel() != size))
+        && members.iter().any(|&m| !lse(m) && dag.nodes[m].ty().is_some_and(|t| t.numel() != size))
     {
         return Err("a matrix product's kernel writes only values the size of the product".into());
     }
@@ -490,6 +502,15 @@ impl Shaped<'_> {
             if same && (grad(a, AttnArg::K) && grad(b, AttnArg::V) || grad(a, AttnArg::V) && grad(b, AttnArg::K)) {
                 return self.anchored(a, Some(b));
             }
+            // Attention and the log-sum-exp of its scores: the forward kernel writes both.
+            let is = |i: usize, c: Composite| self.dag.nodes[i].kind() == Some(Kind::Composite(c));
+            let (att, lse) = if is(a, Composite::Attention) { (a, b) } else { (b, a) };
+            if is(att, Composite::Attention) && is(lse, Composite::AttentionLse) {
+                let ch: Vec<usize> = self.dag.nodes[att].children().collect();
+                if self.dag.nodes[lse].children().eq([ch[0], ch[1], ch[3], ch[4]]) {
+                    return self.anchored(att, Some(lse));
+                }
+            }
         }
         if anchors.len() > 1 {
             return Err("two matrix products cannot share one kernel".into());
@@ -639,8 +660,8 @@ impl Shaped<'_> {
     }
 
     /// A kernel anchored on a matrix product or attention.
-    /// `partner`: the value gradient beside a key gradient (or the reverse), written by the same
-    /// kernel.
+    /// `partner`: the value gradient beside a key gradient (or the reverse), or the log-sum-exp
+    /// beside attention, written by the same kernel.
     fn anchored(&self, a: usize, partner: Option<usize>) -> Result<(Template, Vec<usize>), String> {
         let n = &self.dag.nodes[a];
         for c in n.children() {

@@ -10,11 +10,13 @@
 //! the autodiff pass emits these composites only where [`template_runs`] holds.)
 
 use crate::error::{Error, Result};
+use egg::Language;
+
 use crate::lang::{AttnArg, Composite, Kind, TensorLang};
 use crate::plan::{FusionPlan, Kernel, Template};
 use crate::types::{DType, TensorType};
 
-use super::{KernelSource, Launch};
+use super::{ArgRole, KernelArg, KernelSource, Launch};
 
 /// Rows per block (query rows, or key rows of the key and value gradients), and warps per block.
 pub const BLOCK: usize = 64;
@@ -88,7 +90,79 @@ struct Instance {
 
 /// Whether the template can run a backward kernel; the reason otherwise.
 pub(crate) fn can_generate(k: &Kernel) -> Result<()> {
+    if let Some(fwd) = forward_with_lse(k)? {
+        if !super::ATTENTION.contains("EQ_LSEP") {
+            return Err(unsupported(k, "the forward template writing the log-sum-exp"));
+        }
+        return super::attention::can_generate(&fwd.0);
+    }
     instance(k).map(|_| ())
+}
+
+/// A kernel of `attention` and `attention_lse` of the same scores: the forward kernel without
+/// the log-sum-exp (its body, writes and stores pruned) and the log-sum-exp's write index; `None`
+/// for other kernels. The forward template writes the log-sum-exp itself (`EQ_LSE`).
+fn forward_with_lse(k: &Kernel) -> Result<Option<(Kernel, usize)>> {
+    let nodes = k.body.as_ref();
+    let is = |i: usize, c: Composite| nodes[i].opcode().map(|o| o.kind()) == Some(Kind::Composite(c));
+    if !(0..nodes.len()).any(|i| is(i, Composite::Attention)) {
+        return Ok(None);
+    }
+    let lse: Vec<usize> =
+        (0..k.stores.len()).filter(|&w| is(usize::from(k.stores[w]), Composite::AttentionLse)).collect();
+    let &[w] = lse.as_slice() else {
+        return Err(unsupported(k, "attention beside backward operators other than one stored log-sum-exp"));
+    };
+    // Keep what the other stores reach.
+    let mut keep = vec![false; nodes.len()];
+    let mut stack: Vec<usize> = (0..k.stores.len()).filter(|&i| i != w).map(|i| usize::from(k.stores[i])).collect();
+    while let Some(i) = stack.pop() {
+        if !std::mem::replace(&mut keep[i], true) {
+            stack.extend(nodes[i].children().iter().map(|&c| usize::from(c)));
+        }
+    }
+    let mut body: egg::RecExpr<TensorLang> = egg::RecExpr::default();
+    let mut map = vec![egg::Id::from(0usize); nodes.len()];
+    for i in (0..nodes.len()).filter(|&i| keep[i]) {
+        map[i] = body.add(nodes[i].clone().map_children(|c| map[usize::from(c)]));
+    }
+    let mut fwd = k.clone();
+    fwd.body = body;
+    fwd.writes.remove(w);
+    fwd.stores = k.stores.iter().enumerate().filter(|&(i, _)| i != w).map(|(_, &s)| map[usize::from(s)]).collect();
+    Ok(Some((fwd, w)))
+}
+
+/// Renders the forward kernel writing the log-sum-exp too: the forward template's instance with
+/// `EQ_LSE` on and the log-sum-exp as a last parameter.
+fn codegen_forward_with_lse(
+    plan: &FusionPlan,
+    k: &Kernel,
+    fwd: &Kernel,
+    w: usize,
+    common: &str,
+) -> Result<KernelSource> {
+    let mut src = super::attention::codegen(plan, fwd, super::ATTENTION, common)?;
+    let lse = &k.writes[w];
+    let params = src.source.lines().find(|l| l.starts_with("#define EQ_PARAMS ")).map(str::to_string);
+    let (Some(params), true) = (params, src.source.contains("#define EQ_LSE 0\n")) else {
+        return Err(unsupported(k, "the forward kernel's source without an `EQ_LSE` switch"));
+    };
+    src.source = src.source.replacen(&params, &format!("{params}, float* __restrict__ p_lse"), 1).replacen(
+        "#define EQ_LSE 0\n",
+        "#define EQ_LSE 1\n#define EQ_LSEP p_lse\n",
+        1,
+    );
+    src.source = src.source.replacen("// writes: ", &format!("// writes: {} {}, ", lse.name, lse.ty), 1);
+    src.args.push(KernelArg {
+        name: lse.name.clone(),
+        role: ArgRole::Write,
+        dtype: Some(lse.ty.dtype),
+        shape: lse.ty.shape.clone(),
+        bytes: lse.ty.bytes(),
+        zeroed: false,
+    });
+    Ok(src)
 }
 
 fn instance(k: &Kernel) -> Result<Instance> {
@@ -211,6 +285,9 @@ fn ctype(d: DType) -> &'static str {
 /// Renders a backward kernel of a plan.
 pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str) -> Result<KernelSource> {
     debug_assert_eq!(k.template, Template::Attention);
+    if let Some((fwd, w)) = forward_with_lse(k)? {
+        return codegen_forward_with_lse(plan, k, &fwd, w, common);
+    }
     let inst = instance(k)?;
     let (mode_no, what) = match inst.mode {
         Mode::Lse => (0, "lse"),
