@@ -1,5 +1,6 @@
 //! The cuBLASLt implementation of the gemm template: a gemm kernel whose epilogue cuBLASLt has
-//! (bias, relu, tanh-form gelu, and bias with either) runs as ONE `cublasLtMatmul` call.
+//! (bias, relu, tanh-form gelu, and bias with either) runs as ONE `cublasLtMatmul` call, or one
+//! per index of the batch axes no single stride spans (`LtCall::outer`).
 //!
 //! Row-major tensors are handed to cuBLASLt (column-major) as their transposes: the row-major
 //! product `D[M, N] = A[M, K] @ B[K, N]` is the column-major `D^T = B^T A^T`, so B is
@@ -48,7 +49,7 @@ pub struct LtOperand {
 }
 
 /// A gemm kernel as one cuBLASLt call (column-major terms: `d[m, n] = op(a) op(b)`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LtCall {
     pub dtype: DType,
     pub m: u64,
@@ -62,6 +63,46 @@ pub struct LtCall {
     pub epilogue: LtEpilogue,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bias: Option<String>,
+    /// The product's constant factor (`d = epilogue(alpha op(a) op(b) + bias)`).
+    #[serde(skip_serializing_if = "is_one")]
+    pub alpha: f32,
+    /// Batch axes no single stride spans (a view's heads inside its rows, say), outermost first:
+    /// the call runs once per index of them, each operand moved by its strides (elements of
+    /// `a`, `b`, `d`). Empty: one call.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outer: Vec<LtLoop>,
+}
+
+fn is_one(x: &f32) -> bool {
+    *x == 1.0
+}
+
+/// One batch axis the call loops over: its size and each operand's stride along it, in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct LtLoop {
+    pub count: u64,
+    pub a: i64,
+    pub b: i64,
+    pub d: i64,
+}
+
+impl LtCall {
+    /// The `cublasLtMatmul` calls one launch makes.
+    pub fn calls(&self) -> u64 {
+        self.outer.iter().map(|l| l.count).product()
+    }
+
+    /// The element offsets of `a`, `b` and `d` of each call, in launch order.
+    pub fn offsets(&self) -> Vec<[i64; 3]> {
+        let mut out = vec![[0i64; 3]];
+        for l in &self.outer {
+            out = out
+                .iter()
+                .flat_map(|o| (0..l.count as i64).map(move |i| [o[0] + i * l.a, o[1] + i * l.b, o[2] + i * l.d]))
+                .collect();
+        }
+        out
+    }
 }
 
 fn data_type(d: DType) -> Result<sys::cudaDataType> {
@@ -240,32 +281,39 @@ impl LtGemm {
                 &self.name,
             )?;
         }
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: descriptors are live; the buffers hold the matrices the layouts describe
-        // (codegen built them from the tensors' shapes); C is D with beta = 0.
-        status(
-            unsafe {
-                lt::matmul(
-                    self.handle,
-                    self.desc,
-                    &alpha as *const f32 as *const _,
-                    &beta as *const f32 as *const _,
-                    pa as *const _,
-                    self.layouts[0],
-                    pb as *const _,
-                    self.layouts[1],
-                    pd as *const _,
-                    self.layouts[2],
-                    pd as *mut _,
-                    self.layouts[2],
-                    &self.algo,
-                    pw as *mut _,
-                    WORKSPACE_BYTES,
-                    s.cu_stream() as *mut _,
-                )
-            },
-            &self.name,
-        )
+        let (alpha, beta) = (self.call.alpha, 0.0f32);
+        let size = self.call.dtype.size() as i64;
+        let at = |p: u64, elements: i64| (p as i64 + elements * size) as u64;
+        for [oa, ob, od] in self.call.offsets() {
+            let (pa, pb, pd) = (at(pa, oa), at(pb, ob), at(pd, od));
+            // SAFETY: descriptors are live; the buffers hold the matrices the layouts describe
+            // at each call's offsets (codegen built both from the tensors' shapes and views);
+            // C is D with beta = 0.
+            status(
+                unsafe {
+                    lt::matmul(
+                        self.handle,
+                        self.desc,
+                        &alpha as *const f32 as *const _,
+                        &beta as *const f32 as *const _,
+                        pa as *const _,
+                        self.layouts[0],
+                        pb as *const _,
+                        self.layouts[1],
+                        pd as *const _,
+                        self.layouts[2],
+                        pd as *mut _,
+                        self.layouts[2],
+                        &self.algo,
+                        pw as *mut _,
+                        WORKSPACE_BYTES,
+                        s.cu_stream() as *mut _,
+                    )
+                },
+                &self.name,
+            )?;
+        }
+        Ok(())
     }
 }
 
