@@ -135,33 +135,40 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     let mut attention = attention_forward(gpu, &mut profile)?;
     attention.extend(attention_backward(gpu, &mut profile)?);
     lap("attention rates", &mut seconds);
-    let kept: Vec<String> =
+    let notes: Vec<String> =
         tiles.iter().filter_map(|f| Some(format!("{} {}: {}", f.family.map(), f.key, f.note.as_ref()?))).collect();
+    let poor: Vec<String> = tiles
+        .iter()
+        .filter(|f| f.worst() > POOR_FIT)
+        .map(|f| format!("{} {} ({:.0}%)", f.family.map(), f.key, 100.0 * f.worst()))
+        .collect();
     profile.source = format!(
-        "calibrated by `eqfuse calibrate` on {} ({}, {}): measured copy bandwidth, launch overhead, \
+        "calibrated by `eqfuse calibrate` on {} ({}, {}); measured: copy bandwidth, launch overhead, \
          the elementwise, rowreduce and colreduce efficiencies, cuBLASLt's call overhead (a 64x128x64 \
          f32 product), the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
          or launch overhead), the generated gemm's step times for every tile codegen can choose \
-         (tiles on f32, tiles_16bit on bf16 CUDA-core and tiles_mma on bf16 tensor-core products: \
-         least-squares fits of time = K x step + overhead to single products of growing K, about one \
-         block per SM for the lone step and eight for the shared one, plus a row softmax per wave for \
-         the row epilogue), the attention f32 path's step time (the same fit, K = keys x head), the \
-         attention bf16 forward rate on the path this device takes ({}) and on the portable mma.sync \
-         path (implementations.portable), and the attention backward kernels' rate \
-         (implementations.backward; dq and dk/dv of an 8x16x2048x64 bf16 attention_grad), each rate \
-         flops / (time - launch overhead); kept from the base profile ({}): the elementwise and \
-         reduction templates' arithmetic rates, the gemm and attention templates' own fallback rates, \
-         bandwidth efficiencies of gemm and attention, and the plan-order terms (L2 reuse capacity \
-         and bandwidth, the row kernels' stage latency){}",
+         (tiles on f32, tiles_16bit on bf16 CUDA-core and tiles_mma on bf16 tensor-core products) and \
+         the attention f32 path's (attention.tiles; K = keys x head): least-squares fits, relative to \
+         each probe's time, of time = launch overhead + K x step to single products of growing K, \
+         about one block per SM for the lone step and eight for the shared one, plus a row softmax \
+         for the row epilogue per wave; the attention bf16 forward rate on the path this device takes \
+         ({}) and on the portable mma.sync path (implementations.portable), and the attention \
+         backward kernels' rate (implementations.backward: dq and dk/dv of an 8x16x2048x64 bf16 \
+         attention_grad), each flops / (time - launch overhead); kept from the base profile ({}): \
+         the elementwise and reduction templates' arithmetic rates, the gemm and attention templates' \
+         own rates (used only where an implementation or tile has none), the gemm and attention \
+         bandwidth efficiencies, and the plan-order terms (L2 reuse capacity and bandwidth, the row \
+         kernels' stage latency){}{}",
         today(),
         gpu.name,
         gpu.arch,
         attention.first().map_or("none", |a| if a.what.contains("wgmma") { "wgmma, sm_90a" } else { "mma.sync" }),
         base.name,
-        if kept.is_empty() {
+        if notes.is_empty() { String::new() } else { format!("; not taken as fitted: {}", notes.join("; ")) },
+        if poor.is_empty() {
             String::new()
         } else {
-            format!("; fits not taken (base figure kept): {}", kept.join("; "))
+            format!("; fits off by more than {:.0}% on some probe (worst): {}", 100.0 * POOR_FIT, poor.join(", "))
         }
     );
     Ok(Calibration {
@@ -177,6 +184,9 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         seconds,
     })
 }
+
+/// A tile fit off by more than this share on some probe is named in the profile's source.
+const POOR_FIT: f64 = 0.15;
 
 fn run_options(profile: &DeviceProfile, repeat: usize) -> GpuRunOptions {
     GpuRunOptions { repeat, check: false, profile: Some(profile.clone()), ..GpuRunOptions::default() }
@@ -346,7 +356,7 @@ fn tile_rates(gpu: &Gpu, profile: &mut DeviceProfile, base: &DeviceProfile) -> R
             let key = format!("{bm}x{bn}");
             let of: Vec<tiles::Measured> =
                 measured.iter().filter(|(f, k, _)| *f == family && *k == key).map(|(_, _, m)| m.clone()).collect();
-            let mut fit = tiles::fit(family, &key, of, sms).ok_or_else(|| {
+            let mut fit = tiles::fit(family, &key, of, sms, profile.launch_overhead_us).ok_or_else(|| {
                 Error::Invalid(format!("the {} tile {key} probes do not determine its step times", family.name()))
             })?;
             let old = base_tile(base, family, &key);
@@ -704,19 +714,22 @@ impl fmt::Display for Calibration {
         }
         writeln!(
             f,
-            "  tile step times: time = overhead + K x step (lone: about one block per SM; shared: x blocks/SMs) + waves x row epilogue"
+            "  tile step times, fit relative to each probe's time: time = launch overhead + K x step \
+             (lone: about one block per SM; shared: x blocks/SMs) + waves x row epilogue"
         )?;
         for t in &self.tiles {
             writeln!(
                 f,
-                "  {:<13} {:<7} lone {:>6.1} ns, shared {:>6.1} ns per step, row epilogue {:>5.2} us per wave, overhead {:>5.1} us; worst residual {:>4.1}% ({})",
+                "  {:<13} {:<7} lone {:>6.1} ns, shared {:>6.1} ns per step, row epilogue {:>5.2} us per wave; \
+                 off by {:>4.1}% on average, {:>4.1}% at worst; a free intercept would be {:>5.1} us ({})",
                 t.family.name(),
                 t.key,
                 t.rate.lone_ns_per_k,
                 t.rate.sm_ns_per_k,
                 t.rate.row_epilogue_us,
-                t.overhead_us,
+                100.0 * t.mean(),
                 100.0 * t.worst(),
+                t.free_overhead_us.unwrap_or(f64::NAN),
                 t.family.map()
             )?;
             if let Some(note) = &t.note {
