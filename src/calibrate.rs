@@ -194,7 +194,7 @@ fn run_options(profile: &DeviceProfile, repeat: usize) -> GpuRunOptions {
 
 /// The gemm template's rates, with an entry for each implementation (made from the template's
 /// own where the profile has none).
-fn gemm_impl<'a>(profile: &'a mut DeviceProfile, imp: GemmImpl) -> &'a mut TemplateRates {
+fn gemm_impl(profile: &mut DeviceProfile, imp: GemmImpl) -> &mut TemplateRates {
     let g = profile.templates.entry(Template::Gemm.name().into()).or_insert_with(|| TemplateRates {
         bandwidth_efficiency: 0.8,
         flops_f32_tflops: 1.0,
@@ -463,11 +463,19 @@ fn attention_forward_plan(profile: &DeviceProfile) -> Result<(&'static str, Prog
     Ok((file, program, plan, sources))
 }
 
+/// The attention_grad program planned: its backward kernels' ids (dq, then dk/dv) and its
+/// forward kernel's, if there is one.
+struct BackwardPlan {
+    file: &'static str,
+    program: Program,
+    plan: FusionPlan,
+    backward: Vec<usize>,
+    forward: Option<usize>,
+}
+
 /// The attention_grad program and its plan, whose backward must be one dq kernel and one dk/dv
-/// kernel (error otherwise): their ids, and the forward kernel's if there is one.
-fn attention_backward_plan(
-    profile: &DeviceProfile,
-) -> Result<(&'static str, Program, FusionPlan, Vec<usize>, Option<usize>)> {
+/// kernel (error otherwise).
+fn attention_backward_plan(profile: &DeviceProfile) -> Result<BackwardPlan> {
     let file = "calibrate-attention-grad-bf16.eqf";
     let program = crate::parse::parse_program(file, ATTENTION_GRAD, &[])?;
     let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
@@ -486,7 +494,7 @@ fn attention_backward_plan(
         .iter()
         .find(|k| k.template == Template::Attention && k.ops.iter().any(|o| o == "attention"))
         .map(|k| k.id);
-    Ok((file, program, plan, backward, forward))
+    Ok(BackwardPlan { file, program, plan, backward, forward })
 }
 
 /// The attention forward's bf16 rate on the path this device takes (wgmma where the source's
@@ -547,7 +555,7 @@ fn attention_forward(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<Kerne
 /// the dk/dv kernel of an attention_grad program, flops over time net of their launches. The
 /// forward kernel of the same plan (which writes the log-sum-exp too) is reported beside them.
 fn attention_backward(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<KernelRate>> {
-    let (file, program, plan, backward, forward) = attention_backward_plan(profile)?;
+    let BackwardPlan { file, program, plan, backward, forward } = attention_backward_plan(profile)?;
     let backward: Vec<&crate::plan::Kernel> = backward.iter().map(|&id| &plan.kernels[id]).collect();
     let forward = forward.map(|id| &plan.kernels[id]);
     let sources = codegen_plan(&plan)?;
@@ -783,7 +791,7 @@ mod tests {
         let (_, _, plan, sources) = attention_forward_plan(&p).unwrap();
         assert!(plan.kernels[0].flops >= 4 * 8 * 16 * 2048 * 2048 * 64);
         assert!(sources[0].launch.sm90a.is_some());
-        let (_, _, plan, backward, forward) = attention_backward_plan(&p).unwrap();
+        let BackwardPlan { plan, backward, forward, .. } = attention_backward_plan(&p).unwrap();
         assert_eq!(backward.len(), 2);
         assert!(backward.iter().chain(&forward).all(|&id| plan.kernels[id].id == id));
         assert!(forward.is_some());

@@ -463,11 +463,12 @@ pub fn least_squares(a: &[Vec<f64>], y: &[f64]) -> Option<Vec<f64>> {
             return None;
         }
         m.swap(c, p);
-        for i in 0..n {
+        let pivot = m[c].clone();
+        for (i, row) in m.iter_mut().enumerate() {
             if i != c {
-                let f = m[i][c] / m[c][c];
-                for j in c..=n {
-                    m[i][j] -= f * m[c][j];
+                let f = row[c] / pivot[c];
+                for (x, p) in row.iter_mut().zip(&pivot).skip(c) {
+                    *x -= f * p;
                 }
             }
         }
