@@ -3,20 +3,32 @@
 //! Copy bandwidth is a large device-to-device copy (bytes read plus bytes written); launch
 //! overhead is the time per launch of an empty kernel launched back to back; each generated
 //! template's bandwidth efficiency is its achieved bandwidth on a large synthetic kernel
-//! (at least 256 MB moved) as a share of the copy bandwidth. Arithmetic rates, and the gemm and
-//! attention templates (not generated yet), keep the base profile's figures, which the profile's
-//! `source` says.
+//! (at least 256 MB moved) as a share of the copy bandwidth. The compute entries the planner
+//! reads are measured too, each on programs that must plan as the kernel they measure:
+//! cuBLASLt's fixed time per call (a tiny product); each gemm implementation's f32 and bf16 rate
+//! (a 4096-cubed product, net of that fixed time or the launch overhead); the generated gemm's
+//! step times for every tile codegen can choose and the attention f32 path's (`tiles.rs`: fits
+//! over probes of growing depth); the attention forward's bf16 rate on the path the device takes
+//! (wgmma on a 9.0 device) and on the portable mma.sync path (the `portable` implementation);
+//! and the attention backward kernels' rate (an attention_grad program's dq and dk/dv kernels).
+//! The other rates (elementwise and reduction arithmetic, which no kernel is bound by) and the
+//! plan-order terms (L2 reuse capacity and bandwidth, row stage latency) keep the base profile's
+//! figures, which the profile's `source` says.
 //! Invariant: calibration only measures; it never changes a committed profile itself (the
 //! caller writes the JSON where asked).
 
-use std::fmt;
+mod tiles;
 
-use crate::codegen::codegen_plan;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Instant;
+
+use crate::codegen::{codegen_plan, KernelSource};
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::optimize::{optimize, OptimizeOptions};
-use crate::plan::{GemmImpl, Template};
-use crate::profile::{DeviceProfile, TemplateRates};
+use crate::plan::{FusionPlan, GemmImpl, Template};
+use crate::profile::{DeviceProfile, TemplateRates, TileRate};
 use crate::program::Program;
 use crate::run_gpu::{run_on, GpuRunOptions};
 use crate::types::{DType, TensorType};
@@ -24,6 +36,17 @@ use crate::types::{DType, TensorType};
 /// One gemm implementation's measured rate: (implementation, dtype, program, median
 /// microseconds, TFLOP/s).
 pub type GemmRate = (GemmImpl, DType, String, f64, f64);
+
+/// One rate measured on whole kernels: what, the program, its kernels' flops, their median
+/// microseconds (summed), and the TFLOP/s taken (net of the launch overhead per kernel).
+#[derive(Clone, Debug)]
+pub struct KernelRate {
+    pub what: String,
+    pub program: String,
+    pub flops: u64,
+    pub us: f64,
+    pub tflops: f64,
+}
 
 /// What calibration measured, and the profile made from it.
 #[derive(Clone, Debug)]
@@ -35,15 +58,23 @@ pub struct Calibration {
     pub launch_us: f64,
     /// (template, program, bytes moved, median microseconds, share of copy bandwidth).
     pub templates: Vec<(Template, String, u64, f64, f64)>,
+    /// cuBLASLt's fixed time per call: (program, median microseconds).
+    pub cublaslt_call: (String, f64),
     /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
     pub gemm: Vec<GemmRate>,
+    /// The step-time fits of every tile (generated gemm and attention f32).
+    pub tiles: Vec<tiles::TileFit>,
+    /// The attention forward's rates (per path) and the backward's.
+    pub attention: Vec<KernelRate>,
+    /// Seconds each part took: (part, seconds).
+    pub seconds: Vec<(String, f64)>,
 }
 
 /// Calibrates device 0 against the built-in profile of its kind (`h100`, `h200`, else `h100`).
-pub fn calibrate() -> Result<DeviceProfile> {
+pub fn calibrate() -> Result<Calibration> {
     let gpu = Gpu::open()?;
     let base = DeviceProfile::load(&short_name(&gpu.name)).or_else(|_| DeviceProfile::load("h100"))?;
-    Ok(calibrate_on(&gpu, &base)?.profile)
+    calibrate_on(&gpu, &base)
 }
 
 /// `h100` for an H100, `h200` for an H200, else the device name in lower case with dashes.
@@ -59,6 +90,12 @@ pub fn short_name(device: &str) -> String {
 
 /// Calibrates an open GPU; rates it does not measure come from `base`.
 pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
+    let mut seconds = Vec::new();
+    let mut clock = Instant::now();
+    let mut lap = |what: &str, seconds: &mut Vec<(String, f64)>| {
+        seconds.push((what.to_string(), clock.elapsed().as_secs_f64()));
+        clock = Instant::now();
+    };
     let copy_bytes = copy_bytes(gpu);
     let copy_us = copy_time(gpu, copy_bytes as usize)?;
     let copy_gbs = 2.0 * copy_bytes as f64 / (copy_us * 1e3);
@@ -81,9 +118,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
             )));
         }
         let sources = codegen_plan(&plan)?;
-        let opts =
-            GpuRunOptions { repeat: 30, check: false, profile: Some(profile.clone()), ..GpuRunOptions::default() };
-        let r = run_on(gpu, &program, &plan, &sources, &opts)?;
+        let r = run_on(gpu, &program, &plan, &sources, &run_options(&profile, 30))?;
         let k = &r.kernels[0];
         let share = (k.achieved_gbs / copy_gbs).min(1.0);
         if let Some(rates) = profile.templates.get_mut(template.name()) {
@@ -91,18 +126,154 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         }
         templates.push((template, program.source.clone(), k.bytes, k.measured_us, share));
     }
+    lap("copy, launch and template efficiencies", &mut seconds);
+    let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
     let gemm = gemm_rates(gpu, &mut profile)?;
+    lap("gemm rates and cuBLASLt's call", &mut seconds);
+    let tiles = tile_rates(gpu, &mut profile, base)?;
+    lap("tile step times", &mut seconds);
+    let mut attention = attention_forward(gpu, &mut profile)?;
+    attention.extend(attention_backward(gpu, &mut profile)?);
+    lap("attention rates", &mut seconds);
+    let notes: Vec<String> =
+        tiles.iter().filter_map(|f| Some(format!("{} {}: {}", f.family.map(), f.key, f.note.as_ref()?))).collect();
+    let poor: Vec<String> = tiles
+        .iter()
+        .filter(|f| f.worst() > POOR_FIT)
+        .map(|f| format!("{} {} ({:.0}%)", f.family.map(), f.key, 100.0 * f.worst()))
+        .collect();
     profile.source = format!(
-        "calibrated by `eqfuse calibrate` on {} ({}, {}): copy bandwidth, launch overhead, the elementwise, rowreduce and colreduce efficiencies and the gemm implementations' f32 and bf16 rates measured; the other arithmetic rates, the attention row and the plan-order terms (L2 reuse capacity and bandwidth, row stage latency, cuBLASLt call overhead, generated-gemm tile step times) kept from the previous profile",
+        "calibrated by `eqfuse calibrate` on {} ({}, {}); measured: copy bandwidth, launch overhead, \
+         the elementwise, rowreduce and colreduce efficiencies, cuBLASLt's call overhead (a 64x128x64 \
+         f32 product), the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
+         or launch overhead), the generated gemm's step times for every tile codegen can choose \
+         (tiles on f32, tiles_16bit on bf16 CUDA-core and tiles_mma on bf16 tensor-core products) and \
+         the attention f32 path's (attention.tiles; K = keys x head): least-squares fits, relative to \
+         each probe's time, of time = launch overhead + K x step to single products of growing K, \
+         about one block per SM for the lone step and eight for the shared one, plus a row softmax \
+         for the row epilogue per wave; the attention bf16 forward rate on the path this device takes \
+         ({}) and on the portable mma.sync path (implementations.portable), and the attention \
+         backward kernels' rate (implementations.backward: dq and dk/dv of an 8x16x2048x64 bf16 \
+         attention_grad), each flops / (time - launch overhead); kept from the base profile ({}): \
+         the elementwise and reduction templates' arithmetic rates, the gemm and attention templates' \
+         own rates (used only where an implementation or tile has none), the gemm and attention \
+         bandwidth efficiencies, and the plan-order terms (L2 reuse capacity and bandwidth, the row \
+         kernels' stage latency){}{}",
         today(),
         gpu.name,
-        gpu.arch
+        gpu.arch,
+        attention.first().map_or("none", |a| if a.what.contains("wgmma") { "wgmma, sm_90a" } else { "mma.sync" }),
+        base.name,
+        if notes.is_empty() { String::new() } else { format!("; not taken as fitted: {}", notes.join("; ")) },
+        if poor.is_empty() {
+            String::new()
+        } else {
+            format!("; fits off by more than {:.0}% on some probe (worst): {}", 100.0 * POOR_FIT, poor.join(", "))
+        }
     );
-    Ok(Calibration { profile, copy_bytes, copy_us, launch_us, templates, gemm })
+    Ok(Calibration {
+        profile,
+        copy_bytes,
+        copy_us,
+        launch_us,
+        templates,
+        cublaslt_call,
+        gemm,
+        tiles,
+        attention,
+        seconds,
+    })
+}
+
+/// A tile fit off by more than this share on some probe is named in the profile's source.
+const POOR_FIT: f64 = 0.15;
+
+fn run_options(profile: &DeviceProfile, repeat: usize) -> GpuRunOptions {
+    GpuRunOptions { repeat, check: false, profile: Some(profile.clone()), ..GpuRunOptions::default() }
+}
+
+/// The gemm template's rates, with an entry for each implementation (made from the template's
+/// own where the profile has none).
+fn gemm_impl(profile: &mut DeviceProfile, imp: GemmImpl) -> &mut TemplateRates {
+    let g = profile.templates.entry(Template::Gemm.name().into()).or_insert_with(|| TemplateRates {
+        bandwidth_efficiency: 0.8,
+        flops_f32_tflops: 1.0,
+        flops_bf16_tflops: None,
+        implementations: Default::default(),
+        stage_latency_us: None,
+        call_overhead_us: None,
+        tiles: Default::default(),
+        tiles_16bit: Default::default(),
+        tiles_mma: Default::default(),
+    });
+    let own = TemplateRates { implementations: Default::default(), ..g.clone() };
+    g.implementations.entry(imp.name().into()).or_insert(own)
+}
+
+/// The profile map of a tile family's step times.
+fn tile_map(profile: &mut DeviceProfile, family: tiles::Family) -> Result<&mut BTreeMap<String, TileRate>> {
+    Ok(match family {
+        tiles::Family::AttentionF32 => {
+            &mut profile
+                .templates
+                .get_mut(Template::Attention.name())
+                .ok_or_else(|| Error::Invalid("the profile has no attention template".into()))?
+                .tiles
+        }
+        tiles::Family::F32 => &mut gemm_impl(profile, GemmImpl::Generated).tiles,
+        tiles::Family::Sixteen => &mut gemm_impl(profile, GemmImpl::Generated).tiles_16bit,
+        tiles::Family::Mma => &mut gemm_impl(profile, GemmImpl::Generated).tiles_mma,
+    })
+}
+
+/// The base profile's figure for a tile, if it has one.
+fn base_tile(base: &DeviceProfile, family: tiles::Family, key: &str) -> Option<TileRate> {
+    let g = base.gemm_rates(GemmImpl::Generated);
+    let map = match family {
+        tiles::Family::AttentionF32 => &base.templates.get(Template::Attention.name())?.tiles,
+        tiles::Family::F32 => &g.tiles,
+        tiles::Family::Sixteen => &g.tiles_16bit,
+        tiles::Family::Mma => &g.tiles_mma,
+    };
+    map.get(key).cloned()
+}
+
+/// cuBLASLt's fixed time per call: the median time of a product too small to cost anything
+/// else (64x128x64 f32: 1 MFLOP), run as one cuBLASLt call.
+fn cublaslt_call_time(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(String, f64)> {
+    let (name, program, plan, sources) = cublaslt_call_plan(profile)?;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
+    let us = r.kernels[0].measured_us;
+    gemm_impl(profile, GemmImpl::Cublaslt).call_overhead_us = Some(round(us, 1));
+    Ok((name.to_string(), us))
+}
+
+/// The cuBLASLt call program, its plan marked cuBLASLt and its one source (a cuBLASLt call,
+/// error otherwise).
+fn cublaslt_call_plan(profile: &DeviceProfile) -> Result<(&'static str, Program, FusionPlan, Vec<KernelSource>)> {
+    let name = "calibrate-cublaslt-call";
+    let program = Program::from_sexprs(
+        name,
+        &[("x", TensorType::new(DType::F32, vec![64, 128])), ("w", TensorType::new(DType::F32, vec![128, 64]))],
+        &[("y", "(@ x w)")],
+    )
+    .map_err(Error::Invalid)?;
+    let mut plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+    if plan.kernels.len() != 1 || plan.kernels[0].template != Template::Gemm {
+        return Err(Error::Invalid(format!("calibration program {name} did not plan as one gemm kernel")));
+    }
+    // Measured as cuBLASLt whichever implementation the planner would pick.
+    plan.kernels[0].implementation = Some(GemmImpl::Cublaslt);
+    let sources = codegen_plan(&plan)?;
+    if sources[0].cublaslt.is_none() {
+        return Err(Error::Invalid(format!("calibration program {name} did not render as a cuBLASLt call")));
+    }
+    Ok((name, program, plan, sources))
 }
 
 /// The arithmetic rate of each gemm implementation on a large square product per dtype
-/// (compute-bound: 4096 cubed), written into the gemm template's `implementations`.
+/// (compute-bound: 4096 cubed), net of its fixed time (cuBLASLt's call overhead, else the
+/// launch overhead), written into the gemm template's `implementations`.
 fn gemm_rates(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<GemmRate>> {
     let mut out = Vec::new();
     for dtype in [DType::F32, DType::Bf16] {
@@ -119,24 +290,12 @@ fn gemm_rates(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<GemmRate>> {
             // Calibration measures each implementation, whichever the planner would pick.
             plan.kernels[0].implementation = Some(imp);
             let sources = codegen_plan(&plan)?;
-            let opts =
-                GpuRunOptions { repeat: 10, check: false, profile: Some(profile.clone()), ..GpuRunOptions::default() };
-            let r = run_on(gpu, &program, &plan, &sources, &opts)?;
+            let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 10))?;
             let us = r.kernels[0].measured_us;
-            let tflops = plan.kernels[0].flops as f64 / (us * 1e6);
-            let g = profile.templates.entry(Template::Gemm.name().into()).or_insert_with(|| TemplateRates {
-                bandwidth_efficiency: 0.8,
-                flops_f32_tflops: tflops,
-                flops_bf16_tflops: None,
-                implementations: Default::default(),
-                stage_latency_us: None,
-                call_overhead_us: None,
-                tiles: Default::default(),
-                tiles_16bit: Default::default(),
-                tiles_mma: Default::default(),
-            });
-            let base = TemplateRates { implementations: Default::default(), ..g.clone() };
-            let rates = g.implementations.entry(imp.name().into()).or_insert(base);
+            let launch = profile.launch_overhead_us;
+            let rates = gemm_impl(profile, imp);
+            let fixed = rates.call_overhead_us.unwrap_or(launch);
+            let tflops = plan.kernels[0].flops as f64 / ((us - fixed).max(0.5 * us) * 1e6);
             match dtype {
                 DType::F32 => rates.flops_f32_tflops = round(tflops, 1),
                 _ => rates.flops_bf16_tflops = Some(round(tflops, 1)),
@@ -144,6 +303,300 @@ fn gemm_rates(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<GemmRate>> {
             out.push((imp, dtype, name.clone(), us, tflops));
         }
     }
+    Ok(out)
+}
+
+/// Every tile's step times (`tiles.rs`), written into the generated gemm's tile maps and the
+/// attention template's; a fit that comes out non-positive keeps `base`'s figure (noted).
+fn tile_rates(gpu: &Gpu, profile: &mut DeviceProfile, base: &DeviceProfile) -> Result<Vec<tiles::TileFit>> {
+    let sms = gpu.sms as usize;
+    let probes = tiles::probes(sms)?;
+    let planned: Vec<(FusionPlan, Vec<KernelSource>)> = probes
+        .iter()
+        .map(|p| {
+            let opts = OptimizeOptions { strict: p.strict, ..OptimizeOptions::new(tiles::probe_profile(profile, p)) };
+            let plan = optimize(&p.program, &opts)?.plan;
+            tiles::check(&plan, p)?;
+            let sources = codegen_plan(&plan)?;
+            Ok((plan, sources))
+        })
+        .collect::<Result<_>>()?;
+    // Every probe's kernels compiled at once, on all cores, into NVRTC's disk cache, where the
+    // runs below find them (a cache that cannot be written only costs the time saved).
+    {
+        use rayon::prelude::*;
+        let arch = gpu.arch.clone();
+        planned
+            .par_iter()
+            .flat_map(|(_, sources)| sources.par_iter())
+            .filter(|s| s.cublaslt.is_none() && s.launch.sm90a.is_none())
+            .try_for_each(|s| crate::nvrtc::compile_cached(&s.source, &s.name, &arch).map(|_| ()))?;
+    }
+    let mut measured: Vec<(tiles::Family, String, tiles::Measured)> = Vec::new();
+    for (p, (plan, sources)) in probes.iter().zip(&planned) {
+        let r = run_on(gpu, &p.program, plan, sources, &run_options(profile, 10))?;
+        measured.push((
+            p.family,
+            p.key(),
+            tiles::Measured {
+                program: p.program.source.clone(),
+                form: p.form,
+                rows: p.rows,
+                shape: p.shape.clone(),
+                steps: p.steps,
+                blocks: p.blocks,
+                us: r.kernels[0].measured_us,
+                fit_us: f64::NAN,
+            },
+        ));
+    }
+    let mut fits = Vec::new();
+    for family in tiles::Family::ALL {
+        for (bm, bn) in family.keys() {
+            let key = format!("{bm}x{bn}");
+            let of: Vec<tiles::Measured> =
+                measured.iter().filter(|(f, k, _)| *f == family && *k == key).map(|(_, _, m)| m.clone()).collect();
+            let mut fit = tiles::fit(family, &key, of, sms, profile.launch_overhead_us).ok_or_else(|| {
+                Error::Invalid(format!("the {} tile {key} probes do not determine its step times", family.name()))
+            })?;
+            let old = base_tile(base, family, &key);
+            let r = &fit.rate;
+            let rate = if r.lone_ns_per_k > 0.0 && r.sm_ns_per_k > 0.0 {
+                TileRate {
+                    lone_ns_per_k: round(r.lone_ns_per_k, 1),
+                    sm_ns_per_k: round(r.sm_ns_per_k, 1),
+                    row_epilogue_us: round(r.row_epilogue_us, 2),
+                }
+            } else if let Some(old) = old {
+                fit.note = Some(format!(
+                    "fit {:.1} ns lone, {:.1} ns shared per step: not positive, base figures kept",
+                    r.lone_ns_per_k, r.sm_ns_per_k
+                ));
+                old
+            } else {
+                return Err(Error::Invalid(format!(
+                    "the {} tile {key} fit {:.1} ns lone, {:.1} ns shared per step, and the base profile has no figure",
+                    family.name(),
+                    r.lone_ns_per_k,
+                    r.sm_ns_per_k
+                )));
+            };
+            tile_map(profile, family)?.insert(key.clone(), rate);
+            fits.push(fit);
+        }
+    }
+    Ok(fits)
+}
+/// The attention forward measured: 8x16x2048x64 bf16, the attention example's size.
+const ATTENTION_FORWARD: &str = "\
+# calibrate-attention-bf16.eqf: one attention forward kernel (eqfuse calibrate)
+dim B = 8
+dim H = 16
+dim S = 2048
+dim D = 64
+input q: bf16[B, H, S, D]
+input k: bf16[B, H, S, D]
+input v: bf16[B, H, S, D]
+o = attention(q, k, v, 0.125, 0)
+output o
+";
+
+/// The attention backward measured: examples/attention_grad.eqf.
+const ATTENTION_GRAD: &str = "\
+# calibrate-attention-grad-bf16.eqf: attention's backward kernels (eqfuse calibrate)
+dim B = 8
+dim H = 16
+dim S = 2048
+dim D = 64
+input q: bf16[B, H, S, D]
+input k: bf16[B, H, S, D]
+input v: bf16[B, H, S, D]
+input dout: bf16[B, H, S, D]
+o = attention(q, k, v, 0.125, 0)
+loss = sum(sum(sum(sum(cast(o, f32) * cast(dout, f32), -1), -2), -3), -4)
+dq = grad(loss, q)
+dk = grad(loss, k)
+dv = grad(loss, v)
+output dq, dk, dv
+";
+
+/// TFLOP/s of `flops` done in `us` microseconds of `kernels` launches, net of their launch
+/// overhead (the model's launch + flops / rate).
+fn net_tflops(flops: u64, us: f64, kernels: usize, launch_us: f64) -> f64 {
+    let net = (us - kernels as f64 * launch_us).max(0.5 * us);
+    flops as f64 / (net * 1e6)
+}
+
+/// The attention template's rates with an entry for implementation `name` (made from the
+/// template's own where the profile has none: the arithmetic rates, no tiles).
+fn attention_impl<'a>(profile: &'a mut DeviceProfile, name: &str) -> Result<&'a mut TemplateRates> {
+    let a = profile
+        .templates
+        .get_mut(Template::Attention.name())
+        .ok_or_else(|| Error::Invalid("the profile has no attention template".into()))?;
+    let own = TemplateRates {
+        implementations: Default::default(),
+        tiles: Default::default(),
+        tiles_16bit: Default::default(),
+        tiles_mma: Default::default(),
+        ..a.clone()
+    };
+    Ok(a.implementations.entry(name.into()).or_insert(own))
+}
+
+/// The attention forward program, its plan (one attention kernel, error otherwise) and its
+/// sources (which must carry the Hopper path).
+fn attention_forward_plan(profile: &DeviceProfile) -> Result<(&'static str, Program, FusionPlan, Vec<KernelSource>)> {
+    let file = "calibrate-attention-bf16.eqf";
+    let program = crate::parse::parse_program(file, ATTENTION_FORWARD, &[])?;
+    let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+    if plan.kernels.len() != 1
+        || plan.kernels[0].template != Template::Attention
+        || plan.kernels[0].ops != ["attention"]
+    {
+        return Err(Error::Invalid(format!("calibration program {file} did not plan as one attention kernel")));
+    }
+    let sources = codegen_plan(&plan)?;
+    if sources[0].launch.sm90a.is_none() {
+        return Err(Error::Invalid(format!("calibration program {file} rendered without the Hopper path")));
+    }
+    Ok((file, program, plan, sources))
+}
+
+/// The attention_grad program planned: its backward kernels' ids (dq, then dk/dv) and its
+/// forward kernel's, if there is one.
+struct BackwardPlan {
+    file: &'static str,
+    program: Program,
+    plan: FusionPlan,
+    backward: Vec<usize>,
+    forward: Option<usize>,
+}
+
+/// The attention_grad program and its plan, whose backward must be one dq kernel and one dk/dv
+/// kernel (error otherwise).
+fn attention_backward_plan(profile: &DeviceProfile) -> Result<BackwardPlan> {
+    let file = "calibrate-attention-grad-bf16.eqf";
+    let program = crate::parse::parse_program(file, ATTENTION_GRAD, &[])?;
+    let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+    let is_grad = |o: &String| o.starts_with("attention_grad");
+    let backward: Vec<&crate::plan::Kernel> =
+        plan.kernels.iter().filter(|k| k.template == Template::Attention && k.ops.iter().any(is_grad)).collect();
+    let shapes: Vec<Vec<&str>> = backward.iter().map(|k| k.ops.iter().map(String::as_str).collect()).collect();
+    if shapes != [vec!["attention_grad_q"], vec!["attention_grad_k", "attention_grad_v"]] {
+        return Err(Error::Invalid(format!(
+            "calibration program {file} did not plan its backward as a dq kernel and a dk/dv kernel: {shapes:?}"
+        )));
+    }
+    let backward = backward.iter().map(|k| k.id).collect();
+    let forward = plan
+        .kernels
+        .iter()
+        .find(|k| k.template == Template::Attention && k.ops.iter().any(|o| o == "attention"))
+        .map(|k| k.id);
+    Ok(BackwardPlan { file, program, plan, backward, forward })
+}
+
+/// The attention forward's bf16 rate on the path this device takes (wgmma where the source's
+/// sm_90a launch is taken) and on the portable mma.sync path (the same sources without the
+/// Hopper launch): the template's `flops_bf16_tflops` and its `portable` implementation's.
+fn attention_forward(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<KernelRate>> {
+    let (file, program, plan, sources) = attention_forward_plan(profile)?;
+    let flops = plan.kernels[0].flops;
+    let launch = profile.launch_overhead_us;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 10))?;
+    let hopper = r.sm90a > 0;
+    let us = r.kernels[0].measured_us;
+    let what =
+        if hopper { "attention forward bf16, wgmma (sm_90a) path" } else { "attention forward bf16, mma.sync path" };
+    let mut out = vec![KernelRate {
+        what: what.into(),
+        program: file.into(),
+        flops,
+        us,
+        tflops: net_tflops(flops, us, 1, launch),
+    }];
+    let portable_us = if hopper {
+        let portable: Vec<_> = sources
+            .iter()
+            .cloned()
+            .map(|mut s| {
+                s.launch.sm90a = None;
+                s
+            })
+            .collect();
+        let r = run_on(gpu, &program, &plan, &portable, &run_options(profile, 10))?;
+        if r.sm90a > 0 {
+            return Err(Error::Invalid(format!("calibration program {file}: the portable path ran on sm_90a")));
+        }
+        let us = r.kernels[0].measured_us;
+        out.push(KernelRate {
+            what: "attention forward bf16, portable mma.sync path".into(),
+            program: file.into(),
+            flops,
+            us,
+            tflops: net_tflops(flops, us, 1, launch),
+        });
+        us
+    } else {
+        us
+    };
+    let own = net_tflops(flops, us, 1, launch);
+    profile
+        .templates
+        .get_mut(Template::Attention.name())
+        .ok_or_else(|| Error::Invalid("the profile has no attention template".into()))?
+        .flops_bf16_tflops = Some(round(own, 1));
+    attention_impl(profile, "portable")?.flops_bf16_tflops = Some(round(net_tflops(flops, portable_us, 1, launch), 1));
+    Ok(out)
+}
+
+/// The attention backward kernels' bf16 rate (`implementations.backward`): the dq kernel and
+/// the dk/dv kernel of an attention_grad program, flops over time net of their launches. The
+/// forward kernel of the same plan (which writes the log-sum-exp too) is reported beside them.
+fn attention_backward(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<KernelRate>> {
+    let BackwardPlan { file, program, plan, backward, forward } = attention_backward_plan(profile)?;
+    let backward: Vec<&crate::plan::Kernel> = backward.iter().map(|&id| &plan.kernels[id]).collect();
+    let forward = forward.map(|id| &plan.kernels[id]);
+    let sources = codegen_plan(&plan)?;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 10))?;
+    let launch = profile.launch_overhead_us;
+    let time = |id: usize| r.kernels.iter().find(|t| t.id == id).map_or(f64::NAN, |t| t.measured_us);
+    let mut out: Vec<KernelRate> = Vec::new();
+    if let Some(f) = forward {
+        let us = time(f.id);
+        out.push(KernelRate {
+            what: format!("attention forward bf16 writing the log-sum-exp ({}; not stored)", f.ops.join(" ")),
+            program: file.into(),
+            flops: f.flops,
+            us,
+            tflops: net_tflops(f.flops, us, 1, launch),
+        });
+    }
+    for k in &backward {
+        let us = time(k.id);
+        out.push(KernelRate {
+            what: format!("attention backward bf16, {}", k.ops.join(" ")),
+            program: file.into(),
+            flops: k.flops,
+            us,
+            tflops: net_tflops(k.flops, us, 1, launch),
+        });
+    }
+    let flops: u64 = backward.iter().map(|k| k.flops).sum();
+    let us: f64 = backward.iter().map(|k| time(k.id)).sum();
+    if !us.is_finite() {
+        return Err(Error::Invalid(format!("calibration program {file}: a backward kernel was not timed")));
+    }
+    let tflops = net_tflops(flops, us, backward.len(), launch);
+    out.push(KernelRate {
+        what: "attention backward bf16 (both kernels)".into(),
+        program: file.into(),
+        flops,
+        us,
+        tflops,
+    });
+    attention_impl(profile, "backward")?.flops_bf16_tflops = Some(round(tflops, 1));
     Ok(out)
 }
 
@@ -251,9 +704,61 @@ impl fmt::Display for Calibration {
                 crate::render::human_bytes(*bytes)
             )?;
         }
+        let (prog, us) = &self.cublaslt_call;
+        writeln!(f, "  cuBLASLt call    {us:.1} us ({prog}: 64x128x64 f32)")?;
         for (imp, dtype, prog, us, tflops) in &self.gemm {
             writeln!(f, "  gemm {:<9} {dtype:<4} {tflops:>6.1} TFLOP/s ({prog}: {us:.1} us)", imp.name())?;
         }
+        for a in &self.attention {
+            writeln!(
+                f,
+                "  {:<58} {:>6.1} TFLOP/s ({}: {:.1} GFLOP in {:.1} us)",
+                a.what,
+                a.tflops,
+                a.program,
+                a.flops as f64 * 1e-9,
+                a.us
+            )?;
+        }
+        writeln!(
+            f,
+            "  tile step times, fit relative to each probe's time: time = launch overhead + K x step \
+             (lone: about one block per SM; shared: x blocks/SMs) + waves x row epilogue"
+        )?;
+        for t in &self.tiles {
+            writeln!(
+                f,
+                "  {:<13} {:<7} lone {:>6.1} ns, shared {:>6.1} ns per step, row epilogue {:>5.2} us per wave; \
+                 off by {:>4.1}% on average, {:>4.1}% at worst; a free intercept would be {:>5.1} us ({})",
+                t.family.name(),
+                t.key,
+                t.rate.lone_ns_per_k,
+                t.rate.sm_ns_per_k,
+                t.rate.row_epilogue_us,
+                100.0 * t.mean(),
+                100.0 * t.worst(),
+                t.free_overhead_us.unwrap_or(f64::NAN),
+                t.family.map()
+            )?;
+            if let Some(note) = &t.note {
+                writeln!(f, "      note: {note}")?;
+            }
+            for m in &t.probes {
+                writeln!(
+                    f,
+                    "      {:<48} {:<6} {:<22} {:>6} steps {:>5} blocks {:>9.1} us (fit {:>9.1})",
+                    m.program,
+                    m.form.name(),
+                    m.shape,
+                    m.steps,
+                    m.blocks,
+                    m.us,
+                    m.fit_us
+                )?;
+            }
+        }
+        let parts: Vec<String> = self.seconds.iter().map(|(w, s)| format!("{w} {s:.1} s")).collect();
+        writeln!(f, "  took {}", parts.join(", "))?;
         Ok(())
     }
 }
@@ -278,6 +783,25 @@ mod tests {
             assert_eq!(plan.kernels[0].template, t, "{}", p.source);
             assert!(plan.total.bytes >= 256 << 20, "{}", p.source);
         }
+    }
+
+    #[test]
+    fn attention_programs_plan_as_the_kernels_they_measure() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let (_, _, plan, sources) = attention_forward_plan(&p).unwrap();
+        assert!(plan.kernels[0].flops >= 4 * 8 * 16 * 2048 * 2048 * 64);
+        assert!(sources[0].launch.sm90a.is_some());
+        let BackwardPlan { plan, backward, forward, .. } = attention_backward_plan(&p).unwrap();
+        assert_eq!(backward.len(), 2);
+        assert!(backward.iter().chain(&forward).all(|&id| plan.kernels[id].id == id));
+        assert!(forward.is_some());
+    }
+
+    #[test]
+    fn the_cublaslt_call_program_renders_as_one_call() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let (_, _, _, sources) = cublaslt_call_plan(&p).unwrap();
+        assert!(sources[0].cublaslt.is_some());
     }
 
     #[test]

@@ -98,9 +98,17 @@ impl KernelCost {
         let backward = self.template == Template::Attention
             && self.body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()))
             && !has(Composite::Attention);
+        // (A 16-bit forward that the Hopper path does not take runs the portable path.)
+        let portable = self.template == Template::Attention && !backward && {
+            let att = self.body.iter().find(|&&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::Attention)));
+            att.and_then(|&a| dag.nodes[a].children().nth(3))
+                .and_then(|s| dag.nodes[s].fact.konst)
+                .is_some_and(|scale| dtype != DType::F32 && !crate::codegen::attention::hopper_path(dtype, scale))
+        };
         match self.implementation {
             Some(imp) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
             None if backward => profile.attention_backward_us(&work, dtype),
+            None if portable => profile.attention_portable_us(&work, dtype),
             None => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
     }

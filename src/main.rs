@@ -71,7 +71,8 @@ enum Command {
         #[arg(long)]
         strict: bool,
     },
-    /// Measure copy bandwidth, launch overhead and template rates on this GPU.
+    /// Measure copy bandwidth, launch overhead, template efficiencies and the compute rates
+    /// (gemm implementations and tiles, attention paths and backward) on this GPU.
     Calibrate {
         /// Write the profile JSON here (default: print it).
         #[arg(short = 'o', long = "out")]
@@ -271,11 +272,18 @@ fn run(cli: Cli) -> Result<(), Error> {
             Ok(())
         }
         Command::Calibrate { out } => {
-            let profile = eqfuse::calibrate()?;
-            let text = serde_json::to_string_pretty(&profile).expect("JSON values serialize") + "\n";
+            let cal = eqfuse::calibrate()?;
+            let text = serde_json::to_string_pretty(&cal.profile).expect("JSON values serialize") + "\n";
+            // The report goes to standard output beside a written profile, else to standard error.
             match out {
-                Some(path) => std::fs::write(&path, text).map_err(|e| Error::io(path.display().to_string(), e))?,
-                None => print!("{text}"),
+                Some(path) => {
+                    std::fs::write(&path, text).map_err(|e| Error::io(path.display().to_string(), e))?;
+                    print!("{cal}");
+                }
+                None => {
+                    eprint!("{cal}");
+                    print!("{text}");
+                }
             }
             Ok(())
         }

@@ -255,6 +255,16 @@ impl DeviceProfile {
         self.work_us(a.implementations.get("backward").unwrap_or(a), work, dtype, None)
     }
 
+    /// [`kernel_work_us`](Self::kernel_work_us) of a 16-bit attention forward kernel that runs
+    /// the template's portable mma.sync path everywhere (`codegen::attention::hopper_path` is
+    /// false: a non-positive scale), at the rates of its `portable` implementation where the
+    /// profile has one. (The template's own rates are those of the path the device takes for
+    /// the others: wgmma on a 9.0 device.)
+    pub fn attention_portable_us(&self, work: &Work, dtype: DType) -> f64 {
+        let a = self.rates(Template::Attention);
+        self.work_us(a.implementations.get("portable").unwrap_or(a), work, dtype, None)
+    }
+
     fn work_us(&self, r: &TemplateRates, work: &Work, dtype: DType, tiles: Option<&GemmTiles>) -> f64 {
         let stages = r.stage_latency_us.unwrap_or(0.0) * f64::from(work.stages);
         let compute = tiles

@@ -67,6 +67,31 @@ fn only_tensor_core_attention_with_a_positive_scale_has_a_hopper_path() {
     assert!(!hopper("f32", "0.125"));
 }
 
+/// A 16-bit attention that the Hopper path does not take (a non-positive scale) is timed at the
+/// portable path's rate (`implementations.portable`), the others at the template's own.
+#[test]
+fn attention_off_the_hopper_path_is_timed_at_the_portable_rate() {
+    let predicted = |scale: &str, profile: &DeviceProfile| {
+        let src = format!("input q: bf16[8, 16, 2048, 64]\no = attention(q, q, q, {scale}, 0)\noutput o\n");
+        let p = eqfuse::parse_program("h.eqf", &src, &[]).unwrap();
+        let plan = optimize(&p, &OptimizeOptions::new(profile.clone())).unwrap().plan;
+        let k = plan.kernels.iter().find(|k| k.template == Template::Attention).expect("an attention kernel");
+        k.predicted_us
+    };
+    let mut slow = DeviceProfile::load("h100").unwrap();
+    let a = slow.templates.get_mut("attention").unwrap();
+    let mut portable = a.clone();
+    portable.implementations.clear();
+    portable.flops_bf16_tflops = Some(a.flops_bf16_tflops.unwrap() / 2.0);
+    a.implementations.insert("portable".into(), portable);
+    let base = DeviceProfile::load("h100").unwrap();
+    let launch = base.launch_overhead_us;
+    // On the Hopper path the portable rate changes nothing; off it, it halves the rate.
+    assert_eq!(predicted("0.125", &slow), predicted("0.125", &base));
+    let (off, on) = (predicted("-0.125", &slow), predicted("0.125", &slow));
+    assert!(((off - launch) / (on - launch) - 2.0).abs() < 1e-6, "{off} {on}");
+}
+
 #[test]
 fn attention_with_an_epilogue_is_two_kernels() {
     let src = "input q: bf16[2, 64, 64]\noutput y\ny = attention(q, q, q, 0.125, 1) * 2\n";

@@ -50,6 +50,14 @@ pub fn hopper_smem_bytes(d: usize) -> usize {
     (HOPPER_BLOCK_M + 4 * HOPPER_BLOCK_N) * dp * 2 + 1024
 }
 
+/// Whether an instance carries the Hopper path (`Launch::sm90a`, taken on a 9.0 device): every
+/// bf16 and f16 instance of a positive scale (its softmax takes row maxima of the unscaled
+/// scores); the others keep the mma.sync path everywhere. The cost model asks the same, to time
+/// the others at the portable path's rate.
+pub fn hopper_path(dtype: DType, scale: f64) -> bool {
+    dtype != DType::F32 && (scale * std::f64::consts::LOG2_E) as f32 > 0.0
+}
+
 /// Query rows per block (one per thread) and keys per tile of the f32 path.
 pub const F32_BLOCK_M: usize = 64;
 pub const F32_BLOCK_N: usize = 32;
@@ -399,9 +407,7 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     let grid = [inst.sq.div_ceil(rows) as u32, nb as u32, 1];
     let block = [threads as u32, 1, 1];
     let smem = smem as u32;
-    // The Hopper path takes every bf16 and f16 instance of a positive scale (its softmax takes
-    // row maxima of the unscaled scores); the others keep the mma.sync path everywhere.
-    let hopper = !f32 && (inst.scale * std::f64::consts::LOG2_E) as f32 > 0.0;
+    let hopper = hopper_path(inst.dtype, inst.scale);
     let sm90a = hopper.then(|| {
         Box::new(Launch {
             grid: [inst.sq.div_ceil(HOPPER_BLOCK_M) as u32, nb as u32, 1],

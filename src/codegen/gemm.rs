@@ -39,12 +39,12 @@ const THREADS: usize = 256;
 
 /// Products narrower than this many columns (with an elementwise epilogue) may take the blocked
 /// tall tile [`TALL_BM`] x (n rounded up to a power of two).
-const TALL_MAX_N: usize = 64;
+pub(crate) const TALL_MAX_N: usize = 64;
 /// Rows of the tall tile: 16 x 16 threads, each owning 8 rows and n/16 columns.
-const TALL_BM: usize = 128;
+pub(crate) const TALL_BM: usize = 128;
 /// A narrow product takes the tall tile only when it has at least this many of them, so the
 /// GPU stays busy (the one-element-per-thread narrow tile keeps more blocks in flight).
-const TALL_MIN_BLOCKS: usize = 128;
+pub(crate) const TALL_MIN_BLOCKS: usize = 128;
 
 /// The tile for a product over iteration space `dom` (batch axes, rows, columns): one tile row
 /// covers the whole product row when the epilogue reduces rows; a product at most 64 wide takes
