@@ -27,7 +27,9 @@
 // rows [16 w, 16 w + 16) of the block's tile), dynamic shared memory EQ_SMEM_BYTES: the block's
 // own tiles (queries and output gradient, or keys and values), and two buffers of the tiles it
 // loops over (cp.async double buffering), plus (mode 2) two buffers of lse and delta and (EQ_DQ)
-// the tile's dS, transposed ([EQ_BN keys][EQ_BM queries]).
+// one tile's dS, transposed ([EQ_BN keys][EQ_BM queries]): stored after an iteration's last
+// barrier and multiplied by the keys after the next iteration's first, so that dq adds no
+// barrier of its own.
 //
 // Layout: every tensor is contiguous, [EQ_NB, rows, EQ_D] (lse and delta [EQ_NB, EQ_SQ]); EQ_D
 // is a multiple of 8 up to 128. In shared memory a row holds EQ_DP = EQ_D rounded up to 64
@@ -266,17 +268,16 @@ __device__ __forceinline__ void add4(float* p, float a, float b, float c, float 
 #endif
 }
 
-// Stores this warp's dS^T (16 keys by the tile's EQ_BM queries, accumulator layout), rounded to
-// the storage type, into the dS tile (rows: keys).
-__device__ __forceinline__ void store_ds(unsigned ss, const float (&ds)[SN][4], int warp, int lane) {
+// Stores this warp's dS^T (16 keys by the tile's EQ_BM queries, accumulator layout, rounded to
+// the storage type in pairs) into the dS tile (rows: keys).
+__device__ __forceinline__ void store_ds(unsigned ss, const unsigned (&ds)[SN][2], int warp, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < SN; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const unsigned w = pack2(ds[nt][2 * h], ds[nt][2 * h + 1]);
             const unsigned addr = ss + at_s(warp * 16 + g + 8 * h, nt) + 4 * t;
-            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(w));
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds[nt][h]));
         }
 }
 
@@ -507,8 +508,9 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     const unsigned sg = sq + 2 * EQ_TILE_BYTES, sl = sg + 2 * EQ_TILE_BYTES;  // sl: [2][2][EQ_BM] f32
     const float* slf = reinterpret_cast<const float*>(eq_smem + 6 * EQ_TILE_BYTES);
 #if EQ_DQ
-    const unsigned ss = sl + 4 * EQ_BM * 4;  // the tile's dS^T, [EQ_BN][EQ_BM]
+    const unsigned ss = sl + 4 * EQ_BM * 4;  // the previous tile's dS^T, [EQ_BN][EQ_BM]
     float* dqacc = EQ_DQACC + b * EQ_SQ * EQ_DP;
+    unsigned ds[SN][2];  // this tile's dS^T, rounded in pairs
 #endif
     const int m_start = EQ_CAUSAL ? (n0 / EQ_BM) * EQ_BM : 0;
     const int ntiles = m_start < EQ_SQ ? (EQ_SQ - m_start + EQ_BM - 1) / EQ_BM : 0;
@@ -563,6 +565,10 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
         cp_wait<1>();
         __syncthreads();
 #if EQ_DQ
+        // dq[rows of the previous tile] += dS k over this block's keys: the previous tile's dS^T,
+        // stored after the last barrier, from shared memory (the warps own query rows here);
+        // the next store follows the next barrier, after every warp has read it.
+        if (it > 0) add_dq(dqacc, ss, sk, m_start + (it - 1 + rot) % ntiles * EQ_BM, warp, lane);
         unsigned kf[KT][4], vf[KT][4];
         a_frags(kf, sk, warp, lane);
         a_frags(vf, sv, warp, lane);
@@ -608,16 +614,25 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
         mma_pb(dk, dp, qb, lane);
 #endif
 #if EQ_DQ
-        // dq[m0 ..] += dS k over this block's keys: dS^T through shared memory to the warps
-        // owning its query rows, then added to the accumulator.
-        store_ds(ss, dp, warp, lane);
-        __syncthreads();
-        add_dq(dqacc, ss, sk, m0, warp, lane);
+        // dS^T, rounded as the products round it, is kept for the next iteration's dq.
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) ds[nt][h] = pack2(dp[nt][2 * h], dp[nt][2 * h + 1]);
 #endif
 #endif
         __syncthreads();  // this buffer (and the dS tile) is consumed before it is loaded again
+#if EQ_DQ
+        store_ds(ss, ds, warp, lane);
+#endif
     }
     cp_wait<0>();
+#if EQ_DQ
+    if (ntiles > 0) {
+        __syncthreads();
+        add_dq(dqacc, ss, sk, m_start + (ntiles - 1 + rot) % ntiles * EQ_BM, warp, lane);
+    }
+#endif
 #if EQ_DK
     store_rows(EQ_DKP + b * EQ_SK * EQ_D, dk, EQ_SCALE, wkey, EQ_SK, lane);
 #endif
