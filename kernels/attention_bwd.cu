@@ -17,9 +17,12 @@
 // f32 atomics (four at once on sm_90); the last of a batch index's blocks to arrive (counted in
 // EQ_DQCNT[b], after a __threadfence) converts its accumulator to dq (times scale, rounded to
 // the storage type) and zeroes the accumulator and the count. So dq is summed in the order the
-// blocks run: its last bits depend on scheduling (never used under strict numerics). Within
-// a 16-column group of a row the accumulator holds the four columns a thread adds next to each
-// other (columns 2t, 2t + 1, 8 + 2t, 9 + 2t at 4t): one 16-byte atomic per thread and row.
+// blocks run: its last bits depend on scheduling (never used under strict numerics). The
+// accumulator ([EQ_NB, EQ_SQ16 rows (EQ_SQ rounded up to 16), EQ_DP]) is laid out in blocks of
+// 16 rows by 16 columns (256 floats, row blocks outermost): in a block, rows 8 h + g at
+// 128 h + 16 g, and the four columns 2t, 2t + 1, 8 + 2t, 9 + 2t that thread (g, t) of a warp
+// adds at 4 t. So each atomic is 16 bytes and a warp's adds to one half block are 512
+// contiguous bytes.
 // Products run as mma.sync m16n8k16 (bf16 or f16 inputs, f32 accumulate); P and dS are rounded
 // to the storage type before the products that consume them (as FlashAttention does).
 //
@@ -255,6 +258,8 @@ __device__ __forceinline__ void store_rows(EQ_T* out, const float (&acc)[DT][4],
 // Byte offset of chunk `ch` of row `r` in the swizzled dS tile (EQ_BM elements, 8 chunks a row).
 __device__ __forceinline__ unsigned at_s(int r, int ch) { return (unsigned)((r * 8 + (ch ^ (r & 7))) * 16); }
 
+#define EQ_SQ16 ((EQ_SQ + 15) / 16 * 16)
+
 // Adds four f32 to consecutive accumulator entries (16-byte aligned).
 __device__ __forceinline__ void add4(float* p, float a, float b, float c, float d) {
 #if __CUDA_ARCH__ >= 900
@@ -292,6 +297,7 @@ __device__ __forceinline__ void add_dq(float* acc, unsigned ss, unsigned sk, int
     for (int kk = 0; kk < SN / 2; ++kk)
         ldsm4t(da[kk], ss + at_s(kk * 16 + (lane & 7) + ((lane >> 4) << 3), warp * 2 + ((lane >> 3) & 1)));
     const int row0 = m0 + warp * 16 + g;
+    float* blk = acc + (long long)(m0 + warp * 16) * EQ_DP + 16 * g + 4 * t;  // this warp's row block
 #pragma unroll
     for (int dp = 0; dp < DT / 2; ++dp) {
         if (dp * 16 >= EQ_D) break;  // columns of the padding only
@@ -310,8 +316,7 @@ __device__ __forceinline__ void add_dq(float* acc, unsigned ss, unsigned sk, int
         for (int h = 0; h < 2; ++h) {
             const int row = row0 + 8 * h;
             if (row < EQ_SQ)
-                add4(acc + (long long)row * EQ_DP + dp * 16 + 4 * t, c[0][2 * h], c[0][2 * h + 1], c[1][2 * h],
-                     c[1][2 * h + 1]);
+                add4(blk + dp * 256 + 128 * h, c[0][2 * h], c[0][2 * h + 1], c[1][2 * h], c[1][2 * h + 1]);
         }
     }
 }
@@ -319,8 +324,7 @@ __device__ __forceinline__ void add_dq(float* acc, unsigned ss, unsigned sk, int
 // The last block of a batch index: dq = scale * acc, rounded to the storage type; the
 // accumulator zeroed (read and written at L2, where the atomics summed it).
 __device__ __forceinline__ void convert_dq(float* acc, EQ_T* out, int tid) {
-    constexpr int G = EQ_DP / 4;  // groups of four accumulator entries per row
-    constexpr int N = EQ_SQ * G;
+    constexpr int N = EQ_SQ16 * EQ_DP / 4;  // groups of four accumulator entries
     constexpr int U = 8;  // loads in flight per thread
     for (int i0 = tid; i0 < N; i0 += U * NT) {
         float4 v[U];
@@ -334,8 +338,10 @@ __device__ __forceinline__ void convert_dq(float* acc, EQ_T* out, int tid) {
             const int i = i0 + u * NT;
             if (i >= N) continue;
             __stcg(reinterpret_cast<float4*>(acc) + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-            const int row = i / G, grp = i % G;
-            const int col = (grp >> 2) * 16 + 2 * (grp & 3);
+            // Group i: row block i / (4 EQ_DP), column block (i / 64) % (EQ_DP / 16), then h, g, t.
+            const int row = i / (4 * EQ_DP) * 16 + ((i >> 5) & 1) * 8 + ((i >> 2) & 7);
+            const int col = (i >> 6) % (EQ_DP / 16) * 16 + 2 * (i & 3);
+            if (row >= EQ_SQ) continue;
             EQ_T* o = out + (long long)row * EQ_D + col;
             if (col < EQ_D) *reinterpret_cast<unsigned*>(o) = pack2(v[u].x * EQ_SCALE, v[u].y * EQ_SCALE);
             if (col + 8 < EQ_D) *reinterpret_cast<unsigned*>(o + 8) = pack2(v[u].z * EQ_SCALE, v[u].w * EQ_SCALE);
@@ -509,7 +515,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     const float* slf = reinterpret_cast<const float*>(eq_smem + 6 * EQ_TILE_BYTES);
 #if EQ_DQ
     const unsigned ss = sl + 4 * EQ_BM * 4;  // the previous tile's dS^T, [EQ_BN][EQ_BM]
-    float* dqacc = EQ_DQACC + b * EQ_SQ * EQ_DP;
+    float* dqacc = EQ_DQACC + b * EQ_SQ16 * EQ_DP;
     unsigned ds[SN][2];  // this tile's dS^T, rounded in pairs
 #endif
     const int m_start = EQ_CAUSAL ? (n0 / EQ_BM) * EQ_BM : 0;

@@ -73,9 +73,9 @@ pub enum Mode {
 }
 
 /// The f32 accumulator of the query gradient a `Dkv { dq: true, .. }` kernel sums into (bytes):
-/// `[batch, queries, head rounded up to 64]`; and its per-batch arrival counts.
+/// `[batch, queries rounded up to 16, head rounded up to 64]`; and its per-batch arrival counts.
 pub fn dq_workspace_bytes(nb: usize, sq: usize, d: usize) -> (u64, u64) {
-    ((nb * sq * d.div_ceil(64) * 64 * 4) as u64, (nb * 4) as u64)
+    ((nb * sq.div_ceil(16) * 16 * d.div_ceil(64) * 64 * 4) as u64, (nb * 4) as u64)
 }
 
 fn unsupported(k: &Kernel, what: impl std::fmt::Display) -> Error {
