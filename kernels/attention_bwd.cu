@@ -521,7 +521,8 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     const int m_start = EQ_CAUSAL ? (n0 / EQ_BM) * EQ_BM : 0;
     const int ntiles = m_start < EQ_SQ ? (EQ_SQ - m_start + EQ_BM - 1) / EQ_BM : 0;
     // Under EQ_DQ the blocks of one batch index start at different query tiles, so that they
-    // do not all add into the same rows of the accumulator at once.
+    // do not all add into the same rows of the accumulator at once (measured neither faster nor
+    // slower than without: benches/results/2026-11-22-h100-c695f23-attnbwd-fused).
     const int rot = EQ_DQ && ntiles > 0 ? (int)blockIdx.x % ntiles : 0;
     const int wkey = n0 + warp * 16;  // this warp's first key
     auto load_q = [&](int it) {

@@ -132,7 +132,8 @@ pub fn analyse(
     // not the three, three and two of each alone.
     let grads: Vec<usize> = body.iter().copied().filter(|&b| is_attention_grad(dag, b).is_some()).collect();
     if let Some(args) = attention_grad_group(dag, &grads) {
-        flops = flops - grads.iter().map(|&g| node_flops(dag, g)).sum::<u64>() + attention_grads_flops(dag, grads[0], &args);
+        flops = flops - grads.iter().map(|&g| node_flops(dag, g)).sum::<u64>()
+            + attention_grads_flops(dag, grads[0], &args);
     }
     // The query gradient beside the others is summed in an f32 accumulator by atomics: its
     // traffic beyond the L2 (the sums written back, read once and zeroed by the converting

@@ -146,7 +146,8 @@ fn attention_grad_plan_moves_no_score_matrix() {
 /// the query gradient beside the others even where they would reach it.
 #[test]
 fn strict_plans_sum_no_query_gradient_by_atomics() {
-    let text = "input q: bf16[2, 64, 16]\ninput k: bf16[2, 64, 16]\ninput v: bf16[2, 64, 16]\ninput g: bf16[2, 64, 16]\n\
+    let text =
+        "input q: bf16[2, 64, 16]\ninput k: bf16[2, 64, 16]\ninput v: bf16[2, 64, 16]\ninput g: bf16[2, 64, 16]\n\
                 l = attention_lse(q, k, 0.5, 0)\nd = sum(cast(g, f32) * cast(g, f32), -1)\n\
                 dq = attention_grad_q(q, k, v, g, l, d, 0.5, 0)\ndk = attention_grad_k(q, k, v, g, l, d, 0.5, 0)\n\
                 dv = attention_grad_v(q, k, v, g, l, d, 0.5, 0)\noutput dq, dk, dv\n";

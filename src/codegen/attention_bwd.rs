@@ -69,7 +69,11 @@ pub enum Mode {
     Dq,
     /// One block per key tile: the key and/or value gradients, and with `dq` the query
     /// gradient too (added into an f32 accumulator by atomics).
-    Dkv { dq: bool, dk: bool, dv: bool },
+    Dkv {
+        dq: bool,
+        dk: bool,
+        dv: bool,
+    },
 }
 
 /// The f32 accumulator of the query gradient a `Dkv { dq: true, .. }` kernel sums into (bytes):
