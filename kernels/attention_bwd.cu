@@ -1,6 +1,5 @@
-// attention_bwd.cu: flash-style attention backward (FlashAttention-2 design, deterministic) on
-// tensor cores: three kernels, chosen by EQ_MODE, that never hold the score matrix in device
-// memory.
+// attention_bwd.cu: flash-style attention backward (FlashAttention-2 design) on tensor cores:
+// kernels chosen by EQ_MODE that never hold the score matrix in device memory.
 //
 // Math, per batch index b and with s_ij = scale * <q_i, k_j> (keys j > i masked under
 // EQ_CAUSAL, keys past EQ_SK always):
@@ -8,17 +7,32 @@
 //   with P_ij = exp(s_ij - lse_i) (0 where masked), dP_ij = <g_i, v_j>,
 //   dS_ij = P_ij (dP_ij - delta_i) scale                (lse, delta: f32 [EQ_NB, EQ_SQ])
 //   EQ_MODE 1 (attention_grad_q):  dq_i = sum_j dS_ij k_j
-//   EQ_MODE 2 (attention_grad_k/v): dk_j = sum_i dS_ij q_i (EQ_DK), dv_j = sum_i P_ij g_i (EQ_DV)
+//   EQ_MODE 2 (attention_grad_k/v, and with EQ_DQ attention_grad_q too):
+//     dk_j = sum_i dS_ij q_i (EQ_DK), dv_j = sum_i P_ij g_i (EQ_DV), dq_i = sum_j dS_ij k_j (EQ_DQ)
 // Mode 0 and 1 run one block per EQ_BM query rows looping over key tiles; mode 2 one block per
-// EQ_BM key rows looping over query tiles (its rows are keys), so every output element is
-// summed by one thread in a fixed order: no atomics, results do not depend on scheduling.
+// EQ_BM key rows looping over query tiles (its rows are keys). dk and dv are summed by one thread
+// each in a fixed order, as are dq in mode 1 and the log-sum-exp: those results do not depend on
+// scheduling. Under EQ_DQ the mode 2 block also multiplies each tile's dS by its keys and adds
+// that part of dq into an f32 accumulator in device memory (EQ_DQACC, [EQ_NB, EQ_SQ, EQ_DP]) with
+// f32 atomics (four at once on sm_90); the last of a batch index's blocks to arrive (counted in
+// EQ_DQCNT[b], after a __threadfence) converts its accumulator to dq (times scale, rounded to
+// the storage type) and zeroes the accumulator and the count. So dq is summed in the order the
+// blocks run: its last bits depend on scheduling (never used under strict numerics). The
+// accumulator ([EQ_NB, EQ_SQ16 rows (EQ_SQ rounded up to 16), EQ_DP]) is laid out in blocks of
+// 16 rows by 16 columns (256 floats, row blocks outermost): in a block, rows 8 h + g at
+// 128 h + 16 g, and the four columns 2t, 2t + 1, 8 + 2t, 9 + 2t that thread (g, t) of a warp
+// adds at 4 t. So each atomic is 16 bytes and a warp's adds to one half block are 512
+// contiguous bytes.
 // Products run as mma.sync m16n8k16 (bf16 or f16 inputs, f32 accumulate); P and dS are rounded
 // to the storage type before the products that consume them (as FlashAttention does).
 //
 // Launch shape: grid (ceil(rows / EQ_BM), EQ_NB), block EQ_NWARPS * 32 threads (warp w owns
 // rows [16 w, 16 w + 16) of the block's tile), dynamic shared memory EQ_SMEM_BYTES: the block's
 // own tiles (queries and output gradient, or keys and values), and two buffers of the tiles it
-// loops over (cp.async double buffering), plus (mode 2) two buffers of lse and delta.
+// loops over (cp.async double buffering), plus (mode 2) two buffers of lse and delta and (EQ_DQ)
+// one tile's dS, transposed ([EQ_BN keys][EQ_BM queries]): stored after an iteration's last
+// barrier and multiplied by the keys after the next iteration's first, so that dq adds no
+// barrier of its own.
 //
 // Layout: every tensor is contiguous, [EQ_NB, rows, EQ_D] (lse and delta [EQ_NB, EQ_SQ]); EQ_D
 // is a multiple of 8 up to 128. In shared memory a row holds EQ_DP = EQ_D rounded up to 64
@@ -27,17 +41,19 @@
 //
 // Invariants: compiles with NVRTC and nothing but the architecture flag (sm_80 or later);
 // rows past the ends are zero-filled on load, masked, and never stored; every thread reaches
-// every __syncthreads; each output element is written exactly once.
+// every __syncthreads; each output element is written exactly once; under EQ_DQ the accumulator
+// and the counts are zero before every launch and after it (the runtime zeroes them once).
 #ifndef EQ_COMMON_CUH
 #include "common.cuh"
 #endif
 
 #ifndef EQ_GENERATED
-// Default instance: dk, dv of attention(q, k, v, 0.125, 0) over bf16 [8, 16, 2048, 64].
+// Default instance: dq, dk, dv of attention(q, k, v, 0.125, 0) over bf16 [8, 16, 2048, 64].
 #define EQ_KERNEL attention_bwd_bf16
 #define EQ_T eq_bf16
 #define EQ_BF16 1
 #define EQ_MODE 2
+#define EQ_DQ 1
 #define EQ_DK 1
 #define EQ_DV 1
 #define EQ_D 64
@@ -50,15 +66,19 @@
 #define EQ_PARAMS                                                                                        \
     const eq_bf16* __restrict__ p_q, const eq_bf16* __restrict__ p_k, const eq_bf16* __restrict__ p_v,     \
         const eq_bf16* __restrict__ p_g, const float* __restrict__ p_lse, const float* __restrict__ p_del, \
-        eq_bf16* __restrict__ p_dk, eq_bf16* __restrict__ p_dv
+        eq_bf16* __restrict__ p_dq, eq_bf16* __restrict__ p_dk, eq_bf16* __restrict__ p_dv,                \
+        float* __restrict__ eq_dqacc, unsigned* __restrict__ eq_count
 #define EQ_QP p_q
 #define EQ_KP p_k
 #define EQ_VP p_v
 #define EQ_GP p_g
 #define EQ_LSEP p_lse
 #define EQ_DELP p_del
+#define EQ_DQP p_dq
 #define EQ_DKP p_dk
 #define EQ_DVP p_dv
+#define EQ_DQACC eq_dqacc
+#define EQ_DQCNT eq_count
 #endif
 
 #ifndef EQ_BM
@@ -76,6 +96,9 @@
 #ifndef EQ_DV
 #define EQ_DV 0
 #endif
+#ifndef EQ_DQ
+#define EQ_DQ 0
+#endif
 #define EQ_LOG2E 1.4426950408889634f
 #define EQ_DP (((EQ_D + 63) / 64) * 64)
 #define EQ_TILE_BYTES (EQ_BM * EQ_DP * 2)
@@ -84,7 +107,7 @@
 #elif EQ_MODE == 1
 #define EQ_SMEM_BYTES (6 * EQ_TILE_BYTES)
 #else
-#define EQ_SMEM_BYTES (6 * EQ_TILE_BYTES + 4 * EQ_BM * 4)
+#define EQ_SMEM_BYTES (6 * EQ_TILE_BYTES + 4 * EQ_BM * 4 + EQ_DQ * EQ_BN * EQ_BM * 2)
 #endif
 
 namespace eq_attb {
@@ -230,6 +253,102 @@ __device__ __forceinline__ void store_rows(EQ_T* out, const float (&acc)[DT][4],
             }
         }
 }
+
+#if EQ_MODE == 2 && EQ_DQ
+// Byte offset of chunk `ch` of row `r` in the swizzled dS tile (EQ_BM elements, 8 chunks a row).
+__device__ __forceinline__ unsigned at_s(int r, int ch) { return (unsigned)((r * 8 + (ch ^ (r & 7))) * 16); }
+
+#define EQ_SQ16 ((EQ_SQ + 15) / 16 * 16)
+
+// Adds four f32 to consecutive accumulator entries (16-byte aligned).
+__device__ __forceinline__ void add4(float* p, float a, float b, float c, float d) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
+                 : "memory");
+#else
+    atomicAdd(p, a);
+    atomicAdd(p + 1, b);
+    atomicAdd(p + 2, c);
+    atomicAdd(p + 3, d);
+#endif
+}
+
+// Stores this warp's dS^T (16 keys by the tile's EQ_BM queries, accumulator layout, rounded to
+// the storage type in pairs) into the dS tile (rows: keys).
+__device__ __forceinline__ void store_ds(unsigned ss, const unsigned (&ds)[SN][2], int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const unsigned addr = ss + at_s(warp * 16 + g + 8 * h, nt) + 4 * t;
+            asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(ds[nt][h]));
+        }
+}
+
+// acc[m0 + 16 w + r][.] += sum over the block's keys of dS (rows [16 w, 16 w + 16) of the tile's
+// queries) times the key tile: the A fragments are dS read transposed from the dS tile, the B
+// fragments the keys (as mma_pb reads them). 16 columns at a time, each added to the
+// accumulator as soon as it is summed (see the header for the accumulator's column order).
+__device__ __forceinline__ void add_dq(float* acc, unsigned ss, unsigned sk, int m0, int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+    unsigned da[SN / 2][4];
+#pragma unroll
+    for (int kk = 0; kk < SN / 2; ++kk)
+        ldsm4t(da[kk], ss + at_s(kk * 16 + (lane & 7) + ((lane >> 4) << 3), warp * 2 + ((lane >> 3) & 1)));
+    const int row0 = m0 + warp * 16 + g;
+    float* blk = acc + (long long)(m0 + warp * 16) * EQ_DP + 16 * g + 4 * t;  // this warp's row block
+#pragma unroll
+    for (int dp = 0; dp < DT / 2; ++dp) {
+        if (dp * 16 >= EQ_D) break;  // columns of the padding only
+        float c[2][4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[0][e] = c[1][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < SN / 2; ++kk) {
+            unsigned bv[4];
+            const int r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+            ldsm4t(bv, sk + at(r, dp * 2 + (lane >> 4)));
+            mma(c[0], da[kk], bv[0], bv[1]);
+            mma(c[1], da[kk], bv[2], bv[3]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 8 * h;
+            if (row < EQ_SQ)
+                add4(blk + dp * 256 + 128 * h, c[0][2 * h], c[0][2 * h + 1], c[1][2 * h], c[1][2 * h + 1]);
+        }
+    }
+}
+
+// The last block of a batch index: dq = scale * acc, rounded to the storage type; the
+// accumulator zeroed (read and written at L2, where the atomics summed it).
+__device__ __forceinline__ void convert_dq(float* acc, EQ_T* out, int tid) {
+    constexpr int N = EQ_SQ16 * EQ_DP / 4;  // groups of four accumulator entries
+    constexpr int U = 8;  // loads in flight per thread
+    for (int i0 = tid; i0 < N; i0 += U * NT) {
+        float4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u * NT;
+            if (i < N) v[u] = __ldcg(reinterpret_cast<const float4*>(acc) + i);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u * NT;
+            if (i >= N) continue;
+            __stcg(reinterpret_cast<float4*>(acc) + i, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+            // Group i: row block i / (4 EQ_DP), column block (i / 64) % (EQ_DP / 16), then h, g, t.
+            const int row = i / (4 * EQ_DP) * 16 + ((i >> 5) & 1) * 8 + ((i >> 2) & 7);
+            const int col = (i >> 6) % (EQ_DP / 16) * 16 + 2 * (i & 3);
+            if (row >= EQ_SQ) continue;
+            EQ_T* o = out + (long long)row * EQ_D + col;
+            if (col < EQ_D) *reinterpret_cast<unsigned*>(o) = pack2(v[u].x * EQ_SCALE, v[u].y * EQ_SCALE);
+            if (col + 8 < EQ_D) *reinterpret_cast<unsigned*>(o + 8) = pack2(v[u].z * EQ_SCALE, v[u].w * EQ_SCALE);
+        }
+    }
+}
+#endif
 
 }  // namespace eq_attb
 
@@ -394,11 +513,20 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     const unsigned sk = smem_u32(eq_smem), sv = sk + EQ_TILE_BYTES, sq = sv + EQ_TILE_BYTES;
     const unsigned sg = sq + 2 * EQ_TILE_BYTES, sl = sg + 2 * EQ_TILE_BYTES;  // sl: [2][2][EQ_BM] f32
     const float* slf = reinterpret_cast<const float*>(eq_smem + 6 * EQ_TILE_BYTES);
+#if EQ_DQ
+    const unsigned ss = sl + 4 * EQ_BM * 4;  // the previous tile's dS^T, [EQ_BN][EQ_BM]
+    float* dqacc = EQ_DQACC + b * EQ_SQ16 * EQ_DP;
+    unsigned ds[SN][2];  // this tile's dS^T, rounded in pairs
+#endif
     const int m_start = EQ_CAUSAL ? (n0 / EQ_BM) * EQ_BM : 0;
     const int ntiles = m_start < EQ_SQ ? (EQ_SQ - m_start + EQ_BM - 1) / EQ_BM : 0;
+    // Under EQ_DQ the blocks of one batch index start at different query tiles, so that they
+    // do not all add into the same rows of the accumulator at once (measured neither faster nor
+    // slower than without: benches/results/2026-11-22-h100-c695f23-attnbwd-fused).
+    const int rot = EQ_DQ && ntiles > 0 ? (int)blockIdx.x % ntiles : 0;
     const int wkey = n0 + warp * 16;  // this warp's first key
     auto load_q = [&](int it) {
-        const int m0 = m_start + it * EQ_BM, buf = it & 1;
+        const int m0 = m_start + (it + rot) % ntiles * EQ_BM, buf = it & 1;
         load_tile(sq + buf * EQ_TILE_BYTES, qg, m0, EQ_SQ);
         load_tile(sg + buf * EQ_TILE_BYTES, gg, m0, EQ_SQ);
         if (tid < 2 * EQ_BM) {
@@ -429,22 +557,36 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
             dv[dt][e] = 0.0f;
 #endif
         }
+    // The key and value fragments stay in registers across the loop, or (EQ_DQ, whose dq
+    // products need registers) are read from shared memory again in each iteration.
+#if !EQ_DQ
     unsigned kf[KT][4];
 #if EQ_DK
     unsigned vf[KT][4];
 #endif
+#endif
     for (int it = 0; it < ntiles; ++it) {
-        const int m0 = m_start + it * EQ_BM, buf = it & 1;
+        const int m0 = m_start + (it + rot) % ntiles * EQ_BM, buf = it & 1;
         if (it + 1 < ntiles) load_q(it + 1);
         cp_commit();
         cp_wait<1>();
         __syncthreads();
+#if EQ_DQ
+        // dq[rows of the previous tile] += dS k over this block's keys: the previous tile's dS^T,
+        // stored after the last barrier, from shared memory (the warps own query rows here);
+        // the next store follows the next barrier, after every warp has read it.
+        if (it > 0) add_dq(dqacc, ss, sk, m_start + (it - 1 + rot) % ntiles * EQ_BM, warp, lane);
+        unsigned kf[KT][4], vf[KT][4];
+        a_frags(kf, sk, warp, lane);
+        a_frags(vf, sv, warp, lane);
+#else
         if (it == 0) {
             a_frags(kf, sk, warp, lane);
 #if EQ_DK
             a_frags(vf, sv, warp, lane);
 #endif
         }
+#endif
         const unsigned qb = sq + buf * EQ_TILE_BYTES, gb = sg + buf * EQ_TILE_BYTES;
         const float* lse = slf + (buf * 2) * EQ_BM;
         // s^T = k q^T: this warp's 16 keys by the tile's EQ_BM queries; then P^T.
@@ -466,7 +608,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
 #if EQ_DV
         mma_pb(dv, p, gb, lane);  // dv += P^T g
 #endif
-#if EQ_DK
+#if EQ_DK || EQ_DQ
         // dP^T = v g^T, dS^T = P^T (dP^T - delta), dk += dS^T q.
         float dp[SN][4];
         mma_abt(dp, vf, gb, lane);
@@ -475,16 +617,48 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
         for (int nt = 0; nt < SN; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dp[nt][e] = p[nt][e] * (dp[nt][e] - del[nt * 8 + 2 * t + (e & 1)]);
+#if EQ_DK
         mma_pb(dk, dp, qb, lane);
 #endif
-        __syncthreads();  // this buffer is consumed before it is loaded again
+#if EQ_DQ
+        // dS^T, rounded as the products round it, is kept for the next iteration's dq.
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) ds[nt][h] = pack2(dp[nt][2 * h], dp[nt][2 * h + 1]);
+#endif
+#endif
+        __syncthreads();  // this buffer (and the dS tile) is consumed before it is loaded again
+#if EQ_DQ
+        store_ds(ss, ds, warp, lane);
+#endif
     }
     cp_wait<0>();
+#if EQ_DQ
+    if (ntiles > 0) {
+        __syncthreads();
+        add_dq(dqacc, ss, sk, m_start + (ntiles - 1 + rot) % ntiles * EQ_BM, warp, lane);
+    }
+#endif
 #if EQ_DK
     store_rows(EQ_DKP + b * EQ_SK * EQ_D, dk, EQ_SCALE, wkey, EQ_SK, lane);
 #endif
 #if EQ_DV
     store_rows(EQ_DVP + b * EQ_SK * EQ_D, dv, 1.0f, wkey, EQ_SK, lane);
+#endif
+#if EQ_DQ
+    // Every thread's additions are visible before the block is counted; the last block of this
+    // batch index to arrive converts the accumulator (and leaves it and the count zero).
+    __shared__ bool last_block;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last_block = atomicAdd(EQ_DQCNT + b, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (last_block) {
+        __threadfence();
+        convert_dq(dqacc, EQ_DQP + b * EQ_SQ * EQ_D, tid);
+        if (tid == 0) EQ_DQCNT[b] = 0;
+    }
 #endif
 }
 #endif

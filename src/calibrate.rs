@@ -10,7 +10,7 @@
 //! step times for every tile codegen can choose and the attention f32 path's (`tiles.rs`: fits
 //! over probes of growing depth); the attention forward's bf16 rate on the path the device takes
 //! (wgmma on a 9.0 device) and on the portable mma.sync path (the `portable` implementation);
-//! and the attention backward kernels' rate (an attention_grad program's dq and dk/dv kernels).
+//! and the attention backward kernel's rate (an attention_grad program's one dq/dk/dv kernel).
 //! The other rates (elementwise and reduction arithmetic, which no kernel is bound by) and the
 //! plan-order terms (L2 reuse capacity and bandwidth, row stage latency) keep the base profile's
 //! figures, which the profile's `source` says.
@@ -153,8 +153,10 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          about one block per SM for the lone step and eight for the shared one, plus a row softmax \
          for the row epilogue per wave; the attention bf16 forward rate on the path this device takes \
          ({}) and on the portable mma.sync path (implementations.portable), and the attention \
-         backward kernels' rate (implementations.backward: dq and dk/dv of an 8x16x2048x64 bf16 \
-         attention_grad), each flops / (time - launch overhead); kept from the base profile ({}): \
+         backward kernel's rate (implementations.backward_fused: the one kernel of dq, dk and dv \
+         of an 8x16x2048x64 bf16 attention_grad), each flops / (time - launch overhead); kept from \
+         the base profile ({}): the deterministic attention backward kernels' rate \
+         (implementations.backward, which no default plan runs), \
          the elementwise and reduction templates' arithmetic rates, the gemm and attention templates' \
          own rates (used only where an implementation or tile has none), the gemm and attention \
          bandwidth efficiencies, and the plan-order terms (L2 reuse capacity and bandwidth, the row \
@@ -473,9 +475,9 @@ struct BackwardPlan {
     forward: Option<usize>,
 }
 
-/// The attention_grad program and its plan, whose backward must be one dq kernel and one dk/dv
-/// kernel (error otherwise).
-fn attention_backward_plan(profile: &DeviceProfile) -> Result<BackwardPlan> {
+/// The attention_grad program and its plan, whose backward must be one kernel of dq, dk and dv
+/// (`fused`: dq summed by atomics), or else one dq kernel and one dk/dv kernel; error otherwise.
+fn attention_backward_plan(profile: &DeviceProfile, fused: bool) -> Result<BackwardPlan> {
     let file = "calibrate-attention-grad-bf16.eqf";
     let program = crate::parse::parse_program(file, ATTENTION_GRAD, &[])?;
     let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
@@ -483,9 +485,14 @@ fn attention_backward_plan(profile: &DeviceProfile) -> Result<BackwardPlan> {
     let backward: Vec<&crate::plan::Kernel> =
         plan.kernels.iter().filter(|k| k.template == Template::Attention && k.ops.iter().any(is_grad)).collect();
     let shapes: Vec<Vec<&str>> = backward.iter().map(|k| k.ops.iter().map(String::as_str).collect()).collect();
-    if shapes != [vec!["attention_grad_q"], vec!["attention_grad_k", "attention_grad_v"]] {
+    let want: Vec<Vec<&str>> = if fused {
+        vec![vec!["attention_grad_q", "attention_grad_k", "attention_grad_v"]]
+    } else {
+        vec![vec!["attention_grad_q"], vec!["attention_grad_k", "attention_grad_v"]]
+    };
+    if shapes != want {
         return Err(Error::Invalid(format!(
-            "calibration program {file} did not plan its backward as a dq kernel and a dk/dv kernel: {shapes:?}"
+            "calibration program {file} did not plan its backward as {want:?}: {shapes:?}"
         )));
     }
     let backward = backward.iter().map(|k| k.id).collect();
@@ -551,11 +558,17 @@ fn attention_forward(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<Kerne
     Ok(out)
 }
 
-/// The attention backward kernels' bf16 rate (`implementations.backward`): the dq kernel and
-/// the dk/dv kernel of an attention_grad program, flops over time net of their launches. The
-/// forward kernel of the same plan (which writes the log-sum-exp too) is reported beside them.
+/// The attention backward kernel's bf16 rate, flops over time net of its launch: the one kernel
+/// of dq, dk and dv the planner picks (`implementations.backward_fused`). The forward kernel of
+/// the plan (which writes the log-sum-exp too) is reported beside it. (The deterministic dq and
+/// dk/dv kernels' rate, `implementations.backward`, is the base profile's: no default plan runs
+/// them, and strict numerics keep attention's backward decomposed.)
 fn attention_backward(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<KernelRate>> {
-    let BackwardPlan { file, program, plan, backward, forward } = attention_backward_plan(profile)?;
+    attention_backward_form(gpu, profile, true)
+}
+
+fn attention_backward_form(gpu: &Gpu, profile: &mut DeviceProfile, fused: bool) -> Result<Vec<KernelRate>> {
+    let BackwardPlan { file, program, plan, backward, forward } = attention_backward_plan(profile, fused)?;
     let backward: Vec<&crate::plan::Kernel> = backward.iter().map(|&id| &plan.kernels[id]).collect();
     let forward = forward.map(|id| &plan.kernels[id]);
     let sources = codegen_plan(&plan)?;
@@ -589,14 +602,13 @@ fn attention_backward(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<Kern
         return Err(Error::Invalid(format!("calibration program {file}: a backward kernel was not timed")));
     }
     let tflops = net_tflops(flops, us, backward.len(), launch);
-    out.push(KernelRate {
-        what: "attention backward bf16 (both kernels)".into(),
-        program: file.into(),
-        flops,
-        us,
-        tflops,
-    });
-    attention_impl(profile, "backward")?.flops_bf16_tflops = Some(round(tflops, 1));
+    let (what, entry) = if fused {
+        ("attention backward bf16 (one kernel: dq by atomics)", "backward_fused")
+    } else {
+        ("attention backward bf16 (dq and dk/dv kernels, deterministic)", "backward")
+    };
+    out.push(KernelRate { what: what.into(), program: file.into(), flops, us, tflops });
+    attention_impl(profile, entry)?.flops_bf16_tflops = Some(round(tflops, 1));
     Ok(out)
 }
 
@@ -791,10 +803,13 @@ mod tests {
         let (_, _, plan, sources) = attention_forward_plan(&p).unwrap();
         assert!(plan.kernels[0].flops >= 4 * 8 * 16 * 2048 * 2048 * 64);
         assert!(sources[0].launch.sm90a.is_some());
-        let BackwardPlan { plan, backward, forward, .. } = attention_backward_plan(&p).unwrap();
-        assert_eq!(backward.len(), 2);
+        let BackwardPlan { plan, backward, forward, .. } = attention_backward_plan(&p, true).unwrap();
+        assert_eq!(backward.len(), 1);
         assert!(backward.iter().chain(&forward).all(|&id| plan.kernels[id].id == id));
         assert!(forward.is_some());
+        // The planner does not pick the two-kernel form: asking for it is an error, not a
+        // measurement of something else.
+        assert!(attention_backward_plan(&p, false).is_err());
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub struct KernelCost {
     /// For a gemm kernel on cuBLASLt, the calls it makes (one per index of the batch axes no
     /// single stride spans); 1 otherwise.
     pub calls: u64,
+    /// Device-memory traffic of the kernel's own workspace (the f32 accumulator of attention's
+    /// query gradient summed by atomics), beyond its tensors'.
+    pub workspace_bytes: u64,
 }
 
 impl KernelCost {
@@ -87,7 +90,7 @@ impl KernelCost {
             .and_then(|b| dag.nodes[b].ty())
             .map_or(DType::F32, |t| t.dtype);
         let work = Work {
-            bytes: self.bytes_read(dag) + bytes_written,
+            bytes: self.bytes_read(dag) + bytes_written + self.workspace_bytes,
             hit,
             flops: self.flops,
             stages: self.stages,
@@ -105,9 +108,11 @@ impl KernelCost {
                 .and_then(|s| dag.nodes[s].fact.konst)
                 .is_some_and(|scale| dtype != DType::F32 && !crate::codegen::attention::hopper_path(dtype, scale))
         };
+        // (The one kernel of the query, key and value gradients has a rate of its own.)
+        let fused = self.workspace_bytes > 0;
         match self.implementation {
             Some(imp) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
-            None if backward => profile.attention_backward_us(&work, dtype),
+            None if backward => profile.attention_backward_us(&work, dtype, fused),
             None if portable => profile.attention_portable_us(&work, dtype),
             None => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
@@ -134,14 +139,21 @@ pub fn analyse(
         ));
     }
     let mut flops: u64 = body.iter().map(|&b| node_flops(dag, b)).sum();
-    // The key and value gradients of attention in one kernel share the recomputed scores and
-    // probabilities: four products, not the six plus four of each alone.
-    let kv_grads = |b: &usize, w: AttnArg| dag.nodes[*b].kind() == Some(Kind::Composite(Composite::AttentionGrad(w)));
-    if let (Some(kg), true) =
-        (body.iter().find(|b| kv_grads(b, AttnArg::K)), body.iter().any(|b| kv_grads(b, AttnArg::V)))
-    {
-        flops = flops.saturating_sub(attention_grad_shared_flops(dag, *kg));
+    // Gradients of one attention in one kernel share the recomputed scores and probabilities
+    // (and dS between the query and key gradients): the dq, dk and dv kernel runs five products,
+    // not the three, three and two of each alone.
+    let grads: Vec<usize> = body.iter().copied().filter(|&b| is_attention_grad(dag, b).is_some()).collect();
+    if let Some(args) = attention_grad_group(dag, &grads) {
+        flops = flops - grads.iter().map(|&g| node_flops(dag, g)).sum::<u64>()
+            + attention_grads_flops(dag, grads[0], &args);
     }
+    // The query gradient beside the others is summed in an f32 accumulator by atomics: its
+    // traffic beyond the L2 (the sums written back, read once and zeroed by the converting
+    // blocks) is the kernel's own.
+    let workspace_bytes = match attention_grad_group(dag, &grads) {
+        Some(args) if args.len() > 1 && args.contains(&AttnArg::Q) => 3 * attention_dq_accumulator_bytes(dag, grads[0]),
+        _ => 0,
+    };
     // The forward kernel writing its log-sum-exp computes it for free.
     let is = |b: &usize, c: Composite| dag.nodes[*b].kind() == Some(Kind::Composite(c));
     if let (Some(&l), true) =
@@ -149,7 +161,7 @@ pub fn analyse(
     {
         flops = flops.saturating_sub(node_flops(dag, l));
     }
-    let shape = Shaped { dag, body: &body };
+    let shape = Shaped { dag, body: &body, strict: profile.strict };
     let (template, domain) = match shape.classify() {
         Ok(t) => t,
         // A single operator always runs on its own; the template follows from the operator.
@@ -162,8 +174,9 @@ pub fn analyse(
     // size (an operand passed through as an output had elements left unwritten; found by the GPU
     // differential run).
     let size: usize = domain.iter().product();
-    // (Attention's log-sum-exp, one value per row, is the exception its kernels write.)
-    let lse = |m: usize| dag.nodes[m].kind() == Some(Kind::Composite(Composite::AttentionLse));
+    // (Attention's log-sum-exp, one value per row, is the exception its kernels write, and
+    // the query gradient beside the key and value gradients, of the queries' size.)
+    let lse = |m: usize| is_attention_backward(dag.nodes[m].kind());
     if matches!(template, Template::Gemm | Template::Attention)
         && members.iter().any(|&m| !lse(m) && dag.nodes[m].ty().is_some_and(|t| t.numel() != size))
     {
@@ -187,6 +200,7 @@ pub fn analyse(
         stages: 0,
         tiles: None,
         calls: 1,
+        workspace_bytes,
     };
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
@@ -408,11 +422,39 @@ fn attention_dims(dag: &Dag, n: &crate::dag::DagNode) -> (u64, u64, u64) {
     (rows, tlen, d)
 }
 
-/// What the key and value gradients of attention share when one kernel computes both: the
-/// scores and probabilities (one product and the exponentials).
-fn attention_grad_shared_flops(dag: &Dag, i: usize) -> u64 {
+/// Which gradient an attention gradient node is.
+fn is_attention_grad(dag: &Dag, i: usize) -> Option<AttnArg> {
+    match dag.nodes[i].kind() {
+        Some(Kind::Composite(Composite::AttentionGrad(w))) => Some(w),
+        _ => None,
+    }
+}
+
+/// The gradients `nodes` are, when they are two or more gradients of one attention (the same
+/// operands), each at most once: the groups one backward kernel computes together.
+fn attention_grad_group(dag: &Dag, nodes: &[usize]) -> Option<Vec<AttnArg>> {
+    let args: Vec<AttnArg> = nodes.iter().map(|&n| is_attention_grad(dag, n)).collect::<Option<_>>()?;
+    let first = *nodes.first()?;
+    let same = nodes.iter().all(|&n| dag.nodes[n].children().eq(dag.nodes[first].children()));
+    let distinct = args.iter().enumerate().all(|(i, a)| !args[..i].contains(a));
+    (nodes.len() >= 2 && same && distinct).then_some(args)
+}
+
+/// Flops of the gradients `args` of the attention of node `i` computed by one kernel: the
+/// scores and probabilities once (2d + 8 per score), dP and dS once where the query or key
+/// gradient needs them (2d + 4), and one product (2d) per gradient. Alone, each gradient costs
+/// what `node_flops` says (the same formula for one gradient).
+fn attention_grads_flops(dag: &Dag, i: usize, args: &[AttnArg]) -> u64 {
     let (rows, tlen, d) = attention_dims(dag, &dag.nodes[i]);
-    rows * tlen * (2 * d + 8)
+    let ds = if args.contains(&AttnArg::Q) || args.contains(&AttnArg::K) { 2 * d + 4 } else { 0 };
+    rows * tlen * (2 * d + 8 + ds + 2 * d * args.len() as u64)
+}
+
+/// Bytes of the f32 accumulator the query gradient of the attention of node `i` is summed in
+/// (codegen's layout: rows of the head size rounded up to 64).
+fn attention_dq_accumulator_bytes(dag: &Dag, i: usize) -> u64 {
+    let (rows, _, d) = attention_dims(dag, &dag.nodes[i]);
+    rows * d.div_ceil(64) * 64 * 4
 }
 
 /// Flops one node costs when computed (transcendentals weigh 4).
@@ -473,6 +515,8 @@ fn node_flops(dag: &Dag, i: usize) -> u64 {
 struct Shaped<'a> {
     dag: &'a Dag,
     body: &'a [usize],
+    /// Strict numerics: nothing whose result depends on scheduling.
+    strict: bool,
 }
 
 /// How a body node reduces.
@@ -522,21 +566,22 @@ impl Shaped<'_> {
     /// Picks the template and iteration space, or says why none fits.
     fn classify(&self) -> Result<(Template, Vec<usize>), String> {
         let anchors: Vec<usize> = self.body.iter().copied().filter(|&b| is_anchor(self.dag.nodes[b].kind())).collect();
-        if let [a, b] = anchors[..] {
-            // The key and value gradients of one attention: one kernel computes both.
-            let grad =
-                |i: usize, w: AttnArg| self.dag.nodes[i].kind() == Some(Kind::Composite(Composite::AttentionGrad(w)));
-            let same = self.dag.nodes[a].children().eq(self.dag.nodes[b].children());
-            if same && (grad(a, AttnArg::K) && grad(b, AttnArg::V) || grad(a, AttnArg::V) && grad(b, AttnArg::K)) {
-                return self.anchored(a, Some(b));
+        // The gradients of one attention: the key and value gradients in one kernel, and the
+        // query gradient with them (summed by atomics, so not under strict numerics).
+        if let Some(grads) = attention_grad_group(self.dag, &anchors) {
+            if self.strict && grads.contains(&AttnArg::Q) {
+                return Err("under strict numerics the query gradient is not summed by atomics (its own kernel)".into());
             }
+            return self.anchored(anchors[0], &anchors[1..]);
+        }
+        if let [a, b] = anchors[..] {
             // Attention and the log-sum-exp of its scores: the forward kernel writes both.
             let is = |i: usize, c: Composite| self.dag.nodes[i].kind() == Some(Kind::Composite(c));
             let (att, lse) = if is(a, Composite::Attention) { (a, b) } else { (b, a) };
             if is(att, Composite::Attention) && is(lse, Composite::AttentionLse) {
                 let ch: Vec<usize> = self.dag.nodes[att].children().collect();
                 if self.dag.nodes[lse].children().eq([ch[0], ch[1], ch[3], ch[4]]) {
-                    return self.anchored(att, Some(lse));
+                    return self.anchored(att, &[lse]);
                 }
             }
         }
@@ -544,7 +589,7 @@ impl Shaped<'_> {
             return Err("two matrix products cannot share one kernel".into());
         }
         if let Some(&a) = anchors.first() {
-            return self.anchored(a, None);
+            return self.anchored(a, &[]);
         }
         let mut red: Option<Red> = None;
         let mut domain: Vec<usize> = vec![];
@@ -688,9 +733,9 @@ impl Shaped<'_> {
     }
 
     /// A kernel anchored on a matrix product or attention.
-    /// `partner`: the value gradient beside a key gradient (or the reverse), or the log-sum-exp
+    /// `partners`: the other gradients of one attention beside a gradient, or the log-sum-exp
     /// beside attention, written by the same kernel.
-    fn anchored(&self, a: usize, partner: Option<usize>) -> Result<(Template, Vec<usize>), String> {
+    fn anchored(&self, a: usize, partners: &[usize]) -> Result<(Template, Vec<usize>), String> {
         let n = &self.dag.nodes[a];
         for c in n.children() {
             if !self.in_body(c) {
@@ -709,14 +754,14 @@ impl Shaped<'_> {
         if is_attention {
             // The template writes attention as computed (or through a view), nothing more.
             if let Some(&b) = self.body.iter().find(|&&b| {
-                b != a && Some(b) != partner && !stored.contains(&b) && self.dag.nodes[b].role == Role::Compute
+                b != a && !partners.contains(&b) && !stored.contains(&b) && self.dag.nodes[b].role == Role::Compute
             }) {
                 let op = self.dag.nodes[b].node.head();
                 return Err(format!("attention takes no fused epilogue (`{op}` runs in its own kernel)"));
             }
         }
         for &b in self.body {
-            if b == a || Some(b) == partner || n.children().any(|c| c == b) {
+            if b == a || partners.contains(&b) || n.children().any(|c| c == b) {
                 continue;
             }
             match self.reduction(b) {
@@ -752,6 +797,9 @@ impl Shaped<'_> {
             }
         }
         operand_views.extend(stored);
+        // (The query gradient beside the key and value gradients has the queries' shape, not
+        // the keys': the backward template stores each where it belongs.)
+        operand_views.extend(partners.iter().filter(|&&p| is_attention_backward(self.dag.nodes[p].kind())));
         self.fits(&domain, &operand_views)?;
         Ok((if is_attention { Template::Attention } else { Template::Gemm }, domain))
     }

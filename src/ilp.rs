@@ -55,15 +55,12 @@ fn node_terms(egraph: &TensorGraph, node: &TensorLang) -> Terms {
         egraph.analysis.node_fact(node, |c| egraph[c].data.fact.clone()).and_then(|f| f.ty).map_or(1, |t| t.numel())
             as u64;
     let kind = node.opcode().map(|c| c.kind());
-    // Attention's backward: the key and value gradients may share one kernel, and the forward
-    // kernel may write the log-sum-exp, so only the query and key gradients count as launches
-    // (the bound stays a bound); every one reads its operands.
+    // Attention's backward: the query, key and value gradients may share one kernel, and the
+    // forward kernel may write the log-sum-exp, so only the key gradient counts as a launch (the
+    // bound stays a bound); every one reads its operands.
     let backward = matches!(kind, Some(Kind::Composite(Composite::AttentionLse | Composite::AttentionGrad(_))));
     let anchor = matches!(kind, Some(Kind::MatMul | Kind::Composite(Composite::Attention)))
-        || matches!(
-            kind,
-            Some(Kind::Composite(Composite::AttentionGrad(crate::lang::AttnArg::Q | crate::lang::AttnArg::K)))
-        );
+        || matches!(kind, Some(Kind::Composite(Composite::AttentionGrad(crate::lang::AttnArg::K))));
     let mut forced = Vec::new();
     if anchor || backward {
         for &c in node.children() {

@@ -249,10 +249,14 @@ impl DeviceProfile {
 
     /// [`kernel_work_us`](Self::kernel_work_us) of the attention template's backward kernels
     /// (the log-sum-exp pass and the gradients, mma.sync kernels), at the rates of its
-    /// `backward` implementation where the profile has one.
-    pub fn attention_backward_us(&self, work: &Work, dtype: DType) -> f64 {
+    /// `backward` implementation where the profile has one; `fused`: the one kernel of the
+    /// query, key and value gradients (dq summed by atomics), at the rates of `backward_fused`
+    /// where the profile has them (else `backward`'s).
+    pub fn attention_backward_us(&self, work: &Work, dtype: DType, fused: bool) -> f64 {
         let a = self.rates(Template::Attention);
-        self.work_us(a.implementations.get("backward").unwrap_or(a), work, dtype, None)
+        let separate = a.implementations.get("backward").unwrap_or(a);
+        let r = if fused { a.implementations.get("backward_fused").unwrap_or(separate) } else { separate };
+        self.work_us(r, work, dtype, None)
     }
 
     /// [`kernel_work_us`](Self::kernel_work_us) of a 16-bit attention forward kernel that runs

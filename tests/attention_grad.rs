@@ -109,9 +109,10 @@ fn the_expansion_and_the_plans_agree_with_the_reference() {
     }
 }
 
-/// The example's plan: the forward writing the log-sum-exp too, one row kernel (delta), the query
-/// gradient and one kernel for the key and value gradients; no tensor of a score matrix's size is read or
-/// written, and the traffic stays within a small multiple of the inputs and outputs.
+/// The example's plan: the forward writing the log-sum-exp too, one row kernel (delta), and one
+/// kernel for the query, key and value gradients; no tensor of a score matrix's size is read or
+/// written, and the traffic stays within a small multiple of the inputs and outputs. Under strict
+/// numerics no kernel sums the query gradient by atomics.
 #[test]
 fn attention_grad_plan_moves_no_score_matrix() {
     let p = load_program("examples/attention_grad.eqf", &[]).unwrap();
@@ -124,14 +125,48 @@ fn attention_grad_plan_moves_no_score_matrix() {
         }
     }
     let grads: Vec<_> = plan.kernels.iter().filter(|k| k.ops.iter().any(|o| o.starts_with("attention_grad"))).collect();
-    assert_eq!(grads.len(), 2, "{:?}", plan.kernels.iter().map(|k| k.ops.clone()).collect::<Vec<_>>());
-    assert!(grads.iter().any(|k| k.writes.len() == 2), "dk and dv in one kernel");
+    assert_eq!(grads.len(), 1, "{:?}", plan.kernels.iter().map(|k| k.ops.clone()).collect::<Vec<_>>());
+    assert_eq!(grads[0].writes.len(), 3, "dq, dk and dv in one kernel");
     let fwd = plan.kernels.iter().find(|k| k.ops.iter().any(|o| o == "attention")).unwrap();
     assert!(fwd.ops.iter().any(|o| o == "attention_lse"), "the forward kernel writes the log-sum-exp: {:?}", fwd.ops);
     let io: u64 = p.inputs.iter().map(|i| i.ty.bytes()).sum::<u64>()
         + p.outputs.iter().map(|o| p.ty(o.id).unwrap().bytes()).sum::<u64>();
     assert!(plan.total.bytes <= 6 * io, "{} bytes against {io} of inputs and outputs", plan.total.bytes);
-    assert_eq!(plan.total.kernels, 4, "{} kernels", plan.total.kernels);
+    assert_eq!(plan.total.kernels, 3, "{} kernels", plan.total.kernels);
+    let sources = eqfuse::codegen_plan(&plan).unwrap();
+    let bwd = sources.iter().find(|s| s.name.starts_with("attention_bwd")).unwrap();
+    assert!(bwd.name.starts_with("attention_bwd_dqkv"), "{}", bwd.name);
+    let ws: Vec<_> = bwd.args.iter().filter(|a| a.role == eqfuse::ArgRole::Workspace).collect();
+    assert!(ws.len() == 2 && ws.iter().all(|a| a.zeroed), "the accumulator and the counts, zeroed: {ws:?}");
+    assert_eq!(ws[0].bytes, (b * h * s * 64 * 4) as u64, "the f32 accumulator of dq");
+}
+
+/// Under strict numerics results must not depend on scheduling: no plan sums the query gradient
+/// by atomics (attention is expanded there; written composites too), and the cost model refuses
+/// the query gradient beside the others even where they would reach it.
+#[test]
+fn strict_plans_sum_no_query_gradient_by_atomics() {
+    let text =
+        "input q: bf16[2, 64, 16]\ninput k: bf16[2, 64, 16]\ninput v: bf16[2, 64, 16]\ninput g: bf16[2, 64, 16]\n\
+                l = attention_lse(q, k, 0.5, 0)\nd = sum(cast(g, f32) * cast(g, f32), -1)\n\
+                dq = attention_grad_q(q, k, v, g, l, d, 0.5, 0)\ndk = attention_grad_k(q, k, v, g, l, d, 0.5, 0)\n\
+                dv = attention_grad_v(q, k, v, g, l, d, 0.5, 0)\noutput dq, dk, dv\n";
+    let p = parse_program("w.eqf", text, &[]).unwrap();
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let plan = eqfuse::optimize(&p, &opts).unwrap().plan;
+    assert!(
+        plan.kernels.iter().any(|k| k.writes.len() == 3),
+        "dq, dk and dv in one kernel: {:?}",
+        plan.kernels.iter().map(|k| k.ops.clone()).collect::<Vec<_>>()
+    );
+    let strict = eqfuse::optimize(&p, &OptimizeOptions { strict: true, ..opts }).unwrap().plan;
+    for k in &strict.kernels {
+        let q = k.ops.iter().any(|o| o == "attention_grad_q");
+        assert!(!q || k.ops.iter().filter(|o| o.starts_with("attention_grad")).count() == 1, "{:?}", k.ops);
+    }
+    for s in eqfuse::codegen_plan(&strict).unwrap() {
+        assert!(!s.args.iter().any(|a| a.role == eqfuse::ArgRole::Workspace), "{}", s.name);
+    }
 }
 
 #[test]
@@ -148,28 +183,53 @@ fn the_composites_can_be_written_and_are_checked() {
 
 /// The backward kernels of f16 and bf16 attention, causal or not, head sizes 64 and 128 and a
 /// ragged one (rows that do not fill a tile), compile with NVRTC without warnings (skipped where
-/// NVRTC is missing, as `tests/nvrtc.rs` does).
+/// NVRTC is missing, as `tests/nvrtc.rs` does): the one kernel of dq, dk and dv (dq by atomics)
+/// where all three gradients are asked for, and every other mode where some are (dq alone, dk
+/// and dv, dq with dk, dq with dv), at sm_90 and at sm_80 (the atomics four at once, or one).
 #[test]
 fn backward_kernels_compile_for_every_mode() {
     if eqfuse::nvrtc_available().is_err() {
         eprintln!("skipped: NVRTC is not available");
         return;
     }
-    for (dtype, s, d, causal) in [("f16", 256, 128, 1), ("bf16", 100, 64, 1), ("f16", 72, 40, 0)] {
-        let text = format!(
-            "input q: {dtype}[2, 3, {s}, {d}]\ninput k: {dtype}[2, 3, {s}, {d}]\ninput v: {dtype}[2, 3, {s}, {d}]\n\
-             input g: {dtype}[2, 3, {s}, {d}]\no = attention(q, k, v, 0.125, {causal})\n\
-             l = sum(sum(sum(sum(cast(o, f32) * cast(g, f32), -1), -2), -3), -4)\n\
-             dq = grad(l, q)\ndk = grad(l, k)\ndv = grad(l, v)\noutput dq, dk, dv\n"
-        );
-        let p = parse_program("c.eqf", &text, &[]).unwrap();
-        let plan = eqfuse::optimize(&p, &OptimizeOptions::new(DeviceProfile::load("h100").unwrap())).unwrap().plan;
-        let sources = eqfuse::codegen_plan(&plan).unwrap();
-        assert!(sources.iter().any(|s| s.name.starts_with("attention_bwd_dkv")), "{dtype} {s} {d}");
-        for src in sources.iter().filter(|s| s.name.starts_with("attention_bwd")) {
-            let c = eqfuse::nvrtc_compile(&src.source, &src.file, eqfuse::DEFAULT_ARCH, &[])
-                .unwrap_or_else(|e| panic!("{}: {e}", src.name));
-            assert!(c.log.trim().is_empty(), "{}: warnings\n{}", src.name, c.log);
+    let shapes = [("f16", 256, 128, 1), ("bf16", 100, 64, 1), ("f16", 72, 40, 0)];
+    let wanted: [(&[&str], &str); 5] = [
+        (&["q", "k", "v"], "attention_bwd_dqkv"),
+        (&["q"], "attention_bwd_dq_"),
+        (&["k", "v"], "attention_bwd_dkv"),
+        (&["q", "k"], "attention_bwd_dqk_"),
+        (&["q", "v"], "attention_bwd_dqv_"),
+    ];
+    let mut seen = std::collections::BTreeSet::new();
+    for (dtype, s, d, causal) in shapes {
+        for (ws, name) in wanted {
+            let grads: String = ws.iter().map(|w| format!("d{w} = grad(l, {w})\n")).collect();
+            let outs: Vec<String> = ws.iter().map(|w| format!("d{w}")).collect();
+            let text = format!(
+                "input q: {dtype}[2, 3, {s}, {d}]\ninput k: {dtype}[2, 3, {s}, {d}]\ninput v: {dtype}[2, 3, {s}, {d}]\n\
+                 input g: {dtype}[2, 3, {s}, {d}]\no = attention(q, k, v, 0.125, {causal})\n\
+                 l = sum(sum(sum(sum(cast(o, f32) * cast(g, f32), -1), -2), -3), -4)\n{grads}output {}\n",
+                outs.join(", ")
+            );
+            let p = parse_program("c.eqf", &text, &[]).unwrap();
+            let plan = eqfuse::optimize(&p, &OptimizeOptions::new(DeviceProfile::load("h100").unwrap())).unwrap().plan;
+            let sources = eqfuse::codegen_plan(&plan).unwrap();
+            let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
+            assert!(names.iter().any(|n| n.starts_with(name)), "{dtype} {s} {d} {ws:?}: {names:?}");
+            seen.insert(name);
+            for src in sources.iter().filter(|s| s.name.starts_with("attention_bwd")) {
+                for arch in [eqfuse::DEFAULT_ARCH, "sm_80"] {
+                    let c = eqfuse::nvrtc_compile(&src.source, &src.file, arch, &[])
+                        .unwrap_or_else(|e| panic!("{} ({arch}): {e}", src.name));
+                    assert!(c.log.trim().is_empty(), "{} ({arch}): warnings\n{}", src.name, c.log);
+                    let ptx = String::from_utf8_lossy(&c.ptx);
+                    if src.args.iter().any(|a| a.role == eqfuse::ArgRole::Workspace) {
+                        let v4 = ptx.contains("red.global.add.v4.f32");
+                        assert_eq!(v4, arch == eqfuse::DEFAULT_ARCH, "{} ({arch}): vector atomics", src.name);
+                    }
+                }
+            }
         }
     }
+    assert_eq!(seen.len(), wanted.len());
 }

@@ -476,6 +476,7 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
         launch: Launch { grid, block, smem_bytes: smem, persistent: false, wave: false, sm90a },
         cublaslt: None,
         args,
+        scheduled_sums: false,
     })
 }
 

@@ -1,7 +1,9 @@
 //! Code generation for attention's backward (`kernels/attention_bwd.cu`): a plan kernel of the
 //! attention template whose body is `attention_lse`, `attention_grad_q`, or `attention_grad_k`
-//! and/or `attention_grad_v` of one attention (one kernel writes both), its operands tensors in
-//! memory, becomes an instance of the template in the matching mode.
+//! and/or `attention_grad_v` of one attention (one kernel writes both), with or without its
+//! `attention_grad_q` (summed with f32 atomics into a zeroed workspace, so never under strict
+//! numerics), its operands tensors in memory, becomes an instance of the template in the
+//! matching mode.
 //!
 //! The template takes contiguous operands (`[batch..., rows, head]` row-major, the statistics
 //! `[batch..., rows, 1]`), bf16 or f16 with head sizes that are multiples of 8 up to 128; views
@@ -55,7 +57,7 @@ pub fn smem_bytes(mode: Mode, d: usize) -> usize {
     match mode {
         Mode::Lse => 3 * tile,
         Mode::Dq => 6 * tile,
-        Mode::Dkv { .. } => 6 * tile + 4 * BLOCK * 4,
+        Mode::Dkv { dq, .. } => 6 * tile + 4 * BLOCK * 4 + if dq { BLOCK * BLOCK * 2 } else { 0 },
     }
 }
 
@@ -63,8 +65,21 @@ pub fn smem_bytes(mode: Mode, d: usize) -> usize {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     Lse,
+    /// The query gradient alone, one block per query tile (deterministic).
     Dq,
-    Dkv { dk: bool, dv: bool },
+    /// One block per key tile: the key and/or value gradients, and with `dq` the query
+    /// gradient too (added into an f32 accumulator by atomics).
+    Dkv {
+        dq: bool,
+        dk: bool,
+        dv: bool,
+    },
+}
+
+/// The f32 accumulator of the query gradient a `Dkv { dq: true, .. }` kernel sums into (bytes):
+/// `[batch, queries rounded up to 16, head rounded up to 64]`; and its per-batch arrival counts.
+pub fn dq_workspace_bytes(nb: usize, sq: usize, d: usize) -> (u64, u64) {
+    ((nb * sq.div_ceil(16) * 16 * d.div_ceil(64) * 64 * 4) as u64, (nb * 4) as u64)
 }
 
 fn unsupported(k: &Kernel, what: impl std::fmt::Display) -> Error {
@@ -180,17 +195,23 @@ fn instance(k: &Kernel) -> Result<Instance> {
     let Some(&first) = anchors.first() else { return Err(unsupported(k, "a kernel without a backward operator")) };
     let ch = children(first);
     let modes: Vec<Option<Kind>> = anchors.iter().map(|&a| kind(a)).collect();
-    let grad = |w: AttnArg| Some(Kind::Composite(Composite::AttentionGrad(w)));
+    // Gradients of one attention (the same operands), each at most once.
+    let grads: Vec<AttnArg> = modes
+        .iter()
+        .filter_map(|m| match m {
+            Some(Kind::Composite(Composite::AttentionGrad(w))) => Some(*w),
+            _ => None,
+        })
+        .collect();
+    let has = |w: AttnArg| grads.contains(&w);
+    let one_attention = grads.len() == anchors.len()
+        && anchors.iter().all(|&a| children(a) == ch)
+        && [AttnArg::Q, AttnArg::K, AttnArg::V].iter().all(|&w| grads.iter().filter(|&&g| g == w).count() <= 1);
     let mode = match modes[..] {
         [Some(Kind::Composite(Composite::AttentionLse))] => Mode::Lse,
-        [m] if m == grad(AttnArg::Q) => Mode::Dq,
-        [m] if m == grad(AttnArg::K) => Mode::Dkv { dk: true, dv: false },
-        [m] if m == grad(AttnArg::V) => Mode::Dkv { dk: false, dv: true },
-        [a, b]
-            if (a == grad(AttnArg::K) && b == grad(AttnArg::V) || a == grad(AttnArg::V) && b == grad(AttnArg::K))
-                && children(anchors[0]) == children(anchors[1]) =>
-        {
-            Mode::Dkv { dk: true, dv: true }
+        _ if one_attention && grads == [AttnArg::Q] => Mode::Dq,
+        _ if one_attention && (has(AttnArg::K) || has(AttnArg::V)) => {
+            Mode::Dkv { dq: has(AttnArg::Q), dk: has(AttnArg::K), dv: has(AttnArg::V) }
         }
         _ => return Err(unsupported(k, "this combination of backward operators in one kernel")),
     };
@@ -289,12 +310,21 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
         return codegen_forward_with_lse(plan, k, &fwd, w, common);
     }
     let inst = instance(k)?;
-    let (mode_no, what) = match inst.mode {
-        Mode::Lse => (0, "lse"),
-        Mode::Dq => (1, "dq"),
-        Mode::Dkv { dk: true, dv: true } => (2, "dkv"),
-        Mode::Dkv { dk: true, .. } => (2, "dk"),
-        Mode::Dkv { .. } => (2, "dv"),
+    let atomic_dq = matches!(inst.mode, Mode::Dkv { dq: true, .. });
+    if atomic_dq && plan.search.strict {
+        return Err(unsupported(k, "the query gradient summed by atomics under strict numerics"));
+    }
+    let what = match inst.mode {
+        Mode::Lse => "lse".to_string(),
+        Mode::Dq => "dq".to_string(),
+        Mode::Dkv { dq, dk, dv } => {
+            format!("d{}{}{}", if dq { "q" } else { "" }, if dk { "k" } else { "" }, if dv { "v" } else { "" })
+        }
+    };
+    let mode_no = match inst.mode {
+        Mode::Lse => 0,
+        Mode::Dq => 1,
+        Mode::Dkv { .. } => 2,
     };
     let name = format!("attention_bwd_{what}_{}_k{}", inst.dtype, k.id);
     let rows = if matches!(inst.mode, Mode::Dkv { .. }) { inst.sk } else { inst.sq };
@@ -305,7 +335,24 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     let mut params: Vec<String> =
         k.reads.iter().enumerate().map(|(i, t)| format!("const {}* __restrict__ p_r{i}", ctype(t.ty.dtype))).collect();
     params.extend(k.writes.iter().enumerate().map(|(i, t)| format!("{}* __restrict__ p_w{i}", ctype(t.ty.dtype))));
-    let args = super::tensor_args(k, &Default::default());
+    let mut args = super::tensor_args(k, &Default::default());
+    if atomic_dq {
+        // The query gradient's accumulator and the arrival counts: zero before every launch
+        // and left zero by it.
+        params.push("float* __restrict__ eq_dqacc".into());
+        params.push("unsigned* __restrict__ eq_count".into());
+        let (acc, count) = dq_workspace_bytes(inst.nb, inst.sq, inst.d);
+        for (name, bytes) in [("eq_dqacc", acc), ("eq_count", count)] {
+            args.push(KernelArg {
+                name: name.into(),
+                role: ArgRole::Workspace,
+                dtype: None,
+                shape: vec![],
+                bytes,
+                zeroed: true,
+            });
+        }
+    }
     let mut s = super::header(plan, k, "attention (backward)", &name, (grid, block), Some(smem));
     let mut def = |n: &str, v: String| s.push_str(&format!("#define {n} {v}\n"));
     def("EQ_GENERATED", String::new());
@@ -313,7 +360,8 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     def("EQ_T", ctype(inst.dtype).into());
     def("EQ_BF16", u8::from(inst.dtype == DType::Bf16).to_string());
     def("EQ_MODE", mode_no.to_string());
-    if let Mode::Dkv { dk, dv } = inst.mode {
+    if let Mode::Dkv { dq, dk, dv } = inst.mode {
+        def("EQ_DQ", u8::from(dq).to_string());
         def("EQ_DK", u8::from(dk).to_string());
         def("EQ_DV", u8::from(dv).to_string());
     }
@@ -334,6 +382,10 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     for (tag, w) in &inst.writes {
         def(tag, format!("p_w{w}"));
     }
+    if atomic_dq {
+        def("EQ_DQACC", "eq_dqacc".into());
+        def("EQ_DQCNT", "eq_count".into());
+    }
     s.push_str("\n// ---- kernels/common.cuh ----\n");
     s.push_str(common);
     s.push_str("\n// ---- kernels/attention_bwd.cu ----\n");
@@ -347,6 +399,7 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
         launch: Launch { grid, block, smem_bytes: smem, persistent: false, wave: false, sm90a: None },
         cublaslt: None,
         args,
+        scheduled_sums: atomic_dq,
     })
 }
 
@@ -358,8 +411,10 @@ mod tests {
     fn shared_memory_per_mode() {
         assert_eq!(smem_bytes(Mode::Lse, 64), 24576);
         assert_eq!(smem_bytes(Mode::Dq, 64), 49152);
-        assert_eq!(smem_bytes(Mode::Dkv { dk: true, dv: true }, 64), 50176);
-        assert_eq!(smem_bytes(Mode::Dkv { dk: true, dv: true }, 128), 99328);
+        assert_eq!(smem_bytes(Mode::Dkv { dq: false, dk: true, dv: true }, 64), 50176);
+        assert_eq!(smem_bytes(Mode::Dkv { dq: false, dk: true, dv: true }, 128), 99328);
+        assert_eq!(smem_bytes(Mode::Dkv { dq: true, dk: true, dv: true }, 64), 58368);
+        assert_eq!(smem_bytes(Mode::Dkv { dq: true, dk: true, dv: true }, 128), 107520);
     }
 
     #[test]

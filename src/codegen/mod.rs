@@ -110,6 +110,11 @@ pub struct KernelSource {
     /// empty, `file` too, and `launch` is unused).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cublaslt: Option<crate::cublas::LtCall>,
+    /// Whether the last bits of its results depend on the order its blocks run (f32 atomics:
+    /// attention's query gradient beside the key and value gradients); never under strict
+    /// numerics.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub scheduled_sums: bool,
 }
 
 impl KernelSource {
@@ -240,6 +245,7 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
         },
         args,
         cublaslt: None,
+        scheduled_sums: false,
     })
 }
 
@@ -271,6 +277,7 @@ fn codegen_gemm(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
         launch: Launch { grid: r.grid, block: r.block, smem_bytes: 0, persistent: false, wave: false, sm90a: None },
         args: tensor_args(k, &packed_names(plan)),
         cublaslt: r.call,
+        scheduled_sums: false,
     })
 }
 
