@@ -20,10 +20,11 @@
 // slice into registers before computing on this one. The finished tile goes to
 // shared memory (reusing the staging space) with row stride EQ_TS, and the epilogue reads it there.
 //
-// Tensor cores (EQ_MMA, 16-bit operands outside strict numerics, tiles of at least 64 rows):
-// the same tile, staging and epilogue, but the block's 8 warps compute it with mma.sync
-// m16n8k16 (bf16 or f16 inputs, f32 accumulation) from raw 16-bit slices EQ_BK = 32 deep; see the
-// EQ_MMA block below.
+// Tensor cores (EQ_MMA, 16-bit operands outside strict numerics, tiles the 8 warps' m16n8 grid
+// covers): the same staging and epilogue, but the block's 8 warps compute the tile with mma.sync
+// m16n8k16 (bf16 or f16 inputs, f32 accumulation) from raw 16-bit slices EQ_BK deep (32 for an
+// elementwise epilogue; for a row epilogue 32 or 64 rows of the whole row, 64 or 128 deep); see
+// the EQ_MMA block below.
 //
 // Invariants: operands are widened to f32 on load and every product element is a sum in
 // increasing k order (under EQ_MMA: of 16-element groups, each summed by the tensor core), so
@@ -102,7 +103,11 @@ __device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {
 // A step stages the slices A[m0 .. m0+BM) x [k0 .. k0+BK) and B[k0 ..) x [n0 .. n0+BN) in
 // shared memory as raw 16-bit values, both with k contiguous (rows of EQ_KP = BK + 8 elements,
 // so the fragments' 32-bit loads of 8 rows by 4 lanes fall in 32 distinct banks).
+// The code generator defines EQ_WN (src/codegen/gemm.rs `warp_grid`); this default is the same
+// grid on the tiles of elementwise epilogues.
+#ifndef EQ_WN
 #define EQ_WN (EQ_BN >= 128 ? 4 : (EQ_BN >= 64 ? 2 : 1))
+#endif
 #define EQ_WM ((EQ_GEMM_THREADS / 32) / EQ_WN)
 #define EQ_WTM (EQ_BM / EQ_WM)
 #define EQ_WTN (EQ_BN / EQ_WN)
