@@ -7,8 +7,8 @@
 #      `eqfuse bench` of the programs ($G/programs.txt); both list `TAG BIN PROGRAM ARGS`, BIN
 #      `new` (this commit) or `base` (before it: the CUDA-core row tile), `--device GEN` the
 #      profile without cuBLASLt (benches/gpu/predict/generated-only.json);
-#   4. PyTorch eager; 5. compute-sanitizer memcheck and racecheck on small cases;
-#   6. ptxas resource usage of the row tiles' kernels.
+#   4. PyTorch eager; 5. ptxas resource usage of the row tiles' kernels;
+#   6. compute-sanitizer memcheck and racecheck on small cases.
 set -uo pipefail
 G="${G:-.gpu-rowmma}"
 S=/tmp/rowmma
@@ -57,15 +57,6 @@ step torch
 timeout 60 python3 "$P/softmax_regression_torch.py" 4096,1024,128 1024,1024,100 64,128,10 > "$S/torch.txt" 2>&1
 echo "torch exit $?"; cat "$S/torch.txt"
 pack
-step sanitizer
-for d in "M=64 K=128 N=10" "M=130 K=96 N=200" "M=100 K=72 N=20"; do
-  args=$(for v in $d; do printf -- "--dim %s " "$v"; done)
-  timeout 60 compute-sanitizer --tool memcheck "$G/eqfuse" run "$P/softmax_regression_bf16.eqf" $args --device "$GEN" --repeat 1 --outputs /tmp/rowmma-out > "$S/memcheck-${d// /_}.txt" 2>&1
-  echo "memcheck $d exit $?: $(grep -E 'ERROR SUMMARY' "$S/memcheck-${d// /_}.txt")"
-done
-timeout 60 compute-sanitizer --tool racecheck "$G/eqfuse" run "$P/softmax_regression_bf16.eqf" --dim M=100 --dim K=72 --dim N=20 --device "$GEN" --repeat 1 --outputs /tmp/rowmma-out > "$S/racecheck.txt" 2>&1
-echo "racecheck exit $?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$S/racecheck.txt")"
-pack
 step ptxas
 for n in 16 32 64 128 256; do
   rm -rf /tmp/cg && "$G/eqfuse" codegen "$P/softmax_regression_bf16.eqf" --dim M=4096 --dim K=1024 --dim N=$n --device "$GEN" -o /tmp/cg > /dev/null 2>&1
@@ -73,5 +64,14 @@ for n in 16 32 64 128 256; do
   nvcc -arch=sm_90 -cubin -o /tmp/cg/k.cubin -Xptxas -v "$f" > "$S/ptxas-n$n.txt" 2>&1
   echo "N=$n: $(grep -E 'registers|spill' "$S/ptxas-n$n.txt" | tr -s ' ' | tr '\n' ' ')"
 done
+pack
+step sanitizer
+for d in "M=64 K=128 N=10" "M=130 K=96 N=200"; do
+  args=$(for v in $d; do printf -- "--dim %s " "$v"; done)
+  timeout 60 compute-sanitizer --tool memcheck "$G/eqfuse" run "$P/softmax_regression_bf16.eqf" $args --device "$GEN" --repeat 1 --outputs /tmp/rowmma-out > "$S/memcheck-${d// /_}.txt" 2>&1
+  echo "memcheck $d exit $?: $(grep -E 'ERROR SUMMARY' "$S/memcheck-${d// /_}.txt")"
+done
+timeout 60 compute-sanitizer --tool racecheck "$G/eqfuse" run "$P/softmax_regression_bf16.eqf" --dim M=100 --dim K=72 --dim N=20 --device "$GEN" --repeat 1 --outputs /tmp/rowmma-out > "$S/racecheck.txt" 2>&1
+echo "racecheck exit $?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$S/racecheck.txt")"
 pack
 step done
