@@ -255,6 +255,7 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
         bn: t.bn,
         rows,
         mma,
+        wide: mma && crate::codegen::gemm::staging(kernel) == Some((8, 8)),
     })
 }
 
@@ -281,6 +282,7 @@ fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
         bn: crate::codegen::attention::F32_BLOCK_N,
         rows: false,
         mma: false,
+        wide: false,
     })
 }
 

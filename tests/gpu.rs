@@ -254,7 +254,7 @@ fn pipelined_long_rows_and_graph_replay_match_the_reference() {
 
 /// The generated gemm's tensor-core row tiles: row epilogues of bf16 and f16 products (softmax
 /// regression at row widths padding to 16..256 columns, rows no tile divides, the weight
-/// transposed in place, a batched product with a broadcast operand, a two-stage normalization
+/// transposed in place, operands staged in 16-byte chunks or element by element, a batched product with a broadcast operand, a two-stage normalization
 /// and a log-softmax), planned with the profile that leaves cuBLASLt out, each one generated
 /// kernel with `EQ_MMA`, checked against the reference.
 #[test]
@@ -265,12 +265,16 @@ fn tensor_core_row_epilogues_match_the_reference() {
     let mut programs = Vec::new();
     for (name, d) in [
         ("softmax_regression_bf16", dims(64, 128, 10)),
+        ("softmax_regression_bf16", dims(200, 128, 16)),
         ("softmax_regression_bf16", dims(100, 72, 20)),
+        ("softmax_regression_bf16", dims(300, 256, 64)),
+        ("softmax_regression_bf16", dims(130, 90, 200)),
         ("softmax_regression_bf16", dims(333, 200, 37)),
         ("softmax_regression_bf16", dims(1024, 1024, 100)),
         ("softmax_regression_bf16", dims(130, 96, 200)),
         ("softmax_regression_f16", dims(257, 136, 128)),
         ("softmax_regression_wt_bf16", dims(96, 520, 250)),
+        ("softmax_regression_wt_bf16", dims(96, 522, 250)),
     ] {
         let p = eqfuse::load_program(&format!("benches/gpu/predict/{name}.eqf"), &d).unwrap();
         programs.push((format!("{name} {d:?}"), p));

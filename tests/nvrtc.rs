@@ -177,7 +177,8 @@ fn tensor_core_gemm_kernels_compile() {
 /// probes of benches/gpu/predict) planned with the generated kernel render one gemm kernel with
 /// the row epilogue and `EQ_MMA`, in the tile `codegen::gemm::kernel_tile` picks for each padded
 /// row width (16 to 256 columns; rows and columns no tile divides; the weight transposed in
-/// place), and compile without warnings; under `--strict` (the softmax then its own kernel) and
+/// place), staging operands in 16-byte chunks where their strides allow, and compile without
+/// warnings; under `--strict` (the softmax then its own kernel) and
 /// on f32 operands the product takes the CUDA-core loop.
 #[test]
 fn tensor_core_row_tiles_compile() {
@@ -187,16 +188,19 @@ fn tensor_core_row_tiles_compile() {
     let profile = DeviceProfile::load("benches/gpu/predict/generated-only.json").unwrap();
     let dims = |m: usize, k: usize, n: usize| vec![("M".to_string(), m), ("K".into(), k), ("N".into(), n)];
     let probes = [
-        ("softmax_regression_bf16", dims(64, 128, 10), "64x16", 128, 2),
-        ("softmax_regression_bf16", dims(100, 72, 20), "32x32", 128, 4),
-        ("softmax_regression_bf16", dims(333, 200, 37), "32x64", 128, 4),
-        ("softmax_regression_bf16", dims(1024, 1024, 100), "32x128", 128, 4),
-        ("softmax_regression_bf16", dims(4096, 1024, 128), "32x128", 128, 4),
-        ("softmax_regression_bf16", dims(130, 96, 200), "32x256", 64, 8),
-        ("softmax_regression_f16", dims(257, 136, 128), "32x128", 128, 4),
-        ("softmax_regression_wt_bf16", dims(96, 520, 250), "32x256", 64, 8),
+        ("softmax_regression_bf16", dims(64, 128, 10), "64x16", 128, 2, (8, 1)),
+        ("softmax_regression_bf16", dims(64, 128, 16), "64x16", 128, 2, (8, 8)),
+        ("softmax_regression_bf16", dims(100, 72, 20), "32x32", 128, 4, (8, 1)),
+        ("softmax_regression_bf16", dims(333, 200, 37), "32x64", 128, 4, (8, 1)),
+        ("softmax_regression_bf16", dims(1024, 1024, 100), "32x128", 128, 4, (8, 1)),
+        ("softmax_regression_bf16", dims(4096, 1024, 128), "32x128", 128, 4, (8, 8)),
+        ("softmax_regression_bf16", dims(130, 96, 200), "32x256", 64, 8, (8, 8)),
+        ("softmax_regression_bf16", dims(130, 90, 200), "32x256", 64, 8, (1, 8)),
+        ("softmax_regression_f16", dims(257, 136, 128), "32x128", 128, 4, (8, 8)),
+        ("softmax_regression_wt_bf16", dims(96, 520, 250), "32x256", 64, 8, (8, 8)),
+        ("softmax_regression_wt_bf16", dims(96, 522, 250), "32x256", 64, 8, (1, 1)),
     ];
-    for (name, d, tile, bk, wn) in probes {
+    for (name, d, tile, bk, wn, (va, vb)) in probes {
         let path = format!("benches/gpu/predict/{name}.eqf");
         let program = eqfuse::load_program(&path, &d).unwrap();
         let what = format!("{name} {d:?}");
@@ -215,6 +219,10 @@ fn tensor_core_row_tiles_compile() {
             format!("EQ_WN {wn}"),
         ] {
             assert!(defines.contains(&format!("#define {want}\n")), "{what}: no {want}\n{defines}");
+        }
+        // 16-byte chunks along the contiguous axis where it and the other strides allow.
+        for (macro_, v) in [("EQ_VA", va), ("EQ_VB", vb)] {
+            assert_eq!(defines.contains(&format!("#define {macro_} 8\n")), v == 8, "{what}: {macro_}\n{defines}");
         }
         assert_eq!(defines.contains("#define EQ_MMA_F16 1"), name.ends_with("_f16"), "{what}");
         let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[]).unwrap_or_else(|e| panic!("{what}: {e}"));

@@ -8,11 +8,13 @@
 #      `new` (this commit) or `base` (before it: the CUDA-core row tile), `--device GEN` the
 #      profile without cuBLASLt (benches/gpu/predict/generated-only.json);
 #   4. PyTorch eager; 5. ptxas resource usage of the row tiles' kernels;
-#   6. compute-sanitizer memcheck and racecheck on small cases.
+#   6. compute-sanitizer memcheck and racecheck on small cases; 7. with EXAMPLES=1, the GPU
+#      test of every case and capped example (TORCH=0 leaves step 4 out).
 set -uo pipefail
 G="${G:-.gpu-rowmma}"
 S=/tmp/rowmma
 rm -rf "$S" && mkdir -p "$S/bench"
+rm -rf /tmp/rowmma-cache && cp -r "$G/cache" /tmp/rowmma-cache 2>/dev/null
 export EQFUSE_CACHE_DIR=/tmp/rowmma-cache EQFUSE_REQUIRE_GPU=1
 export EQFUSE_NVRTC_DIR=/usr/local/cuda/lib64 LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 GEN="$G/repo/benches/gpu/predict/generated-only.json"
@@ -24,6 +26,7 @@ step() { echo "== $1 ($((SECONDS - t0)) s)"; }
   date -u +"date: %Y-%m-%d %H:%M UTC"
   echo "commit: $(cat $G/COMMIT)"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+  echo "nvrtc: $(ls /usr/local/cuda/lib64/libnvrtc.so.* | tr '\n' ' '); prefilled PTX: $(ls /tmp/rowmma-cache | wc -l)"
 } > "$S/device.txt"
 cat "$S/device.txt"
 step tests
@@ -53,10 +56,12 @@ while read -r tag bin prog args; do
   echo "$tag exit $? ($((SECONDS - t0)) s): $(grep -E '│ ' "$S/bench/$tag.txt" | tail -1 | tr -s ' ')"
 done < "$G/programs.txt"
 pack
-step torch
-timeout 60 python3 "$P/softmax_regression_torch.py" 4096,1024,128 1024,1024,100 64,128,10 > "$S/torch.txt" 2>&1
-echo "torch exit $?"; cat "$S/torch.txt"
-pack
+if [ "${TORCH:-1}" = 1 ]; then
+  step torch
+  timeout 60 python3 "$P/softmax_regression_torch.py" 4096,1024,128 1024,1024,100 64,128,10 > "$S/torch.txt" 2>&1
+  echo "torch exit $?"; cat "$S/torch.txt"
+  pack
+fi
 step ptxas
 for n in 16 32 64 128 256; do
   rm -rf /tmp/cg && "$G/eqfuse" codegen "$P/softmax_regression_bf16.eqf" --dim M=4096 --dim K=1024 --dim N=$n --device "$GEN" -o /tmp/cg > /dev/null 2>&1
@@ -74,4 +79,10 @@ done
 timeout 60 compute-sanitizer --tool racecheck "$G/eqfuse" run "$P/softmax_regression_bf16.eqf" --dim M=100 --dim K=72 --dim N=20 --device "$GEN" --repeat 1 --outputs /tmp/rowmma-out > "$S/racecheck.txt" 2>&1
 echo "racecheck exit $?: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$S/racecheck.txt")"
 pack
+if [ "${EXAMPLES:-0}" = 1 ]; then
+  step examples
+  (cd "$G/repo" && timeout 70 ../gpu-tests cases_and_examples --nocapture) > "$S/examples.txt" 2>&1
+  echo "examples exit $?"; grep -E "^test |test result|MISMATCH|ERROR|panicked|ran " "$S/examples.txt"
+  pack
+fi
 step done

@@ -95,9 +95,28 @@ const MMA_SMEM_BYTES: usize = 46 * 1024;
 const MMA_ROW_STAGED: usize = 80 * THREADS;
 
 /// Bytes of shared memory a tensor-core tile uses: the larger of the two staged 16-bit slices
-/// (rows of BK + 8) and the finished f32 tile (rows of TS), which reuses that space.
+/// (A in rows of BK + 8; B likewise or, staged n-major, in BK rows of BN + 8, whichever is
+/// larger: the layout follows B's strides) and the finished f32 tile (rows of TS), which reuses
+/// that space.
 fn mma_smem_bytes(t: &Tile) -> usize {
-    ((t.bm + t.bn) * (t.bk + 8) * 2).max(t.bm * t.ts * 4)
+    let b = (t.bn * (t.bk + 8)).max(t.bk * (t.bn + 8));
+    ((t.bm * (t.bk + 8) + b) * 2).max(t.bm * t.ts * 4)
+}
+
+/// Elements per staged chunk of a tensor-core operand (`EQ_VA`, `EQ_VB`): 8 (16-byte loads and
+/// stores) when the operand's axis `along` (its last for A's k, either for B) is contiguous,
+/// its extent and every other stride that moves are multiples of 8, so that a chunk starting at
+/// a multiple of 8 lies wholly inside the product and 16-byte aligned (device buffers are whole
+/// allocations); 1 otherwise.
+fn chunk(o: &Operand, along: usize) -> usize {
+    let r = o.shape.len();
+    let moves = |j: usize| o.shape[j] > 1 && o.strides[j] != 0;
+    let aligned = (0..r).filter(|&j| j != along && moves(j)).all(|j| o.strides[j].is_multiple_of(8));
+    if o.strides[along] == 1 && o.shape[along].is_multiple_of(8) && aligned {
+        8
+    } else {
+        1
+    }
 }
 
 /// The tensor cores' warp grid over a BM x BN tile: 8 warps as WM x WN, each warp's sub-tile a
@@ -143,6 +162,22 @@ pub fn kernel_tile(dom: &[usize], rows: bool, a: DType, b: DType, strict: bool) 
     } else {
         (t, false)
     }
+}
+
+/// Elements per staged chunk of the tensor-core mainloop's operands, `(EQ_VA, EQ_VB)` (see
+/// [`chunk`]); `None` when the kernel does not lower. The cost model times a tile whose
+/// operands both move in 16-byte chunks at its own rate (`tiles_mma`).
+pub fn staging(k: &Kernel) -> Option<(usize, usize)> {
+    let n = *k.domain.last()?;
+    let (_, l) = lowered(k, n).ok()?;
+    l.product.as_ref().map(chunks)
+}
+
+/// [`staging`] of a lowered product: A along k, B along k when k is contiguous, else along n.
+fn chunks(p: &lower::Product) -> (usize, usize) {
+    let (ra, rb) = (p.a.shape.len(), p.b.shape.len());
+    let vb = if p.b.strides[rb - 2] == 1 { chunk(&p.b, rb - 2) } else { chunk(&p.b, rb - 1) };
+    (chunk(&p.a, ra - 1), vb)
 }
 
 /// The kernel with the product tile appended to its reads (the epilogue's view of it).
@@ -325,6 +360,12 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
         let _ = writeln!(d, "#define EQ_MMA 1");
         let (_, wn) = warp_grid(t.bm, t.bn).expect("checked by uses_mma");
         let _ = writeln!(d, "#define EQ_WN {wn}");
+        let (va, vb) = chunks(p);
+        for (name, v) in [("EQ_VA", va), ("EQ_VB", vb)] {
+            if v > 1 {
+                let _ = writeln!(d, "#define {name} {v}");
+            }
+        }
         if p.a.dtype == DType::F16 {
             let _ = writeln!(d, "#define EQ_MMA_F16 1");
         }
