@@ -357,6 +357,24 @@ mod tests {
     }
 
     #[test]
+    fn tensor_core_tiles_take_the_rate_of_their_staging() {
+        let (p, mut r) = tiled();
+        r.tiles_mma = [
+            ("32x128".to_string(), TileRate { lone_ns_per_k: 10.0, sm_ns_per_k: 10.0, row_epilogue_us: 1.0 }),
+            ("32x128/e".to_string(), TileRate { lone_ns_per_k: 60.0, sm_ns_per_k: 60.0, row_epilogue_us: 1.0 }),
+        ]
+        .into();
+        // 3200 rows: 100 blocks on 100 SMs, one wave; 1000 steps plus one row epilogue.
+        let wide = GemmTiles { mma: true, wide: true, ..tiles(3200, 128, 1000, 32, 128, true) };
+        assert!((p.tile_us(&r, &wide, DType::Bf16).unwrap() - 11.0).abs() < 1e-9);
+        let narrow = GemmTiles { wide: false, ..wide };
+        assert!((p.tile_us(&r, &narrow, DType::Bf16).unwrap() - 61.0).abs() < 1e-9);
+        // A tensor-core tile without a rate has no tile model (timed by its flops).
+        let other = GemmTiles { bm: 64, ..wide };
+        assert!(p.tile_us(&r, &other, DType::Bf16).is_none());
+    }
+
+    #[test]
     fn l2_hits_and_reduction_stages_change_a_kernels_time() {
         let p = DeviceProfile::load("h100").unwrap();
         let work = Work { bytes: 32 << 20, hit: 0, flops: 0, stages: 0 };
