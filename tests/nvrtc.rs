@@ -185,7 +185,7 @@ fn tensor_core_row_tiles_compile() {
     if !nvrtc_or_skip() {
         return;
     }
-    let profile = DeviceProfile::load("benches/gpu/predict/generated-only.json").unwrap();
+    let profile = fused_probe_profile();
     let dims = |m: usize, k: usize, n: usize| vec![("M".to_string(), m), ("K".into(), k), ("N".into(), n)];
     let probes = [
         ("softmax_regression_bf16", dims(64, 128, 10), "64x16", 128, 2, (8, 1)),
@@ -248,4 +248,19 @@ fn tensor_core_row_tiles_compile() {
 /// The generated `#define` block of a kernel source (before the template text).
 fn generated_defines(source: &str) -> String {
     source.split("// ---- kernels/").next().unwrap_or(source).to_string()
+}
+
+/// The probe profile (benches/gpu/predict/generated-only.json: no cuBLASLt) without the
+/// tensor-core tile rates, which times those tiles by their flops: every product takes the
+/// generated kernel with its row epilogue fused (with the rates some of these shapes plan as a
+/// product and a row kernel), as the probes of benches/gpu/rowmma.sh were planned.
+fn fused_probe_profile() -> DeviceProfile {
+    let mut p = DeviceProfile::load("benches/gpu/predict/generated-only.json").unwrap();
+    for r in p.templates.values_mut() {
+        r.tiles_mma.clear();
+        for i in r.implementations.values_mut() {
+            i.tiles_mma.clear();
+        }
+    }
+    p
 }
