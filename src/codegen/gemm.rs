@@ -76,8 +76,8 @@ pub fn tile(dom: &[usize], rows: bool) -> Tile {
 /// kernels/gemm.cu): both operands bf16 or both f16, outside strict numerics (the tensor core
 /// sums 16 products at a time, another order than the CUDA-core loop), over a tile the 8 warps'
 /// m16n8 grid covers ([`warp_grid`]) and whose staging fits static shared memory. The row tiles
-/// [`tile`] picks (BM x BN = 256 elements) never qualify; a row epilogue takes the tensor cores in
-/// the tile [`kernel_tile`] picks instead.
+/// [`tile`] picks (8 or 16 rows) never qualify; a row epilogue takes the tensor cores in the tile
+/// [`kernel_tile`] picks instead.
 pub fn uses_mma(t: &Tile, a: DType, b: DType, strict: bool) -> bool {
     let sixteen = matches!(a, DType::Bf16 | DType::F16) && a == b;
     sixteen && !strict && t.bn >= 16 && warp_grid(t.bm, t.bn).is_some() && mma_smem_bytes(t) <= MMA_SMEM_BYTES
