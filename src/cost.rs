@@ -45,6 +45,9 @@ pub struct KernelCost {
     pub stages: u32,
     /// For a gemm kernel, the product and the tile the generated implementation runs it in.
     pub tiles: Option<GemmTiles>,
+    /// For a gemm kernel on cuBLASLt, the calls it makes (one per index of the batch axes no
+    /// single stride spans); 1 otherwise.
+    pub calls: u64,
 }
 
 impl KernelCost {
@@ -83,7 +86,13 @@ impl KernelCost {
             })
             .and_then(|b| dag.nodes[b].ty())
             .map_or(DType::F32, |t| t.dtype);
-        let work = Work { bytes: self.bytes_read(dag) + bytes_written, hit, flops: self.flops, stages: self.stages };
+        let work = Work {
+            bytes: self.bytes_read(dag) + bytes_written,
+            hit,
+            flops: self.flops,
+            stages: self.stages,
+            calls: self.calls,
+        };
         // (The forward kernel writing its log-sum-exp too runs at the forward's rate.)
         let has = |c: Composite| self.body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(c)));
         let backward = self.template == Template::Attention
@@ -169,6 +178,7 @@ pub fn analyse(
         implementation: None,
         stages: 0,
         tiles: None,
+        calls: 1,
     };
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
@@ -205,32 +215,42 @@ pub fn analyse(
         if !alone {
             crate::codegen::gemm::can_generate(&kernel).map_err(|e| format!("the gemm template cannot run it: {e}"))?;
         }
-        k.implementation = Some(gemm_implementation(dag, members, &kernel, &k, profile));
+        let (imp, calls) = gemm_implementation(dag, members, &kernel, &k, profile);
+        k.implementation = Some(imp);
+        k.calls = calls;
     }
     Ok(k)
 }
 
 /// cuBLASLt when it can run the kernel (one write; its epilogues cover the body; codegen's own
 /// test, on the kernel as the plan would hold it) and the profile predicts it faster than the
-/// generated kernel; the generated kernel otherwise.
+/// generated kernel; the generated kernel otherwise. With it, the calls the implementation
+/// makes (cuBLASLt's loop over batch axes no stride spans; 1 for the generated kernel).
 fn gemm_implementation(
     dag: &Dag,
     members: &[usize],
     kernel: &Kernel,
     k: &KernelCost,
     profile: &DeviceProfile,
-) -> GemmImpl {
-    if profile.strict || members.len() != 1 || crate::codegen::gemm::cublaslt_call(kernel).is_none() {
-        return GemmImpl::Generated;
-    }
+) -> (GemmImpl, u64) {
+    let call = crate::codegen::gemm::cublaslt_call(kernel);
+    let Some(call) = call.filter(|_| !profile.strict && members.len() == 1) else {
+        return (GemmImpl::Generated, 1);
+    };
     let dtype = k.body.last().and_then(|&b| dag.nodes[b].ty()).map_or(DType::F32, |t| t.dtype);
-    let work = Work { bytes: k.bytes_read(dag) + dag.bytes(members[0]), hit: 0, flops: k.flops, stages: k.stages };
+    let work = Work {
+        bytes: k.bytes_read(dag) + dag.bytes(members[0]),
+        hit: 0,
+        flops: k.flops,
+        stages: k.stages,
+        calls: call.calls(),
+    };
     let lt = profile.gemm_us(GemmImpl::Cublaslt, &work, dtype, None);
-    let generated = profile.gemm_us(GemmImpl::Generated, &work, dtype, k.tiles.as_ref());
+    let generated = profile.gemm_us(GemmImpl::Generated, &Work { calls: 1, ..work }, dtype, k.tiles.as_ref());
     if lt <= generated {
-        GemmImpl::Cublaslt
+        (GemmImpl::Cublaslt, call.calls())
     } else {
-        GemmImpl::Generated
+        (GemmImpl::Generated, 1)
     }
 }
 

@@ -1,5 +1,6 @@
 //! The cuBLASLt implementation of the gemm template: a gemm kernel whose epilogue cuBLASLt has
-//! (bias, relu, tanh-form gelu, and bias with either) runs as ONE `cublasLtMatmul` call.
+//! (bias, relu, tanh-form gelu, and bias with either) runs as ONE `cublasLtMatmul` call, or one
+//! per index of the batch axes no single stride spans (`LtCall::outer`).
 //!
 //! Row-major tensors are handed to cuBLASLt (column-major) as their transposes: the row-major
 //! product `D[M, N] = A[M, K] @ B[K, N]` is the column-major `D^T = B^T A^T`, so B is
@@ -48,7 +49,7 @@ pub struct LtOperand {
 }
 
 /// A gemm kernel as one cuBLASLt call (column-major terms: `d[m, n] = op(a) op(b)`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LtCall {
     pub dtype: DType,
     pub m: u64,
@@ -62,6 +63,46 @@ pub struct LtCall {
     pub epilogue: LtEpilogue,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bias: Option<String>,
+    /// The product's constant factor (`d = epilogue(alpha op(a) op(b) + bias)`).
+    #[serde(skip_serializing_if = "is_one")]
+    pub alpha: f32,
+    /// Batch axes no single stride spans (a view's heads inside its rows, say), outermost first:
+    /// the call runs once per index of them, each operand moved by its strides (elements of
+    /// `a`, `b`, `d`). Empty: one call.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outer: Vec<LtLoop>,
+}
+
+fn is_one(x: &f32) -> bool {
+    *x == 1.0
+}
+
+/// One batch axis the call loops over: its size and each operand's stride along it, in elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct LtLoop {
+    pub count: u64,
+    pub a: i64,
+    pub b: i64,
+    pub d: i64,
+}
+
+impl LtCall {
+    /// The `cublasLtMatmul` calls one launch makes.
+    pub fn calls(&self) -> u64 {
+        self.outer.iter().map(|l| l.count).product()
+    }
+
+    /// The element offsets of `a`, `b` and `d` of each call, in launch order.
+    pub fn offsets(&self) -> Vec<[i64; 3]> {
+        let mut out = vec![[0i64; 3]];
+        for l in &self.outer {
+            out = out
+                .iter()
+                .flat_map(|o| (0..l.count as i64).map(move |i| [o[0] + i * l.a, o[1] + i * l.b, o[2] + i * l.d]))
+                .collect();
+        }
+        out
+    }
 }
 
 fn data_type(d: DType) -> Result<sys::cudaDataType> {
@@ -91,12 +132,19 @@ pub struct LtGemm {
     handle: sys::cublasLtHandle_t,
     desc: sys::cublasLtMatmulDesc_t,
     layouts: [sys::cublasLtMatrixLayout_t; 3],
-    algo: sys::cublasLtMatmulAlgo_t,
+    /// The heuristic's candidates, best first (at most [`CANDIDATES`]).
+    algos: Vec<sys::cublasLtMatmulAlgo_t>,
+    /// The candidate the first launch timed fastest (`None` before it).
+    chosen: std::sync::Mutex<Option<usize>>,
     workspace: cudarc::driver::CudaSlice<u8>,
     stream: Arc<CudaStream>,
 }
 
 const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// The heuristic's algorithms the first launch times (each 3 times, after one untimed run): its
+/// first guess is not always the fastest for mid-sized f32 products.
+const CANDIDATES: usize = 8;
 
 impl LtGemm {
     /// Builds the descriptors of `call` and asks cuBLASLt's heuristic for its best algorithm.
@@ -113,8 +161,8 @@ impl LtGemm {
             handle,
             desc: std::ptr::null_mut(),
             layouts: [std::ptr::null_mut(); 3],
-            // SAFETY: plain data, overwritten by the heuristic below before any use.
-            algo: unsafe { std::mem::zeroed() },
+            algos: Vec::new(),
+            chosen: std::sync::Mutex::new(None),
             // SAFETY: scratch for cuBLASLt, which writes before it reads.
             workspace: crate::gpu::cuda_result(unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }, "cuBLASLt workspace")?,
             stream,
@@ -178,8 +226,12 @@ impl LtGemm {
         let pref = status(lt::create_matmul_pref(), &what("creating a preference"))?;
         let ws = WORKSPACE_BYTES;
         use sys::cublasLtMatmulPreferenceAttributes_t as P;
-        // SAFETY: the attribute is a usize, passed with its size; `pref` is live.
-        let heuristic = unsafe {
+        // SAFETY: plain data the heuristic overwrites (its first `count` entries are read).
+        let mut results: Vec<sys::cublasLtMatmulHeuristicResult_t> = vec![unsafe { std::mem::zeroed() }; CANDIDATES];
+        let mut count = 0i32;
+        // SAFETY: the attribute is a usize, passed with its size; `pref` is live; `results`
+        // holds `CANDIDATES` entries.
+        unsafe {
             let r = status(
                 lt::set_matmul_pref_attribute(
                     pref,
@@ -191,7 +243,7 @@ impl LtGemm {
             )
             .and_then(|_| {
                 status(
-                    lt::get_matmul_algo_heuristic(
+                    sys::cublasLtMatmulAlgoGetHeuristic(
                         g.handle,
                         g.desc,
                         g.layouts[0],
@@ -199,14 +251,29 @@ impl LtGemm {
                         g.layouts[2],
                         g.layouts[2],
                         pref,
-                    ),
-                    &what("no cuBLASLt algorithm for this product"),
+                        CANDIDATES as i32,
+                        results.as_mut_ptr(),
+                        &mut count,
+                    )
+                    .result(),
+                    &what("asking cuBLASLt's heuristic"),
                 )
             });
             let _ = lt::destroy_matmul_pref(pref);
             r?
         };
-        g.algo = heuristic.algo;
+        g.algos = results
+            .iter()
+            .take(count.max(0) as usize)
+            .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= WORKSPACE_BYTES)
+            .map(|r| r.algo)
+            .collect();
+        if g.algos.is_empty() {
+            return Err(Error::Cuda {
+                context: what("no cuBLASLt algorithm for this product"),
+                message: "the heuristic returned none".into(),
+            });
+        }
         Ok(g)
     }
 
@@ -240,32 +307,91 @@ impl LtGemm {
                 &self.name,
             )?;
         }
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        // SAFETY: descriptors are live; the buffers hold the matrices the layouts describe
-        // (codegen built them from the tensors' shapes); C is D with beta = 0.
-        status(
-            unsafe {
-                lt::matmul(
-                    self.handle,
-                    self.desc,
-                    &alpha as *const f32 as *const _,
-                    &beta as *const f32 as *const _,
-                    pa as *const _,
-                    self.layouts[0],
-                    pb as *const _,
-                    self.layouts[1],
-                    pd as *const _,
-                    self.layouts[2],
-                    pd as *mut _,
-                    self.layouts[2],
-                    &self.algo,
-                    pw as *mut _,
-                    WORKSPACE_BYTES,
-                    s.cu_stream() as *mut _,
-                )
-            },
-            &self.name,
-        )
+        let chosen = *self.chosen.lock().unwrap_or_else(|e| e.into_inner());
+        let algo = match chosen {
+            Some(i) => i,
+            None if self.algos.len() == 1 || std::env::var_os("EQFUSE_NO_LT_TUNE").is_some() => 0,
+            None if !matches!(
+                s.capture_status(),
+                Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+            ) =>
+            {
+                0
+            }
+            None => {
+                let best = self.tune(pa, pb, pd, pw)?;
+                *self.chosen.lock().unwrap_or_else(|e| e.into_inner()) = Some(best);
+                best
+            }
+        };
+        self.matmul(algo, pa, pb, pd, pw)
+    }
+
+    /// Times each candidate algorithm on the launch's own buffers (one untimed run, then the
+    /// best of 3) and returns the fastest one's index. Writes `d` (every candidate computes the
+    /// same product; the launch then runs the chosen one).
+    fn tune(&self, pa: u64, pb: u64, pd: u64, pw: u64) -> Result<usize> {
+        let s = &self.stream;
+        let ctx = s.context();
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let ev = |what: &str| crate::gpu::cuda_result(ctx.new_event(flags), &format!("{}: {what}", self.name));
+        let (a, b) = (ev("a timing event")?, ev("a timing event")?);
+        let mut best = (f32::INFINITY, 0);
+        for i in 0..self.algos.len() {
+            // A candidate that fails to run is skipped (the heuristic's first must run).
+            if self.matmul(i, pa, pb, pd, pw).is_err() && i > 0 {
+                continue;
+            }
+            let mut fastest = f32::INFINITY;
+            for _ in 0..3 {
+                crate::gpu::cuda_result(a.record(s), &self.name)?;
+                self.matmul(i, pa, pb, pd, pw)?;
+                crate::gpu::cuda_result(b.record(s), &self.name)?;
+                fastest = fastest.min(crate::gpu::cuda_result(a.elapsed_ms(&b), &self.name)?);
+            }
+            if fastest < best.0 {
+                best = (fastest, i);
+            }
+        }
+        Ok(best.1)
+    }
+
+    /// The call (looped over its outer batch axes) with candidate `algo`.
+    fn matmul(&self, algo: usize, pa: u64, pb: u64, pd: u64, pw: u64) -> Result<()> {
+        let s = &self.stream;
+        let (alpha, beta) = (self.call.alpha, 0.0f32);
+        let size = self.call.dtype.size() as i64;
+        let at = |p: u64, elements: i64| (p as i64 + elements * size) as u64;
+        for [oa, ob, od] in self.call.offsets() {
+            let (pa, pb, pd) = (at(pa, oa), at(pb, ob), at(pd, od));
+            // SAFETY: descriptors are live; the buffers hold the matrices the layouts describe
+            // at each call's offsets (codegen built both from the tensors' shapes and views);
+            // C is D with beta = 0.
+            status(
+                unsafe {
+                    lt::matmul(
+                        self.handle,
+                        self.desc,
+                        &alpha as *const f32 as *const _,
+                        &beta as *const f32 as *const _,
+                        pa as *const _,
+                        self.layouts[0],
+                        pb as *const _,
+                        self.layouts[1],
+                        pd as *const _,
+                        self.layouts[2],
+                        pd as *mut _,
+                        self.layouts[2],
+                        &self.algos[algo],
+                        pw as *mut _,
+                        WORKSPACE_BYTES,
+                        s.cu_stream() as *mut _,
+                    )
+                },
+                &self.name,
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -105,7 +105,7 @@ pub use codegen::{
 };
 pub use conditions::{condition, NamedCondition, CONDITIONS};
 pub use cost::{analyse, KernelCost};
-pub use cublas::{LtCall, LtEpilogue, LtOperand};
+pub use cublas::{LtCall, LtEpilogue, LtLoop, LtOperand};
 pub use dag::{Dag, DagNode, Role};
 pub use error::{Diagnostic, Error, Result};
 pub use expand::expand_composites;

@@ -160,7 +160,7 @@ impl DeviceProfile {
     pub fn gemm_us(&self, imp: GemmImpl, work: &Work, dtype: DType, tiles: Option<&GemmTiles>) -> f64 {
         let r = self.gemm_rates(imp);
         let memory = self.memory_us(r, work);
-        let fixed = r.call_overhead_us.unwrap_or(self.launch_overhead_us);
+        let fixed = r.call_overhead_us.unwrap_or(self.launch_overhead_us) * work.calls.max(1) as f64;
         let compute = match (imp, tiles.and_then(|t| self.tile_us(r, t, dtype))) {
             (GemmImpl::Generated, Some(us)) => us,
             _ => 1e6 * work.flops as f64 / (rate_tflops(r, dtype) * 1e12),
@@ -277,6 +277,8 @@ pub struct Work {
     pub flops: u64,
     /// Dependent reduction stages (a softmax has two: its max, then its sum).
     pub stages: u32,
+    /// Library calls the kernel makes (a cuBLASLt call looped over batch axes; 0 or 1: one).
+    pub calls: u64,
 }
 
 /// The shape a generated gemm kernel runs: the product (batch x M x N, reduction K) and the tile
@@ -377,7 +379,7 @@ mod tests {
     #[test]
     fn l2_hits_and_reduction_stages_change_a_kernels_time() {
         let p = DeviceProfile::load("h100").unwrap();
-        let work = Work { bytes: 32 << 20, hit: 0, flops: 0, stages: 0 };
+        let work = Work { bytes: 32 << 20, hit: 0, flops: 0, stages: 0, calls: 1 };
         let miss = p.kernel_work_us(Template::RowReduce, &work, DType::F32, None);
         let hit = p.kernel_work_us(Template::RowReduce, &Work { hit: 16 << 20, ..work }, DType::F32, None);
         assert!(hit < miss, "{hit} {miss}");

@@ -114,6 +114,30 @@ fn gemm_kernels_render_in_their_implementation() {
     let plan = optimize(&t, &opts()).unwrap().plan;
     let call = codegen_plan(&plan).unwrap()[0].cublaslt.clone().expect("a cuBLASLt call");
     assert_eq!((call.b.tensor.as_str(), call.b.transpose, call.b.ld), ("x", true, 48));
+    // Heads inside rows ([B, S, H, D] viewed as [B, H, S, D]): no one stride spans B and H, so
+    // the call batches over H (stride D) and loops over B; the scale is its alpha.
+    let t = eqfuse::parse_program(
+        "t",
+        "input p: f32[2, 3, 40, 40]\ninput v: f32[2, 40, 3, 16]\ny = p @ transpose(v, 1, 2) * 0.5\noutput y\n",
+        &[],
+    )
+    .unwrap();
+    let plan = optimize(&t, &opts()).unwrap().plan;
+    let mut k = plan.kernels[0].clone();
+    k.implementation = Some(eqfuse::GemmImpl::Cublaslt);
+    let call = eqfuse::gemm_cublaslt_call(&k).expect("a cuBLASLt call");
+    assert_eq!((call.batch, call.a.batch_stride, call.b.batch_stride), (3, 16, 1600));
+    assert_eq!((call.a.tensor.as_str(), call.a.transpose, call.a.ld), ("v", false, 48));
+    assert_eq!(call.alpha, 0.5);
+    assert_eq!(call.outer, vec![eqfuse::LtLoop { count: 2, a: 40 * 48, b: 4800, d: 1920 }]);
+    assert_eq!(call.calls(), 2);
+    assert_eq!(call.offsets(), vec![[0, 0, 0], [1920, 4800, 1920]]);
+    // Axes one stride spans merge into the call's batch: [2, 3] contiguous is a batch of 6.
+    let t =
+        eqfuse::parse_program("t", "input a: f32[2, 3, 8, 4]\ninput b: f32[2, 3, 4, 8]\ny = a @ b\noutput y\n", &[])
+            .unwrap();
+    let call = eqfuse::gemm_cublaslt_call(&optimize(&t, &opts()).unwrap().plan.kernels[0]).expect("a call");
+    assert_eq!((call.batch, call.calls()), (6, 1));
     // softmax(x @ w) of a small product is one generated kernel whose epilogue is the row
     // template's functions (at 256x512x50 cuBLASLt plus a row kernel is predicted, and was
     // measured, faster).

@@ -154,6 +154,12 @@ fn gemm_implementations_match_the_reference() {
         ("softmax_epilogue", "input x: f32[70, 130]\ninput w: f32[130, 37]\ny = softmax(x @ w, -1)\noutput y\n"),
         ("softmax_bf16", "input x: bf16[64, 128]\ninput w: bf16[128, 200]\ny = softmax(x @ w, -1)\noutput y\n"),
         ("two_writes", "input x: f32[64, 64]\ninput w: f32[64, 32]\ns = x @ w\ny = exp(s)\noutput s, y\n"),
+        // Heads inside rows: [2, 3] batch axes no one stride spans (cuBLASLt loops over the
+        // first), a scaled product (alpha), and an operand broadcast over the outer axis only.
+        ("heads_p_v", "input p: f32[2, 3, 40, 40]\ninput v: f32[2, 40, 3, 16]\ny = p @ transpose(v, 1, 2)\noutput y\n"),
+        ("heads_scaled", "input q: bf16[2, 40, 3, 16]\ninput k: bf16[2, 40, 3, 16]\ny = transpose(q, 1, 2) @ transpose(transpose(k, 1, 2), -1, -2) * 0.3\noutput y\n"),
+        ("outer_broadcast", "input a: f32[1, 3, 24, 40]\ninput b: f32[2, 3, 40, 8]\ny = a @ b + 1\noutput y\n"),
+        ("heads_bias", "input x: f32[2, 24, 3, 32]\ninput w: f32[2, 3, 32, 20]\ninput c: f32[20]\ny = relu(transpose(x, 1, 2) @ w + c)\noutput y\n"),
     ];
     let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
     let mut plans = Vec::new();

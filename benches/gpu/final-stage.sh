@@ -11,9 +11,10 @@ rm -rf "$DEST" && mkdir -p "$DEST/graphs" "$DEST/examples"
 cp target/release/eqfuse benches/torch_baselines.py benches/gpu/final.sh "$DEST/"
 cp examples/*.eqf "$DEST/examples/"
 # Every example (all run on the GPU).
-progs="add_mul softplus bias_gelu_dropout layernorm rmsnorm softmax softmax_small cross_entropy cross_entropy_grad \
+# PROGS overrides the list (e.g. the memory-bound examples alone for a second GPU kind).
+progs="${PROGS:-add_mul softplus bias_gelu_dropout layernorm rmsnorm softmax softmax_small cross_entropy cross_entropy_grad \
 layernorm_grad dense dense_gelu_bf16 matmul_softmax softmax_regression attention composites mlp_grad mlp_relu_grad \
-transformer_block transformer_block_grad mlp_relu_dropout_grad attention_grad"
+transformer_block transformer_block_grad mlp_relu_dropout_grad attention_grad}"
 echo $progs | tr ' ' '\n' > "$DEST/programs.txt"
 for n in $progs; do target/release/eqfuse export "examples/$n.eqf" > "$DEST/graphs/$n.json"; done
 target/release/eqfuse export examples/layernorm.eqf --dim R=16384 --dim C=4096 > "$DEST/graphs/layernorm_16384x4096.json"

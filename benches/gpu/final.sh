@@ -20,17 +20,19 @@ export EQFUSE_NVRTC_DIR="$(dirname "$lib")" LD_LIBRARY_PATH="$(dirname "$lib")${
 } > "$S/device.txt"
 cat "$S/device.txt"
 E=$G/examples
+# DEVICE: the profile the bench plans with (default h100; h200 on an H200).
+DEV="--device ${DEVICE:-h100}"
 # PARTS (default "bench torch"): the eqfuse benches, the PyTorch baselines; one call each fits
 # the device's 10-minute limit (the two sessions' folders are merged before benches/report.py).
 PARTS="${PARTS:-bench torch}"
 if [[ " $PARTS " == *" bench "* ]]; then
-timeout "${BENCH_TIMEOUT:-420}" "$G/eqfuse" bench $(cat $G/programs.txt | sed "s|^|$E/|; s|$|.eqf|") --json "$S/bench.json" > "$S/bench.txt" 2>&1
+timeout "${BENCH_TIMEOUT:-420}" "$G/eqfuse" bench $DEV $(cat $G/programs.txt | sed "s|^|$E/|; s|$|.eqf|") --json "$S/bench.json" > "$S/bench.txt" 2>&1
 echo "bench exit $?"; tail -40 "$S/bench.txt"
-timeout 60 "$G/eqfuse" bench $E/layernorm.eqf --dim R=16384 --dim C=4096 --json "$S/bench_16384x4096.json" > "$S/bench_16384x4096.txt" 2>&1
+timeout 60 "$G/eqfuse" bench $DEV $E/layernorm.eqf --dim R=16384 --dim C=4096 --json "$S/bench_16384x4096.json" > "$S/bench_16384x4096.txt" 2>&1
 echo "bench 16384x4096 exit $?"
-timeout 60 "$G/eqfuse" bench $E/softmax_regression.eqf --dim B=64 --dim F=128 --dim K=10 --json "$S/bench_64x128x10.json" > "$S/bench_64x128x10.txt" 2>&1
+timeout 60 "$G/eqfuse" bench $DEV $E/softmax_regression.eqf --dim B=64 --dim F=128 --dim K=10 --json "$S/bench_64x128x10.json" > "$S/bench_64x128x10.txt" 2>&1
 echo "bench 64x128x10 exit $?"
-timeout 60 "$G/eqfuse" bench $E/softmax_regression.eqf --dim B=1024 --dim F=1024 --dim K=100 --json "$S/bench_1024x1024x100.json" > "$S/bench_1024x1024x100.txt" 2>&1
+timeout 60 "$G/eqfuse" bench $DEV $E/softmax_regression.eqf --dim B=1024 --dim F=1024 --dim K=100 --json "$S/bench_1024x1024x100.json" > "$S/bench_1024x1024x100.txt" 2>&1
 echo "bench 1024x1024x100 exit $?"
 fi
 if [[ " $PARTS " == *" torch "* ]]; then

@@ -13,7 +13,7 @@ use std::fmt::Write;
 
 use super::emit;
 use super::lower::{self, Lowered, Op, Operand};
-use crate::cublas::{LtCall, LtEpilogue, LtOperand};
+use crate::cublas::{LtCall, LtEpilogue, LtLoop, LtOperand};
 use crate::error::{Error, Result};
 use crate::lang::{Binary, Unary};
 use crate::plan::{GemmImpl, Kernel, Template, TensorRef};
@@ -441,11 +441,11 @@ fn batch_offset(name: &str, o: &Operand, dom: &[usize]) -> String {
 /// A column-major operand for cuBLASLt from a row-major view `[..., rows, cols]` that the call
 /// uses as its transpose (`[cols, rows]` column-major), or `None` when neither axis is unit
 /// stride. `batch_stride` is the view's stride along the one batch axis (0 if broadcast).
-fn lt_operand(name: &str, shape: &[usize], strides: &[usize], batch_stride: usize) -> Option<LtOperand> {
+fn lt_operand(name: &str, shape: &[usize], strides: &[usize], batch_stride: i64) -> Option<LtOperand> {
     let r = shape.len();
     let (rows, cols) = (shape[r - 2], shape[r - 1]);
     let (sr, sc) = (strides[r - 2], strides[r - 1]);
-    let bs = batch_stride as i64;
+    let bs = batch_stride;
     // Memory as a column-major matrix [cols, rows] with leading dimension sr: op N.
     if sc == 1 || cols == 1 {
         let ld = if rows == 1 { cols } else { sr };
@@ -477,14 +477,15 @@ fn lt_operand(name: &str, shape: &[usize], strides: &[usize], batch_stride: usiz
     None
 }
 
-/// The cuBLASLt form of a lowered gemm kernel: one write, the product with at most a bias
-/// along the last axis and then relu or tanh-form gelu, all in one float dtype, at most one
-/// batch axis.
+/// The cuBLASLt form of a lowered gemm kernel: one write, the product (times at most a
+/// constant) with at most a bias along the last axis and then relu or tanh-form gelu, all in one
+/// float dtype; batch axes a stride spans in the call's batch, the others looped
+/// ([`lt_batches`]).
 fn lt_call(k: &Kernel, l: &Lowered) -> Option<LtCall> {
     let p = l.product.as_ref()?;
     let dom = &k.domain;
     let rank = dom.len();
-    if !(2..=3).contains(&rank) || k.writes.len() != 1 || l.stores.len() != 1 {
+    if rank < 2 || k.writes.len() != 1 || l.stores.len() != 1 {
         return None;
     }
     let out = &k.writes[0];
@@ -521,22 +522,27 @@ fn lt_call(k: &Kernel, l: &Lowered) -> Option<LtCall> {
         bias = Some(k.reads[acc.read].name.clone());
         node = pr;
     }
+    // A constant factor of the product: the call's alpha (`alpha (A B) + bias`).
+    let mut alpha = 1.0;
+    if let Op::Binary(Binary::Mul, x, y) = l.nodes[node].op {
+        let (pr, c) = if is_acc(x) { (x, y) } else { (y, x) };
+        match l.nodes[c].op {
+            Op::Const(v) if is_acc(pr) && (v as f32).is_finite() => {
+                alpha = v as f32;
+                node = pr;
+            }
+            _ => return None,
+        }
+    }
     if !is_acc(node) || l.nodes.iter().any(|n| n.dtype != dtype && !matches!(n.op, Op::Load(_) | Op::Const(_))) {
         return None;
     }
     let (m, n) = (dom[rank - 2], dom[rank - 1]);
     let kk = *p.a.shape.last()?;
-    let batch: usize = dom[..rank - 2].iter().product();
-    let bstride = |o: &Operand| -> usize {
-        if rank == 3 && o.shape.len() == 3 && o.shape[0] > 1 {
-            o.strides[0]
-        } else {
-            0
-        }
-    };
+    let (batch, outer) = lt_batches(dom, &p.a, &p.b)?;
     // Row-major D = A B is column-major D^T = B^T A^T: the call's first operand is B.
-    let a = lt_operand(&k.reads[p.b.read].name, &p.b.shape, &p.b.strides, bstride(&p.b))?;
-    let b = lt_operand(&k.reads[p.a.read].name, &p.a.shape, &p.a.strides, bstride(&p.a))?;
+    let a = lt_operand(&k.reads[p.b.read].name, &p.b.shape, &p.b.strides, batch.b)?;
+    let b = lt_operand(&k.reads[p.a.read].name, &p.a.shape, &p.a.strides, batch.a)?;
     let epilogue = match (act, bias.is_some()) {
         (None, false) => LtEpilogue::Default,
         (None, true) => LtEpilogue::Bias,
@@ -550,13 +556,57 @@ fn lt_call(k: &Kernel, l: &Lowered) -> Option<LtCall> {
         m: n as u64,
         n: m as u64,
         k: kk as u64,
-        batch: batch as u64,
+        batch: batch.count,
         a,
         b,
         d: out.name.clone(),
         epilogue,
         bias,
+        alpha,
+        outer,
     })
+}
+
+/// The most `cublasLtMatmul` calls one gemm kernel may loop over (beyond it, the generated
+/// kernel runs the product).
+pub const LT_MAX_CALLS: u64 = 64;
+
+/// The batch axes of a product over domain `dom` (`[batch..., M, N]`, the output contiguous) as
+/// cuBLASLt sees them: adjacent axes merged where every operand steps through them with one
+/// stride, the innermost merged axis the call's strided batch, the rest loops of calls (`a` and
+/// `b` here are the row-major operands; the loops' `a`/`b` are the call's, i.e. swapped).
+/// `None` past [`LT_MAX_CALLS`] calls.
+fn lt_batches(dom: &[usize], a: &Operand, b: &Operand) -> Option<(LtLoop, Vec<LtLoop>)> {
+    let rank = dom.len();
+    // An operand's stride along batch axis i (its axes aligned to the right; broadcast: 0).
+    let stride = |o: &Operand, i: usize| -> i64 {
+        let j = (i + o.shape.len()).checked_sub(rank);
+        j.filter(|&j| o.shape[j] > 1).map_or(0, |j| o.strides[j] as i64)
+    };
+    let mut axes: Vec<LtLoop> = Vec::new();
+    for i in 0..rank - 2 {
+        if dom[i] == 1 {
+            continue;
+        }
+        let d = dom[i + 1..].iter().product::<usize>() as i64;
+        let ax = LtLoop { count: dom[i] as u64, a: stride(a, i), b: stride(b, i), d };
+        // Merge into the previous (outer) axis where one stride steps through both.
+        if let Some(prev) = axes.last_mut() {
+            let n = ax.count as i64;
+            if prev.a == ax.a * n && prev.b == ax.b * n && prev.d == ax.d * n {
+                *prev = LtLoop { count: prev.count * ax.count, ..ax };
+                continue;
+            }
+        }
+        axes.push(ax);
+    }
+    let inner = axes.pop().unwrap_or(LtLoop { count: 1, a: 0, b: 0, d: 0 });
+    let calls: u64 = axes.iter().map(|l| l.count).product();
+    if calls > LT_MAX_CALLS {
+        return None;
+    }
+    let swap = |l: LtLoop| LtLoop { a: l.b, b: l.a, ..l };
+    Some((inner, axes.into_iter().map(swap).collect()))
 }
 
 #[cfg(test)]
