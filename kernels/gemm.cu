@@ -20,10 +20,11 @@
 // slice into registers before computing on this one. The finished tile goes to
 // shared memory (reusing the staging space) with row stride EQ_TS, and the epilogue reads it there.
 //
-// Tensor cores (EQ_MMA, 16-bit operands outside strict numerics, tiles of at least 64 rows):
-// the same tile, staging and epilogue, but the block's 8 warps compute it with mma.sync
-// m16n8k16 (bf16 or f16 inputs, f32 accumulation) from raw 16-bit slices EQ_BK = 32 deep; see the
-// EQ_MMA block below.
+// Tensor cores (EQ_MMA, 16-bit operands outside strict numerics, tiles the 8 warps' m16n8 grid
+// covers): the same staging and epilogue, but the block's 8 warps compute the tile with mma.sync
+// m16n8k16 (bf16 or f16 inputs, f32 accumulation) from raw 16-bit slices EQ_BK deep (32 for an
+// elementwise epilogue; for a row epilogue 32 or 64 rows of the whole row, 64 or 128 deep); see
+// the EQ_MMA block below.
 //
 // Invariants: operands are widened to f32 on load and every product element is a sum in
 // increasing k order (under EQ_MMA: of 16-element groups, each summed by the tensor core), so
@@ -100,16 +101,42 @@ __device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {
 // form an EQ_WM x EQ_WN grid, warp (wm, wn) owning the EQ_WTM x EQ_WTN sub-tile at
 // (wm * EQ_WTM, wn * EQ_WTN), as EQ_MI x EQ_NI mma.sync m16n8k16 tiles (f32 accumulators).
 // A step stages the slices A[m0 .. m0+BM) x [k0 .. k0+BK) and B[k0 ..) x [n0 .. n0+BN) in
-// shared memory as raw 16-bit values, both with k contiguous (rows of EQ_KP = BK + 8 elements,
-// so the fragments' 32-bit loads of 8 rows by 4 lanes fall in 32 distinct banks).
+// shared memory as raw 16-bit values: A with k contiguous (rows of EQ_KP = BK + 8 elements, so
+// the fragments' 32-bit loads of 8 rows by 4 lanes fall in 32 distinct banks); B likewise
+// ("k-major", [n][k]) unless its columns are contiguous in memory (EQ_SBN == 1, the row-major
+// weight of `x @ w`), where it is staged "n-major" ([k][n], rows of EQ_BNP = BN + 8, the same
+// bank spread for ldmatrix's 8 rows of 16 bytes) and its fragments read with ldmatrix.trans.
+// Each thread moves chunks of EQ_VA (EQ_VB) elements along the operand's contiguous axis: 8
+// (one 16-byte load and store) where the code generator found that axis's extent, the other
+// strides and the batch offsets multiples of 8 (so a chunk is wholly inside or outside the
+// product and aligned, device buffers being whole allocations), else 1.
+// The code generator defines EQ_WN (src/codegen/gemm.rs `warp_grid`); this default is the same
+// grid on the tiles of elementwise epilogues.
+#ifndef EQ_WN
 #define EQ_WN (EQ_BN >= 128 ? 4 : (EQ_BN >= 64 ? 2 : 1))
+#endif
+#ifndef EQ_VA
+#define EQ_VA 1
+#endif
+#ifndef EQ_VB
+#define EQ_VB 1
+#endif
 #define EQ_WM ((EQ_GEMM_THREADS / 32) / EQ_WN)
 #define EQ_WTM (EQ_BM / EQ_WM)
 #define EQ_WTN (EQ_BN / EQ_WN)
 #define EQ_MI (EQ_WTM / 16)
 #define EQ_NI (EQ_WTN / 8)
 #define EQ_KP (EQ_BK + 8)
-#define EQ_STAGE_FLOATS (((EQ_BM + EQ_BN) * EQ_KP + 1) / 2)
+#define EQ_BNP (EQ_BN + 8)
+#define EQ_B_NMAJOR (EQ_SBK != 1 && EQ_SBN == 1)
+#define EQ_B_HALVES (EQ_B_NMAJOR ? EQ_BK * EQ_BNP : EQ_BN * EQ_KP)
+#define EQ_STAGE_FLOATS ((EQ_BM * EQ_KP + EQ_B_HALVES + 1) / 2)
+// Staged chunk c of a step's A slice (B slice): the row (column) and depth of its first element,
+// consecutive chunks walking the axis contiguous in memory (EQ_A_ROW etc. with chunks of one).
+#define EQ_A_CROW(c) (EQ_SAK == 1 ? (c) / (EQ_BK / EQ_VA) : ((c) % (EQ_BM / EQ_VA)) * EQ_VA)
+#define EQ_A_CDEPTH(c) (EQ_SAK == 1 ? ((c) % (EQ_BK / EQ_VA)) * EQ_VA : (c) / (EQ_BM / EQ_VA))
+#define EQ_B_CCOL(c) (EQ_SBK == 1 ? (c) / (EQ_BK / EQ_VB) : ((c) % (EQ_BN / EQ_VB)) * EQ_VB)
+#define EQ_B_CDEPTH(c) (EQ_SBK == 1 ? ((c) % (EQ_BK / EQ_VB)) * EQ_VB : (c) / (EQ_BN / EQ_VB))
 #else
 #define EQ_STAGE_FLOATS (EQ_BK * (EQ_BM + 1) + EQ_BK * (EQ_BN + 1))
 #endif
@@ -169,6 +196,27 @@ __device__ __forceinline__ void eq_mma16816(float (&d)[4], const unsigned (&a)[4
 #endif
 }
 __device__ __forceinline__ unsigned eq_ld_pair(const unsigned short* p) { return *reinterpret_cast<const unsigned*>(p); }
+// The B fragment (b0, b1) of one m16n8k16 product from an n-major slice: rows k .. k + 15 of 8
+// columns, lanes 0..15 naming the rows (lanes 16..31 repeat them; ldmatrix .x2 ignores those).
+__device__ __forceinline__ void eq_ldsm2t(unsigned& b0, unsigned& b1, const unsigned short* row) {
+    unsigned addr;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(addr) : "l"(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n" : "=r"(b0), "=r"(b1) : "r"(addr));
+}
+// A staged chunk of V 16-bit elements (V = 8: one 16-byte vector), loaded when `in`, else zero;
+// stored to shared memory where its elements are contiguous.
+template <int V> struct EqChunk { uint4 v; };
+template <> struct EqChunk<1> { unsigned short v; };
+template <typename T>
+__device__ __forceinline__ void eq_ld_chunk(EqChunk<8>& c, const T* p, bool in) {
+    c.v = in ? *reinterpret_cast<const uint4*>(p) : uint4{0u, 0u, 0u, 0u};
+}
+template <typename T>
+__device__ __forceinline__ void eq_ld_chunk(EqChunk<1>& c, const T* p, bool in) {
+    c.v = in ? p->bits : (unsigned short)0;
+}
+__device__ __forceinline__ void eq_st_chunk(unsigned short* d, const EqChunk<8>& c) { *reinterpret_cast<uint4*>(d) = c.v; }
+__device__ __forceinline__ void eq_st_chunk(unsigned short* d, const EqChunk<1>& c) { *d = c.v; }
 #endif
 
 extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARAMS) {
@@ -192,44 +240,45 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
         for (int j = 0; j < EQ_NI; ++j)
 #pragma unroll
             for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.0f;
-    // As in the CUDA-core loop: each thread stages EQ_NA elements of A and EQ_NB of B (raw 16-bit
+    // As in the CUDA-core loop: each thread stages EQ_NA chunks of A and EQ_NB of B (raw 16-bit
     // values, zero past the product's edges), the next slice loaded before this one is used.
-    constexpr int EQ_NA = (EQ_BM * EQ_BK + EQ_GEMM_THREADS - 1) / EQ_GEMM_THREADS;
-    constexpr int EQ_NB = (EQ_BN * EQ_BK + EQ_GEMM_THREADS - 1) / EQ_GEMM_THREADS;
-    unsigned short ra[EQ_NA], rb[EQ_NB];
+    static_assert(EQ_VA == 1 || (EQ_VA == 8 && EQ_SAK == 1), "A's chunks run along k");
+    static_assert(EQ_VB == 1 || (EQ_VB == 8 && (EQ_SBK == 1 || EQ_SBN == 1)), "B's chunks run along a contiguous axis");
+    constexpr int EQ_CA = EQ_BM * EQ_BK / EQ_VA, EQ_CB = EQ_BN * EQ_BK / EQ_VB;
+    constexpr int EQ_NA = (EQ_CA + EQ_GEMM_THREADS - 1) / EQ_GEMM_THREADS;
+    constexpr int EQ_NB = (EQ_CB + EQ_GEMM_THREADS - 1) / EQ_GEMM_THREADS;
+    EqChunk<EQ_VA> ra[EQ_NA];
+    EqChunk<EQ_VB> rb[EQ_NB];
     auto fetch = [&](int k0) {
 #pragma unroll
         for (int i = 0; i < EQ_NA; ++i) {
-            const int e = tid + i * EQ_GEMM_THREADS;
-            const int m = EQ_A_ROW(e);
-            const int kk = EQ_A_DEPTH(e);
-            const int gm = m0 + m, gk = k0 + kk;
-            const bool in = e < EQ_BM * EQ_BK && gm < EQ_M && gk < EQ_K;
-            ra[i] = in ? pa[(eq_idx)gm * EQ_SAM + (eq_idx)gk * EQ_SAK].bits : (unsigned short)0;
+            const int c = tid + i * EQ_GEMM_THREADS;
+            const int gm = m0 + EQ_A_CROW(c), gk = k0 + EQ_A_CDEPTH(c);
+            const bool in = c < EQ_CA && gm < EQ_M && gk < EQ_K;
+            eq_ld_chunk(ra[i], pa + ((eq_idx)gm * EQ_SAM + (eq_idx)gk * EQ_SAK), in);
         }
 #pragma unroll
         for (int i = 0; i < EQ_NB; ++i) {
-            const int e = tid + i * EQ_GEMM_THREADS;
-            const int n = EQ_B_COL(e);
-            const int kk = EQ_B_DEPTH(e);
-            const int gn = n0 + n, gk = k0 + kk;
-            const bool in = e < EQ_BN * EQ_BK && gn < EQ_N && gk < EQ_K;
-            rb[i] = in ? pb[(eq_idx)gk * EQ_SBK + (eq_idx)gn * EQ_SBN].bits : (unsigned short)0;
+            const int c = tid + i * EQ_GEMM_THREADS;
+            const int gn = n0 + EQ_B_CCOL(c), gk = k0 + EQ_B_CDEPTH(c);
+            const bool in = c < EQ_CB && gn < EQ_N && gk < EQ_K;
+            eq_ld_chunk(rb[i], pb + ((eq_idx)gk * EQ_SBK + (eq_idx)gn * EQ_SBN), in);
         }
     };
     fetch(0);
     for (int k0 = 0; k0 < EQ_K; k0 += EQ_BK) {
 #pragma unroll
         for (int i = 0; i < EQ_NA; ++i) {
-            const int e = tid + i * EQ_GEMM_THREADS;
-            if (e < EQ_BM * EQ_BK)
-                as16[EQ_A_ROW(e) * EQ_KP + EQ_A_DEPTH(e)] = ra[i];
+            const int c = tid + i * EQ_GEMM_THREADS;
+            if (c < EQ_CA) eq_st_chunk(as16 + EQ_A_CROW(c) * EQ_KP + EQ_A_CDEPTH(c), ra[i]);
         }
 #pragma unroll
         for (int i = 0; i < EQ_NB; ++i) {
-            const int e = tid + i * EQ_GEMM_THREADS;
-            if (e < EQ_BN * EQ_BK)
-                bs16[EQ_B_COL(e) * EQ_KP + EQ_B_DEPTH(e)] = rb[i];
+            const int c = tid + i * EQ_GEMM_THREADS;
+            if (c < EQ_CB)
+                eq_st_chunk(bs16 + (EQ_B_NMAJOR ? EQ_B_CDEPTH(c) * EQ_BNP + EQ_B_CCOL(c)
+                                                : EQ_B_CCOL(c) * EQ_KP + EQ_B_CDEPTH(c)),
+                            rb[i]);
         }
         __syncthreads();
         if (k0 + EQ_BK < EQ_K) fetch(k0 + EQ_BK);
@@ -246,9 +295,13 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
             }
 #pragma unroll
             for (int j = 0; j < EQ_NI; ++j) {
-                const unsigned short* c = bs16 + (wn * EQ_WTN + j * 8 + g) * EQ_KP + kk + 2 * t4;
-                b[j][0] = eq_ld_pair(c);
-                b[j][1] = eq_ld_pair(c + 8);
+                if (EQ_B_NMAJOR) {
+                    eq_ldsm2t(b[j][0], b[j][1], bs16 + (kk + (lane32 & 15)) * EQ_BNP + wn * EQ_WTN + j * 8);
+                } else {
+                    const unsigned short* c = bs16 + (wn * EQ_WTN + j * 8 + g) * EQ_KP + kk + 2 * t4;
+                    b[j][0] = eq_ld_pair(c);
+                    b[j][1] = eq_ld_pair(c + 8);
+                }
             }
 #pragma unroll
             for (int i = 0; i < EQ_MI; ++i)

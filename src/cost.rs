@@ -286,9 +286,8 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
         return None;
     }
     let rows = crate::codegen::gemm::reduces(kernel);
-    let t = crate::codegen::gemm::tile(dom, rows);
     let b = dag.nodes[product].children().nth(1).and_then(|c| dag.nodes[c].ty())?;
-    let mma = crate::codegen::gemm::uses_mma(&t, a.dtype, b.dtype, strict);
+    let (t, mma) = crate::codegen::gemm::kernel_tile(dom, rows, a.dtype, b.dtype, strict);
     Some(GemmTiles {
         batch: dom[..rank - 2].iter().product(),
         m: dom[rank - 2],
@@ -298,6 +297,7 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
         bn: t.bn,
         rows,
         mma,
+        wide: mma && crate::codegen::gemm::staging(kernel) == Some((8, 8)),
     })
 }
 
@@ -324,6 +324,7 @@ fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
         bn: crate::codegen::attention::F32_BLOCK_N,
         rows: false,
         mma: false,
+        wide: false,
     })
 }
 

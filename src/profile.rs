@@ -43,8 +43,10 @@ pub struct TemplateRates {
     /// of 16-bit products take `tiles`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tiles_16bit: BTreeMap<String, TileRate>,
-    /// The same for the tensor-core mainloop (16-bit operands outside strict numerics), by tile;
-    /// a tile without a rate here is timed as its products at the implementation's bf16 rate.
+    /// The same for the tensor-core mainloop (16-bit operands outside strict numerics), by tile:
+    /// `BMxBN` where both operands are staged in 16-byte chunks, `BMxBN/e` where one is staged
+    /// element by element (a product width or reduction depth not a multiple of 8); a tile
+    /// without a rate here is timed as its products at the implementation's bf16 rate.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tiles_mma: BTreeMap<String, TileRate>,
 }
@@ -172,6 +174,7 @@ impl DeviceProfile {
     fn tile_us(&self, r: &TemplateRates, t: &GemmTiles, dtype: DType) -> Option<f64> {
         let key = format!("{}x{}", t.bm, t.bn);
         if t.mma {
+            let key = if t.wide { key } else { format!("{key}/e") };
             return r.tiles_mma.get(&key).and_then(|rate| self.tile_time(rate, t));
         }
         let sixteen = matches!(dtype, DType::Bf16 | DType::F16);
@@ -306,6 +309,9 @@ pub struct GemmTiles {
     pub rows: bool,
     /// Whether the product runs on the tensor cores (16-bit operands; `tiles_mma`).
     pub mma: bool,
+    /// Whether the tensor-core mainloop stages both operands in 16-byte chunks (their
+    /// contiguous axes and other strides multiples of 8; `codegen::gemm::staging`).
+    pub wide: bool,
 }
 
 /// The arithmetic rate of `r` for operands of `dtype`, in TFLOP/s.
@@ -321,7 +327,7 @@ mod tests {
     use super::*;
 
     fn tiles(m: usize, n: usize, k: usize, bm: usize, bn: usize, rows: bool) -> GemmTiles {
-        GemmTiles { batch: 1, m, n, k, bm, bn, rows, mma: false }
+        GemmTiles { batch: 1, m, n, k, bm, bn, rows, mma: false, wide: false }
     }
 
     /// A profile with one measured tile (8x64: 30 ns per step alone, 20 shared) and 100 SMs.
@@ -364,6 +370,24 @@ mod tests {
         // A tile with no 16-bit rate takes the f32 tiles (nearest, scaled).
         let wide = tiles(800, 128, 1000, 8, 128, false);
         assert!((p.tile_us(&r, &wide, DType::Bf16).unwrap() - 30.0 * 136.0 / 72.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn tensor_core_tiles_take_the_rate_of_their_staging() {
+        let (p, mut r) = tiled();
+        r.tiles_mma = [
+            ("32x128".to_string(), TileRate { lone_ns_per_k: 10.0, sm_ns_per_k: 10.0, row_epilogue_us: 1.0 }),
+            ("32x128/e".to_string(), TileRate { lone_ns_per_k: 60.0, sm_ns_per_k: 60.0, row_epilogue_us: 1.0 }),
+        ]
+        .into();
+        // 3200 rows: 100 blocks on 100 SMs, one wave; 1000 steps plus one row epilogue.
+        let wide = GemmTiles { mma: true, wide: true, ..tiles(3200, 128, 1000, 32, 128, true) };
+        assert!((p.tile_us(&r, &wide, DType::Bf16).unwrap() - 11.0).abs() < 1e-9);
+        let narrow = GemmTiles { wide: false, ..wide };
+        assert!((p.tile_us(&r, &narrow, DType::Bf16).unwrap() - 61.0).abs() < 1e-9);
+        // A tensor-core tile without a rate has no tile model (timed by its flops).
+        let other = GemmTiles { bm: 64, ..wide };
+        assert!(p.tile_us(&r, &other, DType::Bf16).is_none());
     }
 
     #[test]

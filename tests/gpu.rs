@@ -257,3 +257,72 @@ fn pipelined_long_rows_and_graph_replay_match_the_reference() {
         eprintln!("ok: {name}\n{r}");
     }
 }
+
+/// The generated gemm's tensor-core row tiles: row epilogues of bf16 and f16 products (softmax
+/// regression at row widths padding to 16..256 columns, rows no tile divides, the weight
+/// transposed in place, operands staged in 16-byte chunks or element by element, a batched product with a broadcast operand, a two-stage normalization
+/// and a log-softmax), planned with the profile that leaves cuBLASLt out, each one generated
+/// kernel with `EQ_MMA`, checked against the reference.
+#[test]
+fn tensor_core_row_epilogues_match_the_reference() {
+    let opts = OptimizeOptions::new(fused_probe_profile());
+    let dims = |m: usize, k: usize, n: usize| vec![("M".to_string(), m), ("K".into(), k), ("N".into(), n)];
+    let mut programs = Vec::new();
+    for (name, d) in [
+        ("softmax_regression_bf16", dims(64, 128, 10)),
+        ("softmax_regression_bf16", dims(200, 128, 16)),
+        ("softmax_regression_bf16", dims(100, 72, 20)),
+        ("softmax_regression_bf16", dims(300, 256, 64)),
+        ("softmax_regression_bf16", dims(130, 90, 200)),
+        ("softmax_regression_bf16", dims(333, 200, 37)),
+        ("softmax_regression_bf16", dims(1024, 1024, 100)),
+        ("softmax_regression_bf16", dims(130, 96, 200)),
+        ("softmax_regression_f16", dims(257, 136, 128)),
+        ("softmax_regression_wt_bf16", dims(96, 520, 250)),
+        ("softmax_regression_wt_bf16", dims(96, 522, 250)),
+    ] {
+        let p = eqfuse::load_program(&format!("benches/gpu/predict/{name}.eqf"), &d).unwrap();
+        programs.push((format!("{name} {d:?}"), p));
+    }
+    for (name, src) in [
+        ("batched_broadcast", "input a: bf16[3, 40, 24]\ninput b: bf16[24, 56]\ny = softmax(a @ b, -1)\noutput y\n"),
+        (
+            "normalized",
+            "input x: f16[200, 64]\ninput w: f16[64, 96]\ns = cast(x @ w, f32)\nc = s - mean(s, -1)\ny = c / sqrt(mean(c * c, -1) + 0.00001)\noutput y\n",
+        ),
+        ("log_softmax", "input x: bf16[77, 160]\ninput w: bf16[160, 130]\ny = log_softmax(x @ w, -1)\noutput y\n"),
+    ] {
+        programs.push((name.to_string(), eqfuse::parse_program(name, src, &[]).unwrap()));
+    }
+    let mut plans = Vec::new();
+    for (name, program) in programs {
+        let plan = optimize(&program, &opts).unwrap().plan;
+        let sources = codegen_plan(&plan).unwrap();
+        let rows = sources.iter().filter(|s| s.source.contains("#define EQ_EPI_ROWS 1\n")).count();
+        assert!(rows == 1 && sources.iter().any(|s| s.source.contains("#define EQ_MMA 1\n")), "{name}: {plan:?}");
+        plans.push((name, program, plan));
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        let r = run_checked(&gpu, name, program, plan, seed as u64);
+        eprintln!(
+            "ok: {name}: {}",
+            r.outputs.iter().map(|o| format!("scaled error {:.1e}", o.scaled_error)).collect::<Vec<_>>().join(", ")
+        );
+    }
+}
+
+/// The probe profile (benches/gpu/predict/generated-only.json: no cuBLASLt) without the
+/// tensor-core tile rates, which times those tiles by their flops: every product takes the
+/// generated kernel with its row epilogue fused (with the rates some of these shapes plan as a
+/// product and a row kernel), as the probes of benches/gpu/rowmma.sh were planned.
+fn fused_probe_profile() -> DeviceProfile {
+    let mut p = DeviceProfile::load("benches/gpu/predict/generated-only.json").unwrap();
+    for r in p.templates.values_mut() {
+        r.tiles_mma.clear();
+        for i in r.implementations.values_mut() {
+            i.tiles_mma.clear();
+        }
+    }
+    p
+}

@@ -173,7 +173,94 @@ fn tensor_core_gemm_kernels_compile() {
     }
 }
 
+/// The tensor-core row tiles: bf16 and f16 softmax regression (`softmax(x @ w + b, -1)`, the
+/// probes of benches/gpu/predict) planned with the generated kernel render one gemm kernel with
+/// the row epilogue and `EQ_MMA`, in the tile `codegen::gemm::kernel_tile` picks for each padded
+/// row width (16 to 256 columns; rows and columns no tile divides; the weight transposed in
+/// place), staging operands in 16-byte chunks where their strides allow, and compile without
+/// warnings; under `--strict` (the softmax then its own kernel) and
+/// on f32 operands the product takes the CUDA-core loop.
+#[test]
+fn tensor_core_row_tiles_compile() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let profile = fused_probe_profile();
+    let dims = |m: usize, k: usize, n: usize| vec![("M".to_string(), m), ("K".into(), k), ("N".into(), n)];
+    let probes = [
+        ("softmax_regression_bf16", dims(64, 128, 10), "64x16", 128, 2, (8, 1)),
+        ("softmax_regression_bf16", dims(64, 128, 16), "64x16", 128, 2, (8, 8)),
+        ("softmax_regression_bf16", dims(100, 72, 20), "32x32", 128, 4, (8, 1)),
+        ("softmax_regression_bf16", dims(333, 200, 37), "32x64", 128, 4, (8, 1)),
+        ("softmax_regression_bf16", dims(1024, 1024, 100), "32x128", 128, 4, (8, 1)),
+        ("softmax_regression_bf16", dims(4096, 1024, 128), "32x128", 128, 4, (8, 8)),
+        ("softmax_regression_bf16", dims(130, 96, 200), "32x256", 64, 8, (8, 8)),
+        ("softmax_regression_bf16", dims(130, 90, 200), "32x256", 64, 8, (1, 8)),
+        ("softmax_regression_f16", dims(257, 136, 128), "32x128", 128, 4, (8, 8)),
+        ("softmax_regression_wt_bf16", dims(96, 520, 250), "32x256", 64, 8, (8, 8)),
+        ("softmax_regression_wt_bf16", dims(96, 522, 250), "32x256", 64, 8, (1, 1)),
+    ];
+    for (name, d, tile, bk, wn, (va, vb)) in probes {
+        let path = format!("benches/gpu/predict/{name}.eqf");
+        let program = eqfuse::load_program(&path, &d).unwrap();
+        let what = format!("{name} {d:?}");
+        let plan = optimize(&program, &OptimizeOptions::new(profile.clone())).unwrap().plan;
+        assert_eq!(plan.kernels.len(), 1, "{what}: not one kernel");
+        let s = eqfuse::codegen_kernel(&plan, &plan.kernels[0]).unwrap();
+        assert!(s.cublaslt.is_none(), "{what}: cuBLASLt was picked");
+        let defines = generated_defines(&s.source);
+        let (bm, bn) = tile.split_once('x').unwrap();
+        for want in [
+            "EQ_EPI_ROWS 1".to_string(),
+            "EQ_MMA 1".into(),
+            format!("EQ_BM {bm}"),
+            format!("EQ_BN {bn}"),
+            format!("EQ_BK {bk}"),
+            format!("EQ_WN {wn}"),
+        ] {
+            assert!(defines.contains(&format!("#define {want}\n")), "{what}: no {want}\n{defines}");
+        }
+        // 16-byte chunks along the contiguous axis where it and the other strides allow.
+        for (macro_, v) in [("EQ_VA", va), ("EQ_VB", vb)] {
+            assert_eq!(defines.contains(&format!("#define {macro_} 8\n")), v == 8, "{what}: {macro_}\n{defines}");
+        }
+        assert_eq!(defines.contains("#define EQ_MMA_F16 1"), name.ends_with("_f16"), "{what}");
+        let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[]).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(c.log.trim().is_empty(), "{what}: warnings\n{}", c.log);
+        assert!(String::from_utf8_lossy(&c.ptx).contains("mma.sync.aligned.m16n8k16"), "{what}: no mma.sync");
+        // Strict numerics: the softmax is a kernel of its own, the product on CUDA cores.
+        let strict = OptimizeOptions { strict: true, ..OptimizeOptions::new(profile.clone()) };
+        let plan = optimize(&program, &strict).unwrap().plan;
+        for k in plan.kernels.iter().filter(|k| k.template == eqfuse::Template::Gemm) {
+            let s = eqfuse::codegen_kernel(&plan, k).unwrap();
+            assert!(!generated_defines(&s.source).contains("#define EQ_MMA 1"), "{what} (strict)");
+        }
+    }
+    // f32 operands: the row epilogue's CUDA-core tile (8 rows of 128 columns).
+    let program = eqfuse::load_program("examples/matmul_softmax.eqf", &[]).unwrap();
+    let plan = optimize(&program, &OptimizeOptions::new(profile)).unwrap().plan;
+    let k = plan.kernels.iter().find(|k| k.template == eqfuse::Template::Gemm).unwrap();
+    let defines = generated_defines(&eqfuse::codegen_kernel(&plan, k).unwrap().source);
+    assert!(defines.contains("#define EQ_EPI_ROWS 1\n") && defines.contains("#define EQ_BM 8\n"), "{defines}");
+    assert!(!defines.contains("#define EQ_MMA 1"), "{defines}");
+}
+
 /// The generated `#define` block of a kernel source (before the template text).
 fn generated_defines(source: &str) -> String {
     source.split("// ---- kernels/").next().unwrap_or(source).to_string()
+}
+
+/// The probe profile (benches/gpu/predict/generated-only.json: no cuBLASLt) without the
+/// tensor-core tile rates, which times those tiles by their flops: every product takes the
+/// generated kernel with its row epilogue fused (with the rates some of these shapes plan as a
+/// product and a row kernel), as the probes of benches/gpu/rowmma.sh were planned.
+fn fused_probe_profile() -> DeviceProfile {
+    let mut p = DeviceProfile::load("benches/gpu/predict/generated-only.json").unwrap();
+    for r in p.templates.values_mut() {
+        r.tiles_mma.clear();
+        for i in r.implementations.values_mut() {
+            i.tiles_mma.clear();
+        }
+    }
+    p
 }

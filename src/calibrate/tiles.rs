@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::codegen::gemm::{reduces, tile, uses_mma, TALL_BM, TALL_MAX_N, TALL_MIN_BLOCKS};
+use crate::codegen::gemm::{kernel_tile, reduces, TALL_BM, TALL_MAX_N, TALL_MIN_BLOCKS};
 use crate::error::{Error, Result};
 use crate::plan::{FusionPlan, GemmImpl, Template};
 use crate::profile::{DeviceProfile, TileRate};
@@ -100,14 +100,20 @@ impl Family {
     pub fn keys(self) -> Vec<(usize, usize)> {
         let tall = [(TALL_BM, 16), (TALL_BM, 32), (TALL_BM, 64)];
         match self {
+            // (A 16-bit row epilogue runs on the tensor cores: 8x256, a row tile, is f32's only.)
             Family::F32 | Family::Sixteen => {
-                let mut v = vec![(16, 16), (8, 32), (8, 64), (8, 128), (8, 256), (64, 128)];
+                let mut v = vec![(16, 16), (8, 32), (8, 64), (8, 128), (64, 128)];
+                if self == Family::F32 {
+                    v.push((8, 256));
+                }
                 v.extend(tall);
                 v
             }
+            // The elementwise tiles, then the row tiles (`codegen::gemm::kernel_tile`).
             Family::Mma => {
                 let mut v = vec![(64, 128)];
                 v.extend(tall);
+                v.extend(MMA_ROW_TILES);
                 v
             }
             Family::AttentionF32 => {
@@ -159,6 +165,17 @@ impl Probe {
     }
 }
 
+/// The tensor-core row tiles: 32 rows of the padded row, 64 at 16 columns.
+const MMA_ROW_TILES: [(usize, usize); 5] = [(64, 16), (32, 32), (32, 64), (32, 128), (32, 256)];
+
+/// Whether a key of `family` is a tile only a row epilogue takes.
+fn row_tile(family: Family, bm: usize, bn: usize) -> bool {
+    match family {
+        Family::Mma => MMA_ROW_TILES.contains(&(bm, bn)),
+        _ => bn > 128,
+    }
+}
+
 /// Every probe for a device of `sms` SMs, in family and key order.
 pub fn probes(sms: usize) -> Result<Vec<Probe>> {
     let mut out = Vec::new();
@@ -172,20 +189,17 @@ pub fn probes(sms: usize) -> Result<Vec<Probe>> {
                 }
                 continue;
             }
-            // Narrow tiles (under 64 rows) are the ones a row epilogue takes; 8x256 only with one.
+            // Narrow f32 tiles (under 64 rows) are the ones a row epilogue takes too; 8x256 and
+            // the tensor-core row tiles only with one.
             let narrow = bm < 64;
-            let plain = bn <= 128;
+            let only_rows = row_tile(family, bm, bn);
             for form in [Form::Lone, Form::Shared] {
                 let ks = if form == Form::Lone { LONE_K } else { SHARED_K };
                 for k in ks {
-                    if plain {
-                        out.push(gemm_probe(family, bm, bn, form, false, k, sms)?);
-                    } else {
-                        out.push(gemm_probe(family, bm, bn, form, true, k, sms)?);
-                    }
+                    out.push(gemm_probe(family, bm, bn, form, only_rows, k, sms)?);
                 }
             }
-            if narrow && plain && family != Family::Mma {
+            if narrow && !only_rows && family == Family::F32 {
                 out.push(gemm_probe(family, bm, bn, Form::Shared, true, SHARED_K[1], sms)?);
             }
         }
@@ -199,6 +213,10 @@ fn gemm_shape(bm: usize, bn: usize, form: Form, rows: bool, sms: usize) -> (usiz
         Form::Lone => sms,
         Form::Shared => SHARED_PER_SM * sms,
     };
+    if rows && bm >= 32 {
+        // A tensor-core row tile: one tile column, the row padded to bn.
+        return (bm * target, bn);
+    }
     if bm == TALL_BM {
         // The tall tile is taken only with at least TALL_MIN_BLOCKS of them.
         let mb = target.max(TALL_MIN_BLOCKS);
@@ -325,9 +343,8 @@ pub fn check(plan: &FusionPlan, probe: &Probe) -> Result<()> {
         return fail("not the generated kernel".into());
     }
     let rows = reduces(k);
-    let t = tile(&k.domain, rows);
     let sixteen = probe.family.dtype();
-    let mma = uses_mma(&t, sixteen, sixteen, plan.search.strict);
+    let (t, mma) = kernel_tile(&k.domain, rows, sixteen, sixteen, plan.search.strict);
     if (t.bm, t.bn) != (probe.bm, probe.bn) || rows != probe.rows || mma != (probe.family == Family::Mma) {
         return fail(format!(
             "tile {}x{}{}{}",
@@ -580,7 +597,9 @@ mod tests {
     #[test]
     fn the_fit_recovers_known_step_times() {
         let rate = TileRate { lone_ns_per_k: 27.9, sm_ns_per_k: 19.5, row_epilogue_us: 2.1 };
-        for (family, key) in [(Family::F32, (8, 64)), (Family::Sixteen, (8, 256)), (Family::F32, (16, 16))] {
+        for (family, key) in
+            [(Family::F32, (8, 64)), (Family::F32, (8, 256)), (Family::Mma, (32, 128)), (Family::F32, (16, 16))]
+        {
             let f = fit(family, "k", synthetic(family, key, &rate, 4.2, 0.0), 132, 4.2).unwrap();
             assert!((f.rate.lone_ns_per_k - 27.9).abs() < 1e-6, "{key:?} {f:?}");
             assert!((f.rate.sm_ns_per_k - 19.5).abs() < 1e-6, "{key:?} {f:?}");

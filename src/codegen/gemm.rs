@@ -74,11 +74,110 @@ pub fn tile(dom: &[usize], rows: bool) -> Tile {
 
 /// Whether the generated kernel runs its product on the tensor cores (`EQ_MMA` in
 /// kernels/gemm.cu): both operands bf16 or both f16, outside strict numerics (the tensor core
-/// sums 16 products at a time, another order than the CUDA-core loop), with an elementwise
-/// epilogue over a tile of at least 64 rows (the 8 warps' m16n8 grid covers it).
+/// sums 16 products at a time, another order than the CUDA-core loop), over a tile the 8 warps'
+/// m16n8 grid covers ([`warp_grid`]) and whose staging fits static shared memory. The row tiles
+/// [`tile`] picks (8 or 16 rows) never qualify; a row epilogue takes the tensor cores in the tile
+/// [`kernel_tile`] picks instead.
 pub fn uses_mma(t: &Tile, a: DType, b: DType, strict: bool) -> bool {
     let sixteen = matches!(a, DType::Bf16 | DType::F16) && a == b;
-    sixteen && !strict && !t.rows && t.bm >= 64 && t.bn >= 16
+    sixteen && !strict && t.bn >= 16 && warp_grid(t.bm, t.bn).is_some() && mma_smem_bytes(t) <= MMA_SMEM_BYTES
+}
+
+/// The shared memory a kernel may declare statically.
+const STATIC_SMEM_BYTES: usize = 48 * 1024;
+
+/// The static shared memory a tensor-core tile may take (less room for the row epilogue's
+/// reduction slots; `render` checks them).
+const MMA_SMEM_BYTES: usize = 46 * 1024;
+
+/// Staged operand elements per step of a tensor-core row tile, (BM + BN) x BK, at most 80 per
+/// thread: the staging registers of the next slice (the 32x128 tile 128 deep).
+const MMA_ROW_STAGED: usize = 80 * THREADS;
+
+/// Bytes of shared memory a tensor-core tile uses: the larger of the two staged 16-bit slices
+/// (A in rows of BK + 8; B likewise or, staged n-major, in BK rows of BN + 8, whichever is
+/// larger: the layout follows B's strides) and the finished f32 tile (rows of TS), which reuses
+/// that space.
+fn mma_smem_bytes(t: &Tile) -> usize {
+    let b = (t.bn * (t.bk + 8)).max(t.bk * (t.bn + 8));
+    ((t.bm * (t.bk + 8) + b) * 2).max(t.bm * t.ts * 4)
+}
+
+/// Elements per staged chunk of a tensor-core operand (`EQ_VA`, `EQ_VB`): 8 (16-byte loads and
+/// stores) when the operand's axis `along` (its last for A's k, either for B) is contiguous,
+/// its extent and every other stride that moves are multiples of 8, so that a chunk starting at
+/// a multiple of 8 lies wholly inside the product and 16-byte aligned (device buffers are whole
+/// allocations); 1 otherwise.
+fn chunk(o: &Operand, along: usize) -> usize {
+    let r = o.shape.len();
+    let moves = |j: usize| o.shape[j] > 1 && o.strides[j] != 0;
+    let aligned = (0..r).filter(|&j| j != along && moves(j)).all(|j| o.strides[j].is_multiple_of(8));
+    if o.strides[along] == 1 && o.shape[along].is_multiple_of(8) && aligned {
+        8
+    } else {
+        1
+    }
+}
+
+/// The tensor cores' warp grid over a BM x BN tile: 8 warps as WM x WN, each warp's sub-tile a
+/// whole number of m16n8 products, the grid with the fewest fragment loads per k16 step (4 per
+/// 16-row and 2 per 8-column product tile; ties: fewer warp columns). `None` when no grid fits.
+/// On the tiles of elementwise epilogues this is kernels/gemm.cu's default `EQ_WN`.
+pub fn warp_grid(bm: usize, bn: usize) -> Option<(usize, usize)> {
+    let warps = THREADS / 32;
+    [1, 2, 4, 8]
+        .into_iter()
+        .map(|wn| (warps / wn, wn))
+        .filter(|&(wm, wn)| bm.is_multiple_of(16 * wm) && bn.is_multiple_of(8 * wn))
+        .min_by_key(|&(wm, wn)| 4 * (bm / wm / 16) + 2 * (bn / wn / 8))
+}
+
+/// The tile of a row epilogue on the tensor cores: the row tile's width (the product's row
+/// padded to a power of two, at most 256), 32 rows (64 for 16 columns, where 8 warps of m16n8
+/// need 64 rows), and reduction slices as deep as 80 staged elements per thread allow (128 up to
+/// 128 columns, 64 for 256), since a block with few warps is bound by each step's load latency.
+fn row_mma_tile(t: &Tile) -> Tile {
+    let bm = if t.bn <= 16 { 64 } else { 32 };
+    let bk = [128, 64, 32].into_iter().find(|&bk| (bm + t.bn) * bk <= MMA_ROW_STAGED).unwrap_or(32);
+    Tile { bm, bk, tm: 1, tn: bm * t.bn / THREADS, ..*t }
+}
+
+/// The tile the generated kernel runs a product over `dom` in, and whether on the tensor cores
+/// (operand dtypes `a`, `b`; see [`uses_mma`]): [`tile`] with 32-deep slices when the tensor
+/// cores run it, and for a row epilogue on 16-bit operands outside strict numerics the tensor
+/// cores' row tile (32 or 64 rows of the same width) where it fits; [`tile`] on CUDA cores
+/// otherwise. The cost model times the same tile (`cost.rs`).
+pub fn kernel_tile(dom: &[usize], rows: bool, a: DType, b: DType, strict: bool) -> (Tile, bool) {
+    let t = tile(dom, rows);
+    if rows {
+        let r = row_mma_tile(&t);
+        if uses_mma(&r, a, b, strict) {
+            return (r, true);
+        }
+        return (t, false);
+    }
+    let m = Tile { bk: 32, ..t };
+    if uses_mma(&m, a, b, strict) {
+        (m, true)
+    } else {
+        (t, false)
+    }
+}
+
+/// Elements per staged chunk of the tensor-core mainloop's operands, `(EQ_VA, EQ_VB)` (see
+/// [`chunk`]); `None` when the kernel does not lower. The cost model times a tile whose
+/// operands both move in 16-byte chunks at its own rate (`tiles_mma`).
+pub fn staging(k: &Kernel) -> Option<(usize, usize)> {
+    let n = *k.domain.last()?;
+    let (_, l) = lowered(k, n).ok()?;
+    l.product.as_ref().map(chunks)
+}
+
+/// [`staging`] of a lowered product: A along k, B along k when k is contiguous, else along n.
+fn chunks(p: &lower::Product) -> (usize, usize) {
+    let (ra, rb) = (p.a.shape.len(), p.b.shape.len());
+    let vb = if p.b.strides[rb - 2] == 1 { chunk(&p.b, rb - 2) } else { chunk(&p.b, rb - 1) };
+    (chunk(&p.a, ra - 1), vb)
 }
 
 /// The kernel with the product tile appended to its reads (the epilogue's view of it).
@@ -191,9 +290,30 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
         }
     }
     let p = l.product.as_ref().expect("checked by lowered");
-    let mma = uses_mma(&t, p.a.dtype, p.b.dtype, strict);
-    // The tensor-core mainloop stages slices 32 deep (two k16 steps).
-    let t = if mma { Tile { bk: 32, ..t } } else { t };
+    // The tile the kernel runs (its row stride, which the epilogue was lowered with, is the
+    // same in every tile of these columns).
+    let (mut t, mma) = kernel_tile(&k.domain, rows, p.a.dtype, p.b.dtype, strict);
+    debug_assert_eq!(t.ts, tile(&k.domain, rows).ts);
+    if mma && rows {
+        // The row epilogue's reduction slots share the 48 KiB of static shared memory (a
+        // float per row in flight, warp of its row and accumulator): an epilogue with many
+        // accumulators takes shallower slices (same tile, same order of sums).
+        let define = |name: &str| -> usize {
+            let prefix = format!("#define {name} ");
+            r.defines.lines().find_map(|l| l.strip_prefix(prefix.as_str())?.trim().parse().ok()).unwrap_or(1)
+        };
+        let row_threads = define("EQ_ROW_THREADS").max(1);
+        let red = THREADS / row_threads * row_threads.div_ceil(32) * define("EQ_NACC") * 4;
+        while t.bk > 32 && mma_smem_bytes(&t) + red > STATIC_SMEM_BYTES {
+            t.bk /= 2;
+        }
+        if mma_smem_bytes(&t) + red > STATIC_SMEM_BYTES {
+            return Err(Error::Invalid(format!(
+                "kernel {} (gemm): the row epilogue's {red} bytes of reduction slots do not fit beside the tile",
+                k.id
+            )));
+        }
+    }
     let dom = &k.domain;
     let rank = dom.len();
     let (m, kk) = (dom[rank - 2], p.a.shape[p.a.shape.len() - 1]);
@@ -238,6 +358,14 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
     }
     if mma {
         let _ = writeln!(d, "#define EQ_MMA 1");
+        let (_, wn) = warp_grid(t.bm, t.bn).expect("checked by uses_mma");
+        let _ = writeln!(d, "#define EQ_WN {wn}");
+        let (va, vb) = chunks(p);
+        for (name, v) in [("EQ_VA", va), ("EQ_VB", vb)] {
+            if v > 1 {
+                let _ = writeln!(d, "#define {name} {v}");
+            }
+        }
         if p.a.dtype == DType::F16 {
             let _ = writeln!(d, "#define EQ_MMA_F16 1");
         }
@@ -479,4 +607,49 @@ fn lt_batches(dom: &[usize], a: &Operand, b: &Operand) -> Option<(LtLoop, Vec<Lt
     }
     let swap = |l: LtLoop| LtLoop { a: l.b, b: l.a, ..l };
     Some((inner, axes.into_iter().map(swap).collect()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warp_grids_cover_their_tiles_and_keep_the_elementwise_grids() {
+        // The elementwise tiles keep kernels/gemm.cu's default grid (EQ_WN by the width).
+        for (bm, bn, wn) in [(64, 128, 4), (128, 64, 2), (128, 32, 1), (128, 16, 1)] {
+            assert_eq!(warp_grid(bm, bn), Some((8 / wn, wn)), "{bm}x{bn}");
+        }
+        // The row tiles.
+        for (bm, bn, wn) in [(64, 16, 2), (32, 32, 4), (32, 64, 4), (32, 128, 4), (32, 256, 8)] {
+            assert_eq!(warp_grid(bm, bn), Some((8 / wn, wn)), "{bm}x{bn}");
+        }
+        // Tiles no grid of m16n8 products covers (the CUDA-core row tiles).
+        for (bm, bn) in [(16, 16), (8, 32), (8, 128), (8, 256), (32, 16)] {
+            assert_eq!(warp_grid(bm, bn), None, "{bm}x{bn}");
+        }
+    }
+
+    #[test]
+    fn row_epilogues_of_16_bit_products_take_the_tensor_core_row_tile() {
+        use DType::{Bf16, F16, F32};
+        for (n, bm, bn, bk) in
+            [(10, 64, 16, 128), (20, 32, 32, 128), (37, 32, 64, 128), (100, 32, 128, 128), (200, 32, 256, 64)]
+        {
+            for dom in [vec![1000, n], vec![3, 70, n]] {
+                let (t, mma) = kernel_tile(&dom, true, Bf16, Bf16, false);
+                assert!(mma, "{dom:?}");
+                assert_eq!((t.bm, t.bn, t.bk, t.ts, t.rows), (bm, bn, bk, bn + 4, true), "{dom:?}");
+                assert!(mma_smem_bytes(&t) <= MMA_SMEM_BYTES);
+                assert!(kernel_tile(&dom, true, F16, F16, false).1);
+                // Strict numerics, f32 or mixed operands: the CUDA-core row tile.
+                for (a, b, strict) in [(Bf16, Bf16, true), (F32, F32, false), (Bf16, F16, false)] {
+                    assert_eq!(kernel_tile(&dom, true, a, b, strict), (tile(&dom, true), false), "{dom:?}");
+                }
+            }
+        }
+        // Elementwise epilogues: the tile of `tile`, 32 deep on the tensor cores.
+        let dom = [4096, 4096];
+        assert_eq!(kernel_tile(&dom, false, Bf16, Bf16, false), (Tile { bk: 32, ..tile(&dom, false) }, true));
+        assert_eq!(kernel_tile(&[64, 100], false, Bf16, Bf16, false), (tile(&[64, 100], false), false));
+    }
 }
