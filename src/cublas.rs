@@ -142,9 +142,17 @@ pub struct LtGemm {
 
 const WORKSPACE_BYTES: usize = 32 << 20;
 
-/// The heuristic's algorithms the first launch times (each 3 times, after one untimed run): its
+/// The heuristic's algorithms the first launch times (each 5 times, after one untimed run): its
 /// first guess is not always the fastest for mid-sized f32 products.
 const CANDIDATES: usize = 8;
+
+/// Products of fewer flops keep the heuristic's first algorithm: their few microseconds time too
+/// noisily on warm caches (a 256x512x50 f32 product with a bias epilogue, tuned, took 21.5 us in
+/// a bench that flushes L2 against 15.1 untuned; H100, reports at f126434 and c156a40).
+const TUNE_MIN_FLOPS: u64 = 1 << 30;
+
+/// A candidate replaces the heuristic's first only when at least this much faster.
+const TUNE_MARGIN: f32 = 0.95;
 
 impl LtGemm {
     /// Builds the descriptors of `call` and asks cuBLASLt's heuristic for its best algorithm.
@@ -310,7 +318,12 @@ impl LtGemm {
         let chosen = *self.chosen.lock().unwrap_or_else(|e| e.into_inner());
         let algo = match chosen {
             Some(i) => i,
-            None if self.algos.len() == 1 || std::env::var_os("EQFUSE_NO_LT_TUNE").is_some() => 0,
+            None if self.algos.len() == 1
+                || 2 * self.call.m * self.call.n * self.call.k * self.call.batch * self.call.calls() < TUNE_MIN_FLOPS
+                || std::env::var_os("EQFUSE_NO_LT_TUNE").is_some() =>
+            {
+                0
+            }
             None if !matches!(
                 s.capture_status(),
                 Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
@@ -328,8 +341,9 @@ impl LtGemm {
     }
 
     /// Times each candidate algorithm on the launch's own buffers (one untimed run, then the
-    /// best of 3) and returns the fastest one's index. Writes `d` (every candidate computes the
-    /// same product; the launch then runs the chosen one).
+    /// median of 5) and returns the fastest one's index, the heuristic's first unless another is
+    /// [`TUNE_MARGIN`] of its time or less. Writes `d` (every candidate computes the same product;
+    /// the launch then runs the chosen one).
     fn tune(&self, pa: u64, pb: u64, pd: u64, pw: u64) -> Result<usize> {
         let s = &self.stream;
         let ctx = s.context();
@@ -337,23 +351,29 @@ impl LtGemm {
         let ev = |what: &str| crate::gpu::cuda_result(ctx.new_event(flags), &format!("{}: {what}", self.name));
         let (a, b) = (ev("a timing event")?, ev("a timing event")?);
         let mut best = (f32::INFINITY, 0);
+        let mut first = f32::INFINITY;
         for i in 0..self.algos.len() {
             // A candidate that fails to run is skipped (the heuristic's first must run).
             if self.matmul(i, pa, pb, pd, pw).is_err() && i > 0 {
                 continue;
             }
-            let mut fastest = f32::INFINITY;
-            for _ in 0..3 {
+            let mut times = Vec::with_capacity(5);
+            for _ in 0..5 {
                 crate::gpu::cuda_result(a.record(s), &self.name)?;
                 self.matmul(i, pa, pb, pd, pw)?;
                 crate::gpu::cuda_result(b.record(s), &self.name)?;
-                fastest = fastest.min(crate::gpu::cuda_result(a.elapsed_ms(&b), &self.name)?);
+                times.push(crate::gpu::cuda_result(a.elapsed_ms(&b), &self.name)?);
             }
-            if fastest < best.0 {
-                best = (fastest, i);
+            times.sort_by(|x, y| x.total_cmp(y));
+            let median = times[2];
+            if i == 0 {
+                first = median;
+            }
+            if median < best.0 {
+                best = (median, i);
             }
         }
-        Ok(best.1)
+        Ok(if best.0 <= TUNE_MARGIN * first { best.1 } else { 0 })
     }
 
     /// The call (looped over its outer batch axes) with candidate `algo`.
