@@ -389,6 +389,7 @@ fn tile_rates(gpu: &Gpu, profile: &mut DeviceProfile, base: &DeviceProfile) -> R
     }
     Ok(fits)
 }
+
 /// The attention forward measured: 8x16x2048x64 bf16, the attention example's size.
 const ATTENTION_FORWARD: &str = "\
 # calibrate-attention-bf16.eqf: one attention forward kernel (eqfuse calibrate)

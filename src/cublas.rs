@@ -319,7 +319,8 @@ impl LtGemm {
         let algo = match chosen {
             Some(i) => i,
             None if self.algos.len() == 1
-                || 2 * self.call.m * self.call.n * self.call.k * self.call.batch * self.call.calls() < TUNE_MIN_FLOPS
+                || 2 * self.call.m * self.call.n * self.call.k * self.call.batch * self.call.calls()
+                    < TUNE_MIN_FLOPS
                 || std::env::var_os("EQFUSE_NO_LT_TUNE").is_some() =>
             {
                 0
