@@ -143,14 +143,15 @@ pub fn analyse(
     // (and dS between the query and key gradients): the dq, dk and dv kernel runs five products,
     // not the three, three and two of each alone.
     let grads: Vec<usize> = body.iter().copied().filter(|&b| is_attention_grad(dag, b).is_some()).collect();
-    if let Some(args) = attention_grad_group(dag, &grads) {
-        flops = flops - grads.iter().map(|&g| node_flops(dag, g)).sum::<u64>()
-            + attention_grads_flops(dag, grads[0], &args);
+    let group = attention_grad_group(dag, &grads);
+    if let Some(args) = &group {
+        flops =
+            flops - grads.iter().map(|&g| node_flops(dag, g)).sum::<u64>() + attention_grads_flops(dag, grads[0], args);
     }
     // The query gradient beside the others is summed in an f32 accumulator by atomics: its
     // traffic beyond the L2 (the sums written back, read once and zeroed by the converting
     // blocks) is the kernel's own.
-    let workspace_bytes = match attention_grad_group(dag, &grads) {
+    let workspace_bytes = match group {
         Some(args) if args.len() > 1 && args.contains(&AttnArg::Q) => 3 * attention_dq_accumulator_bytes(dag, grads[0]),
         _ => 0,
     };
@@ -255,8 +256,9 @@ fn gemm_implementation(
     k: &KernelCost,
     profile: &DeviceProfile,
 ) -> (GemmImpl, u64) {
-    let call = crate::codegen::gemm::cublaslt_call(kernel);
-    let Some(call) = call.filter(|_| !profile.strict && members.len() == 1) else {
+    // (The cheap tests first: the form test lowers the kernel.)
+    let call = (!profile.strict && members.len() == 1).then(|| crate::codegen::gemm::cublaslt_call(kernel)).flatten();
+    let Some(call) = call else {
         return (GemmImpl::Generated, 1);
     };
     let dtype = k.body.last().and_then(|&b| dag.nodes[b].ty()).map_or(DType::F32, |t| t.dtype);

@@ -134,8 +134,11 @@ pub struct LtGemm {
     layouts: [sys::cublasLtMatrixLayout_t; 3],
     /// The heuristic's candidates, best first (at most [`CANDIDATES`]).
     algos: Vec<sys::cublasLtMatmulAlgo_t>,
-    /// The candidate the first launch timed fastest (`None` before it).
+    /// The candidate the launches run: the heuristic's first for a call not tuned, else the one
+    /// the first launch timed fastest (`None` before it).
     chosen: std::sync::Mutex<Option<usize>>,
+    /// Each call's element offsets of `a`, `b` and `d` (`LtCall::offsets`).
+    offsets: Vec<[i64; 3]>,
     workspace: cudarc::driver::CudaSlice<u8>,
     stream: Arc<CudaStream>,
 }
@@ -155,7 +158,8 @@ const TUNE_MIN_FLOPS: u64 = 1 << 30;
 const TUNE_MARGIN: f32 = 0.95;
 
 impl LtGemm {
-    /// Builds the descriptors of `call` and asks cuBLASLt's heuristic for its best algorithm.
+    /// Builds the descriptors of `call` and asks cuBLASLt's heuristic for its best algorithms
+    /// (up to [`CANDIDATES`]; a call of [`TUNE_MIN_FLOPS`] or more is tuned at its first launch).
     pub fn new(stream: Arc<CudaStream>, call: &LtCall, name: &str) -> Result<LtGemm> {
         if !available() {
             return Err(Error::NoGpu("the cuBLASLt library (libcublasLt.so) is not installed".into()));
@@ -171,6 +175,7 @@ impl LtGemm {
             layouts: [std::ptr::null_mut(); 3],
             algos: Vec::new(),
             chosen: std::sync::Mutex::new(None),
+            offsets: call.offsets(),
             // SAFETY: scratch for cuBLASLt, which writes before it reads.
             workspace: crate::gpu::cuda_result(unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }, "cuBLASLt workspace")?,
             stream,
@@ -282,6 +287,10 @@ impl LtGemm {
                 message: "the heuristic returned none".into(),
             });
         }
+        let flops = 2 * call.m * call.n * call.k * call.batch * call.calls();
+        if g.algos.len() == 1 || flops < TUNE_MIN_FLOPS || std::env::var_os("EQFUSE_NO_LT_TUNE").is_some() {
+            g.chosen = std::sync::Mutex::new(Some(0));
+        }
         Ok(g)
     }
 
@@ -318,13 +327,7 @@ impl LtGemm {
         let chosen = *self.chosen.lock().unwrap_or_else(|e| e.into_inner());
         let algo = match chosen {
             Some(i) => i,
-            None if self.algos.len() == 1
-                || 2 * self.call.m * self.call.n * self.call.k * self.call.batch * self.call.calls()
-                    < TUNE_MIN_FLOPS
-                || std::env::var_os("EQFUSE_NO_LT_TUNE").is_some() =>
-            {
-                0
-            }
+            // Nothing runs while a graph is captured: the heuristic's first, untuned.
             None if !matches!(
                 s.capture_status(),
                 Ok(cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
@@ -383,7 +386,7 @@ impl LtGemm {
         let (alpha, beta) = (self.call.alpha, 0.0f32);
         let size = self.call.dtype.size() as i64;
         let at = |p: u64, elements: i64| (p as i64 + elements * size) as u64;
-        for [oa, ob, od] in self.call.offsets() {
+        for &[oa, ob, od] in &self.offsets {
             let (pa, pb, pd) = (at(pa, oa), at(pb, ob), at(pd, od));
             // SAFETY: descriptors are live; the buffers hold the matrices the layouts describe
             // at each call's offsets (codegen built both from the tensors' shapes and views);
