@@ -13,7 +13,12 @@
 //                     template's eq_fetch / eq_accum / eq_finish / eq_epilogue functions), so a
 //                     row softmax of a product no wider than one tile (EQ_BN >= EQ_N) is one kernel.
 //
-// Launch shape: grid (ceil(EQ_N / EQ_BN), ceil(EQ_M / EQ_BM), batch), EQ_GEMM_THREADS threads.
+// Launch shape: grid (ceil(EQ_N / EQ_BN), ceil(EQ_M / EQ_BM), batch x EQ_SPLITS), EQ_GEMM_THREADS
+// threads. Split-K (EQ_SPLITS > 1, chosen for row epilogues whose tiles alone would leave most
+// SMs idle): the EQ_SPLITS blocks of one output tile each sum an EQ_KSPAN-deep part of K (a
+// whole number of slices) into a partial tile in the workspace `eq_split_ws` ([tile][split]
+// [EQ_BM x EQ_BN] f32); the last to arrive (counted in `eq_split_count`, one per tile) adds the
+// parts in split order and runs the epilogue alone.
 // The block computes a EQ_BM x EQ_BN tile: thread (tx, ty) owns rows ty*EQ_TM + i and columns
 // tx + j*(EQ_BN/EQ_TN); each step stages a EQ_BK-deep slice of A (transposed) and B in shared
 // memory, loading along whichever axis is contiguous in device memory, and loads the next
@@ -27,9 +32,12 @@
 // the EQ_MMA block below.
 //
 // Invariants: operands are widened to f32 on load and every product element is a sum in
-// increasing k order (under EQ_MMA: of 16-element groups, each summed by the tensor core), so
-// results are deterministic and do not depend on the tile; elements outside [0, M) x [0, N) are
-// computed as zero and never stored; every thread reaches every __syncthreads; EQ_TS is a
+// increasing k order (under EQ_MMA: of 16-element groups, each summed by the tensor core; under
+// EQ_SPLITS, each part so and the parts added in split order, never under strict numerics), so
+// results are deterministic and do not depend on scheduling; `eq_split_count` is zero before
+// and after every launch; elements outside [0, M) x [0, N) are
+// computed as zero and never stored; every thread reaches every __syncthreads (a split block
+// that is not its tile's last returns as a whole); EQ_TS is a
 // multiple of 4 and tile columns start at multiples of EQ_BN, so the epilogue's vector loads
 // of the tile are aligned; in the row form EQ_BN >= EQ_N, so a row is whole in one block.
 #ifndef EQ_COMMON_CUH
@@ -85,6 +93,16 @@ __device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {
 // program (and the reference) computes it.
 #ifndef EQ_ROUND_PRODUCT
 #define EQ_ROUND_PRODUCT(x) (x)
+#endif
+// Split-K (EQ_SPLITS blocks per output tile, each over EQ_KSPAN of K; see the fixup after the
+// mainloop): the partial tiles stay f32 and only their sum is rounded.
+#ifndef EQ_SPLITS
+#define EQ_SPLITS 1
+#endif
+#if EQ_SPLITS > 1
+#define EQ_TILE_ROUND(x) (x)
+#else
+#define EQ_TILE_ROUND(x) EQ_ROUND_PRODUCT(x)
 #endif
 #define EQ_TX (EQ_BN / EQ_TN)
 // Staged element e of a step's A slice (EQ_BM rows by EQ_BK) or B slice (EQ_BN columns by
@@ -222,7 +240,16 @@ __device__ __forceinline__ void eq_st_chunk(unsigned short* d, const EqChunk<1>&
 extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARAMS) {
     __shared__ __align__(16) float eq_smem[EQ_SMEM_FLOATS];
     const int tid = threadIdx.x;
+    // This block's batch index and its part [kb, ke) of the reduction depth.
+#if EQ_SPLITS > 1
+    const int split = blockIdx.z % EQ_SPLITS;
+    const eq_idx z = blockIdx.z / EQ_SPLITS;
+    const int kb = split * EQ_KSPAN;
+    const int ke = kb + EQ_KSPAN < EQ_K ? kb + EQ_KSPAN : EQ_K;
+#else
     const eq_idx z = blockIdx.z;
+    constexpr int kb = 0, ke = EQ_K;
+#endif
     const int m0 = blockIdx.y * EQ_BM;
     const int n0 = blockIdx.x * EQ_BN;
     const EQ_TA* __restrict__ pa = EQ_A + eq_a_batch(z);
@@ -265,8 +292,8 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
             eq_ld_chunk(rb[i], pb + ((eq_idx)gk * EQ_SBK + (eq_idx)gn * EQ_SBN), in);
         }
     };
-    fetch(0);
-    for (int k0 = 0; k0 < EQ_K; k0 += EQ_BK) {
+    fetch(kb);
+    for (int k0 = kb; k0 < ke; k0 += EQ_BK) {
 #pragma unroll
         for (int i = 0; i < EQ_NA; ++i) {
             const int c = tid + i * EQ_GEMM_THREADS;
@@ -281,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
                             rb[i]);
         }
         __syncthreads();
-        if (k0 + EQ_BK < EQ_K) fetch(k0 + EQ_BK);
+        if (k0 + EQ_BK < ke) fetch(k0 + EQ_BK);
 #pragma unroll
         for (int kk = 0; kk < EQ_BK; kk += 16) {
             unsigned a[EQ_MI][4], b[EQ_NI][2];
@@ -320,7 +347,7 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
 #pragma unroll
             for (int c = 0; c < 4; ++c)
                 tile[(wm * EQ_WTM + i * 16 + g + 8 * (c / 2)) * EQ_TS + wn * EQ_WTN + j * 8 + 2 * t4 + c % 2] =
-                    EQ_ROUND_PRODUCT(acc[i][j][c]);
+                    EQ_TILE_ROUND(acc[i][j][c]);
     __syncthreads();
 #else
     const int tx = tid % EQ_TX;
@@ -359,8 +386,8 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
             rb[i] = in ? eq_val(pb[(eq_idx)gk * EQ_SBK + (eq_idx)gn * EQ_SBN]) : 0.0f;
         }
     };
-    fetch(0);
-    for (int k0 = 0; k0 < EQ_K; k0 += EQ_BK) {
+    fetch(kb);
+    for (int k0 = kb; k0 < ke; k0 += EQ_BK) {
 #pragma unroll
         for (int i = 0; i < EQ_NA; ++i) {
             const int e = tid + i * EQ_GEMM_THREADS;
@@ -372,7 +399,7 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
             if (e < EQ_BN * EQ_BK) bs[EQ_B_DEPTH(e)][EQ_B_COL(e)] = rb[i];
         }
         __syncthreads();
-        if (k0 + EQ_BK < EQ_K) fetch(k0 + EQ_BK);
+        if (k0 + EQ_BK < ke) fetch(k0 + EQ_BK);
 #pragma unroll
         for (int kk = 0; kk < EQ_BK; ++kk) {
             float a[EQ_TM], b[EQ_TN];
@@ -393,8 +420,51 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
 #pragma unroll
     for (int i = 0; i < EQ_TM; ++i)
 #pragma unroll
-        for (int j = 0; j < EQ_TN; ++j) tile[(ty * EQ_TM + i) * EQ_TS + tx + j * EQ_TX] = EQ_ROUND_PRODUCT(acc[i][j]);
+        for (int j = 0; j < EQ_TN; ++j) tile[(ty * EQ_TM + i) * EQ_TS + tx + j * EQ_TX] = EQ_TILE_ROUND(acc[i][j]);
     __syncthreads();
+#endif
+#if EQ_SPLITS > 1
+    // Split-K: the block stores its partial tile in its slot of the workspace, and the last of
+    // the tile's EQ_SPLITS blocks to arrive (counted in eq_split_count after a fence) adds the
+    // slots in split order, so the sum does not depend on which block is last, rounds it to the
+    // product's dtype and runs the epilogue; the others are done. The last block also zeroes
+    // the count for the next launch.
+    {
+        constexpr int area = EQ_BM * EQ_BN;
+        const eq_idx tile_id = (z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+        float* __restrict__ slots = eq_split_ws + tile_id * (eq_idx)(EQ_SPLITS * area);
+        for (int e = tid * 4; e < area; e += EQ_GEMM_THREADS * 4) {
+            const float* t = tile + (e / EQ_BN) * EQ_TS + e % EQ_BN;
+            __stcg(reinterpret_cast<float4*>(slots + split * area + e), make_float4(t[0], t[1], t[2], t[3]));
+        }
+        __shared__ int eq_last;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            eq_last = atomicAdd(eq_split_count + tile_id, 1u) == EQ_SPLITS - 1;
+            if (eq_last) eq_split_count[tile_id] = 0;
+        }
+        __syncthreads();
+        if (!eq_last) return;
+        __threadfence();
+        for (int e = tid * 4; e < area; e += EQ_GEMM_THREADS * 4) {
+            float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+            for (int q = 0; q < EQ_SPLITS; ++q) {
+                const float4 v = __ldcg(reinterpret_cast<const float4*>(slots + q * area + e));
+                s.x += v.x;
+                s.y += v.y;
+                s.z += v.z;
+                s.w += v.w;
+            }
+            float* t = tile + (e / EQ_BN) * EQ_TS + e % EQ_BN;
+            t[0] = EQ_ROUND_PRODUCT(s.x);
+            t[1] = EQ_ROUND_PRODUCT(s.y);
+            t[2] = EQ_ROUND_PRODUCT(s.z);
+            t[3] = EQ_ROUND_PRODUCT(s.w);
+        }
+        __syncthreads();
+    }
 #endif
     // The epilogue indexes the product by (flat row, column); this pointer maps the block's
     // rows and columns onto its tile.

@@ -289,14 +289,17 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
     }
     let rows = crate::codegen::gemm::reduces(kernel);
     let b = dag.nodes[product].children().nth(1).and_then(|c| dag.nodes[c].ty())?;
-    let (t, mma) = crate::codegen::gemm::kernel_tile(dom, rows, a.dtype, b.dtype, strict);
+    let depth = a.shape.last().copied().unwrap_or(1);
+    let (t, mma) = crate::codegen::gemm::kernel_tile(dom, depth, rows, a.dtype, b.dtype, strict);
     Some(GemmTiles {
         batch: dom[..rank - 2].iter().product(),
         m: dom[rank - 2],
         n: dom[rank - 1],
-        k: a.shape.last().copied().unwrap_or(1),
+        k: depth,
         bm: t.bm,
         bn: t.bn,
+        splits: t.splits,
+        kspan: t.kspan,
         rows,
         mma,
         wide: mma && crate::codegen::gemm::staging(kernel) == Some((8, 8)),
@@ -324,6 +327,8 @@ fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
         k: sk * d,
         bm: crate::codegen::attention::F32_BLOCK_M,
         bn: crate::codegen::attention::F32_BLOCK_N,
+        splits: 1,
+        kspan: 0,
         rows: false,
         mma: false,
         wide: false,

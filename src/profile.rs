@@ -208,12 +208,26 @@ impl DeviceProfile {
     }
 
     /// `K` steps of one tile rate: see [`tile_us`](Self::tile_us).
+    ///
+    /// Under split-K each of `splits` blocks per tile runs `kspan` of the `K` steps, and the
+    /// tile's last block then reads every split's partial tile back (f32, from L2, at an SM's
+    /// share of the L2 bandwidth) before its epilogue.
     fn tile_time(&self, rate: &TileRate, t: &GemmTiles) -> Option<f64> {
         let sms = f64::from(self.sm_count?);
-        let blocks = (t.m.div_ceil(t.bm) * t.n.div_ceil(t.bn) * t.batch) as f64;
+        let tiles = (t.m.div_ceil(t.bm) * t.n.div_ceil(t.bn) * t.batch) as f64;
+        let splits = t.splits.max(1);
+        let blocks = tiles * splits as f64;
         let per_k = rate.lone_ns_per_k.max(blocks / sms * rate.sm_ns_per_k);
-        let epilogue = if t.rows { rate.row_epilogue_us * (blocks / sms).ceil() } else { 0.0 };
-        Some(1e-3 * t.k as f64 * per_k + epilogue)
+        let epilogue = if t.rows { rate.row_epilogue_us * (tiles / sms).ceil() } else { 0.0 };
+        let steps = if splits > 1 { t.kspan.min(t.k) } else { t.k };
+        let fixup = if splits > 1 {
+            let l2 = self.l2_bandwidth_gbs.unwrap_or(self.copy_bandwidth_gbs);
+            let bytes = (splits * t.bm * t.bn * 4) as f64 * (tiles / sms).ceil();
+            bytes / (l2 * 1e3 / sms)
+        } else {
+            0.0
+        };
+        Some(1e-3 * steps as f64 * per_k + epilogue + fixup)
     }
 
     /// Microseconds to move a kernel's bytes: misses at the template's share of copy bandwidth,
@@ -305,6 +319,9 @@ pub struct GemmTiles {
     pub k: usize,
     pub bm: usize,
     pub bn: usize,
+    /// Blocks splitting each tile's depth (split-K; 1 for none) and each one's depth.
+    pub splits: usize,
+    pub kspan: usize,
     /// Whether the epilogue reduces rows.
     pub rows: bool,
     /// Whether the product runs on the tensor cores (16-bit operands; `tiles_mma`).
@@ -327,7 +344,7 @@ mod tests {
     use super::*;
 
     fn tiles(m: usize, n: usize, k: usize, bm: usize, bn: usize, rows: bool) -> GemmTiles {
-        GemmTiles { batch: 1, m, n, k, bm, bn, rows, mma: false, wide: false }
+        GemmTiles { batch: 1, m, n, k, bm, bn, splits: 1, kspan: 0, rows, mma: false, wide: false }
     }
 
     /// A profile with one measured tile (8x64: 30 ns per step alone, 20 shared) and 100 SMs.

@@ -154,6 +154,13 @@ fn gemm_implementations_match_the_reference() {
         ("softmax_epilogue", "input x: f32[70, 130]\ninput w: f32[130, 37]\ny = softmax(x @ w, -1)\noutput y\n"),
         ("softmax_bf16", "input x: bf16[64, 128]\ninput w: bf16[128, 200]\ny = softmax(x @ w, -1)\noutput y\n"),
         ("two_writes", "input x: f32[64, 64]\ninput w: f32[64, 32]\ns = x @ w\ny = exp(s)\noutput s, y\n"),
+        // Row epilogues over few tiles split their depth over several blocks (split-K): the
+        // seeds' softmax regressions, a ragged depth, batched, and bf16 (the sum rounded once).
+        ("sr_64x128x10", "input x: f32[64, 128]\ninput w: f32[128, 10]\ny = softmax(x @ w, -1)\noutput y\n"),
+        ("sr_256x512x50", "input x: f32[256, 512]\ninput w: f32[512, 50]\ny = softmax(x @ w, -1)\noutput y\n"),
+        ("sr_1024x1024x100", "input x: f32[1024, 1024]\ninput w: f32[1024, 100]\ny = softmax(x @ w, -1)\noutput y\n"),
+        ("split_batched", "input a: f32[3, 40, 300]\ninput b: f32[300, 20]\ninput c: f32[20]\ny = log_softmax(a @ b + c, -1)\noutput y\n"),
+        ("split_bf16", "input x: bf16[200, 1000]\ninput w: bf16[1000, 100]\ny = softmax(x @ w, -1)\noutput y\n"),
         // Heads inside rows: [2, 3] batch axes no one stride spans (cuBLASLt loops over the
         // first), a scaled product (alpha), and an operand broadcast over the outer axis only.
         ("heads_p_v", "input p: f32[2, 3, 40, 40]\ninput v: f32[2, 40, 3, 16]\ny = p @ transpose(v, 1, 2)\noutput y\n"),

@@ -236,13 +236,26 @@ fn tensor_core_row_tiles_compile() {
             assert!(!generated_defines(&s.source).contains("#define EQ_MMA 1"), "{what} (strict)");
         }
     }
-    // f32 operands: the row epilogue's CUDA-core tile (8 rows of 128 columns).
+    // f32 operands: the row epilogue's CUDA-core tile (32 rows of 128 columns, 4 by 4 per
+    // thread), its 1024-deep sums split over 4 blocks per tile (32 tiles alone would leave most
+    // SMs idle), with the split's workspace and counts as the last two parameters.
     let program = eqfuse::load_program("examples/matmul_softmax.eqf", &[]).unwrap();
     let plan = optimize(&program, &OptimizeOptions::new(profile)).unwrap().plan;
     let k = plan.kernels.iter().find(|k| k.template == eqfuse::Template::Gemm).unwrap();
-    let defines = generated_defines(&eqfuse::codegen_kernel(&plan, k).unwrap().source);
-    assert!(defines.contains("#define EQ_EPI_ROWS 1\n") && defines.contains("#define EQ_BM 8\n"), "{defines}");
+    let s = eqfuse::codegen_kernel(&plan, k).unwrap();
+    let defines = generated_defines(&s.source);
+    for want in ["EQ_EPI_ROWS 1", "EQ_BM 32", "EQ_TM 4", "EQ_TN 4", "EQ_SPLITS 4", "EQ_KSPAN 256"] {
+        assert!(defines.contains(&format!("#define {want}\n")), "no {want}\n{defines}");
+    }
     assert!(!defines.contains("#define EQ_MMA 1"), "{defines}");
+    assert_eq!(s.launch.grid, [1, 32, 4]);
+    let ws: Vec<_> = s.args.iter().filter(|a| a.role == eqfuse::ArgRole::Workspace).collect();
+    assert_eq!(
+        ws.iter().map(|a| (a.name.as_str(), a.bytes, a.zeroed)).collect::<Vec<_>>(),
+        [("eq_split_ws", 32 * 4 * 32 * 128 * 4, false), ("eq_split_count", 32 * 4, true)]
+    );
+    let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[]).unwrap_or_else(|e| panic!("matmul_softmax: {e}"));
+    assert!(c.log.trim().is_empty(), "matmul_softmax: warnings\n{}", c.log);
 }
 
 /// The generated `#define` block of a kernel source (before the template text).

@@ -100,13 +100,14 @@ impl Family {
     pub fn keys(self) -> Vec<(usize, usize)> {
         let tall = [(TALL_BM, 16), (TALL_BM, 32), (TALL_BM, 64)];
         match self {
-            // (A 16-bit row epilogue runs on the tensor cores: 8x256, a row tile, is f32's only.)
+            // The elementwise tiles, then (f32) the CUDA-core row tiles: a 16-bit row epilogue
+            // runs on the tensor cores, or under strict numerics in f32's row tile.
             Family::F32 | Family::Sixteen => {
                 let mut v = vec![(16, 16), (8, 32), (8, 64), (8, 128), (64, 128)];
-                if self == Family::F32 {
-                    v.push((8, 256));
-                }
                 v.extend(tall);
+                if self == Family::F32 {
+                    v.extend(ROW_TILES);
+                }
                 v
             }
             // The elementwise tiles, then the row tiles (`codegen::gemm::kernel_tile`).
@@ -168,11 +169,15 @@ impl Probe {
 /// The tensor-core row tiles: 32 rows of the padded row, 64 at 16 columns.
 const MMA_ROW_TILES: [(usize, usize); 5] = [(64, 16), (32, 32), (32, 64), (32, 128), (32, 256)];
 
+/// The CUDA-core row tiles (`codegen::gemm::tile`): 32 rows of the padded row, 64 at 16 columns.
+const ROW_TILES: [(usize, usize); 5] = [(64, 16), (32, 32), (32, 64), (32, 128), (32, 256)];
+
 /// Whether a key of `family` is a tile only a row epilogue takes.
 fn row_tile(family: Family, bm: usize, bn: usize) -> bool {
     match family {
         Family::Mma => MMA_ROW_TILES.contains(&(bm, bn)),
-        _ => bn > 128,
+        Family::F32 => ROW_TILES.contains(&(bm, bn)),
+        _ => false,
     }
 }
 
@@ -189,18 +194,13 @@ pub fn probes(sms: usize) -> Result<Vec<Probe>> {
                 }
                 continue;
             }
-            // Narrow f32 tiles (under 64 rows) are the ones a row epilogue takes too; 8x256 and
-            // the tensor-core row tiles only with one.
-            let narrow = bm < 64;
+            // The row tiles run with a row epilogue, the others without.
             let only_rows = row_tile(family, bm, bn);
             for form in [Form::Lone, Form::Shared] {
                 let ks = if form == Form::Lone { LONE_K } else { SHARED_K };
                 for k in ks {
                     out.push(gemm_probe(family, bm, bn, form, only_rows, k, sms)?);
                 }
-            }
-            if narrow && !only_rows && family == Family::F32 {
-                out.push(gemm_probe(family, bm, bn, Form::Shared, true, SHARED_K[1], sms)?);
             }
         }
     }
@@ -344,14 +344,19 @@ pub fn check(plan: &FusionPlan, probe: &Probe) -> Result<()> {
     }
     let rows = reduces(k);
     let sixteen = probe.family.dtype();
-    let (t, mma) = kernel_tile(&k.domain, rows, sixteen, sixteen, plan.search.strict);
-    if (t.bm, t.bn) != (probe.bm, probe.bn) || rows != probe.rows || mma != (probe.family == Family::Mma) {
+    let (t, mma) = kernel_tile(&k.domain, probe.steps, rows, sixteen, sixteen, plan.search.strict);
+    if (t.bm, t.bn) != (probe.bm, probe.bn)
+        || rows != probe.rows
+        || mma != (probe.family == Family::Mma)
+        || t.splits != 1
+    {
         return fail(format!(
-            "tile {}x{}{}{}",
+            "tile {}x{}{}{}{}",
             t.bm,
             t.bn,
             if rows { " with a row epilogue" } else { "" },
-            if mma { " on the tensor cores" } else { "" }
+            if mma { " on the tensor cores" } else { "" },
+            if t.splits > 1 { format!(" split {} ways", t.splits) } else { String::new() }
         ));
     }
     let rank = k.domain.len();
@@ -598,7 +603,7 @@ mod tests {
     fn the_fit_recovers_known_step_times() {
         let rate = TileRate { lone_ns_per_k: 27.9, sm_ns_per_k: 19.5, row_epilogue_us: 2.1 };
         for (family, key) in
-            [(Family::F32, (8, 64)), (Family::F32, (8, 256)), (Family::Mma, (32, 128)), (Family::F32, (16, 16))]
+            [(Family::F32, (32, 64)), (Family::F32, (32, 256)), (Family::Mma, (32, 128)), (Family::F32, (64, 16))]
         {
             let f = fit(family, "k", synthetic(family, key, &rate, 4.2, 0.0), 132, 4.2).unwrap();
             assert!((f.rate.lone_ns_per_k - 27.9).abs() < 1e-6, "{key:?} {f:?}");
@@ -608,15 +613,17 @@ mod tests {
             assert!(f.worst() < 1e-9);
         }
         // A tile no row epilogue takes fits no epilogue.
-        let f = fit(Family::Mma, "k", synthetic(Family::Mma, (128, 32), &rate, 4.2, 0.0), 132, 4.2).unwrap();
-        assert!((f.rate.lone_ns_per_k - 27.9).abs() < 1e-6 && (f.rate.sm_ns_per_k - 19.5).abs() < 1e-6);
-        assert_eq!(f.rate.row_epilogue_us, 0.0);
+        for (family, key) in [(Family::Mma, (128, 32)), (Family::F32, (8, 64))] {
+            let f = fit(family, "k", synthetic(family, key, &rate, 4.2, 0.0), 132, 4.2).unwrap();
+            assert!((f.rate.lone_ns_per_k - 27.9).abs() < 1e-6 && (f.rate.sm_ns_per_k - 19.5).abs() < 1e-6);
+            assert_eq!(f.rate.row_epilogue_us, 0.0);
+        }
         // The f32 attention path: K is keys x head elements.
         let f = fit(Family::AttentionF32, "k", synthetic(Family::AttentionF32, (64, 32), &rate, 4.2, 0.0), 132, 4.2)
             .unwrap();
         assert!((f.rate.lone_ns_per_k - 27.9).abs() < 1e-6 && (f.rate.sm_ns_per_k - 19.5).abs() < 1e-6);
         // With 2% noise the steps stay within a few percent, and the residuals show it.
-        let f = fit(Family::F32, "k", synthetic(Family::F32, (8, 64), &rate, 4.2, 0.02), 132, 4.2).unwrap();
+        let f = fit(Family::F32, "k", synthetic(Family::F32, (32, 64), &rate, 4.2, 0.02), 132, 4.2).unwrap();
         assert!((f.rate.lone_ns_per_k / 27.9 - 1.0).abs() < 0.05, "{f:?}");
         assert!((f.rate.sm_ns_per_k / 19.5 - 1.0).abs() < 0.05, "{f:?}");
         assert!(f.worst() > 0.005 && f.worst() < 0.05, "{}", f.worst());
@@ -629,7 +636,7 @@ mod tests {
         assert!((f.free_overhead_us.unwrap() - 14.2).abs() < 1e-6, "{f:?}");
         // A negative row epilogue is taken as 0, and said.
         let flat = TileRate { row_epilogue_us: -1.0, ..rate };
-        let f = fit(Family::F32, "k", synthetic(Family::F32, (8, 64), &flat, 4.2, 0.0), 132, 4.2).unwrap();
+        let f = fit(Family::F32, "k", synthetic(Family::F32, (32, 64), &flat, 4.2, 0.0), 132, 4.2).unwrap();
         assert_eq!(f.rate.row_epilogue_us, 0.0);
         assert!(f.note.as_deref().is_some_and(|n| n.contains("taken as 0")), "{f:?}");
     }

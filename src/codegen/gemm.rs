@@ -33,9 +33,20 @@ pub struct Tile {
     /// Row stride of the finished tile in shared memory.
     pub ts: usize,
     pub rows: bool,
+    /// Blocks splitting the reduction depth K of each output tile (`EQ_SPLITS`, split-K): each
+    /// sums its own [`Tile::kspan`]-deep part, and the last of a tile's blocks to finish adds
+    /// the parts in split order and runs the epilogue. 1 for no split.
+    pub splits: usize,
+    /// Depth of each split's part of K: a whole number of `bk` slices (`EQ_KSPAN`).
+    pub kspan: usize,
 }
 
 const THREADS: usize = 256;
+
+/// Split-K aims at this many blocks in all (about one per SM of an H100 or H200, 132 SMs).
+pub(crate) const SPLIT_TARGET_BLOCKS: usize = 128;
+/// The most blocks one output tile's depth is split over.
+pub(crate) const MAX_SPLITS: usize = 16;
 
 /// Products narrower than this many columns (with an elementwise epilogue) may take the blocked
 /// tall tile [`TALL_BM`] x (n rounded up to a power of two).
@@ -58,18 +69,58 @@ pub fn tile(dom: &[usize], rows: bool) -> Tile {
     if !rows && n <= TALL_MAX_N && m.div_ceil(TALL_BM) * batch >= TALL_MIN_BLOCKS {
         let bn = n.next_power_of_two().max(16);
         let tn = bn / 16;
-        return Tile { bm: TALL_BM, bn, bk: 16, tm: TALL_BM / (THREADS / 16), tn, ts: bn + 4, rows };
+        return Tile {
+            bm: TALL_BM,
+            bn,
+            bk: 16,
+            tm: TALL_BM / (THREADS / 16),
+            tn,
+            ts: bn + 4,
+            rows,
+            splits: 1,
+            kspan: 0,
+        };
     }
-    if rows || n <= 128 {
+    if rows {
+        // A row epilogue: one tile row holds the whole product row (its width padded to a power
+        // of two). A warp spans the tile's columns (32 of them, or all 16), each thread owning
+        // 4 rows and every 32nd column, so a step's shared-memory reads feed 4 x TN fused
+        // multiply-adds per TN + 4 loads; 8 such warps (16 at 16 columns) make 32 rows (64).
+        let bn = n.next_power_of_two().max(16);
+        let tx = bn.min(32);
+        let tm = 4;
+        let bm = THREADS / tx * tm;
+        let bk = if bn <= 128 { 64 } else { 32 };
+        return Tile { bm, bn, bk, tm, tn: bn / tx, ts: bn + 4, rows, splits: 1, kspan: 0 };
+    }
+    if n <= 128 {
         let bn = n.next_power_of_two().max(16);
         let bm = (THREADS / bn).max(8);
         // Few, deep steps: a narrow product is latency-bound per step (shared memory allows
-        // 64 deep up to 128 columns, 32 deep up to 256).
-        let bk = if bn <= 128 { 64 } else { 32 };
-        Tile { bm, bn, bk, tm: 1, tn: bm * bn / THREADS, ts: bn + 4, rows }
+        // 64 deep up to 128 columns).
+        Tile { bm, bn, bk: 64, tm: 1, tn: bm * bn / THREADS, ts: bn + 4, rows, splits: 1, kspan: 0 }
     } else {
-        Tile { bm: 64, bn: 128, bk: 16, tm: 4, tn: 8, ts: 132, rows }
+        Tile { bm: 64, bn: 128, bk: 16, tm: 4, tn: 8, ts: 132, rows, splits: 1, kspan: 0 }
     }
+}
+
+/// Split-K for a tile over iteration space `dom` with reduction depth `k`: a row epilogue
+/// outside strict numerics whose tiles are fewer than [`SPLIT_TARGET_BLOCKS`] splits each
+/// tile's depth over up to [`MAX_SPLITS`] blocks (each at least one `bk` slice), so that small
+/// products fill the GPU. (The parts are added in a fixed order, but not the order of the
+/// unsplit loop's sums; strict numerics keeps that loop.)
+pub fn split(mut t: Tile, dom: &[usize], k: usize, strict: bool) -> Tile {
+    let rank = dom.len();
+    let n = dom.last().copied().unwrap_or(1);
+    let m = if rank >= 2 { dom[rank - 2] } else { 1 };
+    let batch: usize = if rank >= 2 { dom[..rank - 2].iter().product() } else { 1 };
+    let tiles = m.div_ceil(t.bm) * n.div_ceil(t.bn) * batch;
+    let slices = k.div_ceil(t.bk).max(1);
+    let want = if t.rows && !strict { SPLIT_TARGET_BLOCKS.div_ceil(tiles).min(MAX_SPLITS).min(slices) } else { 1 };
+    let per = slices.div_ceil(want.max(1));
+    t.splits = slices.div_ceil(per);
+    t.kspan = if t.splits > 1 { per * t.bk } else { 0 };
+    t
 }
 
 /// Whether the generated kernel runs its product on the tensor cores (`EQ_MMA` in
@@ -142,26 +193,29 @@ fn row_mma_tile(t: &Tile) -> Tile {
     Tile { bm, bk, tm: 1, tn: bm * t.bn / THREADS, ..*t }
 }
 
-/// The tile the generated kernel runs a product over `dom` in, and whether on the tensor cores
-/// (operand dtypes `a`, `b`; see [`uses_mma`]): [`tile`] with 32-deep slices when the tensor
-/// cores run it, and for a row epilogue on 16-bit operands outside strict numerics the tensor
-/// cores' row tile (32 or 64 rows of the same width) where it fits; [`tile`] on CUDA cores
-/// otherwise. The cost model times the same tile (`cost.rs`).
-pub fn kernel_tile(dom: &[usize], rows: bool, a: DType, b: DType, strict: bool) -> (Tile, bool) {
+/// The tile the generated kernel runs a product over `dom` of reduction depth `k` in, and whether
+/// on the tensor cores (operand dtypes `a`, `b`; see [`uses_mma`]): [`tile`] with 32-deep slices
+/// when the tensor cores run it, and for a row epilogue on 16-bit operands outside strict
+/// numerics the tensor cores' row tile (32 or 64 rows of the same width) where it fits; [`tile`]
+/// on CUDA cores otherwise; then [`split`]. The cost model times the same tile (`cost.rs`).
+pub fn kernel_tile(dom: &[usize], k: usize, rows: bool, a: DType, b: DType, strict: bool) -> (Tile, bool) {
     let t = tile(dom, rows);
-    if rows {
+    let (t, mma) = if rows {
         let r = row_mma_tile(&t);
         if uses_mma(&r, a, b, strict) {
-            return (r, true);
+            (r, true)
+        } else {
+            (t, false)
         }
-        return (t, false);
-    }
-    let m = Tile { bk: 32, ..t };
-    if uses_mma(&m, a, b, strict) {
-        (m, true)
     } else {
-        (t, false)
-    }
+        let m = Tile { bk: 32, ..t };
+        if uses_mma(&m, a, b, strict) {
+            (m, true)
+        } else {
+            (t, false)
+        }
+    };
+    (split(t, dom, k, strict), mma)
 }
 
 /// Elements per staged chunk of the tensor-core mainloop's operands, `(EQ_VA, EQ_VB)` (see
@@ -251,6 +305,8 @@ pub struct Rendered {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub call: Option<LtCall>,
+    /// Scratch buffers after the kernel's tensors: (name, bytes, zeroed before the first launch).
+    pub workspace: Vec<(String, u64, bool)>,
 }
 
 /// Renders a gemm kernel in the plan's implementation; `packed` names the masks stored 1 bit per
@@ -261,7 +317,14 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
             Error::Invalid(format!("kernel {} (gemm): marked cuBLASLt but its form is not one cuBLASLt runs", k.id))
         })?;
         let one = [1, 1, 1];
-        return Ok(Rendered { defines: String::new(), body: String::new(), grid: one, block: one, call: Some(call) });
+        return Ok(Rendered {
+            defines: String::new(),
+            body: String::new(),
+            grid: one,
+            block: one,
+            call: Some(call),
+            workspace: vec![],
+        });
     }
     let n = *k.domain.last().ok_or_else(|| Error::Invalid(format!("kernel {} (gemm): a scalar product", k.id)))?;
     let rows = reduces(k);
@@ -292,7 +355,8 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
     let p = l.product.as_ref().expect("checked by lowered");
     // The tile the kernel runs (its row stride, which the epilogue was lowered with, is the
     // same in every tile of these columns).
-    let (mut t, mma) = kernel_tile(&k.domain, rows, p.a.dtype, p.b.dtype, strict);
+    let depth = p.a.shape[p.a.shape.len() - 1];
+    let (mut t, mma) = kernel_tile(&k.domain, depth, rows, p.a.dtype, p.b.dtype, strict);
     debug_assert_eq!(t.ts, tile(&k.domain, rows).ts);
     if mma && rows {
         // The row epilogue's reduction slots share the 48 KiB of static shared memory (a
@@ -325,6 +389,13 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
         .map(|t| emit::param_decl(&t.name, t.ty.dtype, true, packed.contains(&t.name)))
         .chain(k.writes.iter().map(|t| emit::param_decl(&t.name, t.ty.dtype, false, packed.contains(&t.name))))
         .collect();
+    let mut kparams = kparams;
+    if t.splits > 1 {
+        kparams.extend([
+            "float* __restrict__ eq_split_ws".to_string(),
+            "unsigned* __restrict__ eq_split_count".to_string(),
+        ]);
+    }
     let _ = writeln!(d, "#define EQ_KPARAMS \\\n    {}", kparams.join(", \\\n    "));
     let (sa, sb) = (&p.a.strides, &p.b.strides);
     let (ra, rb) = (sa.len(), sb.len());
@@ -346,6 +417,9 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
         ("EQ_EPI_ROWS", usize::from(rows)),
     ] {
         let _ = writeln!(d, "#define {name} {v}");
+    }
+    if t.splits > 1 {
+        let _ = writeln!(d, "#define EQ_SPLITS {}\n#define EQ_KSPAN {}", t.splits, t.kspan);
     }
     let product = k.writes.first().map_or(DType::F32, |w| w.ty.dtype);
     let product = product_dtype(k).unwrap_or(product);
@@ -378,8 +452,19 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
     body.push_str(&batch_offset("eq_a_batch", &p.a, dom));
     body.push_str(&batch_offset("eq_b_batch", &p.b, dom));
     body.push_str(&r.body);
-    let grid = [n.div_ceil(t.bn) as u32, m.div_ceil(t.bm) as u32, batch as u32];
-    Ok(Rendered { defines: d, body, grid, block: [THREADS as u32, 1, 1], call: None })
+    let grid = [n.div_ceil(t.bn) as u32, m.div_ceil(t.bm) as u32, (batch * t.splits) as u32];
+    // Split-K's scratch: every split's partial tile, and an arrival count per output tile
+    // (zero before every launch; the last block of each tile leaves it zero).
+    let workspace = if t.splits > 1 {
+        let tiles = n.div_ceil(t.bn) * m.div_ceil(t.bm) * batch;
+        vec![
+            ("eq_split_ws".to_string(), (tiles * t.splits * t.bm * t.bn * 4) as u64, false),
+            ("eq_split_count".to_string(), (tiles * 4) as u64, true),
+        ]
+    } else {
+        vec![]
+    };
+    Ok(Rendered { defines: d, body, grid, block: [THREADS as u32, 1, 1], call: None, workspace })
 }
 
 /// The dtype of the kernel's matrix product (the type the program gives `a @ b`).
@@ -636,20 +721,21 @@ mod tests {
             [(10, 64, 16, 128), (20, 32, 32, 128), (37, 32, 64, 128), (100, 32, 128, 128), (200, 32, 256, 64)]
         {
             for dom in [vec![1000, n], vec![3, 70, n]] {
-                let (t, mma) = kernel_tile(&dom, true, Bf16, Bf16, false);
+                let (t, mma) = kernel_tile(&dom, 4096, true, Bf16, Bf16, false);
                 assert!(mma, "{dom:?}");
                 assert_eq!((t.bm, t.bn, t.bk, t.ts, t.rows), (bm, bn, bk, bn + 4, true), "{dom:?}");
                 assert!(mma_smem_bytes(&t) <= MMA_SMEM_BYTES);
-                assert!(kernel_tile(&dom, true, F16, F16, false).1);
+                assert!(kernel_tile(&dom, 4096, true, F16, F16, false).1);
                 // Strict numerics, f32 or mixed operands: the CUDA-core row tile.
                 for (a, b, strict) in [(Bf16, Bf16, true), (F32, F32, false), (Bf16, F16, false)] {
-                    assert_eq!(kernel_tile(&dom, true, a, b, strict), (tile(&dom, true), false), "{dom:?}");
+                    let (t, mma) = kernel_tile(&dom, 4096, true, a, b, strict);
+                    assert_eq!((Tile { splits: 1, kspan: 0, ..t }, mma), (tile(&dom, true), false), "{dom:?}");
                 }
             }
         }
         // Elementwise epilogues: the tile of `tile`, 32 deep on the tensor cores.
         let dom = [4096, 4096];
-        assert_eq!(kernel_tile(&dom, false, Bf16, Bf16, false), (Tile { bk: 32, ..tile(&dom, false) }, true));
-        assert_eq!(kernel_tile(&[64, 100], false, Bf16, Bf16, false), (tile(&[64, 100], false), false));
+        assert_eq!(kernel_tile(&dom, 4096, false, Bf16, Bf16, false), (Tile { bk: 32, ..tile(&dom, false) }, true));
+        assert_eq!(kernel_tile(&[64, 100], 4096, false, Bf16, Bf16, false), (tile(&[64, 100], false), false));
     }
 }

@@ -275,7 +275,20 @@ fn codegen_gemm(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
         template: Template::Gemm,
         source,
         launch: Launch { grid: r.grid, block: r.block, smem_bytes: 0, persistent: false, wave: false, sm90a: None },
-        args: tensor_args(k, &packed_names(plan)),
+        args: {
+            let mut args = tensor_args(k, &packed_names(plan));
+            for (name, bytes, zeroed) in &r.workspace {
+                args.push(KernelArg {
+                    name: name.clone(),
+                    role: ArgRole::Workspace,
+                    dtype: None,
+                    shape: vec![],
+                    bytes: *bytes,
+                    zeroed: *zeroed,
+                });
+            }
+            args
+        },
         cublaslt: r.call,
         scheduled_sums: false,
     })
