@@ -20,7 +20,7 @@
 // [EQ_BM x EQ_BN] f32); the last to arrive (counted in `eq_split_count`, one per tile) adds the
 // parts in split order and runs the epilogue alone.
 // The block computes a EQ_BM x EQ_BN tile: thread (tx, ty) owns rows ty*EQ_TM + i and columns
-// tx + j*(EQ_BN/EQ_TN); each step stages a EQ_BK-deep slice of A (transposed) and B in shared
+// EQ_TCOL(tx, j) (groups of 4 or 2 adjacent columns where EQ_TN allows, for vector loads); each step stages a EQ_BK-deep slice of A (transposed) and B in shared
 // memory, loading along whichever axis is contiguous in device memory, and loads the next
 // slice into registers before computing on this one. The finished tile goes to
 // shared memory (reusing the staging space) with row stride EQ_TS, and the epilogue reads it there.
@@ -156,7 +156,19 @@ __device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {
 #define EQ_B_CCOL(c) (EQ_SBK == 1 ? (c) / (EQ_BK / EQ_VB) : ((c) % (EQ_BN / EQ_VB)) * EQ_VB)
 #define EQ_B_CDEPTH(c) (EQ_SBK == 1 ? ((c) % (EQ_BK / EQ_VB)) * EQ_VB : (c) / (EQ_BN / EQ_VB))
 #else
-#define EQ_STAGE_FLOATS (EQ_BK * (EQ_BM + 1) + EQ_BK * (EQ_BN + 1))
+// CUDA-core staging: A transposed ([EQ_BK][EQ_BM + EQ_APAD]) and B ([EQ_BK][EQ_BN + EQ_BPAD]).
+// A thread reads its EQ_TM rows of an A row as float4s when EQ_TM is a multiple of 4 (rows
+// padded to a multiple of 4 floats), else one by one (rows padded by one float, so the
+// transposing stores do not collide in one bank); its EQ_TN columns of B likewise, as float4s
+// or float2s: thread tx owns columns EQ_TCOL(tx, j), groups of 4 (2) consecutive columns
+// EQ_TX * 4 (* 2) apart, so a warp's vector loads cover consecutive 16-byte words.
+#define EQ_APAD (EQ_TM % 4 == 0 ? 4 : 1)
+#define EQ_BPAD (EQ_TN % 4 == 0 ? 4 : (EQ_TN % 2 == 0 ? 2 : 1))
+#define EQ_TCOL(tx, j)                                                                                  \
+    (EQ_TN % 4 == 0   ? ((j) / 4) * (EQ_TX * 4) + (tx) * 4 + (j) % 4                                    \
+     : EQ_TN % 2 == 0 ? ((j) / 2) * (EQ_TX * 2) + (tx) * 2 + (j) % 2                                    \
+                      : (tx) + (j) * EQ_TX)
+#define EQ_STAGE_FLOATS (EQ_BK * (EQ_BM + EQ_APAD) + EQ_BK * (EQ_BN + EQ_BPAD))
 #endif
 #define EQ_TILE_FLOATS (EQ_BM * EQ_TS)
 #define EQ_SMEM_FLOATS (EQ_STAGE_FLOATS > EQ_TILE_FLOATS ? EQ_STAGE_FLOATS : EQ_TILE_FLOATS)
@@ -352,8 +364,8 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
 #else
     const int tx = tid % EQ_TX;
     const int ty = tid / EQ_TX;
-    float (*as)[EQ_BM + 1] = reinterpret_cast<float (*)[EQ_BM + 1]>(eq_smem);
-    float (*bs)[EQ_BN + 1] = reinterpret_cast<float (*)[EQ_BN + 1]>(eq_smem + EQ_BK * (EQ_BM + 1));
+    float (*as)[EQ_BM + EQ_APAD] = reinterpret_cast<float (*)[EQ_BM + EQ_APAD]>(eq_smem);
+    float (*bs)[EQ_BN + EQ_BPAD] = reinterpret_cast<float (*)[EQ_BN + EQ_BPAD]>(eq_smem + EQ_BK * (EQ_BM + EQ_APAD));
     float acc[EQ_TM][EQ_TN];
 #pragma unroll
     for (int i = 0; i < EQ_TM; ++i)
@@ -403,10 +415,32 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
 #pragma unroll
         for (int kk = 0; kk < EQ_BK; ++kk) {
             float a[EQ_TM], b[EQ_TN];
+#if EQ_TM % 4 == 0
+#pragma unroll
+            for (int i = 0; i < EQ_TM; i += 4) {
+                const float4 v = *reinterpret_cast<const float4*>(&as[kk][ty * EQ_TM + i]);
+                a[i] = v.x, a[i + 1] = v.y, a[i + 2] = v.z, a[i + 3] = v.w;
+            }
+#else
 #pragma unroll
             for (int i = 0; i < EQ_TM; ++i) a[i] = as[kk][ty * EQ_TM + i];
+#endif
+#if EQ_TN % 4 == 0
 #pragma unroll
-            for (int j = 0; j < EQ_TN; ++j) b[j] = bs[kk][tx + j * EQ_TX];
+            for (int j = 0; j < EQ_TN; j += 4) {
+                const float4 v = *reinterpret_cast<const float4*>(&bs[kk][EQ_TCOL(tx, j)]);
+                b[j] = v.x, b[j + 1] = v.y, b[j + 2] = v.z, b[j + 3] = v.w;
+            }
+#elif EQ_TN % 2 == 0
+#pragma unroll
+            for (int j = 0; j < EQ_TN; j += 2) {
+                const float2 v = *reinterpret_cast<const float2*>(&bs[kk][EQ_TCOL(tx, j)]);
+                b[j] = v.x, b[j + 1] = v.y;
+            }
+#else
+#pragma unroll
+            for (int j = 0; j < EQ_TN; ++j) b[j] = bs[kk][EQ_TCOL(tx, j)];
+#endif
 #pragma unroll
             for (int i = 0; i < EQ_TM; ++i)
 #pragma unroll
@@ -420,7 +454,7 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
 #pragma unroll
     for (int i = 0; i < EQ_TM; ++i)
 #pragma unroll
-        for (int j = 0; j < EQ_TN; ++j) tile[(ty * EQ_TM + i) * EQ_TS + tx + j * EQ_TX] = EQ_TILE_ROUND(acc[i][j]);
+        for (int j = 0; j < EQ_TN; ++j) tile[(ty * EQ_TM + i) * EQ_TS + EQ_TCOL(tx, j)] = EQ_TILE_ROUND(acc[i][j]);
     __syncthreads();
 #endif
 #if EQ_SPLITS > 1

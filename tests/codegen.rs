@@ -139,8 +139,7 @@ fn gemm_kernels_render_in_their_implementation() {
     let call = eqfuse::gemm_cublaslt_call(&optimize(&t, &opts()).unwrap().plan.kernels[0]).expect("a call");
     assert_eq!((call.batch, call.calls()), (6, 1));
     // softmax(x @ w) of a small product is one generated kernel whose epilogue is the row
-    // template's functions (at 256x512x50 cuBLASLt plus a row kernel is predicted, and was
-    // measured, faster).
+    // template's functions; its one 64-row tile splits the 128-deep sum over two blocks.
     let dims = [("B".to_string(), 64), ("F".to_string(), 128), ("K".to_string(), 10)];
     let p = eqfuse::load_program("examples/softmax_regression.eqf", &dims).unwrap();
     let plan = optimize(&p, &opts()).unwrap().plan;
@@ -151,7 +150,9 @@ fn gemm_kernels_render_in_their_implementation() {
     for needle in ["#define EQ_EPI_ROWS 1", "eq_accum", "// ---- kernels/gemm.cu ----", "p_eq_product"] {
         assert!(s.source.contains(needle), "missing {needle}");
     }
-    assert_eq!(s.args.len(), 3, "the product tile is not a kernel argument");
+    assert!(s.source.contains("#define EQ_SPLITS 2\n") && s.launch.grid == [1, 1, 2]);
+    let names: Vec<_> = s.args.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["x", "w", "probs", "eq_split_ws", "eq_split_count"], "the product tile is not a kernel argument");
 }
 
 /// Every program the GPU differential run saved plans (default and strict) into kernels that
