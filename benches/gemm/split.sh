@@ -17,7 +17,7 @@ T0=$(date +%s); el(){ echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; } > "$OUT/device.log" 2>&1
 cat "$OUT/device.log"
 el tests
-timeout 120 "$G/gpu-tests" gemm_implementations --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
+timeout 200 "$G/gpu-tests" gemm_implementations cases_and_examples --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
 echo "tests exit $?" >> "$OUT/gpu-tests.log"; grep -E "^ok:|test result|panicked|exit" "$OUT/gpu-tests.log" | tail -50
 el memcheck
 { for p in "examples/softmax_regression.eqf" "examples/matmul_softmax.eqf" "progs/split_batched.eqf"; do
@@ -37,7 +37,7 @@ el runs
   done; } > "$OUT/runs.log" 2>&1
 echo "runs exit $?"; grep -E "^==|total|gemm|MISMATCH|rror" "$OUT/runs.log" | head -60
 el bench
-timeout 150 "$E" bench examples/softmax_regression.eqf examples/matmul_softmax.eqf examples/softmax_small.eqf --device "$OUT/h100.json" --json "$OUT/bench.json" > "$OUT/bench.txt" 2>&1
+timeout 150 "$E" bench examples/softmax_regression.eqf examples/matmul_softmax.eqf examples/softmax_small.eqf --device "$OUT/h100.json" --json /tmp/bench.json > "$OUT/bench.txt" 2>&1
 echo "bench exit $?"; tail -12 "$OUT/bench.txt"
 el eager
 timeout 100 python3 "$G/softmax_regression_eager.py" > "$OUT/eager.log" 2>&1; echo "eager exit $?"; cat "$OUT/eager.log"
