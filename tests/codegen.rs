@@ -218,3 +218,21 @@ fn bf16_softmax_regression_is_one_tensor_core_gemm_kernel() {
         }
     }
 }
+
+#[test]
+fn one_hot_sums_are_read_at_the_target_column() {
+    // cross_entropy_grad: the picked log-probability (a one-hot product summed over the row) and
+    // the gradient's one-hot sum become row values read at the target column (guarded against
+    // targets outside the row), so the row takes two stages (max, sum of exponentials), not
+    // three; strict numerics keep the reduction.
+    let p = eqfuse::load_program("examples/cross_entropy_grad.eqf", &[("N".into(), 64), ("V".into(), 1000)]).unwrap();
+    let render = |strict: bool| {
+        let plan = optimize(&p, &OptimizeOptions { strict, ..opts() }).unwrap().plan;
+        let sources = codegen_plan(&plan).unwrap();
+        sources.iter().filter(|s| s.name.starts_with("rowreduce")).map(generated).collect::<String>()
+    };
+    let (fast, strict) = (render(false), render(true));
+    assert!(fast.contains("#define EQ_STAGES 2"), "{fast}");
+    assert!(fast.contains("< 1000) {") && fast.contains("const eq_idx col0 = (eq_idx)t"), "{fast}");
+    assert!(!strict.contains("#define EQ_STAGES 2") && !strict.contains("const eq_idx col0 = (eq_idx)t"), "{strict}");
+}

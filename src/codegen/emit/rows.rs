@@ -1,7 +1,10 @@
 //! Rendering for `kernels/rowreduce.cu`: reduction stages (with online softmax pairs), row
 //! values in `EqRow`, cached row loads, the epilogue, row stores and global (all-row) results.
 //! Invariant: a value is computed in the first stage where everything it depends on is known,
-//! so a cached row is read from memory once.
+//! so a cached row is read from memory once. One-hot sums along the row (`sum(a * onehot(t))`,
+//! cross-entropy's picked value) are no stage: outside strict numerics they are row values,
+//! `a` read at column `t` (H200, cross-entropy gradient 8192x32000: 710 -> 568 us,
+//! benches/results/2026-11-22-h200-86c34f4-cevariants).
 
 use super::*;
 
@@ -23,6 +26,57 @@ mod plan {
         pub globals: Vec<usize>,
         /// Online pairs: (sum of exp(x - m), its max m), computed in the max's stage.
         pub online: Vec<(usize, usize)>,
+        /// One-hot sums (reduction, index, value): computed as row values, the value at the
+        /// index's column, instead of in a stage (see [`one_hot`]).
+        pub picks: Vec<(usize, usize, usize)>,
+    }
+
+    /// Whether `n` is the same for every column of a row.
+    fn row_uniform(l: &Lowered, n: usize, last: usize) -> bool {
+        match &l.nodes[n].op {
+            Op::Const(_) | Op::Reduce(..) | Op::Global(..) => true,
+            Op::Load(a) => l.accesses[*a].strides[last] == 0,
+            Op::Coord(k) => *k != last,
+            Op::Flat(strides) => strides[last] == 0,
+            Op::Dropout { .. } => false,
+            op => children(op).into_iter().all(|c| row_uniform(l, c, last)),
+        }
+    }
+
+    /// A one-hot sum along the row, `sum(a * f32(col == t))` or `sum(where(col == t, a, 0))`
+    /// with `t` an i32 value the same for the whole row (cross-entropy's picked log-probability
+    /// and the gradient's one-hot terms): `(t, a)`. Its value is `a` at column `t` (0 when `t`
+    /// is outside the row), read there instead of reduced over the row: every other term is a
+    /// zero. Exact for the `where` form; for the product form only while `a` is finite
+    /// elsewhere in the row (an infinite or NaN `a` times 0 is NaN), so strict numerics keep
+    /// the reduction.
+    pub(super) fn one_hot(l: &Lowered, i: usize) -> Option<(usize, usize)> {
+        let last = l.domain.len().checked_sub(1)?;
+        let Op::Reduce(Reduce::Sum, p) = l.nodes[i].op else { return None };
+        if l.nodes[i].dtype != DType::F32 || l.nodes[p].dtype != DType::F32 {
+            return None;
+        }
+        let index = |h: usize| -> Option<usize> {
+            let Op::Binary(Binary::Eq, x, y) = l.nodes[h].op else { return None };
+            let col = |n: usize| matches!(l.nodes[n].op, Op::Coord(k) if k == last);
+            let t = if col(x) {
+                y
+            } else if col(y) {
+                x
+            } else {
+                return None;
+            };
+            (l.nodes[t].dtype == DType::I32 && row_uniform(l, t, last)).then_some(t)
+        };
+        let pick = match l.nodes[p].op {
+            Op::Binary(Binary::Mul, x, y) => [(x, y), (y, x)].into_iter().find_map(|(a, b)| match l.nodes[b].op {
+                Op::Cast(DType::F32, h) => index(h).map(|t| (t, a)),
+                _ => None,
+            }),
+            Op::Where(h, a, z) if matches!(l.nodes[z].op, Op::Const(c) if c == 0.0) => index(h).map(|t| (t, a)),
+            _ => None,
+        };
+        pick.filter(|&(_, a)| l.nodes[a].dtype == DType::F32)
     }
 
     /// The max `m` of a `sum(exp(x - m))` whose `m` is `amax(x)` of the same `x`.
@@ -42,9 +96,14 @@ mod plan {
         let mut avail = vec![0usize; n];
         let mut stages: Vec<Vec<usize>> = vec![];
         let mut online: Vec<(usize, usize)> = vec![];
+        let mut picks: Vec<(usize, usize, usize)> = vec![];
         for i in 0..n {
             let below = children(&l.nodes[i].op).iter().map(|&c| avail[c]).max().unwrap_or(0);
             avail[i] = below;
+            if let Some((t, a)) = one_hot(l, i).filter(|_| !e.strict) {
+                picks.push((i, t, a));
+                continue;
+            }
             // Strict numerics keep the two passes the unfused plan makes (max, then the sum).
             let pair = if e.strict || !online_pairs { None } else { online_max(l, i) };
             if let Some(m) = pair.filter(|m| !online.iter().any(|(_, x)| x == m)) {
@@ -62,6 +121,11 @@ mod plan {
                 avail[i] = below + 1;
             }
         }
+        // Stages left empty by one-hot sums go: a value needs the stages before it that remain.
+        let kept: Vec<usize> =
+            (0..=stages.len()).map(|k| stages[..k].iter().filter(|s| !s.is_empty()).count()).collect();
+        avail.iter_mut().for_each(|a| *a = kept[*a]);
+        stages.retain(|s| !s.is_empty());
         let live = e.closure(&l.stores.iter().map(|s| s.node).collect::<Vec<_>>(), &e.scope(false));
         let in_stages: Vec<usize> = stages.iter().flatten().map(|&x| children(&l.nodes[x].op)[0]).collect();
         let stage_nodes = e.closure(&in_stages, &e.scope(false));
@@ -77,7 +141,7 @@ mod plan {
             .into_iter()
             .filter(|&i| !elem[i] && !matches!(l.nodes[i].op, Op::Const(_) | Op::Flat(_) | Op::Global(..)))
             .collect();
-        RowPlan { avail, stages, cached, row_nodes, globals, online }
+        RowPlan { avail, stages, cached, row_nodes, globals, online, picks }
     }
 }
 
@@ -275,7 +339,10 @@ impl Emitter<'_> {
             .row_nodes
             .iter()
             .copied()
-            .filter(|&i| rp.avail[i] == avail && !matches!(self.node(i).op, Op::Reduce(..)))
+            .filter(|&i| {
+                rp.avail[i] == avail
+                    && (!matches!(self.node(i).op, Op::Reduce(..)) || rp.picks.iter().any(|p| p.0 == i))
+            })
             .collect();
         for &i in &mine {
             scope.refs[i] = None;
@@ -283,6 +350,11 @@ impl Emitter<'_> {
         let mut need = BTreeSet::new();
         let mut t = Text::default();
         for &i in &mine {
+            if let Some(&(_, ti, a)) = rp.picks.iter().find(|p| p.0 == i) {
+                self.pick_lines(&scope, i, ti, a, &mut t);
+                scope.refs[i] = Some(format!("rv.n{i}"));
+                continue;
+            }
             let e = match self.node(i).op {
                 Op::Load(a) => {
                     let acc = &self.l.accesses[a];
@@ -305,6 +377,38 @@ impl Emitter<'_> {
         f.s.push_str(&t.s);
         f.line(0, "}");
         f.s
+    }
+
+    /// A one-hot sum `i` as a row value: `a` evaluated at column `t` from device memory (the
+    /// row's cache holds other columns), 0 when `t` is outside the row. `0.0f +` gives the sum's
+    /// +0 where `a` is -0.
+    fn pick_lines(&self, scope: &Scope, i: usize, ti: usize, a: usize, t: &mut Text) {
+        let cols = self.dim(self.rank() - 1);
+        let mut s = Scope { refs: scope.refs.clone(), lanes: false };
+        let (mut need, mut idx) = (BTreeSet::new(), Text::default());
+        let nodes = self.closure(&[ti], &s);
+        self.loads(&nodes, &mut s, &mut idx, 2, &mut need);
+        self.values(&nodes, &mut s, &mut idx, 2, &mut need);
+        t.line(1, "{");
+        self.coords(&need, t, 2);
+        t.s.push_str(&idx.s);
+        t.line(2, format!("const int t{i} = {};", self.operand(ti, "int", &s)));
+        t.line(2, format!("rv.n{i} = 0.0f;"));
+        t.line(2, format!("if (t{i} >= 0 && t{i} < {cols}) {{"));
+        let (mut need, mut val) = (BTreeSet::new(), Text::default());
+        let nodes = self.closure(&[a], &s);
+        self.loads(&nodes, &mut s, &mut val, 3, &mut need);
+        self.values(&nodes, &mut s, &mut val, 3, &mut need);
+        let mut at = Text::default();
+        self.coords(&need, &mut at, 3);
+        at.s.push_str(&val.s);
+        if at.s.contains("col0") {
+            t.line(3, format!("const eq_idx col0 = (eq_idx)t{i};"));
+        }
+        t.s.push_str(&at.s);
+        t.line(3, format!("rv.n{i} = 0.0f + {};", self.operand(a, "float", &s)));
+        t.line(2, "}");
+        t.line(1, "}");
     }
 
     fn row_acc(&self, rp: &plan::RowPlan) -> String {

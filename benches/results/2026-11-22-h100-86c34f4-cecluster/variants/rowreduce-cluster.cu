@@ -1,0 +1,358 @@
+// rowreduce.cu: reductions along the last axis with a fused pointwise prologue and epilogue,
+// one or more outputs (softmax, log-softmax, layernorm, rmsnorm, and their decomposed forms).
+//
+// Math: the iteration space is EQ_ROWS rows of EQ_COLS columns. The body is a chain of
+// EQ_STAGES reduction stages followed by an epilogue:
+//   stage s:  acc_k = combine_k over j < EQ_COLS of e_{s,k}(row, j, rv)   (sum, max or min)
+//             rv   <- finish_s(acc)   (row values: means, rsqrt(var + eps), ...)
+//   epilogue: out(row, j) = g(row, j, rv) for every column j; row outputs from rv.
+// e and g may use row values of earlier stages (layernorm: stage 0 gives the mean, stage 1
+// the mean of squared centred values, the epilogue normalises).
+//
+// Launch shape: EQ_ROW_THREADS threads (a power of two, 1..1024) cooperate on one row; a block
+// of EQ_BLOCK threads holds EQ_BLOCK / EQ_ROW_THREADS rows and loops over row groups
+// (grid-stride; the runtime may launch fewer blocks than row groups, one wave of resident
+// blocks). When EQ_CACHED, as the epilogue consumes each cached chunk of a row it loads the same
+// chunk of the thread's next row into the freed registers, so the next row's reads overlap this
+// row's epilogue and writes. Thread `lane` of a row owns columns (c * EQ_ROW_THREADS + lane) * EQ_VEC + v
+// for c < EQ_CHUNKS, v < EQ_VEC, so each chunk is one 16-byte access per thread, coalesced
+// across the row's threads. When EQ_CACHED, the row's inputs stay in registers from the first
+// pass to the epilogue (one read of device memory); otherwise each stage re-reads them.
+// Pipelined form (EQ_PIPELINED, for cached rows so long that one block's rows take the
+// registers of a whole SM, e.g. cross-entropy over 32000 columns): the block loops over its
+// rows (launched as one wave of resident blocks), and while it reduces and writes row r from
+// registers, row r + stride streams into shared memory (`cp.async`, no registers held, one
+// 16-byte slot per thread, chunk and cached access: EQ_STAGE_BYTES of dynamic shared memory);
+// the epilogue moves each chunk of the next row from shared memory into the registers it
+// frees and starts copying the same chunk of the row after that. Each thread reads back only
+// what it copied itself, so no barrier guards the staging buffer.
+// Cross-thread combining: warp shuffles, then shared memory across the row's warps.
+// Online form: a stage may hold a max m and the sum of exp(e - m) of the same row as one pair
+// (combined as m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)), so softmax needs one pass
+// before its epilogue instead of two. Codegen uses it only for rows that are not cached: over a
+// cached row a second pass reads registers, and the pair's rescaling costs more arithmetic than
+// it saves (cross-entropy 8192x32000 on an H100: 975 us online, 779 us in two stages).
+//
+// Global values (cross-entropy's mean over rows): when EQ_NGLOBAL > 0, each row adds row
+// values to EQ_NGLOBAL per-thread sums (`eq_global`); a block combines its rows in a fixed
+// order into the workspace `eq_ws`, and the last block to finish (counted in `eq_count`)
+// adds the blocks' partials in block order and stores the results (`eq_global_store`).
+//
+// Invariants: EQ_VEC divides EQ_COLS; every thread of a block reaches every __syncthreads
+// (rows past EQ_ROWS compute nothing but still take part); combining is in a fixed order and
+// every thread of a row gets lane 0's value, so results are deterministic and identical
+// across a row's threads; each output element is written exactly once; `eq_count` is zero
+// before and after every launch, and global sums do not depend on block scheduling.
+#ifndef EQ_COMMON_CUH
+#include "common.cuh"
+#endif
+
+#ifndef EQ_GENERATED
+// Default instance: y = softmax(x, -1) over [64, 512] f32.
+#define EQ_KERNEL rowreduce_f32
+#define EQ_ROWS 64
+#define EQ_COLS 512
+#define EQ_ROW_THREADS 32
+#define EQ_BLOCK 128
+#define EQ_VEC 4
+#define EQ_CHUNKS 4
+#define EQ_NCACHE 1
+#define EQ_CACHED 1
+#define EQ_STAGES 2
+#define EQ_NACC 1
+#define EQ_NGLOBAL 0
+#define EQ_PARAMS const float* __restrict__ p_x, float* __restrict__ p_y
+#define EQ_ARGS p_x, p_y
+
+struct EqRow { float m; float s; };
+
+__device__ __forceinline__ void eq_fetch(EQ_PARAMS, eq_idx row, eq_idx col0, float (&cv)[EQ_NCACHE][EQ_VEC]) {
+    eq_loadv<float, EQ_VEC>(p_x + row * EQ_COLS + col0, cv[0]);
+}
+__device__ __forceinline__ void eq_row_init(EQ_PARAMS, eq_idx row, EqRow& rv) {}
+__device__ __forceinline__ void eq_acc_init(int s, float (&acc)[EQ_NACC]) { acc[0] = s == 0 ? -EQ_INF : 0.0f; }
+__device__ __forceinline__ void eq_merge(int s, float (&a)[EQ_NACC], const float (&b)[EQ_NACC]) {
+    a[0] = s == 0 ? eq_max(a[0], b[0]) : a[0] + b[0];
+}
+__device__ __forceinline__ void eq_accum(int s, EQ_PARAMS, eq_idx row, eq_idx col0, const float (&cv)[EQ_NCACHE][EQ_VEC],
+                                         const EqRow& rv, float (&acc)[EQ_NACC]) {
+#pragma unroll
+    for (int v = 0; v < EQ_VEC; ++v) {
+        if (s == 0) acc[0] = eq_max(acc[0], cv[0][v]);
+        else acc[0] = acc[0] + expf(cv[0][v] - rv.m);
+    }
+}
+__device__ __forceinline__ void eq_finish(int s, EQ_PARAMS, eq_idx row, const float (&acc)[EQ_NACC], EqRow& rv) {
+    if (s == 0) rv.m = acc[0];
+    else rv.s = acc[0];
+}
+__device__ __forceinline__ void eq_epilogue(EQ_PARAMS, eq_idx row, eq_idx col0, const float (&cv)[EQ_NCACHE][EQ_VEC],
+                                            const EqRow& rv) {
+    float y[EQ_VEC];
+#pragma unroll
+    for (int v = 0; v < EQ_VEC; ++v) y[v] = expf(cv[0][v] - rv.m) / rv.s;
+    eq_storev<float, EQ_VEC>(p_y + row * EQ_COLS + col0, y);
+}
+__device__ __forceinline__ void eq_row_store(EQ_PARAMS, eq_idx row, const EqRow& rv) {}
+#endif
+
+#ifndef EQ_PIPELINED
+#define EQ_PIPELINED 0
+#endif
+#ifndef EQ_CLUSTER
+#define EQ_CLUSTER 1
+#endif
+#if EQ_CLUSTER > 1
+// A row split over the EQ_CLUSTER blocks of a thread-block cluster, EQ_BLOCK threads each.
+#define EQ_CTA_ROW_THREADS EQ_BLOCK
+#define EQ_ROWS_PER_BLOCK 1
+static_assert(EQ_ROW_THREADS == EQ_BLOCK * EQ_CLUSTER, "a split row takes every thread of its cluster");
+static_assert(!EQ_PIPELINED, "the pipelined form holds a row in one block");
+#define EQ_CLUSTER_ATTR __cluster_dims__(EQ_CLUSTER, 1, 1)
+#else
+#define EQ_CTA_ROW_THREADS EQ_ROW_THREADS
+#define EQ_ROWS_PER_BLOCK (EQ_BLOCK / EQ_ROW_THREADS)
+#define EQ_CLUSTER_ATTR
+#endif
+#define EQ_WARPS_PER_ROW (EQ_CTA_ROW_THREADS > 32 ? EQ_CTA_ROW_THREADS / 32 : 1)
+
+#if EQ_CLUSTER > 1
+// Cluster primitives (sm_90): a barrier of every thread of the cluster (release/acquire, so
+// shared-memory writes before it are visible to other blocks' reads after it), and a read of
+// another block's shared memory (distributed shared memory).
+__device__ __forceinline__ void eq_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float eq_ld_cluster(const float* p, unsigned int rank) {
+    unsigned int a, d;
+    float x;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(x) : "r"(d) : "memory");
+    return x;
+}
+#endif
+
+// Combines one stage's accumulators across the threads of a row; every thread gets the result.
+// A split row (EQ_CLUSTER > 1): each block combines its warps, its thread 0 publishes the block's
+// partial in `cred[parity]` (parity of the block's row iteration, so a slot is rewritten only
+// after a later cluster barrier, i.e. after every block has read it), and after one cluster
+// barrier every thread merges the blocks' partials in rank order.
+__device__ __forceinline__ void eq_row_combine(int s, float (&acc)[EQ_NACC],
+                                               float (*red)[EQ_WARPS_PER_ROW][EQ_NACC], int slot, int lane,
+                                               float (*cred)[EQ_NACC]) {
+    constexpr int width = EQ_CTA_ROW_THREADS < 32 ? EQ_CTA_ROW_THREADS : 32;
+    const int wlane = threadIdx.x & 31;
+#pragma unroll
+    for (int off = width / 2; off > 0; off /= 2) {
+        float other[EQ_NACC];
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) other[k] = __shfl_xor_sync(0xffffffffu, acc[k], off);
+        eq_merge(s, acc, other);
+    }
+    // Butterflies leave each lane a differently rounded total: use the first lane's.
+#pragma unroll
+    for (int k = 0; k < EQ_NACC; ++k) acc[k] = __shfl_sync(0xffffffffu, acc[k], wlane & ~(width - 1));
+#if EQ_CLUSTER > 1
+    if (EQ_WARPS_PER_ROW > 1 && wlane == 0) {
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) red[0][threadIdx.x / 32][k] = acc[k];
+    }
+    if (EQ_WARPS_PER_ROW > 1) __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int w = 1; w < EQ_WARPS_PER_ROW; ++w) eq_merge(s, acc, red[0][w]);
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) cred[s][k] = acc[k];
+    }
+    eq_cluster_sync();
+#pragma unroll
+    for (int k = 0; k < EQ_NACC; ++k) acc[k] = eq_ld_cluster(&cred[s][k], 0);
+#pragma unroll
+    for (unsigned int r = 1; r < EQ_CLUSTER; ++r) {
+        float other[EQ_NACC];
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) other[k] = eq_ld_cluster(&cred[s][k], r);
+        eq_merge(s, acc, other);
+    }
+    (void)slot;
+    (void)lane;
+#else
+    (void)cred;
+    if (EQ_WARPS_PER_ROW > 1) {
+        const int warp = (threadIdx.x % EQ_CTA_ROW_THREADS) / 32;
+        if (wlane == 0) {
+#pragma unroll
+            for (int k = 0; k < EQ_NACC; ++k) red[slot][warp][k] = acc[k];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) acc[k] = red[slot][0][k];
+#pragma unroll
+        for (int w = 1; w < EQ_WARPS_PER_ROW; ++w) eq_merge(s, acc, red[slot][w]);
+        __syncthreads();
+    }
+#endif
+}
+
+#if EQ_PIPELINED
+// The staging slot of (row slot, chunk, lane): EQ_NCACHE slots of 16 bytes, one per cached
+// access, each 16 * EQ_ROW_THREADS bytes apart so that a warp's accesses are contiguous.
+extern __shared__ __align__(16) unsigned char eq_staging[];
+__device__ __forceinline__ unsigned char* eq_stage_slot(int slot, int c, int lane) {
+    return eq_staging + ((size_t)(slot * EQ_CHUNKS + c) * EQ_NCACHE * EQ_ROW_THREADS + lane) * 16;
+}
+#endif
+
+#if EQ_NGLOBAL > 0
+// Adds the block's per-row global sums (held by each row's lane 0) in slot order, then the
+// blocks' partials in block order in the last block to finish.
+__device__ __forceinline__ void eq_global_finish(EQ_PARAMS, float (&g)[EQ_NGLOBAL], int slot, int lane) {
+    __shared__ float gred[EQ_ROWS_PER_BLOCK][EQ_NGLOBAL];
+    __shared__ bool last_block;
+    // A split row's other blocks hold zeros (only the row's lane 0 adds row values).
+    if (threadIdx.x % EQ_CTA_ROW_THREADS == 0) {
+#pragma unroll
+        for (int j = 0; j < EQ_NGLOBAL; ++j) gred[slot][j] = g[j];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int j = 0; j < EQ_NGLOBAL; ++j) {
+            float t = gred[0][j];
+            for (int r = 1; r < EQ_ROWS_PER_BLOCK; ++r) t += gred[r][j];
+            eq_ws[blockIdx.x * EQ_NGLOBAL + j] = t;
+        }
+        __threadfence();
+        last_block = atomicAdd(eq_count, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0 || !last_block) return;
+    __threadfence();
+#pragma unroll
+    for (int j = 0; j < EQ_NGLOBAL; ++j) {
+        float t = eq_ld_cg(eq_ws + j);
+        for (unsigned int b = 1; b < gridDim.x; ++b) t += eq_ld_cg(eq_ws + b * EQ_NGLOBAL + j);
+        g[j] = t;
+    }
+    eq_global_store(EQ_ARGS, g);
+    *eq_count = 0;
+}
+#endif
+
+#ifndef EQ_MIN_BLOCKS
+#define EQ_MIN_BLOCKS 1
+#endif
+extern "C" __global__ void __launch_bounds__(EQ_BLOCK, EQ_MIN_BLOCKS) EQ_CLUSTER_ATTR EQ_KERNEL(EQ_PARAMS) {
+    __shared__ float red[EQ_ROWS_PER_BLOCK][EQ_WARPS_PER_ROW][EQ_NACC];
+#if EQ_CLUSTER > 1
+    // Blocks of a cluster are consecutive (cluster dims (EQ_CLUSTER, 1, 1)): block rank r holds
+    // lanes r * EQ_BLOCK.. of the row its cluster works on.
+    __shared__ float cred[2][EQ_STAGES > 0 ? EQ_STAGES : 1][EQ_NACC];
+    const int slot = 0;
+    const int lane = (int)(blockIdx.x % EQ_CLUSTER) * EQ_BLOCK + (int)threadIdx.x;
+    int parity = 0;
+#else
+    float (*cred)[EQ_STAGES > 0 ? EQ_STAGES : 1][EQ_NACC] = nullptr;
+    const int slot = threadIdx.x / EQ_ROW_THREADS;
+    const int lane = threadIdx.x % EQ_ROW_THREADS;
+    const int parity = 0;
+#endif
+    // Row groups: a block's rows (one cluster's row when split).
+    const eq_idx group = blockIdx.x / EQ_CLUSTER;
+#if EQ_NGLOBAL > 0
+    float g[EQ_NGLOBAL];
+#pragma unroll
+    for (int j = 0; j < EQ_NGLOBAL; ++j) g[j] = 0.0f;
+#endif
+    const eq_idx stride = (eq_idx)(gridDim.x / EQ_CLUSTER) * EQ_ROWS_PER_BLOCK;
+#if EQ_CACHED
+    float cache[EQ_CHUNKS][EQ_NCACHE][EQ_VEC];
+    {
+        const eq_idx first = group * EQ_ROWS_PER_BLOCK + slot;
+#pragma unroll
+        for (int c = 0; c < EQ_CHUNKS; ++c) {
+            const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
+            if (first < (eq_idx)EQ_ROWS && col0 < (eq_idx)EQ_COLS) eq_fetch(EQ_ARGS, first, col0, cache[c]);
+        }
+#if EQ_PIPELINED
+#pragma unroll
+        for (int c = 0; c < EQ_CHUNKS; ++c) {
+            const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
+            if (first + stride < (eq_idx)EQ_ROWS && col0 < (eq_idx)EQ_COLS)
+                eq_stage(EQ_ARGS, first + stride, col0, eq_stage_slot(slot, c, lane));
+        }
+        eq_cp_async_commit();
+#endif
+    }
+#endif
+    for (eq_idx base = group * EQ_ROWS_PER_BLOCK; base < (eq_idx)EQ_ROWS; base += stride) {
+        const eq_idx row = base + slot;
+        const bool active = row < (eq_idx)EQ_ROWS;
+        EqRow rv;
+        if (active) eq_row_init(EQ_ARGS, row, rv);
+#pragma unroll
+        for (int s = 0; s < EQ_STAGES; ++s) {
+            float acc[EQ_NACC];
+            eq_acc_init(s, acc);
+#pragma unroll
+            for (int c = 0; c < EQ_CHUNKS; ++c) {
+                const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
+                if (active && col0 < (eq_idx)EQ_COLS) {
+#if EQ_CACHED
+                    eq_accum(s, EQ_ARGS, row, col0, cache[c], rv, acc);
+#else
+                    float cv[EQ_NCACHE][EQ_VEC];
+                    eq_fetch(EQ_ARGS, row, col0, cv);
+                    eq_accum(s, EQ_ARGS, row, col0, cv, rv, acc);
+#endif
+                }
+            }
+            eq_row_combine(s, acc, red, slot, lane, cred[parity]);
+            if (active) eq_finish(s, EQ_ARGS, row, acc, rv);
+        }
+#if EQ_CLUSTER > 1
+        parity ^= 1;
+#endif
+        if (!active) continue;
+#if EQ_PIPELINED
+        eq_cp_async_wait_all();
+#endif
+#pragma unroll
+        for (int c = 0; c < EQ_CHUNKS; ++c) {
+            const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
+            if (col0 < (eq_idx)EQ_COLS) {
+#if EQ_CACHED
+                eq_epilogue(EQ_ARGS, row, col0, cache[c], rv);
+#if EQ_PIPELINED
+                if (row + stride < (eq_idx)EQ_ROWS) eq_unstage(eq_stage_slot(slot, c, lane), cache[c]);
+                if (row + 2 * stride < (eq_idx)EQ_ROWS)
+                    eq_stage(EQ_ARGS, row + 2 * stride, col0, eq_stage_slot(slot, c, lane));
+#else
+                if (row + stride < (eq_idx)EQ_ROWS) eq_fetch(EQ_ARGS, row + stride, col0, cache[c]);
+#endif
+#else
+                float cv[EQ_NCACHE][EQ_VEC];
+                eq_fetch(EQ_ARGS, row, col0, cv);
+                eq_epilogue(EQ_ARGS, row, col0, cv, rv);
+#endif
+            }
+        }
+#if EQ_PIPELINED
+        eq_cp_async_commit();
+#endif
+        if (lane == 0) {
+            eq_row_store(EQ_ARGS, row, rv);
+#if EQ_NGLOBAL > 0
+            eq_global(rv, g);
+#endif
+        }
+    }
+#if EQ_CLUSTER > 1
+    // No block leaves while another may still read its `cred`.
+    eq_cluster_sync();
+#endif
+#if EQ_NGLOBAL > 0
+    eq_global_finish(EQ_ARGS, g, slot, lane);
+#endif
+}
