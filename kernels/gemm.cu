@@ -481,17 +481,27 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
         __syncthreads();
         if (!eq_last) return;
         __threadfence();
-        for (int e = tid * 4; e < area; e += EQ_GEMM_THREADS * 4) {
-            float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-            for (int q = 0; q < EQ_SPLITS; ++q) {
-                const float4 v = __ldcg(reinterpret_cast<const float4*>(slots + q * area + e));
-                s.x += v.x;
-                s.y += v.y;
-                s.z += v.z;
-                s.w += v.w;
-            }
+        // Every load of the sum is issued before its adds (both loops unrolled), so the parts
+        // arrive in about one L2 latency; this block's own part is still in its tile.
+        constexpr int iters = (area + EQ_GEMM_THREADS * 4 - 1) / (EQ_GEMM_THREADS * 4);
+#pragma unroll
+        for (int it = 0; it < iters; ++it) {
+            const int e = (it * EQ_GEMM_THREADS + tid) * 4;
+            if (e >= area) break;
             float* t = tile + (e / EQ_BN) * EQ_TS + e % EQ_BN;
+            float4 part[EQ_SPLITS];
+#pragma unroll
+            for (int q = 0; q < EQ_SPLITS; ++q)
+                part[q] = q == split ? make_float4(t[0], t[1], t[2], t[3])
+                                     : __ldcg(reinterpret_cast<const float4*>(slots + q * area + e));
+            float4 s = part[0];
+#pragma unroll
+            for (int q = 1; q < EQ_SPLITS; ++q) {
+                s.x += part[q].x;
+                s.y += part[q].y;
+                s.z += part[q].z;
+                s.w += part[q].w;
+            }
             t[0] = EQ_ROUND_PRODUCT(s.x);
             t[1] = EQ_ROUND_PRODUCT(s.y);
             t[2] = EQ_ROUND_PRODUCT(s.z);

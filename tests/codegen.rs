@@ -152,7 +152,11 @@ fn gemm_kernels_render_in_their_implementation() {
     }
     assert!(s.source.contains("#define EQ_SPLITS 2\n") && s.launch.grid == [1, 1, 2]);
     let names: Vec<_> = s.args.iter().map(|a| a.name.as_str()).collect();
-    assert_eq!(names, ["x", "w", "probs", "eq_split_ws", "eq_split_count"], "the product tile is not a kernel argument");
+    assert_eq!(
+        names,
+        ["x", "w", "probs", "eq_split_ws", "eq_split_count"],
+        "the product tile is not a kernel argument"
+    );
 }
 
 /// Every program the GPU differential run saved plans (default and strict) into kernels that
