@@ -9,13 +9,11 @@
 //   EQ_MODE 1 (attention_grad_q):  dq_i = sum_j dS_ij k_j
 //   EQ_MODE 2 (attention_grad_k/v, and with EQ_DQ attention_grad_q too):
 //     dk_j = sum_i dS_ij q_i (EQ_DK), dv_j = sum_i P_ij g_i (EQ_DV), dq_i = sum_j dS_ij k_j (EQ_DQ)
-// Mode 0 and 1 run one block per EQ_BM query rows looping over key tiles of EQ_BN = EQ_BM rows;
-// mode 2 one block per EQ_BM key rows (64, or 128 with 8 warps: codegen takes 128 under EQ_DQ,
-// halving the dq atomics and the reloads of each query tile) looping over query tiles of
-// EQ_BN = 64 rows (its rows are keys). dk and dv are summed by one thread
+// Mode 0 and 1 run one block per EQ_BM query rows looping over key tiles; mode 2 one block per
+// EQ_BM key rows looping over query tiles (its rows are keys). dk and dv are summed by one thread
 // each in a fixed order, as are dq in mode 1 and the log-sum-exp: those results do not depend on
 // scheduling. Under EQ_DQ the mode 2 block also multiplies each tile's dS by its keys and adds
-// that part of dq into an f32 accumulator in device memory (EQ_DQACC) with
+// that part of dq into an f32 accumulator in device memory (EQ_DQACC, [EQ_NB, EQ_SQ, EQ_DP]) with
 // f32 atomics (four at once on sm_90); the last of a batch index's blocks to arrive (counted in
 // EQ_DQCNT[b], after a __threadfence) converts its accumulator to dq (times scale, rounded to
 // the storage type) and zeroes the accumulator and the count. So dq is summed in the order the
@@ -30,14 +28,11 @@
 //
 // Launch shape: grid (ceil(rows / EQ_BM), EQ_NB), block EQ_NWARPS * 32 threads (warp w owns
 // rows [16 w, 16 w + 16) of the block's tile), dynamic shared memory EQ_SMEM_BYTES: the block's
-// own tiles (queries and output gradient, or keys and values; EQ_BM rows), and two buffers of
-// the tiles it loops over (EQ_BN rows; cp.async double buffering), plus (mode 2) two buffers of
-// lse and delta and (EQ_DQ) two buffers of a tile's dS, transposed ([EQ_BM keys][EQ_BN queries]).
-// Mode 2 has one barrier an iteration: the next query tile is loaded after it (into the buffer
-// the previous iteration read), and each tile's dS is stored (into the buffer the previous
-// iteration's dq read) before the next iteration's barrier and multiplied by the keys after it,
-// the warps then splitting the tile's query rows (16 each, EQ_NWARPS / 4 warps sharing them by
-// 16-column blocks of the head).
+// own tiles (queries and output gradient, or keys and values), and two buffers of the tiles it
+// loops over (cp.async double buffering), plus (mode 2) two buffers of lse and delta and (EQ_DQ)
+// one tile's dS, transposed ([EQ_BN keys][EQ_BM queries]): stored after an iteration's last
+// barrier and multiplied by the keys after the next iteration's first, so that dq adds no
+// barrier of its own.
 //
 // Layout: every tensor is contiguous, [EQ_NB, rows, EQ_D] (lse and delta [EQ_NB, EQ_SQ]); EQ_D
 // is a multiple of 8 up to 128. In shared memory a row holds EQ_DP = EQ_D rounded up to 64
@@ -61,8 +56,6 @@
 #define EQ_DQ 1
 #define EQ_DK 1
 #define EQ_DV 1
-#define EQ_BM 128
-#define EQ_NWARPS 8
 #define EQ_D 64
 #define EQ_SQ 2048
 #define EQ_SK 2048
@@ -108,14 +101,13 @@
 #endif
 #define EQ_LOG2E 1.4426950408889634f
 #define EQ_DP (((EQ_D + 63) / 64) * 64)
-#define EQ_TILE_BYTES (EQ_BM * EQ_DP * 2)   // a tile of the block's own rows
-#define EQ_LTILE_BYTES (EQ_BN * EQ_DP * 2)  // a tile of the rows the block loops over
+#define EQ_TILE_BYTES (EQ_BM * EQ_DP * 2)
 #if EQ_MODE == 0
-#define EQ_SMEM_BYTES (EQ_TILE_BYTES + 2 * EQ_LTILE_BYTES)
+#define EQ_SMEM_BYTES (3 * EQ_TILE_BYTES)
 #elif EQ_MODE == 1
-#define EQ_SMEM_BYTES (2 * EQ_TILE_BYTES + 4 * EQ_LTILE_BYTES)
+#define EQ_SMEM_BYTES (6 * EQ_TILE_BYTES)
 #else
-#define EQ_SMEM_BYTES (2 * EQ_TILE_BYTES + 4 * EQ_LTILE_BYTES + 4 * EQ_BN * 4 + EQ_DQ * 2 * EQ_BM * EQ_BN * 2)
+#define EQ_SMEM_BYTES (6 * EQ_TILE_BYTES + 4 * EQ_BM * 4 + EQ_DQ * EQ_BN * EQ_BM * 2)
 #endif
 
 namespace eq_attb {
@@ -126,8 +118,7 @@ constexpr int KT = EQ_DP / 16;      // k16 steps over the head
 constexpr int DT = EQ_DP / 8;       // n8 tiles over the head
 constexpr int CH = EQ_DP / 8;       // 16-byte chunks of a shared row
 static_assert(EQ_BM == 16 * EQ_NWARPS, "a warp owns 16 rows");
-static_assert(EQ_BN == 64, "the tiles looped over are 64 rows (8 chunks a row of the dS tile)");
-static_assert(EQ_MODE == 2 || EQ_BM == EQ_BN, "modes 0 and 1: square tiles");
+static_assert(EQ_BM == EQ_BN, "square tiles (one tile size for both loops)");
 static_assert(EQ_D % 8 == 0 && EQ_D > 0 && EQ_D <= 128, "EQ_D must be a multiple of 8 up to 128");
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
@@ -190,12 +181,11 @@ __device__ __forceinline__ float ex2(float x) {
 // Byte offset of chunk `ch` of row `r` in a swizzled tile.
 __device__ __forceinline__ unsigned at(int r, int ch) { return (unsigned)((r * CH + (ch ^ (r & 7))) * 16); }
 
-// Loads rows [row0, row0 + ROWS) of a contiguous [rows, EQ_D] matrix into a tile; rows at or
+// Loads rows [row0, row0 + EQ_BM) of a contiguous [rows, EQ_D] matrix into a tile; rows at or
 // past `limit` and chunks past EQ_D are zero.
-template <int ROWS>
 __device__ __forceinline__ void load_tile(unsigned dst, const EQ_T* g, int row0, int limit) {
 #pragma unroll
-    for (int c = threadIdx.x; c < ROWS * CH; c += NT) {
+    for (int c = threadIdx.x; c < EQ_BM * CH; c += NT) {
         const int r = c / CH, ch = c % CH;
         const bool ok = row0 + r < limit && ch * 8 < EQ_D;
         const EQ_T* src = ok ? g + (long long)(row0 + r) * EQ_D + ch * 8 : g;
@@ -265,7 +255,7 @@ __device__ __forceinline__ void store_rows(EQ_T* out, const float (&acc)[DT][4],
 }
 
 #if EQ_MODE == 2 && EQ_DQ
-// Byte offset of chunk `ch` of row `r` in the swizzled dS tile (EQ_BN = 64 queries, 8 chunks a row).
+// Byte offset of chunk `ch` of row `r` in the swizzled dS tile (EQ_BM elements, 8 chunks a row).
 __device__ __forceinline__ unsigned at_s(int r, int ch) { return (unsigned)((r * 8 + (ch ^ (r & 7))) * 16); }
 
 #define EQ_SQ16 ((EQ_SQ + 15) / 16 * 16)
@@ -283,8 +273,8 @@ __device__ __forceinline__ void add4(float* p, float a, float b, float c, float 
 #endif
 }
 
-// Stores this warp's dS^T (16 keys by the tile's EQ_BN queries, accumulator layout, rounded to
-// the storage type in pairs) into a dS tile (rows: keys).
+// Stores this warp's dS^T (16 keys by the tile's EQ_BM queries, accumulator layout, rounded to
+// the storage type in pairs) into the dS tile (rows: keys).
 __device__ __forceinline__ void store_ds(unsigned ss, const unsigned (&ds)[SN][2], int warp, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -296,46 +286,38 @@ __device__ __forceinline__ void store_ds(unsigned ss, const unsigned (&ds)[SN][2
         }
 }
 
-constexpr int QW = EQ_BN / 16;       // warps over a query tile's rows (in add_dq)
-constexpr int CG = EQ_NWARPS / QW;   // groups of warps splitting the head's columns
-constexpr int CB = EQ_DP / 16 / CG;  // 16-column blocks of each warp
-static_assert(EQ_NWARPS % QW == 0 && (EQ_DP / 16) % CG == 0, "add_dq's split of the warps");
-
-// acc[m0 + 16 (w % QW) + r][.] += sum over the block's EQ_BM keys of dS (rows [16 (w % QW),
-// 16 (w % QW) + 16) of the tile's queries) times the key tile, over this warp's CB blocks of 16
-// columns (from 16 CB (w / QW)): the A fragments are dS read transposed from the dS tile, the B
-// fragments the keys (as mma_pb reads them). See the header for the accumulator's layout.
+// acc[m0 + 16 w + r][.] += sum over the block's keys of dS (rows [16 w, 16 w + 16) of the tile's
+// queries) times the key tile: the A fragments are dS read transposed from the dS tile, the B
+// fragments the keys (as mma_pb reads them). 16 columns at a time, each added to the
+// accumulator as soon as it is summed (see the header for the accumulator's column order).
 __device__ __forceinline__ void add_dq(float* acc, unsigned ss, unsigned sk, int m0, int warp, int lane) {
-    const int g = lane >> 2, t = lane & 3, wq = warp % QW, cb0 = warp / QW * CB;
-    float c[CB][2][4];
+    const int g = lane >> 2, t = lane & 3;
+    unsigned da[SN / 2][4];
 #pragma unroll
-    for (int cb = 0; cb < CB; ++cb)
+    for (int kk = 0; kk < SN / 2; ++kk)
+        ldsm4t(da[kk], ss + at_s(kk * 16 + (lane & 7) + ((lane >> 4) << 3), warp * 2 + ((lane >> 3) & 1)));
+    const int row0 = m0 + warp * 16 + g;
+    float* blk = acc + (long long)(m0 + warp * 16) * EQ_DP + 16 * g + 4 * t;  // this warp's row block
 #pragma unroll
-        for (int e = 0; e < 4; ++e) c[cb][0][e] = c[cb][1][e] = 0.0f;
+    for (int dp = 0; dp < DT / 2; ++dp) {
+        if (dp * 16 >= EQ_D) break;  // columns of the padding only
+        float c[2][4];
 #pragma unroll
-    for (int kk = 0; kk < EQ_BM / 16; ++kk) {
-        unsigned da[4];
-        ldsm4t(da, ss + at_s(kk * 16 + (lane & 7) + ((lane >> 4) << 3), wq * 2 + ((lane >> 3) & 1)));
-        const int r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+        for (int e = 0; e < 4; ++e) c[0][e] = c[1][e] = 0.0f;
 #pragma unroll
-        for (int cb = 0; cb < CB; ++cb) {
-            if ((cb0 + cb) * 16 >= EQ_D) continue;  // columns of the padding only
+        for (int kk = 0; kk < SN / 2; ++kk) {
             unsigned bv[4];
-            ldsm4t(bv, sk + at(r, (cb0 + cb) * 2 + (lane >> 4)));
-            mma(c[cb][0], da, bv[0], bv[1]);
-            mma(c[cb][1], da, bv[2], bv[3]);
+            const int r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+            ldsm4t(bv, sk + at(r, dp * 2 + (lane >> 4)));
+            mma(c[0], da[kk], bv[0], bv[1]);
+            mma(c[1], da[kk], bv[2], bv[3]);
         }
-    }
-    const int row0 = m0 + wq * 16 + g;
-    float* blk = acc + (long long)(m0 + wq * 16) * EQ_DP + 16 * g + 4 * t;  // this warp's row block
 #pragma unroll
-    for (int cb = 0; cb < CB; ++cb) {
-        if ((cb0 + cb) * 16 >= EQ_D) continue;
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-            if (row0 + 8 * h < EQ_SQ)
-                add4(blk + (cb0 + cb) * 256 + 128 * h, c[cb][0][2 * h], c[cb][0][2 * h + 1], c[cb][1][2 * h],
-                     c[cb][1][2 * h + 1]);
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 8 * h;
+            if (row < EQ_SQ)
+                add4(blk + dp * 256 + 128 * h, c[0][2 * h], c[0][2 * h + 1], c[1][2 * h], c[1][2 * h + 1]);
+        }
     }
 }
 
@@ -385,20 +367,20 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_BM ? EQ_SK : m0 + EQ_BM) : EQ_SK;
     const int ntiles = (n_end + EQ_BN - 1) / EQ_BN;
     const int wrow = m0 + warp * 16;
-    load_tile<EQ_BM>(sq, qg, m0, EQ_SQ);
-    if (ntiles > 0) load_tile<EQ_BN>(sk, kg, 0, EQ_SK);
+    load_tile(sq, qg, m0, EQ_SQ);
+    if (ntiles > 0) load_tile(sk, kg, 0, EQ_SK);
     cp_commit();
     float m_i[2] = {-EQ_INF, -EQ_INF}, l_i[2] = {0.0f, 0.0f};
     unsigned qf[KT][4];
     for (int j = 0; j < ntiles; ++j) {
         const int n0 = j * EQ_BN;
-        if (j + 1 < ntiles) load_tile<EQ_BN>(sk + ((j + 1) & 1) * EQ_LTILE_BYTES, kg, n0 + EQ_BN, EQ_SK);
+        if (j + 1 < ntiles) load_tile(sk + ((j + 1) & 1) * EQ_TILE_BYTES, kg, n0 + EQ_BN, EQ_SK);
         cp_commit();
         cp_wait<1>();
         __syncthreads();
         if (j == 0) a_frags(qf, sq, warp, lane);
         float s[SN][4];
-        mma_abt(s, qf, sk + (j & 1) * EQ_LTILE_BYTES, lane);
+        mma_abt(s, qf, sk + (j & 1) * EQ_TILE_BYTES, lane);
         const bool masked = n0 + EQ_BN > EQ_SK || (EQ_CAUSAL && n0 + EQ_BN - 1 > wrow);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -451,15 +433,15 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     const EQ_T* vg = EQ_VP + b * EQ_SK * EQ_D;
     const EQ_T* gg = EQ_GP + b * EQ_SQ * EQ_D;
     const unsigned sq = smem_u32(eq_smem), sg = sq + EQ_TILE_BYTES, sk = sg + EQ_TILE_BYTES;
-    const unsigned sv = sk + 2 * EQ_LTILE_BYTES;
+    const unsigned sv = sk + 2 * EQ_TILE_BYTES;
     const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_BM ? EQ_SK : m0 + EQ_BM) : EQ_SK;
     const int ntiles = (n_end + EQ_BN - 1) / EQ_BN;
     const int wrow = m0 + warp * 16;
-    load_tile<EQ_BM>(sq, qg, m0, EQ_SQ);
-    load_tile<EQ_BM>(sg, gg, m0, EQ_SQ);
+    load_tile(sq, qg, m0, EQ_SQ);
+    load_tile(sg, gg, m0, EQ_SQ);
     if (ntiles > 0) {
-        load_tile<EQ_BN>(sk, kg, 0, EQ_SK);
-        load_tile<EQ_BN>(sv, vg, 0, EQ_SK);
+        load_tile(sk, kg, 0, EQ_SK);
+        load_tile(sv, vg, 0, EQ_SK);
     }
     cp_commit();
     // This thread's rows' lse (base 2) and delta.
@@ -478,10 +460,10 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     unsigned qf[KT][4], gf[KT][4];
     for (int j = 0; j < ntiles; ++j) {
         const int n0 = j * EQ_BN;
-        const unsigned kb = sk + (j & 1) * EQ_LTILE_BYTES, vb = sv + (j & 1) * EQ_LTILE_BYTES;
+        const unsigned kb = sk + (j & 1) * EQ_TILE_BYTES, vb = sv + (j & 1) * EQ_TILE_BYTES;
         if (j + 1 < ntiles) {
-            load_tile<EQ_BN>(sk + ((j + 1) & 1) * EQ_LTILE_BYTES, kg, n0 + EQ_BN, EQ_SK);
-            load_tile<EQ_BN>(sv + ((j + 1) & 1) * EQ_LTILE_BYTES, vg, n0 + EQ_BN, EQ_SK);
+            load_tile(sk + ((j + 1) & 1) * EQ_TILE_BYTES, kg, n0 + EQ_BN, EQ_SK);
+            load_tile(sv + ((j + 1) & 1) * EQ_TILE_BYTES, vg, n0 + EQ_BN, EQ_SK);
         }
         cp_commit();
         cp_wait<1>();
@@ -514,13 +496,13 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
 }
 
 #else
-// ---- dk and dv: one block per EQ_BM keys, looping over query tiles of EQ_BN rows ----
+// ---- dk and dv: one block per key tile, looping over query tiles ----
 extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS) {
     using namespace eq_attb;
     extern __shared__ __align__(128) unsigned char eq_smem[];
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     // (Under EQ_CAUSAL the first key tiles see the most queries: they run first.)
-    const int n0 = (int)blockIdx.x * EQ_BM;
+    const int n0 = (int)blockIdx.x * EQ_BN;
     const long long b = blockIdx.y;
     const EQ_T* qg = EQ_QP + b * EQ_SQ * EQ_D;
     const EQ_T* kg = EQ_KP + b * EQ_SK * EQ_D;
@@ -529,33 +511,33 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     const float* lg = EQ_LSEP + b * EQ_SQ;
     const float* dg = EQ_DELP + b * EQ_SQ;
     const unsigned sk = smem_u32(eq_smem), sv = sk + EQ_TILE_BYTES, sq = sv + EQ_TILE_BYTES;
-    const unsigned sg = sq + 2 * EQ_LTILE_BYTES, sl = sg + 2 * EQ_LTILE_BYTES;  // sl: [2][2][EQ_BN] f32
-    const float* slf = reinterpret_cast<const float*>(eq_smem + 2 * EQ_TILE_BYTES + 4 * EQ_LTILE_BYTES);
+    const unsigned sg = sq + 2 * EQ_TILE_BYTES, sl = sg + 2 * EQ_TILE_BYTES;  // sl: [2][2][EQ_BM] f32
+    const float* slf = reinterpret_cast<const float*>(eq_smem + 6 * EQ_TILE_BYTES);
 #if EQ_DQ
-    const unsigned ss = sl + 4 * EQ_BN * 4;  // two dS^T tiles, [EQ_BM keys][EQ_BN queries] each
-    constexpr unsigned SS_BYTES = EQ_BM * EQ_BN * 2;
+    const unsigned ss = sl + 4 * EQ_BM * 4;  // the previous tile's dS^T, [EQ_BN][EQ_BM]
     float* dqacc = EQ_DQACC + b * EQ_SQ16 * EQ_DP;
+    unsigned ds[SN][2];  // this tile's dS^T, rounded in pairs
 #endif
-    const int m_start = EQ_CAUSAL ? (n0 / EQ_BN) * EQ_BN : 0;
-    const int ntiles = m_start < EQ_SQ ? (EQ_SQ - m_start + EQ_BN - 1) / EQ_BN : 0;
+    const int m_start = EQ_CAUSAL ? (n0 / EQ_BM) * EQ_BM : 0;
+    const int ntiles = m_start < EQ_SQ ? (EQ_SQ - m_start + EQ_BM - 1) / EQ_BM : 0;
     // Under EQ_DQ the blocks of one batch index start at different query tiles, so that they
     // do not all add into the same rows of the accumulator at once (measured neither faster nor
     // slower than without: benches/results/2026-11-22-h100-c695f23-attnbwd-fused).
     const int rot = EQ_DQ && ntiles > 0 ? (int)blockIdx.x % ntiles : 0;
     const int wkey = n0 + warp * 16;  // this warp's first key
     auto load_q = [&](int it) {
-        const int m0 = m_start + (it + rot) % ntiles * EQ_BN, buf = it & 1;
-        load_tile<EQ_BN>(sq + buf * EQ_LTILE_BYTES, qg, m0, EQ_SQ);
-        load_tile<EQ_BN>(sg + buf * EQ_LTILE_BYTES, gg, m0, EQ_SQ);
-        if (tid < 2 * EQ_BN) {
-            const int r = tid % EQ_BN, which = tid / EQ_BN;
+        const int m0 = m_start + (it + rot) % ntiles * EQ_BM, buf = it & 1;
+        load_tile(sq + buf * EQ_TILE_BYTES, qg, m0, EQ_SQ);
+        load_tile(sg + buf * EQ_TILE_BYTES, gg, m0, EQ_SQ);
+        if (tid < 2 * EQ_BM) {
+            const int r = tid % EQ_BM, which = tid / EQ_BM;
             const bool ok = m0 + r < EQ_SQ;
             const float* src = (which == 0 ? lg : dg) + (ok ? m0 + r : 0);
-            cp4(sl + ((buf * 2 + which) * EQ_BN + r) * 4, src, ok ? 4 : 0);
+            cp4(sl + ((buf * 2 + which) * EQ_BM + r) * 4, src, ok ? 4 : 0);
         }
     };
-    load_tile<EQ_BM>(sk, kg, n0, EQ_SK);
-    load_tile<EQ_BM>(sv, vg, n0, EQ_SK);
+    load_tile(sk, kg, n0, EQ_SK);
+    load_tile(sv, vg, n0, EQ_SK);
     if (ntiles > 0) load_q(0);
     cp_commit();
 #if EQ_DK
@@ -583,32 +565,17 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     unsigned vf[KT][4];
 #endif
 #endif
-    // One barrier an iteration: after it, tile `it` (loaded in the previous iteration) is
-    // visible, and every warp is done with iteration it - 1, so the next tile goes into the
-    // buffer that iteration read, and this iteration's dS into the dS tile it - 1's dq read.
     for (int it = 0; it < ntiles; ++it) {
-        const int m0 = m_start + (it + rot) % ntiles * EQ_BN, buf = it & 1;
-        cp_wait<0>();
-        __syncthreads();
+        const int m0 = m_start + (it + rot) % ntiles * EQ_BM, buf = it & 1;
         if (it + 1 < ntiles) load_q(it + 1);
         cp_commit();
+        cp_wait<1>();
+        __syncthreads();
 #if EQ_DQ
         // dq[rows of the previous tile] += dS k over this block's keys: the previous tile's dS^T,
-        // stored before this iteration's barrier, from shared memory (the warps own query rows
-        // here).
-        if (it > 0) add_dq(dqacc, ss + ((it - 1) & 1) * SS_BYTES, sk, m_start + (it - 1 + rot) % ntiles * EQ_BN, warp, lane);
-        unsigned ds[SN][2];  // this tile's dS^T, rounded in pairs
-#endif
-        // Under EQ_CAUSAL a warp whose keys all follow the tile's queries has P = dS = 0.
-        if (EQ_CAUSAL && wkey > m0 + EQ_BN - 1) {
-#if EQ_DQ
-#pragma unroll
-            for (int nt = 0; nt < SN; ++nt) ds[nt][0] = ds[nt][1] = 0u;
-            store_ds(ss + (it & 1) * SS_BYTES, ds, warp, lane);
-#endif
-            continue;
-        }
-#if EQ_DQ
+        // stored after the last barrier, from shared memory (the warps own query rows here);
+        // the next store follows the next barrier, after every warp has read it.
+        if (it > 0) add_dq(dqacc, ss, sk, m_start + (it - 1 + rot) % ntiles * EQ_BM, warp, lane);
         unsigned kf[KT][4], vf[KT][4];
         a_frags(kf, sk, warp, lane);
         a_frags(vf, sv, warp, lane);
@@ -620,12 +587,12 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
 #endif
         }
 #endif
-        const unsigned qb = sq + buf * EQ_LTILE_BYTES, gb = sg + buf * EQ_LTILE_BYTES;
-        const float* lse = slf + (buf * 2) * EQ_BN;
-        // s^T = k q^T: this warp's 16 keys by the tile's EQ_BN queries; then P^T.
+        const unsigned qb = sq + buf * EQ_TILE_BYTES, gb = sg + buf * EQ_TILE_BYTES;
+        const float* lse = slf + (buf * 2) * EQ_BM;
+        // s^T = k q^T: this warp's 16 keys by the tile's EQ_BM queries; then P^T.
         float p[SN][4];
         mma_abt(p, kf, qb, lane);
-        const bool masked = m0 + EQ_BN > EQ_SQ || n0 + EQ_BM > EQ_SK || (EQ_CAUSAL && wkey + 15 > m0);
+        const bool masked = m0 + EQ_BM > EQ_SQ || n0 + EQ_BN > EQ_SK || (EQ_CAUSAL && wkey + 15 > m0);
 #pragma unroll
         for (int nt = 0; nt < SN; ++nt)
 #pragma unroll
@@ -645,30 +612,32 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
         // dP^T = v g^T, dS^T = P^T (dP^T - delta), dk += dS^T q.
         float dp[SN][4];
         mma_abt(dp, vf, gb, lane);
-        const float* del = slf + (buf * 2 + 1) * EQ_BN;
+        const float* del = slf + (buf * 2 + 1) * EQ_BM;
 #pragma unroll
         for (int nt = 0; nt < SN; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) dp[nt][e] = p[nt][e] * (dp[nt][e] - del[nt * 8 + 2 * t + (e & 1)]);
+#if EQ_DK
+        mma_pb(dk, dp, qb, lane);
+#endif
 #if EQ_DQ
-        // dS^T, rounded as the products round it, for the next iteration's dq.
+        // dS^T, rounded as the products round it, is kept for the next iteration's dq.
 #pragma unroll
         for (int nt = 0; nt < SN; ++nt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) ds[nt][h] = pack2(dp[nt][2 * h], dp[nt][2 * h + 1]);
-        store_ds(ss + (it & 1) * SS_BYTES, ds, warp, lane);
 #endif
-#if EQ_DK
-        mma_pb(dk, dp, qb, lane);
 #endif
+        __syncthreads();  // this buffer (and the dS tile) is consumed before it is loaded again
+#if EQ_DQ
+        store_ds(ss, ds, warp, lane);
 #endif
     }
     cp_wait<0>();
 #if EQ_DQ
     if (ntiles > 0) {
         __syncthreads();
-        add_dq(dqacc, ss + ((ntiles - 1) & 1) * SS_BYTES, sk, m_start + (ntiles - 1 + rot) % ntiles * EQ_BN, warp,
-               lane);
+        add_dq(dqacc, ss, sk, m_start + (ntiles - 1 + rot) % ntiles * EQ_BM, warp, lane);
     }
 #endif
 #if EQ_DK

@@ -20,13 +20,9 @@ use crate::types::{DType, TensorType};
 
 use super::{ArgRole, KernelArg, KernelSource, Launch};
 
-/// Rows of the tiles a block loops over (key tiles, or query tiles of the key and value
-/// gradients), and of a block's own tile but for the fused kernel of all three gradients.
+/// Rows per block (query rows, or key rows of the key and value gradients), and warps per block.
 pub const BLOCK: usize = 64;
 pub const WARPS: usize = 4;
-/// Warps of the kernel of dq, dk and dv (16 key rows each: 128 keys a block), which halves the
-/// dq atomics and the reloads of each query tile against 64 keys a block.
-pub const WARPS_DQ: usize = 8;
 /// The largest head size the template runs.
 pub const MAX_HEAD: usize = 128;
 
@@ -55,23 +51,13 @@ pub fn is_backward(k: &Kernel) -> bool {
     })
 }
 
-/// Warps of a block in `mode` (16 of its own rows each).
-pub fn warps(mode: Mode) -> usize {
-    if matches!(mode, Mode::Dkv { dq: true, .. }) {
-        WARPS_DQ
-    } else {
-        WARPS
-    }
-}
-
 /// The shared memory a block uses in `mode` for head size `d` (bytes).
 pub fn smem_bytes(mode: Mode, d: usize) -> usize {
-    let rows = 16 * warps(mode);
-    let (own, tile) = (rows * d.div_ceil(64) * 64 * 2, BLOCK * d.div_ceil(64) * 64 * 2);
+    let tile = BLOCK * d.div_ceil(64) * 64 * 2;
     match mode {
-        Mode::Lse => own + 2 * tile,
-        Mode::Dq => 2 * own + 4 * tile,
-        Mode::Dkv { dq, .. } => 2 * own + 4 * tile + 4 * BLOCK * 4 + if dq { 2 * rows * BLOCK * 2 } else { 0 },
+        Mode::Lse => 3 * tile,
+        Mode::Dq => 6 * tile,
+        Mode::Dkv { dq, .. } => 6 * tile + 4 * BLOCK * 4 + if dq { BLOCK * BLOCK * 2 } else { 0 },
     }
 }
 
@@ -342,9 +328,8 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     };
     let name = format!("attention_bwd_{what}_{}_k{}", inst.dtype, k.id);
     let rows = if matches!(inst.mode, Mode::Dkv { .. }) { inst.sk } else { inst.sq };
-    let warps = warps(inst.mode);
-    let grid = [rows.div_ceil(16 * warps) as u32, inst.nb as u32, 1];
-    let block = [(warps * 32) as u32, 1, 1];
+    let grid = [rows.div_ceil(BLOCK) as u32, inst.nb as u32, 1];
+    let block = [(WARPS * 32) as u32, 1, 1];
     let smem = smem_bytes(inst.mode, inst.d) as u32;
 
     let mut params: Vec<String> =
@@ -387,9 +372,9 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     def("EQ_CAUSAL", u8::from(inst.causal).to_string());
     def("EQ_SCALE", float_literal(inst.scale));
     def("EQ_SCALE_LOG2", float_literal(inst.scale * std::f64::consts::LOG2_E));
-    def("EQ_BM", (16 * warps).to_string());
+    def("EQ_BM", BLOCK.to_string());
     def("EQ_BN", BLOCK.to_string());
-    def("EQ_NWARPS", warps.to_string());
+    def("EQ_NWARPS", WARPS.to_string());
     def("EQ_PARAMS", params.join(", "));
     for (tag, r) in &inst.reads {
         def(tag, format!("p_r{r}"));
@@ -428,8 +413,8 @@ mod tests {
         assert_eq!(smem_bytes(Mode::Dq, 64), 49152);
         assert_eq!(smem_bytes(Mode::Dkv { dq: false, dk: true, dv: true }, 64), 50176);
         assert_eq!(smem_bytes(Mode::Dkv { dq: false, dk: true, dv: true }, 128), 99328);
-        assert_eq!(smem_bytes(Mode::Dkv { dq: true, dk: true, dv: true }, 64), 99328);
-        assert_eq!(smem_bytes(Mode::Dkv { dq: true, dk: true, dv: true }, 128), 164864);
+        assert_eq!(smem_bytes(Mode::Dkv { dq: true, dk: true, dv: true }, 64), 58368);
+        assert_eq!(smem_bytes(Mode::Dkv { dq: true, dk: true, dv: true }, 128), 107520);
     }
 
     #[test]
