@@ -315,6 +315,17 @@ impl<'a> Tape<'a> {
     }
 
     fn cast(&mut self, x: Id, dt: DType) -> R<Id> {
+        // cast(cast(y, f32), dt) of a 16-bit float y of type dt is y: the widening is exact, so
+        // the narrowing gives y back (e.g. the gradient of cast(o, f32) as o's bf16 type).
+        if let TensorLang::Op(op, ch) = self.p.node(x) {
+            if op.kind() == Kind::Cast {
+                let y = ch[0];
+                let widened = self.ty(x)?.dtype == DType::F32;
+                if widened && matches!(dt, DType::Bf16 | DType::F16) && self.ty(y)?.dtype == dt {
+                    return Ok(y);
+                }
+            }
+        }
         let t = self.p.add(TensorLang::Type(dt))?;
         self.op(Kind::Cast, vec![x, t])
     }
