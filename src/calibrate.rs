@@ -6,7 +6,8 @@
 //! (at least 256 MB moved) as a share of the copy bandwidth. The compute entries the planner
 //! reads are measured too, each on programs that must plan as the kernel they measure:
 //! cuBLASLt's fixed time per call (a tiny product); each gemm implementation's f32 and bf16 rate
-//! (a 4096-cubed product, net of that fixed time or the launch overhead); the generated gemm's
+//! (a 4096-cubed product, net of that fixed time or the launch overhead) and cuBLASLt's at
+//! smaller squares too (its rate by size: 512, 1024, 2048); the generated gemm's
 //! step times for every tile codegen can choose and the attention f32 path's (`tiles.rs`: fits
 //! over probes of growing depth); the attention forward's bf16 rate on the path the device takes
 //! (wgmma on a 9.0 device) and on the portable mma.sync path (the `portable` implementation);
@@ -146,7 +147,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         "calibrated by `eqfuse calibrate` on {} ({}, {}); measured: copy bandwidth, launch overhead, \
          the elementwise, rowreduce and colreduce efficiencies, cuBLASLt's call overhead (a 64x128x64 \
          f32 product), the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
-         or launch overhead), the generated gemm's step times for every tile codegen can choose \
+         or launch overhead) and cuBLASLt's at 512^3, 1024^3 and 2048^3 too (rate_by_size), the generated gemm's step times for every tile codegen can choose \
          (tiles on f32, tiles_16bit on bf16 CUDA-core and tiles_mma on bf16 tensor-core products) and \
          the attention f32 path's (attention.tiles; K = keys x head): least-squares fits, relative to \
          each probe's time, of time = launch overhead + K x step to single products of growing K, \
@@ -207,6 +208,7 @@ fn gemm_impl(profile: &mut DeviceProfile, imp: GemmImpl) -> &mut TemplateRates {
         tiles: Default::default(),
         tiles_16bit: Default::default(),
         tiles_mma: Default::default(),
+        rate_by_size: Default::default(),
     });
     let own = TemplateRates { implementations: Default::default(), ..g.clone() };
     g.implementations.entry(imp.name().into()).or_insert(own)
@@ -275,38 +277,56 @@ fn cublaslt_call_plan(profile: &DeviceProfile) -> Result<(&'static str, Program,
 
 /// The arithmetic rate of each gemm implementation on a large square product per dtype
 /// (compute-bound: 4096 cubed), net of its fixed time (cuBLASLt's call overhead, else the
-/// launch overhead), written into the gemm template's `implementations`.
+/// launch overhead), written into the gemm template's `implementations`; and cuBLASLt's at the
+/// smaller squares [`LT_SIZES`] too, its `rate_by_size` (a library product too small to fill
+/// the GPU runs well below the large product's rate).
 fn gemm_rates(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<GemmRate>> {
     let mut out = Vec::new();
     for dtype in [DType::F32, DType::Bf16] {
-        let n = 4096;
-        let t = TensorType::new(dtype, vec![n, n]);
-        let name = format!("calibrate-gemm-{dtype}");
-        let program =
-            Program::from_sexprs(&name, &[("x", t.clone()), ("w", t)], &[("y", "(@ x w)")]).map_err(Error::Invalid)?;
-        let mut plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
-        if plan.kernels.len() != 1 || plan.kernels[0].template != Template::Gemm {
-            return Err(Error::Invalid(format!("calibration program {name} did not plan as one gemm kernel")));
-        }
-        for imp in [GemmImpl::Cublaslt, GemmImpl::Generated] {
-            // Calibration measures each implementation, whichever the planner would pick.
-            plan.kernels[0].implementation = Some(imp);
-            let sources = codegen_plan(&plan)?;
-            let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 10))?;
-            let us = r.kernels[0].measured_us;
-            let launch = profile.launch_overhead_us;
-            let rates = gemm_impl(profile, imp);
-            let fixed = rates.call_overhead_us.unwrap_or(launch);
-            let tflops = plan.kernels[0].flops as f64 / ((us - fixed).max(0.5 * us) * 1e6);
-            match dtype {
-                DType::F32 => rates.flops_f32_tflops = round(tflops, 1),
-                _ => rates.flops_bf16_tflops = Some(round(tflops, 1)),
+        let mut points = Vec::new();
+        for n in LT_SIZES.into_iter().chain([4096]) {
+            let t = TensorType::new(dtype, vec![n, n]);
+            let name =
+                if n == 4096 { format!("calibrate-gemm-{dtype}") } else { format!("calibrate-gemm-{dtype}-{n}") };
+            let program = Program::from_sexprs(&name, &[("x", t.clone()), ("w", t)], &[("y", "(@ x w)")])
+                .map_err(Error::Invalid)?;
+            let mut plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+            if plan.kernels.len() != 1 || plan.kernels[0].template != Template::Gemm {
+                return Err(Error::Invalid(format!("calibration program {name} did not plan as one gemm kernel")));
             }
-            out.push((imp, dtype, name.clone(), us, tflops));
+            let imps: &[GemmImpl] =
+                if n == 4096 { &[GemmImpl::Cublaslt, GemmImpl::Generated] } else { &[GemmImpl::Cublaslt] };
+            for &imp in imps {
+                // Calibration measures each implementation, whichever the planner would pick.
+                plan.kernels[0].implementation = Some(imp);
+                let sources = codegen_plan(&plan)?;
+                let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 10))?;
+                let us = r.kernels[0].measured_us;
+                let launch = profile.launch_overhead_us;
+                let rates = gemm_impl(profile, imp);
+                let fixed = rates.call_overhead_us.unwrap_or(launch);
+                let flops = plan.kernels[0].flops as f64;
+                let tflops = flops / ((us - fixed).max(0.5 * us) * 1e6);
+                if imp == GemmImpl::Cublaslt {
+                    points.push([round(flops * 1e-9, 3), round(tflops, 1)]);
+                }
+                if n == 4096 {
+                    match dtype {
+                        DType::F32 => rates.flops_f32_tflops = round(tflops, 1),
+                        _ => rates.flops_bf16_tflops = Some(round(tflops, 1)),
+                    }
+                }
+                out.push((imp, dtype, name.clone(), us, tflops));
+            }
         }
+        let key = if dtype == DType::F32 { "f32" } else { "bf16" };
+        gemm_impl(profile, GemmImpl::Cublaslt).rate_by_size.insert(key.into(), points);
     }
     Ok(out)
 }
+
+/// The squares cuBLASLt's rate is measured at below 4096 (`rate_by_size`).
+pub const LT_SIZES: [usize; 3] = [512, 1024, 2048];
 
 /// Every tile's step times (`tiles.rs`), written into the generated gemm's tile maps and the
 /// attention template's; a fit that comes out non-positive keeps `base`'s figure (noted).

@@ -49,6 +49,12 @@ pub struct TemplateRates {
     /// without a rate here is timed as its products at the implementation's bf16 rate.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tiles_mma: BTreeMap<String, TileRate>,
+    /// Arithmetic rates measured at several product sizes, by operand dtype (`"f32"`, `"bf16"`):
+    /// points `[GFLOP of one call, TFLOP/s]` in increasing size (a library's rate falls on
+    /// products too small to fill the GPU). A call's rate is interpolated in log-size between
+    /// the points, and held at the end points beyond them; `flops_*_tflops` where absent.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rate_by_size: BTreeMap<String, Vec<[f64; 2]>>,
 }
 
 /// How fast one tile shape of the generated gemm kernel runs: each block walks the reduction
@@ -163,7 +169,10 @@ impl DeviceProfile {
         let fixed = r.call_overhead_us.unwrap_or(self.launch_overhead_us) * work.calls.max(1) as f64;
         let compute = match (imp, tiles.and_then(|t| self.tile_us(r, t, dtype))) {
             (GemmImpl::Generated, Some(us)) => us,
-            _ => 1e6 * work.flops as f64 / (rate_tflops(r, dtype) * 1e12),
+            _ => {
+                let per_call = work.flops as f64 / work.calls.max(1) as f64;
+                1e6 * work.flops as f64 / (sized_rate_tflops(r, dtype, per_call) * 1e12)
+            }
         };
         fixed + memory.max(compute)
     }
@@ -331,6 +340,36 @@ pub struct GemmTiles {
     pub wide: bool,
 }
 
+/// The arithmetic rate of `r` for operands of `dtype` on calls of `flops` each, in TFLOP/s: its
+/// `rate_by_size` points interpolated in log-size where it has them for `dtype` (f16 takes
+/// bf16's), else [`rate_tflops`].
+fn sized_rate_tflops(r: &TemplateRates, dtype: DType, flops: f64) -> f64 {
+    let key = match dtype {
+        DType::Bf16 | DType::F16 => "bf16",
+        _ => "f32",
+    };
+    let Some(points) = r.rate_by_size.get(key).filter(|p| !p.is_empty()) else {
+        return rate_tflops(r, dtype);
+    };
+    let x = (flops.max(1.0) / 1e9).ln();
+    let first = points[0];
+    let last = points[points.len() - 1];
+    if x <= first[0].ln() {
+        return first[1];
+    }
+    if x >= last[0].ln() {
+        return last[1];
+    }
+    for w in points.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        if x <= b[0].ln() {
+            let t = (x - a[0].ln()) / (b[0].ln() - a[0].ln());
+            return a[1] + t * (b[1] - a[1]);
+        }
+    }
+    last[1]
+}
+
 /// The arithmetic rate of `r` for operands of `dtype`, in TFLOP/s.
 fn rate_tflops(r: &TemplateRates, dtype: DType) -> f64 {
     match dtype {
@@ -342,6 +381,25 @@ fn rate_tflops(r: &TemplateRates, dtype: DType) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_by_size_interpolate_in_log_size_and_hold_at_the_ends() {
+        let mut r = DeviceProfile::load("h100").unwrap().gemm_rates(GemmImpl::Cublaslt).clone();
+        r.rate_by_size.clear();
+        let flat = r.flops_f32_tflops;
+        assert_eq!(sized_rate_tflops(&r, DType::F32, 1e9), flat);
+        r.rate_by_size.insert("f32".into(), vec![[0.1, 10.0], [10.0, 30.0], [1000.0, 50.0]]);
+        assert_eq!(sized_rate_tflops(&r, DType::F32, 1e6), 10.0);
+        assert_eq!(sized_rate_tflops(&r, DType::F32, 1e8), 10.0);
+        assert!((sized_rate_tflops(&r, DType::F32, 1e9) - 20.0).abs() < 1e-9);
+        assert!((sized_rate_tflops(&r, DType::F32, 1e11) - 40.0).abs() < 1e-9);
+        assert_eq!(sized_rate_tflops(&r, DType::F32, 1e14), 50.0);
+        // 16-bit operands take the bf16 points, or the flat bf16 rate without them.
+        assert_eq!(sized_rate_tflops(&r, DType::F16, 1e9), rate_tflops(&r, DType::Bf16));
+        r.rate_by_size.insert("bf16".into(), vec![[1.0, 300.0]]);
+        assert_eq!(sized_rate_tflops(&r, DType::F16, 1e9), 300.0);
+        assert_eq!(sized_rate_tflops(&r, DType::Bf16, 1e12), 300.0);
+    }
 
     fn tiles(m: usize, n: usize, k: usize, bm: usize, bn: usize, rows: bool) -> GemmTiles {
         GemmTiles { batch: 1, m, n, k, bm, bn, splits: 1, kspan: 0, rows, mma: false, wide: false }
