@@ -21,7 +21,7 @@ grep -E "cuBLASLt|cublaslt" "$OUT/calibrate.log"
 python3 merge_lt_sizes.py profile.json "$OUT/calibrated.json" "$OUT/h100.json" "on $(date -u +%F) at commit $(cat COMMIT) (benches/results/$(date -u +%F)-h100-$(cat COMMIT)-final6)"
 python3 -c "import json;print(json.load(open('$OUT/h100.json'))['templates']['gemm']['implementations']['cublaslt'])"
 el tests
-timeout 260 "$G/gpu-tests" gemm_implementations cases_and_examples strict --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
+timeout 330 "$G/gpu-tests" gemm_implementations cases_and_examples strict --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
 echo "tests exit $?" >> "$OUT/gpu-tests.log"; grep -E "^test |test result|panicked|exit" "$OUT/gpu-tests.log" | tail -12
 el runs
 { for s in "64 128 10" "256 512 50" "1024 1024 100"; do set -- $s
