@@ -27,6 +27,11 @@
 // frees and starts copying the same chunk of the row after that. Each thread reads back only
 // what it copied itself, so no barrier guards the staging buffer.
 // Cross-thread combining: warp shuffles, then shared memory across the row's warps.
+// Kept values: a stage over a cached row may overwrite a cached value by a per-element value it
+// computes (after its accumulation has read both) when nothing later needs the raw value, and
+// the epilogue reads that instead of computing it again (softmax: the sum's stage keeps
+// exp(x - max), so the epilogue only scales it). `eq_accum` therefore takes the cache mutably;
+// over uncached rows it writes nothing of use (each pass fetches afresh).
 // Online form: a stage may hold a max m and the sum of exp(e - m) of the same row as one pair
 // (combined as m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)), so softmax needs one pass
 // before its epilogue instead of two. Codegen uses it only for rows that are not cached: over a
@@ -74,12 +79,16 @@ __device__ __forceinline__ void eq_acc_init(int s, float (&acc)[EQ_NACC]) { acc[
 __device__ __forceinline__ void eq_merge(int s, float (&a)[EQ_NACC], const float (&b)[EQ_NACC]) {
     a[0] = s == 0 ? eq_max(a[0], b[0]) : a[0] + b[0];
 }
-__device__ __forceinline__ void eq_accum(int s, EQ_PARAMS, eq_idx row, eq_idx col0, const float (&cv)[EQ_NCACHE][EQ_VEC],
+__device__ __forceinline__ void eq_accum(int s, EQ_PARAMS, eq_idx row, eq_idx col0, float (&cv)[EQ_NCACHE][EQ_VEC],
                                          const EqRow& rv, float (&acc)[EQ_NACC]) {
 #pragma unroll
     for (int v = 0; v < EQ_VEC; ++v) {
-        if (s == 0) acc[0] = eq_max(acc[0], cv[0][v]);
-        else acc[0] = acc[0] + expf(cv[0][v] - rv.m);
+        if (s == 0) {
+            acc[0] = eq_max(acc[0], cv[0][v]);
+        } else {
+            cv[0][v] = expf(cv[0][v] - rv.m);  // kept for the epilogue
+            acc[0] = acc[0] + cv[0][v];
+        }
     }
 }
 __device__ __forceinline__ void eq_finish(int s, EQ_PARAMS, eq_idx row, const float (&acc)[EQ_NACC], EqRow& rv) {
@@ -90,7 +99,7 @@ __device__ __forceinline__ void eq_epilogue(EQ_PARAMS, eq_idx row, eq_idx col0, 
                                             const EqRow& rv) {
     float y[EQ_VEC];
 #pragma unroll
-    for (int v = 0; v < EQ_VEC; ++v) y[v] = expf(cv[0][v] - rv.m) / rv.s;
+    for (int v = 0; v < EQ_VEC; ++v) y[v] = cv[0][v] * (1.0f / rv.s);
     eq_storev<float, EQ_VEC>(p_y + row * EQ_COLS + col0, y);
 }
 __device__ __forceinline__ void eq_row_store(EQ_PARAMS, eq_idx row, const EqRow& rv) {}

@@ -215,6 +215,8 @@ fn bf16_softmax_regression_is_one_tensor_core_gemm_kernel() {
         }
         assert_eq!(defines.contains("#define EQ_VB 8\n"), vb, "{m}x{k}x{n}");
         assert!(s.source.contains("eq_accum"), "{m}x{k}x{n}: no row epilogue");
+        // gemm.cu fetches the row afresh for its epilogue: no value kept in the cache.
+        assert!(!generated(s).contains("cv[0][v] = "), "{m}x{k}x{n}: a GEMM row epilogue keeps a value");
         let strict = optimize(&p, &OptimizeOptions { strict: true, ..opts() }).unwrap().plan;
         assert!(strict.kernels.len() > 1);
         for s in codegen_plan(&strict).unwrap() {
@@ -239,4 +241,55 @@ fn one_hot_sums_are_read_at_the_target_column() {
     assert!(fast.contains("#define EQ_STAGES 2"), "{fast}");
     assert!(fast.contains("< 1000) {") && fast.contains("const eq_idx col0 = (eq_idx)t"), "{fast}");
     assert!(!strict.contains("#define EQ_STAGES 2") && !strict.contains("const eq_idx col0 = (eq_idx)t"), "{strict}");
+}
+
+/// The functions of a kernel's source: `eq_accum` and `eq_epilogue` of a row kernel.
+fn function<'a>(src: &'a str, name: &str) -> &'a str {
+    let start = src.find(&format!("void {name}(")).unwrap_or_else(|| panic!("no {name}:\n{src}"));
+    let rest = &src[start..];
+    &rest[..rest.find("\n}\n").unwrap_or(rest.len())]
+}
+
+#[test]
+fn cached_rows_keep_stage_values_the_epilogue_reads() {
+    // softmax and the cross-entropy gradient over rows kept in registers: the sum's stage stores
+    // exp(x - max) into the cache once it has added it, and the epilogue scales the cached value
+    // by the reciprocal of the sum (at least 1, so no per-element division or select) instead of
+    // computing the exponential again. Strict numerics keep the value too (the same operations)
+    // but divide; a row too long for registers is fetched again by each pass and keeps nothing.
+    // The generated part of the row kernel that writes `out` element by element.
+    let render = |path: &str, dims: &[(&str, usize)], strict: bool, out: &str| {
+        let dims: Vec<(String, usize)> = dims.iter().map(|&(k, v)| (k.to_string(), v)).collect();
+        let p = eqfuse::load_program(path, &dims).unwrap();
+        let plan = optimize(&p, &OptimizeOptions { strict, ..opts() }).unwrap().plan;
+        let sources = codegen_plan(&plan).unwrap();
+        let store = format!("eq_storev<float, EQ_VEC>(p_{out} + ");
+        let wanted = |s: &&KernelSource| s.name.starts_with("rowreduce") && s.source.contains(&store);
+        sources.iter().filter(wanted).map(generated).collect::<String>()
+    };
+    let softmax = render("examples/softmax.eqf", &[], false, "y");
+    assert!(softmax.contains("#define EQ_CACHED 1"), "{softmax}");
+    let accum = function(&softmax, "eq_accum");
+    assert!(accum.contains("const float n4 = expf(n3);") && accum.contains("cv[0][v] = n4;"), "{accum}");
+    let epi = function(&softmax, "eq_epilogue");
+    assert!(!epi.contains("expf") && epi.contains("(cv[0][v] * (1.0f / rv.n5))"), "{epi}");
+    assert!(!epi.contains("eq_div_row"), "{epi}");
+
+    let ce_dims = [("N", 64), ("V", 1000)];
+    for strict in [false, true] {
+        let ce = render("examples/cross_entropy_grad.eqf", &ce_dims, strict, "dlogits");
+        let (accum, epi) = (function(&ce, "eq_accum"), function(&ce, "eq_epilogue"));
+        assert!(accum.contains("cv[0][v] = n"), "strict {strict}: {accum}");
+        assert!(!epi.contains("eq_val(p_logits"), "strict {strict}: the epilogue reads logits:\n{epi}");
+        if strict {
+            // The picked value's stage comes last and keeps x - max; the epilogue divides.
+            assert!(epi.contains("__fdiv_rn(") && !epi.contains("1.0f /"), "{epi}");
+        } else {
+            assert!(!epi.contains("expf") && epi.contains("(cv[0][v] * (1.0f / rv.n"), "{epi}");
+        }
+    }
+
+    let long = render("examples/softmax.eqf", &[("R", 64), ("C", 1 << 17)], false, "y");
+    assert!(long.contains("#define EQ_CACHED 0"), "{long}");
+    assert!(!function(&long, "eq_accum").contains("cv[0][v] = "), "{long}");
 }

@@ -43,6 +43,8 @@ CE = {
     "C2": ("ce", 1024, 1, 131072, "C1 with stage 1 replacing the cached row by exp(x - max), which the epilogue reads"),
     "C2K4": ("ce", 256, 4, "rows", "C2 split over clusters of 4 blocks of 256, __launch_bounds__(256, 4)"),
     "K4H": ("ce", 128, 4, "rows", "cluster of 4 blocks of 128 (512 threads a row, 16 chunks)"),
+    "G": ("ce", 1024, 1, 131072, "generated with exp(x - max) kept in the cache and the sum's reciprocal (no eq_div_row)"),
+    "GX": ("ce", 1024, 1, 131072, "G with exp(x - max) as ex2.approx.ftz(x * log2 e) (probe, not in codegen)"),
 }
 
 

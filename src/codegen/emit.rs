@@ -544,6 +544,13 @@ impl Emitter<'_> {
                     _ => format!("eq_d2i({})", binary_expr(*b, &a, &c, "double", false)),
                 }
             }
+            Op::Binary(Binary::Div, x, y) if self.row_divisor(n, *y) && self.softmax_denominator(*y) => {
+                // A softmax denominator is at least 1 or NaN (see `softmax_denominator`), so
+                // `eq_div_row` always takes its product: the same value without the per-element
+                // select and the division it guards.
+                let (a, d) = (self.operand(*x, ty, scope), self.operand(*y, ty, scope));
+                format!("({a} * (1.0f / {d}))")
+            }
             Op::Binary(Binary::Div, x, y) if self.row_divisor(n, *y) => {
                 // Each element divided by one value of its row: one reciprocal per row (the
                 // compiler computes the loop-invariant `1.0f / y` once) and a product per
@@ -609,6 +616,17 @@ impl Emitter<'_> {
             && self.node(y).dtype == DType::F32
             && self.node(n).shape.get(r - 1).is_some_and(|&c| c > 1)
             && row_value(y)
+    }
+
+    /// Whether `y` is a row's softmax denominator, `sum(exp(x - amax(x)))` along the row: at
+    /// least 1 (the maximum's own term is exp(0) = 1, the others are not negative, and adding
+    /// non-negative values rounded to nearest never decreases the sum), at most the row length,
+    /// or NaN (a NaN or infinite x). Its reciprocal is a normal number whenever it is finite.
+    fn softmax_denominator(&self, y: usize) -> bool {
+        let Op::Reduce(Reduce::Sum, e) = self.node(y).op else { return false };
+        let Op::Unary(Unary::Exp, d) = self.node(e).op else { return false };
+        let Op::Binary(Binary::Sub, a, m) = self.node(d).op else { return false };
+        matches!(self.node(m).op, Op::Reduce(Reduce::Amax, x) if x == a)
     }
 
     /// Whether one operand is an i32 value and the other a literal with a fractional part.

@@ -4,7 +4,9 @@
 //! so a cached row is read from memory once. One-hot sums along the row (`sum(a * onehot(t))`,
 //! cross-entropy's picked value) are no stage: outside strict numerics they are row values,
 //! `a` read at column `t` (H200, cross-entropy gradient 8192x32000: 710 -> 568 us,
-//! benches/results/2026-11-22-h200-86c34f4-cevariants).
+//! benches/results/2026-11-22-h200-86c34f4-cevariants). A stage over a cached row keeps a
+//! per-element value the epilogue needs in the cache in place of the raw value (softmax's
+//! `exp(x - max)`), so the epilogue does not compute it again (see [`plan::reuse`]).
 
 use super::*;
 
@@ -29,6 +31,10 @@ mod plan {
         /// One-hot sums (reduction, index, value): computed as row values, the value at the
         /// index's column, instead of in a stage (see [`one_hot`]).
         pub picks: Vec<(usize, usize, usize)>,
+        /// Cached values a stage overwrites (cache slot, node, stage): after its accumulation
+        /// the stage stores the per-element value `node` into the slot, and the epilogue reads
+        /// it there instead of computing it again (see [`reuse`]).
+        pub reuse: Vec<(usize, usize, usize)>,
     }
 
     /// Whether `n` is the same for every column of a row.
@@ -80,7 +86,7 @@ mod plan {
     }
 
     /// The max `m` of a `sum(exp(x - m))` whose `m` is `amax(x)` of the same `x`.
-    fn online_max(l: &Lowered, i: usize) -> Option<usize> {
+    pub(super) fn online_max(l: &Lowered, i: usize) -> Option<usize> {
         let Op::Reduce(Reduce::Sum, e) = l.nodes[i].op else { return None };
         let Op::Unary(Unary::Exp, d) = l.nodes[e].op else { return None };
         let Op::Binary(Binary::Sub, a, m) = l.nodes[d].op else { return None };
@@ -141,7 +147,65 @@ mod plan {
             .into_iter()
             .filter(|&i| !elem[i] && !matches!(l.nodes[i].op, Op::Const(_) | Op::Flat(_) | Op::Global(..)))
             .collect();
-        RowPlan { avail, stages, cached, row_nodes, globals, online, picks }
+        RowPlan { avail, stages, cached, row_nodes, globals, online, picks, reuse: vec![] }
+    }
+
+    /// Per-element values a cached row's stage computes and the epilogue computes again, kept
+    /// in the cache instead (cache slot, node, stage): for each cached load `x`, the last stage
+    /// `s` that reads `x` and a float value `y` of `x` that stage computes (softmax's
+    /// `exp(x - max)` in its sum's stage) such that the epilogue, given `y`, needs `x` no more.
+    /// Stage `s` then overwrites `x` by `y` in the cache once its accumulation has read both,
+    /// and the epilogue reads `y` (the same value: same operations, same roundings, strict
+    /// numerics included). Of several such `y`, the one that leaves the epilogue least to
+    /// compute. `roots`: the epilogue's stored values. Only for rows the row template keeps in
+    /// registers (`EQ_CACHED`; a GEMM's row epilogue fetches its row afresh) without online
+    /// pairs (a pair's stage computes its exponentials itself).
+    /// H200, cross-entropy gradient 8192x32000 (hand variant C2 of C1): 568 -> 548 us,
+    /// benches/results/2026-11-22-h200-86c34f4-cevariants.
+    pub(super) fn reuse(e: &Emitter, rp: &RowPlan, roots: &[usize]) -> Vec<(usize, usize, usize)> {
+        if !rp.online.is_empty() {
+            return vec![];
+        }
+        let (l, r) = (e.l, e.rank());
+        let scope = e.row_scope(rp, false);
+        let stage: Vec<Vec<usize>> = rp
+            .stages
+            .iter()
+            .map(|reds| e.closure(&reds.iter().map(|&i| children(&l.nodes[i].op)[0]).collect::<Vec<_>>(), &scope))
+            .collect();
+        let mut epi = scope.clone();
+        let mut out = vec![];
+        for (k, &x) in rp.cached.iter().enumerate() {
+            let Some(s) = (0..stage.len()).rev().find(|&s| stage[s].contains(&x)) else { continue };
+            if !e.closure(roots, &epi).contains(&x) {
+                continue;
+            }
+            let mut best: Option<(usize, usize)> = None;
+            for &y in &stage[s] {
+                let node = &l.nodes[y];
+                if y == x
+                    || r == 0
+                    || node.shape[r - 1] <= 1
+                    || node.dtype != DType::F32
+                    || matches!(node.op, Op::Load(_) | Op::Const(_) | Op::Flat(_))
+                    || out.iter().any(|&(_, z, _)| z == y)
+                    || !e.closure(&[y], &scope).contains(&x)
+                {
+                    continue;
+                }
+                let mut with = epi.clone();
+                with.refs[y] = Some(String::new());
+                let left = e.closure(roots, &with);
+                if !left.contains(&x) && best.is_none_or(|(n, _)| left.len() <= n) {
+                    best = Some((left.len(), y));
+                }
+            }
+            if let Some((_, y)) = best {
+                epi.refs[y] = Some(String::new());
+                out.push((k, y, s));
+            }
+        }
+        out
     }
 }
 
@@ -164,6 +228,11 @@ impl Emitter<'_> {
             // instructions against 473 million, 975 us against 779 us; benches/results/
             // 2026-11-22-h100-*-ce). The cached loads are the same either way.
             rp = plan::plan(self, false);
+        }
+        // A GEMM's row epilogue (`kernels/gemm.cu`) fetches the row afresh for its epilogue
+        // whatever EQ_CACHED says, so only the row template keeps values in the cache.
+        if cached && self.l.product.is_none() {
+            rp.reuse = plan::reuse(self, &rp, &self.epilogue_roots());
         }
         let ncache = rp.cached.len().max(1);
         let rpb0 = block / row_threads;
@@ -455,13 +524,19 @@ impl Emitter<'_> {
     fn row_accum(&self, rp: &plan::RowPlan) -> String {
         let mut out = String::from(
             "__device__ __forceinline__ void eq_accum(int s, EQ_PARAMS, eq_idx row, eq_idx col0,\n    \
-             const float (&cv)[EQ_NCACHE][EQ_VEC], const EqRow& rv, float (&acc)[EQ_NACC]) {\n",
+             float (&cv)[EQ_NCACHE][EQ_VEC], const EqRow& rv, float (&acc)[EQ_NACC]) {\n",
         );
         for (s, reds) in rp.stages.iter().enumerate() {
             let mut scope = self.row_scope(rp, true);
             let is_sum = |i: usize| rp.online.iter().any(|&(sum, _)| sum == i);
-            let inputs: Vec<usize> =
-                reds.iter().filter(|&&i| !is_sum(i)).map(|&i| children(&self.node(i).op)[0]).collect();
+            let kept: Vec<(usize, usize)> =
+                rp.reuse.iter().filter(|&&(_, _, st)| st == s).map(|&(k, y, _)| (k, y)).collect();
+            let inputs: Vec<usize> = reds
+                .iter()
+                .filter(|&&i| !is_sum(i))
+                .map(|&i| children(&self.node(i).op)[0])
+                .chain(kept.iter().map(|&(_, y)| y))
+                .collect();
             let header = format!("if (s == {s}) {{");
             let f = self.lane_function(&header, 1, &mut scope, &inputs, |e, scope, _| {
                 let (mut decls, mut lines, mut after) = (vec![], vec![], vec![]);
@@ -486,6 +561,11 @@ impl Emitter<'_> {
                             reduce_combine(e.reduce_of(red), &format!("acc[{k}]"), &val, e.strict)
                         )),
                     }
+                }
+                // Values the epilogue reads from the cache, stored once every use of the
+                // slot's raw value in this lane is computed.
+                for &(k, y) in &kept {
+                    lines.push(format!("cv[{k}][v] = {};", e.operand(y, "float", scope)));
                 }
                 (decls, lines, after)
             });
@@ -523,10 +603,19 @@ impl Emitter<'_> {
         t.s
     }
 
+    /// The values the epilogue stores, one per element.
+    fn epilogue_roots(&self) -> Vec<usize> {
+        self.l.stores.iter().filter(|s| self.store_is_elem(s)).map(|s| s.node).collect()
+    }
+
     fn row_epilogue(&self, rp: &plan::RowPlan) -> String {
         let mut scope = self.row_scope(rp, true);
+        for &(k, y, _) in &rp.reuse {
+            scope.refs[rp.cached[k]] = None;
+            scope.refs[y] = Some(format!("cv[{k}][v]"));
+        }
         let stores: Vec<&Store> = self.l.stores.iter().filter(|s| self.store_is_elem(s)).collect();
-        let roots: Vec<usize> = stores.iter().map(|s| s.node).collect();
+        let roots = self.epilogue_roots();
         self.lane_function(
             "__device__ __forceinline__ void eq_epilogue(EQ_PARAMS, eq_idx row, eq_idx col0,\n    \
              const float (&cv)[EQ_NCACHE][EQ_VEC], const EqRow& rv) {",
