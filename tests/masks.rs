@@ -44,7 +44,7 @@ fn programs() -> Vec<(String, Program)> {
             (name, p)
         })
         .collect();
-    for (b, d, h) in [(64, 32, 96), (37, 40, 160), (1024, 256, 1024)] {
+    for (b, d, h) in [(64, 32, 96), (37, 40, 160), (1024, 256, 2048)] {
         let dims = [("B".to_string(), b), ("D".to_string(), d), ("H".to_string(), h)];
         v.push((format!("{EXAMPLE} (B={b}, D={d}, H={h})"), load_program(EXAMPLE, &dims).unwrap()));
     }
