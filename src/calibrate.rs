@@ -13,7 +13,7 @@
 //! (wgmma on a 9.0 device) and on the portable mma.sync path (the `portable` implementation);
 //! and the attention backward kernel's rate (an attention_grad program's one dq/dk/dv kernel).
 //! The other rates (elementwise and reduction arithmetic, which no kernel is bound by) and the
-//! plan-order terms (L2 reuse capacity and bandwidth, row stage latency) keep the base profile's
+//! plan-order terms (L2 reuse capacity and bandwidth) keep the base profile's
 //! figures, which the profile's `source` says.
 //! Invariant: calibration only measures; it never changes a committed profile itself (the
 //! caller writes the JSON where asked).
@@ -59,6 +59,9 @@ pub struct Calibration {
     pub launch_us: f64,
     /// (template, program, bytes moved, median microseconds, share of copy bandwidth).
     pub templates: Vec<(Template, String, u64, f64, f64)>,
+    /// The row kernels' stage latency: its probes (program, stages, median microseconds, the
+    /// model's time without stage latency) and the fitted microseconds per stage.
+    pub stages: (Vec<(String, u32, f64, f64)>, f64),
     /// cuBLASLt's fixed time per call: (program, median microseconds).
     pub cublaslt_call: (String, f64),
     /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
@@ -127,7 +130,8 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         }
         templates.push((template, program.source.clone(), k.bytes, k.measured_us, share));
     }
-    lap("copy, launch and template efficiencies", &mut seconds);
+    let stages = stage_latency(gpu, &mut profile)?;
+    lap("copy, launch, template efficiencies and row stage latency", &mut seconds);
     let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
     let gemm = gemm_rates(gpu, &mut profile)?;
     lap("gemm rates and cuBLASLt's call", &mut seconds);
@@ -146,7 +150,8 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     profile.source = format!(
         "calibrated by `eqfuse calibrate` on {} ({}, {}); measured: copy bandwidth, launch overhead, \
          the elementwise, rowreduce and colreduce efficiencies, cuBLASLt's call overhead (a 64x128x64 \
-         f32 product), the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
+         f32 product), the row kernels' latency per dependent reduction stage (least squares, in \
+         the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
          or launch overhead) and cuBLASLt's at 512^3, 1024^3 and 2048^3 too (rate_by_size), the generated gemm's step times for every tile codegen can choose \
          (tiles on f32, tiles_16bit on bf16 CUDA-core and tiles_mma on bf16 tensor-core products) and \
          the attention f32 path's (attention.tiles; K = keys x head): least-squares fits, relative to \
@@ -160,8 +165,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          (implementations.backward, which no default plan runs), \
          the elementwise and reduction templates' arithmetic rates, the gemm and attention templates' \
          own rates (used only where an implementation or tile has none), the gemm and attention \
-         bandwidth efficiencies, and the plan-order terms (L2 reuse capacity and bandwidth, the row \
-         kernels' stage latency){}{}",
+         bandwidth efficiencies, and the plan-order terms (L2 reuse capacity and bandwidth){}{}",
         today(),
         gpu.name,
         gpu.arch,
@@ -180,6 +184,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         copy_us,
         launch_us,
         templates,
+        stages,
         cublaslt_call,
         gemm,
         tiles,
@@ -684,6 +689,71 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// Row programs over a 4 MiB f32 tensor whose longest chains of reductions are 1, 2 and 3 deep.
+fn stage_programs() -> Result<Vec<Program>> {
+    let x = TensorType::new(DType::F32, vec![1024, 1024]);
+    let centred = "(- x (mean x -1))";
+    let var = format!("(mean (* {centred} {centred}) -1)");
+    let bodies = [
+        "(sum x -1)".to_string(),
+        "(softmax x -1)".to_string(),
+        format!("(sum (* (- (* {centred} {centred}) {var}) (- (* {centred} {centred}) {var})) -1)"),
+    ];
+    bodies
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            Program::from_sexprs(&format!("calibrate-stages-{}", i + 1), &[("x", x.clone())], &[("y", b)])
+                .map_err(Error::Invalid)
+        })
+        .collect()
+}
+
+/// The row kernels' latency per dependent reduction stage (`rowreduce.stage_latency_us`): small
+/// row kernels (their bytes take about a microsecond) of 1, 2 and 3 stages as the cost model
+/// counts them, each timed; the latency is the least-squares slope, through the origin, of
+/// each kernel's time less the model's time for it without stage latency (launch overhead and
+/// memory) against its stages.
+fn stage_latency(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(Vec<(String, u32, f64, f64)>, f64)> {
+    let with = |latency: f64| {
+        let mut p = profile.clone();
+        if let Some(r) = p.templates.get_mut(Template::RowReduce.name()) {
+            r.stage_latency_us = Some(latency);
+        }
+        p
+    };
+    let (zero, one) = (with(0.0), with(1.0));
+    let mut probes = Vec::new();
+    for program in stage_programs()? {
+        let plan = optimize(&program, &OptimizeOptions::new(zero.clone()))?.plan;
+        if plan.kernels.len() != 1 || plan.kernels[0].template != Template::RowReduce {
+            return Err(Error::Invalid(format!(
+                "calibration program {} did not plan as one row kernel",
+                program.source
+            )));
+        }
+        let base = plan.kernels[0].predicted_us;
+        let plan1 = optimize(&program, &OptimizeOptions::new(one.clone()))?.plan;
+        if plan1.kernels.len() != 1 {
+            return Err(Error::Invalid(format!(
+                "calibration program {} did not plan as one row kernel",
+                program.source
+            )));
+        }
+        let stages = (plan1.kernels[0].predicted_us - base).round().max(0.0) as u32;
+        let sources = codegen_plan(&plan)?;
+        let r = run_on(gpu, &program, &plan, &sources, &run_options(&zero, 30))?;
+        probes.push((program.source.clone(), stages, r.kernels[0].measured_us, base));
+    }
+    let den: f64 = probes.iter().map(|p| f64::from(p.1).powi(2)).sum();
+    let num: f64 = probes.iter().map(|p| f64::from(p.1) * (p.2 - p.3)).sum();
+    let latency = if den > 0.0 { (num / den).max(0.0) } else { 0.0 };
+    if let Some(r) = profile.templates.get_mut(Template::RowReduce.name()) {
+        r.stage_latency_us = Some(round(latency, 2));
+    }
+    Ok((probes, latency))
+}
+
 /// One large program per generated template, each planning as a single kernel.
 fn synthetic() -> Result<Vec<(Template, Program)>> {
     let f32 = |s: &[usize]| TensorType::new(DType::F32, s.to_vec());
@@ -736,6 +806,11 @@ impl fmt::Display for Calibration {
                 100.0 * share,
                 crate::render::human_bytes(*bytes)
             )?;
+        }
+        let (probes, latency) = &self.stages;
+        writeln!(f, "  row stage        {latency:.2} us per dependent reduction stage")?;
+        for (prog, n, us, base) in probes {
+            writeln!(f, "      {prog:<40} {n} stages {us:>7.1} us (model without stage latency {base:.1} us)")?;
         }
         let (prog, us) = &self.cublaslt_call;
         writeln!(f, "  cuBLASLt call    {us:.1} us ({prog}: 64x128x64 f32)")?;
@@ -799,6 +874,23 @@ impl fmt::Display for Calibration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stage_probes_plan_as_one_row_kernel_of_1_2_and_3_stages() {
+        let base = DeviceProfile::load("h100").unwrap();
+        for (i, program) in stage_programs().unwrap().into_iter().enumerate() {
+            let mut times = Vec::new();
+            for latency in [0.0, 1.0] {
+                let mut p = base.clone();
+                p.templates.get_mut("rowreduce").unwrap().stage_latency_us = Some(latency);
+                let plan = optimize(&program, &OptimizeOptions::new(p)).unwrap().plan;
+                assert_eq!(plan.kernels.len(), 1, "{}", program.source);
+                assert_eq!(plan.kernels[0].template, Template::RowReduce);
+                times.push(plan.kernels[0].predicted_us);
+            }
+            assert_eq!((times[1] - times[0]).round(), (i + 1) as f64, "{}", program.source);
+        }
+    }
 
     #[test]
     fn device_names_map_to_profiles() {
