@@ -226,14 +226,31 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
             best.dag.packed[i] = false;
         }
     }
-    let mut fusion = Fusion::unfused(&best.dag, &opts.profile);
+    // The greedy fusion of the extracted form can, on rare small programs, predict slower than
+    // the program as written; then the program's own form, fused the same way, or unfused, is
+    // the plan (a plan never predicts slower than the unfused one).
+    let own_dag: Dag;
+    let mut dag = &best.dag;
+    let mut fusion = Fusion::unfused(dag, &opts.profile);
     if opts.fusion {
         fusion.optimise_with_materialize();
+        let time = |dag: &Dag, f: &Fusion| crate::residency::ordered_times(dag, f, &opts.profile).iter().sum::<f64>();
+        if time(dag, &fusion) > unfused.predicted_us * (1.0 + 1e-9) {
+            let expanded = crate::expand::expand_composites(program).map_err(Error::Invalid)?;
+            own_dag = Dag::from_program(&expanded);
+            dag = &own_dag;
+            fusion = Fusion::unfused(dag, &opts.profile);
+            fusion.optimise_with_materialize();
+            if time(dag, &fusion) > unfused.predicted_us * (1.0 + 1e-9) {
+                fusion = Fusion::unfused(dag, &opts.profile);
+            }
+            extractor = format!("{extractor} (fell back to the program as written)");
+        }
     }
     if let Some(budget) = opts.memory_budget {
         let inputs: Vec<(String, crate::types::TensorType)> =
             program.inputs.iter().map(|i| (i.name.clone(), i.ty.clone())).collect();
-        fusion = crate::memory::fit_budget(&best.dag, fusion, &inputs, budget).map_err(|m| {
+        fusion = crate::memory::fit_budget(dag, fusion, &inputs, budget).map_err(|m| {
             let io = m.inputs_bytes + m.outputs_bytes;
             Error::Invalid(format!(
                 "no plan of {} fits the memory budget of {budget} bytes ({}): the smallest peak found is {} bytes \
@@ -260,10 +277,10 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
         lower_bound_us,
         strict: opts.strict,
     };
-    let mut plan = build_plan(program, &best.dag, &fusion, &opts.profile, unfused, search);
+    let mut plan = build_plan(program, dag, &fusion, &opts.profile, unfused, search);
     plan.memory.budget_bytes = opts.memory_budget;
-    let recognised = recognised_composites(program, &best.dag);
-    let rules_used = sat.egraph.are_explanations_enabled().then(|| rules_used(program, &sat.egraph, &best.dag, opts));
+    let recognised = recognised_composites(program, dag);
+    let rules_used = sat.egraph.are_explanations_enabled().then(|| rules_used(program, &sat.egraph, dag, opts));
     Ok(Optimized { plan, stages: sat.stages.clone(), recognised, rules_used })
 }
 
