@@ -59,9 +59,8 @@ pub struct Calibration {
     pub launch_us: f64,
     /// (template, program, bytes moved, median microseconds, share of copy bandwidth).
     pub templates: Vec<(Template, String, u64, f64, f64)>,
-    /// The row kernels' stage latency: its probes (program, stages, median microseconds, the
-    /// model's time without stage latency) and the fitted microseconds per stage.
-    pub stages: (Vec<(String, u32, f64, f64)>, f64),
+    /// The row kernels' stage latency: its probes and the fitted microseconds per stage.
+    pub stages: (Vec<StageProbe>, f64),
     /// cuBLASLt's fixed time per call: (program, median microseconds).
     pub cublaslt_call: (String, f64),
     /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
@@ -714,7 +713,7 @@ fn stage_programs() -> Result<Vec<Program>> {
 /// counts them, each timed; the latency is the least-squares slope, through the origin, of
 /// each kernel's time less the model's time for it without stage latency (launch overhead and
 /// memory) against its stages.
-fn stage_latency(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(Vec<(String, u32, f64, f64)>, f64)> {
+fn stage_latency(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(Vec<StageProbe>, f64)> {
     let with = |latency: f64| {
         let mut p = profile.clone();
         if let Some(r) = p.templates.get_mut(Template::RowReduce.name()) {
@@ -753,6 +752,10 @@ fn stage_latency(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(Vec<(String,
     }
     Ok((probes, latency))
 }
+
+/// One stage-latency probe: (program, stages, median microseconds, the model's time without
+/// stage latency).
+pub type StageProbe = (String, u32, f64, f64);
 
 /// One large program per generated template, each planning as a single kernel.
 fn synthetic() -> Result<Vec<(Template, Program)>> {
