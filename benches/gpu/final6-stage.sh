@@ -7,7 +7,7 @@ DEST="${DEST:-/work/main/.gpu-final6}"
 rm -rf "$DEST" && mkdir -p "$DEST"
 cp "$tests" "$DEST/gpu-tests"
 cp -r examples "$DEST/examples"
-cp target/release/eqfuse benches/gpu/final6.sh benches/gpu/merge_lt_sizes.py benches/torch_baselines.py \
+cp target/release/eqfuse benches/gpu/final6.sh benches/gpu/merge_profile.py benches/torch_baselines.py \
   benches/gemm/softmax_regression_eager.py "$DEST/"
 cp profiles/h100.json "$DEST/profile.json"
 git show 9ae404f:profiles/h100.json > "$DEST/profile-old.json"

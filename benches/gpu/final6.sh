@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sixth session's first closing device run, from the repository root with the staged files in
 # $G (benches/gpu/final6-stage.sh): eqfuse calibrate (cuBLASLt's rate by size is what is taken:
-# benches/gpu/merge_lt_sizes.py merges it into the committed profile as $OUT/h100.json), the
+# benches/gpu/merge_profile.py merges it into the committed profile as $OUT/h100.json), the
 # GPU tests, softmax regression at the seeds' sizes and matmul_softmax with the merged profile
 # (and the one-kernel split-K plan under the profile before, profile-old.json), PyTorch eager.
 set -uo pipefail
@@ -18,7 +18,9 @@ cat "$OUT/device.log"
 el calibrate
 timeout 240 "$E" calibrate -o "$OUT/calibrated.json" > "$OUT/calibrate.log" 2>&1; echo "calibrate exit $?"
 grep -E "cuBLASLt|cublaslt" "$OUT/calibrate.log"
-python3 merge_lt_sizes.py profile.json "$OUT/calibrated.json" "$OUT/h100.json" "on $(date -u +%F) at commit $(cat COMMIT) (benches/results/$(date -u +%F)-h100-$(cat COMMIT)-final6)"
+python3 merge_profile.py profile.json "$OUT/calibrated.json" "$OUT/h100.json" \
+  "on $(date -u +%F) at commit $(cat COMMIT) (benches/results/$(date -u +%F)-h100-$(cat COMMIT)-final6)" \
+  templates.gemm.implementations.cublaslt.rate_by_size templates.gemm.implementations.cublaslt.call_overhead_us
 python3 -c "import json;print(json.load(open('$OUT/h100.json'))['templates']['gemm']['implementations']['cublaslt'])"
 el tests
 timeout 330 "$G/gpu-tests" gemm_implementations cases_and_examples strict --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1

@@ -342,16 +342,7 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
         params.push("float* __restrict__ eq_dqacc".into());
         params.push("unsigned* __restrict__ eq_count".into());
         let (acc, count) = dq_workspace_bytes(inst.nb, inst.sq, inst.d);
-        for (name, bytes) in [("eq_dqacc", acc), ("eq_count", count)] {
-            args.push(KernelArg {
-                name: name.into(),
-                role: ArgRole::Workspace,
-                dtype: None,
-                shape: vec![],
-                bytes,
-                zeroed: true,
-            });
-        }
+        args.extend([("eq_dqacc", acc), ("eq_count", count)].map(|(n, bytes)| super::workspace_arg(n, bytes, true)));
     }
     let mut s = super::header(plan, k, "attention (backward)", &name, (grid, block), Some(smem));
     let mut def = |n: &str, v: String| s.push_str(&format!("#define {n} {v}\n"));

@@ -57,15 +57,22 @@ pub(crate) const TALL_BM: usize = 128;
 /// GPU stays busy (the one-element-per-thread narrow tile keeps more blocks in flight).
 pub(crate) const TALL_MIN_BLOCKS: usize = 128;
 
+/// A product's iteration space `dom` as (batch, rows, columns): the axes before the last two
+/// multiplied together.
+fn shape(dom: &[usize]) -> (usize, usize, usize) {
+    let rank = dom.len();
+    let n = dom.last().copied().unwrap_or(1);
+    let m = if rank >= 2 { dom[rank - 2] } else { 1 };
+    let batch = if rank >= 2 { dom[..rank - 2].iter().product() } else { 1 };
+    (batch, m, n)
+}
+
 /// The tile for a product over iteration space `dom` (batch axes, rows, columns): one tile row
 /// covers the whole product row when the epilogue reduces rows; a product at most 64 wide takes
 /// the blocked 128-row tile when it has enough rows to fill the GPU with such tiles (else one
 /// element per thread in rows of the product's width); wider products 64 x 128 tiles.
 pub fn tile(dom: &[usize], rows: bool) -> Tile {
-    let rank = dom.len();
-    let n = dom.last().copied().unwrap_or(1);
-    let m = if rank >= 2 { dom[rank - 2] } else { 1 };
-    let batch: usize = if rank >= 2 { dom[..rank - 2].iter().product() } else { 1 };
+    let (batch, m, n) = shape(dom);
     if !rows && n <= TALL_MAX_N && m.div_ceil(TALL_BM) * batch >= TALL_MIN_BLOCKS {
         let bn = n.next_power_of_two().max(16);
         let tn = bn / 16;
@@ -110,10 +117,7 @@ pub fn tile(dom: &[usize], rows: bool) -> Tile {
 /// products fill the GPU. (The parts are added in a fixed order, but not the order of the
 /// unsplit loop's sums; strict numerics keeps that loop.)
 pub fn split(mut t: Tile, dom: &[usize], k: usize, strict: bool) -> Tile {
-    let rank = dom.len();
-    let n = dom.last().copied().unwrap_or(1);
-    let m = if rank >= 2 { dom[rank - 2] } else { 1 };
-    let batch: usize = if rank >= 2 { dom[..rank - 2].iter().product() } else { 1 };
+    let (batch, m, n) = shape(dom);
     let tiles = m.div_ceil(t.bm) * n.div_ceil(t.bn) * batch;
     let slices = k.div_ceil(t.bk).max(1);
     let want = if t.rows && !strict { SPLIT_TARGET_BLOCKS.div_ceil(tiles).min(MAX_SPLITS).min(slices) } else { 1 };
@@ -383,13 +387,12 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
     let (m, kk) = (dom[rank - 2], p.a.shape[p.a.shape.len() - 1]);
     let batch: usize = dom[..rank - 2].iter().product();
     let mut d = r.defines;
-    let kparams: Vec<String> = k
+    let mut kparams: Vec<String> = k
         .reads
         .iter()
         .map(|t| emit::param_decl(&t.name, t.ty.dtype, true, packed.contains(&t.name)))
         .chain(k.writes.iter().map(|t| emit::param_decl(&t.name, t.ty.dtype, false, packed.contains(&t.name))))
         .collect();
-    let mut kparams = kparams;
     if t.splits > 1 {
         kparams.extend([
             "float* __restrict__ eq_split_ws".to_string(),

@@ -219,16 +219,7 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
     source.push_str(&format!("\n// ---- kernels/{}.cu ----\n", lowered.template.name()));
     source.push_str(template);
     let mut args = tensor_args(k, &packed_names(plan));
-    for (n, bytes, zeroed) in &r.shape.workspace {
-        args.push(KernelArg {
-            name: n.clone(),
-            role: ArgRole::Workspace,
-            dtype: None,
-            shape: vec![],
-            bytes: *bytes,
-            zeroed: *zeroed,
-        });
-    }
+    args.extend(r.shape.workspace.iter().map(|(n, bytes, zeroed)| workspace_arg(n, *bytes, *zeroed)));
     Ok(KernelSource {
         file: format!("{name}.cu"),
         name,
@@ -254,11 +245,10 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
 fn codegen_gemm(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
     let r = gemm::render(k, plan.search.strict, &packed_names(plan))?;
     let name = emit::kernel_name(k, Template::Gemm);
-    let shape = emit::Shape { grid: r.grid, block: r.block, workspace: vec![], smem_bytes: 0, wave: false };
     let (file, source) = if r.call.is_some() {
         (String::new(), String::new())
     } else {
-        let mut source = header(plan, k, Template::Gemm.name(), &name, (shape.grid, shape.block), None);
+        let mut source = header(plan, k, Template::Gemm.name(), &name, (r.grid, r.block), None);
         source.push_str(&r.defines);
         source.push_str("\n// ---- kernels/common.cuh ----\n");
         source.push_str(COMMON);
@@ -277,21 +267,18 @@ fn codegen_gemm(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
         launch: Launch { grid: r.grid, block: r.block, smem_bytes: 0, persistent: false, wave: false, sm90a: None },
         args: {
             let mut args = tensor_args(k, &packed_names(plan));
-            for (name, bytes, zeroed) in &r.workspace {
-                args.push(KernelArg {
-                    name: name.clone(),
-                    role: ArgRole::Workspace,
-                    dtype: None,
-                    shape: vec![],
-                    bytes: *bytes,
-                    zeroed: *zeroed,
-                });
-            }
+            args.extend(r.workspace.iter().map(|(n, bytes, zeroed)| workspace_arg(n, *bytes, *zeroed)));
             args
         },
         cublaslt: r.call,
         scheduled_sums: false,
     })
+}
+
+/// A scratch buffer passed after a kernel's tensors (`zeroed`: zero before the first launch, and
+/// the kernel leaves it so).
+pub(crate) fn workspace_arg(name: &str, bytes: u64, zeroed: bool) -> KernelArg {
+    KernelArg { name: name.into(), role: ArgRole::Workspace, dtype: None, shape: vec![], bytes, zeroed }
 }
 
 /// The tensors the plan stores 1 bit per element.
