@@ -67,6 +67,8 @@ pub struct Calibration {
     pub gemm: Vec<GemmRate>,
     /// The step-time fits of every tile (generated gemm and attention f32).
     pub tiles: Vec<tiles::TileFit>,
+    /// The generated gemm's split-K latency: its probes and the mean residual.
+    pub split: (Vec<SplitProbe>, f64),
     /// The attention forward's rates (per path) and the backward's.
     pub attention: Vec<KernelRate>,
     /// Seconds each part took: (part, seconds).
@@ -135,7 +137,8 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     let gemm = gemm_rates(gpu, &mut profile)?;
     lap("gemm rates and cuBLASLt's call", &mut seconds);
     let tiles = tile_rates(gpu, &mut profile, base)?;
-    lap("tile step times", &mut seconds);
+    let split = split_latency(gpu, &mut profile)?;
+    lap("tile step times and split-K latency", &mut seconds);
     let mut attention = attention_forward(gpu, &mut profile)?;
     attention.extend(attention_backward(gpu, &mut profile)?);
     lap("attention rates", &mut seconds);
@@ -156,7 +159,9 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          the attention f32 path's (attention.tiles; K = keys x head): least-squares fits, relative to \
          each probe's time, of time = launch overhead + K x step to single products of growing K, \
          about one block per SM for the lone step and eight for the shared one, plus a row softmax \
-         for the row epilogue per wave; the attention bf16 forward rate on the path this device takes \
+         for the row epilogue per wave; the generated gemm's split-K latency (the mean residual of \
+         three row-softmax products split along K: f32 256x1024x50, 256x4096x50, bf16 \
+         512x2048x128); the attention bf16 forward rate on the path this device takes \
          ({}) and on the portable mma.sync path (implementations.portable), and the attention \
          backward kernel's rate (implementations.backward_fused: the one kernel of dq, dk and dv \
          of an 8x16x2048x64 bf16 attention_grad), each flops / (time - launch overhead); kept from \
@@ -187,6 +192,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         cublaslt_call,
         gemm,
         tiles,
+        split,
         attention,
         seconds,
     })
@@ -209,6 +215,7 @@ fn gemm_impl(profile: &mut DeviceProfile, imp: GemmImpl) -> &mut TemplateRates {
         implementations: Default::default(),
         stage_latency_us: None,
         call_overhead_us: None,
+        split_latency_us: None,
         tiles: Default::default(),
         tiles_16bit: Default::default(),
         tiles_mma: Default::default(),
@@ -757,6 +764,55 @@ fn stage_latency(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(Vec<StagePro
 /// stage latency).
 pub type StageProbe = (String, u32, f64, f64);
 
+/// Products with a row softmax over few output tiles, which the planner runs as one generated
+/// gemm kernel split along K (`EQ_SPLITS` > 1): f32 [256, K] x [K, 50] (softmax regression's
+/// shape) at K 1024 and 4096, and bf16 [512, 2048] x [2048, 128] on the tensor cores.
+fn split_programs() -> Result<Vec<Program>> {
+    [(DType::F32, 256, 1024, 50), (DType::F32, 256, 4096, 50), (DType::Bf16, 512, 2048, 128)]
+        .iter()
+        .map(|&(dt, m, k, n)| {
+            Program::from_sexprs(
+                &format!("calibrate-split-{}-{m}x{k}x{n}", dt.name()),
+                &[("a", TensorType::new(dt, vec![m, k])), ("b", TensorType::new(dt, vec![k, n]))],
+                &[("y", "(softmax (@ a b) -1)")],
+            )
+            .map_err(Error::Invalid)
+        })
+        .collect()
+}
+
+/// The split-K latency of the generated gemm (`gemm.implementations.generated.split_latency_us`):
+/// each probe of [`split_programs`] is planned without it and timed; the latency is the mean
+/// of each kernel's time less the model's time for it (whose tile step times come from this
+/// profile, so this follows `tile_rates`).
+fn split_latency(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(Vec<SplitProbe>, f64)> {
+    gemm_impl(profile, GemmImpl::Generated).split_latency_us = Some(0.0);
+    let mut probes = Vec::new();
+    for program in split_programs()? {
+        let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+        let sources = codegen_plan(&plan)?;
+        let splits = sources
+            .first()
+            .and_then(|s| s.source.lines().find_map(|l| l.strip_prefix("#define EQ_SPLITS ")?.trim().parse().ok()))
+            .unwrap_or(1usize);
+        if plan.kernels.len() != 1 || plan.kernels[0].template != Template::Gemm || splits < 2 {
+            return Err(Error::Invalid(format!(
+                "calibration program {} did not plan as one generated gemm kernel split along K",
+                program.source
+            )));
+        }
+        let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
+        probes.push((program.source.clone(), splits, r.kernels[0].measured_us, plan.kernels[0].predicted_us));
+    }
+    let latency = (probes.iter().map(|p| p.2 - p.3).sum::<f64>() / probes.len().max(1) as f64).max(0.0);
+    gemm_impl(profile, GemmImpl::Generated).split_latency_us = Some(round(latency, 2));
+    Ok((probes, latency))
+}
+
+/// One split-latency probe: (program, splits, median microseconds, the model's time without
+/// split latency).
+pub type SplitProbe = (String, usize, f64, f64);
+
 /// One large program per generated template, each planning as a single kernel.
 fn synthetic() -> Result<Vec<(Template, Program)>> {
     let f32 = |s: &[usize]| TensorType::new(DType::F32, s.to_vec());
@@ -814,6 +870,11 @@ impl fmt::Display for Calibration {
         writeln!(f, "  row stage        {latency:.2} us per dependent reduction stage")?;
         for (prog, n, us, base) in probes {
             writeln!(f, "      {prog:<40} {n} stages {us:>7.1} us (model without stage latency {base:.1} us)")?;
+        }
+        let (probes, latency) = &self.split;
+        writeln!(f, "  split-K          {latency:.2} us past the model's steps and parts' reads")?;
+        for (prog, n, us, base) in probes {
+            writeln!(f, "      {prog:<40} {n} splits {us:>7.1} us (model without split latency {base:.1} us)")?;
         }
         let (prog, us) = &self.cublaslt_call;
         writeln!(f, "  cuBLASLt call    {us:.1} us ({prog}: 64x128x64 f32)")?;
@@ -892,6 +953,24 @@ mod tests {
                 times.push(plan.kernels[0].predicted_us);
             }
             assert_eq!((times[1] - times[0]).round(), (i + 1) as f64, "{}", program.source);
+        }
+    }
+
+    #[test]
+    fn split_probes_plan_as_one_generated_gemm_split_along_k() {
+        let mut p = DeviceProfile::load("h100").unwrap();
+        gemm_impl(&mut p, GemmImpl::Generated).split_latency_us = Some(0.0);
+        for program in split_programs().unwrap() {
+            let plan = optimize(&program, &OptimizeOptions::new(p.clone())).unwrap().plan;
+            assert_eq!(plan.kernels.len(), 1, "{}", program.source);
+            assert_eq!(plan.kernels[0].template, Template::Gemm, "{}", program.source);
+            let sources = codegen_plan(&plan).unwrap();
+            let splits: usize = sources[0]
+                .source
+                .lines()
+                .find_map(|l| l.strip_prefix("#define EQ_SPLITS ")?.trim().parse().ok())
+                .unwrap_or(1);
+            assert!(splits > 1, "{} runs unsplit", program.source);
         }
     }
 

@@ -34,6 +34,11 @@ pub struct TemplateRates {
     /// cuBLASLt's), in microseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_overhead_us: Option<f64>,
+    /// Time a split-K product of the generated gemm adds past its steps and the parts' reads,
+    /// in microseconds: the last block of a tile learns it is last (a fence and a counter) and
+    /// only then fetches the parts, a chain of dependent round trips no bandwidth hides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split_latency_us: Option<f64>,
     /// The generated gemm kernel's measured time per step of its reduction axis, by tile
     /// (`"BMxBN"`): see `TileRate`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -179,8 +184,14 @@ impl DeviceProfile {
 
     /// The generated kernel's time from its tile's measured step times: `K` steps per block,
     /// each the lone-block step time or the SM's share of its blocks' steps, whichever is longer,
-    /// plus the row epilogue once per wave. `None` when the profile has no rate for the tile.
+    /// plus the row epilogue once per wave, plus the implementation's split latency when the
+    /// product is split along K. `None` when the profile has no rate for the tile.
     fn tile_us(&self, r: &TemplateRates, t: &GemmTiles, dtype: DType) -> Option<f64> {
+        let split = if t.splits > 1 { r.split_latency_us.unwrap_or(0.0) } else { 0.0 };
+        self.tile_steps_us(r, t, dtype).map(|us| us + split)
+    }
+
+    fn tile_steps_us(&self, r: &TemplateRates, t: &GemmTiles, dtype: DType) -> Option<f64> {
         let key = format!("{}x{}", t.bm, t.bn);
         if t.mma {
             let key = if t.wide { key } else { format!("{key}/e") };
@@ -431,6 +442,19 @@ mod tests {
         // Without an SM count there is no tile model.
         let q = DeviceProfile { sm_count: None, ..p.clone() };
         assert!(q.tile_us(&r, &tiles(800, 64, 1000, 8, 64, false), DType::F32).is_none());
+    }
+
+    #[test]
+    fn split_latency_is_paid_by_split_products_only() {
+        let (p, mut r) = tiled();
+        r.split_latency_us = Some(1.5);
+        let whole = tiles(80, 64, 1000, 8, 64, false);
+        assert!((p.tile_us(&r, &whole, DType::F32).unwrap() - 30.0).abs() < 1e-9);
+        // 10 tiles split 10 ways: 100 blocks of 100 steps, the parts' reads, and the latency.
+        let split = GemmTiles { splits: 10, kspan: 100, ..whole };
+        let without = p.tile_steps_us(&r, &split, DType::F32).unwrap();
+        assert!(without > 3.0 && without < 30.0, "{without}");
+        assert!((p.tile_us(&r, &split, DType::F32).unwrap() - without - 1.5).abs() < 1e-9);
     }
 
     #[test]

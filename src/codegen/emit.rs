@@ -304,7 +304,10 @@ fn choose_vec(l: &Lowered, k: &Kernel, strict: bool, packed_writes: bool) -> usi
         .iter()
         .filter(|a| a.strides[r - 1] != 0)
         .map(|a| a.dtype.size())
-        .chain(l.stores.iter().map(|s| k.writes[s.write].ty.dtype.size()))
+        // A store of one value per row (a row reduction's result) is not a vector access: it
+        // does not narrow the lanes of the row's reads (attention's delta reads two bf16 rows
+        // and writes one f32 per row: 16-byte reads, not 8-byte).
+        .chain(l.stores.iter().filter(|s| s.shape[r - 1] != 1 || last == 1).map(|s| k.writes[s.write].ty.dtype.size()))
         .max()
         .unwrap_or(4);
     let mut v = if strict && l.template == Template::RowReduce { 4 } else { 16 / widest };
@@ -601,19 +604,23 @@ impl Emitter<'_> {
         }
     }
 
-    /// Whether `n` divides an f32 value of every element of a row by a row value `y` (one value
-    /// per row, computed once in a stage's finish) in a row kernel, outside strict numerics.
+    /// Whether `n` divides a value (f32, or a 16-bit value held in f32) of every element of a row
+    /// by a row value `y` (one value per row, computed once in a stage's finish) in a row
+    /// kernel, outside strict numerics.
     fn row_divisor(&self, n: usize, y: usize) -> bool {
         let r = self.rank();
         let row_value = |i: usize| {
             let s = &self.node(i).shape;
             s.len() == r && s[r - 1] == 1 && !matches!(self.node(i).op, Op::Const(_) | Op::Load(_))
         };
+        // (A 16-bit node's value is f32 in registers outside strict numerics: rounded only where
+        // it is stored, far coarser than the product's 1.5 ulp of f32.)
+        let float = |i: usize| matches!(self.node(i).dtype, DType::F32 | DType::Bf16 | DType::F16);
         !self.strict
             && r > 0
             && self.l.template == Template::RowReduce
-            && self.node(n).dtype == DType::F32
-            && self.node(y).dtype == DType::F32
+            && float(n)
+            && float(y)
             && self.node(n).shape.get(r - 1).is_some_and(|&c| c > 1)
             && row_value(y)
     }

@@ -216,9 +216,7 @@ impl Emitter<'_> {
         let cols = if r == 0 { 1 } else { self.dim(r - 1) };
         let numel: usize = self.l.domain.iter().product();
         let rows = numel.checked_div(cols).unwrap_or(0);
-        let per = cols.div_ceil(self.vec);
-        let row_threads = pow2_at_least(per.div_ceil(4)).min(1024);
-        let chunks = per.div_ceil(row_threads).max(1);
+        let (row_threads, chunks) = row_split(cols.div_ceil(self.vec), self.l.product.is_some());
         let block = row_threads.max(256);
         let cached = row_cached(cols, rp.cached.len(), self.vec);
         if cached && !rp.online.is_empty() {
@@ -712,10 +710,28 @@ pub const MAX_ROW_THREADS: usize = 1024;
 /// question (`cost::row_passes`), so a row it prices as read once is one codegen keeps on chip.
 pub fn row_cached(cols: usize, ncache: usize, vec: usize) -> bool {
     let vec = vec.max(1);
-    let per = cols.div_ceil(vec);
-    let row_threads = pow2_at_least(per.div_ceil(4)).min(MAX_ROW_THREADS);
-    let chunks = per.div_ceil(row_threads).max(1);
+    let (_, chunks) = row_split(cols.div_ceil(vec), false);
     ncache * chunks * vec <= ROW_CACHE_PER_THREAD
+}
+
+/// Rows of at most this many vectors take one vector per thread (one 16-byte access per input).
+const SHORT_ROW_VECTORS: usize = 32;
+
+/// Threads per row and vectors (chunks) per thread for rows of `per` vectors. A row kernel gives
+/// a short row (up to [`SHORT_ROW_VECTORS`]) a thread per vector: a warp reads whole rows, 512
+/// contiguous bytes an access, and a block holds more rows. Measured on an H100 (2026-11-22,
+/// `benches/results/2026-11-22-h100-*-rowshape`): attention's delta (two bf16 rows of 64) 32.9
+/// us at 8 threads a row against 40.8 at 2 threads of 4 chunks; a bf16 softmax over 128
+/// columns 5.5 us at 16 threads against 7.7 at 4 threads of 4 chunks. Longer rows, and a gemm's
+/// row epilogue (whose tile sets its rows), take 4 vectors a thread, up to [`MAX_ROW_THREADS`]
+/// threads.
+fn row_split(per: usize, product: bool) -> (usize, usize) {
+    let row_threads = if !product && per <= SHORT_ROW_VECTORS {
+        pow2_at_least(per)
+    } else {
+        pow2_at_least(per.div_ceil(4)).min(MAX_ROW_THREADS)
+    };
+    (row_threads, per.div_ceil(row_threads).max(1))
 }
 
 /// Registers of an SM (sm_80 and sm_90).
