@@ -160,8 +160,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          each probe's time, of time = launch overhead + K x step to single products of growing K, \
          about one block per SM for the lone step and eight for the shared one, plus a row softmax \
          for the row epilogue per wave; the generated gemm's split-K latency (the mean residual of \
-         three row-softmax products split along K: f32 256x1024x50, 256x4096x50, bf16 \
-         512x2048x128); the attention bf16 forward rate on the path this device takes \
+         two f32 row-softmax products split along K: 256x1024x50, 256x4096x50); the attention bf16 forward rate on the path this device takes \
          ({}) and on the portable mma.sync path (implementations.portable), and the attention \
          backward kernel's rate (implementations.backward_fused: the one kernel of dq, dk and dv \
          of an 8x16x2048x64 bf16 attention_grad), each flops / (time - launch overhead); kept from \
@@ -766,9 +765,12 @@ pub type StageProbe = (String, u32, f64, f64);
 
 /// Products with a row softmax over few output tiles, which the planner runs as one generated
 /// gemm kernel split along K (`EQ_SPLITS` > 1): f32 [256, K] x [K, 50] (softmax regression's
-/// shape) at K 1024 and 4096, and bf16 [512, 2048] x [2048, 128] on the tensor cores.
+/// shape) at K 1024 and 4096 (the same as benches/gpu/split). Not on the tensor cores: their
+/// tile fits are off by up to 30% on some probes, more than the latency (a bf16 512x2048x128
+/// probe took 12.5 us against 8.3 predicted without split latency by calibrate's own tiles,
+/// 16.7 by the committed profile's; benches/results/2026-11-22-h100-b76cf2b-latencies).
 fn split_programs() -> Result<Vec<Program>> {
-    [(DType::F32, 256, 1024, 50), (DType::F32, 256, 4096, 50), (DType::Bf16, 512, 2048, 128)]
+    [(DType::F32, 256, 1024, 50), (DType::F32, 256, 4096, 50)]
         .iter()
         .map(|&(dt, m, k, n)| {
             Program::from_sexprs(

@@ -317,13 +317,36 @@ fn run(cli: Cli) -> Result<(), Error> {
     }
 }
 
-/// The examples whose plans run on the GPU today (no matrix products or attention), at their
-/// declared sizes.
+/// Every example (all run on the GPU) at its declared size: the memory-bound ones first, then
+/// the matrix products, attention and the backward passes.
 fn default_bench_programs() -> Vec<String> {
-    ["add_mul", "softplus", "bias_gelu_dropout", "layernorm", "rmsnorm", "softmax", "softmax_small", "cross_entropy"]
-        .iter()
-        .map(|n| format!("examples/{n}.eqf"))
-        .collect()
+    [
+        "add_mul",
+        "softplus",
+        "bias_gelu_dropout",
+        "layernorm",
+        "rmsnorm",
+        "softmax",
+        "softmax_small",
+        "cross_entropy",
+        "cross_entropy_grad",
+        "layernorm_grad",
+        "dense",
+        "dense_gelu_bf16",
+        "matmul_softmax",
+        "softmax_regression",
+        "attention",
+        "composites",
+        "mlp_grad",
+        "mlp_relu_grad",
+        "transformer_block",
+        "transformer_block_grad",
+        "mlp_relu_dropout_grad",
+        "attention_grad",
+    ]
+    .iter()
+    .map(|n| format!("examples/{n}.eqf"))
+    .collect()
 }
 
 fn main() -> ExitCode {
@@ -334,5 +357,23 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code() as u8)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_default_bench_is_every_example() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".eqf"))
+            .map(|n| format!("examples/{n}"))
+            .collect();
+        let mut listed = super::default_bench_programs();
+        on_disk.sort();
+        listed.sort();
+        assert_eq!(listed, on_disk);
     }
 }
