@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Fits a profile's two latencies from benches of probe programs planned with that profile at
-both latencies 0, so that the fits answer to the profile's own launch overhead and tile step
-times (a calibrated profile's launch overhead, measured back to back, is shorter than a kernel
-timed between events after an L2 flush as `eqfuse bench` times it):
+both latencies 0 (and cuBLASLt priced out, so that each split probe is one generated gemm), so
+that the fits answer to the profile's own launch overhead and tile step times (a calibrated
+profile's launch overhead, measured back to back, is shorter than a kernel timed between
+events after an L2 flush as `eqfuse bench` times it):
 
 - `templates.rowreduce.stage_latency_us`: least squares through the origin of each stage probe's
   time less its predicted time against its stages (benches/gpu/stage/stagesN_*.eqf: one row
