@@ -31,8 +31,8 @@
 // own tiles (queries and output gradient, or keys and values), and two buffers of the tiles it
 // loops over (cp.async double buffering), plus (mode 2) two buffers of lse and delta and (EQ_DQ)
 // one tile's dS, transposed ([EQ_BN keys][EQ_BM queries]): stored after an iteration's last
-// barrier and multiplied by the keys after the next iteration's first, so that dq adds no
-// barrier of its own.
+// barrier and multiplied by the keys at the end of the next iteration (after its own products,
+// before its last barrier), so that dq adds no barrier of its own.
 //
 // Layout: every tensor is contiguous, [EQ_NB, rows, EQ_D] (lse and delta [EQ_NB, EQ_SQ]); EQ_D
 // is a multiple of 8 up to 128. In shared memory a row holds EQ_DP = EQ_D rounded up to 64
@@ -182,15 +182,34 @@ __device__ __forceinline__ float ex2(float x) {
 __device__ __forceinline__ unsigned at(int r, int ch) { return (unsigned)((r * CH + (ch ^ (r & 7))) * 16); }
 
 // Loads rows [row0, row0 + EQ_BM) of a contiguous [rows, EQ_D] matrix into a tile; rows at or
-// past `limit` and chunks past EQ_D are zero.
+// past `limit` and chunks past EQ_D are zero. Heads up to 64: each thread copies one chunk
+// column, rows tid / CH + i NT / CH, in a loop of constant trip count whose swizzle is the same
+// in every step (NT / CH is a multiple of 8), so that it unrolls into bare cp.async with
+// constant offsets: the mode 2 (EQ_DQ) kernel at [8, 16, 2048, 64] ran 8% faster than with the
+// loop below, whose every copy computes its own row, chunk and bound. Wider heads keep that
+// loop: at 255 registers (spilling) the unrolled form ran the head-128 kernel 17% slower
+// (benches/results/2026-11-22-h100-*-attnbwd7).
 __device__ __forceinline__ void load_tile(unsigned dst, const EQ_T* g, int row0, int limit) {
+#if EQ_DP == 64
+    static_assert(NT % CH == 0 && (NT / CH) % 8 == 0 && EQ_BM * CH % NT == 0, "whole rows a step");
+    const int r0 = threadIdx.x / CH, ch = threadIdx.x % CH;
+    const bool col_ok = ch * 8 < EQ_D;
+    const unsigned d0 = dst + at(r0, ch);
+    const EQ_T* s0 = g + (long long)(row0 + r0) * EQ_D + ch * 8;
 #pragma unroll
+    for (int i = 0; i < EQ_BM * CH / NT; ++i) {
+        const int r = r0 + i * (NT / CH);
+        const bool ok = col_ok && row0 + r < limit;
+        cp16(d0 + i * NT * 16, ok ? s0 + (long long)i * (NT / CH) * EQ_D : g, ok ? 16 : 0);
+    }
+#else
     for (int c = threadIdx.x; c < EQ_BM * CH; c += NT) {
         const int r = c / CH, ch = c % CH;
         const bool ok = row0 + r < limit && ch * 8 < EQ_D;
         const EQ_T* src = ok ? g + (long long)(row0 + r) * EQ_D + ch * 8 : g;
         cp16(dst + at(r, ch), src, ok ? 16 : 0);
     }
+#endif
 }
 
 // The A fragments (rows [16 w, 16 w + 16) of this warp) of a tile, one per k16 step.
@@ -296,7 +315,9 @@ __device__ __forceinline__ void add_dq(float* acc, unsigned ss, unsigned sk, int
 #pragma unroll
     for (int kk = 0; kk < SN / 2; ++kk)
         ldsm4t(da[kk], ss + at_s(kk * 16 + (lane & 7) + ((lane >> 4) << 3), warp * 2 + ((lane >> 3) & 1)));
-    const int row0 = m0 + warp * 16 + g;
+    // A warp's 16 rows lie in the accumulator's EQ_SQ16 rows or wholly past them (rows past
+    // EQ_SQ add zeros: their dS is masked), so one test per warp.
+    if (EQ_SQ % EQ_BM != 0 && m0 + warp * 16 >= EQ_SQ16) return;
     float* blk = acc + (long long)(m0 + warp * 16) * EQ_DP + 16 * g + 4 * t;  // this warp's row block
 #pragma unroll
     for (int dp = 0; dp < DT / 2; ++dp) {
@@ -313,11 +334,8 @@ __device__ __forceinline__ void add_dq(float* acc, unsigned ss, unsigned sk, int
             mma(c[1], da[kk], bv[2], bv[3]);
         }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = row0 + 8 * h;
-            if (row < EQ_SQ)
-                add4(blk + dp * 256 + 128 * h, c[0][2 * h], c[0][2 * h + 1], c[1][2 * h], c[1][2 * h + 1]);
-        }
+        for (int h = 0; h < 2; ++h)
+            add4(blk + dp * 256 + 128 * h, c[0][2 * h], c[0][2 * h + 1], c[1][2 * h], c[1][2 * h + 1]);
     }
 }
 
@@ -572,10 +590,6 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
         cp_wait<1>();
         __syncthreads();
 #if EQ_DQ
-        // dq[rows of the previous tile] += dS k over this block's keys: the previous tile's dS^T,
-        // stored after the last barrier, from shared memory (the warps own query rows here);
-        // the next store follows the next barrier, after every warp has read it.
-        if (it > 0) add_dq(dqacc, ss, sk, m_start + (it - 1 + rot) % ntiles * EQ_BM, warp, lane);
         unsigned kf[KT][4], vf[KT][4];
         a_frags(kf, sk, warp, lane);
         a_frags(vf, sv, warp, lane);
@@ -627,6 +641,14 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
 #pragma unroll
             for (int h = 0; h < 2; ++h) ds[nt][h] = pack2(dp[nt][2 * h], dp[nt][2 * h + 1]);
 #endif
+#endif
+#if EQ_DQ
+        // dq[rows of the previous tile] += dS k over this block's keys: the previous tile's dS^T,
+        // stored after the last iteration's second barrier, from shared memory (the warps own
+        // query rows here); the next store follows the next barrier, after every warp has read
+        // it. Placed last in the iteration, after this tile's products, rather than first,
+        // right after the barrier: measured faster (benches/results/2026-11-22-h100-*-attnbwd7).
+        if (it > 0) add_dq(dqacc, ss, sk, m_start + (it - 1 + rot) % ntiles * EQ_BM, warp, lane);
 #endif
         __syncthreads();  // this buffer (and the dS tile) is consumed before it is loaded again
 #if EQ_DQ
