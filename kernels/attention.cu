@@ -136,8 +136,9 @@
 // diagonal are skipped, and a warp skips its part of a tile when every key of it is above the
 // diagonal of every row of the warp (the scores are masked either way).
 // The code generator's shape (F32_* in src/codegen/attention.rs): 32 rows, 4 parts, 8 keys a
-// part per tile (128 threads, 32-key tiles), the fastest or within 3% of it of the shapes
-// measured on an H100 for small and large problems (benches/results/2026-11-22-h100-*-f32att).
+// part per tile (128 threads, 32-key tiles): within 5% of the fastest of ten shapes measured on
+// an H100 on each of a small causal, two large and a head-128 problem, and the fastest on the
+// last (benches/results/2026-11-22-h100-6d005bd-f32att).
 #ifndef EQ_FBM
 #define EQ_FBM 32
 #endif

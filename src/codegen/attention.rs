@@ -5,9 +5,10 @@
 //! Views become strides: each of q, k, v, o is addressed as b0·S0 + b1·S1 + b2·S2 + row·SR + d
 //! over at most three (merged) batch axes, so transposed heads (`transpose(reshape(x, [B, S, H,
 //! D]), 1, 2)`) are read, and a transposed output written, in place. What the template cannot run
-//! exactly (a fused epilogue, f32 operands, a head axis that is not contiguous or not a multiple
-//! of 8, different query and value head sizes, heads over 128) is an error naming the kernel,
-//! never an approximation.
+//! exactly (a fused epilogue, a head axis that is not contiguous, a bf16 or f16 head or stride
+//! that is not a multiple of 8, different query and value head sizes, heads over 128) is an error
+//! naming the kernel, never an approximation. f32 operands run the template's CUDA-core path
+//! (`EQ_F32`; any head size up to 128, 16-byte loads where the strides allow).
 //!
 //! A bf16 or f16 instance with a positive scale also carries the launch of the template's Hopper
 //! path (`Launch::sm90a`): one source, whose `sm_90a` compile (on a 9.0 device) runs the wgmma
@@ -60,7 +61,8 @@ pub fn hopper_path(dtype: DType, scale: f64) -> bool {
 
 /// The f32 path (`kernels/attention.cu`, `EQ_F32`, CUDA cores): query rows per block, parts
 /// each row's keys are split over (one thread per row and part), keys of a part per tile, and so
-/// keys per tile (`F32_PARTS * F32_PART_KEYS`). Measured on an H100 (2026-11-22, f32att results):
+/// keys per tile (`F32_PARTS * F32_PART_KEYS`). Measured on an H100 (kernel alone, event-timed per
+/// launch; benches/results/2026-11-22-h100-6d005bd-f32att, run1):
 /// 32 rows x 4 parts x 8 keys took 16.4 us on a causal [4, 128, 64] attention (the one-row-a-
 /// thread kernel before it: 77.0), 1421 us on [128, 1024, 64] (2484), 805 us causal (1758) and
 /// 104 us on [16, 512, 128] (495); 8 parts (256 threads) 16.1 / 1620 / 924 / 114, 64 rows x 4
