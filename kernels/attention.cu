@@ -113,20 +113,103 @@
 
 #if EQ_F32
 // ---- f32 operands: the same online softmax on CUDA cores, in full f32 (no tensor cores) ----
-// Launch shape: grid (ceil(EQ_SQ / 64), EQ_NB), block 64 threads, one query row per thread;
-// dynamic shared memory EQ_SMEM_BYTES = (64 * (EQ_D + 1) + 2 * 32 * EQ_D) * 4 bytes: the query
-// tile (rows padded by one word, so each thread's row is conflict-free) and one 32-key tile of
-// keys and values, read by all threads at one address (a broadcast). EQ_D needs no alignment.
-#define EQ_FBM 64
-#define EQ_FBN 32
-#define EQ_SMEM_BYTES ((EQ_FBM * (EQ_D + 1) + 2 * EQ_FBN * EQ_D) * 4)
+// Each query row is split over EQ_FP threads (parts), flash-decoding inside the block: thread
+// tid owns row r = tid % EQ_FBM of the block's EQ_FBM rows and part p = tid / EQ_FBM, so a warp
+// is 32 rows of one part, and every shared-memory read of a key or value is one address for the
+// whole warp (a broadcast). A key tile of EQ_FBN = EQ_FP * EQ_FKP keys gives part p its keys
+// [p * EQ_FKP, (p + 1) * EQ_FKP); each part keeps its own online-softmax state (m_p, l_p, o_p)
+// over its keys of every tile: EQ_FKP independent score sums (s_j = <q, k_j> over d in order),
+// one rescale, then o_p += exp(s_j - m_p) v_j. At the end the parts merge through shared memory
+// in part order (deterministic): M = max_p m_p, L = sum_p l_p exp(m_p - M),
+// o = (sum_p o_p exp(m_p - M)) / L, lse = M + log(L).
+// Launch shape: grid (ceil(EQ_SQ / EQ_FBM), EQ_NB), block EQ_FNT = EQ_FBM * EQ_FP threads,
+// dynamic shared memory EQ_SMEM_BYTES (EQ_FSMEM_FLOATS floats): two buffers each of the key and
+// value tiles (EQ_FBN rows of EQ_FDP = EQ_D rounded up to 4 floats, zero past EQ_D; cp.async,
+// tile j + 1 loads while tile j is consumed, one barrier per tile), the query tile where q does
+// not stay in registers (EQ_FDP over 64: rows padded by 4 floats), and, reusing that space after
+// the last tile, the merge: every part's scaled o (rows padded to an odd stride) and m, l.
+// The query row lives in registers for heads up to 64 (o and q: 2 * EQ_FDP floats), else in
+// shared memory (read as float4, shared by the EQ_FKP keys of a step). Tiles load by 16-byte
+// cp.async where the head is a multiple of 4 and every key and value stride a multiple of 4
+// elements (EQ_FVEC), else by 4-byte ones; queries likewise by float4 or scalar loads.
+// Under EQ_CAUSAL the block of the last query tile runs first, tiles wholly above the block's
+// diagonal are skipped, and a warp skips its part of a tile when every key of it is above the
+// diagonal of every row of the warp (the scores are masked either way).
+// The code generator's shape (F32_* in src/codegen/attention.rs): 32 rows, 4 parts, 8 keys a
+// part per tile (128 threads, 32-key tiles): within 5% of the fastest of ten shapes measured on
+// an H100 on each of a small causal, two large and a head-128 problem, and the fastest on the
+// last (benches/results/2026-11-22-h100-6d005bd-f32att).
+#ifndef EQ_FBM
+#define EQ_FBM 32
+#endif
+#ifndef EQ_FP
+#define EQ_FP 4
+#endif
+#ifndef EQ_FKP
+#define EQ_FKP 8
+#endif
+#define EQ_FNT (EQ_FBM * EQ_FP)
+// Blocks per SM the register allocation must allow.
+#ifndef EQ_FMINB
+#define EQ_FMINB 1
+#endif
+#define EQ_FBN (EQ_FP * EQ_FKP)
+#define EQ_FDP (((EQ_D + 3) / 4) * 4)
+#ifndef EQ_FQREG
+#define EQ_FQREG (EQ_FDP <= 64)
+#endif
+#define EQ_FVEC                                                                                      \
+    (EQ_D % 4 == 0 && EQ_K_S0 % 4 == 0 && EQ_K_S1 % 4 == 0 && EQ_K_S2 % 4 == 0 && EQ_K_SR % 4 == 0 && \
+     EQ_V_S0 % 4 == 0 && EQ_V_S1 % 4 == 0 && EQ_V_S2 % 4 == 0 && EQ_V_SR % 4 == 0)
+#define EQ_FQVEC (EQ_D % 4 == 0 && EQ_Q_S0 % 4 == 0 && EQ_Q_S1 % 4 == 0 && EQ_Q_S2 % 4 == 0 && EQ_Q_SR % 4 == 0)
+#define EQ_FQS (EQ_FDP + 4)            // query tile row stride (floats)
+#define EQ_FOS (EQ_FDP + 1)            // merge row stride (odd: conflict-free)
+#define EQ_FTILE (EQ_FBN * EQ_FDP)     // one key or value tile (floats)
+#define EQ_FLOOP_FLOATS (4 * EQ_FTILE + (EQ_FQREG ? 0 : EQ_FBM * EQ_FQS))
+#define EQ_FMERGE_FLOATS (EQ_FP * EQ_FBM * EQ_FOS + 2 * EQ_FNT + EQ_FBM)
+#define EQ_FSMEM_FLOATS (EQ_FLOOP_FLOATS > EQ_FMERGE_FLOATS ? EQ_FLOOP_FLOATS : EQ_FMERGE_FLOATS)
+#define EQ_SMEM_BYTES (EQ_FSMEM_FLOATS * 4)
 
-extern "C" __global__ void __launch_bounds__(EQ_FBM) EQ_KERNEL(EQ_PARAMS) {
+namespace eq_f32a {
+static_assert(EQ_FBM % 32 == 0, "a warp holds rows of one part");
+static_assert(EQ_D > 0 && EQ_D <= 128, "head sizes up to 128");
+constexpr int DP4 = EQ_FDP / 4;
+__device__ __forceinline__ void cp4(float* dst, const float* src) { eq_cp_async<4>(dst, src); }
+__device__ __forceinline__ void cp16(float* dst, const float* src) { eq_cp_async<16>(dst, src); }
+// Rows [n0, n0 + EQ_FBN) of keys and values into a buffer (zero past EQ_SK and EQ_D).
+__device__ __forceinline__ void load_tile(float* sk, float* sv, const float* kg, const float* vg, int n0, int tid) {
+#if EQ_FVEC
+    for (int c = tid; c < EQ_FBN * DP4; c += EQ_FNT) {
+        const int r = c / DP4, c4 = c % DP4;
+        if (n0 + r < EQ_SK) {
+            cp16(sk + 4 * c, kg + (long long)(n0 + r) * EQ_K_SR + 4 * c4);
+            cp16(sv + 4 * c, vg + (long long)(n0 + r) * EQ_V_SR + 4 * c4);
+        } else {
+            reinterpret_cast<float4*>(sk)[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            reinterpret_cast<float4*>(sv)[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    }
+#else
+    for (int c = tid; c < EQ_FBN * EQ_FDP; c += EQ_FNT) {
+        const int r = c / EQ_FDP, d = c % EQ_FDP;
+        if (n0 + r < EQ_SK && d < EQ_D) {
+            cp4(sk + c, kg + (long long)(n0 + r) * EQ_K_SR + d);
+            cp4(sv + c, vg + (long long)(n0 + r) * EQ_V_SR + d);
+        } else {
+            sk[c] = 0.0f;
+            sv[c] = 0.0f;
+        }
+    }
+#endif
+    eq_cp_async_commit();
+}
+}  // namespace eq_f32a
+
+extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARAMS) {
+    using namespace eq_f32a;
     extern __shared__ __align__(16) float eq_fsmem[];
-    float* sq = eq_fsmem;
-    float* sk = sq + EQ_FBM * (EQ_D + 1);
-    float* sv = sk + EQ_FBN * EQ_D;
     const int tid = threadIdx.x;
+    const int rl = tid % EQ_FBM, part = tid / EQ_FBM;
     const int mblocks = (EQ_SQ + EQ_FBM - 1) / EQ_FBM;
     const int mb = EQ_CAUSAL ? mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x;
     const long long b = blockIdx.y;
@@ -135,35 +218,84 @@ extern "C" __global__ void __launch_bounds__(EQ_FBM) EQ_KERNEL(EQ_PARAMS) {
     const float* kg = EQ_KP + b0 * EQ_K_S0 + b1 * EQ_K_S1 + b2 * EQ_K_S2;
     const float* vg = EQ_VP + b0 * EQ_V_S0 + b1 * EQ_V_S1 + b2 * EQ_V_S2;
     float* og = EQ_OP + b0 * EQ_O_S0 + b1 * EQ_O_S1 + b2 * EQ_O_S2;
-    const int m0 = mb * EQ_FBM, row = m0 + tid;
-    for (int c = tid; c < EQ_FBM * EQ_D; c += EQ_FBM) {
-        const int r = c / EQ_D, d = c % EQ_D;
-        sq[r * (EQ_D + 1) + d] = m0 + r < EQ_SQ ? qg[(long long)(m0 + r) * EQ_Q_SR + d] : 0.0f;
-    }
-    float o[EQ_D];
+    const int m0 = mb * EQ_FBM, row = m0 + rl;
+    const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_FBM ? EQ_SK : m0 + EQ_FBM) : EQ_SK;
+    const int ntiles = (n_end + EQ_FBN - 1) / EQ_FBN;
+    float* tiles = eq_fsmem;   // [2 buffers][keys, values][EQ_FBN][EQ_FDP]
+    load_tile(tiles, tiles + EQ_FTILE, kg, vg, 0, tid);
+
+    // The query row: registers (heads up to 64) or the shared query tile.
+#if EQ_FQREG
+    float q[EQ_FDP];
+    {
+        const float* qr = qg + (long long)(row < EQ_SQ ? row : 0) * EQ_Q_SR;
+#if EQ_FQVEC
 #pragma unroll
-    for (int d = 0; d < EQ_D; ++d) o[d] = 0.0f;
+        for (int c = 0; c < DP4; ++c) {
+            const float4 x = row < EQ_SQ ? __ldg(reinterpret_cast<const float4*>(qr) + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            q[4 * c] = x.x, q[4 * c + 1] = x.y, q[4 * c + 2] = x.z, q[4 * c + 3] = x.w;
+        }
+#else
+#pragma unroll
+        for (int d = 0; d < EQ_FDP; ++d) q[d] = row < EQ_SQ && d < EQ_D ? __ldg(qr + d) : 0.0f;
+#endif
+    }
+#else
+    float* sq = tiles + 4 * EQ_FTILE;   // [EQ_FBM][EQ_FQS]
+    for (int c = tid; c < EQ_FBM * EQ_FDP; c += EQ_FNT) {
+        const int r = c / EQ_FDP, d = c % EQ_FDP;
+        sq[r * EQ_FQS + d] = m0 + r < EQ_SQ && d < EQ_D ? qg[(long long)(m0 + r) * EQ_Q_SR + d] : 0.0f;
+    }
+    const float4* sq4 = reinterpret_cast<const float4*>(sq + rl * EQ_FQS);
+#endif
+
+    float o[EQ_FDP];
+#pragma unroll
+    for (int d = 0; d < EQ_FDP; ++d) o[d] = 0.0f;
     float m = -EQ_INF, l = 0.0f;
     const float scale = EQ_SCALE;
-    const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_FBM ? EQ_SK : m0 + EQ_FBM) : EQ_SK;
-    for (int n0 = 0; n0 < n_end; n0 += EQ_FBN) {
-        __syncthreads();  // the previous tile is consumed (and the queries stored)
-        for (int c = tid; c < EQ_FBN * EQ_D; c += EQ_FBM) {
-            const int r = c / EQ_D, d = c % EQ_D;
-            const bool ok = n0 + r < EQ_SK;
-            sk[c] = ok ? kg[(long long)(n0 + r) * EQ_K_SR + d] : 0.0f;
-            sv[c] = ok ? vg[(long long)(n0 + r) * EQ_V_SR + d] : 0.0f;
+    // The last row of this thread's warp (warp-uniform; the causal skip of a part's keys).
+    const int wlast = m0 + (rl | 31);
+    for (int t = 0; t < ntiles; ++t) {
+        eq_cp_async_wait_all();
+        __syncthreads();   // tile t landed for every thread; tile t - 1 is consumed by all
+        if (t + 1 < ntiles) {
+            float* nb = tiles + ((t + 1) & 1) * 2 * EQ_FTILE;
+            load_tile(nb, nb + EQ_FTILE, kg, vg, (t + 1) * EQ_FBN, tid);
         }
-        __syncthreads();
-        float s[EQ_FBN];
+        const int kb = t * EQ_FBN + part * EQ_FKP;   // this part's first key of the tile
+        if (EQ_CAUSAL && kb > wlast) continue;
+        const float* cur = tiles + (t & 1) * 2 * EQ_FTILE;
+        const float4* sk4 = reinterpret_cast<const float4*>(cur) + part * EQ_FKP * DP4;
+        const float4* sv4 = reinterpret_cast<const float4*>(cur + EQ_FTILE) + part * EQ_FKP * DP4;
+        float s[EQ_FKP];
+#pragma unroll
+        for (int j = 0; j < EQ_FKP; ++j) s[j] = 0.0f;
+#if EQ_FQREG
+#pragma unroll
+#else
+#pragma unroll 4
+#endif
+        for (int c = 0; c < DP4; ++c) {
+#if EQ_FQREG
+            const float4 qv = make_float4(q[4 * c], q[4 * c + 1], q[4 * c + 2], q[4 * c + 3]);
+#else
+            const float4 qv = sq4[c];
+#endif
+#pragma unroll
+            for (int j = 0; j < EQ_FKP; ++j) {
+                const float4 kv = sk4[j * DP4 + c];
+                s[j] = fmaf(qv.x, kv.x, s[j]);
+                s[j] = fmaf(qv.y, kv.y, s[j]);
+                s[j] = fmaf(qv.z, kv.z, s[j]);
+                s[j] = fmaf(qv.w, kv.w, s[j]);
+            }
+        }
         float mx = m;
 #pragma unroll
-        for (int j = 0; j < EQ_FBN; ++j) {
-            float acc = 0.0f;
-#pragma unroll 16
-            for (int d = 0; d < EQ_D; ++d) acc = fmaf(sq[tid * (EQ_D + 1) + d], sk[j * EQ_D + d], acc);
-            const int col = n0 + j;
-            s[j] = (col >= EQ_SK || (EQ_CAUSAL && col > row)) ? -EQ_INF : acc * scale;
+        for (int j = 0; j < EQ_FKP; ++j) {
+            const int col = kb + j;
+            s[j] = (col >= EQ_SK || (EQ_CAUSAL && col > row)) ? -EQ_INF : s[j] * scale;
             mx = fmaxf(mx, s[j]);
         }
         const float mu = mx == -EQ_INF ? 0.0f : mx;
@@ -171,22 +303,57 @@ extern "C" __global__ void __launch_bounds__(EQ_FBM) EQ_KERNEL(EQ_PARAMS) {
         m = mx;
         l *= alpha;
 #pragma unroll
-        for (int d = 0; d < EQ_D; ++d) o[d] *= alpha;
+        for (int d = 0; d < EQ_FDP; ++d) o[d] *= alpha;
 #pragma unroll
-        for (int j = 0; j < EQ_FBN; ++j) {
+        for (int j = 0; j < EQ_FKP; ++j) {
             const float p = expf(s[j] - mu);
             l += p;
 #pragma unroll
-            for (int d = 0; d < EQ_D; ++d) o[d] = fmaf(p, sv[j * EQ_D + d], o[d]);
+            for (int c = 0; c < DP4; ++c) {
+                const float4 vv = sv4[j * DP4 + c];
+                o[4 * c] = fmaf(p, vv.x, o[4 * c]);
+                o[4 * c + 1] = fmaf(p, vv.y, o[4 * c + 1]);
+                o[4 * c + 2] = fmaf(p, vv.z, o[4 * c + 2]);
+                o[4 * c + 3] = fmaf(p, vv.w, o[4 * c + 3]);
+            }
         }
     }
-    if (row < EQ_SQ) {
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+
+    // Merge the parts of each row, in part order.
+    float* so = eq_fsmem;                                  // [EQ_FP][EQ_FBM][EQ_FOS]
+    float* sm = so + EQ_FP * EQ_FBM * EQ_FOS;              // [EQ_FP][EQ_FBM]
+    float* sl = sm + EQ_FNT;                               // [EQ_FP][EQ_FBM]
+    float* sinv = sl + EQ_FNT;                             // [EQ_FBM]
+    __syncthreads();   // every part is done with the tiles (and the query tile)
+    sm[tid] = m;
+    sl[tid] = l;
+    __syncthreads();
+    float mall = -EQ_INF;
 #pragma unroll
-        for (int d = 0; d < EQ_D; ++d) og[(long long)row * EQ_O_SR + d] = o[d] * inv;
+    for (int p = 0; p < EQ_FP; ++p) mall = fmaxf(mall, sm[p * EQ_FBM + rl]);
+    const float mu = mall == -EQ_INF ? 0.0f : mall;
+    const float c = expf(m - mu);
+    float* sor = so + (part * EQ_FBM + rl) * EQ_FOS;
+#pragma unroll
+    for (int d = 0; d < EQ_FDP; ++d) sor[d] = o[d] * c;
+    if (part == 0) {
+        float lall = 0.0f;
+#pragma unroll
+        for (int p = 0; p < EQ_FP; ++p) lall += sl[p * EQ_FBM + rl] * expf(sm[p * EQ_FBM + rl] - mu);
+        sinv[rl] = lall > 0.0f ? 1.0f / lall : 0.0f;
 #if EQ_LSE
-        EQ_LSEP[b * EQ_SQ + row] = m + logf(l);
+        if (row < EQ_SQ) EQ_LSEP[b * EQ_SQ + row] = mall + logf(lall);
 #endif
+    }
+    __syncthreads();
+    // Consecutive threads write consecutive elements of a row.
+    for (int i = tid; i < EQ_FBM * EQ_D; i += EQ_FNT) {
+        const int r = i / EQ_D, d = i % EQ_D;
+        if (m0 + r >= EQ_SQ) break;
+        float acc = 0.0f;
+#pragma unroll
+        for (int p = 0; p < EQ_FP; ++p) acc += so[(p * EQ_FBM + r) * EQ_FOS + d];
+        og[(long long)(m0 + r) * EQ_O_SR + d] = acc * sinv[r];
     }
 }
 #elif EQ_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -156,7 +156,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
          or launch overhead) and cuBLASLt's at 512^3, 1024^3 and 2048^3 too (rate_by_size), the generated gemm's step times for every tile codegen can choose \
          (tiles on f32, tiles_16bit on bf16 CUDA-core and tiles_mma on bf16 tensor-core products) and \
-         the attention f32 path's (attention.tiles; K = keys x head): least-squares fits, relative to \
+         the attention f32 path's (attention.tiles; K = keys x head / parts): least-squares fits, relative to \
          each probe's time, of time = launch overhead + K x step to single products of growing K, \
          about one block per SM for the lone step and eight for the shared one, plus a row softmax \
          for the row epilogue per wave; the generated gemm's split-K latency (the mean residual of \

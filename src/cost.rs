@@ -296,6 +296,7 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
         m: dom[rank - 2],
         n: dom[rank - 1],
         k: depth,
+        mean_k: depth,
         bm: t.bm,
         bn: t.bn,
         splits: t.splits,
@@ -306,30 +307,49 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
     })
 }
 
-/// Attention on f32 operands runs on CUDA cores, one query row per thread: a block of
-/// `F32_BLOCK_M` rows walks every key (each step one key and one head element), so it is timed
-/// like a gemm tile of `F32_BLOCK_M` rows whose reduction axis is keys x head size.
+/// Attention on f32 operands runs on CUDA cores: a block of `F32_BLOCK_M` query rows, each row's
+/// keys split over `F32_PARTS` threads, every thread walking its part's keys of every key tile
+/// (each step one key and one head element), so it is timed like a gemm tile of `F32_BLOCK_M`
+/// rows whose reduction axis is keys x head size / parts (`codegen::attention::f32_steps`), plus
+/// a fixed time per wave of blocks (the tile's "row epilogue": the query row's loads, the first
+/// key tile's latency and the merge of the parts). Under a causal mask the block of the last
+/// query rows, which runs first, walks every key tile up to its diagonal, the others fewer: a
+/// lone block's latency takes the longest block's steps, the SM's throughput the average's.
 fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
+    use crate::codegen::attention::{f32_steps, F32_BLOCK_M, F32_BLOCK_N};
     let a =
         k.body.iter().copied().find(|&b| matches!(dag.nodes[b].kind(), Some(Kind::Composite(Composite::Attention))))?;
     let mut ch = dag.nodes[a].children();
     let q = dag.nodes[ch.next()?].ty()?;
     let key = dag.nodes[ch.next()?].ty()?;
+    let flag = &dag.nodes[ch.nth(2)?];
     if q.dtype != DType::F32 || q.shape.len() < 2 || key.shape.len() < 2 {
         return None;
     }
+    let causal = match &flag.node {
+        TensorLang::Num(n) => n.value() != 0.0,
+        _ => flag.fact.konst.is_some_and(|c| c != 0.0),
+    };
     let (r, kr) = (q.shape.len(), key.shape.len());
     let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], key.shape[kr - 2]);
+    let blocks = sq.div_ceil(F32_BLOCK_M).max(1);
+    let longest = f32_steps(sk, d);
+    let mean_k = if causal {
+        (0..blocks).map(|b| f32_steps(sk.min((b + 1) * F32_BLOCK_M), d)).sum::<usize>() / blocks
+    } else {
+        longest
+    };
     Some(GemmTiles {
         batch: q.shape[..r - 2].iter().product(),
         m: sq,
-        n: crate::codegen::attention::F32_BLOCK_N,
-        k: sk * d,
-        bm: crate::codegen::attention::F32_BLOCK_M,
-        bn: crate::codegen::attention::F32_BLOCK_N,
+        n: F32_BLOCK_N,
+        k: longest,
+        mean_k,
+        bm: F32_BLOCK_M,
+        bn: F32_BLOCK_N,
         splits: 1,
         kspan: 0,
-        rows: false,
+        rows: true,
         mma: false,
         wide: false,
     })

@@ -227,7 +227,8 @@ impl DeviceProfile {
         self.tile_time(&rate, t)
     }
 
-    /// `K` steps of one tile rate: see [`tile_us`](Self::tile_us).
+    /// `K` steps of one tile rate: see [`tile_us`](Self::tile_us). The SM's share takes the
+    /// average block's steps (`mean_k`), the lone block's latency all `K`.
     ///
     /// Under split-K each of `splits` blocks per tile runs `kspan` of the `K` steps, and the
     /// tile's last block then reads every split's partial tile back (f32, from L2, at an SM's
@@ -237,9 +238,10 @@ impl DeviceProfile {
         let tiles = (t.m.div_ceil(t.bm) * t.n.div_ceil(t.bn) * t.batch) as f64;
         let splits = t.splits.max(1);
         let blocks = tiles * splits as f64;
-        let per_k = rate.lone_ns_per_k.max(blocks / sms * rate.sm_ns_per_k);
         let epilogue = if t.rows { rate.row_epilogue_us * (tiles / sms).ceil() } else { 0.0 };
         let steps = if splits > 1 { t.kspan.min(t.k) } else { t.k };
+        let mean = if splits > 1 { steps } else { t.mean_k.min(t.k) };
+        let ns = (steps as f64 * rate.lone_ns_per_k).max(mean as f64 * blocks / sms * rate.sm_ns_per_k);
         let fixup = if splits > 1 {
             let l2 = self.l2_bandwidth_gbs.unwrap_or(self.copy_bandwidth_gbs);
             let bytes = (splits * t.bm * t.bn * 4) as f64 * (tiles / sms).ceil();
@@ -247,7 +249,7 @@ impl DeviceProfile {
         } else {
             0.0
         };
-        Some(1e-3 * steps as f64 * per_k + epilogue + fixup)
+        Some(1e-3 * ns + epilogue + fixup)
     }
 
     /// Microseconds to move a kernel's bytes: misses at the template's share of copy bandwidth,
@@ -337,6 +339,10 @@ pub struct GemmTiles {
     pub m: usize,
     pub n: usize,
     pub k: usize,
+    /// The reduction steps of the average block (`k` where every block runs them all; fewer
+    /// where blocks' depths differ, as in causal attention): the SM's throughput bound takes it,
+    /// a lone block's latency `k`.
+    pub mean_k: usize,
     pub bm: usize,
     pub bn: usize,
     /// Blocks splitting each tile's depth (split-K; 1 for none) and each one's depth.
@@ -413,7 +419,7 @@ mod tests {
     }
 
     fn tiles(m: usize, n: usize, k: usize, bm: usize, bn: usize, rows: bool) -> GemmTiles {
-        GemmTiles { batch: 1, m, n, k, bm, bn, splits: 1, kspan: 0, rows, mma: false, wide: false }
+        GemmTiles { batch: 1, m, n, k, mean_k: k, bm, bn, splits: 1, kspan: 0, rows, mma: false, wide: false }
     }
 
     /// A profile with one measured tile (8x64: 30 ns per step alone, 20 shared) and 100 SMs.
@@ -433,6 +439,12 @@ mod tests {
         assert!((p.tile_us(&r, &tiles(800, 64, 1000, 8, 64, false), DType::F32).unwrap() - 30.0).abs() < 1e-9);
         // 8000 rows: 10 blocks per SM share it, 10 x 20 ns a step.
         assert!((p.tile_us(&r, &tiles(8000, 64, 1000, 8, 64, false), DType::F32).unwrap() - 200.0).abs() < 1e-9);
+        // Blocks of different depths (causal attention): the SM's share counts the average
+        // block's steps (10 x 20 ns x 400), a lone block all of its own (30 ns x 1000).
+        let uneven = GemmTiles { mean_k: 400, ..tiles(8000, 64, 1000, 8, 64, false) };
+        assert!((p.tile_us(&r, &uneven, DType::F32).unwrap() - 80.0).abs() < 1e-9);
+        let lone = GemmTiles { mean_k: 400, ..tiles(800, 64, 1000, 8, 64, false) };
+        assert!((p.tile_us(&r, &lone, DType::F32).unwrap() - 30.0).abs() < 1e-9);
         // A row epilogue adds its time once per wave.
         assert!((p.tile_us(&r, &tiles(8000, 64, 1000, 8, 64, true), DType::F32).unwrap() - 220.0).abs() < 1e-9);
         // An unmeasured tile takes the nearest measured one, scaled by the elements staged per

@@ -202,6 +202,46 @@ fn gemm_implementations_match_the_reference() {
     }
 }
 
+/// The f32 (CUDA-core) attention kernel on the shapes its code paths differ by, each planned as
+/// one attention kernel (the template's tile rates made free): heads over 64 (the query row in
+/// shared memory) with ragged query and key lengths, causal too; an odd head (scalar loads,
+/// padded rows) and a head of 1; a transposed-heads view; lengths off the 32-row and 32-key
+/// tiles; more parts than keys.
+#[test]
+fn f32_attention_kernels_match_the_reference() {
+    let programs = [
+        ("d128_ragged", "input q: f32[2, 130, 128]\ninput k: f32[2, 77, 128]\ninput v: f32[2, 77, 128]\no = attention(q, k, v, 0.088, 0)\noutput o\n"),
+        ("d128_causal", "input q: f32[1, 2, 100, 128]\ninput k: f32[1, 2, 100, 128]\ninput v: f32[1, 2, 100, 128]\no = attention(q, k, v, 0.09, 1)\noutput o\n"),
+        ("d96_causal", "input q: f32[3, 161, 96]\ninput k: f32[3, 161, 96]\ninput v: f32[3, 161, 96]\no = attention(q, k, v, 0.1, 1)\noutput o\n"),
+        ("d19_causal", "input q: f32[2, 3, 150, 19]\ninput k: f32[2, 3, 150, 19]\ninput v: f32[2, 3, 150, 19]\no = attention(q, k, v, 0.23, 1)\noutput o\n"),
+        ("d1", "input q: f32[3, 40, 1]\ninput k: f32[3, 50, 1]\ninput v: f32[3, 50, 1]\no = attention(q, k, v, 1.5, 0)\noutput o\n"),
+        ("d64_few_keys", "input q: f32[2, 70, 64]\ninput k: f32[2, 5, 64]\ninput v: f32[2, 5, 64]\no = attention(q, k, v, 0.125, 0)\noutput o\n"),
+        ("d64_causal_long", "input q: f32[2, 600, 64]\ninput k: f32[2, 600, 64]\ninput v: f32[2, 600, 64]\no = attention(q, k, v, 0.125, 1)\noutput o\n"),
+        ("heads_view", "input q: f32[2, 100, 4, 32]\ninput k: f32[2, 100, 4, 32]\ninput v: f32[2, 100, 4, 32]\no = transpose(attention(transpose(q, 1, 2), transpose(k, 1, 2), transpose(v, 1, 2), 0.17, 1), 1, 2)\noutput o\n"),
+    ];
+    let mut profile = DeviceProfile::load("h100").unwrap();
+    for r in profile.templates.get_mut("attention").unwrap().tiles.values_mut() {
+        (r.lone_ns_per_k, r.sm_ns_per_k, r.row_epilogue_us) = (1e-6, 1e-6, 0.0);
+    }
+    let opts = OptimizeOptions::new(profile);
+    let mut plans = Vec::new();
+    for (name, src) in programs {
+        let program = eqfuse::parse_program(name, src, &[]).unwrap();
+        let plan = optimize(&program, &opts).unwrap().plan;
+        assert!(
+            plan.kernels.len() == 1 && plan.kernels[0].template == Template::Attention,
+            "{name}: not one attention kernel: {:?}",
+            plan.kernels.iter().map(|k| k.template).collect::<Vec<_>>()
+        );
+        plans.push((name.to_string(), program, plan));
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        let r = run_checked(&gpu, name, program, plan, seed as u64);
+        eprintln!("ok: {name}: scaled error {:.1e}", r.outputs[0].scaled_error);
+    }
+}
+
 /// `--strict`: on every case and capped example (the transformer blocks at their declared
 /// sizes), the strict plan's outputs are bit-identical to the strict unfused plan's (and both
 /// match the reference).

@@ -1,6 +1,8 @@
 //! Step times of the tiled kernels, measured: the generated gemm kernel's per tile (`tiles` on
 //! f32 operands, `tiles_16bit` on 16-bit operands off the tensor cores, `tiles_mma` on them) and
-//! the attention template's f32 path (`64x32`, one query row per thread).
+//! the attention template's f32 path (`32x32`: 32 query rows a block, each row's keys split over
+//! 4 threads, 32-key tiles; its row epilogue is the fixed time of a wave of blocks: the query
+//! rows' loads, the first key tile's latency and the merge of the parts).
 //!
 //! For every tile key codegen can choose, single-product programs of growing reduction depth K
 //! run in two forms: about one block per SM (*lone*: each block alone on its SM, bound by the
@@ -39,8 +41,10 @@ pub const LONE_K: [usize; 3] = [512, 1024, 2048];
 pub const SHARED_K: [usize; 3] = [128, 256, 512];
 /// Blocks per SM of the shared probes.
 const SHARED_PER_SM: usize = 8;
-/// Sequence lengths of the f32 attention probes (head size [`ATTENTION_D`]; K = keys x head).
-pub const ATTENTION_S: [usize; 3] = [256, 512, 1024];
+/// Sequence lengths of the f32 attention probes (head size [`ATTENTION_D`]; K = keys x head /
+/// parts, `codegen::attention::f32_steps`). 128 keys, the shortest, is the size of the small
+/// attentions of the examples (composites).
+pub const ATTENTION_S: [usize; 4] = [128, 256, 512, 1024];
 const ATTENTION_D: usize = 64;
 
 /// Which step times a probe measures (which map of the profile its fit goes to).
@@ -149,7 +153,8 @@ pub struct Probe {
     pub form: Form,
     /// Whether the product is followed by a row softmax (the row epilogue).
     pub rows: bool,
-    /// Reduction steps per block as the cost model counts them (K; keys x head for attention).
+    /// Reduction steps per block as the cost model counts them (K; keys x head / parts for
+    /// attention).
     pub steps: usize,
     pub blocks: usize,
     /// `M x K x N` (gemm) or `batch x S x D` (attention).
@@ -278,8 +283,8 @@ fn attention_probe(sms: usize, form: Form, s: usize) -> Result<Probe> {
         bm,
         bn,
         form,
-        rows: false,
-        steps: s * ATTENTION_D,
+        rows: true,
+        steps: crate::codegen::attention::f32_steps(s, ATTENTION_D),
         blocks: batch * per,
         shape: format!("{batch}x{s}x{ATTENTION_D}"),
         strict: false,
@@ -618,10 +623,14 @@ mod tests {
             assert!((f.rate.lone_ns_per_k - 27.9).abs() < 1e-6 && (f.rate.sm_ns_per_k - 19.5).abs() < 1e-6);
             assert_eq!(f.rate.row_epilogue_us, 0.0);
         }
-        // The f32 attention path: K is keys x head elements.
-        let f = fit(Family::AttentionF32, "k", synthetic(Family::AttentionF32, (64, 32), &rate, 4.2, 0.0), 132, 4.2)
-            .unwrap();
+        // The f32 attention path: K is keys x head elements / parts.
+        let key = Family::AttentionF32.keys()[0];
+        let f =
+            fit(Family::AttentionF32, "k", synthetic(Family::AttentionF32, key, &rate, 4.2, 0.0), 132, 4.2).unwrap();
         assert!((f.rate.lone_ns_per_k - 27.9).abs() < 1e-6 && (f.rate.sm_ns_per_k - 19.5).abs() < 1e-6);
+        // Its fixed time per wave of blocks (the query loads and the merge of the parts) fits as
+        // the row epilogue.
+        assert!((f.rate.row_epilogue_us - 2.1).abs() < 1e-6, "{f:?}");
         // With 2% noise the steps stay within a few percent, and the residuals show it.
         let f = fit(Family::F32, "k", synthetic(Family::F32, (32, 64), &rate, 4.2, 0.02), 132, 4.2).unwrap();
         assert!((f.rate.lone_ns_per_k / 27.9 - 1.0).abs() < 0.05, "{f:?}");

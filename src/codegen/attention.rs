@@ -5,9 +5,10 @@
 //! Views become strides: each of q, k, v, o is addressed as b0·S0 + b1·S1 + b2·S2 + row·SR + d
 //! over at most three (merged) batch axes, so transposed heads (`transpose(reshape(x, [B, S, H,
 //! D]), 1, 2)`) are read, and a transposed output written, in place. What the template cannot run
-//! exactly (a fused epilogue, f32 operands, a head axis that is not contiguous or not a multiple
-//! of 8, different query and value head sizes, heads over 128) is an error naming the kernel,
-//! never an approximation.
+//! exactly (a fused epilogue, a head axis that is not contiguous, a bf16 or f16 head or stride
+//! that is not a multiple of 8, different query and value head sizes, heads over 128) is an error
+//! naming the kernel, never an approximation. f32 operands run the template's CUDA-core path
+//! (`EQ_F32`; any head size up to 128, 16-byte loads where the strides allow).
 //!
 //! A bf16 or f16 instance with a positive scale also carries the launch of the template's Hopper
 //! path (`Launch::sm90a`): one source, whose `sm_90a` compile (on a 9.0 device) runs the wgmma
@@ -58,13 +59,45 @@ pub fn hopper_path(dtype: DType, scale: f64) -> bool {
     dtype != DType::F32 && (scale * std::f64::consts::LOG2_E) as f32 > 0.0
 }
 
-/// Query rows per block (one per thread) and keys per tile of the f32 path.
-pub const F32_BLOCK_M: usize = 64;
-pub const F32_BLOCK_N: usize = 32;
+/// The f32 path (`kernels/attention.cu`, `EQ_F32`, CUDA cores): query rows per block, parts
+/// each row's keys are split over (one thread per row and part), keys of a part per tile, and so
+/// keys per tile (`F32_PARTS * F32_PART_KEYS`). Measured on an H100 (kernel alone, event-timed per
+/// launch; benches/results/2026-11-22-h100-6d005bd-f32att, run1):
+/// 32 rows x 4 parts x 8 keys took 16.4 us on a causal [4, 128, 64] attention (the one-row-a-
+/// thread kernel before it: 77.0), 1421 us on [128, 1024, 64] (2484), 805 us causal (1758) and
+/// 104 us on [16, 512, 128] (495); 8 parts (256 threads) 16.1 / 1620 / 924 / 114, 64 rows x 4
+/// parts 21.6 / 1487 / 866 / 106, 64 rows x 2 parts 23.2 / 1355 / 815 / 118: small blocks keep
+/// small problems on many SMs, and 128 threads of about 210 registers run two blocks an SM.
+pub const F32_BLOCK_M: usize = 32;
+pub const F32_PARTS: usize = 4;
+pub const F32_PART_KEYS: usize = 8;
+pub const F32_BLOCK_N: usize = F32_PARTS * F32_PART_KEYS;
+/// Threads per block of the f32 path.
+pub const F32_THREADS: usize = F32_BLOCK_M * F32_PARTS;
 
-/// The shared memory a block of the f32 path uses for head size `d` (bytes).
+/// The head size the f32 path pads rows to (a multiple of 4 floats: 16-byte reads).
+pub fn f32_head(d: usize) -> usize {
+    d.div_ceil(4) * 4
+}
+
+/// The steps a thread of the f32 path runs over `sk` keys of head size `d`, as the cost model
+/// counts them (one step: one key and one padded head element, in the scores and again in the
+/// output): its part's keys of every tile, `ceil(sk / F32_BLOCK_N) * F32_PART_KEYS`, times the
+/// padded head, that is keys x head / `F32_PARTS`.
+pub fn f32_steps(sk: usize, d: usize) -> usize {
+    sk.div_ceil(F32_BLOCK_N) * F32_PART_KEYS * f32_head(d)
+}
+
+/// The shared memory a block of the f32 path uses for head size `d` (bytes): two buffers each
+/// of the key and value tiles, plus the query tile where the query row does not stay in
+/// registers (heads over 64), or, if larger, the merge of the parts (each part's output row at
+/// an odd stride, the parts' maxima and sums, the rows' reciprocal sums).
 pub fn smem_bytes_f32(d: usize) -> usize {
-    (F32_BLOCK_M * (d + 1) + 2 * F32_BLOCK_N * d) * 4
+    let dp = f32_head(d);
+    let q = if dp <= 64 { 0 } else { F32_BLOCK_M * (dp + 4) };
+    let the_loop = 4 * F32_BLOCK_N * dp + q;
+    let merge = F32_PARTS * F32_BLOCK_M * (dp + 1) + 2 * F32_THREADS + F32_BLOCK_M;
+    the_loop.max(merge) * 4
 }
 
 /// Whether the template runs attention over queries, keys and values of these types (storage
@@ -400,7 +433,7 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     let nb: usize = inst.batch.iter().product();
     let f32 = inst.dtype == DType::F32;
     let (rows, threads, smem) = if f32 {
-        (F32_BLOCK_M, F32_BLOCK_M, smem_bytes_f32(inst.d))
+        (F32_BLOCK_M, F32_THREADS, smem_bytes_f32(inst.d))
     } else {
         (BLOCK_M, WARPS * 32, smem_bytes(inst.d))
     };
@@ -445,6 +478,9 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     def("EQ_LSE", "0".into());
     def("EQ_F32", u8::from(f32).to_string());
     def("EQ_SCALE", float_literal(inst.scale));
+    def("EQ_FBM", F32_BLOCK_M.to_string());
+    def("EQ_FP", F32_PARTS.to_string());
+    def("EQ_FKP", F32_PART_KEYS.to_string());
     def("EQ_SCALE_LOG2", float_literal(inst.scale * std::f64::consts::LOG2_E));
     def("EQ_BM", BLOCK_M.to_string());
     def("EQ_BN", BLOCK_N.to_string());
@@ -498,6 +534,12 @@ mod tests {
         assert_eq!(hopper_smem_bytes(64), (128 + 4 * 64) * 64 * 2 + 1024);
         assert_eq!(hopper_smem_bytes(128), (128 + 4 * 64) * 128 * 2 + 1024);
         assert_eq!(hopper_smem_bytes(16), hopper_smem_bytes(64));
+        // f32: two buffers each of 32-key tiles (with the query tile past heads of 64), or the
+        // merge of 4 parts of 32 rows where that is larger.
+        assert_eq!(smem_bytes_f32(64), (4 * 32 * 65 + 2 * 128 + 32) * 4);
+        assert_eq!(smem_bytes_f32(128), (4 * 32 * 128 + 32 * 132) * 4);
+        assert_eq!(smem_bytes_f32(8), (4 * 32 * 9 + 2 * 128 + 32) * 4);
+        assert_eq!(smem_bytes_f32(20), smem_bytes_f32(17));
     }
 
     #[test]

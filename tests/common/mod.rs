@@ -126,5 +126,23 @@ pub fn cases() -> Vec<Case> {
             &[("o", "(transpose (attention (transpose q 1 2) (transpose k 1 2) (transpose v 1 2) 0.17 1) 1 2)")],
         ),
         case("attention_self", &[("x", bf(&[1, 4, 96, 16]))], &[("o", "(attention x x x 0.25 0)")]),
+        // The f32 (CUDA-core) path: heads over 64 (the query row in shared memory) with ragged
+        // query and key lengths; an odd head (scalar loads, padded rows) under a causal mask; a
+        // transposed-heads view (16-byte loads at a row stride of 4 heads).
+        case(
+            "attention_f32_d128",
+            &[("q", f32(&[2, 130, 128])), ("k", f32(&[2, 77, 128])), ("v", f32(&[2, 77, 128]))],
+            &[("o", "(attention q k v 0.088 0)")],
+        ),
+        case(
+            "attention_f32_odd_head_causal",
+            &[("q", f32(&[2, 3, 150, 19])), ("k", f32(&[2, 3, 150, 19])), ("v", f32(&[2, 3, 150, 19]))],
+            &[("o", "(attention q k v 0.23 1)")],
+        ),
+        case(
+            "attention_f32_heads_view",
+            &[("q", f32(&[2, 100, 4, 32])), ("k", f32(&[2, 100, 4, 32])), ("v", f32(&[2, 100, 4, 32]))],
+            &[("o", "(transpose (attention (transpose q 1 2) (transpose k 1 2) (transpose v 1 2) 0.17 1) 1 2)")],
+        ),
     ]
 }
