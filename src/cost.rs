@@ -110,10 +110,14 @@ impl KernelCost {
         };
         // (The one kernel of the query, key and value gradients has a rate of its own.)
         let fused = self.workspace_bytes > 0;
+        // (Cross-entropy's mean over rows runs as a row kernel with one global result, as
+        // `codegen::lower` renders it: the row template's rates; see `analyse` for its stages.)
+        let row_global = self.template == Template::ColReduce && has(Composite::CrossEntropy);
         match self.implementation {
             Some(imp) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
             None if backward => profile.attention_backward_us(&work, dtype, fused),
             None if portable => profile.attention_portable_us(&work, dtype),
+            None if row_global => profile.kernel_work_us(Template::RowReduce, &work, dtype, None),
             None => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
     }
@@ -206,6 +210,13 @@ pub fn analyse(
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
         k.stages = latency_stages(dag, &k);
+    }
+    if template == Template::ColReduce
+        && k.body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::CrossEntropy)))
+    {
+        // Cross-entropy's mean over rows: a row kernel's stages, and one more for the blocks'
+        // partials, which the last block to finish adds after a fence and a count.
+        k.stages = latency_stages(dag, &k) + 1;
     }
     if template == Template::Attention {
         k.tiles = attention_tiles(dag, &k);
