@@ -9,6 +9,7 @@ DEST="${DEST:-/work/main/.gpu-final7}"
 rm -rf "$DEST" && mkdir -p "$DEST"
 cp "$tests" "$DEST/gpu-tests"
 cp -r examples benches/gpu/stage benches/gpu/split "$DEST/"
+mkdir -p "$DEST/benches/gpu" && cp -r benches/gpu/predict "$DEST/benches/gpu/"  # the tensor-core row epilogue test reads it
 cp target/release/eqfuse benches/gpu/final7.sh benches/gpu/final7-tests.sh benches/gpu/fit_latencies.py \
   benches/torch_baselines.py benches/gemm/softmax_regression_eager.py \
   benches/results/2026-11-22-h100-ad59cba-attnbwd-fused/sdpa_bwd.py "$DEST/"
