@@ -218,7 +218,9 @@ impl Emitter<'_> {
         let rows = numel.checked_div(cols).unwrap_or(0);
         let (row_threads, chunks) = row_split(cols.div_ceil(self.vec), self.l.product.is_some());
         let block = row_threads.max(256);
-        let cached = row_cached(cols, rp.cached.len(), self.vec);
+        // (`row_cached`'s question at this launch shape: a gemm's row epilogue keeps 4 vectors a
+        // thread whatever the row's length.)
+        let cached = rp.cached.len() * chunks * self.vec <= ROW_CACHE_PER_THREAD;
         if cached && !rp.online.is_empty() {
             // A row held on chip costs nothing to pass over twice: the max, then the sum of
             // exponentials, as separate stages, is far less arithmetic than the online pair's
