@@ -112,7 +112,7 @@ impl KernelCost {
         let fused = self.workspace_bytes > 0;
         // (Cross-entropy's mean over rows runs as a row kernel with one global result, as
         // `codegen::lower` renders it: the row template's rates; see `analyse` for its stages.)
-        let row_global = self.template == Template::ColReduce && has(Composite::CrossEntropy);
+        let row_global = row_with_global(dag, self);
         match self.implementation {
             Some(imp) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
             None if backward => profile.attention_backward_us(&work, dtype, fused),
@@ -211,9 +211,7 @@ pub fn analyse(
         row_passes(dag, &mut k, profile);
         k.stages = latency_stages(dag, &k);
     }
-    if template == Template::ColReduce
-        && k.body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::CrossEntropy)))
-    {
+    if row_with_global(dag, &k) {
         // Cross-entropy's mean over rows: a row kernel's stages, and one more for the blocks'
         // partials, which the last block to finish adds after a fence and a count.
         k.stages = latency_stages(dag, &k) + 1;
@@ -928,6 +926,13 @@ fn latency_stages(dag: &Dag, k: &KernelCost) -> u32 {
         depth[bi] = below + own;
     }
     depth.iter().copied().max().unwrap_or(0).max(reductions.min(2)) as u32
+}
+
+/// Whether a colreduce kernel is a cross-entropy's mean over rows, which codegen renders as a
+/// row kernel with one global result (`codegen::lower`).
+fn row_with_global(dag: &Dag, k: &KernelCost) -> bool {
+    k.template == Template::ColReduce
+        && k.body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::CrossEntropy)))
 }
 
 /// The longest chain of reductions in the body (composites count their internal stages).
