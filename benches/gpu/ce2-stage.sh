@@ -13,7 +13,7 @@ cargo test --release --test gpu --no-run 2>&1 | tail -1
 tests="$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -1)"
 rm -rf "$DEST" && mkdir -p "$DEST/graphs" "$DEST/examples"
 cp "$tests" "$DEST/gpu-tests"
-cp target/release/eqfuse benches/gpu/ce2.sh benches/gpu/ce_cluster.py benches/torch_baselines.py "$DEST/"
+cp target/release/eqfuse benches/gpu/ce2.sh benches/gpu/ce_cluster.py benches/gpu/ce_variants.py benches/torch_baselines.py "$DEST/"
 cp examples/*.eqf "$DEST/examples/"
 for n in cross_entropy cross_entropy_grad; do
   target/release/eqfuse export "examples/$n.eqf" > "$DEST/graphs/$n.json"

@@ -5,21 +5,21 @@ over thread-block clusters (sm_90) on the GPU with CuPy, to decide which templat
 Each variant is a self-contained `.cu` (a generated kernel, edited); this script compiles it
 with NVRTC (CuPy's RawModule), runs it on seeded random inputs, checks its outputs (cross-entropy
 against an f64 reference computed with CuPy) and times it with CUDA events (warm-up, then the
-median of repeats), after a 1 GiB device copy timed the same way.
+median of repeats), after a 1 GiB device copy timed the same way; the harness, inputs and check
+are ce_variants.py's (staged beside it).
 
 Usage (on the device machine): python3 ce_cluster.py DIR [--only A,B] [--once]
 DIR holds the variant files; the table below says how each is launched.
 """
 
-import argparse
-import json
-import math
+import os
 import sys
 
 import cupy as cp
 
-ROWS, COLS = 8192, 32000
-ER, EC = 8192, 8192
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ce_variants import COLS, ROWS, Harness, ce_check, ce_inputs, load  # noqa: E402
+
 
 # name -> (kind, threads per block, rows per block, launch, note). launch: 131072 etc. = pipelined
 # (one wave, that many bytes of dynamic shared memory); "rows" = one row per cluster of K blocks
@@ -70,79 +70,12 @@ def max_clusters(func, csize, block):
         return 0
 
 
-def timeit(fn, reps):
-    for _ in range(3):
-        fn()
-    cp.cuda.Device().synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(a, b) * 1000.0)
-    ts.sort()
-    return ts[len(ts) // 2], ts[0], ts[-1]
-
-
-def load(path, name, smem):
-    src = open(path).read()
-    mod = cp.RawModule(code=src, options=("-arch=sm_90", "-std=c++17"))
-    k = mod.get_function(name)
-    if smem > 48 * 1024:
-        k.max_dynamic_shared_size_bytes = smem
-    return k
-
-
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("dir")
-    ap.add_argument("--only", default="")
-    ap.add_argument("--once", action="store_true")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--json", default="")
-    a = ap.parse_args()
-    only = [x for x in a.only.split(",") if x]
-    dev = cp.cuda.Device()
-    props = cp.cuda.runtime.getDeviceProperties(dev.id)
-    sms = props["multiProcessorCount"]
-    print(f"device {props['name'].decode()} sms {sms}", flush=True)
-    results = []
-
-    def run(fn):
-        if a.once:
-            fn()
-            cp.cuda.Device().synchronize()
-            return (float("nan"),) * 3
-        return timeit(fn, a.reps)
-
-    # copy bandwidth (bytes read + written)
-    if not a.once and not only:
-        n = 1 << 28
-        s, d = cp.empty(n, cp.float32), cp.empty(n, cp.float32)
-        s.fill(1.0)
-        med, lo, hi = timeit(lambda: d.__setitem__(Ellipsis, s), a.reps)
-        print(f"copy 1 GiB: {med:.1f} us -> {2 * n * 4 / med / 1e6:.3f} TB/s", flush=True)
-        results.append({"variant": "copy", "us": med, "tbs": 2 * n * 4 / med / 1e6})
-        del s, d
-
-    names = [n for n in CE if not only or n in only]
+    h = Harness()
+    a, sms, results, run = h.a, h.sms, h.results, h.run
+    names = h.names(CE)
     if names:
-        cp.random.seed(1)
-        x = cp.random.standard_normal((ROWS, COLS), dtype=cp.float32) * 2.0
-        t = cp.random.randint(0, COLS, ROWS, dtype=cp.int32)
-        if not a.once:
-            x64 = x.astype(cp.float64)
-            m = x64.max(axis=1, keepdims=True)
-            e = cp.exp(x64 - m)
-            s = e.sum(axis=1, keepdims=True)
-            logp_t = (x64[cp.arange(ROWS), t] - m[:, 0] - cp.log(s[:, 0]))
-            want_g = e / s / ROWS
-            want_g[cp.arange(ROWS), t] -= 1.0 / ROWS
-            scale_g = float(cp.abs(want_g).max())
-            scale_p = float(cp.abs(logp_t).max())
-            del x64, e
+        x, t, want_g, logp_t, scale_g, scale_p = ce_inputs(not a.once)
         g = cp.empty((ROWS, COLS), cp.float32)
         p = cp.empty((ROWS,), cp.float32)
         for n in names:
@@ -173,10 +106,7 @@ def main():
             cp.cuda.Device().synchronize()
             err = ""
             if not a.once:
-                eg = float(cp.abs(g.astype(cp.float64) - want_g).max()) / scale_g
-                ep = float(cp.abs(p.astype(cp.float64) - logp_t).max()) / scale_p
-                nan = int(cp.isnan(g).sum()) + int(cp.isnan(p).sum())
-                err = f"err dlogits {eg:.2e} picked {ep:.2e} nan {nan}"
+                err = ce_check(g, p, want_g, logp_t, scale_g, scale_p)
             med, lo, hi = run(fn)
             bw = 2 * ROWS * COLS * 4 / med / 1e6 if med == med else float("nan")
             print(f"{n:5} occ {occ} grid {grid:5} block {block:4}: {med:8.1f} us (min {lo:.1f} max {hi:.1f}) "
@@ -184,8 +114,7 @@ def main():
             results.append({"variant": n, "us": med, "min": lo, "max": hi, "tbs": bw, "check": err, "note": note})
         del x, g
 
-    if a.json:
-        json.dump({"device": props["name"].decode(), "results": results}, open(a.json, "w"), indent=1)
+    h.write_json()
 
 
 if __name__ == "__main__":

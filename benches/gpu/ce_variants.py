@@ -71,54 +71,81 @@ def load(path, name, smem):
     return k
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("dir")
-    ap.add_argument("--only", default="")
-    ap.add_argument("--once", action="store_true")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--json", default="")
-    a = ap.parse_args()
-    only = [x for x in a.only.split(",") if x]
-    dev = cp.cuda.Device()
-    props = cp.cuda.runtime.getDeviceProperties(dev.id)
-    sms = props["multiProcessorCount"]
-    print(f"device {props['name'].decode()} sms {sms}", flush=True)
-    results = []
+class Harness:
+    """What the variant scripts share (ce_cluster.py imports it): the arguments, the device, timing
+    (or one untimed run under --once), a 1 GiB copy timed the same way, and the results list."""
 
-    def run(fn):
-        if a.once:
+    def __init__(self):
+        ap = argparse.ArgumentParser()
+        ap.add_argument("dir")
+        ap.add_argument("--only", default="")
+        ap.add_argument("--once", action="store_true")
+        ap.add_argument("--reps", type=int, default=20)
+        ap.add_argument("--json", default="")
+        self.a = ap.parse_args()
+        self.only = [x for x in self.a.only.split(",") if x]
+        dev = cp.cuda.Device()
+        self.props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        self.sms = self.props["multiProcessorCount"]
+        print(f"device {self.props['name'].decode()} sms {self.sms}", flush=True)
+        self.results = []
+        # copy bandwidth (bytes read + written)
+        if not self.a.once and not self.only:
+            n = 1 << 28
+            s, d = cp.empty(n, cp.float32), cp.empty(n, cp.float32)
+            s.fill(1.0)
+            med, lo, hi = timeit(lambda: d.__setitem__(Ellipsis, s), self.a.reps)
+            print(f"copy 1 GiB: {med:.1f} us -> {2 * n * 4 / med / 1e6:.3f} TB/s", flush=True)
+            self.results.append({"variant": "copy", "us": med, "tbs": 2 * n * 4 / med / 1e6})
+            del s, d
+
+    def run(self, fn):
+        if self.a.once:
             fn()
             cp.cuda.Device().synchronize()
             return (float("nan"),) * 3
-        return timeit(fn, a.reps)
+        return timeit(fn, self.a.reps)
 
-    # copy bandwidth (bytes read + written)
-    if not a.once and not only:
-        n = 1 << 28
-        s, d = cp.empty(n, cp.float32), cp.empty(n, cp.float32)
-        s.fill(1.0)
-        med, lo, hi = timeit(lambda: d.__setitem__(Ellipsis, s), a.reps)
-        print(f"copy 1 GiB: {med:.1f} us -> {2 * n * 4 / med / 1e6:.3f} TB/s", flush=True)
-        results.append({"variant": "copy", "us": med, "tbs": 2 * n * 4 / med / 1e6})
-        del s, d
+    def names(self, table):
+        return [n for n in table if not self.only or n in self.only]
 
-    names = [n for n in CE if not only or n in only]
+    def write_json(self):
+        if self.a.json:
+            json.dump({"device": self.props["name"].decode(), "results": self.results}, open(self.a.json, "w"), indent=1)
+
+
+def ce_inputs(checked):
+    """Cross-entropy's seeded inputs x [ROWS, COLS] and targets t, and (when `checked`) the f64
+    reference: (x, t, want_g, logp_t, scale_g, scale_p)."""
+    cp.random.seed(1)
+    x = cp.random.standard_normal((ROWS, COLS), dtype=cp.float32) * 2.0
+    t = cp.random.randint(0, COLS, ROWS, dtype=cp.int32)
+    if not checked:
+        return x, t, None, None, None, None
+    x64 = x.astype(cp.float64)
+    m = x64.max(axis=1, keepdims=True)
+    e = cp.exp(x64 - m)
+    s = e.sum(axis=1, keepdims=True)
+    logp_t = (x64[cp.arange(ROWS), t] - m[:, 0] - cp.log(s[:, 0]))
+    want_g = e / s / ROWS
+    want_g[cp.arange(ROWS), t] -= 1.0 / ROWS
+    return x, t, want_g, logp_t, float(cp.abs(want_g).max()), float(cp.abs(logp_t).max())
+
+
+def ce_check(g, p, want_g, logp_t, scale_g, scale_p):
+    eg = float(cp.abs(g.astype(cp.float64) - want_g).max()) / scale_g
+    ep = float(cp.abs(p.astype(cp.float64) - logp_t).max()) / scale_p
+    nan = int(cp.isnan(g).sum()) + int(cp.isnan(p).sum())
+    return f"err dlogits {eg:.2e} picked {ep:.2e} nan {nan}"
+
+
+def main():
+    h = Harness()
+    a, sms, results, run = h.a, h.sms, h.results, h.run
+
+    names = h.names(CE)
     if names:
-        cp.random.seed(1)
-        x = cp.random.standard_normal((ROWS, COLS), dtype=cp.float32) * 2.0
-        t = cp.random.randint(0, COLS, ROWS, dtype=cp.int32)
-        if not a.once:
-            x64 = x.astype(cp.float64)
-            m = x64.max(axis=1, keepdims=True)
-            e = cp.exp(x64 - m)
-            s = e.sum(axis=1, keepdims=True)
-            logp_t = (x64[cp.arange(ROWS), t] - m[:, 0] - cp.log(s[:, 0]))
-            want_g = e / s / ROWS
-            want_g[cp.arange(ROWS), t] -= 1.0 / ROWS
-            scale_g = float(cp.abs(want_g).max())
-            scale_p = float(cp.abs(logp_t).max())
-            del x64, e
+        x, t, want_g, logp_t, scale_g, scale_p = ce_inputs(not a.once)
         g = cp.empty((ROWS, COLS), cp.float32)
         p = cp.empty((ROWS,), cp.float32)
         for n in names:
@@ -145,10 +172,7 @@ def main():
             cp.cuda.Device().synchronize()
             err = ""
             if not a.once:
-                eg = float(cp.abs(g.astype(cp.float64) - want_g).max()) / scale_g
-                ep = float(cp.abs(p.astype(cp.float64) - logp_t).max()) / scale_p
-                nan = int(cp.isnan(g).sum()) + int(cp.isnan(p).sum())
-                err = f"err dlogits {eg:.2e} picked {ep:.2e} nan {nan}"
+                err = ce_check(g, p, want_g, logp_t, scale_g, scale_p)
             med, lo, hi = run(fn)
             bw = 2 * ROWS * COLS * 4 / med / 1e6 if med == med else float("nan")
             print(f"{n:4} grid {grid:5} block {block:4}: {med:8.1f} us (min {lo:.1f} max {hi:.1f}) "
@@ -156,7 +180,7 @@ def main():
             results.append({"variant": n, "us": med, "min": lo, "max": hi, "tbs": bw, "check": err, "note": note})
         del x, g
 
-    names = [n for n in EW if not only or n in only]
+    names = h.names(EW)
     if names:
         cp.random.seed(2)
         x = cp.random.standard_normal((ER, EC), dtype=cp.float32)
@@ -186,8 +210,7 @@ def main():
             print(f"{n:4} grid {grid:5}: {med:8.1f} us (min {lo:.1f} max {hi:.1f}) {bw:.3f} TB/s  {chk}  [{note}]",
                   flush=True)
             results.append({"variant": n, "us": med, "min": lo, "max": hi, "tbs": bw, "check": chk, "note": note})
-    if a.json:
-        json.dump({"device": props["name"].decode(), "results": results}, open(a.json, "w"), indent=1)
+    h.write_json()
 
 
 if __name__ == "__main__":

@@ -220,7 +220,7 @@ impl Emitter<'_> {
         let block = row_threads.max(256);
         // (`row_cached`'s question at this launch shape: a gemm's row epilogue keeps 4 vectors a
         // thread whatever the row's length.)
-        let cached = rp.cached.len() * chunks * self.vec <= ROW_CACHE_PER_THREAD;
+        let cached = fits_in_registers(rp.cached.len(), chunks, self.vec);
         if cached && !rp.online.is_empty() {
             // A row held on chip costs nothing to pass over twice: the max, then the sum of
             // exponentials, as separate stages, is far less arithmetic than the online pair's
@@ -713,6 +713,11 @@ pub const MAX_ROW_THREADS: usize = 1024;
 pub fn row_cached(cols: usize, ncache: usize, vec: usize) -> bool {
     let vec = vec.max(1);
     let (_, chunks) = row_split(cols.div_ceil(vec), false);
+    fits_in_registers(ncache, chunks, vec)
+}
+
+/// Whether `ncache` cached inputs of `chunks` vectors of `vec` elements fit a thread's cache.
+fn fits_in_registers(ncache: usize, chunks: usize, vec: usize) -> bool {
     ncache * chunks * vec <= ROW_CACHE_PER_THREAD
 }
 
