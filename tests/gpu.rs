@@ -1,8 +1,10 @@
 //! GPU tests: every shared case and every example (dims capped at 512), fused and unfused,
 //! run on the GPU and compared with the CPU reference; reductions must be deterministic.
 //!
-//! Without a usable GPU the tests say why and pass; with `EQFUSE_REQUIRE_GPU=1` (set by the
-//! device script `benches/gpu/run.sh`) a missing GPU fails. With `EQFUSE_PREFILL=1` and no
+//! They are ignored by a plain `cargo test` (counted as ignored in its summary): run them with
+//! `cargo test --test gpu -- --include-ignored` on a machine with a GPU. Included without a
+//! usable GPU they say why and pass; with `EQFUSE_REQUIRE_GPU=1` (set by the device script
+//! `benches/gpu/run.sh`) a missing GPU fails. With `EQFUSE_PREFILL=1` and no
 //! GPU, they instead compile every kernel into the NVRTC disk cache (so a GPU session spends
 //! no time compiling).
 
@@ -91,6 +93,7 @@ fn run_checked(gpu: &Gpu, name: &str, program: &Program, plan: &FusionPlan, seed
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
 fn cases_and_examples_match_the_reference() {
     let plans = plans();
     let Some(gpu) = gpu_or_skip(&plans) else { return };
@@ -115,6 +118,7 @@ fn cases_and_examples_match_the_reference() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
 fn reductions_are_deterministic() {
     let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
     let cases: Vec<(String, Program, FusionPlan)> = common::cases()
@@ -140,6 +144,7 @@ fn reductions_are_deterministic() {
 /// generated kernel always), f32 and bf16, with transposed, batched and broadcast operands read
 /// in place, pointwise and row-softmax epilogues.
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
 fn gemm_implementations_match_the_reference() {
     let programs = [
         ("dense_relu", "dim M = 96\ndim K = 80\ndim N = 72\ninput x: f32[M, K]\ninput w: f32[K, N]\ninput b: f32[N]\ny = relu(x @ w + b)\noutput y\n"),
@@ -208,6 +213,7 @@ fn gemm_implementations_match_the_reference() {
 /// padded rows) and a head of 1; a transposed-heads view; lengths off the 32-row and 32-key
 /// tiles; more parts than keys.
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
 fn f32_attention_kernels_match_the_reference() {
     let programs = [
         ("d128_ragged", "input q: f32[2, 130, 128]\ninput k: f32[2, 77, 128]\ninput v: f32[2, 77, 128]\no = attention(q, k, v, 0.088, 0)\noutput o\n"),
@@ -246,6 +252,7 @@ fn f32_attention_kernels_match_the_reference() {
 /// sizes), the strict plan's outputs are bit-identical to the strict unfused plan's (and both
 /// match the reference).
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
 fn strict_plans_are_bit_identical_to_the_unfused_plan() {
     let profile = DeviceProfile::load("h100").unwrap();
     let opts = OptimizeOptions { strict: true, ..OptimizeOptions::new(profile.clone()) };
@@ -280,6 +287,7 @@ fn strict_plans_are_bit_identical_to_the_unfused_plan() {
 /// more rows than one wave of blocks, so every block streams several rows; then a CUDA graph
 /// of a multi-kernel plan replays to the same outputs.
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
 fn pipelined_long_rows_and_graph_replay_match_the_reference() {
     let profile = DeviceProfile::load("h100").unwrap();
     let opts = OptimizeOptions::new(profile.clone());
@@ -311,6 +319,7 @@ fn pipelined_long_rows_and_graph_replay_match_the_reference() {
 /// and a log-softmax), planned with the profile that leaves cuBLASLt out, each one generated
 /// kernel with `EQ_MMA`, checked against the reference.
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
 fn tensor_core_row_epilogues_match_the_reference() {
     let opts = OptimizeOptions::new(fused_probe_profile());
     let dims = |m: usize, k: usize, n: usize| vec![("M".to_string(), m), ("K".into(), k), ("N".into(), n)];

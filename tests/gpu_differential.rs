@@ -19,7 +19,8 @@
 //! for minutes) under `tests/cases/diff_gpu/` and the run goes on to the next;
 //! `every_saved_gpu_case_passes` runs every saved case again.
 //!
-//! Without a GPU the tests say why and pass (`EQFUSE_REQUIRE_GPU=1` makes that a failure);
+//! A plain `cargo test` ignores them (run with `-- --include-ignored`); included without a GPU
+//! they say why and pass (`EQFUSE_REQUIRE_GPU=1` makes that a failure);
 //! with `EQFUSE_PREFILL=1` and no GPU they compile every kernel of the run into the NVRTC disk
 //! cache instead, so that a GPU session spends no time compiling (`EQFUSE_PREFILL_SHARD=K/N`
 //! does the same for every N-th program from the K-th, GPU or not, so that N processes can
@@ -240,6 +241,7 @@ fn report(what: &str, t: &Tally, secs: f64, failures: usize) {
 /// program as generated, not shrunk: shrinking would rerun the GPU for minutes) and the run
 /// goes on, so that one session counts every failure among its programs.
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
 fn random_programs_run_on_the_gpu_as_their_plans_say() {
     let Some(mode) = mode() else { return };
     let cases = env_or("EQFUSE_GPU_DIFF_CASES", DEFAULT_CASES) as u32;
@@ -278,6 +280,7 @@ fn random_programs_run_on_the_gpu_as_their_plans_say() {
 }
 
 #[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
 fn every_saved_gpu_case_passes() {
     let Some(mode) = mode() else { return };
     let dir = Path::new(CASE_DIR).to_path_buf();

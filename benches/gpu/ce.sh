@@ -22,5 +22,5 @@ timeout "${BENCH_TIMEOUT:-220}" "$G/eqfuse" bench $E/cross_entropy_grad.eqf $E/c
 echo "bench exit $?"; cat "$OUT/bench.txt" | tail -25
 timeout "${TORCH_TIMEOUT:-150}" python3 "$G/torch_baselines.py" --out "$OUT/torch.json" "$G"/graphs/*.json > "$OUT/torch.log" 2>&1
 echo "torch exit $?"; grep '^{"graph"' "$OUT/torch.log" | cut -c1-300
-timeout "${TESTS_TIMEOUT:-150}" "$G/gpu-tests" --test-threads=1 > "$OUT/gpu-tests.log" 2>&1
+timeout "${TESTS_TIMEOUT:-150}" "$G/gpu-tests" --include-ignored --test-threads=1 > "$OUT/gpu-tests.log" 2>&1
 echo "tests exit $?"; grep -E "^test |test result" "$OUT/gpu-tests.log" | tail -40

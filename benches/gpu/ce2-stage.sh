@@ -20,7 +20,7 @@ for n in cross_entropy cross_entropy_grad; do
 done
 if [ -n "${VARIANTS:-}" ]; then mkdir -p "$DEST/v" && cp "$VARIANTS"/*.cu "$DEST/v/"; fi
 cache="$(mktemp -d)"
-EQFUSE_PREFILL=1 EQFUSE_CACHE_DIR="$cache" "$DEST/gpu-tests" --test-threads=2 > /dev/null 2>&1 || true
+EQFUSE_PREFILL=1 EQFUSE_CACHE_DIR="$cache" "$DEST/gpu-tests" --include-ignored --test-threads=2 > /dev/null 2>&1 || true
 cargo build --release --quiet --example prefill
 EQFUSE_CACHE_DIR="$cache" target/release/examples/prefill examples/{cross_entropy_grad,cross_entropy,softmax,layernorm_grad,rmsnorm}.eqf >/dev/null
 echo "prefilled $(ls "$cache" | wc -l) kernels"

@@ -27,5 +27,5 @@ fi
 timeout ${TT:-150} python3 $G/torch_baselines.py --out $OUT/torch.json $G/graphs/*.json \
   > $OUT/torch.log 2>&1; lap "torch exit $?"; grep '^{"graph"' $OUT/torch.log | cut -c1-300
 [ "${TG:-240}" = 0 ] && exit 0  # TG=0: no GPU tests
-timeout ${TG:-240} $G/gpu-tests --test-threads=1 > $OUT/gpu-tests.log 2>&1; lap "tests exit $?"
+timeout ${TG:-240} $G/gpu-tests --include-ignored --test-threads=1 > $OUT/gpu-tests.log 2>&1; lap "tests exit $?"
 grep -E "^test |test result|MISMATCH|ERROR|panicked" $OUT/gpu-tests.log | tail -30

@@ -36,29 +36,29 @@ t0=$(date +%s)
 for s in $SEEDS; do
   for k in $(seq 0 7); do
     EQFUSE_GPU_DIFF_SEED=$s EQFUSE_GPU_DIFF_CASES=$CASES EQFUSE_PREFILL_SHARD=$k/8 timeout 200 \
-      "$G/gpu-diff" random_programs --test-threads=1 > /dev/null 2>&1 &
+      "$G/gpu-diff" random_programs --include-ignored --test-threads=1 > /dev/null 2>&1 &
   done
 done
 wait
 echo "prefill: $(( $(date +%s) - t0 )) s, $(ls "$G/cache" | wc -l) cached kernels" | tee -a "$OUT/difftest.log"
 for s in $SEEDS; do
   EQFUSE_GPU_DIFF_SEED=$s EQFUSE_GPU_DIFF_CASES=$CASES timeout 330 "$G/gpu-diff" random_programs \
-    --test-threads=1 --nocapture > "$OUT/gpu-diff-seed$s.log" 2>&1 &
+    --include-ignored --test-threads=1 --nocapture > "$OUT/gpu-diff-seed$s.log" 2>&1 &
 done
 wait
 for s in $SEEDS; do
   echo "seed $s:" | tee -a "$OUT/difftest.log"
   grep -E "random programs:|FAILED|panicked" "$OUT/gpu-diff-seed$s.log" | cut -c1-600 | head -20 | tee -a "$OUT/difftest.log"
 done
-timeout 120 "$G/gpu-diff" every_saved --test-threads=1 --nocapture > "$OUT/gpu-diff-cases.log" 2>&1
+timeout 120 "$G/gpu-diff" every_saved --include-ignored --test-threads=1 --nocapture > "$OUT/gpu-diff-cases.log" 2>&1
 echo "saved cases exit $?" | tee -a "$OUT/difftest.log"; grep -E "saved GPU cases:|panicked" "$OUT/gpu-diff-cases.log" | head -5
 fi
 if has saved; then
-timeout 150 "$G/gpu-diff" every_saved --test-threads=1 --nocapture > "$OUT/gpu-diff-cases.log" 2>&1
+timeout 150 "$G/gpu-diff" every_saved --include-ignored --test-threads=1 --nocapture > "$OUT/gpu-diff-cases.log" 2>&1
 echo "saved cases exit $?" | tee -a "$OUT/difftest.log"; grep -E "saved GPU cases:|fail" "$OUT/gpu-diff-cases.log" | cut -c1-400 | head -8 | tee -a "$OUT/difftest.log"
 fi
 if has strict; then
-timeout 200 "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/strict.log" 2>&1
+timeout 200 "$G/gpu-tests" --include-ignored --test-threads=1 --nocapture > "$OUT/strict.log" 2>&1
 echo "gpu tests (strict included) exit $?" | tee -a "$OUT/difftest.log"; grep -E "strict:|panicked|not run|test result|MISMATCH|ERROR" "$OUT/strict.log" | head -30
 fi
 if has check; then
@@ -72,11 +72,11 @@ done
 fi
 if has memcheck; then
 EQFUSE_GPU_DIFF_SEED=$first_seed EQFUSE_GPU_DIFF_CASES=100 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
-  "$G/gpu-diff" random_programs --test-threads=1 --nocapture > "$OUT/memcheck-diff.log" 2>&1
+  "$G/gpu-diff" random_programs --include-ignored --test-threads=1 --nocapture > "$OUT/memcheck-diff.log" 2>&1
 echo "memcheck (100 programs) exit $?" | tee -a "$OUT/difftest.log"; grep -E "ERROR SUMMARY|programs" "$OUT/memcheck-diff.log"
 fi
 if has examples-memcheck; then
-timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$G/gpu-tests" --test-threads=1 --nocapture \
+timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$G/gpu-tests" --include-ignored --test-threads=1 --nocapture \
   > "$OUT/memcheck-tests.log" 2>&1
 echo "memcheck of the GPU tests (cases and examples) exit $?" | tee -a "$OUT/difftest.log"
 grep -E "ERROR SUMMARY|test result" "$OUT/memcheck-tests.log" | tail -3 | tee -a "$OUT/difftest.log"

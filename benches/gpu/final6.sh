@@ -23,7 +23,7 @@ python3 merge_profile.py profile.json "$OUT/calibrated.json" "$OUT/h100.json" \
   templates.gemm.implementations.cublaslt.rate_by_size templates.gemm.implementations.cublaslt.call_overhead_us
 python3 -c "import json;print(json.load(open('$OUT/h100.json'))['templates']['gemm']['implementations']['cublaslt'])"
 el tests
-timeout 330 "$G/gpu-tests" gemm_implementations cases_and_examples strict --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
+timeout 330 "$G/gpu-tests" gemm_implementations cases_and_examples strict --include-ignored --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
 echo "tests exit $?" >> "$OUT/gpu-tests.log"; grep -E "^test |test result|panicked|exit" "$OUT/gpu-tests.log" | tail -12
 el runs
 { for s in "64 128 10" "256 512 50" "1024 1024 100"; do set -- $s

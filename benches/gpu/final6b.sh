@@ -19,6 +19,6 @@ python3 "$G/merge_profile.py" "$G/profile.json" "$OUT/calibrated.json" "$OUT/h10
 el bench
 DEVICE="$OUT/h100.json" PARTS=bench BENCH_TIMEOUT=300 G="$G" OUT="$OUT" bash "$G/final.sh" 2>&1 | tail -32
 el memcheck
-EQFUSE_CACHE_DIR=/tmp/mc-cache timeout 200 compute-sanitizer --tool memcheck "$G/gpu-tests" cases_and_examples --test-threads=1 > "$OUT/memcheck.log" 2>&1
+EQFUSE_CACHE_DIR=/tmp/mc-cache timeout 200 compute-sanitizer --tool memcheck "$G/gpu-tests" cases_and_examples --include-ignored --test-threads=1 > "$OUT/memcheck.log" 2>&1
 echo "memcheck exit $?"; grep -E "ERROR SUMMARY|test result|panicked" "$OUT/memcheck.log" | tail -5
 el done

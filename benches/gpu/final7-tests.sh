@@ -8,9 +8,9 @@ export EQFUSE_CACHE_DIR="$G/cache" EQFUSE_REQUIRE_GPU=1
 export EQFUSE_NVRTC_DIR=/usr/local/cuda/lib64 LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 { date -u +"date: %Y-%m-%d %H:%M UTC"; echo "commit: $(cat COMMIT)"
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv; } > "$OUT/device-tests.txt"
-timeout 300 "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
+timeout 300 "$G/gpu-tests" --include-ignored --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
 echo "tests exit $?" >> "$OUT/gpu-tests.log"; grep -E "^test |test result|exit" "$OUT/gpu-tests.log" | tail -14
-EQFUSE_CACHE_DIR="$G/mc-cache" timeout 250 compute-sanitizer --tool memcheck "$G/gpu-tests" cases_and_examples --test-threads=1 > "$OUT/memcheck.log" 2>&1
+EQFUSE_CACHE_DIR="$G/mc-cache" timeout 250 compute-sanitizer --tool memcheck "$G/gpu-tests" cases_and_examples --include-ignored --test-threads=1 > "$OUT/memcheck.log" 2>&1
 echo "memcheck exit $?" >> "$OUT/memcheck.log"; grep -E "ERROR SUMMARY|test result|panicked|exit" "$OUT/memcheck.log" | tail -5
 # softmax_small again, three separate benches (its unfused plan's small kernels are timed
 # with the host's launches in the gaps when the host falls behind).

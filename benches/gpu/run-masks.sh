@@ -16,7 +16,7 @@ export EQFUSE_NVRTC_DIR=/usr/local/cuda/lib64 LD_LIBRARY_PATH=/usr/local/cuda/li
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 } > "$OUT/masks.log" 2>&1
 # The tests read examples/ from the working directory: the staged copy holds this branch's.
-(cd "$G" && EQFUSE_CACHE_DIR=cache timeout 60 ./masks-tests --test-threads=1 --nocapture) >> "$OUT/masks.log" 2>&1
+(cd "$G" && EQFUSE_CACHE_DIR=cache timeout 60 ./masks-tests --include-ignored --test-threads=1 --nocapture) >> "$OUT/masks.log" 2>&1
 echo "masks tests exit $?" >> "$OUT/masks.log"
 ex="$G/examples/mlp_relu_dropout_grad.eqf"
 timeout 30 "$G/eqfuse" run "$ex" --dim B=1024 --dim D=512 --dim H=2048 --repeat 10 --outputs /tmp/o1 > "$OUT/run-medium.log" 2>&1
@@ -32,7 +32,7 @@ timeout 60 "$G/eqfuse" run "$G/examples/mlp_relu_grad.eqf" --repeat 10 --outputs
 echo "run mlp_relu_grad exit $?" >> "$OUT/run-full.log"
 "$G/eqfuse" optimize "$ex" --format json > "$OUT/plan-full.json" 2>&1
 if [ "${GPU_TESTS:-1}" = 1 ]; then
-  timeout 50 "$G/gpu-tests" cases_and_examples --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
+  timeout 50 "$G/gpu-tests" cases_and_examples --include-ignored --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
   echo "gpu tests exit $?" >> "$OUT/gpu-tests.log"
 fi
 for f in "$OUT"/*.log; do tail -n 3 "$f"; done

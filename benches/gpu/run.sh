@@ -32,7 +32,7 @@ cat "$OUT/bench.log"
 for s in $STAGES; do
   echo "== stage $s"
   case "$s" in
-    tests) timeout 120 "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
+    tests) timeout 120 "$G/gpu-tests" --include-ignored --test-threads=1 --nocapture > "$OUT/gpu-tests.log" 2>&1
            echo "tests exit $?" | tee -a "$OUT/gpu-tests.log"; tail -5 "$OUT/gpu-tests.log" ;;
     bench) timeout "${BENCH_TIMEOUT:-200}" "$G/gpu-bench" --out "$OUT/bench" ${BENCH_ONLY:+--only $BENCH_ONLY} >> "$OUT/bench.log" 2>&1
            echo "bench exit $?" | tee -a "$OUT/bench.log"; tail -45 "$OUT/bench.log" ;;
@@ -41,10 +41,10 @@ for s in $STAGES; do
            echo "persistent exit $?"; cp /tmp/persistent/gpu-bench.md "$OUT/bench/gpu-bench-persistent.md"
            cat /tmp/persistent/gpu-bench.md ;;
     memcheck) timeout "${MEMCHECK_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 9 \
-             "$G/gpu-tests" --test-threads=1 --nocapture > "$OUT/memcheck.log" 2>&1
+             "$G/gpu-tests" --include-ignored --test-threads=1 --nocapture > "$OUT/memcheck.log" 2>&1
            echo "memcheck exit $?" | tee -a "$OUT/memcheck.log"; grep -E "ERROR SUMMARY|test result|^ran" "$OUT/memcheck.log"
            [ "${RACECHECK:-1}" = 1 ] && timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 \
-             "$G/gpu-tests" reductions_are_deterministic --test-threads=1 --nocapture >> "$OUT/memcheck.log" 2>&1
+             "$G/gpu-tests" reductions_are_deterministic --include-ignored --test-threads=1 --nocapture >> "$OUT/memcheck.log" 2>&1
            echo "racecheck exit $?" | tee -a "$OUT/memcheck.log"; tail -3 "$OUT/memcheck.log" ;;
     torch) graphs="${TORCH_GRAPHS:-$(ls "$G"/graphs/*.json)}"
            timeout "${TORCH_TIMEOUT:-300}" python3 "$G/torch_baselines.py" --out "$OUT/bench/torch.json" $graphs > "$OUT/torch.log" 2>&1

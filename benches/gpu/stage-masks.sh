@@ -18,7 +18,7 @@ for l in sys.stdin:
 }
 masks="$(exe masks)"
 gpu="$(exe gpu)"
-EQFUSE_PREFILL=1 "$gpu" --test-threads=1 cases_and_examples >/dev/null
+EQFUSE_PREFILL=1 "$gpu" --include-ignored --test-threads=1 cases_and_examples >/dev/null
 cargo build --release --quiet
 DEST="${DEST:-/work/main/.gpu-masks}"
 rm -rf "$DEST" && mkdir -p "$DEST"

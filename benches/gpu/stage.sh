@@ -20,7 +20,7 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
         print(m["executable"])')"
-EQFUSE_PREFILL=1 "$tests" --test-threads=1 >/dev/null
+EQFUSE_PREFILL=1 "$tests" --include-ignored --test-threads=1 >/dev/null
 "$bench" --prefill
 DEST="${DEST:-$MAIN/.gpu}"
 rm -rf "$DEST" && mkdir -p "$DEST"

@@ -9,7 +9,7 @@
         print(p.kind, p.runs, p.plan["total"] if p.plan else p.error)
 
 What it does: TorchDynamo captures the model; AOTAutograd traces it to ATen with PyTorch's core
-decompositions, giving a forward graph and, when gradients are needed, the joint
+decompositions less attention's (`decompositions()`), giving a forward graph and, when gradients are needed, the joint
 forward-backward graph and the partitioned backward graph. Each is exported to eqfuse's JSON
 graph (`export.py`) and planned by the `eqfuse` binary (`eqfuse optimize --format json`); the
 plan is kept in `EqfuseBackend.plans` and summarised through `report` (stderr by default).
@@ -97,6 +97,24 @@ class CapturedPlan:
     """Why the graph runs eagerly (None when eqfuse runs it, or for the joint graph)."""
 
 
+def decompositions() -> dict:
+    """The decompositions AOTAutograd applies before the graphs reach eqfuse: PyTorch's core ATen
+    decompositions, less every `scaled_dot_product*` entry.
+
+    Attention stays the op it is: eqfuse has an attention kernel, and decomposing it gains nothing.
+    More importantly, the core table decomposes the forward of `scaled_dot_product_attention`
+    (into math, or into `_scaled_dot_product_flash_attention_for_cpu`'s math) while leaving its
+    backward op undecomposed, and the gradients AOTAutograd then computes differ from eager by
+    factors of 30 to 2000 on models with attention (PyTorch 2.15 on the CPU; a plain
+    `aot_autograd` backend with the core table and no eqfuse code reproduces it). The backend must never change a result, whether a graph then
+    runs on eqfuse's kernels or eagerly; `python/tests/test_training.py` checks training steps of
+    `transformers` models against eager.
+    """
+    from torch._decomp import core_aten_decompositions
+
+    return {op: fn for op, fn in core_aten_decompositions().items() if "scaled_dot_product" not in op.name()}
+
+
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
@@ -107,18 +125,20 @@ class EqfuseBackend:
     `binary`, `device` and `args` go to `eqfuse optimize` / `eqfuse codegen`; `report` receives
     one line per captured graph (None to stay quiet); `joint` also plans the joint
     forward-backward graph; `execute` runs eqfuse's kernels where it can (else every graph runs
-    eagerly and the plans are a report).
+    eagerly and the plans are a report); `verify` checks the first call of every graph eqfuse
+    runs against the ATen graph run eagerly on the same arguments, and if any output differs
+    beyond rounding (`results_agree`) runs that graph eagerly from then on, warned and recorded
+    in its plan's `why_eager`.
     """
 
     def __init__(self, binary: str | None = None, device: str = "h100", args: tuple[str, ...] = (),
-                 report=_stderr, joint: bool = True, execute: bool = True):
+                 report=_stderr, joint: bool = True, execute: bool = True, verify: bool = True):
         self.binary, self.device, self.args, self.report, self.joint = binary, device, args, report, joint
-        self.execute = execute
+        self.execute, self.verify = execute, verify
         self.plans: list[CapturedPlan] = []
 
     def __call__(self, gm, example_inputs):
         from functorch.compile import default_partition, make_boxed_func
-        from torch._decomp import core_aten_decompositions
         from torch._dynamo.backends.common import aot_autograd
 
         def compiler(kind):
@@ -136,7 +156,7 @@ class EqfuseBackend:
             fw_compiler=compiler("forward"),
             bw_compiler=compiler("backward"),
             partition_fn=partition,
-            decompositions=core_aten_decompositions(),
+            decompositions=decompositions(),
         )
         return backend(gm, example_inputs)
 
@@ -146,7 +166,7 @@ class EqfuseBackend:
         record, exported, runner = self.capture(kind, aten_gm, example_inputs=example_inputs, build=self.execute)
         if runner is None:
             return aten_gm.forward
-        return _Runner(aten_gm, exported, runner)
+        return _Runner(aten_gm, exported, runner, record if self.verify else None)
 
     def capture(self, kind: str, aten_gm, example_inputs=None, build: bool = False):
         """Exports and plans one ATen graph, and with `build` compiles its kernels for running;
@@ -199,13 +219,52 @@ class _Quiet(Exception):
     """A reason to run eagerly that needs no exception type in its message."""
 
 
+def results_agree(got, want) -> str | None:
+    """None when eqfuse's outputs `got` equal eager's `want` up to rounding, else what differs.
+
+    Same structure, dtypes and shapes; integers and booleans exactly; floating point within
+    |got - want| <= rtol * (|want| + max|want|), rtol 1e-4 for f32/f64 and 2e-2 for f16/bf16 (one
+    rounding of a 16-bit result, plus the order of a sum), and NaN where eager has NaN."""
+    import torch
+
+    if len(got) != len(want):
+        return f"{len(got)} outputs, eager gives {len(want)}"
+    for i, (g, w) in enumerate(zip(got, want)):
+        if g is None or w is None or not isinstance(w, torch.Tensor):
+            if (g is None) != (w is None):
+                return f"output {i}: {g!r} where eager gives {w!r}"
+            continue
+        if g.dtype != w.dtype or g.shape != w.shape:
+            return f"output {i}: {g.dtype}{list(g.shape)} where eager gives {w.dtype}{list(w.shape)}"
+        if not w.is_floating_point():
+            if not torch.equal(g, w):
+                return f"output {i}: {int((g != w).sum())} of {w.numel()} elements differ"
+            continue
+        rtol = 2e-2 if w.dtype in (torch.float16, torch.bfloat16) else 1e-4
+        g64, w64 = g.detach().double(), w.detach().double()
+        finite = torch.isfinite(w64)
+        scale = w64[finite].abs().max().item() if finite.any() else 0.0
+        bad = ~((g64 - w64).abs() <= rtol * (w64.abs() + scale))
+        bad &= ~(g64.isnan() & w64.isnan()) & ~((g64 == w64) & ~finite)
+        if bad.any():
+            err = (g64 - w64).abs()[bad].max().item()
+            return f"output {i}: {int(bad.sum())} of {w.numel()} elements differ (largest difference {err:.3g}, largest eager value {scale:.3g})"
+    return None
+
+
 class _Runner:
     """Calls a GpuPlan with an AOTAutograd graph's positional arguments; returns its outputs in
-    the graph's order, with the graph's dtypes and shapes (None where the graph returns None)."""
+    the graph's order, with the graph's dtypes and shapes (None where the graph returns None).
 
-    def __init__(self, aten_gm, exported, plan):
+    With a `record`, the first call also runs the ATen graph eagerly and compares (`results_agree`);
+    on a difference, or if eqfuse's kernels raise, that call and every later one return eager's
+    results, and the record says why (`runs` becomes `eager`)."""
+
+    def __init__(self, aten_gm, exported, plan, record=None):
         import torch
 
+        self.aten_gm, self.record = aten_gm, record
+        self.eager = False
         self.plan = plan
         self.input_names = exported.input_names
         self.values = {}
@@ -226,6 +285,26 @@ class _Runner:
         self.torch = torch
 
     def __call__(self, *args):
+        if self.eager:
+            return self.aten_gm.forward(*args)
+        if self.record is None:
+            return self._run(args)
+        record, self.record = self.record, None
+        want = self.aten_gm.forward(*args)
+        try:
+            got = self._run(args)
+            why = results_agree(got, want)
+        except Exception as e:  # a kernel that cannot run these arguments: eager, never an error
+            why = f"{type(e).__name__}: {e}"
+        if why is not None:
+            self.eager = True
+            record.runs = "eager"
+            record.why_eager = f"eqfuse's result differed from eager on the first call: {why}"
+            warnings.warn(f"eqfuse: the {record.kind} graph runs eagerly: {record.why_eager}", stacklevel=2)
+            return want
+        return got
+
+    def _run(self, args):
         inputs = dict(self.values)
         for name, a in zip(self.input_names, args):
             if name is not None:

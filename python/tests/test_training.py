@@ -1,0 +1,217 @@
+"""Training through the backend gives eager's loss and gradients.
+
+A training step of real `transformers` architectures (GPT-2, BERT, Llama with grouped-query
+attention; random weights from small configs, nothing downloaded) through
+`torch.compile(model, backend=EqfuseBackend())` against the same step run eagerly: the loss and
+every parameter's gradient within 1e-4 relative (largest difference over largest eager value).
+On a machine without a GPU every graph runs eagerly after AOTAutograd's decompositions, which is
+where the wrong gradients came from (`backend.decompositions`); with CUDA the same steps run
+on the GPU, where graphs the exporter takes run on eqfuse's kernels. A small model whose graphs
+the exporter does take is also trained with its forward and backward graphs evaluated by eqfuse's
+CPU reference (`eqfuse run --cpu`, the stand-in of test_runtime.py), so the path that runs
+eqfuse's plans is checked for gradients too.
+
+Run from the repository root: `python3 -m pytest python/tests`.
+"""
+
+import copy
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from eqfuse_torch.backend import EqfuseBackend, results_agree  # noqa: E402
+
+RTOL = 1e-4
+VOCAB, SEQ, BATCH = 128, 16, 2
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def gpt2(attn):
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, n_positions=64, vocab_size=VOCAB,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                  bos_token_id=0, eos_token_id=0, attn_implementation=attn)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def bert(attn):
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0, attn_implementation=attn)
+    return transformers.BertForMaskedLM(cfg)
+
+
+def llama(attn):
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   bos_token_id=0, eos_token_id=0, pad_token_id=0, attn_implementation=attn)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama}
+
+
+def batch(name, device):
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, VOCAB, (BATCH, SEQ), generator=g)
+    kw = {"input_ids": ids, "labels": ids.clone()}
+    if name == "bert":  # padding in the second sequence: the attention mask matters
+        mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+        mask[1, SEQ - 5:] = 0
+        kw["attention_mask"] = mask
+        kw["labels"][1, SEQ - 5:] = -100
+    return {k: v.to(device) for k, v in kw.items()}
+
+
+def train_step(model, inputs, backend=None):
+    """One forward and backward pass; returns the loss and every parameter's gradient."""
+    model = copy.deepcopy(model)
+    run = torch.compile(model, backend=backend, dynamic=False) if backend else model
+    loss = run(**inputs).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def relative(got, want, floor=1e-30):
+    """Largest difference over the largest eager value (at least `floor`)."""
+    return ((got - want).abs().max() / want.abs().max().clamp_min(floor)).item()
+
+
+def assert_same_step(eager, compiled):
+    (l0, g0), (l1, g1) = eager, compiled
+    assert relative(l1, l0) <= RTOL, (l0.item(), l1.item())
+    assert g0.keys() == g1.keys()
+    # A gradient that is zero in exact arithmetic (attention's key bias: softmax ignores a
+    # per-query shift) is rounding noise, about 1e-11 of the step's largest gradient, on both
+    # sides; it is measured against 1e-6 of that largest gradient instead of its own size.
+    floor = 1e-6 * max(g.abs().max().item() for g in g0.values() if g is not None)
+    bad = {}
+    for n in g0:
+        if g0[n] is None:
+            assert g1[n] is None, n
+            continue
+        assert g1[n] is not None, f"{n}: no gradient through the backend"
+        r = relative(g1[n], g0[n], floor)
+        if not r <= RTOL:
+            bad[n] = r
+    assert not bad, f"gradients beyond {RTOL} relative: {bad}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_training_step_matches_eager(name, attn, device):
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = MODELS[name](attn).to(device).train()
+    inputs = batch(name, device)
+    backend = EqfuseBackend(report=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = train_step(model, inputs, backend)
+    assert_same_step(train_step(model, inputs), compiled)
+    kinds = {p.kind for p in backend.plans}
+    assert {"forward", "backward"} <= kinds, kinds  # the backend saw the training graphs
+
+
+def test_core_decompositions_keep_attention():
+    from eqfuse_torch.backend import decompositions
+
+    names = {op.name() for op in decompositions()}
+    assert not any("scaled_dot_product" in n for n in names)
+    assert "aten::gelu_backward" in names  # the rest of the core table is kept
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(32, 64)
+        self.norm = torch.nn.LayerNorm(64)
+        self.down = torch.nn.Linear(64, 8)
+
+    def forward(self, x, y):
+        h = torch.nn.functional.gelu(self.norm(self.up(x)))
+        return torch.nn.functional.mse_loss(self.down(h), y)
+
+
+def test_training_through_eqfuse_plans_matches_eager(monkeypatch):
+    """Forward and backward graphs run by eqfuse's plans (on the CPU reference) give eager's
+    loss and gradients."""
+    from test_runtime import CpuReferencePlan
+
+    built = []
+
+    def build(self, graph, example_inputs):
+        built.append(CpuReferencePlan(graph))
+        return built[-1]
+
+    monkeypatch.setattr(EqfuseBackend, "_build", build)
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = Mlp()
+    x, y = torch.randn(16, 32), torch.randn(16, 8)
+    backend = EqfuseBackend(report=None)
+
+    def step(run, m):
+        loss = run(x, y)
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in m.named_parameters()}
+
+    m1 = copy.deepcopy(model)
+    compiled = step(torch.compile(m1, backend=backend, dynamic=False), m1)
+    m0 = copy.deepcopy(model)
+    assert_same_step(step(m0, m0), compiled)
+    runs = {p.kind: p.runs for p in backend.plans if p.kind != "joint"}
+    assert runs == {"forward": "eqfuse", "backward": "eqfuse"}, [(p.kind, p.why_eager) for p in backend.plans]
+    assert all(p.calls == 1 for p in built)
+
+
+def test_a_plan_that_disagrees_with_eager_is_never_returned(monkeypatch):
+    """The first call of a graph is checked against eager: a plan whose result differs is
+    dropped for eager, with a warning and the reason recorded."""
+    from test_runtime import CpuReferencePlan
+
+    class WrongPlan(CpuReferencePlan):
+        def __call__(self, inputs):
+            return {k: v + 1e-2 * v.abs().max() for k, v in super().__call__(inputs).items()}
+
+    plans = []
+    monkeypatch.setattr(EqfuseBackend, "_build", lambda self, graph, ex: plans.append(WrongPlan(graph)) or plans[-1])
+    torch._dynamo.reset()
+
+    def f(x, w):
+        return torch.tanh(x * w).sum(-1)
+
+    x, w = torch.randn(8, 16), torch.randn(16)
+    backend = EqfuseBackend(report=None)
+    compiled = torch.compile(f, backend=backend, dynamic=False)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        first = compiled(x, w)
+        second = compiled(2 * x, w)
+    torch.testing.assert_close(first, f(x, w), rtol=0, atol=0)
+    torch.testing.assert_close(second, f(2 * x, w), rtol=0, atol=0)
+    (p,) = backend.plans
+    assert p.runs == "eager" and "differed from eager" in p.why_eager
+    assert any("differed from eager" in str(c.message) for c in caught)
+    assert plans[0].calls == 1  # not asked again after the disagreement
+
+
+def test_results_agree_tolerances():
+    w = torch.tensor([1.0, -2.0, 1e-6, float("nan")])
+    assert results_agree([w.clone()], [w]) is None
+    assert results_agree([w * (1 + 5e-5)], [w]) is None
+    assert "differ" in results_agree([w + torch.tensor([1e-3, 0, 0, 0])], [w])
+    assert "differ" in results_agree([torch.tensor([1, 2])], [torch.tensor([1, 3])])
+    assert "float16" in results_agree([w.half()], [w])
+    h = torch.tensor([1.0, 100.0], dtype=torch.bfloat16)
+    assert results_agree([h + torch.tensor([0.0, 0.5], dtype=torch.bfloat16)], [h]) is None
+    assert results_agree([None], [None]) is None
