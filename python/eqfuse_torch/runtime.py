@@ -13,8 +13,8 @@ launch manifest `launch.json` (`eqfuse.launch/1`): for each kernel in launch ord
 then writes, then workspaces), each one pointer. `GpuPlan` compiles every file with
 `cupy.RawModule(code=..., options=("--gpu-architecture=sm_XY",))` (the options eqfuse's own
 runtime passes), allocates every tensor that is not a graph input as a torch tensor on the
-inputs' device, allocates the workspaces (zeroed once where the manifest says so: those
-kernels leave them zero), and launches each kernel with `tensor.data_ptr()` arguments on
+inputs' device, allocates the workspaces (one buffer per name, as large as the largest kernel
+asks, zeroed once where the manifest says so: those kernels leave them zero), and launches each kernel with `tensor.data_ptr()` arguments on
 `torch.cuda.current_stream()`. Kernels that loop over their work (`persistent`) launch at most
 one wave of resident blocks when the manifest asks for a wave (`wave`), the grid given
 otherwise, as `eqfuse run` does by default.
@@ -113,6 +113,19 @@ def lt_call_torch(call: dict, env: dict) -> None:
     env[call["d"]].as_strided((batch, m, n), (m * n, 1, m)).copy_(d)
 
 
+def workspaces(manifest: dict) -> dict[str, tuple[int, bool]]:
+    """The workspace buffers a manifest's kernels need: name -> (bytes, zeroed). Kernels name
+    their workspaces alike (`eq_ws`, `eq_count`) at sizes of their own, so each name gets one
+    buffer as large as the largest kernel asks, zeroed if any kernel needs it zeroed."""
+    out: dict[str, tuple[int, bool]] = {}
+    for k in manifest["kernels"]:
+        for a in k["args"]:
+            if a["role"] == "workspace":
+                size, zeroed = out.get(a["name"], (0, False))
+                out[a["name"]] = (max(size, int(a["bytes"]), 1), zeroed or bool(a.get("zeroed")))
+    return out
+
+
 def _torch_dtype(name: str):
     import torch
 
@@ -177,13 +190,12 @@ class GpuPlan:
                     threads = launch["block"][0] * launch["block"][1] * launch["block"][2]
                     grid[0] = min(grid[0], self._resident_blocks(cp, fn, threads, smem, sms))
                 for a in k["args"]:
-                    if a["role"] == "workspace":
-                        if a["name"] not in self.workspace:
-                            alloc = torch.zeros if a.get("zeroed") else torch.empty
-                            self.workspace[a["name"]] = alloc(max(1, int(a["bytes"])), dtype=torch.uint8, device=self.device)
-                    else:
+                    if a["role"] != "workspace":
                         self.tensors.setdefault(a["name"], (a["dtype"], tuple(a["shape"])))
                 self.kernels.append((k, module, fn, tuple(grid), tuple(launch["block"]), smem))
+        for name, (size, zeroed) in workspaces(m).items():
+            alloc = torch.zeros if zeroed else torch.empty
+            self.workspace[name] = alloc(size, dtype=torch.uint8, device=self.device)
 
     @staticmethod
     def _resident_blocks(cp, fn, threads: int, smem: int, sms: int) -> int:
@@ -227,6 +239,9 @@ class GpuPlan:
                 ptrs = []
                 for a in k["args"]:
                     t = self.workspace[a["name"]] if a["role"] == "workspace" else env[a["name"]]
-                    ptrs.append(np.uint64(t.data_ptr()))
+                    try:
+                        ptrs.append(np.uint64(t.data_ptr()))
+                    except RuntimeError as e:
+                        raise RuntimeUnavailable(f"kernel {k['name']}: {a['name']} ({type(t).__name__}) has no data: {e}") from None
                 fn(grid, block, tuple(ptrs), shared_mem=smem)
         return {out: env[tensor] for out, tensor in self.outputs}

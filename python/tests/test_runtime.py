@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "python"))
 
 from eqfuse_torch import export_program  # noqa: E402
 from eqfuse_torch.backend import EqfuseBackend, PlanError, _Runner, find_eqfuse  # noqa: E402
-from eqfuse_torch.runtime import Codegen, GpuPlan, RuntimeUnavailable, _parse_type, lt_call_torch  # noqa: E402
+from eqfuse_torch.runtime import Codegen, GpuPlan, RuntimeUnavailable, _parse_type, lt_call_torch, workspaces  # noqa: E402
 
 F = torch.nn.functional
 
@@ -67,6 +67,28 @@ def test_unsupported_names_cublaslt_kernels_and_missing_files(tmp_path):
     reasons = Codegen(tmp_path, manifest, {}).unsupported()
     assert reasons == ["kernel 1 (gemm_f32_k1) is a cuBLASLt call, not generated CUDA",
                        "kernel 2 (rowreduce_f32_k2) has no generated source file"]
+
+
+def test_workspaces_shared_by_name_are_as_large_as_the_largest_kernel_asks():
+    """Column reductions of different widths name their workspaces alike: one buffer sized by
+    the first would be overrun by the next (the MLP's backward graph wrote garbage gradients on
+    the GPU that way)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(256, 64), torch.randn(256, 8)
+    cg = Codegen.of_graph(graph_of(lambda x, y: (x.sum(0), (y * y).sum(0)), x, y).graph)
+    asked = {}
+    for k in cg.manifest["kernels"]:
+        for a in k["args"]:
+            if a["role"] == "workspace":
+                asked.setdefault(a["name"], set()).add((int(a["bytes"]), bool(a.get("zeroed"))))
+    ws = workspaces(cg.manifest)
+    assert ws.keys() == asked.keys() and any(len(sizes) > 1 for sizes in asked.values()), asked
+    for name, sizes in asked.items():
+        assert ws[name] == (max(max(b for b, _ in sizes), 1), any(z for _, z in sizes))
+    manifest = {"kernels": [{"args": [{"name": "eq_ws", "role": "workspace", "bytes": 32}]},
+                            {"args": [{"name": "eq_ws", "role": "workspace", "bytes": 1024},
+                                      {"name": "eq_count", "role": "workspace", "bytes": 4, "zeroed": True}]}]}
+    assert workspaces(manifest) == {"eq_ws": (1024, False), "eq_count": (4, True)}
 
 
 def test_codegen_refusal_is_a_plan_error():
