@@ -54,6 +54,10 @@ pub enum Error {
     /// Bad user input with no single place (an op and its shapes, a missing file's contents).
     #[error("{0}")]
     Invalid(String),
+    /// A command-line option that is wrong for its command or for the program it names (exit
+    /// status 2, as clap's own usage errors).
+    #[error("{0}")]
+    Usage(String),
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -79,6 +83,7 @@ impl Error {
     /// The process exit status this error maps to (DESIGN.md §5).
     pub fn exit_code(&self) -> i32 {
         match self {
+            Error::Usage(_) => 2,
             Error::NoGpu(_) => 3,
             _ => 1,
         }
