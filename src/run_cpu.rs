@@ -159,6 +159,10 @@ pub(crate) fn input_file(dir: &Path, name: &str) -> Result<Option<PathBuf>> {
 /// when all are written are they renamed into place (a failed write removes the temporary files
 /// and leaves the folder as it was). Creates `dir`.
 pub(crate) fn write_all(dir: &Path, files: &[(PathBuf, &Tensor)]) -> Result<()> {
+    // A folder in a file's place would make its rename fail after others were done.
+    if let Some((p, _)) = files.iter().find(|(p, _)| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())) {
+        return Err(Error::Invalid(format!("{}: a folder is in the way of the file the run writes", p.display())));
+    }
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
     let temp = |p: &Path| {
         let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
