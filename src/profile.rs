@@ -139,7 +139,9 @@ impl DeviceProfile {
             "h100" => DeviceProfile::parse("profiles/h100.json", H100),
             "h200" => DeviceProfile::parse("profiles/h200.json", H200),
             path => {
-                let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+                let bytes = crate::parse::read_file(path)?;
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| Error::Invalid(format!("{path}: bad device profile: not UTF-8 text")))?;
                 DeviceProfile::parse(path, &text)
             }
         }

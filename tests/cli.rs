@@ -259,6 +259,22 @@ fn input_files_that_are_not_files_are_errors() {
     assert!(stdout(&again).contains("loaded from"), "{}", stdout(&again));
 }
 
+#[cfg(unix)]
+#[test]
+fn programs_and_profiles_that_are_not_files_are_errors() {
+    let d = tempfile::tempdir().unwrap();
+    let p = small(d.path());
+    // /dev/zero never ends: reading it would hang, so it is refused before reading.
+    fails(&eqfuse(&["optimize", &p, "--device", "/dev/zero"]), 1, "/dev/zero: is a device or other special file");
+    fails(&eqfuse(&["optimize", &p, "--device", "examples"]), 1, "examples: is a folder");
+    let zero = d.path().join("zero.eqf");
+    std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+    fails(&eqfuse(&["optimize", zero.to_str().unwrap()]), 1, "is a device or other special file");
+    let bad = d.path().join("bad.eqf");
+    std::fs::write(&bad, b"\xff\xfe").unwrap();
+    fails(&eqfuse(&["optimize", bad.to_str().unwrap()]), 1, "not UTF-8 text");
+}
+
 #[test]
 fn a_failed_run_writes_nothing() {
     let d = tempfile::tempdir().unwrap();
