@@ -69,7 +69,10 @@ pub fn bench_programs(programs: &[Program], opts: &OptimizeOptions, repeat: usiz
         let fused = optimize(program, opts)?.plan;
         if fused.kernels.is_empty() {
             // Nothing to time: its speedups would be 0 / 0.
-            return Err(Error::Invalid(format!("{}: the plan runs no kernel, so there is nothing to bench", program.source)));
+            return Err(Error::Invalid(format!(
+                "{}: the plan runs no kernel, so there is nothing to bench",
+                program.source
+            )));
         }
         let unfused = unfused_plan(program, &opts.profile, opts.strict)?;
         let run = GpuRunOptions { repeat, profile: Some(opts.profile.clone()), ..GpuRunOptions::default() };

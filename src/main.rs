@@ -289,7 +289,9 @@ fn run(cli: Cli) -> Result<(), Error> {
             let sources = eqfuse::write_codegen_dir(&opt.plan, &out)?;
             let written: Vec<&str> = sources.iter().filter(|s| s.cublaslt.is_none()).map(|s| s.file.as_str()).collect();
             let mut removed = 0;
-            for p in stale.iter().filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| !written.contains(&n))) {
+            for p in
+                stale.iter().filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| !written.contains(&n)))
+            {
                 std::fs::remove_file(p).map_err(|e| Error::io(p.display().to_string(), e))?;
                 removed += 1;
             }

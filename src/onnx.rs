@@ -56,8 +56,13 @@ pub fn program_from_onnx(file: &str, bytes: &[u8], overrides: &[(String, usize)]
     crate::parse::check_overrides(overrides)?;
     let model = proto::decode_model(bytes).map_err(|e| invalid(file, format!("not a valid ONNX model: {e}")))?;
     // A `--dim` naming no symbolic dim of the model is a usage error (`check_overrides`).
-    import(file, &model, overrides)
-        .map_err(|m| if m.starts_with("--dim ") { Error::Usage(format!("{file}: {m}")) } else { invalid(file, m) })
+    import(file, &model, overrides).map_err(|m| {
+        if m.starts_with("--dim ") {
+            Error::Usage(format!("{file}: {m}"))
+        } else {
+            invalid(file, m)
+        }
+    })
 }
 
 fn invalid(file: &str, msg: String) -> Error {

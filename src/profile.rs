@@ -149,13 +149,11 @@ impl DeviceProfile {
 
     pub fn parse(file: &str, text: &str) -> Result<DeviceProfile> {
         let p: DeviceProfile = serde_json::from_str(text).map_err(|e| {
-            Error::input(crate::error::Diagnostic::at(
-                file,
-                text,
-                e.line(),
-                e.column(),
-                format!("bad device profile: {e}"),
-            ))
+            Error::input(crate::error::Diagnostic::at(file, text, e.line(), e.column(), {
+                let m = e.to_string();
+                let at = format!(" at line {} column {}", e.line(), e.column());
+                format!("bad device profile: {}", m.strip_suffix(&at).unwrap_or(&m))
+            }))
         })?;
         p.validate().map_err(|e| Error::Invalid(format!("{file}: bad device profile: {e}")))?;
         Ok(p)
@@ -413,13 +411,17 @@ impl TemplateRates {
                 non_negative(&format!("{path}.{field}"), v)?;
             }
         }
-        for (field, tiles, split) in
-            [("tiles", &self.tiles, false), ("tiles_16bit", &self.tiles_16bit, false), ("tiles_mma", &self.tiles_mma, true)]
-        {
+        for (field, tiles, split) in [
+            ("tiles", &self.tiles, false),
+            ("tiles_16bit", &self.tiles_16bit, false),
+            ("tiles_mma", &self.tiles_mma, true),
+        ] {
             for (key, rate) in tiles {
                 let shape = if split { key.strip_suffix("/e").unwrap_or(key) } else { key };
                 let ok = shape.split_once('x').is_some_and(|(m, n)| {
-                    [m, n].iter().all(|d| d.parse::<usize>().is_ok_and(|d| d > 0) && d.bytes().all(|b| b.is_ascii_digit()))
+                    [m, n]
+                        .iter()
+                        .all(|d| d.parse::<usize>().is_ok_and(|d| d > 0) && d.bytes().all(|b| b.is_ascii_digit()))
                 });
                 if !ok {
                     let form = if split { "`BMxBN` or `BMxBN/e`" } else { "`BMxBN`" };

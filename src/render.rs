@@ -181,8 +181,20 @@ fn summary(plan: &FusionPlan) -> String {
     let t: &Totals = &plan.total;
     let u = &plan.unfused;
     let mut s = String::new();
-    let _ = writeln!(s, "fused:   {}, {}, {:.1} us predicted", plural(t.kernels, "kernel"), human_bytes(t.bytes), us(t.predicted_us));
-    let _ = writeln!(s, "unfused: {}, {}, {:.1} us predicted", plural(u.kernels, "kernel"), human_bytes(u.bytes), us(u.predicted_us));
+    let _ = writeln!(
+        s,
+        "fused:   {}, {}, {:.1} us predicted",
+        plural(t.kernels, "kernel"),
+        human_bytes(t.bytes),
+        us(t.predicted_us)
+    );
+    let _ = writeln!(
+        s,
+        "unfused: {}, {}, {:.1} us predicted",
+        plural(u.kernels, "kernel"),
+        human_bytes(u.bytes),
+        us(u.predicted_us)
+    );
     let saved = u.bytes.saturating_sub(t.bytes);
     let speedup = if t.kernels == 0 && u.kernels > 0 {
         "no kernel left to run".to_string()
@@ -196,7 +208,13 @@ fn summary(plan: &FusionPlan) -> String {
     let _ = writeln!(
         s,
         "search: {}, {} in {}, stopped: {}; saturate {:.1} ms, extract {:.1} ms ({}), gap {gap}",
-        plural(se.iterations, "iteration"), plural(se.enodes, "e-node"), plural(se.eclasses, "e-class"), se.stop_reason, se.saturate_ms, se.extract_ms, se.extractor
+        plural(se.iterations, "iteration"),
+        plural(se.enodes, "e-node"),
+        plural(se.eclasses, "e-class"),
+        se.stop_reason,
+        se.saturate_ms,
+        se.extract_ms,
+        se.extractor
     );
     s
 }

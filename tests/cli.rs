@@ -254,7 +254,8 @@ fn input_files_that_are_not_files_are_errors() {
     for f in ["x.npy", "y.npy", "out.npy"] {
         assert!(outputs.join(f).is_file(), "{f}");
     }
-    let again = eqfuse(&["run", &p, "--cpu", "--inputs", outputs.to_str().unwrap(), "--outputs", outputs.to_str().unwrap()]);
+    let again =
+        eqfuse(&["run", &p, "--cpu", "--inputs", outputs.to_str().unwrap(), "--outputs", outputs.to_str().unwrap()]);
     assert!(again.status.success(), "{}", stderr(&again));
     assert!(stdout(&again).contains("loaded from"), "{}", stdout(&again));
 }
