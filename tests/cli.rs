@@ -399,4 +399,11 @@ fn summaries_read_well() {
     assert!(!text.contains("-0.0") && !text.contains("NaN"), "{text}");
     let json = stdout(&eqfuse(&["optimize", id.to_str().unwrap(), "--format", "json"]));
     assert!(!json.contains("-0.0"), "{json}");
+    // An output with no finite value says so, with no NaN minimum, maximum or mean.
+    let nan = d.path().join("nan.eqf");
+    std::fs::write(&nan, "dim N = 4\ninput x: f32[N]\ny = log(x * 0 - 1)\noutput y\n").unwrap();
+    let out = d.path().join("out");
+    let o = eqfuse(&["run", nan.to_str().unwrap(), "--cpu", "--outputs", out.to_str().unwrap()]);
+    let text = stdout(&o);
+    assert!(text.contains("no finite value, 4 NaN") && !text.contains("mean NaN"), "{text}");
 }
