@@ -308,6 +308,9 @@ fn run(cli: Cli) -> Result<(), Error> {
             Ok(())
         }
         Command::Bench { progs, dims, device, repeat, json, strict } => {
+            if let Some(path) = &json {
+                check_output_file(path)?;
+            }
             let files = if progs.is_empty() { default_bench_programs() } else { progs };
             let programs = files.iter().map(|f| eqfuse::load_program(f, &dims)).collect::<Result<Vec<_>, _>>()?;
             let mut opts = OptimizeOptions::new(DeviceProfile::load(&device)?);
@@ -316,17 +319,20 @@ fn run(cli: Cli) -> Result<(), Error> {
             print!("{report}");
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&report.to_json()).expect("JSON values serialize") + "\n";
-                std::fs::write(&path, text).map_err(|e| Error::io(path.display().to_string(), e))?;
+                write_whole(&path, &text)?;
             }
             Ok(())
         }
         Command::Calibrate { out } => {
+            if let Some(path) = &out {
+                check_output_file(path)?;
+            }
             let cal = eqfuse::calibrate()?;
             let text = serde_json::to_string_pretty(&cal.profile).expect("JSON values serialize") + "\n";
             // The report goes to standard output beside a written profile, else to standard error.
             match out {
                 Some(path) => {
-                    std::fs::write(&path, text).map_err(|e| Error::io(path.display().to_string(), e))?;
+                    write_whole(&path, &text)?;
                     print!("{cal}");
                 }
                 None => {
@@ -373,6 +379,31 @@ fn run(cli: Cli) -> Result<(), Error> {
             Ok(())
         }
     }
+}
+
+/// A file a command writes when its long work is done (`bench --json`, `calibrate -o`), checked
+/// before that work: not a folder, and in a folder that exists.
+fn check_output_file(path: &std::path::Path) -> Result<(), Error> {
+    let shown = path.display().to_string();
+    if path.is_dir() {
+        return Err(Error::Invalid(format!("{shown}: is a folder; give the name of a file to write")));
+    }
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let Some(dir) = parent.filter(|d| !d.is_dir()) {
+        return Err(Error::Invalid(format!("{shown}: the folder {} does not exist", dir.display())));
+    }
+    Ok(())
+}
+
+/// Writes `text` to `path` whole or not at all: to a temporary file beside it, then renamed.
+fn write_whole(path: &std::path::Path, text: &str) -> Result<(), Error> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temp = path.with_file_name(format!(".{name}.{}.partial", std::process::id()));
+    let result = std::fs::write(&temp, text).and_then(|()| std::fs::rename(&temp, path));
+    result.map_err(|e| {
+        let _ = std::fs::remove_file(&temp);
+        Error::io(path.display().to_string(), e)
+    })
 }
 
 /// `n word` or `n words`.

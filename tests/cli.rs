@@ -260,6 +260,18 @@ fn input_files_that_are_not_files_are_errors() {
     assert!(stdout(&again).contains("loaded from"), "{}", stdout(&again));
 }
 
+#[test]
+fn files_written_at_the_end_are_checked_first() {
+    let d = tempfile::tempdir().unwrap();
+    let p = small(d.path());
+    let dir = d.path().to_str().unwrap();
+    let missing = d.path().join("none").join("x.json");
+    // Before any GPU work (these would otherwise exit 3 on a machine without one).
+    fails(&eqfuse(&["bench", &p, "--json", dir]), 1, "is a folder; give the name of a file");
+    fails(&eqfuse(&["bench", &p, "--json", missing.to_str().unwrap()]), 1, "does not exist");
+    fails(&eqfuse(&["calibrate", "-o", dir]), 1, "is a folder; give the name of a file");
+}
+
 #[cfg(unix)]
 #[test]
 fn programs_and_profiles_that_are_not_files_are_errors() {
