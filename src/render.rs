@@ -40,8 +40,8 @@ fn us(x: f64) -> f64 {
     (x * 1e3).round() / 1e3 + 0.0
 }
 
-/// `n word` or `n words`.
-fn plural(n: usize, word: &str) -> String {
+/// `n word` or `n words` (`1 kernel`, `2 kernels`, `3 e-classes`).
+pub(crate) fn plural(n: usize, word: &str) -> String {
     match (n, word.ends_with('s')) {
         (1, _) => format!("1 {word}"),
         (_, true) => format!("{n} {word}es"),

@@ -729,14 +729,14 @@ impl fmt::Display for GpuRunReport {
         writeln!(f, "ran {} on {} ({}), seed {}", self.program, self.device, self.arch, self.seed)?;
         writeln!(
             f,
-            "compiled {} kernels ({} from the NVRTC cache{}) in {:.0} ms",
-            self.compiled,
+            "compiled {} ({} from the NVRTC cache{}) in {:.0} ms",
+            crate::render::plural(self.compiled, "kernel"),
             self.cached,
             if self.sm90a > 0 { format!("; {} on the sm_90a path", self.sm90a) } else { String::new() },
             self.compile_ms
         )?;
         if self.repeat > 0 {
-            writeln!(f, "times: median of {} runs after a warm-up", self.repeat)?;
+            writeln!(f, "times: median of {} after a warm-up", crate::render::plural(self.repeat, "run"))?;
             writeln!(
                 f,
                 "  {:<28} {:>12} {:>12} {:>12} {:>10} {:>10}",
