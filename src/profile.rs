@@ -139,6 +139,11 @@ impl DeviceProfile {
             "h100" => DeviceProfile::parse("profiles/h100.json", H100),
             "h200" => DeviceProfile::parse("profiles/h200.json", H200),
             path => {
+                if !std::path::Path::new(path).exists() && !path.contains(['/', '\\', '.']) {
+                    return Err(Error::Usage(format!(
+                        "unknown device `{path}`: give h100, h200, or the path of a profile JSON file"
+                    )));
+                }
                 let bytes = crate::parse::read_file(path)?;
                 let text = String::from_utf8(bytes)
                     .map_err(|_| Error::Invalid(format!("{path}: bad device profile: not UTF-8 text")))?;

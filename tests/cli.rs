@@ -209,6 +209,7 @@ fn device_profiles_are_validated_on_load() {
     let file = profile(d.path(), "typo2.json", |v| v["copy_bandwith_gbs"] = json!(1.0));
     let o = eqfuse(&["optimize", &p, "--device", &file]);
     assert!(stderr(&o).starts_with(&format!("error: {file}:")), "{}", stderr(&o));
+    fails(&eqfuse(&["optimize", &p, "--device", "h300"]), 2, "unknown device `h300`: give h100, h200");
     // The shipped profiles load.
     for dev in ["h100", "h200", "profiles/h100.json", "profiles/h200.json"] {
         let o = eqfuse(&["optimize", &p, "--device", dev]);
