@@ -420,3 +420,30 @@ fn summaries_read_well() {
     let text = stdout(&o);
     assert!(text.contains("no finite value, 4 NaN") && !text.contains("mean NaN"), "{text}");
 }
+
+/// Every profile committed (shipped, and those recorded beside bench results) passes the
+/// validation a profile gets on load.
+#[test]
+fn every_committed_profile_is_valid() {
+    fn walk(dir: &Path, found: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, found);
+            } else if p.extension().is_some_and(|x| x == "json")
+                && std::fs::read_to_string(&p).is_ok_and(|t| t.contains("\"eqfuse.profile/1\""))
+            {
+                found.push(p);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = vec![];
+    walk(&root.join("profiles"), &mut found);
+    walk(&root.join("benches"), &mut found);
+    assert!(found.len() >= 2);
+    for p in &found {
+        let loaded = eqfuse::DeviceProfile::load(p.to_str().unwrap());
+        assert!(loaded.is_ok(), "{}: {}", p.display(), loaded.unwrap_err());
+    }
+}
