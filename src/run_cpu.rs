@@ -197,7 +197,7 @@ fn npy_path(dir: &Path, name: &str) -> PathBuf {
 }
 
 /// An output that shares a name with a different input would overwrite that input's file.
-fn check_names(program: &Program) -> Result<()> {
+pub(crate) fn check_names(program: &Program) -> Result<()> {
     for o in &program.outputs {
         if let Some(i) = program.input(&o.name).filter(|i| i.id != o.id) {
             return Err(Error::Invalid(format!(

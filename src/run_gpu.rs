@@ -255,6 +255,9 @@ pub fn unfused_plan(program: &Program, profile: &DeviceProfile, strict: bool) ->
 fn gather_inputs(program: &Program, opts: &GpuRunOptions) -> Result<HashMap<String, Tensor>> {
     let mut out = HashMap::new();
     crate::run_cpu::check_run_folders(opts.inputs_dir.as_deref(), opts.outputs_dir.as_deref())?;
+    if opts.outputs_dir.is_some() {
+        crate::run_cpu::check_names(program)?;
+    }
     for (k, input) in program.inputs.iter().enumerate() {
         let file = match &opts.inputs_dir {
             Some(d) => crate::run_cpu::input_file(d, &input.name)?,
