@@ -11,7 +11,7 @@ use std::fmt;
 use serde_json::{json, Value};
 
 use crate::codegen::codegen_plan;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::Gpu;
 use crate::optimize::{optimize, OptimizeOptions};
 use crate::program::Program;
@@ -67,6 +67,13 @@ pub fn bench_programs(programs: &[Program], opts: &OptimizeOptions, repeat: usiz
     let mut rows = Vec::new();
     for program in programs {
         let fused = optimize(program, opts)?.plan;
+        if fused.kernels.is_empty() {
+            // Nothing to time: its speedups would be 0 / 0.
+            return Err(Error::Invalid(format!(
+                "{}: the plan runs no kernel, so there is nothing to bench",
+                program.source
+            )));
+        }
         let unfused = unfused_plan(program, &opts.profile, opts.strict)?;
         let run = GpuRunOptions { repeat, profile: Some(opts.profile.clone()), ..GpuRunOptions::default() };
         let mut f = run_on(&gpu, program, &fused, &codegen_plan(&fused)?, &run)?;

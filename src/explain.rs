@@ -73,10 +73,10 @@ pub fn explain(opt: &Optimized) -> String {
     }
     let _ = writeln!(
         s,
-        "\n{} kernels and {} against {} kernels and {} unfused; predicted speedup {:.2}x",
-        plan.total.kernels,
+        "\n{} and {} against {} and {} unfused; predicted speedup {:.2}x",
+        crate::render::plural(plan.total.kernels, "kernel"),
         human_bytes(plan.total.bytes),
-        plan.unfused.kernels,
+        crate::render::plural(plan.unfused.kernels, "kernel"),
         human_bytes(plan.unfused.bytes),
         plan.speedup()
     );

@@ -143,7 +143,7 @@ pub use reference::{eval, eval_all, eval_with, Precision};
 pub use render::{human_bytes, plan_json, render, Format};
 pub use rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
 pub use rules::{default_rules, load_rules_dir, parse_ruleset, Rule, RuleSet, STAGE_ORDER};
-pub use run_cpu::{run_cpu, CpuRunOptions, CpuRunReport, InputReport, InputSource, OutputReport};
+pub use run_cpu::{check_run_folders, run_cpu, CpuRunOptions, CpuRunReport, InputReport, InputSource, OutputReport};
 pub use run_gpu::{
     compare as compare_output, run_on, run_plan_gpu, unfused_plan, GpuRunOptions, GpuRunReport, KernelTiming,
     OutputCheck,

@@ -53,11 +53,16 @@ pub const ONNX_DIM_METADATA_PREFIX: &str = "eqfuse.dim.";
 /// assert!(e.to_string().starts_with("m.onnx: not a valid ONNX model"));
 /// ```
 pub fn program_from_onnx(file: &str, bytes: &[u8], overrides: &[(String, usize)]) -> Result<Program> {
-    for (name, value) in overrides {
-        crate::parse::check_override(name, *value).map_err(Error::Invalid)?;
-    }
+    crate::parse::check_overrides(overrides)?;
     let model = proto::decode_model(bytes).map_err(|e| invalid(file, format!("not a valid ONNX model: {e}")))?;
-    import(file, &model, overrides).map_err(|m| invalid(file, m))
+    // A `--dim` naming no symbolic dim of the model is a usage error (`check_overrides`).
+    import(file, &model, overrides).map_err(|m| {
+        if m.starts_with("--dim ") {
+            Error::Usage(format!("{file}: {m}"))
+        } else {
+            invalid(file, m)
+        }
+    })
 }
 
 fn invalid(file: &str, msg: String) -> Error {

@@ -38,22 +38,20 @@ impl PError {
 /// Parses and type-checks an `.eqf` program.
 ///
 /// `file` names the program in errors and becomes [`Program::source`]; `overrides` are
-/// `--dim NAME=VALUE` pairs replacing declared sizes (the last one for a name wins), and naming a
-/// dim the program does not declare is an error.
+/// `--dim NAME=VALUE` pairs replacing declared sizes; naming a dim twice, or one the program does
+/// not declare, is an error ([`Error::Usage`]).
 ///
 /// ```
 /// let p = eqfuse::parse_program("t.eqf", "dim N = 8\ninput x: f32[N]\ny = exp(x) / N\noutput y\n", &[]).unwrap();
 /// assert_eq!(p.ty(p.outputs[0].id).unwrap().shape, vec![8]);
 /// ```
 pub fn parse_program(file: &str, source: &str, overrides: &[(String, usize)]) -> Result<Program> {
-    for (name, value) in overrides {
-        check_override(name, *value).map_err(Error::Invalid)?;
-    }
+    check_overrides(overrides)?;
     let prog = build(file, source, overrides).map_err(|e| diagnostic(file, source, e))?;
     if let Some((name, value)) = overrides.iter().find(|(n, _)| prog.dim(n).is_none()) {
         let declared: Vec<&str> = prog.dims.iter().map(|(n, _)| n.as_str()).collect();
         let known = if declared.is_empty() { "none".to_string() } else { declared.join(", ") };
-        return Err(Error::Invalid(format!(
+        return Err(Error::Usage(format!(
             "--dim {name}={value}: {file} declares no dim `{name}` (it declares {known})"
         )));
     }
@@ -88,6 +86,17 @@ fn diagnostic(file: &str, source: &str, e: PError) -> Error {
     Error::input(Diagnostic::at(file, source, e.pos.line, e.pos.col, e.msg))
 }
 
+/// Every override well formed, and no dim named twice (`--dim R=8 --dim R=16`).
+pub(crate) fn check_overrides(overrides: &[(String, usize)]) -> Result<()> {
+    for (i, (name, value)) in overrides.iter().enumerate() {
+        check_override(name, *value).map_err(Error::Usage)?;
+        if let Some((_, first)) = overrides[..i].iter().find(|(n, _)| n == name) {
+            return Err(Error::Usage(format!("--dim {name} is given twice ({name}={first} and {name}={value})")));
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn check_override(name: &str, value: usize) -> Result<(), String> {
     if !is_identifier(name) {
         return Err(format!("--dim {name}={value}: `{name}` is not a dim name"));
@@ -113,28 +122,54 @@ pub fn parse_dim_override(s: &str) -> Result<(String, usize), String> {
 }
 
 /// Reads and parses a program, choosing the front end by file name: `.eqf` text, a `.json`
-/// graph, an `.onnx` model (`--dim` sizes its symbolic dims), or `-` for `.eqf` text on
-/// standard input.
+/// graph, an `.onnx` model (`--dim` sizes its symbolic dims), or `-` for standard input: a JSON
+/// graph when its first non-blank character is `{`, else `.eqf` text.
 pub fn load_program(path: &str, overrides: &[(String, usize)]) -> Result<Program> {
     if path == "-" {
         let mut text = String::new();
         std::io::stdin().read_to_string(&mut text).map_err(|e| Error::io("<stdin>", e))?;
-        return parse_program("<stdin>", &text, overrides);
+        return match text.trim_start().starts_with('{') {
+            true if overrides.is_empty() => crate::json::program_from_json("<stdin>", &text),
+            true => Err(Error::Usage("<stdin>: --dim applies to .eqf programs; a JSON graph has fixed shapes".into())),
+            false => parse_program("<stdin>", &text, overrides),
+        };
     }
     let ext = std::path::Path::new(path).extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
     match ext.as_str() {
         "eqf" => parse_program(path, &read(path)?, overrides),
         "json" if overrides.is_empty() => crate::json::program_from_json(path, &read(path)?),
-        "json" => Err(Error::Invalid(format!("{path}: --dim applies to .eqf programs; a JSON graph has fixed shapes"))),
-        "onnx" => {
-            crate::onnx::program_from_onnx(path, &std::fs::read(path).map_err(|e| Error::io(path, e))?, overrides)
-        }
+        "json" => Err(Error::Usage(format!("{path}: --dim applies to .eqf programs; a JSON graph has fixed shapes"))),
+        "onnx" => crate::onnx::program_from_onnx(path, &read_file(path)?, overrides),
         _ => Err(Error::Invalid(format!("{path}: unknown program format; expected .eqf, .json, .onnx or - (stdin)"))),
     }
 }
 
 fn read(path: &str) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| Error::io(path, e))
+    String::from_utf8(read_file(path)?).map_err(|_| Error::Invalid(format!("{path}: not UTF-8 text")))
+}
+
+/// The bytes of the file at `path`, which must be a regular file or a pipe (`<(...)`), or a link
+/// to one: a folder or a device (`/dev/zero`, which would never end) is an error naming it.
+pub(crate) fn read_file(path: &str) -> Result<Vec<u8>> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !is_readable_kind(&meta) {
+        let what = if meta.is_dir() { "a folder" } else { "a device or other special file" };
+        return Err(Error::Invalid(format!("{path}: is {what}, not a file")));
+    }
+    std::fs::read(path).map_err(|e| Error::io(path, e))
+}
+
+/// A regular file or a pipe: what reading to the end makes sense of.
+pub(crate) fn is_readable_kind(meta: &std::fs::Metadata) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        meta.is_file() || meta.file_type().is_fifo()
+    }
+    #[cfg(not(unix))]
+    {
+        meta.is_file()
+    }
 }
 
 #[cfg(test)]

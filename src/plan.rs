@@ -98,6 +98,46 @@ pub struct Kernel {
     pub implementation: Option<GemmImpl>,
 }
 
+impl Kernel {
+    /// The kernel's computation as text (the contract's `body`): the body's root as an
+    /// s-expression when every value the kernel writes is part of it; otherwise (outputs computed
+    /// side by side) `NAME = EXPR` for each written value no other written value contains, in
+    /// `writes` order, joined by `; `, so every output's computation shows.
+    pub fn body_text(&self) -> String {
+        let nodes = self.body.as_ref();
+        if nodes.is_empty() {
+            return String::new();
+        }
+        let within = |top: Id| {
+            let mut seen = vec![false; nodes.len()];
+            let mut stack = vec![top];
+            while let Some(id) = stack.pop() {
+                let i = usize::from(id);
+                if !std::mem::replace(&mut seen[i], true) {
+                    stack.extend(egg::Language::children(&nodes[i]).iter().copied());
+                }
+            }
+            seen
+        };
+        let root = within(Id::from(nodes.len() - 1));
+        if self.stores.iter().all(|&s| root[usize::from(s)]) {
+            return self.body.to_string();
+        }
+        let mut parts = vec![];
+        let mut shown: Vec<Id> = vec![];
+        for (w, &s) in self.writes.iter().zip(&self.stores) {
+            let inside_other = self.stores.iter().any(|&t| t != s && within(t)[usize::from(s)]);
+            if inside_other || shown.contains(&s) {
+                continue;
+            }
+            shown.push(s);
+            let expr = egg::Language::build_recexpr(&nodes[usize::from(s)], |c| nodes[usize::from(c)].clone());
+            parts.push(format!("{} = {expr}", w.name));
+        }
+        parts.join("; ")
+    }
+}
+
 /// Totals over a plan.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Totals {
@@ -195,7 +235,8 @@ impl FusionPlan {
             kernels: kernels.len(),
             bytes: kernels.iter().map(|k| k.bytes_read + k.bytes_written).sum(),
             flops: kernels.iter().map(|k| k.flops).sum(),
-            predicted_us: kernels.iter().map(|k| k.predicted_us).sum(),
+            // `+ 0.0`: an empty sum of floats is -0.0, shown as `-0.0 us`.
+            predicted_us: kernels.iter().map(|k| k.predicted_us).sum::<f64>() + 0.0,
         }
     }
 }

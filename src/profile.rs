@@ -12,8 +12,12 @@ use crate::error::{Error, Result};
 use crate::plan::{GemmImpl, Template};
 use crate::types::DType;
 
+/// The `schema` a profile file declares.
+pub const PROFILE_SCHEMA: &str = "eqfuse.profile/1";
+
 /// Rates of one kernel template.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TemplateRates {
     /// Achieved bandwidth as a share of copy bandwidth.
     pub bandwidth_efficiency: f64,
@@ -67,6 +71,7 @@ pub struct TemplateRates {
 /// is `K` times a step time. A block alone on its SM is bound by latency (`lone_ns_per_k`);
 /// blocks sharing the SMs are bound by the SM's throughput (`sm_ns_per_k` per block).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TileRate {
     /// Nanoseconds per reduction step of one block alone on its SM.
     pub lone_ns_per_k: f64,
@@ -78,7 +83,13 @@ pub struct TileRate {
 }
 
 /// One GPU's numbers.
+///
+/// Invariant: a profile from [`DeviceProfile::parse`] (every file, the built-in ones too) has
+/// passed [`DeviceProfile::validate`]: no unknown field, the known schema, every template, and
+/// every rate, bandwidth, count and latency positive (latencies non-negative) and finite, so no
+/// prediction is infinite or NaN and a single operator always fits a kernel's arguments.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DeviceProfile {
     pub schema: String,
     /// Short name shown in plans (`h100`).
@@ -128,7 +139,14 @@ impl DeviceProfile {
             "h100" => DeviceProfile::parse("profiles/h100.json", H100),
             "h200" => DeviceProfile::parse("profiles/h200.json", H200),
             path => {
-                let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+                if !std::path::Path::new(path).exists() && !path.contains(['/', '\\', '.']) {
+                    return Err(Error::Usage(format!(
+                        "unknown device `{path}`: give h100, h200, or the path of a profile JSON file"
+                    )));
+                }
+                let bytes = crate::parse::read_file(path)?;
+                let text = String::from_utf8(bytes)
+                    .map_err(|_| Error::Invalid(format!("{path}: bad device profile: not UTF-8 text")))?;
                 DeviceProfile::parse(path, &text)
             }
         }
@@ -136,23 +154,87 @@ impl DeviceProfile {
 
     pub fn parse(file: &str, text: &str) -> Result<DeviceProfile> {
         let p: DeviceProfile = serde_json::from_str(text).map_err(|e| {
-            Error::input(crate::error::Diagnostic::at(
-                file,
-                text,
-                e.line(),
-                e.column(),
-                format!("bad device profile: {e}"),
-            ))
+            Error::input(crate::error::Diagnostic::at(file, text, e.line(), e.column(), {
+                let m = e.to_string();
+                let at = format!(" at line {} column {}", e.line(), e.column());
+                format!("bad device profile: {}", m.strip_suffix(&at).unwrap_or(&m))
+            }))
         })?;
-        for t in Template::ALL {
-            if !p.templates.contains_key(t.name()) {
-                return Err(Error::Invalid(format!("{file}: device profile has no rates for template `{}`", t.name())));
+        p.validate().map_err(|e| Error::Invalid(format!("{file}: bad device profile: {e}")))?;
+        Ok(p)
+    }
+
+    /// Checks every field once, on load: `Err` names the field (`templates.gemm.flops_f32_tflops`)
+    /// and what is wrong with it.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.schema != PROFILE_SCHEMA {
+            return Err(format!("schema is `{}`, expected `{PROFILE_SCHEMA}`", self.schema));
+        }
+        if self.name.trim().is_empty() {
+            return Err("name is empty".into());
+        }
+        positive("copy_bandwidth_gbs", self.copy_bandwidth_gbs)?;
+        non_negative("launch_overhead_us", self.launch_overhead_us)?;
+        at_least("smem_per_block_bytes", self.smem_per_block_bytes, 1)?;
+        at_least("registers_per_thread", u64::from(self.registers_per_thread), 1)?;
+        let widest = min_kernel_args();
+        if self.max_kernel_args < widest {
+            return Err(format!(
+                "max_kernel_args is {}, but the widest single operator takes {widest} tensors (its operands and \
+                 result), so it must be at least {widest}",
+                self.max_kernel_args
+            ));
+        }
+        if let Some(b) = self.l2_bytes {
+            at_least("l2_bytes", b, 1)?;
+        }
+        if let (Some(reuse), Some(l2)) = (self.l2_reuse_bytes, self.l2_bytes) {
+            if reuse > l2 {
+                return Err(format!("l2_reuse_bytes ({reuse}) exceeds l2_bytes ({l2})"));
             }
         }
-        if p.copy_bandwidth_gbs <= 0.0 || p.launch_overhead_us < 0.0 {
-            return Err(Error::Invalid(format!("{file}: bandwidth must be positive and launch overhead non-negative")));
+        if let Some(b) = self.l2_bandwidth_gbs {
+            positive("l2_bandwidth_gbs", b)?;
         }
-        Ok(p)
+        if let Some(n) = self.sm_count {
+            at_least("sm_count", u64::from(n), 1)?;
+        }
+        for t in Template::ALL {
+            if !self.templates.contains_key(t.name()) {
+                return Err(format!("templates has no rates for template `{}`", t.name()));
+            }
+        }
+        for (name, rates) in &self.templates {
+            let Some(t) = Template::ALL.into_iter().find(|t| t.name() == name) else {
+                let known: Vec<&str> = Template::ALL.iter().map(|t| t.name()).collect();
+                return Err(format!("templates has an unknown template `{name}` (known: {})", known.join(", ")));
+            };
+            let path = format!("templates.{name}");
+            rates.validate(&path)?;
+            let implementations: &[&str] = match t {
+                Template::Gemm => &["cublaslt", "generated"],
+                Template::Attention => &["backward", "backward_fused", "portable"],
+                _ => &[],
+            };
+            for (imp, r) in &rates.implementations {
+                if !implementations.contains(&imp.as_str()) {
+                    return Err(format!(
+                        "{path}.implementations has an unknown implementation `{imp}` ({})",
+                        if implementations.is_empty() {
+                            format!("template `{name}` has none")
+                        } else {
+                            format!("known: {}", implementations.join(", "))
+                        }
+                    ));
+                }
+                let path = format!("{path}.implementations.{imp}");
+                if !r.implementations.is_empty() {
+                    return Err(format!("{path}.implementations: an implementation has no implementations of its own"));
+                }
+                r.validate(&path)?;
+            }
+        }
+        Ok(())
     }
 
     pub fn rates(&self, t: Template) -> &TemplateRates {
@@ -314,6 +396,92 @@ impl DeviceProfile {
             .and_then(|g| self.tile_us(r, g, dtype))
             .unwrap_or_else(|| 1e6 * work.flops as f64 / (rate_tflops(r, dtype) * 1e12));
         self.launch_overhead_us + stages + self.memory_us(r, work).max(compute)
+    }
+}
+
+impl TemplateRates {
+    /// See [`DeviceProfile::validate`]; `path` names these rates in messages.
+    fn validate(&self, path: &str) -> std::result::Result<(), String> {
+        positive(&format!("{path}.bandwidth_efficiency"), self.bandwidth_efficiency)?;
+        positive(&format!("{path}.flops_f32_tflops"), self.flops_f32_tflops)?;
+        if let Some(v) = self.flops_bf16_tflops {
+            positive(&format!("{path}.flops_bf16_tflops"), v)?;
+        }
+        for (field, v) in [
+            ("stage_latency_us", self.stage_latency_us),
+            ("call_overhead_us", self.call_overhead_us),
+            ("split_latency_us", self.split_latency_us),
+        ] {
+            if let Some(v) = v {
+                non_negative(&format!("{path}.{field}"), v)?;
+            }
+        }
+        for (field, tiles, split) in [
+            ("tiles", &self.tiles, false),
+            ("tiles_16bit", &self.tiles_16bit, false),
+            ("tiles_mma", &self.tiles_mma, true),
+        ] {
+            for (key, rate) in tiles {
+                let shape = if split { key.strip_suffix("/e").unwrap_or(key) } else { key };
+                let ok = shape.split_once('x').is_some_and(|(m, n)| {
+                    [m, n]
+                        .iter()
+                        .all(|d| d.parse::<usize>().is_ok_and(|d| d > 0) && d.bytes().all(|b| b.is_ascii_digit()))
+                });
+                if !ok {
+                    let form = if split { "`BMxBN` or `BMxBN/e`" } else { "`BMxBN`" };
+                    return Err(format!("{path}.{field} has a tile `{key}` that is not of the form {form}"));
+                }
+                let at = format!("{path}.{field}.{key}");
+                positive(&format!("{at}.lone_ns_per_k"), rate.lone_ns_per_k)?;
+                positive(&format!("{at}.sm_ns_per_k"), rate.sm_ns_per_k)?;
+                non_negative(&format!("{at}.row_epilogue_us"), rate.row_epilogue_us)?;
+            }
+        }
+        for (key, points) in &self.rate_by_size {
+            let at = format!("{path}.rate_by_size.{key}");
+            if key != "f32" && key != "bf16" {
+                return Err(format!("{path}.rate_by_size has an unknown dtype `{key}` (known: f32, bf16)"));
+            }
+            for (i, [gflop, tflops]) in points.iter().enumerate() {
+                positive(&format!("{at}[{i}][0] (GFLOP)"), *gflop)?;
+                positive(&format!("{at}[{i}][1] (TFLOP/s)"), *tflops)?;
+            }
+            if let Some(w) = points.windows(2).position(|w| w[1][0] <= w[0][0]) {
+                return Err(format!("{at}: the sizes must increase, but point {} is not larger than point {w}", w + 1));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The most tensors (operands and result) one primitive operator's kernel takes: a profile's
+/// `max_kernel_args` must allow it, or the unfused plan itself would not fit.
+pub fn min_kernel_args() -> usize {
+    crate::lang::OPS.iter().map(|o| o.arity).max().unwrap_or(0) + 1
+}
+
+fn positive(field: &str, v: f64) -> std::result::Result<(), String> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(format!("{field} must be a positive number, got {v}"))
+    }
+}
+
+fn non_negative(field: &str, v: f64) -> std::result::Result<(), String> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err(format!("{field} must be a non-negative number, got {v}"))
+    }
+}
+
+fn at_least(field: &str, v: u64, min: u64) -> std::result::Result<(), String> {
+    if v >= min {
+        Ok(())
+    } else {
+        Err(format!("{field} must be at least {min}, got {v}"))
     }
 }
 

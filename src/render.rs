@@ -35,8 +35,18 @@ pub fn render(plan: &FusionPlan, format: Format) -> String {
     }
 }
 
+/// Microseconds rounded to 0.001 (`+ 0.0` turns a -0.0 into 0.0).
 fn us(x: f64) -> f64 {
-    (x * 1e3).round() / 1e3
+    (x * 1e3).round() / 1e3 + 0.0
+}
+
+/// `n word` or `n words` (`1 kernel`, `2 kernels`, `3 e-classes`).
+pub(crate) fn plural(n: usize, word: &str) -> String {
+    match (n, word.ends_with('s')) {
+        (1, _) => format!("1 {word}"),
+        (_, true) => format!("{n} {word}es"),
+        _ => format!("{n} {word}s"),
+    }
 }
 
 fn kernel_json(k: &Kernel) -> Value {
@@ -51,7 +61,7 @@ fn kernel_json(k: &Kernel) -> Value {
         "flops": k.flops,
         "predicted_us": us(k.predicted_us),
         "domain": k.domain,
-        "body": k.body.to_string(),
+        "body": k.body_text(),
         "rejected": k.rejected,
     });
     if let (Some(imp), Some(o)) = (k.implementation, v.as_object_mut()) {
@@ -134,13 +144,13 @@ pub fn memory_line(m: &crate::memory::MemoryReport) -> String {
     let saved: u64 = m.saved.iter().map(|s| s.bytes).sum();
     let packed: Vec<&str> = m.saved.iter().filter(|s| s.packed).map(|s| s.name.as_str()).collect();
     let mut s = format!(
-        "memory: peak {}{} (inputs {}, outputs {}); {} saved between kernels in {} tensors",
+        "memory: peak {}{} (inputs {}, outputs {}); {} saved between kernels in {}",
         human_bytes(m.peak_bytes),
         m.peak_kernel.map_or(String::new(), |k| format!(" at kernel {k}")),
         human_bytes(m.inputs_bytes),
         human_bytes(m.outputs_bytes),
         human_bytes(saved),
-        m.saved.len()
+        plural(m.saved.len(), "tensor")
     );
     if !packed.is_empty() {
         s.push_str(&format!(", 1-bit masks: {}", packed.join(", ")));
@@ -171,23 +181,40 @@ fn summary(plan: &FusionPlan) -> String {
     let t: &Totals = &plan.total;
     let u = &plan.unfused;
     let mut s = String::new();
-    let _ = writeln!(s, "fused:   {} kernels, {}, {:.1} us predicted", t.kernels, human_bytes(t.bytes), t.predicted_us);
-    let _ = writeln!(s, "unfused: {} kernels, {}, {:.1} us predicted", u.kernels, human_bytes(u.bytes), u.predicted_us);
-    let saved = u.bytes.saturating_sub(t.bytes);
     let _ = writeln!(
         s,
-        "saves {} of traffic; predicted speedup {:.2}x on {}",
-        human_bytes(saved),
-        plan.speedup(),
-        plan.device
+        "fused:   {}, {}, {:.1} us predicted",
+        plural(t.kernels, "kernel"),
+        human_bytes(t.bytes),
+        us(t.predicted_us)
     );
+    let _ = writeln!(
+        s,
+        "unfused: {}, {}, {:.1} us predicted",
+        plural(u.kernels, "kernel"),
+        human_bytes(u.bytes),
+        us(u.predicted_us)
+    );
+    let saved = u.bytes.saturating_sub(t.bytes);
+    let speedup = if t.kernels == 0 && u.kernels > 0 {
+        "no kernel left to run".to_string()
+    } else {
+        format!("predicted speedup {:.2}x", plan.speedup())
+    };
+    let _ = writeln!(s, "saves {} of traffic; {speedup} on {}", human_bytes(saved), plan.device);
     let _ = writeln!(s, "{}", memory_line(&plan.memory));
     let se = &plan.search;
     let gap = se.gap.map_or("not computed".to_string(), |g| format!("{:.1}%", g * 100.0));
     let _ = writeln!(
         s,
-        "search: {} iterations, {} e-nodes in {} e-classes, stopped: {}; saturate {:.1} ms, extract {:.1} ms ({}), gap {gap}",
-        se.iterations, se.enodes, se.eclasses, se.stop_reason, se.saturate_ms, se.extract_ms, se.extractor
+        "search: {}, {} in {}, stopped: {}; saturate {:.1} ms, extract {:.1} ms ({}), gap {gap}",
+        plural(se.iterations, "iteration"),
+        plural(se.enodes, "e-node"),
+        plural(se.eclasses, "e-class"),
+        se.stop_reason,
+        se.saturate_ms,
+        se.extract_ms,
+        se.extractor
     );
     s
 }
@@ -239,7 +266,7 @@ fn render_text(plan: &FusionPlan) -> String {
         let _ = writeln!(s, "kernel {} ({} over {}):", k.id, template_label(k), crate::lang::Dims(k.domain.clone()));
         let _ = writeln!(s, "  reads  {}", names(&k.reads));
         let _ = writeln!(s, "  writes {}", names(&k.writes));
-        let _ = writeln!(s, "  body   {}", k.body);
+        let _ = writeln!(s, "  body   {}", k.body_text());
         let _ = writeln!(
             s,
             "  {} read, {} written, {} flops, {:.1} us predicted",

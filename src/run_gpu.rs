@@ -22,7 +22,7 @@ use crate::codegen::{codegen_plan, ArgRole, KernelSource};
 use crate::error::{Error, Result};
 use crate::gpu::{tensor_bytes, tensor_from_bytes, Buffer, Gpu, Loaded};
 use crate::memplan::MemoryPlan;
-use crate::npy::{read_npy, write_npy};
+use crate::npy::read_npy;
 use crate::plan::FusionPlan;
 use crate::profile::DeviceProfile;
 use crate::program::Program;
@@ -254,8 +254,15 @@ pub fn unfused_plan(program: &Program, profile: &DeviceProfile, strict: bool) ->
 /// Each input from `INPUTS/NAME.npy` if that file exists, else seeded.
 fn gather_inputs(program: &Program, opts: &GpuRunOptions) -> Result<HashMap<String, Tensor>> {
     let mut out = HashMap::new();
+    crate::run_cpu::check_run_folders(opts.inputs_dir.as_deref(), opts.outputs_dir.as_deref())?;
+    if opts.outputs_dir.is_some() {
+        crate::run_cpu::check_names(program)?;
+    }
     for (k, input) in program.inputs.iter().enumerate() {
-        let file = opts.inputs_dir.as_ref().map(|d| d.join(format!("{}.npy", input.name))).filter(|p| p.is_file());
+        let file = match &opts.inputs_dir {
+            Some(d) => crate::run_cpu::input_file(d, &input.name)?,
+            None => None,
+        };
         let t = match file {
             Some(p) => read_npy(&p, &input.ty)?,
             None => seeded_input(program, k, opts.seed),
@@ -704,17 +711,20 @@ fn write_outputs(
     inputs: &HashMap<String, Tensor>,
     values: &[(String, Tensor)],
 ) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
+    let mut files = vec![];
     for i in &program.inputs {
-        let from_file = opts.inputs_dir.as_ref().is_some_and(|d| d.join(format!("{}.npy", i.name)).is_file());
+        let from_file = match &opts.inputs_dir {
+            Some(d) => crate::run_cpu::input_file(d, &i.name)?.is_some(),
+            None => false,
+        };
         if let (false, Some(t)) = (from_file, inputs.get(&i.name)) {
-            write_npy(dir.join(format!("{}.npy", i.name)), t)?;
+            files.push((dir.join(format!("{}.npy", i.name)), t));
         }
     }
     for (name, t) in values {
-        write_npy(dir.join(format!("{name}.npy")), t)?;
+        files.push((dir.join(format!("{name}.npy")), t));
     }
-    Ok(())
+    crate::run_cpu::write_all(dir, &files)
 }
 
 impl fmt::Display for GpuRunReport {
@@ -722,14 +732,14 @@ impl fmt::Display for GpuRunReport {
         writeln!(f, "ran {} on {} ({}), seed {}", self.program, self.device, self.arch, self.seed)?;
         writeln!(
             f,
-            "compiled {} kernels ({} from the NVRTC cache{}) in {:.0} ms",
-            self.compiled,
+            "compiled {} ({} from the NVRTC cache{}) in {:.0} ms",
+            crate::render::plural(self.compiled, "kernel"),
             self.cached,
             if self.sm90a > 0 { format!("; {} on the sm_90a path", self.sm90a) } else { String::new() },
             self.compile_ms
         )?;
         if self.repeat > 0 {
-            writeln!(f, "times: median of {} runs after a warm-up", self.repeat)?;
+            writeln!(f, "times: median of {} after a warm-up", crate::render::plural(self.repeat, "run"))?;
             writeln!(
                 f,
                 "  {:<28} {:>12} {:>12} {:>12} {:>10} {:>10}",

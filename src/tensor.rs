@@ -290,6 +290,8 @@ impl fmt::Display for Summary {
         match self.count {
             0 => return write!(f, "empty"),
             1 if self.nans + self.infs == 0 => return write!(f, "value {}", short(self.min)),
+            // No finite element: no min, max or mean to show (they would read NaN).
+            n if self.nans + self.infs == n => write!(f, "no finite value")?,
             _ => write!(f, "min {} max {} mean {}", short(self.min), short(self.max), short(self.mean))?,
         }
         if self.nans > 0 {

@@ -125,7 +125,7 @@ fn dims_are_constants_and_overridable() {
     assert_eq!(sexpr(&p, p.outputs[0].id), "(/ (sum (sum x 0) 1) 16)");
     assert_eq!(p.source, "t.eqf");
     let e = parse_program("t.eqf", text, &[("Q".to_string(), 2)]).unwrap_err();
-    assert!(matches!(&e, Error::Invalid(m) if m.contains("declares no dim `Q` (it declares R, C)")), "{e}");
+    assert!(matches!(&e, Error::Usage(m) if m.contains("declares no dim `Q` (it declares R, C)")), "{e}");
     assert_eq!(parse_dim_override("R=16384"), Ok(("R".to_string(), 16384)));
     assert!(parse_dim_override("R=0").unwrap_err().contains("between 1 and 2^48"));
     assert!(parse_dim_override("R16").unwrap_err().contains("NAME=VALUE"));
