@@ -1,7 +1,8 @@
-# Builds the driver with nvcc on the device machine (run from this folder; KDIR = kernels/).
+# Builds the driver with nvcc on the device machine (run from this folder; KDIR: the kernels/
+# folder, default ../../kernels).
 set -e
 python3 gen_cfg.py
-KDIR=${KDIR:-../kernels}
+KDIR=${KDIR:-../../kernels}
 A="-O3 -std=c++17 -I$KDIR -I. -Xptxas -v"
 pids=""
 for f in v_*.cu; do
