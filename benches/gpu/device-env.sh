@@ -6,6 +6,7 @@
 G="${G:-.gpu}"
 OUT="${OUT:-/tmp/eqfuse-out}"
 mkdir -p "$OUT"
+[ -x "$G/eqfuse" ] || { echo "no staged build in $G: run benches/gpu/stage.sh first and carry it"; exit 2; }
 G="$(cd "$G" && pwd)"
 export EQFUSE_CACHE_DIR="${EQFUSE_CACHE_DIR:-$G/cache}" EQFUSE_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 nvrtc="$(ls /usr/local/cuda/lib64/libnvrtc.so.13 2>/dev/null || find / -xdev -name libnvrtc.so.13 2>/dev/null | head -1)"

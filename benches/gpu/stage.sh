@@ -21,9 +21,12 @@ PARTS=" ${*:-tests graphs cache} "
 has() { [[ "$PARTS" == *" $1 "* ]]; }
 DEST="${DEST:-.gpu}"
 eval "$(.ci/install-nvrtc)"
-# The executable cargo builds for test or bench target $2 ($1: test or bench).
+# The release executable cargo builds for test or bench target $2 ($1: test or bench; benches
+# build in release anyway).
 exe() {
-  cargo "$1" --release --"$1" "$2" --no-run --message-format=json 2>/dev/null | python3 -c '
+  local release=--release
+  [ "$1" = bench ] && release=
+  cargo "$1" $release --"$1" "$2" --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for l in sys.stdin:
     m = json.loads(l)
