@@ -1,9 +1,11 @@
-# Sourced by the device scripts of benches/gpu (not run on its own). On the device machine, from
-# the repository root: G is the staged build (default .gpu, written by benches/gpu/stage.sh),
-# OUT the folder whose files come back (default /tmp/eqfuse-out). Points eqfuse at the
-# machine's NVRTC and at the staged NVRTC cache, makes a missing GPU a failure, and writes
-# $OUT/device.txt: date, commit staged, GPU, driver and clocks.
-G="${G:-.gpu}"
+# Sourced by the device scripts of benches/gpu (not run on its own). A script runs in the tree
+# it belongs to: the staged folder when it is run as `bash .gpu/benches/gpu/SCRIPT.sh` (the way
+# benches/gpu/stage.sh means it), else the checkout holding it. G is the staged build (default:
+# that folder, or .gpu in a checkout), OUT the folder whose files come back (default
+# /tmp/eqfuse-out). Points eqfuse at the machine's NVRTC and at the staged NVRTC cache, makes a
+# missing GPU a failure, and writes $OUT/device.txt: date, commit staged, GPU, driver, clocks.
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+if [ -x ./eqfuse ]; then G="${G:-.}"; else G="${G:-.gpu}"; fi
 OUT="${OUT:-/tmp/eqfuse-out}"
 mkdir -p "$OUT"
 [ -x "$G/eqfuse" ] || { echo "no staged build in $G: run benches/gpu/stage.sh first and carry it"; exit 2; }

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Stages a release build for the device machine into DEST (default .gpu in the repository root,
-# git-ignored; the device run takes it as `carry: [".gpu"]`). Runs here, no GPU needed:
+# Stages a release build for the GPU machine into DEST (default MAIN/.gpu, where MAIN is the
+# checkout the device tool sends, default /work/main; `.gpu*` is git-ignored there), so that a
+# branch's build runs on the device whatever that checkout holds: the device run is
+# `bash .gpu/benches/gpu/SCRIPT.sh` with `carry: [".gpu"]`. Runs here, no GPU needed. DEST is a
+# small copy of this checkout (examples/, tests/cases/, benches/ without results/, python/,
+# profiles/: the files the tests, benches and scripts read, from this branch) plus:
 #   eqfuse       the release binary (always), and COMMIT, the commit staged;
 #   tests        gpu-tests: tests/gpu.rs built in release;
 #   masks        masks-tests: tests/masks.rs;
@@ -13,13 +17,13 @@
 #                compile and every kernel of every example's fused and unfused plans (plain
 #                and strict), so that the device spends its time running.
 # Usage, from anywhere in the checkout: benches/gpu/stage.sh [PART...] (default: tests graphs
-# cache). What the device gets (the working tree and DEST) must stay under 64 MiB: stage only
+# cache). What the device gets (the sent checkout and DEST) must stay under 64 MiB: stage only
 # what the run needs; the script prints DEST's size.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PARTS=" ${*:-tests graphs cache} "
 has() { [[ "$PARTS" == *" $1 "* ]]; }
-DEST="${DEST:-.gpu}"
+DEST="${DEST:-${MAIN:-/work/main}/.gpu}"
 eval "$(.ci/install-nvrtc)"
 # The release executable cargo builds for test or bench target $2 ($1: test or bench; benches
 # build in release anyway).
@@ -34,8 +38,14 @@ for l in sys.stdin:
         print(m["executable"])' "$2"
 }
 cargo build --release --quiet
-rm -rf "$DEST" && mkdir -p "$DEST"
+rm -rf "$DEST" && mkdir -p "$DEST/tests" "$DEST/benches" "$DEST/python"
+DEST="$(cd "$DEST" && pwd)"
 cp target/release/eqfuse "$DEST/eqfuse"
+cp -r examples profiles "$DEST/"
+cp -r tests/cases "$DEST/tests/"
+cp -r benches/README.md benches/*.py benches/gpu benches/attention_forward "$DEST/benches/"
+cp -r python/eqfuse_torch python/tests python/gpt2_block.py "$DEST/python/"
+find "$DEST" -name __pycache__ -prune -exec rm -rf {} +
 git rev-parse --short HEAD > "$DEST/COMMIT"
 has tests && cp "$(exe test gpu)" "$DEST/gpu-tests"
 has masks && cp "$(exe test masks)" "$DEST/masks-tests"
@@ -51,7 +61,7 @@ if has graphs; then
   done
 fi
 if has cache; then
-  export EQFUSE_CACHE_DIR="$PWD/$DEST/cache"
+  export EQFUSE_CACHE_DIR="$DEST/cache"
   mkdir -p "$EQFUSE_CACHE_DIR"
   cargo build --release --quiet --example prefill
   target/release/examples/prefill examples/*.eqf > /dev/null
