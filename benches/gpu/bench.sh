@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Benches, on the device machine from the repository root with the build staged in G (default
-# .gpu; `benches/gpu/stage.sh graphs cache`, plus gpu-bench for that step). Steps (PARTS,
-# default "bench torch"; each of the first two fits one 10-minute device call):
+# Benches, on the device machine: `bash .gpu/benches/gpu/bench.sh` after
+# `benches/gpu/stage.sh graphs cache` (plus gpu-bench for that step; benches/README.md). Steps
+# (PARTS, default "bench torch"; each of the first two fits one 10-minute device call):
 #   bench        `eqfuse bench` of every example at its declared sizes and of the report's three
 #                extra sizes (layernorm 16384x4096, softmax regression 64x128x10 and
 #                1024x1024x100): fused against eqfuse's unfused plan, measured against

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Calibration, on the device machine from the repository root with the build staged in G
-# (default .gpu; `benches/gpu/stage.sh` with any parts). Steps (PARTS, default "calibrate"):
+# Calibration, on the device machine: `bash .gpu/benches/gpu/calibrate.sh` after
+# `benches/gpu/stage.sh` with any parts (benches/README.md). Steps (PARTS, default "calibrate"):
 #   calibrate  `eqfuse calibrate`: copy bandwidth, launch overhead, template efficiencies and
 #              every compute entry the planner reads (calibrated.json, calibrate.log); with MERGE
 #              set (dot paths, e.g. "templates.rowreduce.stage_latency_us"), those figures are

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU differential run, on the device machine from the repository root with the build
-# staged in G (default .gpu; `benches/gpu/stage.sh diff tests`): `gpu-diff` is
+# The GPU differential run, on the device machine: `bash .gpu/benches/gpu/difftest.sh` after
+# `benches/gpu/stage.sh diff tests` (benches/README.md): `gpu-diff` is
 # tests/gpu_differential.rs, `gpu-tests` tests/gpu.rs, both built in release.
 #   1. the NVRTC cache filled for the random programs in parallel shards (CPU only);
 #   2. the GPU differential run over CASES random programs for each of SEEDS (one process per

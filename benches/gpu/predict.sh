@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Predictions against measurements, on the device machine from the repository root with the
-# build staged in G (default .gpu; `benches/gpu/stage.sh cache`): `eqfuse calibrate` (the profile
+# Predictions against measurements, on the device machine: `bash .gpu/benches/gpu/predict.sh`
+# after `benches/gpu/stage.sh cache` (benches/README.md): `eqfuse calibrate` (the profile
 # as measured now, L2 size included; CALIBRATE=0 skips it), `eqfuse bench` over the examples
 # named in PROGRAMS (default benches/gpu/predict/programs.txt, one name a line), then one
 # `eqfuse bench` per line of SWEEPS (default benches/gpu/predict/sweeps.txt: `TAG PROGRAM

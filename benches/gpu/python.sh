@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Python side on the GPU, on the device machine from the repository root with the build
-# staged in G (default .gpu; `benches/gpu/stage.sh` with any parts), in one call:
+# The Python side on the GPU, on the device machine: `bash .gpu/benches/gpu/python.sh` after
+# `benches/gpu/stage.sh` with any parts (benches/README.md), in one call:
 #   1. python/tests (pytest): the exporter, the torch.compile backend launching eqfuse's kernels
 #      (CuPy), training through the backend against eager;
 #   2. benches/py_backend_speed.py: layernorm + GELU + residual by eager, the eqfuse backend and

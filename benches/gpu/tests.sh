@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU tests, on the device machine from the repository root with the build staged in G
-# (default .gpu; `benches/gpu/stage.sh tests [masks] cache`). Steps (PARTS, default "tests
+# The GPU tests, on the device machine: `bash .gpu/benches/gpu/tests.sh` after
+# `benches/gpu/stage.sh tests [masks] cache` (benches/README.md). Steps (PARTS, default "tests
 # memcheck racecheck"):
 #   tests      tests/gpu.rs: every test case and example (dims capped), fused and unfused,
 #              against the CPU reference with outputs poisoned first; reductions repeatable;
