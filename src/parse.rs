@@ -1,4 +1,4 @@
-//! The `.eqf` front end (DESIGN.md §2) and the loader that picks a front end by file name.
+//! The `.eqf` front end (specified in docs/language.md) and the loader that picks a front end by file name.
 //!
 //! Text goes through three stages, one file each: `lex` (characters to tokens), `syntax`
 //! (tokens to statements, a Pratt parser) and `lower` (statements to a typed [`Program`]).

@@ -3,8 +3,8 @@
 //!
 //! They are ignored by a plain `cargo test` (counted as ignored in its summary): run them with
 //! `cargo test --test gpu -- --include-ignored` on a machine with a GPU. Included without a
-//! usable GPU they say why and pass; with `EQFUSE_REQUIRE_GPU=1` (set by the device script
-//! `benches/gpu/run.sh`) a missing GPU fails. With `EQFUSE_PREFILL=1` and no
+//! usable GPU they say why and pass; with `EQFUSE_REQUIRE_GPU=1` (set by the device scripts
+//! `benches/gpu/*.sh`) a missing GPU fails. With `EQFUSE_PREFILL=1` and no
 //! GPU, they instead compile every kernel into the NVRTC disk cache (so a GPU session spends
 //! no time compiling).
 
@@ -57,7 +57,7 @@ fn programs_with(declared: bool) -> Vec<(String, Program)> {
         match eqfuse::load_program(&path, &capped) {
             Ok(p) => programs.push((path, p)),
             // The transformer blocks do not load with E capped below H * Dh. They run at their
-            // declared sizes in benches/gpu/views.sh: at small sizes their seeded inputs (unscaled
+            // declared sizes in benches/gpu/bench.sh: at small sizes their seeded inputs (unscaled
             // N(0, 1) weights, a saturated softmax) put even PyTorch's f32 autograd outside the
             // one-product k·u tolerance (benches/results/2026-11-22-h100-172185a-views).
             Err(_) if declared => programs.push((format!("{path} (declared sizes)"), full)),
@@ -93,7 +93,7 @@ fn run_checked(gpu: &Gpu, name: &str, program: &Program, plan: &FusionPlan, seed
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
 fn cases_and_examples_match_the_reference() {
     let plans = plans();
     let Some(gpu) = gpu_or_skip(&plans) else { return };
@@ -118,7 +118,7 @@ fn cases_and_examples_match_the_reference() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
 fn reductions_are_deterministic() {
     let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
     let cases: Vec<(String, Program, FusionPlan)> = common::cases()
@@ -144,7 +144,7 @@ fn reductions_are_deterministic() {
 /// generated kernel always), f32 and bf16, with transposed, batched and broadcast operands read
 /// in place, pointwise and row-softmax epilogues.
 #[test]
-#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
 fn gemm_implementations_match_the_reference() {
     let programs = [
         ("dense_relu", "dim M = 96\ndim K = 80\ndim N = 72\ninput x: f32[M, K]\ninput w: f32[K, N]\ninput b: f32[N]\ny = relu(x @ w + b)\noutput y\n"),
@@ -213,7 +213,7 @@ fn gemm_implementations_match_the_reference() {
 /// padded rows) and a head of 1; a transposed-heads view; lengths off the 32-row and 32-key
 /// tiles; more parts than keys.
 #[test]
-#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
 fn f32_attention_kernels_match_the_reference() {
     let programs = [
         ("d128_ragged", "input q: f32[2, 130, 128]\ninput k: f32[2, 77, 128]\ninput v: f32[2, 77, 128]\no = attention(q, k, v, 0.088, 0)\noutput o\n"),
@@ -252,7 +252,7 @@ fn f32_attention_kernels_match_the_reference() {
 /// sizes), the strict plan's outputs are bit-identical to the strict unfused plan's (and both
 /// match the reference).
 #[test]
-#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
 fn strict_plans_are_bit_identical_to_the_unfused_plan() {
     let profile = DeviceProfile::load("h100").unwrap();
     let opts = OptimizeOptions { strict: true, ..OptimizeOptions::new(profile.clone()) };
@@ -287,7 +287,7 @@ fn strict_plans_are_bit_identical_to_the_unfused_plan() {
 /// more rows than one wave of blocks, so every block streams several rows; then a CUDA graph
 /// of a multi-kernel plan replays to the same outputs.
 #[test]
-#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
 fn pipelined_long_rows_and_graph_replay_match_the_reference() {
     let profile = DeviceProfile::load("h100").unwrap();
     let opts = OptimizeOptions::new(profile.clone());
@@ -319,7 +319,7 @@ fn pipelined_long_rows_and_graph_replay_match_the_reference() {
 /// and a log-softmax), planned with the profile that leaves cuBLASLt out, each one generated
 /// kernel with `EQ_MMA`, checked against the reference.
 #[test]
-#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
 fn tensor_core_row_epilogues_match_the_reference() {
     let opts = OptimizeOptions::new(fused_probe_profile());
     let dims = |m: usize, k: usize, n: usize| vec![("M".to_string(), m), ("K".into(), k), ("N".into(), n)];
@@ -371,7 +371,8 @@ fn tensor_core_row_epilogues_match_the_reference() {
 /// The probe profile (benches/gpu/predict/generated-only.json: no cuBLASLt) without the
 /// tensor-core tile rates, which times those tiles by their flops: every product takes the
 /// generated kernel with its row epilogue fused (with the rates some of these shapes plan as a
-/// product and a row kernel), as the probes of benches/gpu/rowmma.sh were planned.
+/// product and a row kernel), as the tensor-core row-tile probes were planned
+/// (benches/results/2026-11-22-h100-7162075-rowmma).
 fn fused_probe_profile() -> DeviceProfile {
     let mut p = DeviceProfile::load("benches/gpu/predict/generated-only.json").unwrap();
     for r in p.templates.values_mut() {

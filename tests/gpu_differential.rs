@@ -241,7 +241,7 @@ fn report(what: &str, t: &Tally, secs: f64, failures: usize) {
 /// program as generated, not shrunk: shrinking would rerun the GPU for minutes) and the run
 /// goes on, so that one session counts every failure among its programs.
 #[test]
-#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/difftest.sh)"]
 fn random_programs_run_on_the_gpu_as_their_plans_say() {
     let Some(mode) = mode() else { return };
     let cases = env_or("EQFUSE_GPU_DIFF_CASES", DEFAULT_CASES) as u32;
@@ -280,7 +280,7 @@ fn random_programs_run_on_the_gpu_as_their_plans_say() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/difftest.sh)"]
 fn every_saved_gpu_case_passes() {
     let Some(mode) = mode() else { return };
     let dir = Path::new(CASE_DIR).to_path_buf();

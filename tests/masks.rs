@@ -188,7 +188,7 @@ fn packed_mask_kernels_compile() {
 }
 
 #[test]
-#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/run.sh)"]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
 fn packed_masks_match_the_reference_on_the_gpu() {
     let gpu = match Gpu::open() {
         Ok(g) => g,

@@ -266,7 +266,8 @@ fn generated_defines(source: &str) -> String {
 /// The probe profile (benches/gpu/predict/generated-only.json: no cuBLASLt) without the
 /// tensor-core tile rates, which times those tiles by their flops: every product takes the
 /// generated kernel with its row epilogue fused (with the rates some of these shapes plan as a
-/// product and a row kernel), as the probes of benches/gpu/rowmma.sh were planned.
+/// product and a row kernel), as the tensor-core row-tile probes were planned
+/// (benches/results/2026-11-22-h100-7162075-rowmma).
 fn fused_probe_profile() -> DeviceProfile {
     let mut p = DeviceProfile::load("benches/gpu/predict/generated-only.json").unwrap();
     for r in p.templates.values_mut() {

@@ -1,36 +1,27 @@
 #!/usr/bin/env bash
-# Issue 9's GPU session, run on the device machine from the repository root with the binaries
-# staged in G (default .gpu-diff): `gpu-diff` is tests/gpu_differential.rs, `gpu-tests` is
-# tests/gpu.rs, both built in release.
-#   1. the NVRTC cache filled for the random programs in 16 parallel shards (CPU only);
+# The GPU differential run, on the device machine: `bash .gpu/benches/gpu/difftest.sh` after
+# `benches/gpu/stage.sh diff tests` (benches/README.md): `gpu-diff` is
+# tests/gpu_differential.rs, `gpu-tests` tests/gpu.rs, both built in release.
+#   1. the NVRTC cache filled for the random programs in parallel shards (CPU only);
 #   2. the GPU differential run over CASES random programs for each of SEEDS (one process per
-#      seed), and the saved GPU cases;
+#      seed), and the saved GPU cases (tests/cases/diff_gpu);
 #   3. compute-sanitizer memcheck over the first 100 of them;
 #   4. the GPU tests (tests/gpu.rs), the strict one included: every case and example, strict
 #      plan bit-identical to the strict unfused plan.
-# Logs go to $OUT.
-set -uo pipefail
-OUT="${OUT:-/tmp/eqfuse-out}"
-G="${G:-.gpu-diff}"
-mkdir -p "$OUT"
-export EQFUSE_CACHE_DIR="$G/cache" EQFUSE_REQUIRE_GPU=1
-lib="$(ls /usr/local/cuda/lib64/libnvrtc.so.13 2>/dev/null || find / -xdev -name libnvrtc.so.13 2>/dev/null | head -1)"
-export EQFUSE_NVRTC_DIR="$(dirname "$lib")" LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-{
-  date -u +"date: %Y-%m-%d %H:%M UTC"
-  echo "commit: $(cat $G/COMMIT 2>/dev/null)"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-} | tee "$OUT/difftest.log"
 # SEEDS (default "1 2") and CASES (default 500) random programs per seed, one process per seed
 # on the one GPU; a failing program is saved as a case and the run goes on.
 # PARTS (default "random memcheck strict") picks the steps: random (prefill, the random programs
 # and the saved cases), saved (the saved cases alone), memcheck (the first 100 programs of the
-# first seed), strict (tests/gpu.rs,
-# every case and example), examples-memcheck (tests/gpu.rs under compute-sanitizer memcheck),
-# check (`eqfuse run` of three gradient examples at full size).
-SEEDS="${SEEDS:-1 2}" CASES="${CASES:-500}" PARTS="${PARTS:-random memcheck strict}"
+# first seed), strict (tests/gpu.rs, every case and example), examples-memcheck (tests/gpu.rs
+# under compute-sanitizer memcheck), check (`eqfuse run` of three gradient examples at full
+# size). Writes difftest.log (the summary), logs.tgz (every other log) and cases.tgz (the saved
+# cases, new ones included) under $OUT.
+set -uo pipefail
+PARTS="${PARTS:-random memcheck strict}"
+source "$(dirname "$0")/device-env.sh"
+cp "$OUT/device.txt" "$OUT/difftest.log"
+SEEDS="${SEEDS:-1 2}" CASES="${CASES:-500}"
 first_seed="${SEEDS%% *}"
-has() { [[ " $PARTS " == *" $1 "* ]]; }
 if has random; then
 t0=$(date +%s)
 for s in $SEEDS; do

@@ -1,42 +1,75 @@
 #!/usr/bin/env bash
-# Builds the GPU test and bench binaries in release, fills the NVRTC cache for them (no GPU
-# needed), and stages everything the device run needs into DEST (default MAIN/.gpu; MAIN: the checkout the
-# device tool sends, default /work/main; .gpu is git-ignored there). Run from the repository.
+# Stages a release build for the GPU machine into DEST (default MAIN/.gpu, where MAIN is the
+# checkout the device tool sends, default /work/main; `.gpu*` is git-ignored there), so that a
+# branch's build runs on the device whatever that checkout holds: the device run is
+# `bash .gpu/benches/gpu/SCRIPT.sh` with `carry: [".gpu"]`. Runs here, no GPU needed. DEST is a
+# small copy of this checkout (examples/, tests/cases/, benches/ without results/, python/,
+# profiles/: the files the tests, benches and scripts read, from this branch) plus:
+#   eqfuse       the release binary (always), and COMMIT, the commit staged;
+#   tests        gpu-tests: tests/gpu.rs built in release;
+#   masks        masks-tests: tests/masks.rs;
+#   diff         gpu-diff: tests/gpu_differential.rs (benches/gpu/difftest.sh fills its cache
+#                on the device);
+#   gpu-bench    gpu-bench: benches/gpu.rs (`cargo bench --bench gpu`);
+#   graphs       graphs/: every example, and the report's extra sizes, exported as JSON graphs
+#                for benches/torch_baselines.py;
+#   cache        cache/: the NVRTC disk cache filled with every kernel the staged test binaries
+#                compile and every kernel of every example's fused and unfused plans (plain
+#                and strict), so that the device spends its time running.
+# Usage, from anywhere in the checkout: benches/gpu/stage.sh [PART...] (default: tests graphs
+# cache). What the device gets (the sent checkout and DEST) must stay under 64 MiB: stage only
+# what the run needs; the script prints DEST's size.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-MAIN="${MAIN:-/work/main}"
+PARTS=" ${*:-tests graphs cache} "
+has() { [[ "$PARTS" == *" $1 "* ]]; }
+DEST="${DEST:-${MAIN:-/work/main}/.gpu}"
 eval "$(.ci/install-nvrtc)"
-export EQFUSE_CACHE_DIR="$PWD/target/gpu-stage/cache"
-rm -rf target/gpu-stage && mkdir -p "$EQFUSE_CACHE_DIR"
-tests="$(cargo test --release --test gpu --no-run --message-format=json 2>/dev/null | python3 -c '
+# The release executable cargo builds for test or bench target $2 ($1: test or bench; benches
+# build in release anyway).
+exe() {
+  local release=--release
+  [ "$1" = bench ] && release=
+  cargo "$1" $release --"$1" "$2" --no-run --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
-        print(m["executable"])')"
-bench="$(cargo bench --bench gpu --no-run --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
-        print(m["executable"])')"
-EQFUSE_PREFILL=1 "$tests" --include-ignored --test-threads=1 >/dev/null
-"$bench" --prefill
-DEST="${DEST:-$MAIN/.gpu}"
-rm -rf "$DEST" && mkdir -p "$DEST"
-cp "$tests" "$DEST/gpu-tests"
-cp "$bench" "$DEST/gpu-bench"
-cp benches/gpu/run.sh benches/torch_baselines.py "$DEST/"
-# The PyTorch baselines run the same programs, exported as JSON graphs at the bench's sizes.
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])' "$2"
+}
 cargo build --release --quiet
-mkdir -p "$DEST/graphs"
-for n in add_mul softplus bias_gelu_dropout rmsnorm softmax softmax_small cross_entropy layernorm \
-  cross_entropy_grad layernorm_grad; do
-  target/release/eqfuse export "examples/$n.eqf" > "$DEST/graphs/$n.json"
-done
-target/release/eqfuse export examples/layernorm.eqf --dim R=16384 --dim C=4096 > "$DEST/graphs/layernorm_16384x4096.json"
+rm -rf "$DEST" && mkdir -p "$DEST/tests" "$DEST/benches" "$DEST/python"
+DEST="$(cd "$DEST" && pwd)"
 cp target/release/eqfuse "$DEST/eqfuse"
-mkdir -p "$DEST/examples" && cp examples/*.eqf "$DEST/examples/"
-cp -r "$EQFUSE_CACHE_DIR" "$DEST/cache"
+cp -r examples profiles "$DEST/"
+cp -r tests/cases "$DEST/tests/"
+cp -r benches/README.md benches/*.py benches/gpu benches/attention_forward "$DEST/benches/"
+cp -r python/eqfuse_torch python/tests python/gpt2_block.py "$DEST/python/"
+find "$DEST" -name __pycache__ -prune -exec rm -rf {} +
 git rev-parse --short HEAD > "$DEST/COMMIT"
+has tests && cp "$(exe test gpu)" "$DEST/gpu-tests"
+has masks && cp "$(exe test masks)" "$DEST/masks-tests"
+has diff && cp "$(exe test gpu_differential)" "$DEST/gpu-diff"
+has gpu-bench && cp "$(exe bench gpu)" "$DEST/gpu-bench"
+if has graphs; then
+  mkdir -p "$DEST/graphs"
+  for f in examples/*.eqf; do n="$(basename "$f" .eqf)"; target/release/eqfuse export "$f" > "$DEST/graphs/$n.json"; done
+  target/release/eqfuse export examples/layernorm.eqf --dim R=16384 --dim C=4096 > "$DEST/graphs/layernorm_16384x4096.json"
+  for s in "64 128 10" "1024 1024 100"; do set -- $s
+    target/release/eqfuse export examples/softmax_regression.eqf --dim B=$1 --dim F=$2 --dim K=$3 \
+      > "$DEST/graphs/softmax_regression_$1x$2x$3.json"
+  done
+fi
+if has cache; then
+  export EQFUSE_CACHE_DIR="$DEST/cache"
+  mkdir -p "$EQFUSE_CACHE_DIR"
+  cargo build --release --quiet --example prefill
+  target/release/examples/prefill examples/*.eqf > /dev/null
+  target/release/examples/prefill --strict examples/*.eqf > /dev/null
+  for b in gpu-tests masks-tests; do
+    [ -x "$DEST/$b" ] && EQFUSE_PREFILL=1 "$DEST/$b" --include-ignored --test-threads=2 > /dev/null 2>&1 || true
+  done
+  echo "NVRTC cache: $(ls "$EQFUSE_CACHE_DIR" | wc -l) kernels"
+fi
+ls "$DEST"
 du -sh "$DEST"
