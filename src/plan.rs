@@ -194,7 +194,7 @@ impl FusionPlan {
         Totals {
             kernels: kernels.len(),
             bytes: kernels.iter().map(|k| k.bytes_read + k.bytes_written).sum(),
-            flops: kernels.iter().map(|k| k.flops).sum(),
+            flops: crate::cost::saturating_sum(kernels.iter().map(|k| k.flops)),
             predicted_us: kernels.iter().map(|k| k.predicted_us).sum(),
         }
     }

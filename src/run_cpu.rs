@@ -78,6 +78,7 @@ pub struct CpuRunReport {
 pub fn run_cpu(program: &Program, opts: &CpuRunOptions) -> Result<CpuRunReport> {
     let outputs_dir = opts.outputs_dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUTS_DIR));
     check_names(program)?;
+    crate::reference::check_fits(program)?;
     if let Some(dir) = opts.inputs_dir.as_ref().filter(|d| !d.is_dir()) {
         return Err(Error::Invalid(format!("{}: the inputs folder does not exist", dir.display())));
     }
