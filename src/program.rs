@@ -209,6 +209,14 @@ impl Program {
         if self.ty(id).is_none() {
             return Err(format!("`{name}` is an attribute, not a tensor"));
         }
+        // Names are files (`NAME.npy`) and kernel arguments: an output may carry an input's name
+        // only when it is that input, passed through.
+        if let Some(input) = self.input(name).filter(|i| i.id != id) {
+            return Err(format!(
+                "output `{name}` has the name of input `{}` but is another tensor; rename it",
+                input.name
+            ));
+        }
         self.outputs.push(Output { name: name.to_string(), id });
         Ok(())
     }

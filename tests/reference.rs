@@ -784,6 +784,10 @@ fn npy_round_trips_every_dtype() {
         let back = read_npy(&path, &t.ty()).unwrap();
         assert_eq!(&back, t, "{:?}", t.dtype);
     }
+    // Files are written under a temporary name and renamed into place: none is left behind.
+    let names: Vec<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.iter().all(|n| n.ends_with(".npy")), "{names:?}");
 }
 
 /// Writes a raw `.npy` (version 1.0) with the given descr, fortran flag, shape and data bytes.

@@ -54,13 +54,13 @@ fn a_rule_with_no_valid_instantiation_fails() {
 
 /// Real rules with a condition dropped (or a side changed): each must fail, so that the
 /// harness is known to explore integer dtypes with fractional literals, size-1 axes, weak
-/// literals and shape mismatches.
+/// literals and shape mismatches. (`sum-mul-const` without its `float` condition is not here:
+/// i32 arithmetic wraps, so a sum is linear over i32 as well.)
 #[test]
 fn weakened_rules_are_caught() {
     let weakened = [
         "(rewrite weak (* (* ?x ?y) ?z) (* ?x (* ?y ?z)))",
         "(rewrite weak (+ (+ ?x ?y) ?z) (+ ?x (+ ?y ?z)))",
-        "(rewrite weak (sum (* ?c ?x) ?a) (* ?c (sum ?x ?a)) :if (size1-at ?c ?x ?a))",
         "(rewrite weak (sum (* ?c ?x) ?a) (* ?c (sum ?x ?a)) :if (float ?x))",
         "(rewrite weak (/ (* ?x ?c) ?c) ?x :if (nonzero ?c) :if (absorbs ?x ?c))",
         "(rewrite weak (/ (* ?x ?c) ?c) ?x :if (nonzero ?c) :if (float ?x))",
