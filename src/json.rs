@@ -268,7 +268,7 @@ fn constant(p: &mut Program, value: &Value) -> Result<egg::Id, String> {
     match (value.as_f64(), value.as_str()) {
         (Some(v), _) if (v as f32).is_finite() => Ok(p.num(v)),
         (Some(v), _) => {
-            Err(format!("value {v} is beyond the range of f32 (write \"inf\" or \"-inf\" for an infinity)"))
+            Err(format!("value {v:e} is beyond the range of f32 (write \"inf\" or \"-inf\" for an infinity)"))
         }
         (_, Some("inf")) => Ok(p.num(f64::INFINITY)),
         (_, Some("-inf")) => Ok(p.num(f64::NEG_INFINITY)),

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use egg::{Id, Language, RecExpr, Symbol};
 
-use crate::infer::{infer, Fact, Inferred};
+use crate::infer::{infer, Fact};
 use crate::lang::{Kind, OpCode, TensorLang};
 use crate::tensor::Tensor;
 use crate::types::{DType, TensorType};
@@ -35,10 +35,12 @@ fn check_size(ty: &TensorType) -> Result<(), String> {
     }
 }
 
-/// Rejects a literal that meets an i32 tensor with a value i32 cannot hold (`x * 3e9` with
-/// `x: i32`): i32 arithmetic wraps, so such a literal would silently mean another number.
-fn check_int_literals(inferred: &Inferred, args: &[&Fact]) -> Result<(), String> {
-    if inferred.weak || inferred.ty.dtype != DType::I32 {
+/// Rejects a literal that meets an i32 tensor with a value i32 cannot hold (`x * 3e9` or
+/// `x < 3e9` with `x: i32`): i32 arithmetic wraps, so such a literal would silently mean
+/// another number.
+fn check_int_literals(args: &[&Fact]) -> Result<(), String> {
+    let int = |a: &&Fact| !a.weak && a.ty.as_ref().is_some_and(|t| t.dtype == DType::I32);
+    if !args.iter().any(int) {
         return Ok(());
     }
     let range = i32::MIN as f64..=i32::MAX as f64;
@@ -168,7 +170,7 @@ impl Program {
                 let inferred = infer(*code, &args)?;
                 check_size(&inferred.ty)?;
                 if matches!(code.kind(), Kind::Binary(_) | Kind::Where) {
-                    check_int_literals(&inferred, &args)?;
+                    check_int_literals(&args)?;
                 }
                 let konst = fold(*code, &args);
                 Fact { ty: Some(inferred.ty), weak: inferred.weak, konst, dims: None, dtype: None }

@@ -147,7 +147,8 @@ fn deep_but_legal_nesting_is_fine() {
 }
 
 /// Nesting 100,000 deep is an error at the limit, never a stack overflow, in every direction a
-/// tree can grow; a JSON graph is a flat list, so a chain of 100,000 nodes just loads.
+/// tree can grow. (A JSON graph cannot nest: its nodes are a flat list naming earlier nodes by
+/// index, and its reader does not recurse.)
 #[test]
 fn nesting_100000_deep_is_an_error() {
     let n = 100_000;
@@ -164,15 +165,6 @@ fn nesting_100000_deep_is_an_error() {
             &err[..200.min(err.len())]
         );
     }
-    let mut nodes = vec![r#"{"op": "input", "value": "x"}"#.to_string()];
-    nodes.extend((1..n).map(|i| format!(r#"{{"op": "neg", "args": [{}]}}"#, i - 1)));
-    let text = format!(
-        r#"{{"schema": "eqfuse.graph/1", "inputs": [{{"name": "x", "dtype": "f32", "shape": [2]}}],
-        "nodes": [{}], "outputs": [{{"name": "y", "node": {}}}]}}"#,
-        nodes.join(", "),
-        n - 1
-    );
-    assert_eq!(program_from_json("g.json", &text).unwrap().len(), n);
 }
 
 #[test]

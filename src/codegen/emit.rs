@@ -69,8 +69,9 @@ pub fn storage_type(d: DType) -> &'static str {
 /// A literal of value type `ty`.
 pub(super) fn literal(v: f64, ty: &str) -> String {
     match ty {
-        // (`-2147483648` is the negation of a long in C.)
-        "int" => match DType::I32.round(v) as i64 {
+        // A literal meets i32 values wrapped, as the reference's i32 arithmetic takes it (a
+        // folded `4e9` is `-294967296`). (`-2147483648` is the negation of a long in C.)
+        "int" => match crate::scalar::wrap_i32(v) as i64 {
             m if m == i32::MIN as i64 => "(-2147483647 - 1)".to_string(),
             n => n.to_string(),
         },
@@ -912,6 +913,7 @@ mod tests {
         assert_eq!(literal(f64::NEG_INFINITY, "float"), "(-EQ_INF)");
         assert_eq!(literal(3.0, "int"), "3");
         assert_eq!(literal(-2147483648.0, "int"), "(-2147483647 - 1)");
+        assert_eq!(literal(4e9, "int"), "-294967296");
         // Beyond f32's range is an infinity in f32 (`inff` does not compile).
         assert_eq!(literal(1e39, "float"), "EQ_INF");
         assert_eq!(literal(-1e60, "float"), "(-EQ_INF)");
