@@ -113,6 +113,12 @@ fn convert(mut data: Vec<f64>, dtype: DType) -> std::result::Result<Vec<f64>, St
 /// `.npy` behind.
 pub fn write_npy(path: impl AsRef<Path>, tensor: &Tensor) -> Result<()> {
     let path = path.as_ref();
+    // (Programs cannot declare more axes; a tensor built in code is refused here, before npyz
+    // would be asked for a header it cannot write.)
+    if tensor.rank() > crate::program::MAX_RANK {
+        let msg = format!("a tensor of rank {} has more than {} axes", tensor.rank(), crate::program::MAX_RANK);
+        return Err(Error::Invalid(format!("{}: {msg}", path.display())));
+    }
     let mut partial = path.as_os_str().to_owned();
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);
