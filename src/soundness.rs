@@ -15,6 +15,7 @@
 //! checked with it before they are used ([`crate::load_rules_dir`]).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 
 use egg::{ENodeOrVar, Id, Language, PatternAst, Subst, Var};
 
@@ -422,6 +423,22 @@ fn same_values(p: &Program, lhs: Id, rhs: Id) -> Result<bool, String> {
         finite |= a.data.iter().any(|v| v.is_finite());
     }
     Ok(finite)
+}
+
+/// [`check_rule`], remembered for the process: a rule folder is loaded again for every program
+/// planned with it (and for `explain`), and checking a rule takes far longer than planning.
+/// A rule is known by its text and place, so an edited file is checked anew.
+pub(crate) fn check_rule_once(rule: &Rule) -> Result<(), String> {
+    static CHECKED: Mutex<BTreeMap<String, Result<(), String>>> = Mutex::new(BTreeMap::new());
+    let key = format!("{} {rule}", rule.location());
+    if let Some(known) = CHECKED.lock().map_err(|_| "the rule check failed earlier".to_string())?.get(&key) {
+        return known.clone();
+    }
+    let result = check_rule(rule).map(|_| ());
+    if let Ok(mut checked) = CHECKED.lock() {
+        checked.insert(key, result.clone());
+    }
+    result
 }
 
 /// Checks one rule; `Ok` holds the counted cases per dtype of the left side, `Err` names the

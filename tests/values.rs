@@ -139,3 +139,29 @@ fn kernels_with_infinities_and_passed_through_inputs_compile() {
         eval(p, &random_inputs(p, 0)).unwrap();
     }
 }
+
+/// The command line: an unsound rule in `--rules DIR` and a tensor the CPU reference cannot
+/// hold are each an error naming the place, exit status 1, never a panic or an abort.
+#[test]
+fn the_command_line_refuses_unsound_rules_and_tensors_too_large_for_the_cpu() {
+    let dir = std::env::temp_dir().join(format!("eqfuse-values-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("algebra.rules"), "(rewrite add-to-mul (+ ?x ?y) (* ?x ?y))\n").unwrap();
+    std::fs::write(dir.join("big.eqf"), "input x: f32[65536, 65536]\ny = exp(x)\noutput y\n").unwrap();
+    let eqfuse = |args: &[&str]| std::process::Command::new(env!("CARGO_BIN_EXE_eqfuse")).args(args).output().unwrap();
+    let rules = dir.to_str().unwrap();
+    let out = eqfuse(&["optimize", "examples/layernorm.eqf", "--rules", rules]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("rule `add-to-mul` (") && stderr.contains("algebra.rules:1) is unsound"), "{stderr}");
+    let big = dir.join("big.eqf");
+    let outputs = dir.join("out");
+    let out = eqfuse(&["run", "--cpu", big.to_str().unwrap(), "--outputs", outputs.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("input `x` (f32[65536,65536]) has 4294967296 elements"), "{stderr}");
+    assert!(!outputs.exists());
+    // Planning the same program is fine: only evaluating it on the CPU is refused.
+    assert_eq!(eqfuse(&["optimize", big.to_str().unwrap()]).status.code(), Some(0));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
