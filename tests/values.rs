@@ -115,6 +115,8 @@ fn kernels_with_infinities_and_passed_through_inputs_compile() {
     programs
         .push(graph(mask, r#"{"name": "x", "node": 0}, {"name": "x_masked", "node": 7}, {"name": "m", "node": 4}"#));
     programs.push(graph(mask, r#"{"name": "out", "node": 0}, {"name": "y", "node": 6}"#));
+    let nan = r#"{"op": "const", "value": "nan"}, {"op": "max", "args": [0, 1]}"#;
+    programs.push(graph(nan, r#"{"name": "y", "node": 2}"#));
     let nvrtc = eqfuse::nvrtc_available().is_ok();
     if !nvrtc {
         eprintln!("NVRTC is not available: kernels are generated, not compiled");
