@@ -142,15 +142,16 @@ pub fn analyse(
             profile.max_kernel_args
         ));
     }
-    let mut flops: u64 = body.iter().map(|&b| node_flops(dag, b)).sum();
+    let mut flops: u64 = saturating_sum(body.iter().map(|&b| node_flops(dag, b)));
     // Gradients of one attention in one kernel share the recomputed scores and probabilities
     // (and dS between the query and key gradients): the dq, dk and dv kernel runs five products,
     // not the three, three and two of each alone.
     let grads: Vec<usize> = body.iter().copied().filter(|&b| is_attention_grad(dag, b).is_some()).collect();
     let group = attention_grad_group(dag, &grads);
     if let Some(args) = &group {
-        flops =
-            flops - grads.iter().map(|&g| node_flops(dag, g)).sum::<u64>() + attention_grads_flops(dag, grads[0], args);
+        flops = flops
+            .saturating_sub(saturating_sum(grads.iter().map(|&g| node_flops(dag, g))))
+            .saturating_add(attention_grads_flops(dag, grads[0], args));
     }
     // The query gradient beside the others is summed in an f32 accumulator by atomics: its
     // traffic beyond the L2 (the sums written back, read once and zeroed by the converting
@@ -483,44 +484,55 @@ fn attention_grad_group(dag: &Dag, nodes: &[usize]) -> Option<Vec<AttnArg>> {
 /// what `node_flops` says (the same formula for one gradient).
 fn attention_grads_flops(dag: &Dag, i: usize, args: &[AttnArg]) -> u64 {
     let (rows, tlen, d) = attention_dims(dag, &dag.nodes[i]);
+    let d = d.min(1 << 48);
     let ds = if args.contains(&AttnArg::Q) || args.contains(&AttnArg::K) { 2 * d + 4 } else { 0 };
-    rows * tlen * (2 * d + 8 + ds + 2 * d * args.len() as u64)
+    let per_score = [2 * d + 8, ds, 2 * d * args.len() as u64].into_iter().fold(0u64, u64::saturating_add);
+    product(&[rows, tlen, per_score])
 }
 
 /// Bytes of the f32 accumulator the query gradient of the attention of node `i` is summed in
 /// (codegen's layout: rows of the head size rounded up to 64).
 fn attention_dq_accumulator_bytes(dag: &Dag, i: usize) -> u64 {
     let (rows, _, d) = attention_dims(dag, &dag.nodes[i]);
-    rows * d.div_ceil(64) * 64 * 4
+    product(&[rows, d.div_ceil(64), 64 * 4])
 }
 
-/// Flops one node costs when computed (transcendentals weigh 4).
+/// A flop count's product, saturating: a count beyond u64 (a product of 2^48-element
+/// operands) reads as `u64::MAX`, never as a wrapped small number.
+fn product(factors: &[u64]) -> u64 {
+    factors.iter().fold(1u64, |p, &f| p.saturating_mul(f))
+}
+
+/// A sum of flop counts, saturating (see [`product`]).
+pub(crate) fn saturating_sum(counts: impl Iterator<Item = u64>) -> u64 {
+    counts.fold(0u64, u64::saturating_add)
+}
+
+/// Flops one node costs when computed (transcendentals weigh 4); `u64::MAX` when the count
+/// overflows.
 fn node_flops(dag: &Dag, i: usize) -> u64 {
     let n = &dag.nodes[i];
     let numel = n.ty().map_or(1, |t| t.numel()) as u64;
     let child_numel = |k: usize| n.children().nth(k).and_then(|c| dag.nodes[c].ty()).map_or(1, |t| t.numel()) as u64;
     match n.kind() {
         None => 0,
-        Some(Kind::Unary(u)) => {
-            numel
-                * match u {
-                    Unary::Neg | Unary::Abs | Unary::Relu | Unary::Square | Unary::Not => 1,
-                    _ => 4,
-                }
-        }
+        Some(Kind::Unary(u)) => numel.saturating_mul(match u {
+            Unary::Neg | Unary::Abs | Unary::Relu | Unary::Square | Unary::Not => 1,
+            _ => 4,
+        }),
         Some(Kind::Binary(_)) | Some(Kind::Where) | Some(Kind::Cast) | Some(Kind::OneHot) | Some(Kind::Iota) => numel,
-        Some(Kind::Dropout) => 8 * numel,
+        Some(Kind::Dropout) => numel.saturating_mul(8),
         Some(Kind::Reduce(_)) => child_numel(0),
         Some(Kind::Reshape | Kind::Broadcast | Kind::Transpose | Kind::Grad) => 0,
         Some(Kind::MatMul) => {
             let a = dag.nodes[n.children().next().unwrap_or(i)].ty();
             let k = a.and_then(|t| t.shape.last().copied()).unwrap_or(1) as u64;
-            2 * numel * k
+            product(&[2, numel, k])
         }
         Some(Kind::Composite(c)) => match c {
-            Composite::Softmax | Composite::LogSoftmax => 8 * numel,
-            Composite::LayerNorm | Composite::RmsNorm => 10 * numel,
-            Composite::CrossEntropy => 8 * child_numel(0),
+            Composite::Softmax | Composite::LogSoftmax => numel.saturating_mul(8),
+            Composite::LayerNorm | Composite::RmsNorm => numel.saturating_mul(10),
+            Composite::CrossEntropy => child_numel(0).saturating_mul(8),
             Composite::Attention => {
                 // Two products of (S x D) by (D x T) and (S x T) by (T x Dv), plus the softmax.
                 let q =
@@ -531,18 +543,19 @@ fn node_flops(dag: &Dag, i: usize) -> u64 {
                 let d = q.get(r.wrapping_sub(1)).copied().unwrap_or(1) as u64;
                 let tlen = k.get(t).copied().unwrap_or(1) as u64;
                 let rows = q.iter().take(r.saturating_sub(1)).product::<usize>() as u64;
-                rows * tlen * (4 * d + 8)
+                product(&[rows, tlen, 4 * d.min(1 << 48) + 8])
             }
             // Recomputed scores (2d) and probabilities (8), then: the log-sum-exp alone; the
             // query and key gradients two more products each (g vᵀ, then dS k or dSᵀ q), the
             // value gradient one (Pᵀ g).
             Composite::AttentionLse => {
                 let (rows, tlen, d) = attention_dims(dag, n);
-                rows * tlen * (2 * d + 8)
+                product(&[rows, tlen, 2 * d.min(1 << 48) + 8])
             }
             Composite::AttentionGrad(w) => {
                 let (rows, tlen, d) = attention_dims(dag, n);
-                rows * tlen * if w == AttnArg::V { 4 * d + 8 } else { 6 * d + 12 }
+                let d = d.min(1 << 48);
+                product(&[rows, tlen, if w == AttnArg::V { 4 * d + 8 } else { 6 * d + 12 }])
             }
         },
     }

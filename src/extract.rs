@@ -485,7 +485,8 @@ fn tensor_names(dag: &Dag) -> Vec<String> {
     }
     // Two nodes may carry one binding name (a gradient named `d_h` by autodiff and a later
     // binding `d_h`); names are kernel argument names, so only the first keeps it.
-    let mut seen = std::collections::BTreeSet::new();
+    // Output names come first: a node named like an output (a JSON node's `name`) gives way.
+    let mut seen: std::collections::BTreeSet<String> = dag.outputs.iter().map(|(o, _)| o.clone()).collect();
     for (i, name) in names.iter_mut().enumerate() {
         if name.as_ref().is_some_and(|n| !seen.insert(n.clone())) && !dag.is_output[i] {
             *name = None;

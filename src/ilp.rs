@@ -73,7 +73,7 @@ fn node_terms(egraph: &TensorGraph, node: &TensorLang) -> Terms {
         None | Some(Kind::Reshape | Kind::Broadcast | Kind::Transpose) => 0,
         Some(Kind::MatMul) => {
             let k = node.children().first().and_then(|&c| ty(c)).and_then(|t| t.shape.last().copied()).unwrap_or(1);
-            2 * numel * k as u64
+            numel.saturating_mul(2).saturating_mul(k as u64)
         }
         Some(Kind::Reduce(_)) => node.children().first().and_then(|&c| ty(c)).map_or(1, |t| t.numel()) as u64,
         _ => numel,
@@ -153,7 +153,7 @@ pub fn relaxed_cost(egraph: &TensorGraph, selection: &Selection, roots: &[Id], p
             bytes += bytes_of(c);
         }
         let t = node_terms(egraph, n);
-        flops += t.flops;
+        flops = flops.saturating_add(t.flops);
         anchors += t.anchor as usize;
         forced.extend(t.forced);
     }

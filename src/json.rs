@@ -123,9 +123,15 @@ fn node_json(p: &Program, id: egg::Id, node: &TensorLang) -> NodeJson {
     n
 }
 
-/// Whole numbers are written as integers (`-1`, not `-1.0`), so graphs read naturally.
+/// Whole numbers are written as integers (`-1`, not `-1.0`), so graphs read naturally. JSON has
+/// no infinity or NaN: those are the strings `"inf"`, `"-inf"` and `"nan"` (a `-inf` mask fill
+/// an ONNX model carries), which [`program_from_json`] reads back.
 fn number(v: f64) -> Value {
-    if v.fract() == 0.0 && v.abs() < 9.0e15 {
+    if v.is_nan() {
+        Value::from("nan")
+    } else if v.is_infinite() {
+        Value::from(if v > 0.0 { "inf" } else { "-inf" })
+    } else if v.fract() == 0.0 && v.abs() < 9.0e15 {
         Value::from(v as i64)
     } else {
         Value::from(v)
@@ -259,9 +265,15 @@ fn add_node(
 }
 
 fn constant(p: &mut Program, value: &Value) -> Result<egg::Id, String> {
-    match value.as_f64() {
-        Some(v) if v.is_finite() => Ok(p.num(v)),
-        _ => Err(format!("value must be a finite number, got {value}")),
+    match (value.as_f64(), value.as_str()) {
+        (Some(v), _) if (v as f32).is_finite() => Ok(p.num(v)),
+        (Some(v), _) => {
+            Err(format!("value {v:e} is beyond the range of f32 (write \"inf\" or \"-inf\" for an infinity)"))
+        }
+        (_, Some("inf")) => Ok(p.num(f64::INFINITY)),
+        (_, Some("-inf")) => Ok(p.num(f64::NEG_INFINITY)),
+        (_, Some("nan")) => Ok(p.num(f64::NAN)),
+        _ => Err(format!("value must be a number, \"inf\", \"-inf\" or \"nan\", got {value}")),
     }
 }
 

@@ -91,6 +91,7 @@ mod run_cpu;
 mod run_gpu;
 mod saturate;
 mod scalar;
+mod soundness;
 mod tensor;
 mod types;
 
@@ -139,7 +140,7 @@ pub use plan::{FusionPlan, GemmImpl, Kernel, SearchReport, Template, TensorRef, 
 pub use plancheck::{check_plan, eval_plan, eval_plan_with, kernel_program};
 pub use profile::{DeviceProfile, TemplateRates};
 pub use program::{Input, Output, Program};
-pub use reference::{eval, eval_all, eval_with, Precision};
+pub use reference::{check_fits, eval, eval_all, eval_with, Precision};
 pub use render::{human_bytes, plan_json, render, Format};
 pub use rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
 pub use rules::{default_rules, load_rules_dir, parse_ruleset, Rule, RuleSet, STAGE_ORDER};
@@ -149,6 +150,7 @@ pub use run_gpu::{
     OutputCheck,
 };
 pub use saturate::{saturate, saturate_egraph, Budgets, Saturation, StageReport, StopReason, MIN_STAGE_ROOM};
+pub use soundness::check_rule;
 pub use tensor::{tolerance, Comparison, Summary, Tensor};
 pub use types::{DType, TensorType};
 

@@ -108,11 +108,31 @@ fn convert(mut data: Vec<f64>, dtype: DType) -> std::result::Result<Vec<f64>, St
     Ok(data)
 }
 
-/// Writes a tensor to `path` (bf16 as float32; see the module docs).
+/// Writes a tensor to `path` (bf16 as float32; see the module docs). The file is written beside
+/// `path` under a temporary name and renamed into place, so a failed write leaves no truncated
+/// `.npy` behind.
 pub fn write_npy(path: impl AsRef<Path>, tensor: &Tensor) -> Result<()> {
     let path = path.as_ref();
-    let shown = path.display().to_string();
-    let io = |e| Error::io(&shown, e);
+    // (Programs cannot declare more axes; a tensor built in code is refused here, before npyz
+    // would be asked for a header it cannot write.)
+    if tensor.rank() > crate::program::MAX_RANK {
+        let msg = format!("a tensor of rank {} has more than {} axes", tensor.rank(), crate::program::MAX_RANK);
+        return Err(Error::Invalid(format!("{}: {msg}", path.display())));
+    }
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    let written = write_file(&partial, &path.display().to_string(), tensor)
+        .and_then(|()| std::fs::rename(&partial, path).map_err(|e| Error::io(path.display().to_string(), e)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    written
+}
+
+/// Writes the file `path`; errors name `shown`, the file the caller asked for.
+fn write_file(path: &Path, shown: &str, tensor: &Tensor) -> Result<()> {
+    let io = |e| Error::io(shown, e);
     let mut file = BufWriter::new(File::create(path).map_err(io)?);
     let shape: Vec<u64> = tensor.shape.iter().map(|&d| d as u64).collect();
     let data = &tensor.data;

@@ -551,6 +551,36 @@ mod tests {
         assert!(loaded > 100 && failed > 100, "{loaded} loaded, {failed} refused");
     }
 
+    /// A float attribute (Gemm's `alpha`/`beta`, LayerNormalization's `epsilon`) that is NaN
+    /// or infinite is refused, naming it: it would make every output NaN.
+    #[test]
+    fn non_finite_float_attributes_are_refused() {
+        let mut found = 0;
+        for model in ["layernorm", "mlp_softmax", "ops_shapes", "ops_pointwise", "half"] {
+            let bytes = std::fs::read(format!("tests/onnx/{model}/model.onnx")).unwrap();
+            let original = proto::decode_model(&bytes).unwrap();
+            let nodes = original.graph.as_ref().map_or(0, |g| g.node.len());
+            for k in 0..nodes {
+                for a in 0..original.graph.as_ref().unwrap().node[k].attribute.len() {
+                    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                        let mut m = original.clone();
+                        let attr = &mut m.graph.as_mut().unwrap().node[k].attribute[a];
+                        // (A Constant's `value_float` is a value, and may be an infinity.)
+                        if attr.r#type != proto::attr_type::FLOAT || attr.name == "value_float" {
+                            continue;
+                        }
+                        attr.f = bad;
+                        let name = attr.name.clone();
+                        let err = import("m.onnx", &m, &[]).unwrap_err().to_string();
+                        assert!(err.contains(&format!("attribute `{name}` is {bad}; it must be a finite")), "{err}");
+                        found += 1;
+                    }
+                }
+            }
+        }
+        assert!(found >= 6, "only {found} float attributes tried");
+    }
+
     #[test]
     fn names_are_identifiers_and_unique() {
         let mut n = Names::default();

@@ -98,7 +98,7 @@ pub fn unfused_totals(program: &Program, profile: &DeviceProfile) -> Result<Tota
     Ok(Totals {
         kernels: groups.len(),
         bytes: groups.iter().map(|g| g.cost.bytes_read(&dag) + f.group_write_bytes(g)).sum(),
-        flops: groups.iter().map(|g| g.cost.flops).sum(),
+        flops: crate::cost::saturating_sum(groups.iter().map(|g| g.cost.flops)),
         predicted_us: crate::residency::ordered_times(&dag, &f, profile).iter().sum(),
     })
 }

@@ -234,7 +234,7 @@ impl FusionPlan {
         Totals {
             kernels: kernels.len(),
             bytes: kernels.iter().map(|k| k.bytes_read + k.bytes_written).sum(),
-            flops: kernels.iter().map(|k| k.flops).sum(),
+            flops: crate::cost::saturating_sum(kernels.iter().map(|k| k.flops)),
             // `+ 0.0`: an empty sum of floats is -0.0, shown as `-0.0 us`.
             predicted_us: kernels.iter().map(|k| k.predicted_us).sum::<f64>() + 0.0,
         }

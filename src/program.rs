@@ -13,17 +13,40 @@ use egg::{Id, Language, RecExpr, Symbol};
 use crate::infer::{infer, Fact};
 use crate::lang::{Kind, OpCode, TensorLang};
 use crate::tensor::Tensor;
-use crate::types::TensorType;
+use crate::types::{DType, TensorType};
 
 /// The most elements one tensor may have. Far beyond any device, and small enough that element
 /// and byte counts (`numel * 4`) never overflow, whatever sizes a program declares.
 pub const MAX_ELEMENTS: usize = 1 << 48;
 
-/// Rejects a type whose element count would overflow or exceed [`MAX_ELEMENTS`].
+/// The most axes one tensor may have (NumPy's limit). Far beyond any program, and small
+/// enough that every loop over axes, every stride table and every `.npy` header stays small.
+pub const MAX_RANK: usize = 64;
+
+/// Rejects a type whose element count would overflow or exceed [`MAX_ELEMENTS`], or whose rank
+/// exceeds [`MAX_RANK`].
 fn check_size(ty: &TensorType) -> Result<(), String> {
+    if ty.rank() > MAX_RANK {
+        return Err(format!("a tensor of rank {} has more than {MAX_RANK} axes", ty.rank()));
+    }
     match ty.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
         Some(n) if n <= MAX_ELEMENTS => Ok(()),
         _ => Err(format!("a tensor of type {ty} would have more than 2^48 elements")),
+    }
+}
+
+/// Rejects a literal that meets an i32 tensor with a value i32 cannot hold (`x * 3e9` or
+/// `x < 3e9` with `x: i32`): i32 arithmetic wraps, so such a literal would silently mean
+/// another number.
+fn check_int_literals(args: &[&Fact]) -> Result<(), String> {
+    let int = |a: &&Fact| !a.weak && a.ty.as_ref().is_some_and(|t| t.dtype == DType::I32);
+    if !args.iter().any(int) {
+        return Ok(());
+    }
+    let range = i32::MIN as f64..=i32::MAX as f64;
+    match args.iter().filter(|a| a.weak).find_map(|a| a.konst.filter(|v| !range.contains(v))) {
+        Some(v) => Err(format!("the literal {v} is out of range for i32 (-2147483648 to 2147483647)")),
+        None => Ok(()),
     }
 }
 
@@ -146,6 +169,9 @@ impl Program {
                 let args: Vec<&Fact> = children.iter().map(|&c| self.fact(c)).collect();
                 let inferred = infer(*code, &args)?;
                 check_size(&inferred.ty)?;
+                if matches!(code.kind(), Kind::Binary(_) | Kind::Where) {
+                    check_int_literals(&args)?;
+                }
                 let konst = fold(*code, &args);
                 Fact { ty: Some(inferred.ty), weak: inferred.weak, konst, dims: None, dtype: None }
             }
@@ -184,6 +210,14 @@ impl Program {
         }
         if self.ty(id).is_none() {
             return Err(format!("`{name}` is an attribute, not a tensor"));
+        }
+        // Names are files (`NAME.npy`) and kernel arguments: an output may carry an input's name
+        // only when it is that input, passed through.
+        if let Some(input) = self.input(name).filter(|i| i.id != id) {
+            return Err(format!(
+                "output `{name}` has the name of input `{}` but is another tensor; rename it",
+                input.name
+            ));
         }
         self.outputs.push(Output { name: name.to_string(), id });
         Ok(())

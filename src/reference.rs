@@ -20,8 +20,8 @@ use crate::infer::norm_axis;
 use crate::lang::{AttnArg, Binary, Composite, Kind, Reduce, TensorLang, Unary};
 use crate::program::Program;
 use crate::rng;
-use crate::scalar::{binary, unary};
-use crate::tensor::{broadcast_index_map, broadcast_strides, split_axis, Tensor};
+use crate::scalar::{binary, unary, wrap_i32};
+use crate::tensor::{broadcast_index_map, broadcast_strides, check_cpu_size, split_axis, Tensor};
 use crate::types::{DType, TensorType};
 
 /// Loops over at least this many output elements run on the rayon pool.
@@ -105,6 +105,7 @@ fn run(
     precision: Precision,
     near: Option<&dyn Fn(DType, usize) -> f64>,
 ) -> Result<Vec<Option<Tensor>>> {
+    check_fits(program)?;
     let mut values: Vec<Option<Tensor>> = vec![None; program.len()];
     for input in &program.inputs {
         values[usize::from(input.id)] = Some(check_input(&input.name, &input.ty, inputs, precision)?);
@@ -144,6 +145,26 @@ fn run(
         }
     }
     Ok(values)
+}
+
+/// Refuses, before anything is allocated, a program with an input or a computed tensor the CPU
+/// reference cannot hold ([`crate::tensor::MAX_CPU_ELEMENTS`]), naming it and its type.
+pub fn check_fits(program: &Program) -> Result<()> {
+    let src = &program.source;
+    for input in &program.inputs {
+        check_cpu_size(&format!("{src}: input `{}`", input.name), &input.ty)?;
+    }
+    for (i, &is_live) in program.live().iter().enumerate() {
+        let id = Id::from(i);
+        if let (true, Some(ty)) = (is_live, program.ty(id)) {
+            let what = match program.name(id) {
+                Some(n) => format!("{src}: `{n}` (`{}`)", program.node(id).head()),
+                None => format!("{src}: a `{}`", program.node(id).head()),
+            };
+            check_cpu_size(&what, ty)?;
+        }
+    }
+    Ok(())
 }
 
 /// For each node, the last node that reads it; outputs are read "at the end" and never freed.
@@ -300,7 +321,18 @@ struct Store {
 }
 
 impl Store {
+    /// Stores the result of arithmetic: i32 wraps (two's complement, as NumPy and CUDA do),
+    /// floats round to their dtype.
     fn round(self, v: f64) -> f64 {
+        match self.dtype {
+            Some(DType::I32) => wrap_i32(v),
+            Some(d) => d.round(v),
+            None => v,
+        }
+    }
+
+    /// Stores the result of a conversion: a float beyond i32 saturates (CUDA's conversion).
+    fn convert(self, v: f64) -> f64 {
         match self.dtype {
             Some(d) => d.round(v),
             None => v,
@@ -359,6 +391,10 @@ fn eval_op(kind: Kind, args: &Args, ty: &TensorType, store: Store) -> Result<Vec
     }
     let moved = |data: Vec<f64>| if args.weak(0)? { Ok(store.round_all(data)) } else { Ok(data) };
     match kind {
+        // (An i32 square wraps; its f64 product would not be exact.)
+        Kind::Unary(Unary::Square) if ty.dtype == DType::I32 => {
+            Ok(map1(&args.tensor(0)?.data, |x| binary(Binary::Mul, x, x, true)))
+        }
         Kind::Unary(u) => Ok(map1(&args.tensor(0)?.data, |x| store.round(unary(u, x)))),
         Kind::Binary(b) => pointwise2(b, args.tensor(0)?, args.tensor(1)?, ty, store),
         Kind::Reduce(r) => {
@@ -366,7 +402,7 @@ fn eval_op(kind: Kind, args: &Args, ty: &TensorType, store: Store) -> Result<Vec
             Ok(store.round_all(reduce(r, x, args.axis(1, x.rank())?, store.f32_sums)))
         }
         Kind::Where => select(args.tensor(0)?, args.tensor(1)?, args.tensor(2)?, &ty.shape, store),
-        Kind::Cast => Ok(map1(&args.tensor(0)?.data, |x| store.round(x))),
+        Kind::Cast => Ok(map1(&args.tensor(0)?.data, |x| store.convert(x))),
         Kind::Transpose => {
             let x = args.tensor(0)?;
             moved(x.transpose(args.axis(1, x.rank())?, args.axis(2, x.rank())?)?.data)
@@ -394,7 +430,14 @@ fn map1(x: &[f64], f: impl Fn(f64) -> f64 + Sync) -> Vec<f64> {
 /// A binary op with NumPy broadcasting; i32 division truncates.
 fn pointwise2(op: Binary, a: &Tensor, b: &Tensor, ty: &TensorType, store: Store) -> Result<Vec<f64>> {
     let int = ty.dtype == DType::I32 && !op.is_comparison();
-    let f = |x, y| store.round(binary(op, x, y, int));
+    // (`pow` of i32 is computed in floats and converted, saturating, as codegen's is.)
+    let f = |x, y| {
+        if op == Binary::Pow {
+            store.convert(binary(op, x, y, int))
+        } else {
+            store.round(binary(op, x, y, int))
+        }
+    };
     let shape = &ty.shape;
     if a.numel() == 1 && b.shape == *shape {
         let x = a.data[0];

@@ -178,7 +178,9 @@ fn same_fact(a: &Fact, b: &Fact) -> bool {
     a.ty == b.ty && a.weak == b.weak && a.dims == b.dims && a.dtype == b.dtype
 }
 
-/// Loads every `*.rules` file of a directory, one ruleset per file, in [`STAGE_ORDER`].
+/// Loads every `*.rules` file of a directory, one ruleset per file, in [`STAGE_ORDER`], and
+/// checks every rule for soundness on the reference ([`crate::check_rule`]), refusing an
+/// unsound one with its `FILE:LINE`.
 pub fn load_rules_dir(dir: impl AsRef<Path>) -> Result<Vec<RuleSet>> {
     let dir = dir.as_ref();
     let shown = dir.display().to_string();
@@ -196,7 +198,14 @@ pub fn load_rules_dir(dir: impl AsRef<Path>) -> Result<Vec<RuleSet>> {
     }
     files.sort_by_key(|(stem, _, _)| (stage_rank(stem), stem.clone()));
     let mut seen = HashMap::new();
-    files.iter().map(|(stem, file, text)| parse_with(stem, file, text, &mut seen)).collect()
+    let sets =
+        files.iter().map(|(stem, file, text)| parse_with(stem, file, text, &mut seen)).collect::<Result<Vec<_>>>()?;
+    // A rule from outside is checked on the reference before it is used, as the tests check the
+    // default rules: an unsound rule would otherwise give wrong plans without a word.
+    for rule in sets.iter().flat_map(|s| &s.rules) {
+        crate::soundness::check_rule_once(rule).map_err(Error::Invalid)?;
+    }
+    Ok(sets)
 }
 
 fn stage_rank(name: &str) -> usize {
@@ -301,6 +310,11 @@ impl Cursor<'_> {
     }
 }
 
+/// The deepest nesting of parentheses a rule file may have. Patterns are built and checked by
+/// recursion over their s-expressions, so depth is bounded before any of that runs; the
+/// largest default rule nests 9 deep.
+const MAX_DEPTH: usize = 64;
+
 /// Splits the file into top-level s-expressions. `;` starts a comment; a shape literal
 /// `[4, 8]` is one atom even with spaces inside.
 fn read_forms(src: &Source) -> Result<Vec<Sx>> {
@@ -320,6 +334,9 @@ fn read_forms(src: &Source) -> Result<Vec<Sx>> {
             }
             '(' => {
                 cur.bump();
+                if stack.len() == MAX_DEPTH {
+                    return Err(src.err(pos, format!("nested more than {MAX_DEPTH} deep")));
+                }
                 stack.push((vec![], pos));
             }
             ')' => {
@@ -583,6 +600,14 @@ mod tests {
         assert!(load_err("(rewrite a (exp ?x) ?x :fast)").contains("unknown option `:fast`"));
         assert!(load_err("(rule a (exp ?x) ?x)").contains("unknown form `rule`"));
         assert!(load_err("(rewrite a (exp ?x))").contains("needs a name, a left side and a right side"));
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_a_stack_overflow() {
+        let n = 100_000;
+        let text = format!("(rewrite deep {}?x{} ?x)", "(neg ".repeat(n), ")".repeat(n));
+        assert!(load_err(&text).starts_with("t.rules:1:"), "{}", load_err(&text));
+        assert!(load_err(&text).contains("nested more than 64 deep"));
     }
 
     #[test]

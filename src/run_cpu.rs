@@ -82,6 +82,7 @@ pub fn run_cpu(program: &Program, opts: &CpuRunOptions) -> Result<CpuRunReport> 
     let outputs_dir = opts.outputs_dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_OUTPUTS_DIR));
     check_names(program)?;
     check_run_folders(opts.inputs_dir.as_deref(), Some(&outputs_dir))?;
+    crate::reference::check_fits(program)?;
     let inputs = gather_inputs(program, opts, &outputs_dir)?;
     let by_name: HashMap<String, Tensor> = inputs.iter().map(|i| (i.name.clone(), i.value.clone())).collect();
     let values = eval(program, &by_name)?;

@@ -182,6 +182,9 @@ pub fn run_on(
         loaded.iter_mut().filter(|k| !k.source.launch.wave).for_each(|k| k.resident_blocks = None);
     }
     let compile_ms = t0.elapsed().as_secs_f64() * 1e3;
+    if opts.check {
+        crate::reference::check_fits(program)?;
+    }
     let inputs = gather_inputs(program, opts)?;
     let memory = MemoryPlan::of_plan(plan);
     let mut bufs = Buffers::new(gpu, plan, &memory, &inputs, &loaded)?;

@@ -63,19 +63,36 @@ fn bool_f(b: bool) -> f64 {
     }
 }
 
-/// Applies a binary op. Integer division truncates when `int` is set.
+/// Two's-complement wrap of an integer value to i32, as i32 arithmetic in NumPy and CUDA
+/// wraps (`2147483647 + 1` is `-2147483648`); a fraction is truncated first, a non-finite value
+/// is 0. Conversions from floats saturate instead (`DType::round`, as CUDA's conversion does).
+pub fn wrap_i32(v: f64) -> f64 {
+    if !v.is_finite() {
+        return 0.0;
+    }
+    let m = v.trunc().rem_euclid(4294967296.0);
+    if m >= 2147483648.0 {
+        m - 4294967296.0
+    } else {
+        m
+    }
+}
+
+/// Applies a binary op. With `int` set (i32 operands), `+ - * /` wrap as two's complement
+/// (operands wrapped first: a weak literal folded beyond i32 means its wrapped value, so folding
+/// literals before or after they meet an i32 tensor agrees), division truncates and a division
+/// by zero is 0; `pow` is computed in floats and converted, saturating.
 pub fn binary(op: Binary, a: f64, b: f64, int: bool) -> f64 {
+    let i = |v: f64| wrap_i32(v) as i32;
     match op {
+        Binary::Add if int => i(a).wrapping_add(i(b)) as f64,
+        Binary::Sub if int => i(a).wrapping_sub(i(b)) as f64,
+        Binary::Mul if int => i(a).wrapping_mul(i(b)) as f64,
+        Binary::Div if int && i(b) == 0 => 0.0,
+        Binary::Div if int => i(a).wrapping_div(i(b)) as f64,
         Binary::Add => a + b,
         Binary::Sub => a - b,
         Binary::Mul => a * b,
-        Binary::Div if int => {
-            if b == 0.0 {
-                0.0
-            } else {
-                (a / b).trunc()
-            }
-        }
         Binary::Div => a / b,
         Binary::Pow => a.powf(b),
         Binary::Max => {

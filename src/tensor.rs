@@ -14,6 +14,22 @@ use crate::infer::broadcast_shapes;
 use crate::lang::Dims;
 use crate::types::{DType, TensorType};
 
+/// The most elements one tensor of the CPU reference may have: 2^31, 16 GiB as f64. Programs
+/// may declare far larger tensors and still be planned ([`crate::program::MAX_ELEMENTS`]); only
+/// evaluating them on the CPU is refused, before anything is allocated.
+pub const MAX_CPU_ELEMENTS: usize = 1 << 31;
+
+/// Refuses a tensor of type `ty` the CPU reference cannot hold; `what` names it in the error.
+pub fn check_cpu_size(what: &str, ty: &TensorType) -> Result<()> {
+    match ty.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
+        Some(n) if n <= MAX_CPU_ELEMENTS => Ok(()),
+        n => Err(Error::Invalid(format!(
+            "{what} ({ty}) has {} elements, more than the CPU reference holds (2^31, 16 GiB as f64)",
+            n.map_or("over 2^64".to_string(), |n| n.to_string())
+        ))),
+    }
+}
+
 /// A dense tensor, row-major, values stored as f64 and rounded to `dtype`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {

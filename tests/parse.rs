@@ -146,6 +146,27 @@ fn deep_but_legal_nesting_is_fine() {
     }
 }
 
+/// Nesting 100,000 deep is an error at the limit, never a stack overflow, in every direction a
+/// tree can grow. (A JSON graph cannot nest: its nodes are a flat list naming earlier nodes by
+/// index, and its reader does not recurse.)
+#[test]
+fn nesting_100000_deep_is_an_error() {
+    let n = 100_000;
+    let parens = format!("{}x{}", "(".repeat(n), ")".repeat(n));
+    let calls = format!("{}x{}", "exp(".repeat(n), ")".repeat(n));
+    let minus = format!("{}x", "-".repeat(n));
+    let power = vec!["x"; n].join(" ^ ");
+    for src in [parens, calls, minus, power] {
+        let text = format!("input x: f32[2]\ny = {src}\noutput y\n");
+        let err = parse_program("t.eqf", &text, &[]).unwrap_err().to_string();
+        assert!(
+            err.starts_with("t.eqf:2:") && err.contains("nested more than 64 deep"),
+            "{}",
+            &err[..200.min(err.len())]
+        );
+    }
+}
+
 #[test]
 fn errors_show_the_line_and_a_caret() {
     let e = error_of("input x: f32[4]\ny = x +* 2\noutput y\n");
@@ -233,6 +254,30 @@ fn json_round_trip() {
     }
 }
 
+/// JSON has no infinity or NaN: constants that are (a `-inf` mask fill, an `inf` from an ONNX
+/// model) are written as strings, and read back as the same values.
+#[test]
+fn json_non_finite_constants_round_trip() {
+    let text = r#"{"schema": "eqfuse.graph/1", "inputs": [{"name": "x", "dtype": "f32", "shape": [4]}],
+        "nodes": [{"op": "input", "value": "x"}, {"op": "const", "value": 0}, {"op": ">", "args": [0, 1]},
+                  {"op": "const", "value": "-inf"}, {"op": "where", "args": [2, 0, 3]},
+                  {"op": "const", "value": "inf"}, {"op": "min", "args": [4, 5]},
+                  {"op": "const", "value": "nan"}, {"op": "max", "args": [6, 7]}],
+        "outputs": [{"name": "y", "node": 8}]}"#;
+    let p = program_from_json("g.json", text).unwrap();
+    let exported = program_to_json(&p);
+    let consts: Vec<String> = exported["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["op"] == "const")
+        .map(|n| n["value"].to_string())
+        .collect();
+    assert_eq!(consts, ["0", "\"-inf\"", "\"inf\"", "\"nan\""]);
+    let q = program_from_json("g.json", &exported.to_string()).unwrap();
+    assert_eq!(p.expr(), q.expr());
+}
+
 #[test]
 fn json_errors() {
     let graph = |nodes: &str, outputs: &str| {
@@ -246,7 +291,12 @@ fn json_errors() {
     assert!(err(&graph(r#"{"op": "exq", "args": [0]}"#, out1)).contains("node 1 (`exq`): unknown op `exq`"));
     assert!(err(&graph(r#"{"op": "exp", "args": [1]}"#, out1)).contains("node 1 (`exp`): arg 1 is not an earlier node"));
     assert!(err(&graph(r#"{"op": "exp", "args": [0, 0]}"#, out1)).contains("`exp` takes 1 arguments, got 2"));
-    assert!(err(&graph(r#"{"op": "const", "value": "a"}"#, out1)).contains("must be a finite number"));
+    assert!(err(&graph(r#"{"op": "const", "value": "a"}"#, out1)).contains("must be a number, \"inf\""));
+    assert!(err(&graph(r#"{"op": "const", "value": 1e39}"#, out1)).contains("value 1e39 is beyond the range of f32"));
+    // An output named like an input must be that input (names are files and kernel arguments).
+    let exp = r#"{"op": "exp", "args": [0]}"#;
+    assert!(err(&graph(exp, r#"{"name": "x", "node": 1}"#)).contains("output `x` has the name of input `x`"));
+    assert!(program_from_json("g.json", &graph(exp, r#"{"name": "x", "node": 0}, {"name": "y", "node": 1}"#)).is_ok());
     assert!(err(&graph(r#"{"op": "dims", "value": [0]}"#, out1)).contains("not between 1 and 2^48"));
     assert!(err(&graph(r#"{"op": "exp", "args": [0]}"#, r#"{"name": "y", "node": 9}"#)).contains("no node 9"));
     let grad = r#"{"op": "exp", "args": [0]}, {"op": "grad", "args": [0, 1]}"#;

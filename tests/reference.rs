@@ -784,6 +784,14 @@ fn npy_round_trips_every_dtype() {
         let back = read_npy(&path, &t.ty()).unwrap();
         assert_eq!(&back, t, "{:?}", t.dtype);
     }
+    // A rank no program can declare is refused, and leaves no file.
+    let deep = Tensor::new(DType::F32, vec![1; 10_000], vec![1.0]).unwrap();
+    let err = write_npy(dir.path().join("deep.npy"), &deep).unwrap_err().to_string();
+    assert!(err.contains("rank 10000 has more than 64 axes"), "{err}");
+    // Files are written under a temporary name and renamed into place: none is left behind.
+    let names: Vec<String> =
+        std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(names.iter().all(|n| n.ends_with(".npy")), "{names:?}");
 }
 
 /// Writes a raw `.npy` (version 1.0) with the given descr, fortran flag, shape and data bytes.

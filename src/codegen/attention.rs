@@ -412,6 +412,9 @@ fn instance(k: &Kernel) -> Result<Instance> {
 
 /// The C spelling of an f32 constant.
 fn float_literal(x: f64) -> String {
+    if !(x as f32).is_finite() {
+        return super::emit::literal(x, "float");
+    }
     let s = format!("{:?}", x as f32);
     if s.contains(['.', 'e', 'E']) {
         format!("{s}f")

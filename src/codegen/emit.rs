@@ -67,11 +67,19 @@ pub fn storage_type(d: DType) -> &'static str {
 }
 
 /// A literal of value type `ty`.
-fn literal(v: f64, ty: &str) -> String {
+pub(super) fn literal(v: f64, ty: &str) -> String {
     match ty {
-        "int" => format!("{}", v.clamp(i32::MIN as f64, i32::MAX as f64) as i64),
+        // A literal meets i32 values wrapped, as the reference's i32 arithmetic takes it (a
+        // folded `4e9` is `-294967296`). (`-2147483648` is the negation of a long in C.)
+        "int" => match crate::scalar::wrap_i32(v) as i64 {
+            m if m == i32::MIN as i64 => "(-2147483647 - 1)".to_string(),
+            n => n.to_string(),
+        },
         "bool" => (if v != 0.0 { "true" } else { "false" }).to_string(),
-        _ if v.is_infinite() => (if v > 0.0 { "EQ_INF" } else { "(-EQ_INF)" }).to_string(),
+        // A value beyond f32's range (constant folding's `1e30 * 1e30`, a `-inf` mask fill)
+        // is an infinity in f32; C has no literal for it (`inff` does not compile).
+        _ if (v as f32).is_infinite() => (if v > 0.0 { "EQ_INF" } else { "(-EQ_INF)" }).to_string(),
+        _ if v.is_nan() => "EQ_NAN".to_string(),
         _ => {
             let s = format!("{:?}", v as f32);
             if s.contains('e') && !s.contains('.') {
@@ -904,6 +912,12 @@ mod tests {
         assert_eq!(literal(0.5, "float"), "0.5f");
         assert_eq!(literal(f64::NEG_INFINITY, "float"), "(-EQ_INF)");
         assert_eq!(literal(3.0, "int"), "3");
+        assert_eq!(literal(-2147483648.0, "int"), "(-2147483647 - 1)");
+        assert_eq!(literal(4e9, "int"), "-294967296");
+        // Beyond f32's range is an infinity in f32 (`inff` does not compile).
+        assert_eq!(literal(1e39, "float"), "EQ_INF");
+        assert_eq!(literal(-1e60, "float"), "(-EQ_INF)");
+        assert_eq!(literal(f64::NAN, "float"), "EQ_NAN");
         assert_eq!(literal(1.0, "bool"), "true");
         // A negated negative literal must not read as `--` (found by the GPU differential run).
         assert_eq!(unary_expr(Unary::Neg, &literal(-1.0, "float"), true), "(-(-1.0f))");

@@ -98,8 +98,13 @@ impl<'a> Attrs<'a> {
     fn int(&self, name: &str, default: i64) -> R<i64> {
         Ok(self.get(name, attr_type::INT, "an int")?.map_or(default, |a| a.i))
     }
+    /// A float attribute, which must be finite (an `alpha`, `beta` or `epsilon` of NaN or
+    /// infinity would make every output NaN).
     fn float(&self, name: &str, default: f64) -> R<f64> {
-        Ok(self.get(name, attr_type::FLOAT, "a float")?.map_or(default, |a| f32_literal(a.f)))
+        match self.get(name, attr_type::FLOAT, "a float")? {
+            Some(a) if !a.f.is_finite() => Err(format!("attribute `{name}` is {}; it must be a finite number", a.f)),
+            found => Ok(found.map_or(default, |a| f32_literal(a.f))),
+        }
     }
     fn ints(&self, name: &str) -> R<Option<Vec<i64>>> {
         Ok(self.get(name, attr_type::INTS, "a list of ints")?.map(|a| a.ints.clone()))

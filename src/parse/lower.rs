@@ -299,8 +299,8 @@ impl<'a> Builder<'a> {
             Kind::Binary(b) if !b.is_comparison() => binary(b, values[0], values[1], false),
             _ => return Ok(None),
         };
-        if !v.is_finite() {
-            let msg = format!("folding the constants of `{}` gives an infinite or NaN value", code.name());
+        if !(v as f32).is_finite() {
+            let msg = format!("folding the constants of `{}` gives a value beyond f32 or NaN", code.name());
             return Err(PError::new(e.pos, msg));
         }
         Ok(Some(v))

@@ -342,9 +342,10 @@ fn number(text: &str, pos: Pos) -> Result<Ast, PError> {
             _ => Err(PError::new(pos, format!("integer `{text}` is too large (at most 2^53)"))),
         };
     }
+    // Every value is at most f32 (a literal beyond its range would be an infinity on the GPU).
     match text.parse::<f64>() {
-        Ok(v) if v.is_finite() => Ok(Ast::Num { value: v, int }),
-        _ => Err(PError::new(pos, format!("number `{text}` is not a finite 64-bit float"))),
+        Ok(v) if (v as f32).is_finite() => Ok(Ast::Num { value: v, int }),
+        _ => Err(PError::new(pos, format!("number `{text}` is beyond the range of f32 (about 3.4e38)"))),
     }
 }
 
