@@ -127,6 +127,15 @@ pub struct SearchReport {
     /// unfused plan's floating-point operations, their order and their roundings, so fused
     /// results are bit-identical to the unfused plan's on the GPU.
     pub strict: bool,
+    /// `stop_reason` with the limit that stopped saturation, named and numbered (a per-stage
+    /// cap says so): `node-limit: stage `algebra` reached its per-stage cap of 1030 e-nodes ...`.
+    pub stop_detail: String,
+    /// The planning command's time limit in seconds (`--time-limit`): saturation, extraction,
+    /// the fusion search and the ILP together.
+    pub time_limit_s: f64,
+    /// The steps the time limit cut short, in order (empty when it cut nothing): the plan is
+    /// then the best complete plan found before the limit, at worst the unfused one.
+    pub time_limit_cut: Vec<String>,
 }
 
 /// The extractor's output.
