@@ -882,6 +882,37 @@ mod tests {
         ]
     }
 
+    /// Every kernel is ranked below the kernels that read from it, and the rank-bounded cycle
+    /// test agrees with a search of everything downstream.
+    fn assert_ranks_topological(f: &Fusion) {
+        let live: Vec<usize> = (0..f.groups.len()).filter(|&g| f.groups[g].is_some()).collect();
+        for &g in &live {
+            for s in f.successors(g) {
+                assert!(f.rank[g] < f.rank[s], "kernel {g} (rank {}) feeds {s} (rank {})", f.rank[g], f.rank[s]);
+            }
+        }
+        let unbounded = |from: usize, to: usize| {
+            let mut seen = BTreeSet::new();
+            let mut stack: Vec<usize> = f.successors(from).into_iter().filter(|&s| s != to).collect();
+            while let Some(x) = stack.pop() {
+                if x == to {
+                    return true;
+                }
+                if seen.insert(x) {
+                    stack.extend(f.successors(x));
+                }
+            }
+            false
+        };
+        for &a in &live {
+            for &b in &live {
+                if a != b {
+                    assert_eq!(f.path_through_other(a, b), unbounded(a, b), "path from {a} to {b}");
+                }
+            }
+        }
+    }
+
     /// Every move's predicted change equals the change of the recomputed total once applied.
     #[test]
     fn move_deltas_match_the_recomputed_total() {
@@ -901,6 +932,7 @@ mod tests {
                     let delta = prop.delta_us;
                     let delta_bytes = prop.delta_bytes;
                     g.apply(prop);
+                    assert_ranks_topological(&g);
                     let after = g.total_us();
                     assert_eq!(g.total_bytes() as i64 - bytes_before, delta_bytes, "{}: {mv:?} bytes", p.source);
                     assert!(

@@ -40,7 +40,10 @@ pub struct OptimizeOptions {
     pub iter_limit: usize,
     /// Wall time for the whole planning command: saturation, extraction, the fusion searches
     /// and the ILP together. When it runs out, the best complete plan found so far comes out
-    /// (at worst the unfused plan), and `search.time_limit_cut` says what was cut.
+    /// (at worst the unfused plan), and `search.time_limit_cut` says what was cut. The library's
+    /// default is a generous 60 s, a safety net that leaves plans independent of the machine's
+    /// speed (an unoptimised test build on a busy machine included); the CLI's `--time-limit`
+    /// defaults to 2 s.
     pub time_limit: Duration,
     /// The deadline that `time_limit` sets, fixed when planning starts ([`optimize`] sets it
     /// when `None`); give one to bound several calls (a saturation and its plans) together.
@@ -72,7 +75,7 @@ impl OptimizeOptions {
             rules_dir: None,
             node_limit: 20_000,
             iter_limit: 12,
-            time_limit: Duration::from_secs(2),
+            time_limit: Duration::from_secs(60),
             deadline: None,
             extractor: "greedy".into(),
             strict: false,

@@ -124,10 +124,10 @@ impl Budgets {
                 self.node_limit, cap.0
             ),
             (StopReason::NodeLimit, NodeCap::Growth) => format!(
-                "node-limit: stage `{stage}` reached its per-stage cap of {} e-nodes ({}x its {start} e-nodes at the start, \
-                 or {} more: node limit {} / 20)",
+                "node-limit: stage `{stage}` reached its per-stage cap of {} e-nodes: its {start} e-nodes at the start \
+                 plus the larger of {}x that and {} (node limit {} / 20)",
                 cap.0,
-                self.stage_growth,
+                self.stage_growth.saturating_sub(1),
                 self.min_stage_room(),
                 self.node_limit
             ),
