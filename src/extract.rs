@@ -191,12 +191,44 @@ pub fn local_selection(egraph: &TensorGraph, profile: &DeviceProfile) -> Selecti
             }
         }
     }
+    // egg keeps the classes of finite cost. A tree cost counts a shared value once per use, so on
+    // a long chain with skip connections it grows geometrically and overflows (past about 4,000
+    // bindings of `t_i = f(t_(i-1)) * y + t_(i-7)`); a class whose cost overflowed is kept too,
+    // with its choice, when that node and everything below it is well typed.
+    let mut kept: Vec<Option<bool>> = cost.iter().map(|c| c.map(|(t, _)| t.is_finite().then_some(true))?).collect();
+    for i in 0..order.len() {
+        if kept[i].is_some() || cost[i].is_none() {
+            continue;
+        }
+        // Iterative: a chain's depth would overflow the stack.
+        let mut stack = vec![(i, false)];
+        let mut on_path = std::collections::BTreeSet::new();
+        while let Some((j, expanded)) = stack.pop() {
+            if kept[j].is_some() {
+                continue;
+            }
+            let Some((_, k)) = cost[j] else {
+                kept[j] = Some(false);
+                continue;
+            };
+            let (children, own) = &nodes[j][k];
+            if expanded {
+                on_path.remove(&j);
+                kept[j] = Some(own.is_finite() && children.iter().all(|&ch| kept[ch] == Some(true)));
+            } else if !on_path.insert(j) {
+                kept[j] = Some(false);
+            } else {
+                stack.push((j, true));
+                stack.extend(children.iter().filter(|&&ch| kept[ch].is_none() && !on_path.contains(&ch)).map(|&ch| (ch, false)));
+            }
+        }
+    }
     order
         .iter()
         .enumerate()
         .filter_map(|(i, &c)| {
-            let (total, k) = cost[i]?;
-            total.is_finite().then(|| (c, egraph[c].nodes[k].clone()))
+            let (_, k) = cost[i]?;
+            (kept[i] == Some(true)).then(|| (c, egraph[c].nodes[k].clone()))
         })
         .collect()
 }

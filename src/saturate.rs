@@ -260,6 +260,24 @@ pub fn saturate_egraph(
         let nodes = egraph.total_size();
         let cap = budgets.stage_node_limit(nodes, left);
         let time_limit = budgets.time_limit.saturating_sub(start.elapsed()) / left as u32;
+        if nodes >= cap.0 {
+            // No room at all (a program past the node limit): egg would still run an iteration
+            // over the whole e-graph before it looked at the limit.
+            let mut report = StageReport {
+                ruleset: set.name.clone(),
+                iterations: 0,
+                stop_reason: StopReason::NodeLimit,
+                enodes: egraph.total_number_of_nodes(),
+                eclasses: egraph.number_of_classes(),
+                millis: 0.0,
+                fired: BTreeMap::new(),
+                refused: BTreeMap::new(),
+                stop_detail: String::new(),
+            };
+            report.stop_detail = budgets.stop_detail(&set.name, &report.stop_reason, cap, nodes, time_limit);
+            stages.push(report);
+            continue;
+        }
         let (g, mut report) = run_stage(egraph, set, budgets.iter_limit, cap.0, time_limit)?;
         report.stop_detail = budgets.stop_detail(&set.name, &report.stop_reason, cap, nodes, time_limit);
         egraph = g;
