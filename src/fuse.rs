@@ -50,6 +50,8 @@ pub struct Fusion<'a> {
     readers: Vec<u32>,
     /// The groups reading each node.
     readers_of: Vec<BTreeSet<usize>>,
+    /// The groups reading each node, as (rank, group), to find a kernel's nearest siblings.
+    readers_by_rank: Vec<BTreeSet<(usize, usize)>>,
     /// The groups whose bodies compute each node without owning it (recomputed, inline).
     computing_of: Vec<Vec<usize>>,
     /// A topological rank of each group: a group's rank is below the rank of every group that
@@ -72,6 +74,7 @@ pub struct FusionParts {
     groups: Vec<Option<Group>>,
     readers: Vec<u32>,
     readers_of: Vec<BTreeSet<usize>>,
+    readers_by_rank: Vec<BTreeSet<(usize, usize)>>,
     computing_of: Vec<Vec<usize>>,
     rank: Vec<usize>,
     moves: usize,
@@ -155,6 +158,9 @@ struct Proposal {
 
 const NONE: usize = usize::MAX;
 
+/// Readers of one tensor past which sibling merges pair kernels by rank (see `Fusion::siblings`).
+const MANY_READERS: usize = 64;
+
 impl<'a> Fusion<'a> {
     /// The unfused state: every computed tensor materialized in its own kernel.
     pub fn unfused(dag: &'a Dag, profile: &'a DeviceProfile) -> Fusion<'a> {
@@ -168,6 +174,7 @@ impl<'a> Fusion<'a> {
             groups: vec![],
             readers: vec![0; n],
             readers_of: vec![BTreeSet::new(); n],
+            readers_by_rank: vec![BTreeSet::new(); n],
             computing_of: vec![Vec::new(); n],
             rank: vec![],
             moves: 0,
@@ -189,13 +196,15 @@ impl<'a> Fusion<'a> {
 
     /// The state without its DAG and profile.
     pub fn into_parts(self) -> FusionParts {
-        let Fusion { mat, owner, groups, readers, readers_of, computing_of, rank, moves, cut, .. } = self;
-        FusionParts { mat, owner, groups, readers, readers_of, computing_of, rank, moves, cut }
+        let Fusion { mat, owner, groups, readers, readers_of, readers_by_rank, computing_of, rank, moves, cut, .. } =
+            self;
+        FusionParts { mat, owner, groups, readers, readers_of, readers_by_rank, computing_of, rank, moves, cut }
     }
 
     /// A state kept by [`Fusion::into_parts`], over the DAG and profile it was found with.
     pub fn from_parts(dag: &'a Dag, profile: &'a DeviceProfile, parts: FusionParts) -> Fusion<'a> {
-        let FusionParts { mat, owner, groups, readers, readers_of, computing_of, rank, moves, cut } = parts;
+        let FusionParts { mat, owner, groups, readers, readers_of, readers_by_rank, computing_of, rank, moves, cut } =
+            parts;
         Fusion {
             dag,
             profile,
@@ -204,6 +213,7 @@ impl<'a> Fusion<'a> {
             groups,
             readers,
             readers_of,
+            readers_by_rank,
             computing_of,
             rank,
             moves,
@@ -226,6 +236,7 @@ impl<'a> Fusion<'a> {
         for &r in &g.cost.reads {
             self.readers[r] += 1;
             self.readers_of[r].insert(id);
+            self.readers_by_rank[r].insert((rank, id));
         }
         for &b in &g.cost.body {
             if g.members.binary_search(&b).is_err() {
@@ -241,6 +252,7 @@ impl<'a> Fusion<'a> {
             for &r in &g.cost.reads {
                 self.readers[r] -= 1;
                 self.readers_of[r].remove(&id);
+                self.readers_by_rank[r].remove(&(self.rank[id], id));
             }
             for &m in &g.members {
                 if self.owner[m] == id {
@@ -381,7 +393,7 @@ impl<'a> Fusion<'a> {
                         }
                     }
                 }
-                for &sib in self.readers_of[r].iter().filter(|&&x| x != gid).take(8) {
+                for sib in self.siblings(r, gid) {
                     out.insert(Move::Merge(sib.min(gid), sib.max(gid)));
                 }
             }
@@ -390,6 +402,21 @@ impl<'a> Fusion<'a> {
             }
         }
         out
+    }
+
+    /// Up to 8 other kernels reading `r`, for sibling merges with `gid`: the first 8 in creation
+    /// order, or, where more than [`MANY_READERS`] kernels read it (an input every kernel of a
+    /// long program reads), the 8 nearest in rank (4 before, 4 after): kernels far apart are
+    /// rarely mergeable, and the cycle test would search everything between them.
+    fn siblings(&self, r: usize, gid: usize) -> Vec<usize> {
+        if self.readers_of[r].len() <= MANY_READERS {
+            return self.readers_of[r].iter().copied().filter(|&x| x != gid).take(8).collect();
+        }
+        let at = (self.rank[gid], gid);
+        let by_rank = &self.readers_by_rank[r];
+        let before = by_rank.range(..at).rev().take(4).map(|&(_, g)| g);
+        let after = by_rank.range(at..).filter(|&&(_, g)| g != gid).take(4).map(|&(_, g)| g);
+        before.chain(after).collect()
     }
 
     fn inlinable(&self, m: usize) -> bool {
@@ -450,7 +477,15 @@ impl<'a> Fusion<'a> {
                 by_read.entry(r).or_default().push(gid);
             }
         }
-        for gs in by_read.values() {
+        for (&r, gs) in &by_read {
+            // (Pairs of kernels adjacent in rank where many read the tensor; see `siblings`.)
+            if gs.len() > MANY_READERS {
+                let by_rank: Vec<usize> = self.readers_by_rank[r].iter().map(|&(_, g)| g).collect();
+                for w in by_rank.windows(2) {
+                    out.insert(Move::Merge(w[0].min(w[1]), w[0].max(w[1])));
+                }
+                continue;
+            }
             for w in gs.windows(2) {
                 out.insert(Move::Merge(w[0], w[1]));
             }
@@ -617,8 +652,9 @@ impl<'a> Fusion<'a> {
         back.sort_by_key(|&g| self.rank[g]);
         let mut pool: Vec<usize> = fwd.iter().chain(&back).map(|&g| self.rank[g]).collect();
         pool.sort_unstable();
-        for (&g, r) in back.iter().chain(&fwd).zip(pool) {
-            self.rank[g] = r;
+        let moved: Vec<(usize, usize)> = back.iter().chain(&fwd).copied().zip(pool).collect();
+        for (g, r) in moved {
+            self.set_rank(g, r);
         }
         self.rank[lo]
     }
@@ -627,8 +663,23 @@ impl<'a> Fusion<'a> {
     fn rerank(&mut self) {
         let order: Vec<usize> = self.ordered_ids();
         for (r, g) in order.into_iter().enumerate() {
-            self.rank[g] = r;
+            self.set_rank(g, r);
         }
+    }
+
+    /// Changes a live group's rank, and its place in the rank index of what it reads.
+    fn set_rank(&mut self, g: usize, rank: usize) {
+        let old = self.rank[g];
+        if old == rank {
+            return;
+        }
+        if let Some(group) = &self.groups[g] {
+            for &r in &group.cost.reads {
+                self.readers_by_rank[r].remove(&(old, g));
+                self.readers_by_rank[r].insert((rank, g));
+            }
+        }
+        self.rank[g] = rank;
     }
 
     /// The kernels that compute an inlined node in their bodies.

@@ -219,23 +219,25 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
     let (egraph, roots, names) = (&sat.egraph, &sat.roots, &sat.names);
     let t1 = Instant::now();
     let start = crate::extract::written_selection(program, egraph);
-    // The ILP, when asked for, takes half of what is left after the greedy extraction's half.
-    let ex_deadline = if opts.extractor == "ilp" { deadline.share(0.5) } else { deadline };
+    // The searches leave a tenth of what is left for building the plan (its time model, notes and
+    // memory report, linear in its length); the ILP, when asked for, takes half of the rest.
+    let searches = deadline.share(0.9);
+    let ex_deadline = if opts.extractor == "ilp" { searches.share(0.5) } else { searches };
     let ex_opts = ExtractOptions { fusion: opts.fusion, start, deadline: ex_deadline, ..ExtractOptions::default() };
     let mut best = extract(egraph, roots, names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
     cut.append(&mut best.cut);
     let mut extractor = if opts.fusion { "greedy-dag".to_string() } else { "no-fusion".to_string() };
     let (mut gap, mut lower_bound_us) = (None, None);
-    if opts.extractor == "ilp" && deadline.expired() {
+    if opts.extractor == "ilp" && searches.expired() {
         extractor = format!("{extractor} (ilp skipped: the time limit was reached)");
         cut.push("the ILP".into());
     } else if opts.extractor == "ilp" {
         let root_ids: Vec<Id> = roots.iter().map(|(_, r)| *r).collect();
-        let ilp_time = opts.time_limit.min(deadline.share(0.5).remaining());
+        let ilp_time = opts.time_limit.min(searches.share(0.5).remaining());
         match crate::ilp::solve(egraph, &root_ids, &opts.profile, ilp_time) {
             Ok(r) => {
                 if let Some(sel) = &r.selection {
-                    let scoredd = scored_by(egraph, sel, roots, names, &opts.profile, opts.fusion, true, deadline);
+                    let scoredd = scored_by(egraph, sel, roots, names, &opts.profile, opts.fusion, true, searches);
                     if let Ok((dag, t, bytes, parts)) = scoredd {
                         if better_plan(t, bytes, best.predicted_us, best.bytes) {
                             best = Extracted {
@@ -266,7 +268,7 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
             let f = match parts.take() {
                 Some(p) => Fusion::from_parts(&best.dag, &opts.profile, p),
                 None => {
-                    let mut f = Fusion::unfused(&best.dag, &opts.profile).with_deadline(deadline);
+                    let mut f = Fusion::unfused(&best.dag, &opts.profile).with_deadline(searches);
                     if opts.fusion {
                         f.optimise_with_materialize();
                     }
