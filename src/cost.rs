@@ -414,7 +414,8 @@ fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost, template: Temp
 fn collect(dag: &Dag, members: &[usize], mat: &dyn Fn(usize) -> bool) -> (Vec<usize>, Vec<usize>) {
     // (Node indices hash as themselves: SipHash was a fifth of the fusion search's time.)
     let mut seen: std::collections::HashSet<usize, std::hash::BuildHasherDefault<IndexHasher>> =
-        members.iter().copied().collect();
+        std::collections::HashSet::with_capacity_and_hasher(4 * members.len() + 16, Default::default());
+    seen.extend(members.iter().copied());
     let mut body = Vec::new();
     let mut reads = Vec::new();
     let mut stack: Vec<usize> = members.to_vec();
@@ -722,6 +723,9 @@ impl Shaped<'_> {
     /// the value at other threads' indices.
     fn view_ok(&self, b: usize) -> Result<(), String> {
         let n = &self.dag.nodes[b];
+        if !matches!(n.kind(), Some(Kind::OneHot | Kind::Transpose | Kind::Reshape)) {
+            return Ok(());
+        }
         let Some(child) = n.children().next() else { return Ok(()) };
         if !self.computed_below(child) {
             return Ok(());
