@@ -219,7 +219,9 @@ pub fn local_selection(egraph: &TensorGraph, profile: &DeviceProfile) -> Selecti
                 kept[j] = Some(false);
             } else {
                 stack.push((j, true));
-                stack.extend(children.iter().filter(|&&ch| kept[ch].is_none() && !on_path.contains(&ch)).map(|&ch| (ch, false)));
+                stack.extend(
+                    children.iter().filter(|&&ch| kept[ch].is_none() && !on_path.contains(&ch)).map(|&ch| (ch, false)),
+                );
             }
         }
     }
@@ -352,7 +354,8 @@ pub fn extract(
         if parts.cut {
             cut.push("the greedy fusion search of the first form".into());
         }
-        let from = Extracted { dag, selection: start.clone(), predicted_us: t, bytes, fusion: Some(parts), cut: vec![] };
+        let from =
+            Extracted { dag, selection: start.clone(), predicted_us: t, bytes, fusion: Some(parts), cut: vec![] };
         let (improved, trials) = improve(egraph, from, opts, first_half, &cost_of);
         if let Some((done, limit)) = trials {
             cut.push(format!("e-node switches after {done} of {limit} trials"));
@@ -373,7 +376,8 @@ pub fn extract(
             whole_cut = true;
             break;
         }
-        let Ok((dag, t, bytes, parts)) = scored_by(egraph, &sel, roots, names, profile, opts.fusion, true, opts.deadline)
+        let Ok((dag, t, bytes, parts)) =
+            scored_by(egraph, &sel, roots, names, profile, opts.fusion, true, opts.deadline)
         else {
             continue;
         };

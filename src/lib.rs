@@ -114,8 +114,7 @@ pub use expand::expand_composites;
 pub use explain::explain;
 pub use extract::{
     build_plan, dag_of, extract, fused_cost, local_selection, local_selection_by_egg, planned_cost, written_selection,
-    ExtractOptions,
-    Extracted, Selection,
+    ExtractOptions, Extracted, Selection,
 };
 pub use fuse::{Fusion, FusionParts, Group};
 pub use gen_program::{random_recipe, recipes, Recipe, Step};

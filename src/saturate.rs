@@ -110,7 +110,14 @@ impl Budgets {
     }
 
     /// The sentence naming the limit that stopped a stage (`stop_detail`).
-    fn stop_detail(&self, stage: &str, reason: &StopReason, cap: (usize, NodeCap), start: usize, time: Duration) -> String {
+    fn stop_detail(
+        &self,
+        stage: &str,
+        reason: &StopReason,
+        cap: (usize, NodeCap),
+        start: usize,
+        time: Duration,
+    ) -> String {
         match (reason, cap.1) {
             (StopReason::NodeLimit, NodeCap::Total) if start >= self.node_limit => format!(
                 "node-limit: the e-graph started stage `{stage}` with {start} e-nodes, at or past the node limit of {}",

@@ -37,7 +37,10 @@ fn a_time_limit_bounds_planning_a_long_chain() {
     // 2 s, plus what follows the deadline (building the plan) in a debug build on a busy machine.
     assert!(took < Duration::from_secs(2 + 28), "planning took {took:?} with a time limit of 2 s");
     assert!(plan.search.time_limit_s == 2.0);
-    eprintln!("planned in {took:?}: {} kernels (unfused {}), cut: {:?}", plan.total.kernels, plan.unfused.kernels, plan.search.time_limit_cut);
+    eprintln!(
+        "planned in {took:?}: {} kernels (unfused {}), cut: {:?}",
+        plan.total.kernels, plan.unfused.kernels, plan.search.time_limit_cut
+    );
     assert_valid("chain of 2000", &program, &plan);
 }
 
@@ -96,10 +99,8 @@ fn local_selection_is_eggs() {
         .filter(|p| p.extension().is_some_and(|e| e == "eqf"))
         .collect();
     paths.sort();
-    let mut programs: Vec<(String, Program)> = paths
-        .iter()
-        .map(|p| (p.display().to_string(), load_program(p.to_str().unwrap(), &[]).unwrap()))
-        .collect();
+    let mut programs: Vec<(String, Program)> =
+        paths.iter().map(|p| (p.display().to_string(), load_program(p.to_str().unwrap(), &[]).unwrap())).collect();
     programs.push(("chain".into(), parse_program("chain.eqf", &skip_chain_eqf(40, 4, 8, &[]), &[]).unwrap()));
     for (name, program) in programs {
         let program = if eqfuse::has_grads(&program) { eqfuse::expand_grads(&program).unwrap() } else { program };
