@@ -50,6 +50,9 @@ pub struct OptimizeOptions {
     pub deadline: Option<Deadline>,
     /// `greedy` or `ilp`.
     pub extractor: String,
+    /// The ILP solver's own time limit (then its LP relaxation bounds), within the command's
+    /// deadline; `None`: half of the time the searches have left.
+    pub ilp_time_limit: Option<Duration>,
     /// Strict numerics: rules marked `:inexact` are left out, and the plan asks code generation
     /// for the unfused plan's exact floating-point behaviour (see [`SearchReport::strict`]).
     pub strict: bool,
@@ -78,6 +81,7 @@ impl OptimizeOptions {
             time_limit: Duration::from_secs(60),
             deadline: None,
             extractor: "greedy".into(),
+            ilp_time_limit: None,
             strict: false,
             explanations: false,
             memory_budget: None,
@@ -233,7 +237,7 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
         cut.push("the ILP".into());
     } else if opts.extractor == "ilp" {
         let root_ids: Vec<Id> = roots.iter().map(|(_, r)| *r).collect();
-        let ilp_time = opts.time_limit.min(searches.share(0.5).remaining());
+        let ilp_time = opts.ilp_time_limit.unwrap_or(opts.time_limit).min(searches.share(0.5).remaining());
         match crate::ilp::solve(egraph, &root_ids, &opts.profile, ilp_time) {
             Ok(r) => {
                 if let Some(sel) = &r.selection {
