@@ -342,6 +342,10 @@ pub fn extract(
     let mut starts = vec![local];
     starts.extend(opts.start.clone());
     for (k, start) in starts.into_iter().enumerate() {
+        // A start equal to an earlier one would be searched to the same result.
+        if k > 0 && candidates.iter().skip(1).step_by(2).any(|c| *c == start) {
+            continue;
+        }
         if k > 0 && first_half.expired() {
             cut.push("the search from the program as written".into());
             continue;
@@ -368,10 +372,12 @@ pub fn extract(
     }
     let mut best: Option<Extracted> = None;
     let mut whole_cut = false;
-    for sel in candidates {
-        if best.as_ref().is_some_and(|b| b.selection == sel) {
+    for (k, sel) in candidates.iter().enumerate() {
+        // (A candidate scored before scores the same: it cannot be strictly better.)
+        if candidates[..k].contains(sel) || best.as_ref().is_some_and(|b| b.selection == *sel) {
             continue;
         }
+        let sel = sel.clone();
         if opts.deadline.expired() && (best.is_some() || first.is_some()) {
             whole_cut = true;
             break;

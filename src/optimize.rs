@@ -216,7 +216,7 @@ pub fn saturate_program(program: &Program, opts: &OptimizeOptions) -> Result<Sat
 pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions) -> Result<Optimized> {
     let deadline = opts.command_deadline();
     let mut cut: Vec<String> = vec![];
-    if sat.stop_reason == "time-limit" {
+    if sat.stages.iter().any(|s| s.stop_reason == "time-limit") {
         cut.push("saturation".into());
     }
     let unfused = unfused_totals(program, &opts.profile)?;
