@@ -326,7 +326,7 @@ pub fn extract(
 ) -> Result<Extracted, String> {
     let local = local_selection(egraph, profile);
     let first_half = opts.deadline.share(0.5);
-    let cost_of = |sel: &Selection| scored_by(egraph, sel, roots, names, profile, opts.fusion, false, first_half);
+    let cost_of = |sel: &Selection| scored_by(egraph, sel, roots, names, profile, opts.fusion, false, first_half, None);
     let mut cut: Vec<String> = vec![];
     // The best plan of the first half (greedy fusion alone): complete, so it is the plan if the
     // deadline cuts every whole search after it.
@@ -338,7 +338,9 @@ pub fn extract(
     // backward as written: `dy * xhat` recomputed in the gamma-gradient column kernel from the
     // saved row statistics, where the switch to an `rmsnorm` composite wins under greedy fusion
     // alone but then needs `dy * xhat` written).
+    // Each with the state greedy fusion reached on it, which the whole search starts from.
     let mut candidates: Vec<Selection> = vec![];
+    let mut greedy_states: Vec<Option<FusionParts>> = vec![];
     let mut starts = vec![local];
     starts.extend(opts.start.clone());
     for (k, start) in starts.into_iter().enumerate() {
@@ -358,6 +360,7 @@ pub fn extract(
         if parts.cut {
             cut.push("the greedy fusion search of the first form".into());
         }
+        let start_state = parts.clone();
         let from =
             Extracted { dag, selection: start.clone(), predicted_us: t, bytes, fusion: Some(parts), cut: vec![] };
         let (improved, trials) = improve(egraph, from, opts, first_half, &cost_of);
@@ -365,7 +368,9 @@ pub fn extract(
             cut.push(format!("e-node switches after {done} of {limit} trials"));
         }
         candidates.push(improved.selection.clone());
+        greedy_states.push(improved.fusion.clone());
         candidates.push(start);
+        greedy_states.push(Some(start_state));
         if first.as_ref().is_none_or(|b| better_plan(improved.predicted_us, improved.bytes, b.predicted_us, b.bytes)) {
             first = Some(improved);
         }
@@ -382,11 +387,9 @@ pub fn extract(
             whole_cut = true;
             break;
         }
-        let Ok((dag, t, bytes, parts)) =
-            scored_by(egraph, &sel, roots, names, profile, opts.fusion, true, opts.deadline)
-        else {
-            continue;
-        };
+        let greedy = greedy_states[k].take();
+        let scored = scored_by(egraph, &sel, roots, names, profile, opts.fusion, true, opts.deadline, greedy);
+        let Ok((dag, t, bytes, parts)) = scored else { continue };
         whole_cut |= parts.cut;
         if best.as_ref().is_none_or(|b| better_plan(t, bytes, b.predicted_us, b.bytes)) {
             best = Some(Extracted { dag, selection: sel, predicted_us: t, bytes, fusion: Some(parts), cut: vec![] });
@@ -491,10 +494,13 @@ pub(crate) fn scored(
     fusion: bool,
     full: bool,
 ) -> Result<(Dag, f64, u64), String> {
-    scored_by(egraph, selection, roots, names, profile, fusion, full, Deadline::never()).map(|(d, t, b, _)| (d, t, b))
+    scored_by(egraph, selection, roots, names, profile, fusion, full, Deadline::never(), None)
+        .map(|(d, t, b, _)| (d, t, b))
 }
 
-/// [`scored`] with its fusion search stopped by a deadline, and the fusion state it ended in.
+/// [`scored`] with its fusion search stopped by a deadline, and the fusion state it ended in;
+/// `greedy`: the state greedy fusion reached on this selection before (the whole search then
+/// starts from it instead of reaching it again).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scored_by(
     egraph: &TensorGraph,
@@ -505,13 +511,14 @@ pub(crate) fn scored_by(
     fusion: bool,
     full: bool,
     deadline: Deadline,
+    greedy: Option<FusionParts>,
 ) -> Result<(Dag, f64, u64, FusionParts), String> {
     let dag = dag_of(egraph, selection, roots, names)?;
     let mut f = Fusion::unfused(&dag, profile).with_deadline(deadline);
     match (fusion, full) {
         (false, _) => {}
         (true, false) => f.optimise(),
-        (true, true) => f.optimise_with_materialize(),
+        (true, true) => f.optimise_with_materialize_from(greedy),
     }
     let (t, b) = (f.total_us(), f.total_bytes());
     let parts = f.into_parts();

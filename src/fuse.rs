@@ -791,13 +791,32 @@ impl<'a> Fusion<'a> {
     /// (a merge made early can hide a cheaper recomputation, e.g. a layernorm backward whose
     /// `dy * xhat` belongs in the gamma-gradient column kernel), and the faster result is kept.
     pub fn optimise_with_materialize(&mut self) {
+        self.optimise_with_materialize_from(None);
+    }
+
+    /// [`Fusion::optimise_with_materialize`] from the unfused state, given the state greedy
+    /// fusion reached from it (kept by an earlier search of the same form: the same state
+    /// `optimise` would reach again; where a deadline cut that search, it goes on from there).
+    pub fn optimise_with_materialize_from(&mut self, greedy: Option<FusionParts>) {
         let mut inline_first = self.clone();
         inline_first.greedy(false);
         inline_first.greedy(true);
-        self.optimise();
+        match greedy {
+            Some(parts) => {
+                let (deadline, resume) = (self.deadline, parts.cut);
+                *self = Fusion::from_parts(self.dag, self.profile, parts).with_deadline(deadline);
+                if resume {
+                    self.cut = false;
+                    self.optimise();
+                }
+            }
+            None => self.optimise(),
+        }
+        let cut = inline_first.cut;
         if inline_first.better_than(self) {
             *self = inline_first;
         }
+        self.cut |= cut;
 
         for _ in 0..16 {
             if self.deadline.expired() {

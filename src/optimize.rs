@@ -241,7 +241,8 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
         match crate::ilp::solve(egraph, &root_ids, &opts.profile, ilp_time) {
             Ok(r) => {
                 if let Some(sel) = &r.selection {
-                    let scoredd = scored_by(egraph, sel, roots, names, &opts.profile, opts.fusion, true, searches);
+                    let scoredd =
+                        scored_by(egraph, sel, roots, names, &opts.profile, opts.fusion, true, searches, None);
                     if let Ok((dag, t, bytes, parts)) = scoredd {
                         if better_plan(t, bytes, best.predicted_us, best.bytes) {
                             best = Extracted {
