@@ -51,13 +51,49 @@ fn kernel_json(k: &Kernel) -> Value {
         "flops": k.flops,
         "predicted_us": us(k.predicted_us),
         "domain": k.domain,
-        "body": k.body.to_string(),
+        "body": body_text(&k.body),
         "rejected": k.rejected,
     });
     if let (Some(imp), Some(o)) = (k.implementation, v.as_object_mut()) {
         o.insert("implementation".into(), json!(imp.name()));
     }
     v
+}
+
+/// Nodes past which a body is written node by node instead of as one s-expression.
+const MAX_BODY_TREE: u64 = 100_000;
+
+/// A kernel body as text: its s-expression, or, when writing shared values out at every use
+/// would pass [`MAX_BODY_TREE`] nodes (a long chain whose values are each used twice doubles at
+/// every link, and ran out of memory), its nodes numbered in order, `%0 = x; %1 = (exp %0); ...`,
+/// the last one the root.
+pub fn body_text(body: &egg::RecExpr<TensorLang>) -> String {
+    let nodes = body.as_ref();
+    let mut size: Vec<u64> = Vec::with_capacity(nodes.len());
+    for n in nodes {
+        let s = n.children().iter().fold(1u64, |acc, &c| acc.saturating_add(size[usize::from(c)]));
+        size.push(s);
+    }
+    if size.last().is_none_or(|&s| s <= MAX_BODY_TREE) {
+        return body.to_string();
+    }
+    let mut out = String::new();
+    for (i, n) in nodes.iter().enumerate() {
+        if i > 0 {
+            out.push_str("; ");
+        }
+        let _ = write!(out, "%{i} = ");
+        if n.children().is_empty() {
+            let _ = write!(out, "{n}");
+        } else {
+            let _ = write!(out, "({n}");
+            for &c in n.children() {
+                let _ = write!(out, " %{}", usize::from(c));
+            }
+            out.push(')');
+        }
+    }
+    out
 }
 
 /// The template's name, with a gemm kernel's implementation (`gemm/cublaslt`).
@@ -256,7 +292,7 @@ fn render_text(plan: &FusionPlan) -> String {
         let _ = writeln!(s, "kernel {} ({} over {}):", k.id, template_label(k), crate::lang::Dims(k.domain.clone()));
         let _ = writeln!(s, "  reads  {}", names(&k.reads));
         let _ = writeln!(s, "  writes {}", names(&k.writes));
-        let _ = writeln!(s, "  body   {}", k.body);
+        let _ = writeln!(s, "  body   {}", body_text(&k.body));
         let _ = writeln!(
             s,
             "  {} read, {} written, {} flops, {:.1} us predicted",
@@ -324,4 +360,28 @@ fn render_dot(plan: &FusionPlan) -> String {
     }
     s.push_str("}\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body whose values are each used twice doubles at every level as one s-expression: past
+    /// the limit it is written node by node (64 levels would be 2^64 nodes as a tree).
+    #[test]
+    fn a_body_of_shared_values_is_written_node_by_node() {
+        let small: egg::RecExpr<TensorLang> = "(+ (exp x) (exp x))".parse().unwrap();
+        assert_eq!(body_text(&small), "(+ (exp x) (exp x))");
+        let mut body: egg::RecExpr<TensorLang> = egg::RecExpr::default();
+        let mut last = body.add("x".parse::<egg::RecExpr<TensorLang>>().unwrap().as_ref()[0].clone());
+        for _ in 0..64 {
+            last = body.add(TensorLang::Op(
+                crate::lang::OpCode::of(crate::lang::Kind::Binary(crate::lang::Binary::Add)),
+                vec![last, last],
+            ));
+        }
+        let out = body_text(&body);
+        assert!(out.starts_with("%0 = x; %1 = (+ %0 %0); %2 = (+ %1 %1)"), "{}", &out[..80]);
+        assert!(out.ends_with("%64 = (+ %63 %63)"), "{out}");
+    }
 }
