@@ -1,13 +1,16 @@
 //! Planning time (saturation and extraction) over the example corpus, over generated residual
 //! stacks of 1 to 12 blocks, and over generated transformer stacks of 1 to 12 blocks, forward and
-//! forward+backward (issue 7). Each stack size prints its e-graph size, iterations, stop reason
-//! and kernel count once. Targets: every example under 100 ms; a transformer block
-//! forward+backward under 1 s; 12 of them under 30 s.
+//! forward+backward (issue 7), and over long chains with skip connections,
+//! `t_i = f(t_(i-1)) * y + t_(i-7)` (issues 18 and 21: extraction near-linear in program size).
+//! Each size prints its e-graph size, iterations, stop reason and kernel count once. Targets:
+//! every example under 100 ms; a transformer block forward+backward under 1 s; 12 of them under
+//! 30 s; a chain of 2,000 bindings under 10 s with default options, one of 20,000 within
+//! `--time-limit 5` (and, issue 21, under 10 s with default options).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use eqfuse::{
-    load_program, optimize, parse_program, residual_stack_eqf, transformer_stack_eqf, DeviceProfile, OptimizeOptions,
-    Program,
+    load_program, optimize, parse_program, residual_stack_eqf, skip_chain_eqf, transformer_stack_eqf, DeviceProfile,
+    OptimizeOptions, Program,
 };
 
 fn opts() -> OptimizeOptions {
@@ -36,15 +39,34 @@ fn describe(what: &str, program: &Program) {
     let start = std::time::Instant::now();
     let plan = optimize(program, &opts()).expect("plans").plan;
     eprintln!(
-        "{what}: {} operators, {} e-nodes, {} e-classes, {} iterations, stopped: {}, {} kernels, planned in {:.3} s",
+        "{what}: {} operators, {} e-nodes, {} e-classes, {} iterations, stopped: {}, {} kernels, planned in {:.3} s{}",
         program.len(),
         plan.search.enodes,
         plan.search.eclasses,
         plan.search.iterations,
         plan.search.stop_reason,
         plan.total.kernels,
-        start.elapsed().as_secs_f64()
+        start.elapsed().as_secs_f64(),
+        if plan.search.time_limit_cut.is_empty() {
+            String::new()
+        } else {
+            format!(" (time limit cut {})", plan.search.time_limit_cut.join(", "))
+        }
     );
+}
+
+fn skip_chains(c: &mut Criterion) {
+    let mut group = c.benchmark_group("plan-skip-chain");
+    group.sample_size(10);
+    for (bindings, functions) in [(100, &["exp"][..]), (500, &["exp", "tanh", "sigmoid"][..]), (2000, &[][..])] {
+        let text = skip_chain_eqf(bindings, 4096, 1024, functions);
+        let program = parse_program("chain.eqf", &text, &[]).expect("parses");
+        describe(&format!("skip chain of {bindings}"), &program);
+        group.bench_with_input(BenchmarkId::from_parameter(bindings), &program, |b, p| {
+            b.iter(|| optimize(p, &opts()).expect("plans"))
+        });
+    }
+    group.finish();
 }
 
 fn stacks(c: &mut Criterion) {
@@ -77,5 +99,5 @@ fn transformer_stacks(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, examples, stacks, transformer_stacks);
+criterion_group!(benches, examples, stacks, transformer_stacks, skip_chains);
 criterion_main!(benches);

@@ -24,7 +24,7 @@ pub fn explain(opt: &Optimized) -> String {
         let _ = writeln!(
             s,
             "  stage {}: {} iterations, stopped: {}, {total} rewrites",
-            st.ruleset, st.iterations, st.stop_reason
+            st.ruleset, st.iterations, st.stop_detail
         );
         let mut fired: Vec<_> = st.fired.iter().filter(|(_, &n)| n > 0).collect();
         fired.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));

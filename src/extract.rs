@@ -6,7 +6,9 @@
 //! were its own kernel, so composites that one template runs win over their decompositions);
 //! then single-class switches are tried, each judged by re-running fusion on the whole form,
 //! and kept when the fused plan gets faster.
-//! Invariant: extraction never touches the GPU, and equal inputs give byte-identical plans.
+//! Invariant: extraction never touches the GPU, and equal inputs give byte-identical plans
+//! (unless the deadline cuts it: then it returns the best complete plan it has, and says what
+//! it cut in [`Extracted::cut`]).
 
 use std::collections::BTreeMap;
 
@@ -14,7 +16,8 @@ use egg::{CostFunction, Extractor, Id, Language, RecExpr, Symbol};
 
 use crate::analysis::TensorGraph;
 use crate::dag::{role_of, Dag, DagNode, Role};
-use crate::fuse::Fusion;
+use crate::deadline::Deadline;
+use crate::fuse::{Fusion, FusionParts};
 use crate::lang::TensorLang;
 use crate::plan::{FusionPlan, Kernel, SearchReport, TensorRef, Totals};
 use crate::profile::DeviceProfile;
@@ -127,7 +130,114 @@ fn written_literal<'a>(egraph: &'a TensorGraph, c: Id, chosen: &'a TensorLang) -
 }
 
 /// The local (unfused-cost) choice for every class.
+///
+/// This is exactly what egg's [`Extractor`] with [`LocalCost`] chooses, ties included, computed
+/// without its cost: egg repeats passes over every class until no cost improves, which on a
+/// long chain takes a pass per few links (quadratic in the program's length). Here a class is
+/// evaluated again only when one of its children's cost improved, in the pass and at the place
+/// in the pass where egg would see it (a child earlier in egg's class order: this pass; later
+/// or itself: the next), and each e-node's own cost is computed once.
 pub fn local_selection(egraph: &TensorGraph, profile: &DeviceProfile) -> Selection {
+    let order: Vec<Id> = egraph.classes().map(|c| c.id).collect();
+    let pos: std::collections::HashMap<Id, usize> = order.iter().enumerate().map(|(i, &c)| (c, i)).collect();
+    let mut lc = LocalCost { egraph, profile };
+    // Each node's children (as class positions) and its own cost: LocalCost with free children.
+    let nodes: Vec<Vec<(Vec<usize>, f64)>> = order
+        .iter()
+        .map(|&c| {
+            egraph[c]
+                .nodes
+                .iter()
+                .map(|n| {
+                    let children = n.children().iter().map(|&ch| pos[&egraph.find(ch)]).collect();
+                    (children, lc.cost(n, |_| 0.0))
+                })
+                .collect()
+        })
+        .collect();
+    let mut parents: Vec<Vec<usize>> = vec![vec![]; order.len()];
+    for (i, ns) in nodes.iter().enumerate() {
+        for (children, _) in ns {
+            for &ch in children {
+                if parents[ch].last() != Some(&i) {
+                    parents[ch].push(i);
+                }
+            }
+        }
+    }
+    let mut cost: Vec<Option<(f64, usize)>> = vec![None; order.len()];
+    let mut events: std::collections::BTreeSet<(usize, usize)> = (0..order.len()).map(|i| (0, i)).collect();
+    while let Some((pass, i)) = events.pop_first() {
+        // egg's `make_pass`: the first node of least cost among those whose children all have one.
+        let mut best: Option<(f64, usize)> = None;
+        for (k, (children, own)) in nodes[i].iter().enumerate() {
+            let Some(sum) = children.iter().map(|&ch| cost[ch].map(|c| c.0)).sum::<Option<f64>>() else { continue };
+            // LocalCost: an ill-typed node is infinite whatever its children; otherwise its
+            // own cost plus its children's (summed first, as LocalCost sums them).
+            let total = if own.is_infinite() { *own } else { own + sum };
+            if best.is_none_or(|(b, _)| total.partial_cmp(&b) == Some(std::cmp::Ordering::Less)) {
+                best = Some((total, k));
+            }
+        }
+        let better = match (cost[i], best) {
+            (None, Some(_)) => true,
+            (Some(old), Some(new)) => new.0 < old.0,
+            _ => false,
+        };
+        if better {
+            cost[i] = best;
+            for &p in &parents[i] {
+                events.insert(if p > i { (pass, p) } else { (pass + 1, p) });
+            }
+        }
+    }
+    // egg keeps the classes of finite cost. A tree cost counts a shared value once per use, so on
+    // a long chain with skip connections it grows geometrically and overflows (past about 4,000
+    // bindings of `t_i = f(t_(i-1)) * y + t_(i-7)`); a class whose cost overflowed is kept too,
+    // with its choice, when that node and everything below it is well typed.
+    let mut kept: Vec<Option<bool>> = cost.iter().map(|c| c.map(|(t, _)| t.is_finite().then_some(true))?).collect();
+    for i in 0..order.len() {
+        if kept[i].is_some() || cost[i].is_none() {
+            continue;
+        }
+        // Iterative: a chain's depth would overflow the stack.
+        let mut stack = vec![(i, false)];
+        let mut on_path = std::collections::BTreeSet::new();
+        while let Some((j, expanded)) = stack.pop() {
+            if kept[j].is_some() {
+                continue;
+            }
+            let Some((_, k)) = cost[j] else {
+                kept[j] = Some(false);
+                continue;
+            };
+            let (children, own) = &nodes[j][k];
+            if expanded {
+                on_path.remove(&j);
+                kept[j] = Some(own.is_finite() && children.iter().all(|&ch| kept[ch] == Some(true)));
+            } else if !on_path.insert(j) {
+                kept[j] = Some(false);
+            } else {
+                stack.push((j, true));
+                stack.extend(
+                    children.iter().filter(|&&ch| kept[ch].is_none() && !on_path.contains(&ch)).map(|&ch| (ch, false)),
+                );
+            }
+        }
+    }
+    order
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &c)| {
+            let (_, k) = cost[i]?;
+            (kept[i] == Some(true)).then(|| (c, egraph[c].nodes[k].clone()))
+        })
+        .collect()
+}
+
+/// [`local_selection`] as egg's own [`Extractor`] computes it (for tests: the two agree).
+#[doc(hidden)]
+pub fn local_selection_by_egg(egraph: &TensorGraph, profile: &DeviceProfile) -> Selection {
     let ex = Extractor::new(egraph, LocalCost { egraph, profile });
     egraph
         .classes()
@@ -175,11 +285,15 @@ pub struct ExtractOptions {
     /// Another starting form, searched from as well as the local choice (the program as
     /// written, see [`written_selection`]); the faster result wins, ties keep the local one.
     pub start: Option<Selection>,
+    /// When to stop: the starts and their e-node switches take half of the time left, the
+    /// whole search of the candidates the rest; the first start is always planned (its fusion
+    /// search stopped where the deadline finds it).
+    pub deadline: Deadline,
 }
 
 impl Default for ExtractOptions {
     fn default() -> Self {
-        ExtractOptions { fusion: true, max_trials: 64, start: None }
+        ExtractOptions { fusion: true, max_trials: 64, start: None, deadline: Deadline::never() }
     }
 }
 
@@ -190,6 +304,11 @@ pub struct Extracted {
     pub predicted_us: f64,
     /// Bytes the fused plan moves (the tie-break between plans of equal predicted time).
     pub bytes: u64,
+    /// The fusion state of the plan over `dag` (kept, so that the plan need not be searched
+    /// again), when extraction made one.
+    pub fusion: Option<FusionParts>,
+    /// What the deadline cut short, as phrases for the plan's `search.time_limit_cut`.
+    pub cut: Vec<String>,
 }
 
 /// Whether a plan of (time, bytes) beats another: faster, or as fast with fewer bytes moved.
@@ -206,7 +325,12 @@ pub fn extract(
     opts: &ExtractOptions,
 ) -> Result<Extracted, String> {
     let local = local_selection(egraph, profile);
-    let cost_of = |sel: &Selection| scored(egraph, sel, roots, names, profile, opts.fusion, false);
+    let first_half = opts.deadline.share(0.5);
+    let cost_of = |sel: &Selection| scored_by(egraph, sel, roots, names, profile, opts.fusion, false, first_half, None);
+    let mut cut: Vec<String> = vec![];
+    // The best plan of the first half (greedy fusion alone): complete, so it is the plan if the
+    // deadline cuts every whole search after it.
+    let mut first: Option<Extracted> = None;
     // Each start and its improvement are candidates. Switches are judged by greedy fusion alone
     // (cheap, so many can be tried); the candidates are judged by the whole search the plan is
     // built with (greedy fusion, recomputation first, materialize rounds: `planned_cost`), which
@@ -214,66 +338,123 @@ pub fn extract(
     // backward as written: `dy * xhat` recomputed in the gamma-gradient column kernel from the
     // saved row statistics, where the switch to an `rmsnorm` composite wins under greedy fusion
     // alone but then needs `dy * xhat` written).
+    // Each with the state greedy fusion reached on it, which the whole search starts from.
     let mut candidates: Vec<Selection> = vec![];
+    let mut greedy_states: Vec<Option<FusionParts>> = vec![];
     let mut starts = vec![local];
     starts.extend(opts.start.clone());
     for (k, start) in starts.into_iter().enumerate() {
-        let (dag, t, bytes) = match cost_of(&start) {
+        // A start equal to an earlier one would be searched to the same result.
+        if k > 0 && candidates.iter().skip(1).step_by(2).any(|c| *c == start) {
+            continue;
+        }
+        if k > 0 && first_half.expired() {
+            cut.push("the search from the program as written".into());
+            continue;
+        }
+        let (dag, t, bytes, parts) = match cost_of(&start) {
             Ok(x) => x,
             Err(e) if k == 0 => return Err(e),
             Err(_) => continue,
         };
-        let improved =
-            improve(egraph, Extracted { dag, selection: start.clone(), predicted_us: t, bytes }, opts, &cost_of);
-        candidates.push(improved.selection);
+        if parts.cut {
+            cut.push("the greedy fusion search of the first form".into());
+        }
+        let start_state = parts.clone();
+        let from =
+            Extracted { dag, selection: start.clone(), predicted_us: t, bytes, fusion: Some(parts), cut: vec![] };
+        let (improved, trials) = improve(egraph, from, opts, first_half, &cost_of);
+        if let Some((done, limit)) = trials {
+            cut.push(format!("e-node switches after {done} of {limit} trials"));
+        }
+        candidates.push(improved.selection.clone());
+        greedy_states.push(improved.fusion.clone());
         candidates.push(start);
+        greedy_states.push(Some(start_state));
+        if first.as_ref().is_none_or(|b| better_plan(improved.predicted_us, improved.bytes, b.predicted_us, b.bytes)) {
+            first = Some(improved);
+        }
     }
     let mut best: Option<Extracted> = None;
-    for sel in candidates {
-        if best.as_ref().is_some_and(|b| b.selection == sel) {
+    let mut whole_cut = false;
+    for (k, sel) in candidates.iter().enumerate() {
+        // (A candidate scored before scores the same: it cannot be strictly better.)
+        if candidates[..k].contains(sel) || best.as_ref().is_some_and(|b| b.selection == *sel) {
             continue;
         }
-        let Ok((dag, t, bytes)) = scored(egraph, &sel, roots, names, profile, opts.fusion, true) else { continue };
+        let sel = sel.clone();
+        if opts.deadline.expired() && (best.is_some() || first.is_some()) {
+            whole_cut = true;
+            break;
+        }
+        let greedy = greedy_states[k].take();
+        let scored = scored_by(egraph, &sel, roots, names, profile, opts.fusion, true, opts.deadline, greedy);
+        let Ok((dag, t, bytes, parts)) = scored else { continue };
+        whole_cut |= parts.cut;
         if best.as_ref().is_none_or(|b| better_plan(t, bytes, b.predicted_us, b.bytes)) {
-            best = Some(Extracted { dag, selection: sel, predicted_us: t, bytes });
+            best = Some(Extracted { dag, selection: sel, predicted_us: t, bytes, fusion: Some(parts), cut: vec![] });
         }
     }
-    best.ok_or_else(|| "no chosen form could be planned".to_string())
+    if whole_cut {
+        cut.push("the whole fusion search (materialize rounds) of the candidate forms".into());
+        // A cut search may leave a state worse than greedy fusion's complete one.
+        if let Some(f) = first {
+            if best.as_ref().is_none_or(|b| better_plan(f.predicted_us, f.bytes, b.predicted_us, b.bytes)) {
+                best = Some(f);
+            }
+        }
+    }
+    let mut best = best.ok_or_else(|| "no chosen form could be planned".to_string())?;
+    best.cut = cut;
+    Ok(best)
 }
 
-/// The fused cost of a selection: its DAG and predicted time.
-type CostOf<'a> = dyn Fn(&Selection) -> Result<(Dag, f64, u64), String> + 'a;
+/// The fused cost of a selection: its DAG, predicted time, bytes and fusion state.
+type CostOf<'a> = dyn Fn(&Selection) -> Result<(Dag, f64, u64, FusionParts), String> + 'a;
 
-/// Single-class e-node switches from `from`, each kept when the fused plan gets faster.
-fn improve(egraph: &TensorGraph, from: Extracted, opts: &ExtractOptions, cost_of: &CostOf) -> Extracted {
-    let Extracted { mut dag, mut selection, predicted_us: mut best, bytes: mut best_bytes } = from;
+/// Single-class e-node switches from `from`, each kept when the fused plan gets faster; with
+/// (trials made, trials allowed) when the deadline stopped them.
+fn improve(
+    egraph: &TensorGraph,
+    from: Extracted,
+    opts: &ExtractOptions,
+    deadline: Deadline,
+    cost_of: &CostOf,
+) -> (Extracted, Option<(usize, usize)>) {
+    let Extracted { mut dag, mut selection, predicted_us: mut best, bytes: mut best_bytes, mut fusion, cut } = from;
+    let mut stopped = None;
     if opts.fusion {
         // Each trial re-plans the whole form, so large forms get fewer trials.
         let max_trials = (opts.max_trials * 100 / dag.len().max(1)).clamp(4.min(opts.max_trials), opts.max_trials);
         let mut trials = 0;
         let mut improved = true;
-        while improved && trials < max_trials {
+        'search: while improved && trials < max_trials {
             improved = false;
             for (class, alt) in alternatives(egraph, &dag, &selection) {
                 if trials >= max_trials {
                     break;
                 }
+                if deadline.expired() {
+                    stopped = Some((trials, max_trials));
+                    break 'search;
+                }
                 trials += 1;
                 let mut trial = selection.clone();
                 trial.insert(class, alt);
-                if let Ok((d, t, b)) = cost_of(&trial) {
+                if let Ok((d, t, b, parts)) = cost_of(&trial) {
                     if better_plan(t, b, best, best_bytes) {
                         selection = trial;
                         dag = d;
                         best = t;
                         best_bytes = b;
+                        fusion = Some(parts);
                         improved = true;
                     }
                 }
             }
         }
     }
-    Extracted { dag, selection, predicted_us: best, bytes: best_bytes }
+    (Extracted { dag, selection, predicted_us: best, bytes: best_bytes, fusion, cut }, stopped)
 }
 
 /// The DAG of a selection and the predicted time of its fused (or unfused) plan, by greedy
@@ -313,15 +494,35 @@ pub(crate) fn scored(
     fusion: bool,
     full: bool,
 ) -> Result<(Dag, f64, u64), String> {
+    scored_by(egraph, selection, roots, names, profile, fusion, full, Deadline::never(), None)
+        .map(|(d, t, b, _)| (d, t, b))
+}
+
+/// [`scored`] with its fusion search stopped by a deadline, and the fusion state it ended in;
+/// `greedy`: the state greedy fusion reached on this selection before (the whole search then
+/// starts from it instead of reaching it again).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scored_by(
+    egraph: &TensorGraph,
+    selection: &Selection,
+    roots: &[(String, Id)],
+    names: &BTreeMap<Id, String>,
+    profile: &DeviceProfile,
+    fusion: bool,
+    full: bool,
+    deadline: Deadline,
+    greedy: Option<FusionParts>,
+) -> Result<(Dag, f64, u64, FusionParts), String> {
     let dag = dag_of(egraph, selection, roots, names)?;
-    let mut f = Fusion::unfused(&dag, profile);
+    let mut f = Fusion::unfused(&dag, profile).with_deadline(deadline);
     match (fusion, full) {
         (false, _) => {}
         (true, false) => f.optimise(),
-        (true, true) => f.optimise_with_materialize(),
+        (true, true) => f.optimise_with_materialize_from(greedy),
     }
     let (t, b) = (f.total_us(), f.total_bytes());
-    Ok((dag, t, b))
+    let parts = f.into_parts();
+    Ok((dag, t, b, parts))
 }
 
 /// Other e-nodes of the classes in the current form that differ in operator or children
@@ -371,7 +572,11 @@ pub fn build_plan(
         name: names[i].clone(),
         ty: dag.nodes[i].ty().cloned().unwrap_or(TensorType::scalar(crate::DType::F32)),
     };
-    let rejected = rejected_by_member(fusion, &names);
+    let (rejected, notes_cut) = rejected_by_member(fusion, &names);
+    let mut search = search;
+    if notes_cut {
+        search.time_limit_cut.push("the notes on rejected fusions".into());
+    }
     let mut kernels = Vec::new();
     let times = crate::residency::ordered_times(dag, fusion, profile);
     for (g, predicted_us) in fusion.ordered().into_iter().zip(times) {
@@ -447,9 +652,11 @@ pub fn build_plan(
 }
 
 /// Fusions rejected near each node, as sentences, keyed by the kernel member they concern.
-fn rejected_by_member(fusion: &Fusion, names: &[String]) -> BTreeMap<usize, Vec<String>> {
+/// Also whether the deadline cut the list short.
+fn rejected_by_member(fusion: &Fusion, names: &[String]) -> (BTreeMap<usize, Vec<String>>, bool) {
     let mut out: BTreeMap<usize, Vec<String>> = BTreeMap::new();
-    for r in fusion.rejections() {
+    let (rejections, cut) = fusion.rejections_within_deadline();
+    for r in rejections {
         let (key, text) = match r.into {
             None => (
                 r.subject,
@@ -459,7 +666,7 @@ fn rejected_by_member(fusion: &Fusion, names: &[String]) -> BTreeMap<usize, Vec<
         };
         out.entry(key).or_default().push(text);
     }
-    out
+    (out, cut)
 }
 
 /// A unique name for every tensor: outputs by their output name, inputs and bound values by

@@ -12,12 +12,20 @@
 //! read once by each kernel that reaches it; an inlined tensor is recomputed by each kernel that
 //! reaches it. Invariant: every state the search visits is a legal, acyclic plan, and the search
 //! is deterministic (candidates are visited in index order; ties keep the first).
+//!
+//! Scaling: the kernels keep a topological rank (a kernel's rank is below every kernel that reads
+//! from it), maintained through every move (a merge reorders only the kernels between the two
+//! it merges, as Pearce and Kelly's dynamic topological order does), so the cycle test of a
+//! merge searches only the kernels ranked between the two instead of everything downstream.
+//! The body index (`computing_of`) finds the kernels computing a value without a scan. A
+//! [`Deadline`] stops a search between moves: the state it leaves is legal, the best so far.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use crate::cost::{analyse, KernelCost};
 use crate::dag::{Dag, Role};
+use crate::deadline::{Deadline, Ticker};
 use crate::profile::DeviceProfile;
 
 /// One kernel of the fusion state.
@@ -42,8 +50,36 @@ pub struct Fusion<'a> {
     readers: Vec<u32>,
     /// The groups reading each node.
     readers_of: Vec<BTreeSet<usize>>,
+    /// The groups reading each node, as (rank, group), to find a kernel's nearest siblings.
+    readers_by_rank: Vec<BTreeSet<(usize, usize)>>,
+    /// The groups whose bodies compute each node without owning it (recomputed, inline).
+    computing_of: Vec<Vec<usize>>,
+    /// A topological rank of each group: a group's rank is below the rank of every group that
+    /// reads something it writes (dead groups keep a stale rank).
+    rank: Vec<usize>,
     /// Moves applied.
     pub moves: usize,
+    /// When searches stop (between moves, so the state stays a legal plan).
+    deadline: Deadline,
+    /// Whether the deadline stopped a search on this state before it ended.
+    pub cut: bool,
+}
+
+/// A fusion state without the DAG and profile it refers to, to be kept beside its DAG
+/// ([`Fusion::into_parts`], [`Fusion::from_parts`]).
+#[derive(Clone, Debug)]
+pub struct FusionParts {
+    mat: Vec<bool>,
+    owner: Vec<usize>,
+    groups: Vec<Option<Group>>,
+    readers: Vec<u32>,
+    readers_of: Vec<BTreeSet<usize>>,
+    readers_by_rank: Vec<BTreeSet<(usize, usize)>>,
+    computing_of: Vec<Vec<usize>>,
+    rank: Vec<usize>,
+    moves: usize,
+    /// Whether the deadline stopped a search on this state before it ended.
+    pub cut: bool,
 }
 
 /// A fusion the final state does not make.
@@ -110,6 +146,7 @@ type MoveParts = (Option<(usize, bool)>, Vec<usize>, Vec<Vec<usize>>);
 
 /// A move's effect, before it is applied.
 struct Proposal {
+    mv: Move,
     /// A node whose materialization the move changes, and its new state.
     flip: Option<(usize, bool)>,
     remove: Vec<usize>,
@@ -120,6 +157,9 @@ struct Proposal {
 }
 
 const NONE: usize = usize::MAX;
+
+/// Readers of one tensor past which sibling merges pair kernels by rank (see `Fusion::siblings`).
+const MANY_READERS: usize = 64;
 
 impl<'a> Fusion<'a> {
     /// The unfused state: every computed tensor materialized in its own kernel.
@@ -134,21 +174,61 @@ impl<'a> Fusion<'a> {
             groups: vec![],
             readers: vec![0; n],
             readers_of: vec![BTreeSet::new(); n],
+            readers_by_rank: vec![BTreeSet::new(); n],
+            computing_of: vec![Vec::new(); n],
+            rank: vec![],
             moves: 0,
+            deadline: Deadline::never(),
+            cut: false,
         };
         for i in 0..n {
             if f.mat[i] && dag.nodes[i].role != Role::Input {
                 let members = vec![i];
-                let mat = f.mat.clone();
-                let cost = analyse(dag, &members, &|x| mat[x], profile)
+                let cost = analyse(dag, &members, &|x| f.mat[x], profile)
                     .expect("a single operator with its inputs in memory is always legal");
-                f.insert(Group { members, cost });
+                // Nodes are in topological order, so creation order is a topological rank.
+                let rank = f.groups.len();
+                f.insert(Group { members, cost }, rank);
             }
         }
         f
     }
 
-    fn insert(&mut self, g: Group) {
+    /// The state without its DAG and profile.
+    pub fn into_parts(self) -> FusionParts {
+        let Fusion { mat, owner, groups, readers, readers_of, readers_by_rank, computing_of, rank, moves, cut, .. } =
+            self;
+        FusionParts { mat, owner, groups, readers, readers_of, readers_by_rank, computing_of, rank, moves, cut }
+    }
+
+    /// A state kept by [`Fusion::into_parts`], over the DAG and profile it was found with.
+    pub fn from_parts(dag: &'a Dag, profile: &'a DeviceProfile, parts: FusionParts) -> Fusion<'a> {
+        let FusionParts { mat, owner, groups, readers, readers_of, readers_by_rank, computing_of, rank, moves, cut } =
+            parts;
+        Fusion {
+            dag,
+            profile,
+            mat,
+            owner,
+            groups,
+            readers,
+            readers_of,
+            readers_by_rank,
+            computing_of,
+            rank,
+            moves,
+            deadline: Deadline::never(),
+            cut,
+        }
+    }
+
+    /// The same state, its searches stopped by `deadline`.
+    pub fn with_deadline(mut self, deadline: Deadline) -> Fusion<'a> {
+        self.deadline = deadline;
+        self
+    }
+
+    fn insert(&mut self, g: Group, rank: usize) {
         let id = self.groups.len();
         for &m in &g.members {
             self.owner[m] = id;
@@ -156,8 +236,15 @@ impl<'a> Fusion<'a> {
         for &r in &g.cost.reads {
             self.readers[r] += 1;
             self.readers_of[r].insert(id);
+            self.readers_by_rank[r].insert((rank, id));
+        }
+        for &b in &g.cost.body {
+            if g.members.binary_search(&b).is_err() {
+                self.computing_of[b].push(id);
+            }
         }
         self.groups.push(Some(g));
+        self.rank.push(rank);
     }
 
     fn remove(&mut self, id: usize) {
@@ -165,10 +252,16 @@ impl<'a> Fusion<'a> {
             for &r in &g.cost.reads {
                 self.readers[r] -= 1;
                 self.readers_of[r].remove(&id);
+                self.readers_by_rank[r].remove(&(self.rank[id], id));
             }
             for &m in &g.members {
                 if self.owner[m] == id {
                     self.owner[m] = NONE;
+                }
+            }
+            for &b in &g.cost.body {
+                if g.members.binary_search(&b).is_err() {
+                    self.computing_of[b].retain(|&x| x != id);
                 }
             }
         }
@@ -227,13 +320,22 @@ impl<'a> Fusion<'a> {
     fn greedy(&mut self, merges: bool) {
         let allowed = |mv: &Move| merges || matches!(mv, Move::Inline(_));
         let mut queue: BinaryHeap<Queued> = BinaryHeap::new();
+        let mut ticker = Ticker::new(self.deadline, 64);
         for mv in self.candidates().into_iter().filter(allowed) {
+            if ticker.expired() {
+                self.cut = true;
+                return;
+            }
             self.enqueue(&mut queue, mv);
         }
         // Every move saves time or, at equal time (within 1e-9 us), bytes; the cap only guards
         // against rounding letting equal-time moves trade back and forth.
         let cap = self.moves + 16 * self.dag.len() + 64;
         while let Some(q) = queue.pop() {
+            if ticker.expired() {
+                self.cut = true;
+                return;
+            }
             if !self.live_move(q.mv) || self.moves >= cap {
                 continue;
             }
@@ -291,7 +393,7 @@ impl<'a> Fusion<'a> {
                         }
                     }
                 }
-                for &sib in self.readers_of[r].iter().filter(|&&x| x != gid).take(8) {
+                for sib in self.siblings(r, gid) {
                     out.insert(Move::Merge(sib.min(gid), sib.max(gid)));
                 }
             }
@@ -302,6 +404,21 @@ impl<'a> Fusion<'a> {
         out
     }
 
+    /// Up to 8 other kernels reading `r`, for sibling merges with `gid`: the first 8 in creation
+    /// order, or, where more than [`MANY_READERS`] kernels read it (an input every kernel of a
+    /// long program reads), the 8 nearest in rank (4 before, 4 after): kernels far apart are
+    /// rarely mergeable, and the cycle test would search everything between them.
+    fn siblings(&self, r: usize, gid: usize) -> Vec<usize> {
+        if self.readers_of[r].len() <= MANY_READERS {
+            return self.readers_of[r].iter().copied().filter(|&x| x != gid).take(8).collect();
+        }
+        let at = (self.rank[gid], gid);
+        let by_rank = &self.readers_by_rank[r];
+        let before = by_rank.range(..at).rev().take(4).map(|&(_, g)| g);
+        let after = by_rank.range(at..).filter(|&&(_, g)| g != gid).take(4).map(|&(_, g)| g);
+        before.chain(after).collect()
+    }
+
     fn inlinable(&self, m: usize) -> bool {
         !self.dag.is_output[m] && self.dag.nodes[m].role == Role::Compute
     }
@@ -309,8 +426,17 @@ impl<'a> Fusion<'a> {
     /// The fusions not made in the final state, and why: each remaining move is either illegal
     /// (the reason) or slower (by how much). Keyed by the node the move concerns.
     pub fn rejections(&self) -> Vec<Rejection> {
+        self.rejections_within_deadline().0
+    }
+
+    /// [`Fusion::rejections`], stopped when the deadline passes; with whether it stopped.
+    pub fn rejections_within_deadline(&self) -> (Vec<Rejection>, bool) {
         let mut out = Vec::new();
+        let mut ticker = Ticker::new(self.deadline, 64);
         for mv in self.candidates() {
+            if ticker.expired() {
+                return (out, true);
+            }
             let (subject, into) = match mv {
                 Move::Inline(m) | Move::Materialize(m, _) => (m, None),
                 Move::Merge(a, b) => (self.first_member(a), Some(self.first_member(b))),
@@ -324,7 +450,7 @@ impl<'a> Fusion<'a> {
             };
             out.push(Rejection { subject, into, why });
         }
-        out
+        (out, false)
     }
 
     /// Legal-looking moves from the current state, in a deterministic order.
@@ -351,7 +477,15 @@ impl<'a> Fusion<'a> {
                 by_read.entry(r).or_default().push(gid);
             }
         }
-        for gs in by_read.values() {
+        for (&r, gs) in &by_read {
+            // (Pairs of kernels adjacent in rank where many read the tensor; see `siblings`.)
+            if gs.len() > MANY_READERS {
+                let by_rank: Vec<usize> = self.readers_by_rank[r].iter().map(|&(_, g)| g).collect();
+                for w in by_rank.windows(2) {
+                    out.insert(Move::Merge(w[0].min(w[1]), w[0].max(w[1])));
+                }
+                continue;
+            }
             for w in gs.windows(2) {
                 out.insert(Move::Merge(w[0], w[1]));
             }
@@ -414,7 +548,7 @@ impl<'a> Fusion<'a> {
             }
         }
         let (delta_us, delta_bytes) = self.delta(&remove, &add);
-        Ok(Proposal { flip, remove, add, delta_us, delta_bytes })
+        Ok(Proposal { mv, flip, remove, add, delta_us, delta_bytes })
     }
 
     /// The change in total time and in bytes moved if `remove` were replaced by `add`.
@@ -456,23 +590,103 @@ impl<'a> Fusion<'a> {
     }
 
     fn apply(&mut self, p: Proposal) {
+        // The ranks of the kernels added: an inline move's kernels keep the ranks of those they
+        // replace (each reads what it read, or what the inlined kernel read, ranked lower); a
+        // merge takes a rank from a reordering of the kernels between the two; a materialize
+        // move (rare: a few per search) ranks every kernel again.
+        let ranks: Vec<usize> = match p.mv {
+            Move::Inline(_) => p.remove.iter().map(|&r| self.rank[r]).collect(),
+            Move::Merge(a, b) => vec![self.rank_merge(a, b)],
+            Move::Materialize(..) => vec![0; p.add.len()],
+        };
         for &r in &p.remove {
             self.remove(r);
         }
         if let Some((m, state)) = p.flip {
             self.mat[m] = state;
         }
-        for g in p.add {
-            self.insert(g);
+        // (An inline move removes the readers, then the inlined kernel; it adds the readers,
+        // then the inlined kernel's other members, if any.)
+        for (g, rank) in p.add.into_iter().zip(ranks) {
+            self.insert(g, rank);
+        }
+        if matches!(p.mv, Move::Materialize(..)) {
+            self.rerank();
         }
         self.moves += 1;
     }
 
+    /// Reorders the kernels ranked between `a` and `b` so that the kernel merging them can take
+    /// one rank (Pearce and Kelly's dynamic topological order): of the kernels ranked between
+    /// them, those that reach the later one go before those the earlier one reaches (the two
+    /// sets are disjoint: the merge is legal only when no kernel sits on a path between them).
+    /// Returns the merged kernel's rank.
+    fn rank_merge(&mut self, a: usize, b: usize) -> usize {
+        let (lo, hi) = if self.rank[a] < self.rank[b] { (a, b) } else { (b, a) };
+        let (rlo, rhi) = (self.rank[lo], self.rank[hi]);
+        // Forward from the earlier, ranked below the later.
+        let mut fwd = vec![lo];
+        let mut seen: BTreeSet<usize> = [lo].into();
+        let mut k = 0;
+        while k < fwd.len() {
+            for s in self.successors(fwd[k]) {
+                if self.rank[s] < rhi && seen.insert(s) {
+                    fwd.push(s);
+                }
+            }
+            k += 1;
+        }
+        // Backward from the later, ranked above the earlier.
+        let mut back = vec![hi];
+        seen = [hi].into();
+        let mut k = 0;
+        while k < back.len() {
+            for p in self.predecessors(back[k]) {
+                if self.rank[p] > rlo && seen.insert(p) {
+                    back.push(p);
+                }
+            }
+            k += 1;
+        }
+        fwd.sort_by_key(|&g| self.rank[g]);
+        back.sort_by_key(|&g| self.rank[g]);
+        let mut pool: Vec<usize> = fwd.iter().chain(&back).map(|&g| self.rank[g]).collect();
+        pool.sort_unstable();
+        let moved: Vec<(usize, usize)> = back.iter().chain(&fwd).copied().zip(pool).collect();
+        for (g, r) in moved {
+            self.set_rank(g, r);
+        }
+        self.rank[lo]
+    }
+
+    /// Ranks every live kernel again in a topological order.
+    fn rerank(&mut self) {
+        let order: Vec<usize> = self.ordered_ids();
+        for (r, g) in order.into_iter().enumerate() {
+            self.set_rank(g, r);
+        }
+    }
+
+    /// Changes a live group's rank, and its place in the rank index of what it reads.
+    fn set_rank(&mut self, g: usize, rank: usize) {
+        let old = self.rank[g];
+        if old == rank {
+            return;
+        }
+        if let Some(group) = &self.groups[g] {
+            for &r in &group.cost.reads {
+                self.readers_by_rank[r].remove(&(old, g));
+                self.readers_by_rank[r].insert((rank, g));
+            }
+        }
+        self.rank[g] = rank;
+    }
+
     /// The kernels that compute an inlined node in their bodies.
     fn computing(&self, c: usize) -> Vec<usize> {
-        (0..self.groups.len())
-            .filter(|&g| self.groups[g].as_ref().is_some_and(|g| g.cost.body.binary_search(&c).is_ok()))
-            .collect()
+        let mut out = self.computing_of[c].clone();
+        out.sort_unstable();
+        out
     }
 
     /// The kernels a materialize move replaces, and their new member lists.
@@ -517,16 +731,18 @@ impl<'a> Fusion<'a> {
         self.reaches(vec![from], to)
     }
 
-    /// Whether `to` can be reached from any of `starts` along reads.
+    /// Whether `to` can be reached from any of `starts` along reads. Ranks rise along every
+    /// path, so only kernels ranked below `to` are searched.
     fn reaches(&self, starts: Vec<usize>, to: usize) -> bool {
-        let mut seen: BTreeSet<usize> = starts.iter().copied().collect();
-        let mut stack = starts;
+        let limit = self.rank[to];
+        let mut stack: Vec<usize> = starts.into_iter().filter(|&s| self.rank[s] < limit).collect();
+        let mut seen: BTreeSet<usize> = stack.iter().copied().collect();
         while let Some(g) = stack.pop() {
             for s in self.successors(g) {
                 if s == to {
                     return true;
                 }
-                if seen.insert(s) {
+                if self.rank[s] < limit && seen.insert(s) {
                     stack.push(s);
                 }
             }
@@ -575,15 +791,38 @@ impl<'a> Fusion<'a> {
     /// (a merge made early can hide a cheaper recomputation, e.g. a layernorm backward whose
     /// `dy * xhat` belongs in the gamma-gradient column kernel), and the faster result is kept.
     pub fn optimise_with_materialize(&mut self) {
+        self.optimise_with_materialize_from(None);
+    }
+
+    /// [`Fusion::optimise_with_materialize`] from the unfused state, given the state greedy
+    /// fusion reached from it (kept by an earlier search of the same form: the same state
+    /// `optimise` would reach again; where a deadline cut that search, it goes on from there).
+    pub fn optimise_with_materialize_from(&mut self, greedy: Option<FusionParts>) {
         let mut inline_first = self.clone();
         inline_first.greedy(false);
         inline_first.greedy(true);
-        self.optimise();
+        match greedy {
+            Some(parts) => {
+                let (deadline, resume) = (self.deadline, parts.cut);
+                *self = Fusion::from_parts(self.dag, self.profile, parts).with_deadline(deadline);
+                if resume {
+                    self.cut = false;
+                    self.optimise();
+                }
+            }
+            None => self.optimise(),
+        }
+        let cut = inline_first.cut;
         if inline_first.better_than(self) {
             *self = inline_first;
         }
+        self.cut |= cut;
 
         for _ in 0..16 {
+            if self.deadline.expired() {
+                self.cut = true;
+                break;
+            }
             let best = self
                 .materialize_candidates()
                 .into_iter()
@@ -641,6 +880,12 @@ impl<'a> Fusion<'a> {
         self.members(g).iter().flat_map(|&m| self.readers_of[m].iter().copied()).filter(|&s| s != g).collect()
     }
 
+    /// Groups that own something `g` reads.
+    fn predecessors(&self, g: usize) -> BTreeSet<usize> {
+        let reads = self.groups[g].as_ref().map_or(&[][..], |g| &g.cost.reads[..]);
+        reads.iter().map(|&r| self.owner[r]).filter(|&o| o != NONE && o != g).collect()
+    }
+
     /// Whether `to` is reachable from `from` through at least one other group.
     fn path_through_other(&self, from: usize, to: usize) -> bool {
         self.reaches(self.successors(from).into_iter().filter(|&s| s != to).collect(), to)
@@ -648,6 +893,11 @@ impl<'a> Fusion<'a> {
 
     /// The live groups in an execution order (producers first; ties by smallest member).
     pub fn ordered(&self) -> Vec<&Group> {
+        self.ordered_ids().into_iter().map(|g| self.groups[g].as_ref().expect("live")).collect()
+    }
+
+    /// The ids of [`Fusion::ordered`]'s groups.
+    fn ordered_ids(&self) -> Vec<usize> {
         let live: Vec<usize> = (0..self.groups.len()).filter(|&g| self.groups[g].is_some()).collect();
         let mut indeg: BTreeMap<usize, usize> = live.iter().map(|&g| (g, 0)).collect();
         let mut succ: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
@@ -663,7 +913,7 @@ impl<'a> Fusion<'a> {
         let mut out = Vec::with_capacity(live.len());
         while let Some(&(k, g)) = ready.iter().next() {
             ready.remove(&(k, g));
-            out.push(self.groups[g].as_ref().expect("live"));
+            out.push(g);
             for &t in &succ[&g] {
                 let d = indeg.get_mut(&t).expect("live");
                 *d -= 1;
@@ -702,6 +952,37 @@ mod tests {
         ]
     }
 
+    /// Every kernel is ranked below the kernels that read from it, and the rank-bounded cycle
+    /// test agrees with a search of everything downstream.
+    fn assert_ranks_topological(f: &Fusion) {
+        let live: Vec<usize> = (0..f.groups.len()).filter(|&g| f.groups[g].is_some()).collect();
+        for &g in &live {
+            for s in f.successors(g) {
+                assert!(f.rank[g] < f.rank[s], "kernel {g} (rank {}) feeds {s} (rank {})", f.rank[g], f.rank[s]);
+            }
+        }
+        let unbounded = |from: usize, to: usize| {
+            let mut seen = BTreeSet::new();
+            let mut stack: Vec<usize> = f.successors(from).into_iter().filter(|&s| s != to).collect();
+            while let Some(x) = stack.pop() {
+                if x == to {
+                    return true;
+                }
+                if seen.insert(x) {
+                    stack.extend(f.successors(x));
+                }
+            }
+            false
+        };
+        for &a in &live {
+            for &b in &live {
+                if a != b {
+                    assert_eq!(f.path_through_other(a, b), unbounded(a, b), "path from {a} to {b}");
+                }
+            }
+        }
+    }
+
     /// Every move's predicted change equals the change of the recomputed total once applied.
     #[test]
     fn move_deltas_match_the_recomputed_total() {
@@ -721,6 +1002,7 @@ mod tests {
                     let delta = prop.delta_us;
                     let delta_bytes = prop.delta_bytes;
                     g.apply(prop);
+                    assert_ranks_topological(&g);
                     let after = g.total_us();
                     assert_eq!(g.total_bytes() as i64 - bytes_before, delta_bytes, "{}: {mv:?} bytes", p.source);
                     assert!(

@@ -98,3 +98,25 @@ pub fn transformer_stack_eqf(blocks: usize, batch: usize, seq: usize, backward: 
     let _ = writeln!(s, "output {}", outputs.join(", "));
     s
 }
+
+/// The elementwise functions [`skip_chain_eqf`] cycles through by default: bounded ones, so
+/// that the values of a long chain stay finite on random inputs (the reference can check it).
+pub const SKIP_CHAIN_FUNCTIONS: [&str; 5] = ["tanh", "sigmoid", "sin", "cos", "erf"];
+
+/// A chain of `bindings` bindings with skip connections over `x, y: f32[R, C]`:
+/// `t_i = f_i(t_{i-1}) * y + t_{i-7}` (`t_j` is `x` for `j < 1`), `f_i` cycling through
+/// `functions` (the issue-18 scaling program, e.g. `["exp"]`); the output is the last binding.
+/// Every binding is read by the next one and by the seventh after it, so a fusion planner sees
+/// a long DAG whose values all have two consumers.
+pub fn skip_chain_eqf(bindings: usize, rows: usize, cols: usize, functions: &[&str]) -> String {
+    let functions = if functions.is_empty() { &SKIP_CHAIN_FUNCTIONS[..] } else { functions };
+    let mut s = format!("# {bindings} chained bindings with skip connections: t_i = f(t_(i-1)) * y + t_(i-7)\n");
+    let _ = writeln!(s, "dim R = {rows}\ndim C = {cols}\ninput x: f32[R, C]\ninput y: f32[R, C]");
+    let name = |j: isize| if j < 1 { "x".to_string() } else { format!("t{j}") };
+    for i in 1..=bindings as isize {
+        let f = functions[(i as usize - 1) % functions.len()];
+        let _ = writeln!(s, "t{i} = {f}({}) * y + {}", name(i - 1), name(i - 7));
+    }
+    let _ = writeln!(s, "output {}", name(bindings as isize));
+    s
+}

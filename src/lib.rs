@@ -59,6 +59,7 @@ mod conditions;
 mod cost;
 mod cublas;
 mod dag;
+mod deadline;
 mod error;
 mod expand;
 mod explain;
@@ -108,16 +109,17 @@ pub use conditions::{condition, NamedCondition, CONDITIONS};
 pub use cost::{analyse, KernelCost};
 pub use cublas::{LtCall, LtEpilogue, LtLoop, LtOperand};
 pub use dag::{Dag, DagNode, Role};
+pub use deadline::Deadline;
 pub use error::{Diagnostic, Error, Result};
 pub use expand::expand_composites;
 pub use explain::explain;
 pub use extract::{
-    build_plan, dag_of, extract, fused_cost, local_selection, planned_cost, written_selection, ExtractOptions,
-    Extracted, Selection,
+    build_plan, dag_of, extract, fused_cost, local_selection, local_selection_by_egg, planned_cost, written_selection,
+    ExtractOptions, Extracted, Selection,
 };
-pub use fuse::{Fusion, Group};
+pub use fuse::{Fusion, FusionParts, Group};
 pub use gen_program::{random_recipe, recipes, Recipe, Step};
-pub use generate::{residual_stack_eqf, transformer_stack_eqf};
+pub use generate::{residual_stack_eqf, skip_chain_eqf, transformer_stack_eqf, SKIP_CHAIN_FUNCTIONS};
 pub use gpu::{tensor_bytes, tensor_from_bytes, Gpu};
 pub use ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};
 pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};

@@ -134,7 +134,8 @@ struct PlanArgs {
     /// Most e-nodes the saturation may grow to (at least 1).
     #[arg(long, default_value_t = 20_000, value_parser = at_least_one, allow_negative_numbers = true)]
     node_limit: usize,
-    /// Seconds the saturation may take (more than 0, at most 1000000).
+    /// Seconds the whole planning may take: saturation, extraction, the fusion search and the ILP
+    /// (more than 0, at most 1000000); when they run out, the best plan found so far.
     #[arg(long, default_value = "2", value_parser = seconds, allow_negative_numbers = true)]
     time_limit: Duration,
     /// Plan every computed tensor as its own kernel.

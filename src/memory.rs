@@ -148,8 +148,18 @@ pub fn liveness(
     let outputs_bytes = spans.iter().filter(|(n, _)| is_output(n)).map(|(_, s)| s.2).sum();
     let (mut peak_bytes, mut peak_kernel) = (inputs_bytes, None);
     let mut live_bytes = Vec::with_capacity(kernels.len());
+    // Bytes becoming live at each kernel and no longer live after it (a sweep, not a sum over
+    // every tensor at every kernel: that was quadratic in the program's length).
+    let mut starts = vec![0u64; kernels.len() + 1];
+    let mut ends = vec![0u64; kernels.len() + 1];
+    for s in spans.values() {
+        starts[s.0] += s.2;
+        ends[s.1 + 1] += s.2;
+    }
+    let mut running = 0u64;
     for k in 0..kernels.len() {
-        let live: u64 = inputs_bytes + spans.values().filter(|s| s.0 <= k && k <= s.1).map(|s| s.2).sum::<u64>();
+        running = running + starts[k] - ends[k];
+        let live: u64 = inputs_bytes + running;
         live_bytes.push(live);
         if peak_kernel.is_none() || live > peak_bytes {
             peak_bytes = live;

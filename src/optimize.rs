@@ -5,6 +5,9 @@
 //! The two halves are `saturate_program` and `plan_saturated`, so that plans with other
 //! extractors, profiles or fusion off can share one saturation.
 //! Invariant: a plan always comes out (at worst the unfused one); budgets only shorten the search.
+//! `time_limit` is one deadline for the whole command ([`OptimizeOptions::deadline`]):
+//! saturation may take half of it, extraction and the fusion searches what is left, and the
+//! plan says what the deadline cut (`search.time_limit_cut`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -13,9 +16,10 @@ use egg::Id;
 
 use crate::analysis::{ShapeAnalysis, TensorGraph};
 use crate::dag::{Dag, Role};
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::expand::expand_composites;
-use crate::extract::{better_plan, build_plan, extract, scored, ExtractOptions, Extracted};
+use crate::extract::{better_plan, build_plan, extract, scored_by, ExtractOptions, Extracted};
 use crate::fuse::Fusion;
 use crate::lang::{Kind, TensorLang};
 use crate::plan::{FusionPlan, SearchReport, Totals};
@@ -34,9 +38,21 @@ pub struct OptimizeOptions {
     pub rules_dir: Option<String>,
     pub node_limit: usize,
     pub iter_limit: usize,
+    /// Wall time for the whole planning command: saturation, extraction, the fusion searches
+    /// and the ILP together. When it runs out, the best complete plan found so far comes out
+    /// (at worst the unfused plan), and `search.time_limit_cut` says what was cut. The library's
+    /// default is a generous 60 s, a safety net that leaves plans independent of the machine's
+    /// speed (an unoptimised test build on a busy machine included); the CLI's `--time-limit`
+    /// defaults to 2 s.
     pub time_limit: Duration,
+    /// The deadline that `time_limit` sets, fixed when planning starts ([`optimize`] sets it
+    /// when `None`); give one to bound several calls (a saturation and its plans) together.
+    pub deadline: Option<Deadline>,
     /// `greedy` or `ilp`.
     pub extractor: String,
+    /// The ILP solver's own time limit (then its LP relaxation bounds), within the command's
+    /// deadline; `None`: half of the time the searches have left.
+    pub ilp_time_limit: Option<Duration>,
     /// Strict numerics: rules marked `:inexact` are left out, and the plan asks code generation
     /// for the unfused plan's exact floating-point behaviour (see [`SearchReport::strict`]).
     pub strict: bool,
@@ -50,6 +66,11 @@ pub struct OptimizeOptions {
 }
 
 impl OptimizeOptions {
+    /// The deadline of this planning command: the one given, or `time_limit` from now.
+    pub fn command_deadline(&self) -> Deadline {
+        self.deadline.unwrap_or_else(|| Deadline::after(self.time_limit))
+    }
+
     pub fn new(profile: DeviceProfile) -> OptimizeOptions {
         OptimizeOptions {
             profile,
@@ -57,8 +78,10 @@ impl OptimizeOptions {
             rules_dir: None,
             node_limit: 20_000,
             iter_limit: 12,
-            time_limit: Duration::from_secs(2),
+            time_limit: Duration::from_secs(60),
+            deadline: None,
             extractor: "greedy".into(),
+            ilp_time_limit: None,
             strict: false,
             explanations: false,
             memory_budget: None,
@@ -86,6 +109,8 @@ pub struct StageSummary {
     pub ruleset: String,
     pub iterations: usize,
     pub stop_reason: String,
+    /// The stop reason with the limit that stopped the stage (`StageReport::stop_detail`).
+    pub stop_detail: String,
     pub fired: BTreeMap<String, usize>,
 }
 
@@ -144,6 +169,8 @@ pub struct Saturated {
     pub stages: Vec<StageSummary>,
     pub iterations: usize,
     pub stop_reason: String,
+    /// The stop reason with the limit that stopped saturation (see `SearchReport::stop_detail`).
+    pub stop_detail: String,
     pub saturate_ms: f64,
 }
 
@@ -151,6 +178,10 @@ pub struct Saturated {
 /// built through the library may hold) are differentiated first, so the plan is of the joint
 /// forward and backward graph.
 pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> {
+    if opts.deadline.is_none() {
+        let o = OptimizeOptions { deadline: Some(opts.command_deadline()), ..opts.clone() };
+        return optimize(program, &o);
+    }
     if crate::autodiff::has_grads(program) {
         return optimize(&crate::autodiff::expand_grads(program)?, opts);
     }
@@ -169,35 +200,59 @@ pub fn optimize(program: &Program, opts: &OptimizeOptions) -> Result<Optimized> 
 pub fn saturate_program(program: &Program, opts: &OptimizeOptions) -> Result<Saturated> {
     let (egraph, roots, names) = egraph_with(program, opts.explanations);
     let t0 = Instant::now();
-    let (egraph, stages, iterations, stop_reason) = run_stages(egraph, opts)?;
+    let (egraph, stages, iterations, stop_reason, stop_detail) = run_stages(egraph, opts)?;
     let saturate_ms = t0.elapsed().as_secs_f64() * 1e3;
     let roots: Vec<(String, Id)> = roots.into_iter().map(|(n, r)| (n, egraph.find(r))).collect();
     let names: BTreeMap<Id, String> = names.into_iter().fold(BTreeMap::new(), |mut m, (c, n)| {
         m.entry(egraph.find(c)).or_insert(n);
         m
     });
-    Ok(Saturated { egraph, roots, names, stages, iterations, stop_reason, saturate_ms })
+    Ok(Saturated { egraph, roots, names, stages, iterations, stop_reason, stop_detail, saturate_ms })
 }
 
 /// Extracts a plan from a program's saturated e-graph with `opts`' profile, extractor and
-/// fusion setting (its budgets were spent by saturation; `time_limit` also bounds the ILP).
+/// fusion setting, within what is left of the command's deadline (saturation spent its share;
+/// extraction, the fusion searches and the ILP share the rest).
 pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions) -> Result<Optimized> {
+    let deadline = opts.command_deadline();
+    let mut cut: Vec<String> = vec![];
+    if sat.stages.iter().any(|s| s.stop_reason == "time-limit") {
+        cut.push("saturation".into());
+    }
     let unfused = unfused_totals(program, &opts.profile)?;
     let (egraph, roots, names) = (&sat.egraph, &sat.roots, &sat.names);
     let t1 = Instant::now();
     let start = crate::extract::written_selection(program, egraph);
-    let ex_opts = ExtractOptions { fusion: opts.fusion, start, ..ExtractOptions::default() };
+    // The searches leave a tenth of what is left for building the plan (its time model, notes and
+    // memory report, linear in its length); the ILP, when asked for, takes half of the rest.
+    let searches = deadline.share(0.9);
+    let ex_deadline = if opts.extractor == "ilp" { searches.share(0.5) } else { searches };
+    let ex_opts = ExtractOptions { fusion: opts.fusion, start, deadline: ex_deadline, ..ExtractOptions::default() };
     let mut best = extract(egraph, roots, names, &opts.profile, &ex_opts).map_err(Error::Invalid)?;
+    cut.append(&mut best.cut);
     let mut extractor = if opts.fusion { "greedy-dag".to_string() } else { "no-fusion".to_string() };
     let (mut gap, mut lower_bound_us) = (None, None);
-    if opts.extractor == "ilp" {
+    if opts.extractor == "ilp" && searches.expired() {
+        extractor = format!("{extractor} (ilp skipped: the time limit was reached)");
+        cut.push("the ILP".into());
+    } else if opts.extractor == "ilp" {
         let root_ids: Vec<Id> = roots.iter().map(|(_, r)| *r).collect();
-        match crate::ilp::solve(egraph, &root_ids, &opts.profile, opts.time_limit) {
+        let ilp_time = opts.ilp_time_limit.unwrap_or(opts.time_limit).min(searches.share(0.5).remaining());
+        match crate::ilp::solve(egraph, &root_ids, &opts.profile, ilp_time) {
             Ok(r) => {
                 if let Some(sel) = &r.selection {
-                    if let Ok((dag, t, bytes)) = scored(egraph, sel, roots, names, &opts.profile, opts.fusion, true) {
+                    let scoredd =
+                        scored_by(egraph, sel, roots, names, &opts.profile, opts.fusion, true, searches, None);
+                    if let Ok((dag, t, bytes, parts)) = scoredd {
                         if better_plan(t, bytes, best.predicted_us, best.bytes) {
-                            best = Extracted { dag, selection: sel.clone(), predicted_us: t, bytes };
+                            best = Extracted {
+                                dag,
+                                selection: sel.clone(),
+                                predicted_us: t,
+                                bytes,
+                                fusion: Some(parts),
+                                cut: vec![],
+                            };
                         }
                     }
                 }
@@ -211,13 +266,25 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
     }
     // 1-bit masks only where codegen cannot run the kernels anyway or runs them packed: a mask
     // that a generated kernel would store or load unpacked makes the search run again without it.
+    // The fusion state extraction found is the plan's; it is searched again only then.
+    let mut parts = best.fusion.take();
     loop {
         let unpack: Vec<usize> = {
-            let mut f = Fusion::unfused(&best.dag, &opts.profile);
-            if opts.fusion {
-                f.optimise_with_materialize();
+            let f = match parts.take() {
+                Some(p) => Fusion::from_parts(&best.dag, &opts.profile, p),
+                None => {
+                    let mut f = Fusion::unfused(&best.dag, &opts.profile).with_deadline(searches);
+                    if opts.fusion {
+                        f.optimise_with_materialize();
+                    }
+                    f
+                }
+            };
+            let unpack = masks_codegen_cannot_run(&best.dag, &f);
+            if unpack.is_empty() {
+                parts = Some(f.into_parts());
             }
-            masks_codegen_cannot_run(&best.dag, &f)
+            unpack
         };
         if unpack.is_empty() {
             break;
@@ -231,18 +298,21 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
     // the plan (a plan never predicts slower than the unfused one).
     let own_dag: Dag;
     let mut dag = &best.dag;
-    let mut fusion = Fusion::unfused(dag, &opts.profile);
+    let state = parts.expect("the loop keeps the state");
+    let mut fusion = Fusion::from_parts(dag, &opts.profile, state).with_deadline(deadline);
+    if fusion.cut && !cut.iter().any(|c| c.contains("fusion search")) {
+        cut.push("the fusion search of the chosen form".into());
+    }
     if opts.fusion {
-        fusion.optimise_with_materialize();
         let time = |dag: &Dag, f: &Fusion| crate::residency::ordered_times(dag, f, &opts.profile).iter().sum::<f64>();
         if time(dag, &fusion) > unfused.predicted_us * (1.0 + 1e-9) {
             let expanded = crate::expand::expand_composites(program).map_err(Error::Invalid)?;
             own_dag = Dag::from_program(&expanded);
             dag = &own_dag;
-            fusion = Fusion::unfused(dag, &opts.profile);
+            fusion = Fusion::unfused(dag, &opts.profile).with_deadline(deadline);
             fusion.optimise_with_materialize();
             if time(dag, &fusion) > unfused.predicted_us * (1.0 + 1e-9) {
-                fusion = Fusion::unfused(dag, &opts.profile);
+                fusion = Fusion::unfused(dag, &opts.profile).with_deadline(deadline);
             }
             extractor = format!("{extractor} (fell back to the program as written)");
         }
@@ -276,6 +346,9 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
         gap,
         lower_bound_us,
         strict: opts.strict,
+        stop_detail: sat.stop_detail.clone(),
+        time_limit_s: opts.time_limit.as_secs_f64(),
+        time_limit_cut: cut,
     };
     let mut plan = build_plan(program, dag, &fusion, &opts.profile, unfused, search);
     plan.memory.budget_bytes = opts.memory_budget;
@@ -377,7 +450,10 @@ fn recognised_composites(program: &Program, dag: &Dag) -> Vec<String> {
 }
 
 /// Runs the rulesets (built-in, or from `--rules DIR`) over the e-graph.
-fn run_stages(egraph: TensorGraph, opts: &OptimizeOptions) -> Result<(TensorGraph, Vec<StageSummary>, usize, String)> {
+/// Saturation may take half of the time left of the command's deadline.
+type StagesRun = (TensorGraph, Vec<StageSummary>, usize, String, String);
+
+fn run_stages(egraph: TensorGraph, opts: &OptimizeOptions) -> Result<StagesRun> {
     let mut rulesets = match &opts.rules_dir {
         Some(dir) => crate::rules::load_rules_dir(dir)?,
         None => crate::rules::default_rules()?,
@@ -390,7 +466,7 @@ fn run_stages(egraph: TensorGraph, opts: &OptimizeOptions) -> Result<(TensorGrap
     let budgets = Budgets::default()
         .with_iter_limit(opts.iter_limit)
         .with_node_limit(opts.node_limit)
-        .with_time_limit(opts.time_limit);
+        .with_time_limit(opts.time_limit.min(opts.command_deadline().share(0.5).remaining()));
     let sat = saturate_egraph(egraph, vec![], &rulesets, &budgets)?;
     let stages = sat
         .stages
@@ -399,8 +475,9 @@ fn run_stages(egraph: TensorGraph, opts: &OptimizeOptions) -> Result<(TensorGrap
             ruleset: st.ruleset.clone(),
             iterations: st.iterations,
             stop_reason: st.stop_reason.to_string(),
+            stop_detail: st.stop_detail.clone(),
             fired: st.fired.clone(),
         })
         .collect();
-    Ok((sat.egraph, stages, sat.iterations, sat.stop_reason.to_string()))
+    Ok((sat.egraph, stages, sat.iterations, sat.stop_reason.to_string(), sat.stop_detail))
 }

@@ -119,9 +119,10 @@ impl Kernel {
             }
             seen
         };
-        let root = within(Id::from(nodes.len() - 1));
-        if self.stores.iter().all(|&s| root[usize::from(s)]) {
-            return self.body.to_string();
+        let root = Id::from(nodes.len() - 1);
+        let in_root = within(root);
+        if self.stores.iter().all(|&s| in_root[usize::from(s)]) {
+            return expr_text(nodes, root, &in_root);
         }
         let mut parts = vec![];
         let mut shown: Vec<Id> = vec![];
@@ -131,11 +132,53 @@ impl Kernel {
                 continue;
             }
             shown.push(s);
-            let expr = egg::Language::build_recexpr(&nodes[usize::from(s)], |c| nodes[usize::from(c)].clone());
-            parts.push(format!("{} = {expr}", w.name));
+            parts.push(format!("{} = {}", w.name, expr_text(nodes, s, &within(s))));
         }
         parts.join("; ")
     }
+}
+
+/// Nodes past which a body is written node by node instead of as one s-expression.
+const MAX_BODY_TREE: u64 = 100_000;
+
+/// The expression of `nodes` at `root` (`used`: the nodes it reaches) as text: its s-expression,
+/// or, when writing shared values out at every use would pass [`MAX_BODY_TREE`] nodes (a long
+/// chain whose values are each used twice doubles at every link, and ran out of memory), the
+/// nodes it uses numbered by their place in the body, `%0 = x; %1 = (exp %0); ...`, the last one
+/// `root`.
+fn expr_text(nodes: &[TensorLang], root: Id, used: &[bool]) -> String {
+    use egg::Language;
+    use std::fmt::Write;
+    let last = usize::from(root);
+    let mut size: Vec<u64> = Vec::with_capacity(last + 1);
+    for n in &nodes[..=last] {
+        size.push(n.children().iter().fold(1u64, |acc, &c| acc.saturating_add(size[usize::from(c)])));
+    }
+    if size[last] <= MAX_BODY_TREE {
+        return n_expr(nodes, root).to_string();
+    }
+    let mut out = String::new();
+    for (i, n) in nodes[..=last].iter().enumerate().filter(|&(i, _)| used[i]) {
+        if !out.is_empty() {
+            out.push_str("; ");
+        }
+        let _ = write!(out, "%{i} = ");
+        if n.children().is_empty() {
+            let _ = write!(out, "{n}");
+        } else {
+            let _ = write!(out, "({n}");
+            for &c in n.children() {
+                let _ = write!(out, " %{}", usize::from(c));
+            }
+            out.push(')');
+        }
+    }
+    out
+}
+
+/// The subexpression of `nodes` at `root`.
+fn n_expr(nodes: &[TensorLang], root: Id) -> RecExpr<TensorLang> {
+    egg::Language::build_recexpr(&nodes[usize::from(root)], |c| nodes[usize::from(c)].clone())
 }
 
 /// Totals over a plan.
@@ -167,6 +210,15 @@ pub struct SearchReport {
     /// unfused plan's floating-point operations, their order and their roundings, so fused
     /// results are bit-identical to the unfused plan's on the GPU.
     pub strict: bool,
+    /// `stop_reason` with the limit that stopped saturation, named and numbered (a per-stage
+    /// cap says so): `node-limit: stage `algebra` reached its per-stage cap of 1030 e-nodes ...`.
+    pub stop_detail: String,
+    /// The planning command's time limit in seconds (`--time-limit`): saturation, extraction,
+    /// the fusion search and the ILP together.
+    pub time_limit_s: f64,
+    /// The steps the time limit cut short, in order (empty when it cut nothing): the plan is
+    /// then the best complete plan found before the limit, at worst the unfused one.
+    pub time_limit_cut: Vec<String>,
 }
 
 /// The extractor's output.
@@ -238,5 +290,29 @@ impl FusionPlan {
             // `+ 0.0`: an empty sum of floats is -0.0, shown as `-0.0 us`.
             predicted_us: kernels.iter().map(|k| k.predicted_us).sum::<f64>() + 0.0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body whose values are each used twice doubles at every level as one s-expression: past
+    /// the limit it is written node by node (64 levels would be 2^64 nodes as a tree).
+    #[test]
+    fn a_body_of_shared_values_is_written_node_by_node() {
+        let small: egg::RecExpr<TensorLang> = "(+ (exp x) (exp x))".parse().unwrap();
+        assert_eq!(expr_text(small.as_ref(), (small.as_ref().len() - 1).into(), &[true; 4]), "(+ (exp x) (exp x))");
+        let mut body: egg::RecExpr<TensorLang> = egg::RecExpr::default();
+        let mut last = body.add("x".parse::<egg::RecExpr<TensorLang>>().unwrap().as_ref()[0].clone());
+        for _ in 0..64 {
+            last = body.add(TensorLang::Op(
+                crate::lang::OpCode::of(crate::lang::Kind::Binary(crate::lang::Binary::Add)),
+                vec![last, last],
+            ));
+        }
+        let out = expr_text(body.as_ref(), last, &[true; 65]);
+        assert!(out.starts_with("%0 = x; %1 = (+ %0 %0); %2 = (+ %1 %1)"), "{}", &out[..80]);
+        assert!(out.ends_with("%64 = (+ %63 %63)"), "{out}");
     }
 }

@@ -98,6 +98,9 @@ pub fn plan_json(plan: &FusionPlan) -> Value {
             "extract_ms": plan.search.extract_ms,
             "extractor": plan.search.extractor,
             "gap": plan.search.gap,
+            "stop_detail": plan.search.stop_detail,
+            "time_limit_s": plan.search.time_limit_s,
+            "time_limit_cut": plan.search.time_limit_cut,
         },
         "inputs": plan.inputs.iter().map(|i| json!({"name": i.name, "dtype": i.ty.dtype, "shape": i.ty.shape})).collect::<Vec<_>>(),
         "outputs": plan.outputs.iter().map(|(o, t)| json!({"name": o, "tensor": t})).collect::<Vec<_>>(),
@@ -211,11 +214,19 @@ fn summary(plan: &FusionPlan) -> String {
         plural(se.iterations, "iteration"),
         plural(se.enodes, "e-node"),
         plural(se.eclasses, "e-class"),
-        se.stop_reason,
+        if se.stop_detail.is_empty() { &se.stop_reason } else { &se.stop_detail },
         se.saturate_ms,
         se.extract_ms,
         se.extractor
     );
+    if !se.time_limit_cut.is_empty() {
+        let _ = writeln!(
+            s,
+            "time limit of {} s reached: it cut {}; the plan is the best complete one found before it",
+            se.time_limit_s,
+            se.time_limit_cut.join(", ")
+        );
+    }
     s
 }
 

@@ -8,7 +8,10 @@
 //! starve the later ones. `stage_growth` also caps how much one stage may grow the e-graph
 //! relative to its size at the start: searching deep patterns (layernorm) in an e-graph that
 //! associativity and commutativity have blown up costs seconds per iteration, and the forms
-//! found past that point rarely change a fusion plan.
+//! found past that point rarely change a fusion plan. That per-stage cap always leaves a stage
+//! `node_limit / 20` e-nodes of room ([`Budgets::min_stage_room`]), so `node_limit` governs it
+//! too. Each stage's report names the limit that stopped it ([`StageReport::stop_detail`]):
+//! the whole `node_limit`, a stage's share of it, or the per-stage growth cap, with the number.
 //! Invariants: hitting a budget is a result ([`StopReason`]), never an error; identical inputs
 //! give an identical e-graph and report (timings aside, and as long as no time limit is hit);
 //! saturation never merges classes of different types: rules refuse ill-typed instantiations
@@ -39,17 +42,29 @@ pub struct Budgets {
     /// Wall time for all stages together.
     pub time_limit: Duration,
     /// One stage may grow the e-graph to at most this many times its size at the start of the
-    /// stage (but always by [`MIN_STAGE_ROOM`] nodes); 0 for no such cap.
+    /// stage (but always by [`Budgets::min_stage_room`] nodes); 0 for no such cap.
     pub stage_growth: usize,
 }
 
-/// The e-nodes a stage may always add, however small the program (see [`Budgets::stage_growth`]).
+/// The e-nodes a stage may always add at the default node limit of 20,000, however small the
+/// program (see [`Budgets::stage_growth`]); [`Budgets::min_stage_room`] scales it with the limit.
 pub const MIN_STAGE_ROOM: usize = 1000;
 
 impl Default for Budgets {
     fn default() -> Budgets {
-        Budgets { iter_limit: 30, node_limit: 50_000, time_limit: Duration::from_secs(5), stage_growth: 8 }
+        Budgets { iter_limit: 30, node_limit: 20_000, time_limit: Duration::from_secs(5), stage_growth: 8 }
     }
+}
+
+/// Which budget set a stage's node cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NodeCap {
+    /// The whole `node_limit` (the last stage, or an e-graph already past it).
+    Total,
+    /// The stage's share of what `node_limit` left when it started.
+    Share,
+    /// The per-stage growth cap ([`Budgets::stage_growth`], [`Budgets::min_stage_room`]).
+    Growth,
 }
 
 impl Budgets {
@@ -70,14 +85,68 @@ impl Budgets {
         self
     }
 
-    /// The node limit of a stage that starts with `nodes` e-nodes, `left` stages to go.
-    fn stage_node_limit(&self, nodes: usize, left: usize) -> usize {
+    /// The e-nodes a stage may always add under the growth cap: `node_limit / 20` (1,000 at the
+    /// default limit of 20,000, [`MIN_STAGE_ROOM`]), so that a larger `node_limit` lets small
+    /// programs grow further.
+    pub fn min_stage_room(&self) -> usize {
+        self.node_limit / 20
+    }
+
+    /// The node limit of a stage that starts with `nodes` e-nodes, `left` stages to go, and the
+    /// budget that set it.
+    fn stage_node_limit(&self, nodes: usize, left: usize) -> (usize, NodeCap) {
         let share = nodes + self.node_limit.saturating_sub(nodes) / left;
+        let share_kind = if share >= self.node_limit.max(nodes) { NodeCap::Total } else { NodeCap::Share };
         if self.stage_growth == 0 {
-            return share;
+            return (share, share_kind);
         }
-        let room = nodes.saturating_mul(self.stage_growth.saturating_sub(1)).max(MIN_STAGE_ROOM);
-        share.min(nodes.saturating_add(room))
+        let room = nodes.saturating_mul(self.stage_growth.saturating_sub(1)).max(self.min_stage_room());
+        let growth = nodes.saturating_add(room);
+        if growth < share {
+            (growth, NodeCap::Growth)
+        } else {
+            (share, share_kind)
+        }
+    }
+
+    /// The sentence naming the limit that stopped a stage (`stop_detail`).
+    fn stop_detail(
+        &self,
+        stage: &str,
+        reason: &StopReason,
+        cap: (usize, NodeCap),
+        start: usize,
+        time: Duration,
+    ) -> String {
+        match (reason, cap.1) {
+            (StopReason::NodeLimit, NodeCap::Total) if start >= self.node_limit => format!(
+                "node-limit: the e-graph started stage `{stage}` with {start} e-nodes, at or past the node limit of {}",
+                self.node_limit
+            ),
+            (StopReason::NodeLimit, NodeCap::Total) => {
+                format!("node-limit: stage `{stage}` reached the node limit of {} e-nodes", self.node_limit)
+            }
+            (StopReason::NodeLimit, NodeCap::Share) => format!(
+                "node-limit: stage `{stage}` reached its share of the node limit of {}: {} e-nodes (per stage)",
+                self.node_limit, cap.0
+            ),
+            (StopReason::NodeLimit, NodeCap::Growth) => format!(
+                "node-limit: stage `{stage}` reached its per-stage cap of {} e-nodes: its {start} e-nodes at the start \
+                 plus the larger of {}x that and {} (node limit {} / 20)",
+                cap.0,
+                self.stage_growth.saturating_sub(1),
+                self.min_stage_room(),
+                self.node_limit
+            ),
+            (StopReason::TimeLimit, _) => format!(
+                "time-limit: stage `{stage}` used its share of the saturation time ({:.0} ms, per stage)",
+                time.as_secs_f64() * 1e3
+            ),
+            (StopReason::IterationLimit, _) => {
+                format!("iteration-limit: stage `{stage}` ran {} iterations (the per-stage limit)", self.iter_limit)
+            }
+            (r, _) => r.to_string(),
+        }
     }
 }
 
@@ -139,6 +208,10 @@ pub struct StageReport {
     /// Rules whose right side had a type different from the matched class's, with how many
     /// instantiations were refused for it (a rule that is not type-preserving).
     pub refused: BTreeMap<String, usize>,
+    /// The stop reason with the limit that stopped the stage, as a sentence that starts with
+    /// the reason's name (`node-limit: stage `algebra` reached its per-stage cap of 1030
+    /// e-nodes ...`); `saturated` when no limit did.
+    pub stop_detail: String,
 }
 
 /// The saturated e-graph and the report.
@@ -150,6 +223,8 @@ pub struct Saturation {
     /// The first stage's reason that is not `Saturated`, or `Saturated` if every stage
     /// saturated: it says whether the search was cut short anywhere.
     pub stop_reason: StopReason,
+    /// That stage's [`StageReport::stop_detail`] (`saturated` if every stage saturated).
+    pub stop_detail: String,
     /// Iterations over all stages.
     pub iterations: usize,
 }
@@ -189,21 +264,38 @@ pub fn saturate_egraph(
     let mut stages = vec![];
     for (k, set) in rulesets.iter().enumerate() {
         let left = rulesets.len() - k;
-        let node_limit = budgets.stage_node_limit(egraph.total_size(), left);
+        let nodes = egraph.total_size();
+        let cap = budgets.stage_node_limit(nodes, left);
         let time_limit = budgets.time_limit.saturating_sub(start.elapsed()) / left as u32;
-        let (g, report) = run_stage(egraph, set, budgets.iter_limit, node_limit, time_limit)?;
+        if nodes >= cap.0 {
+            // No room at all (a program past the node limit): egg would still run an iteration
+            // over the whole e-graph before it looked at the limit.
+            let mut report = StageReport {
+                ruleset: set.name.clone(),
+                iterations: 0,
+                stop_reason: StopReason::NodeLimit,
+                enodes: egraph.total_number_of_nodes(),
+                eclasses: egraph.number_of_classes(),
+                millis: 0.0,
+                fired: BTreeMap::new(),
+                refused: BTreeMap::new(),
+                stop_detail: String::new(),
+            };
+            report.stop_detail = budgets.stop_detail(&set.name, &report.stop_reason, cap, nodes, time_limit);
+            stages.push(report);
+            continue;
+        }
+        let (g, mut report) = run_stage(egraph, set, budgets.iter_limit, cap.0, time_limit)?;
+        report.stop_detail = budgets.stop_detail(&set.name, &report.stop_reason, cap, nodes, time_limit);
         egraph = g;
         stages.push(report);
     }
     let roots = roots.into_iter().map(|r| egraph.find(r)).collect();
-    let stop_reason = stages
-        .iter()
-        .map(|s| &s.stop_reason)
-        .find(|r| **r != StopReason::Saturated)
-        .cloned()
-        .unwrap_or(StopReason::Saturated);
+    let first = stages.iter().find(|s| s.stop_reason != StopReason::Saturated);
+    let stop_reason = first.map_or(StopReason::Saturated, |s| s.stop_reason.clone());
+    let stop_detail = first.map_or_else(|| "saturated".to_string(), |s| s.stop_detail.clone());
     let iterations = stages.iter().map(|s| s.iterations).sum();
-    Ok(Saturation { egraph, roots, stages, stop_reason, iterations })
+    Ok(Saturation { egraph, roots, stages, stop_reason, stop_detail, iterations })
 }
 
 type TensorRunner = Runner<TensorLang, ShapeAnalysis>;
@@ -246,6 +338,7 @@ fn run_stage(
             .map(|(r, n)| (r.name.clone(), n.load(Ordering::Relaxed)))
             .filter(|(_, n)| *n > 0)
             .collect(),
+        stop_detail: String::new(),
     };
     Ok((runner.egraph, report))
 }

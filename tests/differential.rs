@@ -77,7 +77,7 @@ fn setups_with_rules(rules_dir: Option<String>) -> Vec<Setup> {
     tight.launch_overhead_us = 0.01;
     tight.smem_per_block_bytes = 256;
     tight.max_kernel_args = 5;
-    let ilp = OptimizeOptions { extractor: "ilp".into(), time_limit: ilp_time, ..base.clone() };
+    let ilp = OptimizeOptions { extractor: "ilp".into(), ilp_time_limit: Some(ilp_time), ..base.clone() };
     vec![
         Setup { name: "greedy", opts: base.clone(), always: true },
         Setup { name: "ilp", opts: ilp, always: true },
