@@ -212,7 +212,7 @@ impl PlanArgs {
     fn options(&self) -> Result<OptimizeOptions, Error> {
         let mut o = OptimizeOptions::new(DeviceProfile::load(&self.device)?);
         o.fusion = !self.no_fusion;
-        o.rules_dir = self.rules.clone();
+        o.rules = self.rules.as_ref().map(|dir| eqfuse::load_rules_dir(dir).map(std::sync::Arc::new)).transpose()?;
         o.node_limit = self.node_limit;
         o.strict = self.strict;
         o.time_limit = self.time_limit;

@@ -34,8 +34,10 @@ pub struct OptimizeOptions {
     pub profile: DeviceProfile,
     /// When false, every computed tensor is its own kernel.
     pub fusion: bool,
-    /// Rule files to use instead of the built-in ones.
-    pub rules_dir: Option<String>,
+    /// Rulesets to use instead of the built-in ones, as loaded: [`crate::load_rules_dir`] checks
+    /// every rule's soundness on the reference (what `--rules DIR` does); rulesets built
+    /// otherwise ([`crate::parse_ruleset`]) are used as they are.
+    pub rules: Option<std::sync::Arc<Vec<crate::rules::RuleSet>>>,
     pub node_limit: usize,
     pub iter_limit: usize,
     /// Wall time for the whole planning command: saturation, extraction, the fusion searches
@@ -75,7 +77,7 @@ impl OptimizeOptions {
         OptimizeOptions {
             profile,
             fusion: true,
-            rules_dir: None,
+            rules: None,
             node_limit: 20_000,
             iter_limit: 12,
             time_limit: Duration::from_secs(60),
@@ -371,8 +373,8 @@ fn rules_used(program: &Program, egraph: &TensorGraph, dag: &Dag, opts: &Optimiz
             collect_rules(step, &mut names);
         }
     }
-    let inexact: std::collections::BTreeSet<String> = match &opts.rules_dir {
-        Some(dir) => crate::rules::load_rules_dir(dir),
+    let inexact: std::collections::BTreeSet<String> = match &opts.rules {
+        Some(sets) => Ok(sets.to_vec()),
         None => crate::rules::default_rules(),
     }
     .map(|sets| sets.iter().flat_map(|s| &s.rules).filter(|r| r.inexact).map(|r| r.name.clone()).collect())
@@ -454,8 +456,8 @@ fn recognised_composites(program: &Program, dag: &Dag) -> Vec<String> {
 type StagesRun = (TensorGraph, Vec<StageSummary>, usize, String, String);
 
 fn run_stages(egraph: TensorGraph, opts: &OptimizeOptions) -> Result<StagesRun> {
-    let mut rulesets = match &opts.rules_dir {
-        Some(dir) => crate::rules::load_rules_dir(dir)?,
+    let mut rulesets = match &opts.rules {
+        Some(sets) => sets.to_vec(),
         None => crate::rules::default_rules()?,
     };
     if opts.strict {

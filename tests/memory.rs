@@ -138,7 +138,7 @@ fn the_cli_takes_a_budget_and_exits_1_when_none_fits() {
     let msg = String::from_utf8_lossy(&none.stderr);
     assert!(msg.contains("no plan") && msg.contains("fits the memory budget of 100000000 bytes"), "{msg}");
     let bad = run("lots");
-    assert_eq!(bad.status.code(), Some(1));
+    assert_eq!(bad.status.code(), Some(2), "a bad option value is a usage error");
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--memory-budget"));
 }
 
