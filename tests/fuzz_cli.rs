@@ -26,8 +26,10 @@
 //! - `EQFUSE_FUZZ_REPORT=1`: report mode: print a table of failures grouped by class, with a
 //!   count and an example command each, and do not fail;
 //! - `EQFUSE_FUZZ_CASES` (default 10000), `EQFUSE_FUZZ_SEED`, `EQFUSE_FUZZ_WORKERS` (2 to 4 by
-//!   default), `EQFUSE_FUZZ_TIMEOUT` (seconds a run may take, default 60),
-//!   `EQFUSE_FUZZ_NVRTC_MAX` (default 150), `EQFUSE_FUZZ_SAVE=0` (do not write new cases);
+//!   default), `EQFUSE_FUZZ_TIMEOUT` (seconds a run may take, default 30),
+//!   `EQFUSE_FUZZ_NVRTC_MAX` (default 150), `EQFUSE_FUZZ_SAVE` (1: write the first
+//!   input of each failure class to `tests/cases/fuzz_cli/`; the default in CI mode, not in report
+//!   mode);
 //! - NVRTC as in tests/nvrtc.rs: without it the compile check is skipped with a message, unless
 //!   `CI=true`, where a missing NVRTC fails.
 
@@ -215,9 +217,8 @@ struct Corpus {
 }
 
 fn read_dir_sorted(dir: &Path, ext: &str) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = fs::read_dir(dir)
-        .map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
+    let mut files: Vec<PathBuf> =
+        fs::read_dir(dir).map(|r| r.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
     files.retain(|p| p.extension().is_some_and(|x| x == ext));
     files.sort();
     files
@@ -241,8 +242,14 @@ fn numel(p: &Program) -> usize {
 /// The first of a few ways of shrinking a program's dims that still parses, and the program.
 fn shrink(name: &str, text: &str) -> (Vec<(String, usize)>, Option<Program>) {
     let dims = declared_dims(text);
-    let schemes: [&dyn Fn(usize) -> usize; 4] =
-        [&|v| v.min(8), &|v| if v > 64 { (v / 64).max(1) } else { v.min(16) }, &|v| v.min(32), &|v| v];
+    // Dividing the multiples of 64 by one factor keeps products such as E = H x Dh.
+    let schemes: [&dyn Fn(usize) -> usize; 5] = [
+        &|v| v.min(8),
+        &|v| if v > 64 { (v / 64).max(1) } else { v.min(16) },
+        &|v| if v % 64 == 0 { v / 32 } else { v.min(16) },
+        &|v| if v % 64 == 0 { v / 32 } else { v },
+        &|v| v.min(32),
+    ];
     for f in schemes {
         let o: Vec<(String, usize)> = dims.iter().map(|(n, v)| (n.clone(), f(*v))).collect();
         if let Ok(p) = parse_program(name, text, &o) {
@@ -263,12 +270,8 @@ fn load_corpus() -> Corpus {
             eqf.push(Base { text, small_dims, program });
         }
     }
-    let graphs: Vec<Value> = eqf
-        .iter()
-        .filter_map(|b| b.program.as_ref())
-        .filter(|p| numel(p) <= 1 << 16)
-        .map(program_to_json)
-        .collect();
+    let graphs: Vec<Value> =
+        eqf.iter().filter_map(|b| b.program.as_ref()).filter(|p| numel(p) <= 1 << 16).map(program_to_json).collect();
     let mut onnx = vec![];
     let mut models: Vec<PathBuf> =
         read_dir_sorted(&root.join("tests/onnx"), "onnx").into_iter().chain(read_dir_sorted_models(root)).collect();
@@ -278,7 +281,7 @@ fn load_corpus() -> Corpus {
         let name = path.strip_prefix(root).unwrap().display().to_string();
         // Symbolic dims: sized by the names the error asks for, else the model's own.
         let dims: Vec<(String, usize)> =
-            ["N", "B", "S", "batch", "seq"].iter().map(|n| (n.to_string(), 3)).collect();
+            ["n", "N", "B", "S", "batch", "seq"].iter().map(|n| (n.to_string(), 3)).collect();
         let program = program_from_onnx(&name, &bytes, &[]).ok();
         let with_dims = program_from_onnx(&name, &bytes, &dims).ok();
         let (dims, program) = match (program, with_dims) {
@@ -372,10 +375,11 @@ fn corpus_prog(rng: &mut Rng, c: &Corpus) -> Prog {
         }
     }
     // Small dims, except sometimes the declared ones (only for cheap surfaces) or huge ones.
+    let small = b.program.as_ref().is_some_and(|p| numel(p) <= 1 << 14);
     let (dims, big) = match rng.below(100) {
         0..=2 => (huge_dims(rng, &b.small_dims), true),
-        3..=5 => (vec![], b.small_dims.iter().any(|(n, v)| declared_dims(&b.text).iter().any(|d| &d.0 == n && d.1 != *v))),
-        _ => (dims_args(&b.small_dims), b.program.is_none()),
+        3..=5 => (vec![], b.small_dims != declared_dims(&b.text) || !small),
+        _ => (dims_args(&b.small_dims), !small),
     };
     let program = if mutated { None } else { b.program.clone() };
     Prog { file: s("prog.eqf"), bytes: text.into_bytes(), dims, program, big }
@@ -387,8 +391,43 @@ fn huge_dims(rng: &mut Rng, dims: &[(String, usize)]) -> Vec<(String, String)> {
         out.push((s("N"), s("3")));
     }
     let i = rng.below(out.len());
-    out[i].1 = rng.pick(&["2147483648", "4294967296", "1099511627776", "281474976710656", "65536", "16777216"]).to_string();
+    out[i].1 =
+        rng.pick(&["2147483648", "4294967296", "1099511627776", "281474976710656", "65536", "16777216"]).to_string();
     out
+}
+
+/// Deep programs: nested calls (the parser's recursion), long chains of statements or JSON nodes
+/// (every pass over the expression).
+fn deep_prog(rng: &mut Rng) -> Prog {
+    // Planning a long chain takes seconds to minutes in a debug build (the planner's time limit
+    // does not bound extraction yet): long chains go only to `export` and `run --cpu`. Those
+    // stop at 3,000 statements: in a debug build egg's `RecExpr::add` checks its children with
+    // a `debug_assert` that walks the whole expression, so loading n statements takes O(n^2)
+    // (20,000 take 50 s; a release build does not have it).
+    let d = *rng.pick(&[30usize, 60, 100, 1000, 3000]);
+    let op = *rng.pick(&["neg", "exp", "relu", "abs"]);
+    let (file, text) = match rng.below(4) {
+        0 => ("prog.eqf", format!("input x: f32[3]\ny = {}x{}\noutput y\n", format!("{op}(").repeat(d), ")".repeat(d))),
+        1 => ("prog.eqf", format!("input x: f32[3]\ny = {}x{}\noutput y\n", "(".repeat(d), ")".repeat(d))),
+        2 => {
+            let mut t = String::from("input x: f32[3]\nt0 = x\n");
+            for i in 1..d {
+                t += &format!("t{i} = {op}(t{}) + t{}\n", i - 1, i / 2);
+            }
+            ("prog.eqf", t + &format!("output t{}\n", d - 1))
+        }
+        _ => {
+            let mut nodes = vec![serde_json::json!({"op": "input", "value": "x"})];
+            for i in 1..d {
+                nodes.push(serde_json::json!({"op": op, "args": [i - 1]}));
+            }
+            let g = serde_json::json!({"schema": "eqfuse.graph/1",
+                "inputs": [{"name": "x", "dtype": "f32", "shape": [3]}],
+                "nodes": nodes, "outputs": [{"name": "y", "node": d - 1}]});
+            ("prog.json", g.to_string())
+        }
+    };
+    Prog { file: s(file), bytes: text.into_bytes(), dims: vec![], program: None, big: d > 60 }
 }
 
 fn illtyped_prog(rng: &mut Rng, c: &Corpus) -> Prog {
@@ -545,7 +584,19 @@ fn mutate_message(rng: &mut Rng, bytes: &[u8], pool: &[String], depth: usize) ->
                     _ => *rng.pick(&odd),
                 }),
                 Wire::Bytes(b) if std::str::from_utf8(b).is_ok() && rng.chance(60) => {
-                    let names = ["", "x", "Add", "MatMul", "Softmax", "LayerNormalization", "Gemm", "Reshape", "axis", "perm", "N"];
+                    let names = [
+                        "",
+                        "x",
+                        "Add",
+                        "MatMul",
+                        "Softmax",
+                        "LayerNormalization",
+                        "Gemm",
+                        "Reshape",
+                        "axis",
+                        "perm",
+                        "N",
+                    ];
                     let t = if rng.chance(50) { rng.pick(&names).to_string() } else { rng.pick(pool).clone() };
                     Wire::Bytes(t.into_bytes())
                 }
@@ -589,7 +640,10 @@ fn onnx_prog(rng: &mut Rng, c: &Corpus) -> Prog {
     }
     let mut dims = dims_args(&m.dims);
     if rng.chance(10) {
-        dims.push((rng.pick(&["N", "B", "S", "batch"]).to_string(), rng.pick(&["0", "1", "5", "4294967296"]).to_string()));
+        dims.push((
+            rng.pick(&["N", "B", "S", "batch"]).to_string(),
+            rng.pick(&["0", "1", "5", "4294967296"]).to_string(),
+        ));
     }
     let program = if mutated { None } else { m.program.clone() };
     Prog { file: s("model.onnx"), bytes, dims, program, big: false }
@@ -632,8 +686,10 @@ fn mutate_profile(rng: &mut Rng, c: &Corpus) -> Vec<u8> {
         let mut paths = vec![];
         json_paths(&v, &mut vec![], &mut paths);
         // Mostly numbers: they are what the cost model divides by.
-        let numeric: Vec<&Vec<Value>> = paths.iter().filter(|p| get_path(&v, p).is_some_and(Value::is_number)).collect();
-        let path = if rng.chance(75) && !numeric.is_empty() { rng.pick(&numeric).to_vec() } else { rng.pick(&paths).clone() };
+        let numeric: Vec<&Vec<Value>> =
+            paths.iter().filter(|p| get_path(&v, p).is_some_and(Value::is_number)).collect();
+        let path =
+            if rng.chance(75) && !numeric.is_empty() { rng.pick(&numeric).to_vec() } else { rng.pick(&paths).clone() };
         let (last, parent_path) = path.split_last().unwrap();
         let Some(parent) = get_path_mut(&mut v, parent_path) else { continue };
         let odd = [
@@ -771,7 +827,25 @@ fn mutate_rule(rng: &mut Rng, rule: &mut Vec<Sexp>, donors: &[Sexp]) -> &'static
     if rule.len() < 4 {
         return "short";
     }
-    let ops = ["+", "-", "*", "/", "neg", "exp", "log", "sqrt", "sum", "amax", "transpose", "reshape", "softmax", "layernorm", "matmul", "@", "bogus"];
+    let ops = [
+        "+",
+        "-",
+        "*",
+        "/",
+        "neg",
+        "exp",
+        "log",
+        "sqrt",
+        "sum",
+        "amax",
+        "transpose",
+        "reshape",
+        "softmax",
+        "layernorm",
+        "matmul",
+        "@",
+        "bogus",
+    ];
     match rng.below(9) {
         0 => {
             rule.swap(2, 3);
@@ -780,7 +854,8 @@ fn mutate_rule(rng: &mut Rng, rule: &mut Vec<Sexp>, donors: &[Sexp]) -> &'static
         1 => {
             let mut vars = vec![];
             subterms(&rule[2], &mut vars);
-            let pick = vars.into_iter().filter(|v| matches!(v, Sexp::Atom(a) if a.starts_with('?'))).collect::<Vec<_>>();
+            let pick =
+                vars.into_iter().filter(|v| matches!(v, Sexp::Atom(a) if a.starts_with('?'))).collect::<Vec<_>>();
             rule[3] = if pick.is_empty() || rng.chance(30) {
                 Sexp::Atom(rng.pick(&["0", "1", "-1", "2", "?zz", "1e400", "nan"]).to_string())
             } else {
@@ -878,7 +953,8 @@ fn mutate_rules(rng: &mut Rng, c: &Corpus) -> (Vec<(String, Vec<u8>)>, &'static 
 }
 
 fn to_files(files: Vec<(String, String)>) -> Vec<(String, Vec<u8>)> {
-    let mut out: Vec<(String, Vec<u8>)> = files.into_iter().map(|(n, t)| (format!("rules/{n}"), t.into_bytes())).collect();
+    let mut out: Vec<(String, Vec<u8>)> =
+        files.into_iter().map(|(n, t)| (format!("rules/{n}"), t.into_bytes())).collect();
     if out.is_empty() {
         out.push((s("rules/.keep"), vec![]));
     }
@@ -897,7 +973,10 @@ fn npy_descr(d: DType) -> &'static str {
 }
 
 fn npy_file(descr: &str, fortran: bool, shape: &str, data: &[u8], version: u8) -> Vec<u8> {
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape}, }}", if fortran { "True" } else { "False" });
+    let mut header = format!(
+        "{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape}, }}",
+        if fortran { "True" } else { "False" }
+    );
     let len_bytes = if version == 1 { 2 } else { 4 };
     let total = 10 + len_bytes - 2 + header.len() + 1;
     header += &" ".repeat((64 - total % 64) % 64);
@@ -968,7 +1047,11 @@ fn npy_inputs(rng: &mut Rng, p: &Program) -> (Vec<(String, Vec<u8>)>, &'static s
         let mut count = n;
         match rng.below(14) {
             0 => {
-                descr = rng.pick(&["<f8", "<i8", "|u1", "<f2", "<f4", "<i4", "|b1", ">f4", "<c8", "|V4", "<U3", "|O", "<f16", "x"]).to_string();
+                descr = rng
+                    .pick(&[
+                        "<f8", "<i8", "|u1", "<f2", "<f4", "<i4", "|b1", ">f4", "<c8", "|V4", "<U3", "|O", "<f16", "x",
+                    ])
+                    .to_string();
                 what = "dtype";
             }
             1 => {
@@ -989,7 +1072,18 @@ fn npy_inputs(rng: &mut Rng, p: &Program) -> (Vec<(String, Vec<u8>)>, &'static s
                 what = "shape";
             }
             2 => {
-                shape_s = rng.pick(&["(1099511627776,)", "(4294967296, 4294967296)", "(-1,)", "(18446744073709551615,)", "[2, 3]", "(2,3", "()", "(0,)"]).to_string();
+                shape_s = rng
+                    .pick(&[
+                        "(1099511627776,)",
+                        "(4294967296, 4294967296)",
+                        "(-1,)",
+                        "(18446744073709551615,)",
+                        "[2, 3]",
+                        "(2,3",
+                        "()",
+                        "(0,)",
+                    ])
+                    .to_string();
                 what = "bad shape";
             }
             3 => {
@@ -1093,7 +1187,21 @@ fn odd_option(rng: &mut Rng, dims: &[(String, String)], surface: &str) -> Vec<St
         ],
         1 => vec![
             s("--time-limit"),
-            rng.pick(&["0", "-1", "nan", "NaN", "inf", "1e-9", "1e300", "abc", "", "1e-320", "0.001", "18446744073709551616"]).to_string(),
+            rng.pick(&[
+                "0",
+                "-1",
+                "nan",
+                "NaN",
+                "inf",
+                "1e-9",
+                "1e300",
+                "abc",
+                "",
+                "1e-320",
+                "0.001",
+                "18446744073709551616",
+            ])
+            .to_string(),
         ],
         2 => vec![
             s("--node-limit"),
@@ -1102,12 +1210,31 @@ fn odd_option(rng: &mut Rng, dims: &[(String, String)], surface: &str) -> Vec<St
         3 => vec![
             s("--memory-budget"),
             rng.pick(&[
-                "0", "1", "1B", "1KB", "512MiB", "1e30GB", "-5", "abc", "NaN", "inf", "1.5GB", "18446744073709551615", "99999999999TB",
-                "", "1e-9", "0.5", "1 GB", "1GiB",
+                "0",
+                "1",
+                "1B",
+                "1KB",
+                "512MiB",
+                "1e30GB",
+                "-5",
+                "abc",
+                "NaN",
+                "inf",
+                "1.5GB",
+                "18446744073709551615",
+                "99999999999TB",
+                "",
+                "1e-9",
+                "0.5",
+                "1 GB",
+                "1GiB",
             ])
             .to_string(),
         ],
-        4 => vec![s("--device"), rng.pick(&["h300", "", "/nonexistent.json", ".", "prog.eqf", "H100", "h200"]).to_string()],
+        4 => vec![
+            s("--device"),
+            rng.pick(&["h300", "", "/nonexistent.json", ".", "prog.eqf", "H100", "h200"]).to_string(),
+        ],
         5 => vec![s("--rules"), rng.pick(&["/nonexistent", ".", "prog.eqf", ""]).to_string()],
         6 => vec![s("--extractor"), rng.pick(&["ilp", "greedy", "foo"]).to_string()],
         _ => vec![s("--format"), rng.pick(&["yaml", "", "json", "dot", "text"]).to_string()],
@@ -1130,6 +1257,7 @@ const ORIGINS: &[(&str, usize)] = &[
     ("rules", 8),
     ("npy", 9),
     ("options", 6),
+    ("deep", 1),
 ];
 
 fn weighted<'a>(rng: &mut Rng, xs: &[(&'a str, usize)]) -> &'a str {
@@ -1156,11 +1284,13 @@ fn generate(seed: u64, index: usize, c: &Corpus) -> Input {
         "eqf-illtyped" => illtyped_prog(&mut rng, c),
         "json-graph" => json_prog(&mut rng, c),
         "onnx" => onnx_prog(&mut rng, c),
+        "deep" => deep_prog(&mut rng),
         _ => valid_prog(&mut rng, c),
     };
     let surfaces: &[(&str, usize)] = match origin {
         "npy" => &[("run", 1)],
         "profile" | "rules" => &[("optimize", 50), ("codegen", 25), ("explain", 15), ("run", 10)],
+        "deep" if prog.big => &[("export", 50), ("run", 50)],
         _ if prog.big => &[("optimize", 50), ("export", 40), ("explain", 10)],
         // Planning costs 50-300 ms a run in a debug build, loading and `run --cpu` a few: the
         // planning surfaces get fewer inputs, so that 10,000 take a few minutes.
@@ -1378,12 +1508,20 @@ fn judge(input: &Input, o: &Outcome, dir: &Path, shared: &Shared) -> Result<(), 
                 .unwrap_or_default();
             // `src/x.rs:12:5` → `src/x.rs:12`; a panic inside the standard library (an overflow in
             // `Iterator::product`) is placed at the first frame of eqfuse's own code.
-            let own = o.stderr.lines().filter_map(|l| l.trim().strip_prefix("at ")).find(|l| l.starts_with("./src/"));
-            let at = match own {
-                Some(frame) if !at.starts_with("src/") => format!("{} (in {at})", frame.trim_start_matches("./")),
-                _ => at,
+            let strip = |a: &str| a.rsplit_once(':').map_or(a.to_string(), |(a, _)| a.to_string());
+            let own = o
+                .stderr
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("at "))
+                .filter(|l| !l.contains("/rustc/") && !l.contains("/.cargo/") && !l.contains("/tests/"))
+                .find_map(|l| l.find("src/").map(|i| l[i..].to_string()));
+            let place = match own {
+                Some(frame) if !at.starts_with("src/") => {
+                    let std_file = strip(&at).rsplit('/').next().unwrap_or("").to_string();
+                    format!("{} (in std {std_file})", strip(&frame))
+                }
+                _ => strip(&at),
             };
-            let place = at.rsplit_once(':').map(|(a, _)| a.to_string()).unwrap_or(at);
             let msg = o.stderr.lines().skip_while(|l| !l.contains("panicked at ")).nth(1).unwrap_or("").trim();
             Err(fail(format!("panic at {place}: {}", head_chars(&normalize(msg), 90)), tail(&o.stderr)))
         }
@@ -1420,11 +1558,15 @@ fn check_output(input: &Input, o: &Outcome, dir: &Path, shared: &Shared) -> Resu
             let again = exec(dir, &[s("export"), s("exported.json")], None, shared.timeout);
             if again.code != Some(0) {
                 return Err(fail(
-                    format!("bad output: export: its own export does not read back (exit {:?}, signal {:?})", again.code, again.signal),
+                    format!(
+                        "bad output: export: its own export does not read back (exit {:?}, signal {:?})",
+                        again.code, again.signal
+                    ),
                     tail(&again.stderr),
                 ));
             }
-            let w: Value = serde_json::from_slice(&again.stdout).map_err(|e| bad(format!("re-export is not JSON: {e}")))?;
+            let w: Value =
+                serde_json::from_slice(&again.stdout).map_err(|e| bad(format!("re-export is not JSON: {e}")))?;
             if strip_source(&v) != strip_source(&w) {
                 return Err(bad(s("export of the export differs from the export")));
             }
@@ -1437,7 +1579,8 @@ fn check_output(input: &Input, o: &Outcome, dir: &Path, shared: &Shared) -> Resu
                 .and_then(|b| serde_json::from_slice(&b).ok())
                 .ok_or_else(|| bad(s("no readable plan.json")))?;
             plan_contract(&plan).map_err(|e| bad(format!("plan.json contract: {e}")))?;
-            let launch: Option<Value> = fs::read(out.join("launch.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
+            let launch: Option<Value> =
+                fs::read(out.join("launch.json")).ok().and_then(|b| serde_json::from_slice(&b).ok());
             if launch.is_none() {
                 return Err(bad(s("no readable launch.json")));
             }
@@ -1449,7 +1592,12 @@ fn check_output(input: &Input, o: &Outcome, dir: &Path, shared: &Shared) -> Resu
                     return Err(bad(s("an empty .cu file")));
                 }
                 let name = cu.file_name().unwrap().to_string_lossy().to_string();
-                shared.sources.lock().unwrap().entry(fnv(text.as_bytes())).or_insert_with(|| (name, text, input.clone()));
+                shared
+                    .sources
+                    .lock()
+                    .unwrap()
+                    .entry(fnv(text.as_bytes()))
+                    .or_insert_with(|| (name, text, input.clone()));
             }
             Ok(())
         }
@@ -1462,7 +1610,10 @@ fn check_output(input: &Input, o: &Outcome, dir: &Path, shared: &Shared) -> Resu
             for f in files {
                 read_npy_fully(&f).map_err(|e| {
                     let file = f.file_name().unwrap().to_string_lossy().to_string();
-                    fail(format!("bad output: run --cpu: an .npy npyz cannot read: {}", normalize(&e)), format!("{file}: {e}"))
+                    fail(
+                        format!("bad output: run --cpu: an .npy npyz cannot read: {}", normalize(&e)),
+                        format!("{file}: {e}"),
+                    )
                 })?;
             }
             Ok(())
@@ -1513,7 +1664,8 @@ fn plan_contract(v: &Value) -> Result<(), String> {
     let num = |o: &Value, k: &str| {
         field(o, k)?.as_f64().filter(|x| x.is_finite()).ok_or_else(|| format!("`{k}` is not a finite number"))
     };
-    let string = |o: &Value, k: &str| field(o, k)?.as_str().map(String::from).ok_or_else(|| format!("`{k}` is not a string"));
+    let string =
+        |o: &Value, k: &str| field(o, k)?.as_str().map(String::from).ok_or_else(|| format!("`{k}` is not a string"));
     let strings = |o: &Value, k: &str| -> Result<(), String> {
         let a = field(o, k)?;
         let a = a.as_array().ok_or_else(|| format!("`{k}` is not a list"))?;
@@ -1647,7 +1799,7 @@ struct Stats {
     secs: BTreeMap<String, f64>,
     /// The slowest runs: seconds and command.
     slowest: Vec<(f64, String)>,
-    /// Class → (count, surfaces, first example, its detail).
+    /// Class → (count, surfaces and origins, first example, its detail).
     failures: BTreeMap<String, (usize, BTreeSet<String>, Input, String)>,
     kept_failed: Vec<String>,
 }
@@ -1692,6 +1844,7 @@ fn record(st: &mut Stats, input: &Input, f: Failure) {
     let e = st.failures.entry(f.class).or_insert_with(|| (0, BTreeSet::new(), input.clone(), f.detail));
     e.0 += 1;
     e.1.insert(input.surface().to_string());
+    e.1.insert(format!("from {}", input.origin.split(' ').next().unwrap_or("")));
 }
 
 fn parallel(n: usize, workers: usize, f: impl Fn(usize) + Sync) {
@@ -1739,7 +1892,12 @@ fn nvrtc_check(shared: &Shared, stats: &Mutex<Stats>, workers: usize) -> String 
             }
         }
     });
-    format!("NVRTC: compiled {} of {} unique .cu sources ({} sampled)", compiled.into_inner(), sources.len(), sample.len())
+    format!(
+        "NVRTC: compiled {} of {} unique .cu sources ({} sampled)",
+        compiled.into_inner(),
+        sources.len(),
+        sample.len()
+    )
 }
 
 #[test]
@@ -1750,7 +1908,10 @@ fn cli_survives_fuzzed_inputs() {
     let seed = env_or("EQFUSE_FUZZ_SEED", 0x5eed_f022_c11a_0001);
     let default_workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 4);
     let workers = env_or("EQFUSE_FUZZ_WORKERS", default_workers as u64).max(1) as usize;
-    let shared = Shared { timeout: Duration::from_secs(env_or("EQFUSE_FUZZ_TIMEOUT", 60)), sources: Mutex::new(BTreeMap::new()) };
+    let shared = Shared {
+        timeout: Duration::from_secs(env_or("EQFUSE_FUZZ_TIMEOUT", 30)),
+        sources: Mutex::new(BTreeMap::new()),
+    };
     let stats = Mutex::new(Stats::default());
 
     let kept = kept_cases();
@@ -1759,7 +1920,12 @@ fn cli_survives_fuzzed_inputs() {
 
     let corpus = load_corpus();
     assert!(corpus.small.len() >= 10 && corpus.graphs.len() >= 10 && corpus.onnx.len() >= 5, "the corpus is there");
-    parallel(n, workers, |i| run_one(&generate(seed, i, &corpus), &shared, &stats));
+    parallel(n, workers, |i| {
+        run_one(&generate(seed, i, &corpus), &shared, &stats);
+        if (i + 1) % 1000 == 0 {
+            eprintln!("fuzz_cli: {} inputs, {:.0?}", i + 1, start.elapsed());
+        }
+    });
     let nvrtc = nvrtc_check(&shared, &stats, workers);
 
     let st = stats.into_inner().unwrap();
@@ -1794,10 +1960,9 @@ fn cli_survives_fuzzed_inputs() {
         let ok = st.per_surface.get(surface).and_then(|c| c.get("0")).copied().unwrap_or(0);
         assert!(n < 500 || ok > 0, "no {surface} input ran to exit 0");
     }
-    if report_mode || st.failures.is_empty() {
-        return;
-    }
-    let save = env_or("EQFUSE_FUZZ_SAVE", 1) != 0;
+    // The first input of each class not yet kept is written to tests/cases/fuzz_cli/: by default
+    // in CI mode, and in report mode with EQFUSE_FUZZ_SAVE=1.
+    let save = env_or("EQFUSE_FUZZ_SAVE", u64::from(!report_mode)) != 0;
     let mut shown = String::new();
     for (class, (count, _, example, detail)) in &st.failures {
         let saved = if save && !example.origin.starts_with("kept") {
@@ -1805,7 +1970,17 @@ fn cli_survives_fuzzed_inputs() {
         } else {
             String::new()
         };
-        shown += &format!("\n=== {class} ({count} inputs)\n{saved}{}--- stderr / detail\n{detail}\n", example.describe());
+        shown +=
+            &format!("\n=== {class} ({count} inputs)\n{saved}{}--- stderr / detail\n{detail}\n", example.describe());
+    }
+    if report_mode {
+        if save {
+            println!("{shown}");
+        }
+        return;
+    }
+    if st.failures.is_empty() {
+        return;
     }
     panic!(
         "{total_failures} of {} inputs failed ({} classes; kept cases failing: {}):{shown}",

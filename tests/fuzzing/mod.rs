@@ -309,4 +309,3 @@ pub fn corpus() -> Vec<String> {
     }
     texts
 }
-
