@@ -1914,6 +1914,12 @@ fn cli_survives_fuzzed_inputs() {
     };
     let stats = Mutex::new(Stats::default());
 
+    // Under CI=true a missing NVRTC fails at once (nvrtc_check says so again at the end).
+    if std::env::var("CI").as_deref() == Ok("true") {
+        if let Err(why) = eqfuse::nvrtc_available() {
+            panic!("CI=true but NVRTC is unusable: {why}");
+        }
+    }
     let kept = kept_cases();
     parallel(kept.len(), workers, |i| run_one(&kept[i], &shared, &stats));
     let kept_secs = start.elapsed().as_secs_f64();
