@@ -15,8 +15,8 @@
 //!
 //! Anything else is a failure: the input is printed with its command, written to
 //! `tests/cases/fuzz_cli/<hash>/` (the files of the scratch folder plus `cmd`, the arguments one
-//! a line after `#` comments saying what failed) and the test fails. Every kept case there is
-//! replayed first, on every run.
+//! a line after `#` comments saying what failed; `# timeout: SECS` gives a case its own time
+//! limit) and the test fails. Every kept case there is replayed first, on every run.
 //!
 //! Inputs are drawn from a fixed-seed xorshift, one generator per input index, so a run is
 //! deterministic whatever the number of workers. Sizes are kept small (dims overridden, small
@@ -74,6 +74,8 @@ struct Input {
     files: Vec<(String, Vec<u8>)>,
     args: Vec<String>,
     stdin: Option<Vec<u8>>,
+    /// A kept case's own time limit (`# timeout: SECS` in `cmd`), else `EQFUSE_FUZZ_TIMEOUT`.
+    timeout: Option<Duration>,
 }
 
 fn s(x: &str) -> String {
@@ -1373,7 +1375,7 @@ fn generate(seed: u64, index: usize, c: &Corpus) -> Input {
         }
         _ => {}
     }
-    Input { origin, files, args, stdin }
+    Input { origin, files, args, stdin, timeout: None }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1484,7 +1486,8 @@ struct Shared {
 fn judge(input: &Input, o: &Outcome, dir: &Path, shared: &Shared) -> Result<(), Failure> {
     let surface = input.surface();
     if o.timed_out {
-        return Err(fail(format!("hang: {surface} ran past {:?}", shared.timeout), tail(&o.stderr)));
+        let limit = input.timeout.unwrap_or(shared.timeout);
+        return Err(fail(format!("hang: {surface} ran past {limit:?}"), tail(&o.stderr)));
     }
     if let Some(sig) = o.signal {
         let what = o
@@ -1754,7 +1757,12 @@ fn load_case(dir: &Path) -> Input {
     files.sort();
     let stdin = fs::read(dir.join("stdin")).ok();
     let name = dir.file_name().unwrap().to_string_lossy().to_string();
-    Input { origin: format!("kept {name}"), files, args, stdin }
+    let timeout = cmd
+        .lines()
+        .find_map(|l| l.strip_prefix("# timeout:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map(Duration::from_secs_f64);
+    Input { origin: format!("kept {name}"), files, args, stdin, timeout }
 }
 
 fn kept_cases() -> Vec<Input> {
@@ -1793,7 +1801,7 @@ fn save_case(input: &Input, f: &Failure) -> PathBuf {
 struct Stats {
     inputs: usize,
     per_surface: BTreeMap<String, BTreeMap<String, usize>>,
-    per_origin: BTreeMap<String, usize>,
+    per_origin: BTreeMap<String, BTreeMap<String, usize>>,
     exit_codes: BTreeMap<String, usize>,
     /// Seconds spent per surface and per origin.
     secs: BTreeMap<String, f64>,
@@ -1818,7 +1826,7 @@ fn run_one(input: &Input, shared: &Shared, stats: &Mutex<Stats>) {
     let scratch = tempfile::Builder::new().prefix("eqfuse-fuzz-").tempdir().unwrap();
     input.materialize(scratch.path()).unwrap();
     let t0 = Instant::now();
-    let o = exec(scratch.path(), &input.args, input.stdin.as_deref(), shared.timeout);
+    let o = exec(scratch.path(), &input.args, input.stdin.as_deref(), input.timeout.unwrap_or(shared.timeout));
     let verdict = judge(input, &o, scratch.path(), shared);
     let took = t0.elapsed().as_secs_f64();
     let mut st = stats.lock().unwrap();
@@ -1830,7 +1838,8 @@ fn run_one(input: &Input, shared: &Shared, stats: &Mutex<Stats>) {
     st.inputs += 1;
     let label = exit_label(&o);
     *st.per_surface.entry(input.surface().into()).or_default().entry(label.clone()).or_default() += 1;
-    *st.per_origin.entry(input.origin.split(' ').next().unwrap().to_string()).or_default() += 1;
+    let origin = input.origin.split(' ').next().unwrap().to_string();
+    *st.per_origin.entry(origin).or_default().entry(label.clone()).or_default() += 1;
     *st.exit_codes.entry(label).or_default() += 1;
     if let Err(f) = verdict {
         record(&mut st, input, f);
@@ -1945,7 +1954,9 @@ fn cli_survives_fuzzed_inputs() {
     for (surface, codes) in &st.per_surface {
         println!("  {surface:<10} {:>6} inputs, exits {codes:?}", codes.values().sum::<usize>());
     }
-    println!("origins: {:?}", st.per_origin);
+    for (origin, codes) in &st.per_origin {
+        println!("  from {origin:<14} {:>6} inputs, exits {codes:?}", codes.values().sum::<usize>());
+    }
     println!("{nvrtc}");
     let secs_by: Vec<String> = st.secs.iter().map(|(k, v)| format!("{k} {v:.1}s")).collect();
     println!("run time by surface and origin: {}", secs_by.join(", "));
