@@ -368,10 +368,8 @@ fn rules_used(program: &Program, egraph: &TensorGraph, dag: &Dag, opts: &Optimiz
     let mut names = std::collections::BTreeSet::new();
     for (o, (_, d)) in program.outputs.iter().zip(&dag.outputs) {
         let written = prefix(program.expr().as_ref(), usize::from(o.id));
-        let mut ex = egraph.explain_equivalence(&written, &prefix(&chosen, *d));
-        for step in ex.make_flat_explanation() {
-            collect_rules(step, &mut names);
-        }
+        let ex = egraph.explain_equivalence(&written, &prefix(&chosen, *d));
+        collect_rules(&ex.explanation_trees, &mut names, &mut std::collections::HashSet::new());
     }
     let inexact: std::collections::BTreeSet<String> = match &opts.rules {
         Some(sets) => Ok(sets.to_vec()),
@@ -389,12 +387,24 @@ fn rules_used(program: &Program, egraph: &TensorGraph, dag: &Dag, opts: &Optimiz
         .collect()
 }
 
-fn collect_rules(t: &egg::FlatTerm<TensorLang>, out: &mut std::collections::BTreeSet<String>) {
-    for r in [&t.forward_rule, &t.backward_rule].into_iter().flatten() {
-        out.insert(r.to_string());
-    }
-    for c in &t.children {
-        collect_rules(c, out);
+/// The rules of a tree explanation. Subproofs of shared subterms are shared (`Rc`): each is
+/// walked once, where the flat explanation would write a term used twice out twice at every
+/// level (exponential in a chain of such terms).
+fn collect_rules(
+    proof: &egg::TreeExplanation<TensorLang>,
+    out: &mut std::collections::BTreeSet<String>,
+    seen: &mut std::collections::HashSet<*const egg::TreeTerm<TensorLang>>,
+) {
+    for t in proof {
+        if !seen.insert(std::rc::Rc::as_ptr(t)) {
+            continue;
+        }
+        for r in [&t.forward_rule, &t.backward_rule].into_iter().flatten() {
+            out.insert(r.to_string());
+        }
+        for c in &t.child_proofs {
+            collect_rules(c, out, seen);
+        }
     }
 }
 
