@@ -64,6 +64,7 @@ mod error;
 mod expand;
 mod explain;
 mod extract;
+mod files;
 mod fuse;
 mod gen_program;
 mod generate;
@@ -145,14 +146,14 @@ pub use program::{Input, Output, Program};
 pub use reference::{check_fits, eval, eval_all, eval_with, Precision};
 pub use render::{human_bytes, plan_json, render, Format};
 pub use rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
-pub use rules::{default_rules, load_rules_dir, parse_ruleset, Rule, RuleSet, STAGE_ORDER};
+pub use rules::{default_rules, parse_rules_dir, parse_ruleset, Rule, RuleSet, STAGE_ORDER};
 pub use run_cpu::{check_run_folders, run_cpu, CpuRunOptions, CpuRunReport, InputReport, InputSource, OutputReport};
 pub use run_gpu::{
     compare as compare_output, run_on, run_plan_gpu, unfused_plan, GpuRunOptions, GpuRunReport, KernelTiming,
     OutputCheck,
 };
 pub use saturate::{saturate, saturate_egraph, Budgets, Saturation, StageReport, StopReason, MIN_STAGE_ROOM};
-pub use soundness::check_rule;
+pub use soundness::{check_rule, load_rules_dir};
 pub use tensor::{tolerance, Comparison, Summary, Tensor};
 pub use types::{DType, TensorType};
 

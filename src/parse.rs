@@ -12,6 +12,7 @@ mod syntax;
 use std::io::Read;
 
 use crate::error::{Diagnostic, Error, Result};
+use crate::files::read_file;
 use crate::lang::is_identifier;
 use crate::program::{Program, MAX_ELEMENTS};
 
@@ -146,30 +147,6 @@ pub fn load_program(path: &str, overrides: &[(String, usize)]) -> Result<Program
 
 fn read(path: &str) -> Result<String> {
     String::from_utf8(read_file(path)?).map_err(|_| Error::Invalid(format!("{path}: not UTF-8 text")))
-}
-
-/// The bytes of the file at `path`, which must be a regular file or a pipe (`<(...)`), or a link
-/// to one: a folder or a device (`/dev/zero`, which would never end) is an error naming it.
-pub(crate) fn read_file(path: &str) -> Result<Vec<u8>> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-    if !is_readable_kind(&meta) {
-        let what = if meta.is_dir() { "a folder" } else { "a device or other special file" };
-        return Err(Error::Invalid(format!("{path}: is {what}, not a file")));
-    }
-    std::fs::read(path).map_err(|e| Error::io(path, e))
-}
-
-/// A regular file or a pipe: what reading to the end makes sense of.
-pub(crate) fn is_readable_kind(meta: &std::fs::Metadata) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        meta.is_file() || meta.file_type().is_fifo()
-    }
-    #[cfg(not(unix))]
-    {
-        meta.is_file()
-    }
 }
 
 #[cfg(test)]

@@ -144,7 +144,7 @@ impl DeviceProfile {
                         "unknown device `{path}`: give h100, h200, or the path of a profile JSON file"
                     )));
                 }
-                let bytes = crate::parse::read_file(path)?;
+                let bytes = crate::files::read_file(path)?;
                 let text = String::from_utf8(bytes)
                     .map_err(|_| Error::Invalid(format!("{path}: bad device profile: not UTF-8 text")))?;
                 DeviceProfile::parse(path, &text)

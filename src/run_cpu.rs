@@ -140,7 +140,7 @@ pub(crate) fn input_file(dir: &Path, name: &str) -> Result<Option<PathBuf>> {
     let path = npy_path(dir, name);
     let shown = path.display().to_string();
     match std::fs::metadata(&path) {
-        Ok(m) if crate::parse::is_readable_kind(&m) => Ok(Some(path)),
+        Ok(m) if crate::files::is_readable_kind(&m) => Ok(Some(path)),
         Ok(m) => {
             let what = if m.is_dir() { "a folder" } else { "a device or other special file" };
             Err(Error::Invalid(format!("{shown}: input `{name}` is {what}, not a .npy file")))

@@ -477,3 +477,16 @@ pub fn check_rule(rule: &Rule) -> Result<BTreeMap<String, usize>, String> {
     }
     Ok(cases)
 }
+
+/// Loads every `*.rules` file of a directory, one ruleset per file, in stage order
+/// ([`crate::rules::STAGE_ORDER`]), and checks every rule for soundness on the reference
+/// ([`check_rule`]), refusing an unsound one with its `FILE:LINE`: a rule from outside is checked
+/// before it is used, as the tests check the default rules, since an unsound rule would otherwise
+/// give wrong plans without a word.
+pub fn load_rules_dir(dir: impl AsRef<std::path::Path>) -> crate::error::Result<Vec<crate::rules::RuleSet>> {
+    let sets = crate::rules::parse_rules_dir(dir)?;
+    for rule in sets.iter().flat_map(|s| &s.rules) {
+        check_rule_once(rule).map_err(crate::error::Error::Invalid)?;
+    }
+    Ok(sets)
+}
