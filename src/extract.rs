@@ -131,7 +131,7 @@ fn written_literal<'a>(egraph: &'a TensorGraph, c: Id, chosen: &'a TensorLang) -
 
 /// The local (unfused-cost) choice for every class.
 ///
-/// This is exactly what egg's [`Extractor`] with [`LocalCost`] chooses, ties included, computed
+/// This is exactly what egg's [`Extractor`] with `LocalCost` chooses, ties included, computed
 /// without its cost: egg repeats passes over every class until no cost improves, which on a
 /// long chain takes a pass per few links (quadratic in the program's length). Here a class is
 /// evaluated again only when one of its children's cost improved, in the pass and at the place

@@ -148,7 +148,7 @@ fn run(
 }
 
 /// Refuses, before anything is allocated, a program with an input or a computed tensor the CPU
-/// reference cannot hold ([`crate::tensor::MAX_CPU_ELEMENTS`]), naming it and its type.
+/// reference cannot hold (`MAX_CPU_ELEMENTS`, 2^31 elements), naming it and its type.
 pub fn check_fits(program: &Program) -> Result<()> {
     let src = &program.source;
     for input in &program.inputs {
