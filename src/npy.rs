@@ -113,12 +113,6 @@ fn convert(mut data: Vec<f64>, dtype: DType) -> std::result::Result<Vec<f64>, St
 /// `.npy` behind.
 pub fn write_npy(path: impl AsRef<Path>, tensor: &Tensor) -> Result<()> {
     let path = path.as_ref();
-    // (Programs cannot declare more axes; a tensor built in code is refused here, before npyz
-    // would be asked for a header it cannot write.)
-    if tensor.rank() > crate::program::MAX_RANK {
-        let msg = format!("a tensor of rank {} has more than {} axes", tensor.rank(), crate::program::MAX_RANK);
-        return Err(Error::Invalid(format!("{}: {msg}", path.display())));
-    }
     let mut partial = path.as_os_str().to_owned();
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);
@@ -130,8 +124,16 @@ pub fn write_npy(path: impl AsRef<Path>, tensor: &Tensor) -> Result<()> {
     written
 }
 
-/// Writes the file `path`; errors name `shown`, the file the caller asked for.
-fn write_file(path: &Path, shown: &str, tensor: &Tensor) -> Result<()> {
+/// Writes the file `path` in place (a caller that renames it afterwards: [`write_npy`], and
+/// `run_cpu::write_all` for a run's files all or none); errors name `shown`, the file the caller
+/// asked for.
+pub(crate) fn write_file(path: &Path, shown: &str, tensor: &Tensor) -> Result<()> {
+    // (Programs cannot declare more axes; a tensor built in code is refused here, before npyz
+    // would be asked for a header it cannot write.)
+    if tensor.rank() > crate::program::MAX_RANK {
+        let msg = format!("a tensor of rank {} has more than {} axes", tensor.rank(), crate::program::MAX_RANK);
+        return Err(Error::Invalid(format!("{shown}: {msg}")));
+    }
     let io = |e| Error::io(shown, e);
     let mut file = BufWriter::new(File::create(path).map_err(io)?);
     let shape: Vec<u64> = tensor.shape.iter().map(|&d| d as u64).collect();

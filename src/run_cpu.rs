@@ -16,7 +16,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::npy::{read_npy, write_npy};
+use crate::npy::{read_npy, write_file};
 use crate::program::Program;
 use crate::reference::eval;
 use crate::rng::random_program_input;
@@ -177,7 +177,8 @@ pub(crate) fn write_all(dir: &Path, files: &[(PathBuf, &Tensor)]) -> Result<()> 
     };
     for (path, value) in files {
         let t = temp(path);
-        if let Err(e) = write_npy(&t, value) {
+        // Already under a temporary name: written in place, errors naming the file asked for.
+        if let Err(e) = write_file(&t, &path.display().to_string(), value) {
             let _ = std::fs::remove_file(&t);
             cleanup(&written);
             return Err(e);
