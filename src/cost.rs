@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 
 use egg::{Id, Language, RecExpr, Symbol};
 
-use crate::plan::{GemmImpl, Kernel, Template, TensorRef};
+use crate::plan::{saturating_sum, GemmImpl, Kernel, Template, TensorRef};
 use crate::profile::{DeviceProfile, GemmTiles, Work};
 use crate::types::{DType, TensorType};
 
@@ -521,11 +521,6 @@ fn attention_dq_accumulator_bytes(dag: &Dag, i: usize) -> u64 {
 /// operands) reads as `u64::MAX`, never as a wrapped small number.
 fn product(factors: &[u64]) -> u64 {
     factors.iter().fold(1u64, |p, &f| p.saturating_mul(f))
-}
-
-/// A sum of flop counts, saturating (see [`product`]).
-pub(crate) fn saturating_sum(counts: impl Iterator<Item = u64>) -> u64 {
-    counts.fold(0u64, u64::saturating_add)
 }
 
 /// Flops one node costs when computed (transcendentals weigh 4); `u64::MAX` when the count

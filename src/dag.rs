@@ -183,7 +183,7 @@ pub fn role_of(n: &TensorLang) -> Role {
 /// (`reshape_strides`, PyTorch's `computeStride`), so the planner never keeps a view that codegen
 /// cannot index.
 fn layout_copies(nodes: &mut [DagNode]) {
-    use crate::codegen::lower::{broadcast_strides, contiguous, reshape_strides};
+    use crate::layout::{broadcast_strides, contiguous, reshape_strides};
     // Strides of each view over the row-major memory of the nearest non-view node below it.
     let mut strides: Vec<Option<Vec<usize>>> = vec![None; nodes.len()];
     for i in 0..nodes.len() {

@@ -73,7 +73,9 @@ mod ilp;
 mod infer;
 mod json;
 mod lang;
+mod layout;
 mod memory;
+mod memory_fit;
 mod memplan;
 mod npy;
 mod nvrtc;
@@ -108,7 +110,7 @@ pub use codegen::{
 };
 pub use conditions::{condition, NamedCondition, CONDITIONS};
 pub use cost::{analyse, KernelCost};
-pub use cublas::{LtCall, LtEpilogue, LtLoop, LtOperand};
+pub use codegen::cublaslt::{LtCall, LtEpilogue, LtLoop, LtOperand};
 pub use dag::{Dag, DagNode, Role};
 pub use deadline::Deadline;
 pub use error::{Diagnostic, Error, Result};

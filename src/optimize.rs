@@ -125,7 +125,7 @@ pub fn unfused_totals(program: &Program, profile: &DeviceProfile) -> Result<Tota
     Ok(Totals {
         kernels: groups.len(),
         bytes: groups.iter().map(|g| g.cost.bytes_read(&dag) + f.group_write_bytes(g)).sum(),
-        flops: crate::cost::saturating_sum(groups.iter().map(|g| g.cost.flops)),
+        flops: crate::plan::saturating_sum(groups.iter().map(|g| g.cost.flops)),
         predicted_us: crate::residency::ordered_times(&dag, &f, profile).iter().sum(),
     })
 }
@@ -322,7 +322,7 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
     if let Some(budget) = opts.memory_budget {
         let inputs: Vec<(String, crate::types::TensorType)> =
             program.inputs.iter().map(|i| (i.name.clone(), i.ty.clone())).collect();
-        fusion = crate::memory::fit_budget(dag, fusion, &inputs, budget).map_err(|m| {
+        fusion = crate::memory_fit::fit_budget(dag, fusion, &inputs, budget).map_err(|m| {
             let io = m.inputs_bytes + m.outputs_bytes;
             Error::Invalid(format!(
                 "no plan of {} fits the memory budget of {budget} bytes ({}): the smallest peak found is {} bytes \

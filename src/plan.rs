@@ -286,11 +286,17 @@ impl FusionPlan {
         Totals {
             kernels: kernels.len(),
             bytes: kernels.iter().map(|k| k.bytes_read + k.bytes_written).sum(),
-            flops: crate::cost::saturating_sum(kernels.iter().map(|k| k.flops)),
+            flops: saturating_sum(kernels.iter().map(|k| k.flops)),
             // `+ 0.0`: an empty sum of floats is -0.0, shown as `-0.0 us`.
             predicted_us: kernels.iter().map(|k| k.predicted_us).sum::<f64>() + 0.0,
         }
     }
+}
+
+/// A sum of flop counts, saturating: a count beyond u64 reads as `u64::MAX`, never as a
+/// wrapped small number.
+pub fn saturating_sum(counts: impl Iterator<Item = u64>) -> u64 {
+    counts.fold(0u64, u64::saturating_add)
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use crate::lang::{Composite, Kind, TensorLang};
 use crate::plan::{FusionPlan, Kernel, Template};
 use crate::types::{DType, TensorType};
 
-use super::lower::{broadcast_strides, contiguous, reshape_strides};
+use crate::layout::{broadcast_strides, contiguous, reshape_strides};
 use super::{KernelSource, Launch};
 
 /// Query rows per block, key rows per tile, and warps per block (`kernels/attention.cu`).

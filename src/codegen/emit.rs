@@ -17,7 +17,8 @@ mod cols;
 mod rows;
 pub use rows::{row_cached, ROW_CACHE_PER_THREAD};
 
-use super::lower::{contiguous, Access, Lowered, Node, Op, Store};
+use super::lower::{Access, Lowered, Node, Op, Store};
+use crate::layout::contiguous;
 use crate::error::{Error, Result};
 use crate::lang::{Binary, Reduce, Unary};
 use crate::plan::{Kernel, Template};

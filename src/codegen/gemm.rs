@@ -13,7 +13,7 @@ use std::fmt::Write;
 
 use super::emit;
 use super::lower::{self, Lowered, Op, Operand};
-use crate::cublas::{LtCall, LtEpilogue, LtLoop, LtOperand};
+use super::cublaslt::{LtCall, LtEpilogue, LtLoop, LtOperand};
 use crate::error::{Error, Result};
 use crate::lang::{Binary, Unary};
 use crate::plan::{GemmImpl, Kernel, Template, TensorRef};

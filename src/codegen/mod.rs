@@ -9,6 +9,7 @@
 
 pub mod attention;
 pub mod attention_bwd;
+pub mod cublaslt;
 pub use attention::template_runs as attention_template_runs;
 mod emit;
 pub use emit::{row_cached, ROW_CACHE_PER_THREAD};
@@ -109,7 +110,7 @@ pub struct KernelSource {
     /// A gemm kernel run as one cuBLASLt call instead of generated CUDA (then `source` is
     /// empty, `file` too, and `launch` is unused).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cublaslt: Option<crate::cublas::LtCall>,
+    pub cublaslt: Option<cublaslt::LtCall>,
     /// Whether the last bits of its results depend on the order its blocks run (f32 atomics:
     /// attention's query gradient beside the key and value gradients); never under strict
     /// numerics.
