@@ -50,118 +50,100 @@
 //!
 //! `examples/library.rs` does the same for a dense layer with a residual and a layer norm.
 
-mod analysis;
-mod autodiff;
-mod bench;
-mod calibrate;
-mod codegen;
-mod conditions;
-mod cost;
-mod cublas;
-mod dag;
-mod deadline;
+// The layers, lowest first: each module imports only modules declared before it
+// (`tests/layers.rs` checks it; ARCHITECTURE.md draws it).
+// Errors (a comment above each `mod` keeps rustfmt from sorting the list).
 mod error;
-mod expand;
-mod explain;
-mod extract;
+// Reading user files with checks.
 mod files;
-mod fuse;
-mod gen_program;
-mod generate;
-mod gpu;
-mod ilp;
-mod infer;
-mod json;
-mod lang;
-mod layout;
-mod memory;
-mod memory_fit;
-mod memplan;
-mod npy;
-mod nvrtc;
-mod onnx;
-mod optimize;
-mod parse;
-mod plan;
-mod plancheck;
-mod profile;
-mod program;
+// The program IR: operators, types, shape inference, programs, tensors, strided views.
+mod ir;
+// The CPU reference: evaluation, the counter-based generator, `.npy`, `run --cpu`.
 mod reference;
-mod render;
-mod residency;
-mod rng;
-mod rules;
-mod run_cpu;
-mod run_gpu;
-mod saturate;
-mod scalar;
-mod soundness;
-mod tensor;
-mod types;
+// Fusion plans: kernels, the kernel DAG, memory and liveness, rendering, plan checks.
+mod plan;
+// CUDA code generation of a plan's kernels; `codegen::caps` is what the planner may ask.
+mod codegen;
+// Reverse mode and composite expansion.
+mod autodiff;
+// Reading programs: `.eqf`, JSON graphs, ONNX.
+mod frontend;
+// The cost model and device profiles.
+mod cost;
+// Finding a plan: e-graph, rules, saturation, extraction, fusion, ILP, budgets.
+mod search;
+// Running plans on the GPU.
+mod runtime;
+// Calibration, benchmarks, program generators.
+mod tools;
 
-pub use analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
+pub use autodiff::expand::expand_composites;
 pub use autodiff::{expand_grads, grad, has_grads};
-pub use bench::{bench_programs, spearman, BenchReport, BenchRow};
-pub use calibrate::{calibrate, calibrate_on, short_name as profile_name_of, Calibration};
+pub use codegen::cublaslt::{LtCall, LtEpilogue, LtLoop, LtOperand};
 pub use codegen::gemm::cublaslt_call as gemm_cublaslt_call;
 pub use codegen::{
     codegen_kernel, codegen_plan, loads_masks, manifest_json, stores_masks, write_codegen_dir, ArgRole, KernelArg,
     KernelSource, Launch, TEMPLATE_FILES,
 };
-pub use conditions::{condition, NamedCondition, CONDITIONS};
+pub use cost::profile::{DeviceProfile, TemplateRates};
 pub use cost::{analyse, KernelCost};
-pub use codegen::cublaslt::{LtCall, LtEpilogue, LtLoop, LtOperand};
-pub use dag::{Dag, DagNode, Role};
-pub use deadline::Deadline;
 pub use error::{Diagnostic, Error, Result};
-pub use expand::expand_composites;
-pub use explain::explain;
-pub use extract::{
-    build_plan, dag_of, extract, fused_cost, local_selection, local_selection_by_egg, planned_cost, written_selection,
-    ExtractOptions, Extracted, Selection,
+pub use frontend::json::{program_from_json, program_to_json};
+pub use frontend::onnx::{program_from_onnx, supported_onnx_ops, ONNX_DIM_METADATA_PREFIX, ONNX_OPSETS};
+pub use frontend::parse::{load_program, parse_dim_override, parse_program};
+pub use ir::infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
+pub use ir::lang::{AttnArg, Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
+pub use ir::program::{Input, Output, Program};
+pub use ir::tensor::{tolerance, Comparison, Summary, Tensor};
+pub use ir::types::{DType, TensorType};
+pub use plan::dag::{Dag, DagNode, Role};
+pub use plan::memory::{
+    liveness, pack_mask, packed_bytes, parse_bytes, unpack_mask, KernelIo, MemoryReport, SavedTensor,
 };
-pub use fuse::{Fusion, FusionParts, Group};
-pub use gen_program::{random_recipe, recipes, Recipe, Step};
-pub use generate::{residual_stack_eqf, skip_chain_eqf, transformer_stack_eqf, SKIP_CHAIN_FUNCTIONS};
-pub use gpu::{tensor_bytes, tensor_from_bytes, Gpu};
-pub use ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};
-pub use infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
-pub use json::{program_from_json, program_to_json};
-pub use lang::{AttnArg, Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};
-pub use memory::{liveness, pack_mask, packed_bytes, parse_bytes, unpack_mask, KernelIo, MemoryReport, SavedTensor};
-pub use memplan::{MemoryPlan, Step as MemoryStep};
-pub use npy::{read_npy, write_npy};
-pub use nvrtc::{
+pub use plan::plancheck::{check_plan, eval_plan, eval_plan_with, kernel_program};
+pub use plan::render::{human_bytes, plan_json, render, Format};
+pub use plan::{FusionPlan, GemmImpl, Kernel, SearchReport, Template, TensorRef, Totals};
+pub use reference::npy::{read_npy, write_npy};
+pub use reference::rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
+pub use reference::run_cpu::{
+    check_run_folders, run_cpu, CpuRunOptions, CpuRunReport, InputReport, InputSource, OutputReport,
+};
+pub use reference::{check_fits, eval, eval_all, eval_with, Precision};
+pub use runtime::gpu::{tensor_bytes, tensor_from_bytes, Gpu};
+pub use runtime::memplan::{MemoryPlan, Step as MemoryStep};
+pub use runtime::nvrtc::{
     available as nvrtc_available, cache_dir, compile as nvrtc_compile, compile_cached as nvrtc_compile_cached,
     Compiled, DEFAULT_ARCH,
 };
-pub use onnx::{program_from_onnx, supported_onnx_ops, ONNX_DIM_METADATA_PREFIX, ONNX_OPSETS};
-pub use optimize::{
-    egraph_of, optimize, plan_saturated, saturate_program, unfused_totals, OptimizeOptions, Optimized, Saturated,
-    StageSummary,
-};
-pub use parse::{load_program, parse_dim_override, parse_program};
-pub use plan::{FusionPlan, GemmImpl, Kernel, SearchReport, Template, TensorRef, Totals};
-pub use plancheck::{check_plan, eval_plan, eval_plan_with, kernel_program};
-pub use profile::{DeviceProfile, TemplateRates};
-pub use program::{Input, Output, Program};
-pub use reference::{check_fits, eval, eval_all, eval_with, Precision};
-pub use render::{human_bytes, plan_json, render, Format};
-pub use rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
-pub use rules::{default_rules, parse_rules_dir, parse_ruleset, Rule, RuleSet, STAGE_ORDER};
-pub use run_cpu::{check_run_folders, run_cpu, CpuRunOptions, CpuRunReport, InputReport, InputSource, OutputReport};
-pub use run_gpu::{
+pub use runtime::run_gpu::{
     compare as compare_output, run_on, run_plan_gpu, unfused_plan, GpuRunOptions, GpuRunReport, KernelTiming,
     OutputCheck,
 };
-pub use saturate::{saturate, saturate_egraph, Budgets, Saturation, StageReport, StopReason, MIN_STAGE_ROOM};
-pub use soundness::{check_rule, load_rules_dir};
-pub use tensor::{tolerance, Comparison, Summary, Tensor};
-pub use types::{DType, TensorType};
+pub use search::analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
+pub use search::conditions::{condition, NamedCondition, CONDITIONS};
+pub use search::deadline::Deadline;
+pub use search::explain::explain;
+pub use search::extract::{
+    build_plan, dag_of, extract, fused_cost, local_selection, local_selection_by_egg, planned_cost, written_selection,
+    ExtractOptions, Extracted, Selection,
+};
+pub use search::fuse::{Fusion, FusionParts, Group};
+pub use search::ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};
+pub use search::optimize::{
+    egraph_of, optimize, plan_saturated, saturate_program, unfused_totals, OptimizeOptions, Optimized, Saturated,
+    StageSummary,
+};
+pub use search::rules::{default_rules, parse_rules_dir, parse_ruleset, Rule, RuleSet, STAGE_ORDER};
+pub use search::saturate::{saturate, saturate_egraph, Budgets, Saturation, StageReport, StopReason, MIN_STAGE_ROOM};
+pub use search::soundness::{check_rule, load_rules_dir};
+pub use tools::bench::{bench_programs, spearman, BenchReport, BenchRow};
+pub use tools::calibrate::{calibrate, calibrate_on, short_name as profile_name_of, Calibration};
+pub use tools::gen_program::{random_recipe, recipes, Recipe, Step};
+pub use tools::generate::{residual_stack_eqf, skip_chain_eqf, transformer_stack_eqf, SKIP_CHAIN_FUNCTIONS};
 
 /// The counter-based generator that dropout and seeded inputs use (the CUDA side reproduces it).
 pub mod random {
-    pub use crate::rng::*;
+    pub use crate::reference::rng::*;
 }
 
 /// The README's examples run as doctests.
@@ -171,5 +153,5 @@ pub struct ReadmeDoctests;
 
 /// Pointwise semantics on f64, shared by every CPU evaluator.
 pub mod scalars {
-    pub use crate::scalar::{binary, gelu, gelu_tanh, sigmoid, unary};
+    pub use crate::ir::scalar::{binary, gelu, gelu_tanh, sigmoid, unary};
 }

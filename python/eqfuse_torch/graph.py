@@ -16,7 +16,7 @@ from dataclasses import dataclass
 SCHEMA = "eqfuse.graph/1"
 DTYPES = ("f32", "f16", "bf16", "i32", "bool")
 
-# Operator spellings of eqfuse's op table (src/lang.rs `OPS`). An input may not use one as its name.
+# Operator spellings of eqfuse's op table (src/ir/lang.rs `OPS`). An input may not use one as its name.
 OPS = frozenset(
     "neg exp log sqrt rsqrt recip abs tanh sigmoid relu gelu gelu_tanh silu erf sin cos square not "
     "+ - * / pow max min < <= > >= == != sum mean amax amin where cast transpose reshape broadcast @ "

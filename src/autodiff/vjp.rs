@@ -10,8 +10,8 @@
 use egg::Id;
 
 use super::{Tape, R};
-use crate::lang::{AttnArg, Binary, Composite, Kind, Reduce, TensorLang, Unary};
-use crate::types::DType;
+use crate::ir::lang::{AttnArg, Binary, Composite, Kind, Reduce, TensorLang, Unary};
+use crate::ir::types::DType;
 
 /// The nodes of a max-shifted exp-sum: `m = amax(x, a)`, `s = x - m`, `e = exp(s)`,
 /// `z = sum(e, a)`.
@@ -294,7 +294,7 @@ impl Tape<'_> {
             Composite::AttentionLse | Composite::AttentionGrad(_) => {
                 return Err(format!(
                     "`{}` (attention's backward) has no gradient: second-order attention gradients are not supported",
-                    crate::lang::OpCode::of(Kind::Composite(c)).name()
+                    crate::ir::lang::OpCode::of(Kind::Composite(c)).name()
                 ))
             }
         }
@@ -407,7 +407,7 @@ impl Tape<'_> {
         if crate::codegen::attention_bwd::template_runs(&self.ty(q)?, &self.ty(k)?, &self.ty(v)?) {
             return self.attention_flash(ch, y, g, out);
         }
-        let scores = crate::expand::attention_scores(self.p, q, k, scale, causal)?;
+        let scores = crate::autodiff::expand::attention_scores(self.p, q, k, scale, causal)?;
         let last = self.p.num(-1.0);
         let p = self.op(Kind::Composite(Composite::Softmax), vec![scores, last])?;
         let gf = self.full_like(g, y)?;
@@ -522,14 +522,14 @@ impl Tape<'_> {
     /// Whether two axis literals name the same axis of `x`.
     fn same_axis(&self, x: Id, a: Id, b: Id) -> bool {
         let rank = self.p.ty(x).map_or(0, |t| t.rank());
-        let norm = |id: Id| self.p.fact(id).konst.and_then(|v| crate::infer::norm_axis(v as i64, rank).ok());
+        let norm = |id: Id| self.p.fact(id).konst.and_then(|v| crate::ir::infer::norm_axis(v as i64, rank).ok());
         norm(a).is_some() && norm(a) == norm(b)
     }
 
     fn axis_size(&self, x: Id, axis: Id) -> R<usize> {
         let ty = self.ty(x)?;
         let a = self.p.fact(axis).konst.ok_or("a reduction axis must be a constant")?;
-        let a = crate::infer::norm_axis(a as i64, ty.rank())?;
+        let a = crate::ir::infer::norm_axis(a as i64, ty.rank())?;
         Ok(ty.shape[a])
     }
 }

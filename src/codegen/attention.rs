@@ -15,13 +15,13 @@
 //! path and whose other compiles run the mma.sync path, each with its own block shape.
 
 use crate::error::{Error, Result};
-use crate::infer::{infer, norm_axis, Fact};
-use crate::lang::{Composite, Kind, TensorLang};
+use crate::ir::infer::{infer, norm_axis, Fact};
+use crate::ir::lang::{Composite, Kind, TensorLang};
+use crate::ir::types::{DType, TensorType};
 use crate::plan::{FusionPlan, Kernel, Template};
-use crate::types::{DType, TensorType};
 
-use crate::layout::{broadcast_strides, contiguous, reshape_strides};
 use super::{KernelSource, Launch};
+use crate::ir::layout::{broadcast_strides, contiguous, reshape_strides};
 
 /// Query rows per block, key rows per tile, and warps per block (`kernels/attention.cu`).
 pub const BLOCK_M: usize = 128;
@@ -135,8 +135,8 @@ fn const_value(body: &[TensorLang], i: usize) -> Option<f64> {
         TensorLang::Op(code, ch) => {
             let c = |k: usize| ch.get(k).and_then(|&c| const_value(body, usize::from(c)));
             match code.kind() {
-                Kind::Unary(u) => Some(crate::scalar::unary(u, c(0)?)),
-                Kind::Binary(b) if !b.is_comparison() => Some(crate::scalar::binary(b, c(0)?, c(1)?, false)),
+                Kind::Unary(u) => Some(crate::ir::scalar::unary(u, c(0)?)),
+                Kind::Binary(b) if !b.is_comparison() => Some(crate::ir::scalar::binary(b, c(0)?, c(1)?, false)),
                 _ => None,
             }
         }
@@ -549,7 +549,7 @@ mod tests {
     fn constants_fold() {
         let body: Vec<TensorLang> = vec![
             TensorLang::num(8.0),
-            TensorLang::op(crate::lang::OpCode::of(Kind::Unary(crate::lang::Unary::Recip)), vec![0.into()]),
+            TensorLang::op(crate::ir::lang::OpCode::of(Kind::Unary(crate::ir::lang::Unary::Recip)), vec![0.into()]),
         ];
         assert_eq!(const_value(&body, 1), Some(0.125));
     }

@@ -14,9 +14,9 @@
 use crate::error::{Error, Result};
 use egg::Language;
 
-use crate::lang::{AttnArg, Composite, Kind, TensorLang};
+use crate::ir::lang::{AttnArg, Composite, Kind, TensorLang};
+use crate::ir::types::{DType, TensorType};
 use crate::plan::{FusionPlan, Kernel, Template};
-use crate::types::{DType, TensorType};
 
 use super::{ArgRole, KernelArg, KernelSource, Launch};
 

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::types::DType;
+use crate::ir::types::DType;
 
 /// The epilogues of cuBLASLt that eqfuse uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

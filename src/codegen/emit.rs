@@ -18,11 +18,11 @@ mod rows;
 pub use rows::{row_cached, ROW_CACHE_PER_THREAD};
 
 use super::lower::{Access, Lowered, Node, Op, Store};
-use crate::layout::contiguous;
 use crate::error::{Error, Result};
-use crate::lang::{Binary, Reduce, Unary};
+use crate::ir::lang::{Binary, Reduce, Unary};
+use crate::ir::layout::contiguous;
+use crate::ir::types::DType;
 use crate::plan::{Kernel, Template};
-use crate::types::DType;
 
 /// The most blocks of an elementwise kernel's grid.
 const MAX_ELEMENTWISE_BLOCKS: usize = 65536;
@@ -72,7 +72,7 @@ pub(super) fn literal(v: f64, ty: &str) -> String {
     match ty {
         // A literal meets i32 values wrapped, as the reference's i32 arithmetic takes it (a
         // folded `4e9` is `-294967296`). (`-2147483648` is the negation of a long in C.)
-        "int" => match crate::scalar::wrap_i32(v) as i64 {
+        "int" => match crate::ir::scalar::wrap_i32(v) as i64 {
             m if m == i32::MIN as i64 => "(-2147483647 - 1)".to_string(),
             n => n.to_string(),
         },

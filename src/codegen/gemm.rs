@@ -11,13 +11,13 @@
 
 use std::fmt::Write;
 
+use super::cublaslt::{LtCall, LtEpilogue, LtLoop, LtOperand};
 use super::emit;
 use super::lower::{self, Lowered, Op, Operand};
-use super::cublaslt::{LtCall, LtEpilogue, LtLoop, LtOperand};
 use crate::error::{Error, Result};
-use crate::lang::{Binary, Unary};
+use crate::ir::lang::{Binary, Unary};
+use crate::ir::types::{DType, TensorType};
 use crate::plan::{GemmImpl, Kernel, Template, TensorRef};
-use crate::types::{DType, TensorType};
 
 /// The name of the pseudo-tensor holding the product tile.
 const PRODUCT: &str = "eq_product";
@@ -474,7 +474,7 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
 fn product_dtype(k: &Kernel) -> Option<DType> {
     let nodes = k.body.as_ref();
     let mm = nodes.iter().find_map(|n| match n {
-        crate::lang::TensorLang::Op(code, ch) if code.kind() == crate::lang::Kind::MatMul => Some(ch[0]),
+        crate::ir::lang::TensorLang::Op(code, ch) if code.kind() == crate::ir::lang::Kind::MatMul => Some(ch[0]),
         _ => None,
     })?;
     // The product's dtype is its operands' (they agree, the type checker says so); find the
@@ -482,10 +482,10 @@ fn product_dtype(k: &Kernel) -> Option<DType> {
     let mut id = mm;
     loop {
         match &nodes[usize::from(id)] {
-            crate::lang::TensorLang::Var(s) => {
+            crate::ir::lang::TensorLang::Var(s) => {
                 return k.reads.iter().find(|r| r.name == s.as_str()).map(|r| r.ty.dtype)
             }
-            crate::lang::TensorLang::Op(_, ch) => id = ch[0],
+            crate::ir::lang::TensorLang::Op(_, ch) => id = ch[0],
             _ => return None,
         }
     }

@@ -10,11 +10,11 @@
 //! is an error naming the op, never an approximation.
 
 use crate::error::{Error, Result};
-use crate::layout::{broadcast_strides, contiguous, reshape_strides};
-use crate::infer::{infer, norm_axis, Fact};
-use crate::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
+use crate::ir::infer::{infer, norm_axis, Fact};
+use crate::ir::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
+use crate::ir::layout::{broadcast_strides, contiguous, reshape_strides};
+use crate::ir::types::{DType, TensorType};
 use crate::plan::{Kernel, Template};
-use crate::types::{DType, TensorType};
 
 /// A load from a tensor the kernel reads: one stride per domain axis (0 where broadcast).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub enum Op {
     Binary(Binary, usize, usize),
     Where(usize, usize, usize),
     Cast(DType, usize),
-    /// `dropout` of `x` at flat index `index` (constants from `src/rng.rs`).
+    /// `dropout` of `x` at flat index `index` (constants from `src/reference/rng.rs`).
     Dropout {
         x: usize,
         index: usize,
@@ -249,7 +249,7 @@ impl<'a> Lowerer<'a> {
         if shape.len() > r {
             return Err(unsupported(
                 self.kernel,
-                format!("a value of shape {} does not fit the iteration space", crate::lang::Dims(shape.to_vec())),
+                format!("a value of shape {} does not fit the iteration space", crate::ir::lang::Dims(shape.to_vec())),
             ));
         }
         let mut out = vec![1; r - shape.len()];
@@ -336,9 +336,9 @@ impl<'a> Lowerer<'a> {
                     x,
                     index,
                     seed,
-                    key0: crate::rng::stream_key(seed, 0),
-                    threshold: crate::rng::dropout_threshold(p),
-                    scale: crate::rng::dropout_scale(p),
+                    key0: crate::reference::rng::stream_key(seed, 0),
+                    threshold: crate::reference::rng::dropout_threshold(p),
+                    scale: crate::reference::rng::dropout_scale(p),
                 };
                 self.push(op, ty.dtype, shape)
             }

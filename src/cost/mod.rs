@@ -1,0 +1,1021 @@
+//! `KernelCost`: what one candidate kernel computes, whether a template can run it, and what it
+//! costs.
+//!
+//! A candidate kernel is a set of *members* (tensors it is responsible for) in a [`Dag`] where
+//! some nodes are materialized. Its body is the members plus every non-materialized node they
+//! reach; the materialized nodes it reaches outside itself are its reads. Cost is launch
+//! overhead + max(bytes / bandwidth, flops / rate), from the device profile.
+//! Invariant: this module decides legality and cost from the DAG and the profile alone; it never
+//! looks at the GPU, and the same candidate always gets the same answer.
+
+pub mod profile;
+
+use crate::ir::infer::broadcast_shapes;
+use crate::ir::lang::{AttnArg, Composite, Kind, Reduce, TensorLang, Unary};
+use crate::plan::dag::{Dag, Role};
+use std::collections::BTreeMap;
+
+use egg::{Id, Language, RecExpr, Symbol};
+
+use crate::cost::profile::{DeviceProfile, GemmTiles, Work};
+use crate::ir::types::{DType, TensorType};
+use crate::plan::{saturating_sum, GemmImpl, Kernel, Template, TensorRef};
+
+/// Largest body the register budget allows, in operators.
+const MAX_BODY_OPS: usize = 384;
+/// Widest product row a gemm epilogue may reduce over (one tile row).
+const MAX_GEMM_ROW: usize = 256;
+
+/// A legal candidate kernel, analysed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelCost {
+    pub template: Template,
+    pub domain: Vec<usize>,
+    /// Nodes computed in the kernel, in topological order (members included).
+    pub body: Vec<usize>,
+    /// Materialized nodes read from device memory.
+    pub reads: Vec<usize>,
+    pub flops: u64,
+    /// Times each full-size read is streamed (2 or more when a row does not fit on chip).
+    pub passes: u32,
+    /// Why the kernel is shaped as it is ("row of 65536 f32 exceeds shared memory ...").
+    pub notes: Vec<String>,
+    /// For a gemm kernel, the implementation predicted faster (cuBLASLt only where its
+    /// epilogues cover the body).
+    pub implementation: Option<GemmImpl>,
+    /// Dependent reduction stages (row kernels, and a gemm's row epilogue).
+    pub stages: u32,
+    /// For a gemm kernel, the product and the tile the generated implementation runs it in.
+    pub tiles: Option<GemmTiles>,
+    /// For a gemm kernel on cuBLASLt, the calls it makes (one per index of the batch axes no
+    /// single stride spans); 1 otherwise.
+    pub calls: u64,
+    /// Device-memory traffic of the kernel's own workspace (the f32 accumulator of attention's
+    /// query gradient summed by atomics), beyond its tensors'.
+    pub workspace_bytes: u64,
+}
+
+impl KernelCost {
+    /// Bytes read, counting re-streamed rows.
+    pub fn bytes_read(&self, dag: &Dag) -> u64 {
+        let full: usize = self.domain.iter().product();
+        self.reads
+            .iter()
+            .map(|&r| {
+                let b = dag.bytes(r);
+                let is_full = dag.nodes[r].ty().is_some_and(|t| t.numel() == full && full > 1);
+                if is_full {
+                    b * self.passes as u64
+                } else {
+                    b
+                }
+            })
+            .sum()
+    }
+
+    /// Predicted microseconds, given the bytes this kernel writes (every read from device
+    /// memory).
+    pub fn predict_us(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64) -> f64 {
+        self.predict_us_hit(dag, profile, bytes_written, 0)
+    }
+
+    /// Predicted microseconds when `hit` of the bytes read come from L2 (see `residency.rs`).
+    pub fn predict_us_hit(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64, hit: u64) -> f64 {
+        // (Attention's log-sum-exp is f32; its products run in the operands' dtype.)
+        let dtype = self
+            .body
+            .last()
+            .map(|&b| match dag.nodes[b].kind() {
+                Some(Kind::Composite(Composite::AttentionLse)) => dag.nodes[b].children().next().unwrap_or(b),
+                _ => b,
+            })
+            .and_then(|b| dag.nodes[b].ty())
+            .map_or(DType::F32, |t| t.dtype);
+        let work = Work {
+            bytes: self.bytes_read(dag) + bytes_written + self.workspace_bytes,
+            hit,
+            flops: self.flops,
+            stages: self.stages,
+            calls: self.calls,
+        };
+        // (The forward kernel writing its log-sum-exp too runs at the forward's rate.)
+        let has = |c: Composite| self.body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(c)));
+        let backward = self.template == Template::Attention
+            && self.body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()))
+            && !has(Composite::Attention);
+        // (A 16-bit forward that the Hopper path does not take runs the portable path.)
+        let portable = self.template == Template::Attention && !backward && {
+            let att = self.body.iter().find(|&&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::Attention)));
+            att.and_then(|&a| dag.nodes[a].children().nth(3))
+                .and_then(|s| dag.nodes[s].fact.konst)
+                .is_some_and(|scale| dtype != DType::F32 && !crate::codegen::attention::hopper_path(dtype, scale))
+        };
+        // (The one kernel of the query, key and value gradients has a rate of its own.)
+        let fused = self.workspace_bytes > 0;
+        // (Cross-entropy's mean over rows runs as a row kernel with one global result, as
+        // `codegen::lower` renders it: the row template's rates; see `analyse` for its stages.)
+        let row_global = row_with_global(dag, self);
+        match self.implementation {
+            Some(imp) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
+            None if backward => profile.attention_backward_us(&work, dtype, fused),
+            None if portable => profile.attention_portable_us(&work, dtype),
+            None if row_global => profile.kernel_work_us(Template::RowReduce, &work, dtype, None),
+            None => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
+        }
+    }
+}
+
+/// Analyses the kernel computing `members` (sorted) when `mat` tells the materialized nodes.
+/// Returns the reason when no template can run it.
+pub fn analyse(
+    dag: &Dag,
+    members: &[usize],
+    mat: &dyn Fn(usize) -> bool,
+    profile: &DeviceProfile,
+) -> Result<KernelCost, String> {
+    let (body, reads) = collect(dag, members, mat);
+    if body.len() > MAX_BODY_OPS {
+        return Err(format!("a body of {} operators exceeds the register budget ({MAX_BODY_OPS})", body.len()));
+    }
+    if reads.len() + members.len() > profile.max_kernel_args {
+        return Err(format!(
+            "{} tensor arguments exceed the limit of {}",
+            reads.len() + members.len(),
+            profile.max_kernel_args
+        ));
+    }
+    let mut flops: u64 = saturating_sum(body.iter().map(|&b| node_flops(dag, b)));
+    // Gradients of one attention in one kernel share the recomputed scores and probabilities
+    // (and dS between the query and key gradients): the dq, dk and dv kernel runs five products,
+    // not the three, three and two of each alone.
+    let grads: Vec<usize> = body.iter().copied().filter(|&b| is_attention_grad(dag, b).is_some()).collect();
+    let group = attention_grad_group(dag, &grads);
+    if let Some(args) = &group {
+        flops = flops
+            .saturating_sub(saturating_sum(grads.iter().map(|&g| node_flops(dag, g))))
+            .saturating_add(attention_grads_flops(dag, grads[0], args));
+    }
+    // The query gradient beside the others is summed in an f32 accumulator by atomics: its
+    // traffic beyond the L2 (the sums written back, read once and zeroed by the converting
+    // blocks) is the kernel's own.
+    let workspace_bytes = match group {
+        Some(args) if args.len() > 1 && args.contains(&AttnArg::Q) => 3 * attention_dq_accumulator_bytes(dag, grads[0]),
+        _ => 0,
+    };
+    // The forward kernel writing its log-sum-exp computes it for free.
+    let is = |b: &usize, c: Composite| dag.nodes[*b].kind() == Some(Kind::Composite(c));
+    if let (Some(&l), true) =
+        (body.iter().find(|b| is(b, Composite::AttentionLse)), body.iter().any(|b| is(b, Composite::Attention)))
+    {
+        flops = flops.saturating_sub(node_flops(dag, l));
+    }
+    let shape = Shaped { dag, body: &body, strict: profile.strict };
+    let (template, domain) = match shape.classify() {
+        Ok(t) => t,
+        // A single operator always runs on its own; the template follows from the operator.
+        Err(_) if members.len() == 1 && body.iter().all(|&b| b == members[0] || dag.nodes[b].role == Role::View) => {
+            shape.alone(members[0])
+        }
+        Err(e) => return Err(e),
+    };
+    // A product's kernel iterates over the product's elements: it can write nothing of another
+    // size (an operand passed through as an output had elements left unwritten; found by the GPU
+    // differential run).
+    let size: usize = domain.iter().product();
+    // (Attention's log-sum-exp, one value per row, is the exception its kernels write, and
+    // the query gradient beside the key and value gradients, of the queries' size.)
+    let lse = |m: usize| is_attention_backward(dag.nodes[m].kind());
+    if matches!(template, Template::Gemm | Template::Attention)
+        && members.iter().any(|&m| !lse(m) && dag.nodes[m].ty().is_some_and(|t| t.numel() != size))
+    {
+        return Err("a matrix product's kernel writes only values the size of the product".into());
+    }
+    // Under strict numerics a product's epilogue is pointwise: the generated kernel sums a row of
+    // its tile in another order than the row template does (found by the strict GPU runs).
+    let reduces = |b: &usize| matches!(dag.nodes[*b].kind(), Some(Kind::Reduce(_) | Kind::Composite(_)));
+    if profile.strict && template == Template::Gemm && body.iter().any(reduces) {
+        return Err("under strict numerics a product's epilogue reduces nothing".into());
+    }
+    let mut k = KernelCost {
+        template,
+        domain,
+        body,
+        reads,
+        flops,
+        passes: 1,
+        notes: vec![],
+        implementation: None,
+        stages: 0,
+        tiles: None,
+        calls: 1,
+        workspace_bytes,
+    };
+    if template == Template::RowReduce {
+        row_passes(dag, &mut k, profile);
+        k.stages = latency_stages(dag, &k);
+    }
+    if row_with_global(dag, &k) {
+        // Cross-entropy's mean over rows: a row kernel's stages, and one more for the blocks'
+        // partials, which the last block to finish adds after a fence and a count.
+        k.stages = latency_stages(dag, &k) + 1;
+    }
+    if template == Template::Attention {
+        k.tiles = attention_tiles(dag, &k);
+    }
+    // A product alone (one member, the rest views of its reads) stays legal: the fusion search
+    // starts from it, and codegen names what it cannot index. Any fusion, a product with its
+    // epilogue as well as attention storing a view of itself, is asked of codegen.
+    let alone = members.len() == 1 && k.body.iter().all(|&b| members.contains(&b) || dag.nodes[b].role == Role::View);
+    let backward = k.body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()));
+    if template == Template::Attention && backward && (!alone || members.len() != 1) {
+        let kernel = candidate_kernel(dag, members, &k, Template::Attention);
+        crate::codegen::attention_bwd::can_generate(&kernel)
+            .map_err(|e| format!("the attention backward template cannot run it: {e}"))?;
+    } else if template == Template::Attention && !alone {
+        if members.len() != 1 {
+            return Err("the attention template writes one tensor".into());
+        }
+        let kernel = candidate_kernel(dag, members, &k, Template::Attention);
+        crate::codegen::attention::can_generate(&kernel)
+            .map_err(|e| format!("the attention template cannot run it: {e}"))?;
+    }
+    if template == Template::Gemm {
+        let kernel = candidate_kernel(dag, members, &k, Template::Gemm);
+        k.tiles = gemm_tiles(dag, &k, &kernel, profile.strict);
+        if k.tiles.is_some_and(|t| t.rows) {
+            k.stages = latency_stages(dag, &k);
+        }
+        // A fusion the generated kernel cannot run is refused; a product alone stays legal
+        // (the fusion search starts from it), and codegen names what it cannot index.
+        if !alone {
+            crate::codegen::gemm::can_generate(&kernel).map_err(|e| format!("the gemm template cannot run it: {e}"))?;
+        }
+        let (imp, calls) = gemm_implementation(dag, members, &kernel, &k, profile);
+        k.implementation = Some(imp);
+        k.calls = calls;
+    }
+    Ok(k)
+}
+
+/// cuBLASLt when it can run the kernel (one write; its epilogues cover the body; codegen's own
+/// test, on the kernel as the plan would hold it) and the profile predicts it faster than the
+/// generated kernel; the generated kernel otherwise. With it, the calls the implementation
+/// makes (cuBLASLt's loop over batch axes no stride spans; 1 for the generated kernel).
+fn gemm_implementation(
+    dag: &Dag,
+    members: &[usize],
+    kernel: &Kernel,
+    k: &KernelCost,
+    profile: &DeviceProfile,
+) -> (GemmImpl, u64) {
+    // (The cheap tests first: the form test lowers the kernel.)
+    let call = (!profile.strict && members.len() == 1).then(|| crate::codegen::gemm::cublaslt_call(kernel)).flatten();
+    let Some(call) = call else {
+        return (GemmImpl::Generated, 1);
+    };
+    let dtype = k.body.last().and_then(|&b| dag.nodes[b].ty()).map_or(DType::F32, |t| t.dtype);
+    let work = Work {
+        bytes: k.bytes_read(dag) + dag.bytes(members[0]),
+        hit: 0,
+        flops: k.flops,
+        stages: k.stages,
+        calls: call.calls(),
+    };
+    let lt = profile.gemm_us(GemmImpl::Cublaslt, &work, dtype, None);
+    let generated = profile.gemm_us(GemmImpl::Generated, &Work { calls: 1, ..work }, dtype, k.tiles.as_ref());
+    if lt <= generated {
+        (GemmImpl::Cublaslt, call.calls())
+    } else {
+        (GemmImpl::Generated, 1)
+    }
+}
+
+/// The product a gemm kernel computes and the tile codegen would run it in.
+fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Option<GemmTiles> {
+    let product = k.body.iter().copied().find(|&b| matches!(dag.nodes[b].kind(), Some(Kind::MatMul)))?;
+    let a = dag.nodes[product].children().next().and_then(|c| dag.nodes[c].ty())?;
+    let dom = &k.domain;
+    let rank = dom.len();
+    if rank < 2 {
+        return None;
+    }
+    let rows = crate::codegen::gemm::reduces(kernel);
+    let b = dag.nodes[product].children().nth(1).and_then(|c| dag.nodes[c].ty())?;
+    let depth = a.shape.last().copied().unwrap_or(1);
+    let (t, mma) = crate::codegen::gemm::kernel_tile(dom, depth, rows, a.dtype, b.dtype, strict);
+    Some(GemmTiles {
+        batch: dom[..rank - 2].iter().product(),
+        m: dom[rank - 2],
+        n: dom[rank - 1],
+        k: depth,
+        mean_k: depth,
+        bm: t.bm,
+        bn: t.bn,
+        splits: t.splits,
+        kspan: t.kspan,
+        rows,
+        mma,
+        wide: mma && crate::codegen::gemm::staging(kernel) == Some((8, 8)),
+    })
+}
+
+/// Attention on f32 operands runs on CUDA cores: a block of `F32_BLOCK_M` query rows, each row's
+/// keys split over `F32_PARTS` threads, every thread walking its part's keys of every key tile
+/// (each step one key and one head element), so it is timed like a gemm tile of `F32_BLOCK_M`
+/// rows whose reduction axis is keys x head size / parts (`codegen::attention::f32_steps`), plus
+/// a fixed time per wave of blocks (the tile's "row epilogue": the query row's loads, the first
+/// key tile's latency and the merge of the parts). Under a causal mask the block of the last
+/// query rows, which runs first, walks every key tile up to its diagonal, the others fewer: a
+/// lone block's latency takes the longest block's steps, the SM's throughput the average's.
+fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
+    use crate::codegen::attention::{f32_steps, F32_BLOCK_M, F32_BLOCK_N};
+    let a =
+        k.body.iter().copied().find(|&b| matches!(dag.nodes[b].kind(), Some(Kind::Composite(Composite::Attention))))?;
+    let mut ch = dag.nodes[a].children();
+    let q = dag.nodes[ch.next()?].ty()?;
+    let key = dag.nodes[ch.next()?].ty()?;
+    let flag = &dag.nodes[ch.nth(2)?];
+    if q.dtype != DType::F32 || q.shape.len() < 2 || key.shape.len() < 2 {
+        return None;
+    }
+    let causal = match &flag.node {
+        TensorLang::Num(n) => n.value() != 0.0,
+        _ => flag.fact.konst.is_some_and(|c| c != 0.0),
+    };
+    let (r, kr) = (q.shape.len(), key.shape.len());
+    let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], key.shape[kr - 2]);
+    let blocks = sq.div_ceil(F32_BLOCK_M).max(1);
+    let longest = f32_steps(sk, d);
+    let mean_k = if causal {
+        (0..blocks).map(|b| f32_steps(sk.min((b + 1) * F32_BLOCK_M), d)).sum::<usize>() / blocks
+    } else {
+        longest
+    };
+    Some(GemmTiles {
+        batch: q.shape[..r - 2].iter().product(),
+        m: sq,
+        n: F32_BLOCK_N,
+        k: longest,
+        mean_k,
+        bm: F32_BLOCK_M,
+        bn: F32_BLOCK_N,
+        splits: 1,
+        kspan: 0,
+        rows: true,
+        mma: false,
+        wide: false,
+    })
+}
+
+/// The plan kernel a candidate would become if it wrote every member (reads named `t{node}`),
+/// for codegen's structural questions.
+fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost, template: Template) -> Kernel {
+    let name = |i: usize| format!("t{i}");
+    let tref = |i: usize| TensorRef {
+        name: name(i),
+        ty: dag.nodes[i].ty().cloned().unwrap_or(TensorType::scalar(DType::F32)),
+    };
+    let mut body: RecExpr<TensorLang> = RecExpr::default();
+    let mut local: BTreeMap<usize, Id> = BTreeMap::new();
+    for &r in &k.reads {
+        local.insert(r, body.add(TensorLang::Var(Symbol::from(name(r).as_str()))));
+    }
+    for &b in &k.body {
+        let n = &dag.nodes[b];
+        for c in n.children() {
+            if let std::collections::btree_map::Entry::Vacant(e) = local.entry(c) {
+                let leaf = if dag.nodes[c].role == Role::Leaf && !dag.is_output[c] {
+                    dag.nodes[c].node.clone()
+                } else {
+                    TensorLang::Var(Symbol::from(name(c).as_str()))
+                };
+                e.insert(body.add(leaf));
+            }
+        }
+        let id = body.add(n.node.clone().map_children(|c| local[&usize::from(c)]));
+        local.insert(b, id);
+    }
+    Kernel {
+        id: 0,
+        template,
+        domain: k.domain.clone(),
+        ops: vec![],
+        reads: k.reads.iter().map(|&r| tref(r)).collect(),
+        writes: members.iter().map(|&m| tref(m)).collect(),
+        stores: members.iter().map(|m| local[m]).collect(),
+        body,
+        bytes_read: 0,
+        bytes_written: 0,
+        flops: 0,
+        predicted_us: 0.0,
+        rejected: vec![],
+        implementation: None,
+    }
+}
+
+/// The body and reads of a kernel: DFS from the members, stopping at materialized non-members.
+fn collect(dag: &Dag, members: &[usize], mat: &dyn Fn(usize) -> bool) -> (Vec<usize>, Vec<usize>) {
+    // Nodes seen are marked with this call's stamp in a per-thread array (no hashing: a set
+    // of seen nodes was a fifth of the fusion search's time).
+    thread_local! {
+        static SEEN: std::cell::RefCell<(Vec<u32>, u32)> = const { std::cell::RefCell::new((Vec::new(), 0)) };
+    }
+    SEEN.with(|cell| {
+        let (marks, stamp) = &mut *cell.borrow_mut();
+        if marks.len() < dag.len() {
+            marks.resize(dag.len(), 0);
+        }
+        *stamp = stamp.wrapping_add(1);
+        if *stamp == 0 {
+            marks.fill(0);
+            *stamp = 1;
+        }
+        let stamp = *stamp;
+        for &m in members {
+            marks[m] = stamp;
+        }
+        let mut body = Vec::new();
+        let mut reads = Vec::new();
+        let mut stack: Vec<usize> = members.to_vec();
+        while let Some(i) = stack.pop() {
+            body.push(i);
+            for c in dag.nodes[i].children() {
+                if marks[c] == stamp {
+                    continue;
+                }
+                marks[c] = stamp;
+                if dag.nodes[c].role == Role::Leaf && !dag.is_output[c] {
+                    continue;
+                }
+                if mat(c) && members.binary_search(&c).is_err() {
+                    reads.push(c);
+                } else {
+                    stack.push(c);
+                }
+            }
+        }
+        body.sort_unstable();
+        reads.sort_unstable();
+        (body, reads)
+    })
+}
+
+/// Whether an operator is one of attention's backward composites.
+pub(crate) fn is_attention_backward(kind: Option<Kind>) -> bool {
+    matches!(kind, Some(Kind::Composite(Composite::AttentionLse | Composite::AttentionGrad(_))))
+}
+
+/// Whether an operator anchors a kernel of its own template (a product, attention, or one of
+/// attention's backward composites).
+fn is_anchor(kind: Option<Kind>) -> bool {
+    matches!(kind, Some(Kind::MatMul | Kind::Composite(Composite::Attention))) || is_attention_backward(kind)
+}
+
+/// Rows (batch x queries), keys and head size of an attention-family node.
+fn attention_dims(dag: &Dag, n: &crate::plan::dag::DagNode) -> (u64, u64, u64) {
+    let q = n.children().next().and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
+    let k = n.children().nth(1).and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
+    let (r, t) = (q.len(), k.len().saturating_sub(2));
+    let d = q.get(r.wrapping_sub(1)).copied().unwrap_or(1) as u64;
+    let tlen = k.get(t).copied().unwrap_or(1) as u64;
+    let rows = q.iter().take(r.saturating_sub(1)).product::<usize>() as u64;
+    (rows, tlen, d)
+}
+
+/// Which gradient an attention gradient node is.
+fn is_attention_grad(dag: &Dag, i: usize) -> Option<AttnArg> {
+    match dag.nodes[i].kind() {
+        Some(Kind::Composite(Composite::AttentionGrad(w))) => Some(w),
+        _ => None,
+    }
+}
+
+/// The gradients `nodes` are, when they are two or more gradients of one attention (the same
+/// operands), each at most once: the groups one backward kernel computes together.
+fn attention_grad_group(dag: &Dag, nodes: &[usize]) -> Option<Vec<AttnArg>> {
+    let args: Vec<AttnArg> = nodes.iter().map(|&n| is_attention_grad(dag, n)).collect::<Option<_>>()?;
+    let first = *nodes.first()?;
+    let same = nodes.iter().all(|&n| dag.nodes[n].children().eq(dag.nodes[first].children()));
+    let distinct = args.iter().enumerate().all(|(i, a)| !args[..i].contains(a));
+    (nodes.len() >= 2 && same && distinct).then_some(args)
+}
+
+/// Flops of the gradients `args` of the attention of node `i` computed by one kernel: the
+/// scores and probabilities once (2d + 8 per score), dP and dS once where the query or key
+/// gradient needs them (2d + 4), and one product (2d) per gradient. Alone, each gradient costs
+/// what `node_flops` says (the same formula for one gradient).
+fn attention_grads_flops(dag: &Dag, i: usize, args: &[AttnArg]) -> u64 {
+    let (rows, tlen, d) = attention_dims(dag, &dag.nodes[i]);
+    let d = d.min(1 << 48);
+    let ds = if args.contains(&AttnArg::Q) || args.contains(&AttnArg::K) { 2 * d + 4 } else { 0 };
+    let per_score = [2 * d + 8, ds, 2 * d * args.len() as u64].into_iter().fold(0u64, u64::saturating_add);
+    product(&[rows, tlen, per_score])
+}
+
+/// Bytes of the f32 accumulator the query gradient of the attention of node `i` is summed in
+/// (codegen's layout: rows of the head size rounded up to 64).
+fn attention_dq_accumulator_bytes(dag: &Dag, i: usize) -> u64 {
+    let (rows, _, d) = attention_dims(dag, &dag.nodes[i]);
+    product(&[rows, d.div_ceil(64), 64 * 4])
+}
+
+/// A flop count's product, saturating: a count beyond u64 (a product of 2^48-element
+/// operands) reads as `u64::MAX`, never as a wrapped small number.
+fn product(factors: &[u64]) -> u64 {
+    factors.iter().fold(1u64, |p, &f| p.saturating_mul(f))
+}
+
+/// Flops one node costs when computed (transcendentals weigh 4); `u64::MAX` when the count
+/// overflows.
+fn node_flops(dag: &Dag, i: usize) -> u64 {
+    let n = &dag.nodes[i];
+    let numel = n.ty().map_or(1, |t| t.numel()) as u64;
+    let child_numel = |k: usize| n.children().nth(k).and_then(|c| dag.nodes[c].ty()).map_or(1, |t| t.numel()) as u64;
+    match n.kind() {
+        None => 0,
+        Some(Kind::Unary(u)) => numel.saturating_mul(match u {
+            Unary::Neg | Unary::Abs | Unary::Relu | Unary::Square | Unary::Not => 1,
+            _ => 4,
+        }),
+        Some(Kind::Binary(_)) | Some(Kind::Where) | Some(Kind::Cast) | Some(Kind::OneHot) | Some(Kind::Iota) => numel,
+        Some(Kind::Dropout) => numel.saturating_mul(8),
+        Some(Kind::Reduce(_)) => child_numel(0),
+        Some(Kind::Reshape | Kind::Broadcast | Kind::Transpose | Kind::Grad) => 0,
+        Some(Kind::MatMul) => {
+            let a = dag.nodes[n.children().next().unwrap_or(i)].ty();
+            let k = a.and_then(|t| t.shape.last().copied()).unwrap_or(1) as u64;
+            product(&[2, numel, k])
+        }
+        Some(Kind::Composite(c)) => match c {
+            Composite::Softmax | Composite::LogSoftmax => numel.saturating_mul(8),
+            Composite::LayerNorm | Composite::RmsNorm => numel.saturating_mul(10),
+            Composite::CrossEntropy => child_numel(0).saturating_mul(8),
+            Composite::Attention => {
+                // Two products of (S x D) by (D x T) and (S x T) by (T x Dv), plus the softmax.
+                let q =
+                    n.children().next().and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
+                let k =
+                    n.children().nth(1).and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
+                let (r, t) = (q.len(), k.len().saturating_sub(2));
+                let d = q.get(r.wrapping_sub(1)).copied().unwrap_or(1) as u64;
+                let tlen = k.get(t).copied().unwrap_or(1) as u64;
+                let rows = q.iter().take(r.saturating_sub(1)).product::<usize>() as u64;
+                product(&[rows, tlen, 4 * d.min(1 << 48) + 8])
+            }
+            // Recomputed scores (2d) and probabilities (8), then: the log-sum-exp alone; the
+            // query and key gradients two more products each (g vᵀ, then dS k or dSᵀ q), the
+            // value gradient one (Pᵀ g).
+            Composite::AttentionLse => {
+                let (rows, tlen, d) = attention_dims(dag, n);
+                product(&[rows, tlen, 2 * d.min(1 << 48) + 8])
+            }
+            Composite::AttentionGrad(w) => {
+                let (rows, tlen, d) = attention_dims(dag, n);
+                let d = d.min(1 << 48);
+                product(&[rows, tlen, if w == AttnArg::V { 4 * d + 8 } else { 6 * d + 12 }])
+            }
+        },
+    }
+}
+
+/// Shape classification of a body.
+struct Shaped<'a> {
+    dag: &'a Dag,
+    body: &'a [usize],
+    /// Strict numerics: nothing whose result depends on scheduling.
+    strict: bool,
+}
+
+/// How a body node reduces.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Red {
+    /// Along the last axis (one row per block).
+    Row,
+    /// Along a leading axis, or across all rows (needs every block's partial result).
+    Across(usize),
+}
+
+impl Shaped<'_> {
+    fn shape(&self, i: usize) -> &[usize] {
+        self.dag.nodes[i].ty().map_or(&[], |t| &t.shape)
+    }
+
+    fn in_body(&self, i: usize) -> bool {
+        self.body.binary_search(&i).is_ok()
+    }
+
+    /// The reduction a node performs, if any: (kind, the shape it reduces).
+    fn reduction(&self, i: usize) -> Option<(Red, Vec<usize>)> {
+        let n = &self.dag.nodes[i];
+        let reduces = matches!(
+            n.kind()?,
+            Kind::Reduce(_)
+                | Kind::Composite(
+                    Composite::Softmax
+                        | Composite::LogSoftmax
+                        | Composite::LayerNorm
+                        | Composite::RmsNorm
+                        | Composite::CrossEntropy
+                )
+        );
+        if !reduces {
+            return None;
+        }
+        let first = n.children().next()?;
+        let input = self.shape(first).to_vec();
+        let rank = input.len();
+        let axis_of = |k: usize| {
+            let a = n.children().nth(k).and_then(|c| self.dag.nodes[c].fact.konst)? as i64;
+            crate::ir::infer::norm_axis(a, rank).ok()
+        };
+        let red = match n.kind()? {
+            Kind::Reduce(_) | Kind::Composite(Composite::Softmax | Composite::LogSoftmax) => {
+                let a = axis_of(1)?;
+                if a + 1 == rank {
+                    Red::Row
+                } else {
+                    Red::Across(a)
+                }
+            }
+            Kind::Composite(Composite::LayerNorm | Composite::RmsNorm) => Red::Row,
+            Kind::Composite(Composite::CrossEntropy) => Red::Across(usize::MAX),
+            _ => return None,
+        };
+        Some((red, input))
+    }
+
+    /// Picks the template and iteration space, or says why none fits.
+    fn classify(&self) -> Result<(Template, Vec<usize>), String> {
+        let anchors: Vec<usize> = self.body.iter().copied().filter(|&b| is_anchor(self.dag.nodes[b].kind())).collect();
+        // The gradients of one attention: the key and value gradients in one kernel, and the
+        // query gradient with them (summed by atomics, so not under strict numerics).
+        if let Some(grads) = attention_grad_group(self.dag, &anchors) {
+            if self.strict && grads.contains(&AttnArg::Q) {
+                return Err("under strict numerics the query gradient is not summed by atomics (its own kernel)".into());
+            }
+            return self.anchored(anchors[0], &anchors[1..]);
+        }
+        if let [a, b] = anchors[..] {
+            // Attention and the log-sum-exp of its scores: the forward kernel writes both.
+            let is = |i: usize, c: Composite| self.dag.nodes[i].kind() == Some(Kind::Composite(c));
+            let (att, lse) = if is(a, Composite::Attention) { (a, b) } else { (b, a) };
+            if is(att, Composite::Attention) && is(lse, Composite::AttentionLse) {
+                let ch: Vec<usize> = self.dag.nodes[att].children().collect();
+                if self.dag.nodes[lse].children().eq([ch[0], ch[1], ch[3], ch[4]]) {
+                    return self.anchored(att, &[lse]);
+                }
+            }
+        }
+        if anchors.len() > 1 {
+            return Err("two matrix products cannot share one kernel".into());
+        }
+        if let Some(&a) = anchors.first() {
+            return self.anchored(a, &[]);
+        }
+        let mut red: Option<Red> = None;
+        let mut domain: Vec<usize> = vec![];
+        for &b in self.body {
+            if let Some((r, input)) = self.reduction(b) {
+                if red.is_some_and(|x| x != r) {
+                    return Err("reductions over different axes cannot share one kernel".into());
+                }
+                if red.is_some() && input != domain {
+                    return Err("reductions over tensors of different shapes cannot share one kernel".into());
+                }
+                red = Some(r);
+                domain = input;
+            }
+        }
+        if red.is_none() {
+            domain = self
+                .body
+                .iter()
+                .map(|&b| self.shape(b))
+                // Of equal sizes, the highest rank: [1, 1] and [] both fit [1, 1], not [].
+                .max_by_key(|s| (s.iter().product::<usize>(), s.len()))
+                .unwrap_or(&[])
+                .to_vec();
+        }
+        self.fits(&domain, &[])?;
+        if let Some(Red::Across(_)) = red {
+            self.nothing_after_across()?;
+        }
+        let template = match red {
+            None => Template::Elementwise,
+            Some(Red::Row) => Template::RowReduce,
+            Some(Red::Across(_)) => Template::ColReduce,
+        };
+        Ok((template, domain))
+    }
+
+    /// Every body value must broadcast to the iteration space (except `operand_views`: views of
+    /// reads that feed a matrix product, which the product indexes itself).
+    fn fits(&self, domain: &[usize], operand_views: &[usize]) -> Result<(), String> {
+        for &b in self.body {
+            if operand_views.contains(&b) {
+                continue;
+            }
+            let s = self.shape(b);
+            if s != domain && broadcast_shapes(s, domain).ok().as_deref() != Some(domain) {
+                return Err(format!(
+                    "a value of shape {} does not fit the kernel's iteration space {}",
+                    crate::ir::lang::Dims(s.to_vec()),
+                    crate::ir::lang::Dims(domain.to_vec())
+                ));
+            }
+            self.view_ok(b)?;
+        }
+        Ok(())
+    }
+
+    /// A transpose or a shape-changing reshape of a value computed in the same kernel would need
+    /// the value at other threads' indices.
+    fn view_ok(&self, b: usize) -> Result<(), String> {
+        let n = &self.dag.nodes[b];
+        if !matches!(n.kind(), Some(Kind::OneHot | Kind::Transpose | Kind::Reshape)) {
+            return Ok(());
+        }
+        let Some(child) = n.children().next() else { return Ok(()) };
+        if !self.computed_below(child) {
+            return Ok(());
+        }
+        // Shapes broadcast from the right: a reshape keeps every element where it was (as the
+        // code generator sees it) when, aligned at the right, each axis of the value either
+        // matches the view's or has size 1. Adding or dropping unit axes elsewhere moves elements:
+        // `[2]` as `[2, 1]` goes from the last axis to the one before.
+        let unit_only = |view: &[usize], own: &[usize]| {
+            let r = view.len().max(own.len());
+            let at = |s: &[usize], k: usize| if k + s.len() < r { 1 } else { s[k + s.len() - r] };
+            (0..r).all(|k| at(own, k) == at(view, k) || at(own, k) == 1)
+        };
+        match n.kind() {
+            // (`onehot` reads its indices at the element's coordinates without the last one;
+            // found by the GPU differential run.)
+            Some(Kind::OneHot) => Err("onehot of a value computed in the same kernel needs it in device memory".into()),
+            Some(Kind::Transpose) if self.shape(b) != self.shape(child) || !self.trivial_transpose(b) => {
+                Err("a transpose of a value computed in the same kernel needs it in device memory".into())
+            }
+            Some(Kind::Reshape) if !unit_only(self.shape(b), self.shape(child)) => {
+                Err("a reshape of a value computed in the same kernel needs it in device memory".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether a body node is (or views) a value computed in this kernel, not one read from memory.
+    fn computed_below(&self, i: usize) -> bool {
+        if !self.in_body(i) {
+            return false;
+        }
+        let n = &self.dag.nodes[i];
+        n.role != Role::View || n.children().next().is_some_and(|c| self.computed_below(c))
+    }
+
+    /// A transpose that swaps an axis with itself or swaps two size-1 axes.
+    fn trivial_transpose(&self, b: usize) -> bool {
+        let n = &self.dag.nodes[b];
+        let s = self.shape(b);
+        let ax: Vec<Option<usize>> = n
+            .children()
+            .skip(1)
+            .map(|c| self.dag.nodes[c].fact.konst.and_then(|v| crate::ir::infer::norm_axis(v as i64, s.len()).ok()))
+            .collect();
+        match ax[..] {
+            [Some(a), Some(c)] => a == c || (s[a] == 1 && s[c] == 1),
+            _ => false,
+        }
+    }
+
+    /// A value reduced across blocks is complete only in the block that finishes it, so the
+    /// body may use it only as that block writes it: through views of its own size
+    /// (`reshape(sum(g, 0), [C])`), never in arithmetic, another reduction or anything of the
+    /// full iteration space. (Pointwise epilogues such as `-sum(l, 0) / N` would fit the
+    /// template's finishing step too; codegen does not emit them yet.)
+    fn nothing_after_across(&self) -> Result<(), String> {
+        let mut after = vec![false; self.body.len()];
+        for (bi, &b) in self.body.iter().enumerate() {
+            let n = &self.dag.nodes[b];
+            let from_across = n.children().any(|c| {
+                self.body.binary_search(&c).is_ok_and(|ci| after[ci])
+                    || self.in_body(c) && self.reduction(c).is_some_and(|(r, _)| matches!(r, Red::Across(_)))
+            });
+            if !from_across {
+                continue;
+            }
+            after[bi] = true;
+            let view = matches!(n.kind(), Some(Kind::Reshape | Kind::Broadcast));
+            let reduced = n.children().filter(|&c| self.in_body(c)).all(|c| self.numel(b) <= self.numel(c));
+            if !view || !reduced {
+                return Err("a column or global reduction's result cannot feed the same kernel".into());
+            }
+        }
+        Ok(())
+    }
+
+    fn numel(&self, i: usize) -> usize {
+        self.shape(i).iter().product()
+    }
+
+    /// A kernel anchored on a matrix product or attention.
+    /// `partners`: the other gradients of one attention beside a gradient, or the log-sum-exp
+    /// beside attention, written by the same kernel.
+    fn anchored(&self, a: usize, partners: &[usize]) -> Result<(Template, Vec<usize>), String> {
+        let n = &self.dag.nodes[a];
+        for c in n.children() {
+            if !self.in_body(c) {
+                continue;
+            }
+            if self.computed_below(c) {
+                return Err("a matrix product's operands must be in device memory (no prologue fusion)".into());
+            }
+        }
+        let domain = self.shape(a).to_vec();
+        let is_attention =
+            matches!(n.kind(), Some(Kind::Composite(Composite::Attention))) || is_attention_backward(n.kind());
+        // Views of the anchor it stores (attention written as `[B, S, H, D]` for a reshape to
+        // `[B, S, E]`): the template's output strides place them; codegen checks the strides.
+        let stored = if is_attention { self.views_above(a) } else { vec![] };
+        if is_attention {
+            // The template writes attention as computed (or through a view), nothing more.
+            if let Some(&b) = self.body.iter().find(|&&b| {
+                b != a && !partners.contains(&b) && !stored.contains(&b) && self.dag.nodes[b].role == Role::Compute
+            }) {
+                let op = self.dag.nodes[b].node.head();
+                return Err(format!("attention takes no fused epilogue (`{op}` runs in its own kernel)"));
+            }
+        }
+        for &b in self.body {
+            if b == a || partners.contains(&b) || n.children().any(|c| c == b) {
+                continue;
+            }
+            match self.reduction(b) {
+                // The epilogue reduces rows of the product's tile: a value of another shape (a
+                // read summed over its own axis) has no tile to be reduced in (found by the GPU
+                // differential run).
+                Some((Red::Row, input)) if input != domain => {
+                    return Err(format!(
+                        "a row reduction in a product's epilogue must reduce a value of the product's shape {}, not {}",
+                        crate::ir::lang::Dims(domain.clone()),
+                        crate::ir::lang::Dims(input)
+                    ))
+                }
+                Some((Red::Row, _)) if !is_attention && domain.last().is_some_and(|&w| w <= MAX_GEMM_ROW) => {}
+                Some((Red::Row, _)) => {
+                    return Err(format!(
+                        "a row reduction over a product {} wide exceeds one tile row ({MAX_GEMM_ROW})",
+                        domain.last().copied().unwrap_or(0)
+                    ))
+                }
+                Some(_) => return Err("a matrix product's epilogue cannot reduce across rows".into()),
+                None => {}
+            }
+        }
+        let mut operand_views = Vec::new();
+        for mut c in n.children() {
+            while self.in_body(c) && self.dag.nodes[c].role == Role::View {
+                operand_views.push(c);
+                match self.dag.nodes[c].children().next() {
+                    Some(g) => c = g,
+                    None => break,
+                }
+            }
+        }
+        operand_views.extend(stored);
+        // (The query gradient beside the key and value gradients has the queries' shape, not
+        // the keys': the backward template stores each where it belongs.)
+        operand_views.extend(partners.iter().filter(|&&p| is_attention_backward(self.dag.nodes[p].kind())));
+        self.fits(&domain, &operand_views)?;
+        Ok((if is_attention { Template::Attention } else { Template::Gemm }, domain))
+    }
+
+    /// Body nodes that are views (or layout copies) of `a`, through views only.
+    fn views_above(&self, a: usize) -> Vec<usize> {
+        let is_view =
+            |b: usize| matches!(self.dag.nodes[b].kind(), Some(Kind::Transpose | Kind::Reshape | Kind::Broadcast));
+        let mut out: Vec<usize> = Vec::new();
+        for &b in self.body {
+            let over = |c: usize| c == a || out.contains(&c);
+            if b != a && is_view(b) && self.dag.nodes[b].children().next().is_some_and(over) {
+                out.push(b);
+            }
+        }
+        out
+    }
+
+    /// The template of an operator standing alone.
+    fn alone(&self, i: usize) -> (Template, Vec<usize>) {
+        let n = &self.dag.nodes[i];
+        match (n.kind(), self.reduction(i)) {
+            (Some(Kind::MatMul), _) => (Template::Gemm, self.shape(i).to_vec()),
+            (Some(Kind::Composite(Composite::Attention)), _) => (Template::Attention, self.shape(i).to_vec()),
+            (k, _) if is_attention_backward(k) => (Template::Attention, self.shape(i).to_vec()),
+            (_, Some((Red::Row, input))) => (Template::RowReduce, input),
+            (_, Some((Red::Across(_), input))) => (Template::ColReduce, input),
+            _ => (Template::Elementwise, self.shape(i).to_vec()),
+        }
+    }
+}
+
+/// Rows with dependent reductions are kept on chip when they fit; otherwise every full-size
+/// read is streamed once per dependent stage. "Fits" is the question codegen asks
+/// (`codegen::row_cached`: at most 64 elements per thread in registers at the launch shape it
+/// picks), within the profile's shared memory per block (the pipelined form stages the next row
+/// there).
+fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
+    let width = k.domain.last().copied().unwrap_or(1);
+    let full: usize = k.domain.iter().product();
+    let full_types: Vec<_> =
+        k.reads.iter().filter_map(|&r| dag.nodes[r].ty()).filter(|t| t.numel() == full).map(|t| t.dtype).collect();
+    let full_reads = full_types.len().max(1);
+    let row_bytes = (width * 4 * full_reads) as u64;
+    let depth = reduction_depth(dag, k);
+    if depth <= 1 && !epilogue_uses_rows(dag, k) {
+        return;
+    }
+    // Elements per access as codegen chooses them: 16 bytes of the widest input, halved until
+    // they divide the row.
+    let widest = full_types.iter().map(|d| d.size()).max().unwrap_or(4);
+    let mut vec = 16 / widest.max(1);
+    while vec > 1 && !width.is_multiple_of(vec) {
+        vec /= 2;
+    }
+    if row_bytes <= profile.smem_per_block_bytes && crate::codegen::row_cached(width, full_reads, vec) {
+        return;
+    }
+    k.passes = depth as u32 + 1;
+    k.notes.push(format!(
+        "row of {width} f32 ({row_bytes} bytes with {full_reads} input rows) does not fit on chip (shared memory {} bytes, {} elements per thread): each input row is read {} times",
+        profile.smem_per_block_bytes,
+        crate::codegen::ROW_CACHE_PER_THREAD,
+        k.passes
+    ));
+}
+
+/// The reduction stages a row kernel's latency counts: its longest chain of reductions, and at
+/// least two where it has two or more reductions side by side (a max and a sum of exponentials
+/// combine across the block as the online pair, in one pass like the `softmax` composite's two
+/// stages; measured alike on the H100, `benches/results/2026-11-22-h100-152e396-predict`).
+/// An `rmsnorm` is one reduction (its mean of squares), as written out.
+fn latency_stages(dag: &Dag, k: &KernelCost) -> u32 {
+    let mut depth = vec![0usize; k.body.len()];
+    let pos = |c: usize| k.body.binary_search(&c).ok();
+    let mut reductions = 0;
+    for (bi, &b) in k.body.iter().enumerate() {
+        let n = &dag.nodes[b];
+        let below = n.children().filter_map(pos).map(|c| depth[c]).max().unwrap_or(0);
+        let own = match n.kind() {
+            Some(Kind::Reduce(_) | Kind::Composite(Composite::RmsNorm)) => 1,
+            Some(Kind::Composite(Composite::Attention | Composite::AttentionLse | Composite::AttentionGrad(_))) => 0,
+            Some(Kind::Composite(_)) => 2,
+            _ => 0,
+        };
+        reductions += own;
+        depth[bi] = below + own;
+    }
+    depth.iter().copied().max().unwrap_or(0).max(reductions.min(2)) as u32
+}
+
+/// Whether a colreduce kernel is a cross-entropy's mean over rows, which codegen renders as a
+/// row kernel with one global result (`codegen::lower`).
+fn row_with_global(dag: &Dag, k: &KernelCost) -> bool {
+    k.template == Template::ColReduce
+        && k.body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::CrossEntropy)))
+}
+
+/// The longest chain of reductions in the body (composites count their internal stages).
+fn reduction_depth(dag: &Dag, k: &KernelCost) -> usize {
+    let mut depth = vec![0usize; k.body.len()];
+    let pos = |c: usize| k.body.binary_search(&c).ok();
+    let mut max = 0;
+    for (bi, &b) in k.body.iter().enumerate() {
+        let n = &dag.nodes[b];
+        let below = n.children().filter_map(pos).map(|c| depth[c]).max().unwrap_or(0);
+        let own = match n.kind() {
+            Some(Kind::Reduce(_)) => 1,
+            Some(Kind::Composite(Composite::Softmax | Composite::LogSoftmax | Composite::LayerNorm)) => 2,
+            Some(Kind::Composite(Composite::RmsNorm | Composite::CrossEntropy)) => 2,
+            _ => 0,
+        };
+        depth[bi] = below + own;
+        max = max.max(depth[bi]);
+    }
+    max
+}
+
+/// Whether a full-size value in the body uses a row-reduced value (so the row is needed again
+/// after the reduction).
+fn epilogue_uses_rows(dag: &Dag, k: &KernelCost) -> bool {
+    let full: usize = k.domain.iter().product();
+    let mut reduced = vec![false; k.body.len()];
+    let pos = |c: usize| k.body.binary_search(&c).ok();
+    for (bi, &b) in k.body.iter().enumerate() {
+        let n = &dag.nodes[b];
+        let is_red = matches!(n.kind(), Some(Kind::Reduce(Reduce::Sum | Reduce::Mean | Reduce::Amax | Reduce::Amin)));
+        let from_red = n.children().filter_map(pos).any(|c| reduced[c]);
+        if from_red && n.ty().is_some_and(|t| t.numel() == full) && !matches!(n.node, TensorLang::Num(_)) {
+            return true;
+        }
+        reduced[bi] = is_red || from_red;
+    }
+    false
+}

@@ -1,0 +1,600 @@
+//! Lowering of each supported ONNX operator onto the program builder.
+//!
+//! One table ([`OPS`]) names every operator with its input count and its lowering; the lowering
+//! functions are small and share a handful of helpers (broadcasting elementwise application,
+//! reshape, axis swaps). Where ONNX is more general than an eqfuse operator, the lowering
+//! composes eqfuse operators: a reduction over several axes is a chain of one-axis reductions, a
+//! permutation is a sequence of axis swaps, `keepdims=0` and `Unsqueeze`/`Squeeze` are reshapes,
+//! a layer norm over several trailing axes flattens them first.
+//! Invariant: a lowering either returns the value ONNX defines (type-checked by the builder) or
+//! an error saying which input or attribute is wrong; it never guesses a value.
+
+use egg::Id;
+
+use super::data::{self, dtype_of, f32_literal, Const};
+use super::proto::{attr_type, data_type as dt, AttributeProto, NodeProto};
+use super::{Importer, Out, Val};
+use crate::ir::infer::{broadcast_shapes, norm_axis};
+use crate::ir::lang::{Binary, Composite, Dims, Kind, Reduce, TensorLang, Unary};
+use crate::ir::types::DType;
+
+type R<T> = Result<T, String>;
+
+/// One supported operator: its ONNX name, how many inputs it takes, and its lowering.
+pub(super) struct OnnxOp {
+    pub name: &'static str,
+    pub min_inputs: usize,
+    pub max_inputs: usize,
+    pub lower: fn(&mut Importer, &NodeProto) -> R<Out>,
+}
+
+const fn op(
+    name: &'static str,
+    min_inputs: usize,
+    max_inputs: usize,
+    lower: fn(&mut Importer, &NodeProto) -> R<Out>,
+) -> OnnxOp {
+    OnnxOp { name, min_inputs, max_inputs, lower }
+}
+
+/// Every operator the importer reads.
+pub(super) const OPS: &[OnnxOp] = &[
+    op("Add", 2, 2, |im, n| im.binary(n, Binary::Add)),
+    op("Sub", 2, 2, |im, n| im.binary(n, Binary::Sub)),
+    op("Mul", 2, 2, |im, n| im.binary(n, Binary::Mul)),
+    op("Div", 2, 2, |im, n| im.binary(n, Binary::Div)),
+    op("Pow", 2, 2, |im, n| im.pow(n)),
+    op("Max", 1, usize::MAX, |im, n| im.variadic(n, Binary::Max)),
+    op("Min", 1, usize::MAX, |im, n| im.variadic(n, Binary::Min)),
+    op("Sqrt", 1, 1, |im, n| im.unary(n, Unary::Sqrt)),
+    op("Reciprocal", 1, 1, |im, n| im.unary(n, Unary::Recip)),
+    op("Exp", 1, 1, |im, n| im.unary(n, Unary::Exp)),
+    op("Log", 1, 1, |im, n| im.unary(n, Unary::Log)),
+    op("Tanh", 1, 1, |im, n| im.unary(n, Unary::Tanh)),
+    op("Erf", 1, 1, |im, n| im.unary(n, Unary::Erf)),
+    op("Sigmoid", 1, 1, |im, n| im.unary(n, Unary::Sigmoid)),
+    op("Relu", 1, 1, |im, n| im.unary(n, Unary::Relu)),
+    op("Neg", 1, 1, |im, n| im.unary(n, Unary::Neg)),
+    op("Abs", 1, 1, |im, n| im.unary(n, Unary::Abs)),
+    op("Gelu", 1, 1, |im, n| im.gelu(n)),
+    op("Where", 3, 3, |im, n| im.where_(n)),
+    op("Cast", 1, 1, |im, n| im.cast(n)),
+    op("ReduceMean", 1, 2, |im, n| im.reduce(n, Reduce::Mean)),
+    op("ReduceSum", 1, 2, |im, n| im.reduce(n, Reduce::Sum)),
+    op("ReduceMax", 1, 2, |im, n| im.reduce(n, Reduce::Amax)),
+    op("Softmax", 1, 1, |im, n| im.softmax(n, Composite::Softmax)),
+    op("LogSoftmax", 1, 1, |im, n| im.softmax(n, Composite::LogSoftmax)),
+    op("LayerNormalization", 2, 3, |im, n| im.layer_norm(n)),
+    op("MatMul", 2, 2, |im, n| im.matmul(n)),
+    op("Gemm", 2, 3, |im, n| im.gemm(n)),
+    op("Reshape", 2, 2, |im, n| im.reshape_op(n)),
+    op("Transpose", 1, 1, |im, n| im.transpose_op(n)),
+    op("Expand", 2, 2, |im, n| im.expand(n)),
+    op("Unsqueeze", 1, 2, |im, n| im.unsqueeze(n)),
+    op("Squeeze", 1, 2, |im, n| im.squeeze(n)),
+    op("Identity", 1, 1, |_, n| Ok(Out::Alias(n.input[0].clone()))),
+    op("Constant", 0, 0, |im, n| im.constant(n)),
+];
+
+/// The ONNX operators the importer reads, in table order.
+pub fn supported_onnx_ops() -> Vec<&'static str> {
+    OPS.iter().map(|o| o.name).collect()
+}
+
+pub(super) fn lookup(op_type: &str) -> Option<&'static OnnxOp> {
+    OPS.iter().find(|o| o.name == op_type)
+}
+
+/// A node's attributes, read with their declared type checked.
+struct Attrs<'a>(&'a [AttributeProto]);
+
+impl<'a> Attrs<'a> {
+    fn get(&self, name: &str, ty: i32, what: &str) -> R<Option<&'a AttributeProto>> {
+        match self.0.iter().find(|a| a.name == name) {
+            Some(a) if a.r#type != 0 && a.r#type != ty => Err(format!("attribute `{name}` must be {what}")),
+            found => Ok(found),
+        }
+    }
+    fn int(&self, name: &str, default: i64) -> R<i64> {
+        Ok(self.get(name, attr_type::INT, "an int")?.map_or(default, |a| a.i))
+    }
+    /// A float attribute, which must be finite (an `alpha`, `beta` or `epsilon` of NaN or
+    /// infinity would make every output NaN).
+    fn float(&self, name: &str, default: f64) -> R<f64> {
+        match self.get(name, attr_type::FLOAT, "a float")? {
+            Some(a) if !a.f.is_finite() => Err(format!("attribute `{name}` is {}; it must be a finite number", a.f)),
+            found => Ok(found.map_or(default, |a| f32_literal(a.f))),
+        }
+    }
+    fn ints(&self, name: &str) -> R<Option<Vec<i64>>> {
+        Ok(self.get(name, attr_type::INTS, "a list of ints")?.map(|a| a.ints.clone()))
+    }
+    fn string(&self, name: &str, default: &str) -> R<String> {
+        Ok(self
+            .get(name, attr_type::STRING, "a string")?
+            .map_or(default.to_string(), |a| String::from_utf8_lossy(&a.s).into_owned()))
+    }
+}
+
+fn attrs(n: &NodeProto) -> Attrs<'_> {
+    Attrs(&n.attribute)
+}
+
+/// An axis literal: `-1` for the last axis (the spelling rules and `.eqf` programs use), the
+/// non-negative index otherwise.
+fn axis_literal(axis: usize, rank: usize) -> f64 {
+    if axis + 1 == rank {
+        -1.0
+    } else {
+        axis as f64
+    }
+}
+
+impl Importer<'_> {
+    /// Input `k`, which must be present.
+    fn input(&mut self, n: &NodeProto, k: usize) -> R<Val> {
+        let name = n.input.get(k).filter(|s| !s.is_empty()).ok_or_else(|| format!("input {k} is missing"))?;
+        self.arg(name).map_err(|m| format!("input {k}: {m}"))
+    }
+
+    /// Input `k`, which may be absent.
+    fn opt_input(&mut self, n: &NodeProto, k: usize) -> R<Option<Val>> {
+        match n.input.get(k).filter(|s| !s.is_empty()) {
+            Some(_) => self.input(n, k).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Input `k` as a constant known at import time (a shape or axes operand), if present.
+    fn const_input(&self, n: &NodeProto, k: usize) -> R<Option<&Const>> {
+        let Some(name) = n.input.get(k).filter(|s| !s.is_empty()) else { return Ok(None) };
+        self.consts.get(name).map(Some).ok_or_else(|| {
+            format!(
+                "input {k} (`{name}`) must be a constant (an initializer or a Constant node): eqfuse shapes are static"
+            )
+        })
+    }
+
+    /// Axes given as attribute `axes` or as input 1 (the form since opset 13 or 18); not both.
+    fn axes(&self, n: &NodeProto) -> R<Option<Vec<i64>>> {
+        let from_attr = attrs(n).ints("axes")?;
+        let from_input = self.const_input(n, 1)?.map(|c| c.ints()).transpose().map_err(|m| format!("axes: {m}"))?;
+        match (from_attr, from_input) {
+            (Some(_), Some(_)) => Err("axes are given both as an attribute and as an input".to_string()),
+            (a, b) => Ok(a.or(b)),
+        }
+    }
+
+    fn weak(&self, v: &Val) -> bool {
+        self.prog.fact(v.id).weak
+    }
+
+    /// A literal of `v`'s dtype.
+    fn literal(&mut self, x: f64, dtype: DType) -> Val {
+        Val { id: self.prog.num(x), shape: vec![], dtype }
+    }
+
+    /// A pointwise operator over broadcast operands.
+    fn pointwise(&mut self, kind: Kind, args: &[Val]) -> R<Val> {
+        let mut shape: Vec<usize> = vec![];
+        for a in args {
+            shape = broadcast_shapes(&shape, &a.shape)?;
+        }
+        let id = self.prog.apply(kind, args.iter().map(|a| a.id).collect())?;
+        let dtype = match kind {
+            Kind::Binary(b) if b.is_comparison() => DType::Bool,
+            Kind::Where => args[1].dtype,
+            _ => args[0].dtype,
+        };
+        let v = Val { id, shape, dtype };
+        if self.weak(&v) {
+            return Ok(v);
+        }
+        // Literals alone give an f32 result (`where(c, 0, 1)`); ONNX says which dtype it is.
+        Ok(Val { id: self.exact(&v)?, ..v })
+    }
+
+    fn unary(&mut self, n: &NodeProto, u: Unary) -> R<Out> {
+        let x = self.input(n, 0)?;
+        self.pointwise(Kind::Unary(u), &[x]).map(Out::Val)
+    }
+
+    fn binary(&mut self, n: &NodeProto, b: Binary) -> R<Out> {
+        let (x, y) = (self.input(n, 0)?, self.input(n, 1)?);
+        self.pointwise(Kind::Binary(b), &[x, y]).map(Out::Val)
+    }
+
+    /// `Max` and `Min` of any number of operands, as a chain.
+    fn variadic(&mut self, n: &NodeProto, b: Binary) -> R<Out> {
+        let mut acc = self.input(n, 0)?;
+        for k in 1..n.input.len() {
+            let y = self.input(n, k)?;
+            acc = self.pointwise(Kind::Binary(b), &[acc, y])?;
+        }
+        Ok(Out::Val(acc))
+    }
+
+    /// ONNX lets the exponent have its own type (`x ^ int64 2`); it is cast to the base's.
+    fn pow(&mut self, n: &NodeProto) -> R<Out> {
+        let (x, mut y) = (self.input(n, 0)?, self.input(n, 1)?);
+        if y.dtype != x.dtype {
+            y = if self.weak(&y) { Val { dtype: x.dtype, ..y } } else { self.cast_to(&y, x.dtype)? };
+        }
+        self.pointwise(Kind::Binary(Binary::Pow), &[x, y]).map(Out::Val)
+    }
+
+    fn gelu(&mut self, n: &NodeProto) -> R<Out> {
+        let u = match attrs(n).string("approximate", "none")?.as_str() {
+            "none" => Unary::Gelu,
+            "tanh" => Unary::GeluTanh,
+            other => return Err(format!("attribute approximate = `{other}` is not `none` or `tanh`")),
+        };
+        self.unary(n, u)
+    }
+
+    fn where_(&mut self, n: &NodeProto) -> R<Out> {
+        let c = self.input(n, 0)?;
+        let (a, b) = (self.input(n, 1)?, self.input(n, 2)?);
+        self.pointwise(Kind::Where, &[c, a, b]).map(Out::Val)
+    }
+
+    fn cast(&mut self, n: &NodeProto) -> R<Out> {
+        let to = attrs(n).get("to", attr_type::INT, "an int")?.ok_or("attribute `to` is missing")?.i;
+        let to = i32::try_from(to).map_err(|_| format!("attribute to = {to} is not an element type"))?;
+        let dtype = dtype_of(to)?;
+        // A cast of a constant is a constant, so that shapes computed by casts stay static.
+        if let Some(c) =
+            n.input.first().and_then(|i| self.consts.get(i)).filter(|_| !self.vals.contains_key(&n.input[0]))
+        {
+            let data = c.data.iter().map(|&v| dtype.round(v)).collect();
+            return Ok(Out::Const(Const { elem: to, shape: c.shape.clone(), data }));
+        }
+        let x = self.input(n, 0)?;
+        if x.dtype == dtype {
+            return Ok(Out::Val(x));
+        }
+        if self.weak(&x) && dtype != DType::Bool {
+            let v = self.prog.fact(x.id).konst.ok_or("a weak value without a constant")?;
+            return Ok(Out::Val(Val { id: self.prog.num(dtype.round(v)), shape: x.shape, dtype }));
+        }
+        self.cast_to(&x, dtype).map(Out::Val)
+    }
+
+    fn cast_to(&mut self, x: &Val, dtype: DType) -> R<Val> {
+        let id = self.exact(x)?;
+        let t = self.prog.add(TensorLang::Type(dtype))?;
+        let id = self.prog.apply(Kind::Cast, vec![id, t])?;
+        Ok(Val { id, shape: x.shape.clone(), dtype })
+    }
+
+    /// `ReduceMean`, `ReduceSum`, `ReduceMax`: a chain of one-axis reductions (each keeps its
+    /// axis), then a reshape dropping the axes when `keepdims` is 0.
+    fn reduce(&mut self, n: &NodeProto, r: Reduce) -> R<Out> {
+        let x = self.input(n, 0)?;
+        let a = attrs(n);
+        let keep = a.int("keepdims", 1)? != 0;
+        let noop_when_empty = a.int("noop_with_empty_axes", 0)? != 0;
+        let rank = x.shape.len();
+        let mut axes = match self.axes(n)? {
+            Some(list) if !list.is_empty() => list.iter().map(|&ax| norm_axis(ax, rank)).collect::<R<Vec<usize>>>()?,
+            _ if noop_when_empty => return Ok(Out::Val(x)),
+            _ => (0..rank).collect(),
+        };
+        axes.sort_unstable();
+        axes.dedup();
+        let mut acc = Val { id: self.exact(&x)?, ..x.clone() };
+        for &ax in &axes {
+            let axis = self.prog.num(axis_literal(ax, rank));
+            let id = self.prog.apply(Kind::Reduce(r), vec![acc.id, axis])?;
+            acc.shape[ax] = 1;
+            acc.id = id;
+        }
+        if !keep {
+            let shape = acc.shape.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect();
+            acc = self.reshape(&acc, shape)?;
+        }
+        Ok(Out::Val(acc))
+    }
+
+    fn softmax(&mut self, n: &NodeProto, c: Composite) -> R<Out> {
+        let x = self.input(n, 0)?;
+        let rank = x.shape.len();
+        let axis = norm_axis(attrs(n).int("axis", -1)?, rank)?;
+        let id = self.exact(&x)?;
+        let axis = self.prog.num(axis_literal(axis, rank));
+        let id = self.prog.apply(Kind::Composite(c), vec![id, axis])?;
+        Ok(Out::Val(Val { id, ..x }))
+    }
+
+    /// `LayerNormalization` over the axes from `axis` on; several trailing axes are flattened
+    /// into one, since eqfuse's `layernorm` normalises the last axis.
+    fn layer_norm(&mut self, n: &NodeProto) -> R<Out> {
+        let x = self.input(n, 0)?;
+        let scale = self.input(n, 1)?;
+        let bias = self.opt_input(n, 2)?;
+        let a = attrs(n);
+        let rank = x.shape.len();
+        let axis = norm_axis(a.int("axis", -1)?, rank)?;
+        let eps = a.float("epsilon", 1e-5)?;
+        let row: usize = x.shape[axis..].iter().product();
+        let flat: Vec<usize> = x.shape[..axis].iter().copied().chain([row]).collect();
+        let x2 = self.reshape(&x, flat)?;
+        let g = self.norm_param(&scale, &x.shape[axis..], row)?;
+        let b = match bias {
+            Some(b) => self.norm_param(&b, &x.shape[axis..], row)?,
+            None => {
+                let zero = self.literal(0.0, x.dtype);
+                self.exact(&zero)?
+            }
+        };
+        let eps = self.prog.num(eps);
+        let id = self.prog.apply(Kind::Composite(Composite::LayerNorm), vec![x2.id, g, b, eps])?;
+        let y = Val { id, shape: x2.shape, dtype: x.dtype };
+        self.reshape(&y, x.shape).map(Out::Val)
+    }
+
+    /// A scale or bias of a layer norm over `tail` (flattened to `row`): broadcast to `tail`,
+    /// then flattened, unless it already broadcasts along the one normalised axis.
+    fn norm_param(&mut self, p: &Val, tail: &[usize], row: usize) -> R<Id> {
+        if tail.len() == 1 || p.shape == [row] {
+            return self.exact(p);
+        }
+        let full = broadcast_shapes(&p.shape, tail)?;
+        if full != tail {
+            return Err(format!("a scale or bias of shape {:?} does not broadcast to {tail:?}", p.shape));
+        }
+        let full = self.broadcast(p, full)?;
+        Ok(self.reshape(&full, vec![row])?.id)
+    }
+
+    /// `MatMul` with NumPy's rules: a 1-D operand gains an axis for the product and loses it after.
+    fn matmul(&mut self, n: &NodeProto) -> R<Out> {
+        let (a, b) = (self.input(n, 0)?, self.input(n, 1)?);
+        if a.shape.is_empty() || b.shape.is_empty() {
+            return Err("MatMul does not take scalars".to_string());
+        }
+        let (a_vec, b_vec) = (a.shape.len() == 1, b.shape.len() == 1);
+        let a2 = if a_vec { self.reshape(&a, vec![1, a.shape[0]])? } else { a };
+        let b2 = if b_vec { self.reshape(&b, vec![b.shape[0], 1])? } else { b };
+        let y = self.product(&a2, &b2)?;
+        let mut shape = y.shape.clone();
+        if b_vec {
+            shape.pop();
+        }
+        if a_vec {
+            shape.remove(shape.len() - if b_vec { 1 } else { 2 });
+        }
+        self.reshape(&y, shape).map(Out::Val)
+    }
+
+    fn product(&mut self, a: &Val, b: &Val) -> R<Val> {
+        let (ia, ib) = (self.exact(a)?, self.exact(b)?);
+        let id = self.prog.apply(Kind::MatMul, vec![ia, ib])?;
+        let shape = self.prog.ty(id).map(|t| t.shape.clone()).ok_or("a product without a type")?;
+        Ok(Val { id, shape, dtype: a.dtype })
+    }
+
+    /// `Gemm`: `alpha * op(A) @ op(B) + beta * C`, multiplications by 1 left out.
+    fn gemm(&mut self, n: &NodeProto) -> R<Out> {
+        let (a, b) = (self.input(n, 0)?, self.input(n, 1)?);
+        let c = self.opt_input(n, 2)?;
+        let at = attrs(n);
+        let (alpha, beta) = (at.float("alpha", 1.0)?, at.float("beta", 1.0)?);
+        if a.shape.len() != 2 || b.shape.len() != 2 {
+            return Err(format!("Gemm needs matrices, got shapes {:?} and {:?}", a.shape, b.shape));
+        }
+        let a = if at.int("transA", 0)? != 0 { self.swap(&a, 0, 1)? } else { a };
+        let b = if at.int("transB", 0)? != 0 { self.swap(&b, 0, 1)? } else { b };
+        let mut y = self.product(&a, &b)?;
+        if alpha != 1.0 {
+            let k = self.literal(alpha, y.dtype);
+            y = self.pointwise(Kind::Binary(Binary::Mul), &[y, k])?;
+        }
+        if let Some(c) = c.filter(|_| beta != 0.0) {
+            let c = if beta != 1.0 {
+                let k = self.literal(beta, c.dtype);
+                self.pointwise(Kind::Binary(Binary::Mul), &[c, k])?
+            } else {
+                c
+            };
+            y = self.pointwise(Kind::Binary(Binary::Add), &[y, c])?;
+        }
+        Ok(Out::Val(y))
+    }
+
+    /// `Reshape` to a constant shape: `0` copies the input's size (unless `allowzero`), `-1`
+    /// is inferred.
+    fn reshape_op(&mut self, n: &NodeProto) -> R<Out> {
+        let x = self.input(n, 0)?;
+        let spec = self.const_input(n, 1)?.ok_or("input 1 (the shape) is missing")?.ints()?;
+        let allow_zero = attrs(n).int("allowzero", 0)? != 0;
+        let shape = reshape_target(&x.shape, &spec, allow_zero)?;
+        self.reshape(&x, shape).map(Out::Val)
+    }
+
+    /// `Transpose` by a general permutation, as a sequence of axis swaps (a selection sort).
+    fn transpose_op(&mut self, n: &NodeProto) -> R<Out> {
+        let x = self.input(n, 0)?;
+        let rank = x.shape.len();
+        let perm = match attrs(n).ints("perm")? {
+            Some(p) => p.iter().map(|&a| norm_axis(a, rank)).collect::<R<Vec<usize>>>()?,
+            None => (0..rank).rev().collect(),
+        };
+        let mut seen = vec![false; rank];
+        if perm.len() != rank || perm.iter().any(|&a| std::mem::replace(&mut seen[a], true)) {
+            return Err(format!("perm {perm:?} is not a permutation of {rank} axes"));
+        }
+        let mut order: Vec<usize> = (0..rank).collect();
+        let mut y = x;
+        for (i, &want) in perm.iter().enumerate() {
+            let j = order.iter().position(|&a| a == want).expect("perm is a permutation");
+            if j != i {
+                y = self.swap(&y, i, j)?;
+                order.swap(i, j);
+            }
+        }
+        Ok(Out::Val(y))
+    }
+
+    /// `Expand`: broadcasting both ways, to the broadcast of the input's shape and the given one.
+    fn expand(&mut self, n: &NodeProto) -> R<Out> {
+        let x = self.input(n, 0)?;
+        let spec = self.const_input(n, 1)?.ok_or("input 1 (the shape) is missing")?.ints()?;
+        let spec = spec
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| format!("size {d} is negative")))
+            .collect::<R<Vec<_>>>()?;
+        let shape = broadcast_shapes(&x.shape, &spec)?;
+        self.broadcast(&x, shape).map(Out::Val)
+    }
+
+    fn unsqueeze(&mut self, n: &NodeProto) -> R<Out> {
+        let x = self.input(n, 0)?;
+        let axes = self.axes(n)?.ok_or("the axes are missing")?;
+        let rank = x.shape.len() + axes.len();
+        let mut axes = axes.iter().map(|&a| norm_axis(a, rank)).collect::<R<Vec<usize>>>()?;
+        axes.sort_unstable();
+        if axes.windows(2).any(|w| w[0] == w[1]) {
+            return Err(format!("axes {axes:?} repeat an axis"));
+        }
+        let mut sizes = x.shape.iter().copied();
+        let shape = (0..rank).map(|i| if axes.contains(&i) { 1 } else { sizes.next().unwrap_or(1) }).collect();
+        self.reshape(&x, shape).map(Out::Val)
+    }
+
+    fn squeeze(&mut self, n: &NodeProto) -> R<Out> {
+        let x = self.input(n, 0)?;
+        let rank = x.shape.len();
+        let axes: Vec<usize> = match self.axes(n)? {
+            Some(list) => list.iter().map(|&a| norm_axis(a, rank)).collect::<R<_>>()?,
+            None => (0..rank).filter(|&i| x.shape[i] == 1).collect(),
+        };
+        if let Some(&a) = axes.iter().find(|&&a| x.shape[a] != 1) {
+            return Err(format!("axis {a} has size {}, not 1", x.shape[a]));
+        }
+        let shape = x.shape.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect();
+        self.reshape(&x, shape).map(Out::Val)
+    }
+
+    /// `Constant`: its value from whichever `value*` attribute it has.
+    fn constant(&mut self, n: &NodeProto) -> R<Out> {
+        let attr = n.attribute.first().filter(|_| n.attribute.len() == 1).ok_or("needs exactly one value attribute")?;
+        let (ty, what) = match attr.name.as_str() {
+            "value" => (attr_type::TENSOR, "a tensor"),
+            "value_float" => (attr_type::FLOAT, "a float"),
+            "value_floats" => (attr_type::FLOATS, "a list of floats"),
+            "value_int" => (attr_type::INT, "an int"),
+            "value_ints" => (attr_type::INTS, "a list of ints"),
+            other => {
+                return Err(format!("attribute `{other}` is not supported (value, value_float(s), value_int(s) are)"))
+            }
+        };
+        let attr = Attrs(&n.attribute).get(&attr.name, ty, what)?.ok_or("the value attribute is missing")?;
+        let c = match attr.name.as_str() {
+            "value" => data::decode(attr.t.as_ref().ok_or("attribute `value` holds no tensor")?)?,
+            "value_float" => Const { elem: dt::FLOAT, shape: vec![], data: vec![attr.f as f64] },
+            "value_floats" => Const { elem: dt::FLOAT, shape: vec![attr.floats.len()], data: floats(&attr.floats) },
+            "value_int" => Const { elem: dt::INT64, shape: vec![], data: vec![attr.i as f64] },
+            _ => Const {
+                elem: dt::INT64,
+                shape: vec![attr.ints.len()],
+                data: attr.ints.iter().map(|&v| v as f64).collect(),
+            },
+        };
+        Ok(Out::Const(c))
+    }
+
+    /// `v` with another shape of the same size (no node when the shape is already right).
+    fn reshape(&mut self, v: &Val, shape: Vec<usize>) -> R<Val> {
+        data::nonempty(&shape)?;
+        if v.shape == shape {
+            return Ok(v.clone());
+        }
+        let id = self.exact(v)?;
+        let dims = self.prog.add(TensorLang::Dims(Dims(shape.clone())))?;
+        let id = self.prog.apply(Kind::Reshape, vec![id, dims])?;
+        Ok(Val { id, shape, dtype: v.dtype })
+    }
+
+    /// `v` broadcast to `shape` (no node when the shape is already right).
+    fn broadcast(&mut self, v: &Val, shape: Vec<usize>) -> R<Val> {
+        data::nonempty(&shape)?;
+        if v.shape == shape {
+            return Ok(v.clone());
+        }
+        let id = self.exact(v)?;
+        let dims = self.prog.add(TensorLang::Dims(Dims(shape.clone())))?;
+        let id = self.prog.apply(Kind::Broadcast, vec![id, dims])?;
+        Ok(Val { id, shape, dtype: v.dtype })
+    }
+
+    /// `v` with axes `a` and `b` swapped.
+    fn swap(&mut self, v: &Val, a: usize, b: usize) -> R<Val> {
+        let id = self.exact(v)?;
+        let rank = v.shape.len();
+        let (na, nb) = (self.prog.num(axis_literal(a, rank)), self.prog.num(axis_literal(b, rank)));
+        let id = self.prog.apply(Kind::Transpose, vec![id, na, nb])?;
+        let mut shape = v.shape.clone();
+        shape.swap(a, b);
+        Ok(Val { id, shape, dtype: v.dtype })
+    }
+}
+
+fn floats(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+/// The shape `Reshape` gives `input` for the spec `spec` (ONNX's `0` and `-1` rules).
+fn reshape_target(input: &[usize], spec: &[i64], allow_zero: bool) -> R<Vec<usize>> {
+    let mut shape = Vec::with_capacity(spec.len());
+    let mut infer_at = None;
+    for (i, &d) in spec.iter().enumerate() {
+        let size = match d {
+            -1 if infer_at.is_some() => return Err(format!("shape {spec:?} has more than one -1")),
+            -1 => {
+                infer_at = Some(i);
+                1
+            }
+            0 if !allow_zero => {
+                *input.get(i).ok_or_else(|| format!("shape {spec:?} copies axis {i}, which the input lacks"))?
+            }
+            d if d > 0 => d as usize,
+            d => return Err(format!("size {d} in shape {spec:?} is not allowed")),
+        };
+        shape.push(size);
+    }
+    let total: usize = input.iter().product();
+    let known = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).unwrap_or(usize::MAX);
+    if let Some(i) = infer_at {
+        if known == 0 || !total.is_multiple_of(known) {
+            return Err(format!("cannot reshape {input:?} to {spec:?}"));
+        }
+        shape[i] = total / known;
+    } else if known != total {
+        return Err(format!("cannot reshape {input:?} ({total} elements) to {spec:?}"));
+    }
+    Ok(shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operator_names_are_unique() {
+        let mut names = supported_onnx_ops();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), OPS.len());
+    }
+
+    #[test]
+    fn reshape_rules() {
+        assert_eq!(reshape_target(&[2, 3, 4], &[0, -1], false).unwrap(), vec![2, 12]);
+        assert_eq!(reshape_target(&[2, 3, 4], &[-1], false).unwrap(), vec![24]);
+        assert_eq!(reshape_target(&[1], &[], false).unwrap(), Vec::<usize>::new());
+        assert!(reshape_target(&[2, 3], &[-1, -1], false).is_err());
+        assert!(reshape_target(&[2, 3], &[4, -1], false).is_err());
+        assert!(reshape_target(&[2, 3], &[0, 0, 0], false).is_err());
+    }
+}

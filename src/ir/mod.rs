@@ -1,0 +1,9 @@
+//! The program IR: operators, types and shape inference, programs, scalars, tensors and strided views.
+
+pub mod infer;
+pub mod lang;
+pub mod layout;
+pub mod program;
+pub mod scalar;
+pub mod tensor;
+pub mod types;

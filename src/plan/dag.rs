@@ -1,0 +1,221 @@
+//! `Dag`: one chosen form of a program, as the fusion planner sees it.
+//!
+//! Extraction picks one e-node per needed e-class; the result is a DAG whose nodes are tensors
+//! (or attribute leaves). The unfused baseline builds one straight from a `Program`.
+//! Invariant: nodes are in topological order (children before parents) and every tensor node
+//! carries its type; leaves (`Num` literals, shapes, dtypes) are never in device memory.
+
+use egg::{Id, Language};
+
+use crate::ir::infer::Fact;
+use crate::ir::lang::{Kind, TensorLang};
+use crate::ir::program::Program;
+use crate::ir::types::TensorType;
+
+/// How the planner may treat a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A literal or attribute: compiled into the kernel, never in memory.
+    Leaf,
+    /// A program input: always in device memory.
+    Input,
+    /// `reshape`, `broadcast`, `transpose`: index arithmetic in the consumer, never written
+    /// unless it is an output.
+    View,
+    /// Everything else: computed by some kernel, written or kept on chip. This includes a
+    /// *layout copy*: a view that a reshape above it cannot read in place (see `layout_copies`).
+    Compute,
+}
+
+/// One node of the DAG; `node`'s children are DAG indices.
+#[derive(Clone, Debug)]
+pub struct DagNode {
+    pub node: TensorLang,
+    pub fact: Fact,
+    /// A name from the program, if the value was bound to one.
+    pub name: Option<String>,
+    pub role: Role,
+    /// The e-class this node was extracted from, when it came from an e-graph.
+    pub class: Option<Id>,
+}
+
+impl DagNode {
+    pub fn ty(&self) -> Option<&TensorType> {
+        self.fact.ty.as_ref()
+    }
+    pub fn children(&self) -> impl Iterator<Item = usize> + '_ {
+        self.node.children().iter().map(|&c| usize::from(c))
+    }
+    pub fn kind(&self) -> Option<Kind> {
+        self.node.opcode().map(|c| c.kind())
+    }
+}
+
+/// A chosen program form.
+#[derive(Clone, Debug, Default)]
+pub struct Dag {
+    pub nodes: Vec<DagNode>,
+    /// Program outputs in order: (output name, node).
+    pub outputs: Vec<(String, usize)>,
+    /// For each node, the nodes that use it (sorted, deduplicated).
+    pub users: Vec<Vec<usize>>,
+    /// For each node, whether it is a program output.
+    pub is_output: Vec<bool>,
+    /// For each node, whether it is stored 1 bit per element when written (a saved bool mask;
+    /// see [`Dag::pack_masks`]). Empty: nothing is packed.
+    pub packed: Vec<bool>,
+}
+
+impl Dag {
+    /// Builds the DAG of a program's live nodes.
+    pub fn from_program(p: &Program) -> Dag {
+        let live = p.live();
+        let mut map = vec![usize::MAX; p.len()];
+        let mut nodes = Vec::new();
+        for (i, node) in p.expr().as_ref().iter().enumerate() {
+            if !live[i] {
+                continue;
+            }
+            let id = Id::from(i);
+            let n = node.clone().map_children(|c| Id::from(map[usize::from(c)]));
+            map[i] = nodes.len();
+            nodes.push(DagNode {
+                role: role_of(&n),
+                node: n,
+                fact: p.fact(id).clone(),
+                name: p.name(id).map(str::to_string),
+                class: None,
+            });
+        }
+        let outputs = p.outputs.iter().map(|o| (o.name.clone(), map[usize::from(o.id)])).collect();
+        Dag::finish(nodes, outputs)
+    }
+
+    /// Completes a DAG from its nodes and outputs (computes users and output flags).
+    pub fn finish(mut nodes: Vec<DagNode>, outputs: Vec<(String, usize)>) -> Dag {
+        layout_copies(&mut nodes);
+        let mut users = vec![Vec::new(); nodes.len()];
+        for (i, n) in nodes.iter().enumerate() {
+            for c in n.children() {
+                if users[c].last() != Some(&i) {
+                    users[c].push(i);
+                }
+            }
+        }
+        let mut is_output = vec![false; nodes.len()];
+        for &(_, o) in &outputs {
+            is_output[o] = true;
+        }
+        Dag { nodes, outputs, users, is_output, packed: vec![] }
+    }
+
+    /// Stores every computed bool tensor that is not a program output 1 bit per element when a
+    /// kernel writes it for another ([`crate::plan::memory::packed_bytes`]): a mask saved for the
+    /// backward (ReLU's `y > 0`) then moves 1/8 of its bytes, and the search weighs saving it
+    /// against re-reading what it was computed from. Outputs keep their declared layout.
+    pub fn pack_masks(mut self) -> Dag {
+        self.packed = (0..self.nodes.len())
+            .map(|i| {
+                self.nodes[i].role == Role::Compute
+                    && !self.is_output[i]
+                    && self.nodes[i].ty().is_some_and(crate::plan::memory::packable)
+            })
+            .collect();
+        self
+    }
+
+    /// Whether a node is stored 1 bit per element when written.
+    pub fn is_packed(&self, i: usize) -> bool {
+        self.packed.get(i).copied().unwrap_or(false)
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Bytes of a node's tensor in device memory (0 for leaves; a packed mask's words).
+    pub fn bytes(&self, i: usize) -> u64 {
+        match self.nodes[i].ty() {
+            Some(t) if self.is_packed(i) => crate::plan::memory::packed_bytes(t.numel()),
+            Some(t) => t.bytes(),
+            None => 0,
+        }
+    }
+
+    /// Whether the node must be in device memory whatever the plan: inputs, and outputs that are
+    /// not inputs.
+    pub fn must_materialize(&self, i: usize) -> bool {
+        self.nodes[i].role == Role::Input || self.is_output[i]
+    }
+
+    /// Whether the planner ever keeps this node only on chip (leaves and views are free unless
+    /// they are outputs).
+    pub fn is_free(&self, i: usize) -> bool {
+        !self.is_output[i] && matches!(self.nodes[i].role, Role::Leaf | Role::View)
+    }
+}
+
+/// The role a node plays, from its operator.
+pub fn role_of(n: &TensorLang) -> Role {
+    match n {
+        TensorLang::Num(_) | TensorLang::Dims(_) | TensorLang::Type(_) => Role::Leaf,
+        TensorLang::Var(_) => Role::Input,
+        TensorLang::Op(code, _) => match code.kind() {
+            Kind::Reshape | Kind::Broadcast | Kind::Transpose => Role::View,
+            _ => Role::Compute,
+        },
+    }
+}
+
+/// Marks the views that must be written in their own layout before a reshape can read them.
+///
+/// Every tensor in device memory is row-major, so a chain of views over one is a set of strides,
+/// except a reshape that merges or splits axes a transpose or broadcast below it has separated
+/// (`reshape(transpose(o, 1, 2), [B, S, E])`): no strides describe it, and no template can
+/// read it in place. The view below such a reshape becomes a computed tensor (role `Compute`):
+/// the planner writes it, from a copy kernel of its own or from the kernel that computes its
+/// operand where that template can store a view (attention), and charges the traffic; the
+/// reshape then reads a row-major tensor. The test is the code generator's own
+/// (`reshape_strides`, PyTorch's `computeStride`), so the planner never keeps a view that codegen
+/// cannot index.
+fn layout_copies(nodes: &mut [DagNode]) {
+    use crate::ir::layout::{broadcast_strides, contiguous, reshape_strides};
+    // Strides of each view over the row-major memory of the nearest non-view node below it.
+    let mut strides: Vec<Option<Vec<usize>>> = vec![None; nodes.len()];
+    for i in 0..nodes.len() {
+        let Some(shape) = nodes[i].ty().map(|t| t.shape.clone()) else { continue };
+        if nodes[i].role != Role::View {
+            strides[i] = Some(contiguous(&shape));
+            continue;
+        }
+        let ch: Vec<usize> = nodes[i].children().collect();
+        let Some(below) = nodes[ch[0]].ty().map(|t| t.shape.clone()) else { continue };
+        let Some(base) = strides[ch[0]].clone() else { continue };
+        let konst =
+            |k: usize| nodes[ch[k]].fact.konst.and_then(|v| crate::ir::infer::norm_axis(v as i64, below.len()).ok());
+        strides[i] = match nodes[i].kind() {
+            Some(Kind::Transpose) => match (konst(1), konst(2)) {
+                (Some(a), Some(b)) => {
+                    let mut s = base;
+                    s.swap(a, b);
+                    Some(s)
+                }
+                _ => None,
+            },
+            Some(Kind::Broadcast) => Some(broadcast_strides(&below, &base, &shape)),
+            Some(Kind::Reshape) => match reshape_strides(&below, &base, &shape) {
+                Some(s) => Some(s),
+                None if nodes[ch[0]].role == Role::View => {
+                    nodes[ch[0]].role = Role::Compute;
+                    reshape_strides(&below, &contiguous(&below), &shape)
+                }
+                None => None,
+            },
+            _ => None,
+        };
+    }
+}

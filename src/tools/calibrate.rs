@@ -1,0 +1,1034 @@
+//! `eqfuse calibrate`: the device profile's numbers, measured on the GPU at hand.
+//!
+//! Copy bandwidth is a large device-to-device copy (bytes read plus bytes written); launch
+//! overhead is the time per launch of an empty kernel launched back to back; each generated
+//! template's bandwidth efficiency is its achieved bandwidth on a large synthetic kernel
+//! (at least 256 MB moved) as a share of the copy bandwidth. The compute entries the planner
+//! reads are measured too, each on programs that must plan as the kernel they measure:
+//! cuBLASLt's fixed time per call (a tiny product); each gemm implementation's f32 and bf16 rate
+//! (a 4096-cubed product, net of that fixed time or the launch overhead) and cuBLASLt's at
+//! smaller squares too (its rate by size: 512, 1024, 2048); the generated gemm's
+//! step times for every tile codegen can choose and the attention f32 path's (`tiles.rs`: fits
+//! over probes of growing depth); the attention forward's bf16 rate on the path the device takes
+//! (wgmma on a 9.0 device) and on the portable mma.sync path (the `portable` implementation);
+//! and the attention backward kernel's rate (an attention_grad program's one dq/dk/dv kernel).
+//! The other rates (elementwise and reduction arithmetic, which no kernel is bound by) and the
+//! plan-order terms (L2 reuse capacity and bandwidth) keep the base profile's
+//! figures, which the profile's `source` says.
+//! Invariant: calibration only measures; it never changes a committed profile itself (the
+//! caller writes the JSON where asked).
+
+mod tiles;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Instant;
+
+use crate::codegen::{codegen_plan, KernelSource};
+use crate::cost::profile::{DeviceProfile, TemplateRates, TileRate};
+use crate::error::{Error, Result};
+use crate::ir::program::Program;
+use crate::ir::types::{DType, TensorType};
+use crate::plan::{FusionPlan, GemmImpl, Template};
+use crate::runtime::gpu::Gpu;
+use crate::runtime::run_gpu::{run_on, GpuRunOptions};
+use crate::search::optimize::{optimize, OptimizeOptions};
+
+/// One gemm implementation's measured rate: (implementation, dtype, program, median
+/// microseconds, TFLOP/s).
+pub type GemmRate = (GemmImpl, DType, String, f64, f64);
+
+/// One rate measured on whole kernels: what, the program, its kernels' flops, their median
+/// microseconds (summed), and the TFLOP/s taken (net of the launch overhead per kernel).
+#[derive(Clone, Debug)]
+pub struct KernelRate {
+    pub what: String,
+    pub program: String,
+    pub flops: u64,
+    pub us: f64,
+    pub tflops: f64,
+}
+
+/// What calibration measured, and the profile made from it.
+#[derive(Clone, Debug)]
+pub struct Calibration {
+    pub profile: DeviceProfile,
+    pub copy_bytes: u64,
+    /// Median time of one copy of `copy_bytes` bytes.
+    pub copy_us: f64,
+    pub launch_us: f64,
+    /// (template, program, bytes moved, median microseconds, share of copy bandwidth).
+    pub templates: Vec<(Template, String, u64, f64, f64)>,
+    /// The row kernels' stage latency: its probes and the fitted microseconds per stage.
+    pub stages: (Vec<StageProbe>, f64),
+    /// cuBLASLt's fixed time per call: (program, median microseconds).
+    pub cublaslt_call: (String, f64),
+    /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
+    pub gemm: Vec<GemmRate>,
+    /// The step-time fits of every tile (generated gemm and attention f32).
+    pub tiles: Vec<tiles::TileFit>,
+    /// The generated gemm's split-K latency: its probes and the mean residual.
+    pub split: (Vec<SplitProbe>, f64),
+    /// The attention forward's rates (per path) and the backward's.
+    pub attention: Vec<KernelRate>,
+    /// Seconds each part took: (part, seconds).
+    pub seconds: Vec<(String, f64)>,
+}
+
+/// Calibrates device 0 against the built-in profile of its kind (`h100`, `h200`, else `h100`).
+pub fn calibrate() -> Result<Calibration> {
+    let gpu = Gpu::open()?;
+    let base = DeviceProfile::load(&short_name(&gpu.name)).or_else(|_| DeviceProfile::load("h100"))?;
+    calibrate_on(&gpu, &base)
+}
+
+/// `h100` for an H100, `h200` for an H200, else the device name in lower case with dashes.
+pub fn short_name(device: &str) -> String {
+    let lower = device.to_lowercase();
+    for kind in ["h100", "h200"] {
+        if lower.contains(kind) {
+            return kind.to_string();
+        }
+    }
+    lower.split(|c: char| !c.is_ascii_alphanumeric()).filter(|s| !s.is_empty()).collect::<Vec<_>>().join("-")
+}
+
+/// Calibrates an open GPU; rates it does not measure come from `base`.
+pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
+    let mut seconds = Vec::new();
+    let mut clock = Instant::now();
+    let mut lap = |what: &str, seconds: &mut Vec<(String, f64)>| {
+        seconds.push((what.to_string(), clock.elapsed().as_secs_f64()));
+        clock = Instant::now();
+    };
+    let copy_bytes = copy_bytes(gpu);
+    let copy_us = copy_time(gpu, copy_bytes as usize)?;
+    let copy_gbs = 2.0 * copy_bytes as f64 / (copy_us * 1e3);
+    let launch_us = launch_time(gpu)?;
+    let mut profile = base.clone();
+    profile.name = short_name(&gpu.name);
+    profile.device = gpu.name.clone();
+    profile.copy_bandwidth_gbs = round(copy_gbs, 1);
+    profile.launch_overhead_us = round(launch_us, 2);
+    profile.l2_bytes = Some(gpu.l2_bytes as u64);
+    profile.sm_count = Some(gpu.sms);
+    let mut templates = Vec::new();
+    for (template, program) in synthetic()? {
+        let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+        if plan.kernels.len() != 1 || plan.kernels[0].template != template {
+            return Err(Error::Invalid(format!(
+                "calibration program {} did not plan as one {} kernel",
+                program.source,
+                template.name()
+            )));
+        }
+        let sources = codegen_plan(&plan)?;
+        let r = run_on(gpu, &program, &plan, &sources, &run_options(&profile, 30))?;
+        let k = &r.kernels[0];
+        let share = (k.achieved_gbs / copy_gbs).min(1.0);
+        if let Some(rates) = profile.templates.get_mut(template.name()) {
+            rates.bandwidth_efficiency = round(share, 3);
+        }
+        templates.push((template, program.source.clone(), k.bytes, k.measured_us, share));
+    }
+    let stages = stage_latency(gpu, &mut profile)?;
+    lap("copy, launch, template efficiencies and row stage latency", &mut seconds);
+    let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
+    let gemm = gemm_rates(gpu, &mut profile)?;
+    lap("gemm rates and cuBLASLt's call", &mut seconds);
+    let tiles = tile_rates(gpu, &mut profile, base)?;
+    let split = split_latency(gpu, &mut profile)?;
+    lap("tile step times and split-K latency", &mut seconds);
+    let mut attention = attention_forward(gpu, &mut profile)?;
+    attention.extend(attention_backward(gpu, &mut profile)?);
+    lap("attention rates", &mut seconds);
+    let notes: Vec<String> =
+        tiles.iter().filter_map(|f| Some(format!("{} {}: {}", f.family.map(), f.key, f.note.as_ref()?))).collect();
+    let poor: Vec<String> = tiles
+        .iter()
+        .filter(|f| f.worst() > POOR_FIT)
+        .map(|f| format!("{} {} ({:.0}%)", f.family.map(), f.key, 100.0 * f.worst()))
+        .collect();
+    profile.source = format!(
+        "calibrated by `eqfuse calibrate` on {} ({}, {}); measured: copy bandwidth, launch overhead, \
+         the elementwise, rowreduce and colreduce efficiencies, cuBLASLt's call overhead (a 64x128x64 \
+         f32 product), the row kernels' latency per dependent reduction stage (least squares, in \
+         the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
+         or launch overhead) and cuBLASLt's at 512^3, 1024^3 and 2048^3 too (rate_by_size), the generated gemm's step times for every tile codegen can choose \
+         (tiles on f32, tiles_16bit on bf16 CUDA-core and tiles_mma on bf16 tensor-core products) and \
+         the attention f32 path's (attention.tiles; K = keys x head / parts): least-squares fits, relative to \
+         each probe's time, of time = launch overhead + K x step to single products of growing K, \
+         about one block per SM for the lone step and eight for the shared one, plus a row softmax \
+         for the row epilogue per wave; the generated gemm's split-K latency (the mean residual of \
+         two f32 row-softmax products split along K: 256x1024x50, 256x4096x50); the attention bf16 forward rate on the path this device takes \
+         ({}) and on the portable mma.sync path (implementations.portable), and the attention \
+         backward kernel's rate (implementations.backward_fused: the one kernel of dq, dk and dv \
+         of an 8x16x2048x64 bf16 attention_grad), each flops / (time - launch overhead); kept from \
+         the base profile ({}): the deterministic attention backward kernels' rate \
+         (implementations.backward, which no default plan runs), \
+         the elementwise and reduction templates' arithmetic rates, the gemm and attention templates' \
+         own rates (used only where an implementation or tile has none), the gemm and attention \
+         bandwidth efficiencies, and the plan-order terms (L2 reuse capacity and bandwidth){}{}",
+        today(),
+        gpu.name,
+        gpu.arch,
+        attention.first().map_or("none", |a| if a.what.contains("wgmma") { "wgmma, sm_90a" } else { "mma.sync" }),
+        base.name,
+        if notes.is_empty() { String::new() } else { format!("; not taken as fitted: {}", notes.join("; ")) },
+        if poor.is_empty() {
+            String::new()
+        } else {
+            format!("; fits off by more than {:.0}% on some probe (worst): {}", 100.0 * POOR_FIT, poor.join(", "))
+        }
+    );
+    Ok(Calibration {
+        profile,
+        copy_bytes,
+        copy_us,
+        launch_us,
+        templates,
+        stages,
+        cublaslt_call,
+        gemm,
+        tiles,
+        split,
+        attention,
+        seconds,
+    })
+}
+
+/// A tile fit off by more than this share on some probe is named in the profile's source.
+const POOR_FIT: f64 = 0.15;
+
+fn run_options(profile: &DeviceProfile, repeat: usize) -> GpuRunOptions {
+    GpuRunOptions { repeat, check: false, profile: Some(profile.clone()), ..GpuRunOptions::default() }
+}
+
+/// The gemm template's rates, with an entry for each implementation (made from the template's
+/// own where the profile has none).
+fn gemm_impl(profile: &mut DeviceProfile, imp: GemmImpl) -> &mut TemplateRates {
+    let g = profile.templates.entry(Template::Gemm.name().into()).or_insert_with(|| TemplateRates {
+        bandwidth_efficiency: 0.8,
+        flops_f32_tflops: 1.0,
+        flops_bf16_tflops: None,
+        implementations: Default::default(),
+        stage_latency_us: None,
+        call_overhead_us: None,
+        split_latency_us: None,
+        tiles: Default::default(),
+        tiles_16bit: Default::default(),
+        tiles_mma: Default::default(),
+        rate_by_size: Default::default(),
+    });
+    let own = TemplateRates { implementations: Default::default(), ..g.clone() };
+    g.implementations.entry(imp.name().into()).or_insert(own)
+}
+
+/// The profile map of a tile family's step times.
+fn tile_map(profile: &mut DeviceProfile, family: tiles::Family) -> Result<&mut BTreeMap<String, TileRate>> {
+    Ok(match family {
+        tiles::Family::AttentionF32 => {
+            &mut profile
+                .templates
+                .get_mut(Template::Attention.name())
+                .ok_or_else(|| Error::Invalid("the profile has no attention template".into()))?
+                .tiles
+        }
+        tiles::Family::F32 => &mut gemm_impl(profile, GemmImpl::Generated).tiles,
+        tiles::Family::Sixteen => &mut gemm_impl(profile, GemmImpl::Generated).tiles_16bit,
+        tiles::Family::Mma => &mut gemm_impl(profile, GemmImpl::Generated).tiles_mma,
+    })
+}
+
+/// The base profile's figure for a tile, if it has one.
+fn base_tile(base: &DeviceProfile, family: tiles::Family, key: &str) -> Option<TileRate> {
+    let g = base.gemm_rates(GemmImpl::Generated);
+    let map = match family {
+        tiles::Family::AttentionF32 => &base.templates.get(Template::Attention.name())?.tiles,
+        tiles::Family::F32 => &g.tiles,
+        tiles::Family::Sixteen => &g.tiles_16bit,
+        tiles::Family::Mma => &g.tiles_mma,
+    };
+    map.get(key).cloned()
+}
+
+/// cuBLASLt's fixed time per call: the median time of a product too small to cost anything
+/// else (64x128x64 f32: 1 MFLOP), run as one cuBLASLt call.
+fn cublaslt_call_time(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(String, f64)> {
+    let (name, program, plan, sources) = cublaslt_call_plan(profile)?;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
+    let us = r.kernels[0].measured_us;
+    gemm_impl(profile, GemmImpl::Cublaslt).call_overhead_us = Some(round(us, 1));
+    Ok((name.to_string(), us))
+}
+
+/// The cuBLASLt call program, its plan marked cuBLASLt and its one source (a cuBLASLt call,
+/// error otherwise).
+fn cublaslt_call_plan(profile: &DeviceProfile) -> Result<(&'static str, Program, FusionPlan, Vec<KernelSource>)> {
+    let name = "calibrate-cublaslt-call";
+    let program = Program::from_sexprs(
+        name,
+        &[("x", TensorType::new(DType::F32, vec![64, 128])), ("w", TensorType::new(DType::F32, vec![128, 64]))],
+        &[("y", "(@ x w)")],
+    )
+    .map_err(Error::Invalid)?;
+    let mut plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+    if plan.kernels.len() != 1 || plan.kernels[0].template != Template::Gemm {
+        return Err(Error::Invalid(format!("calibration program {name} did not plan as one gemm kernel")));
+    }
+    // Measured as cuBLASLt whichever implementation the planner would pick.
+    plan.kernels[0].implementation = Some(GemmImpl::Cublaslt);
+    let sources = codegen_plan(&plan)?;
+    if sources[0].cublaslt.is_none() {
+        return Err(Error::Invalid(format!("calibration program {name} did not render as a cuBLASLt call")));
+    }
+    Ok((name, program, plan, sources))
+}
+
+/// The arithmetic rate of each gemm implementation on a large square product per dtype
+/// (compute-bound: 4096 cubed), net of its fixed time (cuBLASLt's call overhead, else the
+/// launch overhead), written into the gemm template's `implementations`; and cuBLASLt's at the
+/// smaller squares [`LT_SIZES`] too, its `rate_by_size` (a library product too small to fill
+/// the GPU runs well below the large product's rate).
+fn gemm_rates(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<GemmRate>> {
+    let mut out = Vec::new();
+    for dtype in [DType::F32, DType::Bf16] {
+        let mut points = Vec::new();
+        for n in LT_SIZES.into_iter().chain([4096]) {
+            let t = TensorType::new(dtype, vec![n, n]);
+            let name =
+                if n == 4096 { format!("calibrate-gemm-{dtype}") } else { format!("calibrate-gemm-{dtype}-{n}") };
+            let program = Program::from_sexprs(&name, &[("x", t.clone()), ("w", t)], &[("y", "(@ x w)")])
+                .map_err(Error::Invalid)?;
+            let mut plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+            if plan.kernels.len() != 1 || plan.kernels[0].template != Template::Gemm {
+                return Err(Error::Invalid(format!("calibration program {name} did not plan as one gemm kernel")));
+            }
+            let imps: &[GemmImpl] =
+                if n == 4096 { &[GemmImpl::Cublaslt, GemmImpl::Generated] } else { &[GemmImpl::Cublaslt] };
+            for &imp in imps {
+                // Calibration measures each implementation, whichever the planner would pick.
+                plan.kernels[0].implementation = Some(imp);
+                let sources = codegen_plan(&plan)?;
+                let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 10))?;
+                let us = r.kernels[0].measured_us;
+                let launch = profile.launch_overhead_us;
+                let rates = gemm_impl(profile, imp);
+                let fixed = rates.call_overhead_us.unwrap_or(launch);
+                let flops = plan.kernels[0].flops as f64;
+                let tflops = flops / ((us - fixed).max(0.5 * us) * 1e6);
+                if imp == GemmImpl::Cublaslt {
+                    points.push([round(flops * 1e-9, 3), round(tflops, 1)]);
+                }
+                if n == 4096 {
+                    match dtype {
+                        DType::F32 => rates.flops_f32_tflops = round(tflops, 1),
+                        _ => rates.flops_bf16_tflops = Some(round(tflops, 1)),
+                    }
+                }
+                out.push((imp, dtype, name.clone(), us, tflops));
+            }
+        }
+        let key = if dtype == DType::F32 { "f32" } else { "bf16" };
+        gemm_impl(profile, GemmImpl::Cublaslt).rate_by_size.insert(key.into(), points);
+    }
+    Ok(out)
+}
+
+/// The squares cuBLASLt's rate is measured at below 4096 (`rate_by_size`).
+pub const LT_SIZES: [usize; 3] = [512, 1024, 2048];
+
+/// Every tile's step times (`tiles.rs`), written into the generated gemm's tile maps and the
+/// attention template's; a fit that comes out non-positive keeps `base`'s figure (noted).
+fn tile_rates(gpu: &Gpu, profile: &mut DeviceProfile, base: &DeviceProfile) -> Result<Vec<tiles::TileFit>> {
+    let sms = gpu.sms as usize;
+    let probes = tiles::probes(sms)?;
+    let planned: Vec<(FusionPlan, Vec<KernelSource>)> = probes
+        .iter()
+        .map(|p| {
+            let opts = OptimizeOptions { strict: p.strict, ..OptimizeOptions::new(tiles::probe_profile(profile, p)) };
+            let plan = optimize(&p.program, &opts)?.plan;
+            tiles::check(&plan, p)?;
+            let sources = codegen_plan(&plan)?;
+            Ok((plan, sources))
+        })
+        .collect::<Result<_>>()?;
+    // Every probe's kernels compiled at once, on all cores, into NVRTC's disk cache, where the
+    // runs below find them (a cache that cannot be written only costs the time saved).
+    {
+        use rayon::prelude::*;
+        let arch = gpu.arch.clone();
+        planned
+            .par_iter()
+            .flat_map(|(_, sources)| sources.par_iter())
+            .filter(|s| s.cublaslt.is_none() && s.launch.sm90a.is_none())
+            .try_for_each(|s| crate::runtime::nvrtc::compile_cached(&s.source, &s.name, &arch).map(|_| ()))?;
+    }
+    let mut measured: Vec<(tiles::Family, String, tiles::Measured)> = Vec::new();
+    for (p, (plan, sources)) in probes.iter().zip(&planned) {
+        let r = run_on(gpu, &p.program, plan, sources, &run_options(profile, 10))?;
+        measured.push((
+            p.family,
+            p.key(),
+            tiles::Measured {
+                program: p.program.source.clone(),
+                form: p.form,
+                rows: p.rows,
+                shape: p.shape.clone(),
+                steps: p.steps,
+                blocks: p.blocks,
+                us: r.kernels[0].measured_us,
+                fit_us: f64::NAN,
+            },
+        ));
+    }
+    let mut fits = Vec::new();
+    for family in tiles::Family::ALL {
+        for (bm, bn) in family.keys() {
+            let key = format!("{bm}x{bn}");
+            let of: Vec<tiles::Measured> =
+                measured.iter().filter(|(f, k, _)| *f == family && *k == key).map(|(_, _, m)| m.clone()).collect();
+            let mut fit = tiles::fit(family, &key, of, sms, profile.launch_overhead_us).ok_or_else(|| {
+                Error::Invalid(format!("the {} tile {key} probes do not determine its step times", family.name()))
+            })?;
+            let old = base_tile(base, family, &key);
+            let r = &fit.rate;
+            let rate = if r.lone_ns_per_k > 0.0 && r.sm_ns_per_k > 0.0 {
+                TileRate {
+                    lone_ns_per_k: round(r.lone_ns_per_k, 1),
+                    sm_ns_per_k: round(r.sm_ns_per_k, 1),
+                    row_epilogue_us: round(r.row_epilogue_us, 2),
+                }
+            } else if let Some(old) = old {
+                fit.note = Some(format!(
+                    "fit {:.1} ns lone, {:.1} ns shared per step: not positive, base figures kept",
+                    r.lone_ns_per_k, r.sm_ns_per_k
+                ));
+                old
+            } else {
+                return Err(Error::Invalid(format!(
+                    "the {} tile {key} fit {:.1} ns lone, {:.1} ns shared per step, and the base profile has no figure",
+                    family.name(),
+                    r.lone_ns_per_k,
+                    r.sm_ns_per_k
+                )));
+            };
+            tile_map(profile, family)?.insert(key.clone(), rate);
+            fits.push(fit);
+        }
+    }
+    Ok(fits)
+}
+
+/// The attention forward measured: 8x16x2048x64 bf16, the attention example's size.
+const ATTENTION_FORWARD: &str = "\
+# calibrate-attention-bf16.eqf: one attention forward kernel (eqfuse calibrate)
+dim B = 8
+dim H = 16
+dim S = 2048
+dim D = 64
+input q: bf16[B, H, S, D]
+input k: bf16[B, H, S, D]
+input v: bf16[B, H, S, D]
+o = attention(q, k, v, 0.125, 0)
+output o
+";
+
+/// The attention backward measured: examples/attention_grad.eqf.
+const ATTENTION_GRAD: &str = "\
+# calibrate-attention-grad-bf16.eqf: attention's backward kernels (eqfuse calibrate)
+dim B = 8
+dim H = 16
+dim S = 2048
+dim D = 64
+input q: bf16[B, H, S, D]
+input k: bf16[B, H, S, D]
+input v: bf16[B, H, S, D]
+input dout: bf16[B, H, S, D]
+o = attention(q, k, v, 0.125, 0)
+loss = sum(sum(sum(sum(cast(o, f32) * cast(dout, f32), -1), -2), -3), -4)
+dq = grad(loss, q)
+dk = grad(loss, k)
+dv = grad(loss, v)
+output dq, dk, dv
+";
+
+/// TFLOP/s of `flops` done in `us` microseconds of `kernels` launches, net of their launch
+/// overhead (the model's launch + flops / rate).
+fn net_tflops(flops: u64, us: f64, kernels: usize, launch_us: f64) -> f64 {
+    let net = (us - kernels as f64 * launch_us).max(0.5 * us);
+    flops as f64 / (net * 1e6)
+}
+
+/// The attention template's rates with an entry for implementation `name` (made from the
+/// template's own where the profile has none: the arithmetic rates, no tiles).
+fn attention_impl<'a>(profile: &'a mut DeviceProfile, name: &str) -> Result<&'a mut TemplateRates> {
+    let a = profile
+        .templates
+        .get_mut(Template::Attention.name())
+        .ok_or_else(|| Error::Invalid("the profile has no attention template".into()))?;
+    let own = TemplateRates {
+        implementations: Default::default(),
+        tiles: Default::default(),
+        tiles_16bit: Default::default(),
+        tiles_mma: Default::default(),
+        ..a.clone()
+    };
+    Ok(a.implementations.entry(name.into()).or_insert(own))
+}
+
+/// The attention forward program, its plan (one attention kernel, error otherwise) and its
+/// sources (which must carry the Hopper path).
+fn attention_forward_plan(profile: &DeviceProfile) -> Result<(&'static str, Program, FusionPlan, Vec<KernelSource>)> {
+    let file = "calibrate-attention-bf16.eqf";
+    let program = crate::frontend::parse::parse_program(file, ATTENTION_FORWARD, &[])?;
+    let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+    if plan.kernels.len() != 1
+        || plan.kernels[0].template != Template::Attention
+        || plan.kernels[0].ops != ["attention"]
+    {
+        return Err(Error::Invalid(format!("calibration program {file} did not plan as one attention kernel")));
+    }
+    let sources = codegen_plan(&plan)?;
+    if sources[0].launch.sm90a.is_none() {
+        return Err(Error::Invalid(format!("calibration program {file} rendered without the Hopper path")));
+    }
+    Ok((file, program, plan, sources))
+}
+
+/// The attention_grad program planned: its backward kernels' ids (dq, then dk/dv) and its
+/// forward kernel's, if there is one.
+struct BackwardPlan {
+    file: &'static str,
+    program: Program,
+    plan: FusionPlan,
+    backward: Vec<usize>,
+    forward: Option<usize>,
+}
+
+/// The attention_grad program and its plan, whose backward must be one kernel of dq, dk and dv
+/// (`fused`: dq summed by atomics), or else one dq kernel and one dk/dv kernel; error otherwise.
+fn attention_backward_plan(profile: &DeviceProfile, fused: bool) -> Result<BackwardPlan> {
+    let file = "calibrate-attention-grad-bf16.eqf";
+    let program = crate::frontend::parse::parse_program(file, ATTENTION_GRAD, &[])?;
+    let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+    let is_grad = |o: &String| o.starts_with("attention_grad");
+    let backward: Vec<&crate::plan::Kernel> =
+        plan.kernels.iter().filter(|k| k.template == Template::Attention && k.ops.iter().any(is_grad)).collect();
+    let shapes: Vec<Vec<&str>> = backward.iter().map(|k| k.ops.iter().map(String::as_str).collect()).collect();
+    let want: Vec<Vec<&str>> = if fused {
+        vec![vec!["attention_grad_q", "attention_grad_k", "attention_grad_v"]]
+    } else {
+        vec![vec!["attention_grad_q"], vec!["attention_grad_k", "attention_grad_v"]]
+    };
+    if shapes != want {
+        return Err(Error::Invalid(format!(
+            "calibration program {file} did not plan its backward as {want:?}: {shapes:?}"
+        )));
+    }
+    let backward = backward.iter().map(|k| k.id).collect();
+    let forward = plan
+        .kernels
+        .iter()
+        .find(|k| k.template == Template::Attention && k.ops.iter().any(|o| o == "attention"))
+        .map(|k| k.id);
+    Ok(BackwardPlan { file, program, plan, backward, forward })
+}
+
+/// The attention forward's bf16 rate on the path this device takes (wgmma where the source's
+/// sm_90a launch is taken) and on the portable mma.sync path (the same sources without the
+/// Hopper launch): the template's `flops_bf16_tflops` and its `portable` implementation's.
+fn attention_forward(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<KernelRate>> {
+    let (file, program, plan, sources) = attention_forward_plan(profile)?;
+    let flops = plan.kernels[0].flops;
+    let launch = profile.launch_overhead_us;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 10))?;
+    let hopper = r.sm90a > 0;
+    let us = r.kernels[0].measured_us;
+    let what =
+        if hopper { "attention forward bf16, wgmma (sm_90a) path" } else { "attention forward bf16, mma.sync path" };
+    let mut out = vec![KernelRate {
+        what: what.into(),
+        program: file.into(),
+        flops,
+        us,
+        tflops: net_tflops(flops, us, 1, launch),
+    }];
+    let portable_us = if hopper {
+        let portable: Vec<_> = sources
+            .iter()
+            .cloned()
+            .map(|mut s| {
+                s.launch.sm90a = None;
+                s
+            })
+            .collect();
+        let r = run_on(gpu, &program, &plan, &portable, &run_options(profile, 10))?;
+        if r.sm90a > 0 {
+            return Err(Error::Invalid(format!("calibration program {file}: the portable path ran on sm_90a")));
+        }
+        let us = r.kernels[0].measured_us;
+        out.push(KernelRate {
+            what: "attention forward bf16, portable mma.sync path".into(),
+            program: file.into(),
+            flops,
+            us,
+            tflops: net_tflops(flops, us, 1, launch),
+        });
+        us
+    } else {
+        us
+    };
+    let own = net_tflops(flops, us, 1, launch);
+    profile
+        .templates
+        .get_mut(Template::Attention.name())
+        .ok_or_else(|| Error::Invalid("the profile has no attention template".into()))?
+        .flops_bf16_tflops = Some(round(own, 1));
+    attention_impl(profile, "portable")?.flops_bf16_tflops = Some(round(net_tflops(flops, portable_us, 1, launch), 1));
+    Ok(out)
+}
+
+/// The attention backward kernel's bf16 rate, flops over time net of its launch: the one kernel
+/// of dq, dk and dv the planner picks (`implementations.backward_fused`). The forward kernel of
+/// the plan (which writes the log-sum-exp too) is reported beside it. (The deterministic dq and
+/// dk/dv kernels' rate, `implementations.backward`, is the base profile's: no default plan runs
+/// them, and strict numerics keep attention's backward decomposed.)
+fn attention_backward(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<KernelRate>> {
+    attention_backward_form(gpu, profile, true)
+}
+
+fn attention_backward_form(gpu: &Gpu, profile: &mut DeviceProfile, fused: bool) -> Result<Vec<KernelRate>> {
+    let BackwardPlan { file, program, plan, backward, forward } = attention_backward_plan(profile, fused)?;
+    let backward: Vec<&crate::plan::Kernel> = backward.iter().map(|&id| &plan.kernels[id]).collect();
+    let forward = forward.map(|id| &plan.kernels[id]);
+    let sources = codegen_plan(&plan)?;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 10))?;
+    let launch = profile.launch_overhead_us;
+    let time = |id: usize| r.kernels.iter().find(|t| t.id == id).map_or(f64::NAN, |t| t.measured_us);
+    let mut out: Vec<KernelRate> = Vec::new();
+    if let Some(f) = forward {
+        let us = time(f.id);
+        out.push(KernelRate {
+            what: format!("attention forward bf16 writing the log-sum-exp ({}; not stored)", f.ops.join(" ")),
+            program: file.into(),
+            flops: f.flops,
+            us,
+            tflops: net_tflops(f.flops, us, 1, launch),
+        });
+    }
+    for k in &backward {
+        let us = time(k.id);
+        out.push(KernelRate {
+            what: format!("attention backward bf16, {}", k.ops.join(" ")),
+            program: file.into(),
+            flops: k.flops,
+            us,
+            tflops: net_tflops(k.flops, us, 1, launch),
+        });
+    }
+    let flops: u64 = backward.iter().map(|k| k.flops).sum();
+    let us: f64 = backward.iter().map(|k| time(k.id)).sum();
+    if !us.is_finite() {
+        return Err(Error::Invalid(format!("calibration program {file}: a backward kernel was not timed")));
+    }
+    let tflops = net_tflops(flops, us, backward.len(), launch);
+    let (what, entry) = if fused {
+        ("attention backward bf16 (one kernel: dq by atomics)", "backward_fused")
+    } else {
+        ("attention backward bf16 (dq and dk/dv kernels, deterministic)", "backward")
+    };
+    out.push(KernelRate { what: what.into(), program: file.into(), flops, us, tflops });
+    attention_impl(profile, entry)?.flops_bf16_tflops = Some(round(tflops, 1));
+    Ok(out)
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let m = 10f64.powi(digits);
+    (x * m).round() / m
+}
+
+/// Bytes the copy-bandwidth measurement copies: 1 GiB, or a 16th of a smaller device's memory.
+pub(crate) fn copy_bytes(gpu: &Gpu) -> u64 {
+    (gpu.memory_bytes / 16).min(1 << 30) as u64
+}
+
+/// Median microseconds of a device-to-device copy of `bytes`.
+pub(crate) fn copy_time(gpu: &Gpu, bytes: usize) -> Result<f64> {
+    let mut src = gpu.alloc(bytes, "the copy source")?;
+    gpu.fill(&mut src, 0x3c, "the copy source")?;
+    let mut dst = gpu.alloc(bytes, "the copy destination")?;
+    let (a, b) = (gpu.event()?, gpu.event()?);
+    let mut times = Vec::new();
+    for i in 0..23 {
+        gpu.record(&a)?;
+        gpu.copy(&src, &mut dst, bytes)?;
+        gpu.record(&b)?;
+        let t = gpu.elapsed_us(&a, &b)?;
+        if i >= 3 {
+            times.push(t);
+        }
+    }
+    Ok(median(times))
+}
+
+/// Microseconds per launch of an empty kernel, launched back to back.
+fn launch_time(gpu: &Gpu) -> Result<f64> {
+    let f = gpu.load_raw("extern \"C\" __global__ void eq_empty() {}\n", "eq_empty")?;
+    let (a, b) = (gpu.event()?, gpu.event()?);
+    let n = 2000;
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        gpu.record(&a)?;
+        for _ in 0..n {
+            gpu.launch_empty(&f, 1, 32)?;
+        }
+        gpu.record(&b)?;
+        times.push(gpu.elapsed_us(&a, &b)? / n as f64);
+    }
+    Ok(median(times))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Row programs over a 4 MiB f32 tensor whose longest chains of reductions are 1, 2 and 3 deep.
+fn stage_programs() -> Result<Vec<Program>> {
+    let x = TensorType::new(DType::F32, vec![1024, 1024]);
+    let centred = "(- x (mean x -1))";
+    let var = format!("(mean (* {centred} {centred}) -1)");
+    let bodies = [
+        "(sum x -1)".to_string(),
+        "(softmax x -1)".to_string(),
+        format!("(sum (* (- (* {centred} {centred}) {var}) (- (* {centred} {centred}) {var})) -1)"),
+    ];
+    bodies
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            Program::from_sexprs(&format!("calibrate-stages-{}", i + 1), &[("x", x.clone())], &[("y", b)])
+                .map_err(Error::Invalid)
+        })
+        .collect()
+}
+
+/// The row kernels' latency per dependent reduction stage (`rowreduce.stage_latency_us`): small
+/// row kernels (their bytes take about a microsecond) of 1, 2 and 3 stages as the cost model
+/// counts them, each timed; the latency is the least-squares slope, through the origin, of
+/// each kernel's time less the model's time for it without stage latency (launch overhead and
+/// memory) against its stages.
+fn stage_latency(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(Vec<StageProbe>, f64)> {
+    let with = |latency: f64| {
+        let mut p = profile.clone();
+        if let Some(r) = p.templates.get_mut(Template::RowReduce.name()) {
+            r.stage_latency_us = Some(latency);
+        }
+        p
+    };
+    let (zero, one) = (with(0.0), with(1.0));
+    let mut probes = Vec::new();
+    for program in stage_programs()? {
+        let plan = optimize(&program, &OptimizeOptions::new(zero.clone()))?.plan;
+        if plan.kernels.len() != 1 || plan.kernels[0].template != Template::RowReduce {
+            return Err(Error::Invalid(format!(
+                "calibration program {} did not plan as one row kernel",
+                program.source
+            )));
+        }
+        let base = plan.kernels[0].predicted_us;
+        let plan1 = optimize(&program, &OptimizeOptions::new(one.clone()))?.plan;
+        if plan1.kernels.len() != 1 {
+            return Err(Error::Invalid(format!(
+                "calibration program {} did not plan as one row kernel",
+                program.source
+            )));
+        }
+        let stages = (plan1.kernels[0].predicted_us - base).round().max(0.0) as u32;
+        let sources = codegen_plan(&plan)?;
+        let r = run_on(gpu, &program, &plan, &sources, &run_options(&zero, 30))?;
+        probes.push((program.source.clone(), stages, r.kernels[0].measured_us, base));
+    }
+    let den: f64 = probes.iter().map(|p| f64::from(p.1).powi(2)).sum();
+    let num: f64 = probes.iter().map(|p| f64::from(p.1) * (p.2 - p.3)).sum();
+    let latency = if den > 0.0 { (num / den).max(0.0) } else { 0.0 };
+    if let Some(r) = profile.templates.get_mut(Template::RowReduce.name()) {
+        r.stage_latency_us = Some(round(latency, 2));
+    }
+    Ok((probes, latency))
+}
+
+/// One stage-latency probe: (program, stages, median microseconds, the model's time without
+/// stage latency).
+pub type StageProbe = (String, u32, f64, f64);
+
+/// Products with a row softmax over few output tiles, which the planner runs as one generated
+/// gemm kernel split along K (`EQ_SPLITS` > 1): f32 [256, K] x [K, 50] (softmax regression's
+/// shape) at K 1024 and 4096 (the same as benches/gpu/split). Not on the tensor cores: their
+/// tile fits are off by up to 30% on some probes, more than the latency (a bf16 512x2048x128
+/// probe took 12.5 us against 8.3 predicted without split latency by calibrate's own tiles,
+/// 16.7 by the committed profile's; benches/results/2026-11-22-h100-b76cf2b-latencies).
+fn split_programs() -> Result<Vec<Program>> {
+    [(DType::F32, 256, 1024, 50), (DType::F32, 256, 4096, 50)]
+        .iter()
+        .map(|&(dt, m, k, n)| {
+            Program::from_sexprs(
+                &format!("calibrate-split-{}-{m}x{k}x{n}", dt.name()),
+                &[("a", TensorType::new(dt, vec![m, k])), ("b", TensorType::new(dt, vec![k, n]))],
+                &[("y", "(softmax (@ a b) -1)")],
+            )
+            .map_err(Error::Invalid)
+        })
+        .collect()
+}
+
+/// The split-K latency of the generated gemm (`gemm.implementations.generated.split_latency_us`):
+/// each probe of [`split_programs`] is planned without it and timed; the latency is the mean
+/// of each kernel's time less the model's time for it (whose tile step times come from this
+/// profile, so this follows `tile_rates`).
+fn split_latency(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(Vec<SplitProbe>, f64)> {
+    gemm_impl(profile, GemmImpl::Generated).split_latency_us = Some(0.0);
+    let planning = without_cublaslt(profile);
+    let mut probes = Vec::new();
+    for program in split_programs()? {
+        let plan = optimize(&program, &OptimizeOptions::new(planning.clone()))?.plan;
+        let sources = codegen_plan(&plan)?;
+        let splits = sources
+            .first()
+            .and_then(|s| s.source.lines().find_map(|l| l.strip_prefix("#define EQ_SPLITS ")?.trim().parse().ok()))
+            .unwrap_or(1usize);
+        if plan.kernels.len() != 1 || plan.kernels[0].template != Template::Gemm || splits < 2 {
+            return Err(Error::Invalid(format!(
+                "calibration program {} did not plan as one generated gemm kernel split along K",
+                program.source
+            )));
+        }
+        let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
+        probes.push((program.source.clone(), splits, r.kernels[0].measured_us, plan.kernels[0].predicted_us));
+    }
+    let latency = (probes.iter().map(|p| p.2 - p.3).sum::<f64>() / probes.len().max(1) as f64).max(0.0);
+    gemm_impl(profile, GemmImpl::Generated).split_latency_us = Some(round(latency, 2));
+    Ok((probes, latency))
+}
+
+/// One split-latency probe: (program, splits, median microseconds, the model's time without
+/// split latency).
+pub type SplitProbe = (String, usize, f64, f64);
+
+/// `profile` with cuBLASLt priced out (a call overhead of a second), so that a probe of the
+/// generated gemm plans as one whatever the profile's other figures make of cuBLASLt.
+fn without_cublaslt(profile: &DeviceProfile) -> DeviceProfile {
+    let mut p = profile.clone();
+    gemm_impl(&mut p, GemmImpl::Cublaslt).call_overhead_us = Some(1e6);
+    p
+}
+
+/// One large program per generated template, each planning as a single kernel.
+fn synthetic() -> Result<Vec<(Template, Program)>> {
+    let f32 = |s: &[usize]| TensorType::new(DType::F32, s.to_vec());
+    let n = 1 << 26;
+    let (r, c) = (16384, 4096);
+    let p = |name: &str, inputs: &[(&str, TensorType)], out: &str| {
+        Program::from_sexprs(name, inputs, &[("y", out)]).map_err(Error::Invalid)
+    };
+    Ok(vec![
+        (Template::Elementwise, p("calibrate-elementwise", &[("x", f32(&[n])), ("z", f32(&[n]))], "(* (+ x 1) z)")?),
+        (Template::RowReduce, p("calibrate-rowreduce", &[("x", f32(&[r, c]))], "(softmax x -1)")?),
+        (Template::ColReduce, p("calibrate-colreduce", &[("x", f32(&[r, c]))], "(sum x 0)")?),
+    ])
+}
+
+/// Today's date (UTC) as `YYYY-MM-DD`.
+fn today() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    // Howard Hinnant's civil-from-days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+impl fmt::Display for Calibration {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        let p = &self.profile;
+        writeln!(f, "calibrated {} ({})", p.device, p.name)?;
+        writeln!(
+            f,
+            "  copy bandwidth   {:.0} GB/s (read + write; {} copied in {:.1} us)",
+            p.copy_bandwidth_gbs,
+            crate::plan::render::human_bytes(self.copy_bytes),
+            self.copy_us
+        )?;
+        writeln!(f, "  launch overhead  {:.2} us per empty kernel, back to back", self.launch_us)?;
+        for (t, prog, bytes, us, share) in &self.templates {
+            writeln!(
+                f,
+                "  {:<12} {:>5.1}% of copy bandwidth ({prog}: {} in {us:.1} us)",
+                t.name(),
+                100.0 * share,
+                crate::plan::render::human_bytes(*bytes)
+            )?;
+        }
+        let (probes, latency) = &self.stages;
+        writeln!(f, "  row stage        {latency:.2} us per dependent reduction stage")?;
+        for (prog, n, us, base) in probes {
+            writeln!(f, "      {prog:<40} {n} stages {us:>7.1} us (model without stage latency {base:.1} us)")?;
+        }
+        let (probes, latency) = &self.split;
+        writeln!(f, "  split-K          {latency:.2} us past the model's steps and parts' reads")?;
+        for (prog, n, us, base) in probes {
+            writeln!(f, "      {prog:<40} {n} splits {us:>7.1} us (model without split latency {base:.1} us)")?;
+        }
+        let (prog, us) = &self.cublaslt_call;
+        writeln!(f, "  cuBLASLt call    {us:.1} us ({prog}: 64x128x64 f32)")?;
+        for (imp, dtype, prog, us, tflops) in &self.gemm {
+            writeln!(f, "  gemm {:<9} {dtype:<4} {tflops:>6.1} TFLOP/s ({prog}: {us:.1} us)", imp.name())?;
+        }
+        for a in &self.attention {
+            writeln!(
+                f,
+                "  {:<58} {:>6.1} TFLOP/s ({}: {:.1} GFLOP in {:.1} us)",
+                a.what,
+                a.tflops,
+                a.program,
+                a.flops as f64 * 1e-9,
+                a.us
+            )?;
+        }
+        writeln!(
+            f,
+            "  tile step times, fit relative to each probe's time: time = launch overhead + K x step \
+             (lone: about one block per SM; shared: x blocks/SMs) + waves x row epilogue"
+        )?;
+        for t in &self.tiles {
+            writeln!(
+                f,
+                "  {:<13} {:<7} lone {:>6.1} ns, shared {:>6.1} ns per step, row epilogue {:>5.2} us per wave; \
+                 off by {:>4.1}% on average, {:>4.1}% at worst; a free intercept would be {:>5.1} us ({})",
+                t.family.name(),
+                t.key,
+                t.rate.lone_ns_per_k,
+                t.rate.sm_ns_per_k,
+                t.rate.row_epilogue_us,
+                100.0 * t.mean(),
+                100.0 * t.worst(),
+                t.free_overhead_us.unwrap_or(f64::NAN),
+                t.family.map()
+            )?;
+            if let Some(note) = &t.note {
+                writeln!(f, "      note: {note}")?;
+            }
+            for m in &t.probes {
+                writeln!(
+                    f,
+                    "      {:<48} {:<6} {:<22} {:>6} steps {:>5} blocks {:>9.1} us (fit {:>9.1})",
+                    m.program,
+                    m.form.name(),
+                    m.shape,
+                    m.steps,
+                    m.blocks,
+                    m.us,
+                    m.fit_us
+                )?;
+            }
+        }
+        let parts: Vec<String> = self.seconds.iter().map(|(w, s)| format!("{w} {s:.1} s")).collect();
+        writeln!(f, "  took {}", parts.join(", "))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_probes_plan_as_one_row_kernel_of_1_2_and_3_stages() {
+        let base = DeviceProfile::load("h100").unwrap();
+        for (i, program) in stage_programs().unwrap().into_iter().enumerate() {
+            let mut times = Vec::new();
+            for latency in [0.0, 1.0] {
+                let mut p = base.clone();
+                p.templates.get_mut("rowreduce").unwrap().stage_latency_us = Some(latency);
+                let plan = optimize(&program, &OptimizeOptions::new(p)).unwrap().plan;
+                assert_eq!(plan.kernels.len(), 1, "{}", program.source);
+                assert_eq!(plan.kernels[0].template, Template::RowReduce);
+                times.push(plan.kernels[0].predicted_us);
+            }
+            assert_eq!((times[1] - times[0]).round(), (i + 1) as f64, "{}", program.source);
+        }
+    }
+
+    #[test]
+    fn split_probes_plan_as_one_generated_gemm_split_along_k() {
+        let mut p = DeviceProfile::load("h100").unwrap();
+        gemm_impl(&mut p, GemmImpl::Generated).split_latency_us = Some(0.0);
+        p.templates.get_mut("rowreduce").unwrap().stage_latency_us = Some(0.0);
+        let p = without_cublaslt(&p);
+        for program in split_programs().unwrap() {
+            let plan = optimize(&program, &OptimizeOptions::new(p.clone())).unwrap().plan;
+            assert_eq!(plan.kernels.len(), 1, "{}", program.source);
+            assert_eq!(plan.kernels[0].template, Template::Gemm, "{}", program.source);
+            let sources = codegen_plan(&plan).unwrap();
+            let splits: usize = sources[0]
+                .source
+                .lines()
+                .find_map(|l| l.strip_prefix("#define EQ_SPLITS ")?.trim().parse().ok())
+                .unwrap_or(1);
+            assert!(splits > 1, "{} runs unsplit", program.source);
+        }
+    }
+
+    #[test]
+    fn device_names_map_to_profiles() {
+        assert_eq!(short_name("NVIDIA H100 80GB HBM3"), "h100");
+        assert_eq!(short_name("NVIDIA H200"), "h200");
+        assert_eq!(short_name("NVIDIA A100-SXM4-40GB"), "nvidia-a100-sxm4-40gb");
+    }
+
+    #[test]
+    fn synthetic_programs_plan_as_one_kernel_of_their_template() {
+        let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+        for (t, p) in synthetic().unwrap() {
+            let plan = optimize(&p, &opts).unwrap().plan;
+            assert_eq!(plan.kernels.len(), 1, "{}", p.source);
+            assert_eq!(plan.kernels[0].template, t, "{}", p.source);
+            assert!(plan.total.bytes >= 256 << 20, "{}", p.source);
+        }
+    }
+
+    #[test]
+    fn attention_programs_plan_as_the_kernels_they_measure() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let (_, _, plan, sources) = attention_forward_plan(&p).unwrap();
+        assert!(plan.kernels[0].flops >= 4 * 8 * 16 * 2048 * 2048 * 64);
+        assert!(sources[0].launch.sm90a.is_some());
+        let BackwardPlan { plan, backward, forward, .. } = attention_backward_plan(&p, true).unwrap();
+        assert_eq!(backward.len(), 1);
+        assert!(backward.iter().chain(&forward).all(|&id| plan.kernels[id].id == id));
+        assert!(forward.is_some());
+        // The planner does not pick the two-kernel form: asking for it is an error, not a
+        // measurement of something else.
+        assert!(attention_backward_plan(&p, false).is_err());
+    }
+
+    #[test]
+    fn the_cublaslt_call_program_renders_as_one_call() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let (_, _, _, sources) = cublaslt_call_plan(&p).unwrap();
+        assert!(sources[0].cublaslt.is_some());
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(today().len(), 10);
+    }
+}

@@ -1,0 +1,90 @@
+//! The layer order of `src/`: `lib.rs` declares the top-level modules lowest first, and each
+//! may import (`crate::NAME`) only modules declared before it, so no two import each other,
+//! directly or through others. ARCHITECTURE.md states the same order.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::Path;
+
+/// The top-level modules in the order `lib.rs` declares them.
+fn declared_order(root: &Path) -> Vec<String> {
+    let lib = fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    lib.lines()
+        .filter_map(|l| l.trim().strip_prefix("mod ").and_then(|r| r.strip_suffix(';')))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Source text without `//` comments (doc links name modules without importing them).
+fn code_of(text: &str) -> String {
+    text.lines().map(|l| l.find("//").map_or(l, |i| &l[..i])).collect::<Vec<_>>().join("\n")
+}
+
+/// The crate modules a file refers to: `crate::NAME` and the names inside `use crate::{...}`.
+fn references(code: &str, modules: &[String]) -> Vec<String> {
+    let mut out = vec![];
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            for item in group[..end].split(',') {
+                let name: String = item.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                out.push(name);
+            }
+        } else {
+            out.push(rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect());
+        }
+    }
+    out.retain(|n| modules.contains(n));
+    out
+}
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn each_layer_imports_only_the_layers_below_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let order = declared_order(root);
+    assert!(order.len() >= 8, "lib.rs declares the layers: {order:?}");
+    let rank: BTreeMap<&str, usize> = order.iter().enumerate().map(|(i, m)| (m.as_str(), i)).collect();
+    let mut files = vec![];
+    rust_files(&root.join("src"), &mut files);
+    let mut wrong = vec![];
+    for f in &files {
+        let rel = f.strip_prefix(root.join("src")).unwrap();
+        let top = rel.iter().next().unwrap().to_string_lossy().trim_end_matches(".rs").to_string();
+        let Some(&own) = rank.get(top.as_str()) else { continue };
+        let code = code_of(&fs::read_to_string(f).unwrap());
+        for r in references(&code, &order) {
+            if rank[r.as_str()] > own {
+                wrong.push(format!("{} imports `{r}`, a layer above `{top}`", rel.display()));
+            }
+        }
+    }
+    wrong.sort();
+    wrong.dedup();
+    assert!(wrong.is_empty(), "imports against the layer order of lib.rs:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn few_files_sit_loose_in_src() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let loose: Vec<String> = fs::read_dir(root.join("src"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert!(loose.len() <= 12, "{} files loose in src/ (at most 12): {loose:?}", loose.len());
+}
