@@ -88,3 +88,24 @@ fn few_files_sit_loose_in_src() {
         .collect();
     assert!(loose.len() <= 12, "{} files loose in src/ (at most 12): {loose:?}", loose.len());
 }
+
+#[test]
+fn architecture_md_draws_the_same_order_within_200_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let lines = text.lines().count();
+    assert!(lines <= 200, "ARCHITECTURE.md is a map of at most 200 lines, not {lines}");
+    let layers = &text[text.find("## Layers").expect("a Layers section")..];
+    let layers = &layers[..layers[3..].find("\n## ").map_or(layers.len(), |i| i + 3)];
+    let layers = &layers[layers.find("\n|").expect("a table of the layers")..];
+    let mut last = 0;
+    for m in declared_order(root) {
+        let at = [format!("| `{m}/`"), format!("| `{m}.rs`"), format!(", `{m}.rs`")]
+            .iter()
+            .filter_map(|k| layers.find(k.as_str()))
+            .min()
+            .unwrap_or_else(|| panic!("ARCHITECTURE.md's Layers table has no row for `{m}`"));
+        assert!(at >= last, "ARCHITECTURE.md lists `{m}` out of lib.rs's order");
+        last = at;
+    }
+}
