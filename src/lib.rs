@@ -103,6 +103,7 @@ pub use plan::memory::{
 pub use plan::plancheck::{check_plan, eval_plan, eval_plan_with, kernel_program};
 pub use plan::render::{human_bytes, plan_json, render, Format};
 pub use plan::{FusionPlan, GemmImpl, Kernel, SearchReport, Template, TensorRef, Totals};
+pub use reference::check::{compare as compare_output, OutputCheck};
 pub use reference::npy::{read_npy, write_npy};
 pub use reference::rng::{dropout_keep, dropout_scale, dropout_threshold, random_input, random_inputs};
 pub use reference::run_cpu::{
@@ -115,10 +116,7 @@ pub use runtime::nvrtc::{
     available as nvrtc_available, cache_dir, compile as nvrtc_compile, compile_cached as nvrtc_compile_cached,
     Compiled, DEFAULT_ARCH,
 };
-pub use runtime::run_gpu::{
-    compare as compare_output, run_on, run_plan_gpu, unfused_plan, GpuRunOptions, GpuRunReport, KernelTiming,
-    OutputCheck,
-};
+pub use runtime::run_gpu::{run_on, run_plan_gpu, unfused_plan, GpuRunOptions, GpuRunReport, KernelTiming};
 pub use search::analysis::{ClassData, ShapeAnalysis, Sign, TensorGraph};
 pub use search::conditions::{condition, NamedCondition, CONDITIONS};
 pub use search::deadline::Deadline;

@@ -10,6 +10,7 @@
 //! Weak scalar literals (`x * 0.1`) keep their exact f64 value until they meet a typed tensor;
 //! an output that is itself a weak literal is rounded to f32.
 
+pub mod check;
 pub mod npy;
 pub mod rng;
 pub mod run_cpu;
