@@ -111,6 +111,23 @@ def build(graph):
                 v = a[0] @ a[1]
             elif op == "iota":
                 v = torch.arange(int(a[0]), dtype=torch.int32, device="cuda")
+            elif op == "gather":
+                ax = int(a[2]) % a[0].dim()
+                flat = a[0].index_select(ax, a[1].reshape(-1).long())
+                v = flat.reshape(a[0].shape[:ax] + a[1].shape + a[0].shape[ax + 1:])
+            elif op == "scatter_add":
+                idx, g, n = a[0], a[1], int(a[3])
+                ax = int(a[2]) % (g.dim() - idx.dim() + 1)
+                rows = g.reshape(g.shape[:ax] + (-1,) + g.shape[ax + idx.dim():])
+                v = rows.new_zeros(rows.shape[:ax] + (n,) + rows.shape[ax + 1:])
+                v = v.index_add(ax, idx.reshape(-1).long(), rows)
+            elif op == "slice":
+                ax = int(a[1]) % a[0].dim()
+                index = [slice(None)] * a[0].dim()
+                index[ax] = slice(int(a[2]), int(a[3]), int(a[4]))
+                v = a[0][tuple(index)]
+            elif op == "concat":
+                v = torch.cat([a[0], a[1]], dim=int(a[2]))
             elif op == "onehot":
                 v = F.one_hot(a[0].long(), int(a[1])).float()
             elif op == "dropout":

@@ -225,10 +225,19 @@ class Exporter:
         self.env[node.name] = out
 
     def split(self, node: torch.fx.Node) -> tuple[Value, ...]:
-        """`split` along the last axis of a product with a constant weight (a fused QKV
-        projection): eqfuse has no slicing, so each part is its own product with the matching
-        columns of the weight and bias, which become inputs carrying those values. Views between
-        the product and the split that keep the last axis are replayed on each part."""
+        """`split`: along the last axis of a product with a constant weight (a fused QKV
+        projection) each part is its own product with the matching columns of the weight and
+        bias, which become inputs carrying those values, so each part is a contiguous product
+        (views between the product and the split that keep the last axis are replayed on each
+        part); any other split is slices of its input."""
+        try:
+            return self.split_product(node)
+        except ExportError:
+            x, sizes = node.args[0], node.args[1]
+            dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
+            return _split(Lowering(self.b, node), self.value(x), sizes, dim)
+
+    def split_product(self, node: torch.fx.Node) -> tuple[Value, ...]:
         x, sizes = node.args[0], node.args[1]
         dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
         shape = _static_shape(x.meta["val"], x)
@@ -285,7 +294,8 @@ class Exporter:
         if node.name not in self.static:
             return v
         if node.name not in self.brought:
-            self.brought[node.name] = _map_tensors(v, lambda t: self.constant(node.name, t))
+            # An empty static tensor stays a tensor (a concatenation drops it; elsewhere it is an error).
+            self.brought[node.name] = _map_tensors(v, lambda t: t if t.numel() == 0 else self.constant(node.name, t))
         return self.brought[node.name]
 
     def constant(self, name: str, t: torch.Tensor, literal: bool = True) -> Value:
@@ -296,6 +306,10 @@ class Exporter:
         shape = tuple(t.shape)
         if t.numel() == 0:
             raise ExportError(f"constant {name} is empty")
+        from torch._subclasses.fake_tensor import is_fake
+
+        if is_fake(t):  # a graph traced with fake tensors (the joint graph): planned, never run
+            return self.b.input(name, dtype, shape)
         first = t.reshape(-1)[0]
         if literal and bool((t == first).all()):
             x = first.item()
@@ -689,7 +703,10 @@ def _expand(L, x, sizes, *rest, **kw):
 def _getitem(L, seq, i):
     if not isinstance(seq, (tuple, list)):
         raise ExportError("getitem of something that is not a tuple of tensors")
-    return seq[i]
+    item = seq[i]
+    if isinstance(item, _Unsupported):
+        raise ExportError(item.what)
+    return item
 
 
 def _where(L, c, a, b):
@@ -714,11 +731,10 @@ def _like(fill):
 
 
 def _sdpa(L, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
-    if attn_mask is not None or dropout_p != 0.0 or enable_gqa:
-        raise ExportError("attention with a mask tensor, dropout or grouped heads")
-    if k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
-        raise ExportError("attention with differing batch or head axes")
-    s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = _attention_args(L, q, k, v, attn_mask, dropout_p, scale)
+    if attn_mask is not None:
+        return _attention_math(L, q, k, v, s, is_causal, attn_mask, 1, 2)[0]
+    k, v = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
     shape = q.shape[:-1] + (v.shape[-1],)
     return L.b.op("attention", [q.node, k.node, v.node, L.lit(s).node, L.lit(1 if is_causal else 0).node], q.dtype, shape)
 
@@ -767,6 +783,556 @@ def _unsqueeze(L, x, dim):
 
 def _squeeze(L, x, *dims):
     return L.reshape(x, L.out_shape())
+
+
+
+# --- indexing: slices, concatenation, gathers (embeddings) and their backward ops
+
+
+def _slice(L, x, dim=0, start=None, end=None, step=1):
+    a = L.axis(dim, x.rank)
+    n = x.shape[a]
+    lo, hi, step = slice(start, end, step).indices(n)
+    if step < 1:
+        raise ExportError(f"a slice with step {step}")
+    size = len(range(lo, hi, step))
+    if size == n:
+        return x
+    if size == 0:
+        raise ExportError("an empty slice")
+    shape = x.shape[:a] + (size,) + x.shape[a + 1:]
+    args = [x.node, L.axis_lit(a, x.rank), L.lit(lo).node, L.lit(lo + (size - 1) * step + 1).node, L.lit(step).node]
+    return L.b.op("slice", args, x.dtype, shape)
+
+
+def _select(L, x, dim, index):
+    a = L.axis(dim, x.rank)
+    i = index % x.shape[a]
+    part = _slice(L, x, a, i, i + 1, 1)
+    return L.reshape(part, x.shape[:a] + x.shape[a + 1:])
+
+
+def _narrow(L, x, dim, start, length):
+    a = L.axis(dim, x.rank)
+    start = start % x.shape[a] if start < 0 else start
+    return _slice(L, x, a, start, start + length, 1)
+
+
+def _concat(L, vals, a):
+    vals = [v for v in vals if v.numel > 0]
+    if not vals:
+        raise ExportError("a concatenation of empty tensors")
+    dtype = L.out_dtype()
+    vals = [L.cast(v, dtype) for v in vals]
+    out = vals[0]
+    for v in vals[1:]:
+        if out.shape[:a] != v.shape[:a] or out.shape[a + 1:] != v.shape[a + 1:]:
+            raise ExportError(f"cannot concatenate {list(out.shape)} and {list(v.shape)} along axis {a}")
+        shape = out.shape[:a] + (out.shape[a] + v.shape[a],) + out.shape[a + 1:]
+        out = L.b.op("concat", [out.node, v.node, L.axis_lit(a, out.rank)], dtype, shape)
+    return out
+
+
+def _cat(L, tensors, dim=0):
+    vals = [L.val(t) for t in tensors if not (isinstance(t, torch.Tensor) and t.numel() == 0)]
+    rank = max(v.rank for v in vals)
+    vals = [v for v in vals if v.rank == rank]  # torch.cat skips 1-D empty tensors
+    return _concat(L, vals, L.axis(dim, rank))
+
+
+def _stack(L, tensors, dim=0):
+    vals = [L.val(t) for t in tensors]
+    a = L.axis(dim, vals[0].rank + 1)
+    return _concat(L, [L.reshape(v, v.shape[:a] + (1,) + v.shape[a:]) for v in vals], a)
+
+
+def _split(L, x, sizes, dim=0):
+    a = L.axis(dim, x.rank)
+    n = x.shape[a]
+    if isinstance(sizes, int):
+        sizes = [min(sizes, n - s) for s in range(0, n, sizes)]
+    parts, start = [], 0
+    for size in sizes:
+        parts.append(_slice(L, x, a, start, start + size, 1))
+        start += size
+    return tuple(parts)
+
+
+def _chunk(L, x, chunks, dim=0):
+    n = x.shape[L.axis(dim, x.rank)]
+    return _split(L, x, -(-n // chunks), dim)
+
+
+def _unbind(L, x, dim=0):
+    a = L.axis(dim, x.rank)
+    return tuple(_select(L, x, a, i) for i in range(x.shape[a]))
+
+
+def _index32(L, idx):
+    if idx.dtype not in ("i32",):
+        raise ExportError(f"indices of dtype {idx.dtype} (integers expected)")
+    return idx
+
+
+def _embedding(L, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return _gather(L, weight, _index32(L, L.val(indices)), 0)
+
+
+def _gather(L, x, idx, a):
+    shape = x.shape[:a] + idx.shape + x.shape[a + 1:]
+    return L.b.op("gather", [x.node, idx.node, L.axis_lit(a, x.rank)], x.dtype, shape)
+
+
+def _index_select(L, x, dim, index):
+    return _gather(L, x, _index32(L, L.val(index)), L.axis(dim, x.rank))
+
+
+def _scatter_add(L, idx, g, a, n):
+    """Zeros of size `n` along axis `a` (of the result) with `g`'s slices added at `idx`."""
+    rank = g.rank - idx.rank + 1
+    shape = g.shape[:a] + (n,) + g.shape[a + idx.rank:]
+    return L.b.op("scatter_add", [idx.node, g.node, L.axis_lit(a, rank), L.lit(n).node], g.dtype, shape)
+
+
+def _embedding_dense_backward(L, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
+    if scale_grad_by_freq:
+        raise ExportError("embedding's backward with scale_grad_by_freq")
+    idx = _index32(L, L.val(indices))
+    g = L.val(grad)
+    out = _scatter_add(L, idx, g, 0, num_weights)
+    if padding_idx is not None and padding_idx >= 0:
+        keep = L.compare("!=", _iota(L, num_weights), padding_idx)
+        out = L.apply("*", out, L.cast(L.reshape(keep, (num_weights,) + (1,) * (out.rank - 1)), out.dtype))
+    return out
+
+
+def _iota(L, n):
+    return L.b.op("iota", [L.lit(n).node], "i32", (n,))
+
+
+def _index_put(L, x, indices, values, accumulate=False):
+    """`x[idx] += values` with one index tensor on the first axis (embedding's backward)."""
+    idx = [i for i in indices]
+    if not accumulate or len(idx) != 1 or idx[0] is None:
+        raise ExportError("index_put other than accumulating along the first axis with one index tensor")
+    i = _index32(L, L.val(idx[0]))
+    v = L.val(values)
+    v = L.broadcast(L.cast(v, x.dtype), i.shape + x.shape[1:])
+    return L.apply("+", x, _scatter_add(L, i, v, 0, x.shape[0]))
+
+
+def _slice_scatter(L, x, src, dim=0, start=None, end=None, step=1):
+    a = L.axis(dim, x.rank)
+    n = x.shape[a]
+    lo, hi, step = slice(start, end, step).indices(n)
+    if step != 1:
+        raise ExportError(f"slice_scatter with step {step}")
+    parts = []
+    if lo > 0:
+        parts.append(_slice(L, x, a, 0, lo, 1))
+    parts.append(L.cast(L.val(src), x.dtype))
+    if hi < n:
+        parts.append(_slice(L, x, a, hi, n, 1))
+    return _concat(L, parts, a) if len(parts) > 1 else parts[0]
+
+
+def _select_backward(L, grad, input_sizes, dim, index):
+    shape = tuple(input_sizes)
+    a = L.axis(dim, len(shape))
+    g = L.val(grad)
+    zeros = L.full(0.0, g.dtype, shape)
+    i = index % shape[a]
+    return _slice_scatter(L, zeros, L.reshape(g, shape[:a] + (1,) + shape[a + 1:]), a, i, i + 1, 1)
+
+
+def _slice_backward(L, grad, input_sizes, dim, start, end, step):
+    shape = tuple(input_sizes)
+    g = L.val(grad)
+    return _slice_scatter(L, L.full(0.0, g.dtype, shape), g, dim, start, end, step)
+
+
+def _logical(op):
+    def lower(L, a, b):
+        va, vb = L.val(a), L.val(b)
+        if va.dtype != "bool" or vb.dtype != "bool":
+            raise ExportError(f"bitwise/logical {op} of {va.dtype} and {vb.dtype} (bool only)")
+        f, t = L.cast(L.lit(0), "bool"), L.cast(L.lit(1), "bool")
+        if op == "and":
+            return L.apply("where", va, vb, f, dtype="bool")
+        return L.apply("where", va, t, vb, dtype="bool")
+
+    return lower
+
+
+def _bitwise_not(L, x):
+    v = L.val(x)
+    if v.dtype != "bool":
+        raise ExportError(f"bitwise_not of {v.dtype} (bool only)")
+    return L.apply("not", v, dtype="bool")
+
+
+def _take_along(L, x, dim, index):
+    """`torch.gather(x, dim, index)` (ONNX GatherElements): each index picks along `dim` at
+    its own coordinates, as one take of the flattened `x` at the linear positions."""
+    x, idx = L.val(x), _index32(L, L.val(index))
+    a = L.axis(dim, x.rank)
+    if idx.rank != x.rank:
+        raise ExportError(f"gather of rank {x.rank} with indices of rank {idx.rank}")
+    strides = [math.prod(x.shape[i + 1:]) for i in range(x.rank)]
+    pos = None
+    for i in range(x.rank):
+        if i == a:
+            c = idx
+        else:
+            shape = tuple(idx.shape[i] if j == i else 1 for j in range(x.rank))
+            c = L.reshape(_iota(L, idx.shape[i]), shape)
+        term = L.apply("*", c, L.cast(L.lit(strides[i]), "i32")) if strides[i] != 1 else c
+        pos = term if pos is None else L.apply("+", pos, term)
+    pos = L.broadcast(pos, idx.shape)
+    return _gather(L, L.reshape(x, (x.numel,)), pos, 0)
+
+
+def _index(L, x, indices):
+    """`x[i, j, ...]` with index tensors on consecutive axes (after any number of full slices,
+    `None`): one take along the merged axes at the broadcast indices' linear positions."""
+    x = L.val(x)
+    used = [(i, t) for i, t in enumerate(indices) if t is not None]
+    if not used:
+        return x
+    a, m = used[0][0], len(used)
+    if [i for i, _ in used] != list(range(a, a + m)):
+        raise ExportError("indexing with index tensors on axes that are not consecutive")
+    ts = [L.val(t) for _, t in used]
+    if any(t.dtype == "bool" for t in ts):
+        raise ExportError("indexing with a boolean mask (a data-dependent shape)")
+    ts = [_index32(L, t) for t in ts]
+    block = x.shape[a:a + m]
+    shape = broadcast_shapes(*(t.shape for t in ts))
+    pos = None
+    for k, t in enumerate(ts):
+        stride = math.prod(block[k + 1:])
+        term = L.apply("*", t, L.cast(L.lit(stride), "i32")) if stride != 1 else t
+        pos = term if pos is None else L.apply("+", pos, term)
+    pos = L.broadcast(pos, shape) if pos.shape != shape else pos
+    merged = L.reshape(x, x.shape[:a] + (math.prod(block),) + x.shape[a + m:])
+    return _gather(L, merged, pos, a)
+
+
+def _any(L, x, dim=None, keepdim=False):
+    v = L.val(x)
+    dims = dim if isinstance(dim, (list, tuple)) or dim is None else [dim]
+    nonzero = L.cast(L.compare("!=", v, 0), "i32")
+    return L.compare("!=", L.reduce("amax", nonzero, dims, keepdim), 0)
+
+
+def _patches(L, x, p):
+    """`[B, C, H, W]` → `[B, (H/p)(W/p), C p p]`: each p x p patch of every channel a row."""
+    b, c, h, w = x.shape
+    y = L.reshape(x, (b, c, h // p, p, w // p, p))
+    y = L.permute(y, [0, 2, 4, 1, 3, 5])
+    return L.reshape(y, (b, (h // p) * (w // p), c * p * p))
+
+
+def _patch_conv_args(x, weight, stride, padding, dilation, transposed, output_padding, groups):
+    o, c, kh, kw = weight.shape
+    if (x.rank != 4 or kh != kw or list(stride) != [kh, kw] or any(padding) or any(d != 1 for d in dilation)
+            or transposed or groups != 1 or x.shape[2] % kh or x.shape[3] % kw):
+        raise ExportError("a convolution other than non-overlapping square patches (stride equal to the kernel, "
+                          "no padding, dilation or groups); general convolution is not supported yet")
+    return o, c, kh
+
+
+def _convolution(L, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """A convolution whose stride equals its kernel (a patch embedding) as one product."""
+    x, wt = L.val(x), L.val(weight)
+    o, c, p = _patch_conv_args(x, wt, stride, padding, dilation, transposed, output_padding, groups)
+    b, _, h, w = x.shape
+    rows = _patches(L, x, p)
+    wm = L.swap(L.reshape(wt, (o, c * p * p)), 0, 1)
+    y = L.matmul(rows, wm)
+    if bias is not None:
+        y = L.apply("+", y, L.val(bias))
+    y = L.swap(y, 1, 2)
+    return L.reshape(y, (b, o, h // p, w // p))
+
+
+def _convolution_backward(L, grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+                          groups, output_mask):
+    x, wt, g = L.val(x), L.val(weight), L.val(grad)
+    o, c, p = _patch_conv_args(x, wt, stride, padding, dilation, transposed, output_padding, groups)
+    b, _, h, w = x.shape
+    n = (h // p) * (w // p)
+    gm = L.swap(L.reshape(g, (b, o, n)), 1, 2)  # [B, N, O]
+    dx = dw = db = None
+    if output_mask[0]:
+        rows = L.matmul(gm, L.reshape(wt, (o, c * p * p)))  # [B, N, C p p]
+        y = L.reshape(rows, (b, h // p, w // p, c, p, p))
+        y = L.permute(y, [0, 3, 1, 4, 2, 5])
+        dx = L.reshape(y, (b, c, h, w))
+    if output_mask[1]:
+        rows = _patches(L, x, p)  # [B, N, K]
+        flat_g = L.reshape(gm, (b * n, o))
+        flat_x = L.reshape(rows, (b * n, c * p * p))
+        dw = L.reshape(L.matmul(L.swap(flat_g, 0, 1), flat_x), (o, c, p, p))
+    if output_mask[2]:
+        db = L.reduce("sum", g, [0, 2, 3], False)
+    return dx, dw, db
+
+
+# --- attention as PyTorch's fused SDPA kernels spell it (forward and backward)
+
+
+def _attention_args(L, q, k, v, attn_mask, dropout_p, scale, enable_gqa=False):
+    if dropout_p != 0.0:
+        raise ExportError("attention dropout (eqfuse's dropout draws other random numbers than PyTorch's)")
+    for x in (k, v):
+        if x.rank != q.rank or x.shape[:-3] != q.shape[:-3] or q.rank < 3 or q.shape[-3] % x.shape[-3]:
+            raise ExportError(f"attention of q {list(q.shape)} with k or v {list(x.shape)}")
+    return scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+
+
+def _heads(L, x, heads):
+    """k or v with `heads` heads: each of its heads repeated for the query heads that share it
+    (grouped-query attention: query head h reads key head h // (heads / kv heads))."""
+    kv = x.shape[-3]
+    if kv == heads:
+        return x
+    g = heads // kv
+    lead = x.shape[:-3]
+    wide = L.broadcast(L.reshape(x, lead + (kv, 1) + x.shape[-2:]), lead + (kv, g) + x.shape[-2:])
+    return L.reshape(wide, lead + (heads,) + x.shape[-2:])
+
+
+def _group_sum(L, dx, kv):
+    """The gradient of `_heads`: the query heads' gradients summed over each group."""
+    heads = dx.shape[-3]
+    if kv == heads:
+        return dx
+    lead = dx.shape[:-3]
+    grouped = L.reshape(dx, lead + (kv, heads // kv) + dx.shape[-2:])
+    return L.reduce("sum", grouped, [len(lead) + 1], False)
+
+
+def _scores(L, q, k, s, is_causal, mask):
+    """Attention's scaled scores with the causal mask and `mask` (additive, or bool: keep where
+    true) applied, in f32, and the log-sum-exp of each row (`[..., S, 1]`)."""
+    k = _heads(L, k, q.shape[-3])
+    kt = L.swap(k, k.rank - 2, k.rank - 1)
+    sc = L.apply("*", L.b.op("@", [q.node, kt.node], q.dtype, q.shape[:-1] + (k.shape[-2],)), L.lit(s))
+    sc = L.cast(sc, "f32")
+    sq, sk = q.shape[-2], k.shape[-2]
+    big = L.cast(L.lit(-3.0e38), "f32")
+    if is_causal:
+        rows = L.reshape(_iota(L, sq), (sq, 1))
+        cols = L.reshape(_iota(L, sk), (1, sk))
+        keep = L.apply("<=", cols, rows, dtype="bool")
+        sc = L.apply("where", L.broadcast(keep, sc.shape), sc, big, dtype="f32")
+    if mask is not None:
+        m = L.val(mask)
+        if m.dtype == "bool":
+            sc = L.apply("where", L.broadcast(m, sc.shape), sc, big, dtype="f32")
+        else:
+            sc = L.apply("+", sc, L.cast(m, "f32"))
+    top = L.reduce("amax", sc, [-1], True)
+    lse = L.apply("+", top, L.apply("log", L.reduce("sum", L.apply("exp", L.apply("-", sc, top)), [-1], True)))
+    return sc, lse
+
+
+def _attention_math(L, q, k, v, s, is_causal, mask, lse_index, n_out):
+    """(out, lse, ...) of attention with a mask tensor, in plain operators."""
+    sc, lse = _scores(L, q, k, s, is_causal, mask)
+    p = L.cast(L.apply("exp", L.apply("-", sc, lse)), q.dtype)
+    vv = _heads(L, v, q.shape[-3])
+    out = L.b.op("@", [p.node, vv.node], q.dtype, q.shape[:-1] + (v.shape[-1],))
+    parts = [out] + [None] * (n_out - 1)
+    want = _lse_shape(L, lse_index)
+    parts[lse_index] = (L.reshape(lse, want) if want == q.shape[:-1]
+                        else _Unsupported(f"the log-sum-exp of shape {list(want)}"))
+    return tuple(_Unsupported("an SDPA output other than the result and the log-sum-exp") if p is None else p
+                 for p in parts)
+
+
+def _attention_math_grads(L, g, q, k, v, out, s, is_causal, mask):
+    """(dq, dk, dv) of attention with a mask tensor, in plain operators (the scores recomputed)."""
+    g, out = L.val(g), L.val(out)
+    sc, lse = _scores(L, q, k, s, is_causal, mask)
+    p = L.apply("exp", L.apply("-", sc, lse))  # f32 [..., Sq, Sk]
+    kv = k.shape[-3]
+    kk, vv = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
+    g32 = L.cast(g, "f32")
+    pt = L.swap(p, p.rank - 2, p.rank - 1)
+    dv = L.b.op("@", [pt.node, g32.node], "f32", pt.shape[:-1] + (g.shape[-1],))
+    vt = L.cast(L.swap(vv, vv.rank - 2, vv.rank - 1), "f32")
+    dp = L.b.op("@", [g32.node, vt.node], "f32", g.shape[:-1] + (vt.shape[-1],))
+    delta = L.reduce("sum", L.apply("*", g32, L.cast(out, "f32")), [-1], True)
+    ds = L.apply("*", L.apply("*", p, L.apply("-", dp, delta)), L.lit(s))
+    dq = L.b.op("@", [ds.node, L.cast(kk, "f32").node], "f32", q.shape)
+    dst = L.swap(ds, ds.rank - 2, ds.rank - 1)
+    dk = L.b.op("@", [dst.node, L.cast(q, "f32").node], "f32", kk.shape)
+    return (L.cast(dq, q.dtype), L.cast(_group_sum(L, dk, kv), k.dtype), L.cast(_group_sum(L, dv, kv), v.dtype))
+
+
+def _lse_shape(L, i):
+    """The shape PyTorch gives output `i` of the node (None when the node has one output)."""
+    val = L.node.meta.get("val")
+    if not isinstance(val, (tuple, list)) or not isinstance(val[i], torch.Tensor):
+        return None
+    return tuple(int(d) for d in val[i].shape)
+
+
+def _sdpa_parts(L, q, k, v, s, is_causal, lse_index, n_out):
+    """(out, lse, None...) of a fused SDPA op: the lse eqfuse's `attention_lse` gives, reshaped
+    to PyTorch's `[B, H, S]`."""
+    causal = L.lit(1 if is_causal else 0).node
+    k, v = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
+    out = L.b.op("attention", [q.node, k.node, v.node, L.lit(s).node, causal], q.dtype, q.shape[:-1] + (v.shape[-1],))
+    lse = L.b.op("attention_lse", [q.node, k.node, L.lit(s).node, causal], "f32", q.shape[:-1] + (1,))
+    want = _lse_shape(L, lse_index)
+    if want != q.shape[:-1]:
+        lse = _Unsupported(f"the log-sum-exp of shape {list(want)} (eqfuse gives {list(q.shape[:-1])})")
+    else:
+        lse = L.reshape(lse, want)
+    parts = [out] + [None] * (n_out - 1)
+    parts[lse_index] = lse
+    return tuple(_Unsupported("an SDPA output other than the result and the log-sum-exp") if p is None else p
+                 for p in parts)
+
+
+class _Unsupported:
+    """A tuple entry eqfuse cannot give; using it is an error naming what it is."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+
+def _sdpa_flash_cpu(L, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
+    s = _attention_args(L, q, k, v, attn_mask, dropout_p, scale)
+    if attn_mask is not None:
+        return _attention_math(L, q, k, v, s, is_causal, attn_mask, 1, 2)
+    return _sdpa_parts(L, q, k, v, s, is_causal, 1, 2)
+
+
+def _sdpa_flash(L, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    s = _attention_args(L, q, k, v, None, dropout_p, scale)
+    return _sdpa_parts(L, q, k, v, s, is_causal, 1, 9)
+
+
+def _sdpa_efficient(L, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
+    s = _attention_args(L, q, k, v, attn_bias, dropout_p, scale)
+    if attn_bias is not None:
+        return _attention_math(L, q, k, v, s, is_causal, attn_bias, 1, 4)
+    return _sdpa_parts(L, q, k, v, s, is_causal, 1, 4)
+
+
+def _sdpa_cudnn(L, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, return_debug_mask=False,
+                *, scale=None):
+    s = _attention_args(L, q, k, v, attn_bias, dropout_p, scale)
+    if attn_bias is not None:
+        return _attention_math(L, q, k, v, s, is_causal, attn_bias, 1, 9)
+    return _sdpa_parts(L, q, k, v, s, is_causal, 1, 9)
+
+
+def _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal, which=(True, True, True)):
+    """(dq, dk, dv) by eqfuse's flash-style backward composites."""
+    g, out, lse = L.val(g), L.val(out), L.val(lse)
+    if lse.shape != q.shape[:-1]:
+        raise ExportError(f"a log-sum-exp of shape {list(lse.shape)}")
+    lse4 = L.reshape(L.cast(lse, "f32"), q.shape[:-1] + (1,))
+    delta = L.reduce("sum", L.apply("*", L.cast(g, "f32"), L.cast(out, "f32")), [-1], True)
+    causal = L.lit(1 if is_causal else 0).node
+    kv = k.shape[-3]
+    k, v = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
+    args = [q.node, k.node, v.node, g.node, lse4.node, delta.node, L.lit(s).node, causal]
+    grads = []
+    for name, x, want in (("attention_grad_q", q, which[0]), ("attention_grad_k", k, which[1]),
+                          ("attention_grad_v", v, which[2])):
+        d = L.b.op(name, args, x.dtype, x.shape) if want else None
+        grads.append(_group_sum(L, d, kv) if d is not None and name != "attention_grad_q" else d)
+    return tuple(grads)
+
+
+def _sdpa_flash_cpu_backward(L, g, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
+    s = _attention_args(L, q, k, v, attn_mask, dropout_p, scale)
+    if attn_mask is not None:
+        return _attention_math_grads(L, g, q, k, v, out, s, is_causal, attn_mask)
+    return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal)
+
+
+def _sdpa_flash_backward(L, g, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, dropout_p, is_causal, seed, offset,
+                         *, scale=None):
+    s = _attention_args(L, q, k, v, None, dropout_p, scale)
+    return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal)
+
+
+def _sdpa_efficient_backward(L, g, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, grad_input_mask,
+                             is_causal=False, *, scale=None):
+    s = _attention_args(L, q, k, v, attn_bias, dropout_p, scale)
+    if attn_bias is not None:
+        return _attention_math_grads(L, g, q, k, v, out, s, is_causal, attn_bias) + (None,)
+    return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal) + (None,)
+
+
+def _sdpa_cudnn_backward(L, g, q, k, v, out, lse, seed, offset, attn_bias, cum_q, cum_k, max_q, max_k, dropout_p,
+                         is_causal, *, scale=None):
+    s = _attention_args(L, q, k, v, attn_bias, dropout_p, scale)
+    if attn_bias is not None:
+        return _attention_math_grads(L, g, q, k, v, out, s, is_causal, attn_bias)
+    return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal)
+
+
+# --- losses with integer targets
+
+
+def _nll_loss_terms(L, logp, target, weight, ignore_index):
+    if weight is not None:
+        raise ExportError("nll_loss with class weights")
+    x, t = L.val(logp), _index32(L, L.val(target))
+    if x.rank not in (1, 2):
+        raise ExportError(f"nll_loss of rank {x.rank} (rows of classes expected)")
+    x2 = x if x.rank == 2 else L.reshape(x, (1,) + x.shape)
+    t1 = t if t.rank == 1 else L.reshape(t, (1,))
+    c = x2.shape[-1]
+    hot = L.b.op("onehot", [t1.node, L.lit(c).node], "f32", t1.shape + (c,))
+    picked = L.reduce("sum", L.apply("*", L.cast(hot, x.dtype), x2), [-1], False)
+    valid = L.cast(L.compare("!=", t1, ignore_index), x.dtype)
+    return picked, valid, hot
+
+
+def _nll_loss_forward(L, logp, target, weight, reduction, ignore_index):
+    picked, valid, _ = _nll_loss_terms(L, logp, target, weight, ignore_index)
+    total = L.reduce("sum", valid, None, False)
+    if reduction == 0:
+        loss = L.apply("neg", picked)
+        if L.val(logp).rank == 1:
+            loss = L.reshape(loss, ())
+    elif reduction == 1:
+        loss = L.apply("neg", L.apply("/", L.reduce("sum", picked, None, False), total))
+    else:
+        loss = L.apply("neg", L.reduce("sum", picked, None, False))
+    return loss, total
+
+
+def _nll_loss_backward(L, grad, logp, target, weight, reduction, ignore_index, total_weight):
+    x = L.val(logp)
+    _, valid, hot = _nll_loss_terms(L, logp, target, weight, ignore_index)
+    g = L.cast(L.val(grad), x.dtype)
+    if reduction == 1:
+        g = L.apply("/", g, L.cast(L.val(total_weight), x.dtype))
+    if g.rank:  # reduction "none": one gradient a row
+        g = L.reshape(g, valid.shape)
+    coef = L.reshape(L.apply("*", valid, g), valid.shape + (1,))
+    out = L.apply("neg", L.apply("*", L.cast(hot, x.dtype), coef))
+    return L.reshape(out, x.shape)
+
+
+def _rms_norm(L, x, normalized_shape, weight=None, eps=None):
+    v = L.val(x)
+    if len(normalized_shape) != 1:
+        raise ExportError("rms_norm over more than the last axis")
+    e = eps if eps is not None else torch.finfo(_torch_dtype(v.dtype)).eps
+    ms = L.reduce("mean", L.apply("*", v, v), [-1], True)
+    y = L.apply("*", v, L.apply("rsqrt", L.apply("+", ms, L.lit(e))))
+    return L.apply("*", y, L.val(weight)) if weight is not None else y
 
 
 LOWERINGS = {
@@ -857,6 +1423,42 @@ LOWERINGS = {
     "_softmax_backward_data": _softmax_backward,
     "_log_softmax_backward_data": _log_softmax_backward,
     "getitem": _getitem,
+    "slice": _slice,
+    "select": _select,
+    "narrow": _narrow,
+    "cat": _cat,
+    "concat": _cat,
+    "stack": _stack,
+    "chunk": _chunk,
+    "unbind": _unbind,
+    "embedding": _embedding,
+    "index_select": _index_select,
+    "embedding_dense_backward": _embedding_dense_backward,
+    "index_put": _index_put,
+    "slice_scatter": _slice_scatter,
+    "select_backward": _select_backward,
+    "slice_backward": _slice_backward,
+    "bitwise_and": _logical("and"),
+    "logical_and": _logical("and"),
+    "bitwise_or": _logical("or"),
+    "logical_or": _logical("or"),
+    "bitwise_not": _bitwise_not,
+    "_scaled_dot_product_flash_attention_for_cpu": _sdpa_flash_cpu,
+    "_scaled_dot_product_flash_attention": _sdpa_flash,
+    "_scaled_dot_product_efficient_attention": _sdpa_efficient,
+    "_scaled_dot_product_cudnn_attention": _sdpa_cudnn,
+    "_scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_flash_cpu_backward,
+    "_scaled_dot_product_flash_attention_backward": _sdpa_flash_backward,
+    "_scaled_dot_product_efficient_attention_backward": _sdpa_efficient_backward,
+    "_scaled_dot_product_cudnn_attention_backward": _sdpa_cudnn_backward,
+    "nll_loss_forward": _nll_loss_forward,
+    "nll_loss_backward": _nll_loss_backward,
+    "rms_norm": _rms_norm,
+    "gather": _take_along,
+    "index": _index,
+    "any": _any,
+    "convolution": _convolution,
+    "convolution_backward": _convolution_backward,
     "_assert_tensor_metadata": _nothing,
     "_assert_async": _nothing,
     "_assert_scalar": _nothing,

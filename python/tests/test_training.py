@@ -122,6 +122,31 @@ def test_training_step_matches_eager(name, attn, device):
     assert {"forward", "backward"} <= kinds, kinds  # the backend saw the training graphs
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_training_step_on_eqfuse_plans_matches_eager(name, attn, monkeypatch):
+    """Every forward and backward graph of a training step (embeddings, position slices,
+    concatenations, fused SDPA and its backward, grouped-query heads, cross-entropy with integer
+    targets and ignored positions) is exported, planned and run by eqfuse's plans on the CPU
+    reference, and gives eager's loss and gradients."""
+    from test_runtime import CpuReferencePlan
+
+    monkeypatch.setattr(EqfuseBackend, "_build", lambda self, graph, ex: CpuReferencePlan(graph))
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = MODELS[name](attn).train()
+    inputs = batch(name, "cpu")
+    backend = EqfuseBackend(report=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = train_step(model, inputs, backend)
+    assert_same_step(train_step(model, inputs), compiled)
+    graphs = [(p.kind, p.runs, p.why_eager) for p in backend.plans if p.kind != "joint"]
+    assert {k for k, _, _ in graphs} >= {"forward", "backward"}
+    assert all(runs == "eqfuse" for _, runs, _ in graphs), graphs
+    assert all(p.plan is not None for p in backend.plans), [(p.kind, p.error) for p in backend.plans]
+
+
 def test_core_decompositions_keep_attention():
     from eqfuse_torch.backend import decompositions
 
