@@ -193,6 +193,23 @@ fn layout_ops() {
 }
 
 #[test]
+fn indexing_ops() {
+    let decls = "input x: f32[3, 6]\ninput b: f32[3, 2]\ninput t: i32[2, 2]\ninput u: i32[5]";
+    check(&case(decls, "y = slice(x, -1, 1, 4, 1) * slice(x, 1, 3, 6, 1)", &["x"]));
+    check(&case(decls, "y = slice(x, 1, 0, 6, 2) * slice(x, 1, -5, 100, 2)", &["x"]));
+    check(&case(decls, "y = slice(x * x, 0, 1, 3)", &["x"]));
+    check(&case(decls, "y = concat(x, b, -1) * concat(b, x, 1)", &["x", "b"]));
+    check(&case(decls, "y = concat(b, x, b, 1)", &["x", "b"]));
+    // Repeated indices: the gradient sums (scatter_add), and the gradient of scatter_add gathers.
+    check(&case(decls, "y = gather(x, t, 1) * gather(x, t, 1)", &["x"]));
+    check(&case(decls, "y = gather(x, u, -1)", &["x"]));
+    check(&case(decls, "y = scatter_add(u, slice(x * x, 1, 0, 5), 1, 7)", &["x"]));
+    // RoPE's rotation: x * cos + concat(-x2, x1) * sin.
+    let rope = "input x: f32[4, 6]\ninput c: f32[6]\ninput s: f32[6]";
+    check(&case(rope, "y = x * c + concat(-slice(x, -1, 3, 6), slice(x, -1, 0, 3), -1) * s", &["x"]));
+}
+
+#[test]
 fn matrix_products_with_batch_broadcasting() {
     let cases = [
         "input a: f32[3, 4]\ninput b: f32[4, 5]",

@@ -976,3 +976,77 @@ fn f16_programs_round_at_every_node() {
     let s = c.op(Kind::Reduce(Reduce::Sum), &[sq, ax]);
     assert_eq!(c.eval1(s).data, vec![f64::INFINITY]);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Indexing: gather, scatter_add, slice, concat (NumPy semantics).
+
+fn eval_text(text: &str, inputs: &[(&str, Tensor)]) -> eqfuse::Result<Vec<Tensor>> {
+    let p = eqfuse::parse_program("t.eqf", text, &[])?;
+    let inputs: HashMap<String, Tensor> = inputs.iter().map(|(n, t)| (n.to_string(), t.clone())).collect();
+    eval(&p, &inputs)
+}
+
+#[test]
+fn indexing_ops_by_hand() {
+    let x = f32t(&[2, 5], &[0., 1., 2., 3., 4., 10., 11., 12., 13., 14.]);
+    let head = "input x: f32[2, 5]\ninput t: i32[3]\n";
+    let t = tensor(DType::I32, &[3], &[4., -1., 0.]);
+    let run = |body: &str| {
+        eval_text(&format!("{head}{body}\noutput y\n"), &[("x", x.clone()), ("t", t.clone())])
+            .unwrap_or_else(|e| panic!("{body}: {e}"))
+            .remove(0)
+    };
+    let y = run("y = gather(x, t, 1)");
+    assert_eq!((y.shape.clone(), y.data.clone()), (vec![2, 3], vec![4., 4., 0., 14., 14., 10.]));
+    let y = run("y = gather(x, slice(t, 0, 1, 3), 0)");
+    assert_eq!(y.shape, vec![2, 5]);
+    assert_eq!(&y.data[..5], &[10., 11., 12., 13., 14.]);
+    assert_eq!(&y.data[5..], &[0., 1., 2., 3., 4.]);
+    let y = run("y = scatter_add(t, slice(x, 1, 0, 3), 1, 5)");
+    assert_eq!(y.data, vec![2., 0., 0., 0., 1., 12., 0., 0., 0., 21.]);
+    let y = run("y = slice(x, -1, 1, 100, 2)");
+    assert_eq!((y.shape.clone(), y.data.clone()), (vec![2, 2], vec![1., 3., 11., 13.]));
+    let y = run("y = slice(x, 0, -1, 2)");
+    assert_eq!((y.shape.clone(), y.data.clone()), (vec![1, 5], vec![10., 11., 12., 13., 14.]));
+    let y = run("y = concat(slice(x, 1, 3, 5), slice(x, 1, 0, 1), -1)");
+    assert_eq!(y.data, vec![3., 4., 0., 13., 14., 10.]);
+    let y = run("y = concat(x, x, x, 0)");
+    assert_eq!(y.shape, vec![6, 5]);
+}
+
+#[test]
+fn indexing_errors_name_the_op() {
+    let x = f32t(&[2, 5], &[0.; 10]);
+    let bad = tensor(DType::I32, &[3], &[4., 5., 0.]);
+    let e = eval_text(
+        "input x: f32[2, 5]\ninput t: i32[3]\ny = gather(x, t, 1)\noutput y\n",
+        &[("x", x.clone()), ("t", bad)],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("gather") && e.contains("index 5 is out of range"), "{e}");
+    let parse_err = |body: &str| {
+        eqfuse::parse_program(
+            "t.eqf",
+            &format!("input x: f32[2, 5]\ninput f: f32[3]\ninput t: i32[3]\ny = {body}\noutput y\n"),
+            &[],
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    for (body, want) in [
+        ("gather(x, f, 1)", "indices of gather must be i32"),
+        ("gather(x, t, 2)", "gather: axis 2 is out of range"),
+        ("slice(x, 1, 3, 3)", "empty"),
+        ("slice(x, 1, 0, 3, 0)", "step of slice"),
+        ("slice(x, -3, 0, 1)", "slice: axis -3"),
+        ("concat(x, t, 0)", "concat"),
+        ("concat(x, f, 0)", "concat"),
+        ("concat(x, x, 2)", "concat: axis 2"),
+        ("scatter_add(f, x, 0, 4)", "indices of scatter_add must be i32"),
+        ("scatter_add(t, x, 0, 4)", "scatter_add"),
+    ] {
+        let e = parse_err(body);
+        assert!(e.contains(want), "{body}: {e}");
+    }
+}

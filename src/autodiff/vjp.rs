@@ -11,7 +11,7 @@ use egg::Id;
 
 use super::{Tape, R};
 use crate::ir::lang::{AttnArg, Binary, Composite, Kind, Reduce, TensorLang, Unary};
-use crate::ir::types::DType;
+use crate::ir::types::{DType, TensorType};
 
 /// The nodes of a max-shifted exp-sum: `m = amax(x, a)`, `s = x - m`, `e = exp(s)`,
 /// `z = sum(e, a)`.
@@ -70,6 +70,40 @@ impl Tape<'_> {
             }
             Kind::Composite(c) => self.composite(c, &ch, n, g, &mut out)?,
             Kind::Iota | Kind::OneHot => {}
+            Kind::Gather => {
+                if self.on(ch[0]) {
+                    let gf = self.full_like(g, n)?;
+                    let x = self.ty(ch[0])?;
+                    let axis = crate::ir::infer::norm_axis(self.konst(ch[2])? as i64, x.rank())?;
+                    let size = self.p.num(x.shape[axis] as f64);
+                    out.push((ch[0], self.op(Kind::ScatterAdd, vec![ch[1], gf, ch[2], size])?));
+                }
+            }
+            Kind::ScatterAdd => {
+                if self.on(ch[1]) {
+                    let gf = self.full_like(g, n)?;
+                    out.push((ch[1], self.op(Kind::Gather, vec![gf, ch[0], ch[2]])?));
+                }
+            }
+            Kind::Slice => {
+                if self.on(ch[0]) {
+                    let gf = self.full_like(g, n)?;
+                    out.push((ch[0], self.slice_grad(ch[0], &ch, gf)?));
+                }
+            }
+            Kind::Concat => {
+                let gf = self.full_like(g, n)?;
+                let a = self.ty(ch[0])?;
+                let axis = crate::ir::infer::norm_axis(self.konst(ch[2])? as i64, a.rank())?;
+                let (na, nb) = (a.shape[axis], self.ty(ch[1])?.shape[axis]);
+                for (c, start) in [(ch[0], 0), (ch[1], na)] {
+                    if self.on(c) {
+                        let len = if c == ch[0] { na } else { nb };
+                        let part = self.slice(gf, ch[2], start, start + len, 1)?;
+                        out.push((c, part));
+                    }
+                }
+            }
             Kind::Grad => {
                 return Err("cannot differentiate through a `grad` node that is not expanded yet \
                             (expand inner grads first, e.g. with expand_grads)"
@@ -77,6 +111,52 @@ impl Tape<'_> {
             }
         }
         Ok(out.into_iter().filter(|&(c, _)| self.on(c)).collect())
+    }
+
+    /// The gradient of `slice(x, axis, start, stop, step)` for the full adjoint `gf`: `gf`
+    /// between zeros (`concat` with zero tensors) for a step of 1, which keeps it a view that
+    /// fuses into its reader; `scatter_add` at `start + step * iota` for a larger step.
+    fn slice_grad(&mut self, x: Id, ch: &[Id], gf: Id) -> R<Id> {
+        let xt = self.ty(x)?;
+        let axis = crate::ir::infer::norm_axis(self.konst(ch[1])? as i64, xt.rank())?;
+        let (start, stop, step) = (self.konst(ch[2])? as i64, self.konst(ch[3])? as i64, self.konst(ch[4])? as i64);
+        let n = xt.shape[axis];
+        let (first, len) = crate::ir::infer::slice_range(n, start, stop, step)?;
+        if step > 1 {
+            let count = self.p.num(len as f64);
+            let iota = self.op(Kind::Iota, vec![count])?;
+            let scaled = self.binc(Binary::Mul, iota, step as f64)?;
+            let idx = if first > 0 { self.binc(Binary::Add, scaled, first as f64)? } else { scaled };
+            let size = self.p.num(n as f64);
+            return self.op(Kind::ScatterAdd, vec![idx, gf, ch[1], size]);
+        }
+        let zeros = |t: &mut Self, len: usize| -> R<Id> {
+            let mut shape = xt.shape.clone();
+            shape[axis] = len;
+            let zero = t.p.num(0.0);
+            t.full(zero, &TensorType::new(xt.dtype, shape))
+        };
+        let mut v = gf;
+        if first > 0 {
+            let z = zeros(self, first)?;
+            v = self.op(Kind::Concat, vec![z, v, ch[1]])?;
+        }
+        if first + len < n {
+            let z = zeros(self, n - first - len)?;
+            v = self.op(Kind::Concat, vec![v, z, ch[1]])?;
+        }
+        Ok(v)
+    }
+
+    /// `slice(x, axis, start, stop, step)` with the axis node given.
+    fn slice(&mut self, x: Id, axis: Id, start: usize, stop: usize, step: usize) -> R<Id> {
+        let (a, b, c) = (self.p.num(start as f64), self.p.num(stop as f64), self.p.num(step as f64));
+        self.op(Kind::Slice, vec![x, axis, a, b, c])
+    }
+
+    /// The value of a literal attribute.
+    fn konst(&self, id: Id) -> R<f64> {
+        self.p.fact(id).konst.ok_or_else(|| format!("`{}` must be a constant", self.p.node(id).head()))
     }
 
     /// Derivative of a pointwise unary op at `x` (result `y`), times `g`.

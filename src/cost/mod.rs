@@ -541,6 +541,9 @@ fn node_flops(dag: &Dag, i: usize) -> u64 {
         Some(Kind::Dropout) => numel.saturating_mul(8),
         Some(Kind::Reduce(_)) => child_numel(0),
         Some(Kind::Reshape | Kind::Broadcast | Kind::Transpose | Kind::Grad) => 0,
+        // Index maps: they move elements and compute nothing (the bytes are charged by reads).
+        Some(Kind::Slice | Kind::Concat | Kind::Gather) => 0,
+        Some(Kind::ScatterAdd) => child_numel(1),
         Some(Kind::MatMul) => {
             let a = dag.nodes[n.children().next().unwrap_or(i)].ty();
             let k = a.and_then(|t| t.shape.last().copied()).unwrap_or(1) as u64;

@@ -38,6 +38,7 @@ impl Fact {
 }
 
 /// The result of inference: the type, and whether the result is still a weak literal.
+#[derive(Debug)]
 pub struct Inferred {
     pub ty: TensorType,
     pub weak: bool,
@@ -69,6 +70,24 @@ pub fn norm_axis(axis: i64, rank: usize) -> R<usize> {
         return Err(format!("axis {axis} is out of range for a tensor of rank {rank}"));
     }
     Ok(if axis < 0 { (axis + r) as usize } else { axis as usize })
+}
+
+/// Python's `range(start, stop, step)` over an axis of `n` elements, as `x[start:stop:step]`
+/// takes it: a negative start or stop counts from the end, both are clamped to `[0, n]`, and
+/// `step` must be 1 or more. Returns the first index and the number of elements, which must
+/// not be 0 (tensors have no empty axes).
+pub fn slice_range(n: usize, start: i64, stop: i64, step: i64) -> R<(usize, usize)> {
+    if step < 1 {
+        return Err(format!("the step of slice must be 1 or more, got {step}"));
+    }
+    let n = n as i64;
+    let norm = |v: i64| if v < 0 { (v + n).max(0) } else { v.min(n) };
+    let (a, b) = (norm(start), norm(stop));
+    let len = if b > a { (b - a + step - 1) / step } else { 0 };
+    if len == 0 {
+        return Err(format!("slice {start}:{stop}:{step} of an axis of {n} elements is empty"));
+    }
+    Ok((a as usize, len as usize))
 }
 
 fn shape_str(s: &[usize]) -> String {
@@ -283,6 +302,98 @@ pub fn infer(op: OpCode, args: &[&Fact]) -> R<Inferred> {
             strong(t.clone())
         }
         Kind::Composite(c) => infer_composite(c, name, args),
+        Kind::Gather => {
+            let x = tensor(args[0], "the argument of gather")?;
+            let idx = tensor(args[1], "the indices of gather")?;
+            if idx.dtype != DType::I32 {
+                return Err(format!("the indices of gather must be i32, got {}", idx.dtype));
+            }
+            if x.rank() == 0 {
+                return Err("gather needs a tensor of rank 1 or more, got a scalar".into());
+            }
+            let axis =
+                norm_axis(int_const(args[2], "the axis of gather")?, x.rank()).map_err(|e| format!("gather: {e}"))?;
+            let mut shape = x.shape[..axis].to_vec();
+            shape.extend_from_slice(&idx.shape);
+            shape.extend_from_slice(&x.shape[axis + 1..]);
+            strong(TensorType::new(x.dtype, shape))
+        }
+        Kind::ScatterAdd => {
+            let idx = tensor(args[0], "the indices of scatter_add")?;
+            if idx.dtype != DType::I32 {
+                return Err(format!("the indices of scatter_add must be i32, got {}", idx.dtype));
+            }
+            let g = tensor(args[1], "the values of scatter_add")?;
+            if g.dtype == DType::Bool {
+                return Err("scatter_add does not take bool values; cast first".into());
+            }
+            if g.rank() < idx.rank() {
+                return Err(format!(
+                    "scatter_add: the values {} have fewer axes than the indices {}",
+                    shape_str(&g.shape),
+                    shape_str(&idx.shape)
+                ));
+            }
+            let rank = g.rank() - idx.rank() + 1;
+            let axis = norm_axis(int_const(args[2], "the axis of scatter_add")?, rank)
+                .map_err(|e| format!("scatter_add: {e}"))?;
+            if g.shape[axis..axis + idx.rank()] != idx.shape[..] {
+                return Err(format!(
+                    "scatter_add: the values {} do not hold the indices' shape {} at axis {axis}",
+                    shape_str(&g.shape),
+                    shape_str(&idx.shape)
+                ));
+            }
+            let n = int_const(args[3], "the size of scatter_add")?;
+            if n <= 0 {
+                return Err(format!("the size of scatter_add must be positive, got {n}"));
+            }
+            let mut shape = g.shape[..axis].to_vec();
+            shape.push(n as usize);
+            shape.extend_from_slice(&g.shape[axis + idx.rank()..]);
+            strong(TensorType::new(g.dtype, shape))
+        }
+        Kind::Slice => {
+            let x = tensor(args[0], "the argument of slice")?;
+            if x.rank() == 0 {
+                return Err("slice needs a tensor of rank 1 or more, got a scalar".into());
+            }
+            let axis =
+                norm_axis(int_const(args[1], "the axis of slice")?, x.rank()).map_err(|e| format!("slice: {e}"))?;
+            let start = int_const(args[2], "the start of slice")?;
+            let stop = int_const(args[3], "the stop of slice")?;
+            let step = int_const(args[4], "the step of slice")?;
+            let (_, len) = slice_range(x.shape[axis], start, stop, step)?;
+            let mut shape = x.shape.clone();
+            shape[axis] = len;
+            strong(TensorType::new(x.dtype, shape))
+        }
+        Kind::Concat => {
+            let a = tensor(args[0], "the first argument of concat")?;
+            let b = tensor(args[1], "the second argument of concat")?;
+            if a.rank() == 0 || a.rank() != b.rank() {
+                return Err(format!(
+                    "concat needs two tensors of one rank (1 or more), got {} and {}",
+                    shape_str(&a.shape),
+                    shape_str(&b.shape)
+                ));
+            }
+            if a.dtype != b.dtype {
+                return Err(format!("operands of concat have different dtypes {} and {}; use cast", a.dtype, b.dtype));
+            }
+            let axis =
+                norm_axis(int_const(args[2], "the axis of concat")?, a.rank()).map_err(|e| format!("concat: {e}"))?;
+            if (0..a.rank()).any(|k| k != axis && a.shape[k] != b.shape[k]) {
+                return Err(format!(
+                    "concat along axis {axis}: shapes {} and {} differ on another axis",
+                    shape_str(&a.shape),
+                    shape_str(&b.shape)
+                ));
+            }
+            let mut shape = a.shape.clone();
+            shape[axis] += b.shape[axis];
+            strong(TensorType::new(a.dtype, shape))
+        }
         Kind::Grad => {
             let l = tensor(args[0], "the loss of grad")?;
             if l.numel() != 1 {
@@ -459,6 +570,47 @@ mod tests {
         let r = infer(add, &[&t(DType::Bf16, &[2]), &Fact::constant(1.0)]).unwrap();
         assert_eq!(r.ty.dtype, DType::Bf16);
         assert!(infer(add, &[&t(DType::Bf16, &[2]), &t(DType::F32, &[2])]).is_err());
+    }
+
+    #[test]
+    fn slices_follow_python() {
+        assert_eq!(slice_range(10, 2, 5, 1).unwrap(), (2, 3));
+        assert_eq!(slice_range(10, -3, 100, 1).unwrap(), (7, 3));
+        assert_eq!(slice_range(10, 0, 10, 3).unwrap(), (0, 4));
+        assert_eq!(slice_range(10, -100, -8, 1).unwrap(), (0, 2));
+        assert!(slice_range(10, 5, 5, 1).unwrap_err().contains("empty"));
+        assert!(slice_range(10, 0, 5, 0).unwrap_err().contains("step"));
+        let slice = OpCode::from_name("slice").unwrap();
+        let c = Fact::constant;
+        let r = infer(slice, &[&t(DType::F32, &[4, 8]), &c(-1.0), &c(4.0), &c(8.0), &c(1.0)]).unwrap();
+        assert_eq!(r.ty.shape, vec![4, 4]);
+        assert!(infer(slice, &[&t(DType::F32, &[4, 8]), &c(2.0), &c(0.0), &c(1.0), &c(1.0)])
+            .unwrap_err()
+            .contains("slice"));
+    }
+
+    #[test]
+    fn gather_concat_scatter_shapes() {
+        let c = Fact::constant;
+        let gather = OpCode::from_name("gather").unwrap();
+        let r = infer(gather, &[&t(DType::F32, &[50, 8]), &t(DType::I32, &[2, 3]), &c(0.0)]).unwrap();
+        assert_eq!(r.ty.shape, vec![2, 3, 8]);
+        let r = infer(gather, &[&t(DType::F32, &[4, 50]), &t(DType::I32, &[]), &c(-1.0)]).unwrap();
+        assert_eq!(r.ty.shape, vec![4]);
+        assert!(infer(gather, &[&t(DType::F32, &[4]), &t(DType::F32, &[2]), &c(0.0)]).unwrap_err().contains("i32"));
+        let sa = OpCode::from_name("scatter_add").unwrap();
+        let r = infer(sa, &[&t(DType::I32, &[2, 3]), &t(DType::F32, &[2, 3, 8]), &c(0.0), &c(50.0)]).unwrap();
+        assert_eq!(r.ty.shape, vec![50, 8]);
+        let r = infer(sa, &[&t(DType::I32, &[3]), &t(DType::F32, &[4, 3]), &c(-1.0), &c(7.0)]).unwrap();
+        assert_eq!(r.ty.shape, vec![4, 7]);
+        assert!(infer(sa, &[&t(DType::I32, &[3]), &t(DType::F32, &[4, 2]), &c(-1.0), &c(7.0)]).is_err());
+        let cat = OpCode::from_name("concat").unwrap();
+        let r = infer(cat, &[&t(DType::F32, &[4, 2]), &t(DType::F32, &[4, 3]), &c(-1.0)]).unwrap();
+        assert_eq!(r.ty.shape, vec![4, 5]);
+        assert!(infer(cat, &[&t(DType::F32, &[4, 2]), &t(DType::F32, &[3, 3]), &c(-1.0)])
+            .unwrap_err()
+            .contains("concat"));
+        assert!(infer(cat, &[&t(DType::F32, &[4, 2]), &t(DType::F16, &[4, 2]), &c(0.0)]).is_err());
     }
 
     #[test]

@@ -132,6 +132,15 @@ pub enum Kind {
     Dropout,
     /// `grad(loss, w)`
     Grad,
+    /// `gather(x, idx, axis)`: `x` taken at the i32 indices `idx` along `axis` (NumPy `take`).
+    Gather,
+    /// `scatter_add(idx, g, axis, n)`: zeros of size `n` along `axis` with the slices of `g`
+    /// added at the i32 indices `idx` (the gradient of `gather`).
+    ScatterAdd,
+    /// `slice(x, axis, start, stop, step)`: Python's `x[start:stop:step]` along `axis`.
+    Slice,
+    /// `concat(a, b, axis)`: `a` then `b` along `axis`.
+    Concat,
 }
 
 /// One entry of the operator table.
@@ -205,6 +214,10 @@ pub const OPS: &[OpInfo] = &[
     op("attention_grad_k", 8, Kind::Composite(Composite::AttentionGrad(AttnArg::K))),
     op("attention_grad_v", 8, Kind::Composite(Composite::AttentionGrad(AttnArg::V))),
     op("grad", 2, Kind::Grad),
+    op("gather", 3, Kind::Gather),
+    op("scatter_add", 4, Kind::ScatterAdd),
+    op("slice", 5, Kind::Slice),
+    op("concat", 3, Kind::Concat),
 ];
 
 /// Index into [`OPS`].

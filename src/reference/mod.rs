@@ -21,7 +21,7 @@ use egg::{Id, Language};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::ir::infer::norm_axis;
+use crate::ir::infer::{norm_axis, slice_range};
 use crate::ir::lang::{AttnArg, Binary, Composite, Kind, Reduce, TensorLang, Unary};
 use crate::ir::program::Program;
 use crate::ir::scalar::{binary, unary, wrap_i32};
@@ -419,7 +419,95 @@ fn eval_op(kind: Kind, args: &Args, ty: &TensorType, store: Store) -> Result<Vec
         Kind::Dropout => Ok(rng::dropout(&args.tensor(0)?.data, ty.dtype, args.konst(1)?, args.konst(2)? as u32)),
         Kind::Composite(c) => composite(c, args, ty).map(|d| store.round_all(d)),
         Kind::Grad => Err(Error::Invalid("a `grad` node must be expanded first (eqfuse::expand_grads)".into())),
+        Kind::Gather => {
+            let x = args.tensor(0)?;
+            gather(x, args.tensor(1)?, args.axis(2, x.rank())?)
+        }
+        Kind::ScatterAdd => {
+            let g = args.tensor(1)?;
+            let axis = args.axis(2, ty.rank())?;
+            Ok(store.round_all(scatter_add(args.tensor(0)?, g, axis, ty.shape[axis])?))
+        }
+        Kind::Slice => {
+            let x = args.tensor(0)?;
+            let axis = args.axis(1, x.rank())?;
+            let (start, len) =
+                slice_range(x.shape[axis], args.konst(2)? as i64, args.konst(3)? as i64, args.konst(4)? as i64)
+                    .map_err(Error::Invalid)?;
+            Ok(slice(x, axis, start, len, args.konst(4)? as usize))
+        }
+        Kind::Concat => {
+            let a = args.tensor(0)?;
+            Ok(concat(a, args.tensor(1)?, args.axis(2, a.rank())?))
+        }
     }
+}
+
+/// An index of `gather` or `scatter_add` into an axis of `n` elements: `[-n, n)`, a negative
+/// index counting from the end (NumPy); anything else is an error, never a wrapped read.
+fn index_in(v: f64, n: usize) -> Result<usize> {
+    let n = n as f64;
+    if v >= -n && v < n {
+        Ok(if v < 0.0 { (v + n) as usize } else { v as usize })
+    } else {
+        Err(Error::Invalid(format!("index {v} is out of range for an axis of {n} elements")))
+    }
+}
+
+/// `gather(x, idx, axis)`: NumPy's `take`.
+fn gather(x: &Tensor, idx: &Tensor, axis: usize) -> Result<Vec<f64>> {
+    let (outer, n, inner) = split_axis(&x.shape, axis);
+    let at: Vec<usize> = idx.data.iter().map(|&v| index_in(v, n)).collect::<Result<_>>()?;
+    let mut out = Vec::with_capacity(outer * at.len() * inner);
+    for o in 0..outer {
+        for &j in &at {
+            out.extend_from_slice(&x.data[(o * n + j) * inner..][..inner]);
+        }
+    }
+    Ok(out)
+}
+
+/// `scatter_add(idx, g, axis, n)`: zeros of `n` along `axis`, with each slice of `g` along the
+/// indices' axes added at its index (summed in f64, in index order).
+fn scatter_add(idx: &Tensor, g: &Tensor, axis: usize, n: usize) -> Result<Vec<f64>> {
+    let at: Vec<usize> = idx.data.iter().map(|&v| index_in(v, n)).collect::<Result<_>>()?;
+    let m = at.len();
+    let outer: usize = g.shape[..axis].iter().product();
+    let inner: usize = g.shape[axis + idx.rank()..].iter().product();
+    let mut out = vec![0.0; outer * n * inner];
+    for o in 0..outer {
+        for (k, &j) in at.iter().enumerate() {
+            let src = &g.data[(o * m + k) * inner..][..inner];
+            for (d, &v) in out[(o * n + j) * inner..][..inner].iter_mut().zip(src) {
+                *d += v;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `len` elements of `x` along `axis` from `start`, `step` apart.
+fn slice(x: &Tensor, axis: usize, start: usize, len: usize, step: usize) -> Vec<f64> {
+    let (outer, n, inner) = split_axis(&x.shape, axis);
+    let mut out = Vec::with_capacity(outer * len * inner);
+    for o in 0..outer {
+        for k in 0..len {
+            out.extend_from_slice(&x.data[(o * n + start + k * step) * inner..][..inner]);
+        }
+    }
+    out
+}
+
+/// `a` then `b` along `axis`.
+fn concat(a: &Tensor, b: &Tensor, axis: usize) -> Vec<f64> {
+    let (outer, na, inner) = split_axis(&a.shape, axis);
+    let nb = b.shape[axis];
+    let mut out = Vec::with_capacity(outer * (na + nb) * inner);
+    for o in 0..outer {
+        out.extend_from_slice(&a.data[o * na * inner..][..na * inner]);
+        out.extend_from_slice(&b.data[o * nb * inner..][..nb * inner]);
+    }
+    out
 }
 
 /// Maps a function over values, in parallel for large inputs (order is kept).

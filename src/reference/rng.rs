@@ -183,6 +183,13 @@ fn index_bounds(program: &Program) -> HashMap<String, u32> {
         let TensorLang::Op(code, ch) = node else { continue };
         let (index, n) = match code.kind() {
             Kind::OneHot => (ch[0], program.fact(ch[1]).konst.unwrap_or(0.0)),
+            Kind::ScatterAdd => (ch[0], program.fact(ch[3]).konst.unwrap_or(0.0)),
+            Kind::Gather => {
+                let x = program.ty(ch[0]);
+                let axis = program.fact(ch[2]).konst.unwrap_or(0.0) as i64;
+                let n = x.and_then(|t| crate::ir::infer::norm_axis(axis, t.rank()).ok().map(|a| t.shape[a]));
+                (ch[1], n.unwrap_or(0) as f64)
+            }
             Kind::Composite(Composite::CrossEntropy) => {
                 (ch[1], program.ty(ch[0]).and_then(|t| t.shape.last()).copied().unwrap_or(0) as f64)
             }

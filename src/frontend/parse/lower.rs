@@ -207,6 +207,23 @@ impl<'a> Builder<'a> {
             return Err(PError::new(pos, msg));
         };
         let arity = code.info().arity;
+        // `concat(a, b, c, ..., axis)`: nested binary concatenations, left to right.
+        if code.kind() == Kind::Concat && args.len() > arity {
+            let (axis, parts) = args.split_last().expect("more than three arguments");
+            let axis = self.value(axis)?;
+            let mut acc = self.value(&parts[0])?;
+            for p in &parts[1..] {
+                let v = self.value(p)?;
+                acc = self.op(code, vec![acc, v, axis], pos)?;
+            }
+            return Ok(acc);
+        }
+        // `slice(x, axis, start, stop)`: a step of 1.
+        if code.kind() == Kind::Slice && args.len() == arity - 1 {
+            let mut children = args.iter().map(|a| self.value(a)).collect::<Result<Vec<_>, _>>()?;
+            children.push(self.prog.num(1.0));
+            return self.op(code, children, pos);
+        }
         if args.len() != arity {
             let plural = if arity == 1 { "" } else { "s" };
             let sig = signature(code.kind());
@@ -339,6 +356,10 @@ fn signature(kind: Kind) -> &'static str {
         Kind::OneHot => "(indices, n)",
         Kind::Dropout => "(x, p, seed)",
         Kind::Grad => "(loss, w)",
+        Kind::Gather => "(x, indices, axis)",
+        Kind::ScatterAdd => "(indices, g, axis, n)",
+        Kind::Slice => "(x, axis, start, stop[, step])",
+        Kind::Concat => "(a, b[, ...], axis)",
         Kind::Composite(C::Softmax | C::LogSoftmax) => "(x, axis)",
         Kind::Composite(C::LayerNorm) => "(x, gamma, beta, eps)",
         Kind::Composite(C::RmsNorm) => "(x, gamma, eps)",
