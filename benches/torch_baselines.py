@@ -56,9 +56,13 @@ def binary(op, a, b):
             "==": lambda: a == b, "!=": lambda: a != b}[op]()
 
 
+_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+"""Where the builder makes the tensors a graph creates (literals, `iota`): the GPU when there is one."""
+
+
 def as_tensor(x):
     """A literal (autodiff's seeds and scales) as an f32 scalar tensor on the GPU."""
-    return x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.float32, device="cuda")
+    return x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.float32, device=_DEVICE)
 
 
 def build(graph):
@@ -100,7 +104,7 @@ def build(graph):
             elif op == "where":
                 v = torch.where(a[0], a[1], a[2])
             elif op == "cast":
-                v = a[0].to(a[1])
+                v = as_tensor(a[0]).to(a[1])
             elif op == "transpose":
                 v = a[0].transpose(int(a[1]), int(a[2]))
             elif op == "reshape":
@@ -110,7 +114,7 @@ def build(graph):
             elif op == "@":
                 v = a[0] @ a[1]
             elif op == "iota":
-                v = torch.arange(int(a[0]), dtype=torch.int32, device="cuda")
+                v = torch.arange(int(a[0]), dtype=torch.int32, device=_DEVICE)
             elif op == "gather":
                 ax = int(a[2]) % a[0].dim()
                 flat = a[0].index_select(ax, a[1].reshape(-1).long())

@@ -98,21 +98,11 @@ class CapturedPlan:
 
 
 def decompositions() -> dict:
-    """The decompositions AOTAutograd applies before the graphs reach eqfuse: PyTorch's core ATen
-    decompositions, less every `scaled_dot_product*` entry.
+    """The decompositions AOTAutograd applies before the graphs reach eqfuse
+    (`export.decompositions`: core ATen less attention's)."""
+    from .export import decompositions as table
 
-    Attention stays the op it is: eqfuse has an attention kernel, and decomposing it gains nothing.
-    More importantly, the core table decomposes the forward of `scaled_dot_product_attention`
-    (into math, or into `_scaled_dot_product_flash_attention_for_cpu`'s math) while leaving its
-    backward op undecomposed, and the gradients AOTAutograd then computes differ from eager by
-    factors of 30 to 2000 on models with attention (PyTorch 2.15 on the CPU; a plain
-    `aot_autograd` backend with the core table and no eqfuse code reproduces it). The backend must never change a result, whether a graph then
-    runs on eqfuse's kernels or eagerly; `python/tests/test_training.py` checks training steps of
-    `transformers` models against eager.
-    """
-    from torch._decomp import core_aten_decompositions
-
-    return {op: fn for op, fn in core_aten_decompositions().items() if "scaled_dot_product" not in op.name()}
+    return table()
 
 
 def _stderr(line: str) -> None:
@@ -232,11 +222,17 @@ def results_agree(got, want, half_inputs: bool = False) -> str | None:
     rounding of a 16-bit result, plus the order of a sum), and NaN where eager has NaN. With
     `half_inputs` (the graph reads f16/bf16 tensors) every output is held to 2e-2: an f32 result
     computed from 16-bit data (a layer norm's statistics) differs by where eager rounds to 16
-    bits and a fused kernel does not."""
+    bits and a fused kernel does not. Every element may also be off by rtol * 1e-2 of the graph's
+    largest float output (1e-6 of it in f32, about 8 units in the last place): a value that is
+    zero in exact arithmetic (the gradient of a bias that softmax ignores) is rounding noise on
+    both sides, not a value to match."""
     import torch
 
     if len(got) != len(want):
         return f"{len(got)} outputs, eager gives {len(want)}"
+    floats = [w.detach().double() for w in want if isinstance(w, torch.Tensor) and w.is_floating_point()]
+    graph_scale = max((w[torch.isfinite(w)].abs().max().item() for w in floats if torch.isfinite(w).any()),
+                      default=0.0)
     for i, (g, w) in enumerate(zip(got, want)):
         if g is None or w is None or not isinstance(w, torch.Tensor):
             if (g is None) != (w is None):
@@ -252,7 +248,7 @@ def results_agree(got, want, half_inputs: bool = False) -> str | None:
         g64, w64 = g.detach().double(), w.detach().double()
         finite = torch.isfinite(w64)
         scale = w64[finite].abs().max().item() if finite.any() else 0.0
-        bad = ~((g64 - w64).abs() <= rtol * (w64.abs() + scale))
+        bad = ~((g64 - w64).abs() <= rtol * (w64.abs() + scale) + rtol * 1e-2 * graph_scale)
         bad &= ~(g64.isnan() & w64.isnan()) & ~((g64 == w64) & ~finite)
         if bad.any():
             err = (g64 - w64).abs()[bad].max().item()
@@ -293,9 +289,11 @@ class _Runner:
         results = results if isinstance(results, (list, tuple)) else [results]
         names = iter(o["name"] for o in exported.graph["outputs"])
         self.outputs = []
-        for r in results:
+        for i, r in enumerate(results):
             if r is None:
                 self.outputs.append(None)
+            elif i in exported.constants:  # known at export time: returned as it is
+                self.outputs.append(exported.constants[i].detach().to(device))
             else:
                 val = r.meta["val"]
                 self.outputs.append((next(names), val.dtype, tuple(val.shape)))
@@ -332,8 +330,8 @@ class _Runner:
         got = self.plan(inputs)
         out = []
         for o in self.outputs:
-            if o is None:
-                out.append(None)
+            if o is None or isinstance(o, self.torch.Tensor):
+                out.append(o)
                 continue
             name, dtype, shape = o
             t = got[name]

@@ -67,6 +67,9 @@ class Exported:
     input_names: list[str] = field(default_factory=list)
     """For each placeholder of the PyTorch graph, in order, its graph input name (None when the
     placeholder is unused or static)."""
+    constants: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Outputs known at export time (a folded constant the graph returns as it is), by output
+    position; they are not in the graph."""
 
     def save(self, path: str | Path, values_dir: str | Path | None = None) -> None:
         """Writes the graph as JSON, and each value as `values_dir/NAME.npy`."""
@@ -83,13 +86,35 @@ class Exported:
                 np.save(Path(values_dir) / f"{name}.npy", t.numpy())
 
 
+def decompositions() -> dict:
+    """The decompositions AOTAutograd applies before the graphs reach eqfuse: PyTorch's core ATen
+    decompositions, less every `scaled_dot_product*` entry.
+
+    Attention stays the op it is: eqfuse has an attention kernel, and decomposing it gains nothing.
+    More importantly, the core table decomposes the forward of `scaled_dot_product_attention`
+    (into math, or into `_scaled_dot_product_flash_attention_for_cpu`'s math) while leaving its
+    backward op undecomposed, and the gradients AOTAutograd then computes differ from eager by
+    factors of 30 to 2000 on models with attention (PyTorch 2.15 on the CPU; a plain
+    `aot_autograd` backend with the core table and no eqfuse code reproduces it). The backend must never change a result, whether a graph then
+    runs on eqfuse's kernels or eagerly; `python/tests/test_training.py` checks training steps of
+    `transformers` models against eager.
+    """
+    from torch._decomp import core_aten_decompositions
+
+    return {op: fn for op, fn in core_aten_decompositions().items() if "scaled_dot_product" not in op.name()}
+
+
 def export_program(ep: "torch.export.ExportedProgram") -> Exported:
     """Exports the forward graph of an `ExportedProgram`.
 
     Parameters become inputs with values; buffers and lifted constants are static. The program's
-    user outputs become the graph's outputs, named `out0`, `out1`, ...
+    user outputs become the graph's outputs, named `out0`, `out1`, ... The program is first
+    decomposed to core ATen (`decompositions()`: attention kept whole), so composite modules
+    (`nn.RMSNorm`, `einsum`, `unflatten`, fused encoder layers) come through as their parts.
     """
     from torch.export.graph_signature import InputKind, OutputKind
+
+    ep = ep.run_decompositions(decompositions())
 
     gm = ep.graph_module
     kinds: dict[str, tuple[str, torch.Tensor | None]] = {}
@@ -149,6 +174,7 @@ class Exporter:
         self.static: set[str] = set()
         self.brought: dict[str, object] = {}  # static node name -> its value in the graph
         self.values: dict[str, torch.Tensor] = {}
+        self.constants: dict[int, torch.Tensor] = {}
 
     def run(self) -> Exported:
         self.check_supported()
@@ -165,7 +191,7 @@ class Exporter:
                 self.outputs(node)
             else:
                 raise ExportError(f"fx node {node.name} of kind {node.op} is not supported (export an ATen graph)")
-        return Exported(self.b.to_json(), self.values, input_names)
+        return Exported(self.b.to_json(), self.values, input_names, self.constants)
 
     def check_supported(self) -> None:
         """Every operator must have a lowering, except in nodes evaluated here (static ones)."""
@@ -331,6 +357,9 @@ class Exporter:
         results = results if isinstance(results, (list, tuple)) else [results]
         for i, r in enumerate(results):
             if r is None:
+                continue
+            if isinstance(r, torch.fx.Node) and r.name in self.static and isinstance(self.env[r.name], torch.Tensor):
+                self.constants[i] = self.env[r.name]
                 continue
             v = self.value(r) if isinstance(r, torch.fx.Node) else None
             if not isinstance(v, Value):
@@ -992,6 +1021,38 @@ def _take_along(L, x, dim, index):
     return _gather(L, L.reshape(x, (x.numel,)), pos, 0)
 
 
+def _scatter_value(L, x, dim, index, value):
+    """`x.scatter(dim, index, value)` with one index per position along `dim` (a one-hot row):
+    `value` where the position equals the index, `x` elsewhere."""
+    x, idx = L.val(x), _index32(L, L.val(index))
+    a = L.axis(dim, x.rank)
+    if idx.rank != x.rank or idx.shape[a] != 1 or idx.shape[:a] + idx.shape[a + 1:] != x.shape[:a] + x.shape[a + 1:]:
+        raise ExportError(f"scatter into {list(x.shape)} with indices {list(idx.shape)} (one index a row only)")
+    pos = L.reshape(_iota(L, x.shape[a]), tuple(x.shape[a] if i == a else 1 for i in range(x.rank)))
+    hit = L.apply("==", L.broadcast(idx, x.shape), pos, dtype="bool")
+    return L.apply("where", hit, L.cast(L.val(value), x.dtype), x, dtype=x.dtype)
+
+
+def _constant_pad(L, x, pad, value=0.0):
+    """`F.pad(x, pad, value=value)`, constant mode: pairs from the last axis back; a negative
+    amount cuts."""
+    x = L.val(x)
+    for i in range(len(pad) // 2):
+        a = x.rank - 1 - i
+        lo, hi = pad[2 * i], pad[2 * i + 1]
+        if lo < 0 or hi < 0:
+            x = _slice(L, x, a, max(-lo, 0), x.shape[a] - max(-hi, 0), 1)
+            lo, hi = max(lo, 0), max(hi, 0)
+        parts = []
+        if lo:
+            parts.append(L.full(value, x.dtype, x.shape[:a] + (lo,) + x.shape[a + 1:]))
+        parts.append(x)
+        if hi:
+            parts.append(L.full(value, x.dtype, x.shape[:a] + (hi,) + x.shape[a + 1:]))
+        x = _concat(L, parts, a) if len(parts) > 1 else x
+    return x
+
+
 def _index(L, x, indices):
     """`x[i, j, ...]` with index tensors on consecutive axes (after any number of full slices,
     `None`): one take along the merged axes at the broadcast indices' linear positions."""
@@ -1147,7 +1208,7 @@ def _attention_math(L, q, k, v, s, is_causal, mask, lse_index, n_out):
     parts = [out] + [None] * (n_out - 1)
     want = _lse_shape(L, lse_index)
     parts[lse_index] = (L.reshape(lse, want) if want == q.shape[:-1]
-                        else _Unsupported(f"the log-sum-exp of shape {list(want)}"))
+                        else _Unsupported(f"the log-sum-exp of shape {want}"))
     return tuple(_Unsupported("an SDPA output other than the result and the log-sum-exp") if p is None else p
                  for p in parts)
 
@@ -1456,6 +1517,8 @@ LOWERINGS = {
     "rms_norm": _rms_norm,
     "gather": _take_along,
     "index": _index,
+    "constant_pad_nd": _constant_pad,
+    "scatter": _scatter_value,
     "any": _any,
     "convolution": _convolution,
     "convolution_backward": _convolution_backward,
