@@ -17,14 +17,13 @@ use std::collections::BTreeMap;
 
 use egg::{Id, Language, RecExpr, Symbol};
 
+use crate::codegen::caps::{self, MAX_GEMM_ROW};
 use crate::cost::profile::{DeviceProfile, GemmTiles, Work};
 use crate::ir::types::{DType, TensorType};
 use crate::plan::{saturating_sum, GemmImpl, Kernel, Template, TensorRef};
 
 /// Largest body the register budget allows, in operators.
 const MAX_BODY_OPS: usize = 384;
-/// Widest product row a gemm epilogue may reduce over (one tile row).
-const MAX_GEMM_ROW: usize = 256;
 
 /// A legal candidate kernel, analysed.
 #[derive(Clone, Debug, PartialEq)]
@@ -108,7 +107,7 @@ impl KernelCost {
             let att = self.body.iter().find(|&&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::Attention)));
             att.and_then(|&a| dag.nodes[a].children().nth(3))
                 .and_then(|s| dag.nodes[s].fact.konst)
-                .is_some_and(|scale| dtype != DType::F32 && !crate::codegen::attention::hopper_path(dtype, scale))
+                .is_some_and(|scale| dtype != DType::F32 && !caps::attention_hopper_path(dtype, scale))
         };
         // (The one kernel of the query, key and value gradients has a rate of its own.)
         let fused = self.workspace_bytes > 0;
@@ -192,7 +191,7 @@ pub fn analyse(
     }
     // Under strict numerics a product's epilogue is pointwise: the generated kernel sums a row of
     // its tile in another order than the row template does (found by the strict GPU runs).
-    let reduces = |b: &usize| matches!(dag.nodes[*b].kind(), Some(Kind::Reduce(_) | Kind::Composite(_)));
+    let reduces = |b: &usize| dag.nodes[*b].kind().is_some_and(caps::reduces_rows_op);
     if profile.strict && template == Template::Gemm && body.iter().any(reduces) {
         return Err("under strict numerics a product's epilogue reduces nothing".into());
     }
@@ -229,15 +228,14 @@ pub fn analyse(
     let backward = k.body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()));
     if template == Template::Attention && backward && (!alone || members.len() != 1) {
         let kernel = candidate_kernel(dag, members, &k, Template::Attention);
-        crate::codegen::attention_bwd::can_generate(&kernel)
+        caps::attention_backward_can_generate(&kernel)
             .map_err(|e| format!("the attention backward template cannot run it: {e}"))?;
     } else if template == Template::Attention && !alone {
         if members.len() != 1 {
             return Err("the attention template writes one tensor".into());
         }
         let kernel = candidate_kernel(dag, members, &k, Template::Attention);
-        crate::codegen::attention::can_generate(&kernel)
-            .map_err(|e| format!("the attention template cannot run it: {e}"))?;
+        caps::attention_can_generate(&kernel).map_err(|e| format!("the attention template cannot run it: {e}"))?;
     }
     if template == Template::Gemm {
         let kernel = candidate_kernel(dag, members, &k, Template::Gemm);
@@ -248,7 +246,7 @@ pub fn analyse(
         // A fusion the generated kernel cannot run is refused; a product alone stays legal
         // (the fusion search starts from it), and codegen names what it cannot index.
         if !alone {
-            crate::codegen::gemm::can_generate(&kernel).map_err(|e| format!("the gemm template cannot run it: {e}"))?;
+            caps::gemm_can_generate(&kernel).map_err(|e| format!("the gemm template cannot run it: {e}"))?;
         }
         let (imp, calls) = gemm_implementation(dag, members, &kernel, &k, profile);
         k.implementation = Some(imp);
@@ -269,7 +267,7 @@ fn gemm_implementation(
     profile: &DeviceProfile,
 ) -> (GemmImpl, u64) {
     // (The cheap tests first: the form test lowers the kernel.)
-    let call = (!profile.strict && members.len() == 1).then(|| crate::codegen::gemm::cublaslt_call(kernel)).flatten();
+    let call = (!profile.strict && members.len() == 1).then(|| caps::cublaslt_call(kernel)).flatten();
     let Some(call) = call else {
         return (GemmImpl::Generated, 1);
     };
@@ -299,10 +297,10 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
     if rank < 2 {
         return None;
     }
-    let rows = crate::codegen::gemm::reduces(kernel);
+    let rows = caps::gemm_reduces_rows(kernel);
     let b = dag.nodes[product].children().nth(1).and_then(|c| dag.nodes[c].ty())?;
     let depth = a.shape.last().copied().unwrap_or(1);
-    let (t, mma) = crate::codegen::gemm::kernel_tile(dom, depth, rows, a.dtype, b.dtype, strict);
+    let (t, mma) = caps::gemm_tile(dom, depth, rows, a.dtype, b.dtype, strict);
     Some(GemmTiles {
         batch: dom[..rank - 2].iter().product(),
         m: dom[rank - 2],
@@ -315,7 +313,7 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
         kspan: t.kspan,
         rows,
         mma,
-        wide: mma && crate::codegen::gemm::staging(kernel) == Some((8, 8)),
+        wide: mma && caps::gemm_staging(kernel) == Some((8, 8)),
     })
 }
 
@@ -328,7 +326,8 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
 /// query rows, which runs first, walks every key tile up to its diagonal, the others fewer: a
 /// lone block's latency takes the longest block's steps, the SM's throughput the average's.
 fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
-    use crate::codegen::attention::{f32_steps, F32_BLOCK_M, F32_BLOCK_N};
+    let (f32_block_m, f32_block_n) = caps::ATTENTION_F32_BLOCK;
+    let f32_steps = caps::attention_f32_steps;
     let a =
         k.body.iter().copied().find(|&b| matches!(dag.nodes[b].kind(), Some(Kind::Composite(Composite::Attention))))?;
     let mut ch = dag.nodes[a].children();
@@ -344,21 +343,21 @@ fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
     };
     let (r, kr) = (q.shape.len(), key.shape.len());
     let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], key.shape[kr - 2]);
-    let blocks = sq.div_ceil(F32_BLOCK_M).max(1);
+    let blocks = sq.div_ceil(f32_block_m).max(1);
     let longest = f32_steps(sk, d);
     let mean_k = if causal {
-        (0..blocks).map(|b| f32_steps(sk.min((b + 1) * F32_BLOCK_M), d)).sum::<usize>() / blocks
+        (0..blocks).map(|b| f32_steps(sk.min((b + 1) * f32_block_m), d)).sum::<usize>() / blocks
     } else {
         longest
     };
     Some(GemmTiles {
         batch: q.shape[..r - 2].iter().product(),
         m: sq,
-        n: F32_BLOCK_N,
+        n: f32_block_n,
         k: longest,
         mean_k,
-        bm: F32_BLOCK_M,
-        bn: F32_BLOCK_N,
+        bm: f32_block_m,
+        bn: f32_block_n,
         splits: 1,
         kspan: 0,
         rows: true,
@@ -932,21 +931,17 @@ fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
     if depth <= 1 && !epilogue_uses_rows(dag, k) {
         return;
     }
-    // Elements per access as codegen chooses them: 16 bytes of the widest input, halved until
-    // they divide the row.
+    // Elements per access as codegen chooses them, from the widest input.
     let widest = full_types.iter().map(|d| d.size()).max().unwrap_or(4);
-    let mut vec = 16 / widest.max(1);
-    while vec > 1 && !width.is_multiple_of(vec) {
-        vec /= 2;
-    }
-    if row_bytes <= profile.smem_per_block_bytes && crate::codegen::row_cached(width, full_reads, vec) {
+    let vec = caps::vector_width(Template::RowReduce, k.domain.len(), width, widest, profile.strict, false);
+    if row_bytes <= profile.smem_per_block_bytes && caps::row_cached(width, full_reads, vec) {
         return;
     }
     k.passes = depth as u32 + 1;
     k.notes.push(format!(
         "row of {width} f32 ({row_bytes} bytes with {full_reads} input rows) does not fit on chip (shared memory {} bytes, {} elements per thread): each input row is read {} times",
         profile.smem_per_block_bytes,
-        crate::codegen::ROW_CACHE_PER_THREAD,
+        caps::ROW_CACHE_PER_THREAD,
         k.passes
     ));
 }
