@@ -250,11 +250,11 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
     if let Some(why) = packed_mask_refusal(plan, k) {
         return Err(Error::Invalid(why));
     }
-    if k.template == Template::Attention && attention_bwd::is_backward(k) {
+    if k.template == Template::Attention && k.kind.attention_backward_module() {
         return attention_bwd::codegen(plan, k, ATTENTION_BWD, COMMON);
     }
     if k.template == Template::Attention {
-        return attention::codegen(plan, k, ATTENTION, COMMON);
+        return attention::codegen(plan, k, None, ATTENTION, COMMON);
     }
     if k.template == Template::Gemm {
         return codegen_gemm(plan, k);

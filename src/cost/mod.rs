@@ -20,7 +20,7 @@ use egg::{Id, Language, RecExpr, Symbol};
 use crate::codegen::caps::{self, MAX_GEMM_ROW};
 use crate::cost::profile::{DeviceProfile, GemmTiles, Work};
 use crate::ir::types::{DType, TensorType};
-use crate::plan::{saturating_sum, GemmImpl, Kernel, Template, TensorRef};
+use crate::plan::{saturating_sum, AttentionPath, GemmImpl, Kernel, KernelKind, Template, TensorRef};
 
 /// Largest body the register budget allows, in operators.
 const MAX_BODY_OPS: usize = 384;
@@ -29,6 +29,8 @@ const MAX_BODY_OPS: usize = 384;
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelCost {
     pub template: Template,
+    /// What the kernel is, finer than its template ([`kernel_kind`]).
+    pub kind: KernelKind,
     pub domain: Vec<usize>,
     /// Nodes computed in the kernel, in topological order (members included).
     pub body: Vec<usize>,
@@ -80,16 +82,7 @@ impl KernelCost {
 
     /// Predicted microseconds when `hit` of the bytes read come from L2 (see `residency.rs`).
     pub fn predict_us_hit(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64, hit: u64) -> f64 {
-        // (Attention's log-sum-exp is f32; its products run in the operands' dtype.)
-        let dtype = self
-            .body
-            .last()
-            .map(|&b| match dag.nodes[b].kind() {
-                Some(Kind::Composite(Composite::AttentionLse)) => dag.nodes[b].children().next().unwrap_or(b),
-                _ => b,
-            })
-            .and_then(|b| dag.nodes[b].ty())
-            .map_or(DType::F32, |t| t.dtype);
+        let dtype = kernel_dtype(dag, &self.body);
         let work = Work {
             bytes: self.bytes_read(dag) + bytes_written + self.workspace_bytes,
             hit,
@@ -97,29 +90,18 @@ impl KernelCost {
             stages: self.stages,
             calls: self.calls,
         };
-        // (The forward kernel writing its log-sum-exp too runs at the forward's rate.)
-        let has = |c: Composite| self.body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(c)));
-        let backward = self.template == Template::Attention
-            && self.body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()))
-            && !has(Composite::Attention);
-        // (A 16-bit forward that the Hopper path does not take runs the portable path.)
-        let portable = self.template == Template::Attention && !backward && {
-            let att = self.body.iter().find(|&&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::Attention)));
-            att.and_then(|&a| dag.nodes[a].children().nth(3))
-                .and_then(|s| dag.nodes[s].fact.konst)
-                .is_some_and(|scale| dtype != DType::F32 && !caps::attention_hopper_path(dtype, scale))
-        };
         // (The one kernel of the query, key and value gradients has a rate of its own.)
         let fused = self.workspace_bytes > 0;
-        // (Cross-entropy's mean over rows runs as a row kernel with one global result, as
-        // `codegen::lower` renders it: the row template's rates; see `analyse` for its stages.)
-        let row_global = row_with_global(dag, self);
-        match self.implementation {
-            Some(imp) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
-            None if backward => profile.attention_backward_us(&work, dtype, fused),
-            None if portable => profile.attention_portable_us(&work, dtype),
-            None if row_global => profile.kernel_work_us(Template::RowReduce, &work, dtype, None),
-            None => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
+        match (self.implementation, self.kind) {
+            (Some(imp), _) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
+            (None, KernelKind::AttentionBackward) => profile.attention_backward_us(&work, dtype, fused),
+            // (The forward writing its log-sum-exp too runs at the forward's rates.)
+            (None, KernelKind::Attention { path: AttentionPath::Portable, .. }) => {
+                profile.attention_portable_us(&work, dtype)
+            }
+            // (See `analyse` for its stages.)
+            (None, KernelKind::RowGlobal) => profile.kernel_work_us(Template::RowReduce, &work, dtype, None),
+            (None, _) => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
     }
 }
@@ -195,8 +177,10 @@ pub fn analyse(
     if profile.strict && template == Template::Gemm && body.iter().any(reduces) {
         return Err("under strict numerics a product's epilogue reduces nothing".into());
     }
+    let kind = kernel_kind(dag, template, &body);
     let mut k = KernelCost {
         template,
+        kind,
         domain,
         body,
         reads,
@@ -213,7 +197,7 @@ pub fn analyse(
         row_passes(dag, &mut k, profile);
         k.stages = latency_stages(dag, &k);
     }
-    if row_with_global(dag, &k) {
+    if k.kind == KernelKind::RowGlobal {
         // Cross-entropy's mean over rows: a row kernel's stages, and one more for the blocks'
         // partials, which the last block to finish adds after a fence and a count.
         k.stages = latency_stages(dag, &k) + 1;
@@ -225,8 +209,7 @@ pub fn analyse(
     // starts from it, and codegen names what it cannot index. Any fusion, a product with its
     // epilogue as well as attention storing a view of itself, is asked of codegen.
     let alone = members.len() == 1 && k.body.iter().all(|&b| members.contains(&b) || dag.nodes[b].role == Role::View);
-    let backward = k.body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()));
-    if template == Template::Attention && backward && (!alone || members.len() != 1) {
+    if k.kind.attention_backward_module() && (!alone || members.len() != 1) {
         let kernel = candidate_kernel(dag, members, &k, Template::Attention);
         caps::attention_backward_can_generate(&kernel)
             .map_err(|e| format!("the attention backward template cannot run it: {e}"))?;
@@ -366,6 +349,48 @@ fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
     })
 }
 
+/// The element type a kernel's time is priced in: its last body node's (attention's log-sum-exp
+/// is f32, its products run in the operands' dtype: its queries').
+fn kernel_dtype(dag: &Dag, body: &[usize]) -> DType {
+    body.last()
+        .map(|&b| match dag.nodes[b].kind() {
+            Some(Kind::Composite(Composite::AttentionLse)) => dag.nodes[b].children().next().unwrap_or(b),
+            _ => b,
+        })
+        .and_then(|b| dag.nodes[b].ty())
+        .map_or(DType::F32, |t| t.dtype)
+}
+
+/// What a kernel of `template` computing `body` is: cross-entropy's mean over rows in a column
+/// reduction is a row kernel with one global result (as `codegen::lower` renders it); an
+/// attention kernel of the backward's composites alone is the backward's; one with forward
+/// attention is the forward (writing its log-sum-exp when that is in its body too), on the f32
+/// path for f32 operands, on the portable path for 16-bit operands of a known scale that code
+/// generation gives no Hopper path (`caps`), on the Hopper path otherwise. The one place a
+/// kernel's kind is decided.
+pub fn kernel_kind(dag: &Dag, template: Template, body: &[usize]) -> KernelKind {
+    let has = |c: Composite| body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(c)));
+    match template {
+        Template::ColReduce if has(Composite::CrossEntropy) => KernelKind::RowGlobal,
+        Template::Attention => {
+            let backward = body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()));
+            let Some(&att) = body.iter().find(|&&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::Attention)))
+            else {
+                return if backward { KernelKind::AttentionBackward } else { KernelKind::Plain };
+            };
+            let dtype = kernel_dtype(dag, body);
+            let scale = dag.nodes[att].children().nth(3).and_then(|s| dag.nodes[s].fact.konst);
+            let path = match scale {
+                _ if dtype == DType::F32 => AttentionPath::F32,
+                Some(scale) if !caps::attention_hopper_path(dtype, scale) => AttentionPath::Portable,
+                _ => AttentionPath::Hopper,
+            };
+            KernelKind::Attention { path, lse: backward }
+        }
+        _ => KernelKind::Plain,
+    }
+}
+
 /// The plan kernel a candidate would become if it wrote every member (reads named `t{node}`),
 /// for codegen's structural questions.
 fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost, template: Template) -> Kernel {
@@ -397,6 +422,7 @@ fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost, template: Temp
     Kernel {
         id: 0,
         template,
+        kind: k.kind,
         domain: k.domain.clone(),
         ops: vec![],
         reads: k.reads.iter().map(|&r| tref(r)).collect(),
@@ -968,13 +994,6 @@ fn latency_stages(dag: &Dag, k: &KernelCost) -> u32 {
         depth[bi] = below + own;
     }
     depth.iter().copied().max().unwrap_or(0).max(reductions.min(2)) as u32
-}
-
-/// Whether a colreduce kernel is a cross-entropy's mean over rows, which codegen renders as a
-/// row kernel with one global result (`codegen::lower`).
-fn row_with_global(dag: &Dag, k: &KernelCost) -> bool {
-    k.template == Template::ColReduce
-        && k.body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::CrossEntropy)))
 }
 
 /// The longest chain of reductions in the body (composites count their internal stages).
