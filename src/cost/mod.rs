@@ -29,7 +29,7 @@ const MAX_BODY_OPS: usize = 384;
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelCost {
     pub template: Template,
-    /// What the kernel is, finer than its template ([`kernel_kind`]).
+    /// What the kernel is, finer than its template (decided by `kernel_kind`).
     pub kind: KernelKind,
     pub domain: Vec<usize>,
     /// Nodes computed in the kernel, in topological order (members included).
