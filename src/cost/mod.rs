@@ -303,7 +303,7 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
 /// Attention on f32 operands runs on CUDA cores: a block of `F32_BLOCK_M` query rows, each row's
 /// keys split over `F32_PARTS` threads, every thread walking its part's keys of every key tile
 /// (each step one key and one head element), so it is timed like a gemm tile of `F32_BLOCK_M`
-/// rows whose reduction axis is keys x head size / parts (`codegen::attention::f32_steps`), plus
+/// rows whose reduction axis is keys x head size / parts (`caps::attention_f32_steps`), plus
 /// a fixed time per wave of blocks (the tile's "row epilogue": the query row's loads, the first
 /// key tile's latency and the merge of the parts). Under a causal mask the block of the last
 /// query rows, which runs first, walks every key tile up to its diagonal, the others fewer: a
@@ -943,7 +943,7 @@ impl Shaped<'_> {
 
 /// Rows with dependent reductions are kept on chip when they fit; otherwise every full-size
 /// read is streamed once per dependent stage. "Fits" is the question codegen asks
-/// (`codegen::row_cached`: at most 64 elements per thread in registers at the launch shape it
+/// (`caps::row_cached`: at most 64 elements per thread in registers at the launch shape it
 /// picks), within the profile's shared memory per block (the pipelined form stages the next row
 /// there).
 fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
