@@ -109,3 +109,63 @@ fn architecture_md_draws_the_same_order_within_200_lines() {
         last = at;
     }
 }
+
+/// The planner's folders, which may ask code generation only through `codegen::caps`.
+const PLANNER: [&str; 5] = ["autodiff", "frontend", "cost", "search", "plan"];
+
+/// The paths a file names under `crate::codegen` other than `crate::codegen::caps`, also
+/// inside `use crate::{...}` groups (`codegen::gemm`, `codegen`).
+fn codegen_paths_besides_caps(code: &str) -> Vec<String> {
+    let mut out = vec![];
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        let items: Vec<&str> = match rest.strip_prefix('{') {
+            Some(group) => group[..group.find('}').unwrap_or(group.len())].split(',').collect(),
+            None => vec![rest],
+        };
+        for item in items {
+            let path: String =
+                item.trim().chars().take_while(|c| c.is_alphanumeric() || matches!(c, '_' | ':')).collect();
+            let path = path.trim_end_matches(':');
+            if (path == "codegen" || path.starts_with("codegen::")) && !path.starts_with("codegen::caps") {
+                out.push(path.to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_planner_asks_codegen_only_through_caps() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut wrong = vec![];
+    for dir in PLANNER {
+        let d = root.join("src").join(dir);
+        let mut files = vec![];
+        if d.is_dir() {
+            rust_files(&d, &mut files);
+        }
+        let top = root.join("src").join(format!("{dir}.rs"));
+        if top.is_file() {
+            files.push(top);
+        }
+        for f in &files {
+            for p in codegen_paths_besides_caps(&code_of(&fs::read_to_string(f).unwrap())) {
+                wrong.push(format!("{} names `crate::{p}`", f.strip_prefix(root).unwrap().display()));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "the planner asks codegen through `crate::codegen::caps` only:\n{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_caps_check_sees_other_codegen_paths() {
+    let names = |s: &str| codegen_paths_besides_caps(s);
+    assert_eq!(names("let t = crate::codegen::gemm::kernel_tile(d);"), ["codegen::gemm::kernel_tile"]);
+    assert_eq!(names("use crate::codegen::{generates, loads_masks};"), ["codegen"]);
+    assert_eq!(names("use crate::{codegen::attention, ir::types::DType};"), ["codegen::attention"]);
+    assert!(names("use crate::codegen::caps::{self, MAX_GEMM_ROW};").is_empty());
+    assert!(names("crate::codegen::caps::row_cached(w, 1, 4)").is_empty());
+    assert!(names("use crate::ir::types::DType;").is_empty());
+}

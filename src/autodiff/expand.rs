@@ -43,14 +43,14 @@ pub fn expand_for_planning(p: &Program, strict: bool) -> Result<Option<Program>,
                 .is_some_and(|(t, a)| crate::ir::infer::norm_axis(a as i64, t.rank()).is_ok_and(|a| a + 1 != t.rank()));
         let runs = || {
             let ty = |i: usize| out.ty(ch[i]);
-            matches!((ty(0), ty(1), ty(2)), (Some(q), Some(k), Some(v)) if crate::codegen::attention_template_runs(q, k, v))
+            matches!((ty(0), ty(1), ty(2)), (Some(q), Some(k), Some(v)) if crate::codegen::caps::attention_runs(q, k, v))
         };
         // The backward's composites run where their kernels do (bf16 and f16 on tensor cores).
         let bwd_runs = || {
             let ty = |i: usize| out.ty(ch[i]);
             let (q, k) = (ty(0), ty(1));
             let v = if c == Composite::AttentionLse { ty(1) } else { ty(2) };
-            matches!((q, k, v), (Some(q), Some(k), Some(v)) if crate::codegen::attention_bwd::template_runs(q, k, v))
+            matches!((q, k, v), (Some(q), Some(k), Some(v)) if crate::codegen::caps::attention_backward_runs(q, k, v))
         };
         let backward = matches!(c, Composite::AttentionLse | Composite::AttentionGrad(_));
         leading_softmax

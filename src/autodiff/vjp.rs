@@ -484,7 +484,7 @@ impl Tape<'_> {
     /// `attention_grad_{q,k,v}(q, k, v, g, lse, delta)`; no `[S, S]` value is left in the graph.
     fn attention(&mut self, ch: &[Id], y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
         let (q, k, v, scale, causal) = (ch[0], ch[1], ch[2], ch[3], ch[4]);
-        if crate::codegen::attention_bwd::template_runs(&self.ty(q)?, &self.ty(k)?, &self.ty(v)?) {
+        if crate::codegen::caps::attention_backward_runs(&self.ty(q)?, &self.ty(k)?, &self.ty(v)?) {
             return self.attention_flash(ch, y, g, out);
         }
         let scores = crate::autodiff::expand::attention_scores(self.p, q, k, scale, causal)?;

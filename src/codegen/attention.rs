@@ -18,9 +18,9 @@ use crate::error::{Error, Result};
 use crate::ir::infer::{infer, norm_axis, Fact};
 use crate::ir::lang::{Composite, Kind, TensorLang};
 use crate::ir::types::{DType, TensorType};
-use crate::plan::{FusionPlan, Kernel, Template};
+use crate::plan::{FusionPlan, Kernel, Template, TensorRef};
 
-use super::{KernelSource, Launch};
+use super::{ArgRole, KernelArg, KernelSource, Launch};
 use crate::ir::layout::{broadcast_strides, contiguous, reshape_strides};
 
 /// Query rows per block, key rows per tile, and warps per block (`kernels/attention.cu`).
@@ -423,8 +423,16 @@ fn float_literal(x: f64) -> String {
     }
 }
 
-/// Renders an attention kernel of a plan.
-pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str) -> Result<KernelSource> {
+/// Renders an attention kernel of a plan; with `lse`, the kernel writes the log-sum-exp of its
+/// scores into that tensor too (`EQ_LSE`, its pointer the last parameter), listed first among
+/// the writes of the file's header.
+pub fn codegen(
+    plan: &FusionPlan,
+    k: &Kernel,
+    lse: Option<&TensorRef>,
+    template_text: &str,
+    common: &str,
+) -> Result<KernelSource> {
     debug_assert_eq!(k.template, Template::Attention);
     let inst = instance(k)?;
     let name = format!("attention_{}_k{}", inst.dtype, k.id);
@@ -457,9 +465,22 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
 
     let mut params: Vec<String> = (0..k.reads.len()).map(|i| format!("const {ctype}* __restrict__ p_r{i}")).collect();
     params.extend((0..k.writes.len()).map(|i| format!("{ctype}* __restrict__ p_w{i}")));
-    let args = super::tensor_args(k, &Default::default());
+    let mut args = super::tensor_args(k, &Default::default());
+    let mut shown = std::borrow::Cow::Borrowed(k);
+    if let Some(lse) = lse {
+        params.push("float* __restrict__ p_lse".into());
+        args.push(KernelArg {
+            name: lse.name.clone(),
+            role: ArgRole::Write,
+            dtype: Some(lse.ty.dtype),
+            shape: lse.ty.shape.clone(),
+            bytes: lse.ty.bytes(),
+            zeroed: false,
+        });
+        shown.to_mut().writes.insert(0, lse.clone());
+    }
 
-    let mut s = super::header(plan, k, "attention", &name, (grid, block), Some(smem));
+    let mut s = super::header(plan, &shown, "attention", &name, (grid, block), Some(smem));
     if let Some(h) = &sm90a {
         s.push_str(&format!(
             "// launch for sm_90a (the wgmma path): grid ({}, {}, {}), block ({}, {}, {}), dynamic shared memory {} bytes\n",
@@ -478,7 +499,10 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     def("EQ_NB1", inst.batch[1].to_string());
     def("EQ_NB2", inst.batch[2].to_string());
     def("EQ_CAUSAL", u8::from(inst.causal).to_string());
-    def("EQ_LSE", "0".into());
+    def("EQ_LSE", u8::from(lse.is_some()).to_string());
+    if lse.is_some() {
+        def("EQ_LSEP", "p_lse".into());
+    }
     def("EQ_F32", u8::from(f32).to_string());
     def("EQ_SCALE", float_literal(inst.scale));
     def("EQ_FBM", F32_BLOCK_M.to_string());

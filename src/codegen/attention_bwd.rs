@@ -18,7 +18,7 @@ use crate::ir::lang::{AttnArg, Composite, Kind, TensorLang};
 use crate::ir::types::{DType, TensorType};
 use crate::plan::{FusionPlan, Kernel, Template};
 
-use super::{ArgRole, KernelArg, KernelSource, Launch};
+use super::{KernelSource, Launch};
 
 /// Rows per block (query rows, or key rows of the key and value gradients), and warps per block.
 pub const BLOCK: usize = 64;
@@ -39,16 +39,6 @@ pub fn template_runs(q: &TensorType, k: &TensorType, v: &TensorType) -> bool {
         && d <= MAX_HEAD
         && d % 8 == 0
         && q.rank() >= 2
-}
-
-/// Whether a kernel of the attention template is one of the backward's.
-pub fn is_backward(k: &Kernel) -> bool {
-    k.body.as_ref().iter().any(|n| {
-        matches!(
-            n.opcode().map(|c| c.kind()),
-            Some(Kind::Composite(Composite::AttentionLse | Composite::AttentionGrad(_)))
-        )
-    })
 }
 
 /// The shared memory a block uses in `mode` for head size `d` (bytes).
@@ -106,9 +96,6 @@ struct Instance {
 /// Whether the template can run a backward kernel; the reason otherwise.
 pub(crate) fn can_generate(k: &Kernel) -> Result<()> {
     if let Some(fwd) = forward_with_lse(k)? {
-        if !super::ATTENTION.contains("EQ_LSEP") {
-            return Err(unsupported(k, "the forward template writing the log-sum-exp"));
-        }
         return super::attention::can_generate(&fwd.0);
     }
     instance(k).map(|_| ())
@@ -146,38 +133,6 @@ fn forward_with_lse(k: &Kernel) -> Result<Option<(Kernel, usize)>> {
     fwd.writes.remove(w);
     fwd.stores = k.stores.iter().enumerate().filter(|&(i, _)| i != w).map(|(_, &s)| map[usize::from(s)]).collect();
     Ok(Some((fwd, w)))
-}
-
-/// Renders the forward kernel writing the log-sum-exp too: the forward template's instance with
-/// `EQ_LSE` on and the log-sum-exp as a last parameter.
-fn codegen_forward_with_lse(
-    plan: &FusionPlan,
-    k: &Kernel,
-    fwd: &Kernel,
-    w: usize,
-    common: &str,
-) -> Result<KernelSource> {
-    let mut src = super::attention::codegen(plan, fwd, super::ATTENTION, common)?;
-    let lse = &k.writes[w];
-    let params = src.source.lines().find(|l| l.starts_with("#define EQ_PARAMS ")).map(str::to_string);
-    let (Some(params), true) = (params, src.source.contains("#define EQ_LSE 0\n")) else {
-        return Err(unsupported(k, "the forward kernel's source without an `EQ_LSE` switch"));
-    };
-    src.source = src.source.replacen(&params, &format!("{params}, float* __restrict__ p_lse"), 1).replacen(
-        "#define EQ_LSE 0\n",
-        "#define EQ_LSE 1\n#define EQ_LSEP p_lse\n",
-        1,
-    );
-    src.source = src.source.replacen("// writes: ", &format!("// writes: {} {}, ", lse.name, lse.ty), 1);
-    src.args.push(KernelArg {
-        name: lse.name.clone(),
-        role: ArgRole::Write,
-        dtype: Some(lse.ty.dtype),
-        shape: lse.ty.shape.clone(),
-        bytes: lse.ty.bytes(),
-        zeroed: false,
-    });
-    Ok(src)
 }
 
 fn instance(k: &Kernel) -> Result<Instance> {
@@ -310,7 +265,8 @@ fn ctype(d: DType) -> &'static str {
 pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str) -> Result<KernelSource> {
     debug_assert_eq!(k.template, Template::Attention);
     if let Some((fwd, w)) = forward_with_lse(k)? {
-        return codegen_forward_with_lse(plan, k, &fwd, w, common);
+        // The forward template writes the log-sum-exp itself.
+        return super::attention::codegen(plan, &fwd, Some(&k.writes[w]), super::ATTENTION, common);
     }
     let inst = instance(k)?;
     let atomic_dq = matches!(inst.mode, Mode::Dkv { dq: true, .. });

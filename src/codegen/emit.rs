@@ -40,11 +40,24 @@ pub struct Shape {
     pub wave: bool,
 }
 
-/// The generated text of one kernel (defines and body), and its launch shape.
+/// The generated text of one kernel (defines and body), its launch shape, and the numbers of its
+/// `#define` block that another template's code takes (a gemm epilogue's).
 pub struct Rendered {
     pub defines: String,
     pub body: String,
     pub shape: Shape,
+    pub params: Params,
+}
+
+/// Numbers a rendered kernel's `#define` block holds, for the code that embeds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    /// Elements per access (`EQ_VEC`).
+    pub vec: usize,
+    /// Threads per row of a row kernel (`EQ_ROW_THREADS`); 1 for other templates.
+    pub row_threads: usize,
+    /// Reduction accumulators per thread (`EQ_NACC`); 1 where nothing reduces.
+    pub nacc: usize,
 }
 
 /// C value type of a dtype.
@@ -296,12 +309,8 @@ pub fn render(k: &Kernel, l: &Lowered, strict: bool, packed: &BTreeSet<String>) 
     }
 }
 
-/// The lane count: 16 bytes of the widest element accessed along the last axis, halved until
-/// it divides the last extent. Strict row reductions take 4 lanes whatever the dtypes (halved
-/// the same way), since the lane count decides which elements each thread sums: a fused kernel
-/// must sum a row in the same order as the unfused plan's kernel of the same reduction. A kernel
-/// storing a 1-bit mask has no tail loop (its loop is warp-uniform): the lane count divides the
-/// iteration space whatever its rank.
+/// The lane count of a lowered kernel: [`lanes`] of the widest element accessed along the last
+/// axis.
 fn choose_vec(l: &Lowered, k: &Kernel, strict: bool, packed_writes: bool) -> usize {
     let r = l.domain.len();
     if r == 0 {
@@ -319,8 +328,22 @@ fn choose_vec(l: &Lowered, k: &Kernel, strict: bool, packed_writes: bool) -> usi
         .chain(l.stores.iter().filter(|s| s.shape[r - 1] != 1 || last == 1).map(|s| k.writes[s.write].ty.dtype.size()))
         .max()
         .unwrap_or(4);
-    let mut v = if strict && l.template == Template::RowReduce { 4 } else { 16 / widest };
-    let rank1_elementwise = l.template == Template::Elementwise && r == 1 && !packed_writes;
+    lanes(l.template, r, last, widest, strict, packed_writes)
+}
+
+/// The lane count of a kernel of `template` over an iteration space of rank `rank` whose last
+/// extent is `last`, when the widest element accessed along it is `widest` bytes: 16 bytes of
+/// it, halved until it divides the last extent. Strict row reductions take 4 lanes whatever the
+/// dtypes (halved the same way), since the lane count decides which elements each thread sums: a
+/// fused kernel must sum a row in the same order as the unfused plan's kernel of the same
+/// reduction. A kernel storing a 1-bit mask (`packed_writes`) has no tail loop (its loop is
+/// warp-uniform): the lane count divides the iteration space whatever its rank.
+pub fn lanes(template: Template, rank: usize, last: usize, widest: usize, strict: bool, packed_writes: bool) -> usize {
+    if rank == 0 {
+        return 1;
+    }
+    let mut v = if strict && template == Template::RowReduce { 4 } else { 16 / widest.max(1) };
+    let rank1_elementwise = template == Template::Elementwise && rank == 1 && !packed_writes;
     while v > 1 && !rank1_elementwise && !last.is_multiple_of(v) {
         v /= 2;
     }
@@ -863,7 +886,7 @@ impl Emitter<'_> {
             smem_bytes: 0,
             wave: false,
         };
-        Ok(Rendered { defines: d, body: f, shape })
+        Ok(Rendered { defines: d, body: f, shape, params: Params { vec: self.vec, row_threads: 1, nacc: 1 } })
     }
 
     /// The kernel's generated name: `{template}_{dtype}_k{id}`.

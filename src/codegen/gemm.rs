@@ -262,26 +262,24 @@ pub fn reduces(k: &Kernel) -> bool {
     lower::epilogue_template(k) == Template::RowReduce
 }
 
+/// The widest product a row epilogue reduces over: one tile row.
+pub const MAX_ROW_EPILOGUE: usize = 256;
+
 /// Whether the generated implementation can run a gemm kernel (its operands are strided views
 /// of reads, its epilogue lowers, a row epilogue fits one tile); the reason otherwise.
 pub fn can_generate(k: &Kernel) -> Result<()> {
     let n = *k.domain.last().ok_or_else(|| Error::Invalid("a scalar product".into()))?;
     let rows = reduces(k);
-    if rows && n > 256 {
+    if rows && n > MAX_ROW_EPILOGUE {
         return Err(Error::Invalid(format!("a row epilogue over {n} columns exceeds one tile")));
     }
     lowered(k, tile(&k.domain, rows).ts).map(|_| ())
 }
 
-/// Whether the generated kernel's epilogue can store 1-bit masks: an elementwise epilogue over a
-/// product whose width is a multiple of 32, so that a warp's mask words lie in one tile row and
-/// start at multiples of 32 (the tile widths are then multiples of 32 too). The planner asks the
-/// same (`optimize.rs`), from the kernel's iteration space and whether it reduces rows.
-pub fn stores_mask_check(k: &Kernel, rows: bool) -> std::result::Result<(), &'static str> {
-    stores_masks_shaped(&k.domain, rows)
-}
-
-/// [`stores_mask_check`] from the iteration space and whether the epilogue reduces rows.
+/// Whether the generated kernel's epilogue can store 1-bit masks over iteration space `domain`
+/// (`rows`: the epilogue reduces rows): an elementwise epilogue over a product whose width is a
+/// multiple of 32, so that a warp's mask words lie in one tile row and start at multiples of 32
+/// (the tile widths are then multiples of 32 too). Part of [`super::mask_refusal`].
 pub fn stores_masks_shaped(domain: &[usize], rows: bool) -> std::result::Result<(), &'static str> {
     let n = domain.last().copied().unwrap_or(0);
     if rows {
@@ -332,7 +330,7 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
     }
     let n = *k.domain.last().ok_or_else(|| Error::Invalid(format!("kernel {} (gemm): a scalar product", k.id)))?;
     let rows = reduces(k);
-    if rows && n > 256 {
+    if rows && n > MAX_ROW_EPILOGUE {
         return Err(Error::Invalid(format!(
             "kernel {} (gemm): a row epilogue over {n} columns exceeds one tile",
             k.id
@@ -342,14 +340,8 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
     let (ext, l) = lowered(k, t.ts)?;
     let r = emit::render(&ext, &l, strict, packed)?;
     if let Some(w) = k.writes.iter().find(|w| packed.contains(&w.name)) {
-        let vec: usize =
-            r.defines.lines().find_map(|l| l.strip_prefix("#define EQ_VEC ")?.trim().parse().ok()).unwrap_or(1);
-        if let Err(why) = stores_mask_check(k, rows).and_then(|()| {
-            (t.bm * t.bn / vec)
-                .is_multiple_of(32)
-                .then_some(())
-                .ok_or("a warp's lanes would not agree on the trip count")
-        }) {
+        if !(t.bm * t.bn / r.params.vec).is_multiple_of(32) {
+            let why = "a warp's lanes would not agree on the trip count";
             return Err(Error::Invalid(format!(
                 "kernel {} (gemm): cannot store the 1-bit mask `{}`: {why}",
                 k.id, w.name
@@ -366,12 +358,8 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
         // The row epilogue's reduction slots share the 48 KiB of static shared memory (a
         // float per row in flight, warp of its row and accumulator): an epilogue with many
         // accumulators takes shallower slices (same tile, same order of sums).
-        let define = |name: &str| -> usize {
-            let prefix = format!("#define {name} ");
-            r.defines.lines().find_map(|l| l.strip_prefix(prefix.as_str())?.trim().parse().ok()).unwrap_or(1)
-        };
-        let row_threads = define("EQ_ROW_THREADS").max(1);
-        let red = THREADS / row_threads * row_threads.div_ceil(32) * define("EQ_NACC") * 4;
+        let row_threads = r.params.row_threads.max(1);
+        let red = THREADS / row_threads * row_threads.div_ceil(32) * r.params.nacc * 4;
         while t.bk > 32 && mma_smem_bytes(&t) + red > STATIC_SMEM_BYTES {
             t.bk /= 2;
         }

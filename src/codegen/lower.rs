@@ -592,7 +592,7 @@ impl<'a> Lowerer<'a> {
 /// reduces (a row softmax of a narrow product), elementwise otherwise.
 pub fn epilogue_template(kernel: &Kernel) -> Template {
     let reduces = kernel.body.as_ref().iter().any(|n| match n {
-        TensorLang::Op(code, _) => matches!(code.kind(), Kind::Reduce(_) | Kind::Composite(_)),
+        TensorLang::Op(code, _) => reduces_rows_op(code.kind()),
         _ => false,
     });
     if reduces {
@@ -600,6 +600,12 @@ pub fn epilogue_template(kernel: &Kernel) -> Template {
     } else {
         Template::Elementwise
     }
+}
+
+/// Whether an operator in a gemm kernel's body makes its epilogue the row form: a reduction or
+/// a composite (which lowers to reductions along the last axis).
+pub fn reduces_rows_op(kind: Kind) -> bool {
+    matches!(kind, Kind::Reduce(_) | Kind::Composite(_))
 }
 
 /// Whether a value of aligned shape `own`, seen with aligned shape `seen`, keeps each element

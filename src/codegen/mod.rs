@@ -9,10 +9,9 @@
 
 pub mod attention;
 pub mod attention_bwd;
+pub mod caps;
 pub mod cublaslt;
-pub use attention::template_runs as attention_template_runs;
 mod emit;
-pub use emit::{row_cached, ROW_CACHE_PER_THREAD};
 pub mod gemm;
 pub(crate) mod lower;
 
@@ -156,9 +155,60 @@ pub fn stores_masks(t: Template) -> bool {
     matches!(t, Template::Elementwise | Template::Gemm)
 }
 
-/// Why codegen cannot run kernel `k` with its packed reads and writes, if it cannot: a packed
-/// mask read by a template that does not load masks (or by a cuBLASLt call), or written by one
-/// that does not store them, or not the size of the kernel's iteration space.
+/// A kernel as the 1-bit mask rule sees it: its template, whether it runs as a cuBLASLt call,
+/// its iteration space, and whether a gemm kernel's epilogue reduces rows.
+#[derive(Clone, Copy, Debug)]
+pub struct MaskSite<'a> {
+    pub template: Template,
+    pub cublaslt: bool,
+    pub domain: &'a [usize],
+    pub reduces_rows: bool,
+}
+
+/// How a kernel touches a 1-bit mask: loads it, or stores one of this shape.
+#[derive(Clone, Copy, Debug)]
+pub enum MaskAccess<'a> {
+    Load,
+    Store(&'a [usize]),
+}
+
+/// Why a kernel cannot touch a 1-bit mask as asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaskRefusal {
+    /// The template (or a cuBLASLt call) does not load masks.
+    Load,
+    /// The template (or a cuBLASLt call) does not store masks.
+    Store,
+    /// The mask is not the size of the iteration space.
+    Shape,
+    /// The generated gemm's epilogue cannot store this one (`gemm::stores_masks_shaped`).
+    Gemm(&'static str),
+}
+
+/// Whether generated kernels of `site` can touch a 1-bit mask as `access` says: loads by
+/// templates that [`loads_masks`], stores by templates that [`stores_masks`] of a mask the size
+/// of the iteration space (a gemm's only from an elementwise epilogue of a width that is a
+/// multiple of 32), never by a cuBLASLt call. Kernels codegen does not generate touch nothing
+/// it refuses. Code generation refuses a kernel by this rule ([`packed_mask_refusal`]) and the
+/// planner packs a mask only where it holds (`caps::mask_refusal`).
+pub fn mask_refusal(site: &MaskSite, access: MaskAccess) -> Option<MaskRefusal> {
+    let t = site.template;
+    if !generates(t) {
+        return None;
+    }
+    match access {
+        MaskAccess::Load => (!loads_masks(t) || site.cublaslt).then_some(MaskRefusal::Load),
+        MaskAccess::Store(_) if !stores_masks(t) || site.cublaslt => Some(MaskRefusal::Store),
+        MaskAccess::Store(shape) if shape != site.domain => Some(MaskRefusal::Shape),
+        MaskAccess::Store(_) if t == Template::Gemm => {
+            gemm::stores_masks_shaped(site.domain, site.reduces_rows).err().map(MaskRefusal::Gemm)
+        }
+        MaskAccess::Store(_) => None,
+    }
+}
+
+/// Why codegen cannot run kernel `k` with its packed reads and writes, if it cannot: the first
+/// packed read and the first packed write, by [`mask_refusal`].
 pub fn packed_mask_refusal(plan: &FusionPlan, k: &Kernel) -> Option<String> {
     if !generates(k.template) {
         return None;
@@ -172,18 +222,24 @@ pub fn packed_mask_refusal(plan: &FusionPlan, k: &Kernel) -> Option<String> {
             k.template.name()
         )
     };
-    let cublaslt = k.implementation == Some(crate::plan::GemmImpl::Cublaslt);
+    let site = MaskSite {
+        template: k.template,
+        cublaslt: k.implementation == Some(crate::plan::GemmImpl::Cublaslt),
+        domain: &k.domain,
+        reduces_rows: k.template == Template::Gemm && gemm::reduces(k),
+    };
     if let Some(t) = k.reads.iter().find(|t| plan.is_packed(&t.name)) {
-        if !loads_masks(k.template) || cublaslt {
+        if mask_refusal(&site, MaskAccess::Load).is_some() {
             return Some(what(&t.name, "load"));
         }
     }
     if let Some(t) = k.writes.iter().find(|t| plan.is_packed(&t.name)) {
-        if !stores_masks(k.template) || cublaslt {
-            return Some(what(&t.name, "store"));
-        }
-        if t.ty.shape != k.domain {
-            return Some(what(&t.name, "store in another shape than their iteration space"));
+        match mask_refusal(&site, MaskAccess::Store(&t.ty.shape))? {
+            MaskRefusal::Load | MaskRefusal::Store => return Some(what(&t.name, "store")),
+            MaskRefusal::Shape => return Some(what(&t.name, "store in another shape than their iteration space")),
+            MaskRefusal::Gemm(why) => {
+                return Some(format!("kernel {} (gemm): cannot store the 1-bit mask `{}`: {why}", k.id, t.name))
+            }
         }
     }
     None
@@ -194,11 +250,11 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
     if let Some(why) = packed_mask_refusal(plan, k) {
         return Err(Error::Invalid(why));
     }
-    if k.template == Template::Attention && attention_bwd::is_backward(k) {
+    if k.template == Template::Attention && k.kind.attention_backward_module() {
         return attention_bwd::codegen(plan, k, ATTENTION_BWD, COMMON);
     }
     if k.template == Template::Attention {
-        return attention::codegen(plan, k, ATTENTION, COMMON);
+        return attention::codegen(plan, k, None, ATTENTION, COMMON);
     }
     if k.template == Template::Gemm {
         return codegen_gemm(plan, k);

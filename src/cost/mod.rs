@@ -17,19 +17,20 @@ use std::collections::BTreeMap;
 
 use egg::{Id, Language, RecExpr, Symbol};
 
+use crate::codegen::caps::{self, MAX_GEMM_ROW};
 use crate::cost::profile::{DeviceProfile, GemmTiles, Work};
 use crate::ir::types::{DType, TensorType};
-use crate::plan::{saturating_sum, GemmImpl, Kernel, Template, TensorRef};
+use crate::plan::{saturating_sum, AttentionPath, GemmImpl, Kernel, KernelKind, Template, TensorRef};
 
 /// Largest body the register budget allows, in operators.
 const MAX_BODY_OPS: usize = 384;
-/// Widest product row a gemm epilogue may reduce over (one tile row).
-const MAX_GEMM_ROW: usize = 256;
 
 /// A legal candidate kernel, analysed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KernelCost {
     pub template: Template,
+    /// What the kernel is, finer than its template (decided by `kernel_kind`).
+    pub kind: KernelKind,
     pub domain: Vec<usize>,
     /// Nodes computed in the kernel, in topological order (members included).
     pub body: Vec<usize>,
@@ -81,16 +82,7 @@ impl KernelCost {
 
     /// Predicted microseconds when `hit` of the bytes read come from L2 (see `residency.rs`).
     pub fn predict_us_hit(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64, hit: u64) -> f64 {
-        // (Attention's log-sum-exp is f32; its products run in the operands' dtype.)
-        let dtype = self
-            .body
-            .last()
-            .map(|&b| match dag.nodes[b].kind() {
-                Some(Kind::Composite(Composite::AttentionLse)) => dag.nodes[b].children().next().unwrap_or(b),
-                _ => b,
-            })
-            .and_then(|b| dag.nodes[b].ty())
-            .map_or(DType::F32, |t| t.dtype);
+        let dtype = kernel_dtype(dag, &self.body);
         let work = Work {
             bytes: self.bytes_read(dag) + bytes_written + self.workspace_bytes,
             hit,
@@ -98,29 +90,18 @@ impl KernelCost {
             stages: self.stages,
             calls: self.calls,
         };
-        // (The forward kernel writing its log-sum-exp too runs at the forward's rate.)
-        let has = |c: Composite| self.body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(c)));
-        let backward = self.template == Template::Attention
-            && self.body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()))
-            && !has(Composite::Attention);
-        // (A 16-bit forward that the Hopper path does not take runs the portable path.)
-        let portable = self.template == Template::Attention && !backward && {
-            let att = self.body.iter().find(|&&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::Attention)));
-            att.and_then(|&a| dag.nodes[a].children().nth(3))
-                .and_then(|s| dag.nodes[s].fact.konst)
-                .is_some_and(|scale| dtype != DType::F32 && !crate::codegen::attention::hopper_path(dtype, scale))
-        };
         // (The one kernel of the query, key and value gradients has a rate of its own.)
         let fused = self.workspace_bytes > 0;
-        // (Cross-entropy's mean over rows runs as a row kernel with one global result, as
-        // `codegen::lower` renders it: the row template's rates; see `analyse` for its stages.)
-        let row_global = row_with_global(dag, self);
-        match self.implementation {
-            Some(imp) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
-            None if backward => profile.attention_backward_us(&work, dtype, fused),
-            None if portable => profile.attention_portable_us(&work, dtype),
-            None if row_global => profile.kernel_work_us(Template::RowReduce, &work, dtype, None),
-            None => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
+        match (self.implementation, self.kind) {
+            (Some(imp), _) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
+            (None, KernelKind::AttentionBackward) => profile.attention_backward_us(&work, dtype, fused),
+            // (The forward writing its log-sum-exp too runs at the forward's rates.)
+            (None, KernelKind::Attention { path: AttentionPath::Portable, .. }) => {
+                profile.attention_portable_us(&work, dtype)
+            }
+            // (See `analyse` for its stages.)
+            (None, KernelKind::RowGlobal) => profile.kernel_work_us(Template::RowReduce, &work, dtype, None),
+            (None, _) => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
     }
 }
@@ -192,12 +173,14 @@ pub fn analyse(
     }
     // Under strict numerics a product's epilogue is pointwise: the generated kernel sums a row of
     // its tile in another order than the row template does (found by the strict GPU runs).
-    let reduces = |b: &usize| matches!(dag.nodes[*b].kind(), Some(Kind::Reduce(_) | Kind::Composite(_)));
+    let reduces = |b: &usize| dag.nodes[*b].kind().is_some_and(caps::reduces_rows_op);
     if profile.strict && template == Template::Gemm && body.iter().any(reduces) {
         return Err("under strict numerics a product's epilogue reduces nothing".into());
     }
+    let kind = kernel_kind(dag, template, &body);
     let mut k = KernelCost {
         template,
+        kind,
         domain,
         body,
         reads,
@@ -214,7 +197,7 @@ pub fn analyse(
         row_passes(dag, &mut k, profile);
         k.stages = latency_stages(dag, &k);
     }
-    if row_with_global(dag, &k) {
+    if k.kind == KernelKind::RowGlobal {
         // Cross-entropy's mean over rows: a row kernel's stages, and one more for the blocks'
         // partials, which the last block to finish adds after a fence and a count.
         k.stages = latency_stages(dag, &k) + 1;
@@ -226,18 +209,16 @@ pub fn analyse(
     // starts from it, and codegen names what it cannot index. Any fusion, a product with its
     // epilogue as well as attention storing a view of itself, is asked of codegen.
     let alone = members.len() == 1 && k.body.iter().all(|&b| members.contains(&b) || dag.nodes[b].role == Role::View);
-    let backward = k.body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()));
-    if template == Template::Attention && backward && (!alone || members.len() != 1) {
+    if k.kind.attention_backward_module() && (!alone || members.len() != 1) {
         let kernel = candidate_kernel(dag, members, &k, Template::Attention);
-        crate::codegen::attention_bwd::can_generate(&kernel)
+        caps::attention_backward_can_generate(&kernel)
             .map_err(|e| format!("the attention backward template cannot run it: {e}"))?;
     } else if template == Template::Attention && !alone {
         if members.len() != 1 {
             return Err("the attention template writes one tensor".into());
         }
         let kernel = candidate_kernel(dag, members, &k, Template::Attention);
-        crate::codegen::attention::can_generate(&kernel)
-            .map_err(|e| format!("the attention template cannot run it: {e}"))?;
+        caps::attention_can_generate(&kernel).map_err(|e| format!("the attention template cannot run it: {e}"))?;
     }
     if template == Template::Gemm {
         let kernel = candidate_kernel(dag, members, &k, Template::Gemm);
@@ -248,7 +229,7 @@ pub fn analyse(
         // A fusion the generated kernel cannot run is refused; a product alone stays legal
         // (the fusion search starts from it), and codegen names what it cannot index.
         if !alone {
-            crate::codegen::gemm::can_generate(&kernel).map_err(|e| format!("the gemm template cannot run it: {e}"))?;
+            caps::gemm_can_generate(&kernel).map_err(|e| format!("the gemm template cannot run it: {e}"))?;
         }
         let (imp, calls) = gemm_implementation(dag, members, &kernel, &k, profile);
         k.implementation = Some(imp);
@@ -269,7 +250,7 @@ fn gemm_implementation(
     profile: &DeviceProfile,
 ) -> (GemmImpl, u64) {
     // (The cheap tests first: the form test lowers the kernel.)
-    let call = (!profile.strict && members.len() == 1).then(|| crate::codegen::gemm::cublaslt_call(kernel)).flatten();
+    let call = (!profile.strict && members.len() == 1).then(|| caps::cublaslt_call(kernel)).flatten();
     let Some(call) = call else {
         return (GemmImpl::Generated, 1);
     };
@@ -299,10 +280,10 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
     if rank < 2 {
         return None;
     }
-    let rows = crate::codegen::gemm::reduces(kernel);
+    let rows = caps::gemm_reduces_rows(kernel);
     let b = dag.nodes[product].children().nth(1).and_then(|c| dag.nodes[c].ty())?;
     let depth = a.shape.last().copied().unwrap_or(1);
-    let (t, mma) = crate::codegen::gemm::kernel_tile(dom, depth, rows, a.dtype, b.dtype, strict);
+    let (t, mma) = caps::gemm_tile(dom, depth, rows, a.dtype, b.dtype, strict);
     Some(GemmTiles {
         batch: dom[..rank - 2].iter().product(),
         m: dom[rank - 2],
@@ -315,20 +296,21 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
         kspan: t.kspan,
         rows,
         mma,
-        wide: mma && crate::codegen::gemm::staging(kernel) == Some((8, 8)),
+        wide: mma && caps::gemm_staging(kernel) == Some((8, 8)),
     })
 }
 
 /// Attention on f32 operands runs on CUDA cores: a block of `F32_BLOCK_M` query rows, each row's
 /// keys split over `F32_PARTS` threads, every thread walking its part's keys of every key tile
 /// (each step one key and one head element), so it is timed like a gemm tile of `F32_BLOCK_M`
-/// rows whose reduction axis is keys x head size / parts (`codegen::attention::f32_steps`), plus
+/// rows whose reduction axis is keys x head size / parts (`caps::attention_f32_steps`), plus
 /// a fixed time per wave of blocks (the tile's "row epilogue": the query row's loads, the first
 /// key tile's latency and the merge of the parts). Under a causal mask the block of the last
 /// query rows, which runs first, walks every key tile up to its diagonal, the others fewer: a
 /// lone block's latency takes the longest block's steps, the SM's throughput the average's.
 fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
-    use crate::codegen::attention::{f32_steps, F32_BLOCK_M, F32_BLOCK_N};
+    let (f32_block_m, f32_block_n) = caps::ATTENTION_F32_BLOCK;
+    let f32_steps = caps::attention_f32_steps;
     let a =
         k.body.iter().copied().find(|&b| matches!(dag.nodes[b].kind(), Some(Kind::Composite(Composite::Attention))))?;
     let mut ch = dag.nodes[a].children();
@@ -344,27 +326,69 @@ fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
     };
     let (r, kr) = (q.shape.len(), key.shape.len());
     let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], key.shape[kr - 2]);
-    let blocks = sq.div_ceil(F32_BLOCK_M).max(1);
+    let blocks = sq.div_ceil(f32_block_m).max(1);
     let longest = f32_steps(sk, d);
     let mean_k = if causal {
-        (0..blocks).map(|b| f32_steps(sk.min((b + 1) * F32_BLOCK_M), d)).sum::<usize>() / blocks
+        (0..blocks).map(|b| f32_steps(sk.min((b + 1) * f32_block_m), d)).sum::<usize>() / blocks
     } else {
         longest
     };
     Some(GemmTiles {
         batch: q.shape[..r - 2].iter().product(),
         m: sq,
-        n: F32_BLOCK_N,
+        n: f32_block_n,
         k: longest,
         mean_k,
-        bm: F32_BLOCK_M,
-        bn: F32_BLOCK_N,
+        bm: f32_block_m,
+        bn: f32_block_n,
         splits: 1,
         kspan: 0,
         rows: true,
         mma: false,
         wide: false,
     })
+}
+
+/// The element type a kernel's time is priced in: its last body node's (attention's log-sum-exp
+/// is f32, its products run in the operands' dtype: its queries').
+fn kernel_dtype(dag: &Dag, body: &[usize]) -> DType {
+    body.last()
+        .map(|&b| match dag.nodes[b].kind() {
+            Some(Kind::Composite(Composite::AttentionLse)) => dag.nodes[b].children().next().unwrap_or(b),
+            _ => b,
+        })
+        .and_then(|b| dag.nodes[b].ty())
+        .map_or(DType::F32, |t| t.dtype)
+}
+
+/// What a kernel of `template` computing `body` is: cross-entropy's mean over rows in a column
+/// reduction is a row kernel with one global result (as `codegen::lower` renders it); an
+/// attention kernel of the backward's composites alone is the backward's; one with forward
+/// attention is the forward (writing its log-sum-exp when that is in its body too), on the f32
+/// path for f32 operands, on the portable path for 16-bit operands of a known scale that code
+/// generation gives no Hopper path (`caps`), on the Hopper path otherwise. The one place a
+/// kernel's kind is decided.
+pub fn kernel_kind(dag: &Dag, template: Template, body: &[usize]) -> KernelKind {
+    let has = |c: Composite| body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(c)));
+    match template {
+        Template::ColReduce if has(Composite::CrossEntropy) => KernelKind::RowGlobal,
+        Template::Attention => {
+            let backward = body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()));
+            let Some(&att) = body.iter().find(|&&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::Attention)))
+            else {
+                return if backward { KernelKind::AttentionBackward } else { KernelKind::Plain };
+            };
+            let dtype = kernel_dtype(dag, body);
+            let scale = dag.nodes[att].children().nth(3).and_then(|s| dag.nodes[s].fact.konst);
+            let path = match scale {
+                _ if dtype == DType::F32 => AttentionPath::F32,
+                Some(scale) if !caps::attention_hopper_path(dtype, scale) => AttentionPath::Portable,
+                _ => AttentionPath::Hopper,
+            };
+            KernelKind::Attention { path, lse: backward }
+        }
+        _ => KernelKind::Plain,
+    }
 }
 
 /// The plan kernel a candidate would become if it wrote every member (reads named `t{node}`),
@@ -398,6 +422,7 @@ fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost, template: Temp
     Kernel {
         id: 0,
         template,
+        kind: k.kind,
         domain: k.domain.clone(),
         ops: vec![],
         reads: k.reads.iter().map(|&r| tref(r)).collect(),
@@ -921,7 +946,7 @@ impl Shaped<'_> {
 
 /// Rows with dependent reductions are kept on chip when they fit; otherwise every full-size
 /// read is streamed once per dependent stage. "Fits" is the question codegen asks
-/// (`codegen::row_cached`: at most 64 elements per thread in registers at the launch shape it
+/// (`caps::row_cached`: at most 64 elements per thread in registers at the launch shape it
 /// picks), within the profile's shared memory per block (the pipelined form stages the next row
 /// there).
 fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
@@ -935,21 +960,17 @@ fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
     if depth <= 1 && !epilogue_uses_rows(dag, k) {
         return;
     }
-    // Elements per access as codegen chooses them: 16 bytes of the widest input, halved until
-    // they divide the row.
+    // Elements per access as codegen chooses them, from the widest input.
     let widest = full_types.iter().map(|d| d.size()).max().unwrap_or(4);
-    let mut vec = 16 / widest.max(1);
-    while vec > 1 && !width.is_multiple_of(vec) {
-        vec /= 2;
-    }
-    if row_bytes <= profile.smem_per_block_bytes && crate::codegen::row_cached(width, full_reads, vec) {
+    let vec = caps::vector_width(Template::RowReduce, k.domain.len(), width, widest, profile.strict, false);
+    if row_bytes <= profile.smem_per_block_bytes && caps::row_cached(width, full_reads, vec) {
         return;
     }
     k.passes = depth as u32 + 1;
     k.notes.push(format!(
         "row of {width} f32 ({row_bytes} bytes with {full_reads} input rows) does not fit on chip (shared memory {} bytes, {} elements per thread): each input row is read {} times",
         profile.smem_per_block_bytes,
-        crate::codegen::ROW_CACHE_PER_THREAD,
+        caps::ROW_CACHE_PER_THREAD,
         k.passes
     ));
 }
@@ -976,13 +997,6 @@ fn latency_stages(dag: &Dag, k: &KernelCost) -> u32 {
         depth[bi] = below + own;
     }
     depth.iter().copied().max().unwrap_or(0).max(reductions.min(2)) as u32
-}
-
-/// Whether a colreduce kernel is a cross-entropy's mean over rows, which codegen renders as a
-/// row kernel with one global result (`codegen::lower`).
-fn row_with_global(dag: &Dag, k: &KernelCost) -> bool {
-    k.template == Template::ColReduce
-        && k.body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::CrossEntropy)))
 }
 
 /// The longest chain of reductions in the body (composites count their internal stages).

@@ -381,7 +381,7 @@ impl DeviceProfile {
     }
 
     /// [`kernel_work_us`](Self::kernel_work_us) of a 16-bit attention forward kernel that runs
-    /// the template's portable mma.sync path everywhere (`codegen::attention::hopper_path` is
+    /// the template's portable mma.sync path everywhere (`caps::attention_hopper_path` is
     /// false: a non-positive scale), at the rates of its `portable` implementation where the
     /// profile has one. (The template's own rates are those of the path the device takes for
     /// the others: wgmma on a 9.0 device.)
@@ -521,7 +521,7 @@ pub struct GemmTiles {
     /// Whether the product runs on the tensor cores (16-bit operands; `tiles_mma`).
     pub mma: bool,
     /// Whether the tensor-core mainloop stages both operands in 16-byte chunks (their
-    /// contiguous axes and other strides multiples of 8; `codegen::gemm::staging`).
+    /// contiguous axes and other strides multiples of 8; `caps::gemm_staging`).
     pub wide: bool,
 }
 

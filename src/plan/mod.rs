@@ -49,6 +49,43 @@ impl Template {
     }
 }
 
+/// What a kernel is, finer than its template: every kind of kernel the cost model and code
+/// generation branch on. Set once, when the kernel is analysed (`cost::kernel_kind`), and carried
+/// by the plan's kernel; it is not part of the plan's contract (the rendered plan shows the
+/// template), so nothing needs to look into a kernel's body to learn what it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// A kernel its template describes alone.
+    Plain,
+    /// A column reduction of cross-entropy's mean over rows, which code generation runs as a
+    /// row kernel with one global result (and the cost model times at the row template's rates).
+    RowGlobal,
+    /// Forward attention on `path`; `lse`: it writes the log-sum-exp of its scores too (code
+    /// generation renders it through the backward's module, which owns that pairing).
+    Attention { path: AttentionPath, lse: bool },
+    /// A kernel of attention's backward composites alone (the log-sum-exp, the gradients).
+    AttentionBackward,
+}
+
+/// The path a forward attention kernel takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionPath {
+    /// f32 operands, on CUDA cores.
+    F32,
+    /// 16-bit operands, the portable mma.sync path everywhere.
+    Portable,
+    /// 16-bit operands, with the Hopper path beside the portable one (taken on a 9.0 device).
+    Hopper,
+}
+
+impl KernelKind {
+    /// Whether code generation renders the kernel with the attention backward template's
+    /// module: the backward's composites, and the forward writing its log-sum-exp.
+    pub fn attention_backward_module(self) -> bool {
+        matches!(self, KernelKind::AttentionBackward | KernelKind::Attention { lse: true, .. })
+    }
+}
+
 /// How a gemm kernel runs: one cuBLASLt call (its epilogues only) or the generated tensor
 /// product template with any fused epilogue. The cost model picks the faster by the profile's
 /// per-implementation rates.
@@ -81,6 +118,8 @@ pub struct TensorRef {
 pub struct Kernel {
     pub id: usize,
     pub template: Template,
+    /// What the kernel is, finer than its template (not part of the plan's contract).
+    pub kind: KernelKind,
     /// The iteration space: the shape of the largest value the kernel computes.
     pub domain: Vec<usize>,
     /// The operators fused into this kernel, in body order (contract field `ops`).

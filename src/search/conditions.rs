@@ -231,7 +231,7 @@ fn attention_args(g: &TensorGraph, s: &Subst, v: &[Var]) -> bool {
         return false;
     }
     let tys: Vec<&TensorType> = facts.iter().filter_map(|f| f.ty.as_ref()).collect();
-    if !crate::codegen::attention_template_runs(tys[0], tys[1], tys[2]) {
+    if !crate::codegen::caps::attention_runs(tys[0], tys[1], tys[2]) {
         return false;
     }
     let (scale, causal) = (Fact::constant(1.0), Fact::constant(0.0));

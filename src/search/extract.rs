@@ -618,6 +618,7 @@ pub fn build_plan(
         kernels.push(Kernel {
             id: kernels.len(),
             template: k.template,
+            kind: k.kind,
             domain: k.domain.clone(),
             ops,
             reads: k.reads.iter().map(|&r| tref(r)).collect(),

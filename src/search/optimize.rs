@@ -409,35 +409,29 @@ fn collect_rules(
     }
 }
 
-/// Packed masks that codegen cannot run: written by a generated kernel that does not store
-/// masks (or whose iteration space is not the mask's), or read by one that does not load them
-/// (a cuBLASLt call included). Mirrors `codegen::packed_mask_refusal` on the fusion state.
+/// Packed masks that codegen cannot run: a kernel of the fusion writes or reads one where
+/// `caps::mask_refusal` (the rule code generation refuses kernels by) says it cannot.
 fn masks_codegen_cannot_run(dag: &Dag, f: &Fusion) -> Vec<usize> {
-    use crate::codegen::{generates, loads_masks, stores_masks};
+    use crate::codegen::caps::{mask_refusal, reduces_rows_op, MaskAccess, MaskSite};
     let groups = f.ordered();
     (0..dag.len())
         .filter(|&i| dag.is_packed(i) && f.mat[i])
         .filter(|&i| {
-            let shape = dag.nodes[i].ty().map(|t| t.shape.clone());
+            let shape = dag.nodes[i].ty().map(|t| t.shape.as_slice());
             groups.iter().any(|g| {
-                let t = g.cost.template;
-                let gemm_shape = t != crate::plan::Template::Gemm
-                    || (g.cost.implementation != Some(crate::plan::GemmImpl::Cublaslt)
-                        && crate::codegen::gemm::stores_masks_shaped(&g.cost.domain, reduces_rows(dag, &g.cost.body))
-                            .is_ok());
-                let bad_writer = g.members.contains(&i)
-                    && (!stores_masks(t) || shape.as_ref() != Some(&g.cost.domain) || !gemm_shape);
-                let bad_reader = g.cost.reads.contains(&i)
-                    && (!loads_masks(t) || g.cost.implementation == Some(crate::plan::GemmImpl::Cublaslt));
-                generates(t) && (bad_writer || bad_reader)
+                let site = MaskSite {
+                    template: g.cost.template,
+                    cublaslt: g.cost.implementation == Some(crate::plan::GemmImpl::Cublaslt),
+                    domain: &g.cost.domain,
+                    reduces_rows: g.cost.body.iter().any(|&b| dag.nodes[b].kind().is_some_and(reduces_rows_op)),
+                };
+                let bad_writer =
+                    g.members.contains(&i) && shape.is_none_or(|s| mask_refusal(&site, MaskAccess::Store(s)).is_some());
+                let bad_reader = g.cost.reads.contains(&i) && mask_refusal(&site, MaskAccess::Load).is_some();
+                bad_writer || bad_reader
             })
         })
         .collect()
-}
-
-/// Whether a kernel body holds a reduction (a gemm kernel's epilogue then reduces rows).
-fn reduces_rows(dag: &Dag, body: &[usize]) -> bool {
-    body.iter().any(|&i| matches!(dag.nodes[i].kind(), Some(Kind::Reduce(_))))
 }
 
 fn round3(x: f64) -> f64 {

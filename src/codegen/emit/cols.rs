@@ -68,7 +68,7 @@ impl Emitter<'_> {
             smem_bytes: 0,
             wave: false,
         };
-        Ok(Rendered { defines: d, body, shape })
+        Ok(Rendered { defines: d, body, shape, params: Params { vec: self.vec, row_threads: 1, nacc } })
     }
 
     fn col_accum(&self, reds: &[usize]) -> String {

@@ -289,7 +289,7 @@ impl Emitter<'_> {
             smem_bytes: if pipelined { stage_bytes as u32 } else { 0 },
             wave: pipelined,
         };
-        Ok(Rendered { defines: d, body, shape })
+        Ok(Rendered { defines: d, body, shape, params: Params { vec: self.vec, row_threads, nacc } })
     }
 
     fn row_struct(&self, rp: &plan::RowPlan) -> String {

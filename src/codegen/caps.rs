@@ -1,0 +1,107 @@
+//! What code generation can run: the one interface between the planner (`autodiff`,
+//! `frontend`, `cost`, `search`) and code generation. The planner asks here whether a kernel is
+//! legal, the tile, lanes, staging and row caching it gets, where 1-bit masks go and which path
+//! attention takes, and nothing else of codegen (`tests/layers.rs` checks). Every answer is the
+//! function code generation itself generates with, so a plan's prediction and the generated
+//! kernel decide alike.
+
+use crate::error::Result;
+use crate::ir::lang::Kind;
+use crate::ir::types::{DType, TensorType};
+use crate::plan::{Kernel, Template};
+
+pub use super::cublaslt::LtCall;
+pub use super::emit::ROW_CACHE_PER_THREAD;
+pub use super::gemm::{Tile as GemmTile, MAX_ROW_EPILOGUE as MAX_GEMM_ROW};
+pub use super::{mask_refusal, MaskAccess, MaskSite};
+
+/// Whether the attention template runs attention over queries, keys and values of these types
+/// (the pattern rules recognise attention, and the planner keeps a written one whole, only
+/// where this holds).
+pub fn attention_runs(q: &TensorType, k: &TensorType, v: &TensorType) -> bool {
+    super::attention::template_runs(q, k, v)
+}
+
+/// Whether the attention backward kernels run attention over queries, keys and values of these
+/// types (the backward keeps its composites only where this holds).
+pub fn attention_backward_runs(q: &TensorType, k: &TensorType, v: &TensorType) -> bool {
+    super::attention_bwd::template_runs(q, k, v)
+}
+
+/// Whether an attention kernel of operands of `dtype` and softmax scale `scale` carries the
+/// Hopper path (taken on a 9.0 device); the others run the portable path everywhere.
+pub fn attention_hopper_path(dtype: DType, scale: f64) -> bool {
+    super::attention::hopper_path(dtype, scale)
+}
+
+/// Query rows per block and keys per tile of attention's f32 path (CUDA cores).
+pub const ATTENTION_F32_BLOCK: (usize, usize) = (super::attention::F32_BLOCK_M, super::attention::F32_BLOCK_N);
+
+/// The steps a thread of attention's f32 path runs over `sk` keys of head size `d`.
+pub fn attention_f32_steps(sk: usize, d: usize) -> usize {
+    super::attention::f32_steps(sk, d)
+}
+
+/// Whether the attention template runs a forward attention kernel; the reason otherwise.
+pub fn attention_can_generate(k: &Kernel) -> Result<()> {
+    super::attention::can_generate(k)
+}
+
+/// Whether the attention backward template runs a kernel of the backward's composites; the
+/// reason otherwise.
+pub fn attention_backward_can_generate(k: &Kernel) -> Result<()> {
+    super::attention_bwd::can_generate(k)
+}
+
+/// Whether the generated gemm implementation runs a gemm kernel; the reason otherwise.
+pub fn gemm_can_generate(k: &Kernel) -> Result<()> {
+    super::gemm::can_generate(k)
+}
+
+/// The cuBLASLt call that runs a gemm kernel, where its form is one cuBLASLt runs.
+pub fn cublaslt_call(k: &Kernel) -> Option<LtCall> {
+    super::gemm::cublaslt_call(k)
+}
+
+/// Whether a gemm kernel's epilogue reduces rows (its row form).
+pub fn gemm_reduces_rows(k: &Kernel) -> bool {
+    super::gemm::reduces(k)
+}
+
+/// Whether an operator in a gemm kernel's body makes its epilogue the row form (the rule
+/// [`gemm_reduces_rows`] applies to a kernel's body).
+pub fn reduces_rows_op(kind: Kind) -> bool {
+    super::lower::reduces_rows_op(kind)
+}
+
+/// The tile the generated gemm runs a product over `dom` of depth `k` in, and whether on the
+/// tensor cores (operand dtypes `a`, `b`; `rows`: a row epilogue).
+pub fn gemm_tile(dom: &[usize], k: usize, rows: bool, a: DType, b: DType, strict: bool) -> (GemmTile, bool) {
+    super::gemm::kernel_tile(dom, k, rows, a, b, strict)
+}
+
+/// Elements per staged chunk of a gemm kernel's tensor-core operands (A, B); `None` when the
+/// kernel does not lower.
+pub fn gemm_staging(k: &Kernel) -> Option<(usize, usize)> {
+    super::gemm::staging(k)
+}
+
+/// Whether a row kernel over rows of `cols` elements keeps its `ncache` cached inputs on chip
+/// (read once) at `vec` elements per access.
+pub fn row_cached(cols: usize, ncache: usize, vec: usize) -> bool {
+    super::emit::row_cached(cols, ncache, vec)
+}
+
+/// The lane count (elements per access) of a kernel of `template` over an iteration space of
+/// rank `rank` and last extent `last`, whose widest element accessed along it is `widest`
+/// bytes (`packed_writes`: it stores a 1-bit mask).
+pub fn vector_width(
+    template: Template,
+    rank: usize,
+    last: usize,
+    widest: usize,
+    strict: bool,
+    packed_writes: bool,
+) -> usize {
+    super::emit::lanes(template, rank, last, widest, strict, packed_writes)
+}
