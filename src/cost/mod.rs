@@ -975,11 +975,26 @@ fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
     ));
 }
 
-/// The reduction stages a row kernel's latency counts: its longest chain of reductions, and at
-/// least two where it has two or more reductions side by side (a max and a sum of exponentials
-/// combine across the block as the online pair, in one pass like the `softmax` composite's two
-/// stages; measured alike on the H100, `benches/results/2026-11-22-h100-152e396-predict`).
-/// An `rmsnorm` is one reduction (its mean of squares), as written out.
+/// The dependent reductions along the row an operator runs as (codegen's lowering, `lower.rs`):
+/// one for a reduction and for `rmsnorm` (its mean of squares), two for `softmax`,
+/// `log_softmax` (max, then the sum of exponentials), `layernorm` (mean, then variance) and
+/// `cross_entropy` (its log-sum-exp); none for anything else (attention's composites run in
+/// their own templates). Both the row latency and the row passes count by it.
+fn row_reductions(kind: Option<Kind>) -> usize {
+    match kind {
+        Some(Kind::Reduce(_) | Kind::Composite(Composite::RmsNorm)) => 1,
+        Some(Kind::Composite(
+            Composite::Softmax | Composite::LogSoftmax | Composite::LayerNorm | Composite::CrossEntropy,
+        )) => 2,
+        _ => 0,
+    }
+}
+
+/// The reduction stages a row kernel's latency counts: its longest chain of reductions
+/// ([`row_reductions`]), and at least two where it has two or more reductions side by side (a
+/// max and a sum of exponentials combine across the block as the online pair, in one pass like
+/// the `softmax` composite's two stages; measured alike on the H100,
+/// `benches/results/2026-11-22-h100-152e396-predict`).
 fn latency_stages(dag: &Dag, k: &KernelCost) -> u32 {
     let mut depth = vec![0usize; k.body.len()];
     let pos = |c: usize| k.body.binary_search(&c).ok();
@@ -987,19 +1002,14 @@ fn latency_stages(dag: &Dag, k: &KernelCost) -> u32 {
     for (bi, &b) in k.body.iter().enumerate() {
         let n = &dag.nodes[b];
         let below = n.children().filter_map(pos).map(|c| depth[c]).max().unwrap_or(0);
-        let own = match n.kind() {
-            Some(Kind::Reduce(_) | Kind::Composite(Composite::RmsNorm)) => 1,
-            Some(Kind::Composite(Composite::Attention | Composite::AttentionLse | Composite::AttentionGrad(_))) => 0,
-            Some(Kind::Composite(_)) => 2,
-            _ => 0,
-        };
+        let own = row_reductions(n.kind());
         reductions += own;
         depth[bi] = below + own;
     }
     depth.iter().copied().max().unwrap_or(0).max(reductions.min(2)) as u32
 }
 
-/// The longest chain of reductions in the body (composites count their internal stages).
+/// The longest chain of reductions in the body ([`row_reductions`]).
 fn reduction_depth(dag: &Dag, k: &KernelCost) -> usize {
     let mut depth = vec![0usize; k.body.len()];
     let pos = |c: usize| k.body.binary_search(&c).ok();
@@ -1007,26 +1017,30 @@ fn reduction_depth(dag: &Dag, k: &KernelCost) -> usize {
     for (bi, &b) in k.body.iter().enumerate() {
         let n = &dag.nodes[b];
         let below = n.children().filter_map(pos).map(|c| depth[c]).max().unwrap_or(0);
-        let own = match n.kind() {
-            Some(Kind::Reduce(_)) => 1,
-            Some(Kind::Composite(Composite::Softmax | Composite::LogSoftmax | Composite::LayerNorm)) => 2,
-            Some(Kind::Composite(Composite::RmsNorm | Composite::CrossEntropy)) => 2,
-            _ => 0,
-        };
-        depth[bi] = below + own;
+        depth[bi] = below + row_reductions(n.kind());
         max = max.max(depth[bi]);
     }
     max
 }
 
 /// Whether a full-size value in the body uses a row-reduced value (so the row is needed again
-/// after the reduction).
+/// after the reduction): a full-size value computed from a reduction, or a composite that
+/// scales the row by its reductions (`softmax`, `log_softmax`, `layernorm`, `rmsnorm`).
 fn epilogue_uses_rows(dag: &Dag, k: &KernelCost) -> bool {
     let full: usize = k.domain.iter().product();
     let mut reduced = vec![false; k.body.len()];
     let pos = |c: usize| k.body.binary_search(&c).ok();
     for (bi, &b) in k.body.iter().enumerate() {
         let n = &dag.nodes[b];
+        let normalises = matches!(
+            n.kind(),
+            Some(Kind::Composite(
+                Composite::Softmax | Composite::LogSoftmax | Composite::LayerNorm | Composite::RmsNorm
+            ))
+        );
+        if normalises && n.ty().is_some_and(|t| t.numel() == full) {
+            return true;
+        }
         let is_red = matches!(n.kind(), Some(Kind::Reduce(Reduce::Sum | Reduce::Mean | Reduce::Amax | Reduce::Amin)));
         let from_red = n.children().filter_map(pos).any(|c| reduced[c]);
         if from_red && n.ty().is_some_and(|t| t.numel() == full) && !matches!(n.node, TensorLang::Num(_)) {
