@@ -586,7 +586,7 @@ fn lt_call(k: &Kernel, l: &Lowered) -> Option<LtCall> {
         let Op::Load(a) = l.nodes[b].op else { return None };
         let acc = &l.accesses[a];
         // `p + p`: the other addend is the product tile itself (the lowered kernel's extra
-        // read past `k.reads`), not a bias (found by the GPU differential run: a panic).
+        // read past `k.reads`), not a bias.
         if is_acc(b) || acc.read >= k.reads.len() {
             return None;
         }
