@@ -33,6 +33,23 @@ fn generated_cuda_of_small_cases() {
     }
 }
 
+/// Index maps (issue 20) as reads of the kernels that use them: a slice at an offset and a
+/// stride, a concatenation as a select between two clamped reads, a gather at a loaded index
+/// (clamped: an index out of range reads a wrong element, never outside the tensor).
+#[test]
+fn generated_cuda_of_index_maps() {
+    let wanted = ["slices_and_concat", "gathers", "rope_bf16"];
+    for case in common::cases().into_iter().filter(|c| wanted.contains(&c.name)) {
+        snapshot_program(case.name, &case.program);
+    }
+    for name in ["rope", "embedding_layernorm"] {
+        let p = eqfuse::load_program(&format!("examples/{name}.eqf"), &[]).unwrap();
+        let plan = optimize(&p, &opts()).unwrap().plan;
+        let sources = codegen_plan(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(sources.len(), if name == "rope" { 2 } else { 1 }, "{name}");
+    }
+}
+
 #[test]
 fn generated_cuda_of_examples() {
     for name in ["softmax", "cross_entropy", "add_mul"] {
