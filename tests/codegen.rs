@@ -50,6 +50,22 @@ fn generated_cuda_of_index_maps() {
     }
 }
 
+/// The gradient of a slice is the upstream gradient between zeros (concats with broadcast
+/// literals), which codegen renders; the gradient of a gather is a scatter_add, which it
+/// refuses as not supported yet (so the GPU run counts the program as skipped).
+#[test]
+fn gradients_of_index_maps_render_or_are_refused_clearly() {
+    let head = "input x: f32[64, 256]\ninput w: f32[64, 128]\ninput t: i32[64]\ninput table: f32[1000, 128]\n\
+                loss = sum(sum(slice(x, -1, 64, 192) * w * gather(table, t, 0), -1), 0)\n";
+    let p = eqfuse::parse_program("g.eqf", &format!("{head}gx = grad(loss, x)\noutput loss, gx\n"), &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    codegen_plan(&plan).unwrap();
+    let p = eqfuse::parse_program("g.eqf", &format!("{head}gt = grad(loss, table)\noutput gt\n"), &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let e = codegen_plan(&plan).unwrap_err().to_string();
+    assert!(e.contains("scatter_add") && e.contains("not supported yet"), "{e}");
+}
+
 #[test]
 fn generated_cuda_of_examples() {
     for name in ["softmax", "cross_entropy", "add_mul"] {

@@ -526,9 +526,17 @@ impl<'a> Lowerer<'a> {
         let axis = norm_axis(axis, ty.rank()).map_err(Error::Invalid)?;
         let aligned = self.align(&ty.shape)?;
         let coord = self.coord_axis(axis, ty.rank());
-        let na = self.mapped(&slots[ch[0]], "concat")?.1[axis];
+        let na = facts[ch[0]].ty.as_ref().map_or(0, |t| t.shape[axis]);
         let mut loads = [0; 2];
         for (j, slot) in [&slots[ch[0]], &slots[ch[1]]].into_iter().enumerate() {
+            // A value the same everywhere (a broadcast literal: the zeros a slice's gradient is
+            // padded with) is used as it is.
+            if let Slot::Value { node, .. } = slot {
+                if self.out.nodes[*node].shape.iter().all(|&d| d == 1) {
+                    loads[j] = *node;
+                    continue;
+                }
+            }
             let (read, shape, strides, dtype, offset) = self.mapped(slot, "concat")?;
             let mut s = strides.to_vec();
             let stride = std::mem::replace(&mut s[axis], 0);
