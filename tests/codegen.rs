@@ -33,6 +33,39 @@ fn generated_cuda_of_small_cases() {
     }
 }
 
+/// Index maps (issue 20) as reads of the kernels that use them: a slice at an offset and a
+/// stride, a concatenation as a select between two clamped reads, a gather at a loaded index
+/// (clamped: an index out of range reads a wrong element, never outside the tensor).
+#[test]
+fn generated_cuda_of_index_maps() {
+    let wanted = ["slices_and_concat", "gathers", "rope_bf16"];
+    for case in common::cases().into_iter().filter(|c| wanted.contains(&c.name)) {
+        snapshot_program(case.name, &case.program);
+    }
+    for name in ["rope", "embedding_layernorm"] {
+        let p = eqfuse::load_program(&format!("examples/{name}.eqf"), &[]).unwrap();
+        let plan = optimize(&p, &opts()).unwrap().plan;
+        let sources = codegen_plan(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(sources.len(), if name == "rope" { 2 } else { 1 }, "{name}");
+    }
+}
+
+/// The gradient of a slice is the upstream gradient between zeros (concats with broadcast
+/// literals), which codegen renders; the gradient of a gather is a scatter_add, which it
+/// refuses as not supported yet (so the GPU run counts the program as skipped).
+#[test]
+fn gradients_of_index_maps_render_or_are_refused_clearly() {
+    let head = "input x: f32[64, 256]\ninput w: f32[64, 128]\ninput t: i32[64]\ninput table: f32[1000, 128]\n\
+                loss = sum(sum(slice(x, -1, 64, 192) * w * gather(table, t, 0), -1), 0)\n";
+    let p = eqfuse::parse_program("g.eqf", &format!("{head}gx = grad(loss, x)\noutput loss, gx\n"), &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    codegen_plan(&plan).unwrap();
+    let p = eqfuse::parse_program("g.eqf", &format!("{head}gt = grad(loss, table)\noutput gt\n"), &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let e = codegen_plan(&plan).unwrap_err().to_string();
+    assert!(e.contains("scatter_add") && e.contains("not supported yet"), "{e}");
+}
+
 #[test]
 fn generated_cuda_of_examples() {
     for name in ["softmax", "cross_entropy", "add_mul"] {

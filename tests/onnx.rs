@@ -12,7 +12,7 @@ use eqfuse::{
     tolerance, DeviceProfile, OptimizeOptions, Program, Template, Tensor,
 };
 
-const MODELS: &[&str] = &["layernorm", "mlp_softmax", "ops_shapes", "ops_pointwise", "half"];
+const MODELS: &[&str] = &["layernorm", "mlp_softmax", "ops_shapes", "ops_pointwise", "ops_indexing", "half"];
 
 fn dir(model: &str) -> PathBuf {
     Path::new("tests/onnx").join(model)

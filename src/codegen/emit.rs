@@ -566,6 +566,28 @@ impl Emitter<'_> {
                     format!("(unsigned long long)({base})")
                 }
             }
+            Op::IndexLoad { access, offset, index } => {
+                let acc = &self.l.accesses[*access];
+                let mut at = self.offset(&acc.strides, need);
+                match acc.strides.last() {
+                    Some(&s) if scope.lanes && s != 0 => at += &format!(" + {}", lane_term(s)),
+                    _ => {}
+                }
+                if *offset > 0 {
+                    at += &format!(" + {offset}");
+                }
+                if let Some(ix) = index {
+                    // Negative indices count from the end; any index is clamped into the axis.
+                    let i = self.operand(ix.node, "int", scope);
+                    let n = ix.extent;
+                    at += &format!(
+                        " + (eq_idx)(({i}) < 0 ? max(({i}) + {n}, 0) : min(({i}), {})) * {}",
+                        n - 1,
+                        ix.stride
+                    );
+                }
+                format!("eq_val({}[{at}])", self.param(Some(acc.read), None))
+            }
             Op::Unary(u, a) => self.rounded(n, unary_expr(*u, &self.operand(*a, ty, scope), self.strict)),
             Op::Binary(b, x, y) if self.int_with_fraction(*x, *y) => {
                 // An integer with a fractional literal: the reference computes in f64 and
@@ -922,6 +944,7 @@ fn children(op: &Op) -> Vec<usize> {
         Op::Binary(_, a, b) => vec![*a, *b],
         Op::Where(c, a, b) => vec![*c, *a, *b],
         Op::Dropout { x, index, .. } => vec![*x, *index],
+        Op::IndexLoad { index, .. } => index.iter().map(|ix| ix.node).collect(),
     }
 }
 

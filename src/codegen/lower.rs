@@ -10,7 +10,7 @@
 //! is an error naming the op, never an approximation.
 
 use crate::error::{Error, Result};
-use crate::ir::infer::{infer, norm_axis, Fact};
+use crate::ir::infer::{infer, norm_axis, slice_range, Fact};
 use crate::ir::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
 use crate::ir::layout::{broadcast_strides, contiguous, reshape_strides};
 use crate::ir::types::{DType, TensorType};
@@ -47,10 +47,28 @@ pub enum Op {
         threshold: u32,
         scale: f32,
     },
+    /// A load at places computed per element (a slice at an offset, a concatenation's operand,
+    /// a gather): access `access` (its strides over the domain; 0 along the axes an index
+    /// replaces) from element `offset`, plus, with `index`, an i32 node's value times a stride.
+    IndexLoad {
+        access: usize,
+        offset: usize,
+        index: Option<Index>,
+    },
     /// A reduction along the kernel's reduction axis.
     Reduce(Reduce, usize),
     /// A reduction of a row value over all rows (a row kernel's global result).
     Global(Reduce, usize),
+}
+
+/// The computed index of an [`Op::IndexLoad`]: node `node` (i32), taken modulo `extent` once
+/// if negative (NumPy's negative indices) and then clamped into `[0, extent)`, so that no index
+/// reads outside the tensor, times `stride`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Index {
+    pub node: usize,
+    pub stride: usize,
+    pub extent: usize,
 }
 
 /// One IR value: its operation, element type and shape aligned to the domain's rank.
@@ -109,13 +127,17 @@ pub struct Product {
     pub acc: usize,
 }
 
+/// A view of a tensor in memory: read, shape, strides, dtype and offset.
+type MappedView<'s> = (usize, &'s [usize], &'s [usize], DType, usize);
+
 /// What a body node became.
 #[derive(Clone, Debug)]
 enum Slot {
     /// An attribute or a literal not used as a value.
     Attr,
-    /// A (view of a) tensor read from memory, not yet loaded: strides over its own shape.
-    View { read: usize, shape: Vec<usize>, strides: Vec<usize>, dtype: DType },
+    /// A (view of a) tensor read from memory, not yet loaded: strides over its own shape, from
+    /// element `offset` (a slice's start; 0 otherwise).
+    View { read: usize, shape: Vec<usize>, strides: Vec<usize>, dtype: DType, offset: usize },
     /// A computed value, seen through a view with shape `shape`.
     Value { node: usize, shape: Vec<usize> },
 }
@@ -200,7 +222,7 @@ impl<'a> Lowerer<'a> {
             return Err(unsupported(self.kernel, "two matrix products in one kernel"));
         }
         let operand = |s: &Slot| match s {
-            Slot::View { read, shape, strides, dtype } if shape.len() >= 2 => {
+            Slot::View { read, shape, strides, dtype, offset: 0 } if shape.len() >= 2 => {
                 Ok(Operand { read: *read, shape: shape.clone(), strides: strides.clone(), dtype: *dtype })
             }
             _ => Err(unsupported(self.kernel, "a matrix product's operands must be views of tensors it reads")),
@@ -212,7 +234,7 @@ impl<'a> Lowerer<'a> {
         tile[r - 1] = ts;
         let mut strides = contiguous(&tile);
         strides[r - 1] = 1;
-        Ok(Slot::View { read: acc, shape: ty.shape.clone(), strides, dtype: DType::F32 })
+        Ok(Slot::View { read: acc, shape: ty.shape.clone(), strides, dtype: DType::F32, offset: 0 })
     }
 
     fn rank(&self) -> usize {
@@ -274,7 +296,8 @@ impl<'a> Lowerer<'a> {
             TensorLang::Dims(_) | TensorLang::Type(_) => Ok(Slot::Attr),
             TensorLang::Var(s) => {
                 let (read, ty) = self.read_of(s.as_str())?;
-                Ok(Slot::View { read, shape: ty.shape.clone(), strides: contiguous(&ty.shape), dtype: ty.dtype })
+                let (shape, strides) = (ty.shape.clone(), contiguous(&ty.shape));
+                Ok(Slot::View { read, shape, strides, dtype: ty.dtype, offset: 0 })
             }
             TensorLang::Op(code, ch) => {
                 let ch: Vec<usize> = ch.iter().map(|&c| usize::from(c)).collect();
@@ -301,6 +324,9 @@ impl<'a> Lowerer<'a> {
         // iteration space (heads split off before the product folds them back).
         if let Kind::Transpose | Kind::Reshape | Kind::Broadcast = kind {
             return self.view(kind, ch, ty, facts, &slots[ch[0]]);
+        }
+        if kind == Kind::Slice {
+            return self.slice(ch, ty, facts, &slots[ch[0]]);
         }
         let shape = self.align(&ty.shape)?;
         let value = |node: usize| Slot::Value { node, shape: ty.shape.clone() };
@@ -345,7 +371,13 @@ impl<'a> Lowerer<'a> {
             Kind::Composite(c) => self.composite(c, ch, ty, facts, slots)?,
             Kind::MatMul => return self.product(ch, ty, slots),
             Kind::Transpose | Kind::Reshape | Kind::Broadcast => unreachable!("views are handled above"),
-            Kind::Grad | Kind::Gather | Kind::ScatterAdd | Kind::Slice | Kind::Concat => {
+            Kind::Concat => self.concat(ch, ty, facts, slots)?,
+            Kind::Gather => self.gather(ch, ty, facts, slots)?,
+            Kind::ScatterAdd => {
+                return Err(unsupported(self.kernel, "code generation of scatter_add is not supported yet"))
+            }
+            Kind::Slice => unreachable!("slices are handled above"),
+            Kind::Grad => {
                 return Err(unsupported(self.kernel, format!("`{name}` cannot be generated by this template")))
             }
         };
@@ -369,14 +401,14 @@ impl<'a> Lowerer<'a> {
 
     /// `onehot(t, n)`: `t` is read at the element's coordinates without the last one.
     fn onehot(&mut self, t: &Slot, ty: &TensorType) -> Result<usize> {
-        let Slot::View { read, shape, strides, dtype } = t else {
+        let Slot::View { read, shape, strides, dtype, offset } = t else {
             return Err(unsupported(self.kernel, "onehot of a value computed in the same kernel"));
         };
         let mut s = shape.clone();
         s.push(*ty.shape.last().unwrap_or(&1));
         let mut st = strides.clone();
         st.push(0);
-        let idx = self.load(*read, &s, &st, *dtype)?;
+        let idx = self.load(*read, &s, &st, *dtype, *offset)?;
         let aligned = self.align(&ty.shape)?;
         let col = self.coord_of(aligned.clone(), DType::I32);
         let eq = self.push(Op::Binary(Binary::Eq, idx, col), DType::Bool, aligned.clone());
@@ -387,7 +419,7 @@ impl<'a> Lowerer<'a> {
     /// the kernel computes it.
     fn view(&mut self, kind: Kind, ch: &[usize], ty: &TensorType, facts: &[Fact], child: &Slot) -> Result<Slot> {
         match child {
-            Slot::View { read, shape, strides, dtype } => {
+            Slot::View { read, shape, strides, dtype, offset } => {
                 let strides = match kind {
                     Kind::Transpose => {
                         let a = norm_axis(self.konst(facts, ch[1], "a transpose axis")? as i64, shape.len());
@@ -402,7 +434,7 @@ impl<'a> Lowerer<'a> {
                         unsupported(self.kernel, "a reshape of a transposed or broadcast input is not supported yet")
                     })?,
                 };
-                Ok(Slot::View { read: *read, shape: ty.shape.clone(), strides, dtype: *dtype })
+                Ok(Slot::View { read: *read, shape: ty.shape.clone(), strides, dtype: *dtype, offset: *offset })
             }
             Slot::Value { node, .. } => Ok(Slot::Value { node: *node, shape: ty.shape.clone() }),
             Slot::Attr => Err(unsupported(self.kernel, "a view of an attribute")),
@@ -412,7 +444,7 @@ impl<'a> Lowerer<'a> {
     /// The IR node holding a slot's value at each element of the domain.
     fn value(&mut self, slot: &Slot) -> Result<usize> {
         match slot {
-            Slot::View { read, shape, strides, dtype } => self.load(*read, shape, strides, *dtype),
+            Slot::View { read, shape, strides, dtype, offset } => self.load(*read, shape, strides, *dtype, *offset),
             Slot::Value { node, shape } => {
                 let seen = self.align(shape)?;
                 if !same_places(&self.out.nodes[*node].shape, &seen) {
@@ -427,7 +459,17 @@ impl<'a> Lowerer<'a> {
         }
     }
 
-    fn load(&mut self, read: usize, shape: &[usize], strides: &[usize], dtype: DType) -> Result<usize> {
+    /// A load of a view; one at an offset (a slice) is an [`Op::IndexLoad`].
+    fn load(&mut self, read: usize, shape: &[usize], strides: &[usize], dtype: DType, offset: usize) -> Result<usize> {
+        let (a, aligned) = self.access(read, shape, strides, dtype)?;
+        if offset > 0 {
+            return Ok(self.push(Op::IndexLoad { access: a, offset, index: None }, dtype, aligned));
+        }
+        Ok(self.push(Op::Load(a), dtype, aligned))
+    }
+
+    /// The access of a view (strides over the domain) and the view's aligned shape.
+    fn access(&mut self, read: usize, shape: &[usize], strides: &[usize], dtype: DType) -> Result<(usize, Vec<usize>)> {
         let aligned = self.align(shape)?;
         let pad = aligned.len() - shape.len();
         let dom: Vec<usize> =
@@ -440,7 +482,98 @@ impl<'a> Lowerer<'a> {
                 self.out.accesses.len() - 1
             }
         };
-        Ok(self.push(Op::Load(a), dtype, aligned))
+        Ok((a, aligned))
+    }
+
+    /// The view of operand `k` of an index map, which must be a tensor in memory.
+    fn mapped<'s>(&self, slot: &'s Slot, name: &str) -> Result<MappedView<'s>> {
+        match slot {
+            Slot::View { read, shape, strides, dtype, offset } => Ok((*read, shape, strides, *dtype, *offset)),
+            _ => Err(unsupported(
+                self.kernel,
+                format!("`{name}` of a value computed in the same kernel (it needs the value in device memory)"),
+            )),
+        }
+    }
+
+    /// `slice(x, axis, start, stop, step)` of a view: the same tensor from a later element,
+    /// with the axis' stride times the step.
+    fn slice(&mut self, ch: &[usize], ty: &TensorType, facts: &[Fact], x: &Slot) -> Result<Slot> {
+        let (read, shape, strides, dtype, offset) = self.mapped(x, "slice")?;
+        let k = |l: &Self, i: usize| l.konst(facts, ch[i], "a bound of slice").map(|v| v as i64);
+        let axis = norm_axis(k(self, 1)?, shape.len()).map_err(Error::Invalid)?;
+        let step = k(self, 4)?;
+        let (start, _) = slice_range(shape[axis], k(self, 2)?, k(self, 3)?, step).map_err(Error::Invalid)?;
+        let mut st = strides.to_vec();
+        st[axis] *= step as usize;
+        let offset = offset + start * strides[axis];
+        Ok(Slot::View { read, shape: ty.shape.clone(), strides: st, dtype, offset })
+    }
+
+    /// The domain axis of axis `axis` of a value of rank `rank`, and its coordinate node.
+    fn coord_axis(&mut self, axis: usize, rank: usize) -> usize {
+        let d = axis + self.rank() - rank;
+        let mut shape = vec![1; self.rank()];
+        shape[d] = self.out.domain[d];
+        self.push(Op::Coord(d), DType::I32, shape)
+    }
+
+    /// `concat(a, b, axis)` of two views: per element, `a` below `a`'s extent along the axis,
+    /// else `b` at the coordinate less that extent (each read with its index clamped into its
+    /// own extent, so the operand not chosen reads in bounds too).
+    fn concat(&mut self, ch: &[usize], ty: &TensorType, facts: &[Fact], slots: &[Slot]) -> Result<usize> {
+        let axis = self.konst(facts, ch[2], "the axis of concat")? as i64;
+        let axis = norm_axis(axis, ty.rank()).map_err(Error::Invalid)?;
+        let aligned = self.align(&ty.shape)?;
+        let coord = self.coord_axis(axis, ty.rank());
+        let na = facts[ch[0]].ty.as_ref().map_or(0, |t| t.shape[axis]);
+        let mut loads = [0; 2];
+        for (j, slot) in [&slots[ch[0]], &slots[ch[1]]].into_iter().enumerate() {
+            // A value the same everywhere (a broadcast literal: the zeros a slice's gradient is
+            // padded with) is used as it is.
+            if let Slot::Value { node, .. } = slot {
+                if self.out.nodes[*node].shape.iter().all(|&d| d == 1) {
+                    loads[j] = *node;
+                    continue;
+                }
+            }
+            let (read, shape, strides, dtype, offset) = self.mapped(slot, "concat")?;
+            let mut s = strides.to_vec();
+            let stride = std::mem::replace(&mut s[axis], 0);
+            let (a, _) = self.access(read, &ty.shape, &s, dtype)?;
+            let node = if j == 0 {
+                coord
+            } else {
+                let c = self.push(Op::Const(na as f64), DType::I32, vec![1; self.rank()]);
+                self.push(Op::Binary(Binary::Sub, coord, c), DType::I32, self.out.nodes[coord].shape.clone())
+            };
+            let index = Some(Index { node, stride, extent: shape[axis] });
+            loads[j] = self.push(Op::IndexLoad { access: a, offset, index }, dtype, aligned.clone());
+        }
+        let c = self.push(Op::Const(na as f64), DType::I32, vec![1; self.rank()]);
+        let first = self.push(Op::Binary(Binary::Lt, coord, c), DType::Bool, self.out.nodes[coord].shape.clone());
+        Ok(self.push(Op::Where(first, loads[0], loads[1]), ty.dtype, aligned))
+    }
+
+    /// `gather(x, idx, axis)` of two views: the index is read at the element's coordinates
+    /// along the index axes, and `x` at that index (clamped into `x`'s extent: an index out of
+    /// range reads a wrong element, never outside the tensor; the CPU reference reports it).
+    fn gather(&mut self, ch: &[usize], ty: &TensorType, facts: &[Fact], slots: &[Slot]) -> Result<usize> {
+        let (xr, xs, xst, xd, xo) = self.mapped(&slots[ch[0]], "gather")?;
+        let (xs, xst) = (xs.to_vec(), xst.to_vec());
+        let (ir, is, ist, id, io) = self.mapped(&slots[ch[1]], "gather")?;
+        let (is, ist) = (is.to_vec(), ist.to_vec());
+        let axis =
+            norm_axis(self.konst(facts, ch[2], "the axis of gather")? as i64, xs.len()).map_err(Error::Invalid)?;
+        let (before, after) = (axis, xs.len() - axis - 1);
+        let zeros = |n: usize| std::iter::repeat_n(0, n);
+        let idx_strides: Vec<usize> = zeros(before).chain(ist.iter().copied()).chain(zeros(after)).collect();
+        let index = self.load(ir, &ty.shape, &idx_strides, id, io)?;
+        let x_strides: Vec<usize> =
+            xst[..axis].iter().copied().chain(zeros(is.len())).chain(xst[axis + 1..].iter().copied()).collect();
+        let (a, aligned) = self.access(xr, &ty.shape, &x_strides, xd)?;
+        let index = Some(Index { node: index, stride: xst[axis], extent: xs[axis] });
+        Ok(self.push(Op::IndexLoad { access: a, offset: xo, index }, xd, aligned))
     }
 
     fn reduce(&mut self, r: Reduce, x: &Slot, axis: i64, ty: &TensorType) -> Result<Slot> {
@@ -644,7 +777,7 @@ impl Builder<'_, '_> {
     /// `cross_entropy(x, t)`: per row `log(sum(exp(x - max))) + max - x[t]`, then the mean over
     /// rows. The kernel becomes a row kernel with one global result.
     fn cross_entropy(&mut self, x: usize, t: &Slot) -> Result<usize> {
-        let Slot::View { read, shape, strides, dtype } = t else {
+        let Slot::View { read, shape, strides, dtype, offset } = t else {
             return Err(unsupported(self.l.kernel, "cross_entropy targets computed in the same kernel"));
         };
         let last = self.full.len() - 1;
@@ -652,7 +785,7 @@ impl Builder<'_, '_> {
         let (mut ts, mut tst) = (shape.clone(), strides.clone());
         ts.push(1);
         tst.push(0);
-        let target = self.l.load(*read, &ts, &tst, *dtype)?;
+        let target = self.l.load(*read, &ts, &tst, *dtype, *offset)?;
         let col = self.l.coord_of(self.full.clone(), DType::I32);
         let hit = self.l.push(Op::Binary(Binary::Eq, col, target), DType::Bool, self.full.clone());
         let zero = self.l.push(Op::Const(0.0), DType::F32, vec![1; self.full.len()]);

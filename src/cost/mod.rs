@@ -56,6 +56,30 @@ pub struct KernelCost {
     pub workspace_bytes: u64,
 }
 
+/// Bytes a kernel with body `body` reads of tensor `r`: all of it, unless every use in the body
+/// is the operand of a `slice` or `gather`, which read only the elements they take (at most
+/// their own size each).
+fn sliced_bytes(dag: &Dag, body: &[usize], r: usize) -> u64 {
+    let full = dag.bytes(r);
+    let mut part = 0u64;
+    for &b in body {
+        let n = &dag.nodes[b];
+        let mut uses = n.children().enumerate().filter(|&(_, c)| c == r).map(|(i, _)| i).peekable();
+        if uses.peek().is_none() {
+            continue;
+        }
+        match n.kind() {
+            Some(Kind::Slice | Kind::Gather) if uses.all(|i| i == 0) => part = part.saturating_add(dag.bytes(b)),
+            _ => return full,
+        }
+    }
+    if part == 0 {
+        full
+    } else {
+        part.min(full)
+    }
+}
+
 impl KernelCost {
     /// Bytes read, counting re-streamed rows.
     pub fn bytes_read(&self, dag: &Dag) -> u64 {
@@ -63,7 +87,7 @@ impl KernelCost {
         self.reads
             .iter()
             .map(|&r| {
-                let b = dag.bytes(r);
+                let b = sliced_bytes(dag, &self.body, r);
                 let is_full = dag.nodes[r].ty().is_some_and(|t| t.numel() == full && full > 1);
                 if is_full {
                     b * self.passes as u64
@@ -715,9 +739,11 @@ impl Shaped<'_> {
             }
         }
         if red.is_none() {
+            let mapped = self.mapped_operands();
             domain = self
                 .body
                 .iter()
+                .filter(|&&b| !mapped.contains(&b))
                 .map(|&b| self.shape(b))
                 // Of equal sizes, the highest rank: [1, 1] and [] both fit [1, 1], not [].
                 .max_by_key(|s| (s.iter().product::<usize>(), s.len()))
@@ -739,8 +765,13 @@ impl Shaped<'_> {
     /// Every body value must broadcast to the iteration space (except `operand_views`: views of
     /// reads that feed a matrix product, which the product indexes itself).
     fn fits(&self, domain: &[usize], operand_views: &[usize]) -> Result<(), String> {
+        let mapped = self.mapped_operands();
         for &b in self.body {
             if operand_views.contains(&b) {
+                continue;
+            }
+            if mapped.contains(&b) {
+                self.view_ok(b)?;
                 continue;
             }
             let s = self.shape(b);
@@ -760,6 +791,22 @@ impl Shaped<'_> {
     /// the value at other threads' indices.
     fn view_ok(&self, b: usize) -> Result<(), String> {
         let n = &self.dag.nodes[b];
+        // Index maps read their operands at other elements' places: from device memory. A
+        // scatter_add has no kernel beside others (codegen does not generate it yet).
+        match n.kind() {
+            Some(Kind::ScatterAdd) if self.body.len() > 1 => {
+                return Err("scatter_add runs in a kernel of its own".into());
+            }
+            Some(k @ (Kind::Slice | Kind::Concat | Kind::Gather)) => {
+                let operands = if k == Kind::Slice { 1 } else { 2 };
+                if n.children().take(operands).any(|c| self.computed_below(c)) {
+                    let name = n.node.head();
+                    return Err(format!("`{name}` of a value computed in the same kernel needs it in device memory"));
+                }
+                return Ok(());
+            }
+            _ => {}
+        }
         if !matches!(n.kind(), Some(Kind::OneHot | Kind::Transpose | Kind::Reshape)) {
             return Ok(());
         }
@@ -790,13 +837,54 @@ impl Shaped<'_> {
         }
     }
 
+    /// Body nodes used only as operands of index maps (`slice`, `concat`, `gather`), directly or
+    /// through views and slices: they are read in place at the places the map computes, so they
+    /// need not fit the iteration space (`view_ok` makes sure they are in device memory).
+    fn mapped_operands(&self) -> Vec<usize> {
+        let mut mapped: Vec<usize> = Vec::new();
+        for &b in self.body.iter().rev() {
+            let mut used = false;
+            let all_mapped = self.body.iter().all(|&u| {
+                let n = &self.dag.nodes[u];
+                let at: Vec<usize> = n.children().enumerate().filter(|&(_, c)| c == b).map(|(i, _)| i).collect();
+                if at.is_empty() {
+                    return true;
+                }
+                used = true;
+                match n.kind() {
+                    Some(Kind::Slice) => at == [0],
+                    Some(Kind::Concat | Kind::Gather) => at.iter().all(|&i| i < 2),
+                    Some(Kind::Reshape | Kind::Broadcast | Kind::Transpose) => mapped.contains(&u),
+                    _ => false,
+                }
+            });
+            if used && all_mapped && !self.dag.is_output[b] {
+                mapped.push(b);
+            }
+        }
+        mapped
+    }
+
+    /// Whether the operand `c` of a matrix product or attention is (a view of) a slice in the
+    /// body: the templates index their operands by strides from element 0.
+    fn through_slice(&self, c: usize) -> bool {
+        if !self.in_body(c) {
+            return false;
+        }
+        let n = &self.dag.nodes[c];
+        n.kind() == Some(Kind::Slice)
+            || (n.role == Role::View && n.children().next().is_some_and(|g| self.through_slice(g)))
+    }
+
     /// Whether a body node is (or views) a value computed in this kernel, not one read from memory.
     fn computed_below(&self, i: usize) -> bool {
         if !self.in_body(i) {
             return false;
         }
         let n = &self.dag.nodes[i];
-        n.role != Role::View || n.children().next().is_some_and(|c| self.computed_below(c))
+        // (A slice of a tensor in memory is read in place, at an offset: a view.)
+        let view = n.role == Role::View || n.kind() == Some(Kind::Slice);
+        !view || n.children().next().is_some_and(|c| self.computed_below(c))
     }
 
     /// A transpose that swaps an axis with itself or swaps two size-1 axes.
@@ -855,6 +943,9 @@ impl Shaped<'_> {
             }
             if self.computed_below(c) {
                 return Err("a matrix product's operands must be in device memory (no prologue fusion)".into());
+            }
+            if self.through_slice(c) {
+                return Err("a matrix product's operands cannot be slices in the same kernel yet".into());
             }
         }
         let domain = self.shape(a).to_vec();

@@ -88,6 +88,8 @@ enum Out {
     Const(Const),
     /// Another name for an existing value or constant (`Identity`).
     Alias(String),
+    /// One value per output (`Split`).
+    Many(Vec<Val>),
 }
 
 /// A symbolic dim of the model.
@@ -265,7 +267,8 @@ impl Importer<'_> {
                 supported_onnx_ops().join(" ")
             )
         })?;
-        if let Some(extra) = n.output.iter().skip(1).find(|o| !o.is_empty()) {
+        let many = n.op_type == "Split";
+        if let Some(extra) = n.output.iter().skip(1).find(|o| !o.is_empty()).filter(|_| !many) {
             return Err(format!("output `{extra}`: only the first output of {} is supported", n.op_type));
         }
         let out_name = n.output.first().filter(|o| !o.is_empty()).ok_or("the node has no output")?;
@@ -277,6 +280,18 @@ impl Importer<'_> {
             return Err(format!("takes {} to {} inputs, got {present}", op.min_inputs, op.max_inputs));
         }
         let out = (op.lower)(self, n)?;
+        if let Out::Many(vals) = out {
+            for (name, v) in n.output.iter().zip(vals) {
+                if name.is_empty() {
+                    continue;
+                }
+                if name != out_name && (self.vals.contains_key(name) || self.consts.contains_key(name)) {
+                    return Err(format!("output `{name}` is already defined"));
+                }
+                self.bind(name, Out::Val(v))?;
+            }
+            return Ok(());
+        }
         self.bind(out_name, out)
     }
 
@@ -290,6 +305,7 @@ impl Importer<'_> {
             Out::Const(c) => {
                 self.consts.insert(name.to_string(), c);
             }
+            Out::Many(_) => return Err("several values for one output".to_string()),
             Out::Alias(of) => {
                 let (v, c) = (self.vals.get(&of).cloned(), self.consts.get(&of).cloned());
                 if v.is_none() && c.is_none() {

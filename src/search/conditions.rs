@@ -79,6 +79,17 @@ pub const CONDITIONS: &[NamedCondition] = &[
     cond("last-two", 4, "{?i ?j} are the last two axes of the broadcast of ?a and ?b (rank >= 2)", last_two),
     cond("size1-at", 3, "?c has rank <= rank ?x and size 1 at ?x's ?axis (constant along it)", size1_at),
     cond("axis-size", 3, "the constant ?n equals the size of ?x along ?axis", axis_size),
+    cond(
+        "stop-past",
+        4,
+        "the constant ?m is at least the sizes of ?a and ?b along ?axis added (a slice stop at or past their concatenation's end)",
+        |g, s, v| {
+            let (Some((a, axis)), Some(b), Some(m)) = (axis_of(g, s, v[0], v[2]), ty(g, s, v[1]), int(g, s, v[3])) else {
+                return false;
+            };
+            b.rank() == a.rank() && m >= (a.shape[axis] + b.shape[axis]) as i64
+        },
+    ),
     cond("last-dim", 2, "the constant ?n equals the size of ?x's last axis", |g, s, v| {
         let (t, n) = (ty(g, s, v[0]), int(g, s, v[1]));
         matches!((t, n), (Some(t), Some(n)) if t.rank() >= 1 && t.shape[t.rank() - 1] as i64 == n)

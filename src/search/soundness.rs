@@ -93,6 +93,9 @@ fn position_role(kind: Kind, i: usize) -> Role {
             Role::Axis
         }
         (Kind::Reshape | Kind::Broadcast, 1) => Role::Dims,
+        (Kind::Slice, 1) | (Kind::Concat, 2) | (Kind::Gather, 2) | (Kind::ScatterAdd, 2) => Role::Axis,
+        (Kind::Slice, 2..=4) | (Kind::ScatterAdd, 3) => Role::Int,
+        (Kind::Gather, 1) | (Kind::ScatterAdd, 0) => Role::Index,
         (Kind::Cast, 1) => Role::DType,
         (Kind::OneHot, 1) | (Kind::Iota, 0) | (Kind::Dropout, 2) => Role::Int,
         (Kind::OneHot, 0) | (Kind::Composite(C::CrossEntropy), 1) => Role::Index,
@@ -106,7 +109,8 @@ fn position_role(kind: Kind, i: usize) -> Role {
 fn condition_role(name: &str, i: usize) -> Option<Role> {
     match (name, i) {
         ("const", 0) => Some(Role::Literal),
-        ("int-const", 0) | ("axis-size", 2) | ("last-dim", 1) => Some(Role::Int),
+        ("int-const", 0) | ("axis-size", 2) | ("last-dim", 1) | ("stop-past", 3) => Some(Role::Int),
+        ("stop-past", 2) => Some(Role::Axis),
         _ => None,
     }
 }

@@ -104,6 +104,34 @@ pub fn cases() -> Vec<Case> {
             &[("o", "(onehot t 10)"), ("i", "(+ (iota 10) (reshape (/ t 3) [64,1]))"), ("n", "(not k)")],
         ),
         case("scalar", &[("s", f32(&[])), ("x", f32(&[16]))], &[("y", "(* x (exp s))"), ("e", "(exp s)")]),
+        // Index maps (issue 20): slices at offsets and strides, concatenation by a select per
+        // element, gathers at loaded indices (embedding rows, columns of the last axis).
+        case(
+            "rope_bf16",
+            &[("x", bf(&[4, 64, 128])), ("c", bf(&[64, 128])), ("s", bf(&[64, 128]))],
+            &[("y", "(+ (* x c) (* (concat (neg (slice x -1 64 128 1)) (slice x -1 0 64 1) -1) s))")],
+        ),
+        case(
+            "slices_and_concat",
+            &[("a", f32(&[64, 96])), ("b", f32(&[64, 32])), ("x", f32(&[64, 1024]))],
+            &[
+                ("y", "(* (concat a (transpose (slice (transpose a 0 1) 0 10 42 1) 0 1) -1) 2)"),
+                ("z", "(+ (slice x -1 1 1024 2) (slice x -1 0 1024 2))"),
+                ("w", "(concat (slice a -1 3 35 1) b 0)"),
+            ],
+        ),
+        case(
+            "gathers",
+            &[
+                ("tokens", t(DType::I32, &[64])),
+                ("wte", f32(&[1000, 256])),
+                ("g", f32(&[256])),
+                ("b", f32(&[256])),
+                ("x", f32(&[64, 300])),
+                ("cols", t(DType::I32, &[2, 8])),
+            ],
+            &[("y", "(layernorm (gather wte tokens 0) g b 0.00001)"), ("e", "(exp (gather x cols -1))")],
+        ),
         case(
             "cross_entropy",
             &[("logits", f32(&[64, 1000])), ("t", t(DType::I32, &[64]))],

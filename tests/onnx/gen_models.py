@@ -199,6 +199,65 @@ def ops_shapes():
     save("ops_shapes", model, {"x": x}, expected)
 
 
+def ops_indexing():
+    """Indexing operators at opset 18 (issue 20): Gather of embedding rows by int32 token ids
+    (one negative) and by a constant scalar index, Slice with starts/ends/axes/steps as
+    constant inputs (an end of INT64_MAX, a negative start, a step of 2), Concat of three
+    inputs, Split by sizes and into equal parts (num_outputs)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    wte = rng.standard_normal((10, 4)).astype(np.float32)
+    tokens = np.array([[1, 4, 9, 0, 4], [7, -1, 2, 2, 5]], dtype=np.int32)
+    n = helper.make_node
+    big = np.iinfo(np.int64).max
+    nodes = [
+        n("Gather", ["wte", "tokens"], ["emb"], axis=0),
+        n("Gather", ["x", "two"], ["col2"], axis=1),
+        n("Slice", ["x", "s_starts", "s_ends", "s_axes", "s_steps"], ["odd"]),
+        n("Slice", ["x", "t_starts", "t_ends", "t_axes"], ["corner"]),
+        n("Concat", ["x", "odd", "x"], ["cat"], axis=-1),
+        n("Split", ["x", "sizes"], ["left", "right"], axis=1),
+        n("Split", ["x"], ["h0", "h1"], axis=1, num_outputs=2),
+        n("Mul", ["h0", "h1"], ["halves"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "ops_indexing",
+        [
+            helper.make_tensor_value_info("x", F32, list(x.shape)),
+            helper.make_tensor_value_info("tokens", TensorProto.INT32, list(tokens.shape)),
+        ],
+        [
+            helper.make_tensor_value_info(name, F32, None)
+            for name in ["emb", "col2", "odd", "corner", "cat", "left", "right", "halves"]
+        ],
+        initializer=[
+            const_f32("wte", wte),
+            const_i64("two", 2),
+            const_i64("s_starts", [1]),
+            const_i64("s_ends", [big]),
+            const_i64("s_axes", [1]),
+            const_i64("s_steps", [2]),
+            const_i64("t_starts", [0, -3]),
+            const_i64("t_ends", [2, 100]),
+            const_i64("t_axes", [0, 1]),
+            const_i64("sizes", [3, 5]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="gen_models.py")
+    expected = {
+        "emb": wte[tokens],
+        "col2": x[:, 2],
+        "odd": x[:, 1::2],
+        "corner": x[0:2, -3:],
+        "cat": np.concatenate([x, x[:, 1::2], x], axis=1),
+        "left": x[:, :3],
+        "right": x[:, 3:],
+        "halves": x[:, :4] * x[:, 4:],
+    }
+    save("ops_indexing", model, {"x": x, "tokens": tokens}, expected)
+
+
 def ops_pointwise():
     """Pointwise operators at opset 21: Gelu both ways, Where on a bool input, Cast through
     int64, variadic Max and Min, Pow by an int64 exponent, constants of every attribute kind,
@@ -331,6 +390,7 @@ if __name__ == "__main__":
     mlp_softmax()
     ops_shapes()
     ops_pointwise()
+    ops_indexing()
     half()
     unsupported()
     symbolic()

@@ -45,6 +45,9 @@ mod plan {
             Op::Coord(k) => *k != last,
             Op::Flat(strides) => strides[last] == 0,
             Op::Dropout { .. } => false,
+            Op::IndexLoad { access, index, .. } => {
+                l.accesses[*access].strides[last] == 0 && index.is_none_or(|ix| row_uniform(l, ix.node, last))
+            }
             op => children(op).into_iter().all(|c| row_uniform(l, c, last)),
         }
     }

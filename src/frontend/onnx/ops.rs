@@ -5,7 +5,9 @@
 //! reshape, axis swaps). Where ONNX is more general than an eqfuse operator, the lowering
 //! composes eqfuse operators: a reduction over several axes is a chain of one-axis reductions, a
 //! permutation is a sequence of axis swaps, `keepdims=0` and `Unsqueeze`/`Squeeze` are reshapes,
-//! a layer norm over several trailing axes flattens them first.
+//! a layer norm over several trailing axes flattens them first, `Split` is one slice per output,
+//! `Concat` of several inputs nested binary concats, and `Gather` by a constant one-element
+//! index a slice (its bound stays a literal the planner reads).
 //! Invariant: a lowering either returns the value ONNX defines (type-checked by the builder) or
 //! an error saying which input or attribute is wrong; it never guesses a value.
 
@@ -72,6 +74,10 @@ pub(super) const OPS: &[OnnxOp] = &[
     op("Expand", 2, 2, |im, n| im.expand(n)),
     op("Unsqueeze", 1, 2, |im, n| im.unsqueeze(n)),
     op("Squeeze", 1, 2, |im, n| im.squeeze(n)),
+    op("Gather", 2, 2, |im, n| im.gather(n)),
+    op("Slice", 1, 5, |im, n| im.slice_op(n)),
+    op("Concat", 1, usize::MAX, |im, n| im.concat(n)),
+    op("Split", 1, 2, |im, n| im.split(n)),
     op("Identity", 1, 1, |_, n| Ok(Out::Alias(n.input[0].clone()))),
     op("Constant", 0, 0, |im, n| im.constant(n)),
 ];
@@ -502,6 +508,152 @@ impl Importer<'_> {
             },
         };
         Ok(Out::Const(c))
+    }
+
+    /// `Gather(data, indices, axis)`: `gather`; a constant index of one element is a slice
+    /// (reshaped when the index is a scalar), so that it stays a literal bound.
+    fn gather(&mut self, n: &NodeProto) -> R<Out> {
+        let x = self.input(n, 0)?;
+        let rank = x.shape.len();
+        if rank == 0 {
+            return Err("input 0 (the data) is a scalar; Gather needs rank 1 or more".into());
+        }
+        let axis = norm_axis(attrs(n).int("axis", 0)?, rank)?;
+        let size = x.shape[axis] as i64;
+        if let Some(c) = self.const_input(n, 1).ok().flatten() {
+            if c.numel() == 1 {
+                let (shape, k) = (c.shape.clone(), c.ints()?[0]);
+                if k < -size || k >= size {
+                    return Err(format!("index {k} is out of range for an axis of {size} elements"));
+                }
+                let k = if k < 0 { k + size } else { k };
+                let y = self.slice_val(&x, axis, k, k + 1, 1)?;
+                let mut out = x.shape[..axis].to_vec();
+                out.extend_from_slice(&shape);
+                out.extend_from_slice(&x.shape[axis + 1..]);
+                return self.reshape(&y, out).map(Out::Val);
+            }
+        }
+        let idx = self.input(n, 1)?;
+        if idx.dtype != DType::I32 {
+            return Err(format!("input 1 (the indices) must be integers, got {}", idx.dtype));
+        }
+        let (xi, ii) = (self.exact(&x)?, self.exact(&idx)?);
+        let a = self.prog.num(axis_literal(axis, rank));
+        let id = self.prog.apply(Kind::Gather, vec![xi, ii, a])?;
+        let mut shape = x.shape[..axis].to_vec();
+        shape.extend_from_slice(&idx.shape);
+        shape.extend_from_slice(&x.shape[axis + 1..]);
+        Ok(Out::Val(Val { id, shape, dtype: x.dtype }))
+    }
+
+    /// `slice(v, axis, start, stop, step)` with bounds clamped to the axis (ONNX writes "to the
+    /// end" as the largest int64).
+    fn slice_val(&mut self, v: &Val, axis: usize, start: i64, stop: i64, step: i64) -> R<Val> {
+        let size = v.shape[axis] as i64;
+        let (start, stop) = (start.clamp(-size, size), stop.clamp(-size - 1, size));
+        let (first, len) = crate::ir::infer::slice_range(v.shape[axis], start, stop, step)?;
+        if first == 0 && len == v.shape[axis] && step == 1 {
+            return Ok(v.clone());
+        }
+        let id = self.exact(v)?;
+        let rank = v.shape.len();
+        let args = [axis_literal(axis, rank), start as f64, stop as f64, step as f64].map(|x| self.prog.num(x));
+        let id = self.prog.apply(Kind::Slice, vec![id, args[0], args[1], args[2], args[3]])?;
+        let mut shape = v.shape.clone();
+        shape[axis] = len;
+        Ok(Val { id, shape, dtype: v.dtype })
+    }
+
+    /// `Slice(data, starts, ends, axes, steps)` (constants; the attribute form of opset 1 too):
+    /// one slice per axis. Negative steps are refused.
+    fn slice_op(&mut self, n: &NodeProto) -> R<Out> {
+        let x = self.input(n, 0)?;
+        let rank = x.shape.len();
+        let list = |im: &Self, k: usize, attr: &str| -> R<Option<Vec<i64>>> {
+            match im.const_input(n, k)? {
+                Some(c) => Ok(Some(c.ints().map_err(|m| format!("input {k}: {m}"))?)),
+                None => attrs(n).ints(attr),
+            }
+        };
+        let starts = list(self, 1, "starts")?.ok_or("the starts are missing")?;
+        let ends = list(self, 2, "ends")?.ok_or("the ends are missing")?;
+        let axes = list(self, 3, "axes")?.unwrap_or_else(|| (0..starts.len() as i64).collect());
+        let steps = match self.const_input(n, 4)? {
+            Some(c) => c.ints()?,
+            None => vec![1; starts.len()],
+        };
+        if [ends.len(), axes.len(), steps.len()].iter().any(|&l| l != starts.len()) {
+            return Err("starts, ends, axes and steps must have one length".into());
+        }
+        let mut y = x;
+        for i in 0..starts.len() {
+            if steps[i] < 1 {
+                return Err(format!("step {} is not supported (steps of 1 or more are)", steps[i]));
+            }
+            let axis = norm_axis(axes[i], rank)?;
+            y = self.slice_val(&y, axis, starts[i], ends[i], steps[i])?;
+        }
+        Ok(Out::Val(y))
+    }
+
+    /// `Concat(inputs..., axis)`: nested binary `concat`s, left to right.
+    fn concat(&mut self, n: &NodeProto) -> R<Out> {
+        let present = n.input.iter().filter(|i| !i.is_empty()).count();
+        let mut y = self.input(n, 0)?;
+        let rank = y.shape.len();
+        if rank == 0 {
+            return Err("input 0 is a scalar; Concat needs rank 1 or more".into());
+        }
+        let axis =
+            norm_axis(attrs(n).int("axis", i64::MIN).map(|a| if a == i64::MIN { rank as i64 } else { a })?, rank)
+                .map_err(|e| format!("attribute `axis` (required): {e}"))?;
+        for k in 1..present {
+            let b = self.input(n, k)?;
+            let (ai, bi) = (self.exact(&y)?, self.exact(&b)?);
+            let a = self.prog.num(axis_literal(axis, rank));
+            let id = self.prog.apply(Kind::Concat, vec![ai, bi, a]).map_err(|m| format!("input {k}: {m}"))?;
+            let mut shape = y.shape.clone();
+            shape[axis] += b.shape.get(axis).copied().unwrap_or(0);
+            y = Val { id, shape, dtype: y.dtype };
+        }
+        Ok(Out::Val(y))
+    }
+
+    /// `Split(input, split, axis)`: one slice per output; without sizes, equal parts (the last
+    /// smaller when the size does not divide, as opset 18 says).
+    fn split(&mut self, n: &NodeProto) -> R<Out> {
+        let x = self.input(n, 0)?;
+        let rank = x.shape.len();
+        if rank == 0 {
+            return Err("input 0 is a scalar; Split needs rank 1 or more".into());
+        }
+        let axis = norm_axis(attrs(n).int("axis", 0)?, rank)?;
+        let size = x.shape[axis] as i64;
+        let outputs = n.output.len();
+        let sizes = match self.const_input(n, 1)? {
+            Some(c) => Some(c.ints()?),
+            None => attrs(n).ints("split")?,
+        };
+        let sizes = match sizes {
+            Some(s) => s,
+            None => {
+                let part = (size + outputs as i64 - 1) / outputs.max(1) as i64;
+                (0..outputs as i64).map(|i| part.min(size - i * part)).collect()
+            }
+        };
+        if sizes.len() != outputs || sizes.iter().any(|&s| s < 1) || sizes.iter().sum::<i64>() != size {
+            return Err(format!(
+                "split sizes {sizes:?} must be {outputs} positive sizes adding up to the axis' {size} elements"
+            ));
+        }
+        let mut parts = Vec::with_capacity(outputs);
+        let mut start = 0;
+        for s in sizes {
+            parts.push(self.slice_val(&x, axis, start, start + s, 1)?);
+            start += s;
+        }
+        Ok(Out::Many(parts))
     }
 
     /// `v` with another shape of the same size (no node when the shape is already right).
