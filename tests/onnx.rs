@@ -12,7 +12,8 @@ use eqfuse::{
     tolerance, DeviceProfile, OptimizeOptions, Program, Template, Tensor,
 };
 
-const MODELS: &[&str] = &["layernorm", "mlp_softmax", "ops_shapes", "ops_pointwise", "ops_indexing", "half"];
+const MODELS: &[&str] =
+    &["layernorm", "mlp_softmax", "ops_shapes", "ops_pointwise", "ops_indexing", "ops_logic", "half"];
 
 fn dir(model: &str) -> PathBuf {
     Path::new("tests/onnx").join(model)
@@ -120,16 +121,19 @@ fn json_export_of_an_imported_model_round_trips() {
 }
 
 #[test]
-fn an_unsupported_operator_names_the_node() {
+fn unsupported_operators_are_named_together() {
     let e = load_program("tests/onnx/unsupported.onnx", &[]).unwrap_err().to_string();
     assert!(
-        e.starts_with("tests/onnx/unsupported.onnx: node 1 `/conv/Conv` (Conv): operator `Conv` is not supported"),
+        e.starts_with(
+            "tests/onnx/unsupported.onnx: 2 nodes use operators the ONNX importer does not read (Conv, Sign): \
+             node 1 `/sign` (Sign), node 2 `/conv/Conv` (Conv); it reads Add"
+        ),
         "{e}"
     );
     let out =
         Command::new(env!("CARGO_BIN_EXE_eqfuse")).args(["optimize", "tests/onnx/unsupported.onnx"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("`Conv`"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("(Conv, Sign)"));
 }
 
 #[test]

@@ -133,6 +133,7 @@ fn import(file: &str, model: &ModelProto, overrides: &[(String, usize)]) -> Resu
         overrides,
         dim_defaults,
     };
+    unsupported_nodes(graph)?;
     im.initializers(graph)?;
     im.graph_inputs(graph)?;
     im.check_overrides(file)?;
@@ -142,6 +143,38 @@ fn import(file: &str, model: &ModelProto, overrides: &[(String, usize)]) -> Resu
     im.graph_outputs(graph)?;
     im.prog.dims = im.dims.iter().map(|d| (d.name.clone(), d.size)).collect();
     Ok(im.prog)
+}
+
+/// Every node whose operator the importer cannot read, named at once (a model that needs
+/// several is told all of them, not the first).
+fn unsupported_nodes(graph: &GraphProto) -> Result<(), String> {
+    let bad: Vec<String> = graph
+        .node
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| !(n.domain.is_empty() || n.domain == "ai.onnx") || ops::lookup(&n.op_type).is_none())
+        .map(|(i, n)| node_label(i, n))
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    let mut kinds: Vec<&str> = graph
+        .node
+        .iter()
+        .filter(|n| !(n.domain.is_empty() || n.domain == "ai.onnx") || ops::lookup(&n.op_type).is_none())
+        .map(|n| n.op_type.as_str())
+        .collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    Err(format!(
+        "{} node{} use{} operators the ONNX importer does not read ({}): {}; it reads {}",
+        bad.len(),
+        if bad.len() == 1 { "" } else { "s" },
+        if bad.len() == 1 { "s" } else { "" },
+        kinds.join(", "),
+        bad.join(", "),
+        supported_onnx_ops().join(" ")
+    ))
 }
 
 /// `node 3 `/ln/Sub` (Sub)`, or `node 3 (Sub)` for an unnamed node.
@@ -388,8 +421,10 @@ impl Importer<'_> {
         if c.numel() == 1 && c.elem != proto::data_type::BOOL {
             let dtype = data::scalar_dtype(c.elem)?;
             let v = if c.elem == proto::data_type::FLOAT { data::f32_literal(c.data[0] as f32) } else { c.data[0] };
-            if !v.is_finite() {
-                return Err(format!("the value {v} is not finite"));
+            // An infinity is a literal (a mask's `-inf` fill), as in `.eqf` JSON graphs; NaN
+            // and an integer out of range are not.
+            if v.is_nan() || (v.is_infinite() && !dtype.is_float()) {
+                return Err(format!("the value {v} is not a {dtype} literal"));
             }
             // A float literal keeps the decimal the model meant; an integer one is truncated.
             let v = if dtype.is_float() { v } else { dtype.round(v) };

@@ -320,6 +320,66 @@ def ops_pointwise():
     save("ops_pointwise", model, {"x": x, "y": y, "m": m}, expected)
 
 
+def ops_logic():
+    """Comparisons, boolean logic, IsNaN, Clip with and without bounds, and a causal mask of
+    -inf built from comparisons and fed to Where before a Softmax (opset 13)."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((4, 4)).astype(np.float32)
+    y = rng.standard_normal((4, 4)).astype(np.float32)
+    z = x.copy()
+    z[1, 2] = np.nan
+    n = helper.make_node
+    nodes = [
+        n("Less", ["x", "y"], ["lt"]),
+        n("LessOrEqual", ["x", "y"], ["le"]),
+        n("Greater", ["x", "zero"], ["gt"]),
+        n("GreaterOrEqual", ["x", "y"], ["ge"]),
+        n("Equal", ["lt", "le"], ["eq"]),
+        n("Not", ["lt"], ["nlt"]),
+        n("And", ["gt", "le"], ["and"]),
+        n("Or", ["lt", "gt"], ["or"]),
+        n("IsNaN", ["z"], ["isnan"]),
+        n("Clip", ["x", "lo", "hi"], ["clip"]),
+        n("Clip", ["x", "", "hi"], ["clip_hi"]),
+        n("Clip", ["x"], ["clip_none"]),
+        n("Less", ["cols", "rows_plus"], ["keep"]),
+        n("Where", ["keep", "x", "neginf"], ["masked"]),
+        n("Softmax", ["masked"], ["causal"], axis=-1),
+    ]
+    bools = ["lt", "le", "gt", "ge", "eq", "nlt", "and", "or", "isnan"]
+    floats = ["clip", "clip_hi", "clip_none", "causal"]
+    graph = helper.make_graph(
+        nodes,
+        "ops_logic",
+        [
+            helper.make_tensor_value_info("x", F32, [4, 4]),
+            helper.make_tensor_value_info("y", F32, [4, 4]),
+            helper.make_tensor_value_info("z", F32, [4, 4]),
+        ],
+        [helper.make_tensor_value_info(o, TensorProto.BOOL, None) for o in bools]
+        + [helper.make_tensor_value_info(o, F32, None) for o in floats],
+        initializer=[
+            const_f32("zero", 0.0),
+            const_f32("lo", -0.5),
+            const_f32("hi", 0.75),
+            const_f32("neginf", -np.inf),
+            const_f32("cols", np.arange(4, dtype=np.float32).reshape(1, 4)),
+            const_f32("rows_plus", np.arange(1, 5, dtype=np.float32).reshape(4, 1)),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], producer_name="gen_models.py")
+    keep = np.arange(4)[None, :] < np.arange(1, 5)[:, None]
+    masked = np.where(keep, x, -np.inf)
+    e = np.exp(masked - masked.max(-1, keepdims=True))
+    expected = {
+        "lt": x < y, "le": x <= y, "gt": x > 0, "ge": x >= y, "eq": (x < y) == (x <= y), "nlt": ~(x < y),
+        "and": (x > 0) & (x <= y), "or": (x < y) | (x > 0), "isnan": np.isnan(z),
+        "clip": np.clip(x, -0.5, 0.75), "clip_hi": np.minimum(x, 0.75), "clip_none": x,
+        "causal": (e / e.sum(-1, keepdims=True)).astype(np.float32),
+    }
+    save("ops_logic", model, {"x": x, "y": y, "z": z}, expected)
+
+
 def half():
     """float16 throughout: a layer norm without bias, literals that must take the tensor's dtype
     (Where of two scalar constants), and a graph output cast to float."""
@@ -355,10 +415,11 @@ def half():
 
 
 def unsupported():
-    """A model with an operator the importer does not read (Conv)."""
+    """A model with two operators the importer does not read (Sign, Conv): both are named."""
     nodes = [
         helper.make_node("Relu", ["x"], ["r"], name="first"),
-        helper.make_node("Conv", ["r", "w"], ["y"], name="/conv/Conv"),
+        helper.make_node("Sign", ["r"], ["s"], name="/sign"),
+        helper.make_node("Conv", ["s", "w"], ["y"], name="/conv/Conv"),
     ]
     graph = helper.make_graph(
         nodes,
@@ -391,6 +452,7 @@ if __name__ == "__main__":
     ops_shapes()
     ops_pointwise()
     ops_indexing()
+    ops_logic()
     half()
     unsupported()
     symbolic()

@@ -78,6 +78,16 @@ pub(super) const OPS: &[OnnxOp] = &[
     op("Slice", 1, 5, |im, n| im.slice_op(n)),
     op("Concat", 1, usize::MAX, |im, n| im.concat(n)),
     op("Split", 1, 2, |im, n| im.split(n)),
+    op("Less", 2, 2, |im, n| im.binary(n, Binary::Lt)),
+    op("LessOrEqual", 2, 2, |im, n| im.binary(n, Binary::Le)),
+    op("Greater", 2, 2, |im, n| im.binary(n, Binary::Gt)),
+    op("GreaterOrEqual", 2, 2, |im, n| im.binary(n, Binary::Ge)),
+    op("Equal", 2, 2, |im, n| im.binary(n, Binary::Eq)),
+    op("Not", 1, 1, |im, n| im.unary(n, Unary::Not)),
+    op("And", 2, 2, |im, n| im.logical(n, true)),
+    op("Or", 2, 2, |im, n| im.logical(n, false)),
+    op("IsNaN", 1, 1, |im, n| im.is_nan(n)),
+    op("Clip", 1, 3, |im, n| im.clip(n)),
     op("Identity", 1, 1, |_, n| Ok(Out::Alias(n.input[0].clone()))),
     op("Constant", 0, 0, |im, n| im.constant(n)),
 ];
@@ -236,6 +246,37 @@ impl Importer<'_> {
             other => return Err(format!("attribute approximate = `{other}` is not `none` or `tanh`")),
         };
         self.unary(n, u)
+    }
+
+    /// `And` / `Or` of two bool tensors, as `where(a, b, false)` / `where(a, true, b)`.
+    fn logical(&mut self, n: &NodeProto, and: bool) -> R<Out> {
+        let (a, b) = (self.input(n, 0)?, self.input(n, 1)?);
+        if a.dtype != DType::Bool || b.dtype != DType::Bool {
+            return Err(format!("{} of {} and {} (bool operands only)", n.op_type, a.dtype, b.dtype));
+        }
+        let k = self.literal(if and { 0.0 } else { 1.0 }, DType::Bool);
+        let args = if and { [a, b, k] } else { [a, k, b] };
+        self.pointwise(Kind::Where, &args).map(Out::Val)
+    }
+
+    /// `x != x`: true exactly at NaN.
+    fn is_nan(&mut self, n: &NodeProto) -> R<Out> {
+        let x = self.input(n, 0)?;
+        self.pointwise(Kind::Binary(Binary::Ne), &[x.clone(), x]).map(Out::Val)
+    }
+
+    /// `Clip(x, min, max)`: `min(max(x, lo), hi)`; an absent bound leaves that side open.
+    fn clip(&mut self, n: &NodeProto) -> R<Out> {
+        let mut x = self.input(n, 0)?;
+        if n.input.get(1).is_some_and(|i| !i.is_empty()) {
+            let lo = self.input(n, 1)?;
+            x = self.pointwise(Kind::Binary(Binary::Max), &[x, lo])?;
+        }
+        if n.input.get(2).is_some_and(|i| !i.is_empty()) {
+            let hi = self.input(n, 2)?;
+            x = self.pointwise(Kind::Binary(Binary::Min), &[x, hi])?;
+        }
+        Ok(Out::Val(x))
     }
 
     fn where_(&mut self, n: &NodeProto) -> R<Out> {
