@@ -530,7 +530,11 @@ class Lowering:
         return v
 
     def reduce(self, op: str, v: Value, dims: object, keepdim: bool) -> Value:
-        """A reduction over several axes (None or [] is all), as a chain of one-axis ones."""
+        """A reduction over several axes (None or [] is all), as a chain of one-axis ones. The
+        largest or smallest of integers or booleans is taken in f32 (exact below 2^24) and
+        cast back: generated reductions are of floats."""
+        if op in ("amax", "amin") and v.dtype in ("i32", "bool"):
+            return self.cast(self.reduce(op, self.cast(v, "f32"), dims, keepdim), v.dtype)
         if isinstance(dims, int):
             dims = [dims]
         axes = sorted({self.axis(d, v.rank) for d in dims}) if dims else list(range(v.rank))
@@ -1082,7 +1086,7 @@ def _index(L, x, indices):
 def _any(L, x, dim=None, keepdim=False):
     v = L.val(x)
     dims = dim if isinstance(dim, (list, tuple)) or dim is None else [dim]
-    nonzero = L.cast(L.compare("!=", v, 0), "i32")
+    nonzero = L.cast(L.compare("!=", v, 0), "f32")
     return L.compare("!=", L.reduce("amax", nonzero, dims, keepdim), 0)
 
 
