@@ -53,6 +53,15 @@ pub const CONDITIONS: &[NamedCondition] = &[
     cond("float", 1, "a tensor of a floating-point dtype (weak literals are f32)", |g, s, v| {
         ty(g, s, v[0]).is_some_and(|t| t.dtype.is_float())
     }),
+    cond("not-one", 1, "not the literal 1 (a factor `* 1` that `mul-one` already removes)", |g, s, v| {
+        fact(g, s, v[0]).is_some_and(|f| f.konst != Some(1.0))
+    }),
+    cond(
+        "not-scaled",
+        1,
+        "no node of ?x's class multiplies by a scalar literal other than 1 (`x * 0.125`)",
+        |g, s, v| fact(g, s, v[0]).is_some() && class(s, v[0]).is_some_and(|c| !is_scaled(g, c)),
+    ),
     cond("scalar", 1, "a tensor of rank 0", |g, s, v| ty(g, s, v[0]).is_some_and(|t| t.rank() == 0)),
     cond("rank-ge2", 1, "a tensor of rank 2 or more", |g, s, v| ty(g, s, v[0]).is_some_and(|t| t.rank() >= 2)),
     cond("rank2", 1, "a tensor of rank exactly 2", |g, s, v| ty(g, s, v[0]).is_some_and(|t| t.rank() == 2)),
@@ -231,6 +240,13 @@ fn size1_at(g: &TensorGraph, s: &Subst, v: &[Var]) -> bool {
 fn axis_size(g: &TensorGraph, s: &Subst, v: &[Var]) -> bool {
     let (Some((x, axis)), Some(n)) = (axis_of(g, s, v[0], v[1]), int(g, s, v[2])) else { return false };
     x.shape[axis] as i64 == n
+}
+
+/// Whether a node of the class is `(* y c)` or `(* c y)` with `c` a literal other than 1.
+fn is_scaled(g: &TensorGraph, class: Id) -> bool {
+    let mul = OpCode::of(Kind::Binary(Binary::Mul));
+    let scale = |c: Id| g[c].data.konst().is_some_and(|k| k != 1.0);
+    g[class].nodes.iter().any(|n| matches!(n, TensorLang::Op(op, ch) if *op == mul && (scale(ch[0]) || scale(ch[1]))))
 }
 
 /// Whether a node of the class is `(- y (amax y a))`.
