@@ -84,6 +84,11 @@ fn weakened_rules_are_caught() {
         "(rewrite weak (* (rsqrt ?x) (rsqrt ?x)) (recip ?x))",
         "(rewrite weak (pow ?x 2) (* ?x 2))",
         "(rewrite weak (sigmoid ?x) (* ?x 0.5))",
+        // A causal mask read as no mask, and a mask of the wrong side of the diagonal.
+        "(rewrite weak (@ (softmax (where ?m (* (@ ?q (transpose ?k -1 -2)) ?s) ?c) -1) ?v) (attention ?q ?k ?v ?s 0) :if (const ?s) :if (mask-fill ?c) :if (causal-keep ?m ?q ?k) :if (attention-args ?q ?k ?v))",
+        "(rewrite weak (@ (softmax (where ?m (* (@ ?q (transpose ?k -1 -2)) ?s) ?c) -1) ?v) (attention ?q ?k ?v ?s 1) :if (const ?s) :if (mask-fill ?c) :if (causal-mask ?m ?q ?k) :if (attention-args ?q ?k ?v))",
+        "(rewrite weak (@ (softmax (+ (* (@ ?q (transpose ?k -1 -2)) ?s) ?b) -1) ?v) (attention ?q ?k ?v ?s 0) :if (const ?s) :if (causal-bias ?b ?q ?k) :if (attention-args ?q ?k ?v))",
+        "(rewrite weak (reshape (* ?x ?c) ?s) (* (reshape ?x ?s) ?c) :if (scalar ?c))",
     ];
     for text in weakened {
         assert!(check_rule(&one_rule(text)).is_err(), "not caught: {text}");

@@ -13,6 +13,7 @@ use crate::ir::infer::{broadcast_shapes, infer, norm_axis, Fact};
 use crate::ir::lang::{Binary, Composite, Kind, OpCode, Reduce, TensorLang};
 use crate::ir::types::{DType, TensorType};
 use crate::search::analysis::TensorGraph;
+use crate::search::causal;
 
 /// The signature every condition has: the e-graph, the match, and the condition's arguments.
 pub type CheckFn = fn(&TensorGraph, &Subst, &[Var]) -> bool;
@@ -52,6 +53,15 @@ pub const CONDITIONS: &[NamedCondition] = &[
     cond("float", 1, "a tensor of a floating-point dtype (weak literals are f32)", |g, s, v| {
         ty(g, s, v[0]).is_some_and(|t| t.dtype.is_float())
     }),
+    cond("not-one", 1, "not the literal 1 (a factor `* 1` that `mul-one` already removes)", |g, s, v| {
+        fact(g, s, v[0]).is_some_and(|f| f.konst != Some(1.0))
+    }),
+    cond(
+        "not-scaled",
+        1,
+        "no node of ?x's class multiplies by a scalar literal other than 1 (`x * 0.125`)",
+        |g, s, v| fact(g, s, v[0]).is_some() && class(s, v[0]).is_some_and(|c| !is_scaled(g, c)),
+    ),
     cond("scalar", 1, "a tensor of rank 0", |g, s, v| ty(g, s, v[0]).is_some_and(|t| t.rank() == 0)),
     cond("rank-ge2", 1, "a tensor of rank 2 or more", |g, s, v| ty(g, s, v[0]).is_some_and(|t| t.rank() >= 2)),
     cond("rank2", 1, "a tensor of rank exactly 2", |g, s, v| ty(g, s, v[0]).is_some_and(|t| t.rank() == 2)),
@@ -108,6 +118,27 @@ pub const CONDITIONS: &[NamedCondition] = &[
         3,
         "?q ?k ?v are valid queries, keys and values of attention that its template runs",
         attention_args,
+    ),
+    cond("mask-fill", 1, "a literal at most -1e4 (a mask's fill: its `exp` against the scores is 0)", |g, s, v| {
+        class(s, v[0]).is_some_and(|c| causal::is_fill(g, c))
+    }),
+    cond(
+        "causal-keep",
+        3,
+        "?m is an index comparison true exactly where key <= query on the scores of ?q and ?k",
+        |g, s, v| causal_mask(g, s, v, causal::predicate, false),
+    ),
+    cond(
+        "causal-mask",
+        3,
+        "?m is an index comparison true exactly where key > query on the scores of ?q and ?k",
+        |g, s, v| causal_mask(g, s, v, causal::predicate, true),
+    ),
+    cond(
+        "causal-bias",
+        3,
+        "?b is 0 where key <= query on the scores of ?q and ?k and a mask fill (<= -1e4) elsewhere",
+        |g, s, v| causal_mask(g, s, v, causal::additive_mask, false),
     ),
 ];
 
@@ -222,6 +253,13 @@ fn axis_size(g: &TensorGraph, s: &Subst, v: &[Var]) -> bool {
     x.shape[axis] as i64 == n
 }
 
+/// Whether a node of the class is `(* y c)` or `(* c y)` with `c` a literal other than 1.
+fn is_scaled(g: &TensorGraph, class: Id) -> bool {
+    let mul = OpCode::of(Kind::Binary(Binary::Mul));
+    let scale = |c: Id| g[c].data.konst().is_some_and(|k| k != 1.0);
+    g[class].nodes.iter().any(|n| matches!(n, TensorLang::Op(op, ch) if *op == mul && (scale(ch[0]) || scale(ch[1]))))
+}
+
 /// Whether a node of the class is `(- y (amax y a))`.
 fn is_max_shifted(g: &TensorGraph, class: Id) -> bool {
     let amax = OpCode::of(Kind::Reduce(Reduce::Amax));
@@ -248,6 +286,21 @@ fn attention_args(g: &TensorGraph, s: &Subst, v: &[Var]) -> bool {
     let (scale, causal) = (Fact::constant(1.0), Fact::constant(0.0));
     facts.extend([&scale, &causal]);
     infer(OpCode::of(Kind::Composite(Composite::Attention)), &facts).is_ok()
+}
+
+/// Whether the mask `v[0]` (described by `describe`) is, on the scores of queries `v[1]` and keys
+/// `v[2]`, the causal predicate (`key <= query`), or its complement when `complement`.
+fn causal_mask(
+    g: &TensorGraph,
+    s: &Subst,
+    v: &[Var],
+    describe: fn(&TensorGraph, Id) -> Option<causal::Affine>,
+    complement: bool,
+) -> bool {
+    let (Some(m), Some(q), Some(k)) = (class(s, v[0]), class(s, v[1]), class(s, v[2])) else { return false };
+    let Some(keep) = causal::scores_keep(g, q, k) else { return false };
+    let want = if complement { keep.complement() } else { keep };
+    describe(g, m).and_then(|p| p.align(&want.shape)).is_some_and(|p| p == want)
 }
 
 #[cfg(test)]

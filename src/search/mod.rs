@@ -1,6 +1,7 @@
 //! Finding a plan: the e-graph analysis, rules and conditions, saturation, extraction, fusion, the ILP and budgets.
 
 pub mod analysis;
+pub mod causal;
 pub mod conditions;
 pub mod deadline;
 pub mod explain;

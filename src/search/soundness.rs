@@ -38,6 +38,9 @@ const ATTEMPTS: usize = 4000;
 const GIVE_UP: usize = 300;
 /// Input draws per counted instantiation.
 const SEEDS: u64 = 2;
+/// Values at least this large in magnitude are mask fills (`-1e30`), not magnitudes that
+/// rounding errors scale with: the tolerance's scale leaves them out.
+const FILL_SCALE: f64 = 1e20;
 
 /// SplitMix64: small, seeded, reproducible.
 struct Rng(u64);
@@ -75,6 +78,13 @@ enum Role {
     /// A weak literal of small integer value (a class count, an axis size).
     Int,
     Flag,
+    /// A mask's fill: a literal at most `causal::MASK_FILL`.
+    Fill,
+    /// A bool mask from `iota`: true where key <= query on the base shape's scores (`false`), or
+    /// where key > query (`true`), spelled one of several ways.
+    Causal(bool),
+    /// An additive causal mask: 0 where key <= query, a fill elsewhere.
+    CausalBias,
 }
 
 /// Sign facts a condition asks of a tensor variable.
@@ -111,6 +121,10 @@ fn condition_role(name: &str, i: usize) -> Option<Role> {
         ("const", 0) => Some(Role::Literal),
         ("int-const", 0) | ("axis-size", 2) | ("last-dim", 1) | ("stop-past", 3) => Some(Role::Int),
         ("stop-past", 2) => Some(Role::Axis),
+        ("mask-fill", 0) => Some(Role::Fill),
+        ("causal-keep", 0) => Some(Role::Causal(false)),
+        ("causal-mask", 0) => Some(Role::Causal(true)),
+        ("causal-bias", 0) => Some(Role::CausalBias),
         _ => None,
     }
 }
@@ -280,7 +294,96 @@ impl Gen<'_> {
                 let d = self.rng.pick(&[DType::F32, DType::Bf16, DType::I32]);
                 p.add(TensorLang::Type(d))
             }
+            Role::Fill => Ok(p.num(self.fill())),
+            Role::Causal(masked) => self.causal(p, masked),
+            Role::CausalBias => {
+                let fill = p.num(self.fill());
+                let zero = p.num(0.0);
+                let bias = match self.rng.below(3) {
+                    0 => {
+                        let m = self.causal(p, false)?;
+                        op(p, "where", vec![m, zero, fill])?
+                    }
+                    1 => {
+                        let m = self.causal(p, true)?;
+                        op(p, "where", vec![m, fill, zero])?
+                    }
+                    _ => {
+                        let m = self.causal(p, true)?;
+                        let f32 = p.add(TensorLang::Type(DType::F32))?;
+                        let m = op(p, "cast", vec![m, f32])?;
+                        op(p, "*", vec![m, fill])?
+                    }
+                };
+                if self.dtype.is_float() && self.dtype != DType::F32 {
+                    let t = p.add(TensorLang::Type(self.dtype))?;
+                    op(p, "cast", vec![bias, t])
+                } else {
+                    Ok(bias)
+                }
+            }
         }
+    }
+
+    /// A mask fill. Values this large are left out of the tolerance's scale ([`same_values`]),
+    /// so they must be beyond [`FILL_SCALE`].
+    fn fill(&mut self) -> f64 {
+        self.rng.pick(&[-1e30, -3e38, -1e25])
+    }
+
+    /// A causal mask on the scores of the base shape's queries against themselves: `row` and
+    /// `col` indices from `iota`, compared one of several equivalent ways.
+    fn causal(&mut self, p: &mut Program, masked: bool) -> Result<Id, String> {
+        let r = self.base.len();
+        let n = if r >= 2 { self.base[r - 2] } else { self.rng.pick(&[1, 2, 3]) };
+        let dims = |p: &mut Program, d: Vec<usize>| p.add(TensorLang::Dims(Dims(d)));
+        let nn = p.num(n as f64);
+        let iota = op(p, "iota", vec![nn])?;
+        let row = match self.rng.below(3) {
+            0 => {
+                let d = dims(p, vec![n, 1])?;
+                op(p, "reshape", vec![iota, d])?
+            }
+            1 => {
+                let d = dims(p, vec![1, n])?;
+                let t = op(p, "reshape", vec![iota, d])?;
+                let (a, b) = (p.num(0.0), p.num(1.0));
+                op(p, "transpose", vec![t, a, b])?
+            }
+            _ => {
+                let d = dims(p, vec![n, 1])?;
+                let t = op(p, "reshape", vec![iota, d])?;
+                let d = dims(p, vec![n, n])?;
+                op(p, "broadcast", vec![t, d])?
+            }
+        };
+        let col = if self.rng.chance(0.5) {
+            iota
+        } else {
+            let f32 = p.add(TensorLang::Type(DType::F32))?;
+            let row_f = op(p, "cast", vec![row, f32])?;
+            let col_f = op(p, "cast", vec![iota, f32])?;
+            return self.compare(p, row_f, col_f, masked);
+        };
+        self.compare(p, row, col, masked)
+    }
+
+    /// `col <= row` (or `col > row` when `masked`), one of several ways.
+    fn compare(&mut self, p: &mut Program, row: Id, col: Id, masked: bool) -> Result<Id, String> {
+        let one = p.num(1.0);
+        let (name, a, b) = match (masked, self.rng.below(4)) {
+            (false, 0) => (">=", row, col),
+            (false, 1) => ("<=", col, row),
+            (false, 2) => (">", op(p, "+", vec![row, one])?, col),
+            (true, 0) => (">", col, row),
+            (true, 1) => ("<", row, col),
+            (true, 2) => (">=", op(p, "-", vec![col, one])?, row),
+            (_, _) => {
+                let m = self.compare(p, row, col, !masked)?;
+                return op(p, "not", vec![m]);
+            }
+        };
+        op(p, name, vec![a, b])
     }
 }
 
@@ -411,8 +514,12 @@ fn same_values(p: &Program, lhs: Id, rhs: Id) -> Result<bool, String> {
             return Err("no value for a side".to_string());
         };
         // Every node is rounded to its dtype, so errors scale with the largest value seen.
-        let scale =
-            values.iter().flatten().flat_map(|t| &t.data).filter(|v| v.is_finite()).fold(0.0, |m, v| v.abs().max(m));
+        let scale = values
+            .iter()
+            .flatten()
+            .flat_map(|t| &t.data)
+            .filter(|v| v.is_finite() && v.abs() < FILL_SCALE)
+            .fold(0.0, |m, v| v.abs().max(m));
         let tol = rtol(dtype) * (1.0 + scale);
         if let Some((i, x, y)) = mismatch(a, b, tol) {
             return Err(format!(
