@@ -8,23 +8,7 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-
-use eqfuse::{codegen_plan, nvrtc_available, optimize, Compiled, DeviceProfile, OptimizeOptions, DEFAULT_ARCH};
-
-/// `eqfuse::nvrtc_compile`, once per distinct source, name, architecture and options in this
-/// test binary: the cases and examples plan many identical kernels (the same row kernel under
-/// `--strict` and without, at full and capped sizes), and NVRTC is most of this file's time.
-/// A repeated source gets the first compile's PTX and log (or error), so it is checked just the same.
-fn nvrtc_compile(source: &str, name: &str, arch: &str, options: &[String]) -> Result<Compiled, String> {
-    type Key = (String, String, String, Vec<String>);
-    type Slot = Arc<OnceLock<Result<Compiled, String>>>;
-    static SEEN: OnceLock<Mutex<HashMap<Key, Slot>>> = OnceLock::new();
-    let key = (source.to_string(), name.to_string(), arch.to_string(), options.to_vec());
-    let slot = SEEN.get_or_init(Default::default).lock().unwrap().entry(key).or_default().clone();
-    slot.get_or_init(|| eqfuse::nvrtc_compile(source, name, arch, options).map_err(|e| e.to_string())).clone()
-}
+use eqfuse::{codegen_plan, nvrtc_available, nvrtc_compile, optimize, DeviceProfile, OptimizeOptions, DEFAULT_ARCH};
 
 fn nvrtc_or_skip() -> bool {
     match nvrtc_available() {
