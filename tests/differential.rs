@@ -25,8 +25,8 @@
 //!
 //! `EQFUSE_DIFF_CASES` (default 200, so that a plain `cargo test` stays quick) and
 //! `EQFUSE_DIFF_SEED` (default fixed, so CI runs are reproducible) change the number of programs
-//! and the seed of the random run. CI (`.ci/run`) runs 1,000 programs in a release build:
-//! `EQFUSE_DIFF_CASES=1000 cargo test --release --test differential`.
+//! and the seed of the random run. CI (`.ci/run`) runs 1,000 programs, built optimised with
+//! overflow checks: `EQFUSE_DIFF_CASES=1000 cargo test --profile ci --test differential`.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};

@@ -26,9 +26,9 @@
 //! - `EQFUSE_FUZZ_REPORT=1`: report mode: print a table of failures grouped by class, with a
 //!   count and an example command each, and do not fail;
 //! - `EQFUSE_FUZZ_CASES` (default 1000, so that a plain `cargo test` stays quick; CI runs 10,000
-//!   in a release build: `EQFUSE_FUZZ_CASES=10000 cargo test --release --test fuzz_cli`),
-//!   `EQFUSE_FUZZ_SEED`, `EQFUSE_FUZZ_WORKERS` (2 to 4 by
-//!   default), `EQFUSE_FUZZ_TIMEOUT` (seconds a run may take, default 30),
+//!   built optimised with overflow checks: `EQFUSE_FUZZ_CASES=10000 cargo test --profile ci
+//!   --test fuzz_cli`), `EQFUSE_FUZZ_SEED`, `EQFUSE_FUZZ_WORKERS` (2 to 4 by default),
+//!   `EQFUSE_FUZZ_TIMEOUT` (seconds a run may take, default 30),
 //!   `EQFUSE_FUZZ_NVRTC_MAX` (default 200; about 65 ms a source on two cores),
 //!   `EQFUSE_FUZZ_SAVE` (1: write the first input of each failure class to
 //!   `tests/cases/fuzz_cli/`; the default in CI mode, not in report mode);
