@@ -809,6 +809,23 @@ fn raw_npy(path: &Path, descr: &str, fortran: bool, shape: &str, data: &[u8]) {
     std::fs::write(path, bytes).unwrap();
 }
 
+/// A header whose sizes multiply beyond 64 bits is an error naming the shape (npyz multiplies
+/// them unchecked: it panicked under overflow checks; found by tests/fuzz_cli.rs); zero sizes
+/// do not count, so a large empty shape is read as the declared shape it is not.
+#[test]
+fn npy_refuses_a_shape_whose_size_overflows() {
+    let dir = temp_dir();
+    let p = dir.path().join("huge.npy");
+    for (shape, overflows) in
+        [("(4294967296, 4294967296)", true), ("(0, 4294967296, 4294967296)", true), ("(0, 4294967296)", false)]
+    {
+        raw_npy(&p, "<f4", false, shape, &[]);
+        let e = read_npy(&p, &ty(DType::F32, &[2])).unwrap_err().to_string();
+        assert!(e.contains("huge.npy"), "{e}");
+        assert_eq!(e.contains("more elements than 64 bits count"), overflows, "{shape}: {e}");
+    }
+}
+
 #[test]
 fn npy_accepts_wider_types_and_fortran_order() {
     let dir = temp_dir();

@@ -28,6 +28,9 @@ pub fn read_npy(path: impl AsRef<Path>, expected: &TensorType) -> Result<Tensor>
     let shown = path.display().to_string();
     let bad = |m: String| Error::Invalid(format!("{shown}: {m}"));
     let bytes = std::fs::read(path).map_err(|e| Error::io(&shown, e))?;
+    if let Some(shape) = overflowing_shape(&bytes) {
+        return Err(bad(format!("not a valid .npy file: its shape ({shape}) has more elements than 64 bits count")));
+    }
     let npy = NpyFile::new(&bytes[..]).map_err(|e| bad(format!("not a valid .npy file: {e}")))?;
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
     if shape != expected.shape {
@@ -46,6 +49,24 @@ pub fn read_npy(path: impl AsRef<Path>, expected: &TensorType) -> Result<Tensor>
     let flat = read_values(npy, kind, size).map_err(|e| bad(format!("cannot read the data: {e}")))?;
     let data = if order == Order::Fortran { gather(&flat, &shape, &strides) } else { flat };
     convert(data, expected.dtype).map(|data| Tensor { dtype: expected.dtype, shape, data }).map_err(bad)
+}
+
+/// The shape text of a `.npy` header whose sizes multiply beyond `u64` (zeros left out), if it
+/// is one: `npyz` multiplies them unchecked, a panic under overflow checks and a wrong element
+/// count without. Anything else, well formed or not, is left to `npyz`.
+fn overflowing_shape(bytes: &[u8]) -> Option<String> {
+    let len = match bytes.get(..12)? {
+        [0x93, b'N', b'U', b'M', b'P', b'Y', 1, _, a, b, ..] => 10 + u16::from_le_bytes([*a, *b]) as usize,
+        [0x93, b'N', b'U', b'M', b'P', b'Y', _, _, a, b, c, d] => 12 + u32::from_le_bytes([*a, *b, *c, *d]) as usize,
+        _ => return None,
+    };
+    let header = String::from_utf8_lossy(&bytes[..len.min(bytes.len())]);
+    let rest = &header[header.find("shape")?..];
+    let (open, close) = (rest.find('(')?, rest.find(')')?);
+    let shape = rest.get(open + 1..close)?;
+    let sizes = shape.split(',').map(str::trim).filter(|d| !d.is_empty());
+    let product = sizes.map(|d| d.parse::<u64>().unwrap_or(0)).filter(|&d| d != 0).try_fold(1u64, u64::checked_mul);
+    product.is_none().then(|| shape.trim().to_string())
 }
 
 /// The element kind and byte size of a plain (non-record) file.
