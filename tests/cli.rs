@@ -447,3 +447,15 @@ fn every_committed_profile_is_valid() {
         assert!(loaded.is_ok(), "{}: {}", p.display(), loaded.unwrap_err());
     }
 }
+
+/// `explain` of a plan whose search a deadline cut (saturation stopped mid-way) explains what
+/// the e-graph holds and never panics.
+#[test]
+fn explain_after_a_cut_search_does_not_panic() {
+    let prog = "tests/cases/fuzz_cli/4d74cd64398c0bd4/prog.json";
+    for limit in ["0.05", "0.3"] {
+        let o = eqfuse(&["explain", prog, "--node-limit", "500", "--time-limit", limit]);
+        assert_eq!(o.status.code(), Some(0), "--time-limit {limit}: {}", stderr(&o));
+        assert!(stdout(&o).contains("time-limit"), "--time-limit {limit}: {}", stdout(&o));
+    }
+}

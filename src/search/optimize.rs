@@ -364,12 +364,22 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
 /// program's, with whether each is inexact.
 fn rules_used(program: &Program, egraph: &TensorGraph, dag: &Dag, opts: &OptimizeOptions) -> Vec<(String, bool)> {
     let mut egraph = egraph.clone();
+    // A deadline may stop saturation between a union and its rebuild: explanations and lookups
+    // need a rebuilt e-graph.
+    egraph.rebuild();
     let prefix = |nodes: &[TensorLang], end: usize| -> egg::RecExpr<TensorLang> { nodes[..=end].to_vec().into() };
     let chosen: Vec<TensorLang> = dag.nodes.iter().map(|n| n.node.clone()).collect();
     let mut names = std::collections::BTreeSet::new();
     for (o, (_, d)) in program.outputs.iter().zip(&dag.outputs) {
         let written = prefix(program.expr().as_ref(), usize::from(o.id));
-        let ex = egraph.explain_equivalence(&written, &prefix(&chosen, *d));
+        let form = prefix(&chosen, *d);
+        // egg explains only terms of one class (it panics otherwise); an output whose chosen
+        // form the e-graph does not hold as such contributes no rules.
+        let same = matches!((egraph.lookup_expr(&written), egraph.lookup_expr(&form)), (Some(a), Some(b)) if a == b);
+        if !same {
+            continue;
+        }
+        let ex = egraph.explain_equivalence(&written, &form);
         collect_rules(&ex.explanation_trees, &mut names, &mut std::collections::HashSet::new());
     }
     let inexact: std::collections::BTreeSet<String> = match &opts.rules {
