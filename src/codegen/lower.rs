@@ -485,6 +485,14 @@ impl<'a> Lowerer<'a> {
         Ok((a, aligned))
     }
 
+    /// The node of a value that is the same at every element (a broadcast literal), if it is one.
+    fn uniform(&self, slot: &Slot) -> Option<usize> {
+        match slot {
+            Slot::Value { node, .. } if self.out.nodes[*node].shape.iter().all(|&d| d == 1) => Some(*node),
+            _ => None,
+        }
+    }
+
     /// The view of operand `k` of an index map, which must be a tensor in memory.
     fn mapped<'s>(&self, slot: &'s Slot, name: &str) -> Result<MappedView<'s>> {
         match slot {
@@ -499,6 +507,9 @@ impl<'a> Lowerer<'a> {
     /// `slice(x, axis, start, stop, step)` of a view: the same tensor from a later element,
     /// with the axis' stride times the step.
     fn slice(&mut self, ch: &[usize], ty: &TensorType, facts: &[Fact], x: &Slot) -> Result<Slot> {
+        if let Some(node) = self.uniform(x) {
+            return Ok(Slot::Value { node, shape: ty.shape.clone() });
+        }
         let (read, shape, strides, dtype, offset) = self.mapped(x, "slice")?;
         let k = |l: &Self, i: usize| l.konst(facts, ch[i], "a bound of slice").map(|v| v as i64);
         let axis = norm_axis(k(self, 1)?, shape.len()).map_err(Error::Invalid)?;
@@ -531,11 +542,9 @@ impl<'a> Lowerer<'a> {
         for (j, slot) in [&slots[ch[0]], &slots[ch[1]]].into_iter().enumerate() {
             // A value the same everywhere (a broadcast literal: the zeros a slice's gradient is
             // padded with) is used as it is.
-            if let Slot::Value { node, .. } = slot {
-                if self.out.nodes[*node].shape.iter().all(|&d| d == 1) {
-                    loads[j] = *node;
-                    continue;
-                }
+            if let Some(node) = self.uniform(slot) {
+                loads[j] = node;
+                continue;
             }
             let (read, shape, strides, dtype, offset) = self.mapped(slot, "concat")?;
             let mut s = strides.to_vec();
@@ -559,18 +568,26 @@ impl<'a> Lowerer<'a> {
     /// along the index axes, and `x` at that index (clamped into `x`'s extent: an index out of
     /// range reads a wrong element, never outside the tensor; the CPU reference reports it).
     fn gather(&mut self, ch: &[usize], ty: &TensorType, facts: &[Fact], slots: &[Slot]) -> Result<usize> {
+        if let Some(node) = self.uniform(&slots[ch[0]]) {
+            return Ok(node);
+        }
         let (xr, xs, xst, xd, xo) = self.mapped(&slots[ch[0]], "gather")?;
         let (xs, xst) = (xs.to_vec(), xst.to_vec());
-        let (ir, is, ist, id, io) = self.mapped(&slots[ch[1]], "gather")?;
-        let (is, ist) = (is.to_vec(), ist.to_vec());
+        let idx_rank = facts[ch[1]].ty.as_ref().map_or(0, |t| t.rank());
         let axis =
             norm_axis(self.konst(facts, ch[2], "the axis of gather")? as i64, xs.len()).map_err(Error::Invalid)?;
-        let (before, after) = (axis, xs.len() - axis - 1);
         let zeros = |n: usize| std::iter::repeat_n(0, n);
-        let idx_strides: Vec<usize> = zeros(before).chain(ist.iter().copied()).chain(zeros(after)).collect();
-        let index = self.load(ir, &ty.shape, &idx_strides, id, io)?;
+        let index = match self.uniform(&slots[ch[1]]) {
+            Some(node) => node,
+            None => {
+                let (ir, _, ist, id, io) = self.mapped(&slots[ch[1]], "gather")?;
+                let (before, after) = (axis, xs.len() - axis - 1);
+                let idx_strides: Vec<usize> = zeros(before).chain(ist.iter().copied()).chain(zeros(after)).collect();
+                self.load(ir, &ty.shape, &idx_strides, id, io)?
+            }
+        };
         let x_strides: Vec<usize> =
-            xst[..axis].iter().copied().chain(zeros(is.len())).chain(xst[axis + 1..].iter().copied()).collect();
+            xst[..axis].iter().copied().chain(zeros(idx_rank)).chain(xst[axis + 1..].iter().copied()).collect();
         let (a, aligned) = self.access(xr, &ty.shape, &x_strides, xd)?;
         let index = Some(Index { node: index, stride: xst[axis], extent: xs[axis] });
         Ok(self.push(Op::IndexLoad { access: a, offset: xo, index }, xd, aligned))
