@@ -182,6 +182,9 @@ struct Lowerer<'a> {
     out: Lowered,
     /// For a gemm kernel: the product tile's read index and row stride.
     gemm: Option<(usize, usize)>,
+    /// Concatenations computed in the kernel: every read in them is clamped into its tensor, so
+    /// they may be evaluated past their own extent (as the first operand of another concat).
+    concats: Vec<usize>,
 }
 
 fn unsupported(kernel: &Kernel, what: impl std::fmt::Display) -> Error {
@@ -210,7 +213,7 @@ impl<'a> Lowerer<'a> {
             product: None,
             repeated_sum: false,
         };
-        Ok(Lowerer { kernel, out, gemm })
+        Ok(Lowerer { kernel, out, gemm, concats: vec![] })
     }
 
     /// `a @ b` in a gemm kernel: both operands must be views of reads; the value is the tile.
@@ -546,6 +549,14 @@ impl<'a> Lowerer<'a> {
                 loads[j] = node;
                 continue;
             }
+            // A concat as the first operand: its elements sit at the same coordinates, and past
+            // its extent it still reads in bounds (the select here never takes those values).
+            if let Slot::Value { node, .. } = slot {
+                if j == 0 && self.concats.contains(node) {
+                    loads[j] = *node;
+                    continue;
+                }
+            }
             let (read, shape, strides, dtype, offset) = self.mapped(slot, "concat")?;
             let mut s = strides.to_vec();
             let stride = std::mem::replace(&mut s[axis], 0);
@@ -561,7 +572,9 @@ impl<'a> Lowerer<'a> {
         }
         let c = self.push(Op::Const(na as f64), DType::I32, vec![1; self.rank()]);
         let first = self.push(Op::Binary(Binary::Lt, coord, c), DType::Bool, self.out.nodes[coord].shape.clone());
-        Ok(self.push(Op::Where(first, loads[0], loads[1]), ty.dtype, aligned))
+        let node = self.push(Op::Where(first, loads[0], loads[1]), ty.dtype, aligned);
+        self.concats.push(node);
+        Ok(node)
     }
 
     /// `gather(x, idx, axis)` of two views: the index is read at the element's coordinates
