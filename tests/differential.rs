@@ -286,7 +286,8 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
     for (i, n) in nodes.iter().enumerate() {
         computed[i] = match n {
             TensorLang::Op(code, ch) => match code.kind() {
-                Kind::Transpose | Kind::Reshape | Kind::Broadcast => computed[usize::from(ch[0])],
+                // (A slice of a read is one too: the read at an offset.)
+                Kind::Transpose | Kind::Reshape | Kind::Broadcast | Kind::Slice => computed[usize::from(ch[0])],
                 _ => true,
             },
             _ => false,
@@ -307,7 +308,11 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
             Kind::Transpose if computed[child] && ty(i) != ty(child) => {
                 return Err("a transpose of a value computed in the kernel".into());
             }
-            Kind::Reshape if computed[child] => {
+            // (The attention template stores its result through views: `views_above`.)
+            Kind::Reshape
+                if computed[child]
+                    && !matches!(nodes[child], TensorLang::Op(c, _) if c.kind() == Kind::Composite(Composite::Attention)) =>
+            {
                 let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
                 let (a, b) = (ty(i).expect("typed"), ty(child).expect("typed"));
                 if squeeze(&a.shape) != squeeze(&b.shape) {
@@ -320,7 +325,29 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
             reds.push((r, i));
         }
     }
-    let operand = |i: usize| anchors.iter().any(|&(_, a)| nodes[a].children().iter().any(|&c| usize::from(c) == i));
+    // Operands of index maps (`concat`, `gather`) are read at the places the map computes.
+    let mapped = |i: usize| {
+        nodes.iter().any(|n| {
+            matches!(n, TensorLang::Op(c, ch) if matches!(c.kind(), Kind::Concat | Kind::Gather)
+                && ch[..2].iter().any(|&x| usize::from(x) == i))
+        })
+    };
+    // Views of attention's result, which its template stores through them.
+    let mut attention_view = vec![false; nodes.len()];
+    for (i, n) in nodes.iter().enumerate() {
+        if let TensorLang::Op(c, ch) = n {
+            let below = usize::from(ch[0]);
+            let of_attention =
+                matches!(&nodes[below], TensorLang::Op(b, _) if b.kind() == Kind::Composite(Composite::Attention));
+            attention_view[i] =
+                matches!(c.kind(), Kind::Transpose | Kind::Reshape) && (of_attention || attention_view[below]);
+        }
+    }
+    let operand = |i: usize| {
+        mapped(i)
+            || attention_view[i]
+            || anchors.iter().any(|&(_, a)| nodes[a].children().iter().any(|&c| usize::from(c) == i))
+    };
     for (i, n) in nodes.iter().enumerate() {
         let Some(t) = ty(i) else { continue };
         if matches!(n, TensorLang::Op(..))

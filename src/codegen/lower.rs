@@ -182,6 +182,9 @@ struct Lowerer<'a> {
     out: Lowered,
     /// For a gemm kernel: the product tile's read index and row stride.
     gemm: Option<(usize, usize)>,
+    /// Concatenations computed in the kernel: every read in them is clamped into its tensor, so
+    /// they may be evaluated past their own extent (as the first operand of another concat).
+    concats: Vec<usize>,
 }
 
 fn unsupported(kernel: &Kernel, what: impl std::fmt::Display) -> Error {
@@ -210,7 +213,7 @@ impl<'a> Lowerer<'a> {
             product: None,
             repeated_sum: false,
         };
-        Ok(Lowerer { kernel, out, gemm })
+        Ok(Lowerer { kernel, out, gemm, concats: vec![] })
     }
 
     /// `a @ b` in a gemm kernel: both operands must be views of reads; the value is the tile.
@@ -485,6 +488,14 @@ impl<'a> Lowerer<'a> {
         Ok((a, aligned))
     }
 
+    /// The node of a value that is the same at every element (a broadcast literal), if it is one.
+    fn uniform(&self, slot: &Slot) -> Option<usize> {
+        match slot {
+            Slot::Value { node, .. } if self.out.nodes[*node].shape.iter().all(|&d| d == 1) => Some(*node),
+            _ => None,
+        }
+    }
+
     /// The view of operand `k` of an index map, which must be a tensor in memory.
     fn mapped<'s>(&self, slot: &'s Slot, name: &str) -> Result<MappedView<'s>> {
         match slot {
@@ -499,6 +510,9 @@ impl<'a> Lowerer<'a> {
     /// `slice(x, axis, start, stop, step)` of a view: the same tensor from a later element,
     /// with the axis' stride times the step.
     fn slice(&mut self, ch: &[usize], ty: &TensorType, facts: &[Fact], x: &Slot) -> Result<Slot> {
+        if let Some(node) = self.uniform(x) {
+            return Ok(Slot::Value { node, shape: ty.shape.clone() });
+        }
         let (read, shape, strides, dtype, offset) = self.mapped(x, "slice")?;
         let k = |l: &Self, i: usize| l.konst(facts, ch[i], "a bound of slice").map(|v| v as i64);
         let axis = norm_axis(k(self, 1)?, shape.len()).map_err(Error::Invalid)?;
@@ -531,8 +545,14 @@ impl<'a> Lowerer<'a> {
         for (j, slot) in [&slots[ch[0]], &slots[ch[1]]].into_iter().enumerate() {
             // A value the same everywhere (a broadcast literal: the zeros a slice's gradient is
             // padded with) is used as it is.
+            if let Some(node) = self.uniform(slot) {
+                loads[j] = node;
+                continue;
+            }
+            // A concat as the first operand: its elements sit at the same coordinates, and past
+            // its extent it still reads in bounds (the select here never takes those values).
             if let Slot::Value { node, .. } = slot {
-                if self.out.nodes[*node].shape.iter().all(|&d| d == 1) {
+                if j == 0 && self.concats.contains(node) {
                     loads[j] = *node;
                     continue;
                 }
@@ -552,25 +572,35 @@ impl<'a> Lowerer<'a> {
         }
         let c = self.push(Op::Const(na as f64), DType::I32, vec![1; self.rank()]);
         let first = self.push(Op::Binary(Binary::Lt, coord, c), DType::Bool, self.out.nodes[coord].shape.clone());
-        Ok(self.push(Op::Where(first, loads[0], loads[1]), ty.dtype, aligned))
+        let node = self.push(Op::Where(first, loads[0], loads[1]), ty.dtype, aligned);
+        self.concats.push(node);
+        Ok(node)
     }
 
     /// `gather(x, idx, axis)` of two views: the index is read at the element's coordinates
     /// along the index axes, and `x` at that index (clamped into `x`'s extent: an index out of
     /// range reads a wrong element, never outside the tensor; the CPU reference reports it).
     fn gather(&mut self, ch: &[usize], ty: &TensorType, facts: &[Fact], slots: &[Slot]) -> Result<usize> {
+        if let Some(node) = self.uniform(&slots[ch[0]]) {
+            return Ok(node);
+        }
         let (xr, xs, xst, xd, xo) = self.mapped(&slots[ch[0]], "gather")?;
         let (xs, xst) = (xs.to_vec(), xst.to_vec());
-        let (ir, is, ist, id, io) = self.mapped(&slots[ch[1]], "gather")?;
-        let (is, ist) = (is.to_vec(), ist.to_vec());
+        let idx_rank = facts[ch[1]].ty.as_ref().map_or(0, |t| t.rank());
         let axis =
             norm_axis(self.konst(facts, ch[2], "the axis of gather")? as i64, xs.len()).map_err(Error::Invalid)?;
-        let (before, after) = (axis, xs.len() - axis - 1);
         let zeros = |n: usize| std::iter::repeat_n(0, n);
-        let idx_strides: Vec<usize> = zeros(before).chain(ist.iter().copied()).chain(zeros(after)).collect();
-        let index = self.load(ir, &ty.shape, &idx_strides, id, io)?;
+        let index = match self.uniform(&slots[ch[1]]) {
+            Some(node) => node,
+            None => {
+                let (ir, _, ist, id, io) = self.mapped(&slots[ch[1]], "gather")?;
+                let (before, after) = (axis, xs.len() - axis - 1);
+                let idx_strides: Vec<usize> = zeros(before).chain(ist.iter().copied()).chain(zeros(after)).collect();
+                self.load(ir, &ty.shape, &idx_strides, id, io)?
+            }
+        };
         let x_strides: Vec<usize> =
-            xst[..axis].iter().copied().chain(zeros(is.len())).chain(xst[axis + 1..].iter().copied()).collect();
+            xst[..axis].iter().copied().chain(zeros(idx_rank)).chain(xst[axis + 1..].iter().copied()).collect();
         let (a, aligned) = self.access(xr, &ty.shape, &x_strides, xd)?;
         let index = Some(Index { node: index, stride: xst[axis], extent: xs[axis] });
         Ok(self.push(Op::IndexLoad { access: a, offset: xo, index }, xd, aligned))

@@ -799,7 +799,11 @@ impl Shaped<'_> {
             }
             Some(k @ (Kind::Slice | Kind::Concat | Kind::Gather)) => {
                 let operands = if k == Kind::Slice { 1 } else { 2 };
-                if n.children().take(operands).any(|c| self.computed_below(c)) {
+                // (A concat's first operand may be another concat: codegen selects it in place.)
+                let nested = |i: usize, c: usize| {
+                    k == Kind::Concat && i == 0 && self.in_body(c) && self.dag.nodes[c].kind() == Some(Kind::Concat)
+                };
+                if n.children().take(operands).enumerate().any(|(i, c)| self.computed_below(c) && !nested(i, c)) {
                     let name = n.node.head();
                     return Err(format!("`{name}` of a value computed in the same kernel needs it in device memory"));
                 }

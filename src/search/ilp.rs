@@ -71,6 +71,8 @@ fn node_terms(egraph: &TensorGraph, node: &TensorLang) -> Terms {
     }
     let flops = match kind {
         None | Some(Kind::Reshape | Kind::Broadcast | Kind::Transpose) => 0,
+        // (Index maps compute nothing; scatter_add's sums are counted as none, a bound.)
+        Some(Kind::Slice | Kind::Concat | Kind::Gather | Kind::ScatterAdd) => 0,
         Some(Kind::MatMul) => {
             let k = node.children().first().and_then(|&c| ty(c)).and_then(|t| t.shape.last().copied()).unwrap_or(1);
             numel.saturating_mul(2).saturating_mul(k as u64)
@@ -131,6 +133,22 @@ fn best_rates(profile: &DeviceProfile) -> (f64, f64) {
     (bw, rate)
 }
 
+/// Input classes some `slice` or `gather` reads: a plan may read only part of them (the cost
+/// model charges a slice's or gather's part), so the bound counts none of their bytes.
+fn partly_read(egraph: &TensorGraph) -> BTreeSet<Id> {
+    let mut out = BTreeSet::new();
+    for class in egraph.classes() {
+        for n in &class.nodes {
+            if let TensorLang::Op(code, ch) = n {
+                if matches!(code.kind(), Kind::Slice | Kind::Gather) {
+                    out.insert(egraph.find(ch[0]));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The relaxed cost of a choice of e-nodes (used by the tests to check the solver by brute force).
 pub fn relaxed_cost(egraph: &TensorGraph, selection: &Selection, roots: &[Id], profile: &DeviceProfile) -> f64 {
     let mut used = BTreeSet::new();
@@ -147,9 +165,10 @@ pub fn relaxed_cost(egraph: &TensorGraph, selection: &Selection, roots: &[Id], p
     let mut bytes: u64 = root_set.iter().map(|&r| bytes_of(r)).sum();
     let (mut flops, mut anchors) = (0u64, 0usize);
     let mut forced = BTreeSet::new();
+    let partial = partly_read(egraph);
     for &c in &used {
         let n = &selection[&c];
-        if matches!(n, TensorLang::Var(_)) && !is_root(egraph, roots, c) {
+        if matches!(n, TensorLang::Var(_)) && !is_root(egraph, roots, c) && !partial.contains(&c) {
             bytes += bytes_of(c);
         }
         let t = node_terms(egraph, n);
@@ -225,8 +244,9 @@ fn build_and_solve(
     let mut bytes = Expression::from(root_set.iter().map(|&r| bytes_of(r)).sum::<f64>());
     let mut flops = Expression::from(0.0);
     let mut anchors = Expression::from(0.0);
+    let partial = partly_read(egraph);
     for (c, n, x, terms) in &choice {
-        if matches!(n, TensorLang::Var(_)) && !is_root(egraph, roots, *c) {
+        if matches!(n, TensorLang::Var(_)) && !is_root(egraph, roots, *c) && !partial.contains(c) {
             bytes += bytes_of(*c) * *x;
         }
         flops += terms.flops as f64 * *x;

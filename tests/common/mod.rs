@@ -120,6 +120,12 @@ pub fn cases() -> Vec<Case> {
                 ("w", "(concat (slice a -1 3 35 1) b 0)"),
             ],
         ),
+        // A slice's gradient: the upstream gradient between zeros, two nested concats.
+        case(
+            "slice_grad_pad",
+            &[("g", f32(&[64, 128]))],
+            &[("y", "(concat (concat (broadcast 0 [64,64]) g -1) (broadcast 0 [64,64]) -1)")],
+        ),
         case(
             "gathers",
             &[

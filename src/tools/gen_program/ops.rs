@@ -388,6 +388,76 @@ impl Gen {
         self.input(DType::I32, shape)
     }
 
+    /// `slice(a, axis, start, stop, step)`: a start in the axis (sometimes written from the
+    /// end), a stop after it (sometimes past the end), a step of 1 to 3.
+    pub(super) fn slice(&mut self, s: &Step) -> E {
+        let a = self.pick(s.a, |e| !e.literal && e.rank() >= 1);
+        let a = a.unwrap_or_else(|| self.float_of_rank(s.a, 1));
+        let (axis, ta) = Gen::axis(a.rank(), s.attr);
+        let n = a.shape()[axis] as i64;
+        let step = 1 + (s.attr2 % 3) as i64;
+        let start = (s.attr2 / 3) as i64 % n;
+        let stop = start + 1 + (s.b as i64 % (n - start + 1));
+        let (first, len) = crate::ir::infer::slice_range(n as usize, start, stop, step).expect("a nonempty slice");
+        debug_assert_eq!(first as i64, start);
+        let start_text = if s.attr2 & 0x4000 != 0 { (start - n).to_string() } else { start.to_string() };
+        let mut shape = a.shape().to_vec();
+        shape[axis] = len;
+        let text = format!("slice({}, {ta}, {start_text}, {stop}, {step})", a.text);
+        let e = a.derive(text, TensorType::new(a.dtype(), shape), a.lo, a.hi, true);
+        self.emit(e)
+    }
+
+    /// `concat(a, b, axis)`: `b` an existing value that matches `a` off the axis, or a new input.
+    pub(super) fn concat(&mut self, s: &Step) -> E {
+        let a = self.pick(s.a, |e| !e.literal && e.rank() >= 1 && numel(e.shape()) * 2 <= MAX_NUMEL);
+        let a = a.unwrap_or_else(|| self.float_of_rank(s.a, 1));
+        let (axis, ta) = Gen::axis(a.rank(), s.attr);
+        let matches = |e: &E| {
+            !e.literal
+                && e.dtype() == a.dtype()
+                && e.rank() == a.rank()
+                && (0..a.rank()).all(|k| k == axis || e.shape()[k] == a.shape()[k])
+        };
+        let b = match self.pick(s.b, matches) {
+            Some(b) if !s.c.is_multiple_of(3) => b,
+            _ => {
+                let mut shape = a.shape().to_vec();
+                shape[axis] = choose(&SIZES, s.c).min(MAX_NUMEL / numel(a.shape()).max(1)).max(1);
+                self.input(a.dtype(), shape)
+            }
+        };
+        let mut shape = a.shape().to_vec();
+        shape[axis] += b.shape()[axis];
+        let text = format!("concat({}, {}, {ta})", a.text, b.text);
+        let ty = TensorType::new(a.dtype(), shape);
+        let e = call("concat", &[], ty, a.lo.min(b.lo), a.hi.max(b.hi), a.exact && b.exact);
+        self.emit(E { text, ..e })
+    }
+
+    /// `gather(x, t, axis)` of a float or integer value by a new i32 input (whose random values
+    /// the reference draws below the axis' size).
+    pub(super) fn gather(&mut self, s: &Step) -> E {
+        let x = self.pick(s.a, |e| !e.literal && !e.is_bool() && e.rank() >= 1);
+        let x = x.unwrap_or_else(|| self.float_of_rank(s.a, 1));
+        let (axis, ta) = Gen::axis(x.rank(), s.attr);
+        let rest = numel(x.shape()) / x.shape()[axis];
+        let mut idx = self.frame_shape(s.b);
+        while idx.len() > 2 || numel(&idx) * rest > MAX_NUMEL {
+            if idx.is_empty() {
+                break;
+            }
+            idx.remove(0);
+        }
+        let t = self.input(DType::I32, idx.clone());
+        let mut shape = x.shape()[..axis].to_vec();
+        shape.extend_from_slice(&idx);
+        shape.extend_from_slice(&x.shape()[axis + 1..]);
+        let text = format!("gather({}, {}, {ta})", x.text, t.text);
+        let e = x.derive(text, TensorType::new(x.dtype(), shape), x.lo, x.hi, true);
+        self.emit(e)
+    }
+
     /// `onehot(t, n)`.
     pub(super) fn onehot(&mut self, s: &Step) -> E {
         let n = choose(&SIZES, s.attr).max(2);
