@@ -198,6 +198,16 @@ fn external_data_is_read_from_the_model_folder_only() {
         let e = load_program(path.to_str().unwrap(), &[]).unwrap_err().to_string();
         assert!(e.contains(want), "{e}");
     }
+    // A link inside the folder to a file outside it is refused like a `..`.
+    #[cfg(unix)]
+    {
+        let linked = tempfile::tempdir().unwrap();
+        let outside = Path::new("tests/onnx/external_data/model.onnx.data").canonicalize().unwrap();
+        std::os::unix::fs::symlink(outside, linked.path().join("model.onnx.data")).unwrap();
+        std::fs::write(linked.path().join("model.onnx"), &text).unwrap();
+        let e = load_program(linked.path().join("model.onnx").to_str().unwrap(), &[]).unwrap_err().to_string();
+        assert!(e.contains("external data location `model.onnx.data` leads out of the model's folder"), "{e}");
+    }
     // A truncated data file: the offsets point past its end.
     std::fs::write(tmp.path().join("model.onnx.data"), [0u8; 8]).unwrap();
     std::fs::write(tmp.path().join("m.onnx"), &text).unwrap();
