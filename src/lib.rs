@@ -89,7 +89,9 @@ pub use cost::profile::{DeviceProfile, TemplateRates};
 pub use cost::{analyse, KernelCost};
 pub use error::{Diagnostic, Error, Result};
 pub use frontend::json::{program_from_json, program_to_json};
-pub use frontend::onnx::{program_from_onnx, supported_onnx_ops, ONNX_DIM_METADATA_PREFIX, ONNX_OPSETS};
+pub use frontend::onnx::{
+    program_from_onnx, program_from_onnx_file, supported_onnx_ops, ONNX_DIM_METADATA_PREFIX, ONNX_OPSETS,
+};
 pub use frontend::parse::{load_program, parse_dim_override, parse_program};
 pub use ir::infer::{broadcast_shapes, infer, norm_axis, Fact, Inferred};
 pub use ir::lang::{AttnArg, Binary, Composite, Dims, Kind, Num, OpCode, OpInfo, Reduce, TensorLang, Unary, OPS};

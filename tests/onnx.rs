@@ -12,8 +12,19 @@ use eqfuse::{
     tolerance, DeviceProfile, OptimizeOptions, Program, Template, Tensor,
 };
 
-const MODELS: &[&str] =
-    &["layernorm", "mlp_softmax", "ops_shapes", "ops_pointwise", "ops_indexing", "ops_logic", "half"];
+const MODELS: &[&str] = &[
+    "layernorm",
+    "mlp_softmax",
+    "ops_shapes",
+    "ops_pointwise",
+    "ops_indexing",
+    "ops_logic",
+    "ops_gather",
+    "ops_shape_arith",
+    "conv_patches",
+    "external_data",
+    "half",
+];
 
 fn dir(model: &str) -> PathBuf {
     Path::new("tests/onnx").join(model)
@@ -125,15 +136,15 @@ fn unsupported_operators_are_named_together() {
     let e = load_program("tests/onnx/unsupported.onnx", &[]).unwrap_err().to_string();
     assert!(
         e.starts_with(
-            "tests/onnx/unsupported.onnx: 2 nodes use operators the ONNX importer does not read (Conv, Sign): \
-             node 1 `/sign` (Sign), node 2 `/conv/Conv` (Conv); it reads Add"
+            "tests/onnx/unsupported.onnx: 2 nodes use operators the ONNX importer does not read (MaxPool, Sign): \
+             node 1 `/sign` (Sign), node 2 `/pool/MaxPool` (MaxPool); it reads Add"
         ),
         "{e}"
     );
     let out =
         Command::new(env!("CARGO_BIN_EXE_eqfuse")).args(["optimize", "tests/onnx/unsupported.onnx"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("(Conv, Sign)"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("(MaxPool, Sign)"));
 }
 
 #[test]
@@ -152,6 +163,70 @@ fn run_cpu_uses_the_model_weights() {
     let got = read_npy(out_dir.path().join("y.npy"), &ty).unwrap();
     let want = read_npy("tests/onnx/mlp_softmax/expected/y.npy", &ty).unwrap();
     assert!(got.allclose(&want, 1e-5, 1e-5));
+}
+
+#[test]
+fn external_data_is_read_from_the_model_folder_only() {
+    // Loaded from its file, the model reads its weights from `model.onnx.data` beside it
+    // (`models_evaluate_to_the_independent_results` checks the values); from bytes alone,
+    // with no folder to read them from, it is an error naming the initializer.
+    let p = load("external_data", &[]);
+    assert_eq!(p.values.len(), 2);
+    let bytes = std::fs::read("tests/onnx/external_data/model.onnx").unwrap();
+    let e = program_from_onnx("m.onnx", &bytes, &[]).unwrap_err().to_string();
+    assert!(e.contains("initializer `w1`: its data is in the external file `model.onnx.data`"), "{e}");
+    // A location leaving the model's folder is refused, though the file it names exists.
+    let e = load_program("tests/onnx/external_escape/model.onnx", &[]).unwrap_err().to_string();
+    assert!(
+        e.contains("initializer `w1`: external data location `../external_data/model.onnx.data` is not a file inside"),
+        "{e}"
+    );
+    // So are an absolute location, a range outside the file and a missing file, each an error
+    // (never a panic or a read of the claimed size).
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy("tests/onnx/external_data/model.onnx.data", tmp.path().join("model.onnx.data")).unwrap();
+    let text = std::fs::read("tests/onnx/external_data/model.onnx").unwrap();
+    for (from, to, want) in [
+        (&b"model.onnx.data"[..], &b"/etc/passwd0000"[..], "is not a file inside the model's folder"),
+        (b"model.onnx.data", b"model.onnx.dat_", "external data `model.onnx.dat_`:"),
+    ] {
+        let pos = text.windows(from.len()).position(|w| w == from).unwrap();
+        let mut bad = text.clone();
+        bad[pos..pos + from.len()].copy_from_slice(to);
+        let path = tmp.path().join("bad.onnx");
+        std::fs::write(&path, &bad).unwrap();
+        let e = load_program(path.to_str().unwrap(), &[]).unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+    }
+    // A link inside the folder to a file outside it is refused like a `..`.
+    #[cfg(unix)]
+    {
+        let linked = tempfile::tempdir().unwrap();
+        let outside = Path::new("tests/onnx/external_data/model.onnx.data").canonicalize().unwrap();
+        std::os::unix::fs::symlink(outside, linked.path().join("model.onnx.data")).unwrap();
+        std::fs::write(linked.path().join("model.onnx"), &text).unwrap();
+        let e = load_program(linked.path().join("model.onnx").to_str().unwrap(), &[]).unwrap_err().to_string();
+        assert!(e.contains("external data location `model.onnx.data` leads out of the model's folder"), "{e}");
+    }
+    // A truncated data file: the offsets point past its end.
+    std::fs::write(tmp.path().join("model.onnx.data"), [0u8; 8]).unwrap();
+    std::fs::write(tmp.path().join("m.onnx"), &text).unwrap();
+    let e = load_program(tmp.path().join("m.onnx").to_str().unwrap(), &[]).unwrap_err().to_string();
+    assert!(e.contains("are outside the file (8 bytes)"), "{e}");
+}
+
+#[test]
+fn convolutions_other_than_patch_embeddings_are_refused() {
+    for (k, why) in [
+        ("stride", "strides [2, 2] differ from the kernel [4, 4]"),
+        ("pads", "pads [1, 1, 1, 1]"),
+        ("group", "group = 3"),
+    ] {
+        let path = format!("tests/onnx/conv_{k}.onnx");
+        let e = load_program(&path, &[]).unwrap_err().to_string();
+        assert!(e.contains(&format!("node 0 `/bad_{k}/Conv` (Conv): {why}")), "{e}");
+        assert!(e.contains("general convolution is not supported"), "{e}");
+    }
 }
 
 /// A small deterministic generator (xorshift) for the fuzz loop.

@@ -140,7 +140,7 @@ pub fn load_program(path: &str, overrides: &[(String, usize)]) -> Result<Program
         "eqf" => parse_program(path, &read(path)?, overrides),
         "json" if overrides.is_empty() => crate::frontend::json::program_from_json(path, &read(path)?),
         "json" => Err(Error::Usage(format!("{path}: --dim applies to .eqf programs; a JSON graph has fixed shapes"))),
-        "onnx" => crate::frontend::onnx::program_from_onnx(path, &read_file(path)?, overrides),
+        "onnx" => crate::frontend::onnx::program_from_onnx_file(path, overrides),
         _ => Err(Error::Invalid(format!("{path}: unknown program format; expected .eqf, .json, .onnx or - (stdin)"))),
     }
 }

@@ -5,6 +5,9 @@
 //! size is allocated, so a model whose dims claim more data than it carries is an error, not an
 //! allocation of the claimed size.
 
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Component, Path};
+
 use super::proto::{data_type as dt, TensorProto};
 use crate::ir::program::MAX_ELEMENTS;
 use crate::ir::tensor::Tensor;
@@ -118,18 +121,79 @@ pub fn nonempty(shape: &[usize]) -> Result<(), String> {
     Ok(())
 }
 
-/// Decodes a tensor's values. Errors name what is wrong (external data, a count mismatch).
-pub fn decode(t: &TensorProto) -> Result<Const, String> {
-    if t.data_location == 1 {
-        return Err("its data is stored in an external file, which the importer does not read".to_string());
-    }
+/// Decodes a tensor's values. Errors name what is wrong (external data that cannot be read, a
+/// count mismatch). `folder` is the model's folder, where external data files are; `None` (a
+/// model given as bytes alone) refuses external data.
+pub fn decode(t: &TensorProto, folder: Option<&Path>) -> Result<Const, String> {
     let shape = shape_of(&t.dims)?;
     let n: usize = shape.iter().product();
-    let data = if t.raw_data.is_empty() { typed_values(t, n)? } else { raw_values(t.data_type, &t.raw_data, n)? };
+    let data = if t.data_location == 1 {
+        let raw = external_bytes(t, folder)?;
+        raw_values(t.data_type, &raw, n)?
+    } else if t.raw_data.is_empty() {
+        typed_values(t, n)?
+    } else {
+        raw_values(t.data_type, &t.raw_data, n)?
+    };
     if data.len() != n {
         return Err(format!("shape {:?} needs {n} values, the tensor holds {}", t.dims, data.len()));
     }
     Ok(Const { elem: t.data_type, shape, data })
+}
+
+/// The bytes of a tensor stored as external data: `length` bytes (or the rest of the file) at
+/// `offset` of `location`, a file in the model's folder. A location that is absolute or leaves
+/// the folder (`..`, a link out of it) and a range outside the file are refused, and the file's
+/// size is checked before anything of the claimed length is allocated.
+fn external_bytes(t: &TensorProto, folder: Option<&Path>) -> Result<Vec<u8>, String> {
+    let entry = |key: &str| t.external_data.iter().rev().find(|e| e.key == key).map(|e| e.value.as_str());
+    let number = |key: &str| -> Result<Option<u64>, String> {
+        entry(key)
+            .map(|v| v.trim().parse::<u64>().map_err(|_| format!("external data {key} `{v}` is not a byte count")))
+            .transpose()
+    };
+    let location = entry("location").ok_or("its data is external, but no `location` names the file")?;
+    let folder = folder.ok_or_else(|| {
+        format!(
+            "its data is in the external file `{location}`, and the model's folder is not known (load it from a file)"
+        )
+    })?;
+    let rel = Path::new(location);
+    let escapes = location.is_empty()
+        || rel.is_absolute()
+        || rel.components().any(|c| !matches!(c, Component::Normal(_) | Component::CurDir));
+    if escapes {
+        return Err(format!(
+            "external data location `{location}` is not a file inside the model's folder (a relative path without `..`)"
+        ));
+    }
+    let path = folder.join(rel);
+    let open_err = |e: std::io::Error| format!("external data `{location}`: {e}");
+    // A link inside the folder that points out of it is refused like a `..`.
+    let (real, real_folder) = (path.canonicalize().map_err(open_err)?, folder.canonicalize().map_err(open_err)?);
+    if !real.starts_with(&real_folder) {
+        return Err(format!("external data location `{location}` leads out of the model's folder"));
+    }
+    let mut file = std::fs::File::open(&real).map_err(open_err)?;
+    let meta = file.metadata().map_err(open_err)?;
+    if !meta.is_file() {
+        return Err(format!("external data location `{location}` is not a file"));
+    }
+    let size = meta.len();
+    let offset = number("offset")?.unwrap_or(0);
+    let length = match number("length")? {
+        Some(l) => l,
+        None => size.checked_sub(offset).unwrap_or(u64::MAX),
+    };
+    if offset.checked_add(length).is_none_or(|end| end > size) {
+        return Err(format!(
+            "external data `{location}`: bytes {offset} to {} are outside the file ({size} bytes)",
+            offset.saturating_add(length)
+        ));
+    }
+    let mut raw = vec![0u8; length as usize];
+    file.seek(SeekFrom::Start(offset)).and_then(|_| file.read_exact(&mut raw)).map_err(open_err)?;
+    Ok(raw)
 }
 
 /// Values from the typed field the element type uses.
@@ -223,21 +287,21 @@ mod tests {
     fn raw_and_typed_agree() {
         let raw: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|v| v.to_le_bytes()).collect();
         let t = TensorProto { dims: vec![2], data_type: dt::FLOAT, raw_data: raw, ..Default::default() };
-        assert_eq!(decode(&t).unwrap().data, vec![1.5, -2.0]);
+        assert_eq!(decode(&t, None).unwrap().data, vec![1.5, -2.0]);
         let t = TensorProto { dims: vec![2], data_type: dt::FLOAT, float_data: vec![1.5, -2.0], ..Default::default() };
-        assert_eq!(decode(&t).unwrap().data, vec![1.5, -2.0]);
+        assert_eq!(decode(&t, None).unwrap().data, vec![1.5, -2.0]);
         let t = TensorProto { dims: vec![3], data_type: dt::INT64, int64_data: vec![0, -1, 7], ..Default::default() };
-        assert_eq!(decode(&t).unwrap().ints().unwrap(), vec![0, -1, 7]);
+        assert_eq!(decode(&t, None).unwrap().ints().unwrap(), vec![0, -1, 7]);
     }
 
     #[test]
     fn claimed_sizes_are_checked() {
         let t = TensorProto { dims: vec![1 << 40, 1 << 20], data_type: dt::FLOAT, ..Default::default() };
-        assert!(decode(&t).unwrap_err().contains("2^48"));
+        assert!(decode(&t, None).unwrap_err().contains("2^48"));
         let t = TensorProto { dims: vec![4], data_type: dt::FLOAT, raw_data: vec![0; 15], ..Default::default() };
-        assert!(decode(&t).unwrap_err().contains("need 16 bytes"));
+        assert!(decode(&t, None).unwrap_err().contains("need 16 bytes"));
         let t = TensorProto { dims: vec![0], data_type: dt::INT64, ..Default::default() };
-        assert_eq!(decode(&t).unwrap().ints().unwrap(), Vec::<i64>::new());
+        assert_eq!(decode(&t, None).unwrap().ints().unwrap(), Vec::<i64>::new());
         assert!(nonempty(&[4, 0]).is_err());
     }
 

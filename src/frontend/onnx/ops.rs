@@ -7,7 +7,10 @@
 //! permutation is a sequence of axis swaps, `keepdims=0` and `Unsqueeze`/`Squeeze` are reshapes,
 //! a layer norm over several trailing axes flattens them first, `Split` is one slice per output,
 //! `Concat` of several inputs nested binary concats, and `Gather` by a constant one-element
-//! index a slice (its bound stays a literal the planner reads).
+//! index a slice (its bound stays a literal the planner reads). `GatherElements` and
+//! `GatherND` are one `gather` of the (partly) flattened data at linear positions computed
+//! with `iota` arithmetic; `Conv` is read only as a patch embedding (a product of the image's
+//! patches with the flattened weight).
 //! Invariant: a lowering either returns the value ONNX defines (type-checked by the builder) or
 //! an error saying which input or attribute is wrong; it never guesses a value.
 
@@ -75,6 +78,12 @@ pub(super) const OPS: &[OnnxOp] = &[
     op("Unsqueeze", 1, 2, |im, n| im.unsqueeze(n)),
     op("Squeeze", 1, 2, |im, n| im.squeeze(n)),
     op("Gather", 2, 2, |im, n| im.gather(n)),
+    op("GatherElements", 2, 2, |im, n| im.gather_elements(n)),
+    op("GatherND", 2, 2, |im, n| im.gather_nd(n)),
+    op("Conv", 2, 3, |im, n| im.conv(n)),
+    op("Shape", 1, 1, |im, n| im.shape_op(n)),
+    op("ConstantOfShape", 1, 1, |im, n| im.constant_of_shape(n)),
+    op("Flatten", 1, 1, |im, n| im.flatten(n)),
     op("Slice", 1, 5, |im, n| im.slice_op(n)),
     op("Concat", 1, usize::MAX, |im, n| im.concat(n)),
     op("Split", 1, 2, |im, n| im.split(n)),
@@ -471,16 +480,225 @@ impl Importer<'_> {
         if perm.len() != rank || perm.iter().any(|&a| std::mem::replace(&mut seen[a], true)) {
             return Err(format!("perm {perm:?} is not a permutation of {rank} axes"));
         }
-        let mut order: Vec<usize> = (0..rank).collect();
-        let mut y = x;
+        self.permute(&x, &perm).map(Out::Val)
+    }
+
+    /// `x` with its axes in the order `perm` (a permutation), as axis swaps.
+    fn permute(&mut self, x: &Val, perm: &[usize]) -> R<Val> {
+        let mut order: Vec<usize> = (0..x.shape.len()).collect();
+        let mut y = x.clone();
         for (i, &want) in perm.iter().enumerate() {
-            let j = order.iter().position(|&a| a == want).expect("perm is a permutation");
+            let j = order.iter().position(|&a| a == want).ok_or("not a permutation")?;
             if j != i {
                 y = self.swap(&y, i, j)?;
                 order.swap(i, j);
             }
         }
-        Ok(Out::Val(y))
+        Ok(y)
+    }
+
+    /// `0, 1, ..., shape[d] - 1` along axis `d` of a tensor of rank `shape.len()` (size 1 on
+    /// the other axes, to broadcast): the coordinate of each element along that axis.
+    fn coordinate(&mut self, shape: &[usize], d: usize) -> R<Val> {
+        let size = self.prog.num(shape[d] as f64);
+        let id = self.prog.apply(Kind::Iota, vec![size])?;
+        let v = Val { id, shape: vec![shape[d]], dtype: DType::I32 };
+        let mut ones = vec![1; shape.len()];
+        ones[d] = shape[d];
+        self.reshape(&v, ones)
+    }
+
+    /// An index into an axis of `size` elements with a negative index counted from the end:
+    /// `where(i < 0, i + size, i)`.
+    fn wrapped(&mut self, idx: &Val, size: usize) -> R<Val> {
+        let zero = self.literal(0.0, DType::I32);
+        let neg = self.pointwise(Kind::Binary(Binary::Lt), &[idx.clone(), zero])?;
+        let n = self.literal(size as f64, DType::I32);
+        let up = self.pointwise(Kind::Binary(Binary::Add), &[idx.clone(), n])?;
+        self.pointwise(Kind::Where, &[neg, up, idx.clone()])
+    }
+
+    /// `acc + i * stride` (integers), or `i * stride` when there is no `acc` yet.
+    fn add_scaled(&mut self, acc: Option<Val>, i: Val, stride: usize) -> R<Val> {
+        let term = if stride == 1 {
+            i
+        } else {
+            let k = self.literal(stride as f64, DType::I32);
+            self.pointwise(Kind::Binary(Binary::Mul), &[i, k])?
+        };
+        match acc {
+            Some(a) => self.pointwise(Kind::Binary(Binary::Add), &[a, term]),
+            None => Ok(term),
+        }
+    }
+
+    /// The data and index inputs of a gather-like node: integer indices, and data whose
+    /// element count fits the i32 positions the lowering computes.
+    fn gather_operands(&mut self, n: &NodeProto) -> R<(Val, Val)> {
+        let (x, idx) = (self.input(n, 0)?, self.input(n, 1)?);
+        if idx.dtype != DType::I32 {
+            return Err(format!("input 1 (the indices) must be integers, got {}", idx.dtype));
+        }
+        if x.shape.iter().product::<usize>() > i32::MAX as usize {
+            return Err(format!("the data of shape {:?} has more elements than i32 positions reach", x.shape));
+        }
+        Ok((x, idx))
+    }
+
+    /// `GatherElements(data, indices, axis)` (`torch.gather`): the element of `data` at each
+    /// position of `indices`, with the index along `axis`. One `gather` of the flattened data at
+    /// linear positions `sum_d coordinate_d * stride_d`, the coordinate along `axis` being the
+    /// (wrapped) index and the others `iota`s.
+    fn gather_elements(&mut self, n: &NodeProto) -> R<Out> {
+        let (x, idx) = self.gather_operands(n)?;
+        let rank = x.shape.len();
+        if rank == 0 || idx.shape.len() != rank {
+            return Err(format!(
+                "the indices (shape {:?}) must have the data's rank (shape {:?}), 1 or more",
+                idx.shape, x.shape
+            ));
+        }
+        let axis = norm_axis(attrs(n).int("axis", 0)?, rank)?;
+        if let Some(d) = (0..rank).find(|&d| d != axis && idx.shape[d] > x.shape[d]) {
+            return Err(format!(
+                "the indices' axis {d} has {} elements, more than the data's {}",
+                idx.shape[d], x.shape[d]
+            ));
+        }
+        let mut pos = None;
+        for d in 0..rank {
+            let stride: usize = x.shape[d + 1..].iter().product();
+            let coord = if d == axis { self.wrapped(&idx, x.shape[d])? } else { self.coordinate(&idx.shape, d)? };
+            pos = Some(self.add_scaled(pos, coord, stride)?);
+        }
+        let pos = pos.ok_or("no axes")?;
+        let pos = self.broadcast(&pos, idx.shape.clone())?;
+        let flat = self.reshape(&x, vec![x.shape.iter().product()])?;
+        self.take(&flat, &pos, 0).map(Out::Val)
+    }
+
+    /// `GatherND(data, indices, batch_dims = 0)`: the slice of `data` at each index tuple of
+    /// the indices' last axis (of length `k`). One `gather` along the first axis of `data`
+    /// with its first `k` axes flattened, at linear positions computed from the tuples.
+    /// `batch_dims` other than 0 is refused.
+    fn gather_nd(&mut self, n: &NodeProto) -> R<Out> {
+        let batch = attrs(n).int("batch_dims", 0)?;
+        if batch != 0 {
+            return Err(format!("batch_dims = {batch} is not supported (0 is)"));
+        }
+        let (x, idx) = self.gather_operands(n)?;
+        let k = *idx.shape.last().ok_or("the indices are a scalar; GatherND needs rank 1 or more")?;
+        if k == 0 || k > x.shape.len() {
+            return Err(format!(
+                "index tuples of length {k} do not index data of rank {} (1 to its rank)",
+                x.shape.len()
+            ));
+        }
+        let lead = &idx.shape[..idx.shape.len() - 1];
+        let last = idx.shape.len() - 1;
+        let mut pos = None;
+        for j in 0..k {
+            let part = self.slice_val(&idx, last, j as i64, j as i64 + 1, 1)?;
+            let part = self.reshape_any(&part, lead.to_vec())?;
+            let coord = self.wrapped(&part, x.shape[j])?;
+            pos = Some(self.add_scaled(pos, coord, x.shape[j + 1..k].iter().product())?);
+        }
+        let pos = pos.ok_or("no index axes")?;
+        let mut flat = vec![x.shape[..k].iter().product()];
+        flat.extend_from_slice(&x.shape[k..]);
+        let data = self.reshape(&x, flat)?;
+        self.take(&data, &pos, 0).map(Out::Val)
+    }
+
+    /// `gather(x, idx, axis)`.
+    fn take(&mut self, x: &Val, idx: &Val, axis: usize) -> R<Val> {
+        let (xi, ii) = (self.exact(x)?, self.exact(idx)?);
+        let rank = x.shape.len();
+        let a = self.prog.num(axis_literal(axis, rank));
+        let id = self.prog.apply(Kind::Gather, vec![xi, ii, a])?;
+        let mut shape = x.shape[..axis].to_vec();
+        shape.extend_from_slice(&idx.shape);
+        shape.extend_from_slice(&x.shape[axis + 1..]);
+        Ok(Val { id, shape, dtype: x.dtype })
+    }
+
+    /// `v` reshaped to `shape`, which may be a scalar (`[]`).
+    fn reshape_any(&mut self, v: &Val, shape: Vec<usize>) -> R<Val> {
+        if v.shape == shape {
+            return Ok(v.clone());
+        }
+        let id = self.exact(v)?;
+        let dims = self.prog.add(TensorLang::Dims(Dims(shape.clone())))?;
+        let id = self.prog.apply(Kind::Reshape, vec![id, dims])?;
+        Ok(Val { id, shape, dtype: v.dtype })
+    }
+
+    /// `Conv` in the one form a patch embedding (ViT) uses: 2-D, the stride equal to the kernel,
+    /// no padding, no dilation, one group. The image's patches as rows (`[B, N, C*kh*kw]`, a
+    /// reshape and a transpose) times the flattened weight, plus the bias, back to
+    /// `[B, O, H/kh, W/kw]`. Any other convolution is refused, naming why.
+    fn conv(&mut self, n: &NodeProto) -> R<Out> {
+        let (x, w) = (self.input(n, 0)?, self.input(n, 1)?);
+        let bias = self.opt_input(n, 2)?;
+        let general = "general convolution is not supported; only a patch embedding (2-D, strides equal to \
+                       the kernel, no padding, no dilation, group 1) is";
+        if x.shape.len() != 4 || w.shape.len() != 4 {
+            return Err(format!(
+                "input shapes {:?} and weight {:?} are not a 2-D convolution's; {general}",
+                x.shape, w.shape
+            ));
+        }
+        let a = attrs(n);
+        let (kh, kw) = (w.shape[2], w.shape[3]);
+        if let Some(ks) = a.ints("kernel_shape")? {
+            if ks != [kh as i64, kw as i64] {
+                return Err(format!("kernel_shape {ks:?} disagrees with the weight's {:?}", &w.shape[2..]));
+            }
+        }
+        let group = a.int("group", 1)?;
+        if group != 1 {
+            return Err(format!("group = {group}; {general}"));
+        }
+        let strides = a.ints("strides")?.unwrap_or(vec![1, 1]);
+        if strides != [kh as i64, kw as i64] {
+            return Err(format!("strides {strides:?} differ from the kernel [{kh}, {kw}]; {general}"));
+        }
+        if let Some(d) = a.ints("dilations")?.filter(|d| d.iter().any(|&v| v != 1)) {
+            return Err(format!("dilations {d:?}; {general}"));
+        }
+        if let Some(p) = a.ints("pads")?.filter(|p| p.iter().any(|&v| v != 0)) {
+            return Err(format!("pads {p:?}; {general}"));
+        }
+        let auto_pad = a.string("auto_pad", "NOTSET")?;
+        if !matches!(auto_pad.as_str(), "NOTSET" | "VALID") {
+            return Err(format!("auto_pad = {auto_pad}; {general}"));
+        }
+        let [b, c, h, wd] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+        let o = w.shape[0];
+        if w.shape[1] != c {
+            return Err(format!("the weight takes {} channels, the input has {c}", w.shape[1]));
+        }
+        let (hp, wp) = (h / kh, wd / kw);
+        if hp == 0 || wp == 0 {
+            return Err(format!("the kernel [{kh}, {kw}] is larger than the image [{h}, {wd}]"));
+        }
+        // Rows and columns past the last whole patch are not read.
+        let x = self.slice_val(&x, 2, 0, (hp * kh) as i64, 1)?;
+        let x = self.slice_val(&x, 3, 0, (wp * kw) as i64, 1)?;
+        let x = self.reshape(&x, vec![b, c, hp, kh, wp, kw])?;
+        let x = self.permute(&x, &[0, 2, 4, 1, 3, 5])?;
+        let patches = self.reshape(&x, vec![b, hp * wp, c * kh * kw])?;
+        let wm = self.reshape(&w, vec![o, c * kh * kw])?;
+        let wm = self.swap(&wm, 0, 1)?;
+        let mut y = self.product(&patches, &wm)?;
+        if let Some(bias) = bias {
+            if bias.shape != [o] {
+                return Err(format!("the bias has shape {:?}, not [{o}]", bias.shape));
+            }
+            y = self.pointwise(Kind::Binary(Binary::Add), &[y, bias])?;
+        }
+        let y = self.swap(&y, 1, 2)?;
+        self.reshape(&y, vec![b, o, hp, wp]).map(Out::Val)
     }
 
     /// `Expand`: broadcasting both ways, to the broadcast of the input's shape and the given one.
@@ -523,6 +741,58 @@ impl Importer<'_> {
         self.reshape(&x, shape).map(Out::Val)
     }
 
+    /// `Shape(x, start, end)`: the sizes of `x` (all static), a constant.
+    fn shape_op(&mut self, n: &NodeProto) -> R<Out> {
+        let name = n.input.first().filter(|s| !s.is_empty()).ok_or("input 0 is missing")?;
+        let shape = match (self.vals.get(name), self.consts.get(name)) {
+            (Some(v), _) => v.shape.clone(),
+            (None, Some(c)) => c.shape.clone(),
+            _ => return Err(super::undefined(name)),
+        };
+        let rank = shape.len() as i64;
+        let a = attrs(n);
+        let clamp = |v: i64| if v < 0 { (v + rank).max(0) } else { v.min(rank) } as usize;
+        let (start, end) = (clamp(a.int("start", 0)?), clamp(a.int("end", rank)?));
+        let sizes: Vec<f64> = shape[start..end.max(start)].iter().map(|&d| d as f64).collect();
+        Ok(Out::Const(Const { elem: dt::INT64, shape: vec![sizes.len()], data: sizes }))
+    }
+
+    /// `ConstantOfShape(shape, value)`: a constant of the given (constant) shape filled with
+    /// `value` (a one-element tensor; float 0 when absent). A large one is a broadcast literal
+    /// instead of a constant held element by element.
+    fn constant_of_shape(&mut self, n: &NodeProto) -> R<Out> {
+        let spec = self.const_input(n, 0)?.ok_or("input 0 (the shape) is missing")?.ints()?;
+        let spec = spec.iter().map(|&d| if d < 0 { -1 } else { d }).collect::<Vec<i64>>();
+        let shape = data::shape_of(&spec)?;
+        let value = match attrs(n).get("value", attr_type::TENSOR, "a tensor")? {
+            Some(a) => data::decode(a.t.as_ref().ok_or("attribute `value` holds no tensor")?, None)?,
+            None => Const { elem: dt::FLOAT, shape: vec![1], data: vec![0.0] },
+        };
+        if value.numel() != 1 {
+            return Err(format!("attribute `value` has {} elements, not one", value.numel()));
+        }
+        let numel: usize = shape.iter().product();
+        if numel <= 1 << 16 {
+            return Ok(Out::Const(Const { elem: value.elem, shape, data: vec![value.data[0]; numel] }));
+        }
+        let one = Const { shape: vec![], ..value };
+        let v = self.materialize("value", &one)?;
+        self.broadcast(&v, shape).map(Out::Val)
+    }
+
+    /// `Flatten(x, axis)`: a reshape to `[prod(shape[..axis]), prod(shape[axis..])]`.
+    fn flatten(&mut self, n: &NodeProto) -> R<Out> {
+        let x = self.input(n, 0)?;
+        let rank = x.shape.len() as i64;
+        let axis = attrs(n).int("axis", 1)?;
+        if axis < -rank || axis > rank {
+            return Err(format!("axis {axis} is outside [-{rank}, {rank}]"));
+        }
+        let axis = if axis < 0 { axis + rank } else { axis } as usize;
+        let shape = vec![x.shape[..axis].iter().product(), x.shape[axis..].iter().product()];
+        self.reshape(&x, shape).map(Out::Val)
+    }
+
     /// `Constant`: its value from whichever `value*` attribute it has.
     fn constant(&mut self, n: &NodeProto) -> R<Out> {
         let attr = n.attribute.first().filter(|_| n.attribute.len() == 1).ok_or("needs exactly one value attribute")?;
@@ -538,7 +808,9 @@ impl Importer<'_> {
         };
         let attr = Attrs(&n.attribute).get(&attr.name, ty, what)?.ok_or("the value attribute is missing")?;
         let c = match attr.name.as_str() {
-            "value" => data::decode(attr.t.as_ref().ok_or("attribute `value` holds no tensor")?)?,
+            "value" => {
+                data::decode(attr.t.as_ref().ok_or("attribute `value` holds no tensor")?, self.folder.as_deref())?
+            }
             "value_float" => Const { elem: dt::FLOAT, shape: vec![], data: vec![attr.f as f64] },
             "value_floats" => Const { elem: dt::FLOAT, shape: vec![attr.floats.len()], data: floats(&attr.floats) },
             "value_int" => Const { elem: dt::INT64, shape: vec![], data: vec![attr.i as f64] },

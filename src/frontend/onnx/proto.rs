@@ -171,6 +171,10 @@ pub struct TensorProto {
     pub double_data: Vec<f64>,
     #[prost(uint64, repeated, tag = "11")]
     pub uint64_data: Vec<u64>,
+    /// Where the values are when `data_location` is external: `location` (a file relative to
+    /// the model's folder), `offset` and `length` in bytes (and a `checksum` nobody checks).
+    #[prost(message, repeated, tag = "13")]
+    pub external_data: Vec<StringStringEntryProto>,
     /// `DataLocation`: 0 default (in this message), 1 external (in another file).
     #[prost(int32, tag = "14")]
     pub data_location: i32,
