@@ -592,7 +592,7 @@ impl Emitter<'_> {
             Op::Binary(b, x, y) if self.int_with_fraction(*x, *y) => {
                 // An integer with a fractional literal: the reference computes in f64 and
                 // truncates to i32 (a comparison compares the f64 values), so does this; the
-                // literal is not truncated first (found by the GPU differential run).
+                // literal is not truncated first.
                 let d = |i: usize| format!("((double){})", self.operand(i, "float", scope));
                 let (a, c) = (d(*x), d(*y));
                 match b {
@@ -966,7 +966,7 @@ mod tests {
         assert_eq!(literal(-1e60, "float"), "(-EQ_INF)");
         assert_eq!(literal(f64::NAN, "float"), "EQ_NAN");
         assert_eq!(literal(1.0, "bool"), "true");
-        // A negated negative literal must not read as `--` (found by the GPU differential run).
+        // A negated negative literal must not read as `--`.
         assert_eq!(unary_expr(Unary::Neg, &literal(-1.0, "float"), true), "(-(-1.0f))");
         assert_eq!(unary_expr(Unary::Neg, "n3", false), "(-n3)");
     }

@@ -617,8 +617,7 @@ impl<'a> Lowerer<'a> {
         if xshape[a] == 1 {
             // The value is the same all along the axis (it is broadcast there, or the axis has
             // one element): its max, min and mean are the value, its sum the value times the
-            // axis' extent (found by the GPU differential run: a sum over a broadcast axis came
-            // out as one element's value).
+            // axis' extent.
             let n = match x {
                 Slot::View { shape, .. } | Slot::Value { shape, .. } => shape[a + in_rank - self.rank()],
                 Slot::Attr => 1,
@@ -654,8 +653,8 @@ impl<'a> Lowerer<'a> {
             ));
         }
         // The template reduces along the iteration space's own extent: a value whose extent
-        // there differs (a gemm epilogue summing a read of another shape) has no loop to run on
-        // (found by the GPU differential run: a sum of a transposed read over the product's K).
+        // there differs (a gemm epilogue summing a read of another shape, such as a transposed
+        // read over the product's K) has no loop to run on.
         let (have, span) = (self.out.nodes[x].shape[a], self.out.domain[a]);
         if have != span {
             return Err(unsupported(

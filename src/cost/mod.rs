@@ -184,8 +184,7 @@ pub fn analyse(
         Err(e) => return Err(e),
     };
     // A product's kernel iterates over the product's elements: it can write nothing of another
-    // size (an operand passed through as an output had elements left unwritten; found by the GPU
-    // differential run).
+    // size (an operand passed through as an output would have elements left unwritten).
     let size: usize = domain.iter().product();
     // (Attention's log-sum-exp, one value per row, is the exception its kernels write, and
     // the query gradient beside the key and value gradients, of the queries' size.)
@@ -196,7 +195,7 @@ pub fn analyse(
         return Err("a matrix product's kernel writes only values the size of the product".into());
     }
     // Under strict numerics a product's epilogue is pointwise: the generated kernel sums a row of
-    // its tile in another order than the row template does (found by the strict GPU runs).
+    // its tile in another order than the row template does.
     let reduces = |b: &usize| dag.nodes[*b].kind().is_some_and(caps::reduces_rows_op);
     if profile.strict && template == Template::Gemm && body.iter().any(reduces) {
         return Err("under strict numerics a product's epilogue reduces nothing".into());
@@ -828,8 +827,7 @@ impl Shaped<'_> {
             (0..r).all(|k| at(own, k) == at(view, k) || at(own, k) == 1)
         };
         match n.kind() {
-            // (`onehot` reads its indices at the element's coordinates without the last one;
-            // found by the GPU differential run.)
+            // (`onehot` reads its indices at the element's coordinates without the last one.)
             Some(Kind::OneHot) => Err("onehot of a value computed in the same kernel needs it in device memory".into()),
             Some(Kind::Transpose) if self.shape(b) != self.shape(child) || !self.trivial_transpose(b) => {
                 Err("a transpose of a value computed in the same kernel needs it in device memory".into())
@@ -973,8 +971,7 @@ impl Shaped<'_> {
             }
             match self.reduction(b) {
                 // The epilogue reduces rows of the product's tile: a value of another shape (a
-                // read summed over its own axis) has no tile to be reduced in (found by the GPU
-                // differential run).
+                // read summed over its own axis) has no tile to be reduced in.
                 Some((Red::Row, input)) if input != domain => {
                     return Err(format!(
                         "a row reduction in a product's epilogue must reduce a value of the product's shape {}, not {}",

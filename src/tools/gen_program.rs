@@ -1,4 +1,4 @@
-//! Random well-typed `.eqf` programs for differential testing (issue 9).
+//! Random well-typed `.eqf` programs for differential testing.
 //!
 //! A [`Recipe`] is a list of random choices; [`Recipe::render`] interprets it as `.eqf` text,
 //! one statement per step (a step that writes a decomposed pattern, such as a layernorm written
