@@ -1211,7 +1211,7 @@ def _attention_math(L, q, k, v, s, is_causal, mask, lse_index, n_out):
     out = L.b.op("@", [p.node, vv.node], q.dtype, q.shape[:-1] + (v.shape[-1],))
     parts = [out] + [None] * (n_out - 1)
     want = _lse_shape(L, lse_index)
-    parts[lse_index] = (L.reshape(lse, want) if want == q.shape[:-1]
+    parts[lse_index] = (L.reshape(lse, want) if want in (q.shape[:-1], q.shape[:-1] + (1,))
                         else _Unsupported(f"the log-sum-exp of shape {want}"))
     return tuple(_Unsupported("an SDPA output other than the result and the log-sum-exp") if p is None else p
                  for p in parts)
@@ -1253,8 +1253,8 @@ def _sdpa_parts(L, q, k, v, s, is_causal, lse_index, n_out):
     out = L.b.op("attention", [q.node, k.node, v.node, L.lit(s).node, causal], q.dtype, q.shape[:-1] + (v.shape[-1],))
     lse = L.b.op("attention_lse", [q.node, k.node, L.lit(s).node, causal], "f32", q.shape[:-1] + (1,))
     want = _lse_shape(L, lse_index)
-    if want != q.shape[:-1]:
-        lse = _Unsupported(f"the log-sum-exp of shape {list(want)} (eqfuse gives {list(q.shape[:-1])})")
+    if want not in (q.shape[:-1], q.shape[:-1] + (1,)):  # flash: [B, H, S]; cuDNN: [B, H, S, 1]
+        lse = _Unsupported(f"the log-sum-exp of shape {want} (eqfuse gives {list(q.shape[:-1])})")
     else:
         lse = L.reshape(lse, want)
     parts = [out] + [None] * (n_out - 1)
@@ -1300,7 +1300,7 @@ def _sdpa_cudnn(L, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_cau
 def _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal, which=(True, True, True)):
     """(dq, dk, dv) by eqfuse's flash-style backward composites."""
     g, out, lse = L.val(g), L.val(out), L.val(lse)
-    if lse.shape != q.shape[:-1]:
+    if lse.shape not in (q.shape[:-1], q.shape[:-1] + (1,)):
         raise ExportError(f"a log-sum-exp of shape {list(lse.shape)}")
     lse4 = L.reshape(L.cast(lse, "f32"), q.shape[:-1] + (1,))
     delta = L.reduce("sum", L.apply("*", L.cast(g, "f32"), L.cast(out, "f32")), [-1], True)

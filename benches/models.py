@@ -1,0 +1,185 @@
+"""Real `transformers` models by eager PyTorch, Inductor and the eqfuse backend, in one process
+on one GPU: forward (inference) and, with --train, a training step (forward, a loss, backward).
+
+Models are built from configs at the sizes people run (random weights; nothing is downloaded):
+GPT-2 (12 layers, 768 wide), BERT-base, a Llama of the 1B class (2048 wide, GQA 32/8 heads,
+SwiGLU 8192, RMSNorm, RoPE; `--llama-layers`, default 4), ViT-B/16 at 224x224 and T5-base's
+encoder. Each is timed with CUDA events (warm-up calls first, `--reps` timed calls, the median),
+its first compiled call timed separately as compile time, and its output (and gradients with
+--train) compared with eager's. For the eqfuse backend the record also says on which graphs
+eqfuse's kernels ran and why any ran eagerly.
+
+    python3 benches/models.py [--models gpt2,bert,llama,vit,t5] [--dtypes bf16,f32]
+        [--batch 8 --seq 1024] [--train] [--reps 10] [--json OUT]
+
+Needs a CUDA device, CuPy and the eqfuse binary (`$EQFUSE`, or as `backend.find_eqfuse` says).
+"""
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+from eqfuse_torch.backend import EqfuseBackend  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+
+
+def build(name, args):
+    import transformers as T
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 30000, (args.batch, args.seq), generator=g)
+    if name == "gpt2":
+        cfg = T.GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=max(1024, args.seq), resid_pdrop=0.0,
+                           embd_pdrop=0.0, attn_pdrop=0.0)
+        return T.GPT2Model(cfg), {"input_ids": ids, "use_cache": False}
+    if name == "bert":
+        cfg = T.BertConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                           max_position_embeddings=max(512, args.seq))
+        mask = torch.ones_like(ids)
+        mask[:, args.seq - args.seq // 8:] = 0  # padded tails
+        return T.BertModel(cfg, add_pooling_layer=False), {"input_ids": ids, "attention_mask": mask}
+    if name == "llama":
+        cfg = T.LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=args.llama_layers,
+                            num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+                            max_position_embeddings=max(2048, args.seq))
+        return T.LlamaModel(cfg), {"input_ids": ids, "use_cache": False}
+    if name == "vit":
+        cfg = T.ViTConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        pixels = torch.randn(args.batch, 3, 224, 224, generator=g)
+        return T.ViTModel(cfg, add_pooling_layer=False), {"pixel_values": pixels}
+    if name == "t5":
+        cfg = T.T5Config(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, dropout_rate=0.0)
+        return T.T5EncoderModel(cfg), {"input_ids": ids}
+    raise SystemExit(f"unknown model {name}")
+
+
+def first(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    values = out.values() if hasattr(out, "values") else out
+    return next(t for t in values if isinstance(t, torch.Tensor))
+
+
+def relative(got, want):
+    got, want = got.float(), want.float()
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+
+
+def timed(fn, reps, warmup=3):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0)
+    return statistics.median(times)
+
+
+def run(name, dtype, args):
+    model, kw = build(name, args)
+    model = model.cuda().to(DTYPES[dtype])
+    kw = {k: (v.cuda().to(DTYPES[dtype]) if v.is_floating_point() else v.cuda()) if isinstance(v, torch.Tensor) else v
+          for k, v in kw.items()}
+    model.train(args.train)
+    probe = None
+
+    def step(m):
+        if not args.train:
+            with torch.no_grad():
+                return first(m(**kw))
+        nonlocal probe
+        out = first(m(**kw))
+        if probe is None:
+            probe = torch.randn(out.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(2))
+        loss = (out.float() * probe).mean()
+        loss.backward()
+        return out
+
+    rec = {"model": name, "dtype": dtype, "batch": args.batch, "seq": args.seq, "train": args.train}
+    want = step(model)
+    grads0 = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None} if args.train else {}
+    rec["eager_us"] = timed(lambda: step(model), args.reps)
+    for mode in args.modes:
+        if mode == "eager":
+            continue
+        torch._dynamo.reset()
+        m = copy.deepcopy(model)
+        m.zero_grad(set_to_none=True)
+        backend = None
+        if mode == "eqfuse":
+            backend = EqfuseBackend(report=None)
+            compiled = torch.compile(m, backend=backend, dynamic=False)
+        elif mode == "inductor":
+            compiled = torch.compile(m, dynamic=False)
+        else:
+            compiled = torch.compile(m, mode="max-autotune-no-cudagraphs", dynamic=False)
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = step(compiled)
+        torch.cuda.synchronize()
+        rec[f"{mode}_compile_s"] = round(time.perf_counter() - t0, 2)
+        rec[f"{mode}_rel_err"] = relative(got, want)
+        if args.train:
+            errs = [relative(p.grad, grads0[n]) for n, p in m.named_parameters() if n in grads0 and p.grad is not None]
+            rec[f"{mode}_grad_rel_err"] = max(errs) if errs else None
+        rec[f"{mode}_us"] = timed(lambda: step(compiled), args.reps)
+        if backend is not None:
+            rec["eqfuse_graphs"] = [{"kind": p.kind, "runs": p.runs, "why_eager": p.why_eager,
+                                     "kernels": p.plan["total"]["kernels"] if p.plan else None,
+                                     "predicted_us": p.plan["total"]["predicted_us"] if p.plan else None}
+                                    for p in backend.plans if p.kind != "joint"]
+        del compiled, m
+    for mode in args.modes:
+        if mode != "eager" and f"{mode}_us" in rec:
+            rec[f"{mode}_speedup_vs_eager"] = round(rec["eager_us"] / rec[f"{mode}_us"], 3)
+    if "inductor_us" in rec and "eqfuse_us" in rec:
+        rec["inductor_over_eqfuse"] = round(rec["inductor_us"] / rec["eqfuse_us"], 3)
+    return rec
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="gpt2,bert,llama,vit,t5")
+    ap.add_argument("--dtypes", default="bf16,f32")
+    ap.add_argument("--modes", default="eager,inductor,eqfuse")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--llama-layers", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--train", action="store_true")
+    ap.add_argument("--json", help="append one JSON record per model and dtype")
+    args = ap.parse_args()
+    args.modes = args.modes.split(",")
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    for name in args.models.split(","):
+        for dtype in args.dtypes.split(","):
+            try:
+                rec = run(name, dtype, args)
+            except Exception as e:  # one model's failure must not hide the others'
+                rec = {"model": name, "dtype": dtype, "error": f"{type(e).__name__}: {str(e)[:500]}"}
+            print(json.dumps(rec), flush=True)
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
