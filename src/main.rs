@@ -473,6 +473,8 @@ fn default_bench_programs() -> Vec<String> {
         "transformer_block_grad",
         "mlp_relu_dropout_grad",
         "attention_grad",
+        "rope",
+        "embedding_layernorm",
     ]
     .iter()
     .map(|n| format!("examples/{n}.eqf"))
