@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eqfuse_torch import export_program  # noqa: E402
 from eqfuse_torch.backend import EqfuseBackend  # noqa: E402
 from test_export import run_cpu  # noqa: E402
-from test_training import assert_same_step, relative  # noqa: E402
+from test_training import _cupy, assert_same_step, relative  # noqa: E402
 
 T = transformers
 VOCAB, SEQ, BATCH = 96, 16, 2
@@ -199,14 +199,6 @@ def test_backend_training_step_on_eqfuse_plans(name, monkeypatch):
     assert_same_step(step(model), compiled)
     assert {p.kind for p in backend.plans} >= {"forward", "backward"}
     assert_all_on_eqfuse(backend)
-
-
-def _cupy():
-    try:
-        import cupy  # noqa: F401
-    except Exception:
-        return False
-    return True
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and _cupy()), reason="needs a CUDA device and CuPy")
