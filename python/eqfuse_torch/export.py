@@ -305,10 +305,10 @@ class Exporter:
         elif name == "mm":
             (a, w), bias, transposed = prod.args, None, False
         else:
-            raise ExportError("split of a value that is not a matrix product (eqfuse has no slicing)")
+            raise ExportError("split of a value that is not a matrix product")
         for t in (w, bias):
             if t is not None and not isinstance(self.kinds.get(t.name, (None, None))[1], torch.Tensor):
-                raise ExportError("split of a product whose weight or bias is not a parameter (eqfuse has no slicing)")
+                raise ExportError("split of a product whose weight or bias is not a parameter")
         weight = self.kinds[w.name][1]
         w_cols = (lambda c: weight[c, :].t().contiguous()) if transposed else (lambda c: weight[:, c].contiguous())
         return self.value(a), w, bias, w_cols
@@ -764,12 +764,7 @@ def _like(fill):
 
 
 def _sdpa(L, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
-    s = _attention_args(L, q, k, v, attn_mask, dropout_p, scale)
-    if attn_mask is not None:
-        return _attention_math(L, q, k, v, s, is_causal, attn_mask, 1, 2)[0]
-    k, v = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
-    shape = q.shape[:-1] + (v.shape[-1],)
-    return L.b.op("attention", [q.node, k.node, v.node, L.lit(s).node, L.lit(1 if is_causal else 0).node], q.dtype, shape)
+    return _sdpa_forward(L, q, k, v, attn_mask, dropout_p, is_causal, scale, 1)
 
 
 def _threshold_backward(L, grad, x, threshold):
@@ -1004,6 +999,15 @@ def _bitwise_not(L, x):
     return L.apply("not", v, dtype="bool")
 
 
+def _linear(L, coords, strides):
+    """The i32 linear position `sum(coords[i] * strides[i])`, broadcast as the coordinates are."""
+    pos = None
+    for c, stride in zip(coords, strides):
+        term = L.apply("*", c, L.cast(L.lit(stride), "i32")) if stride != 1 else c
+        pos = term if pos is None else L.apply("+", pos, term)
+    return pos
+
+
 def _take_along(L, x, dim, index):
     """`torch.gather(x, dim, index)` (ONNX GatherElements): each index picks along `dim` at
     its own coordinates, as one take of the flattened `x` at the linear positions."""
@@ -1012,15 +1016,10 @@ def _take_along(L, x, dim, index):
     if idx.rank != x.rank:
         raise ExportError(f"gather of rank {x.rank} with indices of rank {idx.rank}")
     strides = [math.prod(x.shape[i + 1:]) for i in range(x.rank)]
-    pos = None
-    for i in range(x.rank):
-        if i == a:
-            c = idx
-        else:
-            shape = tuple(idx.shape[i] if j == i else 1 for j in range(x.rank))
-            c = L.reshape(_iota(L, idx.shape[i]), shape)
-        term = L.apply("*", c, L.cast(L.lit(strides[i]), "i32")) if strides[i] != 1 else c
-        pos = term if pos is None else L.apply("+", pos, term)
+    coords = [idx if i == a else L.reshape(_iota(L, idx.shape[i]), tuple(idx.shape[i] if j == i else 1
+                                                                           for j in range(x.rank)))
+              for i in range(x.rank)]
+    pos = _linear(L, coords, strides)
     pos = L.broadcast(pos, idx.shape)
     return _gather(L, L.reshape(x, (x.numel,)), pos, 0)
 
@@ -1073,11 +1072,7 @@ def _index(L, x, indices):
     ts = [_index32(L, t) for t in ts]
     block = x.shape[a:a + m]
     shape = broadcast_shapes(*(t.shape for t in ts))
-    pos = None
-    for k, t in enumerate(ts):
-        stride = math.prod(block[k + 1:])
-        term = L.apply("*", t, L.cast(L.lit(stride), "i32")) if stride != 1 else t
-        pos = term if pos is None else L.apply("+", pos, term)
+    pos = _linear(L, ts, [math.prod(block[k + 1:]) for k in range(m)])
     pos = L.broadcast(pos, shape) if pos.shape != shape else pos
     merged = L.reshape(x, x.shape[:a] + (math.prod(block),) + x.shape[a + m:])
     return _gather(L, merged, pos, a)
@@ -1203,18 +1198,12 @@ def _scores(L, q, k, s, is_causal, mask):
     return sc, lse
 
 
-def _attention_math(L, q, k, v, s, is_causal, mask, lse_index, n_out):
-    """(out, lse, ...) of attention with a mask tensor, in plain operators."""
+def _attention_math(L, q, k, v, s, is_causal, mask):
+    """(out, lse `[..., S, 1]`) of attention with a mask tensor, in plain operators."""
     sc, lse = _scores(L, q, k, s, is_causal, mask)
     p = L.cast(L.apply("exp", L.apply("-", sc, lse)), q.dtype)
     vv = _heads(L, v, q.shape[-3])
-    out = L.b.op("@", [p.node, vv.node], q.dtype, q.shape[:-1] + (v.shape[-1],))
-    parts = [out] + [None] * (n_out - 1)
-    want = _lse_shape(L, lse_index)
-    parts[lse_index] = (L.reshape(lse, want) if want in (q.shape[:-1], q.shape[:-1] + (1,))
-                        else _Unsupported(f"the log-sum-exp of shape {want}"))
-    return tuple(_Unsupported("an SDPA output other than the result and the log-sum-exp") if p is None else p
-                 for p in parts)
+    return L.b.op("@", [p.node, vv.node], q.dtype, q.shape[:-1] + (v.shape[-1],)), lse
 
 
 def _attention_math_grads(L, g, q, k, v, out, s, is_causal, mask):
@@ -1245,22 +1234,28 @@ def _lse_shape(L, i):
     return tuple(int(d) for d in val[i].shape)
 
 
-def _sdpa_parts(L, q, k, v, s, is_causal, lse_index, n_out):
-    """(out, lse, None...) of a fused SDPA op: the lse eqfuse's `attention_lse` gives, reshaped
-    to PyTorch's `[B, H, S]`."""
-    causal = L.lit(1 if is_causal else 0).node
-    k, v = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
-    out = L.b.op("attention", [q.node, k.node, v.node, L.lit(s).node, causal], q.dtype, q.shape[:-1] + (v.shape[-1],))
-    lse = L.b.op("attention_lse", [q.node, k.node, L.lit(s).node, causal], "f32", q.shape[:-1] + (1,))
-    want = _lse_shape(L, lse_index)
-    if want not in (q.shape[:-1], q.shape[:-1] + (1,)):  # flash: [B, H, S]; cuDNN: [B, H, S, 1]
-        lse = _Unsupported(f"the log-sum-exp of shape {want} (eqfuse gives {list(q.shape[:-1])})")
+def _sdpa_forward(L, q, k, v, mask, dropout_p, is_causal, scale, n_out):
+    """The outputs of a fused SDPA op (result, log-sum-exp, then what eqfuse cannot give): the
+    `attention` and `attention_lse` composites, or plain operators with a mask tensor; the
+    log-sum-exp reshaped to PyTorch's `[B, H, S]` (flash) or `[B, H, S, 1]` (cuDNN)."""
+    s = _attention_args(L, q, k, v, mask, dropout_p, scale)
+    if mask is not None:
+        out, lse = _attention_math(L, q, k, v, s, is_causal, mask)
     else:
+        causal = L.lit(1 if is_causal else 0).node
+        kk, vv = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
+        out = L.b.op("attention", [q.node, kk.node, vv.node, L.lit(s).node, causal], q.dtype,
+                     q.shape[:-1] + (v.shape[-1],))
+        lse = L.b.op("attention_lse", [q.node, kk.node, L.lit(s).node, causal], "f32", q.shape[:-1] + (1,))
+    if n_out == 1:
+        return out
+    want = _lse_shape(L, 1)
+    if want in (q.shape[:-1], q.shape[:-1] + (1,)):
         lse = L.reshape(lse, want)
-    parts = [out] + [None] * (n_out - 1)
-    parts[lse_index] = lse
-    return tuple(_Unsupported("an SDPA output other than the result and the log-sum-exp") if p is None else p
-                 for p in parts)
+    else:
+        lse = _Unsupported(f"the log-sum-exp of shape {want} (eqfuse gives {list(q.shape[:-1])})")
+    rest = [_Unsupported("an SDPA output other than the result and the log-sum-exp")] * (n_out - 2)
+    return (out, lse, *rest)
 
 
 class _Unsupported:
@@ -1271,33 +1266,31 @@ class _Unsupported:
 
 
 def _sdpa_flash_cpu(L, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    s = _attention_args(L, q, k, v, attn_mask, dropout_p, scale)
-    if attn_mask is not None:
-        return _attention_math(L, q, k, v, s, is_causal, attn_mask, 1, 2)
-    return _sdpa_parts(L, q, k, v, s, is_causal, 1, 2)
+    return _sdpa_forward(L, q, k, v, attn_mask, dropout_p, is_causal, scale, 2)
 
 
 def _sdpa_flash(L, q, k, v, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
-    s = _attention_args(L, q, k, v, None, dropout_p, scale)
-    return _sdpa_parts(L, q, k, v, s, is_causal, 1, 9)
+    return _sdpa_forward(L, q, k, v, None, dropout_p, is_causal, scale, 9)
 
 
 def _sdpa_efficient(L, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
-    s = _attention_args(L, q, k, v, attn_bias, dropout_p, scale)
-    if attn_bias is not None:
-        return _attention_math(L, q, k, v, s, is_causal, attn_bias, 1, 4)
-    return _sdpa_parts(L, q, k, v, s, is_causal, 1, 4)
+    return _sdpa_forward(L, q, k, v, attn_bias, dropout_p, is_causal, scale, 4)
 
 
 def _sdpa_cudnn(L, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, return_debug_mask=False,
                 *, scale=None):
-    s = _attention_args(L, q, k, v, attn_bias, dropout_p, scale)
-    if attn_bias is not None:
-        return _attention_math(L, q, k, v, s, is_causal, attn_bias, 1, 9)
-    return _sdpa_parts(L, q, k, v, s, is_causal, 1, 9)
+    return _sdpa_forward(L, q, k, v, attn_bias, dropout_p, is_causal, scale, 9)
 
 
-def _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal, which=(True, True, True)):
+def _sdpa_backward(L, g, q, k, v, out, lse, mask, dropout_p, is_causal, scale):
+    """(dq, dk, dv) of a fused SDPA op's backward."""
+    s = _attention_args(L, q, k, v, mask, dropout_p, scale)
+    if mask is not None:
+        return _attention_math_grads(L, g, q, k, v, out, s, is_causal, mask)
+    return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal)
+
+
+def _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal):
     """(dq, dk, dv) by eqfuse's flash-style backward composites."""
     g, out, lse = L.val(g), L.val(out), L.val(lse)
     if lse.shape not in (q.shape[:-1], q.shape[:-1] + (1,)):
@@ -1308,41 +1301,29 @@ def _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal, which=(True, True, True))
     kv = k.shape[-3]
     k, v = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
     args = [q.node, k.node, v.node, g.node, lse4.node, delta.node, L.lit(s).node, causal]
-    grads = []
-    for name, x, want in (("attention_grad_q", q, which[0]), ("attention_grad_k", k, which[1]),
-                          ("attention_grad_v", v, which[2])):
-        d = L.b.op(name, args, x.dtype, x.shape) if want else None
-        grads.append(_group_sum(L, d, kv) if d is not None and name != "attention_grad_q" else d)
-    return tuple(grads)
+    dq = L.b.op("attention_grad_q", args, q.dtype, q.shape)
+    dk = _group_sum(L, L.b.op("attention_grad_k", args, k.dtype, k.shape), kv)
+    dv = _group_sum(L, L.b.op("attention_grad_v", args, v.dtype, v.shape), kv)
+    return dq, dk, dv
 
 
 def _sdpa_flash_cpu_backward(L, g, q, k, v, out, lse, dropout_p, is_causal, *, attn_mask=None, scale=None):
-    s = _attention_args(L, q, k, v, attn_mask, dropout_p, scale)
-    if attn_mask is not None:
-        return _attention_math_grads(L, g, q, k, v, out, s, is_causal, attn_mask)
-    return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal)
+    return _sdpa_backward(L, g, q, k, v, out, lse, attn_mask, dropout_p, is_causal, scale)
 
 
 def _sdpa_flash_backward(L, g, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, dropout_p, is_causal, seed, offset,
                          *, scale=None):
-    s = _attention_args(L, q, k, v, None, dropout_p, scale)
-    return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal)
+    return _sdpa_backward(L, g, q, k, v, out, lse, None, dropout_p, is_causal, scale)
 
 
 def _sdpa_efficient_backward(L, g, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, grad_input_mask,
                              is_causal=False, *, scale=None):
-    s = _attention_args(L, q, k, v, attn_bias, dropout_p, scale)
-    if attn_bias is not None:
-        return _attention_math_grads(L, g, q, k, v, out, s, is_causal, attn_bias) + (None,)
-    return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal) + (None,)
+    return _sdpa_backward(L, g, q, k, v, out, lse, attn_bias, dropout_p, is_causal, scale) + (None,)
 
 
 def _sdpa_cudnn_backward(L, g, q, k, v, out, lse, seed, offset, attn_bias, cum_q, cum_k, max_q, max_k, dropout_p,
                          is_causal, *, scale=None):
-    s = _attention_args(L, q, k, v, attn_bias, dropout_p, scale)
-    if attn_bias is not None:
-        return _attention_math_grads(L, g, q, k, v, out, s, is_causal, attn_bias)
-    return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal)
+    return _sdpa_backward(L, g, q, k, v, out, lse, attn_bias, dropout_p, is_causal, scale)
 
 
 # --- losses with integer targets
