@@ -20,22 +20,30 @@ fn code_of(text: &str) -> String {
     text.lines().map(|l| l.find("//").map_or(l, |i| &l[..i])).collect::<Vec<_>>().join("\n")
 }
 
-/// The crate modules a file refers to: `crate::NAME` and the names inside `use crate::{...}`.
-fn references(code: &str, modules: &[String]) -> Vec<String> {
+/// The paths a file names under `crate::`, each item of a `use crate::{...}` group its own
+/// (`ir::lang::Kind`, `codegen`): a group nested inside an item is cut at its brace.
+fn crate_paths(code: &str) -> Vec<String> {
     let mut out = vec![];
     let mut rest = code;
     while let Some(i) = rest.find("crate::") {
         rest = &rest[i + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            let end = group.find('}').unwrap_or(group.len());
-            for item in group[..end].split(',') {
-                let name: String = item.trim().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                out.push(name);
-            }
-        } else {
-            out.push(rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect());
+        let items: Vec<&str> = match rest.strip_prefix('{') {
+            Some(group) => group[..group.find('}').unwrap_or(group.len())].split(',').collect(),
+            None => vec![rest],
+        };
+        for item in items {
+            let path: String =
+                item.trim().chars().take_while(|c| c.is_alphanumeric() || matches!(c, '_' | ':')).collect();
+            out.push(path.trim_end_matches(':').to_string());
         }
     }
+    out
+}
+
+/// The crate modules a file refers to (the first part of each path it names).
+fn references(code: &str, modules: &[String]) -> Vec<String> {
+    let mut out: Vec<String> =
+        crate_paths(code).iter().map(|p| p.split("::").next().unwrap_or("").to_string()).collect();
     out.retain(|n| modules.contains(n));
     out
 }
@@ -116,24 +124,10 @@ const PLANNER: [&str; 5] = ["autodiff", "frontend", "cost", "search", "plan"];
 /// The paths a file names under `crate::codegen` other than `crate::codegen::caps`, also
 /// inside `use crate::{...}` groups (`codegen::gemm`, `codegen`).
 fn codegen_paths_besides_caps(code: &str) -> Vec<String> {
-    let mut out = vec![];
-    let mut rest = code;
-    while let Some(i) = rest.find("crate::") {
-        rest = &rest[i + "crate::".len()..];
-        let items: Vec<&str> = match rest.strip_prefix('{') {
-            Some(group) => group[..group.find('}').unwrap_or(group.len())].split(',').collect(),
-            None => vec![rest],
-        };
-        for item in items {
-            let path: String =
-                item.trim().chars().take_while(|c| c.is_alphanumeric() || matches!(c, '_' | ':')).collect();
-            let path = path.trim_end_matches(':');
-            if (path == "codegen" || path.starts_with("codegen::")) && !path.starts_with("codegen::caps") {
-                out.push(path.to_string());
-            }
-        }
-    }
-    out
+    crate_paths(code)
+        .into_iter()
+        .filter(|p| (p == "codegen" || p.starts_with("codegen::")) && !p.starts_with("codegen::caps"))
+        .collect()
 }
 
 #[test]
