@@ -248,6 +248,62 @@ fn f32_attention_kernels_match_the_reference() {
     }
 }
 
+/// Grouped-query attention (k and v with fewer heads, broadcast to the query heads and merged
+/// back, as `transformers`' `repeat_kv` and eqfuse's exporter write it) runs as one attention
+/// kernel reading k and v in place: bf16 (the Hopper path on a 9.0 device) and f32, heads in
+/// `[B, H, S, D]` and split from `[B, S, H*D]` projections, causal and not.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn grouped_query_attention_kernels_match_the_reference() {
+    let grouped = |x: &str, lead: &str| {
+        format!("reshape(broadcast(reshape({x}, [{lead}, 1, S, D]), [{lead}, G, S, D]), [B, H, S, D])")
+    };
+    let heads = |dtype: &str, causal: u8| {
+        format!(
+            "dim B = 2\ndim H = 8\ndim KV = 2\ndim G = 4\ndim S = 136\ndim D = 64\n\
+             input q: {dtype}[B, H, S, D]\ninput k: {dtype}[B, KV, S, D]\ninput v: {dtype}[B, KV, S, D]\n\
+             o = attention(q, {}, {}, 0.125, {causal})\noutput o\n",
+            grouped("k", "B, KV"),
+            grouped("v", "B, KV")
+        )
+    };
+    let projections = |dtype: &str| {
+        format!(
+            "dim B = 2\ndim H = 6\ndim KV = 2\ndim G = 3\ndim S = 100\ndim D = 32\n\
+             input q: {dtype}[B, S, 192]\ninput k: {dtype}[B, S, 64]\ninput v: {dtype}[B, S, 64]\n\
+             qh = transpose(reshape(q, [B, S, H, D]), 1, 2)\n\
+             kh = transpose(reshape(k, [B, S, KV, D]), 1, 2)\nvh = transpose(reshape(v, [B, S, KV, D]), 1, 2)\n\
+             o = reshape(transpose(attention(qh, {}, {}, 0.17, 1), 1, 2), [B, S, 192])\noutput o\n",
+            grouped("kh", "B, KV"),
+            grouped("vh", "B, KV")
+        )
+    };
+    let programs = [
+        ("bf16", heads("bf16", 0)),
+        ("bf16_causal", heads("bf16", 1)),
+        ("f32_causal", heads("f32", 1)),
+        ("bf16_projections", projections("bf16")),
+        ("f32_projections", projections("f32")),
+    ];
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let mut plans = Vec::new();
+    for (name, src) in programs {
+        let program = eqfuse::parse_program(name, &src, &[]).unwrap();
+        let plan = optimize(&program, &opts).unwrap().plan;
+        assert!(
+            plan.kernels.len() == 1 && plan.kernels[0].template == Template::Attention,
+            "{name}: not one attention kernel: {:?}",
+            plan.kernels.iter().map(|k| k.template).collect::<Vec<_>>()
+        );
+        plans.push((name.to_string(), program, plan));
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        let r = run_checked(&gpu, name, program, plan, seed as u64);
+        eprintln!("ok: {name}: scaled error {:.1e}", r.outputs[0].scaled_error);
+    }
+}
+
 /// `--strict`: on every case and capped example (the transformer blocks at their declared
 /// sizes), the strict plan's outputs are bit-identical to the strict unfused plan's (and both
 /// match the reference).

@@ -324,6 +324,51 @@ const CAUSAL_HEADS: Family = Family {
     ],
 };
 
+/// Grouped-query attention (Llama's and Mistral's heads): 8 key and value heads shared by 32
+/// query heads, causal, heads split from projections; the keys and values repeated to the query
+/// heads by a broadcast and a reshape (`transformers`' `repeat_kv`, eqfuse's exporter).
+const GROUPED: Family = Family {
+    name: "grouped_query_attention",
+    header: "
+dim B = 4
+dim S = 1024
+dim H = 32
+dim KV = 8
+dim G = 4
+dim D = 64
+dim E = 2048
+dim F = 512
+input xq: bf16[B, S, E]
+input xk: bf16[B, S, F]
+input xv: bf16[B, S, F]
+q = transpose(reshape(xq, [B, S, H, D]), 1, 2)
+kh = transpose(reshape(xk, [B, S, KV, D]), 1, 2)
+vh = transpose(reshape(xv, [B, S, KV, D]), 1, 2)
+k = reshape(broadcast(reshape(kh, [B, KV, 1, S, D]), [B, KV, G, S, D]), [B, H, S, D])
+v = reshape(broadcast(reshape(vh, [B, KV, 1, S, D]), [B, KV, G, S, D]), [B, H, S, D])
+",
+    small: &[("B", 1), ("S", 24), ("H", 4), ("KV", 2), ("G", 2), ("D", 16), ("E", 64), ("F", 32)],
+    spellings: &[
+        ("composite", "o = attention(q, k, v, 0.125, 1)\ny = reshape(transpose(o, 1, 2), [B, S, E])\noutput y"),
+        (
+            "where",
+            "s = q @ transpose(k, 2, 3) / sqrt(D)\nrow = reshape(iota(S), [S, 1])\ncol = iota(S)\n\
+             o = softmax(where(col <= row, s, -1e30), 3) @ v\ny = reshape(transpose(o, 1, 2), [B, S, E])\noutput y",
+        ),
+        (
+            "additive_inlined",
+            "y = reshape(transpose(softmax(q @ transpose(k, -1, -2) * 0.125 + \
+             cast(where(iota(S) > reshape(iota(S), [S, 1]), -1e30, 0), bf16), -1) @ v, 1, 2), [B, S, E])\noutput y",
+        ),
+    ],
+};
+
+#[test]
+fn grouped_query_attention_spellings() {
+    let plans = check(&GROUPED);
+    one_attention_kernel(&GROUPED, &plans);
+}
+
 #[test]
 fn attention_spellings() {
     let plans = check(&ATTENTION);

@@ -77,6 +77,27 @@ fn only_views_no_strides_describe_are_layout_copies() {
     assert!(dag.nodes.iter().filter(|n| n.kind() == Some(Kind::Reshape)).all(|n| n.role == Role::View));
 }
 
+/// A broadcast merged with the axis before it stays a view where attention alone reads it: the
+/// attention template indexes such batch axes by factors (grouped-query keys and values).
+#[test]
+fn grouped_keys_read_by_attention_alone_are_views() {
+    let grouped =
+        |x: &str| format!("reshape(broadcast(reshape({x}, [2, 3, 1, 5, 8]), [2, 3, 4, 5, 8]), [2, 12, 5, 8])");
+    let p = program(&format!(
+        "input q: f32[2, 12, 5, 8]\ninput k: f32[2, 3, 5, 8]\ninput v: f32[2, 3, 5, 8]\n\
+         o = attention(q, {}, {}, 0.3, 1)\nw = exp({})\noutput o, w\n",
+        grouped("k"),
+        grouped("v"),
+        grouped("k")
+    ));
+    let dag = Dag::from_program(&p);
+    let broadcast_roles: Vec<Role> =
+        dag.nodes.iter().filter(|n| n.kind() == Some(Kind::Broadcast)).map(|n| n.role).collect();
+    // k's broadcast is read by attention and by `exp` (an elementwise kernel indexes by plain
+    // strides): a layout copy; v's is read by attention alone: a view.
+    assert_eq!(broadcast_roles, [Role::Compute, Role::View]);
+}
+
 fn checked(p: &Program, plan: &FusionPlan) {
     codegen_all(&p.source, plan);
     let inputs = random_inputs(p, 7);

@@ -21,7 +21,7 @@ use crate::ir::types::{DType, TensorType};
 use crate::plan::{FusionPlan, Kernel, Template, TensorRef};
 
 use super::{ArgRole, KernelArg, KernelSource, Launch};
-use crate::ir::layout::{broadcast_strides, contiguous, reshape_strides};
+use crate::ir::layout::{common_factors, contiguous, reshape_strides, Factored};
 
 /// Query rows per block, key rows per tile, and warps per block (`kernels/attention.cu`).
 pub const BLOCK_M: usize = 128;
@@ -120,12 +120,13 @@ fn unsupported(k: &Kernel, what: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("kernel {} (attention): {what}", k.id))
 }
 
-/// A tensor in memory seen through views: which read, its shape, strides in elements.
+/// A tensor in memory seen through views: which read, its shape, its layout in elements (an
+/// axis may be several factors: the heads of grouped-query keys, `reshape(broadcast(k))`).
 #[derive(Clone, Debug)]
 struct Strided {
     read: usize,
     shape: Vec<usize>,
-    strides: Vec<usize>,
+    layout: Factored,
 }
 
 /// The value of a constant subexpression (a literal, or a pointwise op of literals).
@@ -206,25 +207,25 @@ impl<'a> Body<'a> {
             (TensorLang::Var(s), _) => {
                 let read = self.k.reads.iter().position(|r| r.name == s.as_str()).unwrap_or(0);
                 let shape = self.k.reads[read].ty.shape.clone();
-                Ok(Strided { read, strides: contiguous(&shape), shape })
+                Ok(Strided { read, layout: Factored::contiguous(&shape), shape })
             }
             (_, Some(kind @ (Kind::Transpose | Kind::Reshape | Kind::Broadcast))) => {
                 let ch = self.children(i);
                 let x = self.operand(ch[0], seen)?;
                 seen.extend_from_slice(&ch[1..]);
                 let shape = self.ty(i)?.shape.clone();
-                let strides = match kind {
+                let layout = match kind {
                     Kind::Transpose => {
                         let (a, b) = (self.axis(ch[1], x.shape.len())?, self.axis(ch[2], x.shape.len())?);
-                        let mut s = x.strides.clone();
-                        s.swap(a, b);
-                        s
+                        x.layout.transpose(a, b)
                     }
-                    Kind::Broadcast => broadcast_strides(&x.shape, &x.strides, &shape),
-                    _ => reshape_strides(&x.shape, &x.strides, &shape)
+                    Kind::Broadcast => x.layout.broadcast(&shape),
+                    _ => x
+                        .layout
+                        .reshape(&shape)
                         .ok_or_else(|| unsupported(self.k, "a reshape of a transposed operand moves its elements"))?,
                 };
-                Ok(Strided { read: x.read, shape, strides })
+                Ok(Strided { read: x.read, shape, layout })
             }
             _ => Err(unsupported(
                 self.k,
@@ -356,22 +357,38 @@ fn instance(k: &Kernel) -> Result<Instance> {
     if k.writes[0].ty.dtype != dtype || ops.iter().any(|o| k.reads[o.read].ty.dtype != dtype) {
         return Err(unsupported(k, "the operands and the output must share one storage type"));
     }
-    let all: [&[usize]; 4] = [&ops[0].strides, &ops[1].strides, &ops[2].strides, &ost];
-    for s in all {
-        if s[r - 1] != 1 && d > 1 {
+    // The rows and the head: one stride each. The batch axes: every tensor's factors cut at
+    // common bounds (grouped-query keys repeat over the query heads of a group, stride 0), then
+    // extents of 1 dropped and neighbours contiguous in all four tensors merged.
+    let layouts = [&ops[0].layout, &ops[1].layout, &ops[2].layout, &Factored::of_strides(&oty.shape, &ost)];
+    let mut all = [[0usize; 2]; 4];
+    for (t, l) in layouts.iter().enumerate() {
+        for (j, a) in [r - 2, r - 1].into_iter().enumerate() {
+            all[t][j] = match l.axes[a].as_slice() {
+                [] => 0,
+                [(_, s)] => *s,
+                _ => return Err(unsupported(k, "an operand's rows or head are not one stride")),
+            };
+        }
+    }
+    let (extents, batch_strides) = common_factors(&layouts.map(|l| l.flat(0..r - 2)))
+        .ok_or_else(|| unsupported(k, "the operands' batch axes have no common strides"))?;
+    for (t, s) in all.iter().enumerate() {
+        if s[1] != 1 && d > 1 {
             return Err(unsupported(k, "an operand without a contiguous head axis is not supported yet"));
         }
-        if tensor_cores && s[..r - 1].iter().any(|&x| x % 8 != 0) {
+        if tensor_cores && (s[0] % 8 != 0 || batch_strides[t].iter().any(|&x| x % 8 != 0)) {
             return Err(unsupported(
                 k,
                 "bf16 and f16 operands need strides of multiples of 8 elements (16-byte loads)",
             ));
         }
     }
-    // Batch axes: drop extents of 1, merge neighbours that are contiguous in all four tensors.
-    let mut axes: Vec<(usize, [usize; 4])> = (0..r - 2)
-        .filter(|&a| oty.shape[a] != 1)
-        .map(|a| (oty.shape[a], [all[0][a], all[1][a], all[2][a], all[3][a]]))
+    let mut axes: Vec<(usize, [usize; 4])> = extents
+        .iter()
+        .enumerate()
+        .filter(|&(_, &n)| n != 1)
+        .map(|(a, &n)| (n, [batch_strides[0][a], batch_strides[1][a], batch_strides[2][a], batch_strides[3][a]]))
         .collect();
     let mut i = axes.len();
     while i > 1 {
@@ -395,7 +412,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
     }
     let mut strides = [[0; 4]; 4];
     for (t, row) in strides.iter_mut().enumerate() {
-        *row = [axes[0].1[t], axes[1].1[t], axes[2].1[t], all[t][r - 2]];
+        *row = [axes[0].1[t], axes[1].1[t], axes[2].1[t], all[t][0]];
     }
     Ok(Instance {
         dtype,

@@ -8,7 +8,7 @@
 use egg::{Id, Language};
 
 use crate::ir::infer::Fact;
-use crate::ir::lang::{Kind, TensorLang};
+use crate::ir::lang::{Composite, Kind, TensorLang};
 use crate::ir::program::Program;
 use crate::ir::types::TensorType;
 
@@ -93,7 +93,7 @@ impl Dag {
 
     /// Completes a DAG from its nodes and outputs (computes users and output flags).
     pub fn finish(mut nodes: Vec<DagNode>, outputs: Vec<(String, usize)>) -> Dag {
-        layout_copies(&mut nodes);
+        layout_copies(&mut nodes, &outputs);
         let mut users = vec![Vec::new(); nodes.len()];
         for (i, n) in nodes.iter().enumerate() {
             for c in n.children() {
@@ -179,41 +179,54 @@ pub fn role_of(n: &TensorLang) -> Role {
 /// read it in place. The view below such a reshape becomes a computed tensor (role `Compute`):
 /// the planner writes it, from a copy kernel of its own or from the kernel that computes its
 /// operand where that template can store a view (attention), and charges the traffic; the
-/// reshape then reads a row-major tensor. The test is the code generator's own
-/// (`reshape_strides`, PyTorch's `computeStride`), so the planner never keeps a view that codegen
-/// cannot index.
-fn layout_copies(nodes: &mut [DagNode]) {
-    use crate::ir::layout::{broadcast_strides, contiguous, reshape_strides};
-    // Strides of each view over the row-major memory of the nearest non-view node below it.
-    let mut strides: Vec<Option<Vec<usize>>> = vec![None; nodes.len()];
+/// reshape then reads a row-major tensor. The one exception is a reshape read only as an
+/// operand of attention, whose template indexes batch axes made of several factors
+/// (`ir::layout::Factored`; grouped-query keys and values). The layouts are the code generator's
+/// own, so the planner never keeps a view that codegen cannot index.
+fn layout_copies(nodes: &mut [DagNode], outputs: &[(String, usize)]) {
+    use crate::ir::layout::Factored;
+    // Whether a node is used, and every use reads it as an operand of attention, whose template
+    // indexes its batch axes by factors (grouped-query keys: a broadcast head axis merged with
+    // the heads). An output is stored row-major, so it is not.
+    let mut used = vec![false; nodes.len()];
+    let mut attention_only = vec![true; nodes.len()];
+    for n in nodes.iter() {
+        let operand = matches!(n.kind(), Some(Kind::Composite(Composite::Attention)));
+        for (j, c) in n.children().enumerate() {
+            used[c] = true;
+            attention_only[c] &= operand && j < 3;
+        }
+    }
+    for &(_, o) in outputs {
+        attention_only[o] = false;
+    }
+    let attention_only: Vec<bool> = attention_only.iter().zip(&used).map(|(&a, &u)| a && u).collect();
+    // The layout of each view over the row-major memory of the nearest non-view node below it.
+    let mut layouts: Vec<Option<Factored>> = vec![None; nodes.len()];
     for i in 0..nodes.len() {
         let Some(shape) = nodes[i].ty().map(|t| t.shape.clone()) else { continue };
         if nodes[i].role != Role::View {
-            strides[i] = Some(contiguous(&shape));
+            layouts[i] = Some(Factored::contiguous(&shape));
             continue;
         }
         let ch: Vec<usize> = nodes[i].children().collect();
         let Some(below) = nodes[ch[0]].ty().map(|t| t.shape.clone()) else { continue };
-        let Some(base) = strides[ch[0]].clone() else { continue };
+        let Some(base) = layouts[ch[0]].clone() else { continue };
         let konst =
             |k: usize| nodes[ch[k]].fact.konst.and_then(|v| crate::ir::infer::norm_axis(v as i64, below.len()).ok());
-        strides[i] = match nodes[i].kind() {
+        layouts[i] = match nodes[i].kind() {
             Some(Kind::Transpose) => match (konst(1), konst(2)) {
-                (Some(a), Some(b)) => {
-                    let mut s = base;
-                    s.swap(a, b);
-                    Some(s)
-                }
+                (Some(a), Some(b)) => Some(base.transpose(a, b)),
                 _ => None,
             },
-            Some(Kind::Broadcast) => Some(broadcast_strides(&below, &base, &shape)),
-            Some(Kind::Reshape) => match reshape_strides(&below, &base, &shape) {
-                Some(s) => Some(s),
-                None if nodes[ch[0]].role == Role::View => {
+            Some(Kind::Broadcast) => Some(base.broadcast(&shape)),
+            Some(Kind::Reshape) => match base.reshape(&shape) {
+                Some(l) if l.strides().is_some() || attention_only[i] => Some(l),
+                _ if nodes[ch[0]].role == Role::View => {
                     nodes[ch[0]].role = Role::Compute;
-                    reshape_strides(&below, &contiguous(&below), &shape)
+                    Factored::contiguous(&below).reshape(&shape)
                 }
-                None => None,
+                _ => None,
             },
             _ => None,
         };
