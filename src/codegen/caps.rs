@@ -34,6 +34,14 @@ pub fn attention_hopper_path(dtype: DType, scale: f64) -> bool {
     super::attention::hopper_path(dtype, scale)
 }
 
+/// Query rows per block and keys per tile of attention's tensor-core paths (both the mma.sync and
+/// the Hopper path), which the blocks of a causal attention walk up to their diagonal.
+pub const ATTENTION_BLOCK: (usize, usize) = (super::attention::BLOCK_M, super::attention::BLOCK_N);
+const _: () = assert!(
+    super::attention::BLOCK_M == super::attention::HOPPER_BLOCK_M
+        && super::attention::BLOCK_N == super::attention::HOPPER_BLOCK_N
+);
+
 /// Query rows per block and keys per tile of attention's f32 path (CUDA cores).
 pub const ATTENTION_F32_BLOCK: (usize, usize) = (super::attention::F32_BLOCK_M, super::attention::F32_BLOCK_N);
 

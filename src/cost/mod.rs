@@ -519,15 +519,39 @@ fn is_anchor(kind: Option<Kind>) -> bool {
     matches!(kind, Some(Kind::MatMul | Kind::Composite(Composite::Attention))) || is_attention_backward(kind)
 }
 
-/// Rows (batch x queries), keys and head size of an attention-family node.
-fn attention_dims(dag: &Dag, n: &crate::plan::dag::DagNode) -> (u64, u64, u64) {
+/// The score pairs (query row, key) an attention composite's kernels compute, and its head
+/// size. Without a mask every query row meets every key. Under the causal mask (the composite's
+/// last operand) a block of `BM` query rows walks the key tiles of `BN` keys up to its last
+/// row's diagonal and skips the rest (`caps::ATTENTION_BLOCK`), so about half the pairs of a
+/// square problem are computed.
+fn attention_dims(dag: &Dag, n: &crate::plan::dag::DagNode) -> (u64, u64) {
     let q = n.children().next().and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
     let k = n.children().nth(1).and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
     let (r, t) = (q.len(), k.len().saturating_sub(2));
     let d = q.get(r.wrapping_sub(1)).copied().unwrap_or(1) as u64;
     let tlen = k.get(t).copied().unwrap_or(1) as u64;
-    let rows = q.iter().take(r.saturating_sub(1)).product::<usize>() as u64;
-    (rows, tlen, d)
+    let sq = q.get(r.wrapping_sub(2)).copied().unwrap_or(1) as u64;
+    let batch = q.iter().take(r.saturating_sub(2)).product::<usize>() as u64;
+    let causal = n.children().last().is_some_and(|c| {
+        let flag = &dag.nodes[c];
+        match &flag.node {
+            TensorLang::Num(x) => x.value() != 0.0,
+            _ => flag.fact.konst.is_some_and(|x| x != 0.0),
+        }
+    });
+    let per_batch = if causal && r >= 2 {
+        let (bm, bn) = (caps::ATTENTION_BLOCK.0 as u64, caps::ATTENTION_BLOCK.1 as u64);
+        (0..sq.div_ceil(bm))
+            .map(|b| {
+                let rows = bm.min(sq - b * bm);
+                let keys = tlen.min(((b + 1) * bm).div_ceil(bn) * bn);
+                rows.saturating_mul(keys)
+            })
+            .fold(0u64, u64::saturating_add)
+    } else {
+        sq.saturating_mul(tlen)
+    };
+    (product(&[batch, per_batch]), d)
 }
 
 /// Which gradient an attention gradient node is.
@@ -553,17 +577,20 @@ fn attention_grad_group(dag: &Dag, nodes: &[usize]) -> Option<Vec<AttnArg>> {
 /// gradient needs them (2d + 4), and one product (2d) per gradient. Alone, each gradient costs
 /// what `node_flops` says (the same formula for one gradient).
 fn attention_grads_flops(dag: &Dag, i: usize, args: &[AttnArg]) -> u64 {
-    let (rows, tlen, d) = attention_dims(dag, &dag.nodes[i]);
+    let (pairs, d) = attention_dims(dag, &dag.nodes[i]);
     let d = d.min(1 << 48);
     let ds = if args.contains(&AttnArg::Q) || args.contains(&AttnArg::K) { 2 * d + 4 } else { 0 };
     let per_score = [2 * d + 8, ds, 2 * d * args.len() as u64].into_iter().fold(0u64, u64::saturating_add);
-    product(&[rows, tlen, per_score])
+    product(&[pairs, per_score])
 }
 
 /// Bytes of the f32 accumulator the query gradient of the attention of node `i` is summed in
 /// (codegen's layout: rows of the head size rounded up to 64).
 fn attention_dq_accumulator_bytes(dag: &Dag, i: usize) -> u64 {
-    let (rows, _, d) = attention_dims(dag, &dag.nodes[i]);
+    let n = &dag.nodes[i];
+    let q = n.children().next().and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
+    let rows = q.iter().take(q.len().saturating_sub(1)).product::<usize>() as u64;
+    let d = q.last().copied().unwrap_or(1) as u64;
     product(&[rows, d.div_ceil(64), 64 * 4])
 }
 
@@ -602,28 +629,22 @@ fn node_flops(dag: &Dag, i: usize) -> u64 {
             Composite::LayerNorm | Composite::RmsNorm => numel.saturating_mul(10),
             Composite::CrossEntropy => child_numel(0).saturating_mul(8),
             Composite::Attention => {
-                // Two products of (S x D) by (D x T) and (S x T) by (T x Dv), plus the softmax.
-                let q =
-                    n.children().next().and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
-                let k =
-                    n.children().nth(1).and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
-                let (r, t) = (q.len(), k.len().saturating_sub(2));
-                let d = q.get(r.wrapping_sub(1)).copied().unwrap_or(1) as u64;
-                let tlen = k.get(t).copied().unwrap_or(1) as u64;
-                let rows = q.iter().take(r.saturating_sub(1)).product::<usize>() as u64;
-                product(&[rows, tlen, 4 * d.min(1 << 48) + 8])
+                // Two products of (S x D) by (D x T) and (S x T) by (T x Dv), plus the softmax,
+                // over the score pairs computed.
+                let (pairs, d) = attention_dims(dag, n);
+                product(&[pairs, 4 * d.min(1 << 48) + 8])
             }
             // Recomputed scores (2d) and probabilities (8), then: the log-sum-exp alone; the
             // query and key gradients two more products each (g vᵀ, then dS k or dSᵀ q), the
             // value gradient one (Pᵀ g).
             Composite::AttentionLse => {
-                let (rows, tlen, d) = attention_dims(dag, n);
-                product(&[rows, tlen, 2 * d.min(1 << 48) + 8])
+                let (pairs, d) = attention_dims(dag, n);
+                product(&[pairs, 2 * d.min(1 << 48) + 8])
             }
             Composite::AttentionGrad(w) => {
-                let (rows, tlen, d) = attention_dims(dag, n);
+                let (pairs, d) = attention_dims(dag, n);
                 let d = d.min(1 << 48);
-                product(&[rows, tlen, if w == AttnArg::V { 4 * d + 8 } else { 6 * d + 12 }])
+                product(&[pairs, if w == AttnArg::V { 4 * d + 8 } else { 6 * d + 12 }])
             }
         },
     }
