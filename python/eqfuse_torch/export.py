@@ -242,7 +242,7 @@ class Exporter:
                 out = self.split(node)
             else:
                 args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.value(n))
-                out = LOWERINGS[_target_name(node)](Lowering(self.b, node), *args, **kwargs)
+                out = LOWERINGS[_target_name(node)](Lowering(self.b, node, self.values), *args, **kwargs)
         except ExportError as e:
             raise ExportError(f"{_describe(node)}: {e}") from None
         if isinstance(out, Value) and self.b.nodes[out.node]["op"] not in ("input", "const"):
@@ -261,7 +261,7 @@ class Exporter:
         except ExportError:
             x, sizes = node.args[0], node.args[1]
             dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-            return _split(Lowering(self.b, node), self.value(x), sizes, dim)
+            return _split(Lowering(self.b, node, self.values), self.value(x), sizes, dim)
 
     def split_product(self, node: torch.fx.Node) -> tuple[Value, ...]:
         x, sizes = node.args[0], node.args[1]
@@ -281,7 +281,7 @@ class Exporter:
         for i, size in enumerate(sizes):
             cols = slice(start, start + size)
             start += size
-            L = Lowering(self.b, node)
+            L = Lowering(self.b, node, self.values)
             wi = self.constant(f"{w.name}_split{i}", w_cols(cols), literal=False)
             y = L.matmul(a, wi)
             if bias is not None:
@@ -412,9 +412,11 @@ class Lowering:
     """Helpers for lowering one node: typed pointwise application, views, reductions. Every
     helper computes the result's dtype and shape as eqfuse will, so that lowerings compose."""
 
-    def __init__(self, b: GraphBuilder, node: torch.fx.Node):
+    def __init__(self, b: GraphBuilder, node: torch.fx.Node, values: dict[str, torch.Tensor] | None = None):
         self.b = b
         self.node = node
+        self.values = values if values is not None else {}
+        """The values of inputs the export knows (parameters, folded constants), by input name."""
 
     # --- the node's own result type, from PyTorch's metadata
 
@@ -1234,11 +1236,38 @@ def _lse_shape(L, i):
     return tuple(int(d) for d in val[i].shape)
 
 
+def _known_mask(L, mask, is_causal, sq, sk):
+    """(mask, is_causal) with a mask whose values the export knows (a folded constant, as the
+    causal masks `transformers` builds from positions are) replaced by what it is: no mask where
+    it keeps every score, the causal flag where it keeps exactly the scores of keys j <= query i
+    (PyTorch's `is_causal`). A bool mask keeps where true; an additive one where it is 0, and
+    masks where it is at most -1e4 (whose exp is 0 beside any score). Other masks are kept."""
+    if not isinstance(mask, Value):
+        return mask, is_causal
+    node = L.b.nodes[mask.node]
+    t = L.values.get(node["value"]) if node.get("op") == "input" else None
+    if t is None:
+        return mask, is_causal
+    if t.dtype == torch.bool:
+        keep = t
+    else:
+        keep = t == 0
+        if not bool((keep | (t <= -1e4)).all()):
+            return mask, is_causal
+    keep = keep.expand(*keep.shape[:-2], sq, sk) if keep.dim() >= 2 else keep.expand(sq, sk)
+    if bool(keep.all()):
+        return None, is_causal
+    if bool((keep == torch.ones(sq, sk, dtype=torch.bool).tril()).all()):
+        return None, True
+    return mask, is_causal
+
+
 def _sdpa_forward(L, q, k, v, mask, dropout_p, is_causal, scale, n_out):
     """The outputs of a fused SDPA op (result, log-sum-exp, then what eqfuse cannot give): the
     `attention` and `attention_lse` composites, or plain operators with a mask tensor; the
     log-sum-exp reshaped to PyTorch's `[B, H, S]` (flash) or `[B, H, S, 1]` (cuDNN)."""
     s = _attention_args(L, q, k, v, mask, dropout_p, scale)
+    mask, is_causal = _known_mask(L, mask, is_causal, q.shape[-2], k.shape[-2])
     if mask is not None:
         out, lse = _attention_math(L, q, k, v, s, is_causal, mask)
     else:
@@ -1285,6 +1314,7 @@ def _sdpa_cudnn(L, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_cau
 def _sdpa_backward(L, g, q, k, v, out, lse, mask, dropout_p, is_causal, scale):
     """(dq, dk, dv) of a fused SDPA op's backward."""
     s = _attention_args(L, q, k, v, mask, dropout_p, scale)
+    mask, is_causal = _known_mask(L, mask, is_causal, q.shape[-2], k.shape[-2])
     if mask is not None:
         return _attention_math_grads(L, g, q, k, v, out, s, is_causal, mask)
     return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal)

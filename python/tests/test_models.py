@@ -143,6 +143,22 @@ def assert_all_on_eqfuse(backend):
     assert all(p.plan is not None for p in backend.plans), [(p.kind, p.error) for p in backend.plans]
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_causal_attention_plans_as_one_kernel_a_layer(name):
+    """The causal masks `transformers` builds from positions are folded by the export into known
+    tensors; the exporter reads them as the causal flag, so each layer's attention (Llama's with
+    grouped-query heads) is one attention kernel and no kernel computes a score matrix."""
+    from eqfuse_torch.backend import plan_graph
+
+    model, kw = make(name)
+    model.eval()
+    exported = export_program(torch.export.export(model, (), kw))
+    plan = plan_graph(exported.graph)
+    attention = [k for k in plan["kernels"] if k["template"] == "attention"]
+    assert len(attention) == model.config.num_hidden_layers, [(k["template"], k["ops"]) for k in plan["kernels"]]
+    assert not any("exp" in k["ops"] or "softmax" in k["ops"] for k in plan["kernels"]), plan["kernels"]
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_torch_export_computes_the_model(name, tmp_path):
     model, kw = make(name)
