@@ -7,7 +7,8 @@ SwiGLU 8192, RMSNorm, RoPE; `--llama-layers`, default 4), ViT-B/16 at 224x224 an
 encoder. Each is timed with CUDA events (warm-up calls first, `--reps` timed calls, the median),
 its first compiled call timed separately as compile time, and its output (and gradients with
 --train) compared with eager's. For the eqfuse backend the record also says on which graphs
-eqfuse's kernels ran and why any ran eagerly.
+eqfuse's kernels ran and why any ran eagerly, and how (`launches`: CUDA graphs captured and
+replayed, calls launched kernel by kernel; EQFUSE_CUDA_GRAPH=0 turns graphs off).
 
     python3 benches/models.py [--models gpt2,bert,llama,vit,t5] [--dtypes bf16,f32]
         [--batch 8 --seq 1024] [--train] [--reps 10] [--json OUT]
@@ -143,7 +144,8 @@ def run(name, dtype, args):
         if backend is not None:
             rec["eqfuse_graphs"] = [{"kind": p.kind, "runs": p.runs, "why_eager": p.why_eager,
                                      "kernels": p.plan["total"]["kernels"] if p.plan else None,
-                                     "predicted_us": p.plan["total"]["predicted_us"] if p.plan else None}
+                                     "predicted_us": p.plan["total"]["predicted_us"] if p.plan else None,
+                                     "launches": dict(p.launches) if p.launches is not None else None}
                                     for p in backend.plans if p.kind != "joint"]
         del compiled, m
     for mode in args.modes:

@@ -6,8 +6,9 @@ by PyTorch eager, `torch.compile(backend=EqfuseBackend())` (eqfuse's generated k
 from Python through CuPy) and `torch.compile()` (Inductor). Each is checked against eager
 (max abs error), then timed: warm-up (compile time excluded), CUDA events around each call, the L2
 cache flushed before every timed call by writing a buffer larger than L2, median of REPS calls.
-The eqfuse time includes the Python launch path (argument mapping, torch allocations, CuPy
-launches): that is what a user of the backend gets.
+The eqfuse time includes the Python launch path (argument mapping, then a CUDA graph replayed,
+or with EQFUSE_CUDA_GRAPH=0 torch allocations and CuPy launches kernel by kernel): that is what a
+user of the backend gets. `eqfuse_launches` counts graph captures and replays.
 
 Usage: python3 benches/py_backend_speed.py [--rows 16384 --cols 4096 --reps 50] [--json OUT]
 """
@@ -68,6 +69,7 @@ def main():
     res["eqfuse_runs"] = [p.runs for p in backend.plans]
     res["eqfuse_why_eager"] = [p.why_eager for p in backend.plans]
     res["eqfuse_plan_kernels"] = [p.plan["total"]["kernels"] if p.plan else None for p in backend.plans]
+    res["eqfuse_launches"] = [dict(p.launches) if p.launches is not None else None for p in backend.plans]
     res["bytes_floor"] = 2 * a.rows * a.cols * 4 + 2 * a.cols * 4
     for name in runs:
         res[name]["GBps_of_floor"] = res["bytes_floor"] / (res[name]["median_us"] * 1e-6) / 1e9

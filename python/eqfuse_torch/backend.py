@@ -17,11 +17,12 @@ plan is kept in `EqfuseBackend.plans` and summarised through `report` (stderr by
 Running (`execute=True`, the default): a forward or backward graph whose inputs are CUDA tensors
 is given to `eqfuse codegen`, each generated `.cu` is compiled with NVRTC through CuPy, and the
 kernels are launched in plan order on PyTorch's current stream, on PyTorch's tensors
-(`runtime.py`). The graph runs eagerly instead (the AOTAutograd ATen graph, unfused), with a
-warning saying why, when: the exporter or the planner refuses it (an operator without a lowering,
-a dynamic shape, no binary), the inputs are not on a CUDA device, CuPy is missing, or codegen
-refuses a kernel. A gemm planned as a cuBLASLt call runs as a torch product (`runtime.py`). The
-joint graph is only planned.
+(`runtime.py`): from the second call on, as CUDA graphs replayed (`EQFUSE_CUDA_GRAPH=0` launches
+kernel by kernel; `CapturedPlan.launches` counts which ran). The graph runs eagerly instead (the
+AOTAutograd ATen graph, unfused), with a warning saying why, when: the exporter or the planner
+refuses it (an operator without a lowering, a dynamic shape, no binary), the inputs are not on a
+CUDA device, CuPy is missing, or codegen refuses a kernel. A gemm planned as a cuBLASLt call
+runs as a torch product (`runtime.py`). The joint graph is only planned.
 """
 
 from __future__ import annotations
@@ -95,6 +96,11 @@ class CapturedPlan:
     """`eqfuse` when eqfuse's kernels run the graph, `eager` when PyTorch runs it."""
     why_eager: str | None = None
     """Why the graph runs eagerly (None when eqfuse runs it, or for the joint graph)."""
+    launches: dict | None = None
+    """How eqfuse's kernels ran, counted as they run (`runtime.LaunchPlan.stats`): calls
+    launched kernel by kernel (`eager`), CUDA graphs captured and replayed, replays whose
+    outputs were cloned, inputs copied into static buffers, and `graph_off` with the reason
+    when graphs were turned off. None when eqfuse does not run the graph."""
 
 
 def decompositions() -> dict:
@@ -183,6 +189,7 @@ class EqfuseBackend:
             try:
                 runner = self._build(graph, example_inputs)
                 record.runs = "eqfuse"
+                record.launches = getattr(runner, "stats", None)
             except Exception as e:  # RuntimeUnavailable, PlanError, a CuPy compile error
                 record.why_eager = f"{type(e).__name__}: {e}" if not isinstance(e, _Quiet) else str(e)
         self.plans.append(record)
@@ -214,7 +221,7 @@ class _Quiet(Exception):
     """A reason to run eagerly that needs no exception type in its message."""
 
 
-def results_agree(got, want, half_inputs: bool = False) -> str | None:
+def results_agree(got, want, half_inputs: bool = False, skip=()) -> str | None:
     """None when eqfuse's outputs `got` equal eager's `want` up to rounding, else what differs.
 
     Same structure, dtypes and shapes; integers and booleans exactly; floating point within
@@ -225,15 +232,19 @@ def results_agree(got, want, half_inputs: bool = False) -> str | None:
     bits and a fused kernel does not. Every element may also be off by rtol * 1e-2 of the graph's
     largest float output (1e-6 of it in f32, about 8 units in the last place): a value that is
     zero in exact arithmetic (the gradient of a bias that softmax ignores) is rounding noise on
-    both sides, not a value to match."""
+    both sides, not a value to match. Positions in `skip` are not compared (an SDPA op's
+    random-number state without dropout, `Exported.dont_care`: PyTorch leaves it unset)."""
     import torch
 
     if len(got) != len(want):
         return f"{len(got)} outputs, eager gives {len(want)}"
-    floats = [w.detach().double() for w in want if isinstance(w, torch.Tensor) and w.is_floating_point()]
+    floats = [w.detach().double() for i, w in enumerate(want)
+              if i not in skip and isinstance(w, torch.Tensor) and w.is_floating_point()]
     graph_scale = max((w[torch.isfinite(w)].abs().max().item() for w in floats if torch.isfinite(w).any()),
                       default=0.0)
     for i, (g, w) in enumerate(zip(got, want)):
+        if i in skip:
+            continue
         if g is None or w is None or not isinstance(w, torch.Tensor):
             if (g is None) != (w is None):
                 return f"output {i}: {g!r} where eager gives {w!r}"
@@ -280,6 +291,7 @@ class _Runner:
         self.eager = False
         self.plan = plan
         self.input_names = exported.input_names
+        self.dont_care = set(exported.dont_care)
         self.values = {}
         device = plan.device
         for name, t in exported.values.items():
@@ -311,7 +323,8 @@ class _Runner:
         try:
             got = self._run(args)
             half = (torch.float16, torch.bfloat16)
-            why = results_agree(got, want, any(isinstance(a, torch.Tensor) and a.dtype in half for a in args))
+            why = results_agree(got, want, any(isinstance(a, torch.Tensor) and a.dtype in half for a in args),
+                                skip=self.dont_care)
         except Exception as e:  # a kernel that cannot run these arguments: eager, never an error
             why = f"{type(e).__name__}: {e}"
         if why is not None:

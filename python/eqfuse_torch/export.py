@@ -20,6 +20,12 @@ here with PyTorch, and its result enters the graph as a literal (one value, or o
 value, broadcast) or as an input with its value. Literals are finite: an infinite one (a mask's
 `-inf`) becomes the largest finite value of its dtype.
 
+Don't-care values: the random-number state a fused SDPA op returns for its backward
+(`philox_seed`, `philox_offset`; flash's `rng_state`, `unused`) means nothing when `dropout_p`
+is 0 (the export refuses any other): such an output becomes a constant of its dtype and shape
+(zeros), listed in `Exported.dont_care` (the backend's first-call check skips it), and a
+placeholder read only there (a backward graph's) is no graph input at all.
+
 Invariant: the graph computes what the PyTorch graph computes (up to floating-point rounding) or
 the export raises `ExportError`; it never drops an operator silently.
 """
@@ -70,6 +76,9 @@ class Exported:
     constants: dict[int, torch.Tensor] = field(default_factory=dict)
     """Outputs known at export time (a folded constant the graph returns as it is), by output
     position; they are not in the graph."""
+    dont_care: set[int] = field(default_factory=set)
+    """Positions of `constants` whose values nothing reads (an SDPA op's random-number state
+    without dropout): PyTorch returns unspecified values there, so no check compares them."""
 
     def save(self, path: str | Path, values_dir: str | Path | None = None) -> None:
         """Writes the graph as JSON, and each value as `values_dir/NAME.npy`."""
@@ -175,6 +184,8 @@ class Exporter:
         self.brought: dict[str, object] = {}  # static node name -> its value in the graph
         self.values: dict[str, torch.Tensor] = {}
         self.constants: dict[int, torch.Tensor] = {}
+        self.dont_care: set[str] = set()  # static nodes whose values nothing may depend on
+        self.dont_care_outputs: set[int] = set()
 
     def run(self) -> Exported:
         self.check_supported()
@@ -191,7 +202,7 @@ class Exporter:
                 self.outputs(node)
             else:
                 raise ExportError(f"fx node {node.name} of kind {node.op} is not supported (export an ATen graph)")
-        return Exported(self.b.to_json(), self.values, input_names, self.constants)
+        return Exported(self.b.to_json(), self.values, input_names, self.constants, self.dont_care_outputs)
 
     def check_supported(self) -> None:
         """Every operator must have a lowering, except in nodes evaluated here (static ones)."""
@@ -216,6 +227,10 @@ class Exporter:
             self.env[node.name] = value
             self.static.add(node.name)
             return None
+        if node.users and all(_reads_only_rng_state(u, node) for u in node.users):
+            # An SDPA backward's seed and offset without dropout: read by nothing eqfuse computes.
+            self.env[node.name] = _DontCare(f"placeholder {node.name} (an SDPA op's random-number state)", None)
+            return None
         val = node.meta.get("val")
         if val is None or not isinstance(val, torch.Tensor):
             if not node.users:
@@ -236,6 +251,8 @@ class Exporter:
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n.name])
             self.env[node.name] = node.target(*args, **kwargs)
             self.static.add(node.name)
+            if any(a.name in self.dont_care for a in node.all_input_nodes):
+                self.dont_care.add(node.name)  # computed from a don't-care value: one too
             return
         try:
             if _target_name(node) in SPLITS:
@@ -245,6 +262,12 @@ class Exporter:
                 out = LOWERINGS[_target_name(node)](Lowering(self.b, node, self.values), *args, **kwargs)
         except ExportError as e:
             raise ExportError(f"{_describe(node)}: {e}") from None
+        if isinstance(out, _Constant):  # a tuple entry known here (`_sdpa_extra`)
+            self.env[node.name] = out.tensor
+            self.static.add(node.name)
+            if isinstance(out, _DontCare):
+                self.dont_care.add(node.name)
+            return
         if isinstance(out, Value) and self.b.nodes[out.node]["op"] not in ("input", "const"):
             if "name" not in self.b.nodes[out.node]:
                 self.b.nodes[out.node]["name"] = self.b.unique_name(node.name)
@@ -319,6 +342,8 @@ class Exporter:
         v = self.env[node.name]
         if node.name not in self.static:
             return v
+        if node.name in self.dont_care:  # never brought into the graph: a lowering may only ignore it
+            return _DontCare(f"{node.name} (an SDPA op's random-number state)", v)
         if node.name not in self.brought:
             # An empty static tensor stays a tensor (a concatenation drops it; elsewhere it is an error).
             self.brought[node.name] = _map_tensors(v, lambda t: t if t.numel() == 0 else self.constant(node.name, t))
@@ -360,6 +385,8 @@ class Exporter:
                 continue
             if isinstance(r, torch.fx.Node) and r.name in self.static and isinstance(self.env[r.name], torch.Tensor):
                 self.constants[i] = self.env[r.name]
+                if r.name in self.dont_care:
+                    self.dont_care_outputs.add(i)
                 continue
             v = self.value(r) if isinstance(r, torch.fx.Node) else None
             if not isinstance(v, Value):
@@ -1283,8 +1310,47 @@ def _sdpa_forward(L, q, k, v, mask, dropout_p, is_causal, scale, n_out):
         lse = L.reshape(lse, want)
     else:
         lse = _Unsupported(f"the log-sum-exp of shape {want} (eqfuse gives {list(q.shape[:-1])})")
-    rest = [_Unsupported("an SDPA output other than the result and the log-sum-exp")] * (n_out - 2)
-    return (out, lse, *rest)
+    return (out, lse, *(_sdpa_extra(L, i) for i in range(2, n_out)))
+
+
+RNG_STATE = ("philox_seed", "philox_offset", "rng_state", "unused")
+"""The names fused SDPA ops give the random-number state they return for their backward (the
+forward's outputs, the backward's arguments)."""
+
+
+def _sdpa_extra(L, i):
+    """Output `i` (past the result and the log-sum-exp) of a fused SDPA op: its random-number
+    state is a don't-care constant (the lowering has refused any dropout), an empty tensor (a
+    debug mask not asked for) a constant, an undefined tensor None and a length its static
+    value; anything else is unsupported."""
+    val = L.node.meta.get("val")
+    val = val[i] if isinstance(val, (tuple, list)) and i < len(val) else None
+    name = L.node.target._schema.returns[i].name if isinstance(L.node.target, torch._ops.OpOverload) else ""
+    if isinstance(val, torch.Tensor) and name in RNG_STATE:
+        return _DontCare(f"{name} of {L.node.name}", torch.zeros(tuple(val.shape), dtype=val.dtype))
+    if isinstance(val, torch.Tensor) and val.numel() == 0:
+        return _Constant(torch.empty(tuple(val.shape), dtype=val.dtype))
+    if val is None or (isinstance(val, int) and not isinstance(val, bool)):
+        return val  # an undefined tensor (cumulative lengths of a dense batch), a static length
+    return _Unsupported(f"the SDPA output {name or i}")
+
+
+def _reads_only_rng_state(user: torch.fx.Node, node: torch.fx.Node) -> bool:
+    """Whether `user` is a fused SDPA backward without dropout that reads `node` only as its
+    random-number state (which it then ignores)."""
+    t = user.target
+    if not isinstance(t, torch._ops.OpOverload) or not _target_name(user).startswith("_scaled_dot_product"):
+        return False
+    try:
+        bound = t._schema.arguments
+        named = {a.name: (user.args[j] if j < len(user.args) else user.kwargs.get(a.name, a.default_value))
+                 for j, a in enumerate(bound)}
+    except Exception:  # noqa: BLE001 - an unexpected schema: not the case handled here
+        return False
+    if "dropout_p" not in named or named["dropout_p"] not in (0, 0.0, None):
+        return False
+    reads = [n for n, v in named.items() if v is node]
+    return bool(reads) and all(n in RNG_STATE for n in reads)
 
 
 class _Unsupported:
@@ -1292,6 +1358,25 @@ class _Unsupported:
 
     def __init__(self, what: str):
         self.what = what
+
+
+class _Constant:
+    """A tuple entry known at export time (a tensor the graph returns as it is)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+
+
+class _DontCare(_Constant):
+    """A tuple entry whose value nothing may depend on (an SDPA op's random-number state without
+    dropout): a constant output that no check compares; a lowering that reads it is an error."""
+
+    def __init__(self, what: str, tensor: torch.Tensor | None):
+        super().__init__(tensor)
+        self.what = what
+
+    def __repr__(self) -> str:
+        return f"<{self.what}: a don't-care value>"
 
 
 def _sdpa_flash_cpu(L, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):

@@ -19,6 +19,14 @@ asks, zeroed once where the manifest says so: those kernels leave them zero), an
 one wave of resident blocks when the manifest asks for a wave (`wave`), the grid given
 otherwise, as `eqfuse run` does by default.
 
+CUDA graphs (`GraphedLaunch`, on unless `EQFUSE_CUDA_GRAPH=0`): the first call with given input
+dtypes and shapes launches kernel by kernel as above; later calls replay `torch.cuda.CUDAGraph`s
+of the whole launch sequence over static memory (inputs read in place where their pointers
+recur, else copied into static buffers; intermediates in one arena shared by liveness; output
+sets of their own): no Python per kernel, no allocation. Outputs still held by the caller are
+never overwritten (another output set, or copies); a capture that fails or a first replay that
+differs from eager launch turns graphs off for the plan with one line on stderr.
+
 A gemm kernel that codegen plans as one cuBLASLt call (`cublaslt` in the manifest: no file, a
 column-major description of the product, its bias and epilogue) is run by `lt_call_torch`:
 `torch.matmul` on strided views of the same buffers (PyTorch calls cuBLAS), then the bias and the
@@ -33,7 +41,9 @@ CuPy is imported only by `GpuPlan`; nothing else here needs it or a GPU.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,10 +158,86 @@ def _cupy():
     return cupy
 
 
-class GpuPlan:
-    """A codegen folder compiled and ready to launch on the current CUDA device."""
+class LaunchPlan:
+    """What running a manifest's launch sequence needs, whatever launches the kernels: its inputs,
+    tensors, outputs and workspaces, eager launch (`eager`), and CUDA-graph replay (`graphed`, a
+    `GraphedLaunch`, None when off). `GpuPlan` launches generated CUDA through CuPy; tests give
+    `launch` other kernels. `__call__` replays a graph where one runs, else launches eagerly."""
 
-    def __init__(self, cg: Codegen):
+    def __init__(self, manifest: dict, device):
+        self.manifest = manifest
+        self.device = device
+        self.inputs = {name: _parse_type(t) for name, t in manifest["inputs"]}
+        self.outputs = [(out, tensor) for out, tensor in manifest["outputs"]]
+        self.tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+        self.tensor_bytes: dict[str, int] = {}
+        for k in manifest["kernels"]:
+            for a in k["args"]:
+                if a["role"] != "workspace":
+                    self.tensors.setdefault(a["name"], (a["dtype"], tuple(a["shape"])))
+                    self.tensor_bytes[a["name"]] = max(self.tensor_bytes.get(a["name"], 0), int(a.get("bytes", 0)))
+        self.workspace: dict = {}
+        self.graphed: GraphedLaunch | None = None
+        self.stats = {"eager": 0, "captures": 0, "replays": 0, "cloned": 0, "input_copies": 0}
+        """Calls launched eagerly, graphs captured, replays, replays whose outputs were cloned
+        (every graph's outputs still held), inputs copied into static buffers; `graph_off` is
+        added, with the reason, when graphs are turned off for this plan."""
+
+    def launch(self, env: dict) -> None:
+        """Launches every kernel on the tensors of `env` (name -> tensor) on the current stream."""
+        raise NotImplementedError
+
+    def prepare(self, name: str, t):
+        """Input `name` as the kernels read it: on the device, in the manifest's dtype and shape, contiguous."""
+        import torch
+
+        dtype, shape = self.inputs[name]
+        if t.device != self.device:
+            t = t.to(self.device)
+        if t.dtype != _torch_dtype(dtype):
+            t = t.to(_torch_dtype(dtype))
+        if tuple(t.shape) != shape:
+            if t.numel() != _numel(shape):
+                raise ValueError(f"input {name}: shape {tuple(t.shape)}, the plan needs {shape}")
+            t = t.reshape(shape)
+        return t.contiguous() if not t.is_contiguous() else t
+
+    def eager(self, inputs: dict) -> dict:
+        """One call launched kernel by kernel: every tensor that is not an input allocated now."""
+        import torch
+
+        self.stats["eager"] += 1
+        env = {name: self.prepare(name, inputs[name]) for name in self.inputs}
+        for name, (dtype, shape) in self.tensors.items():
+            if name not in env:
+                env[name] = torch.empty(shape, dtype=_torch_dtype(dtype), device=self.device)
+        self.launch(env)
+        return {out: env[tensor] for out, tensor in self.outputs}
+
+    def __call__(self, inputs: dict) -> dict:
+        """Runs the plan on `inputs` (graph input name -> tensor, converted to the manifest's
+        dtype and made contiguous where needed); returns graph output name -> tensor."""
+        import torch
+
+        with torch.no_grad():
+            if self.graphed is not None:
+                return self.graphed(inputs)
+            return self.eager(inputs)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+class GpuPlan(LaunchPlan):
+    """A codegen folder compiled and ready to launch on the current CUDA device: kernels through
+    CuPy, cuBLASLt calls as torch products (`lt_call_torch`), replayed as CUDA graphs
+    (`GraphedLaunch`) when `graphs` is true or, by default, unless `EQFUSE_CUDA_GRAPH=0`."""
+
+    def __init__(self, cg: Codegen, graphs: bool | None = None):
         import torch
 
         reasons = cg.unsupported(cublaslt=True)
@@ -160,22 +246,16 @@ class GpuPlan:
         if not torch.cuda.is_available():
             raise RuntimeUnavailable("no CUDA device is visible to PyTorch")
         cp = _cupy()
+        super().__init__(cg.manifest, torch.device("cuda", torch.cuda.current_device()))
         self.cg = cg
-        self.device = torch.device("cuda", torch.cuda.current_device())
         m = cg.manifest
         major, minor = torch.cuda.get_device_capability(self.device)
         arch = f"sm_{major}{minor}"
-        self.inputs = {name: _parse_type(t) for name, t in m["inputs"]}
-        self.outputs = [(out, tensor) for out, tensor in m["outputs"]]
-        self.tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.kernels = []
-        self.workspace: dict[str, torch.Tensor] = {}
         with cp.cuda.Device(self.device.index):
             sms = cp.cuda.Device(self.device.index).attributes["MultiProcessorCount"]
             for k in m["kernels"]:
                 if k.get("cublaslt") is not None:
-                    for a in k["args"]:
-                        self.tensors.setdefault(a["name"], (a["dtype"], tuple(a["shape"])))
                     self.kernels.append((k, None, None, None, None, 0))
                     continue
                 source = (cg.dir / k["file"]).read_text()
@@ -189,13 +269,24 @@ class GpuPlan:
                 if launch.get("wave"):
                     threads = launch["block"][0] * launch["block"][1] * launch["block"][2]
                     grid[0] = min(grid[0], self._resident_blocks(cp, fn, threads, smem, sms))
-                for a in k["args"]:
-                    if a["role"] != "workspace":
-                        self.tensors.setdefault(a["name"], (a["dtype"], tuple(a["shape"])))
                 self.kernels.append((k, module, fn, tuple(grid), tuple(launch["block"]), smem))
         for name, (size, zeroed) in workspaces(m).items():
             alloc = torch.zeros if zeroed else torch.empty
             self.workspace[name] = alloc(size, dtype=torch.uint8, device=self.device)
+        why_off = None
+        if graphs is None:
+            graphs = cuda_graphs_enabled()
+            why_off = "EQFUSE_CUDA_GRAPH=0"
+        if graphs and any(fn is None or 0 not in grid for _k, _m, fn, grid, _b, _s in self.kernels):
+            self.graphed = GraphedLaunch(self, m["kernels"], CudaGraphs(self.device))
+        elif not graphs:
+            self.stats["graph_off"] = why_off or "GpuPlan(graphs=False)"
+
+    def __call__(self, inputs: dict) -> dict:
+        import torch
+
+        with torch.cuda.device(self.device):
+            return super().__call__(inputs)
 
     @staticmethod
     def _resident_blocks(cp, fn, threads: int, smem: int, sms: int) -> int:
@@ -206,28 +297,11 @@ class GpuPlan:
             per_sm = 1
         return max(1, int(per_sm)) * sms
 
-    def __call__(self, inputs: dict) -> dict:
-        """Runs the plan on `inputs` (graph input name -> tensor, converted to the manifest's
-        dtype and made contiguous where needed); returns graph output name -> tensor."""
+    def launch(self, env: dict) -> None:
         import numpy as np
         import torch
 
         cp = _cupy()
-        env: dict[str, torch.Tensor] = {}
-        for name, (dtype, shape) in self.inputs.items():
-            t = inputs[name]
-            if t.device != self.device:
-                t = t.to(self.device)
-            if t.dtype != _torch_dtype(dtype):
-                t = t.to(_torch_dtype(dtype))
-            if tuple(t.shape) != shape:
-                if t.numel() != int(np.prod(shape, dtype=np.int64)):
-                    raise ValueError(f"input {name}: shape {tuple(t.shape)}, the plan needs {shape}")
-                t = t.reshape(shape)
-            env[name] = t.contiguous()
-        for name, (dtype, shape) in self.tensors.items():
-            if name not in env:
-                env[name] = torch.empty(shape, dtype=_torch_dtype(dtype), device=self.device)
         stream = torch.cuda.current_stream(self.device)
         with cp.cuda.Device(self.device.index), cp.cuda.ExternalStream(stream.cuda_stream, self.device.index):
             for k, _module, fn, grid, block, smem in self.kernels:
@@ -244,4 +318,370 @@ class GpuPlan:
                     except RuntimeError as e:
                         raise RuntimeUnavailable(f"kernel {k['name']}: {a['name']} ({type(t).__name__}) has no data: {e}") from None
                 fn(grid, block, tuple(ptrs), shared_mem=smem)
-        return {out: env[tensor] for out, tensor in self.outputs}
+
+
+# --- CUDA-graph replay
+
+
+def cuda_graphs_enabled(environ=None) -> bool:
+    """Whether plans replay CUDA graphs: yes unless `EQFUSE_CUDA_GRAPH` is 0 (or false, off, no)."""
+    value = (os.environ if environ is None else environ).get("EQFUSE_CUDA_GRAPH", "1")
+    return value.strip().lower() not in ("0", "false", "off", "no")
+
+
+def lifetimes(kernels: list[dict], names) -> dict[str, tuple[int, int]]:
+    """For each tensor of `names`, the first and the last launch (index into the manifest's
+    `kernels`) whose arguments name it: it is live over that closed range."""
+    names = set(names)
+    out: dict[str, tuple[int, int]] = {}
+    for i, k in enumerate(kernels):
+        for a in k["args"]:
+            if a["role"] != "workspace" and a["name"] in names:
+                out[a["name"]] = (out.get(a["name"], (i, i))[0], i)
+    return out
+
+
+ARENA_ALIGN = 256
+"""Alignment of every tensor in the intermediate arena (bytes): what cudaMalloc gives, enough
+for any vector access and for cuBLAS."""
+
+
+def arena_layout(sizes: dict[str, int], live: dict[str, tuple[int, int]],
+                 align: int = ARENA_ALIGN) -> tuple[int, dict[str, int]]:
+    """Byte offsets of tensors in one arena: `sizes[name]` bytes, live over launches
+    `live[name]` (closed ranges, `lifetimes`). Two tensors whose ranges overlap never overlap in
+    memory; one whose last launch comes before another's first may share its bytes. Largest
+    first, each at the lowest aligned offset clear of the tensors already placed that are live
+    with it. Returns (arena bytes, offsets)."""
+    placed: list[tuple[int, int, int, int]] = []  # (start, end, first, last)
+    offsets: dict[str, int] = {}
+    for name in sorted(sizes, key=lambda n: (-sizes[n], live[n][0], n)):
+        size = -(-max(int(sizes[name]), 1) // align) * align
+        first, last = live[name]
+        off = 0
+        for start, end in sorted((s, e) for s, e, f, l in placed if f <= last and first <= l):
+            if off + size <= start:
+                break
+            off = max(off, end)
+        offsets[name] = off
+        placed.append((off, off + size, first, last))
+    return max((e for _, e, _, _ in placed), default=0), offsets
+
+
+class _OutputSet:
+    """Static output tensors that graphs write. `free()`: nobody outside holds any of them (no
+    tensor or view beyond the one kept here), by each storage's use count against the count
+    measured when only this object held it. (A bare `UntypedStorage` object the caller keeps
+    without any tensor is not counted; torch's cudagraph trees have the same blind spot.)"""
+
+    def __init__(self, tensors: dict):
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        self.tensors = tensors
+        self.refs = []
+        for t in tensors.values():
+            ref = StorageWeakRef(t.untyped_storage())
+            self.refs.append((ref, _use_count(ref)))
+
+    def free(self) -> bool:
+        return all(_use_count(ref) <= base for ref, base in self.refs)
+
+
+def _use_count(ref) -> int:
+    import torch
+
+    return torch._C._storage_Use_Count(ref.cdata)
+
+
+class _Signature:
+    """The graphs of one set of input dtypes, shapes, strides and devices."""
+
+    def __init__(self):
+        self.seen: dict[str, list[int]] = {}
+        """The pointers each input had on earlier calls (the last few)."""
+        self.keys: list[tuple] = []
+        """Input keys graphs were captured for: per input, the pointer the graph reads it at, or
+        None where it reads the input's static buffer."""
+        self.sets: list[_OutputSet] = []
+        """Output sets handed to the caller."""
+        self.private: _OutputSet | None = None
+        """The output set whose tensors are cloned for the caller (when every other is held)."""
+        self.graphs: dict[tuple, object] = {}
+        """(input key, output set index, -1 for the private one) -> replay."""
+
+
+class GraphedLaunch:
+    """A plan's launch sequence replayed as CUDA graphs.
+
+    The first call with a given signature (each input's dtype, shape, strides, device) launches
+    eagerly (warm-up: modules loaded, cuBLAS initialised). Later calls replay graphs of the whole
+    sequence (CuPy kernels, the torch ops of cuBLASLt calls) over static memory: intermediates are
+    views of one arena laid out by liveness (`arena_layout`), workspaces are the plan's (zeroed
+    ones stay zero: their kernels leave them so), outputs are one of a few output sets.
+
+    Inputs: a graph reads an input where the caller keeps it when the input needs no conversion
+    and its pointer was seen on an earlier call (parameters, a buffer the allocator hands out
+    again, the forward's outputs a backward reads); other inputs are copied into static buffers
+    at each call. Graphs are keyed by those pointers, so an input whose pointer changes (a
+    parameter replaced) is copied, and read in place again under a graph captured for its new
+    pointer once that recurs; the caller's old tensor is never written. Keys are bounded
+    (`MAX_KEYS`; beyond them only pointers common to every key are kept), graphs too
+    (`MAX_GRAPHS`; beyond them a new combination launches eagerly).
+
+    Outputs: the caller may keep what a call returned (saved activations until the backward,
+    `.grad`, a loss) while calling again, and a replay overwrites its outputs. What torch's own
+    cudagraph trees guard against is guarded here by the storages' use counts: an output set is
+    replayed into only when nothing outside holds any of its tensors; else another set is used
+    (up to `variants`), and when all are held, a set that is never handed out, whose outputs are
+    cloned for the caller (one copy of the outputs). An output that is an input is returned as
+    eager launch returns it (the input itself).
+
+    Each capture first launches eagerly on the capture stream (warm-up of that stream, and the
+    reference), and the first replay is compared with that launch (`results_agree`); any
+    difference or error turns graphs off for the plan, with one line on stderr (`report`), and
+    the eager result is returned."""
+
+    MAX_SIGNATURES = 8
+    MAX_KEYS = 4
+    MAX_GRAPHS = 16
+    SEEN = 4
+
+    def __init__(self, plan: LaunchPlan, kernels: list[dict], graphs, variants: int = 2, report=None):
+        self.plan = plan
+        self.graphs = graphs
+        self.variants = variants
+        self.report = report if report is not None else _stderr_line
+        self.signatures: dict[tuple, _Signature] = {}
+        self.off: str | None = None
+        self.out_tensors = [t for t in dict.fromkeys(t for _, t in plan.outputs) if t not in plan.inputs]
+        middle = [n for n in plan.tensors if n not in plan.inputs and n not in set(self.out_tensors)]
+        self.sizes = {n: self._nbytes(n) for n in middle}
+        self.arena_bytes, self.offsets = arena_layout(self.sizes, lifetimes(kernels, middle))
+        self.arena = None
+        self.static_inputs: dict = {}
+
+    def _nbytes(self, name: str) -> int:
+        import torch
+
+        dtype, shape = self.plan.tensors[name]
+        itemsize = torch.empty((), dtype=_torch_dtype(dtype)).element_size()
+        return max(_numel(shape) * itemsize, self.plan.tensor_bytes.get(name, 0))
+
+    def __call__(self, inputs: dict) -> dict:
+        if self.off is not None:
+            return self.plan.eager(inputs)
+        sig_key = self._signature(inputs)
+        sig = self.signatures.get(sig_key)
+        if sig is None:
+            if len(self.signatures) < self.MAX_SIGNATURES:
+                self.signatures[sig_key] = sig = _Signature()
+                self._key(sig, inputs)  # the pointers seen
+            return self.plan.eager(inputs)
+        try:
+            return self._replay(sig, inputs)
+        except _GraphMismatch as e:
+            self._turn_off(str(e))
+            return e.eager
+        except Exception as e:  # a capture that failed: eager launch, never an error or a wrong result
+            self._turn_off(f"{type(e).__name__}: {e}")
+            try:
+                self.graphs.recover()
+            except Exception:  # noqa: BLE001 - the eager launch below reports what still fails
+                pass
+            return self.plan.eager(inputs)
+
+    def _turn_off(self, why: str) -> None:
+        self.off = why
+        self.signatures.clear()
+        self.arena, self.static_inputs = None, {}
+        self.plan.stats["graph_off"] = why
+        self.report(f"eqfuse: CUDA graph off for this plan, launching kernel by kernel: {why}")
+
+    def _signature(self, inputs: dict) -> tuple:
+        key = []
+        for name, (_dtype, shape) in self.plan.inputs.items():
+            t = inputs[name]
+            if t.numel() != _numel(shape):
+                raise ValueError(f"input {name}: shape {tuple(t.shape)}, the plan needs {shape}")
+            key.append((t.dtype, tuple(t.shape), tuple(t.stride()), str(t.device)))
+        return tuple(key)
+
+    def _in_place(self, name: str, t) -> bool:
+        """Whether the kernels can read input `name` where the caller keeps it."""
+        dtype, _shape = self.plan.inputs[name]
+        return t.device == self.plan.device and t.dtype == _torch_dtype(dtype) and t.is_contiguous()
+
+    def _key(self, sig: _Signature, inputs: dict) -> tuple:
+        """Per input, the pointer a graph reads it at (one seen on an earlier call, and no
+        conversion needed), or None (copied into its static buffer); records the pointers seen."""
+        key = []
+        for name in self.plan.inputs:
+            t = inputs[name]
+            p = t.data_ptr()
+            seen = sig.seen.setdefault(name, [])
+            key.append(p if p in seen and self._in_place(name, t) else None)
+            if p not in seen:
+                seen.append(p)
+                del seen[:-self.SEEN]
+        key = tuple(key)
+        if key not in sig.keys and len(sig.keys) >= self.MAX_KEYS:
+            # Pointers that keep changing: keep only those every key so far has (parameters).
+            key = tuple(p if p is not None and all(k[i] == p for k in sig.keys) else None for i, p in enumerate(key))
+        return key
+
+    def _replay(self, sig: _Signature, inputs: dict) -> dict:
+        key = self._key(sig, inputs)
+        idx = next((i for i, o in enumerate(sig.sets) if o.free()), None)
+        new_set = idx is None and len(sig.sets) < self.variants
+        if new_set:
+            idx = len(sig.sets)
+        clone = idx is None
+        if clone:
+            idx = -1
+        replay = sig.graphs.get((key, idx))
+        if replay is None and len(sig.graphs) >= self.MAX_GRAPHS:
+            return self.plan.eager(inputs)  # too many combinations of pointers and output sets
+        if new_set:
+            sig.sets.append(self._output_set())
+        if clone and sig.private is None:
+            sig.private = self._output_set()
+        outputs = sig.private if clone else sig.sets[idx]
+        self.graphs.before_replay()
+        for name, p in zip(self.plan.inputs, key):
+            if p is None:
+                self._copy_in(name, inputs[name])
+        want = None
+        if replay is None:
+            want = self.graphs.reference(lambda: self.plan.eager(inputs))
+            replay = self._capture(key, outputs, inputs)
+            sig.graphs[(key, idx)] = replay
+            if key not in sig.keys:
+                sig.keys.append(key)
+        replay()
+        self.plan.stats["replays"] += 1
+        if clone:
+            # Every output set handed out is still held by the caller: this one never is, and the
+            # caller gets copies (one copy of the outputs).
+            self.plan.stats["cloned"] += 1
+            outs = {t: b.clone() for t, b in outputs.tensors.items()}
+        else:
+            outs = {t: b.view(b.shape) for t, b in outputs.tensors.items()}  # a view: counted as held
+        result = {out: outs[t] if t in outs else self.plan.prepare(t, inputs[t]) for out, t in self.plan.outputs}
+        if want is not None:
+            from .backend import results_agree
+
+            why = results_agree(list(result.values()), list(want.values()), half_inputs=True)
+            self.graphs.synchronize()
+            if why is not None:
+                raise _GraphMismatch(f"the first replay differs from eager launch: {why}", want)
+        return result
+
+    def _output_set(self) -> _OutputSet:
+        tensors = {}
+        for name in self.out_tensors:
+            dtype, shape = self.plan.tensors[name]
+            tensors[name] = _static_empty(shape, _torch_dtype(dtype), self.plan.device)
+        return _OutputSet(tensors)
+
+    def _copy_in(self, name: str, t) -> None:
+        buf = self.static_inputs.get(name)
+        if buf is None:
+            dtype, shape = self.plan.inputs[name]
+            buf = self.static_inputs[name] = _static_empty(shape, _torch_dtype(dtype), self.plan.device)
+        buf.view(t.shape).copy_(t)
+        self.plan.stats["input_copies"] += 1
+
+    def _capture(self, key: tuple, outputs: _OutputSet, inputs: dict):
+        import torch
+
+        if self.arena is None:
+            self.arena = _static_empty((max(self.arena_bytes, 1),), torch.uint8, self.plan.device)
+        env = {}
+        for name, off in self.offsets.items():
+            dtype, shape = self.plan.tensors[name]
+            dt = _torch_dtype(dtype)
+            n = _numel(shape) * torch.empty((), dtype=dt).element_size()
+            env[name] = self.arena[off:off + n].view(dt).view(shape)
+        for (name, (_dtype, shape)), p in zip(self.plan.inputs.items(), key):
+            env[name] = inputs[name].view(shape) if p is not None else self.static_inputs[name]
+        env.update(outputs.tensors)
+        replay = self.graphs.capture(env, self.plan.launch)
+        self.plan.stats["captures"] += 1
+        return replay
+
+
+class _GraphMismatch(Exception):
+    def __init__(self, why: str, eager: dict):
+        super().__init__(why)
+        self.eager = eager
+
+
+def _static_empty(shape, dtype, device):
+    """A buffer that lives as long as the graphs: a normal tensor even under inference mode
+    (an inference tensor could not be written outside it)."""
+    import torch
+
+    with torch.inference_mode(False):
+        return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+class CudaGraphs:
+    """`GraphedLaunch`'s device side: torch.cuda.CUDAGraph capture on a side stream of its own,
+    replay on the current stream."""
+
+    def __init__(self, device):
+        import torch
+
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self.pool = torch.cuda.graph_pool_handle()
+        self.last = None
+
+    def reference(self, fn):
+        """`fn()` on the capture stream, ordered after the current stream's work and before its
+        next: the eager launch that warms that stream up and that the first replay is checked against."""
+        import torch
+
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)
+        with torch.cuda.stream(self.stream):
+            out = fn()
+        current.wait_stream(self.stream)
+        return out
+
+    def capture(self, env: dict, launch):
+        """Captures `launch(env)`; returns its replay. What the launch allocates (the products
+        and epilogues of cuBLASLt calls) comes from one memory pool that every graph of the plan
+        shares: only such temporaries live there (static buffers are allocated outside any
+        capture), dead between replays, and the graphs never run concurrently (one stream, or
+        `before_replay`'s wait)."""
+        import torch
+
+        g = torch.cuda.CUDAGraph()
+        # thread_local: what other threads do meanwhile (a data loader pinning memory) does not
+        # invalidate the capture; a forbidden call in this thread still does.
+        with torch.cuda.graph(g, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
+            launch(env)
+        return g.replay
+
+    def before_replay(self) -> None:
+        """Replays on another stream than the last one wait for it: static buffers are shared."""
+        import torch
+
+        current = torch.cuda.current_stream(self.device)
+        if self.last is not None and self.last != current:
+            current.wait_stream(self.last)
+        self.last = current
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+
+    def recover(self) -> None:
+        """After a failed capture: nothing left pending."""
+        self.synchronize()

@@ -215,3 +215,133 @@ def test_gpt2_block_exports_and_computes(attention, tmp_path):
     close(got, want, tol=1e-4)
     plan = plan_graph(exported.graph)
     assert plan["total"]["bytes"] < plan["unfused"]["bytes"]
+
+
+# --- fused SDPA ops' random-number state (the CUDA variants, traced with fake CUDA tensors)
+
+aten = torch.ops.aten
+B, H, S, D = 2, 4, 32, 16
+
+
+def _sdpa_forward_graph(variant):
+    """An AOTAutograd-like forward graph of a CUDA SDPA variant: it returns the result, the
+    log-sum-exp and the random-number state saved for the backward (traced on fake CUDA tensors:
+    no GPU needed)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fw(q, k, v):
+        if variant == "cudnn":
+            r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False)
+            return r[0], r[1], r[6], r[7]
+        if variant == "flash":
+            r = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False)
+            return r[0], r[1], r[6], r[7]
+        r = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True)
+        return r[0], r[1], r[2], r[3]
+
+    def bw(g, q, k, v, out, lse, seed, offset):
+        if variant == "cudnn":
+            return aten._scaled_dot_product_cudnn_attention_backward(g, q, k, v, out, lse, seed, offset, None, None,
+                                                                     None, S, S, 0.0, True)
+        if variant == "flash":
+            return aten._scaled_dot_product_flash_attention_backward(g, q, k, v, out, lse, None, None, S, S, 0.0,
+                                                                     True, seed, offset)
+        return aten._scaled_dot_product_efficient_attention_backward(g, q, k, v, None, out, lse, seed, offset, 0.0,
+                                                                     [True, True, True, False], True)[:3]
+
+    with FakeTensorMode():
+        q, k, v, g = (torch.empty(B, H, S, D, device="cuda") for _ in range(4))
+        fw_gm = make_fx(fw)(q, k, v)
+        out, lse, seed, offset = fw(q, k, v)
+        bw_gm = make_fx(bw)(g, q, k, v, out, lse, seed, offset)
+    for gm in (fw_gm, bw_gm):
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return fw_gm, bw_gm
+
+
+def _attention_reference(q, k, v):
+    s = (q @ k.transpose(-1, -2)) / D ** 0.5
+    s = s.masked_fill(~torch.ones(S, S, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)
+
+
+@pytest.mark.parametrize("variant", ["cudnn", "flash", "efficient"])
+def test_fused_sdpa_random_state_is_a_dont_care_constant(variant, tmp_path):
+    """Without dropout, the seed and offset a CUDA SDPA op returns mean nothing: the forward
+    exports them as constant outputs marked don't-care (not an unsupported output), and the
+    backward takes no graph input for them. Both graphs compute attention and its gradients."""
+    fw_gm, bw_gm = _sdpa_forward_graph(variant)
+    names = {str(n.target) for n in fw_gm.graph.nodes}
+    assert any(f"_scaled_dot_product_{variant}" in t for t in names), names
+    fw = export_graph_module(fw_gm)
+    assert fw.dont_care == {2, 3} and set(fw.constants) == {2, 3}
+    want_dtypes = {"flash": torch.uint64}.get(variant, torch.int64)
+    assert all(fw.constants[i].dtype == want_dtypes for i in (2, 3))
+    assert [o["name"] for o in fw.graph["outputs"]] == ["out0", "out1"]
+    torch.manual_seed(0)
+    q, k, v, g = (torch.randn(B, H, S, D) for _ in range(4))
+    (tmp_path / "fw").mkdir()
+    (tmp_path / "bw").mkdir()
+    out, lse = run_cpu(fw, [q, k, v], tmp_path / "fw")
+    want_out, want_lse = _attention_reference(q, k, v)
+    close(out, want_out, 1e-4)
+    close(lse.reshape(want_lse.shape), want_lse, 1e-4)
+
+    bw = export_graph_module(bw_gm)
+    assert bw.input_names[-2:] == [None, None]  # the seed and the offset: no graph inputs
+    assert [i["name"] for i in bw.graph["inputs"]] == [n for n in bw.input_names if n]
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    o = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr, is_causal=True)
+    o.backward(g)
+    lse_in = want_lse.unsqueeze(-1) if variant == "cudnn" else want_lse
+    grads = run_cpu(bw, [g, q, k, v, want_out, lse_in], tmp_path / "bw")
+    for got, want in zip(grads, (qr.grad, kr.grad, vr.grad)):
+        close(got, want, 1e-4)
+    for exported in (fw, bw):
+        assert plan_graph(exported.graph)["total"]["kernels"] >= 1
+
+
+def test_dropout_state_is_still_refused():
+    """With dropout the random-number state matters: the op is refused, not silently dropped."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fw(q):
+        r = aten._scaled_dot_product_cudnn_attention(q, q, q, None, True, 0.1, True, False)
+        return r[0], r[6]
+
+    with FakeTensorMode():
+        gm = make_fx(fw)(torch.empty(B, H, S, D, device="cuda"))
+    with pytest.raises(ExportError, match="dropout"):
+        export_graph_module(gm)
+
+
+def test_first_call_check_skips_dont_care_outputs():
+    """The backend's first-call comparison with eager ignores don't-care outputs (PyTorch leaves
+    them unset), and still compares the rest."""
+    from test_runtime import CpuReferencePlan
+
+    from eqfuse_torch.backend import CapturedPlan, _Runner, results_agree
+
+    fw_gm, _ = _sdpa_forward_graph("cudnn")
+    exported = export_graph_module(fw_gm)
+
+    def eager(q, k, v):  # what the CUDA op returns, on the CPU: the seed and offset are garbage
+        out, lse = _attention_reference(q, k, v)
+        return out, lse.unsqueeze(-1), torch.tensor(123456789), torch.tensor(-42)
+
+    cpu_gm = torch.fx.experimental.proxy_tensor.make_fx(eager)(*(torch.randn(B, H, S, D) for _ in range(3)))
+    torch.manual_seed(1)
+    args = [torch.randn(B, H, S, D) for _ in range(3)]
+    plan = CpuReferencePlan(exported.graph)
+    record = CapturedPlan("forward", exported.graph, {})
+    record.runs = "eqfuse"
+    got = _Runner(cpu_gm, exported, plan, record)(*args)
+    assert record.runs == "eqfuse", record.why_eager
+    assert plan.calls == 1 and len(got) == 4
+    want = eager(*args)
+    close(got[0], want[0], 1e-4)
+    assert results_agree(got, want) is not None  # compared, the garbage would differ
+    assert results_agree(got, want, skip={2, 3}) is None
