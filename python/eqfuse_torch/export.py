@@ -1284,7 +1284,7 @@ def _known_mask(L, mask, is_causal, sq, sk):
     keep = keep.expand(*keep.shape[:-2], sq, sk) if keep.dim() >= 2 else keep.expand(sq, sk)
     if bool(keep.all()):
         return None, is_causal
-    if bool((keep == torch.ones(sq, sk, dtype=torch.bool).tril()).all()):
+    if bool((keep == torch.ones(sq, sk, dtype=torch.bool, device=keep.device).tril()).all()):
         return None, True
     return mask, is_causal
 

@@ -250,6 +250,31 @@ def test_results_agree_tolerances():
     assert results_agree([stats + 7e-4], [stats], half_inputs=True) is None
 
 
+def test_results_agree_measures_against_the_f32_result():
+    """Beyond the 16-bit bound, eqfuse's element still agrees when it is no further from the f32
+    result than eager's is; not when it is further."""
+    from eqfuse_torch.backend import exact_outputs
+
+    exact = torch.tensor([4.0, 1.0])
+    eager = torch.tensor([4.25, 1.0], dtype=torch.bfloat16)  # eager rounded its way to 4.25
+    near = torch.tensor([4.0, 1.0], dtype=torch.bfloat16)
+    far = torch.tensor([3.5, 1.0], dtype=torch.bfloat16)
+    assert "differ" in results_agree([near], [eager])
+    assert results_agree([near], [eager], exact=[exact]) is None
+    assert "differ" in results_agree([far], [eager], exact=[exact])
+
+    # The f32 run of a graph: 16-bit arguments, results and asked-for dtypes all become f32.
+    def f(x, w):
+        return ((x @ w).to(torch.bfloat16) * 3).sum(-1)
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(f)(torch.ones(2, 3, dtype=torch.bfloat16), torch.ones(3, 4, dtype=torch.bfloat16))
+    x = torch.randn(2, 3).to(torch.bfloat16)
+    w = torch.randn(3, 4).to(torch.bfloat16)
+    (out,) = exact_outputs(gm, [x, w])
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ((x.float() @ w.float()) * 3).sum(-1))
+
+
 def _cupy():
     try:
         import cupy  # noqa: F401
