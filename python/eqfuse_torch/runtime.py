@@ -40,6 +40,7 @@ CuPy is imported only by `GpuPlan`; nothing else here needs it or a GPU.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -98,29 +99,60 @@ class Codegen:
 
 def lt_call_torch(call: dict, env: dict) -> None:
     """Runs a manifest's cuBLASLt call with PyTorch on the tensors of `env` (name -> tensor):
-    column-major `d[m, n] = op(a) @ op(b)` (+ bias per row of d, then relu or tanh-form GELU),
-    for each of `batch` matrices, written into `env[call["d"]]`."""
+    column-major `d[m, n] = epilogue(alpha op(a) @ op(b) + bias per row of d)` (relu or the
+    tanh form of GELU), for each of `batch` matrices and each index of the `outer` loops,
+    written into `env[call["d"]]`.
+
+    The column-major `d` is the row-major `[n, m]` matrix `dᵀ = op(b)ᵀ op(a)ᵀ`, so the product is
+    computed in that order straight into `d`'s memory (`out=`): no transposing copy. A bias
+    (one value per column of dᵀ) and an activation go through `addmm` and `_addmm_activation`,
+    which PyTorch runs as cuBLASLt with the bias (and GELU) epilogue, as eqfuse's own runtime
+    does; batched products through `baddbmm`."""
     import torch
 
     batch, m, n = int(call["batch"]) or 1, int(call["m"]), int(call["n"])
+    alpha = float(call.get("alpha", 1.0))
+    epilogue = call["epilogue"]
+    if epilogue not in ("default", "bias", "relu", "relu_bias", "gelu", "gelu_bias"):
+        raise RuntimeUnavailable(f"cuBLASLt epilogue {epilogue} is not known to the Python runtime")
+    act = "relu" if epilogue.startswith("relu") else "gelu" if epilogue.startswith("gelu") else None
+    bias = env[call["bias"]].reshape(m) if call.get("bias") else None
+    outer = call.get("outer") or []
+    counts = [int(lp["count"]) for lp in outer]
 
-    def operand(o: dict):
+    def operand(o: dict, offset: int):
         t = env[o["tensor"]]
         # The stored column-major matrix [rows, cols], leading dimension ld, as a strided view.
-        v = t.as_strided((batch, int(o["rows"]), int(o["cols"])), (int(o["batch_stride"]), 1, int(o["ld"])))
+        v = t.as_strided((batch, int(o["rows"]), int(o["cols"])), (int(o["batch_stride"]), 1, int(o["ld"])),
+                         t.storage_offset() + offset)
         return v.transpose(1, 2) if o["transpose"] else v
 
-    d = torch.matmul(operand(call["a"]), operand(call["b"]))
-    epilogue = call["epilogue"]
-    if call.get("bias"):
-        d = d + env[call["bias"]].reshape(1, m, 1)
-    if epilogue in ("relu", "relu_bias"):
-        d = torch.relu(d)
-    elif epilogue in ("gelu", "gelu_bias"):
-        d = torch.nn.functional.gelu(d, approximate="tanh")
-    elif epilogue not in ("default", "bias"):
-        raise RuntimeUnavailable(f"cuBLASLt epilogue {epilogue} is not known to the Python runtime")
-    env[call["d"]].as_strided((batch, m, n), (m * n, 1, m)).copy_(d)
+    out_t = env[call["d"]]
+    for index in itertools.product(*(range(c) for c in counts)):
+        off = {key: sum(i * int(lp[key]) for i, lp in zip(index, outer)) for key in ("a", "b", "d")}
+        a = operand(call["a"], off["a"])  # op(a): [batch, m, k]
+        b = operand(call["b"], off["b"])  # op(b): [batch, k, n]
+        out = out_t.as_strided((batch, n, m), (m * n, m, 1), out_t.storage_offset() + off["d"])
+        x, y = b.transpose(1, 2), a.transpose(1, 2)  # dᵀ = op(b)ᵀ @ op(a)ᵀ: [batch, n, k] @ [batch, k, m]
+        if batch == 1 and bias is not None and act != "relu":
+            if act == "gelu" and out.is_cuda:
+                # On CUDA the GELU of `_addmm_activation` is the tanh form: cuBLASLt's epilogue,
+                # or `gelu_(..., "tanh")` after the product where cuBLASLt is not used.
+                torch._addmm_activation(bias, x[0], y[0], alpha=alpha, use_gelu=True, out=out[0])
+            elif act == "gelu":
+                torch.addmm(bias, x[0], y[0], alpha=alpha, out=out[0])
+                torch._C._nn.gelu_(out, approximate="tanh")
+            else:
+                torch.addmm(bias, x[0], y[0], alpha=alpha, out=out[0])
+            continue
+        if bias is not None:
+            torch.baddbmm(bias.expand(batch, n, m), x, y, alpha=alpha, out=out)
+        else:
+            out.baddbmm_(x, y, beta=0, alpha=alpha)
+        if act == "relu":
+            out.relu_()
+        elif act == "gelu":
+            torch._C._nn.gelu_(out, approximate="tanh")
 
 
 def workspaces(manifest: dict) -> dict[str, tuple[int, bool]]:

@@ -140,6 +140,28 @@ def test_cublaslt_calls_run_as_torch_products(epilogue, batched, wt):
     torch.testing.assert_close(env["d"], want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("epilogue", ["default", "gelu_bias"])
+def test_cublaslt_calls_scale_and_loop(epilogue):
+    """`alpha` scales the product; `outer` loops run the call once per index, each operand moved
+    by its stride (here the activation's and the output's leading axis, the weight shared)."""
+    torch.manual_seed(0)
+    M, K, N = 4, 6, 3
+    a = torch.randn(2, M, K)
+    w = torch.randn(K, N)
+    bias = torch.randn(N)
+    env = {"a": a, "w": w, "bias": bias, "d": torch.full((2, M, N), float("nan"))}
+    call = {"dtype": "f32", "m": N, "n": M, "k": K, "batch": 1, "a": _lt_operand("w", w, False),
+            "b": {**_lt_operand("a", a[0], False)}, "d": "d", "epilogue": epilogue, "alpha": 0.5,
+            "outer": [{"count": 2, "a": 0, "b": M * K, "d": M * N}]}
+    if "bias" in epilogue:
+        call["bias"] = "bias"
+    lt_call_torch(call, env)
+    want = 0.5 * (a @ w) + (bias if "bias" in epilogue else 0)
+    if epilogue.startswith("gelu"):
+        want = F.gelu(want, approximate="tanh")
+    torch.testing.assert_close(env["d"], want, rtol=1e-5, atol=1e-5)
+
+
 def test_codegen_cublaslt_calls_compute_the_graph():
     """When this binary plans a dense layer as a cuBLASLt call, running the manifest's call with
     `lt_call_torch` on the graph's inputs gives the graph's output."""

@@ -157,6 +157,10 @@ fn binary_expr(op: Binary, a: &str, b: &str, ty: &str, strict: bool) -> String {
         Binary::Div if ty == "int" => format!("eq_idiv({a}, {b})"),
         Binary::Div => infix("/"),
         Binary::Pow if ty == "int" => format!("eq_f2i(powf((float){a}, (float){b}))"),
+        Binary::Pow if !strict => match small_power(a, b) {
+            Some(product) => product,
+            None => format!("powf({a}, {b})"),
+        },
         Binary::Pow => format!("powf({a}, {b})"),
         Binary::Max => format!("eq_max({a}, {b})"),
         Binary::Min => format!("eq_min({a}, {b})"),
@@ -167,6 +171,23 @@ fn binary_expr(op: Binary, a: &str, b: &str, ty: &str, strict: bool) -> String {
         Binary::Eq => infix("=="),
         Binary::Ne => infix("!="),
     }
+}
+
+/// `a ^ b` as a product when the exponent is the literal 2, 3 or 4 and `a` a plain name or
+/// element (read once more costs nothing): `powf` takes dozens of instructions, enough to make
+/// a kernel of a tanh-form GELU (`x + 0.044715 * x ^ 3`) bound by its arithmetic. The product
+/// rounds after each multiplication (within 2 units in the last place of `powf`'s result), and it
+/// agrees with `powf` on signs, zeros, infinities and NaN; strict kernels keep `powf`.
+fn small_power(a: &str, b: &str) -> Option<String> {
+    let n: f64 = b.strip_suffix('f').unwrap_or(b).parse().ok()?;
+    let plain = !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '[' | ']'));
+    let k = match n {
+        2.0 => 2,
+        3.0 => 3,
+        4.0 => 4,
+        _ => return None,
+    };
+    plain.then(|| format!("({})", vec![a; k].join(" * ")))
 }
 
 /// A value converted by `cast` to `to`.
