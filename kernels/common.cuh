@@ -1,5 +1,5 @@
 // common.cuh: storage types, conversions, vector access and pointwise helpers shared by the
-// eqfuse kernel templates (elementwise.cu, rowreduce.cu, colreduce.cu).
+// eqfuse kernel templates (elementwise.cu, rowreduce.cu, colreduce.cu, scatter.cu).
 //
 // Math: every value is computed in f32 (`float`), i32 (`int`) or `bool`; f16 and bf16 exist only
 // in device memory and are widened on load and rounded to nearest even on store:
@@ -172,6 +172,52 @@ __device__ __forceinline__ float eq_ld_cg(const float* p) {
     float x;
     asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(x) : "l"(p));
     return x;
+}
+
+// ---- scatter_add: values added by atomics at an index (scatter.cu) ----
+// An index j into an axis of n elements is j, or j + n below 0 (NumPy); one outside [-n, n)
+// adds nothing, so nothing is written outside the output.
+template <typename T>
+__device__ __forceinline__ void eq_scatter_add(T* p, eq_idx off, int j, long long n, eq_idx stride, T x) {
+    const long long k = j < 0 ? (long long)j + n : (long long)j;
+    if (k >= 0 && k < n) atomicAdd(p + off + (eq_idx)k * stride, x);
+}
+
+// V values added to consecutive elements: f32 by 16-byte (or 8-byte) vector atomics on sm_90,
+// where q is aligned to V floats (to 4 for V a multiple of 4).
+template <int V>
+__device__ __forceinline__ void eq_red_addv(float* q, const float (&x)[V]) {
+#if __CUDA_ARCH__ >= 900
+    if constexpr (V % 4 == 0) {
+#pragma unroll
+        for (int v = 0; v < V; v += 4) {
+            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(q + v), "f"(x[v]), "f"(x[v + 1]),
+                         "f"(x[v + 2]), "f"(x[v + 3])
+                         : "memory");
+        }
+    } else if constexpr (V == 2) {
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(q), "f"(x[0]), "f"(x[1]) : "memory");
+    } else {
+#pragma unroll
+        for (int v = 0; v < V; ++v) atomicAdd(q + v, x[v]);
+    }
+#else
+#pragma unroll
+    for (int v = 0; v < V; ++v) atomicAdd(q + v, x[v]);
+#endif
+}
+template <int V>
+__device__ __forceinline__ void eq_red_addv(int* q, const int (&x)[V]) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) atomicAdd(q + v, x[v]);
+}
+
+// V values added to consecutive elements from p + off + k * stride at one index j (as
+// eq_scatter_add), where off + k * stride is a multiple of V.
+template <int V, typename T>
+__device__ __forceinline__ void eq_scatter_addv(T* p, eq_idx off, int j, long long n, eq_idx stride, const T (&x)[V]) {
+    const long long k = j < 0 ? (long long)j + n : (long long)j;
+    if (k >= 0 && k < n) eq_red_addv<V>(p + off + (eq_idx)k * stride, x);
 }
 
 // ---- pointwise semantics (src/scalar.rs) ----

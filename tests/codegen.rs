@@ -35,10 +35,19 @@ fn generated_cuda_of_small_cases() {
 
 /// Index maps (issue 20) as reads of the kernels that use them: a slice at an offset and a
 /// stride, a concatenation as a select between two clamped reads, a gather at a loaded index
-/// (clamped: an index out of range reads a wrong element, never outside the tensor).
+/// (clamped: an index out of range reads a wrong element, never outside the tensor); and
+/// scatter_adds as atomic adds at a loaded index (an index out of range adds nothing).
 #[test]
 fn generated_cuda_of_index_maps() {
-    let wanted = ["slices_and_concat", "gathers", "rope_bf16"];
+    let wanted = [
+        "slices_and_concat",
+        "gathers",
+        "rope_bf16",
+        "scatter_embedding_grad",
+        "scatter_fused_bf16",
+        "scatter_last_axis",
+        "scatter_middle_axis_i32",
+    ];
     for case in common::cases().into_iter().filter(|c| wanted.contains(&c.name)) {
         snapshot_program(case.name, &case.program);
     }
@@ -51,10 +60,11 @@ fn generated_cuda_of_index_maps() {
 }
 
 /// The gradient of a slice is the upstream gradient between zeros (concats with broadcast
-/// literals), which codegen renders; the gradient of a gather is a scatter_add, which it
-/// refuses as not supported yet (so the GPU run counts the program as skipped).
+/// literals), which codegen renders; the gradient of a gather is a scatter_add, which runs in a
+/// scatter kernel (`kernels/scatter.cu`) summing by atomics, except under `--strict`, which
+/// refuses float atomics as not supported yet (so the GPU runs count the program as skipped).
 #[test]
-fn gradients_of_index_maps_render_or_are_refused_clearly() {
+fn gradients_of_index_maps_render() {
     let head = "input x: f32[64, 256]\ninput w: f32[64, 128]\ninput t: i32[64]\ninput table: f32[1000, 128]\n\
                 loss = sum(sum(slice(x, -1, 64, 192) * w * gather(table, t, 0), -1), 0)\n";
     let p = eqfuse::parse_program("g.eqf", &format!("{head}gx = grad(loss, x)\noutput loss, gx\n"), &[]).unwrap();
@@ -62,8 +72,39 @@ fn gradients_of_index_maps_render_or_are_refused_clearly() {
     codegen_plan(&plan).unwrap();
     let p = eqfuse::parse_program("g.eqf", &format!("{head}gt = grad(loss, table)\noutput gt\n"), &[]).unwrap();
     let plan = optimize(&p, &opts()).unwrap().plan;
-    let e = codegen_plan(&plan).unwrap_err().to_string();
+    let sources = codegen_plan(&plan).unwrap();
+    let scatter: Vec<&KernelSource> = sources.iter().filter(|s| s.name.starts_with("scatter_f32_k")).collect();
+    assert_eq!(scatter.len(), 1, "{:?}", sources.iter().map(|s| &s.name).collect::<Vec<_>>());
+    let s = scatter[0];
+    assert!(s.source.contains("// ---- kernels/scatter.cu ----") && s.scheduled_sums && s.launch.wave);
+    // The counters (and nothing else: an f32 table is summed in place) are a zeroed workspace.
+    let ws: Vec<_> = s.args.iter().filter(|a| a.role == eqfuse::ArgRole::Workspace).collect();
+    assert!(ws.len() == 1 && ws[0].name == "eq_count" && ws[0].zeroed, "{ws:?}");
+    // The values `w * slice(x)` (times the loss's gradient) are computed in the scatter kernel.
+    let k = &plan.kernels[s.kernel];
+    assert!(k.reads.iter().any(|r| r.name == "w") && k.reads.iter().any(|r| r.name == "t"), "{:?}", k.reads);
+    let strict = optimize(&p, &OptimizeOptions { strict: true, ..opts() }).unwrap().plan;
+    let e = codegen_plan(&strict).unwrap_err().to_string();
     assert!(e.contains("scatter_add") && e.contains("not supported yet"), "{e}");
+}
+
+/// A bf16 scatter_add sums in an f32 accumulator (a zeroed workspace the kernel leaves zero)
+/// and rounds once; an i32 one adds in place and is deterministic.
+#[test]
+fn scatter_kernels_by_dtype() {
+    let cases = common::cases();
+    let sources = |name: &str| {
+        let case = cases.iter().find(|c| c.name == name).unwrap();
+        let plan = optimize(&case.program, &opts()).unwrap().plan;
+        codegen_plan(&plan).unwrap()
+    };
+    let bf16 = sources("scatter_fused_bf16");
+    assert_eq!(bf16.len(), 1, "the gelu and the product are computed in the scatter kernel");
+    let acc = bf16[0].args.iter().find(|a| a.name == "eq_acc").expect("an f32 accumulator");
+    assert!(acc.zeroed && acc.bytes == 100 * 64 * 4, "{acc:?}");
+    assert!(bf16[0].source.contains("#define EQ_ACC 1") && bf16[0].scheduled_sums);
+    let ints = sources("scatter_middle_axis_i32");
+    assert!(ints[0].source.contains("#define EQ_ACC 0") && !ints[0].scheduled_sums);
 }
 
 #[test]

@@ -325,13 +325,27 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
             reds.push((r, i));
         }
     }
-    // Operands of index maps (`concat`, `gather`) are read at the places the map computes.
+    // Operands of index maps (`concat`, `gather`, a scatter_add's indices) are read at the places
+    // the map computes.
     let mapped = |i: usize| {
         nodes.iter().any(|n| {
             matches!(n, TensorLang::Op(c, ch) if matches!(c.kind(), Kind::Concat | Kind::Gather)
                 && ch[..2].iter().any(|&x| usize::from(x) == i))
+                || matches!(n, TensorLang::Op(c, ch) if c.kind() == Kind::ScatterAdd && usize::from(ch[0]) == i)
         })
     };
+    // A scatter_add's kernel iterates over its values and writes the scatter_add alone: its
+    // result, complete only when the kernel ends, feeds nothing in the kernel.
+    let scatters: Vec<usize> = (0..nodes.len())
+        .filter(|&i| matches!(&nodes[i], TensorLang::Op(c, _) if c.kind() == Kind::ScatterAdd))
+        .collect();
+    if let Some(&s) = scatters.first() {
+        let values = ty(usize::from(nodes[s].children()[1])).expect("typed");
+        let used = nodes.iter().any(|n| n.children().iter().any(|&c| usize::from(c) == s));
+        if scatters.len() > 1 || values.shape != k.domain || k.writes.len() != 1 || used {
+            return Err(format!("a scatter_add kernel over {:?} writing {} tensors", k.domain, k.writes.len()));
+        }
+    }
     // Views of attention's result, which its template stores through them.
     let mut attention_view = vec![false; nodes.len()];
     for (i, n) in nodes.iter().enumerate() {
@@ -353,6 +367,7 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
         if matches!(n, TensorLang::Op(..))
             && computed[i]
             && !operand(i)
+            && !scatters.contains(&i)
             && broadcast_shapes(&t.shape, &k.domain).ok().as_deref() != Some(&k.domain[..])
         {
             return Err(format!("a value of type {t} does not fit the domain {:?}", k.domain));

@@ -305,8 +305,8 @@ fn grouped_query_attention_kernels_match_the_reference() {
 }
 
 /// `--strict`: on every case and capped example (the transformer blocks at their declared
-/// sizes), the strict plan's outputs are bit-identical to the strict unfused plan's (and both
-/// match the reference).
+/// sizes) but those with a float scatter_add, the strict plan's outputs are bit-identical to the
+/// strict unfused plan's (and both match the reference).
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
 fn strict_plans_are_bit_identical_to_the_unfused_plan() {
@@ -318,6 +318,14 @@ fn strict_plans_are_bit_identical_to_the_unfused_plan() {
     for (name, program) in programs {
         let fused = optimize(&program, &opts).unwrap().plan;
         let unfused = unfused_plan(&program, &profile, true).unwrap();
+        // A float scatter_add sums by atomics in the order they land: strict code generation
+        // refuses it as not supported yet (the scatter cases).
+        if let Err(e) = codegen_plan(&fused) {
+            let e = e.to_string();
+            assert!(e.contains("scatter_add") && e.contains("not supported yet"), "{name}: {e}");
+            eprintln!("not run under --strict: {name}: {e}");
+            continue;
+        }
         flat.push((format!("{name} (strict)"), program.clone(), fused.clone()));
         flat.push((format!("{name} (strict unfused)"), program.clone(), unfused.clone()));
         pairs.push((name, program, fused, unfused));
@@ -367,6 +375,96 @@ fn pipelined_long_rows_and_graph_replay_match_the_reference() {
         assert!(r.device_bytes <= r.unshared_device_bytes, "{name}: {r}");
         eprintln!("ok: {name}\n{r}");
     }
+}
+
+/// The embedding backward (`common::embedding_backward_text`: the token table's gradient a
+/// scatter_add, summed by atomics in place in f32 and in an f32 accumulator in bf16), fused and
+/// unfused, at sizes where a table spans many zeroing chunks and indices repeat: matches the
+/// reference, and replayed as a CUDA graph (every kernel launched again on the same workspace)
+/// stays within tolerance of the checked run, so the kernels leave their counters and
+/// accumulators zero.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn embedding_backward_matches_the_reference_after_replays() {
+    let profile = DeviceProfile::load("h100").unwrap();
+    let opts = OptimizeOptions::new(profile.clone());
+    let dims: Vec<(String, usize)> =
+        [("B", 4), ("S", 128), ("V", 3000), ("P", 256), ("E", 192)].iter().map(|(n, v)| (n.to_string(), *v)).collect();
+    let mut plans = Vec::new();
+    for dtype in ["f32", "bf16"] {
+        let program = eqfuse::parse_program("embedding_backward.eqf", &common::embedding_backward_text(dtype), &dims)
+            .unwrap_or_else(|e| panic!("{dtype}: {e}"));
+        let fused = optimize(&program, &opts).unwrap().plan;
+        let unfused = unfused_plan(&program, &profile, false).unwrap();
+        for (which, plan) in [("fused", fused), ("unfused", unfused)] {
+            let sources = codegen_plan(&plan).unwrap_or_else(|e| panic!("{dtype} ({which}): {e}"));
+            assert!(sources.iter().any(|s| s.name.starts_with("scatter_")), "{dtype} ({which}): no scatter kernel");
+            plans.push((format!("{dtype} ({which})"), program.clone(), plan));
+        }
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        let sources = codegen_plan(plan).unwrap();
+        let opts = GpuRunOptions { repeat: 3, seed: seed as u64, graph: true, ..GpuRunOptions::default() };
+        let r = run_on(&gpu, program, plan, &sources, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(r.ok() && r.graph_same == Some(true) && r.scheduled_sums, "{name}: {r}");
+        eprintln!("ok: {name}\n{r}");
+    }
+}
+
+/// A scatter_add's index out of `[-n, n)` adds nothing (the CPU reference refuses it, so the
+/// expected output is computed here): the output holds the sums of the values whose index is in
+/// range (a negative one counting from the end), and a tensor another kernel wrote before keeps
+/// its values.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn scatter_add_skips_indices_out_of_range() {
+    let text = "input x: f32[4096]\ninput t: i32[8]\ninput g: f32[8, 64]\nz = x * 2\ny = scatter_add(t, g, 0, 4)\n\
+                output z, y\n";
+    let program = eqfuse::parse_program("scatter_range.eqf", text, &[]).unwrap();
+    let plan = optimize(&program, &OptimizeOptions::new(DeviceProfile::load("h100").unwrap())).unwrap().plan;
+    let plans = vec![("scatter_range".to_string(), program.clone(), plan.clone())];
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let index = [1.0, -1.0, 4.0, -5.0, 3.0, 2147483647.0, -2147483648.0, 1.0];
+    let t = eqfuse::Tensor { dtype: eqfuse::DType::I32, shape: vec![8], data: index.to_vec() };
+    let g = eqfuse::Tensor {
+        dtype: eqfuse::DType::F32,
+        shape: vec![8, 64],
+        data: (0..512).map(|i| ((i * 37) % 101) as f64 / 16.0 - 3.0).collect(),
+    };
+    let x =
+        eqfuse::Tensor { dtype: eqfuse::DType::F32, shape: vec![4096], data: (0..4096).map(|i| i as f64).collect() };
+    for (name, tensor) in [("t", &t), ("g", &g), ("x", &x)] {
+        eqfuse::write_npy(dir.path().join(format!("{name}.npy")), tensor).unwrap();
+    }
+    let mut want = vec![0.0f64; 4 * 64];
+    for (k, &j) in index.iter().enumerate() {
+        let row = if (0.0..4.0).contains(&j) {
+            j
+        } else if (-4.0..0.0).contains(&j) {
+            j + 4.0
+        } else {
+            continue;
+        };
+        for c in 0..64 {
+            want[row as usize * 64 + c] += g.data[k * 64 + c];
+        }
+    }
+    let sources = codegen_plan(&plan).unwrap();
+    let opts = GpuRunOptions {
+        inputs_dir: Some(dir.path().to_path_buf()),
+        check: false,
+        repeat: 2,
+        ..GpuRunOptions::default()
+    };
+    let r = run_on(&gpu, &program, &plan, &sources, &opts).unwrap_or_else(|e| panic!("{e}"));
+    let value = |name: &str| &r.values.iter().find(|(n, _)| n == name).unwrap().1;
+    let y = value("y");
+    for (i, (&got, &w)) in y.data.iter().zip(&want).enumerate() {
+        assert!((got - w).abs() <= 1e-5 * w.abs().max(1.0), "y[{i}]: {got} against {w}");
+    }
+    assert!(value("z").data.iter().zip(&x.data).all(|(&z, &x)| z == 2.0 * x), "z changed");
 }
 
 /// The generated gemm's tensor-core row tiles: row epilogues of bf16 and f16 products (softmax

@@ -132,6 +132,40 @@ fn example_kernels_compile() {
     assert!(attention >= 1, "no example's attention kernel was compiled");
 }
 
+/// An embedding, layernorm and loss backward (`examples/embedding_layernorm.eqf` with the
+/// gradients of its tables), in f32 and bf16 at the example's sizes: every kernel generates and
+/// compiles without warnings, the token table's gradient in a scatter kernel, for sm_90 (vector
+/// atomics) and sm_80 (scalar ones).
+#[test]
+fn embedding_backward_kernels_compile() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    for dtype in ["f32", "bf16"] {
+        let text = common::embedding_backward_text(dtype);
+        let program = eqfuse::parse_program("embedding_backward.eqf", &text, &[]).unwrap();
+        let plan = optimize(&program, &opts).unwrap().plan;
+        let sources = codegen_plan(&plan).unwrap_or_else(|e| panic!("{dtype}: {e}"));
+        let mut scatters = 0;
+        for s in sources.iter().filter(|s| s.cublaslt.is_none()) {
+            let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[])
+                .unwrap_or_else(|e| panic!("{dtype} / {}: {e}\n{}", s.name, s.source));
+            assert!(c.log.trim().is_empty(), "{dtype} / {}: warnings\n{}", s.name, c.log);
+            if s.name.starts_with("scatter_") {
+                let ptx = String::from_utf8_lossy(&c.ptx);
+                assert!(ptx.contains("red.global.add.v4.f32"), "{dtype} / {}: no vector atomics on sm_90", s.name);
+                let c = nvrtc_compile(&s.source, &s.file, "sm_80", &[])
+                    .unwrap_or_else(|e| panic!("{dtype} / {} (sm_80): {e}", s.name));
+                assert!(c.log.trim().is_empty(), "{dtype} / {} (sm_80): warnings\n{}", s.name, c.log);
+                assert!(!String::from_utf8_lossy(&c.ptx).contains("red.global.add.v"), "{dtype} / {}: sm_80", s.name);
+                scatters += 1;
+            }
+        }
+        assert_eq!(scatters, 1, "{dtype}: the token table's gradient");
+    }
+}
+
 /// The generated gemm's tensor-core path (16-bit operands outside strict numerics): the probe
 /// programs of benches/gpu/predict, planned with a profile that makes cuBLASLt too slow to pick,
 /// render with `EQ_MMA` (f16 with `EQ_MMA_F16`) in the 64x128 and the tall tiles, with edges no

@@ -178,3 +178,55 @@ fn explain_names_the_inexact_rules_the_plan_depends_on_and_strict_uses_none() {
     // Without explanations nothing is claimed.
     assert!(optimize(&p, &opts()).unwrap().rules_used.is_none());
 }
+
+/// A scatter_add's kernel iterates over its values: the pointwise operators computing them are
+/// fused in (their result is neither written nor read again), and it writes the scatter_add
+/// alone, so values another kernel needs (an output here) are written by their own kernel.
+#[test]
+fn scatter_add_fuses_its_pointwise_producer_and_writes_nothing_else() {
+    let t = TensorType::new(DType::I32, vec![4, 16]);
+    let inputs = [("t", t), ("dy", f32(&[4, 16, 64])), ("m", f32(&[64]))];
+    let p = Program::from_sexprs("s", &inputs, &[("w", "(scatter_add t (* (gelu dy) m) 0 1000)")]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert_eq!(plan.total.kernels, 1, "{:#?}", plan.kernels);
+    assert_eq!(plan.kernels[0].domain, [4, 16, 64], "the iteration space is the values'");
+    assert_eq!(plan.kernels[0].ops, ["gelu", "*", "scatter_add"]);
+    let p = Program::from_sexprs(
+        "s",
+        &inputs,
+        &[("g", "(* (gelu dy) m)"), ("w", "(scatter_add t (* (gelu dy) m) 0 1000)")],
+    )
+    .unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert_eq!(plan.total.kernels, 2, "{:#?}", plan.kernels);
+    let k = plan.kernels.iter().find(|k| k.ops.contains(&"scatter_add".to_string())).unwrap();
+    assert_eq!(k.writes.len(), 1);
+    assert!(k.reads.iter().any(|r| r.name == "g"), "{:?}", k.reads);
+}
+
+/// The cost of a scatter_add: its values and indices read, its output written once (zeroed, or
+/// converted from the accumulator), and every output element the values reach read and written
+/// back once more by the atomics (4 bytes each way); a 16-bit output's f32 accumulator also
+/// read once and zeroed.
+#[test]
+fn scatter_add_is_priced_with_its_atomics() {
+    for (dtype, v, extra) in [(DType::F32, 1000, 0), (DType::Bf16, 1000, 2 * 4 * 1000 * 64), (DType::F32, 10, 0)] {
+        let inputs = [("t", TensorType::new(DType::I32, vec![4, 16])), ("g", TensorType::new(dtype, vec![4, 16, 64]))];
+        let p = Program::from_sexprs("s", &inputs, &[("w", &format!("(scatter_add t g 0 {v})"))]).unwrap();
+        let dag = eqfuse::Dag::from_program(&p);
+        let s = dag.nodes.iter().position(|n| n.kind() == Some(eqfuse::Kind::ScatterAdd)).unwrap();
+        let profile = DeviceProfile::load("h100").unwrap();
+        let mat = |i: usize| i == s || dag.nodes[i].role == eqfuse::Role::Input;
+        let k = eqfuse::analyse(&dag, &[s], &mat, &profile).unwrap();
+        assert_eq!(k.template, Template::Elementwise);
+        assert_eq!(k.domain, [4, 16, 64]);
+        let touched = (4 * 16 * 64usize).min(v * 64) as u64;
+        assert_eq!(k.workspace_bytes, 2 * 4 * touched + extra as u64, "{dtype} into {v} rows");
+        let size = dtype.size() as u64;
+        assert_eq!(k.bytes_read(&dag), 4 * 16 * 4 + 4 * 16 * 64 * size);
+        let written = v as u64 * 64 * size;
+        let alone = k.predict_us(&dag, &profile, written);
+        let without = eqfuse::KernelCost { workspace_bytes: 0, ..k.clone() }.predict_us(&dag, &profile, written);
+        assert!(alone > without, "{dtype}: the atomics' traffic counts");
+    }
+}

@@ -61,6 +61,18 @@ pub fn attention_backward_can_generate(k: &Kernel) -> Result<()> {
     super::attention_bwd::can_generate(k)
 }
 
+/// Whether a scatter kernel writing `dtype` sums in an f32 accumulator of the output's shape (a
+/// zeroed workspace, then converted into the output) rather than in the output itself.
+pub fn scatter_accumulates(dtype: DType) -> bool {
+    super::emit::scatter_accumulates(dtype)
+}
+
+/// Whether code generation runs a scatter kernel (a scatter_add with the pointwise body that
+/// computes its values); the reason otherwise.
+pub fn scatter_can_generate(k: &Kernel) -> Result<()> {
+    super::lower::lower(k).map(|_| ())
+}
+
 /// Whether the generated gemm implementation runs a gemm kernel; the reason otherwise.
 pub fn gemm_can_generate(k: &Kernel) -> Result<()> {
     super::gemm::can_generate(k)

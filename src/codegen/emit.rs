@@ -15,14 +15,16 @@ use std::fmt::Write;
 
 mod cols;
 mod rows;
+mod scatter;
 pub use rows::{row_cached, ROW_CACHE_PER_THREAD};
+pub use scatter::accumulates as scatter_accumulates;
 
 use super::lower::{Access, Lowered, Node, Op, Store};
 use crate::error::{Error, Result};
 use crate::ir::lang::{Binary, Reduce, Unary};
 use crate::ir::layout::contiguous;
 use crate::ir::types::DType;
-use crate::plan::{Kernel, Template};
+use crate::plan::{Kernel, KernelKind, Template};
 
 /// The most blocks of an elementwise kernel's grid.
 const MAX_ELEMENTWISE_BLOCKS: usize = 65536;
@@ -304,7 +306,8 @@ pub fn render(k: &Kernel, l: &Lowered, strict: bool, packed: &BTreeSet<String>) 
             format!("the 1-bit mask `{}` is not the size of the iteration space", k.writes[st.write].name),
         ));
     }
-    let vec = choose_vec(l, k, strict, packed_writes);
+    // (A scatter kernel has no tail loop either: its lanes divide the iteration space.)
+    let vec = choose_vec(l, k, strict, packed_writes || l.scatter.is_some());
     let r = l.domain.len();
     let (groups, vsym) = match l.template {
         Template::Elementwise => (vec![Group { axes: 0..r, var: "i0" }], "V"),
@@ -323,6 +326,9 @@ pub fn render(k: &Kernel, l: &Lowered, strict: bool, packed: &BTreeSet<String>) 
         }
     };
     let e = Emitter { k, l, vec, vsym, groups, strict, packed };
+    if let Some(sc) = &l.scatter {
+        return e.scatter(sc);
+    }
     match l.template {
         Template::Elementwise => e.elementwise(),
         Template::RowReduce => e.rowreduce(),
@@ -950,12 +956,14 @@ pub fn param_decl(name: &str, dtype: DType, read: bool, packed: bool) -> String 
     }
 }
 
-/// `{template}_{dtype}_k{id}`, the dtype being that of the first write (or read).
+/// `{template}_{dtype}_k{id}`, the dtype being that of the first write (or read); `scatter` for
+/// the template of a scatter kernel (`kernels/scatter.cu`).
 pub fn kernel_name(k: &Kernel, template: Template) -> String {
     let dtype = k.writes.first().or(k.reads.first()).map_or(DType::F32, |t| t.ty.dtype);
     // A gemm kernel's epilogue is rendered by another template's emitter; the kernel keeps its name.
     let template = if k.template == Template::Gemm { Template::Gemm } else { template };
-    format!("{}_{}_k{}", template.name(), dtype, k.id)
+    let name = if k.kind == KernelKind::Scatter { "scatter" } else { template.name() };
+    format!("{name}_{dtype}_k{}", k.id)
 }
 
 fn children(op: &Op) -> Vec<usize> {

@@ -4,7 +4,9 @@
 //! a memory access; composites become the stages of their decomposition (softmax: max, then
 //! sum of exponentials, then the quotient; layernorm: mean, then mean of squared centred
 //! values, then the normalised row). Every value is placed in the iteration space (the kernel's
-//! domain) by NumPy's right-aligned broadcasting.
+//! domain) by NumPy's right-aligned broadcasting. A scatter kernel's iteration space is its
+//! `scatter_add`'s values; the scatter_add itself becomes a [`Scatter`]: where each value is
+//! added, not a value of the domain.
 //! Invariant: lowering never changes what a kernel computes; a body it cannot express exactly
 //! (a transposed view of a value computed in the same kernel, a product, an integer reduction)
 //! is an error naming the op, never an approximation.
@@ -14,7 +16,7 @@ use crate::ir::infer::{infer, norm_axis, slice_range, Fact};
 use crate::ir::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
 use crate::ir::layout::{broadcast_strides, contiguous, reshape_strides};
 use crate::ir::types::{DType, TensorType};
-use crate::plan::{Kernel, Template};
+use crate::plan::{Kernel, KernelKind, Template};
 
 /// A load from a tensor the kernel reads: one stride per domain axis (0 where broadcast).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,6 +107,28 @@ pub struct Lowered {
     /// extent: one rounding, where the unfused plan adds the copies one by one (`--strict`
     /// refuses it, see `emit::render`).
     pub repeated_sum: bool,
+    /// A scatter kernel's `scatter_add` (its one write); `None` for other kernels.
+    pub scatter: Option<Scatter>,
+}
+
+/// The `scatter_add(idx, g, axis, n)` of a scatter kernel, whose iteration space is `g`'s shape:
+/// node `value` (g at the element) is added at output element `offset + j * stride`, where
+/// `offset` is the sum of the element's coordinates times `strides` (0 along the index axes) and
+/// `j` is node `index` (i32: the index read at the element's coordinates along the index axes),
+/// plus `extent` if negative; an index outside `[-extent, extent)` adds nothing.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scatter {
+    pub value: usize,
+    pub index: usize,
+    pub strides: Vec<usize>,
+    pub stride: usize,
+    pub extent: usize,
+    /// Index into the kernel's `writes`.
+    pub write: usize,
+    /// Whether the last axis of the iteration space is one of the output's own (the value's
+    /// elements along it are added to consecutive output elements at one index), not an index
+    /// axis.
+    pub rows: bool,
 }
 
 /// One operand of a matrix product: a (view of a) tensor the kernel reads, indexed in place.
@@ -140,6 +164,9 @@ enum Slot {
     View { read: usize, shape: Vec<usize>, strides: Vec<usize>, dtype: DType, offset: usize },
     /// A computed value, seen through a view with shape `shape`.
     Value { node: usize, shape: Vec<usize> },
+    /// The result of the kernel's `scatter_add`: complete only when the kernel ends, so it can
+    /// only be written.
+    Scatter,
 }
 
 /// Lowers a kernel of an elementwise, row-reduction or column-reduction template.
@@ -166,8 +193,19 @@ fn lower_with(kernel: &Kernel, gemm: Option<(usize, usize)>) -> Result<Lowered> 
         slots.push(slot);
     }
     for (w, &id) in kernel.stores.iter().enumerate() {
+        if let (Slot::Scatter, Some(s)) = (&slots[usize::from(id)], l.out.scatter.as_mut()) {
+            s.write = w;
+            continue;
+        }
         let store = l.store(w, &slots[usize::from(id)])?;
         l.out.stores.push(store);
+    }
+    if let Some(s) = &l.out.scatter {
+        if s.write == usize::MAX || !l.out.stores.is_empty() {
+            return Err(unsupported(kernel, "a scatter kernel writes its scatter_add and nothing else"));
+        }
+    } else if kernel.kind == KernelKind::Scatter {
+        return Err(unsupported(kernel, "a scatter kernel without a scatter_add"));
     }
     // A column reduction over a unit axis reduces nothing (`reduce` passes the value through):
     // what is left is pointwise.
@@ -191,6 +229,10 @@ fn unsupported(kernel: &Kernel, what: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("kernel {} ({}): {what}", kernel.id, kernel.template.name()))
 }
 
+fn scatter_used(kernel: &Kernel) -> Error {
+    unsupported(kernel, "the result of scatter_add is complete only when its kernel ends: it is only written")
+}
+
 impl<'a> Lowerer<'a> {
     fn new(kernel: &'a Kernel, gemm: Option<(usize, usize)>) -> Result<Lowerer<'a>> {
         let template = match kernel.template {
@@ -212,6 +254,7 @@ impl<'a> Lowerer<'a> {
             stores: vec![],
             product: None,
             repeated_sum: false,
+            scatter: None,
         };
         Ok(Lowerer { kernel, out, gemm, concats: vec![] })
     }
@@ -376,9 +419,7 @@ impl<'a> Lowerer<'a> {
             Kind::Transpose | Kind::Reshape | Kind::Broadcast => unreachable!("views are handled above"),
             Kind::Concat => self.concat(ch, ty, facts, slots)?,
             Kind::Gather => self.gather(ch, ty, facts, slots)?,
-            Kind::ScatterAdd => {
-                return Err(unsupported(self.kernel, "code generation of scatter_add is not supported yet"))
-            }
+            Kind::ScatterAdd => return self.scatter(ch, ty, facts, slots),
             Kind::Slice => unreachable!("slices are handled above"),
             Kind::Grad => {
                 return Err(unsupported(self.kernel, format!("`{name}` cannot be generated by this template")))
@@ -441,6 +482,7 @@ impl<'a> Lowerer<'a> {
             }
             Slot::Value { node, .. } => Ok(Slot::Value { node: *node, shape: ty.shape.clone() }),
             Slot::Attr => Err(unsupported(self.kernel, "a view of an attribute")),
+            Slot::Scatter => Err(scatter_used(self.kernel)),
         }
     }
 
@@ -459,6 +501,7 @@ impl<'a> Lowerer<'a> {
                 Ok(*node)
             }
             Slot::Attr => Err(unsupported(self.kernel, "an attribute used as a value")),
+            Slot::Scatter => Err(scatter_used(self.kernel)),
         }
     }
 
@@ -606,12 +649,64 @@ impl<'a> Lowerer<'a> {
         Ok(self.push(Op::IndexLoad { access: a, offset: xo, index }, xd, aligned))
     }
 
+    /// `scatter_add(idx, g, axis, n)` in a scatter kernel, whose iteration space is `g`'s
+    /// shape: `g`'s value at the element, the index read at the element's coordinates along the
+    /// index axes (as `gather` reads it), and the output's strides over the iteration space.
+    fn scatter(&mut self, ch: &[usize], ty: &TensorType, facts: &[Fact], slots: &[Slot]) -> Result<Slot> {
+        if self.kernel.kind != KernelKind::Scatter || self.out.template != Template::Elementwise {
+            return Err(unsupported(self.kernel, "scatter_add runs in a scatter kernel over its values"));
+        }
+        if self.out.scatter.is_some() {
+            return Err(unsupported(self.kernel, "two scatter_adds in one kernel"));
+        }
+        let g = facts[ch[1]].ty.clone().ok_or_else(|| unsupported(self.kernel, "scatter_add of an attribute"))?;
+        if g.shape != self.out.domain {
+            return Err(unsupported(
+                self.kernel,
+                format!("the values {} of scatter_add are not the iteration space", crate::ir::lang::Dims(g.shape)),
+            ));
+        }
+        let idx_rank = facts[ch[0]].ty.as_ref().map_or(0, |t| t.rank());
+        let axis = norm_axis(self.konst(facts, ch[2], "the axis of scatter_add")? as i64, ty.rank())
+            .map_err(Error::Invalid)?;
+        let index = match self.uniform(&slots[ch[0]]) {
+            Some(node) => node,
+            None => {
+                let (ir, _, ist, id, io) = self.mapped(&slots[ch[0]], "scatter_add")?;
+                let zeros = |n: usize| std::iter::repeat_n(0, n);
+                let after = g.rank() - axis - idx_rank;
+                let strides: Vec<usize> = zeros(axis).chain(ist.iter().copied()).chain(zeros(after)).collect();
+                self.load(ir, &g.shape, &strides, id, io)?
+            }
+        };
+        let value = self.value(&slots[ch[1]])?;
+        let out = contiguous(&ty.shape);
+        let strides: Vec<usize> = (0..g.rank())
+            .map(|k| match k {
+                _ if g.shape[k] == 1 => 0,
+                _ if k < axis => out[k],
+                _ if k < axis + idx_rank => 0,
+                _ => out[k + 1 - idx_rank],
+            })
+            .collect();
+        self.out.scatter = Some(Scatter {
+            value,
+            index,
+            strides,
+            stride: out[axis],
+            extent: ty.shape[axis],
+            write: usize::MAX,
+            rows: axis + idx_rank < g.rank(),
+        });
+        Ok(Slot::Scatter)
+    }
+
     fn reduce(&mut self, r: Reduce, x: &Slot, axis: i64, ty: &TensorType) -> Result<Slot> {
         let xv = self.value(x)?;
         let xshape = self.out.nodes[xv].shape.clone();
         let in_rank = match x {
             Slot::View { shape, .. } | Slot::Value { shape, .. } => shape.len(),
-            Slot::Attr => 0,
+            Slot::Attr | Slot::Scatter => 0,
         };
         let a = norm_axis(axis, in_rank).map_err(Error::Invalid)? + self.rank() - in_rank;
         if xshape[a] == 1 {
@@ -620,7 +715,7 @@ impl<'a> Lowerer<'a> {
             // axis' extent.
             let n = match x {
                 Slot::View { shape, .. } | Slot::Value { shape, .. } => shape[a + in_rank - self.rank()],
-                Slot::Attr => 1,
+                Slot::Attr | Slot::Scatter => 1,
             };
             if r == Reduce::Sum && n > 1 {
                 let dtype = self.out.nodes[xv].dtype;
@@ -735,6 +830,7 @@ impl<'a> Lowerer<'a> {
             Slot::View { shape, .. } => (self.value(slot)?, shape.clone()),
             Slot::Value { node, shape } => (*node, shape.clone()),
             Slot::Attr => return Err(unsupported(self.kernel, "a write of an attribute")),
+            Slot::Scatter => return Err(scatter_used(self.kernel)),
         };
         let seen = self.align(&seen)?;
         let own = self.out.nodes[node].shape.clone();

@@ -1,8 +1,9 @@
 //! Code generation: each kernel of a [`FusionPlan`] as a self-contained CUDA source.
 //!
 //! A kernel's file is a generated `#define` block and fused body functions (see `emit.rs`),
-//! then `kernels/common.cuh` and the kernel's template (`kernels/{template}.cu`) verbatim: the
-//! template is instantiated by macros and by the functions it calls, never edited as text.
+//! then `kernels/common.cuh` and the kernel's template (`kernels/{template}.cu`, and
+//! `kernels/scatter.cu` for a scatter kernel) verbatim: the template is instantiated by macros
+//! and by the functions it calls, never edited as text.
 //! NVRTC compiles the file with nothing but the architecture flag.
 //! Invariant: codegen never changes the plan and is a pure function of it (golden snapshots
 //! in `tests/snapshots` hold the rendered CUDA of small programs).
@@ -31,9 +32,10 @@ const COLREDUCE: &str = include_str!("../../kernels/colreduce.cu");
 const ATTENTION: &str = include_str!("../../kernels/attention.cu");
 const GEMM: &str = include_str!("../../kernels/gemm.cu");
 const ATTENTION_BWD: &str = include_str!("../../kernels/attention_bwd.cu");
+const SCATTER: &str = include_str!("../../kernels/scatter.cu");
 
 /// The template files, by name, as they are embedded (for tests that compile them alone).
-pub const TEMPLATE_FILES: [(&str, &str); 7] = [
+pub const TEMPLATE_FILES: [(&str, &str); 8] = [
     ("common.cuh", COMMON),
     ("elementwise.cu", ELEMENTWISE),
     ("rowreduce.cu", ROWREDUCE),
@@ -41,6 +43,7 @@ pub const TEMPLATE_FILES: [(&str, &str); 7] = [
     ("attention.cu", ATTENTION),
     ("gemm.cu", GEMM),
     ("attention_bwd.cu", ATTENTION_BWD),
+    ("scatter.cu", SCATTER),
 ];
 
 /// Grid, block and dynamic shared memory of a launch.
@@ -95,7 +98,8 @@ pub struct KernelArg {
 /// A kernel rendered as CUDA, with how to launch it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct KernelSource {
-    /// The `extern "C"` function name: `{template}_{dtype}_k{id}`.
+    /// The `extern "C"` function name: `{template}_{dtype}_k{id}` (`scatter_{dtype}_k{id}` for a
+    /// scatter kernel).
     pub name: String,
     /// The plan kernel's id.
     pub kernel: usize,
@@ -111,8 +115,8 @@ pub struct KernelSource {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cublaslt: Option<cublaslt::LtCall>,
     /// Whether the last bits of its results depend on the order its blocks run (f32 atomics:
-    /// attention's query gradient beside the key and value gradients); never under strict
-    /// numerics.
+    /// attention's query gradient beside the key and value gradients, a scatter_add of float
+    /// values); never under strict numerics.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub scheduled_sums: bool,
 }
@@ -262,18 +266,21 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
     let lowered = lower::lower(k)?;
     let r = emit::render(k, &lowered, plan.search.strict, &packed_names(plan))?;
     let name = emit::kernel_name(k, lowered.template);
-    let template = match lowered.template {
-        Template::Elementwise => ELEMENTWISE,
-        Template::RowReduce => ROWREDUCE,
-        _ => COLREDUCE,
+    let (label, template) = match lowered.template {
+        _ if lowered.scatter.is_some() => ("scatter", SCATTER),
+        Template::Elementwise => ("elementwise", ELEMENTWISE),
+        Template::RowReduce => ("rowreduce", ROWREDUCE),
+        _ => ("colreduce", COLREDUCE),
     };
-    let mut source = header(plan, k, lowered.template.name(), &name, (r.shape.grid, r.shape.block), None);
+    // A scatter_add of float values sums in the order its atomics land.
+    let scheduled_sums = lowered.scatter.as_ref().is_some_and(|s| k.writes[s.write].ty.dtype.is_float());
+    let mut source = header(plan, k, label, &name, (r.shape.grid, r.shape.block), None);
     source.push_str(&r.defines);
     source.push_str("\n// ---- kernels/common.cuh ----\n");
     source.push_str(COMMON);
     source.push_str("\n// ---- generated body ----\n");
     source.push_str(&r.body);
-    source.push_str(&format!("\n// ---- kernels/{}.cu ----\n", lowered.template.name()));
+    source.push_str(&format!("\n// ---- kernels/{label}.cu ----\n"));
     source.push_str(template);
     let mut args = tensor_args(k, &packed_names(plan));
     args.extend(r.shape.workspace.iter().map(|(n, bytes, zeroed)| workspace_arg(n, *bytes, *zeroed)));
@@ -293,7 +300,7 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
         },
         args,
         cublaslt: None,
-        scheduled_sums: false,
+        scheduled_sums,
     })
 }
 

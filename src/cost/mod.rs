@@ -51,8 +51,9 @@ pub struct KernelCost {
     /// For a gemm kernel on cuBLASLt, the calls it makes (one per index of the batch axes no
     /// single stride spans); 1 otherwise.
     pub calls: u64,
-    /// Device-memory traffic of the kernel's own workspace (the f32 accumulator of attention's
-    /// query gradient summed by atomics), beyond its tensors'.
+    /// Device-memory traffic beyond the kernel's tensors read and written once: its own
+    /// workspace (the f32 accumulator of attention's query gradient summed by atomics) and a
+    /// scatter_add's atomics (see [`scatter_traffic_bytes`]).
     pub workspace_bytes: u64,
 }
 
@@ -201,6 +202,10 @@ pub fn analyse(
         return Err("under strict numerics a product's epilogue reduces nothing".into());
     }
     let kind = kernel_kind(dag, template, &body);
+    let workspace_bytes = match kind {
+        KernelKind::Scatter => scatter_kernel(dag, members, &body).map_err(|e| e.to_string())?,
+        _ => workspace_bytes,
+    };
     let mut k = KernelCost {
         template,
         kind,
@@ -227,6 +232,11 @@ pub fn analyse(
     }
     if template == Template::Attention {
         k.tiles = attention_tiles(dag, &k);
+    }
+    // A scatter_add with the body that computes its values is asked of codegen.
+    if k.kind == KernelKind::Scatter && k.body.len() > 1 {
+        let kernel = candidate_kernel(dag, members, &k, Template::Elementwise);
+        caps::scatter_can_generate(&kernel).map_err(|e| format!("the scatter template cannot run it: {e}"))?;
     }
     // A product alone (one member, the rest views of its reads) stays legal: the fusion search
     // starts from it, and codegen names what it cannot index. Any fusion, a product with its
@@ -386,6 +396,7 @@ fn kernel_dtype(dag: &Dag, body: &[usize]) -> DType {
 
 /// What a kernel of `template` computing `body` is: cross-entropy's mean over rows in a column
 /// reduction is a row kernel with one global result (as `codegen::lower` renders it); an
+/// elementwise kernel over a scatter_add's values is a scatter kernel; an
 /// attention kernel of the backward's composites alone is the backward's; one with forward
 /// attention is the forward (writing its log-sum-exp when that is in its body too), on the f32
 /// path for f32 operands, on the portable path for 16-bit operands of a known scale that code
@@ -395,6 +406,9 @@ pub fn kernel_kind(dag: &Dag, template: Template, body: &[usize]) -> KernelKind 
     let has = |c: Composite| body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::Composite(c)));
     match template {
         Template::ColReduce if has(Composite::CrossEntropy) => KernelKind::RowGlobal,
+        Template::Elementwise if body.iter().any(|&b| dag.nodes[b].kind() == Some(Kind::ScatterAdd)) => {
+            KernelKind::Scatter
+        }
         Template::Attention => {
             let backward = body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()));
             let Some(&att) = body.iter().find(|&&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::Attention)))
@@ -594,6 +608,42 @@ fn attention_dq_accumulator_bytes(dag: &Dag, i: usize) -> u64 {
     product(&[rows, d.div_ceil(64), 64 * 4])
 }
 
+/// The scatter_add a scatter kernel computes, checked to be the kernel's one written value (its
+/// other members are used only inside it), and the traffic of its atomics.
+fn scatter_kernel(dag: &Dag, members: &[usize], body: &[usize]) -> Result<u64, &'static str> {
+    let s = body
+        .iter()
+        .copied()
+        .find(|&b| dag.nodes[b].kind() == Some(Kind::ScatterAdd))
+        .ok_or("a scatter kernel without a scatter_add")?;
+    let in_body = |u: &usize| body.binary_search(u).is_ok();
+    if members.iter().any(|&m| m != s && (dag.is_output[m] || !dag.users[m].iter().all(in_body))) {
+        return Err("a scatter_add's kernel writes nothing but the scatter_add");
+    }
+    Ok(scatter_traffic_bytes(dag, s))
+}
+
+/// Device-memory traffic of scatter_add node `s`'s atomics beyond its output written once.
+/// The output (f32, i32) is written once zeroed, counted as its write; each atomic then
+/// updates an element at L2, and the model takes every element the values can reach (at most
+/// one per value) as read and written back once more (4 bytes each way): the output is larger
+/// than L2 where this matters (an embedding table), and a zeroed line evicted before its adds
+/// comes back from memory. A 16-bit output is summed in an f32 accumulator of its shape, which
+/// the atomics update the same way, and which is then read, zeroed, and written out as the
+/// output (counted as its write).
+fn scatter_traffic_bytes(dag: &Dag, s: usize) -> u64 {
+    let n = &dag.nodes[s];
+    let Some(out) = n.ty() else { return 0 };
+    let values = n.children().nth(1).and_then(|g| dag.nodes[g].ty()).map_or(0, |t| t.numel()) as u64;
+    let out_numel = out.numel() as u64;
+    let updates = product(&[2, 4, values.min(out_numel)]);
+    if caps::scatter_accumulates(out.dtype) {
+        updates.saturating_add(product(&[2, 4, out_numel]))
+    } else {
+        updates
+    }
+}
+
 /// A flop count's product, saturating: a count beyond u64 (a product of 2^48-element
 /// operands) reads as `u64::MAX`, never as a wrapped small number.
 fn product(factors: &[u64]) -> u64 {
@@ -718,6 +768,11 @@ impl Shaped<'_> {
 
     /// Picks the template and iteration space, or says why none fits.
     fn classify(&self) -> Result<(Template, Vec<usize>), String> {
+        let scatters: Vec<usize> =
+            self.body.iter().copied().filter(|&b| self.dag.nodes[b].kind() == Some(Kind::ScatterAdd)).collect();
+        if !scatters.is_empty() {
+            return self.scattered(&scatters);
+        }
         let anchors: Vec<usize> = self.body.iter().copied().filter(|&b| is_anchor(self.dag.nodes[b].kind())).collect();
         // The gradients of one attention: the key and value gradients in one kernel, and the
         // query gradient with them (summed by atomics, so not under strict numerics).
@@ -782,6 +837,31 @@ impl Shaped<'_> {
         Ok((template, domain))
     }
 
+    /// A kernel of a scatter_add: elementwise over its values `g` (the iteration space), which it
+    /// adds by atomics at indices read from device memory; its result, complete only when the
+    /// kernel ends, feeds nothing in the kernel.
+    fn scattered(&self, scatters: &[usize]) -> Result<(Template, Vec<usize>), String> {
+        let [s] = scatters[..] else {
+            return Err("two scatter_adds cannot share one kernel".into());
+        };
+        if self.body.iter().any(|&b| self.dag.nodes[b].children().any(|c| c == s)) {
+            return Err("a scatter_add's result cannot feed the same kernel".into());
+        }
+        let n = &self.dag.nodes[s];
+        if self.body.iter().any(|&b| is_anchor(self.dag.nodes[b].kind()) || self.reduction(b).is_some()) {
+            return Err("a scatter_add's kernel is elementwise over its values (no product or reduction)".into());
+        }
+        let (Some(idx), Some(g)) = (n.children().next(), n.children().nth(1)) else {
+            return Err("scatter_add without operands".into());
+        };
+        if self.computed_below(idx) {
+            return Err("`scatter_add` of indices computed in the same kernel needs them in device memory".into());
+        }
+        let domain = self.shape(g).to_vec();
+        self.fits(&domain, &[s])?;
+        Ok((Template::Elementwise, domain))
+    }
+
     /// Every body value must broadcast to the iteration space (except `operand_views`: views of
     /// reads that feed a matrix product, which the product indexes itself).
     fn fits(&self, domain: &[usize], operand_views: &[usize]) -> Result<(), String> {
@@ -811,25 +891,18 @@ impl Shaped<'_> {
     /// the value at other threads' indices.
     fn view_ok(&self, b: usize) -> Result<(), String> {
         let n = &self.dag.nodes[b];
-        // Index maps read their operands at other elements' places: from device memory. A
-        // scatter_add has no kernel beside others (codegen does not generate it yet).
-        match n.kind() {
-            Some(Kind::ScatterAdd) if self.body.len() > 1 => {
-                return Err("scatter_add runs in a kernel of its own".into());
+        // Index maps read their operands at other elements' places: from device memory.
+        if let Some(k @ (Kind::Slice | Kind::Concat | Kind::Gather)) = n.kind() {
+            let operands = if k == Kind::Slice { 1 } else { 2 };
+            // (A concat's first operand may be another concat: codegen selects it in place.)
+            let nested = |i: usize, c: usize| {
+                k == Kind::Concat && i == 0 && self.in_body(c) && self.dag.nodes[c].kind() == Some(Kind::Concat)
+            };
+            if n.children().take(operands).enumerate().any(|(i, c)| self.computed_below(c) && !nested(i, c)) {
+                let name = n.node.head();
+                return Err(format!("`{name}` of a value computed in the same kernel needs it in device memory"));
             }
-            Some(k @ (Kind::Slice | Kind::Concat | Kind::Gather)) => {
-                let operands = if k == Kind::Slice { 1 } else { 2 };
-                // (A concat's first operand may be another concat: codegen selects it in place.)
-                let nested = |i: usize, c: usize| {
-                    k == Kind::Concat && i == 0 && self.in_body(c) && self.dag.nodes[c].kind() == Some(Kind::Concat)
-                };
-                if n.children().take(operands).enumerate().any(|(i, c)| self.computed_below(c) && !nested(i, c)) {
-                    let name = n.node.head();
-                    return Err(format!("`{name}` of a value computed in the same kernel needs it in device memory"));
-                }
-                return Ok(());
-            }
-            _ => {}
+            return Ok(());
         }
         if !matches!(n.kind(), Some(Kind::OneHot | Kind::Transpose | Kind::Reshape)) {
             return Ok(());
@@ -860,9 +933,10 @@ impl Shaped<'_> {
         }
     }
 
-    /// Body nodes used only as operands of index maps (`slice`, `concat`, `gather`), directly or
-    /// through views and slices: they are read in place at the places the map computes, so they
-    /// need not fit the iteration space (`view_ok` makes sure they are in device memory).
+    /// Body nodes used only as operands of index maps (`slice`, `concat`, `gather`, the indices of
+    /// `scatter_add`), directly or through views and slices: they are read in place at the places
+    /// the map computes, so they need not fit the iteration space (`view_ok` makes sure they are
+    /// in device memory).
     fn mapped_operands(&self) -> Vec<usize> {
         let mut mapped: Vec<usize> = Vec::new();
         for &b in self.body.iter().rev() {
@@ -877,6 +951,8 @@ impl Shaped<'_> {
                 match n.kind() {
                     Some(Kind::Slice) => at == [0],
                     Some(Kind::Concat | Kind::Gather) => at.iter().all(|&i| i < 2),
+                    // (A scatter_add's indices: read at the index axes of its values.)
+                    Some(Kind::ScatterAdd) => at == [0],
                     Some(Kind::Reshape | Kind::Broadcast | Kind::Transpose) => mapped.contains(&u),
                     _ => false,
                 }
@@ -1048,6 +1124,10 @@ impl Shaped<'_> {
         let n = &self.dag.nodes[i];
         match (n.kind(), self.reduction(i)) {
             (Some(Kind::MatMul), _) => (Template::Gemm, self.shape(i).to_vec()),
+            // (A scatter_add's kernel iterates over its values.)
+            (Some(Kind::ScatterAdd), _) => {
+                (Template::Elementwise, n.children().nth(1).map_or(vec![], |g| self.shape(g).to_vec()))
+            }
             (Some(Kind::Composite(Composite::Attention)), _) => (Template::Attention, self.shape(i).to_vec()),
             (k, _) if is_attention_backward(k) => (Template::Attention, self.shape(i).to_vec()),
             (_, Some((Red::Row, input))) => (Template::RowReduce, input),

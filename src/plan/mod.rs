@@ -65,6 +65,9 @@ pub enum KernelKind {
     Attention { path: AttentionPath, lse: bool },
     /// A kernel of attention's backward composites alone (the log-sum-exp, the gradients).
     AttentionBackward,
+    /// An elementwise kernel over the values of one `scatter_add` (its iteration space), which
+    /// it writes alone: each value is added by an atomic at its index (`kernels/scatter.cu`).
+    Scatter,
 }
 
 /// The path a forward attention kernel takes.
@@ -120,7 +123,8 @@ pub struct Kernel {
     pub template: Template,
     /// What the kernel is, finer than its template (not part of the plan's contract).
     pub kind: KernelKind,
-    /// The iteration space: the shape of the largest value the kernel computes.
+    /// The iteration space: the shape of the largest value the kernel computes (a scatter
+    /// kernel's: its scatter_add's values).
     pub domain: Vec<usize>,
     /// The operators fused into this kernel, in body order (contract field `ops`).
     pub ops: Vec<String>,

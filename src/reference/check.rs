@@ -59,7 +59,8 @@ pub fn tolerance(d: DType, k: usize) -> f64 {
     }
 }
 
-/// The longest contraction of any matrix product in the program (0 if none).
+/// The longest contraction of any matrix product in the program, or sum in an order the device
+/// schedules (attention's gradients, `scatter_add`); 0 if none.
 pub fn longest_contraction(program: &Program) -> usize {
     let nodes = program.expr().as_ref();
     let mut k = 0;
@@ -73,6 +74,11 @@ pub fn longest_contraction(program: &Program) -> usize {
             if matches!(code.kind(), Kind::Composite(Composite::AttentionLse | Composite::AttentionGrad(_))) {
                 let rows = |c: egg::Id| program.ty(c).and_then(|t| t.shape.iter().rev().nth(1).copied()).unwrap_or(0);
                 k = k.max(rows(ch[0])).max(rows(ch[1]));
+            }
+            // A scatter_add sums one value per index into an element, in the order its atomics
+            // land on the GPU (one after another, not pairwise): as many terms as indices.
+            if code.kind() == Kind::ScatterAdd {
+                k = k.max(program.ty(ch[0]).map_or(0, |t| t.numel()));
             }
         }
     }

@@ -39,6 +39,25 @@ pub fn example_paths() -> Vec<String> {
     paths
 }
 
+/// `examples/embedding_layernorm.eqf` (in `dtype` instead of f32) with a loss, its outputs
+/// against an upstream gradient `dy`, and the gradients of its tables and of layernorm's scale
+/// and shift: an embedding backward, whose token table's gradient is a scatter_add of the
+/// layernorm's input gradient (the position table's is its sum over the batch between zeros).
+pub fn embedding_backward_text(dtype: &str) -> String {
+    let local = std::path::Path::new("examples/embedding_layernorm.eqf");
+    let path = if local.is_file() {
+        local.to_path_buf()
+    } else {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/embedding_layernorm.eqf")
+    };
+    let text = std::fs::read_to_string(path).expect("examples/embedding_layernorm.eqf");
+    assert!(text.contains("\nh = gather(") && text.ends_with("output y\n"), "the example changed:\n{text}");
+    let text = text.replace("f32[", &format!("{dtype}[")).replace("output y\n", "");
+    let text = text.replace("\nh = gather(", &format!("\ninput dy: {dtype}[B, S, E]\nh = gather("));
+    text + "loss = sum(sum(sum(y * dy, -1), 1), 0)\ndwte = grad(loss, wte)\ndwpe = grad(loss, wpe)\n\
+            dgamma = grad(loss, gamma)\ndbeta = grad(loss, beta)\noutput dwte, dwpe, dgamma, dbeta\n"
+}
+
 /// A named case: a program at a size `scale` multiplies (1 for tests).
 pub struct Case {
     pub name: &'static str,
@@ -137,6 +156,30 @@ pub fn cases() -> Vec<Case> {
                 ("cols", t(DType::I32, &[2, 8])),
             ],
             &[("y", "(layernorm (gather wte tokens 0) g b 0.00001)"), ("e", "(exp (gather x cols -1))")],
+        ),
+        // scatter_add (the gradient of gather): an embedding table's gradient (indices [B, S],
+        // values [B, S, D] into [V, D]), the same in bf16 with the values computed in the kernel
+        // (summed in an f32 accumulator), along the last axis (each lane its own index), and of
+        // i32 values along a middle axis.
+        case(
+            "scatter_embedding_grad",
+            &[("tokens", t(DType::I32, &[4, 16])), ("dy", f32(&[4, 16, 64]))],
+            &[("dwte", "(scatter_add tokens dy 0 100)")],
+        ),
+        case(
+            "scatter_fused_bf16",
+            &[("tokens", t(DType::I32, &[4, 16])), ("dy", bf(&[4, 16, 64])), ("m", bf(&[64]))],
+            &[("dwte", "(scatter_add tokens (* (gelu dy) m) 0 100)")],
+        ),
+        case(
+            "scatter_last_axis",
+            &[("cols", t(DType::I32, &[2, 24])), ("g", f32(&[8, 2, 24]))],
+            &[("y", "(scatter_add cols (exp g) -1 20)")],
+        ),
+        case(
+            "scatter_middle_axis_i32",
+            &[("t", t(DType::I32, &[3])), ("g", t(DType::I32, &[4, 3, 6]))],
+            &[("y", "(scatter_add t g 1 5)")],
         ),
         case(
             "cross_entropy",
