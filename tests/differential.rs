@@ -299,7 +299,7 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
         let TensorLang::Op(code, ch) = n else { continue };
         let child = usize::from(ch[0]);
         match code.kind() {
-            Kind::MatMul | Kind::Composite(Composite::Attention) => {
+            Kind::MatMul | Kind::Composite(Composite::Attention | Composite::AttentionBias) => {
                 anchors.push((code.name(), i));
                 if ch.iter().any(|&c| computed[usize::from(c)]) {
                     return Err(format!("`{}` has an operand computed in the kernel", code.name()));
@@ -311,7 +311,7 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
             // (The attention template stores its result through views: `views_above`.)
             Kind::Reshape
                 if computed[child]
-                    && !matches!(nodes[child], TensorLang::Op(c, _) if c.kind() == Kind::Composite(Composite::Attention)) =>
+                    && !matches!(nodes[child], TensorLang::Op(c, _) if matches!(c.kind(), Kind::Composite(c) if c.is_attention_forward())) =>
             {
                 let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
                 let (a, b) = (ty(i).expect("typed"), ty(child).expect("typed"));
@@ -337,8 +337,7 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
     for (i, n) in nodes.iter().enumerate() {
         if let TensorLang::Op(c, ch) = n {
             let below = usize::from(ch[0]);
-            let of_attention =
-                matches!(&nodes[below], TensorLang::Op(b, _) if b.kind() == Kind::Composite(Composite::Attention));
+            let of_attention = matches!(&nodes[below], TensorLang::Op(b, _) if matches!(b.kind(), Kind::Composite(c) if c.is_attention_forward()));
             attention_view[i] =
                 matches!(c.kind(), Kind::Transpose | Kind::Reshape) && (of_attention || attention_view[below]);
         }
@@ -373,7 +372,7 @@ fn template_contract(k: &Kernel, p: &Program, reds: &[(Red, usize)], anchors: &[
             !across.is_empty() && anchors.is_empty() && only_views_after(p, across)
         }
         Template::Gemm => names == ["@"] && all_rows && (reds.is_empty() || k.domain.last().is_some_and(|&w| w <= 256)),
-        Template::Attention => names == ["attention"] && reds.is_empty(),
+        Template::Attention => (names == ["attention"] || names == ["attention_bias"]) && reds.is_empty(),
     };
     if ok {
         Ok(())

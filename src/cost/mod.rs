@@ -334,12 +334,11 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
 fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
     let (f32_block_m, f32_block_n) = caps::ATTENTION_F32_BLOCK;
     let f32_steps = caps::attention_f32_steps;
-    let a =
-        k.body.iter().copied().find(|&b| matches!(dag.nodes[b].kind(), Some(Kind::Composite(Composite::Attention))))?;
+    let (a, slots) = k.body.iter().find_map(|&b| Some((b, attention_forward(dag.nodes[b].kind())?)))?;
     let mut ch = dag.nodes[a].children();
     let q = dag.nodes[ch.next()?].ty()?;
     let key = dag.nodes[ch.next()?].ty()?;
-    let flag = &dag.nodes[ch.nth(2)?];
+    let flag = &dag.nodes[dag.nodes[a].children().nth(slots.causal)?];
     if q.dtype != DType::F32 || q.shape.len() < 2 || key.shape.len() < 2 {
         return None;
     }
@@ -397,12 +396,12 @@ pub fn kernel_kind(dag: &Dag, template: Template, body: &[usize]) -> KernelKind 
         Template::ColReduce if has(Composite::CrossEntropy) => KernelKind::RowGlobal,
         Template::Attention => {
             let backward = body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()));
-            let Some(&att) = body.iter().find(|&&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::Attention)))
+            let Some((att, slots)) = body.iter().find_map(|&b| Some((b, attention_forward(dag.nodes[b].kind())?)))
             else {
                 return if backward { KernelKind::AttentionBackward } else { KernelKind::Plain };
             };
             let dtype = kernel_dtype(dag, body);
-            let scale = dag.nodes[att].children().nth(3).and_then(|s| dag.nodes[s].fact.konst);
+            let scale = dag.nodes[att].children().nth(slots.scale).and_then(|s| dag.nodes[s].fact.konst);
             let path = match scale {
                 _ if dtype == DType::F32 => AttentionPath::F32,
                 Some(scale) if !caps::attention_hopper_path(dtype, scale) => AttentionPath::Portable,
@@ -516,7 +515,15 @@ pub(crate) fn is_attention_backward(kind: Option<Kind>) -> bool {
 /// Whether an operator anchors a kernel of its own template (a product, attention, or one of
 /// attention's backward composites).
 fn is_anchor(kind: Option<Kind>) -> bool {
-    matches!(kind, Some(Kind::MatMul | Kind::Composite(Composite::Attention))) || is_attention_backward(kind)
+    matches!(kind, Some(Kind::MatMul)) || attention_forward(kind).is_some() || is_attention_backward(kind)
+}
+
+/// The argument positions of a forward attention operator (`attention`, `attention_bias`).
+fn attention_forward(kind: Option<Kind>) -> Option<crate::ir::lang::AttnSlots> {
+    match kind {
+        Some(Kind::Composite(c)) => c.attention_slots(),
+        _ => None,
+    }
 }
 
 /// Rows (batch x queries), keys and head size of an attention-family node.
@@ -601,8 +608,9 @@ fn node_flops(dag: &Dag, i: usize) -> u64 {
             Composite::Softmax | Composite::LogSoftmax => numel.saturating_mul(8),
             Composite::LayerNorm | Composite::RmsNorm => numel.saturating_mul(10),
             Composite::CrossEntropy => child_numel(0).saturating_mul(8),
-            Composite::Attention => {
-                // Two products of (S x D) by (D x T) and (S x T) by (T x Dv), plus the softmax.
+            Composite::Attention | Composite::AttentionBias => {
+                // Two products of (S x D) by (D x T) and (S x T) by (T x Dv), plus the softmax
+                // (and the bias added to each score).
                 let q =
                     n.children().next().and_then(|c| dag.nodes[c].ty()).map(|t| t.shape.clone()).unwrap_or_default();
                 let k =
@@ -611,7 +619,8 @@ fn node_flops(dag: &Dag, i: usize) -> u64 {
                 let d = q.get(r.wrapping_sub(1)).copied().unwrap_or(1) as u64;
                 let tlen = k.get(t).copied().unwrap_or(1) as u64;
                 let rows = q.iter().take(r.saturating_sub(1)).product::<usize>() as u64;
-                product(&[rows, tlen, 4 * d.min(1 << 48) + 8])
+                let bias = if c == Composite::AttentionBias { 2 } else { 0 };
+                product(&[rows, tlen, 4 * d.min(1 << 48) + 8 + bias])
             }
             // Recomputed scores (2d) and probabilities (8), then: the log-sum-exp alone; the
             // query and key gradients two more products each (g vᵀ, then dS k or dSᵀ q), the
@@ -951,8 +960,7 @@ impl Shaped<'_> {
             }
         }
         let domain = self.shape(a).to_vec();
-        let is_attention =
-            matches!(n.kind(), Some(Kind::Composite(Composite::Attention))) || is_attention_backward(n.kind());
+        let is_attention = attention_forward(n.kind()).is_some() || is_attention_backward(n.kind());
         // Views of the anchor it stores (attention written as `[B, S, H, D]` for a reshape to
         // `[B, S, E]`): the template's output strides place them; codegen checks the strides.
         let stored = if is_attention { self.views_above(a) } else { vec![] };
@@ -1027,7 +1035,7 @@ impl Shaped<'_> {
         let n = &self.dag.nodes[i];
         match (n.kind(), self.reduction(i)) {
             (Some(Kind::MatMul), _) => (Template::Gemm, self.shape(i).to_vec()),
-            (Some(Kind::Composite(Composite::Attention)), _) => (Template::Attention, self.shape(i).to_vec()),
+            (k, _) if attention_forward(k).is_some() => (Template::Attention, self.shape(i).to_vec()),
             (k, _) if is_attention_backward(k) => (Template::Attention, self.shape(i).to_vec()),
             (_, Some((Red::Row, input))) => (Template::RowReduce, input),
             (_, Some((Red::Across(_), input))) => (Template::ColReduce, input),

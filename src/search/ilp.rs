@@ -59,7 +59,7 @@ fn node_terms(egraph: &TensorGraph, node: &TensorLang) -> Terms {
     // forward kernel may write the log-sum-exp, so only the key gradient counts as a launch (the
     // bound stays a bound); every one reads its operands.
     let backward = matches!(kind, Some(Kind::Composite(Composite::AttentionLse | Composite::AttentionGrad(_))));
-    let anchor = matches!(kind, Some(Kind::MatMul | Kind::Composite(Composite::Attention)))
+    let anchor = matches!(kind, Some(Kind::MatMul | Kind::Composite(Composite::Attention | Composite::AttentionBias)))
         || matches!(kind, Some(Kind::Composite(Composite::AttentionGrad(crate::ir::lang::AttnArg::K))));
     let mut forced = Vec::new();
     if anchor || backward {
