@@ -32,12 +32,13 @@
 // Bias (EQ_BIAS, `attention_bias`): s_ij = scale * <q_bi, k_bj> + bias_bij, the bias of type
 // EQ_BT addressed as EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2 + i * EQ_B_SR + j * EQ_B_SC
 // (stride 0 along an axis it is broadcast along, so a padding mask [B, 1, 1, S] is read in
-// place), added in f32 (one fmaf) before the row maximum, in every path. With a bias the scores
-// stay in natural units and each difference from the row maximum goes to base 2 on its own
-// (2^((s - m) log2 e)): a bias near -FLT_MAX (a finfo.min fill) times log2 e would overflow to
-// -inf, and a row of equal fills must get equal weights. Keys past EQ_SK and above the diagonal
-// are -inf whatever the bias. A row whose every score is -inf (a bias of -inf on every key it
-// keeps) has row sum 0 and is written as 0. Without EQ_BIAS the code is that of plain attention.
+// place), or a bool mask there selecting one of two constants (EQ_BIAS_SEL), added in f32 (one
+// fmaf) before the row maximum, in every path. With a bias the scores stay in natural units and
+// each difference from the row maximum goes to base 2 on its own (2^((s - m) log2 e)): a bias
+// near -FLT_MAX (a finfo.min fill) times log2 e would overflow to -inf, and a row of equal fills
+// must get equal weights. Keys past EQ_SK and above the diagonal are -inf whatever the bias. A
+// row whose every score is -inf (a bias of -inf on every key it keeps) has row sum 0 and is
+// written as 0. Without EQ_BIAS the code is that of plain attention.
 //
 // Hopper: an instance with EQ_WGMMA (bf16 or f16, a positive scale) compiled for sm_90a (where
 // __CUDA_ARCH_FEAT_SM90_ALL is defined) runs a wgmma path instead (see below), with its own
@@ -103,10 +104,21 @@
 #if EQ_LSE
 #error "the attention template writes no log-sum-exp beside a bias"
 #endif
+#ifndef EQ_BIAS_SEL
+#define EQ_BIAS_SEL 0
+#endif
 // The bias of query row `row` and key `col` of a batch entry (`bg`: its first element); 0 outside
-// the scores (those keys are masked to -inf, and the load stays inside the tensor).
+// the scores (those keys are masked to -inf, and the load stays inside the tensor). With
+// EQ_BIAS_SEL the tensor is a bool mask (eq_bool) and the bias EQ_BIAS_YES where it holds,
+// EQ_BIAS_NO elsewhere (a bool mask's bias `where(m, 0, FILL)`, computed in place).
 __device__ __forceinline__ float eq_att_bias(const EQ_BT* bg, int row, int col) {
-    return row < EQ_SQ && col < EQ_SK ? eq_val(bg[(long long)row * EQ_B_SR + (long long)col * EQ_B_SC]) : 0.0f;
+    if (row >= EQ_SQ || col >= EQ_SK) return 0.0f;
+    const EQ_BT x = bg[(long long)row * EQ_B_SR + (long long)col * EQ_B_SC];
+#if EQ_BIAS_SEL
+    return eq_val(x) ? EQ_BIAS_YES : EQ_BIAS_NO;
+#else
+    return eq_val(x);
+#endif
 }
 #define EQ_BIAS_PARAM , const EQ_BT* __restrict__ bg
 #define EQ_BIAS_ARG , bg

@@ -179,3 +179,22 @@ fn attention_bias_reads_its_bias_once() {
     assert_eq!(plan.kernels[0].template, Template::Attention);
     assert_eq!(plan.total.bytes, 2 * b * h * s * d * 2 + s * s * 2);
 }
+
+/// A bool mask applied by `where`: the attention kernel reads the mask (one byte a key) and
+/// selects the bias itself (`EQ_BIAS_SEL`), 0 where the mask holds and the fill elsewhere.
+#[test]
+fn attention_bias_selects_a_bool_masks_bias_in_place() {
+    let src = "input q: bf16[2, 4, 100, 64]\ninput m: bool[2, 1, 1, 100]\n\
+               o = softmax(where(m, q @ transpose(q, -1, -2) * 0.125, -1e30), -1) @ q\noutput o\n";
+    let p = eqfuse::parse_program("bool.eqf", src, &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert_eq!(plan.kernels.len(), 1, "{:#?}", plan.kernels);
+    assert_eq!(plan.kernels[0].ops, ["where", "attention_bias"]);
+    assert_eq!(plan.total.bytes, 2 * 2 * 4 * 100 * 64 * 2 + 2 * 100);
+    let s = &codegen_plan(&plan).unwrap()[0];
+    let defines = s.source.split("// ---- kernels/").next().unwrap();
+    for want in ["EQ_BIAS 1", "EQ_BIAS_SEL 1", "EQ_BIAS_YES 0.0f", "EQ_BIAS_NO -1e30f", "EQ_BT eq_bool", "EQ_B_SR 0LL"]
+    {
+        assert!(defines.contains(&format!("#define {want}\n")), "no {want}:\n{defines}");
+    }
+}

@@ -301,7 +301,9 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
         match code.kind() {
             Kind::MatMul | Kind::Composite(Composite::Attention | Composite::AttentionBias) => {
                 anchors.push((code.name(), i));
-                if ch.iter().any(|&c| computed[usize::from(c)]) {
+                // (`attention_bias` may select a bool mask's bias in the kernel: its fourth operand.)
+                let bias = |j: usize| code.kind() == Kind::Composite(Composite::AttentionBias) && j == 3;
+                if ch.iter().enumerate().any(|(j, &c)| computed[usize::from(c)] && !bias(j)) {
                     return Err(format!("`{}` has an operand computed in the kernel", code.name()));
                 }
             }

@@ -135,7 +135,7 @@ fn example_kernels_compile() {
 /// Attention with a bias (`attention_bias`, `EQ_BIAS`): on every path (f32 on CUDA cores; bf16
 /// and f16 on mma.sync, and on wgmma where the scale is positive, compiled for sm_90a too),
 /// with a padding mask `[B, 1, 1, S]`, a `[B, 1, S, S]` or `[S, S]` mask, of the operands' dtype
-/// or f32, causal or not, read through head views; a bool mask's bias from its own kernel.
+/// or f32, causal or not, read through head views; a bool mask's bias selected in the kernel.
 #[test]
 fn attention_bias_kernels_compile() {
     if !nvrtc_or_skip() {
@@ -170,7 +170,9 @@ fn attention_bias_kernels_compile() {
                 .unwrap_or_else(|e| panic!("{name} / {}: {e}", s.name));
             assert!(c.log.trim().is_empty(), "{name} / {}: warnings\n{}", s.name, c.log);
             if s.template == eqfuse::Template::Attention {
-                assert!(generated_defines(&s.source).contains("#define EQ_BIAS 1\n"), "{name}");
+                let defines = generated_defines(&s.source);
+                assert!(defines.contains("#define EQ_BIAS 1\n"), "{name}");
+                assert_eq!(defines.contains("#define EQ_BIAS_SEL 1\n"), name.ends_with("bool"), "{name}");
                 assert_eq!(
                     s.launch.sm90a.is_some(),
                     !name.starts_with("f32") && name != "bf16_negative_scale",

@@ -440,6 +440,35 @@ const PADDING: Family = Family {
     ],
 };
 
+/// BERT's attention with an f32 padding mask beside bf16 operands: the scores cast to f32 for the
+/// mask and the softmax, the probabilities cast back for the second product.
+const PADDING_F32: Family = Family {
+    name: "padding_mask_f32_attention",
+    header: "
+dim B = 8
+dim H = 16
+dim S = 512
+dim D = 64
+input q: bf16[B, H, S, D]
+input k: bf16[B, H, S, D]
+input v: bf16[B, H, S, D]
+input mask: f32[B, 1, 1, S]
+",
+    small: PADDING_SMALL,
+    spellings: &[
+        ("composite", "o = attention_bias(q, k, v, mask, 0.125, 0)\noutput o"),
+        (
+            "upcast",
+            "s = cast(q @ transpose(k, -1, -2) * 0.125, f32) + mask\no = cast(softmax(s, -1), bf16) @ v\noutput o",
+        ),
+        (
+            "upcast_decomposed",
+            "s = cast(q @ transpose(k, 2, 3) / 8, f32) + mask\ne = exp(s - amax(s, 3))\n\
+             o = cast(e / sum(e, 3), bf16) @ v\noutput o",
+        ),
+    ],
+};
+
 /// BERT's attention with the heads split out of `[B, S, H*D]` projections and merged back.
 const PADDING_HEADS: Family = Family {
     name: "padding_mask_attention_heads",
@@ -530,8 +559,8 @@ const CAUSAL_PADDING: Family = Family {
     ],
 };
 
-/// A boolean padding mask (true on kept keys) applied with `where`: the bias `where(m, 0, FILL)`
-/// is a small tensor of the mask's shape, written by a kernel of its own.
+/// A boolean padding mask (true on kept keys) applied with `where`: its bias `where(m, 0, FILL)`
+/// is computed in the attention kernel from the mask read in place.
 const BOOL_MASK: Family = Family {
     name: "bool_mask_attention",
     header: "
@@ -573,6 +602,8 @@ fn padding_mask_attention_spellings() {
     one_attention_bias_kernel(&PADDING, &plans);
     let plans = check(&PADDING_HEADS);
     one_attention_bias_kernel(&PADDING_HEADS, &plans);
+    let plans = check(&PADDING_F32);
+    one_attention_bias_kernel(&PADDING_F32, &plans);
 }
 
 #[test]
@@ -587,22 +618,14 @@ fn causal_padding_mask_attention_spellings() {
     one_attention_bias_kernel(&CAUSAL_PADDING, &plans);
 }
 
-/// The boolean mask: an elementwise kernel writes the bias `where(m, 0, FILL)` (f32, the mask's
-/// shape: `B * S` values) and the attention kernel reads it in place; no score matrix is written.
+/// The boolean mask: one attention kernel selects the bias `where(m, 0, FILL)` from the mask it
+/// reads in place (1 byte a key); no bias or score matrix goes through memory.
 #[test]
 fn bool_mask_attention_spellings() {
     let plans = check(&BOOL_MASK);
-    let (b, h, s, d) = (8u64, 16u64, 512u64, 64u64);
-    let qkvo = 4 * b * h * s * d * 2;
+    one_attention_kernel(&BOOL_MASK, &plans);
     for (label, plan) in &plans {
-        let templates: Vec<Template> = plan.kernels.iter().map(|k| k.template).collect();
-        assert_eq!(templates, [Template::Elementwise, Template::Attention], "{label}: {}", ops(plan));
-        assert_eq!(plan.kernels[1].ops, ["attention_bias"], "{label}: {}", ops(plan));
-        let bias = &plan.kernels[0].writes;
-        assert_eq!(bias.len(), 1, "{label}: {}", ops(plan));
-        assert_eq!(bias[0].ty.to_string(), "f32[8,1,1,512]", "{label}");
-        // q, k, v and o once, the mask (1 byte a key), the bias written and read (4 bytes a key).
-        assert_eq!(plan.total.bytes, qkvo + b * s + 2 * 4 * b * s, "{label}: {}", ops(plan));
+        assert_eq!(plan.kernels[0].ops, ["where", "attention_bias"], "{label}: {}", ops(plan));
     }
 }
 

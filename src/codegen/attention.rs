@@ -240,6 +240,34 @@ impl<'a> Body<'a> {
         }
     }
 
+    /// The bias `i` of `attention_bias`: a tensor in memory or a view of one, or two constants
+    /// selected by a bool mask in memory (`where(m, 0, FILL)`, a bool mask's bias), the constants
+    /// rounded to the select's dtype; records the nodes it passes.
+    fn bias(&self, i: usize, seen: &mut Vec<usize>) -> Result<(Strided, Option<(f64, f64)>)> {
+        if self.kind(i) != Some(Kind::Where) {
+            return Ok((self.operand(i, seen)?, None));
+        }
+        let ch = self.children(i);
+        let dtype = self.ty(i)?.dtype;
+        let (Some(a), Some(b)) = (self.facts[ch[1]].konst, self.facts[ch[2]].konst) else {
+            return Err(unsupported(
+                self.k,
+                "the template reads the bias from memory, or selects two constants by a bool mask in memory",
+            ));
+        };
+        seen.push(i);
+        let mut stack = vec![ch[1], ch[2]];
+        while let Some(c) = stack.pop() {
+            seen.push(c);
+            stack.extend(self.children(c));
+        }
+        let mask = self.operand(ch[0], seen)?;
+        // The select's shape is the mask's (its other operands are scalars).
+        let shape = self.ty(i)?.shape.clone();
+        let mask = Strided { layout: mask.layout.broadcast(&shape), shape, read: mask.read };
+        Ok((mask, Some((dtype.round(a), dtype.round(b)))))
+    }
+
     /// Strides of the attention value `att` in the memory of the tensor stored from node `top`,
     /// which is `att` or views of it (inverted one at a time, from the stored tensor down).
     fn output(&self, top: usize, att: usize, seen: &mut Vec<usize>) -> Result<Vec<usize>> {
@@ -280,12 +308,14 @@ impl<'a> Body<'a> {
 }
 
 /// A bias of an instance: its read, its storage type, and its strides (three batch axes, the
-/// row and the column; 0 along an axis it is broadcast along).
+/// row and the column; 0 along an axis it is broadcast along); with `select`, the read is a bool
+/// mask and the bias the first value where it holds, the second elsewhere.
 #[derive(Clone, Debug, PartialEq)]
 struct BiasInstance {
     read: usize,
     dtype: DType,
     strides: [usize; 5],
+    select: Option<(f64, f64)>,
 }
 
 /// The template instance of one kernel: every number the `#define` block needs.
@@ -331,7 +361,13 @@ fn instance(k: &Kernel) -> Result<Instance> {
     let (scale_at, causal_at) = (ch[slots.scale], ch[slots.causal]);
     let mut seen = vec![att, scale_at, causal_at];
     let ops: Vec<Strided> = ch[..3].iter().map(|&c| body.operand(c, &mut seen)).collect::<Result<_>>()?;
-    let bias = slots.bias.map(|b| body.operand(ch[b], &mut seen)).transpose()?;
+    let (bias, select) = match slots.bias {
+        Some(b) => {
+            let (x, select) = body.bias(ch[b], &mut seen)?;
+            (Some(x), select)
+        }
+        None => (None, None),
+    };
     let scale = body.facts[scale_at].konst.ok_or_else(|| unsupported(k, "the scale must be a constant"))?;
     let causal =
         body.facts[causal_at].konst.ok_or_else(|| unsupported(k, "the causal flag must be a constant"))? != 0.0;
@@ -459,11 +495,15 @@ fn instance(k: &Kernel) -> Result<Instance> {
     let bias = match bias {
         Some(b) => {
             let dtype = k.reads[b.read].ty.dtype;
-            if !matches!(dtype, DType::Bf16 | DType::F16 | DType::F32) {
-                return Err(unsupported(k, format!("the template reads a bias of f32, bf16 or f16, not {dtype}")));
+            let want = if select.is_some() { dtype == DType::Bool } else { dtype.is_float() };
+            if !want {
+                return Err(unsupported(
+                    k,
+                    format!("the template reads a bias of f32, bf16 or f16, or a bool mask, not {dtype}"),
+                ));
             }
             let strides = [axes[0].1[4], axes[1].1[4], axes[2].1[4], all[4][0], all[4][1]];
-            Some(BiasInstance { read: b.read, dtype, strides })
+            Some(BiasInstance { read: b.read, dtype, strides, select })
         }
         None => None,
     };
@@ -486,6 +526,7 @@ fn ctype(dtype: DType) -> &'static str {
     match dtype {
         DType::Bf16 => "eq_bf16",
         DType::F16 => "eq_f16",
+        DType::Bool => "eq_bool",
         _ => "float",
     }
 }
@@ -613,6 +654,11 @@ pub fn codegen(
         def("EQ_BP", format!("p_r{}", b.read));
         for (j, suffix) in ["S0", "S1", "S2", "SR", "SC"].iter().enumerate() {
             def(&format!("EQ_B_{suffix}"), format!("{}LL", b.strides[j]));
+        }
+        if let Some((yes, no)) = b.select {
+            def("EQ_BIAS_SEL", "1".into());
+            def("EQ_BIAS_YES", float_literal(yes));
+            def("EQ_BIAS_NO", float_literal(no));
         }
     }
     s.push_str("\n// ---- kernels/common.cuh ----\n");

@@ -948,8 +948,15 @@ impl Shaped<'_> {
     /// beside attention, written by the same kernel.
     fn anchored(&self, a: usize, partners: &[usize]) -> Result<(Template, Vec<usize>), String> {
         let n = &self.dag.nodes[a];
+        // The bias of `attention_bias` may be computed in the kernel (a bool mask's bias, two
+        // constants selected by the mask): what its template runs is codegen's to say
+        // (`caps::attention_can_generate`, asked of every kernel that is not a product alone).
+        let prologue = match attention_forward(n.kind()).and_then(|s| s.bias) {
+            Some(j) => n.children().nth(j).map_or_else(Vec::new, |c| self.below_in_body(c)),
+            None => vec![],
+        };
         for c in n.children() {
-            if !self.in_body(c) {
+            if !self.in_body(c) || prologue.contains(&c) {
                 continue;
             }
             if self.computed_below(c) {
@@ -967,14 +974,18 @@ impl Shaped<'_> {
         if is_attention {
             // The template writes attention as computed (or through a view), nothing more.
             if let Some(&b) = self.body.iter().find(|&&b| {
-                b != a && !partners.contains(&b) && !stored.contains(&b) && self.dag.nodes[b].role == Role::Compute
+                b != a
+                    && !partners.contains(&b)
+                    && !stored.contains(&b)
+                    && !prologue.contains(&b)
+                    && self.dag.nodes[b].role == Role::Compute
             }) {
                 let op = self.dag.nodes[b].node.head();
                 return Err(format!("attention takes no fused epilogue (`{op}` runs in its own kernel)"));
             }
         }
         for &b in self.body {
-            if b == a || partners.contains(&b) || n.children().any(|c| c == b) {
+            if b == a || partners.contains(&b) || prologue.contains(&b) || n.children().any(|c| c == b) {
                 continue;
             }
             match self.reduction(b) {
@@ -1009,11 +1020,25 @@ impl Shaped<'_> {
             }
         }
         operand_views.extend(stored);
+        operand_views.extend(&prologue);
         // (The query gradient beside the key and value gradients has the queries' shape, not
         // the keys': the backward template stores each where it belongs.)
         operand_views.extend(partners.iter().filter(|&&p| is_attention_backward(self.dag.nodes[p].kind())));
         self.fits(&domain, &operand_views)?;
         Ok((if is_attention { Template::Attention } else { Template::Gemm }, domain))
+    }
+
+    /// `c` and the body nodes it is computed from, through body nodes only.
+    fn below_in_body(&self, c: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut stack = vec![c];
+        while let Some(i) = stack.pop() {
+            if self.in_body(i) && !out.contains(&i) {
+                out.push(i);
+                stack.extend(self.dag.nodes[i].children());
+            }
+        }
+        out
     }
 
     /// Body nodes that are views (or layout copies) of `a`, through views only.
