@@ -311,10 +311,7 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
                 return Err("a transpose of a value computed in the kernel".into());
             }
             // (The attention template stores its result through views: `views_above`.)
-            Kind::Reshape
-                if computed[child]
-                    && !matches!(nodes[child], TensorLang::Op(c, _) if matches!(c.kind(), Kind::Composite(c) if c.is_attention_forward())) =>
-            {
+            Kind::Reshape if computed[child] && !is_attention(&nodes[child]) => {
                 let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
                 let (a, b) = (ty(i).expect("typed"), ty(child).expect("typed"));
                 if squeeze(&a.shape) != squeeze(&b.shape) {
@@ -339,7 +336,7 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
     for (i, n) in nodes.iter().enumerate() {
         if let TensorLang::Op(c, ch) = n {
             let below = usize::from(ch[0]);
-            let of_attention = matches!(&nodes[below], TensorLang::Op(b, _) if matches!(b.kind(), Kind::Composite(c) if c.is_attention_forward()));
+            let of_attention = is_attention(&nodes[below]);
             attention_view[i] =
                 matches!(c.kind(), Kind::Transpose | Kind::Reshape) && (of_attention || attention_view[below]);
         }
@@ -360,6 +357,11 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
         }
     }
     template_contract(k, &p, &reds, &anchors)
+}
+
+/// Whether a node is a forward attention (`attention`, `attention_bias`).
+fn is_attention(n: &TensorLang) -> bool {
+    matches!(n, TensorLang::Op(c, _) if matches!(c.kind(), Kind::Composite(x) if x.is_attention_forward()))
 }
 
 /// The template's rules on reductions and products.

@@ -141,19 +141,26 @@ fn attention_bias_kernels_compile() {
     if !nvrtc_or_skip() {
         return;
     }
-    let qkv =
-        |t: &str| format!("input q: {t}[2, 4, 100, 64]\ninput k: {t}[2, 4, 100, 64]\ninput v: {t}[2, 4, 100, 64]\n");
+    let qkv = |t: &str, mask: &str, body: &str| {
+        format!(
+            "input q: {t}[2, 4, 100, 64]\ninput k: {t}[2, 4, 100, 64]\ninput v: {t}[2, 4, 100, 64]\n\
+             input m: {mask}\no = {body}\n"
+        )
+    };
+    let added = "softmax(q @ transpose(k, -1, -2) * 0.125 + m, -1) @ v";
+    let selected = "softmax(where(m, q @ transpose(k, -1, -2) * 0.125, -1e30), -1) @ v";
     let programs = [
-        ("bf16_padding", format!("{}input m: bf16[2, 1, 1, 100]\no = softmax(q @ transpose(k, -1, -2) * 0.125 + m, -1) @ v\n", qkv("bf16"))),
-        ("bf16_full_causal", format!("{}input m: bf16[2, 1, 100, 100]\no = attention_bias(q, k, v, m, 0.125, 1)\n", qkv("bf16"))),
-        ("bf16_negative_scale", format!("{}input m: bf16[100, 100]\no = attention_bias(q, k, v, m, -0.125, 0)\n", qkv("bf16"))),
-        ("f16_f32_mask", format!("{}input m: f32[2, 1, 1, 100]\no = attention_bias(q, k, v, m, 0.125, 1)\n", qkv("f16"))),
-        ("f32_padding_causal", format!("{}input m: f32[2, 1, 1, 100]\no = attention_bias(q, k, v, m, 0.125, 1)\n", qkv("f32"))),
-        ("f32_square", format!("{}input m: f32[100, 100]\no = softmax(q @ transpose(k, -1, -2) * 0.125 + m, -1) @ v\n", qkv("f32"))),
-        ("bf16_bool", format!("{}input m: bool[2, 1, 1, 100]\no = softmax(where(m, q @ transpose(k, -1, -2) * 0.125, -1e30), -1) @ v\n", qkv("bf16"))),
+        ("bf16_padding", qkv("bf16", "bf16[2, 1, 1, 100]", added)),
+        ("bf16_full_causal", qkv("bf16", "bf16[2, 1, 100, 100]", "attention_bias(q, k, v, m, 0.125, 1)")),
+        ("bf16_negative_scale", qkv("bf16", "bf16[100, 100]", "attention_bias(q, k, v, m, -0.125, 0)")),
+        ("f16_f32_mask", qkv("f16", "f32[2, 1, 1, 100]", "attention_bias(q, k, v, m, 0.125, 1)")),
+        ("f32_padding_causal", qkv("f32", "f32[2, 1, 1, 100]", "attention_bias(q, k, v, m, 0.125, 1)")),
+        ("f32_square", qkv("f32", "f32[100, 100]", added)),
+        ("bf16_bool", qkv("bf16", "bool[2, 1, 1, 100]", selected)),
         (
             "bf16_heads",
-            "input x: bf16[2, 100, 256]\ninput m: bf16[2, 1, 1, 100]\nh = transpose(reshape(x, [2, 100, 4, 64]), 1, 2)\n\
+            "input x: bf16[2, 100, 256]\ninput m: bf16[2, 1, 1, 100]\n\
+             h = transpose(reshape(x, [2, 100, 4, 64]), 1, 2)\n\
              o = reshape(transpose(attention_bias(h, h, h, m, 0.125, 0), 1, 2), [2, 100, 256])\n"
                 .to_string(),
         ),

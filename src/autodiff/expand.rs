@@ -30,10 +30,10 @@ pub fn expand_composites(p: &Program) -> Result<Program, String> {
 /// from the parts, as it would from a program that wrote them (the pattern rules recognise
 /// softmax along the last axis only). `None` when there is none.
 ///
-/// Attention (with a bias too) is expanded where its template does not run (head sizes, dtypes). With `strict`,
-/// attention and cross-entropy are expanded too: their kernels round differently from the unfused
-/// plan's parts (attention's online softmax; cross-entropy's gathered target logit), and strict
-/// numerics must reproduce the unfused plan bit for bit.
+/// Attention (with a bias or not) is expanded where its template does not run (head sizes,
+/// dtypes). With `strict`, attention and cross-entropy are expanded too: their kernels round
+/// differently from the unfused plan's parts (attention's online softmax; cross-entropy's gathered
+/// target logit), and strict numerics must reproduce the unfused plan bit for bit.
 pub fn expand_for_planning(p: &Program, strict: bool) -> Result<Option<Program>, String> {
     let leading = |out: &Program, c: Composite, ch: &[Id]| {
         let leading_softmax = matches!(c, Composite::Softmax | Composite::LogSoftmax)

@@ -7,7 +7,8 @@
 //! over at most three (merged) batch axes, so transposed heads (`transpose(reshape(x, [B, S, H,
 //! D]), 1, 2)`) are read, and a transposed output written, in place. A bias is addressed as
 //! b0·S0 + b1·S1 + b2·S2 + row·SR + col·SC over the same batch axes (stride 0 on the axes it is
-//! broadcast along: a padding mask `[B, 1, 1, S]` is read in place, `EQ_BIAS`). What the template cannot run
+//! broadcast along: a padding mask `[B, 1, 1, S]` is read in place, `EQ_BIAS`), or is two
+//! constants selected by a bool mask so addressed (`EQ_BIAS_SEL`). What the template cannot run
 //! exactly (a fused epilogue, a head axis that is not contiguous, a bf16 or f16 head or stride
 //! that is not a multiple of 8, different query and value head sizes, heads over 128) is an error
 //! naming the kernel, never an approximation. f32 operands run the template's CUDA-core path

@@ -886,7 +886,8 @@ fn attention(
     let (sq, d, sk, dv) = (q.shape[r - 2], q.shape[r - 1], k.shape[r - 2], v.shape[r - 1]);
     let mut scores_shape = q.shape.clone();
     scores_shape[r - 1] = sk;
-    // The bias element of (batch entry b, query i, key j): base(b) + i * strides[r-2] + j * strides[r-1].
+    // The bias element of (batch entry b, query i, key j): base(b) + i * strides[r - 2]
+    // + j * strides[r - 1].
     let bias_at = bias.map(|(t, round)| {
         let st = broadcast_strides(&t.shape, &scores_shape);
         let (sr, sc) = (st[r - 2], st[r - 1]);

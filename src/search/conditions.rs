@@ -153,7 +153,7 @@ pub const CONDITIONS: &[NamedCondition] = &[
     cond(
         "attention-mask",
         3,
-        "?m is a bool tensor that broadcasts to the scores of ?q and ?k and is not their causal mask (an index comparison)",
+        "?m is a bool tensor that broadcasts to the scores of ?q and ?k and is not their causal mask",
         |g, s, v| {
             let (Some(m), Some(shape)) = (ty(g, s, v[0]), scores_shape(g, s, v)) else { return false };
             m.dtype == DType::Bool
