@@ -29,6 +29,17 @@
 //
 // f32 operands (EQ_F32) take a CUDA-core path with the same math in full f32 (see below).
 //
+// Bias (EQ_BIAS, `attention_bias`): s_ij = scale * <q_bi, k_bj> + bias_bij, the bias of type
+// EQ_BT addressed as EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2 + i * EQ_B_SR + j * EQ_B_SC
+// (stride 0 along an axis it is broadcast along, so a padding mask [B, 1, 1, S] is read in
+// place), or a bool mask there selecting one of two constants (EQ_BIAS_SEL), added in f32 (one
+// fmaf) before the row maximum, in every path. With a bias the scores stay in natural units and
+// each difference from the row maximum goes to base 2 on its own (2^((s - m) log2 e)): a bias
+// near -FLT_MAX (a finfo.min fill) times log2 e would overflow to -inf, and a row of equal fills
+// must get equal weights. Keys past EQ_SK and above the diagonal are -inf whatever the bias. A
+// row whose every score is -inf (a bias of -inf on every key it keeps) has row sum 0 and is
+// written as 0. Without EQ_BIAS the code is that of plain attention.
+//
 // Hopper: an instance with EQ_WGMMA (bf16 or f16, a positive scale) compiled for sm_90a (where
 // __CUDA_ARCH_FEAT_SM90_ALL is defined) runs a wgmma path instead (see below), with its own
 // launch shape (EQ_HWG warpgroups, EQ_HSMEM_BYTES); compiled for any other target the same
@@ -84,6 +95,39 @@
 
 #ifndef EQ_F32
 #define EQ_F32 0
+#endif
+
+#ifndef EQ_BIAS
+#define EQ_BIAS 0
+#endif
+#if EQ_BIAS
+#if EQ_LSE
+#error "the attention template writes no log-sum-exp beside a bias"
+#endif
+#ifndef EQ_BIAS_SEL
+#define EQ_BIAS_SEL 0
+#endif
+// The bias of query row `row` and key `col` of a batch entry (`bg`: its first element); 0 outside
+// the scores (those keys are masked to -inf, and the load stays inside the tensor). With
+// EQ_BIAS_SEL the tensor is a bool mask (eq_bool) and the bias EQ_BIAS_YES where it holds,
+// EQ_BIAS_NO elsewhere (a bool mask's bias `where(m, 0, FILL)`, computed in place).
+__device__ __forceinline__ float eq_att_bias(const EQ_BT* bg, int row, int col) {
+    if (row >= EQ_SQ || col >= EQ_SK) return 0.0f;
+    const EQ_BT x = bg[(long long)row * EQ_B_SR + (long long)col * EQ_B_SC];
+#if EQ_BIAS_SEL
+    return eq_val(x) ? EQ_BIAS_YES : EQ_BIAS_NO;
+#else
+    return eq_val(x);
+#endif
+}
+#define EQ_BIAS_PARAM , const EQ_BT* __restrict__ bg
+#define EQ_BIAS_ARG , bg
+// A difference of natural-unit scores in base-2 units (the scores without a bias are already).
+#define EQ_TO2(x) ((x) * 1.4426950408889634f)
+#else
+#define EQ_BIAS_PARAM
+#define EQ_BIAS_ARG
+#define EQ_TO2(x) (x)
 #endif
 
 #ifndef EQ_WGMMA
@@ -218,6 +262,9 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
     const float* kg = EQ_KP + b0 * EQ_K_S0 + b1 * EQ_K_S1 + b2 * EQ_K_S2;
     const float* vg = EQ_VP + b0 * EQ_V_S0 + b1 * EQ_V_S1 + b2 * EQ_V_S2;
     float* og = EQ_OP + b0 * EQ_O_S0 + b1 * EQ_O_S1 + b2 * EQ_O_S2;
+#if EQ_BIAS
+    const EQ_BT* bg = EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2;
+#endif
     const int m0 = mb * EQ_FBM, row = m0 + rl;
     const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_FBM ? EQ_SK : m0 + EQ_FBM) : EQ_SK;
     const int ntiles = (n_end + EQ_FBN - 1) / EQ_FBN;
@@ -295,7 +342,11 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
 #pragma unroll
         for (int j = 0; j < EQ_FKP; ++j) {
             const int col = kb + j;
+#if EQ_BIAS
+            s[j] = (col >= EQ_SK || (EQ_CAUSAL && col > row)) ? -EQ_INF : fmaf(s[j], scale, eq_att_bias(bg, row, col));
+#else
             s[j] = (col >= EQ_SK || (EQ_CAUSAL && col > row)) ? -EQ_INF : s[j] * scale;
+#endif
             mx = fmaxf(mx, s[j]);
         }
         const float mu = mx == -EQ_INF ? 0.0f : mx;
@@ -375,7 +426,7 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
 // P_j for the next tile. Measured on an H100 (benches/results/2026-11-22-h100-1c9eca3-attnfwd):
 // 64 keys per tile with two blocks per SM (heads up to 64) beat 128 keys with one, and deeper
 // buffering (EQ_HST 3 or 4) gained nothing, so the code generator uses EQ_HBN 64, EQ_HST 2.
-// The scale must be positive: row maxima are taken over the unscaled scores.
+// The scale must be positive: without a bias, row maxima are taken over the unscaled scores.
 #define EQ_DP EQ_HDP
 #define EQ_SMEM_BYTES EQ_HSMEM_BYTES
 #if EQ_BF16
@@ -572,11 +623,26 @@ __device__ __forceinline__ void pv(float (&o)[CB][32], const unsigned (&p)[PK][4
 }
 
 // The online softmax of one score tile (keys from n0) in base-2 units: masks keys past the end
-// (and above the diagonal), takes the row maxima of the raw scores (the scale is positive) over
-// the quad sharing a row, and leaves the probabilities rounded to the storage type in `pn` (the
-// A operand of p v), the factor the output must be rescaled by in `alpha`.
+// (and above the diagonal), takes the row maxima of the raw scores (the scale is positive; with
+// a bias, of the biased scores in natural units) over the quad sharing a row, and leaves the
+// probabilities rounded to the storage type in `pn` (the A operand of p v), the factor the
+// output must be rescaled by in `alpha`.
 __device__ __forceinline__ void softmax(float (&s)[BN / 2], unsigned (&pn)[PK][4], float (&m_i)[2], float (&l_i)[2],
-                                        float (&alpha)[2], int n0, int wrow, int g, int t) {
+                                        float (&alpha)[2], int n0, int wrow, int g, int t EQ_BIAS_PARAM) {
+#if EQ_BIAS
+    // The scaled scores plus the bias, in natural units (keys past the end, and above the
+    // diagonal, -inf).
+#pragma unroll
+    for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = n0 + nt * 8 + 2 * t + (e & 1);
+            const int row = wrow + g + (e >> 1) * 8;
+            s[nt * 4 + e] = (col >= EQ_SK || (EQ_CAUSAL && col > row))
+                                ? -EQ_INF
+                                : fmaf(s[nt * 4 + e], EQ_SCALE, eq_att_bias(bg, row, col));
+        }
+#else
     const bool masked = n0 + BN > EQ_SK || (EQ_CAUSAL && n0 + BN - 1 > wrow);
     if (masked) {
 #pragma unroll
@@ -588,6 +654,7 @@ __device__ __forceinline__ void softmax(float (&s)[BN / 2], unsigned (&pn)[PK][4
                 if (col >= EQ_SK || (EQ_CAUSAL && col > row)) s[nt * 4 + e] = -EQ_INF;
             }
     }
+#endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float mx = -EQ_INF;
@@ -595,15 +662,24 @@ __device__ __forceinline__ void softmax(float (&s)[BN / 2], unsigned (&pn)[PK][4
         for (int nt = 0; nt < SN; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * h], s[nt * 4 + 2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+#if EQ_BIAS
+        const float mnew = fmaxf(m_i[h], mx);
+#else
         const float mnew = fmaxf(m_i[h], mx * EQ_SCALE_LOG2);
+#endif
         const float mu = mnew == -EQ_INF ? 0.0f : mnew;
-        alpha[h] = ex2(m_i[h] - mu);
+        alpha[h] = ex2(EQ_TO2(m_i[h] - mu));
         m_i[h] = mnew;
         float rs = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < SN; ++nt) {
+#if EQ_BIAS
+            const float p0 = ex2(EQ_TO2(s[nt * 4 + 2 * h] - mu));
+            const float p1 = ex2(EQ_TO2(s[nt * 4 + 2 * h + 1] - mu));
+#else
             const float p0 = ex2(fmaf(s[nt * 4 + 2 * h], EQ_SCALE_LOG2, -mu));
             const float p1 = ex2(fmaf(s[nt * 4 + 2 * h + 1], EQ_SCALE_LOG2, -mu));
+#endif
             s[nt * 4 + 2 * h] = p0;
             s[nt * 4 + 2 * h + 1] = p1;
             rs += p0 + p1;
@@ -626,7 +702,8 @@ __device__ __forceinline__ void load_tile(unsigned dst, const EQ_T* g, long long
 // reads while the softmax of tile j writes P_j into `po`.
 __device__ __forceinline__ void step(int j, int ntiles, float (&s)[BN / 2], float (&o)[CB][32], const unsigned (&qf)[KT][4],
                                      unsigned (&pi)[PK][4], unsigned (&po)[PK][4], float (&m_i)[2], float (&l_i)[2],
-                                     unsigned sk, unsigned sv, const EQ_T* kg, const EQ_T* vg, int wrow, int g, int t) {
+                                     unsigned sk, unsigned sv, const EQ_T* kg, const EQ_T* vg, int wrow, int g, int t
+                                     EQ_BIAS_PARAM) {
     const int n0 = j * BN;
     cp_wait<ST - 2>();  // group j: keys j and values j - 1
     fence_async();
@@ -651,7 +728,7 @@ __device__ __forceinline__ void step(int j, int ntiles, float (&s)[BN / 2], floa
     wg_wait<1>();  // s is ready; p v may still run
     pin(s);
     float alpha[2];
-    softmax(s, po, m_i, l_i, alpha, n0, wrow, g, t);
+    softmax(s, po, m_i, l_i, alpha, n0, wrow, g, t EQ_BIAS_ARG);
     wg_wait<0>();
     pin(o);
     pin(pi);
@@ -692,6 +769,9 @@ extern "C" __global__ void __launch_bounds__(EQ_HWG * 128, EQ_HMINB) EQ_KERNEL(E
     const EQ_T* kg = EQ_KP + b0 * EQ_K_S0 + b1 * EQ_K_S1 + b2 * EQ_K_S2;
     const EQ_T* vg = EQ_VP + b0 * EQ_V_S0 + b1 * EQ_V_S1 + b2 * EQ_V_S2;
     EQ_T* og = EQ_OP + b0 * EQ_O_S0 + b1 * EQ_O_S1 + b2 * EQ_O_S2;
+#if EQ_BIAS
+    const EQ_BT* bg = EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2;
+#endif
     const int m0 = mb * BM;
     const unsigned sq = (smem_u32(eq_smem) + 1023u) & ~1023u;
     const unsigned sk = sq + BM * EQ_DP * 2;
@@ -743,7 +823,7 @@ extern "C" __global__ void __launch_bounds__(EQ_HWG * 128, EQ_HMINB) EQ_KERNEL(E
     pin(s);
     {
         float alpha[2];
-        softmax(s, pa, m_i, l_i, alpha, 0, wrow, g, t);
+        softmax(s, pa, m_i, l_i, alpha, 0, wrow, g, t EQ_BIAS_ARG);
     }
 
     // Tiles 1 .. ntiles - 1, two per trip so that the probabilities alternate between two
@@ -751,12 +831,12 @@ extern "C" __global__ void __launch_bounds__(EQ_HWG * 128, EQ_HMINB) EQ_KERNEL(E
     // wgmma in flight reads).
     int j = 1;
     for (; j + 1 < ntiles; j += 2) {
-        step(j, ntiles, s, o, qf, pa, pb, m_i, l_i, sk, sv, kg, vg, wrow, g, t);
-        step(j + 1, ntiles, s, o, qf, pb, pa, m_i, l_i, sk, sv, kg, vg, wrow, g, t);
+        step(j, ntiles, s, o, qf, pa, pb, m_i, l_i, sk, sv, kg, vg, wrow, g, t EQ_BIAS_ARG);
+        step(j + 1, ntiles, s, o, qf, pb, pa, m_i, l_i, sk, sv, kg, vg, wrow, g, t EQ_BIAS_ARG);
     }
     // The last tile's p v.
     if (j < ntiles) {
-        step(j, ntiles, s, o, qf, pa, pb, m_i, l_i, sk, sv, kg, vg, wrow, g, t);
+        step(j, ntiles, s, o, qf, pa, pb, m_i, l_i, sk, sv, kg, vg, wrow, g, t EQ_BIAS_ARG);
         finish(o, pb, sv + ((ntiles - 1) % ST) * KV_BYTES);
     } else {
         finish(o, pa, sv + ((ntiles - 1) % ST) * KV_BYTES);
@@ -926,6 +1006,9 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32, 1) EQ_KERNEL(EQ_PAR
     const EQ_T* kg = EQ_KP + b0 * EQ_K_S0 + b1 * EQ_K_S1 + b2 * EQ_K_S2;
     const EQ_T* vg = EQ_VP + b0 * EQ_V_S0 + b1 * EQ_V_S1 + b2 * EQ_V_S2;
     EQ_T* og = EQ_OP + b0 * EQ_O_S0 + b1 * EQ_O_S1 + b2 * EQ_O_S2;
+#if EQ_BIAS
+    const EQ_BT* bg = EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2;
+#endif
     const int m0 = mb * EQ_BM;
     const unsigned sq = smem_u32(eq_smem);
     const unsigned sk = sq + EQ_BM * EQ_DP * 2;
@@ -1015,6 +1098,21 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32, 1) EQ_KERNEL(EQ_PAR
         if (j + 1 < ntiles) load_tile<EQ_BN>(sk + ((j + 1) & 1) * KV_BYTES, kg, EQ_K_SR, n0 + EQ_BN, EQ_SK);
         cp_commit();
 
+#if EQ_BIAS
+        // Scale, add the bias (natural units) and mask keys past the end (and above the diagonal).
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = n0 + nt * 8 + 2 * t + (e & 1);
+                    const int row = wrow + mt * 16 + g + (e >> 1) * 8;
+                    s[mt][nt][e] = (col >= EQ_SK || (EQ_CAUSAL && col > row))
+                                       ? -EQ_INF
+                                       : fmaf(s[mt][nt][e], EQ_SCALE, eq_att_bias(bg, row, col));
+                }
+#else
         // Scale to base-2 units and mask keys past the end (and above the diagonal).
         const bool masked = n0 + EQ_BN > EQ_SK || (EQ_CAUSAL && n0 + EQ_BN - 1 > wrow);
 #pragma unroll
@@ -1031,6 +1129,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32, 1) EQ_KERNEL(EQ_PAR
                     }
                     s[mt][nt][e] = x;
                 }
+#endif
 
         // Online softmax: new row maxima (over the quad sharing a row), rescale, exponentiate.
 #pragma unroll
@@ -1043,12 +1142,12 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32, 1) EQ_KERNEL(EQ_PAR
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 const float mu = mx == -EQ_INF ? 0.0f : mx;
-                const float alpha = ex2(m_i[mt][h] - mu);
+                const float alpha = ex2(EQ_TO2(m_i[mt][h] - mu));
                 m_i[mt][h] = mx;
                 float rs = 0.0f;
 #pragma unroll
                 for (int nt = 0; nt < SN; ++nt) {
-                    const float p0 = ex2(s[mt][nt][2 * h] - mu), p1 = ex2(s[mt][nt][2 * h + 1] - mu);
+                    const float p0 = ex2(EQ_TO2(s[mt][nt][2 * h] - mu)), p1 = ex2(EQ_TO2(s[mt][nt][2 * h + 1] - mu));
                     s[mt][nt][2 * h] = p0;
                     s[mt][nt][2 * h + 1] = p1;
                     rs += p0 + p1;

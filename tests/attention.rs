@@ -119,3 +119,82 @@ fn attention_the_template_does_not_run_is_planned_from_its_parts() {
     let plan = optimize(&p, &opts()).unwrap().plan;
     assert!(plan.kernels.iter().any(|k| k.template == eqfuse::Template::Attention));
 }
+
+/// A padding mask `[B, 1, 1, S]` read in place by the attention kernel: the bias has stride 0
+/// along the heads and the query rows, its batch axis its own stride; q, k, v and o keep the
+/// strides of plain attention, and a kernel without a bias defines no `EQ_BIAS`.
+#[test]
+fn attention_bias_reads_a_padding_mask_in_place() {
+    let src = "input q: bf16[2, 4, 100, 64]\ninput k: bf16[2, 4, 100, 64]\ninput v: bf16[2, 4, 100, 64]\n\
+               input mask: f32[2, 1, 1, 100]\no = attention_bias(q, k, v, mask, 0.125, 1)\noutput o\n";
+    let p = eqfuse::parse_program("pad.eqf", src, &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert_eq!(plan.kernels.len(), 1, "{:#?}", plan.kernels);
+    assert_eq!(plan.kernels[0].ops, ["attention_bias"]);
+    let s = &codegen_plan(&plan).unwrap()[0];
+    let names: Vec<&str> = s.args.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, ["q", "k", "v", "mask", "o"]);
+    for want in [
+        "EQ_BIAS 1",
+        "EQ_BT float",
+        "EQ_BP p_r3",
+        "EQ_NB1 2",
+        "EQ_NB2 4",
+        "EQ_Q_S1 25600LL",
+        "EQ_Q_S2 6400LL",
+        "EQ_B_S0 0LL",
+        "EQ_B_S1 100LL",
+        "EQ_B_S2 0LL",
+        "EQ_B_SR 0LL",
+        "EQ_B_SC 1LL",
+        "EQ_CAUSAL 1",
+        "EQ_WGMMA 1",
+    ] {
+        assert!(s.source.contains(&format!("#define {want}\n")), "no {want}:\n{}", &s.source[..2000]);
+    }
+    // The bias's own element type, the operands' theirs.
+    assert!(
+        s.source.contains("const eq_bf16* __restrict__ p_r2, const float* __restrict__ p_r3"),
+        "{}",
+        &s.source[..2000]
+    );
+    let p = load_program("examples/attention.eqf", &[]).unwrap();
+    let plain = &codegen_plan(&optimize(&p, &opts()).unwrap().plan).unwrap()[0];
+    let defines = plain.source.split("// ---- kernels/").next().unwrap();
+    assert!(!defines.contains("#define EQ_BIAS") && !defines.contains("#define EQ_B_"), "{defines}");
+}
+
+/// The bias of `attention_bias` moves its own bytes once: a `[S, S]` mask shared by every batch
+/// entry and head costs its size, not the scores'.
+#[test]
+fn attention_bias_reads_its_bias_once() {
+    let (b, h, s, d) = (4u64, 8u64, 1024u64, 64u64);
+    let src = format!(
+        "input q: bf16[{b}, {h}, {s}, {d}]\ninput mask: bf16[{s}, {s}]\n\
+         o = softmax(q @ transpose(q, -1, -2) * 0.125 + mask, -1) @ q\noutput o\n"
+    );
+    let p = eqfuse::parse_program("sq.eqf", &src, &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert_eq!(plan.total.kernels, 1, "{:#?}", plan.kernels);
+    assert_eq!(plan.kernels[0].template, Template::Attention);
+    assert_eq!(plan.total.bytes, 2 * b * h * s * d * 2 + s * s * 2);
+}
+
+/// A bool mask applied by `where`: the attention kernel reads the mask (one byte a key) and
+/// selects the bias itself (`EQ_BIAS_SEL`), 0 where the mask holds and the fill elsewhere.
+#[test]
+fn attention_bias_selects_a_bool_masks_bias_in_place() {
+    let src = "input q: bf16[2, 4, 100, 64]\ninput m: bool[2, 1, 1, 100]\n\
+               o = softmax(where(m, q @ transpose(q, -1, -2) * 0.125, -1e30), -1) @ q\noutput o\n";
+    let p = eqfuse::parse_program("bool.eqf", src, &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert_eq!(plan.kernels.len(), 1, "{:#?}", plan.kernels);
+    assert_eq!(plan.kernels[0].ops, ["where", "attention_bias"]);
+    assert_eq!(plan.total.bytes, 2 * 2 * 4 * 100 * 64 * 2 + 2 * 100);
+    let s = &codegen_plan(&plan).unwrap()[0];
+    let defines = s.source.split("// ---- kernels/").next().unwrap();
+    for want in ["EQ_BIAS 1", "EQ_BIAS_SEL 1", "EQ_BIAS_YES 0.0f", "EQ_BIAS_NO -1e30f", "EQ_BT eq_bool", "EQ_B_SR 0LL"]
+    {
+        assert!(defines.contains(&format!("#define {want}\n")), "no {want}:\n{defines}");
+    }
+}

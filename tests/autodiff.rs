@@ -252,6 +252,11 @@ fn composites() {
     check(&case(qkv, "y = attention(q, k, v, 0.5, 0)", &["q", "k", "v"]));
     let qkv = "input q: f32[2, 4, 4]\ninput k: f32[2, 4, 4]\ninput v: f32[2, 4, 3]";
     check(&case(qkv, "y = attention(q, k, v, 0.5, 1)", &["q", "k", "v"]));
+    // With a bias: its gradient is summed over the axes it is broadcast along.
+    let qkvb = "input q: f32[2, 3, 4]\ninput k: f32[2, 5, 4]\ninput v: f32[2, 5, 3]\ninput b: f32[2, 1, 5]";
+    check(&case(qkvb, "y = attention_bias(q, k, v, b, 0.5, 0)", &["q", "k", "v", "b"]));
+    let qkvb = "input q: f32[2, 4, 4]\ninput k: f32[2, 4, 4]\ninput v: f32[2, 4, 3]\ninput b: f32[4, 4]";
+    check(&case(qkvb, "y = attention_bias(q, k, v, b, 0.5, 1)", &["q", "k", "v", "b"]));
 }
 
 /// Whether the program computes an `==` comparison (the amax gradient's mask).

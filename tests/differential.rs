@@ -299,9 +299,11 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
         let TensorLang::Op(code, ch) = n else { continue };
         let child = usize::from(ch[0]);
         match code.kind() {
-            Kind::MatMul | Kind::Composite(Composite::Attention) => {
+            Kind::MatMul | Kind::Composite(Composite::Attention | Composite::AttentionBias) => {
                 anchors.push((code.name(), i));
-                if ch.iter().any(|&c| computed[usize::from(c)]) {
+                // (`attention_bias` may select a bool mask's bias in the kernel: its fourth operand.)
+                let bias = |j: usize| code.kind() == Kind::Composite(Composite::AttentionBias) && j == 3;
+                if ch.iter().enumerate().any(|(j, &c)| computed[usize::from(c)] && !bias(j)) {
                     return Err(format!("`{}` has an operand computed in the kernel", code.name()));
                 }
             }
@@ -309,10 +311,7 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
                 return Err("a transpose of a value computed in the kernel".into());
             }
             // (The attention template stores its result through views: `views_above`.)
-            Kind::Reshape
-                if computed[child]
-                    && !matches!(nodes[child], TensorLang::Op(c, _) if c.kind() == Kind::Composite(Composite::Attention)) =>
-            {
+            Kind::Reshape if computed[child] && !is_attention(&nodes[child]) => {
                 let squeeze = |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
                 let (a, b) = (ty(i).expect("typed"), ty(child).expect("typed"));
                 if squeeze(&a.shape) != squeeze(&b.shape) {
@@ -351,8 +350,7 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
     for (i, n) in nodes.iter().enumerate() {
         if let TensorLang::Op(c, ch) = n {
             let below = usize::from(ch[0]);
-            let of_attention =
-                matches!(&nodes[below], TensorLang::Op(b, _) if b.kind() == Kind::Composite(Composite::Attention));
+            let of_attention = is_attention(&nodes[below]);
             attention_view[i] =
                 matches!(c.kind(), Kind::Transpose | Kind::Reshape) && (of_attention || attention_view[below]);
         }
@@ -376,6 +374,11 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
     template_contract(k, &p, &reds, &anchors)
 }
 
+/// Whether a node is a forward attention (`attention`, `attention_bias`).
+fn is_attention(n: &TensorLang) -> bool {
+    matches!(n, TensorLang::Op(c, _) if matches!(c.kind(), Kind::Composite(x) if x.is_attention_forward()))
+}
+
 /// The template's rules on reductions and products.
 fn template_contract(k: &Kernel, p: &Program, reds: &[(Red, usize)], anchors: &[(&str, usize)]) -> Result<(), String> {
     let names: Vec<&str> = anchors.iter().map(|(n, _)| *n).collect();
@@ -388,7 +391,7 @@ fn template_contract(k: &Kernel, p: &Program, reds: &[(Red, usize)], anchors: &[
             !across.is_empty() && anchors.is_empty() && only_views_after(p, across)
         }
         Template::Gemm => names == ["@"] && all_rows && (reds.is_empty() || k.domain.last().is_some_and(|&w| w <= 256)),
-        Template::Attention => names == ["attention"] && reds.is_empty(),
+        Template::Attention => (names == ["attention"] || names == ["attention_bias"]) && reds.is_empty(),
     };
     if ok {
         Ok(())

@@ -304,6 +304,93 @@ fn grouped_query_attention_kernels_match_the_reference() {
     }
 }
 
+/// Attention with a bias or mask given as an input (`attention_bias`, issue 20), one kernel that
+/// reads the mask in place: f32 (CUDA cores), bf16 and f16 (wgmma on a 9.0 device; a negative
+/// scale takes the mma.sync path there too), causal and not, a padding mask `[B, 1, 1, S]` (one
+/// batch entry padded at the end, the other at the start: its first queries, causal, see only
+/// padding) and a `[B, 1, S, S]` mask, both with -1e30 entries (rows the mask hides entirely get
+/// equal weights) and, in f32, -inf entries (a row hidden entirely by -inf gives 0); an f32 mask
+/// beside f16 operands; a bool mask applied by `where` (its bias selected in the kernel from the
+/// mask read in place).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn attention_bias_kernels_match_the_reference() {
+    let header = |t: &str, mask: &str| {
+        format!(
+            "dim B = 2\ndim H = 8\ndim S = 136\ndim D = 64\ninput q: {t}[B, H, S, D]\ninput k: {t}[B, H, S, D]\n\
+             input v: {t}[B, H, S, D]\ninput mask: {mask}\n"
+        )
+    };
+    let scores = "q @ transpose(k, -1, -2) * 0.125";
+    let programs = [
+        ("bf16_padding", header("bf16", "bf16[B, 1, 1, S]"), format!("o = softmax({scores} + mask, -1) @ v")),
+        (
+            "bf16_padding_causal",
+            header("bf16", "bf16[B, 1, 1, S]"),
+            "o = attention_bias(q, k, v, mask, 0.125, 1)".into(),
+        ),
+        ("bf16_full_mma", header("bf16", "bf16[B, 1, S, S]"), "o = attention_bias(q, k, v, mask, -0.125, 0)".into()),
+        ("bf16_full_causal", header("bf16", "bf16[B, 1, S, S]"), "o = attention_bias(q, k, v, mask, 0.125, 1)".into()),
+        ("f16_f32_padding", header("f16", "f32[B, 1, 1, S]"), "o = attention_bias(q, k, v, mask, 0.125, 0)".into()),
+        ("f32_padding", header("f32", "f32[B, 1, 1, S]"), format!("o = softmax({scores} + mask, -1) @ v")),
+        ("f32_full_causal", header("f32", "f32[B, 1, S, S]"), "o = attention_bias(q, k, v, mask, 0.125, 1)".into()),
+        ("bf16_bool", header("bf16", "bool[B, 1, 1, S]"), format!("o = softmax(where(mask, {scores}, -1e30), -1) @ v")),
+    ];
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let mut plans = Vec::new();
+    for (name, head, body) in programs {
+        let mut program = eqfuse::parse_program(name, &format!("{head}{body}\noutput o\n"), &[]).unwrap();
+        let ty = program.input("mask").unwrap().ty.clone();
+        if ty.dtype.is_float() {
+            let values = mask_values(&ty.shape, name.starts_with("f32"));
+            program.values.insert("mask".into(), eqfuse::Tensor::new(ty.dtype, ty.shape.clone(), values).unwrap());
+        }
+        let plan = optimize(&program, &opts).unwrap().plan;
+        let att: Vec<_> = plan.kernels.iter().filter(|k| k.template == Template::Attention).collect();
+        assert!(
+            plan.kernels.len() == 1 && att.len() == 1 && att[0].ops.contains(&"attention_bias".to_string()),
+            "{name}: {:?}",
+            plan.kernels.iter().map(|k| (k.template, &k.ops)).collect::<Vec<_>>()
+        );
+        plans.push((name.to_string(), program, plan));
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        let r = run_checked(&gpu, name, program, plan, seed as u64);
+        eprintln!("ok: {name}: scaled error {:.1e}", r.outputs[0].scaled_error);
+    }
+}
+
+/// Values of a mask `[B, 1, 1, S]` or `[B, 1, S, S]` (B = 2): small biases, and -1e30 on batch
+/// entry 0's last 36 keys and batch entry 1's first 20 (a padding mask), or on one key in 7, on
+/// every key of row 5, and (with `inf`) -inf on one key in 11 and on every key of row 9.
+fn mask_values(shape: &[usize], inf: bool) -> Vec<f64> {
+    let (rows, s) = (shape[2], shape[3]);
+    let mut out = Vec::with_capacity(shape.iter().product());
+    for b in 0..shape[0] {
+        for i in 0..rows {
+            for j in 0..s {
+                let small = ((b * 7919 + i * 131 + j * 17) % 23) as f64 / 23.0 - 0.5;
+                let v = if rows == 1 {
+                    if (b == 0 && j >= s - 36) || (b == 1 && j < 20) {
+                        -1e30
+                    } else {
+                        small
+                    }
+                } else if inf && (i == 9 || (i * 31 + j * 7) % 11 == 0) {
+                    f64::NEG_INFINITY
+                } else if i == 5 || (i * 31 + j * 17) % 7 == 0 {
+                    -1e30
+                } else {
+                    small
+                };
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
 /// `--strict`: on every case and capped example (the transformer blocks at their declared
 /// sizes) but those with a float scatter_add, the strict plan's outputs are bit-identical to the
 /// strict unfused plan's (and both match the reference).

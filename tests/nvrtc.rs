@@ -166,6 +166,65 @@ fn embedding_backward_kernels_compile() {
     }
 }
 
+/// Attention with a bias (`attention_bias`, `EQ_BIAS`): on every path (f32 on CUDA cores; bf16
+/// and f16 on mma.sync, and on wgmma where the scale is positive, compiled for sm_90a too),
+/// with a padding mask `[B, 1, 1, S]`, a `[B, 1, S, S]` or `[S, S]` mask, of the operands' dtype
+/// or f32, causal or not, read through head views; a bool mask's bias selected in the kernel.
+#[test]
+fn attention_bias_kernels_compile() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let qkv = |t: &str, mask: &str, body: &str| {
+        format!(
+            "input q: {t}[2, 4, 100, 64]\ninput k: {t}[2, 4, 100, 64]\ninput v: {t}[2, 4, 100, 64]\n\
+             input m: {mask}\no = {body}\n"
+        )
+    };
+    let added = "softmax(q @ transpose(k, -1, -2) * 0.125 + m, -1) @ v";
+    let selected = "softmax(where(m, q @ transpose(k, -1, -2) * 0.125, -1e30), -1) @ v";
+    let programs = [
+        ("bf16_padding", qkv("bf16", "bf16[2, 1, 1, 100]", added)),
+        ("bf16_full_causal", qkv("bf16", "bf16[2, 1, 100, 100]", "attention_bias(q, k, v, m, 0.125, 1)")),
+        ("bf16_negative_scale", qkv("bf16", "bf16[100, 100]", "attention_bias(q, k, v, m, -0.125, 0)")),
+        ("f16_f32_mask", qkv("f16", "f32[2, 1, 1, 100]", "attention_bias(q, k, v, m, 0.125, 1)")),
+        ("f32_padding_causal", qkv("f32", "f32[2, 1, 1, 100]", "attention_bias(q, k, v, m, 0.125, 1)")),
+        ("f32_square", qkv("f32", "f32[100, 100]", added)),
+        ("bf16_bool", qkv("bf16", "bool[2, 1, 1, 100]", selected)),
+        (
+            "bf16_heads",
+            "input x: bf16[2, 100, 256]\ninput m: bf16[2, 1, 1, 100]\n\
+             h = transpose(reshape(x, [2, 100, 4, 64]), 1, 2)\n\
+             o = reshape(transpose(attention_bias(h, h, h, m, 0.125, 0), 1, 2), [2, 100, 256])\n"
+                .to_string(),
+        ),
+    ];
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    for (name, body) in programs {
+        let p = eqfuse::parse_program(name, &format!("{body}output o\n"), &[]).unwrap();
+        let plan = optimize(&p, &opts).unwrap().plan;
+        let att: Vec<_> = plan.kernels.iter().filter(|k| k.template == eqfuse::Template::Attention).collect();
+        assert_eq!(att.len(), 1, "{name}: {:?}", plan.kernels.iter().map(|k| &k.ops).collect::<Vec<_>>());
+        assert!(att[0].ops.contains(&"attention_bias".to_string()), "{name}: {:?}", att[0].ops);
+        for s in codegen_plan(&plan).unwrap_or_else(|e| panic!("{name}: {e}")) {
+            let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[])
+                .unwrap_or_else(|e| panic!("{name} / {}: {e}", s.name));
+            assert!(c.log.trim().is_empty(), "{name} / {}: warnings\n{}", s.name, c.log);
+            if s.template == eqfuse::Template::Attention {
+                let defines = generated_defines(&s.source);
+                assert!(defines.contains("#define EQ_BIAS 1\n"), "{name}");
+                assert_eq!(defines.contains("#define EQ_BIAS_SEL 1\n"), name.ends_with("bool"), "{name}");
+                assert_eq!(
+                    s.launch.sm90a.is_some(),
+                    !name.starts_with("f32") && name != "bf16_negative_scale",
+                    "{name}"
+                );
+            }
+            compile_sm90a(name, &s, &c.ptx);
+        }
+    }
+}
+
 /// The generated gemm's tensor-core path (16-bit operands outside strict numerics): the probe
 /// programs of benches/gpu/predict, planned with a profile that makes cuBLASLt too slow to pick,
 /// render with `EQ_MMA` (f16 with `EQ_MMA_F16`) in the 64x128 and the tall tiles, with edges no

@@ -97,6 +97,7 @@ fn call_for(name: &str, kind: Kind) -> String {
         Kind::Composite(C::RmsNorm) => "rmsnorm(x, r, 1e-6)".to_string(),
         Kind::Composite(C::CrossEntropy) => "cross_entropy(x, t)".to_string(),
         Kind::Composite(C::Attention) => "attention(x, y, y, 0.5, 1)".to_string(),
+        Kind::Composite(C::AttentionBias) => "attention_bias(x, y, y, sum(x, -1), 0.5, 1)".to_string(),
         Kind::Composite(C::AttentionLse) => "attention_lse(x, y, 0.5, 1)".to_string(),
         Kind::Composite(C::AttentionGrad(_)) => format!("{name}(x, y, y, x, sum(x, -1), sum(y, -1), 0.5, 1)"),
     }

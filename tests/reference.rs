@@ -680,6 +680,58 @@ fn attention_matches_its_decomposition() {
     assert!(out[0].allclose(&out[1], 1e-5, 1e-5), "{}", out[0].compare(&out[1], 1e-5, 1e-5));
 }
 
+/// `attention_bias` is the softmax of the scaled scores plus the bias (broadcast from
+/// `[B, 1, 1, S]`), causal or not, as its decomposition computes it.
+#[test]
+fn attention_bias_matches_its_decomposition() {
+    for causal in [0.0, 1.0] {
+        let mut c = Case::new();
+        let q = c.random("q", DType::F32, &[2, 3, 6, 8]);
+        let k = c.random("k", DType::F32, &[2, 3, 6, 8]);
+        let v = c.random("v", DType::F32, &[2, 3, 6, 4]);
+        let b = c.random("b", DType::F32, &[2, 1, 1, 6]);
+        let (scale, flag) = (c.num(0.25), c.num(causal));
+        let att = c.op(Kind::Composite(Composite::AttentionBias), &[q, k, v, b, scale, flag]);
+        let (a1, a2) = (c.num(-1.0), c.num(-2.0));
+        let kt = c.op(Kind::Transpose, &[k, a1, a2]);
+        let qk = c.op(Kind::MatMul, &[q, kt]);
+        let sc = c.bin(Binary::Mul, qk, scale);
+        let mut biased = c.bin(Binary::Add, sc, b);
+        if causal != 0.0 {
+            let (n, m) = (c.num(6.0), c.num(6.0));
+            let (iq, ik) = (c.op(Kind::Iota, &[n]), c.op(Kind::Iota, &[m]));
+            let d = c.dims(&[6, 1]);
+            let row = c.op(Kind::Reshape, &[iq, d]);
+            let keep = c.bin(Binary::Ge, row, ik);
+            let fill = c.num(-1e30);
+            biased = c.op(Kind::Where, &[keep, biased, fill]);
+        }
+        let am1 = c.num(-1.0);
+        let p = c.op(Kind::Composite(Composite::Softmax), &[biased, am1]);
+        let dec = c.op(Kind::MatMul, &[p, v]);
+        let out = c.eval(&[att, dec]);
+        assert_eq!(out[0].shape, vec![2, 3, 6, 4]);
+        assert!(out[0].allclose(&out[1], 1e-5, 1e-5), "causal {causal}: {}", out[0].compare(&out[1], 1e-5, 1e-5));
+    }
+}
+
+/// A key with a bias of -inf gets weight 0; a row whose every key has -inf gives 0 (its softmax is
+/// 0/0); a row whose every key has -1e30 gives equal weights (the biased scores are rounded to
+/// f32, where -1e30 absorbs them), as the decomposition in f32 gives.
+#[test]
+fn attention_bias_of_masked_rows() {
+    let mut c = Case::new();
+    let q = c.random("q", DType::F32, &[3, 4]);
+    let k = c.random("k", DType::F32, &[3, 4]);
+    let v = c.input("v", f32t(&[3, 2], &[1., 2., 3., 4., 5., 6.]));
+    let ninf = f64::NEG_INFINITY;
+    let b = c.input("b", f32t(&[3, 3], &[0., ninf, ninf, ninf, ninf, ninf, -1e30, -1e30, -1e30]));
+    let (scale, zero) = (c.num(0.5), c.num(0.0));
+    let att = c.op(Kind::Composite(Composite::AttentionBias), &[q, k, v, b, scale, zero]);
+    let o = c.eval1(att);
+    assert_eq!(o.data, vec![1., 2., 0., 0., 3., 4.]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Interpreter behaviour
 

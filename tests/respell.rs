@@ -404,6 +404,231 @@ fn causal_attention_heads_spellings() {
     one_attention_kernel(&CAUSAL_HEADS, &plans);
 }
 
+/// BERT's attention: a padding mask `[B, 1, 1, S]` given as an input (0 on kept keys, a large
+/// negative value on padding), added to the scores; heads split from projections and merged back
+/// in one spelling.
+const PADDING_HEADER: &str = "
+dim B = 8
+dim H = 16
+dim S = 512
+dim D = 64
+input q: bf16[B, H, S, D]
+input k: bf16[B, H, S, D]
+input v: bf16[B, H, S, D]
+input mask: bf16[B, 1, 1, S]
+";
+const PADDING_SMALL: &[(&str, usize)] = &[("B", 2), ("H", 2), ("S", 24), ("D", 16)];
+
+const PADDING: Family = Family {
+    name: "padding_mask_attention",
+    header: PADDING_HEADER,
+    small: PADDING_SMALL,
+    spellings: &[
+        ("composite", "o = attention_bias(q, k, v, mask, 0.125, 0)\noutput o"),
+        ("softmax", "o = softmax(q @ transpose(k, -1, -2) * 0.125 + mask, -1) @ v\noutput o"),
+        (
+            "decomposed",
+            "s = q @ transpose(k, 2, 3) / sqrt(D) + mask\ne = exp(s - amax(s, 3))\no = e / sum(e, 3) @ v\noutput o",
+        ),
+        ("mask_first", "o = softmax(mask + q @ transpose(k, -1, -2) * 0.125, 3) @ v\noutput o"),
+        ("div", "s = q @ transpose(k, -1, -2) / 8\no = softmax(s + mask, -1) @ v\noutput o"),
+        ("scale_q", "s = (q * 0.125) @ transpose(k, -1, -2)\no = softmax(s + mask, -1) @ v\noutput o"),
+        (
+            "broadcast_mask",
+            "m = broadcast(mask, [B, H, S, S])\no = softmax(q @ transpose(k, -1, -2) * 0.125 + m, -1) @ v\noutput o",
+        ),
+    ],
+};
+
+/// BERT's attention with an f32 padding mask beside bf16 operands: the scores cast to f32 for the
+/// mask and the softmax, the probabilities cast back for the second product.
+const PADDING_F32: Family = Family {
+    name: "padding_mask_f32_attention",
+    header: "
+dim B = 8
+dim H = 16
+dim S = 512
+dim D = 64
+input q: bf16[B, H, S, D]
+input k: bf16[B, H, S, D]
+input v: bf16[B, H, S, D]
+input mask: f32[B, 1, 1, S]
+",
+    small: PADDING_SMALL,
+    spellings: &[
+        ("composite", "o = attention_bias(q, k, v, mask, 0.125, 0)\noutput o"),
+        (
+            "upcast",
+            "s = cast(q @ transpose(k, -1, -2) * 0.125, f32) + mask\no = cast(softmax(s, -1), bf16) @ v\noutput o",
+        ),
+        (
+            "upcast_decomposed",
+            "s = cast(q @ transpose(k, 2, 3) / 8, f32) + mask\ne = exp(s - amax(s, 3))\n\
+             o = cast(e / sum(e, 3), bf16) @ v\noutput o",
+        ),
+    ],
+};
+
+/// BERT's attention with the heads split out of `[B, S, H*D]` projections and merged back.
+const PADDING_HEADS: Family = Family {
+    name: "padding_mask_attention_heads",
+    header: "
+dim B = 8
+dim S = 512
+dim H = 16
+dim D = 64
+dim E = 1024
+input xq: bf16[B, S, E]
+input xk: bf16[B, S, E]
+input xv: bf16[B, S, E]
+input mask: bf16[B, 1, 1, S]
+q = transpose(reshape(xq, [B, S, H, D]), 1, 2)
+k = transpose(reshape(xk, [B, S, H, D]), 1, 2)
+v = transpose(reshape(xv, [B, S, H, D]), 1, 2)
+",
+    small: &[("B", 2), ("S", 24), ("H", 2), ("D", 16), ("E", 32)],
+    spellings: &[
+        (
+            "composite",
+            "o = attention_bias(q, k, v, mask, 0.125, 0)\ny = reshape(transpose(o, 1, 2), [B, S, E])\noutput y",
+        ),
+        (
+            "decomposed",
+            "s = q @ transpose(k, -1, -2) / sqrt(D) + mask\ne = exp(s - amax(s, -1))\np = e / sum(e, -1)\n\
+             y = reshape(transpose(p @ v, 1, 2), [B, S, E])\noutput y",
+        ),
+        (
+            "positive_axes",
+            "s = q @ transpose(k, 2, 3) * 0.125\no = softmax(s + mask, 3) @ v\ny = reshape(transpose(o, 2, 1), [B, S, E])\noutput y",
+        ),
+    ],
+};
+
+/// An additive mask `[S, S]` shared by every batch entry and head (ALiBi-like position biases,
+/// T5's relative positions).
+const SQUARE_MASK: Family = Family {
+    name: "square_mask_attention",
+    header: "
+dim B = 8
+dim H = 16
+dim S = 1024
+dim D = 64
+input q: bf16[B, H, S, D]
+input k: bf16[B, H, S, D]
+input v: bf16[B, H, S, D]
+input mask: bf16[S, S]
+",
+    small: PADDING_SMALL,
+    spellings: &[
+        ("composite", "o = attention_bias(q, k, v, mask, 0.125, 0)\noutput o"),
+        ("softmax", "o = softmax(q @ transpose(k, -1, -2) * 0.125 + mask, -1) @ v\noutput o"),
+        (
+            "decomposed",
+            "s = q @ transpose(k, 2, 3) / 8\nm = s + mask\ne = exp(m - amax(m, -1))\no = e / sum(e, -1) @ v\noutput o",
+        ),
+    ],
+};
+
+/// GPT-2's attention: the causal mask from indices and a padding mask `[B, 1, 1, S]` added.
+const CAUSAL_PADDING: Family = Family {
+    name: "causal_padding_mask_attention",
+    header: PADDING_HEADER,
+    small: PADDING_SMALL,
+    spellings: &[
+        ("composite", "o = attention_bias(q, k, v, mask, 0.125, 1)\noutput o"),
+        (
+            "where_then_mask",
+            "s = q @ transpose(k, -1, -2) * 0.125\nrow = reshape(iota(S), [S, 1])\ncol = iota(S)\n\
+             o = softmax(where(col <= row, s, -1e30) + mask, -1) @ v\noutput o",
+        ),
+        (
+            "mask_then_where",
+            "s = q @ transpose(k, -1, -2) / sqrt(D)\nrow = reshape(iota(S), [S, 1])\ncol = iota(S)\n\
+             o = softmax(where(col > row, -1e9, s + mask), -1) @ v\noutput o",
+        ),
+        (
+            "additive",
+            "s = q @ transpose(k, -1, -2) * 0.125\nrow = reshape(iota(S), [S, 1])\ncol = iota(S)\n\
+             causal = cast(where(col > row, -1e30, 0), bf16)\no = softmax(s + mask + causal, -1) @ v\noutput o",
+        ),
+        (
+            "additive_causal_first",
+            "s = q @ transpose(k, -1, -2) * 0.125\nrow = reshape(iota(S), [S, 1])\ncol = iota(S)\n\
+             causal = cast(where(col > row, -1e30, 0), bf16)\no = softmax(s + causal + mask, -1) @ v\noutput o",
+        ),
+    ],
+};
+
+/// A boolean padding mask (true on kept keys) applied with `where`: its bias `where(m, 0, FILL)`
+/// is computed in the attention kernel from the mask read in place.
+const BOOL_MASK: Family = Family {
+    name: "bool_mask_attention",
+    header: "
+dim B = 8
+dim H = 16
+dim S = 512
+dim D = 64
+input q: bf16[B, H, S, D]
+input k: bf16[B, H, S, D]
+input v: bf16[B, H, S, D]
+input m: bool[B, 1, 1, S]
+",
+    small: PADDING_SMALL,
+    spellings: &[
+        ("composite", "o = attention_bias(q, k, v, where(m, 0, -1e30), 0.125, 0)\noutput o"),
+        ("where", "o = softmax(where(m, q @ transpose(k, -1, -2) * 0.125, -1e30), -1) @ v\noutput o"),
+        ("where_masked", "o = softmax(where(not(m), -1e30, q @ transpose(k, -1, -2) * 0.125), -1) @ v\noutput o"),
+        (
+            "where_decomposed",
+            "s = q @ transpose(k, 2, 3) / sqrt(D)\nx = where(m, s, -1e9)\ne = exp(x - amax(x, 3))\no = e / sum(e, 3) @ v\noutput o",
+        ),
+    ],
+};
+
+/// Every spelling is one attention kernel reading its inputs (the mask among them) in place and
+/// writing its output, once each, and the kernel is `attention_bias`.
+fn one_attention_bias_kernel(f: &Family, plans: &[(&'static str, FusionPlan)]) {
+    one_attention_kernel(f, plans);
+    for (label, plan) in plans {
+        let views = ["broadcast", "reshape", "transpose"];
+        let computed: Vec<&String> = plan.kernels[0].ops.iter().filter(|o| !views.contains(&o.as_str())).collect();
+        assert_eq!(computed, ["attention_bias"], "{} {label}: {}", f.name, ops(plan));
+    }
+}
+
+#[test]
+fn padding_mask_attention_spellings() {
+    let plans = check(&PADDING);
+    one_attention_bias_kernel(&PADDING, &plans);
+    let plans = check(&PADDING_HEADS);
+    one_attention_bias_kernel(&PADDING_HEADS, &plans);
+    let plans = check(&PADDING_F32);
+    one_attention_bias_kernel(&PADDING_F32, &plans);
+}
+
+#[test]
+fn square_mask_attention_spellings() {
+    let plans = check(&SQUARE_MASK);
+    one_attention_bias_kernel(&SQUARE_MASK, &plans);
+}
+
+#[test]
+fn causal_padding_mask_attention_spellings() {
+    let plans = check(&CAUSAL_PADDING);
+    one_attention_bias_kernel(&CAUSAL_PADDING, &plans);
+}
+
+/// The boolean mask: one attention kernel selects the bias `where(m, 0, FILL)` from the mask it
+/// reads in place (1 byte a key); no bias or score matrix goes through memory.
+#[test]
+fn bool_mask_attention_spellings() {
+    let plans = check(&BOOL_MASK);
+    one_attention_kernel(&BOOL_MASK, &plans);
+    for (label, plan) in &plans {
+        assert_eq!(plan.kernels[0].ops, ["where", "attention_bias"], "{label}: {}", ops(plan));
+    }
+}
+
 /// examples/softmax.eqf.
 const SOFTMAX: Family = Family {
     name: "softmax",

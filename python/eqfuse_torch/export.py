@@ -1289,6 +1289,21 @@ def _known_mask(L, mask, is_causal, sq, sk):
     return mask, is_causal
 
 
+def _attention_bias(L, q, k, v, s, is_causal, mask):
+    """Attention with a mask tensor as the `attention_bias` composite, whose kernel reads the
+    mask in place: an additive mask is the bias; a bool mask (true where a key is kept) the bias
+    `where(m, 0, FILL)`, which the kernel selects from the mask it reads."""
+    m = L.val(mask)
+    if m.dtype == "bool":
+        bias = L.apply("where", m, L.cast(L.lit(0.0), "f32"), L.cast(L.lit(-3.0e38), "f32"), dtype="f32")
+    else:
+        bias = m
+    kk, vv = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
+    causal = L.lit(1 if is_causal else 0).node
+    return L.b.op("attention_bias", [q.node, kk.node, vv.node, bias.node, L.lit(s).node, causal], q.dtype,
+                  q.shape[:-1] + (v.shape[-1],))
+
+
 def _sdpa_forward(L, q, k, v, mask, dropout_p, is_causal, scale, n_out):
     """The outputs of a fused SDPA op (result, log-sum-exp, then what eqfuse cannot give): the
     `attention` and `attention_lse` composites, or plain operators with a mask tensor; the
@@ -1296,7 +1311,8 @@ def _sdpa_forward(L, q, k, v, mask, dropout_p, is_causal, scale, n_out):
     s = _attention_args(L, q, k, v, mask, dropout_p, scale)
     mask, is_causal = _known_mask(L, mask, is_causal, q.shape[-2], k.shape[-2])
     if mask is not None:
-        out, lse = _attention_math(L, q, k, v, s, is_causal, mask)
+        out, lse = _attention_math(L, q, k, v, s, is_causal, mask) if n_out > 1 else (None, None)
+        out = _attention_bias(L, q, k, v, s, is_causal, mask)
     else:
         causal = L.lit(1 if is_causal else 0).node
         kk, vv = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])

@@ -21,7 +21,8 @@ OPS = frozenset(
     "neg exp log sqrt rsqrt recip abs tanh sigmoid relu gelu gelu_tanh silu erf sin cos square not "
     "+ - * / pow max min < <= > >= == != sum mean amax amin where cast transpose reshape broadcast @ "
     "iota onehot dropout softmax log_softmax layernorm rmsnorm cross_entropy attention grad "
-    "attention_lse attention_grad_q attention_grad_k attention_grad_v gather scatter_add slice concat".split()
+    "attention_lse attention_grad_q attention_grad_k attention_grad_v gather scatter_add slice concat "
+    "attention_bias".split()
 )
 
 

@@ -30,10 +30,10 @@ pub fn expand_composites(p: &Program) -> Result<Program, String> {
 /// from the parts, as it would from a program that wrote them (the pattern rules recognise
 /// softmax along the last axis only). `None` when there is none.
 ///
-/// Attention is expanded where its template does not run (head sizes, dtypes). With `strict`,
-/// attention and cross-entropy are expanded too: their kernels round differently from the unfused
-/// plan's parts (attention's online softmax; cross-entropy's gathered target logit), and strict
-/// numerics must reproduce the unfused plan bit for bit.
+/// Attention (with a bias or not) is expanded where its template does not run (head sizes,
+/// dtypes). With `strict`, attention and cross-entropy are expanded too: their kernels round
+/// differently from the unfused plan's parts (attention's online softmax; cross-entropy's gathered
+/// target logit), and strict numerics must reproduce the unfused plan bit for bit.
 pub fn expand_for_planning(p: &Program, strict: bool) -> Result<Option<Program>, String> {
     let leading = |out: &Program, c: Composite, ch: &[Id]| {
         let leading_softmax = matches!(c, Composite::Softmax | Composite::LogSoftmax)
@@ -54,7 +54,7 @@ pub fn expand_for_planning(p: &Program, strict: bool) -> Result<Option<Program>,
         };
         let backward = matches!(c, Composite::AttentionLse | Composite::AttentionGrad(_));
         leading_softmax
-            || c == Composite::Attention && (strict || !runs())
+            || c.is_attention_forward() && (strict || !runs())
             || c == Composite::CrossEntropy && strict
             || backward && (strict || !bwd_runs())
     };
@@ -175,6 +175,12 @@ fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
             let p = b.softmax(scaled, m1)?;
             b.0.apply(Kind::MatMul, vec![p, ch[2]])
         }
+        Composite::AttentionBias => {
+            let biased = attention_bias_scores(b.0, ch[0], ch[1], ch[3], ch[4], ch[5])?;
+            let m1 = b.num(-1.0);
+            let p = b.softmax(biased, m1)?;
+            b.0.apply(Kind::MatMul, vec![p, ch[2]])
+        }
         Composite::AttentionLse => {
             // In f32: log(sum(exp(s - m))) + m over the scaled, masked scores.
             let (q, k) = (b.f32(ch[0])?, b.f32(ch[1])?);
@@ -216,6 +222,26 @@ fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
     }
 }
 
+/// The biased scores of `attention_bias(q, k, v, bias, scale, causal)`: `q @ kᵀ * scale + bias`
+/// (the bias cast to the scores' dtype), with the keys after each query replaced by -1e30 when
+/// `causal` is 1. The autodiff pass differentiates through them.
+pub(crate) fn attention_bias_scores(
+    p: &mut Program,
+    q: Id,
+    k: Id,
+    bias: Id,
+    scale: Id,
+    causal: Id,
+) -> Result<Id, String> {
+    let zero = p.num(0.0);
+    let scaled = attention_scores(p, q, k, scale, zero)?;
+    let mut b = B(p);
+    let dtype = b.0.ty(scaled).ok_or("attention_bias of an attribute")?.dtype;
+    let bias = b.cast(bias, dtype)?;
+    let biased = b.b(Binary::Add, scaled, bias)?;
+    causal_mask(b.0, biased, causal)
+}
+
 /// The scaled scores of `attention(q, k, v, scale, causal)`: `q @ kᵀ * scale`, with the keys after
 /// each query replaced by -1e30 when `causal` is 1 (so that their softmax weight is 0). The
 /// autodiff pass recomputes them for the backward.
@@ -225,6 +251,12 @@ pub(crate) fn attention_scores(p: &mut Program, q: Id, k: Id, scale: Id, causal:
     let kt = b.0.apply(Kind::Transpose, vec![k, m1, m2])?;
     let s = b.0.apply(Kind::MatMul, vec![q, kt])?;
     let scaled = b.b(Binary::Mul, s, scale)?;
+    causal_mask(b.0, scaled, causal)
+}
+
+/// `scores` with the keys after each query replaced by -1e30 when `causal` is 1.
+fn causal_mask(p: &mut Program, scaled: Id, causal: Id) -> Result<Id, String> {
+    let mut b = B(p);
     if b.0.fact(causal).konst.unwrap_or(0.0) == 0.0 {
         return Ok(scaled);
     }

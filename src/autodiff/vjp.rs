@@ -371,6 +371,7 @@ impl Tape<'_> {
             Composite::RmsNorm => self.rmsnorm(ch, y, g, out)?,
             Composite::CrossEntropy => out.push((ch[0], self.cross_entropy(ch[0], ch[1], g)?)),
             Composite::Attention => self.attention(ch, y, g, out)?,
+            Composite::AttentionBias => self.attention_bias(ch, y, g, out)?,
             Composite::AttentionLse | Composite::AttentionGrad(_) => {
                 return Err(format!(
                     "`{}` (attention's backward) has no gradient: second-order attention gradients are not supported",
@@ -501,6 +502,43 @@ impl Tape<'_> {
         let vt = self.swap_last(v)?;
         let dp = self.op(Kind::MatMul, vec![gf, vt])?;
         let ds = self.softmax_backward(p, last, dp)?;
+        let ds = self.bin(Binary::Mul, ds, scale)?;
+        if self.on(q) {
+            out.push((q, self.op(Kind::MatMul, vec![ds, k])?));
+        }
+        if self.on(k) {
+            let dst = self.swap_last(ds)?;
+            out.push((k, self.op(Kind::MatMul, vec![dst, q])?));
+        }
+        Ok(())
+    }
+
+    /// The backward of `attention_bias` through its decomposition (the flash-style composites
+    /// take no bias): with `S = q kᵀ scale + bias` (masked), `P = softmax(S)`: dV = Pᵀ dO,
+    /// dS = P (dO Vᵀ - sum(P dO Vᵀ)), d bias = dS (summed over the bias's broadcast axes by
+    /// [`Tape::fit`]), dQ = dS K scale, dK = dSᵀ Q scale.
+    fn attention_bias(&mut self, ch: &[Id], y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
+        let (q, k, v, bias, scale, causal) = (ch[0], ch[1], ch[2], ch[3], ch[4], ch[5]);
+        let scores = crate::autodiff::expand::attention_bias_scores(self.p, q, k, bias, scale, causal)?;
+        let last = self.p.num(-1.0);
+        let p = self.op(Kind::Composite(Composite::Softmax), vec![scores, last])?;
+        let gf = self.full_like(g, y)?;
+        if self.on(v) {
+            let pt = self.swap_last(p)?;
+            out.push((v, self.op(Kind::MatMul, vec![pt, gf])?));
+        }
+        if !(self.on(q) || self.on(k) || self.on(bias)) {
+            return Ok(());
+        }
+        let vt = self.swap_last(v)?;
+        let dp = self.op(Kind::MatMul, vec![gf, vt])?;
+        let ds = self.softmax_backward(p, last, dp)?;
+        if self.on(bias) {
+            out.push((bias, ds));
+        }
+        if !(self.on(q) || self.on(k)) {
+            return Ok(());
+        }
         let ds = self.bin(Binary::Mul, ds, scale)?;
         if self.on(q) {
             out.push((q, self.op(Kind::MatMul, vec![ds, k])?));

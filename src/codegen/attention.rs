@@ -1,10 +1,14 @@
 //! Code generation for the `attention` template: a plan kernel whose body is one
-//! `attention(q, k, v, scale, causal)`, its operands views of tensors in memory and its stored
-//! value the attention or a view of it, becomes an instance of `kernels/attention.cu`.
+//! `attention(q, k, v, scale, causal)` or `attention_bias(q, k, v, bias, scale, causal)`, its
+//! operands views of tensors in memory and its stored value the attention or a view of it,
+//! becomes an instance of `kernels/attention.cu`.
 //!
 //! Views become strides: each of q, k, v, o is addressed as b0·S0 + b1·S1 + b2·S2 + row·SR + d
 //! over at most three (merged) batch axes, so transposed heads (`transpose(reshape(x, [B, S, H,
-//! D]), 1, 2)`) are read, and a transposed output written, in place. What the template cannot run
+//! D]), 1, 2)`) are read, and a transposed output written, in place. A bias is addressed as
+//! b0·S0 + b1·S1 + b2·S2 + row·SR + col·SC over the same batch axes (stride 0 on the axes it is
+//! broadcast along: a padding mask `[B, 1, 1, S]` is read in place, `EQ_BIAS`), or is two
+//! constants selected by a bool mask so addressed (`EQ_BIAS_SEL`). What the template cannot run
 //! exactly (a fused epilogue, a head axis that is not contiguous, a bf16 or f16 head or stride
 //! that is not a multiple of 8, different query and value head sizes, heads over 128) is an error
 //! naming the kernel, never an approximation. f32 operands run the template's CUDA-core path
@@ -16,7 +20,7 @@
 
 use crate::error::{Error, Result};
 use crate::ir::infer::{infer, norm_axis, Fact};
-use crate::ir::lang::{Composite, Kind, TensorLang};
+use crate::ir::lang::{Kind, TensorLang};
 use crate::ir::types::{DType, TensorType};
 use crate::plan::{FusionPlan, Kernel, Template, TensorRef};
 
@@ -237,6 +241,34 @@ impl<'a> Body<'a> {
         }
     }
 
+    /// The bias `i` of `attention_bias`: a tensor in memory or a view of one, or two constants
+    /// selected by a bool mask in memory (`where(m, 0, FILL)`, a bool mask's bias), the constants
+    /// rounded to the select's dtype; records the nodes it passes.
+    fn bias(&self, i: usize, seen: &mut Vec<usize>) -> Result<(Strided, Option<(f64, f64)>)> {
+        if self.kind(i) != Some(Kind::Where) {
+            return Ok((self.operand(i, seen)?, None));
+        }
+        let ch = self.children(i);
+        let dtype = self.ty(i)?.dtype;
+        let (Some(a), Some(b)) = (self.facts[ch[1]].konst, self.facts[ch[2]].konst) else {
+            return Err(unsupported(
+                self.k,
+                "the template reads the bias from memory, or selects two constants by a bool mask in memory",
+            ));
+        };
+        seen.push(i);
+        let mut stack = vec![ch[1], ch[2]];
+        while let Some(c) = stack.pop() {
+            seen.push(c);
+            stack.extend(self.children(c));
+        }
+        let mask = self.operand(ch[0], seen)?;
+        // The select's shape is the mask's (its other operands are scalars).
+        let shape = self.ty(i)?.shape.clone();
+        let mask = Strided { layout: mask.layout.broadcast(&shape), shape, read: mask.read };
+        Ok((mask, Some((dtype.round(a), dtype.round(b)))))
+    }
+
     /// Strides of the attention value `att` in the memory of the tensor stored from node `top`,
     /// which is `att` or views of it (inverted one at a time, from the stored tensor down).
     fn output(&self, top: usize, att: usize, seen: &mut Vec<usize>) -> Result<Vec<usize>> {
@@ -276,6 +308,17 @@ impl<'a> Body<'a> {
     }
 }
 
+/// A bias of an instance: its read, its storage type, and its strides (three batch axes, the
+/// row and the column; 0 along an axis it is broadcast along); with `select`, the read is a bool
+/// mask and the bias the first value where it holds, the second elsewhere.
+#[derive(Clone, Debug, PartialEq)]
+struct BiasInstance {
+    read: usize,
+    dtype: DType,
+    strides: [usize; 5],
+    select: Option<(f64, f64)>,
+}
+
 /// The template instance of one kernel: every number the `#define` block needs.
 #[derive(Clone, Debug, PartialEq)]
 struct Instance {
@@ -291,6 +334,7 @@ struct Instance {
     reads: [usize; 3],
     scale: f64,
     causal: bool,
+    bias: Option<BiasInstance>,
 }
 
 /// Whether the template can run an attention kernel (its operands and stored view have strides
@@ -302,25 +346,37 @@ pub(crate) fn can_generate(k: &Kernel) -> Result<()> {
 
 fn instance(k: &Kernel) -> Result<Instance> {
     let body = Body::new(k)?;
-    let atts: Vec<usize> = (0..body.nodes.len())
-        .filter(|&i| matches!(body.kind(i), Some(Kind::Composite(Composite::Attention))))
+    let atts: Vec<(usize, crate::ir::lang::AttnSlots)> = (0..body.nodes.len())
+        .filter_map(|i| match body.kind(i) {
+            Some(Kind::Composite(c)) => c.attention_slots().map(|s| (i, s)),
+            _ => None,
+        })
         .collect();
-    let &[att] = atts.as_slice() else {
+    let &[(att, slots)] = atts.as_slice() else {
         return Err(unsupported(
             k,
             format!("the body holds {} attention operators, the template runs one", atts.len()),
         ));
     };
     let ch = body.children(att);
-    let mut seen = vec![att, ch[3], ch[4]];
+    let (scale_at, causal_at) = (ch[slots.scale], ch[slots.causal]);
+    let mut seen = vec![att, scale_at, causal_at];
     let ops: Vec<Strided> = ch[..3].iter().map(|&c| body.operand(c, &mut seen)).collect::<Result<_>>()?;
-    let scale = body.facts[ch[3]].konst.ok_or_else(|| unsupported(k, "the scale must be a constant"))?;
-    let causal = body.facts[ch[4]].konst.ok_or_else(|| unsupported(k, "the causal flag must be a constant"))? != 0.0;
+    let (bias, select) = match slots.bias {
+        Some(b) => {
+            let (x, select) = body.bias(ch[b], &mut seen)?;
+            (Some(x), select)
+        }
+        None => (None, None),
+    };
+    let scale = body.facts[scale_at].konst.ok_or_else(|| unsupported(k, "the scale must be a constant"))?;
+    let causal =
+        body.facts[causal_at].konst.ok_or_else(|| unsupported(k, "the causal flag must be a constant"))? != 0.0;
     if !scale.is_finite() {
         return Err(unsupported(k, format!("the scale {scale} is not finite")));
     }
     // Constant subexpressions of the scale.
-    let mut stack = vec![ch[3]];
+    let mut stack = vec![scale_at];
     while let Some(i) = stack.pop() {
         seen.push(i);
         stack.extend(body.children(i));
@@ -357,23 +413,40 @@ fn instance(k: &Kernel) -> Result<Instance> {
     if k.writes[0].ty.dtype != dtype || ops.iter().any(|o| k.reads[o.read].ty.dtype != dtype) {
         return Err(unsupported(k, "the operands and the output must share one storage type"));
     }
-    // The rows and the head: one stride each. The batch axes: every tensor's factors cut at
-    // common bounds (grouped-query keys repeat over the query heads of a group, stride 0), then
-    // extents of 1 dropped and neighbours contiguous in all four tensors merged.
-    let layouts = [&ops[0].layout, &ops[1].layout, &ops[2].layout, &Factored::of_strides(&oty.shape, &ost)];
-    let mut all = [[0usize; 2]; 4];
+    // The rows and the head (the bias: the rows and the columns): one stride each. The batch
+    // axes: every tensor's factors cut at common bounds (grouped-query keys repeat over the query
+    // heads of a group, stride 0), then extents of 1 dropped and neighbours contiguous in all
+    // four tensors (five with a bias) merged.
+    let out_layout = Factored::of_strides(&oty.shape, &ost);
+    let mut layouts = vec![&ops[0].layout, &ops[1].layout, &ops[2].layout, &out_layout];
+    let bias_layout = match &bias {
+        Some(b) => {
+            let mut scores = ops[0].shape.clone();
+            scores[r - 1] = sk;
+            if b.shape.len() > r || crate::ir::infer::broadcast_shapes(&b.shape, &scores).ok() != Some(scores.clone()) {
+                return Err(unsupported(k, "the bias does not broadcast to the scores"));
+            }
+            Some(b.layout.broadcast(&scores))
+        }
+        None => None,
+    };
+    layouts.extend(bias_layout.as_ref());
+    let one_stride = |l: &Factored, a: usize| match l.axes[a].as_slice() {
+        [] => Ok(0),
+        [(_, s)] => Ok(*s),
+        _ => Err(unsupported(k, "an operand's rows, head or columns are not one stride")),
+    };
+    let mut all = [[0usize; 2]; 5];
     for (t, l) in layouts.iter().enumerate() {
         for (j, a) in [r - 2, r - 1].into_iter().enumerate() {
-            all[t][j] = match l.axes[a].as_slice() {
-                [] => 0,
-                [(_, s)] => *s,
-                _ => return Err(unsupported(k, "an operand's rows or head are not one stride")),
-            };
+            all[t][j] = one_stride(l, a)?;
         }
     }
-    let (extents, batch_strides) = common_factors(&layouts.map(|l| l.flat(0..r - 2)))
-        .ok_or_else(|| unsupported(k, "the operands' batch axes have no common strides"))?;
-    for (t, s) in all.iter().enumerate() {
+    let flats: Vec<Vec<(usize, usize)>> = layouts.iter().map(|l| l.flat(0..r - 2)).collect();
+    let (extents, batch_strides) =
+        common_factors(&flats).ok_or_else(|| unsupported(k, "the operands' batch axes have no common strides"))?;
+    let nt = layouts.len();
+    for (t, s) in all[..4].iter().enumerate() {
         if s[1] != 1 && d > 1 {
             return Err(unsupported(k, "an operand without a contiguous head axis is not supported yet"));
         }
@@ -384,18 +457,24 @@ fn instance(k: &Kernel) -> Result<Instance> {
             ));
         }
     }
-    let mut axes: Vec<(usize, [usize; 4])> = extents
+    let mut axes: Vec<(usize, [usize; 5])> = extents
         .iter()
         .enumerate()
         .filter(|&(_, &n)| n != 1)
-        .map(|(a, &n)| (n, [batch_strides[0][a], batch_strides[1][a], batch_strides[2][a], batch_strides[3][a]]))
+        .map(|(a, &n)| {
+            let mut st = [0; 5];
+            for (t, x) in st[..nt].iter_mut().enumerate() {
+                *x = batch_strides[t][a];
+            }
+            (n, st)
+        })
         .collect();
     let mut i = axes.len();
     while i > 1 {
         i -= 1;
         let (n, inner) = axes[i];
         let outer = axes[i - 1].1;
-        if (0..4).all(|t| outer[t] == inner[t] * n) {
+        if (0..nt).all(|t| outer[t] == inner[t] * n) {
             axes[i - 1] = (axes[i - 1].0 * n, inner);
             axes.remove(i);
         }
@@ -404,7 +483,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
         return Err(unsupported(k, "more than three batch axes that cannot be merged"));
     }
     while axes.len() < 3 {
-        axes.insert(0, (1, [0; 4]));
+        axes.insert(0, (1, [0; 5]));
     }
     let nb: usize = axes.iter().map(|a| a.0).product();
     if nb > 65535 {
@@ -414,6 +493,21 @@ fn instance(k: &Kernel) -> Result<Instance> {
     for (t, row) in strides.iter_mut().enumerate() {
         *row = [axes[0].1[t], axes[1].1[t], axes[2].1[t], all[t][0]];
     }
+    let bias = match bias {
+        Some(b) => {
+            let dtype = k.reads[b.read].ty.dtype;
+            let want = if select.is_some() { dtype == DType::Bool } else { dtype.is_float() };
+            if !want {
+                return Err(unsupported(
+                    k,
+                    format!("the template reads a bias of f32, bf16 or f16, or a bool mask, not {dtype}"),
+                ));
+            }
+            let strides = [axes[0].1[4], axes[1].1[4], axes[2].1[4], all[4][0], all[4][1]];
+            Some(BiasInstance { read: b.read, dtype, strides, select })
+        }
+        None => None,
+    };
     Ok(Instance {
         dtype,
         d,
@@ -424,7 +518,18 @@ fn instance(k: &Kernel) -> Result<Instance> {
         reads: [ops[0].read, ops[1].read, ops[2].read],
         scale,
         causal,
+        bias,
     })
+}
+
+/// The C type of a tensor of `dtype` in the template.
+fn ctype(dtype: DType) -> &'static str {
+    match dtype {
+        DType::Bf16 => "eq_bf16",
+        DType::F16 => "eq_f16",
+        DType::Bool => "eq_bool",
+        _ => "float",
+    }
 }
 
 /// The C spelling of an f32 constant.
@@ -453,11 +558,7 @@ pub fn codegen(
     debug_assert_eq!(k.template, Template::Attention);
     let inst = instance(k)?;
     let name = format!("attention_{}_k{}", inst.dtype, k.id);
-    let ctype = match inst.dtype {
-        DType::Bf16 => "eq_bf16",
-        DType::F16 => "eq_f16",
-        _ => "float",
-    };
+    let ctype = ctype(inst.dtype);
     let nb: usize = inst.batch.iter().product();
     let f32 = inst.dtype == DType::F32;
     let (rows, threads, smem) = if f32 {
@@ -480,7 +581,12 @@ pub fn codegen(
         })
     });
 
-    let mut params: Vec<String> = (0..k.reads.len()).map(|i| format!("const {ctype}* __restrict__ p_r{i}")).collect();
+    let mut params: Vec<String> = k
+        .reads
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("const {}* __restrict__ p_r{i}", self::ctype(r.ty.dtype)))
+        .collect();
     params.extend((0..k.writes.len()).map(|i| format!("{ctype}* __restrict__ p_w{i}")));
     let mut args = super::tensor_args(k, &Default::default());
     let mut shown = std::borrow::Cow::Borrowed(k);
@@ -543,6 +649,19 @@ pub fn codegen(
         def(tag, format!("p_r{r}"));
     }
     def("EQ_OP", "p_w0".into());
+    if let Some(b) = &inst.bias {
+        def("EQ_BIAS", "1".into());
+        def("EQ_BT", self::ctype(b.dtype).into());
+        def("EQ_BP", format!("p_r{}", b.read));
+        for (j, suffix) in ["S0", "S1", "S2", "SR", "SC"].iter().enumerate() {
+            def(&format!("EQ_B_{suffix}"), format!("{}LL", b.strides[j]));
+        }
+        if let Some((yes, no)) = b.select {
+            def("EQ_BIAS_SEL", "1".into());
+            def("EQ_BIAS_YES", float_literal(yes));
+            def("EQ_BIAS_NO", float_literal(no));
+        }
+    }
     s.push_str("\n// ---- kernels/common.cuh ----\n");
     s.push_str(common);
     s.push_str("\n// ---- kernels/attention.cu ----\n");

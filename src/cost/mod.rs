@@ -344,12 +344,11 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
 fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
     let (f32_block_m, f32_block_n) = caps::ATTENTION_F32_BLOCK;
     let f32_steps = caps::attention_f32_steps;
-    let a =
-        k.body.iter().copied().find(|&b| matches!(dag.nodes[b].kind(), Some(Kind::Composite(Composite::Attention))))?;
+    let (a, slots) = k.body.iter().find_map(|&b| Some((b, attention_forward(dag.nodes[b].kind())?)))?;
     let mut ch = dag.nodes[a].children();
     let q = dag.nodes[ch.next()?].ty()?;
     let key = dag.nodes[ch.next()?].ty()?;
-    let flag = &dag.nodes[ch.nth(2)?];
+    let flag = &dag.nodes[dag.nodes[a].children().nth(slots.causal)?];
     if q.dtype != DType::F32 || q.shape.len() < 2 || key.shape.len() < 2 {
         return None;
     }
@@ -411,12 +410,12 @@ pub fn kernel_kind(dag: &Dag, template: Template, body: &[usize]) -> KernelKind 
         }
         Template::Attention => {
             let backward = body.iter().any(|&b| is_attention_backward(dag.nodes[b].kind()));
-            let Some(&att) = body.iter().find(|&&b| dag.nodes[b].kind() == Some(Kind::Composite(Composite::Attention)))
+            let Some((att, slots)) = body.iter().find_map(|&b| Some((b, attention_forward(dag.nodes[b].kind())?)))
             else {
                 return if backward { KernelKind::AttentionBackward } else { KernelKind::Plain };
             };
             let dtype = kernel_dtype(dag, body);
-            let scale = dag.nodes[att].children().nth(3).and_then(|s| dag.nodes[s].fact.konst);
+            let scale = dag.nodes[att].children().nth(slots.scale).and_then(|s| dag.nodes[s].fact.konst);
             let path = match scale {
                 _ if dtype == DType::F32 => AttentionPath::F32,
                 Some(scale) if !caps::attention_hopper_path(dtype, scale) => AttentionPath::Portable,
@@ -530,7 +529,15 @@ pub(crate) fn is_attention_backward(kind: Option<Kind>) -> bool {
 /// Whether an operator anchors a kernel of its own template (a product, attention, or one of
 /// attention's backward composites).
 fn is_anchor(kind: Option<Kind>) -> bool {
-    matches!(kind, Some(Kind::MatMul | Kind::Composite(Composite::Attention))) || is_attention_backward(kind)
+    matches!(kind, Some(Kind::MatMul)) || attention_forward(kind).is_some() || is_attention_backward(kind)
+}
+
+/// The argument positions of a forward attention operator (`attention`, `attention_bias`).
+fn attention_forward(kind: Option<Kind>) -> Option<crate::ir::lang::AttnSlots> {
+    match kind {
+        Some(Kind::Composite(c)) => c.attention_slots(),
+        _ => None,
+    }
 }
 
 /// The score pairs (query row, key) an attention composite's kernels compute, and its head
@@ -678,11 +685,12 @@ fn node_flops(dag: &Dag, i: usize) -> u64 {
             Composite::Softmax | Composite::LogSoftmax => numel.saturating_mul(8),
             Composite::LayerNorm | Composite::RmsNorm => numel.saturating_mul(10),
             Composite::CrossEntropy => child_numel(0).saturating_mul(8),
-            Composite::Attention => {
-                // Two products of (S x D) by (D x T) and (S x T) by (T x Dv), plus the softmax,
-                // over the score pairs computed.
+            Composite::Attention | Composite::AttentionBias => {
+                // Two products of (S x D) by (D x T) and (S x T) by (T x Dv), plus the softmax
+                // (and the bias added to each score), over the score pairs computed.
                 let (pairs, d) = attention_dims(dag, n);
-                product(&[pairs, 4 * d.min(1 << 48) + 8])
+                let bias = if c == Composite::AttentionBias { 2 } else { 0 };
+                product(&[pairs, 4 * d.min(1 << 48) + 8 + bias])
             }
             // Recomputed scores (2d) and probabilities (8), then: the log-sum-exp alone; the
             // query and key gradients two more products each (g vᵀ, then dS k or dSᵀ q), the
@@ -1036,8 +1044,15 @@ impl Shaped<'_> {
     /// beside attention, written by the same kernel.
     fn anchored(&self, a: usize, partners: &[usize]) -> Result<(Template, Vec<usize>), String> {
         let n = &self.dag.nodes[a];
+        // The bias of `attention_bias` may be computed in the kernel (a bool mask's bias, two
+        // constants selected by the mask): what its template runs is codegen's to say
+        // (`caps::attention_can_generate`, asked of every kernel that is not a product alone).
+        let prologue = match attention_forward(n.kind()).and_then(|s| s.bias) {
+            Some(j) => n.children().nth(j).map_or_else(Vec::new, |c| self.below_in_body(c)),
+            None => vec![],
+        };
         for c in n.children() {
-            if !self.in_body(c) {
+            if !self.in_body(c) || prologue.contains(&c) {
                 continue;
             }
             if self.computed_below(c) {
@@ -1048,22 +1063,25 @@ impl Shaped<'_> {
             }
         }
         let domain = self.shape(a).to_vec();
-        let is_attention =
-            matches!(n.kind(), Some(Kind::Composite(Composite::Attention))) || is_attention_backward(n.kind());
+        let is_attention = attention_forward(n.kind()).is_some() || is_attention_backward(n.kind());
         // Views of the anchor it stores (attention written as `[B, S, H, D]` for a reshape to
         // `[B, S, E]`): the template's output strides place them; codegen checks the strides.
         let stored = if is_attention { self.views_above(a) } else { vec![] };
         if is_attention {
             // The template writes attention as computed (or through a view), nothing more.
             if let Some(&b) = self.body.iter().find(|&&b| {
-                b != a && !partners.contains(&b) && !stored.contains(&b) && self.dag.nodes[b].role == Role::Compute
+                b != a
+                    && !partners.contains(&b)
+                    && !stored.contains(&b)
+                    && !prologue.contains(&b)
+                    && self.dag.nodes[b].role == Role::Compute
             }) {
                 let op = self.dag.nodes[b].node.head();
                 return Err(format!("attention takes no fused epilogue (`{op}` runs in its own kernel)"));
             }
         }
         for &b in self.body {
-            if b == a || partners.contains(&b) || n.children().any(|c| c == b) {
+            if b == a || partners.contains(&b) || prologue.contains(&b) || n.children().any(|c| c == b) {
                 continue;
             }
             match self.reduction(b) {
@@ -1098,11 +1116,25 @@ impl Shaped<'_> {
             }
         }
         operand_views.extend(stored);
+        operand_views.extend(&prologue);
         // (The query gradient beside the key and value gradients has the queries' shape, not
         // the keys': the backward template stores each where it belongs.)
         operand_views.extend(partners.iter().filter(|&&p| is_attention_backward(self.dag.nodes[p].kind())));
         self.fits(&domain, &operand_views)?;
         Ok((if is_attention { Template::Attention } else { Template::Gemm }, domain))
+    }
+
+    /// `c` and the body nodes it is computed from, through body nodes only.
+    fn below_in_body(&self, c: usize) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut stack = vec![c];
+        while let Some(i) = stack.pop() {
+            if self.in_body(i) && !out.contains(&i) {
+                out.push(i);
+                stack.extend(self.dag.nodes[i].children());
+            }
+        }
+        out
     }
 
     /// Body nodes that are views (or layout copies) of `a`, through views only.
@@ -1128,7 +1160,7 @@ impl Shaped<'_> {
             (Some(Kind::ScatterAdd), _) => {
                 (Template::Elementwise, n.children().nth(1).map_or(vec![], |g| self.shape(g).to_vec()))
             }
-            (Some(Kind::Composite(Composite::Attention)), _) => (Template::Attention, self.shape(i).to_vec()),
+            (k, _) if attention_forward(k).is_some() => (Template::Attention, self.shape(i).to_vec()),
             (k, _) if is_attention_backward(k) => (Template::Attention, self.shape(i).to_vec()),
             (_, Some((Red::Row, input))) => (Template::RowReduce, input),
             (_, Some((Red::Across(_), input))) => (Template::ColReduce, input),

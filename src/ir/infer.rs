@@ -466,6 +466,31 @@ fn infer_composite(c: Composite, name: &str, args: &[&Fact]) -> R<Inferred> {
             shape[x.rank() - 1] = v.shape[x.rank() - 1];
             return Ok(Inferred { ty: TensorType::new(x.dtype, shape), weak: false });
         }
+        Composite::AttentionBias => {
+            let k = tensor(args[1], "the keys of attention_bias")?;
+            let v = tensor(args[2], "the values of attention_bias")?;
+            attention_operands(x, k, v)?;
+            let b = tensor(args[3], "the bias of attention_bias")?;
+            if args[3].weak {
+                return Err("the bias of attention_bias must be a tensor, not a literal".into());
+            }
+            need_float(b, "the bias of attention_bias")?;
+            let r = x.rank();
+            let mut scores = x.shape.clone();
+            scores[r - 1] = k.shape[r - 2];
+            if broadcast_shapes(&b.shape, &scores).ok().as_ref() != Some(&scores) {
+                return Err(format!(
+                    "the bias of attention_bias has shape {}, which does not broadcast to the scores {}",
+                    shape_str(&b.shape),
+                    shape_str(&scores)
+                ));
+            }
+            float_const(args[4], "the scale of attention_bias")?;
+            causal_flag(args[5])?;
+            let mut shape = x.shape.clone();
+            shape[r - 1] = v.shape[r - 1];
+            return Ok(Inferred { ty: TensorType::new(x.dtype, shape), weak: false });
+        }
         Composite::AttentionLse => {
             let k = tensor(args[1], "the keys of attention_lse")?;
             attention_operands(x, k, k)?;

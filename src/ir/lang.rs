@@ -86,6 +86,10 @@ pub enum Composite {
     CrossEntropy,
     /// `attention(q, k, v, scale, causal)`: `softmax(q @ k^T * scale [+ causal mask]) @ v`.
     Attention,
+    /// `attention_bias(q, k, v, bias, scale, causal)`: `softmax(q @ k^T * scale + bias [+ causal
+    /// mask]) @ v`, `bias` of any float dtype broadcasting to the scores `[..., SQ, SK]`, the
+    /// biased scores computed in f32; a row whose every score is `-inf` gives 0.
+    AttentionBias,
     /// `attention_lse(q, k, scale, causal)`: the f32 log-sum-exp of each row of attention's
     /// scaled (and masked) scores, `[..., SQ, 1]`; what its backward recomputes the
     /// probabilities from.
@@ -95,6 +99,32 @@ pub enum Composite {
     /// `delta = sum(g * o, -1)` (f32 `[..., SQ, 1]` both): with `P = exp(s * scale - lse)`
     /// (0 where masked), `dS = P (g vᵀ - delta) scale`, it is `dS k`, `dSᵀ q` or `Pᵀ g`.
     AttentionGrad(AttnArg),
+}
+
+impl Composite {
+    /// Whether this is a forward attention (`attention` or `attention_bias`): the operator one
+    /// forward attention kernel runs.
+    pub fn is_attention_forward(self) -> bool {
+        matches!(self, Composite::Attention | Composite::AttentionBias)
+    }
+
+    /// The argument positions of a forward attention: its bias (`None` for `attention`), its
+    /// scale and its causal flag; `None` for other composites.
+    pub fn attention_slots(self) -> Option<AttnSlots> {
+        match self {
+            Composite::Attention => Some(AttnSlots { bias: None, scale: 3, causal: 4 }),
+            Composite::AttentionBias => Some(AttnSlots { bias: Some(3), scale: 4, causal: 5 }),
+            _ => None,
+        }
+    }
+}
+
+/// Where a forward attention's arguments after `q, k, v` are ([`Composite::attention_slots`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnSlots {
+    pub bias: Option<usize>,
+    pub scale: usize,
+    pub causal: usize,
 }
 
 /// Which operand of attention a gradient is taken with respect to.
@@ -209,6 +239,7 @@ pub const OPS: &[OpInfo] = &[
     op("rmsnorm", 3, Kind::Composite(Composite::RmsNorm)),
     op("cross_entropy", 2, Kind::Composite(Composite::CrossEntropy)),
     op("attention", 5, Kind::Composite(Composite::Attention)),
+    op("attention_bias", 6, Kind::Composite(Composite::AttentionBias)),
     op("attention_lse", 4, Kind::Composite(Composite::AttentionLse)),
     op("attention_grad_q", 8, Kind::Composite(Composite::AttentionGrad(AttnArg::Q))),
     op("attention_grad_k", 8, Kind::Composite(Composite::AttentionGrad(AttnArg::K))),

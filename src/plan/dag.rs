@@ -8,7 +8,7 @@
 use egg::{Id, Language};
 
 use crate::ir::infer::Fact;
-use crate::ir::lang::{Composite, Kind, TensorLang};
+use crate::ir::lang::{Kind, TensorLang};
 use crate::ir::program::Program;
 use crate::ir::types::TensorType;
 
@@ -185,16 +185,20 @@ pub fn role_of(n: &TensorLang) -> Role {
 /// own, so the planner never keeps a view that codegen cannot index.
 fn layout_copies(nodes: &mut [DagNode], outputs: &[(String, usize)]) {
     use crate::ir::layout::Factored;
-    // Whether a node is used, and every use reads it as an operand of attention, whose template
-    // indexes its batch axes by factors (grouped-query keys: a broadcast head axis merged with
-    // the heads). An output is stored row-major, so it is not.
+    // Whether a node is used, and every use reads it as an operand of attention (queries, keys,
+    // values, bias), whose template indexes its batch axes by factors (grouped-query keys: a
+    // broadcast head axis merged with the heads). An output is stored row-major, so it is not.
     let mut used = vec![false; nodes.len()];
     let mut attention_only = vec![true; nodes.len()];
     for n in nodes.iter() {
-        let operand = matches!(n.kind(), Some(Kind::Composite(Composite::Attention)));
+        let slots = match n.kind() {
+            Some(Kind::Composite(c)) => c.attention_slots(),
+            _ => None,
+        };
+        let operands = slots.map_or(0, |s| s.scale);
         for (j, c) in n.children().enumerate() {
             used[c] = true;
-            attention_only[c] &= operand && j < 3;
+            attention_only[c] &= j < operands;
         }
     }
     for &(_, o) in outputs {

@@ -417,7 +417,7 @@ fn eval_op(kind: Kind, args: &Args, ty: &TensorType, store: Store) -> Result<Vec
         Kind::Iota => Ok((0..ty.numel()).map(|i| i as f64).collect()),
         Kind::OneHot => Ok(onehot(args.tensor(0)?, ty.shape[ty.rank() - 1])),
         Kind::Dropout => Ok(rng::dropout(&args.tensor(0)?.data, ty.dtype, args.konst(1)?, args.konst(2)? as u32)),
-        Kind::Composite(c) => composite(c, args, ty).map(|d| store.round_all(d)),
+        Kind::Composite(c) => composite(c, args, ty, store.dtype.is_some()).map(|d| store.round_all(d)),
         Kind::Grad => Err(Error::Invalid("a `grad` node must be expanded first (eqfuse::expand_grads)".into())),
         Kind::Gather => {
             let x = args.tensor(0)?;
@@ -651,7 +651,9 @@ fn onehot(t: &Tensor, n: usize) -> Vec<f64> {
     out
 }
 
-fn composite(c: Composite, args: &Args, ty: &TensorType) -> Result<Vec<f64>> {
+/// `rounded`: the node's values are stored rounded to its dtype (not [`Precision::F64`]); then
+/// `attention_bias` rounds its biased scores to f32, as its kernel computes them.
+fn composite(c: Composite, args: &Args, ty: &TensorType, rounded: bool) -> Result<Vec<f64>> {
     let x = args.tensor(0)?;
     match c {
         Composite::Softmax => Ok(softmax(x, args.axis(1, x.rank())?, false)),
@@ -661,7 +663,12 @@ fn composite(c: Composite, args: &Args, ty: &TensorType) -> Result<Vec<f64>> {
         Composite::CrossEntropy => cross_entropy(x, args.tensor(1)?).map(|v| vec![v]),
         Composite::Attention => {
             let causal = args.konst(4)? != 0.0;
-            Ok(attention(x, args.tensor(1)?, args.tensor(2)?, args.konst(3)?, causal, &ty.shape))
+            Ok(attention(x, args.tensor(1)?, args.tensor(2)?, None, args.konst(3)?, causal, &ty.shape))
+        }
+        Composite::AttentionBias => {
+            let causal = args.konst(5)? != 0.0;
+            let bias = Some((args.tensor(3)?, rounded));
+            Ok(attention(x, args.tensor(1)?, args.tensor(2)?, bias, args.konst(4)?, causal, &ty.shape))
         }
         Composite::AttentionLse => Ok(attention_lse(x, args.tensor(1)?, args.konst(2)?, args.konst(3)? != 0.0)),
         Composite::AttentionGrad(which) => {
@@ -862,26 +869,63 @@ fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<f64> {
     Ok(total / rows as f64)
 }
 
-/// `softmax(q @ k^T * scale [with j > i masked to -inf]) @ v`, per batch.
-fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, causal: bool, out_shape: &[usize]) -> Vec<f64> {
+/// `softmax(q @ k^T * scale [+ bias] [with j > i masked to -inf]) @ v`, per batch. The bias
+/// (broadcast to the scores `[..., SQ, SK]`) comes with whether the biased scores are rounded to
+/// f32 (`attention_bias` computes them in f32). A row whose every score is `-inf` gives 0 (its
+/// softmax is 0/0; the kernel's online softmax leaves the row's sum 0 and writes 0).
+fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: Option<(&Tensor, bool)>,
+    scale: f64,
+    causal: bool,
+    out_shape: &[usize],
+) -> Vec<f64> {
     let r = q.rank();
     let (sq, d, sk, dv) = (q.shape[r - 2], q.shape[r - 1], k.shape[r - 2], v.shape[r - 1]);
+    let mut scores_shape = q.shape.clone();
+    scores_shape[r - 1] = sk;
+    // The bias element of (batch entry b, query i, key j): base(b) + i * strides[r - 2]
+    // + j * strides[r - 1].
+    let bias_at = bias.map(|(t, round)| {
+        let st = broadcast_strides(&t.shape, &scores_shape);
+        let (sr, sc) = (st[r - 2], st[r - 1]);
+        let batch = scores_shape[..r - 2].to_vec();
+        let base = move |mut b: usize| {
+            let mut off = 0;
+            for a in (0..batch.len()).rev() {
+                off += (b % batch[a]) * st[a];
+                b /= batch[a];
+            }
+            off
+        };
+        (t, round, base, sr, sc)
+    });
     let mut out = vec![0.0; out_shape.iter().product()];
     par_blocks(&mut out, dv, |(ri, dst)| {
         let (b, i) = (ri / sq, ri % sq);
         let qi = &q.data[(b * sq + i) * d..][..d];
         let keys = &k.data[b * sk * d..][..sk * d];
         let vals = &v.data[b * sk * dv..][..sk * dv];
+        let row_bias = bias_at.as_ref().map(|(t, round, base, sr, sc)| (&t.data[base(b) + i * sr..], *round, *sc));
         let mut s: Vec<f64> = (0..sk)
             .map(|j| {
                 if causal && j > i {
-                    f64::NEG_INFINITY
-                } else {
-                    scale * qi.iter().zip(&keys[j * d..(j + 1) * d]).map(|(a, b)| a * b).sum::<f64>()
+                    return f64::NEG_INFINITY;
+                }
+                let x = scale * qi.iter().zip(&keys[j * d..(j + 1) * d]).map(|(a, b)| a * b).sum::<f64>();
+                match row_bias {
+                    Some((row, true, sc)) => DType::F32.round(x + row[j * sc]),
+                    Some((row, false, sc)) => x + row[j * sc],
+                    None => x,
                 }
             })
             .collect();
         let m = s.iter().fold(f64::NEG_INFINITY, |m, &x| binary(Binary::Max, m, x, false));
+        if m == f64::NEG_INFINITY {
+            return;
+        }
         s.iter_mut().for_each(|x| *x = unary(Unary::Exp, *x - m));
         let sum: f64 = s.iter().sum();
         for (j, p) in s.iter().enumerate() {

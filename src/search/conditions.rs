@@ -140,6 +140,28 @@ pub const CONDITIONS: &[NamedCondition] = &[
         "?b is 0 where key <= query on the scores of ?q and ?k and a mask fill (<= -1e4) elsewhere",
         |g, s, v| causal_mask(g, s, v, causal::additive_mask, false),
     ),
+    cond(
+        "attention-bias",
+        3,
+        "?b is a float tensor (not a literal) that broadcasts to the scores of ?q and ?k and is not their causal mask",
+        |g, s, v| {
+            let (Some(b), Some(shape)) = (fact(g, s, v[0]), scores_shape(g, s, v)) else { return false };
+            matches!(&b.ty, Some(t) if !b.weak && t.dtype.is_float() && broadcasts_into(&t.shape, &shape))
+                && !causal_mask(g, s, v, causal::additive_mask, false)
+        },
+    ),
+    cond(
+        "attention-mask",
+        3,
+        "?m is a bool tensor that broadcasts to the scores of ?q and ?k and is not their causal mask",
+        |g, s, v| {
+            let (Some(m), Some(shape)) = (ty(g, s, v[0]), scores_shape(g, s, v)) else { return false };
+            m.dtype == DType::Bool
+                && broadcasts_into(&m.shape, &shape)
+                && !causal_mask(g, s, v, causal::predicate, false)
+                && !causal_mask(g, s, v, causal::predicate, true)
+        },
+    ),
 ];
 
 /// Looks a condition up by its spelling.
@@ -271,6 +293,19 @@ fn is_max_shifted(g: &TensorGraph, class: Id) -> bool {
             .any(|m| matches!(m, TensorLang::Op(op2, ch2) if *op2 == amax && g.find(ch2[0]) == g.find(ch[0]))),
         _ => false,
     })
+}
+
+/// The shape of the scores `[..., SQ, SK]` of queries `v[1]` and keys `v[2]` (of one rank, 2 or
+/// more).
+fn scores_shape(g: &TensorGraph, s: &Subst, v: &[Var]) -> Option<Vec<usize>> {
+    let (q, k) = (ty(g, s, v[1])?, ty(g, s, v[2])?);
+    let r = q.rank();
+    if r < 2 || k.rank() != r {
+        return None;
+    }
+    let mut shape = q.shape.clone();
+    shape[r - 1] = k.shape[r - 2];
+    Some(shape)
 }
 
 fn attention_args(g: &TensorGraph, s: &Subst, v: &[Var]) -> bool {

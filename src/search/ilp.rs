@@ -59,11 +59,19 @@ fn node_terms(egraph: &TensorGraph, node: &TensorLang) -> Terms {
     // forward kernel may write the log-sum-exp, so only the key gradient counts as a launch (the
     // bound stays a bound); every one reads its operands.
     let backward = matches!(kind, Some(Kind::Composite(Composite::AttentionLse | Composite::AttentionGrad(_))));
-    let anchor = matches!(kind, Some(Kind::MatMul | Kind::Composite(Composite::Attention)))
+    let anchor = matches!(kind, Some(Kind::MatMul | Kind::Composite(Composite::Attention | Composite::AttentionBias)))
         || matches!(kind, Some(Kind::Composite(Composite::AttentionGrad(crate::ir::lang::AttnArg::K))));
     let mut forced = Vec::new();
+    // (`attention_bias`'s bias may be computed in its kernel: a bool mask's select.)
+    let bias = match kind {
+        Some(Kind::Composite(c)) => c.attention_slots().and_then(|s| s.bias),
+        _ => None,
+    };
     if anchor || backward {
-        for &c in node.children() {
+        for (j, &c) in node.children().iter().enumerate() {
+            if Some(j) == bias {
+                continue;
+            }
             if let Some(f) = operand_in_memory(egraph, c) {
                 forced.push(f);
             }

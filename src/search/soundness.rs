@@ -85,6 +85,8 @@ enum Role {
     Causal(bool),
     /// An additive causal mask: 0 where key <= query, a fill elsewhere.
     CausalBias,
+    /// A bool tensor of a shape related to the base shape (an attention mask given as an input).
+    Mask,
 }
 
 /// Sign facts a condition asks of a tensor variable.
@@ -110,8 +112,10 @@ fn position_role(kind: Kind, i: usize) -> Role {
         (Kind::OneHot, 1) | (Kind::Iota, 0) | (Kind::Dropout, 2) => Role::Int,
         (Kind::OneHot, 0) | (Kind::Composite(C::CrossEntropy), 1) => Role::Index,
         (Kind::Composite(C::LayerNorm), 3) | (Kind::Composite(C::RmsNorm), 2) => Role::Literal,
-        (Kind::Composite(C::Attention), 3) | (Kind::Dropout, 1) => Role::Literal,
-        (Kind::Composite(C::Attention), 4) => Role::Flag,
+        (Kind::Composite(C::Attention), 3) | (Kind::Composite(C::AttentionBias), 4) | (Kind::Dropout, 1) => {
+            Role::Literal
+        }
+        (Kind::Composite(C::Attention), 4) | (Kind::Composite(C::AttentionBias), 5) => Role::Flag,
         _ => Role::Tensor,
     }
 }
@@ -125,6 +129,7 @@ fn condition_role(name: &str, i: usize) -> Option<Role> {
         ("causal-keep", 0) => Some(Role::Causal(false)),
         ("causal-mask", 0) => Some(Role::Causal(true)),
         ("causal-bias", 0) => Some(Role::CausalBias),
+        ("attention-mask", 0) => Some(Role::Mask),
         _ => None,
     }
 }
@@ -295,6 +300,10 @@ impl Gen<'_> {
                 p.add(TensorLang::Type(d))
             }
             Role::Fill => Ok(p.num(self.fill())),
+            Role::Mask => {
+                let shape = self.shape();
+                p.add_input(&format!("in{}", p.inputs.len()), TensorType::new(DType::Bool, shape))
+            }
             Role::Causal(masked) => self.causal(p, masked),
             Role::CausalBias => {
                 let fill = p.num(self.fill());

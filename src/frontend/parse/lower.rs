@@ -365,6 +365,7 @@ fn signature(kind: Kind) -> &'static str {
         Kind::Composite(C::RmsNorm) => "(x, gamma, eps)",
         Kind::Composite(C::CrossEntropy) => "(logits, targets)",
         Kind::Composite(C::Attention) => "(q, k, v, scale, causal)",
+        Kind::Composite(C::AttentionBias) => "(q, k, v, bias, scale, causal)",
         Kind::Composite(C::AttentionLse) => "(q, k, scale, causal)",
         Kind::Composite(C::AttentionGrad(_)) => "(q, k, v, g, lse, delta, scale, causal)",
     }
