@@ -277,6 +277,11 @@ def results_agree(got, want, half_inputs: bool = False, skip=(), exact=None) -> 
     return None
 
 
+def _same_layout(t, stride) -> bool:
+    """Whether `t` has `stride` on every axis longer than 1 (an axis of one element has any)."""
+    return all(n <= 1 or a == b for n, a, b in zip(t.shape, t.stride(), stride))
+
+
 def _real(args) -> bool:
     """Whether every tensor argument has data: AOTAutograd may call a compiled graph with fake
     tensors while tracing, and those run as the ATen graph (no kernel can read them)."""
@@ -346,7 +351,11 @@ class _Runner:
                 self.outputs.append(exported.constants[i].detach().to(device))
             else:
                 val = r.meta["val"]
-                self.outputs.append((next(names), val.dtype, tuple(val.shape)))
+                try:
+                    stride = tuple(val.stride())
+                except Exception:  # noqa: BLE001 - a layout without strides: returned as eqfuse gives it
+                    stride = None
+                self.outputs.append((next(names), val.dtype, tuple(val.shape), stride))
         self.torch = torch
 
     def __call__(self, *args):
@@ -388,11 +397,23 @@ class _Runner:
             if o is None or isinstance(o, self.torch.Tensor):
                 out.append(o)
                 continue
-            name, dtype, shape = o
+            name, dtype, shape, stride = o
             t = got[name]
             if t.dtype != dtype:
                 t = t.to(dtype)
-            out.append(t.reshape(shape))
+            t = t.reshape(shape)
+            if stride is not None and not _same_layout(t, stride):
+                # The graphs after this one were traced with PyTorch's strides for this output
+                # (a transposed attention result the backward views as it was): give them those.
+                # Axes of stride 0 (an expanded output) are taken once and expanded back.
+                base = t
+                for d, (n, st) in enumerate(zip(shape, stride)):
+                    if n > 1 and st == 0:
+                        base = base.narrow(d, 0, 1)
+                laid = self.torch.empty_strided(tuple(base.shape), stride, dtype=dtype, device=t.device)
+                laid.copy_(base)
+                t = laid.expand(shape)
+            out.append(t)
         return out
 
 
