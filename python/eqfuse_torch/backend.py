@@ -132,6 +132,7 @@ class EqfuseBackend:
         self.binary, self.device, self.args, self.report, self.joint = binary, device, args, report, joint
         self.execute, self.verify = execute, verify
         self.plans: list[CapturedPlan] = []
+        self._constants: dict = {}  # forward graph node name -> the constant it returns
 
     def __call__(self, gm, example_inputs):
         from functorch.compile import default_partition, make_boxed_func
@@ -172,11 +173,25 @@ class EqfuseBackend:
     def capture(self, kind: str, aten_gm, example_inputs=None, build: bool = False):
         """Exports and plans one ATen graph, and with `build` compiles its kernels for running;
         never raises (a failure is recorded and warned). Returns (record, export, GpuPlan or None)."""
+        import torch
+
         from .export import export_graph_module
 
         graph = exported = runner = None
         try:
-            exported = export_graph_module(aten_gm)
+            # A backward graph reads the forward's saved tensors by the names of the forward's
+            # nodes; those the forward returns as constants are constants here too (a causal
+            # mask the export folded: the backward then sees it is causal).
+            statics = {} if kind != "backward" else {
+                n.name: self._constants[n.name] for n in aten_gm.graph.nodes
+                if n.op == "placeholder" and n.name in self._constants}
+            exported = export_graph_module(aten_gm, statics=statics)
+            if kind == "forward":
+                out_node = next(n for n in aten_gm.graph.nodes if n.op == "output")
+                results = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+                for i, t in exported.constants.items():
+                    if isinstance(results[i], torch.fx.Node):
+                        self._constants[results[i].name] = t
             graph = exported.graph
             record = CapturedPlan(kind, graph, plan_graph(graph, binary=self.binary, device=self.device, args=self.args))
         except (ExportError, PlanError) as e:

@@ -144,16 +144,23 @@ def export_program(ep: "torch.export.ExportedProgram") -> Exported:
     return Exporter(gm, kinds).run()
 
 
-def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Tensor] | None = None) -> Exported:
+def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Tensor] | None = None,
+                        statics: dict[str, torch.Tensor] | None = None) -> Exported:
     """Exports an ATen-level graph: every placeholder is an input (`parameters` gives values for
-    some, by placeholder name); `get_attr` tensors are static. Outputs that are `None` (as in a
-    backward graph, for inputs without gradient) are skipped."""
+    some, by placeholder name), except those `statics` gives a value that never changes (a
+    constant the forward graph returns for its backward), which are folded like `get_attr`
+    tensors. Outputs that are `None` (as in a backward graph, for inputs without gradient) are
+    skipped."""
     parameters = parameters or {}
+    statics = statics or {}
     kinds = {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             value = parameters.get(node.name)
-            kinds[node.name] = ("parameter", value) if value is not None else ("input", None)
+            if node.name in statics:
+                kinds[node.name] = ("static", statics[node.name])
+            else:
+                kinds[node.name] = ("parameter", value) if value is not None else ("input", None)
     return Exporter(gm, kinds).run()
 
 
