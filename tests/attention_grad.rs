@@ -284,3 +284,24 @@ fn backward_kernels_compile_for_every_mode() {
     }
     assert_eq!(seen.len(), wanted.len());
 }
+
+/// Heads split from projections and merged back (the backward reads transposed views of the
+/// projections, as AOTAutograd's backward graphs do): the gradients still run as the flash-style
+/// backward kernels, which read row-major operands, so the views are written first, and every
+/// kernel of the plan generates.
+#[test]
+fn gradients_of_split_heads_run_the_backward_kernels() {
+    let src = "dim B = 2\ndim S = 128\ndim H = 4\ndim D = 64\ndim E = 256\n\
+               input xq: bf16[B, S, E]\ninput xk: bf16[B, S, E]\ninput xv: bf16[B, S, E]\ninput dy: bf16[B, S, E]\n\
+               q = transpose(reshape(xq, [B, S, H, D]), 1, 2)\nk = transpose(reshape(xk, [B, S, H, D]), 1, 2)\n\
+               v = transpose(reshape(xv, [B, S, H, D]), 1, 2)\n\
+               y = reshape(transpose(attention(q, k, v, 0.125, 1), 1, 2), [B, S, E])\n\
+               loss = sum(sum(sum(cast(y, f32) * cast(dy, f32), -1), -2), -3)\n\
+               dq = grad(loss, xq)\ndk = grad(loss, xk)\ndv = grad(loss, xv)\noutput dq, dk, dv\n";
+    let p = eqfuse::parse_program("heads_grad.eqf", src, &[]).unwrap();
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let plan = eqfuse::optimize(&p, &opts).unwrap().plan;
+    let ops: Vec<String> = plan.kernels.iter().flat_map(|k| k.ops.clone()).collect();
+    assert!(ops.iter().any(|o| o.starts_with("attention_grad")), "{ops:?}");
+    eqfuse::codegen_plan(&plan).unwrap_or_else(|e| panic!("{e}"));
+}

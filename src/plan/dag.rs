@@ -8,7 +8,7 @@
 use egg::{Id, Language};
 
 use crate::ir::infer::Fact;
-use crate::ir::lang::{Kind, TensorLang};
+use crate::ir::lang::{Composite, Kind, TensorLang};
 use crate::ir::program::Program;
 use crate::ir::types::TensorType;
 
@@ -185,6 +185,22 @@ pub fn role_of(n: &TensorLang) -> Role {
 /// own, so the planner never keeps a view that codegen cannot index.
 fn layout_copies(nodes: &mut [DagNode], outputs: &[(String, usize)]) {
     use crate::ir::layout::Factored;
+    // The attention backward kernels (`attention_grad_*`, and `attention_lse` alone) read their
+    // tensor operands row-major: a view read by one is written first (a transposed head split
+    // of a saved tensor, as AOTAutograd's backward graphs read them).
+    for i in 0..nodes.len() {
+        let operands = match nodes[i].kind() {
+            Some(Kind::Composite(Composite::AttentionGrad(_))) => 6,
+            Some(Kind::Composite(Composite::AttentionLse)) => 2,
+            _ => continue,
+        };
+        let ch: Vec<usize> = nodes[i].children().take(operands).collect();
+        for c in ch {
+            if nodes[c].role == Role::View {
+                nodes[c].role = Role::Compute;
+            }
+        }
+    }
     // Whether a node is used, and every use reads it as an operand of attention (queries, keys,
     // values, bias), whose template indexes its batch axes by factors (grouped-query keys: a
     // broadcast head axis merged with the heads). An output is stored row-major, so it is not.
