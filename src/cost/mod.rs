@@ -53,7 +53,7 @@ pub struct KernelCost {
     pub calls: u64,
     /// Device-memory traffic beyond the kernel's tensors read and written once: its own
     /// workspace (the f32 accumulator of attention's query gradient summed by atomics) and a
-    /// scatter_add's atomics (see [`scatter_traffic_bytes`]).
+    /// scatter_add's atomics (see `scatter_traffic_bytes`).
     pub workspace_bytes: u64,
 }
 
