@@ -196,8 +196,17 @@ fn layout_copies(nodes: &mut [DagNode], outputs: &[(String, usize)]) {
         };
         let ch: Vec<usize> = nodes[i].children().take(operands).collect();
         for c in ch {
-            if nodes[c].role == Role::View {
-                nodes[c].role = Role::Compute;
+            if nodes[c].role != Role::View {
+                continue;
+            }
+            nodes[c].role = Role::Compute;
+            // The kernel writing a reshape reads its operand row-major: a transpose or broadcast
+            // below it (grouped-query keys, `reshape(broadcast(k))`) is written first as well.
+            let below = nodes[c].children().next();
+            if let (Some(Kind::Reshape), Some(b)) = (nodes[c].kind(), below) {
+                if nodes[b].role == Role::View && nodes[b].kind() != Some(Kind::Reshape) {
+                    nodes[b].role = Role::Compute;
+                }
             }
         }
     }
