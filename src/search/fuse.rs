@@ -17,11 +17,20 @@
 //! from it), maintained through every move (a merge reorders only the kernels between the two
 //! it merges, as Pearce and Kelly's dynamic topological order does), so the cycle test of a
 //! merge searches only the kernels ranked between the two instead of everything downstream.
-//! The body index (`computing_of`) finds the kernels computing a value without a scan. A
-//! [`Deadline`] stops a search between moves: the state it leaves is legal, the best so far.
+//! The body index (`computing_of`) finds the kernels computing a value without a scan. Kernels
+//! are never changed, only replaced under new ids, and what a move would add follows from the
+//! kernels it would replace: the analyses of the kernels moves would add ([`Derived`]) and the
+//! cycle tests between two kernels are kept while the kernels they name live, so a move
+//! evaluated again (the lazy greedy search re-evaluates a move before applying it and proposes
+//! moves again near every move it makes; the materialize rounds propose every materialize move
+//! each round) costs lookups, not analyses. A [`Deadline`] stops a search between moves: the
+//! state it leaves is legal, the best so far.
 
+use std::cell::RefCell;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 use crate::cost::profile::DeviceProfile;
 use crate::cost::{analyse, KernelCost};
@@ -33,7 +42,8 @@ use crate::search::deadline::{Deadline, Ticker};
 pub struct Group {
     /// Materialized nodes this kernel computes (sorted).
     pub members: Vec<usize>,
-    pub cost: KernelCost,
+    /// (Shared with the proposals that found it.)
+    pub cost: Arc<KernelCost>,
 }
 
 /// A fusion state: the materialized set and its kernels.
@@ -63,6 +73,10 @@ pub struct Fusion<'a> {
     deadline: Deadline,
     /// Whether the deadline stopped a search on this state before it ended.
     pub cut: bool,
+    /// Kernels that moves would add, already analysed.
+    analysed: Analysed,
+    /// Cycle tests already answered, and the search's scratch space.
+    paths: Paths,
 }
 
 /// A fusion state without the DAG and profile it refers to, to be kept beside its DAG
@@ -90,6 +104,187 @@ pub struct Rejection {
     /// For a merge, a member of the second kernel.
     pub into: Option<usize>,
     pub why: String,
+}
+
+/// A multiplicative hash of kernel and node ids, for the search's caches (the standard
+/// library's SipHash costs more than the rest of a lookup); lookups only, so the order of
+/// nothing depends on it.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // (A slice of integers comes as its bytes: eight at a time.)
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            self.write_u64(u64::from_le_bytes(w.try_into().expect("eight bytes")));
+        }
+        for &b in words.remainder() {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+}
+
+/// A hash map keyed by ids.
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// What a kernel that a move would add is made from: the kernels (and the node the move
+/// flips) whose nodes its analysis asks about. Its members follow from them, and so does
+/// everything `cost::collect` asks of the state (the reads materialized, the rest of the body
+/// not): each such node is one the named kernels read or compute, or the flipped node, and a
+/// live kernel's nodes keep their state (a move that changes a node's state replaces every
+/// kernel computing or reading it). So while the named kernels live, the analysis is the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Derived {
+    /// Two kernels as one.
+    Merged(usize, usize),
+    /// Kernel `reader` computing `m` (a member of `owner`) instead of reading it.
+    Recomputing { reader: usize, owner: usize, m: usize },
+    /// Kernel `owner` without its member `m`.
+    Without { owner: usize, m: usize },
+    /// Kernel `user` reading `c` instead of computing it.
+    Reading { user: usize, c: usize },
+    /// Kernel `host` (or, `NONE`, a kernel of its own) writing `c` too, computed as kernel
+    /// `user` computes it now.
+    Writing { host: usize, c: usize, user: usize },
+}
+
+impl Derived {
+    /// The kernels it is made from (`NONE` where fewer).
+    fn kernels(&self) -> [usize; 2] {
+        match *self {
+            Derived::Merged(a, b) => [a, b],
+            Derived::Recomputing { reader, owner, .. } => [reader, owner],
+            Derived::Without { owner, .. } => [owner, NONE],
+            Derived::Reading { user, .. } => [user, NONE],
+            Derived::Writing { host, user, .. } => [host, user],
+        }
+    }
+}
+
+/// The kernels moves would add, analysed (or why no template runs one), by what each is made
+/// from ([`Derived`]): the lazy greedy search evaluates most moves several times (queued,
+/// re-evaluated before it is applied, proposed again near other moves), and the materialize
+/// rounds every materialize move once a round, while most of the kernels they would add stay the
+/// same. Kernels are never changed, only replaced under new ids, so an answer holds while the
+/// kernels it names live; clones of a state start empty (they number new kernels alike).
+#[derive(Default)]
+struct Analysed {
+    kernels: RefCell<IdMap<Derived, Result<Arc<KernelCost>, String>>>,
+    /// Entries after the last sweep of those whose kernels are gone.
+    swept: std::cell::Cell<usize>,
+}
+
+impl Clone for Analysed {
+    fn clone(&self) -> Analysed {
+        Analysed::default()
+    }
+}
+
+impl std::fmt::Debug for Analysed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Analysed({} kernels)", self.kernels.borrow().len())
+    }
+}
+
+impl Analysed {
+    /// The kernel made as `from` says: known, or found by `analyse` and kept.
+    fn kernel(
+        &self,
+        from: Derived,
+        analyse: impl FnOnce() -> Result<KernelCost, String>,
+    ) -> Result<Arc<KernelCost>, String> {
+        // (A kernel of `c` named by no kernel computing it names nothing it is made from.)
+        if matches!(from, Derived::Writing { user: NONE, .. }) {
+            return analyse().map(Arc::new);
+        }
+        if let Some(k) = self.kernels.borrow().get(&from) {
+            // (Unit tests check every answer reused against a fresh analysis.)
+            #[cfg(test)]
+            assert_eq!(k.as_deref().map_err(String::as_str), analyse().as_ref().map_err(String::as_str), "{from:?}");
+            return k.clone();
+        }
+        let k = analyse().map(Arc::new);
+        self.kernels.borrow_mut().insert(from, k.clone());
+        k
+    }
+
+    /// Forgets the kernels made from kernels no longer live, once the entries have doubled
+    /// since the last sweep (so the entries stay within a multiple of the live ones).
+    fn sweep(&self, live: impl Fn(usize) -> bool) {
+        let mut kernels = self.kernels.borrow_mut();
+        if kernels.len() < 2 * self.swept.get() + 4096 {
+            return;
+        }
+        kernels.retain(|from, _| from.kernels().iter().all(|&g| g == NONE || live(g)));
+        self.swept.set(kernels.len());
+    }
+}
+
+/// Cycle tests answered, by (from, to) kernel: whether `to` reads, through other kernels or
+/// directly, what `from` writes. The answer depends only on the two kernels (it holds while both
+/// live), not on the kernels between them: `to` is reached exactly when some tensor it reads,
+/// other than those `from` writes (for a path through another kernel), is computed in the DAG
+/// from one `from` writes (a kernel computing a value from `from`'s tensors reads one of them,
+/// or reads from a kernel that does). Kernels are never changed, only replaced under new ids, so
+/// an answer holds while both live; clones of a state start empty (they number new kernels
+/// alike).
+#[derive(Default, Debug)]
+struct Paths {
+    answers: RefCell<IdMap<(bool, usize, usize), bool>>,
+    /// Answers after the last sweep of those whose kernels are gone.
+    swept: std::cell::Cell<usize>,
+    scratch: RefCell<Scratch>,
+}
+
+impl Clone for Paths {
+    fn clone(&self) -> Paths {
+        Paths::default()
+    }
+}
+
+/// The depth-first search's marks (a stamp per call) and stack.
+#[derive(Default, Debug)]
+struct Scratch {
+    marks: Vec<u32>,
+    stamp: u32,
+    stack: Vec<usize>,
+}
+
+impl Paths {
+    /// The answer for (`through`, `from`, `to`), found by `search` when not known yet.
+    fn answer(&self, through: bool, from: usize, to: usize, search: impl FnOnce() -> bool) -> bool {
+        let key = (through, from, to);
+        if let Some(&a) = self.answers.borrow().get(&key) {
+            // (Unit tests check every answer reused against a fresh search.)
+            #[cfg(test)]
+            assert_eq!(a, search(), "{key:?}");
+            return a;
+        }
+        let a = search();
+        self.answers.borrow_mut().insert(key, a);
+        a
+    }
+
+    /// Forgets the answers about kernels no longer live, once they have doubled since the last
+    /// sweep.
+    fn sweep(&self, live: impl Fn(usize) -> bool) {
+        let mut answers = self.answers.borrow_mut();
+        if answers.len() < 2 * self.swept.get() + 4096 {
+            return;
+        }
+        answers.retain(|&(_, from, to), _| live(from) && live(to));
+        self.swept.set(answers.len());
+    }
 }
 
 /// A queued move, ordered so that the largest saving (most negative delta) pops first, equal
@@ -131,7 +326,7 @@ impl Ord for Queued {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Move {
     Inline(usize),
     Merge(usize, usize),
@@ -141,8 +336,8 @@ enum Move {
 }
 
 /// What a move changes: a node's materialization, the kernels removed, the member lists of the
-/// kernels added.
-type MoveParts = (Option<(usize, bool)>, Vec<usize>, Vec<Vec<usize>>);
+/// kernels added (each with what it is made from).
+type MoveParts = (Option<(usize, bool)>, Vec<usize>, Vec<(Derived, Vec<usize>)>);
 
 /// A move's effect, before it is applied.
 struct Proposal {
@@ -180,12 +375,15 @@ impl<'a> Fusion<'a> {
             moves: 0,
             deadline: Deadline::never(),
             cut: false,
+            analysed: Analysed::default(),
+            paths: Paths::default(),
         };
         for i in 0..n {
             if f.mat[i] && dag.nodes[i].role != Role::Input {
                 let members = vec![i];
                 let cost = analyse(dag, &members, &|x| f.mat[x], profile)
                     .expect("a single operator with its inputs in memory is always legal");
+                let cost = Arc::new(cost);
                 // Nodes are in topological order, so creation order is a topological rank.
                 let rank = f.groups.len();
                 f.insert(Group { members, cost }, rank);
@@ -219,6 +417,8 @@ impl<'a> Fusion<'a> {
             moves,
             deadline: Deadline::never(),
             cut,
+            analysed: Analysed::default(),
+            paths: Paths::default(),
         }
     }
 
@@ -299,7 +499,7 @@ impl<'a> Fusion<'a> {
 
     /// Bytes moved by the whole state.
     pub fn total_bytes(&self) -> u64 {
-        self.groups.iter().flatten().map(|g| g.cost.bytes_read(self.dag) + self.group_write_bytes(g)).sum()
+        self.groups.iter().flatten().map(|g| g.cost.bytes_read() + self.group_write_bytes(g)).sum()
     }
 
     /// Whether this state is better than another: faster, or as fast with fewer bytes moved.
@@ -501,15 +701,15 @@ impl<'a> Fusion<'a> {
                 let users = &self.readers_of[m];
                 let mut remove: Vec<usize> = users.iter().copied().collect();
                 remove.push(own);
-                let mut add: Vec<Vec<usize>> = users
+                let mut add: Vec<(Derived, Vec<usize>)> = users
                     .iter()
-                    .map(|&u| self.groups[u].as_ref().map(|g| g.members.clone()).unwrap_or_default())
+                    .map(|&u| (Derived::Recomputing { reader: u, owner: own, m }, self.members(u).to_vec()))
                     .collect();
                 // A member of a multi-output kernel: the kernel keeps its other members and
                 // computes this one on chip without writing it.
                 let rest: Vec<usize> = self.members(own).iter().copied().filter(|&x| x != m).collect();
                 if !rest.is_empty() {
-                    add.push(rest);
+                    add.push((Derived::Without { owner: own, m }, rest));
                 }
                 (Some((m, false)), remove, add)
             }
@@ -524,7 +724,7 @@ impl<'a> Fusion<'a> {
                 let mut members = self.members(a).to_vec();
                 members.extend_from_slice(self.members(b));
                 members.sort_unstable();
-                (None, vec![a, b], vec![members])
+                (None, vec![a, b], vec![(Derived::Merged(a, b), members)])
             }
         };
         let mat = |x: usize| match flip {
@@ -532,8 +732,8 @@ impl<'a> Fusion<'a> {
             _ => self.mat[x],
         };
         let mut add = Vec::with_capacity(add_members.len());
-        for members in add_members {
-            match analyse(self.dag, &members, &mat, self.profile) {
+        for (from, members) in add_members {
+            match self.analysed.kernel(from, || analyse(self.dag, &members, &mat, self.profile)) {
                 Ok(cost) => add.push(Group { members, cost }),
                 Err(why) => {
                     let who = flip.map_or(members[0], |(f, _)| f);
@@ -553,34 +753,44 @@ impl<'a> Fusion<'a> {
 
     /// The change in total time and in bytes moved if `remove` were replaced by `add`.
     fn delta(&self, remove: &[usize], add: &[Group]) -> (f64, i64) {
-        let mut diff: BTreeMap<usize, i64> = BTreeMap::new();
+        // The change in readers of each tensor read by a kernel removed or added, sorted by
+        // tensor (a few dozen entries: a sorted list, not a map).
+        let mut diff: Vec<(usize, i64)> = Vec::new();
         for &r in remove {
-            for &x in self.groups[r].as_ref().map_or(&[][..], |g| &g.cost.reads[..]) {
-                *diff.entry(x).or_default() -= 1;
-            }
+            diff.extend(self.groups[r].as_ref().map_or(&[][..], |g| &g.cost.reads[..]).iter().map(|&x| (x, -1)));
         }
         for g in add {
-            for &x in &g.cost.reads {
-                *diff.entry(x).or_default() += 1;
-            }
+            diff.extend(g.cost.reads.iter().map(|&x| (x, 1)));
         }
-        let readers = |m: usize| (self.readers[m] as i64 + diff.get(&m).copied().unwrap_or(0)).max(0) as u32;
+        diff.sort_unstable_by_key(|&(x, _)| x);
+        diff.dedup_by(|next, kept| {
+            let same = next.0 == kept.0;
+            if same {
+                kept.1 += next.1;
+            }
+            same
+        });
+        let change = |m: usize| diff.binary_search_by_key(&m, |&(x, _)| x).map_or(0, |i| diff[i].1);
+        let readers = |m: usize| (self.readers[m] as i64 + change(m)).max(0) as u32;
         let mut delta: f64 =
             add.iter().map(|g| g.cost.predict_us(self.dag, self.profile, self.write_bytes(g, readers))).sum();
-        let mut bytes: i64 =
-            add.iter().map(|g| (g.cost.bytes_read(self.dag) + self.write_bytes(g, readers)) as i64).sum();
+        let mut bytes: i64 = add.iter().map(|g| (g.cost.bytes_read() + self.write_bytes(g, readers)) as i64).sum();
         for g in remove.iter().filter_map(|&r| self.groups[r].as_ref()) {
             delta -= self.group_us(g);
-            bytes -= (g.cost.bytes_read(self.dag) + self.group_write_bytes(g)) as i64;
+            bytes -= (g.cost.bytes_read() + self.group_write_bytes(g)) as i64;
         }
-        // Owners whose writes change because their readers changed.
-        let mut owners = BTreeSet::new();
-        for (&m, _) in diff.iter().filter(|(_, &d)| d != 0) {
-            let o = self.owner[m];
-            if o != NONE && !remove.contains(&o) && self.written(m, self.readers[m]) != self.written(m, readers(m)) {
-                owners.insert(o);
-            }
-        }
+        // Owners whose writes change because their readers changed (in increasing order).
+        let mut owners: Vec<usize> = diff
+            .iter()
+            .filter(|&&(_, d)| d != 0)
+            .map(|&(m, _)| (m, self.owner[m]))
+            .filter(|&(m, o)| {
+                o != NONE && !remove.contains(&o) && self.written(m, self.readers[m]) != self.written(m, readers(m))
+            })
+            .map(|(_, o)| o)
+            .collect();
+        owners.sort_unstable();
+        owners.dedup();
         for o in owners {
             let g = self.groups[o].as_ref().expect("owner is live");
             delta += g.cost.predict_us(self.dag, self.profile, self.write_bytes(g, readers)) - self.group_us(g);
@@ -614,6 +824,8 @@ impl<'a> Fusion<'a> {
             self.rerank();
         }
         self.moves += 1;
+        self.analysed.sweep(|g| self.groups[g].is_some());
+        self.paths.sweep(|g| self.groups[g].is_some());
     }
 
     /// Reorders the kernels ranked between `a` and `b` so that the kernel merging them can take
@@ -696,10 +908,15 @@ impl<'a> Fusion<'a> {
             return Err((c, "the kernel that would write it runs after one that reads it".into()));
         }
         let mut remove = users.clone();
-        let mut add: Vec<Vec<usize>> =
-            users.iter().filter(|&&u| u != host).map(|&u| self.members(u).to_vec()).collect();
+        let mut add: Vec<(Derived, Vec<usize>)> = users
+            .iter()
+            .filter(|&&u| u != host)
+            .map(|&u| (Derived::Reading { user: u, c }, self.members(u).to_vec()))
+            .collect();
+        // (Every kernel computing `c` computes all of it: any one tells how.)
+        let writing = Derived::Writing { host, c, user: users.first().copied().unwrap_or(NONE) };
         if host == NONE {
-            add.push(vec![c]);
+            add.push((writing, vec![c]));
         } else {
             if !users.contains(&host) {
                 remove.push(host);
@@ -707,7 +924,7 @@ impl<'a> Fusion<'a> {
             let mut m = self.members(host).to_vec();
             m.push(c);
             m.sort_unstable();
-            add.push(m);
+            add.push((writing, m));
         }
         Ok((Some((c, true)), remove, add))
     }
@@ -728,22 +945,45 @@ impl<'a> Fusion<'a> {
 
     /// Whether `to` can be reached from `from` along reads (directly or through other kernels).
     fn reachable(&self, from: usize, to: usize) -> bool {
-        self.reaches(vec![from], to)
+        self.paths.answer(false, from, to, || self.reaches(std::iter::once(from), to))
     }
 
     /// Whether `to` can be reached from any of `starts` along reads. Ranks rise along every
-    /// path, so only kernels ranked below `to` are searched.
-    fn reaches(&self, starts: Vec<usize>, to: usize) -> bool {
+    /// path, so only kernels ranked below `to` are searched. (A depth-first search marking
+    /// kernels in the scratch space: no set is allocated.)
+    fn reaches(&self, starts: impl Iterator<Item = usize>, to: usize) -> bool {
         let limit = self.rank[to];
-        let mut stack: Vec<usize> = starts.into_iter().filter(|&s| self.rank[s] < limit).collect();
-        let mut seen: BTreeSet<usize> = stack.iter().copied().collect();
+        let mut scratch = self.paths.scratch.borrow_mut();
+        let Scratch { marks, stamp, stack } = &mut *scratch;
+        if marks.len() < self.groups.len() {
+            marks.resize(self.groups.len(), 0);
+        }
+        *stamp = stamp.wrapping_add(1);
+        if *stamp == 0 {
+            marks.fill(0);
+            *stamp = 1;
+        }
+        let stamp = *stamp;
+        stack.clear();
+        for s in starts {
+            if self.rank[s] < limit && marks[s] != stamp {
+                marks[s] = stamp;
+                stack.push(s);
+            }
+        }
         while let Some(g) = stack.pop() {
-            for s in self.successors(g) {
-                if s == to {
-                    return true;
-                }
-                if self.rank[s] < limit && seen.insert(s) {
-                    stack.push(s);
+            for &m in self.members(g) {
+                for &s in &self.readers_of[m] {
+                    if s == g {
+                        continue;
+                    }
+                    if s == to {
+                        return true;
+                    }
+                    if self.rank[s] < limit && marks[s] != stamp {
+                        marks[s] = stamp;
+                        stack.push(s);
+                    }
                 }
             }
         }
@@ -791,16 +1031,28 @@ impl<'a> Fusion<'a> {
     /// (a merge made early can hide a cheaper recomputation, e.g. a layernorm backward whose
     /// `dy * xhat` belongs in the gamma-gradient column kernel), and the faster result is kept.
     pub fn optimise_with_materialize(&mut self) {
-        self.optimise_with_materialize_from(None);
+        self.optimise_with_materialize_from(None, None);
+    }
+
+    /// The first half of [`Fusion::optimise_with_materialize`] from the unfused state: greedy
+    /// recomputation alone, then greedy fusion with merges (all recomputation decided before any
+    /// merge). It depends on nothing but the state, so it may be searched ahead, beside other work.
+    pub fn inline_first(&self) -> Fusion<'a> {
+        let mut f = self.clone();
+        f.greedy(false);
+        f.greedy(true);
+        f
     }
 
     /// [`Fusion::optimise_with_materialize`] from the unfused state, given the state greedy
     /// fusion reached from it (kept by an earlier search of the same form: the same state
-    /// `optimise` would reach again; where a deadline cut that search, it goes on from there).
-    pub fn optimise_with_materialize_from(&mut self, greedy: Option<FusionParts>) {
-        let mut inline_first = self.clone();
-        inline_first.greedy(false);
-        inline_first.greedy(true);
+    /// `optimise` would reach again; where a deadline cut that search, it goes on from there),
+    /// and the state [`Fusion::inline_first`] reached from it (searched ahead), when known.
+    pub fn optimise_with_materialize_from(&mut self, greedy: Option<FusionParts>, inline_first: Option<FusionParts>) {
+        let inline_first = match inline_first {
+            Some(parts) => Fusion::from_parts(self.dag, self.profile, parts).with_deadline(self.deadline),
+            None => self.inline_first(),
+        };
         match greedy {
             Some(parts) => {
                 let (deadline, resume) = (self.deadline, parts.cut);
@@ -888,7 +1140,14 @@ impl<'a> Fusion<'a> {
 
     /// Whether `to` is reachable from `from` through at least one other group.
     fn path_through_other(&self, from: usize, to: usize) -> bool {
-        self.reaches(self.successors(from).into_iter().filter(|&s| s != to).collect(), to)
+        // (Ranks rise along every path.)
+        if self.rank[from] > self.rank[to] {
+            return false;
+        }
+        self.paths.answer(true, from, to, || {
+            let next = self.members(from).iter().flat_map(|&m| self.readers_of[m].iter().copied());
+            self.reaches(next.filter(|&s| s != from && s != to), to)
+        })
     }
 
     /// The live groups in an execution order (producers first; ties by smallest member).
@@ -978,8 +1237,44 @@ mod tests {
             for &b in &live {
                 if a != b {
                     assert_eq!(f.path_through_other(a, b), unbounded(a, b), "path from {a} to {b}");
+                    let direct = f.successors(a).contains(&b);
+                    assert_eq!(f.reachable(a, b), direct || unbounded(a, b), "reads from {a} to {b}");
                 }
             }
+        }
+    }
+
+    /// A chain of `n` bindings with skip connections, `t_i = f(t_(i-1)) * y + t_(i-7)`.
+    fn skip_chain(n: usize) -> Program {
+        let mut text = "dim R = 4096\ndim C = 1024\ninput x: f32[R, C]\ninput y: f32[R, C]\n".to_string();
+        let name = |j: isize| if j < 1 { "x".to_string() } else { format!("t{j}") };
+        for i in 1..=n as isize {
+            let f = ["exp", "tanh", "sigmoid"][i as usize % 3];
+            text += &format!("t{i} = {f}({}) * y + {}\n", name(i - 1), name(i - 7));
+        }
+        text += &format!("output {}\n", name(n as isize));
+        crate::frontend::parse::parse_program("chain.eqf", &text, &[]).unwrap()
+    }
+
+    /// The analyses and cycle tests a search keeps answer as fresh ones do (unit tests check
+    /// every answer reused against a fresh one, in `Analysed::kernel` and `Paths::answer`),
+    /// through whole searches (greedy fusion, recomputation first, materialize rounds), and the
+    /// state a search ends in predicts what its kernels analysed afresh predict.
+    #[test]
+    fn kept_answers_hold_through_whole_searches() {
+        let profile = DeviceProfile::load("h100").unwrap();
+        let mut programs = programs();
+        programs.push(skip_chain(200));
+        for p in programs {
+            let dag = Dag::from_program(&p);
+            let mut f = Fusion::unfused(&dag, &profile);
+            f.optimise_with_materialize();
+            assert!(f.moves > 0, "{}: no move", p.source);
+            for g in f.groups.iter().flatten() {
+                let fresh = analyse(&dag, &g.members, &|x| f.mat[x], &profile).unwrap();
+                assert_eq!(*g.cost, fresh, "{}: kernel of {:?}", p.source, g.members);
+            }
+            assert_ranks_topological(&f);
         }
     }
 
