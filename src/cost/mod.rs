@@ -481,12 +481,16 @@ fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost, template: Temp
 /// agrees on those (the reads materialized, the rest of the body not) gives the same answer.
 fn collect(dag: &Dag, members: &[usize], mat: &dyn Fn(usize) -> bool) -> (Vec<usize>, Vec<usize>) {
     // Nodes seen are marked with this call's stamp in a per-thread array (no hashing: a set
-    // of seen nodes was a fifth of the fusion search's time).
+    // of seen nodes was a fifth of the fusion search's time); the search's stack and lists grow
+    // in per-thread buffers too, and the answer is copied out at its size.
     thread_local! {
-        static SEEN: std::cell::RefCell<(Vec<u32>, u32)> = const { std::cell::RefCell::new((Vec::new(), 0)) };
+        static SEEN: std::cell::RefCell<Scratch> = const {
+            std::cell::RefCell::new((Vec::new(), 0, Vec::new(), Vec::new(), Vec::new()))
+        };
     }
+    type Scratch = (Vec<u32>, u32, Vec<usize>, Vec<usize>, Vec<usize>);
     SEEN.with(|cell| {
-        let (marks, stamp) = &mut *cell.borrow_mut();
+        let (marks, stamp, body, reads, stack) = &mut *cell.borrow_mut();
         if marks.len() < dag.len() {
             marks.resize(dag.len(), 0);
         }
@@ -499,9 +503,10 @@ fn collect(dag: &Dag, members: &[usize], mat: &dyn Fn(usize) -> bool) -> (Vec<us
         for &m in members {
             marks[m] = stamp;
         }
-        let mut body = Vec::new();
-        let mut reads = Vec::new();
-        let mut stack: Vec<usize> = members.to_vec();
+        body.clear();
+        reads.clear();
+        stack.clear();
+        stack.extend_from_slice(members);
         while let Some(i) = stack.pop() {
             body.push(i);
             for c in dag.nodes[i].children() {
@@ -521,7 +526,7 @@ fn collect(dag: &Dag, members: &[usize], mat: &dyn Fn(usize) -> bool) -> (Vec<us
         }
         body.sort_unstable();
         reads.sort_unstable();
-        (body, reads)
+        (body.to_vec(), reads.to_vec())
     })
 }
 
@@ -759,9 +764,9 @@ impl Shaped<'_> {
             domain = self
                 .body
                 .iter()
-                .zip(&mapped)
-                .filter(|&(_, &m)| !m)
-                .map(|(&b, _)| self.shape(b))
+                .enumerate()
+                .filter(|&(i, _)| mapped.get(i) != Some(&true))
+                .map(|(_, &b)| self.shape(b))
                 // Of equal sizes, the highest rank: [1, 1] and [] both fit [1, 1], not [].
                 .max_by_key(|s| (s.iter().product::<usize>(), s.len()))
                 .unwrap_or(&[])
@@ -783,11 +788,11 @@ impl Shaped<'_> {
     /// reads that feed a matrix product, which the product indexes itself).
     fn fits(&self, domain: &[usize], operand_views: &[usize]) -> Result<(), String> {
         let mapped = self.mapped_operands();
-        for (&b, &mapped) in self.body.iter().zip(&mapped) {
+        for (i, &b) in self.body.iter().enumerate() {
             if operand_views.contains(&b) {
                 continue;
             }
-            if mapped {
+            if mapped.get(i) == Some(&true) {
                 self.view_ok(b)?;
                 continue;
             }
@@ -860,17 +865,18 @@ impl Shaped<'_> {
     /// Body nodes used only as operands of index maps (`slice`, `concat`, `gather`), directly or
     /// through views and slices: they are read in place at the places the map computes, so they
     /// need not fit the iteration space (`view_ok` makes sure they are in device memory).
-    /// Returned by body position. One sweep from the last body node down: a node's users come
-    /// after it in the body (topological order), so each is settled before its operands.
+    /// Returned by body position, or empty when there is none. One sweep from the last body
+    /// node down: a node's users come after it in the body (topological order), so each is
+    /// settled before its operands.
     fn mapped_operands(&self) -> Vec<bool> {
-        let len = self.body.len();
-        let mut mapped = vec![false; len];
         // (A mapped node reaches an index map through views: none without one.)
         let index_map =
             |&b: &usize| matches!(self.dag.nodes[b].kind(), Some(Kind::Slice | Kind::Concat | Kind::Gather));
         if !self.body.iter().any(index_map) {
-            return mapped;
+            return vec![];
         }
+        let len = self.body.len();
+        let mut mapped = vec![false; len];
         let mut used = vec![false; len];
         let mut all_mapped = vec![true; len];
         for p in (0..len).rev() {

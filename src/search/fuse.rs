@@ -38,12 +38,11 @@ use crate::plan::dag::{Dag, Role};
 use crate::search::deadline::{Deadline, Ticker};
 
 /// One kernel of the fusion state.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Group {
     /// Materialized nodes this kernel computes (sorted).
     pub members: Vec<usize>,
-    /// (Shared with the proposals that found it.)
-    pub cost: Arc<KernelCost>,
+    pub cost: KernelCost,
 }
 
 /// A fusion state: the materialized set and its kernels.
@@ -179,7 +178,7 @@ impl Derived {
 /// kernels it names live; clones of a state start empty (they number new kernels alike).
 #[derive(Default)]
 struct Analysed {
-    kernels: RefCell<IdMap<Derived, Result<Arc<KernelCost>, String>>>,
+    kernels: RefCell<IdMap<Derived, Result<Arc<Group>, String>>>,
     /// Entries after the last sweep of those whose kernels are gone.
     swept: std::cell::Cell<usize>,
 }
@@ -198,11 +197,7 @@ impl std::fmt::Debug for Analysed {
 
 impl Analysed {
     /// The kernel made as `from` says: known, or found by `analyse` and kept.
-    fn kernel(
-        &self,
-        from: Derived,
-        analyse: impl FnOnce() -> Result<KernelCost, String>,
-    ) -> Result<Arc<KernelCost>, String> {
+    fn kernel(&self, from: Derived, analyse: impl FnOnce() -> Result<Group, String>) -> Result<Arc<Group>, String> {
         // (A kernel of `c` named by no kernel computing it names nothing it is made from.)
         if matches!(from, Derived::Writing { user: NONE, .. }) {
             return analyse().map(Arc::new);
@@ -335,9 +330,9 @@ enum Move {
     Materialize(usize, usize),
 }
 
-/// What a move changes: a node's materialization, the kernels removed, the member lists of the
-/// kernels added (each with what it is made from).
-type MoveParts = (Option<(usize, bool)>, Vec<usize>, Vec<(Derived, Vec<usize>)>);
+/// What a move changes: a node's materialization, the kernels removed, what each kernel added is
+/// made from.
+type MoveParts = (Option<(usize, bool)>, Vec<usize>, Vec<Derived>);
 
 /// A move's effect, before it is applied.
 struct Proposal {
@@ -345,7 +340,7 @@ struct Proposal {
     /// A node whose materialization the move changes, and its new state.
     flip: Option<(usize, bool)>,
     remove: Vec<usize>,
-    add: Vec<Group>,
+    add: Vec<Arc<Group>>,
     delta_us: f64,
     /// The change in bytes moved.
     delta_bytes: i64,
@@ -383,7 +378,6 @@ impl<'a> Fusion<'a> {
                 let members = vec![i];
                 let cost = analyse(dag, &members, &|x| f.mat[x], profile)
                     .expect("a single operator with its inputs in memory is always legal");
-                let cost = Arc::new(cost);
                 // Nodes are in topological order, so creation order is a topological rank.
                 let rank = f.groups.len();
                 f.insert(Group { members, cost }, rank);
@@ -574,33 +568,36 @@ impl<'a> Fusion<'a> {
     }
 
     /// Candidate moves that involve the kernels created from index `first_new` on.
-    fn moves_near(&self, first_new: usize) -> BTreeSet<Move> {
-        let mut out = BTreeSet::new();
+    fn moves_near(&self, first_new: usize) -> Vec<Move> {
+        let mut out = Vec::new();
         for gid in first_new..self.groups.len() {
             let Some(g) = &self.groups[gid] else { continue };
             if let [m] = g.members[..] {
                 if self.inlinable(m) {
-                    out.insert(Move::Inline(m));
+                    out.push(Move::Inline(m));
                 }
             }
             for &r in &g.cost.reads {
                 let o = self.owner[r];
                 if o != NONE && o != gid {
-                    out.insert(Move::Merge(o.min(gid), o.max(gid)));
+                    out.push(Move::Merge(o.min(gid), o.max(gid)));
                     if let [m] = self.members(o) {
                         if self.inlinable(*m) {
-                            out.insert(Move::Inline(*m));
+                            out.push(Move::Inline(*m));
                         }
                     }
                 }
                 for sib in self.siblings(r, gid) {
-                    out.insert(Move::Merge(sib.min(gid), sib.max(gid)));
+                    out.push(Move::Merge(sib.min(gid), sib.max(gid)));
                 }
             }
             for s in self.successors(gid) {
-                out.insert(Move::Merge(gid.min(s), gid.max(s)));
+                out.push(Move::Merge(gid.min(s), gid.max(s)));
             }
         }
+        // (In order, each once.)
+        out.sort_unstable();
+        out.dedup();
         out
     }
 
@@ -655,18 +652,18 @@ impl<'a> Fusion<'a> {
 
     /// Legal-looking moves from the current state, in a deterministic order.
     fn candidates(&self) -> Vec<Move> {
-        let mut out = BTreeSet::new();
+        let mut out = Vec::new();
         for (gid, g) in self.groups.iter().enumerate() {
             let Some(g) = g else { continue };
             if let [m] = g.members[..] {
                 if self.inlinable(m) {
-                    out.insert(Move::Inline(m));
+                    out.push(Move::Inline(m));
                 }
             }
             for &r in &g.cost.reads {
                 let o = self.owner[r];
                 if o != NONE && o != gid {
-                    out.insert(Move::Merge(o.min(gid), o.max(gid)));
+                    out.push(Move::Merge(o.min(gid), o.max(gid)));
                 }
             }
         }
@@ -682,15 +679,18 @@ impl<'a> Fusion<'a> {
             if gs.len() > MANY_READERS {
                 let by_rank: Vec<usize> = self.readers_by_rank[r].iter().map(|&(_, g)| g).collect();
                 for w in by_rank.windows(2) {
-                    out.insert(Move::Merge(w[0].min(w[1]), w[0].max(w[1])));
+                    out.push(Move::Merge(w[0].min(w[1]), w[0].max(w[1])));
                 }
                 continue;
             }
             for w in gs.windows(2) {
-                out.insert(Move::Merge(w[0], w[1]));
+                out.push(Move::Merge(w[0], w[1]));
             }
         }
-        out.into_iter().collect()
+        // (In order, each once.)
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// Evaluates a move without applying it; `Err` names the node concerned and the reason.
@@ -701,15 +701,12 @@ impl<'a> Fusion<'a> {
                 let users = &self.readers_of[m];
                 let mut remove: Vec<usize> = users.iter().copied().collect();
                 remove.push(own);
-                let mut add: Vec<(Derived, Vec<usize>)> = users
-                    .iter()
-                    .map(|&u| (Derived::Recomputing { reader: u, owner: own, m }, self.members(u).to_vec()))
-                    .collect();
+                let mut add: Vec<Derived> =
+                    users.iter().map(|&u| Derived::Recomputing { reader: u, owner: own, m }).collect();
                 // A member of a multi-output kernel: the kernel keeps its other members and
                 // computes this one on chip without writing it.
-                let rest: Vec<usize> = self.members(own).iter().copied().filter(|&x| x != m).collect();
-                if !rest.is_empty() {
-                    add.push((Derived::Without { owner: own, m }, rest));
+                if self.members(own).len() > 1 {
+                    add.push(Derived::Without { owner: own, m });
                 }
                 (Some((m, false)), remove, add)
             }
@@ -721,10 +718,7 @@ impl<'a> Fusion<'a> {
                         "fusing would put another kernel inside this one (a cycle)".into(),
                     ));
                 }
-                let mut members = self.members(a).to_vec();
-                members.extend_from_slice(self.members(b));
-                members.sort_unstable();
-                (None, vec![a, b], vec![(Derived::Merged(a, b), members)])
+                (None, vec![a, b], vec![Derived::Merged(a, b)])
             }
         };
         let mat = |x: usize| match flip {
@@ -732,11 +726,15 @@ impl<'a> Fusion<'a> {
             _ => self.mat[x],
         };
         let mut add = Vec::with_capacity(add_members.len());
-        for (from, members) in add_members {
-            match self.analysed.kernel(from, || analyse(self.dag, &members, &mat, self.profile)) {
-                Ok(cost) => add.push(Group { members, cost }),
+        for from in add_members {
+            let group = self.analysed.kernel(from, || {
+                let members = self.members_of(from);
+                analyse(self.dag, &members, &mat, self.profile).map(|cost| Group { members, cost })
+            });
+            match group {
+                Ok(g) => add.push(g),
                 Err(why) => {
-                    let who = flip.map_or(members[0], |(f, _)| f);
+                    let who = flip.map_or_else(|| self.members_of(from)[0], |(f, _)| f);
                     return Err((who, why));
                 }
             }
@@ -751,11 +749,28 @@ impl<'a> Fusion<'a> {
         Ok(Proposal { mv, flip, remove, add, delta_us, delta_bytes })
     }
 
+    /// The members of a kernel a move would add.
+    fn members_of(&self, from: Derived) -> Vec<usize> {
+        let mut members = match from {
+            Derived::Merged(a, b) => [self.members(a), self.members(b)].concat(),
+            Derived::Recomputing { reader: g, .. } | Derived::Reading { user: g, .. } => {
+                return self.members(g).to_vec()
+            }
+            Derived::Without { owner, m } => return self.members(owner).iter().copied().filter(|&x| x != m).collect(),
+            Derived::Writing { host: NONE, c, .. } => return vec![c],
+            Derived::Writing { host, c, .. } => [self.members(host), &[c]].concat(),
+        };
+        members.sort_unstable();
+        members
+    }
+
     /// The change in total time and in bytes moved if `remove` were replaced by `add`.
-    fn delta(&self, remove: &[usize], add: &[Group]) -> (f64, i64) {
+    fn delta(&self, remove: &[usize], add: &[Arc<Group>]) -> (f64, i64) {
         // The change in readers of each tensor read by a kernel removed or added, sorted by
         // tensor (a few dozen entries: a sorted list, not a map).
-        let mut diff: Vec<(usize, i64)> = Vec::new();
+        let removed = remove.iter().filter_map(|&r| self.groups[r].as_ref());
+        let mut diff: Vec<(usize, i64)> =
+            Vec::with_capacity(removed.chain(add.iter().map(|g| &**g)).map(|g| g.cost.reads.len()).sum::<usize>());
         for &r in remove {
             diff.extend(self.groups[r].as_ref().map_or(&[][..], |g| &g.cost.reads[..]).iter().map(|&x| (x, -1)));
         }
@@ -818,7 +833,7 @@ impl<'a> Fusion<'a> {
         // (An inline move removes the readers, then the inlined kernel; it adds the readers,
         // then the inlined kernel's other members, if any.)
         for (g, rank) in p.add.into_iter().zip(ranks) {
-            self.insert(g, rank);
+            self.insert(Arc::unwrap_or_clone(g), rank);
         }
         if matches!(p.mv, Move::Materialize(..)) {
             self.rerank();
@@ -908,24 +923,13 @@ impl<'a> Fusion<'a> {
             return Err((c, "the kernel that would write it runs after one that reads it".into()));
         }
         let mut remove = users.clone();
-        let mut add: Vec<(Derived, Vec<usize>)> = users
-            .iter()
-            .filter(|&&u| u != host)
-            .map(|&u| (Derived::Reading { user: u, c }, self.members(u).to_vec()))
-            .collect();
-        // (Every kernel computing `c` computes all of it: any one tells how.)
-        let writing = Derived::Writing { host, c, user: users.first().copied().unwrap_or(NONE) };
-        if host == NONE {
-            add.push((writing, vec![c]));
-        } else {
-            if !users.contains(&host) {
-                remove.push(host);
-            }
-            let mut m = self.members(host).to_vec();
-            m.push(c);
-            m.sort_unstable();
-            add.push((writing, m));
+        let mut add: Vec<Derived> =
+            users.iter().filter(|&&u| u != host).map(|&u| Derived::Reading { user: u, c }).collect();
+        if host != NONE && !users.contains(&host) {
+            remove.push(host);
         }
+        // (Every kernel computing `c` computes all of it: any one tells how.)
+        add.push(Derived::Writing { host, c, user: users.first().copied().unwrap_or(NONE) });
         Ok((Some((c, true)), remove, add))
     }
 
@@ -1128,14 +1132,21 @@ impl<'a> Fusion<'a> {
     }
 
     /// Groups that read something `g` owns.
-    fn successors(&self, g: usize) -> BTreeSet<usize> {
-        self.members(g).iter().flat_map(|&m| self.readers_of[m].iter().copied()).filter(|&s| s != g).collect()
+    fn successors(&self, g: usize) -> Vec<usize> {
+        let mut out: Vec<usize> =
+            self.members(g).iter().flat_map(|&m| self.readers_of[m].iter().copied()).filter(|&s| s != g).collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// Groups that own something `g` reads.
-    fn predecessors(&self, g: usize) -> BTreeSet<usize> {
+    fn predecessors(&self, g: usize) -> Vec<usize> {
         let reads = self.groups[g].as_ref().map_or(&[][..], |g| &g.cost.reads[..]);
-        reads.iter().map(|&r| self.owner[r]).filter(|&o| o != NONE && o != g).collect()
+        let mut out: Vec<usize> = reads.iter().map(|&r| self.owner[r]).filter(|&o| o != NONE && o != g).collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// Whether `to` is reachable from `from` through at least one other group.
@@ -1158,25 +1169,23 @@ impl<'a> Fusion<'a> {
     /// The ids of [`Fusion::ordered`]'s groups.
     fn ordered_ids(&self) -> Vec<usize> {
         let live: Vec<usize> = (0..self.groups.len()).filter(|&g| self.groups[g].is_some()).collect();
-        let mut indeg: BTreeMap<usize, usize> = live.iter().map(|&g| (g, 0)).collect();
-        let mut succ: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
+        let mut indeg: Vec<usize> = vec![0; self.groups.len()];
+        let mut succ: Vec<Vec<usize>> = vec![Vec::new(); self.groups.len()];
         for &g in &live {
             let s = self.successors(g);
             for &t in &s {
-                *indeg.get_mut(&t).expect("live") += 1;
+                indeg[t] += 1;
             }
-            succ.insert(g, s);
+            succ[g] = s;
         }
         let mut ready: BTreeSet<(usize, usize)> =
-            live.iter().filter(|g| indeg[g] == 0).map(|&g| (self.first_member(g), g)).collect();
+            live.iter().filter(|&&g| indeg[g] == 0).map(|&g| (self.first_member(g), g)).collect();
         let mut out = Vec::with_capacity(live.len());
-        while let Some(&(k, g)) = ready.iter().next() {
-            ready.remove(&(k, g));
+        while let Some((_, g)) = ready.pop_first() {
             out.push(g);
-            for &t in &succ[&g] {
-                let d = indeg.get_mut(&t).expect("live");
-                *d -= 1;
-                if *d == 0 {
+            for &t in &succ[g] {
+                indeg[t] -= 1;
+                if indeg[t] == 0 {
                     ready.insert((self.first_member(t), t));
                 }
             }
@@ -1272,7 +1281,7 @@ mod tests {
             assert!(f.moves > 0, "{}: no move", p.source);
             for g in f.groups.iter().flatten() {
                 let fresh = analyse(&dag, &g.members, &|x| f.mat[x], &profile).unwrap();
-                assert_eq!(*g.cost, fresh, "{}: kernel of {:?}", p.source, g.members);
+                assert_eq!(g.cost, fresh, "{}: kernel of {:?}", p.source, g.members);
             }
             assert_ranks_topological(&f);
         }
