@@ -401,7 +401,7 @@ pub fn extract(
             }
         }
         let mut ahead: Vec<(Selection, Option<FusionParts>)> = match ahead {
-            Some(h) => h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)),
+            Some(h) => join(h),
             None => vec![],
         };
         let mut best: Option<Extracted> = None;
@@ -458,10 +458,14 @@ fn inline_first_state(
 }
 
 /// The fused cost of a selection: its DAG, predicted time, bytes and fusion state.
-type CostOf<'a> = dyn Fn(&Selection) -> Result<(Dag, f64, u64, FusionParts), String> + 'a;
+type CostOf<'a> = dyn Fn(&Selection) -> Result<(Dag, f64, u64, FusionParts), String> + Sync + 'a;
 
 /// Single-class e-node switches from `from`, each kept when the fused plan gets faster; with
 /// (trials made, trials allowed) when the deadline stopped them.
+///
+/// Most trials are not kept, so while one is judged, the next is judged ahead on a second
+/// thread from the same form; when a trial is kept, the next is judged again from the new form.
+/// The switches kept are those of judging one trial after another.
 fn improve(
     egraph: &TensorGraph,
     from: Extracted,
@@ -476,33 +480,58 @@ fn improve(
         let max_trials = (opts.max_trials * 100 / dag.len().max(1)).clamp(4.min(opts.max_trials), opts.max_trials);
         let mut trials = 0;
         let mut improved = true;
-        'search: while improved && trials < max_trials {
-            improved = false;
-            for (class, alt) in alternatives(egraph, &dag, &selection) {
-                if trials >= max_trials {
-                    break;
-                }
-                if deadline.expired() {
-                    stopped = Some((trials, max_trials));
-                    break 'search;
-                }
-                trials += 1;
-                let mut trial = selection.clone();
-                trial.insert(class, alt);
-                if let Ok((d, t, b, parts)) = cost_of(&trial) {
-                    if better_plan(t, b, best, best_bytes) {
-                        selection = trial;
-                        dag = d;
-                        best = t;
-                        best_bytes = b;
-                        fusion = Some(parts);
-                        improved = true;
+        std::thread::scope(|scope| {
+            'search: while improved && trials < max_trials {
+                improved = false;
+                let alts = alternatives(egraph, &dag, &selection);
+                // The next trial, judged ahead from the form as it is now.
+                let mut ahead = None;
+                for (i, (class, alt)) in alts.iter().enumerate() {
+                    if trials >= max_trials {
+                        break;
+                    }
+                    if deadline.expired() {
+                        stopped = Some((trials, max_trials));
+                        break 'search;
+                    }
+                    trials += 1;
+                    let switched = |selection: &Selection, class: Id, alt: &TensorLang| {
+                        let mut trial = selection.clone();
+                        trial.insert(class, alt.clone());
+                        trial
+                    };
+                    let trial = switched(&selection, *class, alt);
+                    let next = alts.get(i + 1).filter(|_| trials < max_trials).map(|(class, alt)| {
+                        let next = switched(&selection, *class, alt);
+                        scope.spawn(move || cost_of(&next))
+                    });
+                    let judged = match ahead.take() {
+                        Some(h) => join(h),
+                        None => cost_of(&trial),
+                    };
+                    ahead = next;
+                    if let Ok((d, t, b, parts)) = judged {
+                        if better_plan(t, b, best, best_bytes) {
+                            selection = trial;
+                            dag = d;
+                            best = t;
+                            best_bytes = b;
+                            fusion = Some(parts);
+                            improved = true;
+                            // (Judged from the form before this switch.)
+                            ahead = None;
+                        }
                     }
                 }
             }
-        }
+        });
     }
     (Extracted { dag, selection, predicted_us: best, bytes: best_bytes, fusion, cut }, stopped)
+}
+
+/// The answer of a scoped thread (its panic, if it panicked).
+fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
 /// The DAG of a selection and the predicted time of its fused (or unfused) plan, by greedy

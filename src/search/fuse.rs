@@ -19,12 +19,13 @@
 //! merge searches only the kernels ranked between the two instead of everything downstream.
 //! The body index (`computing_of`) finds the kernels computing a value without a scan. Kernels
 //! are never changed, only replaced under new ids, and what a move would add follows from the
-//! kernels it would replace: the analyses of the kernels moves would add ([`Derived`]) and the
-//! cycle tests between two kernels are kept while the kernels they name live, so a move
-//! evaluated again (the lazy greedy search re-evaluates a move before applying it and proposes
-//! moves again near every move it makes; the materialize rounds propose every materialize move
-//! each round) costs lookups, not analyses. A [`Deadline`] stops a search between moves: the
-//! state it leaves is legal, the best so far.
+//! kernels it would replace: the analyses of the kernels moves would add ([`Derived`]) are kept
+//! while the kernels they name live, and the cycle tests between two kernels while no move of
+//! the kind that could change the answer is made ([`Paths`]), so a move evaluated again (the
+//! lazy greedy search re-evaluates a move before applying it and proposes moves again near every
+//! move it makes; the materialize rounds propose every materialize move each round) costs
+//! lookups, not analyses. A [`Deadline`] stops a search between moves: the state it leaves is
+//! legal, the best so far.
 
 use std::cell::RefCell;
 use std::cmp::Ordering;
@@ -225,18 +226,27 @@ impl Analysed {
     }
 }
 
-/// Cycle tests answered, by (from, to) kernel: whether `to` reads, through other kernels or
-/// directly, what `from` writes. The answer depends only on the two kernels (it holds while both
-/// live), not on the kernels between them: `to` is reached exactly when some tensor it reads,
-/// other than those `from` writes (for a path through another kernel), is computed in the DAG
-/// from one `from` writes (a kernel computing a value from `from`'s tensors reads one of them,
-/// or reads from a kernel that does). Kernels are never changed, only replaced under new ids, so
-/// an answer holds while both live; clones of a state start empty (they number new kernels
-/// alike).
+/// Cycle tests answered, by (from, to) kernel: whether `to` reads what `from` writes, through
+/// other kernels or directly. Kernels are never changed, only replaced under new ids, and while
+/// both live, the answer changes only as the kernels between them do, in one direction per kind
+/// of move: a merge joins the paths through two kernels (a materialize move too: its writer reads
+/// what its readers read, and feeds them), so a "no" holds until the next merge or materialize
+/// move; an inline move whose kernel keeps other members can cut the paths that ran through it
+/// (to a kernel that reads only the other members, from one that fed only the recomputed one),
+/// so a "yes" holds until the next such move. An inline move of a kernel's only member changes
+/// no answer: each path through it runs on through its readers, which read what it read. Each
+/// answer is kept with the count of the moves that end it; clones of a state start empty (they
+/// number new kernels alike).
 #[derive(Default, Debug)]
 struct Paths {
-    answers: RefCell<IdMap<(bool, usize, usize), bool>>,
-    /// Answers after the last sweep of those whose kernels are gone.
+    /// Each answer, with the count of merges (for a "no") or of splits (for a "yes") it was
+    /// found at.
+    answers: RefCell<IdMap<PathQuery, (bool, usize)>>,
+    /// Merge and materialize moves applied.
+    joins: std::cell::Cell<usize>,
+    /// Inline moves applied whose kernel kept other members.
+    splits: std::cell::Cell<usize>,
+    /// Answers after the last sweep of those whose kernels are gone or that no longer hold.
     swept: std::cell::Cell<usize>,
     scratch: RefCell<Scratch>,
 }
@@ -247,6 +257,9 @@ impl Clone for Paths {
     }
 }
 
+/// A cycle test: (through another kernel only, from, to).
+type PathQuery = (bool, usize, usize);
+
 /// The depth-first search's marks (a stamp per call) and stack.
 #[derive(Default, Debug)]
 struct Scratch {
@@ -256,28 +269,45 @@ struct Scratch {
 }
 
 impl Paths {
-    /// The answer for (`through`, `from`, `to`), found by `search` when not known yet.
+    /// The count an answer holds for.
+    fn epoch(&self, answer: bool) -> usize {
+        if answer {
+            self.splits.get()
+        } else {
+            self.joins.get()
+        }
+    }
+
+    /// The answer for (`through`, `from`, `to`), found by `search` when none holds.
     fn answer(&self, through: bool, from: usize, to: usize, search: impl FnOnce() -> bool) -> bool {
         let key = (through, from, to);
-        if let Some(&a) = self.answers.borrow().get(&key) {
-            // (Unit tests check every answer reused against a fresh search.)
-            #[cfg(test)]
-            assert_eq!(a, search(), "{key:?}");
-            return a;
+        if let Some(&(a, at)) = self.answers.borrow().get(&key) {
+            if at == self.epoch(a) {
+                // (Unit tests check every answer reused against a fresh search.)
+                #[cfg(test)]
+                assert_eq!(a, search(), "{key:?}");
+                return a;
+            }
         }
         let a = search();
-        self.answers.borrow_mut().insert(key, a);
+        self.answers.borrow_mut().insert(key, (a, self.epoch(a)));
         a
     }
 
-    /// Forgets the answers about kernels no longer live, once they have doubled since the last
-    /// sweep.
-    fn sweep(&self, live: impl Fn(usize) -> bool) {
+    /// Counts a move applied; then forgets the answers about kernels no longer live and those
+    /// that no longer hold, once the answers have doubled since the last sweep.
+    fn moved(&self, mv: Move, split: bool, live: impl Fn(usize) -> bool) {
+        match mv {
+            Move::Merge(..) | Move::Materialize(..) => self.joins.set(self.joins.get() + 1),
+            Move::Inline(_) if split => self.splits.set(self.splits.get() + 1),
+            Move::Inline(_) => {}
+        }
         let mut answers = self.answers.borrow_mut();
         if answers.len() < 2 * self.swept.get() + 4096 {
             return;
         }
-        answers.retain(|&(_, from, to), _| live(from) && live(to));
+        let (joins, splits) = (self.joins.get(), self.splits.get());
+        answers.retain(|&(_, from, to), &mut (a, at)| live(from) && live(to) && at == if a { splits } else { joins });
         self.swept.set(answers.len());
     }
 }
@@ -819,6 +849,8 @@ impl<'a> Fusion<'a> {
         // replace (each reads what it read, or what the inlined kernel read, ranked lower); a
         // merge takes a rank from a reordering of the kernels between the two; a materialize
         // move (rare: a few per search) ranks every kernel again.
+        // (Whether an inline move's kernel keeps other members, which can cut paths.)
+        let split = matches!(p.mv, Move::Inline(m) if self.members(self.owner[m]).len() > 1);
         let ranks: Vec<usize> = match p.mv {
             Move::Inline(_) => p.remove.iter().map(|&r| self.rank[r]).collect(),
             Move::Merge(a, b) => vec![self.rank_merge(a, b)],
@@ -840,7 +872,7 @@ impl<'a> Fusion<'a> {
         }
         self.moves += 1;
         self.analysed.sweep(|g| self.groups[g].is_some());
-        self.paths.sweep(|g| self.groups[g].is_some());
+        self.paths.moved(p.mv, split, |g| self.groups[g].is_some());
     }
 
     /// Reorders the kernels ranked between `a` and `b` so that the kernel merging them can take
@@ -1274,6 +1306,17 @@ mod tests {
         let profile = DeviceProfile::load("h100").unwrap();
         let mut programs = programs();
         programs.push(skip_chain(200));
+        // (Forward and backward, where merges join paths between kernels tested before.)
+        for (name, dims) in [
+            ("transformer_block_grad", &[("B", 2), ("S", 8), ("E", 12), ("H", 3), ("Dh", 4), ("F", 16)][..]),
+            ("transformer_block_grad", &[][..]),
+            ("mlp_relu_dropout_grad", &[][..]),
+        ] {
+            let dims: Vec<(String, usize)> = dims.iter().map(|&(d, v)| (d.to_string(), v)).collect();
+            let path = format!("examples/{name}.eqf");
+            let p = crate::frontend::parse::load_program(&path, &dims).unwrap();
+            programs.push(crate::autodiff::expand::expand_for_planning(&p, false).unwrap().unwrap_or(p));
+        }
         for p in programs {
             let dag = Dag::from_program(&p);
             let mut f = Fusion::unfused(&dag, &profile);
