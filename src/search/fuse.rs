@@ -60,8 +60,10 @@ pub struct Fusion<'a> {
     readers: Vec<u32>,
     /// The groups reading each node.
     readers_of: Vec<BTreeSet<usize>>,
-    /// The groups reading each node, as (rank, group), to find a kernel's nearest siblings.
-    readers_by_rank: Vec<BTreeSet<(usize, usize)>>,
+    /// The groups reading each node, as (rank, group), to find a kernel's nearest siblings: kept
+    /// from when more than [`MANY_READERS`] read it (only then is it asked), so that ranking a
+    /// kernel again updates only the tensors many kernels read.
+    readers_by_rank: Vec<Option<BTreeSet<(usize, usize)>>>,
     /// The groups whose bodies compute each node without owning it (recomputed, inline).
     computing_of: Vec<Vec<usize>>,
     /// A topological rank of each group: a group's rank is below the rank of every group that
@@ -88,7 +90,7 @@ pub struct FusionParts {
     groups: Vec<Option<Group>>,
     readers: Vec<u32>,
     readers_of: Vec<BTreeSet<usize>>,
-    readers_by_rank: Vec<BTreeSet<(usize, usize)>>,
+    readers_by_rank: Vec<Option<BTreeSet<(usize, usize)>>>,
     computing_of: Vec<Vec<usize>>,
     rank: Vec<usize>,
     moves: usize,
@@ -260,12 +262,28 @@ impl Clone for Paths {
 /// A cycle test: (through another kernel only, from, to).
 type PathQuery = (bool, usize, usize);
 
-/// The depth-first search's marks (a stamp per call) and stack.
+/// The cycle test's marks (two stamps per call: one per side) and stacks (forward, backward).
 #[derive(Default, Debug)]
 struct Scratch {
     marks: Vec<u32>,
     stamp: u32,
     stack: Vec<usize>,
+    back: Vec<usize>,
+}
+
+impl Scratch {
+    /// Two stamps no kernel is marked with, marks sized for `len` kernels.
+    fn stamps(&mut self, len: usize) -> (u32, u32) {
+        if self.marks.len() < len {
+            self.marks.resize(len, 0);
+        }
+        if self.stamp >= u32::MAX - 2 {
+            self.marks.fill(0);
+            self.stamp = 0;
+        }
+        self.stamp += 2;
+        (self.stamp - 1, self.stamp)
+    }
 }
 
 impl Paths {
@@ -394,7 +412,7 @@ impl<'a> Fusion<'a> {
             groups: vec![],
             readers: vec![0; n],
             readers_of: vec![BTreeSet::new(); n],
-            readers_by_rank: vec![BTreeSet::new(); n],
+            readers_by_rank: vec![None; n],
             computing_of: vec![Vec::new(); n],
             rank: vec![],
             moves: 0,
@@ -460,7 +478,17 @@ impl<'a> Fusion<'a> {
         for &r in &g.cost.reads {
             self.readers[r] += 1;
             self.readers_of[r].insert(id);
-            self.readers_by_rank[r].insert((rank, id));
+            match &mut self.readers_by_rank[r] {
+                Some(by_rank) => {
+                    by_rank.insert((rank, id));
+                }
+                None if self.readers_of[r].len() > MANY_READERS => {
+                    let ranked =
+                        self.readers_of[r].iter().map(|&g| if g == id { (rank, g) } else { (self.rank[g], g) });
+                    self.readers_by_rank[r] = Some(ranked.collect());
+                }
+                None => {}
+            }
         }
         for &b in &g.cost.body {
             if g.members.binary_search(&b).is_err() {
@@ -476,7 +504,9 @@ impl<'a> Fusion<'a> {
             for &r in &g.cost.reads {
                 self.readers[r] -= 1;
                 self.readers_of[r].remove(&id);
-                self.readers_by_rank[r].remove(&(self.rank[id], id));
+                if let Some(by_rank) = &mut self.readers_by_rank[r] {
+                    by_rank.remove(&(self.rank[id], id));
+                }
             }
             for &m in &g.members {
                 if self.owner[m] == id {
@@ -640,7 +670,7 @@ impl<'a> Fusion<'a> {
             return self.readers_of[r].iter().copied().filter(|&x| x != gid).take(8).collect();
         }
         let at = (self.rank[gid], gid);
-        let by_rank = &self.readers_by_rank[r];
+        let by_rank = self.readers_by_rank[r].as_ref().expect("kept for many readers");
         let before = by_rank.range(..at).rev().take(4).map(|&(_, g)| g);
         let after = by_rank.range(at..).filter(|&&(_, g)| g != gid).take(4).map(|&(_, g)| g);
         before.chain(after).collect()
@@ -707,7 +737,8 @@ impl<'a> Fusion<'a> {
         for (&r, gs) in &by_read {
             // (Pairs of kernels adjacent in rank where many read the tensor; see `siblings`.)
             if gs.len() > MANY_READERS {
-                let by_rank: Vec<usize> = self.readers_by_rank[r].iter().map(|&(_, g)| g).collect();
+                let by_rank = self.readers_by_rank[r].as_ref().expect("kept for many readers");
+                let by_rank: Vec<usize> = by_rank.iter().map(|&(_, g)| g).collect();
                 for w in by_rank.windows(2) {
                     out.push(Move::Merge(w[0].min(w[1]), w[0].max(w[1])));
                 }
@@ -883,30 +914,40 @@ impl<'a> Fusion<'a> {
     fn rank_merge(&mut self, a: usize, b: usize) -> usize {
         let (lo, hi) = if self.rank[a] < self.rank[b] { (a, b) } else { (b, a) };
         let (rlo, rhi) = (self.rank[lo], self.rank[hi]);
-        // Forward from the earlier, ranked below the later.
-        let mut fwd = vec![lo];
-        let mut seen: BTreeSet<usize> = [lo].into();
-        let mut k = 0;
-        while k < fwd.len() {
-            for s in self.successors(fwd[k]) {
-                if self.rank[s] < rhi && seen.insert(s) {
-                    fwd.push(s);
+        // (Kernels seen are marked in the cycle test's scratch space, one stamp per side.)
+        let (fwd, back) = {
+            let mut scratch = self.paths.scratch.borrow_mut();
+            let (fwd_seen, back_seen) = scratch.stamps(self.groups.len());
+            let marks = &mut scratch.marks;
+            // Forward from the earlier, ranked below the later.
+            let mut fwd = vec![lo];
+            marks[lo] = fwd_seen;
+            let mut k = 0;
+            while k < fwd.len() {
+                for s in self.successors(fwd[k]) {
+                    if self.rank[s] < rhi && marks[s] != fwd_seen {
+                        marks[s] = fwd_seen;
+                        fwd.push(s);
+                    }
                 }
+                k += 1;
             }
-            k += 1;
-        }
-        // Backward from the later, ranked above the earlier.
-        let mut back = vec![hi];
-        seen = [hi].into();
-        let mut k = 0;
-        while k < back.len() {
-            for p in self.predecessors(back[k]) {
-                if self.rank[p] > rlo && seen.insert(p) {
-                    back.push(p);
+            // Backward from the later, ranked above the earlier.
+            let mut back = vec![hi];
+            marks[hi] = back_seen;
+            let mut k = 0;
+            while k < back.len() {
+                for p in self.predecessors(back[k]) {
+                    if self.rank[p] > rlo && marks[p] != back_seen {
+                        marks[p] = back_seen;
+                        back.push(p);
+                    }
                 }
+                k += 1;
             }
-            k += 1;
-        }
+            (fwd, back)
+        };
+        let (mut fwd, mut back) = (fwd, back);
         fwd.sort_by_key(|&g| self.rank[g]);
         back.sort_by_key(|&g| self.rank[g]);
         let mut pool: Vec<usize> = fwd.iter().chain(&back).map(|&g| self.rank[g]).collect();
@@ -934,8 +975,10 @@ impl<'a> Fusion<'a> {
         }
         if let Some(group) = &self.groups[g] {
             for &r in &group.cost.reads {
-                self.readers_by_rank[r].remove(&(old, g));
-                self.readers_by_rank[r].insert((rank, g));
+                if let Some(by_rank) = &mut self.readers_by_rank[r] {
+                    by_rank.remove(&(old, g));
+                    by_rank.insert((rank, g));
+                }
             }
         }
         self.rank[g] = rank;
@@ -981,49 +1024,83 @@ impl<'a> Fusion<'a> {
 
     /// Whether `to` can be reached from `from` along reads (directly or through other kernels).
     fn reachable(&self, from: usize, to: usize) -> bool {
-        self.paths.answer(false, from, to, || self.reaches(std::iter::once(from), to))
+        self.paths.answer(false, from, to, || self.reads_from(to, from) || self.through_other(from, to))
     }
 
-    /// Whether `to` can be reached from any of `starts` along reads. Ranks rise along every
-    /// path, so only kernels ranked below `to` are searched. (A depth-first search marking
-    /// kernels in the scratch space: no set is allocated.)
-    fn reaches(&self, starts: impl Iterator<Item = usize>, to: usize) -> bool {
-        let limit = self.rank[to];
+    /// Whether kernel `to` reads something kernel `from` writes.
+    fn reads_from(&self, to: usize, from: usize) -> bool {
+        self.groups[to].as_ref().is_some_and(|g| g.cost.reads.iter().any(|&r| self.owner[r] == from))
+    }
+
+    /// Whether `to` can be reached from `from` through at least one other kernel. Ranks rise
+    /// along every path, so only the kernels ranked between the two are searched, from both
+    /// ends at once (what `from` reaches and what reaches `to`, a kernel from each in turn): a
+    /// path shows where the two meet, or as an edge into `to` or out of `from`; none, as soon as
+    /// either side has nothing left, so the search costs about twice the smaller side, however
+    /// large the other (a kernel early in a long program reaches most of what follows it).
+    /// Kernels are marked in the scratch space (one stamp per side): no set is allocated.
+    fn through_other(&self, from: usize, to: usize) -> bool {
+        let (lo, hi) = (self.rank[from], self.rank[to]);
+        if lo >= hi {
+            return false;
+        }
         let mut scratch = self.paths.scratch.borrow_mut();
-        let Scratch { marks, stamp, stack } = &mut *scratch;
-        if marks.len() < self.groups.len() {
-            marks.resize(self.groups.len(), 0);
-        }
-        *stamp = stamp.wrapping_add(1);
-        if *stamp == 0 {
-            marks.fill(0);
-            *stamp = 1;
-        }
-        let stamp = *stamp;
+        let (fwd, bwd) = scratch.stamps(self.groups.len());
+        let Scratch { marks, stack, back, .. } = &mut *scratch;
+        let between = |g: usize| lo < self.rank[g] && self.rank[g] < hi;
         stack.clear();
-        for s in starts {
-            if self.rank[s] < limit && marks[s] != stamp {
-                marks[s] = stamp;
-                stack.push(s);
+        back.clear();
+        for &m in self.members(from) {
+            for &s in &self.readers_of[m] {
+                if s != from && s != to && between(s) && marks[s] != fwd {
+                    marks[s] = fwd;
+                    stack.push(s);
+                }
             }
         }
-        while let Some(g) = stack.pop() {
+        let reads = |g: usize| self.groups[g].as_ref().map_or(&[][..], |g| &g.cost.reads[..]);
+        for &r in reads(to) {
+            let p = self.owner[r];
+            if p != NONE && p != from && p != to && between(p) {
+                if marks[p] == fwd {
+                    return true;
+                }
+                if marks[p] != bwd {
+                    marks[p] = bwd;
+                    back.push(p);
+                }
+            }
+        }
+        loop {
+            // What `from` reaches, one kernel further.
+            let Some(g) = stack.pop() else { return false };
             for &m in self.members(g) {
                 for &s in &self.readers_of[m] {
-                    if s == g {
-                        continue;
-                    }
-                    if s == to {
+                    if s == to || marks[s] == bwd {
                         return true;
                     }
-                    if self.rank[s] < limit && marks[s] != stamp {
-                        marks[s] = stamp;
+                    if s != g && between(s) && marks[s] != fwd {
+                        marks[s] = fwd;
                         stack.push(s);
                     }
                 }
             }
+            // What reaches `to`, one kernel further.
+            let Some(g) = back.pop() else { return false };
+            for &r in reads(g) {
+                let p = self.owner[r];
+                if p == NONE || p == g {
+                    continue;
+                }
+                if p == from || marks[p] == fwd {
+                    return true;
+                }
+                if between(p) && marks[p] != bwd {
+                    marks[p] = bwd;
+                    back.push(p);
+                }
+            }
         }
-        false
     }
 
     /// Materialize moves for tensors recomputed by several kernels: written by a kernel that
@@ -1187,10 +1264,7 @@ impl<'a> Fusion<'a> {
         if self.rank[from] > self.rank[to] {
             return false;
         }
-        self.paths.answer(true, from, to, || {
-            let next = self.members(from).iter().flat_map(|&m| self.readers_of[m].iter().copied());
-            self.reaches(next.filter(|&s| s != from && s != to), to)
-        })
+        self.paths.answer(true, from, to, || self.through_other(from, to))
     }
 
     /// The live groups in an execution order (producers first; ties by smallest member).
