@@ -157,25 +157,3 @@ pub struct ReadmeDoctests;
 pub mod scalars {
     pub use crate::ir::scalar::{binary, gelu, gelu_tanh, sigmoid, unary};
 }
-#[doc(hidden)]
-pub static TMPP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-#[doc(hidden)]
-pub static TMPPT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-#[doc(hidden)]
-pub static TMPN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-#[doc(hidden)]
-pub static TMPNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-#[doc(hidden)]
-pub static TMPH2: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-#[doc(hidden)]
-pub fn tmp_paths() {
-    let l = |a: &std::sync::atomic::AtomicUsize| a.load(std::sync::atomic::Ordering::Relaxed);
-    eprintln!(
-        "PATHS pos {} ({:.3} s) neg {} ({:.3} s) hits {}",
-        l(&TMPP),
-        l(&TMPPT) as f64 * 1e-9,
-        l(&TMPN),
-        l(&TMPNT) as f64 * 1e-9,
-        l(&TMPH2)
-    );
-}

@@ -247,12 +247,6 @@ fn spinner(msg: &str) -> indicatif::ProgressBar {
 }
 
 fn run(cli: Cli) -> Result<(), Error> {
-    let r = run2(cli);
-    eqfuse::tmp_paths();
-    r
-}
-
-fn run2(cli: Cli) -> Result<(), Error> {
     match cli.command {
         Command::Optimize { plan, format } => {
             let (_, opt) = plan.optimize()?;
