@@ -1,16 +1,20 @@
 //! Planning time (saturation and extraction) over the example corpus, over generated residual
 //! stacks of 1 to 12 blocks, and over generated transformer stacks of 1 to 12 blocks, forward and
-//! forward+backward (issue 7), and over long chains with skip connections,
-//! `t_i = f(t_(i-1)) * y + t_(i-7)` (issues 18 and 21: extraction near-linear in program size).
-//! Each size prints its e-graph size, iterations, stop reason and kernel count once. Targets:
-//! every example under 100 ms; a transformer block forward+backward under 1 s; 12 of them under
-//! 30 s; a chain of 2,000 bindings under 10 s with default options, one of 20,000 within
-//! `--time-limit 5` (and, issue 21, under 10 s with default options).
+//! forward+backward (issue 7), over long chains with skip connections,
+//! `t_i = f(t_(i-1)) * y + t_(i-7)` (issues 18 and 21: extraction near-linear in program size),
+//! and over a GPT-2-like training step of 12 blocks (issue 21: planning at model scale).
+//! Each size prints its e-graph size, iterations, stop reason, kernel count and planning time
+//! once, and whether the time limit cut anything. Targets: every example under 100 ms; a
+//! transformer block forward+backward under 1 s; 12 of them under 30 s; a chain of 2,000
+//! bindings under 10 s with default options, one of 20,000 within `--time-limit 5`; issue 21:
+//! a chain of 20,000 operators (6,667 bindings) and one of 20,000 bindings (60,000 operators)
+//! each under 10 s, and the 12-block GPT-2 training step under 10 s, with the library's default
+//! options and without the time limit cutting anything.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use eqfuse::{
-    load_program, optimize, parse_program, residual_stack_eqf, skip_chain_eqf, transformer_stack_eqf, DeviceProfile,
-    OptimizeOptions, Program,
+    gpt2_train_eqf, load_program, optimize, parse_program, residual_stack_eqf, skip_chain_eqf, transformer_stack_eqf,
+    DeviceProfile, OptimizeOptions, Program,
 };
 
 fn opts() -> OptimizeOptions {
@@ -58,7 +62,14 @@ fn describe(what: &str, program: &Program) {
 fn skip_chains(c: &mut Criterion) {
     let mut group = c.benchmark_group("plan-skip-chain");
     group.sample_size(10);
-    for (bindings, functions) in [(100, &["exp"][..]), (500, &["exp", "tanh", "sigmoid"][..]), (2000, &[][..])] {
+    for (bindings, functions) in [
+        (100, &["exp"][..]),
+        (500, &["exp", "tanh", "sigmoid"][..]),
+        (2000, &[][..]),
+        // 20,000 operators, and 20,000 bindings.
+        (6667, &[][..]),
+        (20_000, &[][..]),
+    ] {
         let text = skip_chain_eqf(bindings, 4096, 1024, functions);
         let program = parse_program("chain.eqf", &text, &[]).expect("parses");
         describe(&format!("skip chain of {bindings}"), &program);
@@ -99,5 +110,20 @@ fn transformer_stacks(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, examples, stacks, transformer_stacks, skip_chains);
+/// A GPT-2-like training step (embeddings, causal attention written out, final layernorm, tied
+/// logits, cross-entropy; forward and backward) of 1 and 12 blocks.
+fn gpt2_training(c: &mut Criterion) {
+    let mut group = c.benchmark_group("plan-gpt2-train");
+    group.sample_size(10);
+    for blocks in [1, 12] {
+        let program = parse_program("gpt2.eqf", &gpt2_train_eqf(blocks, 8, 1024), &[]).expect("parses");
+        describe(&format!("GPT-2 training step of {blocks}"), &program);
+        group.bench_with_input(BenchmarkId::from_parameter(blocks), &program, |b, p| {
+            b.iter(|| optimize(p, &opts()).expect("plans"))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, examples, stacks, transformer_stacks, skip_chains, gpt2_training);
 criterion_main!(benches);

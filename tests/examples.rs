@@ -151,6 +151,37 @@ fn identical_input_gives_byte_identical_plans() {
 }
 
 #[test]
+fn the_generated_gpt2_training_step_plans_and_computes_the_program() {
+    // The planning bench's GPT-2 training step (benches/planning.rs) at small widths: two blocks,
+    // the loss and every weight's gradient, fused and unfused, checked against the reference.
+    let dims: Vec<(String, usize)> = [("V", 20), ("P", 12), ("E", 12), ("H", 3), ("Dh", 4), ("F", 16)]
+        .iter()
+        .map(|(n, v)| (n.to_string(), *v))
+        .collect();
+    let program = eqfuse::parse_program("gpt2.eqf", &eqfuse::gpt2_train_eqf(2, 2, 8), &dims).unwrap();
+    assert_eq!(program.outputs.len(), 1 + 2 + 2 * 16 + 2);
+    for fusion in [true, false] {
+        let mut o = opts();
+        o.fusion = fusion;
+        let plan = optimize(&program, &o).unwrap().plan;
+        assert!(plan.search.time_limit_cut.is_empty(), "{:?}", plan.search.time_limit_cut);
+        if fusion {
+            assert!(plan.total.kernels < plan.unfused.kernels, "nothing fused");
+        }
+        // In f64 without rounding at each node: the key biases' gradients are exactly zero (a
+        // softmax row does not change when every score moves by the same amount), so rounding
+        // noise would be all there is to compare at the program's own precision.
+        let inputs = random_inputs(&program, 5);
+        let got = eqfuse::eval_plan_with(&plan, &inputs, eqfuse::Precision::F64).unwrap();
+        let want = eqfuse::eval_with(&program, &inputs, eqfuse::Precision::F64).unwrap();
+        for ((o, g), w) in program.outputs.iter().zip(&got).zip(&want) {
+            let cmp = g.compare(w, 1e-9, 1e-9);
+            assert!(cmp.ok(), "fusion {fusion}: output {}: {cmp}", o.name);
+        }
+    }
+}
+
+#[test]
 fn generated_transformer_stacks_plan_and_compute_the_program() {
     // The scaling bench's programs (benches/planning.rs), at small widths: two blocks, forward and
     // forward+backward, fused and unfused, checked against the reference like the examples.

@@ -55,40 +55,53 @@ pub struct KernelCost {
     /// workspace (the f32 accumulator of attention's query gradient summed by atomics) and a
     /// scatter_add's atomics (see `scatter_traffic_bytes`).
     pub workspace_bytes: u64,
+    /// Bytes read ([`KernelCost::bytes_read`]).
+    read_bytes: u64,
 }
 
-/// Bytes a kernel with body `body` reads of tensor `r`: all of it, unless every use in the body
-/// is the operand of a `slice` or `gather`, which read only the elements they take (at most
-/// their own size each).
-fn sliced_bytes(dag: &Dag, body: &[usize], r: usize) -> u64 {
-    let full = dag.bytes(r);
-    let mut part = 0u64;
+/// Bytes a kernel with body `body` reads of each of its reads `reads` (sorted): all of a tensor,
+/// unless every use in the body is the operand of a `slice` or `gather`, which read only the
+/// elements they take (at most their own size each). One pass over the body.
+fn sliced_bytes(dag: &Dag, body: &[usize], reads: &[usize]) -> Vec<u64> {
+    // Per read: the bytes its slices and gathers take, or `None` once a use reads all of it.
+    let mut part: Vec<Option<u64>> = vec![Some(0); reads.len()];
     for &b in body {
         let n = &dag.nodes[b];
-        let mut uses = n.children().enumerate().filter(|&(_, c)| c == r).map(|(i, _)| i).peekable();
-        if uses.peek().is_none() {
-            continue;
-        }
-        match n.kind() {
-            Some(Kind::Slice | Kind::Gather) if uses.all(|i| i == 0) => part = part.saturating_add(dag.bytes(b)),
-            _ => return full,
+        let index_map = matches!(n.kind(), Some(Kind::Slice | Kind::Gather));
+        for (i, c) in n.children().enumerate() {
+            let Ok(ri) = reads.binary_search(&c) else { continue };
+            part[ri] = match part[ri] {
+                Some(p) if index_map && i == 0 => Some(p.saturating_add(dag.bytes(b))),
+                _ => None,
+            };
         }
     }
-    if part == 0 {
-        full
-    } else {
-        part.min(full)
-    }
+    reads
+        .iter()
+        .zip(part)
+        .map(|(&r, part)| {
+            let full = dag.bytes(r);
+            match part {
+                Some(p) if p > 0 => p.min(full),
+                _ => full,
+            }
+        })
+        .collect()
 }
 
 impl KernelCost {
-    /// Bytes read, counting re-streamed rows.
-    pub fn bytes_read(&self, dag: &Dag) -> u64 {
+    /// Bytes read, counting re-streamed rows (computed once, when the kernel is analysed).
+    pub fn bytes_read(&self) -> u64 {
+        self.read_bytes
+    }
+
+    /// [`KernelCost::bytes_read`] from the body, the reads and the passes.
+    fn count_bytes_read(&self, dag: &Dag) -> u64 {
         let full: usize = self.domain.iter().product();
-        self.reads
-            .iter()
-            .map(|&r| {
-                let b = sliced_bytes(dag, &self.body, r);
+        sliced_bytes(dag, &self.body, &self.reads)
+            .into_iter()
+            .zip(&self.reads)
+            .map(|(b, &r)| {
                 let is_full = dag.nodes[r].ty().is_some_and(|t| t.numel() == full && full > 1);
                 if is_full {
                     b * self.passes as u64
@@ -109,7 +122,7 @@ impl KernelCost {
     pub fn predict_us_hit(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64, hit: u64) -> f64 {
         let dtype = kernel_dtype(dag, &self.body);
         let work = Work {
-            bytes: self.bytes_read(dag) + bytes_written + self.workspace_bytes,
+            bytes: self.read_bytes + bytes_written + self.workspace_bytes,
             hit,
             flops: self.flops,
             stages: self.stages,
@@ -220,11 +233,13 @@ pub fn analyse(
         tiles: None,
         calls: 1,
         workspace_bytes,
+        read_bytes: 0,
     };
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
         k.stages = latency_stages(dag, &k);
     }
+    k.read_bytes = k.count_bytes_read(dag);
     if k.kind == KernelKind::RowGlobal {
         // Cross-entropy's mean over rows: a row kernel's stages, and one more for the blocks'
         // partials, which the last block to finish adds after a fence and a count.
@@ -289,7 +304,7 @@ fn gemm_implementation(
     };
     let dtype = k.body.last().and_then(|&b| dag.nodes[b].ty()).map_or(DType::F32, |t| t.dtype);
     let work = Work {
-        bytes: k.bytes_read(dag) + dag.bytes(members[0]),
+        bytes: k.read_bytes + dag.bytes(members[0]),
         hit: 0,
         flops: k.flops,
         stages: k.stages,
@@ -475,14 +490,20 @@ fn candidate_kernel(dag: &Dag, members: &[usize], k: &KernelCost, template: Temp
 }
 
 /// The body and reads of a kernel: DFS from the members, stopping at materialized non-members.
+/// It asks `mat` only about the nodes it returns that are not members, so another `mat` that
+/// agrees on those (the reads materialized, the rest of the body not) gives the same answer.
 fn collect(dag: &Dag, members: &[usize], mat: &dyn Fn(usize) -> bool) -> (Vec<usize>, Vec<usize>) {
     // Nodes seen are marked with this call's stamp in a per-thread array (no hashing: a set
-    // of seen nodes was a fifth of the fusion search's time).
+    // of seen nodes was a fifth of the fusion search's time); the search's stack and lists grow
+    // in per-thread buffers too, and the answer is copied out at its size.
     thread_local! {
-        static SEEN: std::cell::RefCell<(Vec<u32>, u32)> = const { std::cell::RefCell::new((Vec::new(), 0)) };
+        static SEEN: std::cell::RefCell<Scratch> = const {
+            std::cell::RefCell::new((Vec::new(), 0, Vec::new(), Vec::new(), Vec::new()))
+        };
     }
+    type Scratch = (Vec<u32>, u32, Vec<usize>, Vec<usize>, Vec<usize>);
     SEEN.with(|cell| {
-        let (marks, stamp) = &mut *cell.borrow_mut();
+        let (marks, stamp, body, reads, stack) = &mut *cell.borrow_mut();
         if marks.len() < dag.len() {
             marks.resize(dag.len(), 0);
         }
@@ -495,9 +516,10 @@ fn collect(dag: &Dag, members: &[usize], mat: &dyn Fn(usize) -> bool) -> (Vec<us
         for &m in members {
             marks[m] = stamp;
         }
-        let mut body = Vec::new();
-        let mut reads = Vec::new();
-        let mut stack: Vec<usize> = members.to_vec();
+        body.clear();
+        reads.clear();
+        stack.clear();
+        stack.extend_from_slice(members);
         while let Some(i) = stack.pop() {
             body.push(i);
             for c in dag.nodes[i].children() {
@@ -517,7 +539,7 @@ fn collect(dag: &Dag, members: &[usize], mat: &dyn Fn(usize) -> bool) -> (Vec<us
         }
         body.sort_unstable();
         reads.sort_unstable();
-        (body, reads)
+        (body.to_vec(), reads.to_vec())
     })
 }
 
@@ -826,8 +848,9 @@ impl Shaped<'_> {
             domain = self
                 .body
                 .iter()
-                .filter(|&&b| !mapped.contains(&b))
-                .map(|&b| self.shape(b))
+                .enumerate()
+                .filter(|&(i, _)| mapped.get(i) != Some(&true))
+                .map(|(_, &b)| self.shape(b))
                 // Of equal sizes, the highest rank: [1, 1] and [] both fit [1, 1], not [].
                 .max_by_key(|s| (s.iter().product::<usize>(), s.len()))
                 .unwrap_or(&[])
@@ -874,11 +897,11 @@ impl Shaped<'_> {
     /// reads that feed a matrix product, which the product indexes itself).
     fn fits(&self, domain: &[usize], operand_views: &[usize]) -> Result<(), String> {
         let mapped = self.mapped_operands();
-        for &b in self.body {
+        for (i, &b) in self.body.iter().enumerate() {
             if operand_views.contains(&b) {
                 continue;
             }
-            if mapped.contains(&b) {
+            if mapped.get(i) == Some(&true) {
                 self.view_ok(b)?;
                 continue;
             }
@@ -942,31 +965,38 @@ impl Shaped<'_> {
     }
 
     /// Body nodes used only as operands of index maps (`slice`, `concat`, `gather`, the indices of
-    /// `scatter_add`), directly or through views and slices: they are read in place at the places
-    /// the map computes, so they need not fit the iteration space (`view_ok` makes sure they are
-    /// in device memory).
-    fn mapped_operands(&self) -> Vec<usize> {
-        let mut mapped: Vec<usize> = Vec::new();
-        for &b in self.body.iter().rev() {
-            let mut used = false;
-            let all_mapped = self.body.iter().all(|&u| {
-                let n = &self.dag.nodes[u];
-                let at: Vec<usize> = n.children().enumerate().filter(|&(_, c)| c == b).map(|(i, _)| i).collect();
-                if at.is_empty() {
-                    return true;
-                }
-                used = true;
-                match n.kind() {
-                    Some(Kind::Slice) => at == [0],
-                    Some(Kind::Concat | Kind::Gather) => at.iter().all(|&i| i < 2),
+    /// `scatter_add`), directly or through views and slices: they are read in place at the places the map computes, so they
+    /// need not fit the iteration space (`view_ok` makes sure they are in device memory).
+    /// Returned by body position, or empty when there is none. One sweep from the last body
+    /// node down: a node's users come after it in the body (topological order), so each is
+    /// settled before its operands.
+    fn mapped_operands(&self) -> Vec<bool> {
+        // (A mapped node reaches an index map through views: none without one.)
+        let index_map =
+            |&b: &usize| matches!(self.dag.nodes[b].kind(), Some(Kind::Slice | Kind::Concat | Kind::Gather | Kind::ScatterAdd));
+        if !self.body.iter().any(index_map) {
+            return vec![];
+        }
+        let len = self.body.len();
+        let mut mapped = vec![false; len];
+        let mut used = vec![false; len];
+        let mut all_mapped = vec![true; len];
+        for p in (0..len).rev() {
+            let u = self.body[p];
+            mapped[p] = used[p] && all_mapped[p] && !self.dag.is_output[u];
+            let n = &self.dag.nodes[u];
+            let kind = n.kind();
+            for (i, c) in n.children().enumerate() {
+                let Ok(pc) = self.body.binary_search(&c) else { continue };
+                used[pc] = true;
+                all_mapped[pc] &= match kind {
+                    Some(Kind::Slice) => i == 0,
+                    Some(Kind::Concat | Kind::Gather) => i < 2,
                     // (A scatter_add's indices: read at the index axes of its values.)
-                    Some(Kind::ScatterAdd) => at == [0],
-                    Some(Kind::Reshape | Kind::Broadcast | Kind::Transpose) => mapped.contains(&u),
+                    Some(Kind::ScatterAdd) => i == 0,
+                    Some(Kind::Reshape | Kind::Broadcast | Kind::Transpose) => mapped[p],
                     _ => false,
-                }
-            });
-            if used && all_mapped && !self.dag.is_output[b] {
-                mapped.push(b);
+                };
             }
         }
         mapped

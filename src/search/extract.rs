@@ -326,7 +326,8 @@ pub fn extract(
 ) -> Result<Extracted, String> {
     let local = local_selection(egraph, profile);
     let first_half = opts.deadline.share(0.5);
-    let cost_of = |sel: &Selection| scored_by(egraph, sel, roots, names, profile, opts.fusion, false, first_half, None);
+    let cost_of =
+        |sel: &Selection| scored_by(egraph, sel, roots, names, profile, opts.fusion, false, first_half, None, None);
     let mut cut: Vec<String> = vec![];
     // The best plan of the first half (greedy fusion alone): complete, so it is the plan if the
     // deadline cuts every whole search after it.
@@ -339,81 +340,132 @@ pub fn extract(
     // saved row statistics, where the switch to an `rmsnorm` composite wins under greedy fusion
     // alone but then needs `dy * xhat` written).
     // Each with the state greedy fusion reached on it, which the whole search starts from.
-    let mut candidates: Vec<Selection> = vec![];
-    let mut greedy_states: Vec<Option<FusionParts>> = vec![];
-    let mut starts = vec![local];
-    starts.extend(opts.start.clone());
-    for (k, start) in starts.into_iter().enumerate() {
-        // A start equal to an earlier one would be searched to the same result.
-        if k > 0 && candidates.iter().skip(1).step_by(2).any(|c| *c == start) {
-            continue;
-        }
-        if k > 0 && first_half.expired() {
-            cut.push("the search from the program as written".into());
-            continue;
-        }
-        let (dag, t, bytes, parts) = match cost_of(&start) {
-            Ok(x) => x,
-            Err(e) if k == 0 => return Err(e),
-            Err(_) => continue,
-        };
-        if parts.cut {
-            cut.push("the greedy fusion search of the first form".into());
-        }
-        let start_state = parts.clone();
-        let from =
-            Extracted { dag, selection: start.clone(), predicted_us: t, bytes, fusion: Some(parts), cut: vec![] };
-        let (improved, trials) = improve(egraph, from, opts, first_half, &cost_of);
-        if let Some((done, limit)) = trials {
-            cut.push(format!("e-node switches after {done} of {limit} trials"));
-        }
-        candidates.push(improved.selection.clone());
-        greedy_states.push(improved.fusion.clone());
-        candidates.push(start);
-        greedy_states.push(Some(start_state));
-        if first.as_ref().is_none_or(|b| better_plan(improved.predicted_us, improved.bytes, b.predicted_us, b.bytes)) {
-            first = Some(improved);
-        }
-    }
-    let mut best: Option<Extracted> = None;
-    let mut whole_cut = false;
-    for (k, sel) in candidates.iter().enumerate() {
-        // (A candidate scored before scores the same: it cannot be strictly better.)
-        if candidates[..k].contains(sel) || best.as_ref().is_some_and(|b| b.selection == *sel) {
-            continue;
-        }
-        let sel = sel.clone();
-        if opts.deadline.expired() && (best.is_some() || first.is_some()) {
-            whole_cut = true;
-            break;
-        }
-        let greedy = greedy_states[k].take();
-        let scored = scored_by(egraph, &sel, roots, names, profile, opts.fusion, true, opts.deadline, greedy);
-        let Ok((dag, t, bytes, parts)) = scored else { continue };
-        whole_cut |= parts.cut;
-        if best.as_ref().is_none_or(|b| better_plan(t, bytes, b.predicted_us, b.bytes)) {
-            best = Some(Extracted { dag, selection: sel, predicted_us: t, bytes, fusion: Some(parts), cut: vec![] });
-        }
-    }
-    if whole_cut {
-        cut.push("the whole fusion search (materialize rounds) of the candidate forms".into());
-        // A cut search may leave a state worse than greedy fusion's complete one.
-        if let Some(f) = first {
-            if best.as_ref().is_none_or(|b| better_plan(f.predicted_us, f.bytes, b.predicted_us, b.bytes)) {
-                best = Some(f);
+    std::thread::scope(|scope| {
+        let mut candidates: Vec<Selection> = vec![];
+        let mut greedy_states: Vec<Option<FusionParts>> = vec![];
+        let mut starts = vec![local];
+        starts.extend(opts.start.clone());
+        // The whole search of every start is made (each start is a candidate, or equal to one), and
+        // its first half (`Fusion::inline_first`) depends on the start alone: it is searched ahead
+        // on a second thread while this one runs greedy fusion and the e-node switches.
+        let ahead = opts.fusion.then(|| {
+            let mut forms: Vec<Selection> = Vec::new();
+            for s in &starts {
+                if !forms.contains(s) {
+                    forms.push(s.clone());
+                }
+            }
+            scope.spawn(move || {
+                forms
+                    .into_iter()
+                    .map(|sel| {
+                        let parts = inline_first_state(egraph, &sel, roots, names, profile, opts.deadline);
+                        (sel, parts)
+                    })
+                    .collect::<Vec<_>>()
+            })
+        });
+        for (k, start) in starts.into_iter().enumerate() {
+            // A start equal to an earlier one would be searched to the same result.
+            if k > 0 && candidates.iter().skip(1).step_by(2).any(|c| *c == start) {
+                continue;
+            }
+            if k > 0 && first_half.expired() {
+                cut.push("the search from the program as written".into());
+                continue;
+            }
+            let (dag, t, bytes, parts) = match cost_of(&start) {
+                Ok(x) => x,
+                Err(e) if k == 0 => return Err(e),
+                Err(_) => continue,
+            };
+            if parts.cut {
+                cut.push("the greedy fusion search of the first form".into());
+            }
+            let start_state = parts.clone();
+            let from =
+                Extracted { dag, selection: start.clone(), predicted_us: t, bytes, fusion: Some(parts), cut: vec![] };
+            let (improved, trials) = improve(egraph, from, opts, first_half, &cost_of);
+            if let Some((done, limit)) = trials {
+                cut.push(format!("e-node switches after {done} of {limit} trials"));
+            }
+            candidates.push(improved.selection.clone());
+            greedy_states.push(improved.fusion.clone());
+            candidates.push(start);
+            greedy_states.push(Some(start_state));
+            if first
+                .as_ref()
+                .is_none_or(|b| better_plan(improved.predicted_us, improved.bytes, b.predicted_us, b.bytes))
+            {
+                first = Some(improved);
             }
         }
-    }
-    let mut best = best.ok_or_else(|| "no chosen form could be planned".to_string())?;
-    best.cut = cut;
-    Ok(best)
+        let mut ahead: Vec<(Selection, Option<FusionParts>)> = match ahead {
+            Some(h) => join(h),
+            None => vec![],
+        };
+        let mut best: Option<Extracted> = None;
+        let mut whole_cut = false;
+        for (k, sel) in candidates.iter().enumerate() {
+            // (A candidate scored before scores the same: it cannot be strictly better.)
+            if candidates[..k].contains(sel) || best.as_ref().is_some_and(|b| b.selection == *sel) {
+                continue;
+            }
+            let sel = sel.clone();
+            if opts.deadline.expired() && (best.is_some() || first.is_some()) {
+                whole_cut = true;
+                break;
+            }
+            let greedy = greedy_states[k].take();
+            let inline_first = ahead.iter_mut().find(|(s, _)| *s == sel).and_then(|(_, p)| p.take());
+            let scored =
+                scored_by(egraph, &sel, roots, names, profile, opts.fusion, true, opts.deadline, greedy, inline_first);
+            let Ok((dag, t, bytes, parts)) = scored else { continue };
+            whole_cut |= parts.cut;
+            if best.as_ref().is_none_or(|b| better_plan(t, bytes, b.predicted_us, b.bytes)) {
+                best =
+                    Some(Extracted { dag, selection: sel, predicted_us: t, bytes, fusion: Some(parts), cut: vec![] });
+            }
+        }
+        if whole_cut {
+            cut.push("the whole fusion search (materialize rounds) of the candidate forms".into());
+            // A cut search may leave a state worse than greedy fusion's complete one.
+            if let Some(f) = first {
+                if best.as_ref().is_none_or(|b| better_plan(f.predicted_us, f.bytes, b.predicted_us, b.bytes)) {
+                    best = Some(f);
+                }
+            }
+        }
+        let mut best = best.ok_or_else(|| "no chosen form could be planned".to_string())?;
+        best.cut = cut;
+        Ok(best)
+    })
+}
+
+/// The state [`Fusion::inline_first`] reaches on the form of a selection from its unfused state
+/// (`None` when the selection has no form).
+fn inline_first_state(
+    egraph: &TensorGraph,
+    selection: &Selection,
+    roots: &[(String, Id)],
+    names: &BTreeMap<Id, String>,
+    profile: &DeviceProfile,
+    deadline: Deadline,
+) -> Option<FusionParts> {
+    let dag = dag_of(egraph, selection, roots, names).ok()?;
+    let unfused = Fusion::unfused(&dag, profile).with_deadline(deadline);
+    Some(unfused.inline_first().into_parts())
 }
 
 /// The fused cost of a selection: its DAG, predicted time, bytes and fusion state.
-type CostOf<'a> = dyn Fn(&Selection) -> Result<(Dag, f64, u64, FusionParts), String> + 'a;
+type CostOf<'a> = dyn Fn(&Selection) -> Result<(Dag, f64, u64, FusionParts), String> + Sync + 'a;
 
 /// Single-class e-node switches from `from`, each kept when the fused plan gets faster; with
 /// (trials made, trials allowed) when the deadline stopped them.
+///
+/// Most trials are not kept, so while one is judged, the next is judged ahead on a second
+/// thread from the same form; when a trial is kept, the next is judged again from the new form.
+/// The switches kept are those of judging one trial after another.
 fn improve(
     egraph: &TensorGraph,
     from: Extracted,
@@ -428,33 +480,58 @@ fn improve(
         let max_trials = (opts.max_trials * 100 / dag.len().max(1)).clamp(4.min(opts.max_trials), opts.max_trials);
         let mut trials = 0;
         let mut improved = true;
-        'search: while improved && trials < max_trials {
-            improved = false;
-            for (class, alt) in alternatives(egraph, &dag, &selection) {
-                if trials >= max_trials {
-                    break;
-                }
-                if deadline.expired() {
-                    stopped = Some((trials, max_trials));
-                    break 'search;
-                }
-                trials += 1;
-                let mut trial = selection.clone();
-                trial.insert(class, alt);
-                if let Ok((d, t, b, parts)) = cost_of(&trial) {
-                    if better_plan(t, b, best, best_bytes) {
-                        selection = trial;
-                        dag = d;
-                        best = t;
-                        best_bytes = b;
-                        fusion = Some(parts);
-                        improved = true;
+        std::thread::scope(|scope| {
+            'search: while improved && trials < max_trials {
+                improved = false;
+                let alts = alternatives(egraph, &dag, &selection);
+                // The next trial, judged ahead from the form as it is now.
+                let mut ahead = None;
+                for (i, (class, alt)) in alts.iter().enumerate() {
+                    if trials >= max_trials {
+                        break;
+                    }
+                    if deadline.expired() {
+                        stopped = Some((trials, max_trials));
+                        break 'search;
+                    }
+                    trials += 1;
+                    let switched = |selection: &Selection, class: Id, alt: &TensorLang| {
+                        let mut trial = selection.clone();
+                        trial.insert(class, alt.clone());
+                        trial
+                    };
+                    let trial = switched(&selection, *class, alt);
+                    let next = alts.get(i + 1).filter(|_| trials < max_trials).map(|(class, alt)| {
+                        let next = switched(&selection, *class, alt);
+                        scope.spawn(move || cost_of(&next))
+                    });
+                    let judged = match ahead.take() {
+                        Some(h) => join(h),
+                        None => cost_of(&trial),
+                    };
+                    ahead = next;
+                    if let Ok((d, t, b, parts)) = judged {
+                        if better_plan(t, b, best, best_bytes) {
+                            selection = trial;
+                            dag = d;
+                            best = t;
+                            best_bytes = b;
+                            fusion = Some(parts);
+                            improved = true;
+                            // (Judged from the form before this switch.)
+                            ahead = None;
+                        }
                     }
                 }
             }
-        }
+        });
     }
     (Extracted { dag, selection, predicted_us: best, bytes: best_bytes, fusion, cut }, stopped)
+}
+
+/// The answer of a scoped thread (its panic, if it panicked).
+fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
 }
 
 /// The DAG of a selection and the predicted time of its fused (or unfused) plan, by greedy
@@ -494,13 +571,14 @@ pub(crate) fn scored(
     fusion: bool,
     full: bool,
 ) -> Result<(Dag, f64, u64), String> {
-    scored_by(egraph, selection, roots, names, profile, fusion, full, Deadline::never(), None)
+    scored_by(egraph, selection, roots, names, profile, fusion, full, Deadline::never(), None, None)
         .map(|(d, t, b, _)| (d, t, b))
 }
 
 /// [`scored`] with its fusion search stopped by a deadline, and the fusion state it ended in;
 /// `greedy`: the state greedy fusion reached on this selection before (the whole search then
-/// starts from it instead of reaching it again).
+/// starts from it instead of reaching it again); `inline_first`: the state
+/// [`Fusion::inline_first`] reached on it, searched ahead.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scored_by(
     egraph: &TensorGraph,
@@ -512,13 +590,14 @@ pub(crate) fn scored_by(
     full: bool,
     deadline: Deadline,
     greedy: Option<FusionParts>,
+    inline_first: Option<FusionParts>,
 ) -> Result<(Dag, f64, u64, FusionParts), String> {
     let dag = dag_of(egraph, selection, roots, names)?;
     let mut f = Fusion::unfused(&dag, profile).with_deadline(deadline);
     match (fusion, full) {
         (false, _) => {}
         (true, false) => f.optimise(),
-        (true, true) => f.optimise_with_materialize_from(greedy),
+        (true, true) => f.optimise_with_materialize_from(greedy, inline_first),
     }
     let (t, b) = (f.total_us(), f.total_bytes());
     let parts = f.into_parts();
@@ -625,7 +704,7 @@ pub fn build_plan(
             writes: written.iter().map(|&w| tref(w)).collect(),
             stores: written.iter().map(|w| local[w]).collect(),
             body,
-            bytes_read: k.bytes_read(dag),
+            bytes_read: k.bytes_read(),
             bytes_written,
             flops: k.flops,
             predicted_us,

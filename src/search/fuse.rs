@@ -17,11 +17,21 @@
 //! from it), maintained through every move (a merge reorders only the kernels between the two
 //! it merges, as Pearce and Kelly's dynamic topological order does), so the cycle test of a
 //! merge searches only the kernels ranked between the two instead of everything downstream.
-//! The body index (`computing_of`) finds the kernels computing a value without a scan. A
-//! [`Deadline`] stops a search between moves: the state it leaves is legal, the best so far.
+//! The body index (`computing_of`) finds the kernels computing a value without a scan. Kernels
+//! are never changed, only replaced under new ids, and what a move would add follows from the
+//! kernels it would replace: the analyses of the kernels moves would add ([`Derived`]) are kept
+//! while the kernels they name live, and the cycle tests between two kernels while no move of
+//! the kind that could change the answer is made ([`Paths`]), so a move evaluated again (the
+//! lazy greedy search re-evaluates a move before applying it and proposes moves again near every
+//! move it makes; the materialize rounds propose every materialize move each round) costs
+//! lookups, not analyses. A [`Deadline`] stops a search between moves: the state it leaves is
+//! legal, the best so far.
 
+use std::cell::RefCell;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
 
 use crate::cost::profile::DeviceProfile;
 use crate::cost::{analyse, KernelCost};
@@ -29,7 +39,7 @@ use crate::plan::dag::{Dag, Role};
 use crate::search::deadline::{Deadline, Ticker};
 
 /// One kernel of the fusion state.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Group {
     /// Materialized nodes this kernel computes (sorted).
     pub members: Vec<usize>,
@@ -50,8 +60,10 @@ pub struct Fusion<'a> {
     readers: Vec<u32>,
     /// The groups reading each node.
     readers_of: Vec<BTreeSet<usize>>,
-    /// The groups reading each node, as (rank, group), to find a kernel's nearest siblings.
-    readers_by_rank: Vec<BTreeSet<(usize, usize)>>,
+    /// The groups reading each node, as (rank, group), to find a kernel's nearest siblings: kept
+    /// from when more than [`MANY_READERS`] read it (only then is it asked), so that ranking a
+    /// kernel again updates only the tensors many kernels read.
+    readers_by_rank: Vec<Option<BTreeSet<(usize, usize)>>>,
     /// The groups whose bodies compute each node without owning it (recomputed, inline).
     computing_of: Vec<Vec<usize>>,
     /// A topological rank of each group: a group's rank is below the rank of every group that
@@ -63,6 +75,10 @@ pub struct Fusion<'a> {
     deadline: Deadline,
     /// Whether the deadline stopped a search on this state before it ended.
     pub cut: bool,
+    /// Kernels that moves would add, already analysed.
+    analysed: Analysed,
+    /// Cycle tests already answered, and the search's scratch space.
+    paths: Paths,
 }
 
 /// A fusion state without the DAG and profile it refers to, to be kept beside its DAG
@@ -74,7 +90,7 @@ pub struct FusionParts {
     groups: Vec<Option<Group>>,
     readers: Vec<u32>,
     readers_of: Vec<BTreeSet<usize>>,
-    readers_by_rank: Vec<BTreeSet<(usize, usize)>>,
+    readers_by_rank: Vec<Option<BTreeSet<(usize, usize)>>>,
     computing_of: Vec<Vec<usize>>,
     rank: Vec<usize>,
     moves: usize,
@@ -90,6 +106,228 @@ pub struct Rejection {
     /// For a merge, a member of the second kernel.
     pub into: Option<usize>,
     pub why: String,
+}
+
+/// A multiplicative hash of kernel and node ids, for the search's caches (the standard
+/// library's SipHash costs more than the rest of a lookup); lookups only, so the order of
+/// nothing depends on it.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // (A slice of integers comes as its bytes: eight at a time.)
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            self.write_u64(u64::from_le_bytes(w.try_into().expect("eight bytes")));
+        }
+        for &b in words.remainder() {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+}
+
+/// A hash map keyed by ids.
+type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// What a kernel that a move would add is made from: the kernels (and the node the move
+/// flips) whose nodes its analysis asks about. Its members follow from them, and so does
+/// everything `cost::collect` asks of the state (the reads materialized, the rest of the body
+/// not): each such node is one the named kernels read or compute, or the flipped node, and a
+/// live kernel's nodes keep their state (a move that changes a node's state replaces every
+/// kernel computing or reading it). So while the named kernels live, the analysis is the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Derived {
+    /// Two kernels as one.
+    Merged(usize, usize),
+    /// Kernel `reader` computing `m` (a member of `owner`) instead of reading it.
+    Recomputing { reader: usize, owner: usize, m: usize },
+    /// Kernel `owner` without its member `m`.
+    Without { owner: usize, m: usize },
+    /// Kernel `user` reading `c` instead of computing it.
+    Reading { user: usize, c: usize },
+    /// Kernel `host` (or, `NONE`, a kernel of its own) writing `c` too, computed as kernel
+    /// `user` computes it now.
+    Writing { host: usize, c: usize, user: usize },
+}
+
+impl Derived {
+    /// The kernels it is made from (`NONE` where fewer).
+    fn kernels(&self) -> [usize; 2] {
+        match *self {
+            Derived::Merged(a, b) => [a, b],
+            Derived::Recomputing { reader, owner, .. } => [reader, owner],
+            Derived::Without { owner, .. } => [owner, NONE],
+            Derived::Reading { user, .. } => [user, NONE],
+            Derived::Writing { host, user, .. } => [host, user],
+        }
+    }
+}
+
+/// The kernels moves would add, analysed (or why no template runs one), by what each is made
+/// from ([`Derived`]): the lazy greedy search evaluates most moves several times (queued,
+/// re-evaluated before it is applied, proposed again near other moves), and the materialize
+/// rounds every materialize move once a round, while most of the kernels they would add stay the
+/// same. Kernels are never changed, only replaced under new ids, so an answer holds while the
+/// kernels it names live; clones of a state start empty (they number new kernels alike).
+#[derive(Default)]
+struct Analysed {
+    kernels: RefCell<IdMap<Derived, Result<Arc<Group>, String>>>,
+    /// Entries after the last sweep of those whose kernels are gone.
+    swept: std::cell::Cell<usize>,
+}
+
+impl Clone for Analysed {
+    fn clone(&self) -> Analysed {
+        Analysed::default()
+    }
+}
+
+impl std::fmt::Debug for Analysed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Analysed({} kernels)", self.kernels.borrow().len())
+    }
+}
+
+impl Analysed {
+    /// The kernel made as `from` says: known, or found by `analyse` and kept.
+    fn kernel(&self, from: Derived, analyse: impl FnOnce() -> Result<Group, String>) -> Result<Arc<Group>, String> {
+        // (A kernel of `c` named by no kernel computing it names nothing it is made from.)
+        if matches!(from, Derived::Writing { user: NONE, .. }) {
+            return analyse().map(Arc::new);
+        }
+        if let Some(k) = self.kernels.borrow().get(&from) {
+            // (Unit tests check every answer reused against a fresh analysis.)
+            #[cfg(test)]
+            assert_eq!(k.as_deref().map_err(String::as_str), analyse().as_ref().map_err(String::as_str), "{from:?}");
+            return k.clone();
+        }
+        let k = analyse().map(Arc::new);
+        self.kernels.borrow_mut().insert(from, k.clone());
+        k
+    }
+
+    /// Forgets the kernels made from kernels no longer live, once the entries have doubled
+    /// since the last sweep (so the entries stay within a multiple of the live ones).
+    fn sweep(&self, live: impl Fn(usize) -> bool) {
+        let mut kernels = self.kernels.borrow_mut();
+        if kernels.len() < 2 * self.swept.get() + 4096 {
+            return;
+        }
+        kernels.retain(|from, _| from.kernels().iter().all(|&g| g == NONE || live(g)));
+        self.swept.set(kernels.len());
+    }
+}
+
+/// Cycle tests answered, by (from, to) kernel: whether `to` reads what `from` writes, through
+/// other kernels or directly. Kernels are never changed, only replaced under new ids, and while
+/// both live, the answer changes only as the kernels between them do, in one direction per kind
+/// of move: a merge joins the paths through two kernels (a materialize move too: its writer reads
+/// what its readers read, and feeds them), so a "no" holds until the next merge or materialize
+/// move; an inline move whose kernel keeps other members can cut the paths that ran through it
+/// (to a kernel that reads only the other members, from one that fed only the recomputed one),
+/// so a "yes" holds until the next such move. An inline move of a kernel's only member changes
+/// no answer: each path through it runs on through its readers, which read what it read. Each
+/// answer is kept with the count of the moves that end it; clones of a state start empty (they
+/// number new kernels alike).
+#[derive(Default, Debug)]
+struct Paths {
+    /// Each answer, with the count of merges (for a "no") or of splits (for a "yes") it was
+    /// found at.
+    answers: RefCell<IdMap<PathQuery, (bool, usize)>>,
+    /// Merge and materialize moves applied.
+    joins: std::cell::Cell<usize>,
+    /// Inline moves applied whose kernel kept other members.
+    splits: std::cell::Cell<usize>,
+    /// Answers after the last sweep of those whose kernels are gone or that no longer hold.
+    swept: std::cell::Cell<usize>,
+    scratch: RefCell<Scratch>,
+}
+
+impl Clone for Paths {
+    fn clone(&self) -> Paths {
+        Paths::default()
+    }
+}
+
+/// A cycle test: (through another kernel only, from, to).
+type PathQuery = (bool, usize, usize);
+
+/// The cycle test's marks (two stamps per call: one per side) and stacks (forward, backward).
+#[derive(Default, Debug)]
+struct Scratch {
+    marks: Vec<u32>,
+    stamp: u32,
+    stack: Vec<usize>,
+    back: Vec<usize>,
+}
+
+impl Scratch {
+    /// Two stamps no kernel is marked with, marks sized for `len` kernels.
+    fn stamps(&mut self, len: usize) -> (u32, u32) {
+        if self.marks.len() < len {
+            self.marks.resize(len, 0);
+        }
+        if self.stamp >= u32::MAX - 2 {
+            self.marks.fill(0);
+            self.stamp = 0;
+        }
+        self.stamp += 2;
+        (self.stamp - 1, self.stamp)
+    }
+}
+
+impl Paths {
+    /// The count an answer holds for.
+    fn epoch(&self, answer: bool) -> usize {
+        if answer {
+            self.splits.get()
+        } else {
+            self.joins.get()
+        }
+    }
+
+    /// The answer for (`through`, `from`, `to`), found by `search` when none holds.
+    fn answer(&self, through: bool, from: usize, to: usize, search: impl FnOnce() -> bool) -> bool {
+        let key = (through, from, to);
+        if let Some(&(a, at)) = self.answers.borrow().get(&key) {
+            if at == self.epoch(a) {
+                // (Unit tests check every answer reused against a fresh search.)
+                #[cfg(test)]
+                assert_eq!(a, search(), "{key:?}");
+                return a;
+            }
+        }
+        let a = search();
+        self.answers.borrow_mut().insert(key, (a, self.epoch(a)));
+        a
+    }
+
+    /// Counts a move applied; then forgets the answers about kernels no longer live and those
+    /// that no longer hold, once the answers have doubled since the last sweep.
+    fn moved(&self, mv: Move, split: bool, live: impl Fn(usize) -> bool) {
+        match mv {
+            Move::Merge(..) | Move::Materialize(..) => self.joins.set(self.joins.get() + 1),
+            Move::Inline(_) if split => self.splits.set(self.splits.get() + 1),
+            Move::Inline(_) => {}
+        }
+        let mut answers = self.answers.borrow_mut();
+        if answers.len() < 2 * self.swept.get() + 4096 {
+            return;
+        }
+        let (joins, splits) = (self.joins.get(), self.splits.get());
+        answers.retain(|&(_, from, to), &mut (a, at)| live(from) && live(to) && at == if a { splits } else { joins });
+        self.swept.set(answers.len());
+    }
 }
 
 /// A queued move, ordered so that the largest saving (most negative delta) pops first, equal
@@ -131,7 +369,7 @@ impl Ord for Queued {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Move {
     Inline(usize),
     Merge(usize, usize),
@@ -140,9 +378,9 @@ enum Move {
     Materialize(usize, usize),
 }
 
-/// What a move changes: a node's materialization, the kernels removed, the member lists of the
-/// kernels added.
-type MoveParts = (Option<(usize, bool)>, Vec<usize>, Vec<Vec<usize>>);
+/// What a move changes: a node's materialization, the kernels removed, what each kernel added is
+/// made from.
+type MoveParts = (Option<(usize, bool)>, Vec<usize>, Vec<Derived>);
 
 /// A move's effect, before it is applied.
 struct Proposal {
@@ -150,7 +388,7 @@ struct Proposal {
     /// A node whose materialization the move changes, and its new state.
     flip: Option<(usize, bool)>,
     remove: Vec<usize>,
-    add: Vec<Group>,
+    add: Vec<Arc<Group>>,
     delta_us: f64,
     /// The change in bytes moved.
     delta_bytes: i64,
@@ -174,12 +412,14 @@ impl<'a> Fusion<'a> {
             groups: vec![],
             readers: vec![0; n],
             readers_of: vec![BTreeSet::new(); n],
-            readers_by_rank: vec![BTreeSet::new(); n],
+            readers_by_rank: vec![None; n],
             computing_of: vec![Vec::new(); n],
             rank: vec![],
             moves: 0,
             deadline: Deadline::never(),
             cut: false,
+            analysed: Analysed::default(),
+            paths: Paths::default(),
         };
         for i in 0..n {
             if f.mat[i] && dag.nodes[i].role != Role::Input {
@@ -219,6 +459,8 @@ impl<'a> Fusion<'a> {
             moves,
             deadline: Deadline::never(),
             cut,
+            analysed: Analysed::default(),
+            paths: Paths::default(),
         }
     }
 
@@ -236,7 +478,17 @@ impl<'a> Fusion<'a> {
         for &r in &g.cost.reads {
             self.readers[r] += 1;
             self.readers_of[r].insert(id);
-            self.readers_by_rank[r].insert((rank, id));
+            match &mut self.readers_by_rank[r] {
+                Some(by_rank) => {
+                    by_rank.insert((rank, id));
+                }
+                None if self.readers_of[r].len() > MANY_READERS => {
+                    let ranked =
+                        self.readers_of[r].iter().map(|&g| if g == id { (rank, g) } else { (self.rank[g], g) });
+                    self.readers_by_rank[r] = Some(ranked.collect());
+                }
+                None => {}
+            }
         }
         for &b in &g.cost.body {
             if g.members.binary_search(&b).is_err() {
@@ -252,7 +504,9 @@ impl<'a> Fusion<'a> {
             for &r in &g.cost.reads {
                 self.readers[r] -= 1;
                 self.readers_of[r].remove(&id);
-                self.readers_by_rank[r].remove(&(self.rank[id], id));
+                if let Some(by_rank) = &mut self.readers_by_rank[r] {
+                    by_rank.remove(&(self.rank[id], id));
+                }
             }
             for &m in &g.members {
                 if self.owner[m] == id {
@@ -299,7 +553,7 @@ impl<'a> Fusion<'a> {
 
     /// Bytes moved by the whole state.
     pub fn total_bytes(&self) -> u64 {
-        self.groups.iter().flatten().map(|g| g.cost.bytes_read(self.dag) + self.group_write_bytes(g)).sum()
+        self.groups.iter().flatten().map(|g| g.cost.bytes_read() + self.group_write_bytes(g)).sum()
     }
 
     /// Whether this state is better than another: faster, or as fast with fewer bytes moved.
@@ -374,33 +628,36 @@ impl<'a> Fusion<'a> {
     }
 
     /// Candidate moves that involve the kernels created from index `first_new` on.
-    fn moves_near(&self, first_new: usize) -> BTreeSet<Move> {
-        let mut out = BTreeSet::new();
+    fn moves_near(&self, first_new: usize) -> Vec<Move> {
+        let mut out = Vec::new();
         for gid in first_new..self.groups.len() {
             let Some(g) = &self.groups[gid] else { continue };
             if let [m] = g.members[..] {
                 if self.inlinable(m) {
-                    out.insert(Move::Inline(m));
+                    out.push(Move::Inline(m));
                 }
             }
             for &r in &g.cost.reads {
                 let o = self.owner[r];
                 if o != NONE && o != gid {
-                    out.insert(Move::Merge(o.min(gid), o.max(gid)));
+                    out.push(Move::Merge(o.min(gid), o.max(gid)));
                     if let [m] = self.members(o) {
                         if self.inlinable(*m) {
-                            out.insert(Move::Inline(*m));
+                            out.push(Move::Inline(*m));
                         }
                     }
                 }
                 for sib in self.siblings(r, gid) {
-                    out.insert(Move::Merge(sib.min(gid), sib.max(gid)));
+                    out.push(Move::Merge(sib.min(gid), sib.max(gid)));
                 }
             }
             for s in self.successors(gid) {
-                out.insert(Move::Merge(gid.min(s), gid.max(s)));
+                out.push(Move::Merge(gid.min(s), gid.max(s)));
             }
         }
+        // (In order, each once.)
+        out.sort_unstable();
+        out.dedup();
         out
     }
 
@@ -413,7 +670,7 @@ impl<'a> Fusion<'a> {
             return self.readers_of[r].iter().copied().filter(|&x| x != gid).take(8).collect();
         }
         let at = (self.rank[gid], gid);
-        let by_rank = &self.readers_by_rank[r];
+        let by_rank = self.readers_by_rank[r].as_ref().expect("kept for many readers");
         let before = by_rank.range(..at).rev().take(4).map(|&(_, g)| g);
         let after = by_rank.range(at..).filter(|&&(_, g)| g != gid).take(4).map(|&(_, g)| g);
         before.chain(after).collect()
@@ -455,18 +712,18 @@ impl<'a> Fusion<'a> {
 
     /// Legal-looking moves from the current state, in a deterministic order.
     fn candidates(&self) -> Vec<Move> {
-        let mut out = BTreeSet::new();
+        let mut out = Vec::new();
         for (gid, g) in self.groups.iter().enumerate() {
             let Some(g) = g else { continue };
             if let [m] = g.members[..] {
                 if self.inlinable(m) {
-                    out.insert(Move::Inline(m));
+                    out.push(Move::Inline(m));
                 }
             }
             for &r in &g.cost.reads {
                 let o = self.owner[r];
                 if o != NONE && o != gid {
-                    out.insert(Move::Merge(o.min(gid), o.max(gid)));
+                    out.push(Move::Merge(o.min(gid), o.max(gid)));
                 }
             }
         }
@@ -480,17 +737,21 @@ impl<'a> Fusion<'a> {
         for (&r, gs) in &by_read {
             // (Pairs of kernels adjacent in rank where many read the tensor; see `siblings`.)
             if gs.len() > MANY_READERS {
-                let by_rank: Vec<usize> = self.readers_by_rank[r].iter().map(|&(_, g)| g).collect();
+                let by_rank = self.readers_by_rank[r].as_ref().expect("kept for many readers");
+                let by_rank: Vec<usize> = by_rank.iter().map(|&(_, g)| g).collect();
                 for w in by_rank.windows(2) {
-                    out.insert(Move::Merge(w[0].min(w[1]), w[0].max(w[1])));
+                    out.push(Move::Merge(w[0].min(w[1]), w[0].max(w[1])));
                 }
                 continue;
             }
             for w in gs.windows(2) {
-                out.insert(Move::Merge(w[0], w[1]));
+                out.push(Move::Merge(w[0], w[1]));
             }
         }
-        out.into_iter().collect()
+        // (In order, each once.)
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// Evaluates a move without applying it; `Err` names the node concerned and the reason.
@@ -501,15 +762,12 @@ impl<'a> Fusion<'a> {
                 let users = &self.readers_of[m];
                 let mut remove: Vec<usize> = users.iter().copied().collect();
                 remove.push(own);
-                let mut add: Vec<Vec<usize>> = users
-                    .iter()
-                    .map(|&u| self.groups[u].as_ref().map(|g| g.members.clone()).unwrap_or_default())
-                    .collect();
+                let mut add: Vec<Derived> =
+                    users.iter().map(|&u| Derived::Recomputing { reader: u, owner: own, m }).collect();
                 // A member of a multi-output kernel: the kernel keeps its other members and
                 // computes this one on chip without writing it.
-                let rest: Vec<usize> = self.members(own).iter().copied().filter(|&x| x != m).collect();
-                if !rest.is_empty() {
-                    add.push(rest);
+                if self.members(own).len() > 1 {
+                    add.push(Derived::Without { owner: own, m });
                 }
                 (Some((m, false)), remove, add)
             }
@@ -521,10 +779,7 @@ impl<'a> Fusion<'a> {
                         "fusing would put another kernel inside this one (a cycle)".into(),
                     ));
                 }
-                let mut members = self.members(a).to_vec();
-                members.extend_from_slice(self.members(b));
-                members.sort_unstable();
-                (None, vec![a, b], vec![members])
+                (None, vec![a, b], vec![Derived::Merged(a, b)])
             }
         };
         let mat = |x: usize| match flip {
@@ -532,11 +787,15 @@ impl<'a> Fusion<'a> {
             _ => self.mat[x],
         };
         let mut add = Vec::with_capacity(add_members.len());
-        for members in add_members {
-            match analyse(self.dag, &members, &mat, self.profile) {
-                Ok(cost) => add.push(Group { members, cost }),
+        for from in add_members {
+            let group = self.analysed.kernel(from, || {
+                let members = self.members_of(from);
+                analyse(self.dag, &members, &mat, self.profile).map(|cost| Group { members, cost })
+            });
+            match group {
+                Ok(g) => add.push(g),
                 Err(why) => {
-                    let who = flip.map_or(members[0], |(f, _)| f);
+                    let who = flip.map_or_else(|| self.members_of(from)[0], |(f, _)| f);
                     return Err((who, why));
                 }
             }
@@ -551,36 +810,63 @@ impl<'a> Fusion<'a> {
         Ok(Proposal { mv, flip, remove, add, delta_us, delta_bytes })
     }
 
-    /// The change in total time and in bytes moved if `remove` were replaced by `add`.
-    fn delta(&self, remove: &[usize], add: &[Group]) -> (f64, i64) {
-        let mut diff: BTreeMap<usize, i64> = BTreeMap::new();
-        for &r in remove {
-            for &x in self.groups[r].as_ref().map_or(&[][..], |g| &g.cost.reads[..]) {
-                *diff.entry(x).or_default() -= 1;
+    /// The members of a kernel a move would add.
+    fn members_of(&self, from: Derived) -> Vec<usize> {
+        let mut members = match from {
+            Derived::Merged(a, b) => [self.members(a), self.members(b)].concat(),
+            Derived::Recomputing { reader: g, .. } | Derived::Reading { user: g, .. } => {
+                return self.members(g).to_vec()
             }
+            Derived::Without { owner, m } => return self.members(owner).iter().copied().filter(|&x| x != m).collect(),
+            Derived::Writing { host: NONE, c, .. } => return vec![c],
+            Derived::Writing { host, c, .. } => [self.members(host), &[c]].concat(),
+        };
+        members.sort_unstable();
+        members
+    }
+
+    /// The change in total time and in bytes moved if `remove` were replaced by `add`.
+    fn delta(&self, remove: &[usize], add: &[Arc<Group>]) -> (f64, i64) {
+        // The change in readers of each tensor read by a kernel removed or added, sorted by
+        // tensor (a few dozen entries: a sorted list, not a map).
+        let removed = remove.iter().filter_map(|&r| self.groups[r].as_ref());
+        let mut diff: Vec<(usize, i64)> =
+            Vec::with_capacity(removed.chain(add.iter().map(|g| &**g)).map(|g| g.cost.reads.len()).sum::<usize>());
+        for &r in remove {
+            diff.extend(self.groups[r].as_ref().map_or(&[][..], |g| &g.cost.reads[..]).iter().map(|&x| (x, -1)));
         }
         for g in add {
-            for &x in &g.cost.reads {
-                *diff.entry(x).or_default() += 1;
-            }
+            diff.extend(g.cost.reads.iter().map(|&x| (x, 1)));
         }
-        let readers = |m: usize| (self.readers[m] as i64 + diff.get(&m).copied().unwrap_or(0)).max(0) as u32;
+        diff.sort_unstable_by_key(|&(x, _)| x);
+        diff.dedup_by(|next, kept| {
+            let same = next.0 == kept.0;
+            if same {
+                kept.1 += next.1;
+            }
+            same
+        });
+        let change = |m: usize| diff.binary_search_by_key(&m, |&(x, _)| x).map_or(0, |i| diff[i].1);
+        let readers = |m: usize| (self.readers[m] as i64 + change(m)).max(0) as u32;
         let mut delta: f64 =
             add.iter().map(|g| g.cost.predict_us(self.dag, self.profile, self.write_bytes(g, readers))).sum();
-        let mut bytes: i64 =
-            add.iter().map(|g| (g.cost.bytes_read(self.dag) + self.write_bytes(g, readers)) as i64).sum();
+        let mut bytes: i64 = add.iter().map(|g| (g.cost.bytes_read() + self.write_bytes(g, readers)) as i64).sum();
         for g in remove.iter().filter_map(|&r| self.groups[r].as_ref()) {
             delta -= self.group_us(g);
-            bytes -= (g.cost.bytes_read(self.dag) + self.group_write_bytes(g)) as i64;
+            bytes -= (g.cost.bytes_read() + self.group_write_bytes(g)) as i64;
         }
-        // Owners whose writes change because their readers changed.
-        let mut owners = BTreeSet::new();
-        for (&m, _) in diff.iter().filter(|(_, &d)| d != 0) {
-            let o = self.owner[m];
-            if o != NONE && !remove.contains(&o) && self.written(m, self.readers[m]) != self.written(m, readers(m)) {
-                owners.insert(o);
-            }
-        }
+        // Owners whose writes change because their readers changed (in increasing order).
+        let mut owners: Vec<usize> = diff
+            .iter()
+            .filter(|&&(_, d)| d != 0)
+            .map(|&(m, _)| (m, self.owner[m]))
+            .filter(|&(m, o)| {
+                o != NONE && !remove.contains(&o) && self.written(m, self.readers[m]) != self.written(m, readers(m))
+            })
+            .map(|(_, o)| o)
+            .collect();
+        owners.sort_unstable();
+        owners.dedup();
         for o in owners {
             let g = self.groups[o].as_ref().expect("owner is live");
             delta += g.cost.predict_us(self.dag, self.profile, self.write_bytes(g, readers)) - self.group_us(g);
@@ -594,6 +880,8 @@ impl<'a> Fusion<'a> {
         // replace (each reads what it read, or what the inlined kernel read, ranked lower); a
         // merge takes a rank from a reordering of the kernels between the two; a materialize
         // move (rare: a few per search) ranks every kernel again.
+        // (Whether an inline move's kernel keeps other members, which can cut paths.)
+        let split = matches!(p.mv, Move::Inline(m) if self.members(self.owner[m]).len() > 1);
         let ranks: Vec<usize> = match p.mv {
             Move::Inline(_) => p.remove.iter().map(|&r| self.rank[r]).collect(),
             Move::Merge(a, b) => vec![self.rank_merge(a, b)],
@@ -608,12 +896,14 @@ impl<'a> Fusion<'a> {
         // (An inline move removes the readers, then the inlined kernel; it adds the readers,
         // then the inlined kernel's other members, if any.)
         for (g, rank) in p.add.into_iter().zip(ranks) {
-            self.insert(g, rank);
+            self.insert(Arc::unwrap_or_clone(g), rank);
         }
         if matches!(p.mv, Move::Materialize(..)) {
             self.rerank();
         }
         self.moves += 1;
+        self.analysed.sweep(|g| self.groups[g].is_some());
+        self.paths.moved(p.mv, split, |g| self.groups[g].is_some());
     }
 
     /// Reorders the kernels ranked between `a` and `b` so that the kernel merging them can take
@@ -624,30 +914,40 @@ impl<'a> Fusion<'a> {
     fn rank_merge(&mut self, a: usize, b: usize) -> usize {
         let (lo, hi) = if self.rank[a] < self.rank[b] { (a, b) } else { (b, a) };
         let (rlo, rhi) = (self.rank[lo], self.rank[hi]);
-        // Forward from the earlier, ranked below the later.
-        let mut fwd = vec![lo];
-        let mut seen: BTreeSet<usize> = [lo].into();
-        let mut k = 0;
-        while k < fwd.len() {
-            for s in self.successors(fwd[k]) {
-                if self.rank[s] < rhi && seen.insert(s) {
-                    fwd.push(s);
+        // (Kernels seen are marked in the cycle test's scratch space, one stamp per side.)
+        let (fwd, back) = {
+            let mut scratch = self.paths.scratch.borrow_mut();
+            let (fwd_seen, back_seen) = scratch.stamps(self.groups.len());
+            let marks = &mut scratch.marks;
+            // Forward from the earlier, ranked below the later.
+            let mut fwd = vec![lo];
+            marks[lo] = fwd_seen;
+            let mut k = 0;
+            while k < fwd.len() {
+                for s in self.successors(fwd[k]) {
+                    if self.rank[s] < rhi && marks[s] != fwd_seen {
+                        marks[s] = fwd_seen;
+                        fwd.push(s);
+                    }
                 }
+                k += 1;
             }
-            k += 1;
-        }
-        // Backward from the later, ranked above the earlier.
-        let mut back = vec![hi];
-        seen = [hi].into();
-        let mut k = 0;
-        while k < back.len() {
-            for p in self.predecessors(back[k]) {
-                if self.rank[p] > rlo && seen.insert(p) {
-                    back.push(p);
+            // Backward from the later, ranked above the earlier.
+            let mut back = vec![hi];
+            marks[hi] = back_seen;
+            let mut k = 0;
+            while k < back.len() {
+                for p in self.predecessors(back[k]) {
+                    if self.rank[p] > rlo && marks[p] != back_seen {
+                        marks[p] = back_seen;
+                        back.push(p);
+                    }
                 }
+                k += 1;
             }
-            k += 1;
-        }
+            (fwd, back)
+        };
+        let (mut fwd, mut back) = (fwd, back);
         fwd.sort_by_key(|&g| self.rank[g]);
         back.sort_by_key(|&g| self.rank[g]);
         let mut pool: Vec<usize> = fwd.iter().chain(&back).map(|&g| self.rank[g]).collect();
@@ -675,8 +975,10 @@ impl<'a> Fusion<'a> {
         }
         if let Some(group) = &self.groups[g] {
             for &r in &group.cost.reads {
-                self.readers_by_rank[r].remove(&(old, g));
-                self.readers_by_rank[r].insert((rank, g));
+                if let Some(by_rank) = &mut self.readers_by_rank[r] {
+                    by_rank.remove(&(old, g));
+                    by_rank.insert((rank, g));
+                }
             }
         }
         self.rank[g] = rank;
@@ -696,19 +998,13 @@ impl<'a> Fusion<'a> {
             return Err((c, "the kernel that would write it runs after one that reads it".into()));
         }
         let mut remove = users.clone();
-        let mut add: Vec<Vec<usize>> =
-            users.iter().filter(|&&u| u != host).map(|&u| self.members(u).to_vec()).collect();
-        if host == NONE {
-            add.push(vec![c]);
-        } else {
-            if !users.contains(&host) {
-                remove.push(host);
-            }
-            let mut m = self.members(host).to_vec();
-            m.push(c);
-            m.sort_unstable();
-            add.push(m);
+        let mut add: Vec<Derived> =
+            users.iter().filter(|&&u| u != host).map(|&u| Derived::Reading { user: u, c }).collect();
+        if host != NONE && !users.contains(&host) {
+            remove.push(host);
         }
+        // (Every kernel computing `c` computes all of it: any one tells how.)
+        add.push(Derived::Writing { host, c, user: users.first().copied().unwrap_or(NONE) });
         Ok((Some((c, true)), remove, add))
     }
 
@@ -728,26 +1024,83 @@ impl<'a> Fusion<'a> {
 
     /// Whether `to` can be reached from `from` along reads (directly or through other kernels).
     fn reachable(&self, from: usize, to: usize) -> bool {
-        self.reaches(vec![from], to)
+        self.paths.answer(false, from, to, || self.reads_from(to, from) || self.through_other(from, to))
     }
 
-    /// Whether `to` can be reached from any of `starts` along reads. Ranks rise along every
-    /// path, so only kernels ranked below `to` are searched.
-    fn reaches(&self, starts: Vec<usize>, to: usize) -> bool {
-        let limit = self.rank[to];
-        let mut stack: Vec<usize> = starts.into_iter().filter(|&s| self.rank[s] < limit).collect();
-        let mut seen: BTreeSet<usize> = stack.iter().copied().collect();
-        while let Some(g) = stack.pop() {
-            for s in self.successors(g) {
-                if s == to {
-                    return true;
-                }
-                if self.rank[s] < limit && seen.insert(s) {
+    /// Whether kernel `to` reads something kernel `from` writes.
+    fn reads_from(&self, to: usize, from: usize) -> bool {
+        self.groups[to].as_ref().is_some_and(|g| g.cost.reads.iter().any(|&r| self.owner[r] == from))
+    }
+
+    /// Whether `to` can be reached from `from` through at least one other kernel. Ranks rise
+    /// along every path, so only the kernels ranked between the two are searched, from both
+    /// ends at once (what `from` reaches and what reaches `to`, a kernel from each in turn): a
+    /// path shows where the two meet, or as an edge into `to` or out of `from`; none, as soon as
+    /// either side has nothing left, so the search costs about twice the smaller side, however
+    /// large the other (a kernel early in a long program reaches most of what follows it).
+    /// Kernels are marked in the scratch space (one stamp per side): no set is allocated.
+    fn through_other(&self, from: usize, to: usize) -> bool {
+        let (lo, hi) = (self.rank[from], self.rank[to]);
+        if lo >= hi {
+            return false;
+        }
+        let mut scratch = self.paths.scratch.borrow_mut();
+        let (fwd, bwd) = scratch.stamps(self.groups.len());
+        let Scratch { marks, stack, back, .. } = &mut *scratch;
+        let between = |g: usize| lo < self.rank[g] && self.rank[g] < hi;
+        stack.clear();
+        back.clear();
+        for &m in self.members(from) {
+            for &s in &self.readers_of[m] {
+                if s != from && s != to && between(s) && marks[s] != fwd {
+                    marks[s] = fwd;
                     stack.push(s);
                 }
             }
         }
-        false
+        let reads = |g: usize| self.groups[g].as_ref().map_or(&[][..], |g| &g.cost.reads[..]);
+        for &r in reads(to) {
+            let p = self.owner[r];
+            if p != NONE && p != from && p != to && between(p) {
+                if marks[p] == fwd {
+                    return true;
+                }
+                if marks[p] != bwd {
+                    marks[p] = bwd;
+                    back.push(p);
+                }
+            }
+        }
+        loop {
+            // What `from` reaches, one kernel further.
+            let Some(g) = stack.pop() else { return false };
+            for &m in self.members(g) {
+                for &s in &self.readers_of[m] {
+                    if s == to || marks[s] == bwd {
+                        return true;
+                    }
+                    if s != g && between(s) && marks[s] != fwd {
+                        marks[s] = fwd;
+                        stack.push(s);
+                    }
+                }
+            }
+            // What reaches `to`, one kernel further.
+            let Some(g) = back.pop() else { return false };
+            for &r in reads(g) {
+                let p = self.owner[r];
+                if p == NONE || p == g {
+                    continue;
+                }
+                if p == from || marks[p] == fwd {
+                    return true;
+                }
+                if between(p) && marks[p] != bwd {
+                    marks[p] = bwd;
+                    back.push(p);
+                }
+            }
+        }
     }
 
     /// Materialize moves for tensors recomputed by several kernels: written by a kernel that
@@ -791,16 +1144,28 @@ impl<'a> Fusion<'a> {
     /// (a merge made early can hide a cheaper recomputation, e.g. a layernorm backward whose
     /// `dy * xhat` belongs in the gamma-gradient column kernel), and the faster result is kept.
     pub fn optimise_with_materialize(&mut self) {
-        self.optimise_with_materialize_from(None);
+        self.optimise_with_materialize_from(None, None);
+    }
+
+    /// The first half of [`Fusion::optimise_with_materialize`] from the unfused state: greedy
+    /// recomputation alone, then greedy fusion with merges (all recomputation decided before any
+    /// merge). It depends on nothing but the state, so it may be searched ahead, beside other work.
+    pub fn inline_first(&self) -> Fusion<'a> {
+        let mut f = self.clone();
+        f.greedy(false);
+        f.greedy(true);
+        f
     }
 
     /// [`Fusion::optimise_with_materialize`] from the unfused state, given the state greedy
     /// fusion reached from it (kept by an earlier search of the same form: the same state
-    /// `optimise` would reach again; where a deadline cut that search, it goes on from there).
-    pub fn optimise_with_materialize_from(&mut self, greedy: Option<FusionParts>) {
-        let mut inline_first = self.clone();
-        inline_first.greedy(false);
-        inline_first.greedy(true);
+    /// `optimise` would reach again; where a deadline cut that search, it goes on from there),
+    /// and the state [`Fusion::inline_first`] reached from it (searched ahead), when known.
+    pub fn optimise_with_materialize_from(&mut self, greedy: Option<FusionParts>, inline_first: Option<FusionParts>) {
+        let inline_first = match inline_first {
+            Some(parts) => Fusion::from_parts(self.dag, self.profile, parts).with_deadline(self.deadline),
+            None => self.inline_first(),
+        };
         match greedy {
             Some(parts) => {
                 let (deadline, resume) = (self.deadline, parts.cut);
@@ -876,19 +1241,30 @@ impl<'a> Fusion<'a> {
     }
 
     /// Groups that read something `g` owns.
-    fn successors(&self, g: usize) -> BTreeSet<usize> {
-        self.members(g).iter().flat_map(|&m| self.readers_of[m].iter().copied()).filter(|&s| s != g).collect()
+    fn successors(&self, g: usize) -> Vec<usize> {
+        let mut out: Vec<usize> =
+            self.members(g).iter().flat_map(|&m| self.readers_of[m].iter().copied()).filter(|&s| s != g).collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// Groups that own something `g` reads.
-    fn predecessors(&self, g: usize) -> BTreeSet<usize> {
+    fn predecessors(&self, g: usize) -> Vec<usize> {
         let reads = self.groups[g].as_ref().map_or(&[][..], |g| &g.cost.reads[..]);
-        reads.iter().map(|&r| self.owner[r]).filter(|&o| o != NONE && o != g).collect()
+        let mut out: Vec<usize> = reads.iter().map(|&r| self.owner[r]).filter(|&o| o != NONE && o != g).collect();
+        out.sort_unstable();
+        out.dedup();
+        out
     }
 
     /// Whether `to` is reachable from `from` through at least one other group.
     fn path_through_other(&self, from: usize, to: usize) -> bool {
-        self.reaches(self.successors(from).into_iter().filter(|&s| s != to).collect(), to)
+        // (Ranks rise along every path.)
+        if self.rank[from] > self.rank[to] {
+            return false;
+        }
+        self.paths.answer(true, from, to, || self.through_other(from, to))
     }
 
     /// The live groups in an execution order (producers first; ties by smallest member).
@@ -899,25 +1275,23 @@ impl<'a> Fusion<'a> {
     /// The ids of [`Fusion::ordered`]'s groups.
     fn ordered_ids(&self) -> Vec<usize> {
         let live: Vec<usize> = (0..self.groups.len()).filter(|&g| self.groups[g].is_some()).collect();
-        let mut indeg: BTreeMap<usize, usize> = live.iter().map(|&g| (g, 0)).collect();
-        let mut succ: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
+        let mut indeg: Vec<usize> = vec![0; self.groups.len()];
+        let mut succ: Vec<Vec<usize>> = vec![Vec::new(); self.groups.len()];
         for &g in &live {
             let s = self.successors(g);
             for &t in &s {
-                *indeg.get_mut(&t).expect("live") += 1;
+                indeg[t] += 1;
             }
-            succ.insert(g, s);
+            succ[g] = s;
         }
         let mut ready: BTreeSet<(usize, usize)> =
-            live.iter().filter(|g| indeg[g] == 0).map(|&g| (self.first_member(g), g)).collect();
+            live.iter().filter(|&&g| indeg[g] == 0).map(|&g| (self.first_member(g), g)).collect();
         let mut out = Vec::with_capacity(live.len());
-        while let Some(&(k, g)) = ready.iter().next() {
-            ready.remove(&(k, g));
+        while let Some((_, g)) = ready.pop_first() {
             out.push(g);
-            for &t in &succ[&g] {
-                let d = indeg.get_mut(&t).expect("live");
-                *d -= 1;
-                if *d == 0 {
+            for &t in &succ[g] {
+                indeg[t] -= 1;
+                if indeg[t] == 0 {
                     ready.insert((self.first_member(t), t));
                 }
             }
@@ -978,8 +1352,55 @@ mod tests {
             for &b in &live {
                 if a != b {
                     assert_eq!(f.path_through_other(a, b), unbounded(a, b), "path from {a} to {b}");
+                    let direct = f.successors(a).contains(&b);
+                    assert_eq!(f.reachable(a, b), direct || unbounded(a, b), "reads from {a} to {b}");
                 }
             }
+        }
+    }
+
+    /// A chain of `n` bindings with skip connections, `t_i = f(t_(i-1)) * y + t_(i-7)`.
+    fn skip_chain(n: usize) -> Program {
+        let mut text = "dim R = 4096\ndim C = 1024\ninput x: f32[R, C]\ninput y: f32[R, C]\n".to_string();
+        let name = |j: isize| if j < 1 { "x".to_string() } else { format!("t{j}") };
+        for i in 1..=n as isize {
+            let f = ["exp", "tanh", "sigmoid"][i as usize % 3];
+            text += &format!("t{i} = {f}({}) * y + {}\n", name(i - 1), name(i - 7));
+        }
+        text += &format!("output {}\n", name(n as isize));
+        crate::frontend::parse::parse_program("chain.eqf", &text, &[]).unwrap()
+    }
+
+    /// The analyses and cycle tests a search keeps answer as fresh ones do (unit tests check
+    /// every answer reused against a fresh one, in `Analysed::kernel` and `Paths::answer`),
+    /// through whole searches (greedy fusion, recomputation first, materialize rounds), and the
+    /// state a search ends in predicts what its kernels analysed afresh predict.
+    #[test]
+    fn kept_answers_hold_through_whole_searches() {
+        let profile = DeviceProfile::load("h100").unwrap();
+        let mut programs = programs();
+        programs.push(skip_chain(200));
+        // (Forward and backward, where merges join paths between kernels tested before.)
+        for (name, dims) in [
+            ("transformer_block_grad", &[("B", 2), ("S", 8), ("E", 12), ("H", 3), ("Dh", 4), ("F", 16)][..]),
+            ("transformer_block_grad", &[][..]),
+            ("mlp_relu_dropout_grad", &[][..]),
+        ] {
+            let dims: Vec<(String, usize)> = dims.iter().map(|&(d, v)| (d.to_string(), v)).collect();
+            let path = format!("examples/{name}.eqf");
+            let p = crate::frontend::parse::load_program(&path, &dims).unwrap();
+            programs.push(crate::autodiff::expand::expand_for_planning(&p, false).unwrap().unwrap_or(p));
+        }
+        for p in programs {
+            let dag = Dag::from_program(&p);
+            let mut f = Fusion::unfused(&dag, &profile);
+            f.optimise_with_materialize();
+            assert!(f.moves > 0, "{}: no move", p.source);
+            for g in f.groups.iter().flatten() {
+                let fresh = analyse(&dag, &g.members, &|x| f.mat[x], &profile).unwrap();
+                assert_eq!(g.cost, fresh, "{}: kernel of {:?}", p.source, g.members);
+            }
+            assert_ranks_topological(&f);
         }
     }
 

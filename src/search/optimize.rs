@@ -124,7 +124,7 @@ pub fn unfused_totals(program: &Program, profile: &DeviceProfile) -> Result<Tota
     let groups = f.ordered();
     Ok(Totals {
         kernels: groups.len(),
-        bytes: groups.iter().map(|g| g.cost.bytes_read(&dag) + f.group_write_bytes(g)).sum(),
+        bytes: groups.iter().map(|g| g.cost.bytes_read() + f.group_write_bytes(g)).sum(),
         flops: crate::plan::saturating_sum(groups.iter().map(|g| g.cost.flops)),
         predicted_us: crate::search::residency::ordered_times(&dag, &f, profile).iter().sum(),
     })
@@ -244,7 +244,7 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
             Ok(r) => {
                 if let Some(sel) = &r.selection {
                     let scoredd =
-                        scored_by(egraph, sel, roots, names, &opts.profile, opts.fusion, true, searches, None);
+                        scored_by(egraph, sel, roots, names, &opts.profile, opts.fusion, true, searches, None, None);
                     if let Ok((dag, t, bytes, parts)) = scoredd {
                         if better_plan(t, bytes, best.predicted_us, best.bytes) {
                             best = Extracted {

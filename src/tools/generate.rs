@@ -120,3 +120,84 @@ pub fn skip_chain_eqf(bindings: usize, rows: usize, cols: usize, functions: &[&s
     let _ = writeln!(s, "output {}", name(bindings as isize));
     s
 }
+
+/// A GPT-2-like training step of `layers` blocks (GPT-2 small's widths: vocabulary 50304,
+/// 1024 positions, width 768, 12 heads of 64, MLP width 3072) over `tokens: i32[B, S]`: token
+/// and position embeddings (gather, slice), pre-norm blocks with biases and causal attention
+/// written out (a mask built from `iota`, a max-shifted softmax), a final layernorm, logits by
+/// the tied token embedding, mean cross-entropy against `targets` written out, and the gradient
+/// of the loss with respect to every weight (the joint forward and backward graph). Outputs the
+/// loss and the gradients.
+pub fn gpt2_train_eqf(layers: usize, batch: usize, seq: usize) -> String {
+    let n = batch * seq;
+    let mut s = format!("# a GPT-2-like training step: {layers} blocks, forward and backward\n");
+    let _ = writeln!(
+        s,
+        "dim B = {batch}\ndim S = {seq}\ndim N = {n}\ndim V = 50304\ndim P = 1024\ndim E = 768\ndim H = 12\ndim Dh = 64\ndim F = 3072"
+    );
+    let _ = writeln!(s, "input tokens: i32[B, S]\ninput targets: i32[N]\ninput wte: f32[V, E]\ninput wpe: f32[P, E]");
+    let weights = |b: usize| {
+        [
+            ("ln1_g", "E"),
+            ("ln1_b", "E"),
+            ("wq", "E, E"),
+            ("bq", "E"),
+            ("wk", "E, E"),
+            ("bk", "E"),
+            ("wv", "E, E"),
+            ("bv", "E"),
+            ("wo", "E, E"),
+            ("bo", "E"),
+            ("ln2_g", "E"),
+            ("ln2_b", "E"),
+            ("w1", "E, F"),
+            ("b1", "F"),
+            ("w2", "F, E"),
+            ("b2", "E"),
+        ]
+        .map(|(w, shape)| (format!("{w}_{b}"), shape))
+    };
+    for b in 0..layers {
+        for (w, shape) in weights(b) {
+            let _ = writeln!(s, "input {w}: f32[{shape}]");
+        }
+    }
+    let _ = writeln!(s, "input lnf_g: f32[E]\ninput lnf_b: f32[E]");
+    let _ = writeln!(s, "x0 = gather(wte, tokens, 0) + slice(wpe, 0, 0, S)");
+    let _ = writeln!(s, "row = reshape(iota(S), [S, 1])\ncol = iota(S)\nmask = where(col > row, -1e9, 0)");
+    for b in 0..layers {
+        let (x, y) = (format!("x{b}"), format!("x{}", b + 1));
+        let _ = writeln!(s, "h_{b} = layernorm({x}, ln1_g_{b}, ln1_b_{b}, 1e-5)");
+        for p in ["q", "k", "v"] {
+            let _ = writeln!(s, "{p}_{b} = transpose(reshape(h_{b} @ w{p}_{b} + b{p}_{b}, [B, S, H, Dh]), 1, 2)");
+        }
+        let _ = writeln!(s, "s_{b} = q_{b} @ transpose(k_{b}, -1, -2) * 0.125 + mask");
+        let _ = writeln!(s, "e_{b} = exp(s_{b} - amax(s_{b}, -1))");
+        let _ = writeln!(s, "p_{b} = e_{b} / sum(e_{b}, -1)");
+        let _ = writeln!(s, "a_{b} = reshape(transpose(p_{b} @ v_{b}, 1, 2), [B, S, E])");
+        let _ = writeln!(s, "r_{b} = {x} + a_{b} @ wo_{b} + bo_{b}");
+        let _ = writeln!(s, "h2_{b} = layernorm(r_{b}, ln2_g_{b}, ln2_b_{b}, 1e-5)");
+        let _ = writeln!(s, "{y} = r_{b} + gelu(h2_{b} @ w1_{b} + b1_{b}) @ w2_{b} + b2_{b}");
+    }
+    let _ = writeln!(s, "xf = reshape(layernorm(x{layers}, lnf_g, lnf_b, 1e-5), [N, E])");
+    let _ = writeln!(s, "logits = xf @ transpose(wte, 0, 1)");
+    let _ = writeln!(s, "z = logits - amax(logits, -1)");
+    let _ = writeln!(s, "logp = z - log(sum(exp(z), -1))");
+    let _ = writeln!(s, "loss = reshape(-sum(sum(logp * onehot(targets, V), -1), 0) / N, [])");
+    let mut outputs = vec!["loss".to_string()];
+    let mut grad = |w: &str| {
+        let _ = writeln!(s, "d{w} = grad(loss, {w})");
+        outputs.push(format!("d{w}"));
+    };
+    grad("wte");
+    grad("wpe");
+    for b in 0..layers {
+        for (w, _) in weights(b) {
+            grad(&w);
+        }
+    }
+    grad("lnf_g");
+    grad("lnf_b");
+    let _ = writeln!(s, "output {}", outputs.join(", "));
+    s
+}
