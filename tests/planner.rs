@@ -223,10 +223,12 @@ fn scatter_add_is_priced_with_its_atomics() {
         let touched = (4 * 16 * 64usize).min(v * 64) as u64;
         assert_eq!(k.workspace_bytes, 2 * 4 * touched + extra as u64, "{dtype} into {v} rows");
         let size = dtype.size() as u64;
-        assert_eq!(k.bytes_read(&dag), 4 * 16 * 4 + 4 * 16 * 64 * size);
+        assert_eq!(k.bytes_read(), 4 * 16 * 4 + 4 * 16 * 64 * size);
         let written = v as u64 * 64 * size;
         let alone = k.predict_us(&dag, &profile, written);
-        let without = eqfuse::KernelCost { workspace_bytes: 0, ..k.clone() }.predict_us(&dag, &profile, written);
+        let mut without = k.clone();
+        without.workspace_bytes = 0;
+        let without = without.predict_us(&dag, &profile, written);
         assert!(alone > without, "{dtype}: the atomics' traffic counts");
     }
 }

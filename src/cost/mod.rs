@@ -972,8 +972,9 @@ impl Shaped<'_> {
     /// settled before its operands.
     fn mapped_operands(&self) -> Vec<bool> {
         // (A mapped node reaches an index map through views: none without one.)
-        let index_map =
-            |&b: &usize| matches!(self.dag.nodes[b].kind(), Some(Kind::Slice | Kind::Concat | Kind::Gather | Kind::ScatterAdd));
+        let index_map = |&b: &usize| {
+            matches!(self.dag.nodes[b].kind(), Some(Kind::Slice | Kind::Concat | Kind::Gather | Kind::ScatterAdd))
+        };
         if !self.body.iter().any(index_map) {
             return vec![];
         }
