@@ -132,15 +132,18 @@ class EqfuseBackend:
         self.binary, self.device, self.args, self.report, self.joint = binary, device, args, report, joint
         self.execute, self.verify = execute, verify
         self.plans: list[CapturedPlan] = []
-        self._constants: dict = {}  # forward graph node name -> the constant it returns
 
     def __call__(self, gm, example_inputs):
         from functorch.compile import default_partition, make_boxed_func
         from torch._dynamo.backends.common import aot_autograd
 
+        # The forward's constant outputs by node name, which its backward folds: one dict per
+        # captured graph, shared by its forward and backward only.
+        constants: dict = {}
+
         def compiler(kind):
             def compile_graph(aten_gm, inputs):
-                return make_boxed_func(self.compile(kind, aten_gm, inputs))
+                return make_boxed_func(self.compile(kind, aten_gm, inputs, constants))
 
             return compile_graph
 
@@ -157,7 +160,7 @@ class EqfuseBackend:
         )
         return backend(gm, example_inputs)
 
-    def compile(self, kind: str, aten_gm, example_inputs):
+    def compile(self, kind: str, aten_gm, example_inputs, constants: dict | None = None):
         """The callable that runs one forward or backward graph: eqfuse's kernels, or the ATen
         graph eagerly when they cannot run (warned, and recorded in the plan's `why_eager`)."""
         from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -165,14 +168,17 @@ class EqfuseBackend:
         # AOTAutograd compiles a training graph's forward under its fake-tensor mode: the
         # constants, workspaces and kernels made here must be real tensors.
         with unset_fake_temporarily():
-            record, exported, runner = self.capture(kind, aten_gm, example_inputs=example_inputs, build=self.execute)
+            record, exported, runner = self.capture(kind, aten_gm, example_inputs=example_inputs, build=self.execute,
+                                                    constants=constants)
             if runner is None:
                 return aten_gm.forward
             return _Runner(aten_gm, exported, runner, record if self.verify else None)
 
-    def capture(self, kind: str, aten_gm, example_inputs=None, build: bool = False):
+    def capture(self, kind: str, aten_gm, example_inputs=None, build: bool = False, constants: dict | None = None):
         """Exports and plans one ATen graph, and with `build` compiles its kernels for running;
-        never raises (a failure is recorded and warned). Returns (record, export, GpuPlan or None)."""
+        never raises (a failure is recorded and warned). Returns (record, export, GpuPlan or None).
+        `constants`: the forward's constant outputs by node name, shared by the forward and the
+        backward of one captured graph (the forward fills it, the backward folds them)."""
         import torch
 
         from .export import export_graph_module
@@ -182,16 +188,17 @@ class EqfuseBackend:
             # A backward graph reads the forward's saved tensors by the names of the forward's
             # nodes; those the forward returns as constants are constants here too (a causal
             # mask the export folded: the backward then sees it is causal).
+            constants = constants if constants is not None else {}
             statics = {} if kind != "backward" else {
-                n.name: self._constants[n.name] for n in aten_gm.graph.nodes
-                if n.op == "placeholder" and n.name in self._constants}
+                n.name: constants[n.name] for n in aten_gm.graph.nodes
+                if n.op == "placeholder" and n.name in constants}
             exported = export_graph_module(aten_gm, statics=statics)
             if kind == "forward":
                 out_node = next(n for n in aten_gm.graph.nodes if n.op == "output")
                 results = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
                 for i, t in exported.constants.items():
                     if isinstance(results[i], torch.fx.Node):
-                        self._constants[results[i].name] = t
+                        constants[results[i].name] = t
             graph = exported.graph
             record = CapturedPlan(kind, graph, plan_graph(graph, binary=self.binary, device=self.device, args=self.args))
         except (ExportError, PlanError) as e:
