@@ -1234,14 +1234,6 @@ def _scores(L, q, k, s, is_causal, mask):
     return sc, lse
 
 
-def _attention_math(L, q, k, v, s, is_causal, mask):
-    """(out, lse `[..., S, 1]`) of attention with a mask tensor, in plain operators."""
-    sc, lse = _scores(L, q, k, s, is_causal, mask)
-    p = L.cast(L.apply("exp", L.apply("-", sc, lse)), q.dtype)
-    vv = _heads(L, v, q.shape[-3])
-    return L.b.op("@", [p.node, vv.node], q.dtype, q.shape[:-1] + (v.shape[-1],)), lse
-
-
 def _attention_math_grads(L, g, q, k, v, out, s, is_causal, mask):
     """(dq, dk, dv) of attention with a mask tensor, in plain operators (the scores recomputed)."""
     g, out = L.val(g), L.val(out)
@@ -1318,7 +1310,8 @@ def _sdpa_forward(L, q, k, v, mask, dropout_p, is_causal, scale, n_out):
     s = _attention_args(L, q, k, v, mask, dropout_p, scale)
     mask, is_causal = _known_mask(L, mask, is_causal, q.shape[-2], k.shape[-2])
     if mask is not None:
-        out, lse = _attention_math(L, q, k, v, s, is_causal, mask) if n_out > 1 else (None, None)
+        # (The log-sum-exp alone, for the backward: the result is attention_bias's.)
+        lse = _scores(L, q, k, s, is_causal, mask)[1] if n_out > 1 else None
         out = _attention_bias(L, q, k, v, s, is_causal, mask)
     else:
         causal = L.lit(1 if is_causal else 0).node
