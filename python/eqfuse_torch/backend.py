@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .graph import ExportError
+from .rng import has_dropout
 
 
 class PlanError(Exception):
@@ -170,9 +171,14 @@ class EqfuseBackend:
         with unset_fake_temporarily():
             record, exported, runner = self.capture(kind, aten_gm, example_inputs=example_inputs, build=self.execute,
                                                     constants=constants)
+            # With dropout where eqfuse runs graphs (on CUDA, or wherever a plan was built),
+            # PyTorch's dropout is replaced by eqfuse's in every graph, eager ones included.
+            seeded = self.execute and (runner is not None or _on_cuda(example_inputs)) and has_dropout(aten_gm)
             if runner is None:
-                return aten_gm.forward
-            return _Runner(aten_gm, exported, runner, record if self.verify else None)
+                # With dropout, eager means eqfuse's dropout too: a forward that runs eagerly
+                # and a backward on eqfuse's kernels (or the reverse) must draw the same masks.
+                return _SeededEager(aten_gm) if seeded else aten_gm.forward
+            return _Runner(aten_gm, exported, runner, record if self.verify else None, seeded)
 
     def capture(self, kind: str, aten_gm, example_inputs=None, build: bool = False, constants: dict | None = None):
         """Exports and plans one ATen graph, and with `build` compiles its kernels for running;
@@ -232,11 +238,48 @@ class EqfuseBackend:
         from .runtime import Codegen, GpuPlan
 
         tensors = [t for t in (example_inputs or []) if isinstance(t, torch.Tensor)]
-        if not tensors or any(t.device.type != "cuda" for t in tensors):
+        if not _on_cuda(example_inputs):
             raise _Quiet("its inputs are not all CUDA tensors (eqfuse's kernels run on the GPU only)")
         with torch.cuda.device(tensors[0].device):
             cg = Codegen.of_graph(graph, binary=self.binary, device=self.device, args=self.args)
             return GpuPlan(cg)
+
+
+def _on_cuda(example_inputs) -> bool:
+    import torch
+
+    tensors = [t for t in (example_inputs or []) if isinstance(t, torch.Tensor)]
+    return bool(tensors) and all(t.device.type == "cuda" for t in tensors)
+
+
+class _SeededEager:
+    """Runs an ATen graph with dropout eagerly, but with eqfuse's dropout (`rng.py`): fresh seeds
+    on every call, drawn from PyTorch's generator."""
+
+    def __init__(self, aten_gm):
+        from .rng import dropout_sites
+
+        self.aten_gm = aten_gm
+        self.sites = dropout_sites(aten_gm)
+
+    def __call__(self, *args):
+        if not _real(args):
+            return self.aten_gm.forward(*args)
+        return self.run(args, None)
+
+    def run(self, args, seeds, upcast: bool = False):
+        """The graph's outputs with `seeds` (site index -> seed; fresh when None)."""
+        import torch
+
+        from .rng import Seeds, SeededInterpreter
+
+        if seeds is None:
+            device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+            seeds = Seeds.draw(len(self.sites), device).tolist() if self.sites else []
+        by_node = {name: int(seeds[k]) for name, k in self.sites.items()}
+        with torch.no_grad():
+            out = SeededInterpreter(self.aten_gm, by_node, upcast=upcast).run(*args)
+        return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 class _Quiet(Exception):
@@ -349,11 +392,18 @@ class _Runner:
     on a difference, or if eqfuse's kernels raise, that call and every later one return eager's
     results, and the record says why (`runs` becomes `eager`)."""
 
-    def __init__(self, aten_gm, exported, plan, record=None):
+    def __init__(self, aten_gm, exported, plan, record=None, seeded: bool = False):
         import torch
 
         self.aten_gm, self.record = aten_gm, record
         self.eager = False
+        # Dropout: the export's sites must be the ones the reference draws (same node names).
+        self.seeded = _SeededEager(aten_gm) if seeded else None
+        if self.seeded is not None and self.seeded.sites != exported.seeds:
+            raise RuntimeError(f"dropout sites {sorted(exported.seeds)} where the graph has {sorted(self.seeded.sites)}")
+        self.seed_input, self.seed_outputs = exported.seed_input, dict(exported.seed_outputs)
+        self.n_seeds = len(exported.seeds)
+        self.last_seeds = None
         self.plan = plan
         self.input_names = exported.input_names
         self.dont_care = set(exported.dont_care)
@@ -381,25 +431,33 @@ class _Runner:
         self.torch = torch
 
     def __call__(self, *args):
-        if self.eager or not _real(args):
+        if not _real(args):
             return self.aten_gm.forward(*args)
+        if self.eager:
+            return self.seeded.run(args, None) if self.seeded is not None else self.aten_gm.forward(*args)
         if self.record is None:
             return self._run(args)
         import torch
 
         record, self.record = self.record, None
-        want = self.aten_gm.forward(*args)
+        want = self.aten_gm.forward(*args) if self.seeded is None else None
         try:
             got = self._run(args)
+            seeds = self.last_seeds.tolist() if self.last_seeds is not None else []
+            if self.seeded is not None:
+                # PyTorch's dropout draws other masks: the reference is the graph with eqfuse's.
+                want = self.seeded.run(args, seeds)
             half = (torch.float16, torch.bfloat16)
             half_inputs = any(isinstance(a, torch.Tensor) and a.dtype in half for a in args)
             why = results_agree(got, want, half_inputs, skip=self.dont_care)
             if why is not None and half_inputs:
-                exact = exact_outputs(self.aten_gm, args)
+                exact = exact_outputs(self.aten_gm, args) if self.seeded is None else self.seeded.run(args, seeds, True)
                 if exact is not None:
                     why = results_agree(got, want, half_inputs, skip=self.dont_care, exact=exact)
         except Exception as e:  # a kernel that cannot run these arguments: eager, never an error
             why = f"{type(e).__name__}: {e}"
+            if want is None:
+                want = self.seeded.run(args, None)
         if why is not None:
             self.eager = True
             record.runs = "eager"
@@ -413,9 +471,20 @@ class _Runner:
         for name, a in zip(self.input_names, args):
             if name is not None:
                 inputs[name] = a
+        seeds = None
+        if self.seed_input is not None:
+            from .rng import Seeds
+
+            seeds = self.last_seeds = Seeds.draw(self.n_seeds, self.plan.device)
+            inputs[self.seed_input] = seeds
         got = self.plan(inputs)
         out = []
-        for o in self.outputs:
+        for i, o in enumerate(self.outputs):
+            if i in self.seed_outputs:
+                from .rng import rng_state
+
+                out.append(rng_state(seeds[self.seed_outputs[i]], o.dtype, tuple(o.shape), o.device))
+                continue
             if o is None or isinstance(o, self.torch.Tensor):
                 out.append(o)
                 continue

@@ -22,9 +22,15 @@ value, broadcast) or as an input with its value. Literals are finite: an infinit
 
 Don't-care values: the random-number state a fused SDPA op returns for its backward
 (`philox_seed`, `philox_offset`; flash's `rng_state`, `unused`) means nothing when `dropout_p`
-is 0 (the export refuses any other): such an output becomes a constant of its dtype and shape
-(zeros), listed in `Exported.dont_care` (the backend's first-call check skips it), and a
-placeholder read only there (a backward graph's) is no graph input at all.
+is 0: such an output becomes a constant of its dtype and shape (zeros), listed in
+`Exported.dont_care` (the backend's first-call check skips it), and a placeholder read only there
+(a backward graph's) is no graph input at all.
+
+Dropout in training (`native_dropout`, SDPA with `dropout_p > 0`) is eqfuse's counter-based
+dropout, not PyTorch's (`rng.py`): each such node is a *site* with its own seed, element k of the
+graph input `eqfuse_seeds` (i32, one per site, `Exported.seeds` maps node names to k) that the
+backend fills with fresh random values on every call. A fused SDPA forward with dropout returns
+its seed in its random-number state (`Exported.seed_outputs`), and its backward reads it there.
 
 Invariant: the graph computes what the PyTorch graph computes (up to floating-point rounding) or
 the export raises `ExportError`; it never drops an operator silently.
@@ -52,6 +58,7 @@ TORCH_DTYPES = {
     torch.int8: "i32",
     torch.uint8: "i32",
     torch.bool: "bool",
+    torch.uint64: "i32",  # a fused SDPA op's random-number state (whose element 0 is a seed)
 }
 
 
@@ -79,6 +86,14 @@ class Exported:
     dont_care: set[int] = field(default_factory=set)
     """Positions of `constants` whose values nothing reads (an SDPA op's random-number state
     without dropout): PyTorch returns unspecified values there, so no check compares them."""
+    seeds: dict[str, int] = field(default_factory=dict)
+    """The dropout sites: node name -> its element of the seeds input (`seed_input`)."""
+    seed_input: str | None = None
+    """The graph input (i32 `[len(seeds)]`) the caller fills with fresh seeds on every call."""
+    seed_outputs: dict[int, int] = field(default_factory=dict)
+    """Output positions that are an SDPA forward's random-number state: position -> the site
+    whose seed it carries (element 0; `rng.rng_state`). Their `constants` entry gives the dtype
+    and shape."""
 
     def save(self, path: str | Path, values_dir: str | Path | None = None) -> None:
         """Writes the graph as JSON, and each value as `values_dir/NAME.npy`."""
@@ -193,6 +208,9 @@ class Exporter:
         self.constants: dict[int, torch.Tensor] = {}
         self.dont_care: set[str] = set()  # static nodes whose values nothing may depend on
         self.dont_care_outputs: set[int] = set()
+        self.seeds = _Seeds(self.b)
+        self.seed_states: dict[str, int] = {}  # static node name -> the site whose seed it carries
+        self.seed_outputs: dict[int, int] = {}
 
     def run(self) -> Exported:
         self.check_supported()
@@ -209,7 +227,9 @@ class Exporter:
                 self.outputs(node)
             else:
                 raise ExportError(f"fx node {node.name} of kind {node.op} is not supported (export an ATen graph)")
-        return Exported(self.b.to_json(), self.values, input_names, self.constants, self.dont_care_outputs)
+        seed_input = self.seeds.finish()
+        return Exported(self.b.to_json(), self.values, input_names, self.constants, self.dont_care_outputs,
+                        dict(self.seeds.sites), seed_input, self.seed_outputs)
 
     def check_supported(self) -> None:
         """Every operator must have a lowering, except in nodes evaluated here (static ones)."""
@@ -266,7 +286,7 @@ class Exporter:
                 out = self.split(node)
             else:
                 args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.value(n))
-                out = LOWERINGS[_target_name(node)](Lowering(self.b, node, self.values), *args, **kwargs)
+                out = LOWERINGS[_target_name(node)](Lowering(self.b, node, self.values, self.seeds), *args, **kwargs)
         except ExportError as e:
             raise ExportError(f"{_describe(node)}: {e}") from None
         if isinstance(out, _Constant):  # a tuple entry known here (`_sdpa_extra`)
@@ -274,6 +294,8 @@ class Exporter:
             self.static.add(node.name)
             if isinstance(out, _DontCare):
                 self.dont_care.add(node.name)
+            if isinstance(out, _SeedState):
+                self.seed_states[node.name] = out.site
             return
         if isinstance(out, Value) and self.b.nodes[out.node]["op"] not in ("input", "const"):
             if "name" not in self.b.nodes[out.node]:
@@ -291,7 +313,7 @@ class Exporter:
         except ExportError:
             x, sizes = node.args[0], node.args[1]
             dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)
-            return _split(Lowering(self.b, node, self.values), self.value(x), sizes, dim)
+            return _split(Lowering(self.b, node, self.values, self.seeds), self.value(x), sizes, dim)
 
     def split_product(self, node: torch.fx.Node) -> tuple[Value, ...]:
         x, sizes = node.args[0], node.args[1]
@@ -311,7 +333,7 @@ class Exporter:
         for i, size in enumerate(sizes):
             cols = slice(start, start + size)
             start += size
-            L = Lowering(self.b, node, self.values)
+            L = Lowering(self.b, node, self.values, self.seeds)
             wi = self.constant(f"{w.name}_split{i}", w_cols(cols), literal=False)
             y = L.matmul(a, wi)
             if bias is not None:
@@ -392,6 +414,8 @@ class Exporter:
                 continue
             if isinstance(r, torch.fx.Node) and r.name in self.static and isinstance(self.env[r.name], torch.Tensor):
                 self.constants[i] = self.env[r.name]
+                if r.name in self.seed_states:
+                    self.seed_outputs[i] = self.seed_states[r.name]
                 if r.name in self.dont_care:
                     self.dont_care_outputs.add(i)
                 continue
@@ -399,6 +423,33 @@ class Exporter:
             if not isinstance(v, Value):
                 raise ExportError(f"output {i} is not a tensor the graph computes")
             self.b.output(f"out{i}", v)
+
+
+class _Seeds:
+    """The dropout sites of one graph and their seeds: site k reads element k of one i32 graph
+    input, `eqfuse_seeds`, whose length is known once the export is done (`finish`)."""
+
+    def __init__(self, b: GraphBuilder):
+        self.b = b
+        self.input: Value | None = None
+        self.sites: dict[str, int] = {}
+
+    def seed(self, site: str) -> Value:
+        if self.input is None:
+            self.input = self.b.input("eqfuse_seeds", "i32", (1,))
+        k = self.sites.setdefault(site, len(self.sites))
+        c = self.b.const
+        return self.b.op("slice", [self.input.node, c(0).node, c(k).node, c(k + 1).node, c(1).node], "i32", (1,))
+
+    def finish(self) -> str | None:
+        """The seeds input's name, its shape set to the number of sites (None without sites)."""
+        if self.input is None:
+            return None
+        name = self.b.input_name(self.input)
+        for entry in self.b.inputs:
+            if entry["name"] == name:
+                entry["shape"] = [len(self.sites)]
+        return name
 
 
 SPLITS = ("split", "split_with_sizes")
@@ -446,11 +497,18 @@ class Lowering:
     """Helpers for lowering one node: typed pointwise application, views, reductions. Every
     helper computes the result's dtype and shape as eqfuse will, so that lowerings compose."""
 
-    def __init__(self, b: GraphBuilder, node: torch.fx.Node, values: dict[str, torch.Tensor] | None = None):
+    def __init__(self, b: GraphBuilder, node: torch.fx.Node, values: dict[str, torch.Tensor] | None = None,
+                 seeds: "_Seeds | None" = None):
         self.b = b
         self.node = node
         self.values = values if values is not None else {}
         """The values of inputs the export knows (parameters, folded constants), by input name."""
+        self.seeds = seeds if seeds is not None else _Seeds(b)
+        """The graph's dropout sites (`seed()` gives this node's seed)."""
+
+    def seed(self) -> Value:
+        """This node's dropout seed: an i32 `[1]` element of the graph's seeds input."""
+        return self.seeds.seed(self.node.name)
 
     # --- the node's own result type, from PyTorch's metadata
 
@@ -837,8 +895,33 @@ def _log_softmax_backward(L, grad, out, dim, input_dtype):
 
 def _dropout(L, x, p, train):
     if train and p != 0:
-        raise ExportError("dropout in training mode (eqfuse's dropout draws other random numbers)")
+        return _native_dropout(L, x, p, train)[0]
     return x
+
+
+def _native_dropout(L, x, p, train):
+    """(result, kept mask) of dropout: eqfuse's counter-based dropout with this site's seed
+    (the mask is where dropout of ones is not zero: the same elements, by the same index)."""
+    x = L.val(x)
+    if not train or p == 0:
+        return x, L.broadcast(L.cast(L.lit(1), "bool"), x.shape)
+    if p >= 1:
+        return L.apply("*", x, L.lit(0.0)), L.broadcast(L.cast(L.lit(0), "bool"), x.shape)
+    return _dropout_of(L, x, p, L.seed()), _kept(L, x.shape, p, L.seed())
+
+
+def _dropout_of(L, x, p, seed):
+    return L.b.op("dropout", [x.node, L.lit(p).node, seed.node], x.dtype, x.shape)
+
+
+def _kept(L, shape, p, seed):
+    ones = L.broadcast(L.cast(L.lit(1.0), "f32"), shape)
+    return L.apply("!=", _dropout_of(L, ones, p, seed), L.lit(0.0), dtype="bool")
+
+
+def _native_dropout_backward(L, grad, mask, scale):
+    g = L.val(grad)
+    return L.apply("*", L.apply("where", L.val(mask), g, L.cast(L.lit(0.0), g.dtype), dtype=g.dtype), L.lit(scale))
 
 
 def _unsqueeze(L, x, dim):
@@ -1179,8 +1262,8 @@ def _convolution_backward(L, grad, x, weight, bias_sizes, stride, padding, dilat
 
 
 def _attention_args(L, q, k, v, attn_mask, dropout_p, scale, enable_gqa=False):
-    if dropout_p != 0.0:
-        raise ExportError("attention dropout (eqfuse's dropout draws other random numbers than PyTorch's)")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ExportError(f"attention dropout with probability {dropout_p}")
     for x in (k, v):
         if x.rank != q.rank or x.shape[:-3] != q.shape[:-3] or q.rank < 3 or q.shape[-3] % x.shape[-3]:
             raise ExportError(f"attention of q {list(q.shape)} with k or v {list(x.shape)}")
@@ -1234,18 +1317,28 @@ def _scores(L, q, k, s, is_causal, mask):
     return sc, lse
 
 
-def _attention_math_grads(L, g, q, k, v, out, s, is_causal, mask):
-    """(dq, dk, dv) of attention with a mask tensor, in plain operators (the scores recomputed)."""
+def _seed_in(L, state):
+    """The seed (i32 `[1]`) in element 0 of a random-number state argument."""
+    flat = L.reshape(state, (state.numel,))
+    return flat if state.numel == 1 else _slice(L, flat, 0, 0, 1, 1)
+
+
+def _attention_math_grads(L, g, q, k, v, out, s, is_causal, mask, dropout=None):
+    """(dq, dk, dv) of attention with a mask tensor or `dropout` ((p, seed): the forward's
+    dropout of the probabilities, drawn again), in plain operators (the scores recomputed)."""
     g, out = L.val(g), L.val(out)
     sc, lse = _scores(L, q, k, s, is_causal, mask)
     p = L.apply("exp", L.apply("-", sc, lse))  # f32 [..., Sq, Sk]
     kv = k.shape[-3]
     kk, vv = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
     g32 = L.cast(g, "f32")
-    pt = L.swap(p, p.rank - 2, p.rank - 1)
+    kept = p if dropout is None else _dropout_of(L, p, *dropout)
+    pt = L.swap(kept, kept.rank - 2, kept.rank - 1)
     dv = L.b.op("@", [pt.node, g32.node], "f32", pt.shape[:-1] + (g.shape[-1],))
     vt = L.cast(L.swap(vv, vv.rank - 2, vv.rank - 1), "f32")
     dp = L.b.op("@", [g32.node, vt.node], "f32", g.shape[:-1] + (vt.shape[-1],))
+    if dropout is not None:
+        dp = _dropout_of(L, dp, *dropout)
     delta = L.reduce("sum", L.apply("*", g32, L.cast(out, "f32")), [-1], True)
     ds = L.apply("*", L.apply("*", p, L.apply("-", dp, delta)), L.lit(s))
     dq = L.b.op("@", [ds.node, L.cast(kk, "f32").node], "f32", q.shape)
@@ -1309,7 +1402,14 @@ def _sdpa_forward(L, q, k, v, mask, dropout_p, is_causal, scale, n_out):
     log-sum-exp reshaped to PyTorch's `[B, H, S]` (flash) or `[B, H, S, 1]` (cuDNN)."""
     s = _attention_args(L, q, k, v, mask, dropout_p, scale)
     mask, is_causal = _known_mask(L, mask, is_causal, q.shape[-2], k.shape[-2])
-    if mask is not None:
+    if dropout_p > 0:
+        seed = L.seed()
+        sc, lse = _scores(L, q, k, s, is_causal, mask)
+        probs = _dropout_of(L, L.apply("exp", L.apply("-", sc, lse)), dropout_p, seed)
+        vv = _heads(L, v, q.shape[-3])
+        probs = L.cast(probs, vv.dtype)
+        out = L.b.op("@", [probs.node, vv.node], q.dtype, q.shape[:-1] + (v.shape[-1],))
+    elif mask is not None:
         # (The log-sum-exp alone, for the backward: the result is attention_bias's.)
         lse = _scores(L, q, k, s, is_causal, mask)[1] if n_out > 1 else None
         out = _attention_bias(L, q, k, v, s, is_causal, mask)
@@ -1342,6 +1442,8 @@ def _sdpa_extra(L, i):
     val = L.node.meta.get("val")
     val = val[i] if isinstance(val, (tuple, list)) and i < len(val) else None
     name = L.node.target._schema.returns[i].name if isinstance(L.node.target, torch._ops.OpOverload) else ""
+    if isinstance(val, torch.Tensor) and name in RNG_STATE and L.node.name in L.seeds.sites:
+        return _SeedState(L.seeds.sites[L.node.name], torch.zeros(tuple(val.shape), dtype=val.dtype))
     if isinstance(val, torch.Tensor) and name in RNG_STATE:
         return _DontCare(f"{name} of {L.node.name}", torch.zeros(tuple(val.shape), dtype=val.dtype))
     if isinstance(val, torch.Tensor) and val.numel() == 0:
@@ -1383,6 +1485,15 @@ class _Constant:
         self.tensor = tensor
 
 
+class _SeedState(_Constant):
+    """A fused SDPA forward's random-number state with dropout: it carries the seed of `site`
+    (the backend fills it on every call; `tensor` gives its dtype and shape)."""
+
+    def __init__(self, site: int, tensor: torch.Tensor):
+        super().__init__(tensor)
+        self.site = site
+
+
 class _DontCare(_Constant):
     """A tuple entry whose value nothing may depend on (an SDPA op's random-number state without
     dropout): a constant output that no check compares; a lowering that reads it is an error."""
@@ -1412,10 +1523,15 @@ def _sdpa_cudnn(L, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_cau
     return _sdpa_forward(L, q, k, v, attn_bias, dropout_p, is_causal, scale, 9)
 
 
-def _sdpa_backward(L, g, q, k, v, out, lse, mask, dropout_p, is_causal, scale):
-    """(dq, dk, dv) of a fused SDPA op's backward."""
+def _sdpa_backward(L, g, q, k, v, out, lse, mask, dropout_p, is_causal, scale, state=None):
+    """(dq, dk, dv) of a fused SDPA op's backward; with dropout, the seed is element 0 of the
+    random-number state `state` the forward returned."""
     s = _attention_args(L, q, k, v, mask, dropout_p, scale)
     mask, is_causal = _known_mask(L, mask, is_causal, q.shape[-2], k.shape[-2])
+    if dropout_p > 0:
+        if not isinstance(state, Value):
+            raise ExportError("an attention backward with dropout whose random-number state is not an input")
+        return _attention_math_grads(L, g, q, k, v, out, s, is_causal, mask, (dropout_p, _seed_in(L, state)))
     if mask is not None:
         return _attention_math_grads(L, g, q, k, v, out, s, is_causal, mask)
     return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal)
@@ -1444,17 +1560,17 @@ def _sdpa_flash_cpu_backward(L, g, q, k, v, out, lse, dropout_p, is_causal, *, a
 
 def _sdpa_flash_backward(L, g, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, dropout_p, is_causal, seed, offset,
                          *, scale=None):
-    return _sdpa_backward(L, g, q, k, v, out, lse, None, dropout_p, is_causal, scale)
+    return _sdpa_backward(L, g, q, k, v, out, lse, None, dropout_p, is_causal, scale, seed)
 
 
 def _sdpa_efficient_backward(L, g, q, k, v, attn_bias, out, lse, seed, offset, dropout_p, grad_input_mask,
                              is_causal=False, *, scale=None):
-    return _sdpa_backward(L, g, q, k, v, out, lse, attn_bias, dropout_p, is_causal, scale) + (None,)
+    return _sdpa_backward(L, g, q, k, v, out, lse, attn_bias, dropout_p, is_causal, scale, seed) + (None,)
 
 
 def _sdpa_cudnn_backward(L, g, q, k, v, out, lse, seed, offset, attn_bias, cum_q, cum_k, max_q, max_k, dropout_p,
                          is_causal, *, scale=None):
-    return _sdpa_backward(L, g, q, k, v, out, lse, attn_bias, dropout_p, is_causal, scale)
+    return _sdpa_backward(L, g, q, k, v, out, lse, attn_bias, dropout_p, is_causal, scale, seed)
 
 
 # --- losses with integer targets
@@ -1562,6 +1678,8 @@ LOWERINGS = {
     "detach": _identity,
     "lift_fresh_copy": _identity,
     "dropout": _dropout,
+    "native_dropout": _native_dropout,
+    "native_dropout_backward": _native_dropout_backward,
     "sum": _sum,
     "mean": _mean,
     "amax": _amax,
