@@ -12,7 +12,8 @@ launch manifest `launch.json` (`eqfuse.launch/1`): for each kernel in launch ord
 `extern "C"` name, file, grid, block, dynamic shared memory, and its arguments (tensor reads,
 then writes, then workspaces), each one pointer. `GpuPlan` compiles every file with
 `cupy.RawModule(code=..., options=("--gpu-architecture=sm_XY",))` (the options eqfuse's own
-runtime passes), allocates every tensor that is not a graph input as a torch tensor on the
+runtime passes; kernels whose sources differ only in names, as a model's repeated layers'
+do, are compiled once a process: `canonical_source`), allocates every tensor that is not a graph input as a torch tensor on the
 inputs' device, allocates the workspaces (one buffer per name, as large as the largest kernel
 asks, zeroed once where the manifest says so: those kernels leave them zero), and launches each kernel with `tensor.data_ptr()` arguments on
 `torch.cuda.current_stream()`. Kernels that loop over their work (`persistent`) launch at most
@@ -290,12 +291,10 @@ class GpuPlan(LaunchPlan):
                 if k.get("cublaslt") is not None:
                     self.kernels.append((k, None, None, None, None, 0))
                     continue
-                source = (cg.dir / k["file"]).read_text()
-                module = cp.RawModule(code=source, options=(f"--gpu-architecture={arch}",))
-                fn = module.get_function(k["name"])
+                module, fn = _compiled(cp, (cg.dir / k["file"]).read_text(), k["name"], arch, self.device.index)
                 launch = k["launch"]
                 smem = int(launch["smem_bytes"])
-                if smem > 48 * 1024:
+                if smem > max(48 * 1024, fn.max_dynamic_shared_size_bytes):  # (a shared function: the largest)
                     fn.max_dynamic_shared_size_bytes = smem
                 grid = list(launch["grid"])
                 if launch.get("wave"):
@@ -646,6 +645,35 @@ class _GraphMismatch(Exception):
     def __init__(self, why: str, eager: dict):
         super().__init__(why)
         self.eager = eager
+
+
+_MODULES: dict = {}
+"""Compiled kernels by canonical source (`canonical_source`), architecture and device: the
+kernels of a model's repeated layers differ only in names, so each is compiled once a process."""
+
+
+def canonical_source(source: str, name: str) -> str:
+    """A kernel's source with what names it removed: its whole-line comments dropped, its
+    function name `EQK`, its parameters (`p_<tensor>`) numbered in order of first appearance.
+    Two kernels with the same canonical source compile to the same function up to renaming, and
+    take their pointer arguments in the same order."""
+    import re
+
+    lines = [line for line in source.splitlines() if not line.lstrip().startswith("//")]
+    text = re.sub(rf"\b{re.escape(name)}\b", "EQK", "\n".join(lines))
+    params: dict[str, str] = {}
+    return re.sub(r"\bp_[A-Za-z0-9_]+", lambda m: params.setdefault(m.group(0), f"p_{len(params)}"), text)
+
+
+def _compiled(cp, source: str, name: str, arch: str, device: int):
+    """(module, function) of a kernel, compiled once per canonical source, arch and device."""
+    canon = canonical_source(source, name)
+    key = (canon, arch, device)
+    hit = _MODULES.get(key)
+    if hit is None:
+        module = cp.RawModule(code=canon, options=(f"--gpu-architecture={arch}",))
+        hit = _MODULES[key] = (module, module.get_function("EQK"))
+    return hit
 
 
 def _static_empty(shape, dtype, device):

@@ -284,3 +284,25 @@ def test_gpu_backend_runs_eqfuse_kernels_and_matches_eager(shape):
     with torch.no_grad():
         torch.testing.assert_close(compiled(x2, w, b), ln_gelu_residual(x2, w, b), rtol=1e-5, atol=1e-5)
     assert len(backend.plans) == 1
+
+
+def test_repeated_layers_compile_once():
+    """The kernels of repeated layers differ in names only: their canonical sources are equal
+    (compiled once), while kernels of other shapes or bodies stay apart."""
+    from eqfuse_torch.runtime import canonical_source
+
+    def block(x, m, w1, b1, w2, b2):
+        for _ in range(3):
+            x = ln_gelu_residual(x @ m, w1, b1)
+            x = ln_gelu_residual(x @ m, w2, b2)
+        return torch.softmax(x @ m, -1)
+
+    args = (torch.randn(64, 64), torch.randn(64, 64), torch.randn(64), torch.randn(64), torch.randn(64), torch.randn(64))
+    cg = Codegen.of_graph(graph_of(block, *args).graph)
+    kernels = [k for k in cg.manifest["kernels"] if k.get("file")]
+    canon = [canonical_source((cg.dir / k["file"]).read_text(), k["name"]) for k in kernels]
+    assert len(kernels) >= 4
+    assert len(set(canon)) < len(canon), "the repeated layers' kernels did not coincide"
+    assert len(set(canon)) >= 2, "the softmax kernel coincided with a layer's"
+    for c, k in zip(canon, kernels):
+        assert k["name"] not in c and "EQK" in c
