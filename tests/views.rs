@@ -152,3 +152,32 @@ fn a_product_read_through_a_merged_transpose_gets_a_copy_kernel() {
     assert_eq!(copies[0].bytes_read + copies[0].bytes_written, 2 * bytes, "a copy reads and writes the tensor once");
     checked(&p, &plan);
 }
+
+/// Index generators seen through views (`transpose(onehot(t, C), 0, 1)`, `reshape(iota(S),
+/// [S, 1])` and its transpose, a broadcast row index) are computed in the kernels that read
+/// them, at each element: no kernel writes an iota or a one-hot, and every kernel passes codegen
+/// and the plan the CPU reference. (Before, each was a kernel of its own; the transposed one-hot
+/// of a 1000-class log-softmax was 62.6 MiB written and read again.) The GPU tests run the
+/// same program (`tests/cases/ok/index_views.eqf`) against the CPU reference.
+#[test]
+fn index_generators_seen_through_views_fuse_into_their_readers() {
+    let p = load_program("tests/cases/ok/index_views.eqf", &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    for k in &plan.kernels {
+        let writes_index = k.ops.iter().all(|o| matches!(o.as_str(), "iota" | "onehot" | "reshape" | "transpose"));
+        assert!(!writes_index, "a kernel computes only indices: {:?}", k.ops);
+    }
+    assert_eq!(plan.kernels.len(), 2, "{:#?}", plan.kernels.iter().map(|k| &k.ops).collect::<Vec<_>>());
+    checked(&p, &plan);
+    // The log-softmax and NLL with classes along axis 0 reads its logits once.
+    let nll = program(
+        "dim C = 1000\ndim N = 4096\ninput logits: f32[C, N]\ninput target: i32[N]\n\
+         lp = log_softmax(logits, 0)\n\
+         picked = sum(lp * transpose(onehot(target, C), 0, 1), 0)\n\
+         loss = neg(sum(picked, 1)) / N\noutput loss\n",
+    );
+    let plan = optimize(&nll, &opts()).unwrap().plan;
+    let logits = (1000 * 4096 * 4) as u64;
+    assert!(plan.total.bytes < logits + logits / 8, "{} bytes: {:#?}", plan.total.bytes, plan.kernels);
+    checked(&nll, &plan);
+}

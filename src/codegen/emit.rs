@@ -584,6 +584,15 @@ impl Emitter<'_> {
                 need.insert(*k);
                 format!("(int)c{k}")
             }
+            Op::Iota(strides) => {
+                let base = self.offset(strides, need);
+                let s = strides.last().copied().unwrap_or(0);
+                if scope.lanes && s != 0 {
+                    format!("(int)({base} + {})", lane_term(s))
+                } else {
+                    format!("(int)({base})")
+                }
+            }
             Op::Flat(strides) => {
                 let base = self.offset(strides, need);
                 let s = strides.last().copied().unwrap_or(0);
@@ -968,7 +977,7 @@ pub fn kernel_name(k: &Kernel, template: Template) -> String {
 
 fn children(op: &Op) -> Vec<usize> {
     match op {
-        Op::Const(_) | Op::Load(_) | Op::Coord(_) | Op::Flat(_) => vec![],
+        Op::Const(_) | Op::Load(_) | Op::Coord(_) | Op::Flat(_) | Op::Iota(_) => vec![],
         Op::Unary(_, a) | Op::Cast(_, a) | Op::Reduce(_, a) | Op::Global(_, a) => vec![*a],
         Op::Binary(_, a, b) => vec![*a, *b],
         Op::Where(c, a, b) => vec![*c, *a, *b],

@@ -36,6 +36,8 @@ pub enum Op {
     Coord(usize),
     /// A row-major flat index: the sum of coordinates times these strides.
     Flat(Vec<usize>),
+    /// `iota` seen through views: the i32 sum of coordinates times these strides.
+    Iota(Vec<usize>),
     Unary(Unary, usize),
     Binary(Binary, usize, usize),
     Where(usize, usize, usize),
@@ -164,9 +166,27 @@ enum Slot {
     View { read: usize, shape: Vec<usize>, strides: Vec<usize>, dtype: DType, offset: usize },
     /// A computed value, seen through a view with shape `shape`.
     Value { node: usize, shape: Vec<usize> },
+    /// `iota` (or a view of it): the i32 position `sum(coordinate * stride)`, computed per
+    /// element wherever a view moves it (`reshape(iota(n), [n, 1])` is a row index).
+    Iota { shape: Vec<usize>, strides: Vec<usize> },
+    /// `onehot(t, n)` (or a view of it) as its two sides, views of one shape: `t` read with a
+    /// class axis of stride 0 appended, and the class coordinate (an `Iota` with stride 1 on
+    /// that axis alone); its value is `cast(t == class, f32)` wherever a view moves it.
+    OneHot(Box<Slot>, Box<Slot>),
     /// The result of the kernel's `scatter_add`: complete only when the kernel ends, so it can
     /// only be written.
     Scatter,
+}
+
+impl Slot {
+    /// The shape a value slot is seen with (None for attributes and a scatter's result).
+    fn shape(&self) -> Option<&[usize]> {
+        match self {
+            Slot::View { shape, .. } | Slot::Value { shape, .. } | Slot::Iota { shape, .. } => Some(shape),
+            Slot::OneHot(_, cls) => cls.shape(),
+            Slot::Attr | Slot::Scatter => None,
+        }
+    }
 }
 
 /// Lowers a kernel of an elementwise, row-reduction or column-reduction template.
@@ -397,8 +417,8 @@ impl<'a> Lowerer<'a> {
                 let axis = self.konst(facts, ch[1], "the axis of a reduction")? as i64;
                 return self.reduce(r, &slots[ch[0]], axis, ty);
             }
-            Kind::Iota => self.coord_of(shape.clone(), DType::I32),
-            Kind::OneHot => self.onehot(&slots[ch[0]], ty)?,
+            Kind::Iota => return Ok(Slot::Iota { shape: shape.clone(), strides: contiguous(&shape) }),
+            Kind::OneHot => return self.onehot(&slots[ch[0]], ty),
             Kind::Dropout => {
                 let p = self.konst(facts, ch[1], "the probability of dropout")?;
                 let seed = self.konst(facts, ch[2], "the seed of dropout")? as u32;
@@ -443,8 +463,9 @@ impl<'a> Lowerer<'a> {
         self.push(Op::Coord(r - 1), dtype, shape)
     }
 
-    /// `onehot(t, n)`: `t` is read at the element's coordinates without the last one.
-    fn onehot(&mut self, t: &Slot, ty: &TensorType) -> Result<usize> {
+    /// `onehot(t, n)`: `t` read at the element's coordinates without the last one, compared
+    /// with the last coordinate (kept as its two sides while views may move it).
+    fn onehot(&mut self, t: &Slot, ty: &TensorType) -> Result<Slot> {
         let Slot::View { read, shape, strides, dtype, offset } = t else {
             return Err(unsupported(self.kernel, "onehot of a value computed in the same kernel"));
         };
@@ -452,11 +473,12 @@ impl<'a> Lowerer<'a> {
         s.push(*ty.shape.last().unwrap_or(&1));
         let mut st = strides.clone();
         st.push(0);
-        let idx = self.load(*read, &s, &st, *dtype, *offset)?;
-        let aligned = self.align(&ty.shape)?;
-        let col = self.coord_of(aligned.clone(), DType::I32);
-        let eq = self.push(Op::Binary(Binary::Eq, idx, col), DType::Bool, aligned.clone());
-        Ok(self.push(Op::Cast(DType::F32, eq), DType::F32, aligned))
+        let idx = Slot::View { read: *read, shape: s.clone(), strides: st, dtype: *dtype, offset: *offset };
+        let mut cls = vec![0; s.len()];
+        if let Some(last) = cls.last_mut() {
+            *last = 1;
+        }
+        Ok(Slot::OneHot(Box::new(idx), Box::new(Slot::Iota { shape: s, strides: cls })))
     }
 
     /// A view of a view stays a view; a view of a computed value must keep every element where
@@ -481,6 +503,26 @@ impl<'a> Lowerer<'a> {
                 Ok(Slot::View { read: *read, shape: ty.shape.clone(), strides, dtype: *dtype, offset: *offset })
             }
             Slot::Value { node, .. } => Ok(Slot::Value { node: *node, shape: ty.shape.clone() }),
+            Slot::Iota { shape, strides } => {
+                let strides = match kind {
+                    Kind::Transpose => {
+                        let a = norm_axis(self.konst(facts, ch[1], "a transpose axis")? as i64, shape.len());
+                        let b = norm_axis(self.konst(facts, ch[2], "a transpose axis")? as i64, shape.len());
+                        let (a, b) = (a.map_err(Error::Invalid)?, b.map_err(Error::Invalid)?);
+                        let mut s = strides.clone();
+                        s.swap(a, b);
+                        s
+                    }
+                    Kind::Broadcast => broadcast_strides(shape, strides, &ty.shape),
+                    _ => reshape_strides(shape, strides, &ty.shape)
+                        .ok_or_else(|| unsupported(self.kernel, "a reshape of a transposed or broadcast iota"))?,
+                };
+                Ok(Slot::Iota { shape: ty.shape.clone(), strides })
+            }
+            Slot::OneHot(idx, cls) => Ok(Slot::OneHot(
+                Box::new(self.view(kind, ch, ty, facts, idx)?),
+                Box::new(self.view(kind, ch, ty, facts, cls)?),
+            )),
             Slot::Attr => Err(unsupported(self.kernel, "a view of an attribute")),
             Slot::Scatter => Err(scatter_used(self.kernel)),
         }
@@ -499,6 +541,29 @@ impl<'a> Lowerer<'a> {
                     ));
                 }
                 Ok(*node)
+            }
+            Slot::Iota { shape, strides } => {
+                let aligned = self.align(shape)?;
+                let pad = aligned.len() - shape.len();
+                let dom: Vec<usize> =
+                    (0..aligned.len()).map(|k| if k < pad || aligned[k] == 1 { 0 } else { strides[k - pad] }).collect();
+                if dom.iter().all(|&s| s == 0) {
+                    return Ok(self.push(Op::Const(0.0), DType::I32, aligned));
+                }
+                // One axis of stride 1: that coordinate (as the row template's one-hot pick knows it).
+                let moving: Vec<usize> = (0..dom.len()).filter(|&k| dom[k] != 0).collect();
+                if let [d] = moving[..] {
+                    if dom[d] == 1 {
+                        return Ok(self.push(Op::Coord(d), DType::I32, aligned));
+                    }
+                }
+                Ok(self.push(Op::Iota(dom), DType::I32, aligned))
+            }
+            Slot::OneHot(idx, cls) => {
+                let (i, c) = (self.value(idx)?, self.value(cls)?);
+                let shape = self.out.nodes[c].shape.clone();
+                let eq = self.push(Op::Binary(Binary::Eq, i, c), DType::Bool, shape.clone());
+                Ok(self.push(Op::Cast(DType::F32, eq), DType::F32, shape))
             }
             Slot::Attr => Err(unsupported(self.kernel, "an attribute used as a value")),
             Slot::Scatter => Err(scatter_used(self.kernel)),
@@ -704,19 +769,13 @@ impl<'a> Lowerer<'a> {
     fn reduce(&mut self, r: Reduce, x: &Slot, axis: i64, ty: &TensorType) -> Result<Slot> {
         let xv = self.value(x)?;
         let xshape = self.out.nodes[xv].shape.clone();
-        let in_rank = match x {
-            Slot::View { shape, .. } | Slot::Value { shape, .. } => shape.len(),
-            Slot::Attr | Slot::Scatter => 0,
-        };
+        let in_rank = x.shape().map_or(0, <[usize]>::len);
         let a = norm_axis(axis, in_rank).map_err(Error::Invalid)? + self.rank() - in_rank;
         if xshape[a] == 1 {
             // The value is the same all along the axis (it is broadcast there, or the axis has
             // one element): its max, min and mean are the value, its sum the value times the
             // axis' extent.
-            let n = match x {
-                Slot::View { shape, .. } | Slot::Value { shape, .. } => shape[a + in_rank - self.rank()],
-                Slot::Attr | Slot::Scatter => 1,
-            };
+            let n = x.shape().map_or(1, |shape| shape[a + in_rank - self.rank()]);
             if r == Reduce::Sum && n > 1 {
                 let dtype = self.out.nodes[xv].dtype;
                 let c = self.push(Op::Const(n as f64), DType::F32, vec![1; self.rank()]);
@@ -827,7 +886,9 @@ impl<'a> Lowerer<'a> {
     /// order of its own shape when a reshape moved it, else of the shape it is seen with.
     fn store(&mut self, write: usize, slot: &Slot) -> Result<Store> {
         let (node, seen) = match slot {
-            Slot::View { shape, .. } => (self.value(slot)?, shape.clone()),
+            Slot::View { .. } | Slot::Iota { .. } | Slot::OneHot(..) => {
+                (self.value(slot)?, slot.shape().unwrap_or_default().to_vec())
+            }
             Slot::Value { node, shape } => (*node, shape.clone()),
             Slot::Attr => return Err(unsupported(self.kernel, "a write of an attribute")),
             Slot::Scatter => return Err(scatter_used(self.kernel)),

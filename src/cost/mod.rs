@@ -905,6 +905,9 @@ impl Shaped<'_> {
                 self.view_ok(b)?;
                 continue;
             }
+            if self.index_generated(b, false) && self.seen_through_views(b) {
+                continue; // (computed at each element of the views that read it)
+            }
             let s = self.shape(b);
             if s != domain && broadcast_shapes(s, domain).ok().as_deref() != Some(domain) {
                 return Err(format!(
@@ -940,6 +943,9 @@ impl Shaped<'_> {
         }
         let Some(child) = n.children().next() else { return Ok(()) };
         if !self.computed_below(child) {
+            return Ok(());
+        }
+        if n.kind() != Some(Kind::OneHot) && self.index_generated(child, n.kind() == Some(Kind::Reshape)) {
             return Ok(());
         }
         // Shapes broadcast from the right: a reshape keeps every element where it was (as the
@@ -1023,6 +1029,35 @@ impl Shaped<'_> {
         // (A slice of a tensor in memory is read in place, at an offset: a view.)
         let view = n.role == Role::View || n.kind() == Some(Kind::Slice);
         !view || n.children().next().is_some_and(|c| self.computed_below(c))
+    }
+
+    /// Whether body node `i` is computed from element indices alone, so that a view of it is
+    /// computed at any element (codegen's `Slot::Iota` and `Slot::OneHot`): `iota`, `onehot` of a
+    /// tensor in memory, and transposes and broadcasts of those; under a reshape (`reshaped`)
+    /// only an `iota` reshaped and nothing else (a reshape of a transposed or broadcast index
+    /// may have no strides).
+    fn index_generated(&self, i: usize, reshaped: bool) -> bool {
+        let n = &self.dag.nodes[i];
+        let below = n.children().next();
+        match n.kind() {
+            Some(Kind::Iota) => true,
+            Some(Kind::OneHot) => !reshaped && below.is_some_and(|c| !self.computed_below(c)),
+            Some(Kind::Transpose | Kind::Broadcast) => {
+                !reshaped && below.is_some_and(|c| self.index_generated(c, false))
+            }
+            Some(Kind::Reshape) => below.is_some_and(|c| self.index_generated(c, true)),
+            _ => false,
+        }
+    }
+
+    /// Whether every reader of body node `i` in the kernel is a view (and it is no output).
+    fn seen_through_views(&self, i: usize) -> bool {
+        let views = |k: Option<Kind>| matches!(k, Some(Kind::Reshape | Kind::Transpose | Kind::Broadcast));
+        !self.dag.is_output[i]
+            && self
+                .body
+                .iter()
+                .all(|&u| !self.dag.nodes[u].children().any(|c| c == i) || views(self.dag.nodes[u].kind()))
     }
 
     /// A transpose that swaps an axis with itself or swaps two size-1 axes.

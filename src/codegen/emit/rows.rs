@@ -43,7 +43,7 @@ mod plan {
             Op::Const(_) | Op::Reduce(..) | Op::Global(..) => true,
             Op::Load(a) => l.accesses[*a].strides[last] == 0,
             Op::Coord(k) => *k != last,
-            Op::Flat(strides) => strides[last] == 0,
+            Op::Flat(strides) | Op::Iota(strides) => strides[last] == 0,
             Op::Dropout { .. } => false,
             Op::IndexLoad { access, index, .. } => {
                 l.accesses[*access].strides[last] == 0 && index.is_none_or(|ix| row_uniform(l, ix.node, last))
@@ -190,7 +190,7 @@ mod plan {
                     || r == 0
                     || node.shape[r - 1] <= 1
                     || node.dtype != DType::F32
-                    || matches!(node.op, Op::Load(_) | Op::Const(_) | Op::Flat(_))
+                    || matches!(node.op, Op::Load(_) | Op::Const(_) | Op::Flat(_) | Op::Iota(_))
                     || out.iter().any(|&(_, z, _)| z == y)
                     || !e.closure(&[y], &scope).contains(&x)
                 {
