@@ -481,12 +481,12 @@ impl Gen {
     /// A seed: mostly a literal; sometimes an i32 tensor given at run time, of shape `[]` or
     /// `[1]` (an exact integer value already computed, or a new input).
     fn dropout_seed(&mut self, s: &Step) -> String {
-        if s.b % 4 != 0 {
+        if !s.b.is_multiple_of(4) {
             return s.attr2.to_string();
         }
         let seed_like = |e: &E| e.is_int() && e.exact && !e.literal && e.ty.numel() == 1 && e.rank() <= 1;
         match self.pick(s.c, seed_like) {
-            Some(e) if s.b % 8 == 0 => e.text,
+            Some(e) if s.b.is_multiple_of(8) => e.text,
             _ => self.input(DType::I32, if s.b % 16 == 4 { vec![1] } else { vec![] }).text,
         }
     }
