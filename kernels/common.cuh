@@ -6,7 +6,7 @@
 //   bf16(x) = top 16 bits of the f32 x after adding 0x7fff + bit16 (NaN kept a quiet NaN),
 //   f16(x)  = cvt.rn.f16.f32 (IEEE round to nearest even, overflow to infinity).
 // Pointwise helpers follow src/scalar.rs (gelu in erf form, NaN-propagating max/min, stable
-// sigmoid); `eq_dropout` is src/rng.rs bit for bit.
+// sigmoid); `eq_dropout` and `eq_dropout_seeded` are src/reference/rng.rs bit for bit.
 //
 // Launch shape: none (helpers only).
 // Invariants: compiles with NVRTC and nothing but `--gpu-architecture`, so it includes no
@@ -296,6 +296,13 @@ __device__ __forceinline__ float eq_dropout(float x, unsigned long long index, u
     const unsigned int key = hi == 0 ? key0 : eq_mix32(eq_mix32(seed ^ 0x9e3779b9u) ^ hi);
     const unsigned int bits = eq_mix32(key ^ (unsigned int)index);
     return bits >= threshold ? __fmul_rn(x, scale) : 0.0f;
+}
+// A seed read at run time (dropout's seed given as an i32 tensor, reinterpreted as unsigned):
+// the key stream_key(seed, 0) is computed here, two mix32 per call on a value that is the same
+// for every element (so free to hoist), instead of by the code generator.
+__device__ __forceinline__ float eq_dropout_seeded(float x, unsigned long long index, unsigned int seed,
+                                                   unsigned int threshold, float scale) {
+    return eq_dropout(x, index, seed, eq_mix32(eq_mix32(seed ^ 0x9e3779b9u)), threshold, scale);
 }
 
 #endif  // EQ_COMMON_CUH

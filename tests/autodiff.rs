@@ -236,6 +236,26 @@ fn dropout_iota_and_onehot() {
     assert_eq!(p.outputs[0].id, p.outputs[1].id, "one node: dropout(dy, 0.5, 9)");
 }
 
+/// A seed given at run time (an i32 tensor): the gradient is dropout of the upstream gradient
+/// with the same seed expression, and the seed itself gets none.
+#[test]
+fn dropout_with_a_tensor_seed() {
+    check(&case("input x: f32[3, 4]\ninput s: i32[]", "y = dropout(x * x, 0.3, s)", &["x"]));
+    check(&case("input x: f32[3, 4]\ninput s: i32[1]", "y = dropout(x, 0.5, s * 3 + 1)", &["x"]));
+    let text = "input x: f32[64]\ninput dy: f32[64]\ninput s: i32[]\nloss = sum(dropout(x, 0.5, s + 1) * dy, 0)\n\
+                g = grad(loss, x)\nk = dropout(dy, 0.5, s + 1)\noutput g, k\n";
+    let p = parse_program("t.eqf", text, &[]).unwrap();
+    assert_eq!(p.outputs[0].id, p.outputs[1].id, "one node: dropout(dy, 0.5, s + 1)");
+    let mut values = random_inputs(&p, 4);
+    let out = eval(&p, &values).unwrap();
+    assert!(out[0].data.contains(&0.0) && out[0].data.iter().any(|&v| v != 0.0));
+    // Another seed at run time: another mask, the same program.
+    values.insert("s".into(), Tensor::new(DType::I32, vec![], vec![values["s"].data[0] + 1.0]).unwrap());
+    assert_ne!(eval(&p, &values).unwrap()[0].data, out[0].data);
+    let e = parse_program("t.eqf", &text.replace("grad(loss, x)", "grad(loss, s)"), &[]).unwrap_err().to_string();
+    assert!(e.contains("grad needs a floating-point tensor, got i32"), "{e}");
+}
+
 #[test]
 fn composites() {
     let x = "input x: f32[3, 5]\ninput g: f32[5]\ninput b: f32[5]";

@@ -459,3 +459,26 @@ fn explain_after_a_cut_search_does_not_panic() {
         assert!(stdout(&o).contains("time-limit"), "--time-limit {limit}: {}", stdout(&o));
     }
 }
+
+/// A program whose dropout seed is an i32 input plans, and runs on the CPU with the seed
+/// generated like any other i32 input or read from `--inputs`; a seed of the wrong dtype or
+/// shape is an error naming it.
+#[test]
+fn dropout_seed_given_as_an_input() {
+    let case = "tests/cases/ok/dropout_seed_input.eqf";
+    let o = eqfuse(&["optimize", case]);
+    assert!(o.status.success() && stdout(&o).contains("x, bias, s"), "{}{}", stdout(&o), stderr(&o));
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("out");
+    let out = out.to_str().unwrap();
+    let o = eqfuse(&["run", case, "--cpu", "--outputs", out]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(d.path().join("out/s.npy").exists() && d.path().join("out/y.npy").exists());
+    let o = eqfuse(&["run", case, "--cpu", "--inputs", out, "--outputs", out]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for (decl, text) in [("f32[]", "got dtype f32"), ("i32[2]", "must have shape [] or [1], got [2]")] {
+        let p = d.path().join("bad.eqf");
+        std::fs::write(&p, format!("input x: f32[4]\ninput s: {decl}\ny = dropout(x, 0.1, s)\noutput y\n")).unwrap();
+        fails(&eqfuse(&["run", p.to_str().unwrap(), "--cpu", "--outputs", out]), 1, text);
+    }
+}

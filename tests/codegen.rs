@@ -27,7 +27,16 @@ fn snapshot_program(name: &str, program: &Program) {
 
 #[test]
 fn generated_cuda_of_small_cases() {
-    let wanted = ["bias_gelu_dropout", "layernorm", "rmsnorm_bf16", "bias_grads", "cross_entropy", "views", "halves"];
+    let wanted = [
+        "bias_gelu_dropout",
+        "dropout_seed_tensor",
+        "layernorm",
+        "rmsnorm_bf16",
+        "bias_grads",
+        "cross_entropy",
+        "views",
+        "halves",
+    ];
     for case in common::cases().into_iter().filter(|c| wanted.contains(&c.name)) {
         snapshot_program(case.name, &case.program);
     }

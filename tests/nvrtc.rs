@@ -371,3 +371,35 @@ fn fused_probe_profile() -> DeviceProfile {
     }
     p
 }
+
+/// Dropout with its seed given at run time (an i32 tensor of shape `[]` or `[1]`, or an i32
+/// expression of one): the kernels of every template that fuses it (elementwise, a row
+/// reduction's epilogue, a column reduction, a generated gemm's epilogue, a rank-0 domain; f32,
+/// bf16 and f16) load the seed and compile without warnings.
+#[test]
+fn tensor_seeded_dropout_kernels_compile() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let programs = [
+        std::fs::read_to_string("tests/cases/ok/dropout_seed_input.eqf").unwrap(),
+        "input x: bf16[64, 256]\ninput g: bf16[256]\ninput s: i32[1]\ny = dropout(rmsnorm(x, g, 1e-6), 0.1, s * 3)\n\
+         t = sum(dropout(x, 0.5, s), 0)\noutput y, t\n"
+            .into(),
+        "input x: f16[32, 64]\ninput w: f16[64, 128]\ninput s: i32[]\ny = dropout(x @ w, 0.2, s)\noutput y\n".into(),
+        "input x: f32[]\ninput s: i32[1]\ny = dropout(x * 2, 0.5, s)\noutput y\n".into(),
+    ];
+    let profile = DeviceProfile::load("benches/gpu/predict/generated-only.json").unwrap();
+    let mut seeded = 0;
+    for (i, text) in programs.iter().enumerate() {
+        let p = eqfuse::parse_program("seed.eqf", text, &[]).unwrap();
+        let plan = optimize(&p, &OptimizeOptions::new(profile.clone())).unwrap().plan;
+        for s in codegen_plan(&plan).unwrap_or_else(|e| panic!("program {i}: {e}")) {
+            let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[])
+                .unwrap_or_else(|e| panic!("program {i} / {}: {e}\n{}", s.name, s.source));
+            assert!(c.log.trim().is_empty(), "program {i} / {}: warnings\n{}", s.name, c.log);
+            seeded += s.source.matches("= eq_dropout_seeded(").count();
+        }
+    }
+    assert!(seeded >= 5, "only {seeded} tensor-seeded dropouts were generated");
+}

@@ -232,3 +232,24 @@ fn scatter_add_is_priced_with_its_atomics() {
         assert!(alone > without, "{dtype}: the atomics' traffic counts");
     }
 }
+
+/// Dropout with its seed an i32 input (`tests/cases/ok/dropout_seed_input.eqf`): the bias, gelu
+/// and dropout fuse into one kernel that reads the seed like any other input (4 bytes), the plan
+/// computes the program for any seed value, and the kernel loads the seed's one element.
+#[test]
+fn dropout_with_a_tensor_seed_fuses_into_one_kernel() {
+    let p = eqfuse::load_program("tests/cases/ok/dropout_seed_input.eqf", &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert_eq!(plan.total.kernels, 1, "{:#?}", plan.kernels);
+    assert!(plan.kernels[0].reads.iter().any(|r| r.name == "s"), "{:?}", plan.kernels[0].reads);
+    assert_eq!(plan.total.bytes, (2 * 64 * 128 + 128 + 1) * 4);
+    let mut inputs = eqfuse::random_inputs(&p, 5);
+    for seed in [0.0, 7.0, -1.0, i32::MAX as f64] {
+        inputs.insert("s".into(), eqfuse::Tensor::new(DType::I32, vec![], vec![seed]).unwrap());
+        for (out, cmp) in eqfuse::check_plan(&p, &plan, &inputs).unwrap() {
+            assert!(cmp.ok(), "seed {seed}, output {out}: {cmp}");
+        }
+    }
+    let sources = eqfuse::codegen_plan(&plan).unwrap();
+    assert!(sources[0].source.contains("eq_dropout_seeded(") && sources[0].source.contains("p_s[0]"));
+}

@@ -472,6 +472,32 @@ fn dropout_follows_the_documented_generator() {
     assert_eq!(&c.eval1(id).data, xs);
 }
 
+/// A seed given as an i32 tensor (shape `[]` or `[1]`, an input or an expression) gives the
+/// mask of the same seed as a literal; a negative i32 is the seed of its bits as a u32.
+#[test]
+fn dropout_with_a_tensor_seed_equals_the_literal_seed() {
+    let mut c = Case::new();
+    let x = c.random("x", DType::F32, &[33, 70]);
+    let p = c.num(0.4);
+    let s = c.input("s", tensor(DType::I32, &[], &[1234.0]));
+    let s1 = c.input("s1", tensor(DType::I32, &[1], &[1233.0]));
+    let neg = c.input("m", tensor(DType::I32, &[], &[-5.0]));
+    let one = c.num(1.0);
+    let s1_plus = c.bin(Binary::Add, s1, one);
+    let literal = c.num(1234.0);
+    let big = c.num((-5i32) as u32 as f64);
+    let outs: Vec<Id> =
+        [s, s1_plus, literal, neg, big].into_iter().map(|seed| c.op(Kind::Dropout, &[x, p, seed])).collect();
+    let v = c.eval(&outs);
+    assert_eq!(v[0], v[2]);
+    assert_eq!(v[1], v[2]);
+    assert_eq!(v[3], v[4]);
+    assert_ne!(v[0], v[3]);
+    // A new seed value is a new mask, with no change to the program.
+    c.inputs.insert("s".into(), tensor(DType::I32, &[], &[1235.0]));
+    assert_ne!(c.eval1(outs[0]), v[0]);
+}
+
 #[test]
 fn dropout_in_bf16_rounds_the_f32_product() {
     let mut c = Case::new();

@@ -109,3 +109,18 @@ fn an_unsound_rule_in_a_rules_folder_is_refused() {
     assert_eq!(sets[0].rules.len(), 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Dropout's seed is instantiated as a literal or as an i32 input of shape `[]` or `[1]` (a seed
+/// given at run time): a rule that keeps the seed is sound for both, one that changes it is not.
+#[test]
+fn dropout_rules_are_checked_with_tensor_seeds() {
+    let sound = "(rewrite dropout-of-neg (dropout (neg ?x) ?p ?s) (neg (dropout ?x ?p ?s)))";
+    check_rule(&one_rule(sound)).unwrap();
+    for bad in [
+        "(rewrite bad (dropout ?x ?p ?s) (dropout ?x ?p 1))",
+        "(rewrite bad (dropout ?x ?p ?s) (dropout ?x ?p (- ?s 1)))",
+    ] {
+        let err = check_rule(&one_rule(bad)).unwrap_err();
+        assert!(err.contains("is unsound") || err.contains("type"), "{bad}: {err}");
+    }
+}

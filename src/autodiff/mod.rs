@@ -21,8 +21,9 @@
 //! - The decomposed softmax and log-softmax (`x - amax(x, a)`, `exp`, `sum`, and `e / z` or
 //!   `s - log(z)`) are differentiated as one function with the closed form, so the max shift,
 //!   whose gradient is exactly zero, costs no reductions.
-//! - `dropout`'s gradient is `dropout` of the upstream gradient with the same `p` and seed: the
-//!   same mask and scale, element for element.
+//! - `dropout`'s gradient is `dropout` of the upstream gradient with the same `p` and seed (the
+//!   same literal, or the same i32 seed expression): the same mask and scale, element for
+//!   element. A tensor seed gets no gradient, like every integer value.
 //! - Integer and bool values carry no gradient (`iota`, `onehot`, comparisons, casts to `i32`).
 //!
 //! Invariants: the forward nodes are never changed, only added to; the adjoint of a node depends

@@ -19,7 +19,7 @@ mod scatter;
 pub use rows::{row_cached, ROW_CACHE_PER_THREAD};
 pub use scatter::accumulates as scatter_accumulates;
 
-use super::lower::{Access, Lowered, Node, Op, Store};
+use super::lower::{Access, Lowered, Node, Op, Seed, Store};
 use crate::error::{Error, Result};
 use crate::ir::lang::{Binary, Reduce, Unary};
 use crate::ir::layout::contiguous;
@@ -672,15 +672,22 @@ impl Emitter<'_> {
                 let from = value_type(self.node(*a).dtype);
                 cast_expr(from, *to, &self.operand(*a, from, scope))
             }
-            Op::Dropout { x, index, seed, key0, threshold, scale } => self.rounded(
-                n,
-                format!(
-                    "eq_dropout({}, {}, {seed}u, {key0}u, {threshold}u, {})",
-                    self.operand(*x, "float", scope),
-                    self.expr(*index, scope, need),
-                    literal(*scale as f64, "float")
-                ),
-            ),
+            Op::Dropout { x, index, seed, threshold, scale } => {
+                let (x, index, scale) =
+                    (self.operand(*x, "float", scope), self.expr(*index, scope, need), literal(*scale as f64, "float"));
+                self.rounded(
+                    n,
+                    match seed {
+                        Seed::Const { seed, key0 } => {
+                            format!("eq_dropout({x}, {index}, {seed}u, {key0}u, {threshold}u, {scale})")
+                        }
+                        Seed::Node(s) => format!(
+                            "eq_dropout_seeded({x}, {index}, (unsigned int){}, {threshold}u, {scale})",
+                            self.operand(*s, "int", scope)
+                        ),
+                    },
+                )
+            }
         }
     }
 
@@ -981,7 +988,8 @@ fn children(op: &Op) -> Vec<usize> {
         Op::Unary(_, a) | Op::Cast(_, a) | Op::Reduce(_, a) | Op::Global(_, a) => vec![*a],
         Op::Binary(_, a, b) => vec![*a, *b],
         Op::Where(c, a, b) => vec![*c, *a, *b],
-        Op::Dropout { x, index, .. } => vec![*x, *index],
+        Op::Dropout { x, index, seed: Seed::Const { .. }, .. } => vec![*x, *index],
+        Op::Dropout { x, index, seed: Seed::Node(s), .. } => vec![*x, *index, *s],
         Op::IndexLoad { index, .. } => index.iter().map(|ix| ix.node).collect(),
     }
 }

@@ -12,7 +12,7 @@
 //! is an error naming the op, never an approximation.
 
 use crate::error::{Error, Result};
-use crate::ir::infer::{infer, norm_axis, slice_range, Fact};
+use crate::ir::infer::{dropout_seed, infer, norm_axis, slice_range, Fact};
 use crate::ir::lang::{Binary, Composite, Kind, Reduce, TensorLang, Unary};
 use crate::ir::layout::{broadcast_strides, contiguous, reshape_strides};
 use crate::ir::types::{DType, TensorType};
@@ -46,8 +46,7 @@ pub enum Op {
     Dropout {
         x: usize,
         index: usize,
-        seed: u32,
-        key0: u32,
+        seed: Seed,
         threshold: u32,
         scale: f32,
     },
@@ -63,6 +62,16 @@ pub enum Op {
     Reduce(Reduce, usize),
     /// A reduction of a row value over all rows (a row kernel's global result).
     Global(Reduce, usize),
+}
+
+/// Where the seed of an [`Op::Dropout`] comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seed {
+    /// A literal seed, compiled into the kernel with its key `key0 = stream_key(seed, 0)`.
+    Const { seed: u32, key0: u32 },
+    /// A seed given at run time: node `node`, the i32 value of the seed tensor's one element
+    /// (read as a u32), whose key the kernel computes.
+    Node(usize),
 }
 
 /// The computed index of an [`Op::IndexLoad`]: node `node` (i32), taken modulo `extent` once
@@ -421,14 +430,13 @@ impl<'a> Lowerer<'a> {
             Kind::OneHot => return self.onehot(&slots[ch[0]], ty),
             Kind::Dropout => {
                 let p = self.konst(facts, ch[1], "the probability of dropout")?;
-                let seed = self.konst(facts, ch[2], "the seed of dropout")? as u32;
+                let seed = self.seed(&facts[ch[2]], &slots[ch[2]])?;
                 let x = self.value(&slots[ch[0]])?;
                 let index = self.push(Op::Flat(self.flat_strides(&shape)), DType::I32, shape.clone());
                 let op = Op::Dropout {
                     x,
                     index,
                     seed,
-                    key0: crate::reference::rng::stream_key(seed, 0),
                     threshold: crate::reference::rng::dropout_threshold(p),
                     scale: crate::reference::rng::dropout_scale(p),
                 };
@@ -446,6 +454,19 @@ impl<'a> Lowerer<'a> {
             }
         };
         Ok(value(node))
+    }
+
+    /// The seed of `dropout`: a literal, or the one element of an i32 tensor of shape `[]` or
+    /// `[1]`, loaded at the same place for every element (so also into a domain of rank 0).
+    fn seed(&mut self, fact: &Fact, slot: &Slot) -> Result<Seed> {
+        if let Some(seed) = dropout_seed(fact).map_err(|e| unsupported(self.kernel, e))? {
+            return Ok(Seed::Const { seed, key0: crate::reference::rng::stream_key(seed, 0) });
+        }
+        let node = match slot {
+            Slot::View { read, dtype, offset, .. } => self.load(*read, &[], &[], *dtype, *offset)?,
+            _ => self.value(slot)?,
+        };
+        Ok(Seed::Node(node))
     }
 
     /// Strides that give the row-major index of an element of `shape` (aligned) from domain

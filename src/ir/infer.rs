@@ -59,6 +59,28 @@ fn int_const(f: &Fact, what: &str) -> R<i64> {
     }
 }
 
+/// The seed of `dropout`: an integer literal in `[0, 2^32)`, or an i32 tensor of shape `[]` or
+/// `[1]` (a program input, or any i32 expression) whose value, as a u32, is the seed.
+/// Returns the literal, or `None` for a tensor seed.
+pub fn dropout_seed(f: &Fact) -> R<Option<u32>> {
+    if f.weak {
+        let seed = int_const(f, "the seed of dropout")?;
+        if seed < 0 || seed > u32::MAX as i64 {
+            return Err(format!("the seed of dropout must be in [0, 2^32), got {seed}"));
+        }
+        return Ok(Some(seed as u32));
+    }
+    let t = f.ty.as_ref().ok_or("the seed of dropout must be an integer or an i32 tensor, not an attribute")?;
+    if t.dtype != DType::I32 {
+        return Err(format!("the seed of dropout must be an integer or an i32 tensor, got dtype {}", t.dtype));
+    }
+    if t.numel() != 1 || t.rank() > 1 {
+        return Err(format!("the seed tensor of dropout must have shape [] or [1], got {}", shape_str(&t.shape)));
+    }
+    // (An i32 expression of literals folds to its value: the same seed, read as a u32.)
+    Ok(f.konst.map(|v| v as i64 as u32))
+}
+
 fn float_const(f: &Fact, what: &str) -> R<f64> {
     f.konst.ok_or_else(|| format!("{what} must be a constant"))
 }
@@ -295,10 +317,7 @@ pub fn infer(op: OpCode, args: &[&Fact]) -> R<Inferred> {
             if !(0.0..1.0).contains(&p) {
                 return Err(format!("the probability of dropout must be in [0, 1), got {p}"));
             }
-            let seed = int_const(args[2], "the seed of dropout")?;
-            if seed < 0 || seed > u32::MAX as i64 {
-                return Err(format!("the seed of dropout must be in [0, 2^32), got {seed}"));
-            }
+            dropout_seed(args[2])?;
             strong(t.clone())
         }
         Kind::Composite(c) => infer_composite(c, name, args),

@@ -158,7 +158,7 @@ pub enum Kind {
     Iota,
     /// `onehot(t, n)`
     OneHot,
-    /// `dropout(x, p, seed)`
+    /// `dropout(x, p, seed)`: `seed` a literal, or an i32 tensor of one element (given at run time).
     Dropout,
     /// `grad(loss, w)`
     Grad,

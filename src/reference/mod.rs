@@ -21,7 +21,7 @@ use egg::{Id, Language};
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::ir::infer::{norm_axis, slice_range};
+use crate::ir::infer::{dropout_seed, norm_axis, slice_range};
 use crate::ir::lang::{AttnArg, Binary, Composite, Kind, Reduce, TensorLang, Unary};
 use crate::ir::program::Program;
 use crate::ir::scalar::{binary, unary, wrap_i32};
@@ -378,6 +378,18 @@ impl Args<'_> {
         self.program.fact(c).konst.ok_or_else(|| internal(self.program, self.id, "attribute is not a constant"))
     }
 
+    /// The seed of `dropout`: its literal, or the value of its i32 tensor read as a u32.
+    fn seed(&self, k: usize) -> Result<u32> {
+        let fact = self.program.fact(self.child(k)?);
+        match dropout_seed(fact).map_err(Error::Invalid)? {
+            Some(seed) => Ok(seed),
+            None => {
+                let v = self.tensor(k)?.data.first().copied();
+                v.map(|v| v as i32 as u32).ok_or_else(|| internal(self.program, self.id, "the seed tensor is empty"))
+            }
+        }
+    }
+
     fn axis(&self, k: usize, rank: usize) -> Result<usize> {
         norm_axis(self.konst(k)? as i64, rank).map_err(Error::Invalid)
     }
@@ -416,7 +428,7 @@ fn eval_op(kind: Kind, args: &Args, ty: &TensorType, store: Store) -> Result<Vec
         Kind::MatMul => Ok(store.round_all(matmul(args.tensor(0)?, args.tensor(1)?, &ty.shape, store.f32_sums))),
         Kind::Iota => Ok((0..ty.numel()).map(|i| i as f64).collect()),
         Kind::OneHot => Ok(onehot(args.tensor(0)?, ty.shape[ty.rank() - 1])),
-        Kind::Dropout => Ok(rng::dropout(&args.tensor(0)?.data, ty.dtype, args.konst(1)?, args.konst(2)? as u32)),
+        Kind::Dropout => Ok(rng::dropout(&args.tensor(0)?.data, ty.dtype, args.konst(1)?, args.seed(2)?)),
         Kind::Composite(c) => composite(c, args, ty, store.dtype.is_some()).map(|d| store.round_all(d)),
         Kind::Grad => Err(Error::Invalid("a `grad` node must be expanded first (eqfuse::expand_grads)".into())),
         Kind::Gather => {

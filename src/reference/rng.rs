@@ -22,8 +22,9 @@
 //!
 //! # Dropout
 //!
-//! `dropout(x, p, seed)` with `p` in `[0, 1)` and `seed` in `[0, 2^32)`; `i` is the element's
-//! flat row-major index in `x` (and in the result, which has the same shape):
+//! `dropout(x, p, seed)` with `p` in `[0, 1)` and `seed` in `[0, 2^32)`, a literal or the value
+//! of an i32 tensor of shape `[]` or `[1]` read as a u32 (a seed given at run time); `i` is the
+//! element's flat row-major index in `x` (and in the result, which has the same shape):
 //!
 //! ```text
 //! threshold = floor(p * 2^32)            // computed in f64, exact; at most 2^32 - 1
@@ -35,7 +36,8 @@
 //! The product is one f32 multiply (round to nearest even), then a conversion to the output
 //! dtype (round to nearest even; identity for f32). The reference computes exactly that, so a
 //! CUDA kernel that receives `threshold` and `scale` as constants from [`dropout_threshold`]
-//! and [`dropout_scale`] matches it bit for bit.
+//! and [`dropout_scale`] matches it bit for bit; a kernel with a tensor seed computes
+//! `key(seed, 0)` itself from the loaded value (`eq_dropout_seeded`).
 //!
 //! # Seeded inputs
 //!

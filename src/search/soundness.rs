@@ -77,6 +77,9 @@ enum Role {
     Literal,
     /// A weak literal of small integer value (a class count, an axis size).
     Int,
+    /// Dropout's seed: a literal, or an i32 input of shape `[]` or `[1]` (a seed given at run
+    /// time).
+    Seed,
     Flag,
     /// A mask's fill: a literal at most `causal::MASK_FILL`.
     Fill,
@@ -109,7 +112,8 @@ fn position_role(kind: Kind, i: usize) -> Role {
         (Kind::Slice, 2..=4) | (Kind::ScatterAdd, 3) => Role::Int,
         (Kind::Gather, 1) | (Kind::ScatterAdd, 0) => Role::Index,
         (Kind::Cast, 1) => Role::DType,
-        (Kind::OneHot, 1) | (Kind::Iota, 0) | (Kind::Dropout, 2) => Role::Int,
+        (Kind::OneHot, 1) | (Kind::Iota, 0) => Role::Int,
+        (Kind::Dropout, 2) => Role::Seed,
         (Kind::OneHot, 0) | (Kind::Composite(C::CrossEntropy), 1) => Role::Index,
         (Kind::Composite(C::LayerNorm), 3) | (Kind::Composite(C::RmsNorm), 2) => Role::Literal,
         (Kind::Composite(C::Attention), 3) | (Kind::Composite(C::AttentionBias), 4) | (Kind::Dropout, 1) => {
@@ -286,6 +290,11 @@ impl Gen<'_> {
             }
             Role::Axis => Ok(p.num(self.rng.pick(&[-3.0, -2.0, -1.0, 0.0, 1.0, 2.0]))),
             Role::Int => Ok(p.num(self.rng.pick(&[-1.0, 0.0, 1.0, 2.0, 3.0, 4.0]))),
+            Role::Seed if self.rng.chance(0.5) => {
+                let shape = if self.rng.chance(0.5) { vec![] } else { vec![1] };
+                p.add_input(&format!("in{}", p.inputs.len()), TensorType::new(DType::I32, shape))
+            }
+            Role::Seed => Ok(p.num(self.rng.pick(&[0.0, 1.0, 7.0, 4_294_967_295.0]))),
             Role::Flag => Ok(p.num(self.rng.pick(&[0.0, 1.0]))),
             Role::Literal => {
                 let v = self.literal(need);

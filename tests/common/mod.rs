@@ -78,6 +78,19 @@ pub fn cases() -> Vec<Case> {
         case("add_mul", &[("x", f32(&[4096])), ("y", f32(&[4096])), ("z", f32(&[4096]))], &[("out", "(* (+ x y) z)")]),
         case("softplus_tail", &[("x", f32(&[1001]))], &[("y", "(log (+ (exp x) 1))")]),
         case("bias_gelu_dropout", &[("x", f32(&[r, c])), ("b", f32(&[c]))], &[("y", "(dropout (gelu (+ x b)) 0.1 7)")]),
+        // Dropout with its seed given at run time (an i32 tensor of shape [] or [1]), in an
+        // elementwise kernel and in a row kernel's epilogue (the seed an expression).
+        case(
+            "dropout_seed_tensor",
+            &[
+                ("x", f32(&[r, c])),
+                ("b", f32(&[c])),
+                ("g", f32(&[c])),
+                ("s", t(DType::I32, &[])),
+                ("s1", t(DType::I32, &[1])),
+            ],
+            &[("y", "(dropout (gelu (+ x b)) 0.1 s)"), ("z", "(dropout (layernorm x g b 0.00001) 0.25 (+ s1 1))")],
+        ),
         case("layernorm", &[("x", f32(&[r, c])), ("gamma", f32(&[c])), ("beta", f32(&[c]))], &[("y", LAYERNORM)]),
         case("softmax", &[("x", f32(&[r, c]))], &[("y", SOFTMAX)]),
         case("softmax_odd", &[("x", f32(&[7, 33]))], &[("y", "(softmax x -1)")]),

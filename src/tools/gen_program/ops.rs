@@ -473,9 +473,22 @@ impl Gen {
         let p = choose(&[0.1, 0.5, 0.0, 0.25], s.attr);
         let a = self.tame(a, MAG * (1.0 - p));
         let scale = 1.0 / (1.0 - p);
-        let args = [a.text.clone(), p.to_string(), s.attr2.to_string()];
+        let args = [a.text.clone(), p.to_string(), self.dropout_seed(s)];
         let e = call("dropout", &args, a.ty.clone(), (a.lo * scale).min(0.0), (a.hi * scale).max(0.0), false);
         self.emit(e)
+    }
+
+    /// A seed: mostly a literal; sometimes an i32 tensor given at run time, of shape `[]` or
+    /// `[1]` (an exact integer value already computed, or a new input).
+    fn dropout_seed(&mut self, s: &Step) -> String {
+        if !s.b.is_multiple_of(4) {
+            return s.attr2.to_string();
+        }
+        let seed_like = |e: &E| e.is_int() && e.exact && !e.literal && e.ty.numel() == 1 && e.rank() <= 1;
+        match self.pick(s.c, seed_like) {
+            Some(e) if s.b.is_multiple_of(8) => e.text,
+            _ => self.input(DType::I32, if s.b % 16 == 4 { vec![1] } else { vec![] }).text,
+        }
     }
 
     // ---- integers and bools
