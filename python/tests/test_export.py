@@ -303,19 +303,71 @@ def test_fused_sdpa_random_state_is_a_dont_care_constant(variant, tmp_path):
         assert plan_graph(exported.graph)["total"]["kernels"] >= 1
 
 
-def test_dropout_state_is_still_refused():
-    """With dropout the random-number state matters: the op is refused, not silently dropped."""
+@pytest.mark.parametrize("variant", ["cudnn", "flash", "efficient"])
+def test_fused_sdpa_with_dropout_draws_eqfuses_dropout(variant, tmp_path):
+    """With dropout, a CUDA SDPA forward is attention with eqfuse's dropout of the probabilities
+    (a site whose seed is element k of the `eqfuse_seeds` input), returns that seed in its
+    random-number state, and its backward draws the same mask again from it. Both graphs, on
+    the CPU reference, equal `rng.attention` and its gradients with that seed."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    def fw(q):
-        r = aten._scaled_dot_product_cudnn_attention(q, q, q, None, True, 0.1, True, False)
-        return r[0], r[6]
+    from eqfuse_torch import rng
+
+    p = 0.25
+
+    def fw(q, k, v):
+        if variant == "cudnn":
+            r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, p, True, False)
+            return r[0], r[1], r[6], r[7]
+        if variant == "flash":
+            r = aten._scaled_dot_product_flash_attention(q, k, v, p, True, False)
+            return r[0], r[1], r[6], r[7]
+        r = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, p, True)
+        return r[0], r[1], r[2], r[3]
+
+    def bw(g, q, k, v, out, lse, seed, offset):
+        if variant == "cudnn":
+            return aten._scaled_dot_product_cudnn_attention_backward(g, q, k, v, out, lse, seed, offset, None, None,
+                                                                     None, S, S, p, True)
+        if variant == "flash":
+            return aten._scaled_dot_product_flash_attention_backward(g, q, k, v, out, lse, None, None, S, S, p,
+                                                                     True, seed, offset)
+        return aten._scaled_dot_product_efficient_attention_backward(g, q, k, v, None, out, lse, seed, offset, p,
+                                                                     [True, True, True, False], True)[:3]
 
     with FakeTensorMode():
-        gm = make_fx(fw)(torch.empty(B, H, S, D, device="cuda"))
-    with pytest.raises(ExportError, match="dropout"):
-        export_graph_module(gm)
+        q, k, v, g = (torch.empty(B, H, S, D, device="cuda") for _ in range(4))
+        fw_gm = make_fx(fw)(q, k, v)
+        out, lse, seed, offset = fw(q, k, v)
+        bw_gm = make_fx(bw)(g, q, k, v, out, lse, seed, offset)
+    fwx = export_graph_module(fw_gm)
+    assert len(fwx.seeds) == 1 and fwx.seeds == rng.dropout_sites(fw_gm)
+    assert fwx.seed_outputs == {2: 0, 3: 0} and not fwx.dont_care
+    torch.manual_seed(0)
+    q, k, v, g = (torch.randn(B, H, S, D) for _ in range(4))
+    seed_value = 987654
+    for d in ("fw", "bw"):
+        (tmp_path / d).mkdir()
+    fwx.values[fwx.seed_input] = torch.tensor([seed_value], dtype=torch.int32)  # (the backend draws it)
+    got_out, got_lse = run_cpu(fwx, [q, k, v], tmp_path / "fw")
+    want_out, want_lse = rng.attention(q, k, v, None, p, True, None, seed_value)
+    close(got_out, want_out, 1e-4)
+    close(got_lse.reshape(want_lse.shape), want_lse, 1e-4)
+    no_drop, _ = rng.attention(q, k, v, None, 0.0, True, None, seed_value)
+    assert (want_out - no_drop).abs().max() > 1e-2  # dropout changed the result
+
+    bwx = export_graph_module(bw_gm)
+    state = rng.rng_state(seed_value, fwx.constants[2].dtype, tuple(fwx.constants[2].shape), "cpu")
+    lse_in = want_lse.unsqueeze(-1) if variant == "cudnn" else want_lse
+    offset = rng.rng_state(seed_value, fwx.constants[3].dtype, tuple(fwx.constants[3].shape), "cpu")
+    ordered = [g, q, k, v, want_out, lse_in, state, offset]  # the backward's placeholders, in order
+    assert len(bwx.input_names) == len(ordered)
+    inputs = [t for t, n in zip(ordered, bwx.input_names) if n]
+    grads = run_cpu(bwx, [t.to(torch.int64) if t.dtype == torch.uint64 else t for t in inputs], tmp_path / "bw")
+    want = rng.attention_grads(g, q, k, v, None, p, True, None, seed_value)
+    for got, w in zip(grads, want):
+        close(got, w, 1e-4)
 
 
 def test_first_call_check_skips_dont_care_outputs():
