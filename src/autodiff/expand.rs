@@ -49,10 +49,10 @@ pub fn expand_for_planning(p: &Program, strict: bool) -> Result<Option<Program>,
         let bwd_runs = || {
             let ty = |i: usize| out.ty(ch[i]);
             let (q, k) = (ty(0), ty(1));
-            let v = if c == Composite::AttentionLse { ty(1) } else { ty(2) };
+            let v = if matches!(c, Composite::AttentionLse | Composite::AttentionBiasLse) { ty(1) } else { ty(2) };
             matches!((q, k, v), (Some(q), Some(k), Some(v)) if crate::codegen::caps::attention_backward_runs(q, k, v))
         };
-        let backward = matches!(c, Composite::AttentionLse | Composite::AttentionGrad(_));
+        let backward = c.is_attention_backward();
         leading_softmax
             || c.is_attention_forward() && (strict || !runs())
             || c == Composite::CrossEntropy && strict
