@@ -2,14 +2,19 @@
 //! attention template whose body is `attention_lse`, `attention_grad_q`, or `attention_grad_k`
 //! and/or `attention_grad_v` of one attention (one kernel writes both), with or without its
 //! `attention_grad_q` (summed with f32 atomics into a zeroed workspace, so never under strict
-//! numerics), its operands tensors in memory, becomes an instance of the template in the
-//! matching mode.
+//! numerics), or the same of `attention_bias` (`attention_bias_lse`, `attention_bias_grad_*`,
+//! `EQ_BIAS`), becomes an instance of the template in the matching mode.
 //!
-//! The template takes contiguous operands (`[batch..., rows, head]` row-major, the statistics
-//! `[batch..., rows, 1]`), bf16 or f16 with head sizes that are multiples of 8 up to 128; views
-//! of operands, stored views, fused epilogues and f32 operands are errors naming the kernel
-//! ("not supported yet"), never an approximation. (f32 attention keeps the decomposed backward:
-//! the autodiff pass emits these composites only where [`template_runs`] holds.)
+//! The operands are read through views as the forward reads them (`codegen::attention`'s
+//! `Body` and `Batched`): strides over at most three merged batch axes, factored ones included
+//! (grouped-query keys and values repeated over a group's query heads, heads split from a
+//! projection); q, k, v and g need a contiguous head and strides of multiples of 8 elements. A
+//! bias is read through strides (0 along broadcast axes) or is a bool mask's select
+//! (`where(m, 0, FILL)`). The written gradients and statistics are contiguous. bf16 or f16 with
+//! head sizes that are multiples of 8 up to 128; stored views, fused epilogues and f32 operands
+//! are errors naming the kernel ("not supported yet"), never an approximation. (f32 attention
+//! keeps the decomposed backward: the autodiff pass emits these composites only where
+//! [`template_runs`] holds.)
 
 use crate::error::{Error, Result};
 use egg::Language;
