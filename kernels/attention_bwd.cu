@@ -9,6 +9,17 @@
 //   EQ_MODE 1 (attention_grad_q):  dq_i = sum_j dS_ij k_j
 //   EQ_MODE 2 (attention_grad_k/v, and with EQ_DQ attention_grad_q too):
 //     dk_j = sum_i dS_ij q_i (EQ_DK), dv_j = sum_i P_ij g_i (EQ_DV), dq_i = sum_j dS_ij k_j (EQ_DQ)
+// Bias (EQ_BIAS, `attention_bias`'s backward): s_ij = scale * <q_i, k_j> + bias_ij in f32 (one
+// fmaf, natural units, as the forward computes it), the bias of type EQ_BT addressed as
+// EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2 + i * EQ_B_SR + j * EQ_B_SC (stride 0 along an
+// axis it is broadcast along), or a bool mask there selecting EQ_BIAS_YES or EQ_BIAS_NO
+// (EQ_BIAS_SEL). The row statistics are then two f32 per row ([EQ_NB, EQ_SQ, 2], column stride
+// EQ_L_SC): the row maximum m and log l = log sum_j exp(s_ij - m), which mode 0 writes
+// (attention_bias_lse) and the others read, with P_ij = exp(s_ij - max(m, -FLT_MAX) - max(log l,
+// 0)): kept apart, not summed into one log-sum-exp, so that a row of equal fills near -FLT_MAX
+// (a finfo.min mask) keeps weights 1 / keys, and a row whose every score is -inf (m and log l
+// -inf) gets P = 0 (zero gradients, not NaN).
+//
 // Mode 0 and 1 run one block per EQ_BM query rows looping over key tiles; mode 2 one block per
 // EQ_BM key rows looping over query tiles (its rows are keys). dk and dv are summed by one thread
 // each in a fixed order, as are dq in mode 1 and the log-sum-exp: those results do not depend on
@@ -34,8 +45,13 @@
 // barrier and multiplied by the keys at the end of the next iteration (after its own products,
 // before its last barrier), so that dq adds no barrier of its own.
 //
-// Layout: every tensor is contiguous, [EQ_NB, rows, EQ_D] (lse and delta [EQ_NB, EQ_SQ]); EQ_D
-// is a multiple of 8 up to 128. In shared memory a row holds EQ_DP = EQ_D rounded up to 64
+// Layout: the written tensors are contiguous, [EQ_NB, rows, EQ_D] (the statistics [EQ_NB,
+// EQ_SQ, 1 or 2]). Every read tensor T is addressed as base + b0 * EQ_T_S0 + b1 * EQ_T_S1 +
+// b2 * EQ_T_S2 + row * EQ_T_SR + column, with b = (b0 * EQ_NB1 + b1) * EQ_NB2 + b2 (T: Q, K, V, G,
+// L the statistics, DL delta), so views are read in place: heads split from a projection
+// (transposed), grouped-query keys and values repeated over a group's query heads (stride 0).
+// q, k, v and g have a contiguous head and strides of multiples of 8 elements (16-byte
+// cp.async), which the code generator checks. EQ_D is a multiple of 8 up to 128. In shared memory a row holds EQ_DP = EQ_D rounded up to 64
 // elements (zero-filled past EQ_D), in 16-byte chunks placed at chunk ^ (row & 7) (conflict-free
 // ldmatrix and cp.async).
 //
@@ -79,6 +95,32 @@
 #define EQ_DVP p_dv
 #define EQ_DQACC eq_dqacc
 #define EQ_DQCNT eq_count
+#define EQ_NB1 1
+#define EQ_NB2 1
+#define EQ_Q_S0 131072LL
+#define EQ_Q_S1 0LL
+#define EQ_Q_S2 0LL
+#define EQ_Q_SR 64LL
+#define EQ_K_S0 131072LL
+#define EQ_K_S1 0LL
+#define EQ_K_S2 0LL
+#define EQ_K_SR 64LL
+#define EQ_V_S0 131072LL
+#define EQ_V_S1 0LL
+#define EQ_V_S2 0LL
+#define EQ_V_SR 64LL
+#define EQ_G_S0 131072LL
+#define EQ_G_S1 0LL
+#define EQ_G_S2 0LL
+#define EQ_G_SR 64LL
+#define EQ_L_S0 2048LL
+#define EQ_L_S1 0LL
+#define EQ_L_S2 0LL
+#define EQ_L_SR 1LL
+#define EQ_DL_S0 2048LL
+#define EQ_DL_S1 0LL
+#define EQ_DL_S2 0LL
+#define EQ_DL_SR 1LL
 #endif
 
 #ifndef EQ_BM
@@ -99,6 +141,17 @@
 #ifndef EQ_DQ
 #define EQ_DQ 0
 #endif
+#ifndef EQ_BIAS
+#define EQ_BIAS 0
+#endif
+#ifndef EQ_BIAS_SEL
+#define EQ_BIAS_SEL 0
+#endif
+// f32 row statistics per query row kept in shared memory by mode 2: lse (or m), delta, and
+// with a bias log l.
+#define EQ_NSTAT (2 + EQ_BIAS)
+// The offset of batch entry (b0, b1, b2) in read tensor T.
+#define EQ_BOFF(T) (b0 * EQ_##T##_S0 + b1 * EQ_##T##_S1 + b2 * EQ_##T##_S2)
 #define EQ_LOG2E 1.4426950408889634f
 #define EQ_DP (((EQ_D + 63) / 64) * 64)
 #define EQ_TILE_BYTES (EQ_BM * EQ_DP * 2)
@@ -107,7 +160,7 @@
 #elif EQ_MODE == 1
 #define EQ_SMEM_BYTES (6 * EQ_TILE_BYTES)
 #else
-#define EQ_SMEM_BYTES (6 * EQ_TILE_BYTES + 4 * EQ_BM * 4 + EQ_DQ * EQ_BN * EQ_BM * 2)
+#define EQ_SMEM_BYTES (6 * EQ_TILE_BYTES + 2 * EQ_NSTAT * EQ_BM * 4 + EQ_DQ * EQ_BN * EQ_BM * 2)
 #endif
 
 namespace eq_attb {
@@ -181,32 +234,46 @@ __device__ __forceinline__ float ex2(float x) {
 // Byte offset of chunk `ch` of row `r` in a swizzled tile.
 __device__ __forceinline__ unsigned at(int r, int ch) { return (unsigned)((r * CH + (ch ^ (r & 7))) * 16); }
 
-// Loads rows [row0, row0 + EQ_BM) of a contiguous [rows, EQ_D] matrix into a tile; rows at or
-// past `limit` and chunks past EQ_D are zero. Heads up to 64: each thread copies one chunk
+#if EQ_BIAS
+// The bias of query row `row` and key `col` of a batch entry (`bg`: its first element); 0 outside
+// the scores (those are masked, and the load stays inside the tensor).
+__device__ __forceinline__ float bias_at(const EQ_BT* bg, int row, int col) {
+    if (row >= EQ_SQ || col >= EQ_SK) return 0.0f;
+    const EQ_BT x = bg[(long long)row * EQ_B_SR + (long long)col * EQ_B_SC];
+#if EQ_BIAS_SEL
+    return eq_val(x) ? EQ_BIAS_YES : EQ_BIAS_NO;
+#else
+    return eq_val(x);
+#endif
+}
+#endif
+
+// Loads rows [row0, row0 + EQ_BM) of a [rows, EQ_D] matrix of row stride `sr` (a multiple of 8,
+// contiguous rows) into a tile; rows at or past `limit` and chunks past EQ_D are zero. Heads up to 64: each thread copies one chunk
 // column, rows tid / CH + i NT / CH, in a loop of constant trip count whose swizzle is the same
 // in every step (NT / CH is a multiple of 8), so that it unrolls into bare cp.async with
 // constant offsets: the mode 2 (EQ_DQ) kernel at [8, 16, 2048, 64] ran 8% faster than with the
 // loop below, whose every copy computes its own row, chunk and bound. Wider heads keep that
 // loop: at 255 registers (spilling) the unrolled form ran the head-128 kernel 17% slower
 // (benches/results/2026-11-22-h100-*-attnbwd7).
-__device__ __forceinline__ void load_tile(unsigned dst, const EQ_T* g, int row0, int limit) {
+__device__ __forceinline__ void load_tile(unsigned dst, const EQ_T* g, long long sr, int row0, int limit) {
 #if EQ_DP == 64
     static_assert(NT % CH == 0 && (NT / CH) % 8 == 0 && EQ_BM * CH % NT == 0, "whole rows a step");
     const int r0 = threadIdx.x / CH, ch = threadIdx.x % CH;
     const bool col_ok = ch * 8 < EQ_D;
     const unsigned d0 = dst + at(r0, ch);
-    const EQ_T* s0 = g + (long long)(row0 + r0) * EQ_D + ch * 8;
+    const EQ_T* s0 = g + (long long)(row0 + r0) * sr + ch * 8;
 #pragma unroll
     for (int i = 0; i < EQ_BM * CH / NT; ++i) {
         const int r = r0 + i * (NT / CH);
         const bool ok = col_ok && row0 + r < limit;
-        cp16(d0 + i * NT * 16, ok ? s0 + (long long)i * (NT / CH) * EQ_D : g, ok ? 16 : 0);
+        cp16(d0 + i * NT * 16, ok ? s0 + (long long)i * (NT / CH) * sr : g, ok ? 16 : 0);
     }
 #else
     for (int c = threadIdx.x; c < EQ_BM * CH; c += NT) {
         const int r = c / CH, ch = c % CH;
         const bool ok = row0 + r < limit && ch * 8 < EQ_D;
-        const EQ_T* src = ok ? g + (long long)(row0 + r) * EQ_D + ch * 8 : g;
+        const EQ_T* src = ok ? g + (long long)(row0 + r) * sr + ch * 8 : g;
         cp16(dst + at(r, ch), src, ok ? 16 : 0);
     }
 #endif
@@ -379,20 +446,24 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     const int mblocks = (EQ_SQ + EQ_BM - 1) / EQ_BM;
     const int m0 = (EQ_CAUSAL ? mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x) * EQ_BM;
     const long long b = blockIdx.y;
-    const EQ_T* qg = EQ_QP + b * EQ_SQ * EQ_D;
-    const EQ_T* kg = EQ_KP + b * EQ_SK * EQ_D;
+    const long long b0 = b / (EQ_NB1 * EQ_NB2), b1 = (b / EQ_NB2) % EQ_NB1, b2 = b % EQ_NB2;
+    const EQ_T* qg = EQ_QP + EQ_BOFF(Q);
+    const EQ_T* kg = EQ_KP + EQ_BOFF(K);
+#if EQ_BIAS
+    const EQ_BT* bg = EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2;
+#endif
     const unsigned sq = smem_u32(eq_smem), sk = sq + EQ_TILE_BYTES;
     const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_BM ? EQ_SK : m0 + EQ_BM) : EQ_SK;
     const int ntiles = (n_end + EQ_BN - 1) / EQ_BN;
     const int wrow = m0 + warp * 16;
-    load_tile(sq, qg, m0, EQ_SQ);
-    if (ntiles > 0) load_tile(sk, kg, 0, EQ_SK);
+    load_tile(sq, qg, EQ_Q_SR, m0, EQ_SQ);
+    if (ntiles > 0) load_tile(sk, kg, EQ_K_SR, 0, EQ_SK);
     cp_commit();
     float m_i[2] = {-EQ_INF, -EQ_INF}, l_i[2] = {0.0f, 0.0f};
     unsigned qf[KT][4];
     for (int j = 0; j < ntiles; ++j) {
         const int n0 = j * EQ_BN;
-        if (j + 1 < ntiles) load_tile(sk + ((j + 1) & 1) * EQ_TILE_BYTES, kg, n0 + EQ_BN, EQ_SK);
+        if (j + 1 < ntiles) load_tile(sk + ((j + 1) & 1) * EQ_TILE_BYTES, kg, EQ_K_SR, n0 + EQ_BN, EQ_SK);
         cp_commit();
         cp_wait<1>();
         __syncthreads();
@@ -407,11 +478,14 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
             for (int nt = 0; nt < SN; ++nt)
 #pragma unroll
                 for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                    const int col = n0 + nt * 8 + 2 * t + (e & 1), row = wrow + g + h * 8;
+#if EQ_BIAS
+                    // Natural units (the differences from the maximum go to base 2 one by one).
+                    float x = fmaf(s[nt][e], EQ_SCALE, bias_at(bg, row, col));
+#else
                     float x = s[nt][e] * EQ_SCALE_LOG2;
-                    if (masked) {
-                        const int col = n0 + nt * 8 + 2 * t + (e & 1), row = wrow + g + h * 8;
-                        if (col >= EQ_SK || (EQ_CAUSAL && col > row)) x = -EQ_INF;
-                    }
+#endif
+                    if (masked && (col >= EQ_SK || (EQ_CAUSAL && col > row))) x = -EQ_INF;
                     s[nt][e] = x;
                     mx = fmaxf(mx, x);
                 }
@@ -419,9 +493,16 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
             const float mu = mx == -EQ_INF ? 0.0f : mx;
             float rs = 0.0f;
+#if EQ_BIAS
+#pragma unroll
+            for (int nt = 0; nt < SN; ++nt)
+                rs += ex2((s[nt][2 * h] - mu) * EQ_LOG2E) + ex2((s[nt][2 * h + 1] - mu) * EQ_LOG2E);
+            l_i[h] = l_i[h] * ex2((m_i[h] - mu) * EQ_LOG2E) + rs;
+#else
 #pragma unroll
             for (int nt = 0; nt < SN; ++nt) rs += ex2(s[nt][2 * h] - mu) + ex2(s[nt][2 * h + 1] - mu);
             l_i[h] = l_i[h] * ex2(m_i[h] - mu) + rs;
+#endif
             m_i[h] = mx;
         }
         __syncthreads();  // the key tile is consumed before it is loaded again
@@ -433,7 +514,15 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         const int row = wrow + g + h * 8;
+#if EQ_BIAS
+        // The row maximum and the log of the row sum (-inf both for a row of -inf scores).
+        if (t == 0 && row < EQ_SQ) {
+            EQ_LSEOUT[(b * EQ_SQ + row) * 2] = m_i[h];
+            EQ_LSEOUT[(b * EQ_SQ + row) * 2 + 1] = __log2f(l) * 0.69314718055994531f;
+        }
+#else
         if (t == 0 && row < EQ_SQ) EQ_LSEOUT[b * EQ_SQ + row] = (m_i[h] + __log2f(l)) * 0.69314718055994531f;
+#endif
     }
 }
 
@@ -446,29 +535,44 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     const int mblocks = (EQ_SQ + EQ_BM - 1) / EQ_BM;
     const int m0 = (EQ_CAUSAL ? mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x) * EQ_BM;
     const long long b = blockIdx.y;
-    const EQ_T* qg = EQ_QP + b * EQ_SQ * EQ_D;
-    const EQ_T* kg = EQ_KP + b * EQ_SK * EQ_D;
-    const EQ_T* vg = EQ_VP + b * EQ_SK * EQ_D;
-    const EQ_T* gg = EQ_GP + b * EQ_SQ * EQ_D;
+    const long long b0 = b / (EQ_NB1 * EQ_NB2), b1 = (b / EQ_NB2) % EQ_NB1, b2 = b % EQ_NB2;
+    const EQ_T* qg = EQ_QP + EQ_BOFF(Q);
+    const EQ_T* kg = EQ_KP + EQ_BOFF(K);
+    const EQ_T* vg = EQ_VP + EQ_BOFF(V);
+    const EQ_T* gg = EQ_GP + EQ_BOFF(G);
+    const float* lg = EQ_LSEP + EQ_BOFF(L);
+    const float* dg = EQ_DELP + EQ_BOFF(DL);
+#if EQ_BIAS
+    const EQ_BT* bg = EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2;
+#endif
     const unsigned sq = smem_u32(eq_smem), sg = sq + EQ_TILE_BYTES, sk = sg + EQ_TILE_BYTES;
     const unsigned sv = sk + 2 * EQ_TILE_BYTES;
     const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_BM ? EQ_SK : m0 + EQ_BM) : EQ_SK;
     const int ntiles = (n_end + EQ_BN - 1) / EQ_BN;
     const int wrow = m0 + warp * 16;
-    load_tile(sq, qg, m0, EQ_SQ);
-    load_tile(sg, gg, m0, EQ_SQ);
+    load_tile(sq, qg, EQ_Q_SR, m0, EQ_SQ);
+    load_tile(sg, gg, EQ_G_SR, m0, EQ_SQ);
     if (ntiles > 0) {
-        load_tile(sk, kg, 0, EQ_SK);
-        load_tile(sv, vg, 0, EQ_SK);
+        load_tile(sk, kg, EQ_K_SR, 0, EQ_SK);
+        load_tile(sv, vg, EQ_V_SR, 0, EQ_SK);
     }
     cp_commit();
-    // This thread's rows' lse (base 2) and delta.
+    // This thread's rows' lse (base 2) and delta; with a bias, the row maximum (natural units,
+    // at least -FLT_MAX) and the log row sum (base 2, at least 0).
     float lse2[2], del[2];
+#if EQ_BIAS
+    float mrow[2];
+#endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = wrow + g + h * 8;
-        lse2[h] = row < EQ_SQ ? EQ_LSEP[b * EQ_SQ + row] * EQ_LOG2E : 0.0f;
-        del[h] = row < EQ_SQ ? EQ_DELP[b * EQ_SQ + row] : 0.0f;
+#if EQ_BIAS
+        mrow[h] = row < EQ_SQ ? fmaxf(lg[row * EQ_L_SR], -3.402823466e38f) : 0.0f;
+        lse2[h] = row < EQ_SQ ? fmaxf(lg[row * EQ_L_SR + EQ_L_SC], 0.0f) * EQ_LOG2E : 0.0f;
+#else
+        lse2[h] = row < EQ_SQ ? lg[row * EQ_L_SR] * EQ_LOG2E : 0.0f;
+#endif
+        del[h] = row < EQ_SQ ? dg[row * EQ_DL_SR] : 0.0f;
     }
     float dq[DT][4];
 #pragma unroll
@@ -480,8 +584,8 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
         const int n0 = j * EQ_BN;
         const unsigned kb = sk + (j & 1) * EQ_TILE_BYTES, vb = sv + (j & 1) * EQ_TILE_BYTES;
         if (j + 1 < ntiles) {
-            load_tile(sk + ((j + 1) & 1) * EQ_TILE_BYTES, kg, n0 + EQ_BN, EQ_SK);
-            load_tile(sv + ((j + 1) & 1) * EQ_TILE_BYTES, vg, n0 + EQ_BN, EQ_SK);
+            load_tile(sk + ((j + 1) & 1) * EQ_TILE_BYTES, kg, EQ_K_SR, n0 + EQ_BN, EQ_SK);
+            load_tile(sv + ((j + 1) & 1) * EQ_TILE_BYTES, vg, EQ_V_SR, n0 + EQ_BN, EQ_SK);
         }
         cp_commit();
         cp_wait<1>();
@@ -499,11 +603,18 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int h = e >> 1;
+#if EQ_BIAS
+                const int col = n0 + nt * 8 + 2 * t + (e & 1), row = wrow + g + h * 8;
+                const float x = fmaf(s[nt][e], EQ_SCALE, bias_at(bg, row, col));
+                float p = ex2((x - mrow[h]) * EQ_LOG2E - lse2[h]);
+                if (masked && (col >= EQ_SK || (EQ_CAUSAL && col > row))) p = 0.0f;
+#else
                 float p = ex2(s[nt][e] * EQ_SCALE_LOG2 - lse2[h]);
                 if (masked) {
                     const int col = n0 + nt * 8 + 2 * t + (e & 1), row = wrow + g + h * 8;
                     if (col >= EQ_SK || (EQ_CAUSAL && col > row)) p = 0.0f;
                 }
+#endif
                 s[nt][e] = p * (dp[nt][e] - del[h]);
             }
         mma_pb(dq, s, kb, lane);
@@ -522,17 +633,22 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     // (Under EQ_CAUSAL the first key tiles see the most queries: they run first.)
     const int n0 = (int)blockIdx.x * EQ_BN;
     const long long b = blockIdx.y;
-    const EQ_T* qg = EQ_QP + b * EQ_SQ * EQ_D;
-    const EQ_T* kg = EQ_KP + b * EQ_SK * EQ_D;
-    const EQ_T* vg = EQ_VP + b * EQ_SK * EQ_D;
-    const EQ_T* gg = EQ_GP + b * EQ_SQ * EQ_D;
-    const float* lg = EQ_LSEP + b * EQ_SQ;
-    const float* dg = EQ_DELP + b * EQ_SQ;
+    const long long b0 = b / (EQ_NB1 * EQ_NB2), b1 = (b / EQ_NB2) % EQ_NB1, b2 = b % EQ_NB2;
+    const EQ_T* qg = EQ_QP + EQ_BOFF(Q);
+    const EQ_T* kg = EQ_KP + EQ_BOFF(K);
+    const EQ_T* vg = EQ_VP + EQ_BOFF(V);
+    const EQ_T* gg = EQ_GP + EQ_BOFF(G);
+    const float* lg = EQ_LSEP + EQ_BOFF(L);
+    const float* dg = EQ_DELP + EQ_BOFF(DL);
+#if EQ_BIAS
+    const EQ_BT* bg = EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2;
+#endif
     const unsigned sk = smem_u32(eq_smem), sv = sk + EQ_TILE_BYTES, sq = sv + EQ_TILE_BYTES;
-    const unsigned sg = sq + 2 * EQ_TILE_BYTES, sl = sg + 2 * EQ_TILE_BYTES;  // sl: [2][2][EQ_BM] f32
+    // sl: [2 buffers][EQ_NSTAT: lse (or m), delta, log l][EQ_BM] f32
+    const unsigned sg = sq + 2 * EQ_TILE_BYTES, sl = sg + 2 * EQ_TILE_BYTES;
     const float* slf = reinterpret_cast<const float*>(eq_smem + 6 * EQ_TILE_BYTES);
 #if EQ_DQ
-    const unsigned ss = sl + 4 * EQ_BM * 4;  // the previous tile's dS^T, [EQ_BN][EQ_BM]
+    const unsigned ss = sl + 2 * EQ_NSTAT * EQ_BM * 4;  // the previous tile's dS^T, [EQ_BN][EQ_BM]
     float* dqacc = EQ_DQACC + b * EQ_SQ16 * EQ_DP;
     unsigned ds[SN][2];  // this tile's dS^T, rounded in pairs
 #endif
@@ -545,17 +661,22 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     const int wkey = n0 + warp * 16;  // this warp's first key
     auto load_q = [&](int it) {
         const int m0 = m_start + (it + rot) % ntiles * EQ_BM, buf = it & 1;
-        load_tile(sq + buf * EQ_TILE_BYTES, qg, m0, EQ_SQ);
-        load_tile(sg + buf * EQ_TILE_BYTES, gg, m0, EQ_SQ);
-        if (tid < 2 * EQ_BM) {
-            const int r = tid % EQ_BM, which = tid / EQ_BM;
+        load_tile(sq + buf * EQ_TILE_BYTES, qg, EQ_Q_SR, m0, EQ_SQ);
+        load_tile(sg + buf * EQ_TILE_BYTES, gg, EQ_G_SR, m0, EQ_SQ);
+        for (int c = tid; c < EQ_NSTAT * EQ_BM; c += NT) {
+            const int r = c % EQ_BM, which = c / EQ_BM;
             const bool ok = m0 + r < EQ_SQ;
-            const float* src = (which == 0 ? lg : dg) + (ok ? m0 + r : 0);
-            cp4(sl + ((buf * 2 + which) * EQ_BM + r) * 4, src, ok ? 4 : 0);
+            const long long row = ok ? m0 + r : 0;
+#if EQ_BIAS
+            const float* src = which == 1 ? dg + row * EQ_DL_SR : lg + row * EQ_L_SR + (which == 2 ? EQ_L_SC : 0);
+#else
+            const float* src = which == 0 ? lg + row * EQ_L_SR : dg + row * EQ_DL_SR;
+#endif
+            cp4(sl + ((buf * EQ_NSTAT + which) * EQ_BM + r) * 4, src, ok ? 4 : 0);
         }
     };
-    load_tile(sk, kg, n0, EQ_SK);
-    load_tile(sv, vg, n0, EQ_SK);
+    load_tile(sk, kg, EQ_K_SR, n0, EQ_SK);
+    load_tile(sv, vg, EQ_V_SR, n0, EQ_SK);
     if (ntiles > 0) load_q(0);
     cp_commit();
 #if EQ_DK
@@ -602,7 +723,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
         }
 #endif
         const unsigned qb = sq + buf * EQ_TILE_BYTES, gb = sg + buf * EQ_TILE_BYTES;
-        const float* lse = slf + (buf * 2) * EQ_BM;
+        const float* lse = slf + (buf * EQ_NSTAT) * EQ_BM;
         // s^T = k q^T: this warp's 16 keys by the tile's EQ_BM queries; then P^T.
         float p[SN][4];
         mma_abt(p, kf, qb, lane);
@@ -612,11 +733,19 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int qc = nt * 8 + 2 * t + (e & 1);
+#if EQ_BIAS
+                const int key = wkey + g + (e >> 1) * 8, row = m0 + qc;
+                const float sb = fmaf(p[nt][e], EQ_SCALE, bias_at(bg, row, key));
+                const float mr = fmaxf(lse[qc], -3.402823466e38f), ll = fmaxf(lse[2 * EQ_BM + qc], 0.0f);
+                float x = ex2((sb - mr) * EQ_LOG2E - ll * EQ_LOG2E);
+                if (masked && (row >= EQ_SQ || key >= EQ_SK || (EQ_CAUSAL && key > row))) x = 0.0f;
+#else
                 float x = ex2(p[nt][e] * EQ_SCALE_LOG2 - lse[qc] * EQ_LOG2E);
                 if (masked) {
                     const int key = wkey + g + (e >> 1) * 8, row = m0 + qc;
                     if (row >= EQ_SQ || key >= EQ_SK || (EQ_CAUSAL && key > row)) x = 0.0f;
                 }
+#endif
                 p[nt][e] = x;
             }
 #if EQ_DV
@@ -626,7 +755,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
         // dP^T = v g^T, dS^T = P^T (dP^T - delta), dk += dS^T q.
         float dp[SN][4];
         mma_abt(dp, vf, gb, lane);
-        const float* del = slf + (buf * 2 + 1) * EQ_BM;
+        const float* del = slf + (buf * EQ_NSTAT + 1) * EQ_BM;
 #pragma unroll
         for (int nt = 0; nt < SN; ++nt)
 #pragma unroll

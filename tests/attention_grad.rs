@@ -305,3 +305,221 @@ fn gradients_of_split_heads_run_the_backward_kernels() {
     assert!(ops.iter().any(|o| o.starts_with("attention_grad")), "{ops:?}");
     eqfuse::codegen_plan(&plan).unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// `loss = sum(attention_bias(q, k, v, b) * r)` over `[2, sq, d]` operands of `dtype` and an f32
+/// bias `bias` (an input; its values set by the caller where given), and the gradients with
+/// respect to q, k, v and, with `bias_grad`, the bias.
+fn bias_program(dtype: &str, sq: usize, sk: usize, d: usize, bias: &str, causal: u8, bias_grad: bool) -> Program {
+    let text = format!(
+        "input q: {dtype}[2, {sq}, {d}]\ninput k: {dtype}[2, {sk}, {d}]\ninput v: {dtype}[2, {sk}, {d}]\n\
+         input b: f32{bias}\ny = attention_bias(q, k, v, b, 0.3, {causal})\noutput y\n"
+    );
+    let mut p = parse_program("att.eqf", &text, &[]).unwrap();
+    let y = p.outputs[0].id;
+    let ty = p.ty(y).unwrap().clone();
+    let r = p.add_input("r", TensorType::new(ty.dtype, ty.shape.clone())).unwrap();
+    let mut loss = p.apply(Kind::Binary(Binary::Mul), vec![y, r]).unwrap();
+    for axis in 0..ty.rank() {
+        let a = p.num(axis as f64);
+        loss = p.apply(Kind::Reduce(Reduce::Sum), vec![loss, a]).unwrap();
+    }
+    let names: &[&str] = if bias_grad { &["q", "k", "v", "b"] } else { &["q", "k", "v"] };
+    let ws: Vec<_> = names.iter().map(|w| p.input(w).unwrap().id).collect();
+    let gs = grad(&mut p, loss, &ws).unwrap();
+    p.outputs.clear();
+    p.add_output("loss", loss).unwrap();
+    for (w, g) in names.iter().zip(gs) {
+        p.add_output(&format!("d_{w}"), g).unwrap();
+    }
+    p
+}
+
+/// `attention_bias` whose bias needs no gradient: bf16 and f16 gradients run as the bias forms
+/// of the flash-style composites (`attention_bias_lse`, `attention_bias_grad_{q,k,v}`) and agree
+/// with central finite differences of the forward (unrounded reference), for a padding bias
+/// `[2, 1, SK]`, a full one `[2, SQ, SK]` and a shared one `[SQ, SK]`, causal and not.
+#[test]
+fn attention_bias_gradients_use_the_flash_backward_and_match_finite_differences() {
+    let cases = [("bf16", 5, 7, 8, "[2, 1, 7]", 0), ("f16", 6, 6, 16, "[2, 6, 6]", 1), ("bf16", 9, 4, 8, "[9, 4]", 1)];
+    for (dtype, sq, sk, d, bias, causal) in cases {
+        let p = bias_program(dtype, sq, sk, d, bias, causal, false);
+        let names = ops(&p);
+        for op in ["attention_bias_lse", "attention_bias_grad_q", "attention_bias_grad_k", "attention_bias_grad_v"] {
+            assert!(names.contains(&op), "{dtype} {bias}: no `{op}` in {names:?}");
+        }
+        assert!(!names.contains(&"@") && !names.contains(&"softmax"), "{dtype}: the decomposed backward: {names:?}");
+        let base = random_inputs(&p, 3);
+        let out = eval_with(&p, &base, Precision::F64).unwrap();
+        let h = 1e-5;
+        for (wi, w) in ["q", "k", "v"].iter().enumerate() {
+            let g = &out[wi + 1];
+            let scale = g.data.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+            for j in 0..g.numel() {
+                let at = |delta: f64| {
+                    let mut x: HashMap<String, Tensor> = base.clone();
+                    x.get_mut(*w).unwrap().data[j] += delta;
+                    eval_with(&p, &x, Precision::F64).unwrap()[0].data[0]
+                };
+                let fd = (at(h) - at(-h)) / (2.0 * h);
+                assert!(
+                    (fd - g.data[j]).abs() <= 1e-6 + 1e-5 * scale,
+                    "{dtype} {bias} causal {causal}: d loss / d {w}[{j}] is {} but finite differences give {fd}",
+                    g.data[j]
+                );
+            }
+        }
+    }
+}
+
+/// A bias of small values with a padding fill: -3e38 (a bool mask lowered as `where(m, 0,
+/// finfo.min)`) on batch entry 0's last 3 keys, and with `row` on every key of query row 2 of
+/// batch entry 1 (a row the mask hides entirely, whose weights are then equal).
+fn fill_bias(sq: usize, sk: usize, row: bool) -> Vec<f64> {
+    let mut out = Vec::new();
+    for b in 0..2 {
+        for i in 0..sq {
+            for j in 0..sk {
+                let small = ((b * 7 + i * 13 + j * 5) % 11) as f64 / 11.0 - 0.5;
+                out.push(if (b == 0 && j + 3 >= sk) || (row && b == 1 && i == 2) { -3e38 } else { small });
+            }
+        }
+    }
+    out
+}
+
+/// The bias composites agree with the decomposed backward (what the autodiff pass emits when the
+/// bias needs a gradient too) on q, k and v, with rounding as the kernels round, for a fill mask
+/// whose hidden rows get equal weights (kept apart as the row maximum and log sum, so the fill's
+/// size loses nothing); their expansion (strict plans, the unfused baseline) equals their
+/// reference; every plan of them evaluates to the program's values.
+#[test]
+fn attention_bias_composites_match_the_decomposed_backward_and_their_expansion() {
+    for causal in [0, 1] {
+        let (sq, sk) = (6, 9);
+        let mut flash = bias_program("bf16", sq, sk, 16, &format!("[2, {sq}, {sk}]"), causal, false);
+        let mut decomposed = bias_program("bf16", sq, sk, 16, &format!("[2, {sq}, {sk}]"), causal, true);
+        assert!(ops(&flash).contains(&"attention_bias_grad_q"));
+        assert!(!ops(&decomposed).iter().any(|n| n.starts_with("attention_bias_grad")), "{:?}", ops(&decomposed));
+        // (Not a hidden row under the causal mask: the decomposition masks with -1e30, which
+        // outranks a -3e38 fill, so there its weights go to the masked keys.)
+        let bias = Tensor::new(DType::F32, vec![2, sq, sk], fill_bias(sq, sk, causal == 0)).unwrap();
+        for p in [&mut flash, &mut decomposed] {
+            p.values.insert("b".into(), bias.clone());
+        }
+        let inputs = random_inputs(&flash, 7);
+        let want = eval(&decomposed, &inputs).unwrap();
+        let got = eval(&flash, &inputs).unwrap();
+        for (i, name) in ["loss", "d_q", "d_k", "d_v"].iter().enumerate() {
+            let scale = want[i].data.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+            let cmp = got[i].compare(&want[i], 2e-2, 2e-2 * scale);
+            assert!(cmp.ok(), "causal {causal}, {name}: {cmp}");
+        }
+        let exact = eval_with(&flash, &inputs, Precision::F64).unwrap();
+        let expanded = eqfuse::expand_composites(&flash).unwrap();
+        assert!(!ops(&expanded).iter().any(|n| n.starts_with("attention")));
+        for (g, w) in eval_with(&expanded, &inputs, Precision::F64).unwrap().iter().zip(&exact) {
+            let cmp = g.compare(w, 1e-9, 1e-9);
+            assert!(cmp.ok(), "causal {causal}, expanded: {cmp}");
+        }
+        for strict in [false, true] {
+            let mut opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+            opts.strict = strict;
+            let plan = eqfuse::optimize(&flash, &opts).unwrap().plan;
+            for ((o, g), w) in flash.outputs.iter().zip(&eval_plan(&plan, &inputs).unwrap()).zip(&got) {
+                let scale = w.data.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+                let cmp = g.compare(w, 3e-2, 3e-2 * scale);
+                assert!(cmp.ok(), "causal {causal}, strict {strict}, {}: {cmp}", o.name);
+            }
+        }
+    }
+}
+
+/// A query row whose every score is -inf (a bias of -inf on every key it keeps) contributes
+/// nothing: its output is 0 and so are its gradients, never NaN; the row statistics say so
+/// (`-inf` both), and the expansion agrees.
+#[test]
+fn fully_masked_rows_get_zero_gradients() {
+    let (sq, sk, d) = (5, 6, 8);
+    let mut p = bias_program("bf16", sq, sk, d, &format!("[2, {sq}, {sk}]"), 1, false);
+    let mut values = fill_bias(sq, sk, true);
+    for x in values.iter_mut().skip(sk * sq + 3 * sk).take(sk) {
+        *x = f64::NEG_INFINITY; // batch entry 1, row 3
+    }
+    values[0] = f64::NEG_INFINITY; // batch entry 0, row 0's one key (causal)
+    p.values.insert("b".into(), Tensor::new(DType::F32, vec![2, sq, sk], values).unwrap());
+    let inputs = random_inputs(&p, 11);
+    for precision in [Precision::F64, Precision::Declared] {
+        let out = eval_with(&p, &inputs, precision).unwrap();
+        for (o, t) in p.outputs.iter().zip(&out) {
+            assert!(t.data.iter().all(|x| x.is_finite()), "{}: {:?}", o.name, t.data);
+        }
+        let dq = &out[1].data;
+        for (b, i) in [(0, 0), (1, 3)] {
+            let row = &dq[(b * sq + i) * d..][..d];
+            assert!(row.iter().all(|&x| x == 0.0), "d_q of masked row ({b}, {i}): {row:?}");
+        }
+    }
+    let stats = "input q: bf16[1, 2, 8]\ninput k: bf16[1, 3, 8]\ninput b: f32[1, 2, 3]\n\
+                 s = attention_bias_lse(q, k, b, 0.5, 0)\noutput s\n";
+    let mut sp = parse_program("s.eqf", stats, &[]).unwrap();
+    let inf = f64::NEG_INFINITY;
+    sp.values.insert("b".into(), Tensor::new(DType::F32, vec![1, 2, 3], vec![inf, inf, inf, 0.0, -3e38, 0.0]).unwrap());
+    let inputs = random_inputs(&sp, 1);
+    let s = &eval(&sp, &inputs).unwrap()[0];
+    assert_eq!(s.shape, vec![1, 2, 2]);
+    assert_eq!(s.data[..2], [inf, inf], "{:?}", s.data);
+    assert!(s.data[2].is_finite() && s.data[3] >= 0.0 && s.data[3] < 2f64.ln() + 1e-6, "{:?}", s.data);
+    let e = eval(&eqfuse::expand_composites(&sp).unwrap(), &inputs).unwrap();
+    assert_eq!(e[0].data[..2], [inf, inf], "{:?}", e[0].data);
+}
+
+/// Training programs whose attention reads views: grouped-query keys and values
+/// (`reshape(broadcast(reshape(k)))`, as `repeat_kv` writes them) and heads split from
+/// projections with a bool padding mask lowered as `where(m, 0, -3e38)`. Their backward runs as
+/// the flash kernels reading every view in place (no kernel but attention's reads q, k or v, so
+/// no layout copy of them), the mask's bias selected in the kernels, no score matrix in memory,
+/// and the traffic within a small multiple of the inputs and outputs; every kernel generates.
+#[test]
+fn training_plans_read_grouped_and_split_heads_in_place() {
+    let grouped =
+        |x: &str| format!("reshape(broadcast(reshape({x}, [B, KV, 1, S, D]), [B, KV, G, S, D]), [B, H, S, D])");
+    let gqa = format!(
+        "dim B = 2\ndim H = 8\ndim KV = 2\ndim G = 4\ndim S = 256\ndim D = 64\n\
+         input q: bf16[B, H, S, D]\ninput k: bf16[B, KV, S, D]\ninput v: bf16[B, KV, S, D]\ninput dy: bf16[B, H, S, D]\n\
+         o = attention(q, {}, {}, 0.125, 1)\n\
+         loss = sum(sum(sum(sum(cast(o, f32) * cast(dy, f32), -1), -2), -3), -4)\n\
+         dq = grad(loss, q)\ndk = grad(loss, k)\ndv = grad(loss, v)\noutput dq, dk, dv\n",
+        grouped("k"),
+        grouped("v")
+    );
+    let masked = "dim B = 2\ndim S = 256\ndim H = 4\ndim D = 64\ndim E = 256\n\
+         input xq: bf16[B, S, E]\ninput xk: bf16[B, S, E]\ninput xv: bf16[B, S, E]\ninput dy: bf16[B, S, E]\n\
+         input m: bool[B, 1, 1, S]\n\
+         q = transpose(reshape(xq, [B, S, H, D]), 1, 2)\nk = transpose(reshape(xk, [B, S, H, D]), 1, 2)\n\
+         v = transpose(reshape(xv, [B, S, H, D]), 1, 2)\n\
+         y = reshape(transpose(attention_bias(q, k, v, where(m, 0, -3e38), 0.125, 1), 1, 2), [B, S, E])\n\
+         loss = sum(sum(sum(cast(y, f32) * cast(dy, f32), -1), -2), -3)\n\
+         dq = grad(loss, xq)\ndk = grad(loss, xk)\ndv = grad(loss, xv)\noutput dq, dk, dv\n";
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    for (name, src, grad_op, operands, scores) in [
+        ("gqa", gqa.as_str(), "attention_grad_q", ["q", "k", "v"], 2 * 8 * 256 * 256),
+        ("masked", masked, "attention_bias_grad_q", ["xq", "xk", "xv"], 2 * 4 * 256 * 256),
+    ] {
+        let p = parse_program(name, src, &[]).unwrap();
+        let plan = eqfuse::optimize(&p, &opts).unwrap().plan;
+        let shown: Vec<_> = plan.kernels.iter().map(|k| (k.template, k.ops.clone())).collect();
+        assert!(plan.kernels.iter().any(|k| k.ops.iter().any(|o| o == grad_op)), "{name}: {shown:?}");
+        for k in &plan.kernels {
+            let reads_operand = k.reads.iter().any(|r| operands.contains(&r.name.as_str()));
+            assert!(!reads_operand || k.template == eqfuse::Template::Attention, "{name}: a layout copy: {shown:?}");
+            for t in k.reads.iter().chain(&k.writes) {
+                assert!(t.ty.numel() < scores / 2, "{name}: kernel {} moves {} {}", k.id, t.name, t.ty);
+            }
+        }
+        let io: u64 = p.inputs.iter().map(|i| i.ty.bytes()).sum::<u64>()
+            + p.outputs.iter().map(|o| p.ty(o.id).unwrap().bytes()).sum::<u64>();
+        assert!(plan.total.bytes <= 8 * io, "{name}: {} bytes against {io} of inputs and outputs", plan.total.bytes);
+        let sources = eqfuse::codegen_plan(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(sources.iter().any(|s| s.name.starts_with("attention_bwd_dqkv")), "{name}");
+    }
+}

@@ -361,6 +361,78 @@ fn attention_bias_kernels_match_the_reference() {
     }
 }
 
+/// Attention's backward as the flash kernels reading views and biases, against the reference
+/// (`tests/common`'s `attention_backward_programs`, each a training step's gradients of q, k and
+/// v): grouped-query attention in bf16 and f16 (dk and dv per query head, summed over each group
+/// after), heads split from projections (strided operands), `attention_bias` with a padding mask
+/// `[B, 1, 1, S]`, a `[B, 1, S, S]` mask and a shared `[S, S]` one, causal and not, a bool mask
+/// selected in the kernels. The masks hide keys with a finfo.min-like fill (-3e38; -inf in f16,
+/// which has no such value) and hide rows entirely: under the padding mask the first queries of
+/// batch entry 1 (causal) see only padding; the full masks hide rows 5 and (with -inf) 9, which
+/// must give zero gradients, not NaN.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn attention_backward_kernels_match_the_reference() {
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let mut plans = Vec::new();
+    for (name, text) in common::attention_backward_programs() {
+        let mut program = eqfuse::parse_program(&name, &text, &[]).unwrap();
+        for input in ["mask", "m"] {
+            let Some(ty) = program.input(input).map(|i| i.ty.clone()) else { continue };
+            if ty.dtype.is_float() {
+                let fill = if ty.dtype == eqfuse::DType::F16 { f64::NEG_INFINITY } else { -3e38 };
+                let values = backward_mask_values(&ty.shape, fill);
+                program.values.insert(input.into(), eqfuse::Tensor::new(ty.dtype, ty.shape.clone(), values).unwrap());
+            }
+        }
+        let plan = optimize(&program, &opts).unwrap().plan;
+        let grad = if text.contains("attention_bias") { "attention_bias_grad_q" } else { "attention_grad_q" };
+        assert!(
+            plan.kernels.iter().any(|k| k.template == Template::Attention && k.ops.iter().any(|o| o == grad)),
+            "{name}: {:?}",
+            plan.kernels.iter().map(|k| (k.template, &k.ops)).collect::<Vec<_>>()
+        );
+        plans.push((name, program, plan));
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        let r = run_checked(&gpu, name, program, plan, seed as u64);
+        let worst = r.outputs.iter().map(|o| o.scaled_error).fold(0.0f64, f64::max);
+        eprintln!("ok: {name}: worst scaled error {worst:.1e}");
+    }
+}
+
+/// Values of a mask `[B, 1, 1, S]`, `[B, 1, S, S]` (B = 2) or `[S, S]` for the backward: small
+/// biases, and `fill` on batch entry 0's last 36 keys and batch entry 1's first 20 (a padding
+/// mask), or on one key in 11, every key of row 5 and -inf on every key of row 9.
+fn backward_mask_values(shape: &[usize], fill: f64) -> Vec<f64> {
+    let r = shape.len();
+    let (batch, rows, s) = (if r == 4 { shape[0] } else { 1 }, shape[r - 2], shape[r - 1]);
+    let mut out = Vec::with_capacity(shape.iter().product());
+    for b in 0..batch {
+        for i in 0..rows {
+            for j in 0..s {
+                let small = ((b * 7919 + i * 131 + j * 17) % 23) as f64 / 23.0 - 0.5;
+                let v = if rows == 1 {
+                    if (b == 0 && j >= s - 36) || (b == 1 && j < 20) {
+                        fill
+                    } else {
+                        small
+                    }
+                } else if i == 9 {
+                    f64::NEG_INFINITY
+                } else if i == 5 || (i * 31 + j * 7) % 11 == 0 {
+                    fill
+                } else {
+                    small
+                };
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
 /// Values of a mask `[B, 1, 1, S]` or `[B, 1, S, S]` (B = 2): small biases, and -1e30 on batch
 /// entry 0's last 36 keys and batch entry 1's first 20 (a padding mask), or on one key in 7, on
 /// every key of row 5, and (with `inf`) -inf on one key in 11 and on every key of row 9.

@@ -403,3 +403,39 @@ fn tensor_seeded_dropout_kernels_compile() {
     }
     assert!(seeded >= 5, "only {seeded} tensor-seeded dropouts were generated");
 }
+
+/// Attention's backward kernels reading views and biases (`tests/common`'s
+/// `attention_backward_programs`: grouped-query keys and values, heads split from projections,
+/// padding, full, shared and bool masks): every program's backward runs as the flash kernels
+/// (the bias forms where there is a bias), no kernel but attention's reads q, k or v (no layout
+/// copy), and every attention kernel compiles without warnings at sm_90 and sm_80.
+#[test]
+fn attention_backward_view_and_bias_kernels_compile() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    for (name, text) in common::attention_backward_programs() {
+        let p = eqfuse::parse_program(&name, &text, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let plan = optimize(&p, &opts).unwrap().plan;
+        let shown: Vec<_> = plan.kernels.iter().map(|k| (k.template, k.ops.clone())).collect();
+        let grad = if text.contains("attention_bias") { "attention_bias_grad_q" } else { "attention_grad_q" };
+        assert!(plan.kernels.iter().any(|k| k.ops.iter().any(|o| o == grad)), "{name}: {shown:?}");
+        for k in &plan.kernels {
+            let operand = k.reads.iter().any(|r| ["q", "k", "v", "xq", "xk", "xv"].contains(&r.name.as_str()));
+            assert!(!operand || k.template == eqfuse::Template::Attention, "{name}: a layout copy: {shown:?}");
+        }
+        let sources = codegen_plan(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for s in sources.iter().filter(|s| s.template == eqfuse::Template::Attention) {
+            for arch in [DEFAULT_ARCH, "sm_80"] {
+                let c = nvrtc_compile(&s.source, &s.file, arch, &[])
+                    .unwrap_or_else(|e| panic!("{name} / {} ({arch}): {e}", s.name));
+                assert!(c.log.trim().is_empty(), "{name} / {} ({arch}): warnings\n{}", s.name, c.log);
+            }
+            if s.name.starts_with("attention_bwd") {
+                let defines = generated_defines(&s.source);
+                assert_eq!(defines.contains("#define EQ_BIAS 1\n"), text.contains("attention_bias"), "{name}");
+            }
+        }
+    }
+}

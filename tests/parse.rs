@@ -100,6 +100,10 @@ fn call_for(name: &str, kind: Kind) -> String {
         Kind::Composite(C::AttentionBias) => "attention_bias(x, y, y, sum(x, -1), 0.5, 1)".to_string(),
         Kind::Composite(C::AttentionLse) => "attention_lse(x, y, 0.5, 1)".to_string(),
         Kind::Composite(C::AttentionGrad(_)) => format!("{name}(x, y, y, x, sum(x, -1), sum(y, -1), 0.5, 1)"),
+        Kind::Composite(C::AttentionBiasLse) => "attention_bias_lse(x, y, sum(x, -1), 0.5, 1)".to_string(),
+        Kind::Composite(C::AttentionBiasGrad(_)) => format!(
+            "{name}(x, y, y, x, concat(sum(x, -1), sum(x, -1), -1), sum(y, -1), x @ transpose(y, 0, 1), 0.5, 1)"
+        ),
     }
 }
 

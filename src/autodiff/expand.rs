@@ -49,10 +49,10 @@ pub fn expand_for_planning(p: &Program, strict: bool) -> Result<Option<Program>,
         let bwd_runs = || {
             let ty = |i: usize| out.ty(ch[i]);
             let (q, k) = (ty(0), ty(1));
-            let v = if c == Composite::AttentionLse { ty(1) } else { ty(2) };
+            let v = if matches!(c, Composite::AttentionLse | Composite::AttentionBiasLse) { ty(1) } else { ty(2) };
             matches!((q, k, v), (Some(q), Some(k), Some(v)) if crate::codegen::caps::attention_backward_runs(q, k, v))
         };
-        let backward = matches!(c, Composite::AttentionLse | Composite::AttentionGrad(_));
+        let backward = c.is_attention_backward();
         leading_softmax
             || c.is_attention_forward() && (strict || !runs())
             || c == Composite::CrossEntropy && strict
@@ -193,33 +193,72 @@ fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
             let l = b.u(Unary::Log, z)?;
             b.b(Binary::Add, l, m)
         }
+        Composite::AttentionBiasLse => {
+            // In f32: the row maximum m and log(sum(exp(s - max(m, lowest)))) of the biased
+            // scores (a row of -inf: -inf and log 0 = -inf), side by side.
+            let (q, k) = (b.f32(ch[0])?, b.f32(ch[1])?);
+            let s = attention_bias_scores(b.0, q, k, ch[2], ch[3], ch[4])?;
+            let last = b.num(-1.0);
+            let m = b.r(Reduce::Amax, s, last)?;
+            let lowest = b.num(f32::MIN as f64);
+            let mm = b.b(Binary::Max, m, lowest)?;
+            let sh = b.b(Binary::Sub, s, mm)?;
+            let e = b.u(Unary::Exp, sh)?;
+            let z = b.r(Reduce::Sum, e, last)?;
+            let l = b.u(Unary::Log, z)?;
+            b.0.apply(Kind::Concat, vec![m, l, last])
+        }
         Composite::AttentionGrad(which) => {
-            // In f32: P = exp(s - lse), dS = P (g vᵀ - delta) scale; dS k, dSᵀ q or Pᵀ g.
-            let dtype = b.0.ty(ch[0]).map(|t| t.dtype).unwrap_or(crate::ir::types::DType::F32);
-            let (q, k, v, g) = (b.f32(ch[0])?, b.f32(ch[1])?, b.f32(ch[2])?, b.f32(ch[3])?);
+            // In f32: P = exp(s - lse).
+            let (q, k) = (b.f32(ch[0])?, b.f32(ch[1])?);
             let s = attention_scores(b.0, q, k, ch[6], ch[7])?;
             let sh = b.b(Binary::Sub, s, ch[4])?;
             let p = b.u(Unary::Exp, sh)?;
-            let (m1, m2) = (b.num(-1.0), b.num(-2.0));
-            let out = if which == crate::ir::lang::AttnArg::V {
-                let pt = b.0.apply(Kind::Transpose, vec![p, m1, m2])?;
-                b.0.apply(Kind::MatMul, vec![pt, g])?
-            } else {
-                let vt = b.0.apply(Kind::Transpose, vec![v, m1, m2])?;
-                let dp = b.0.apply(Kind::MatMul, vec![g, vt])?;
-                let c = b.b(Binary::Sub, dp, ch[5])?;
-                let ds = b.b(Binary::Mul, p, c)?;
-                let ds = b.b(Binary::Mul, ds, ch[6])?;
-                if which == crate::ir::lang::AttnArg::Q {
-                    b.0.apply(Kind::MatMul, vec![ds, k])?
-                } else {
-                    let dst = b.0.apply(Kind::Transpose, vec![ds, m1, m2])?;
-                    b.0.apply(Kind::MatMul, vec![dst, q])?
-                }
-            };
-            b.cast(out, dtype)
+            attention_grad_parts(b, which, ch, p, ch[6])
+        }
+        Composite::AttentionBiasGrad(which) => {
+            // In f32: P = exp((s - max(m, lowest)) - max(log l, 0)) (0 on a row of -inf: log l
+            // is -inf there, and l >= 1 elsewhere).
+            let (q, k) = (b.f32(ch[0])?, b.f32(ch[1])?);
+            let s = attention_bias_scores(b.0, q, k, ch[6], ch[7], ch[8])?;
+            let (last, zero, one, two) = (b.num(-1.0), b.num(0.0), b.num(1.0), b.num(2.0));
+            let m = b.0.apply(Kind::Slice, vec![ch[4], last, zero, one, one])?;
+            let l = b.0.apply(Kind::Slice, vec![ch[4], last, one, two, one])?;
+            let lowest = b.num(f32::MIN as f64);
+            let mm = b.b(Binary::Max, m, lowest)?;
+            let ll = b.b(Binary::Max, l, zero)?;
+            let sh = b.b(Binary::Sub, s, mm)?;
+            let sh = b.b(Binary::Sub, sh, ll)?;
+            let p = b.u(Unary::Exp, sh)?;
+            attention_grad_parts(b, which, ch, p, ch[7])
         }
     }
+}
+
+/// The rest of an attention gradient given the probabilities `p` (f32): `dS = P (g vᵀ - delta)
+/// scale`; `dS k`, `dSᵀ q` or `Pᵀ g`, cast to the operands' dtype (`ch`: the composite's
+/// arguments, `q, k, v, g, stats, delta` first).
+fn attention_grad_parts(mut b: B, which: crate::ir::lang::AttnArg, ch: &[Id], p: Id, scale: Id) -> Result<Id, String> {
+    let dtype = b.0.ty(ch[0]).map(|t| t.dtype).unwrap_or(crate::ir::types::DType::F32);
+    let (q, k, v, g) = (b.f32(ch[0])?, b.f32(ch[1])?, b.f32(ch[2])?, b.f32(ch[3])?);
+    let (m1, m2) = (b.num(-1.0), b.num(-2.0));
+    let out = if which == crate::ir::lang::AttnArg::V {
+        let pt = b.0.apply(Kind::Transpose, vec![p, m1, m2])?;
+        b.0.apply(Kind::MatMul, vec![pt, g])?
+    } else {
+        let vt = b.0.apply(Kind::Transpose, vec![v, m1, m2])?;
+        let dp = b.0.apply(Kind::MatMul, vec![g, vt])?;
+        let c = b.b(Binary::Sub, dp, ch[5])?;
+        let ds = b.b(Binary::Mul, p, c)?;
+        let ds = b.b(Binary::Mul, ds, scale)?;
+        if which == crate::ir::lang::AttnArg::Q {
+            b.0.apply(Kind::MatMul, vec![ds, k])?
+        } else {
+            let dst = b.0.apply(Kind::Transpose, vec![ds, m1, m2])?;
+            b.0.apply(Kind::MatMul, vec![dst, q])?
+        }
+    };
+    b.cast(out, dtype)
 }
 
 /// The biased scores of `attention_bias(q, k, v, bias, scale, causal)`: `q @ kᵀ * scale + bias`

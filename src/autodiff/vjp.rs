@@ -372,7 +372,10 @@ impl Tape<'_> {
             Composite::CrossEntropy => out.push((ch[0], self.cross_entropy(ch[0], ch[1], g)?)),
             Composite::Attention => self.attention(ch, y, g, out)?,
             Composite::AttentionBias => self.attention_bias(ch, y, g, out)?,
-            Composite::AttentionLse | Composite::AttentionGrad(_) => {
+            Composite::AttentionLse
+            | Composite::AttentionGrad(_)
+            | Composite::AttentionBiasLse
+            | Composite::AttentionBiasGrad(_) => {
                 return Err(format!(
                     "`{}` (attention's backward) has no gradient: second-order attention gradients are not supported",
                     crate::ir::lang::OpCode::of(Kind::Composite(c)).name()
@@ -486,7 +489,7 @@ impl Tape<'_> {
     fn attention(&mut self, ch: &[Id], y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
         let (q, k, v, scale, causal) = (ch[0], ch[1], ch[2], ch[3], ch[4]);
         if crate::codegen::caps::attention_backward_runs(&self.ty(q)?, &self.ty(k)?, &self.ty(v)?) {
-            return self.attention_flash(ch, y, g, out);
+            return self.attention_flash(ch, None, y, g, out);
         }
         let scores = crate::autodiff::expand::attention_scores(self.p, q, k, scale, causal)?;
         let last = self.p.num(-1.0);
@@ -513,12 +516,17 @@ impl Tape<'_> {
         Ok(())
     }
 
-    /// The backward of `attention_bias` through its decomposition (the flash-style composites
-    /// take no bias): with `S = q kᵀ scale + bias` (masked), `P = softmax(S)`: dV = Pᵀ dO,
-    /// dS = P (dO Vᵀ - sum(P dO Vᵀ)), d bias = dS (summed over the bias's broadcast axes by
-    /// [`Tape::fit`]), dQ = dS K scale, dK = dSᵀ Q scale.
+    /// The backward of `attention_bias`: where the flash-style backward kernels run and the bias
+    /// needs no gradient, their bias composites (`attention_bias_lse`, `attention_bias_grad_*`;
+    /// see [`Tape::attention_flash`]); otherwise through its decomposition: with
+    /// `S = q kᵀ scale + bias` (masked), `P = softmax(S)`: dV = Pᵀ dO, dS = P (dO Vᵀ - sum(P dO
+    /// Vᵀ)), d bias = dS (summed over the bias's broadcast axes by [`Tape::fit`]), dQ = dS K
+    /// scale, dK = dSᵀ Q scale.
     fn attention_bias(&mut self, ch: &[Id], y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
         let (q, k, v, bias, scale, causal) = (ch[0], ch[1], ch[2], ch[3], ch[4], ch[5]);
+        if !self.on(bias) && crate::codegen::caps::attention_backward_runs(&self.ty(q)?, &self.ty(k)?, &self.ty(v)?) {
+            return self.attention_flash(&[q, k, v, scale, causal], Some(bias), y, g, out);
+        }
         let scores = crate::autodiff::expand::attention_bias_scores(self.p, q, k, bias, scale, causal)?;
         let last = self.p.num(-1.0);
         let p = self.op(Kind::Composite(Composite::Softmax), vec![scores, last])?;
@@ -550,21 +558,32 @@ impl Tape<'_> {
         Ok(())
     }
 
-    /// The flash-style attention backward (see [`Tape::attention`]).
-    fn attention_flash(&mut self, ch: &[Id], y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
+    /// The flash-style attention backward (see [`Tape::attention`]); with a bias, its bias
+    /// composites, whose row statistics are the maximum and log sum apart
+    /// ([`Composite::AttentionBiasLse`]). `ch`: `q, k, v, scale, causal`.
+    fn attention_flash(&mut self, ch: &[Id], bias: Option<Id>, y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
         let (q, k, v, scale, causal) = (ch[0], ch[1], ch[2], ch[3], ch[4]);
         let gf = self.full_like(g, y)?;
-        let lse = self.op(Kind::Composite(Composite::AttentionLse), vec![q, k, scale, causal])?;
+        let lse = match bias {
+            Some(b) => self.op(Kind::Composite(Composite::AttentionBiasLse), vec![q, k, b, scale, causal])?,
+            None => self.op(Kind::Composite(Composite::AttentionLse), vec![q, k, scale, causal])?,
+        };
         let (g32, y32) = (self.cast(gf, DType::F32)?, self.cast(y, DType::F32)?);
         let gy = self.bin(Binary::Mul, g32, y32)?;
         let last = self.p.num(-1.0);
         let delta = self.op(Kind::Reduce(Reduce::Sum), vec![gy, last])?;
         for (x, which) in [(q, AttnArg::Q), (k, AttnArg::K), (v, AttnArg::V)] {
             if self.on(x) {
-                let d = self.op(
-                    Kind::Composite(Composite::AttentionGrad(which)),
-                    vec![q, k, v, gf, lse, delta, scale, causal],
-                )?;
+                let d = match bias {
+                    Some(b) => self.op(
+                        Kind::Composite(Composite::AttentionBiasGrad(which)),
+                        vec![q, k, v, gf, lse, delta, b, scale, causal],
+                    )?,
+                    None => self.op(
+                        Kind::Composite(Composite::AttentionGrad(which)),
+                        vec![q, k, v, gf, lse, delta, scale, causal],
+                    )?,
+                };
                 out.push((x, d));
             }
         }

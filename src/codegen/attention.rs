@@ -120,17 +120,17 @@ pub fn template_runs(q: &TensorType, k: &TensorType, v: &TensorType) -> bool {
         && (!tensor_cores || d % 8 == 0)
 }
 
-fn unsupported(k: &Kernel, what: impl std::fmt::Display) -> Error {
+pub(super) fn unsupported(k: &Kernel, what: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("kernel {} (attention): {what}", k.id))
 }
 
 /// A tensor in memory seen through views: which read, its shape, its layout in elements (an
 /// axis may be several factors: the heads of grouped-query keys, `reshape(broadcast(k))`).
 #[derive(Clone, Debug)]
-struct Strided {
-    read: usize,
-    shape: Vec<usize>,
-    layout: Factored,
+pub(super) struct Strided {
+    pub(super) read: usize,
+    pub(super) shape: Vec<usize>,
+    pub(super) layout: Factored,
 }
 
 /// The value of a constant subexpression (a literal, or a pointwise op of literals).
@@ -149,14 +149,16 @@ fn const_value(body: &[TensorLang], i: usize) -> Option<f64> {
     }
 }
 
-struct Body<'a> {
+/// A kernel's body with the facts (types, constants) of its nodes: what the attention kernels
+/// (forward and backward) resolve their operands' views through.
+pub(super) struct Body<'a> {
     k: &'a Kernel,
-    nodes: &'a [TensorLang],
-    facts: Vec<Fact>,
+    pub(super) nodes: &'a [TensorLang],
+    pub(super) facts: Vec<Fact>,
 }
 
 impl<'a> Body<'a> {
-    fn new(k: &'a Kernel) -> Result<Body<'a>> {
+    pub(super) fn new(k: &'a Kernel) -> Result<Body<'a>> {
         let nodes = k.body.as_ref();
         let mut facts: Vec<Fact> = Vec::with_capacity(nodes.len());
         for (i, node) in nodes.iter().enumerate() {
@@ -184,18 +186,18 @@ impl<'a> Body<'a> {
         Ok(Body { k, nodes, facts })
     }
 
-    fn ty(&self, i: usize) -> Result<&TensorType> {
+    pub(super) fn ty(&self, i: usize) -> Result<&TensorType> {
         self.facts[i].ty.as_ref().ok_or_else(|| unsupported(self.k, "an attribute used as a tensor"))
     }
 
-    fn children(&self, i: usize) -> Vec<usize> {
+    pub(super) fn children(&self, i: usize) -> Vec<usize> {
         match &self.nodes[i] {
             TensorLang::Op(_, ch) => ch.iter().map(|&c| usize::from(c)).collect(),
             _ => vec![],
         }
     }
 
-    fn kind(&self, i: usize) -> Option<Kind> {
+    pub(super) fn kind(&self, i: usize) -> Option<Kind> {
         self.nodes[i].opcode().map(|c| c.kind())
     }
 
@@ -205,7 +207,7 @@ impl<'a> Body<'a> {
     }
 
     /// The operand `i` as strides over a read tensor (views only), recording the nodes it passes.
-    fn operand(&self, i: usize, seen: &mut Vec<usize>) -> Result<Strided> {
+    pub(super) fn operand(&self, i: usize, seen: &mut Vec<usize>) -> Result<Strided> {
         seen.push(i);
         match (&self.nodes[i], self.kind(i)) {
             (TensorLang::Var(s), _) => {
@@ -244,7 +246,7 @@ impl<'a> Body<'a> {
     /// The bias `i` of `attention_bias`: a tensor in memory or a view of one, or two constants
     /// selected by a bool mask in memory (`where(m, 0, FILL)`, a bool mask's bias), the constants
     /// rounded to the select's dtype; records the nodes it passes.
-    fn bias(&self, i: usize, seen: &mut Vec<usize>) -> Result<(Strided, Option<(f64, f64)>)> {
+    pub(super) fn bias(&self, i: usize, seen: &mut Vec<usize>) -> Result<(Strided, Option<(f64, f64)>)> {
         if self.kind(i) != Some(Kind::Where) {
             return Ok((self.operand(i, seen)?, None));
         }
@@ -312,11 +314,76 @@ impl<'a> Body<'a> {
 /// row and the column; 0 along an axis it is broadcast along); with `select`, the read is a bool
 /// mask and the bias the first value where it holds, the second elsewhere.
 #[derive(Clone, Debug, PartialEq)]
-struct BiasInstance {
-    read: usize,
-    dtype: DType,
-    strides: [usize; 5],
-    select: Option<(f64, f64)>,
+pub(super) struct BiasInstance {
+    pub(super) read: usize,
+    pub(super) dtype: DType,
+    pub(super) strides: [usize; 5],
+    pub(super) select: Option<(f64, f64)>,
+}
+
+/// The batch axes of tensors of one rank `r` (each seen through a layout; the rows axis `r - 2`,
+/// the columns `r - 1`): every tensor's factors cut at common bounds (grouped-query keys repeat
+/// over the query heads of a group, stride 0), then extents of 1 dropped and neighbours
+/// contiguous in every tensor merged, into at most three axes (outermost first, padded with 1).
+pub(super) struct Batched {
+    pub(super) batch: [usize; 3],
+    /// Per tensor: the three batch strides, the row stride and the column stride.
+    pub(super) strides: Vec<[usize; 5]>,
+}
+
+impl Batched {
+    /// `check` sees the row and column strides and the batch strides (before merging) of every
+    /// tensor, and refuses what its template cannot read.
+    pub(super) fn new(
+        k: &Kernel,
+        layouts: &[&Factored],
+        r: usize,
+        check: impl Fn(&[[usize; 2]], &[Vec<usize>]) -> Result<()>,
+    ) -> Result<Batched> {
+        let one_stride = |l: &Factored, a: usize| match l.axes[a].as_slice() {
+            [] => Ok(0),
+            [(_, s)] => Ok(*s),
+            _ => Err(unsupported(k, "an operand's rows, head or columns are not one stride")),
+        };
+        let mut all = vec![[0usize; 2]; layouts.len()];
+        for (t, l) in layouts.iter().enumerate() {
+            for (j, a) in [r - 2, r - 1].into_iter().enumerate() {
+                all[t][j] = one_stride(l, a)?;
+            }
+        }
+        let flats: Vec<Vec<(usize, usize)>> = layouts.iter().map(|l| l.flat(0..r - 2)).collect();
+        let (extents, batch_strides) =
+            common_factors(&flats).ok_or_else(|| unsupported(k, "the operands' batch axes have no common strides"))?;
+        check(&all, &batch_strides)?;
+        let nt = layouts.len();
+        let mut axes: Vec<(usize, Vec<usize>)> = extents
+            .iter()
+            .enumerate()
+            .filter(|&(_, &n)| n != 1)
+            .map(|(a, &n)| (n, (0..nt).map(|t| batch_strides[t][a]).collect()))
+            .collect();
+        let mut i = axes.len();
+        while i > 1 {
+            i -= 1;
+            let n = axes[i].0;
+            if (0..nt).all(|t| axes[i - 1].1[t] == axes[i].1[t] * n) {
+                let (_, inner) = axes.remove(i);
+                axes[i - 1] = (axes[i - 1].0 * n, inner);
+            }
+        }
+        if axes.len() > 3 {
+            return Err(unsupported(k, "more than three batch axes that cannot be merged"));
+        }
+        while axes.len() < 3 {
+            axes.insert(0, (1, vec![0; nt]));
+        }
+        let nb: usize = axes.iter().map(|a| a.0).product();
+        if nb > 65535 {
+            return Err(unsupported(k, format!("{nb} batch entries exceed the grid's 65535")));
+        }
+        let strides = (0..nt).map(|t| [axes[0].1[t], axes[1].1[t], axes[2].1[t], all[t][0], all[t][1]]).collect();
+        Ok(Batched { batch: [axes[0].0, axes[1].0, axes[2].0], strides })
+    }
 }
 
 /// The template instance of one kernel: every number the `#define` block needs.
@@ -431,67 +498,23 @@ fn instance(k: &Kernel) -> Result<Instance> {
         None => None,
     };
     layouts.extend(bias_layout.as_ref());
-    let one_stride = |l: &Factored, a: usize| match l.axes[a].as_slice() {
-        [] => Ok(0),
-        [(_, s)] => Ok(*s),
-        _ => Err(unsupported(k, "an operand's rows, head or columns are not one stride")),
-    };
-    let mut all = [[0usize; 2]; 5];
-    for (t, l) in layouts.iter().enumerate() {
-        for (j, a) in [r - 2, r - 1].into_iter().enumerate() {
-            all[t][j] = one_stride(l, a)?;
-        }
-    }
-    let flats: Vec<Vec<(usize, usize)>> = layouts.iter().map(|l| l.flat(0..r - 2)).collect();
-    let (extents, batch_strides) =
-        common_factors(&flats).ok_or_else(|| unsupported(k, "the operands' batch axes have no common strides"))?;
-    let nt = layouts.len();
-    for (t, s) in all[..4].iter().enumerate() {
-        if s[1] != 1 && d > 1 {
-            return Err(unsupported(k, "an operand without a contiguous head axis is not supported yet"));
-        }
-        if tensor_cores && (s[0] % 8 != 0 || batch_strides[t].iter().any(|&x| x % 8 != 0)) {
-            return Err(unsupported(
-                k,
-                "bf16 and f16 operands need strides of multiples of 8 elements (16-byte loads)",
-            ));
-        }
-    }
-    let mut axes: Vec<(usize, [usize; 5])> = extents
-        .iter()
-        .enumerate()
-        .filter(|&(_, &n)| n != 1)
-        .map(|(a, &n)| {
-            let mut st = [0; 5];
-            for (t, x) in st[..nt].iter_mut().enumerate() {
-                *x = batch_strides[t][a];
+    let batched = Batched::new(k, &layouts, r, |all, batch_strides| {
+        for (t, s) in all[..4].iter().enumerate() {
+            if s[1] != 1 && d > 1 {
+                return Err(unsupported(k, "an operand without a contiguous head axis is not supported yet"));
             }
-            (n, st)
-        })
-        .collect();
-    let mut i = axes.len();
-    while i > 1 {
-        i -= 1;
-        let (n, inner) = axes[i];
-        let outer = axes[i - 1].1;
-        if (0..nt).all(|t| outer[t] == inner[t] * n) {
-            axes[i - 1] = (axes[i - 1].0 * n, inner);
-            axes.remove(i);
+            if tensor_cores && (s[0] % 8 != 0 || batch_strides[t].iter().any(|&x| x % 8 != 0)) {
+                return Err(unsupported(
+                    k,
+                    "bf16 and f16 operands need strides of multiples of 8 elements (16-byte loads)",
+                ));
+            }
         }
-    }
-    if axes.len() > 3 {
-        return Err(unsupported(k, "more than three batch axes that cannot be merged"));
-    }
-    while axes.len() < 3 {
-        axes.insert(0, (1, [0; 5]));
-    }
-    let nb: usize = axes.iter().map(|a| a.0).product();
-    if nb > 65535 {
-        return Err(unsupported(k, format!("{nb} batch entries exceed the grid's 65535")));
-    }
+        Ok(())
+    })?;
     let mut strides = [[0; 4]; 4];
     for (t, row) in strides.iter_mut().enumerate() {
-        *row = [axes[0].1[t], axes[1].1[t], axes[2].1[t], all[t][0]];
+        row.copy_from_slice(&batched.strides[t][..4]);
     }
     let bias = match bias {
         Some(b) => {
@@ -503,8 +526,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
                     format!("the template reads a bias of f32, bf16 or f16, or a bool mask, not {dtype}"),
                 ));
             }
-            let strides = [axes[0].1[4], axes[1].1[4], axes[2].1[4], all[4][0], all[4][1]];
-            Some(BiasInstance { read: b.read, dtype, strides, select })
+            Some(BiasInstance { read: b.read, dtype, strides: batched.strides[4], select })
         }
         None => None,
     };
@@ -513,7 +535,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
         d,
         sq,
         sk,
-        batch: [axes[0].0, axes[1].0, axes[2].0],
+        batch: batched.batch,
         strides,
         reads: [ops[0].read, ops[1].read, ops[2].read],
         scale,
@@ -523,7 +545,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
 }
 
 /// The C type of a tensor of `dtype` in the template.
-fn ctype(dtype: DType) -> &'static str {
+pub(super) fn ctype(dtype: DType) -> &'static str {
     match dtype {
         DType::Bf16 => "eq_bf16",
         DType::F16 => "eq_f16",

@@ -2,22 +2,29 @@
 //! attention template whose body is `attention_lse`, `attention_grad_q`, or `attention_grad_k`
 //! and/or `attention_grad_v` of one attention (one kernel writes both), with or without its
 //! `attention_grad_q` (summed with f32 atomics into a zeroed workspace, so never under strict
-//! numerics), its operands tensors in memory, becomes an instance of the template in the
-//! matching mode.
+//! numerics), or the same of `attention_bias` (`attention_bias_lse`, `attention_bias_grad_*`,
+//! `EQ_BIAS`), becomes an instance of the template in the matching mode.
 //!
-//! The template takes contiguous operands (`[batch..., rows, head]` row-major, the statistics
-//! `[batch..., rows, 1]`), bf16 or f16 with head sizes that are multiples of 8 up to 128; views
-//! of operands, stored views, fused epilogues and f32 operands are errors naming the kernel
-//! ("not supported yet"), never an approximation. (f32 attention keeps the decomposed backward:
-//! the autodiff pass emits these composites only where [`template_runs`] holds.)
+//! The operands are read through views as the forward reads them (`codegen::attention`'s
+//! `Body` and `Batched`): strides over at most three merged batch axes, factored ones included
+//! (grouped-query keys and values repeated over a group's query heads, heads split from a
+//! projection); q, k, v and g need a contiguous head and strides of multiples of 8 elements. A
+//! bias is read through strides (0 along broadcast axes) or is a bool mask's select
+//! (`where(m, 0, FILL)`). The written gradients and statistics are contiguous. bf16 or f16 with
+//! head sizes that are multiples of 8 up to 128; stored views, fused epilogues and f32 operands
+//! are errors naming the kernel ("not supported yet"), never an approximation. (f32 attention
+//! keeps the decomposed backward: the autodiff pass emits these composites only where
+//! [`template_runs`] holds.)
 
 use crate::error::{Error, Result};
 use egg::Language;
 
-use crate::ir::lang::{AttnArg, Composite, Kind, TensorLang};
+use crate::ir::lang::{AttnArg, AttnBwdSlots, Composite, Kind, TensorLang};
+use crate::ir::layout::Factored;
 use crate::ir::types::{DType, TensorType};
 use crate::plan::{FusionPlan, Kernel, Template};
 
+use super::attention::{Batched, BiasInstance, Body, Strided};
 use super::{KernelSource, Launch};
 
 /// Rows per block (query rows, or key rows of the key and value gradients), and warps per block.
@@ -41,13 +48,16 @@ pub fn template_runs(q: &TensorType, k: &TensorType, v: &TensorType) -> bool {
         && q.rank() >= 2
 }
 
-/// The shared memory a block uses in `mode` for head size `d` (bytes).
-pub fn smem_bytes(mode: Mode, d: usize) -> usize {
+/// The shared memory a block uses in `mode` for head size `d` (bytes); with a bias, the key and
+/// value gradients keep three statistics of each query row (the row maximum, the log row sum,
+/// delta), not two.
+pub fn smem_bytes(mode: Mode, d: usize, bias: bool) -> usize {
     let tile = BLOCK * d.div_ceil(64) * 64 * 2;
+    let stats = if bias { 3 } else { 2 };
     match mode {
         Mode::Lse => 3 * tile,
         Mode::Dq => 6 * tile,
-        Mode::Dkv { dq, .. } => 6 * tile + 4 * BLOCK * 4 + if dq { BLOCK * BLOCK * 2 } else { 0 },
+        Mode::Dkv { dq, .. } => 6 * tile + 2 * stats * BLOCK * 4 + if dq { BLOCK * BLOCK * 2 } else { 0 },
     }
 }
 
@@ -87,8 +97,12 @@ struct Instance {
     nb: usize,
     scale: f64,
     causal: bool,
-    /// `(macro, read index)` of each operand the mode reads.
-    reads: Vec<(&'static str, usize)>,
+    /// Merged batch axes (at most three, outermost first, padded with 1).
+    batch: [usize; 3],
+    /// `(tensor tag, read index, strides: three batch axes, row, column)` of each operand the
+    /// mode reads (the bias apart).
+    reads: Vec<(&'static str, usize, [usize; 5])>,
+    bias: Option<BiasInstance>,
     /// `(macro, write index)` of each value it stores.
     writes: Vec<(&'static str, usize)>,
 }
@@ -136,108 +150,125 @@ fn forward_with_lse(k: &Kernel) -> Result<Option<(Kernel, usize)>> {
 }
 
 fn instance(k: &Kernel) -> Result<Instance> {
-    let nodes = k.body.as_ref();
-    let kind = |i: usize| nodes[i].opcode().map(|c| c.kind());
-    let children = |i: usize| -> Vec<usize> {
-        match &nodes[i] {
-            TensorLang::Op(_, ch) => ch.iter().map(|&c| usize::from(c)).collect(),
-            _ => vec![],
-        }
+    let body = Body::new(k)?;
+    let slots_of = |i: usize| match body.kind(i) {
+        Some(Kind::Composite(c)) => c.attention_backward_slots(),
+        _ => None,
     };
-    let anchors: Vec<usize> = (0..nodes.len())
-        .filter(|&i| matches!(kind(i), Some(Kind::Composite(Composite::AttentionLse | Composite::AttentionGrad(_)))))
-        .collect();
+    let anchors: Vec<usize> = (0..body.nodes.len()).filter(|&i| slots_of(i).is_some()).collect();
     let Some(&first) = anchors.first() else { return Err(unsupported(k, "a kernel without a backward operator")) };
-    let ch = children(first);
-    let modes: Vec<Option<Kind>> = anchors.iter().map(|&a| kind(a)).collect();
+    let ch = body.children(first);
+    let slots = slots_of(first).unwrap_or(AttnBwdSlots { grad: None, tensors: 2, bias: None });
     // Gradients of one attention (the same operands), each at most once.
-    let grads: Vec<AttnArg> = modes
-        .iter()
-        .filter_map(|m| match m {
-            Some(Kind::Composite(Composite::AttentionGrad(w))) => Some(*w),
-            _ => None,
-        })
-        .collect();
+    let grads: Vec<AttnArg> = anchors.iter().filter_map(|&a| slots_of(a).and_then(|s| s.grad)).collect();
     let has = |w: AttnArg| grads.contains(&w);
     let one_attention = grads.len() == anchors.len()
-        && anchors.iter().all(|&a| children(a) == ch)
+        && anchors.iter().all(|&a| body.children(a) == ch)
         && [AttnArg::Q, AttnArg::K, AttnArg::V].iter().all(|&w| grads.iter().filter(|&&g| g == w).count() <= 1);
-    let mode = match modes[..] {
-        [Some(Kind::Composite(Composite::AttentionLse))] => Mode::Lse,
+    let mode = match (anchors.len(), slots.grad) {
+        (1, None) => Mode::Lse,
         _ if one_attention && grads == [AttnArg::Q] => Mode::Dq,
         _ if one_attention && (has(AttnArg::K) || has(AttnArg::V)) => {
             Mode::Dkv { dq: has(AttnArg::Q), dk: has(AttnArg::K), dv: has(AttnArg::V) }
         }
         _ => return Err(unsupported(k, "this combination of backward operators in one kernel")),
     };
-    // Operands: reads, by name; attributes: constants.
-    let read_of = |i: usize| -> Result<usize> {
-        match &nodes[i] {
-            TensorLang::Var(s) => k
-                .reads
-                .iter()
-                .position(|r| r.name == s.as_str())
-                .ok_or_else(|| unsupported(k, format!("`{s}`, which the kernel does not read,"))),
-            n => Err(unsupported(k, format!("an operand computed in the kernel or viewed (`{}`)", n.head()))),
-        }
+    // Operands: tensors in memory or views of them; the bias, or a bool mask's select; the
+    // attributes: constants (or constant subexpressions).
+    let mut seen: Vec<usize> = anchors.clone();
+    let plain = slots.bias.map_or(slots.tensors, |b| b);
+    let ops: Vec<Strided> = ch[..plain].iter().map(|&c| body.operand(c, &mut seen)).collect::<Result<_>>()?;
+    let bias = match slots.bias {
+        Some(b) => Some(body.bias(ch[b], &mut seen)?),
+        None => None,
     };
-    let konst = |i: usize| -> Result<f64> {
-        match &nodes[i] {
-            TensorLang::Num(n) => Ok(n.value()),
-            n => Err(unsupported(k, format!("a non-literal attribute (`{}`)", n.head()))),
-        }
-    };
-    let (tensors, scale_at) = if mode == Mode::Lse { (2, 2) } else { (6, 6) };
-    let ops: Vec<usize> = ch[..tensors].iter().map(|&c| read_of(c)).collect::<Result<_>>()?;
-    let scale = konst(ch[scale_at])?;
-    let causal = konst(ch[scale_at + 1])? != 0.0;
+    let (scale_at, causal_at) = (ch[slots.tensors], ch[slots.tensors + 1]);
+    let scale = body.facts[scale_at].konst.ok_or_else(|| unsupported(k, "a non-constant scale"))?;
+    let causal = body.facts[causal_at].konst.ok_or_else(|| unsupported(k, "a non-constant causal flag"))? != 0.0;
     if !scale.is_finite() {
         return Err(unsupported(k, format!("the scale {scale}")));
     }
-    // Nothing else in the body: the operands, the attributes, the anchors.
-    let mut allowed: Vec<usize> = anchors.clone();
-    allowed.extend(&ch);
-    if let Some(extra) = (0..nodes.len()).find(|i| !allowed.contains(i)) {
-        return Err(unsupported(k, format!("`{}` fused into the kernel", nodes[extra].head())));
+    let mut stack = vec![scale_at, causal_at];
+    while let Some(i) = stack.pop() {
+        seen.push(i);
+        stack.extend(body.children(i));
     }
-    let ty = |r: usize| &k.reads[r].ty;
-    let (q, kt) = (ty(ops[0]), ty(ops[1]));
-    let v = if mode == Mode::Lse { kt } else { ty(ops[2]) };
-    if !template_runs(q, kt, v) {
+    // Nothing else in the body: the operands, the attributes, the anchors.
+    if let Some(extra) = (0..body.nodes.len()).find(|i| !seen.contains(i)) {
+        return Err(unsupported(k, format!("`{}` fused into the kernel", body.nodes[extra].head())));
+    }
+    let ty = |o: &Strided| TensorType::new(k.reads[o.read].ty.dtype, o.shape.clone());
+    let (q, kt) = (ty(&ops[0]), ty(&ops[1]));
+    let v = if mode == Mode::Lse { kt.clone() } else { ty(&ops[2]) };
+    if !template_runs(&q, &kt, &v) {
         return Err(unsupported(k, format!("attention backward over {q}, {kt}, {v}")));
+    }
+    if mode != Mode::Lse && (ty(&ops[3]).dtype != q.dtype || ops[4..].iter().any(|o| ty(o).dtype != DType::F32)) {
+        return Err(unsupported(k, "the output gradient or the statistics of another type"));
     }
     let r = q.rank();
     let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], kt.shape[r - 2]);
-    let nb: usize = q.shape[..r - 2].iter().product();
-    if nb > 65535 {
-        return Err(unsupported(k, format!("{nb} batch entries (over the grid's 65535)")));
-    }
     if sk == 0 || sq == 0 {
         return Err(unsupported(k, "attention over zero queries or keys"));
     }
+    // Strides: q, k (v, g, the statistics, delta), the bias broadcast to the scores.
+    let mut scores = q.shape.clone();
+    scores[r - 1] = sk;
+    let bias_layout = match &bias {
+        Some((b, _)) => {
+            if b.shape.len() > r || crate::ir::infer::broadcast_shapes(&b.shape, &scores).ok() != Some(scores.clone()) {
+                return Err(unsupported(k, "the bias does not broadcast to the scores"));
+            }
+            Some(b.layout.broadcast(&scores))
+        }
+        None => None,
+    };
+    let mut layouts: Vec<&Factored> = ops.iter().map(|o| &o.layout).collect();
+    layouts.extend(bias_layout.as_ref());
+    // The tiles of q, k, v and g load by 16 bytes: a contiguous head, strides of multiples of 8.
+    let tiles = if mode == Mode::Lse { 2 } else { 4 };
+    let batched = Batched::new(k, &layouts, r, |all, batch_strides| {
+        for (t, s) in all[..tiles].iter().enumerate() {
+            if s[1] != 1 && d > 1 {
+                return Err(unsupported(k, "an operand without a contiguous head axis"));
+            }
+            if s[0] % 8 != 0 || batch_strides[t].iter().any(|&x| x % 8 != 0) {
+                return Err(unsupported(k, "an operand of strides that are not multiples of 8 elements"));
+            }
+        }
+        Ok(())
+    })?;
+    let nb: usize = batched.batch.iter().product();
+    let bias = match bias {
+        Some((b, select)) => {
+            let dtype = k.reads[b.read].ty.dtype;
+            let want = if select.is_some() { dtype == DType::Bool } else { dtype.is_float() };
+            if !want {
+                return Err(unsupported(k, format!("a bias of {dtype}")));
+            }
+            Some(BiasInstance { read: b.read, dtype, strides: batched.strides[ops.len()], select })
+        }
+        None => None,
+    };
     // Stores: each anchor written as computed (no stored views).
     let mut writes = Vec::new();
     for (w, &st) in k.stores.iter().enumerate() {
         let st = usize::from(st);
-        let tag = match kind(st) {
-            Some(Kind::Composite(Composite::AttentionLse)) => "EQ_LSEOUT",
-            Some(Kind::Composite(Composite::AttentionGrad(AttnArg::Q))) => "EQ_DQP",
-            Some(Kind::Composite(Composite::AttentionGrad(AttnArg::K))) => "EQ_DKP",
-            Some(Kind::Composite(Composite::AttentionGrad(AttnArg::V))) => "EQ_DVP",
-            _ => return Err(unsupported(k, format!("storing `{}`", nodes[st].head()))),
+        let tag = match slots_of(st).map(|s| s.grad) {
+            Some(None) => "EQ_LSEOUT",
+            Some(Some(AttnArg::Q)) => "EQ_DQP",
+            Some(Some(AttnArg::K)) => "EQ_DKP",
+            Some(Some(AttnArg::V)) => "EQ_DVP",
+            _ => return Err(unsupported(k, format!("storing `{}`", body.nodes[st].head()))),
         };
         writes.push((tag, w));
     }
     if writes.len() != anchors.len() {
         return Err(unsupported(k, "a backward operator the kernel does not store"));
     }
-    let names: &[&'static str] = if mode == Mode::Lse {
-        &["EQ_QP", "EQ_KP"]
-    } else {
-        &["EQ_QP", "EQ_KP", "EQ_VP", "EQ_GP", "EQ_LSEP", "EQ_DELP"]
-    };
-    let reads = names.iter().copied().zip(ops.iter().copied()).collect();
-    Ok(Instance { mode, dtype: q.dtype, d, sq, sk, nb, scale, causal, reads, writes })
+    let names: &[&'static str] = if mode == Mode::Lse { &["Q", "K"] } else { &["Q", "K", "V", "G", "L", "DL"] };
+    let reads = names.iter().zip(&ops).zip(&batched.strides).map(|((&n, o), st)| (n, o.read, *st)).collect();
+    Ok(Instance { mode, dtype: q.dtype, d, sq, sk, nb, batch: batched.batch, scale, causal, reads, bias, writes })
 }
 
 /// The C spelling of an f32 constant.
@@ -289,10 +320,14 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     let rows = if matches!(inst.mode, Mode::Dkv { .. }) { inst.sk } else { inst.sq };
     let grid = [rows.div_ceil(BLOCK) as u32, inst.nb as u32, 1];
     let block = [(WARPS * 32) as u32, 1, 1];
-    let smem = smem_bytes(inst.mode, inst.d) as u32;
+    let smem = smem_bytes(inst.mode, inst.d, inst.bias.is_some()) as u32;
 
-    let mut params: Vec<String> =
-        k.reads.iter().enumerate().map(|(i, t)| format!("const {}* __restrict__ p_r{i}", ctype(t.ty.dtype))).collect();
+    let mut params: Vec<String> = k
+        .reads
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!("const {}* __restrict__ p_r{i}", super::attention::ctype(t.ty.dtype)))
+        .collect();
     params.extend(k.writes.iter().enumerate().map(|(i, t)| format!("{}* __restrict__ p_w{i}", ctype(t.ty.dtype))));
     let mut args = super::tensor_args(k, &Default::default());
     if atomic_dq {
@@ -319,6 +354,8 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     def("EQ_SQ", inst.sq.to_string());
     def("EQ_SK", inst.sk.to_string());
     def("EQ_NB", inst.nb.to_string());
+    def("EQ_NB1", inst.batch[1].to_string());
+    def("EQ_NB2", inst.batch[2].to_string());
     def("EQ_CAUSAL", u8::from(inst.causal).to_string());
     def("EQ_SCALE", float_literal(inst.scale));
     def("EQ_SCALE_LOG2", float_literal(inst.scale * std::f64::consts::LOG2_E));
@@ -326,8 +363,32 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     def("EQ_BN", BLOCK.to_string());
     def("EQ_NWARPS", WARPS.to_string());
     def("EQ_PARAMS", params.join(", "));
-    for (tag, r) in &inst.reads {
-        def(tag, format!("p_r{r}"));
+    for (tag, r, st) in &inst.reads {
+        let ptr = match *tag {
+            "L" => "EQ_LSEP".to_string(),
+            "DL" => "EQ_DELP".to_string(),
+            t => format!("EQ_{t}P"),
+        };
+        def(&ptr, format!("p_r{r}"));
+        for (j, suffix) in ["S0", "S1", "S2", "SR"].iter().enumerate() {
+            def(&format!("EQ_{tag}_{suffix}"), format!("{}LL", st[j]));
+        }
+        if *tag == "L" && inst.bias.is_some() {
+            def("EQ_L_SC", format!("{}LL", st[4]));
+        }
+    }
+    if let Some(b) = &inst.bias {
+        def("EQ_BIAS", "1".into());
+        def("EQ_BT", super::attention::ctype(b.dtype).into());
+        def("EQ_BP", format!("p_r{}", b.read));
+        for (j, suffix) in ["S0", "S1", "S2", "SR", "SC"].iter().enumerate() {
+            def(&format!("EQ_B_{suffix}"), format!("{}LL", b.strides[j]));
+        }
+        if let Some((yes, no)) = b.select {
+            def("EQ_BIAS_SEL", "1".into());
+            def("EQ_BIAS_YES", float_literal(yes));
+            def("EQ_BIAS_NO", float_literal(no));
+        }
     }
     for (tag, w) in &inst.writes {
         def(tag, format!("p_w{w}"));
@@ -359,12 +420,14 @@ mod tests {
 
     #[test]
     fn shared_memory_per_mode() {
-        assert_eq!(smem_bytes(Mode::Lse, 64), 24576);
-        assert_eq!(smem_bytes(Mode::Dq, 64), 49152);
-        assert_eq!(smem_bytes(Mode::Dkv { dq: false, dk: true, dv: true }, 64), 50176);
-        assert_eq!(smem_bytes(Mode::Dkv { dq: false, dk: true, dv: true }, 128), 99328);
-        assert_eq!(smem_bytes(Mode::Dkv { dq: true, dk: true, dv: true }, 64), 58368);
-        assert_eq!(smem_bytes(Mode::Dkv { dq: true, dk: true, dv: true }, 128), 107520);
+        assert_eq!(smem_bytes(Mode::Lse, 64, false), 24576);
+        assert_eq!(smem_bytes(Mode::Dq, 64, false), 49152);
+        assert_eq!(smem_bytes(Mode::Dkv { dq: false, dk: true, dv: true }, 64, false), 50176);
+        assert_eq!(smem_bytes(Mode::Dkv { dq: false, dk: true, dv: true }, 128, false), 99328);
+        assert_eq!(smem_bytes(Mode::Dkv { dq: true, dk: true, dv: true }, 64, false), 58368);
+        assert_eq!(smem_bytes(Mode::Dkv { dq: true, dk: true, dv: true }, 128, false), 107520);
+        assert_eq!(smem_bytes(Mode::Dkv { dq: true, dk: true, dv: true }, 128, true), 107520 + 2 * 64 * 4);
+        assert_eq!(smem_bytes(Mode::Dq, 64, true), 49152);
     }
 
     #[test]

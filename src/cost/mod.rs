@@ -401,7 +401,9 @@ fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
 fn kernel_dtype(dag: &Dag, body: &[usize]) -> DType {
     body.last()
         .map(|&b| match dag.nodes[b].kind() {
-            Some(Kind::Composite(Composite::AttentionLse)) => dag.nodes[b].children().next().unwrap_or(b),
+            Some(Kind::Composite(Composite::AttentionLse | Composite::AttentionBiasLse)) => {
+                dag.nodes[b].children().next().unwrap_or(b)
+            }
             _ => b,
         })
         .and_then(|b| dag.nodes[b].ty())
@@ -545,7 +547,7 @@ fn collect(dag: &Dag, members: &[usize], mat: &dyn Fn(usize) -> bool) -> (Vec<us
 
 /// Whether an operator is one of attention's backward composites.
 pub(crate) fn is_attention_backward(kind: Option<Kind>) -> bool {
-    matches!(kind, Some(Kind::Composite(Composite::AttentionLse | Composite::AttentionGrad(_))))
+    matches!(kind, Some(Kind::Composite(c)) if c.is_attention_backward())
 }
 
 /// Whether an operator anchors a kernel of its own template (a product, attention, or one of
@@ -600,7 +602,7 @@ fn attention_dims(dag: &Dag, n: &crate::plan::dag::DagNode) -> (u64, u64) {
 /// Which gradient an attention gradient node is.
 fn is_attention_grad(dag: &Dag, i: usize) -> Option<AttnArg> {
     match dag.nodes[i].kind() {
-        Some(Kind::Composite(Composite::AttentionGrad(w))) => Some(w),
+        Some(Kind::Composite(Composite::AttentionGrad(w) | Composite::AttentionBiasGrad(w))) => Some(w),
         _ => None,
     }
 }
@@ -617,13 +619,15 @@ fn attention_grad_group(dag: &Dag, nodes: &[usize]) -> Option<Vec<AttnArg>> {
 
 /// Flops of the gradients `args` of the attention of node `i` computed by one kernel: the
 /// scores and probabilities once (2d + 8 per score), dP and dS once where the query or key
-/// gradient needs them (2d + 4), and one product (2d) per gradient. Alone, each gradient costs
-/// what `node_flops` says (the same formula for one gradient).
+/// gradient needs them (2d + 4), and one product (2d) per gradient; with a bias, 2 more per
+/// score. Alone, each gradient costs what `node_flops` says (the same formula for one gradient).
 fn attention_grads_flops(dag: &Dag, i: usize, args: &[AttnArg]) -> u64 {
     let (pairs, d) = attention_dims(dag, &dag.nodes[i]);
     let d = d.min(1 << 48);
     let ds = if args.contains(&AttnArg::Q) || args.contains(&AttnArg::K) { 2 * d + 4 } else { 0 };
-    let per_score = [2 * d + 8, ds, 2 * d * args.len() as u64].into_iter().fold(0u64, u64::saturating_add);
+    let bias =
+        if matches!(dag.nodes[i].kind(), Some(Kind::Composite(Composite::AttentionBiasGrad(_)))) { 2 } else { 0 };
+    let per_score = [2 * d + 8 + bias, ds, 2 * d * args.len() as u64].into_iter().fold(0u64, u64::saturating_add);
     product(&[pairs, per_score])
 }
 
@@ -717,14 +721,17 @@ fn node_flops(dag: &Dag, i: usize) -> u64 {
             // Recomputed scores (2d) and probabilities (8), then: the log-sum-exp alone; the
             // query and key gradients two more products each (g vᵀ, then dS k or dSᵀ q), the
             // value gradient one (Pᵀ g).
-            Composite::AttentionLse => {
+            // (With a bias, two more per score: its load and add.)
+            Composite::AttentionLse | Composite::AttentionBiasLse => {
                 let (pairs, d) = attention_dims(dag, n);
-                product(&[pairs, 2 * d.min(1 << 48) + 8])
+                let bias = if c == Composite::AttentionBiasLse { 2 } else { 0 };
+                product(&[pairs, 2 * d.min(1 << 48) + 8 + bias])
             }
-            Composite::AttentionGrad(w) => {
+            Composite::AttentionGrad(w) | Composite::AttentionBiasGrad(w) => {
                 let (pairs, d) = attention_dims(dag, n);
                 let d = d.min(1 << 48);
-                product(&[pairs, if w == AttnArg::V { 4 * d + 8 } else { 6 * d + 12 }])
+                let bias = if matches!(c, Composite::AttentionBiasGrad(_)) { 2 } else { 0 };
+                product(&[pairs, if w == AttnArg::V { 4 * d + 8 } else { 6 * d + 12 } + bias])
             }
         },
     }
@@ -1113,7 +1120,13 @@ impl Shaped<'_> {
         // The bias of `attention_bias` may be computed in the kernel (a bool mask's bias, two
         // constants selected by the mask): what its template runs is codegen's to say
         // (`caps::attention_can_generate`, asked of every kernel that is not a product alone).
-        let prologue = match attention_forward(n.kind()).and_then(|s| s.bias) {
+        let bias = match n.kind() {
+            Some(Kind::Composite(c)) => {
+                c.attention_slots().and_then(|s| s.bias).or_else(|| c.attention_backward_slots().and_then(|s| s.bias))
+            }
+            _ => None,
+        };
+        let prologue = match bias {
             Some(j) => n.children().nth(j).map_or_else(Vec::new, |c| self.below_in_body(c)),
             None => vec![],
         };

@@ -510,56 +510,80 @@ fn infer_composite(c: Composite, name: &str, args: &[&Fact]) -> R<Inferred> {
             shape[r - 1] = v.shape[r - 1];
             return Ok(Inferred { ty: TensorType::new(x.dtype, shape), weak: false });
         }
-        Composite::AttentionLse => {
-            let k = tensor(args[1], "the keys of attention_lse")?;
-            attention_operands(x, k, k)?;
-            float_const(args[2], "the scale of attention_lse")?;
-            causal_flag(args[3])?;
-            let mut shape = x.shape.clone();
-            shape[x.rank() - 1] = 1;
-            return Ok(Inferred { ty: TensorType::new(DType::F32, shape), weak: false });
-        }
-        Composite::AttentionGrad(which) => {
-            let k = tensor(args[1], &format!("the keys of {name}"))?;
-            let v = tensor(args[2], &format!("the values of {name}"))?;
-            attention_operands(x, k, v)?;
-            let r = x.rank();
-            let mut oshape = x.shape.clone();
-            oshape[r - 1] = v.shape[r - 1];
-            let g = tensor(args[3], &format!("the output gradient of {name}"))?;
-            if g.shape != oshape || g.dtype != x.dtype {
-                return Err(format!(
-                    "the output gradient of {name} must be {}{}, got {}{}",
-                    x.dtype,
-                    shape_str(&oshape),
-                    g.dtype,
-                    shape_str(&g.shape)
-                ));
-            }
-            let mut rows = x.shape.clone();
-            rows[r - 1] = 1;
-            for (i, what) in [(4, "log-sum-exp"), (5, "delta")] {
-                let t = tensor(args[i], &format!("the {what} of {name}"))?;
-                if t.shape != rows || t.dtype != DType::F32 {
-                    return Err(format!(
-                        "the {what} of {name} must be f32{}, got {}{}",
-                        shape_str(&rows),
-                        t.dtype,
-                        shape_str(&t.shape)
-                    ));
-                }
-            }
-            float_const(args[6], &format!("the scale of {name}"))?;
-            causal_flag(args[7])?;
-            let ty = match which {
-                crate::ir::lang::AttnArg::Q => x,
-                crate::ir::lang::AttnArg::K => k,
-                crate::ir::lang::AttnArg::V => v,
-            };
-            return Ok(Inferred { ty: ty.clone(), weak: false });
+        Composite::AttentionLse
+        | Composite::AttentionBiasLse
+        | Composite::AttentionGrad(_)
+        | Composite::AttentionBiasGrad(_) => {
+            return attention_backward(c, name, x, args);
         }
     }
     Ok(Inferred { ty: x.clone(), weak: false })
+}
+
+/// The types of attention's backward composites (`attention_lse`, `attention_grad_*` and their
+/// bias forms; argument positions in [`Composite::attention_backward_slots`]).
+fn attention_backward(c: Composite, name: &str, x: &TensorType, args: &[&Fact]) -> R<Inferred> {
+    let slots = c.attention_backward_slots().ok_or("not a backward attention")?;
+    let k = tensor(args[1], &format!("the keys of {name}"))?;
+    let v = if slots.grad.is_some() { tensor(args[2], &format!("the values of {name}"))? } else { k };
+    attention_operands(x, k, v)?;
+    let r = x.rank();
+    let mut rows = x.shape.clone();
+    rows[r - 1] = 1;
+    if let Some(b) = slots.bias {
+        let t = tensor(args[b], &format!("the bias of {name}"))?;
+        if args[b].weak {
+            return Err(format!("the bias of {name} must be a tensor, not a literal"));
+        }
+        need_float(t, &format!("the bias of {name}"))?;
+        let mut scores = x.shape.clone();
+        scores[r - 1] = k.shape[r - 2];
+        if broadcast_shapes(&t.shape, &scores).ok().as_ref() != Some(&scores) {
+            return Err(format!(
+                "the bias of {name} has shape {}, which does not broadcast to the scores {}",
+                shape_str(&t.shape),
+                shape_str(&scores)
+            ));
+        }
+    }
+    // The statistics of the rows: a log-sum-exp, or (with a bias) the maximum and log sum.
+    let mut stats = rows.clone();
+    stats[r - 1] = if slots.bias.is_some() { 2 } else { 1 };
+    float_const(args[slots.tensors], &format!("the scale of {name}"))?;
+    causal_flag(args[slots.tensors + 1])?;
+    let Some(which) = slots.grad else {
+        return Ok(Inferred { ty: TensorType::new(DType::F32, stats), weak: false });
+    };
+    let mut oshape = x.shape.clone();
+    oshape[r - 1] = v.shape[r - 1];
+    let g = tensor(args[3], &format!("the output gradient of {name}"))?;
+    if g.shape != oshape || g.dtype != x.dtype {
+        return Err(format!(
+            "the output gradient of {name} must be {}{}, got {}{}",
+            x.dtype,
+            shape_str(&oshape),
+            g.dtype,
+            shape_str(&g.shape)
+        ));
+    }
+    let lse_name = if slots.bias.is_some() { "statistics" } else { "log-sum-exp" };
+    for (i, what, want) in [(4, lse_name, &stats), (5, "delta", &rows)] {
+        let t = tensor(args[i], &format!("the {what} of {name}"))?;
+        if &t.shape != want || t.dtype != DType::F32 {
+            return Err(format!(
+                "the {what} of {name} must be f32{}, got {}{}",
+                shape_str(want),
+                t.dtype,
+                shape_str(&t.shape)
+            ));
+        }
+    }
+    let ty = match which {
+        crate::ir::lang::AttnArg::Q => x,
+        crate::ir::lang::AttnArg::K => k,
+        crate::ir::lang::AttnArg::V => v,
+    };
+    Ok(Inferred { ty: ty.clone(), weak: false })
 }
 
 /// Queries, keys and values of attention: one rank (2 or more), matching batch axes, key and

@@ -99,9 +99,38 @@ pub enum Composite {
     /// `delta = sum(g * o, -1)` (f32 `[..., SQ, 1]` both): with `P = exp(s * scale - lse)`
     /// (0 where masked), `dS = P (g vᵀ - delta) scale`, it is `dS k`, `dSᵀ q` or `Pᵀ g`.
     AttentionGrad(AttnArg),
+    /// `attention_bias_lse(q, k, bias, scale, causal)`: the statistics of each row of
+    /// `attention_bias`'s biased (f32) and masked scores, f32 `[..., SQ, 2]`: the row maximum `m`
+    /// and the log of the row sum `log sum_j exp(s_j - m)` (`-inf` both for a row whose every
+    /// score is `-inf`). Kept apart (not summed into one log-sum-exp) so that a row of equal
+    /// fills near -FLT_MAX (a finfo.min mask) keeps its weights `1 / keys`.
+    AttentionBiasLse,
+    /// `attention_bias_grad_{q,k,v}(q, k, v, g, stats, delta, bias, scale, causal)`: the gradient
+    /// of `attention_bias` with respect to one operand, given `stats = attention_bias_lse(..)`
+    /// and `delta = sum(g * o, -1)`: with `P = exp(s - max(m, lowest) - max(log l, 0))` (0 where
+    /// masked or `s = -inf`; 0 on a row whose every score is `-inf`), `dS = P (g vᵀ - delta)
+    /// scale`, it is `dS k`, `dSᵀ q` or `Pᵀ g`. No gradient of the bias.
+    AttentionBiasGrad(AttnArg),
 }
 
 impl Composite {
+    /// The argument positions of one of attention's backward composites (`attention_lse`,
+    /// `attention_grad_*`, and their bias forms); `None` for other composites.
+    pub fn attention_backward_slots(self) -> Option<AttnBwdSlots> {
+        match self {
+            Composite::AttentionLse => Some(AttnBwdSlots { grad: None, tensors: 2, bias: None }),
+            Composite::AttentionBiasLse => Some(AttnBwdSlots { grad: None, tensors: 3, bias: Some(2) }),
+            Composite::AttentionGrad(w) => Some(AttnBwdSlots { grad: Some(w), tensors: 6, bias: None }),
+            Composite::AttentionBiasGrad(w) => Some(AttnBwdSlots { grad: Some(w), tensors: 7, bias: Some(6) }),
+            _ => None,
+        }
+    }
+
+    /// Whether this is one of attention's backward composites.
+    pub fn is_attention_backward(self) -> bool {
+        self.attention_backward_slots().is_some()
+    }
+
     /// Whether this is a forward attention (`attention` or `attention_bias`): the operator one
     /// forward attention kernel runs.
     pub fn is_attention_forward(self) -> bool {
@@ -125,6 +154,19 @@ pub struct AttnSlots {
     pub bias: Option<usize>,
     pub scale: usize,
     pub causal: usize,
+}
+
+/// Where a backward attention composite's arguments are
+/// ([`Composite::attention_backward_slots`]): the tensor operands come first (`q, k` for the
+/// statistics, `q, k, v, g, lse, delta` for a gradient), the bias (if any) last among them, then
+/// the scale and the causal flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttnBwdSlots {
+    /// The gradient's operand; `None` for the statistics (`attention_lse`, `attention_bias_lse`).
+    pub grad: Option<AttnArg>,
+    /// How many tensor operands (the bias included): the scale's position.
+    pub tensors: usize,
+    pub bias: Option<usize>,
 }
 
 /// Which operand of attention a gradient is taken with respect to.
@@ -244,6 +286,10 @@ pub const OPS: &[OpInfo] = &[
     op("attention_grad_q", 8, Kind::Composite(Composite::AttentionGrad(AttnArg::Q))),
     op("attention_grad_k", 8, Kind::Composite(Composite::AttentionGrad(AttnArg::K))),
     op("attention_grad_v", 8, Kind::Composite(Composite::AttentionGrad(AttnArg::V))),
+    op("attention_bias_lse", 5, Kind::Composite(Composite::AttentionBiasLse)),
+    op("attention_bias_grad_q", 9, Kind::Composite(Composite::AttentionBiasGrad(AttnArg::Q))),
+    op("attention_bias_grad_k", 9, Kind::Composite(Composite::AttentionBiasGrad(AttnArg::K))),
+    op("attention_bias_grad_v", 9, Kind::Composite(Composite::AttentionBiasGrad(AttnArg::V))),
     op("grad", 2, Kind::Grad),
     op("gather", 3, Kind::Gather),
     op("scatter_add", 4, Kind::ScatterAdd),

@@ -8,7 +8,7 @@
 use egg::{Id, Language};
 
 use crate::ir::infer::Fact;
-use crate::ir::lang::{Composite, Kind, TensorLang};
+use crate::ir::lang::{Kind, TensorLang};
 use crate::ir::program::Program;
 use crate::ir::types::TensorType;
 
@@ -180,47 +180,28 @@ pub fn role_of(n: &TensorLang) -> Role {
 /// the planner writes it, from a copy kernel of its own or from the kernel that computes its
 /// operand where that template can store a view (attention), and charges the traffic; the
 /// reshape then reads a row-major tensor. The one exception is a reshape read only as an
-/// operand of attention, whose template indexes batch axes made of several factors
-/// (`ir::layout::Factored`; grouped-query keys and values). The layouts are the code generator's
-/// own, so the planner never keeps a view that codegen cannot index.
+/// operand of attention (forward or backward), whose templates index batch axes made of several
+/// factors (`ir::layout::Factored`; grouped-query keys and values). The backward kernels
+/// (`attention_lse`, `attention_grad_*` and their bias forms) read a view in place where its rows
+/// and columns are one stride each and (q, k, v, g) its head is contiguous with strides of
+/// multiples of 8 elements; any other view they read is written first. The layouts are the code
+/// generator's own, so the planner never keeps a view that codegen cannot index.
 fn layout_copies(nodes: &mut [DagNode], outputs: &[(String, usize)]) {
-    use crate::ir::layout::Factored;
-    // The attention backward kernels (`attention_grad_*`, and `attention_lse` alone) read their
-    // tensor operands row-major: a view read by one is written first (a transposed head split
-    // of a saved tensor, as AOTAutograd's backward graphs read them).
-    for i in 0..nodes.len() {
-        let operands = match nodes[i].kind() {
-            Some(Kind::Composite(Composite::AttentionGrad(_))) => 6,
-            Some(Kind::Composite(Composite::AttentionLse)) => 2,
-            _ => continue,
-        };
-        let ch: Vec<usize> = nodes[i].children().take(operands).collect();
-        for c in ch {
-            if nodes[c].role != Role::View {
-                continue;
-            }
-            nodes[c].role = Role::Compute;
-            // The kernel writing a reshape reads its operand row-major: a transpose or broadcast
-            // below it (grouped-query keys, `reshape(broadcast(k))`) is written first as well.
-            let below = nodes[c].children().next();
-            if let (Some(Kind::Reshape), Some(b)) = (nodes[c].kind(), below) {
-                if nodes[b].role == Role::View && nodes[b].kind() != Some(Kind::Reshape) {
-                    nodes[b].role = Role::Compute;
-                }
-            }
-        }
-    }
-    // Whether a node is used, and every use reads it as an operand of attention (queries, keys,
-    // values, bias), whose template indexes its batch axes by factors (grouped-query keys: a
-    // broadcast head axis merged with the heads). An output is stored row-major, so it is not.
+    // Whether a node is used, and every use reads it as a tensor operand of attention (queries,
+    // keys, values, bias; the backward's output gradient and statistics too), whose templates
+    // index its batch axes by factors (grouped-query keys: a broadcast head axis merged with the
+    // heads). An output is stored row-major, so it is not.
     let mut used = vec![false; nodes.len()];
     let mut attention_only = vec![true; nodes.len()];
     for n in nodes.iter() {
-        let slots = match n.kind() {
-            Some(Kind::Composite(c)) => c.attention_slots(),
-            _ => None,
+        let operands = match n.kind() {
+            Some(Kind::Composite(c)) => c
+                .attention_slots()
+                .map(|s| s.scale)
+                .or_else(|| c.attention_backward_slots().map(|s| s.tensors))
+                .unwrap_or(0),
+            _ => 0,
         };
-        let operands = slots.map_or(0, |s| s.scale);
         for (j, c) in n.children().enumerate() {
             used[c] = true;
             attention_only[c] &= j < operands;
@@ -230,6 +211,62 @@ fn layout_copies(nodes: &mut [DagNode], outputs: &[(String, usize)]) {
         attention_only[o] = false;
     }
     let attention_only: Vec<bool> = attention_only.iter().zip(&used).map(|(&a, &u)| a && u).collect();
+    loop {
+        let layouts = view_layouts(nodes, &attention_only);
+        // The backward kernels' operands they cannot read in place are written first.
+        let mut changed = false;
+        for i in 0..nodes.len() {
+            let Some(slots) = (match nodes[i].kind() {
+                Some(Kind::Composite(c)) => c.attention_backward_slots(),
+                _ => None,
+            }) else {
+                continue;
+            };
+            let tiles = if slots.grad.is_some() { 4 } else { 2 };
+            let ch: Vec<usize> = nodes[i].children().take(slots.tensors).collect();
+            for (j, c) in ch.into_iter().enumerate() {
+                if nodes[c].role != Role::View || layouts[c].as_ref().is_some_and(|l| backward_reads(l, j < tiles)) {
+                    continue;
+                }
+                nodes[c].role = Role::Compute;
+                changed = true;
+                // The kernel writing a reshape reads its operand row-major: a transpose or
+                // broadcast below it is written first as well.
+                let below = nodes[c].children().next();
+                if let (Some(Kind::Reshape), Some(b)) = (nodes[c].kind(), below) {
+                    if nodes[b].role == Role::View && nodes[b].kind() != Some(Kind::Reshape) {
+                        nodes[b].role = Role::Compute;
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+}
+
+/// Whether attention's backward kernels read a tensor of layout `l` in place: its rows and its
+/// columns one stride each (a bias of lower rank broadcasts); for a tile (q, k, v, g), the head
+/// contiguous and every other stride a multiple of 8 elements (16-byte loads).
+/// `codegen::attention_bwd` checks the same.
+fn backward_reads(l: &crate::ir::layout::Factored, tile: bool) -> bool {
+    let r = l.axes.len();
+    if l.axes[r.saturating_sub(2)..].iter().any(|a| a.len() > 1) {
+        return false;
+    }
+    !tile
+        || (r >= 2
+            && l.axes[r - 1].iter().all(|&(_, s)| s == 1)
+            && l.axes[..r - 1].iter().flatten().all(|&(_, s)| s % 8 == 0))
+}
+
+/// The layout of each view over the row-major memory of the nearest non-view node below it
+/// (`None` for a node of no tensor type, or a view no layout describes); a view below a reshape
+/// no layout describes is marked computed (see [`layout_copies`]), except under a reshape read
+/// only by attention (`attention_only`).
+fn view_layouts(nodes: &mut [DagNode], attention_only: &[bool]) -> Vec<Option<crate::ir::layout::Factored>> {
+    use crate::ir::layout::Factored;
     // The layout of each view over the row-major memory of the nearest non-view node below it.
     let mut layouts: Vec<Option<Factored>> = vec![None; nodes.len()];
     for i in 0..nodes.len() {
@@ -260,4 +297,5 @@ fn layout_copies(nodes: &mut [DagNode], outputs: &[(String, usize)]) {
             _ => None,
         };
     }
+    layouts
 }

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use crate::error::Result;
-use crate::ir::lang::{Composite, Kind, TensorLang};
+use crate::ir::lang::{Kind, TensorLang};
 use crate::ir::program::Program;
 use crate::ir::tensor::Tensor;
 use crate::ir::types::{DType, TensorType};
@@ -71,7 +71,7 @@ pub fn longest_contraction(program: &Program) -> usize {
                 k = k.max(a.and_then(|t| t.shape.last().copied()).unwrap_or(0));
             }
             // Attention's gradients sum over every query (keys) or key (queries).
-            if matches!(code.kind(), Kind::Composite(Composite::AttentionLse | Composite::AttentionGrad(_))) {
+            if matches!(code.kind(), Kind::Composite(c) if c.is_attention_backward()) {
                 let rows = |c: egg::Id| program.ty(c).and_then(|t| t.shape.iter().rev().nth(1).copied()).unwrap_or(0);
                 k = k.max(rows(ch[0])).max(rows(ch[1]));
             }

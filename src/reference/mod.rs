@@ -688,6 +688,16 @@ fn composite(c: Composite, args: &Args, ty: &TensorType, rounded: bool) -> Resul
             let (scale, causal) = (args.konst(6)?, args.konst(7)? != 0.0);
             Ok(attention_grad(which, [x, t(1)?, t(2)?, t(3)?, t(4)?, t(5)?], scale, causal))
         }
+        Composite::AttentionBiasLse => {
+            let bias = BiasRows::new(args.tensor(2)?, rounded, x, args.tensor(1)?);
+            Ok(attention_bias_stats(x, args.tensor(1)?, &bias, args.konst(3)?, args.konst(4)? != 0.0))
+        }
+        Composite::AttentionBiasGrad(which) => {
+            let t = |i: usize| args.tensor(i);
+            let bias = BiasRows::new(t(6)?, rounded, x, t(1)?);
+            let (scale, causal) = (args.konst(7)?, args.konst(8)? != 0.0);
+            Ok(attention_bias_grad(which, [x, t(1)?, t(2)?, t(3)?, t(4)?, t(5)?], &bias, scale, causal))
+        }
     }
 }
 
@@ -725,25 +735,124 @@ fn attention_lse(q: &Tensor, k: &Tensor, scale: f64, causal: bool) -> Vec<f64> {
     out
 }
 
+/// The bias of `attention_bias` seen per score row: its tensor broadcast to the scores
+/// `[..., SQ, SK]`, and whether the biased scores are rounded to f32 (as the kernels compute them).
+struct BiasRows<'a> {
+    t: &'a Tensor,
+    round: bool,
+    strides: Vec<usize>,
+    batch: Vec<usize>,
+}
+
+impl<'a> BiasRows<'a> {
+    fn new(t: &'a Tensor, round: bool, q: &Tensor, k: &Tensor) -> BiasRows<'a> {
+        let r = q.rank();
+        let mut scores = q.shape.clone();
+        scores[r - 1] = k.shape[r - 2];
+        let strides = broadcast_strides(&t.shape, &scores);
+        BiasRows { t, round, strides, batch: scores[..r - 2].to_vec() }
+    }
+
+    /// The biased (masked) scores of query row `i` of batch entry `b` against every key.
+    fn scores(&self, qi: &[f64], keys: &[f64], d: usize, (b, i): (usize, usize), scale: f64, causal: bool) -> Vec<f64> {
+        let r = self.strides.len();
+        let (mut rest, mut base) = (b, i * self.strides[r - 2]);
+        for a in (0..self.batch.len()).rev() {
+            base += (rest % self.batch[a]) * self.strides[a];
+            rest /= self.batch[a];
+        }
+        let mut s = attention_row_scores(qi, keys, d, i, scale, causal);
+        for (j, x) in s.iter_mut().enumerate() {
+            if *x != f64::NEG_INFINITY {
+                let y = *x + self.t.data[base + j * self.strides[r - 1]];
+                *x = if self.round { DType::F32.round(y) } else { y };
+            }
+        }
+        s
+    }
+}
+
+/// `attention_bias_lse`: per query row of the biased scores, the maximum `m` and
+/// `log sum_j exp(s_j - m)`; `(-inf, -inf)` for a row whose every score is `-inf`.
+fn attention_bias_stats(q: &Tensor, k: &Tensor, bias: &BiasRows, scale: f64, causal: bool) -> Vec<f64> {
+    let r = q.rank();
+    let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], k.shape[r - 2]);
+    let mut out = vec![0.0; 2 * q.numel() / d.max(1)];
+    par_blocks(&mut out, 2, |(ri, dst)| {
+        let (b, i) = (ri / sq, ri % sq);
+        let qi = &q.data[(b * sq + i) * d..][..d];
+        let s = bias.scores(qi, &k.data[b * sk * d..][..sk * d], d, (b, i), scale, causal);
+        let m = s.iter().fold(f64::NEG_INFINITY, |m, &x| binary(Binary::Max, m, x, false));
+        dst[0] = m;
+        dst[1] = if m == f64::NEG_INFINITY {
+            f64::NEG_INFINITY
+        } else {
+            unary(Unary::Log, s.iter().map(|&x| unary(Unary::Exp, x - m)).sum::<f64>())
+        };
+    });
+    out
+}
+
+/// The gradient of `attention_bias` with respect to one operand, from `[q, k, v, g, stats,
+/// delta]`: [`attention_grad`] with `P = exp(s - m - log l)` from the biased scores (0 where a
+/// score is `-inf`, so 0 on a row whose every score is).
+fn attention_bias_grad(which: AttnArg, t: [&Tensor; 6], bias: &BiasRows, scale: f64, causal: bool) -> Vec<f64> {
+    let [q, k, .., stats, _] = t;
+    let r = q.rank();
+    let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], k.shape[r - 2]);
+    let probs = |b: usize, i: usize| -> Vec<f64> {
+        let qi = &q.data[(b * sq + i) * d..][..d];
+        let s = bias.scores(qi, &k.data[b * sk * d..][..sk * d], d, (b, i), scale, causal);
+        let (m, ll) = (stats.data[2 * (b * sq + i)], stats.data[2 * (b * sq + i) + 1]);
+        s.iter().map(|&x| if x == f64::NEG_INFINITY { 0.0 } else { unary(Unary::Exp, x - m - ll) }).collect()
+    };
+    attention_grad_from(which, t, scale, &probs)
+}
+
 /// The gradient of attention with respect to one operand, from `[q, k, v, g, lse, delta]`:
 /// `P = exp(s scale - lse)`, `dS = P (g vᵀ - delta) scale`; `dS k`, `dSᵀ q` or `Pᵀ g`.
 fn attention_grad(which: AttnArg, t: [&Tensor; 6], scale: f64, causal: bool) -> Vec<f64> {
-    let [q, k, v, g, lse, delta] = t;
+    let [q, k, _, _, lse, _] = t;
+    let r = q.rank();
+    let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], k.shape[r - 2]);
+    let probs = |b: usize, i: usize| -> Vec<f64> {
+        let s = attention_row_scores(
+            &q.data[(b * sq + i) * d..][..d],
+            &k.data[b * sk * d..][..sk * d],
+            d,
+            i,
+            scale,
+            causal,
+        );
+        let l = lse.data[b * sq + i];
+        s.iter().map(|&x| if x == f64::NEG_INFINITY { 0.0 } else { unary(Unary::Exp, x - l) }).collect()
+    };
+    attention_grad_from(which, t, scale, &probs)
+}
+
+/// The gradient of attention with respect to one operand given the probabilities of each score
+/// row (`probs(batch entry, query row)`): `dS = P (g vᵀ - delta) scale`; `dS k`, `dSᵀ q` or `Pᵀ g`.
+fn attention_grad_from(
+    which: AttnArg,
+    t: [&Tensor; 6],
+    scale: f64,
+    probs: &(dyn Fn(usize, usize) -> Vec<f64> + Sync),
+) -> Vec<f64> {
+    let [q, k, v, g, _, delta] = t;
     let r = q.rank();
     let (sq, d, sk, dv) = (q.shape[r - 2], q.shape[r - 1], k.shape[r - 2], v.shape[r - 1]);
     let nb = q.numel() / (sq * d).max(1);
     // Per batch entry: P and dS, [sq, sk] each.
     let per_batch = |b: usize| -> (Vec<f64>, Vec<f64>) {
-        let keys = &k.data[b * sk * d..][..sk * d];
         let vals = &v.data[b * sk * dv..][..sk * dv];
         let mut p = vec![0.0; sq * sk];
         let mut ds = vec![0.0; sq * sk];
         for i in 0..sq {
-            let s = attention_row_scores(&q.data[(b * sq + i) * d..][..d], keys, d, i, scale, causal);
+            let pr = probs(b, i);
             let gi = &g.data[(b * sq + i) * dv..][..dv];
-            let (l, dl) = (lse.data[b * sq + i], delta.data[b * sq + i]);
+            let dl = delta.data[b * sq + i];
             for j in 0..sk {
-                let pij = if s[j] == f64::NEG_INFINITY { 0.0 } else { unary(Unary::Exp, s[j] - l) };
+                let pij = pr[j];
                 let dp: f64 = gi.iter().zip(&vals[j * dv..(j + 1) * dv]).map(|(a, b)| a * b).sum();
                 p[i * sk + j] = pij;
                 ds[i * sk + j] = pij * (dp - dl) * scale;

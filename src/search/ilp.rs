@@ -58,13 +58,22 @@ fn node_terms(egraph: &TensorGraph, node: &TensorLang) -> Terms {
     // Attention's backward: the query, key and value gradients may share one kernel, and the
     // forward kernel may write the log-sum-exp, so only the key gradient counts as a launch (the
     // bound stays a bound); every one reads its operands.
-    let backward = matches!(kind, Some(Kind::Composite(Composite::AttentionLse | Composite::AttentionGrad(_))));
+    let backward = matches!(kind, Some(Kind::Composite(c)) if c.is_attention_backward());
     let anchor = matches!(kind, Some(Kind::MatMul | Kind::Composite(Composite::Attention | Composite::AttentionBias)))
-        || matches!(kind, Some(Kind::Composite(Composite::AttentionGrad(crate::ir::lang::AttnArg::K))));
+        || matches!(
+            kind,
+            Some(Kind::Composite(
+                Composite::AttentionGrad(crate::ir::lang::AttnArg::K)
+                    | Composite::AttentionBiasGrad(crate::ir::lang::AttnArg::K)
+            ))
+        );
     let mut forced = Vec::new();
-    // (`attention_bias`'s bias may be computed in its kernel: a bool mask's select.)
+    // (`attention_bias`'s bias, and its backward's, may be computed in its kernel: a bool
+    // mask's select.)
     let bias = match kind {
-        Some(Kind::Composite(c)) => c.attention_slots().and_then(|s| s.bias),
+        Some(Kind::Composite(c)) => {
+            c.attention_slots().and_then(|s| s.bias).or_else(|| c.attention_backward_slots().and_then(|s| s.bias))
+        }
         _ => None,
     };
     if anchor || backward {

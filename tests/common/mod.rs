@@ -236,3 +236,79 @@ pub fn cases() -> Vec<Case> {
         ),
     ]
 }
+
+/// Training programs of attention whose backward runs as the flash kernels reading views and
+/// biases (tests/nvrtc.rs compiles them, tests/gpu.rs runs them): `(name, program text)`, the
+/// loss `sum(o * dy)` and the gradients of q, k and v. Grouped-query keys and values
+/// (`reshape(broadcast(reshape(k)))`) in bf16 and f16, causal and not; heads split from `[B, S,
+/// E]` projections (transposed views) with and without grouped keys; `attention_bias` with a
+/// padding mask `[B, 1, 1, S]`, a `[B, 1, S, S]` mask, a shared `[S, S]` one, an f32 mask beside
+/// bf16 operands, causal and not, and a bool mask lowered as `where(m, 0, -3e38)` (selected in
+/// the kernels). Sizes leave ragged tiles (S = 136, 100).
+pub fn attention_backward_programs() -> Vec<(String, String)> {
+    let grouped =
+        |x: &str| format!("reshape(broadcast(reshape({x}, [B, KV, 1, S, D]), [B, KV, G, S, D]), [B, H, S, D])");
+    let loss4 = "loss = sum(sum(sum(sum(cast(o, f32) * cast(dy, f32), -1), -2), -3), -4)\n";
+    let grads = |a: &str, b: &str, c: &str| {
+        format!("d{a} = grad(loss, {a})\nd{b} = grad(loss, {b})\nd{c} = grad(loss, {c})\noutput d{a}, d{b}, d{c}\n")
+    };
+    let gqa = |t: &str, causal: u8| {
+        format!(
+            "dim B = 2\ndim H = 8\ndim KV = 2\ndim G = 4\ndim S = 136\ndim D = 64\n\
+             input q: {t}[B, H, S, D]\ninput k: {t}[B, KV, S, D]\ninput v: {t}[B, KV, S, D]\ninput dy: {t}[B, H, S, D]\n\
+             o = attention(q, {}, {}, 0.125, {causal})\n{loss4}{}",
+            grouped("k"),
+            grouped("v"),
+            grads("q", "k", "v")
+        )
+    };
+    let heads = |t: &str, kv: usize, att: &str, mask: &str| {
+        let (k, v) = if kv < 4 { (grouped("kh"), grouped("vh")) } else { ("kh".into(), "vh".into()) };
+        format!(
+            "dim B = 2\ndim H = 4\ndim KV = {kv}\ndim G = {}\ndim S = 100\ndim D = 64\n\
+             input xq: {t}[B, S, 256]\ninput xk: {t}[B, S, {}]\ninput xv: {t}[B, S, {}]\ninput dy: {t}[B, S, 256]\n{mask}\
+             qh = transpose(reshape(xq, [B, S, H, D]), 1, 2)\n\
+             kh = transpose(reshape(xk, [B, S, KV, D]), 1, 2)\nvh = transpose(reshape(xv, [B, S, KV, D]), 1, 2)\n\
+             o = reshape(transpose({}, 1, 2), [B, S, 256])\n\
+             loss = sum(sum(sum(cast(o, f32) * cast(dy, f32), -1), -2), -3)\n{}",
+            4 / kv,
+            kv * 64,
+            kv * 64,
+            att.replace("{K}", &k).replace("{V}", &v),
+            grads("xq", "xk", "xv")
+        )
+    };
+    let biased = |t: &str, mask: &str, causal: u8| {
+        format!(
+            "dim B = 2\ndim H = 4\ndim S = 136\ndim D = 64\n\
+             input q: {t}[B, H, S, D]\ninput k: {t}[B, H, S, D]\ninput v: {t}[B, H, S, D]\ninput dy: {t}[B, H, S, D]\n\
+             input mask: {mask}\no = attention_bias(q, k, v, mask, 0.125, {causal})\n{loss4}{}",
+            grads("q", "k", "v")
+        )
+    };
+    vec![
+        ("gqa_bf16".into(), gqa("bf16", 0)),
+        ("gqa_bf16_causal".into(), gqa("bf16", 1)),
+        ("gqa_f16_causal".into(), gqa("f16", 1)),
+        ("heads_bf16_causal".into(), heads("bf16", 4, "attention(qh, {K}, {V}, 0.125, 1)", "")),
+        ("heads_gqa_f16".into(), heads("f16", 2, "attention(qh, {K}, {V}, 0.125, 0)", "")),
+        (
+            "heads_bool_mask_bf16_causal".into(),
+            heads(
+                "bf16",
+                4,
+                "attention_bias(qh, {K}, {V}, where(m, 0, -3e38), 0.125, 1)",
+                "input m: bool[B, 1, 1, S]\n",
+            ),
+        ),
+        (
+            "heads_gqa_padding_f16".into(),
+            heads("f16", 2, "attention_bias(qh, {K}, {V}, m, 0.125, 0)", "input m: f16[B, 1, 1, S]\n"),
+        ),
+        ("bias_padding_bf16".into(), biased("bf16", "bf16[B, 1, 1, S]", 0)),
+        ("bias_padding_bf16_causal".into(), biased("bf16", "bf16[B, 1, 1, S]", 1)),
+        ("bias_full_f16".into(), biased("f16", "f16[B, 1, S, S]", 0)),
+        ("bias_full_bf16_causal".into(), biased("bf16", "bf16[B, 1, S, S]", 1)),
+        ("bias_square_f32_mask_bf16".into(), biased("bf16", "f32[S, S]", 1)),
+    ]
+}

@@ -368,6 +368,8 @@ fn signature(kind: Kind) -> &'static str {
         Kind::Composite(C::AttentionBias) => "(q, k, v, bias, scale, causal)",
         Kind::Composite(C::AttentionLse) => "(q, k, scale, causal)",
         Kind::Composite(C::AttentionGrad(_)) => "(q, k, v, g, lse, delta, scale, causal)",
+        Kind::Composite(C::AttentionBiasLse) => "(q, k, bias, scale, causal)",
+        Kind::Composite(C::AttentionBiasGrad(_)) => "(q, k, v, g, stats, delta, bias, scale, causal)",
     }
 }
 
