@@ -255,7 +255,14 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
         for (int s = 0; s < EQ_STAGES; ++s) {
             float acc[EQ_NACC];
             eq_acc_init(s, acc);
+            // A shifted row not kept in registers streams 4 chunks at a time: unrolled over all
+            // of them, ptxas hoists every chunk's loads and spills (cross-entropy with its
+            // gradient over f32 rows of 50257: 13 chunks, 16 bytes of spill stores).
+#if EQ_CACHED || !EQ_SHIFT
 #pragma unroll
+#else
+#pragma unroll 4
+#endif
             for (int c = 0; c < EQ_CHUNKS; ++c) {
                 const eq_idx vc = eq_vcol(c, lane);
                 const eq_idx col0 = vc - lead;
@@ -279,7 +286,11 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
 #if EQ_CACHED && EQ_SHIFT
         const eq_idx next_lead = eq_lead(row + stride);
 #endif
+#if EQ_CACHED || !EQ_SHIFT
 #pragma unroll
+#else
+#pragma unroll 4
+#endif
         for (int c = 0; c < EQ_CHUNKS; ++c) {
             const eq_idx vc = eq_vcol(c, lane);
             const eq_idx col0 = vc - lead;

@@ -396,7 +396,14 @@ pub fn lanes(template: Template, rank: usize, last: usize, widest: usize, strict
 }
 
 /// [`lanes`] without shifted rows: 16 bytes halved until the lane count divides the last extent.
-fn halved_lanes(template: Template, rank: usize, last: usize, widest: usize, strict: bool, packed_writes: bool) -> usize {
+fn halved_lanes(
+    template: Template,
+    rank: usize,
+    last: usize,
+    widest: usize,
+    strict: bool,
+    packed_writes: bool,
+) -> usize {
     if rank == 0 {
         return 1;
     }
@@ -510,10 +517,16 @@ impl Emitter<'_> {
         // multiples of the lane count (a tensor of the iteration space's shape; not a row
         // broadcast over the rows, such as layernorm's scale, which is gathered).
         let cs = contiguous(&self.l.domain);
-        let aligned = |k: usize, s: usize| if self.shift { s.abs_diff(cs[k]) % self.vec == 0 } else { s % self.vec == 0 };
+        let aligned =
+            |k: usize, s: usize| if self.shift { s.abs_diff(cs[k]) % self.vec == 0 } else { s % self.vec == 0 };
         match strides[r - 1] {
             0 => Lanes::Uniform,
-            1 if strides[..r - 1].iter().zip(&self.l.domain).enumerate().all(|(k, (&s, &d))| d == 1 || aligned(k, s)) => {
+            1 if strides[..r - 1]
+                .iter()
+                .zip(&self.l.domain)
+                .enumerate()
+                .all(|(k, (&s, &d))| d == 1 || aligned(k, s)) =>
+            {
                 Lanes::Vector
             }
             s => Lanes::Gather(s),

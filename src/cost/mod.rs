@@ -1228,7 +1228,7 @@ fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
     let stages = if profile.strict { depth } else { pass_depth(dag, k) };
     k.passes = (stages + epilogue_uses_rows(dag, k) as usize).max(1) as u32;
     k.notes.push(format!(
-        "row of {width} f32 ({row_bytes} bytes with {full_reads} input rows) does not fit on chip (shared memory {} bytes, {} elements per thread): each input row is read {} times",
+        "row of {width} f32 ({row_bytes} bytes with {full_reads} input rows) does not fit on chip (shared memory {} bytes, {} elements per thread at {vec} a vector, within the block's registers per thread): each input row is read {} times",
         profile.smem_per_block_bytes,
         caps::ROW_CACHE_PER_THREAD,
         k.passes

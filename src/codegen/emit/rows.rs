@@ -223,7 +223,7 @@ impl Emitter<'_> {
         let block = row_block(row_threads);
         // (`row_cached`'s question at this launch shape: a gemm's row epilogue keeps 4 vectors a
         // thread whatever the row's length.)
-        let cached = fits_in_registers(rp.cached.len(), chunks, self.vec, block);
+        let cached = fits_in_registers(rp.cached.len(), chunks, self.vec, block, self.shift);
         if cached && !rp.online.is_empty() {
             // A row held on chip costs nothing to pass over twice: the max, then the sum of
             // exponentials, as separate stages, is far less arithmetic than the online pair's
@@ -732,7 +732,7 @@ pub const MAX_ROW_THREADS: usize = 1024;
 pub fn row_cached(cols: usize, ncache: usize, vec: usize) -> bool {
     let vec = vec.max(1);
     let (row_threads, chunks) = row_split(row_vectors(cols, vec), false);
-    fits_in_registers(ncache, chunks, vec, row_block(row_threads))
+    fits_in_registers(ncache, chunks, vec, row_block(row_threads), !cols.is_multiple_of(vec))
 }
 
 /// The vectors of `vec` elements a row of `cols` spans: one more than whole vectors hold for
@@ -757,10 +757,12 @@ fn row_block(row_threads: usize) -> usize {
 /// shared by one block, at most 255 a thread), so that the cached row does not spill to local
 /// memory. A 1024-thread block has 64 registers a thread: a bf16 row of 50257 at 56 cached
 /// elements a thread spilled (100 bytes of spill stores, at half of copy bandwidth on an
-/// H100) and is fetched again by each pass instead.
-fn fits_in_registers(ncache: usize, chunks: usize, vec: usize, block: usize) -> bool {
+/// H100) and is fetched again by each pass instead. Shifted rows (`shift`) need more beside
+/// the cache ([`REGS_BESIDE_SHIFTED_CACHE`]).
+fn fits_in_registers(ncache: usize, chunks: usize, vec: usize, block: usize, shift: bool) -> bool {
     let cached = ncache * chunks * vec;
-    cached <= ROW_CACHE_PER_THREAD && cached + REGS_BESIDE_CACHE <= (REGS_PER_SM / block).min(MAX_THREAD_REGS)
+    let beside = if shift { REGS_BESIDE_SHIFTED_CACHE } else { REGS_BESIDE_CACHE };
+    cached <= ROW_CACHE_PER_THREAD && cached + beside <= (REGS_PER_SM / block).min(MAX_THREAD_REGS)
 }
 
 /// Rows of at most this many vectors take one vector per thread (one 16-byte access per input).
@@ -789,6 +791,11 @@ const REGS_PER_SM: usize = 65536;
 const MAX_THREAD_REGS: usize = 255;
 /// Registers a row thread needs beside its cached row (indices, accumulators, row values).
 const REGS_BESIDE_CACHE: usize = 24;
+/// The same for shifted rows, which also hold each row's lead and test their lanes against the
+/// row, and prefetch the next row into registers rather than staging it (NVRTC 13.0, sm_90: a
+/// cross-entropy gradient over bf16 rows of 32001 at 32 cached elements a thread and 64
+/// registers spilled 36 bytes).
+const REGS_BESIDE_SHIFTED_CACHE: usize = 40;
 /// The most shared memory the pipelined form stages a block's next rows in.
 const MAX_STAGE_BYTES: usize = 160 * 1024;
 
