@@ -517,8 +517,13 @@ impl Emitter<'_> {
         // multiples of the lane count (a tensor of the iteration space's shape; not a row
         // broadcast over the rows, such as layernorm's scale, which is gathered).
         let cs = contiguous(&self.l.domain);
-        let aligned =
-            |k: usize, s: usize| if self.shift { s.abs_diff(cs[k]) % self.vec == 0 } else { s % self.vec == 0 };
+        let aligned = |k: usize, s: usize| {
+            if self.shift {
+                s.abs_diff(cs[k]).is_multiple_of(self.vec)
+            } else {
+                s.is_multiple_of(self.vec)
+            }
+        };
         match strides[r - 1] {
             0 => Lanes::Uniform,
             1 if strides[..r - 1]
