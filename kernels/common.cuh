@@ -11,7 +11,8 @@
 // Launch shape: none (helpers only).
 // Invariants: compiles with NVRTC and nothing but `--gpu-architecture`, so it includes no
 // CUDA header; `eq_loadv`/`eq_storev` of V elements need a pointer aligned to V * sizeof(T)
-// bytes, which the code generator guarantees (or passes V = 1).
+// bytes, which the code generator guarantees (or passes V = 1); `eq_loadv_row`/`eq_storev_row`
+// touch only the columns of the row.
 #ifndef EQ_COMMON_CUH
 #define EQ_COMMON_CUH
 
@@ -100,6 +101,32 @@ __device__ __forceinline__ void eq_storev(T* __restrict__ p, const U (&in)[V]) {
 #pragma unroll
         for (int v = 0; v < V; ++v) eq_put(p + v, in[v]);
     }
+}
+
+// Row-bounded vector access (rowreduce.cu's shifted rows): `p` is aligned to V elements and
+// holds columns col0 .. col0 + V - 1 of a row of `cols` columns, of which only those in
+// [0, cols) exist (col0 is unsigned, so a column before 0 wraps to a large value and fails the
+// same bound). A vector wholly inside the row is one access; otherwise each column inside is
+// read or written alone, and a read gives 0 elsewhere (the caller ignores those lanes).
+__device__ __forceinline__ bool eq_in_row(eq_idx col, eq_idx cols) { return col < cols; }
+template <typename T, int V, typename U>
+__device__ __forceinline__ void eq_loadv_row(const T* __restrict__ p, U (&out)[V], eq_idx col0, eq_idx cols) {
+    if (col0 < cols && col0 + V <= cols) {
+        eq_loadv<T, V>(p, out);
+        return;
+    }
+#pragma unroll
+    for (int v = 0; v < V; ++v) out[v] = eq_in_row(col0 + v, cols) ? eq_val(p[v]) : U(0);
+}
+template <typename T, int V, typename U>
+__device__ __forceinline__ void eq_storev_row(T* __restrict__ p, const U (&in)[V], eq_idx col0, eq_idx cols) {
+    if (col0 < cols && col0 + V <= cols) {
+        eq_storev<T, V>(p, in);
+        return;
+    }
+#pragma unroll
+    for (int v = 0; v < V; ++v)
+        if (eq_in_row(col0 + v, cols)) eq_put(p + v, in[v]);
 }
 
 // ---- 1-bit masks: a saved bool tensor stored packed, 32 elements to a 32-bit word ----

@@ -43,7 +43,17 @@
 // order into the workspace `eq_ws`, and the last block to finish (counted in `eq_count`)
 // adds the blocks' partials in block order and stores the results (`eq_global_store`).
 //
-// Invariants: EQ_VEC divides EQ_COLS; every thread of a block reaches every __syncthreads
+// Shifted rows (EQ_SHIFT, for rows whose length EQ_VEC does not divide, such as a vocabulary of
+// 50257): row r starts (r * EQ_COLS) % EQ_VEC elements (its lead) past an address aligned to
+// EQ_VEC elements, so its vectors start there: thread `lane` owns the columns
+// (c * EQ_ROW_THREADS + lane) * EQ_VEC - lead + v, every chunk is still one aligned 16-byte
+// access, and only a row's first and last vectors hold columns outside it. The generated
+// functions skip those lanes (`eq_in_row`: a column before 0 wraps, as eq_idx is unsigned, and
+// fails the same bound as one past the end), read them as 0 and never write them (other rows
+// live there). A row may span one vector more than EQ_COLS / EQ_VEC, so EQ_CHUNKS counts
+// EQ_COLS + EQ_VEC - 1 columns.
+//
+// Invariants: EQ_VEC divides EQ_COLS unless EQ_SHIFT; every thread of a block reaches every __syncthreads
 // (rows past EQ_ROWS compute nothing but still take part); combining is in a fixed order and
 // every thread of a row gets lane 0's value, so results are deterministic and identical
 // across a row's threads; each output element is written exactly once; `eq_count` is zero
@@ -107,6 +117,12 @@ __device__ __forceinline__ void eq_row_store(EQ_PARAMS, eq_idx row, const EqRow&
 
 #ifndef EQ_PIPELINED
 #define EQ_PIPELINED 0
+#endif
+#ifndef EQ_SHIFT
+#define EQ_SHIFT 0
+#endif
+#if EQ_SHIFT && EQ_PIPELINED
+#error "shifted rows are not staged through shared memory"
 #endif
 #define EQ_ROWS_PER_BLOCK (EQ_BLOCK / EQ_ROW_THREADS)
 #define EQ_WARPS_PER_ROW (EQ_ROW_THREADS > 32 ? EQ_ROW_THREADS / 32 : 1)
@@ -185,6 +201,19 @@ __device__ __forceinline__ void eq_global_finish(EQ_PARAMS, float (&g)[EQ_NGLOBA
 }
 #endif
 
+// Columns before a row's first vector (EQ_SHIFT; 0 otherwise).
+__device__ __forceinline__ eq_idx eq_lead(eq_idx row) {
+#if EQ_SHIFT
+    return (row * (eq_idx)EQ_COLS) % EQ_VEC;
+#else
+    return 0;
+#endif
+}
+
+// The first column (before the lead is taken off) of chunk c of `lane`'s vectors; a chunk holds
+// columns of a row of lead `lead` while this is below EQ_COLS + lead.
+__device__ __forceinline__ eq_idx eq_vcol(int c, int lane) { return ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC; }
+
 extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
     __shared__ float red[EQ_ROWS_PER_BLOCK][EQ_WARPS_PER_ROW][EQ_NACC];
     const int slot = threadIdx.x / EQ_ROW_THREADS;
@@ -199,10 +228,11 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
     float cache[EQ_CHUNKS][EQ_NCACHE][EQ_VEC];
     {
         const eq_idx first = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK + slot;
+        const eq_idx lead = eq_lead(first);
 #pragma unroll
         for (int c = 0; c < EQ_CHUNKS; ++c) {
-            const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
-            if (first < (eq_idx)EQ_ROWS && col0 < (eq_idx)EQ_COLS) eq_fetch(EQ_ARGS, first, col0, cache[c]);
+            const eq_idx vc = eq_vcol(c, lane);
+            if (first < (eq_idx)EQ_ROWS && vc < (eq_idx)EQ_COLS + lead) eq_fetch(EQ_ARGS, first, vc - lead, cache[c]);
         }
 #if EQ_PIPELINED
 #pragma unroll
@@ -218,16 +248,25 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
     for (eq_idx base = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK; base < (eq_idx)EQ_ROWS; base += stride) {
         const eq_idx row = base + slot;
         const bool active = row < (eq_idx)EQ_ROWS;
+        const eq_idx lead = eq_lead(row);
         EqRow rv;
         if (active) eq_row_init(EQ_ARGS, row, rv);
 #pragma unroll
         for (int s = 0; s < EQ_STAGES; ++s) {
             float acc[EQ_NACC];
             eq_acc_init(s, acc);
+            // A shifted row not kept in registers streams 4 chunks at a time: unrolled over all
+            // of them, ptxas hoists every chunk's loads and spills (cross-entropy with its
+            // gradient over f32 rows of 50257: 13 chunks, 16 bytes of spill stores).
+#if EQ_CACHED || !EQ_SHIFT
 #pragma unroll
+#else
+#pragma unroll 4
+#endif
             for (int c = 0; c < EQ_CHUNKS; ++c) {
-                const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
-                if (active && col0 < (eq_idx)EQ_COLS) {
+                const eq_idx vc = eq_vcol(c, lane);
+                const eq_idx col0 = vc - lead;
+                if (active && vc < (eq_idx)EQ_COLS + lead) {
 #if EQ_CACHED
                     eq_accum(s, EQ_ARGS, row, col0, cache[c], rv, acc);
 #else
@@ -244,13 +283,26 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
 #if EQ_PIPELINED
         eq_cp_async_wait_all();
 #endif
+#if EQ_CACHED && EQ_SHIFT
+        const eq_idx next_lead = eq_lead(row + stride);
+#endif
+#if EQ_CACHED || !EQ_SHIFT
 #pragma unroll
+#else
+#pragma unroll 4
+#endif
         for (int c = 0; c < EQ_CHUNKS; ++c) {
-            const eq_idx col0 = ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC;
-            if (col0 < (eq_idx)EQ_COLS) {
+            const eq_idx vc = eq_vcol(c, lane);
+            const eq_idx col0 = vc - lead;
+            if (vc < (eq_idx)EQ_COLS + lead) {
 #if EQ_CACHED
                 eq_epilogue(EQ_ARGS, row, col0, cache[c], rv);
-#if EQ_PIPELINED
+#if EQ_SHIFT
+            }
+            // The next row's vector c may hold columns where this row's holds none.
+            if (row + stride < (eq_idx)EQ_ROWS && vc < (eq_idx)EQ_COLS + next_lead) {
+                eq_fetch(EQ_ARGS, row + stride, vc - next_lead, cache[c]);
+#elif EQ_PIPELINED
                 if (row + stride < (eq_idx)EQ_ROWS) eq_unstage(eq_stage_slot(slot, c, lane), cache[c]);
                 if (row + 2 * stride < (eq_idx)EQ_ROWS)
                     eq_stage(EQ_ARGS, row + 2 * stride, col0, eq_stage_slot(slot, c, lane));

@@ -377,3 +377,25 @@ fn cached_rows_keep_stage_values_the_epilogue_reads() {
     assert!(long.contains("#define EQ_CACHED 0"), "{long}");
     assert!(!function(&long, "eq_accum").contains("cv[0][v] = "), "{long}");
 }
+
+/// Wide odd rows are priced as they run (issue 22): the GPT-2 vocabulary softmax
+/// (`benches/programs/softmax_wide_bf16.eqf`, bf16 rows of 50257) reads shifted rows of 8
+/// lanes, too long to keep in the 64 registers a thread of a 1024-thread block has, so its
+/// kernel fetches each row again for the epilogue after one online pass, and the cost model
+/// prices two reads of the row; a 1001-wide row stays in registers and is read once.
+#[test]
+fn wide_odd_rows_are_priced_as_codegen_runs_them() {
+    let p = eqfuse::load_program("benches/programs/softmax_wide_bf16.eqf", &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let src = codegen_plan(&plan).unwrap().iter().map(generated).collect::<String>();
+    for d in ["EQ_VEC 8", "EQ_SHIFT 1", "EQ_CACHED 0", "EQ_STAGES 1"] {
+        assert!(src.contains(&format!("#define {d}\n")), "not {d}:\n{src}");
+    }
+    let notes = plan.kernels[0].rejected.join("\n");
+    assert!(notes.contains("read 2 times"), "{notes}");
+    let p = eqfuse::load_program("benches/programs/softmax_wide_bf16.eqf", &[("V".into(), 1001)]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let src = codegen_plan(&plan).unwrap().iter().map(generated).collect::<String>();
+    assert!(src.contains("#define EQ_SHIFT 1\n") && src.contains("#define EQ_CACHED 1\n"), "{src}");
+    assert!(!plan.kernels[0].rejected.iter().any(|r| r.contains("does not fit on chip")), "{:?}", plan.kernels[0]);
+}

@@ -696,3 +696,41 @@ fn fused_probe_profile() -> DeviceProfile {
     }
     p
 }
+
+/// Odd-width rows (issue 22, `tests/cases/rows/`): vocabulary softmax over rows of 50257 in
+/// bf16 and f32, log-softmax over 1001 in f16, layernorm over 4099 (its scale and shift
+/// gathered), cross-entropy and its gradient over 50257 and 32001 bf16 logits, a bf16 row with
+/// an f32 epilogue and a residual, a rank-3 row with a broadcast input: read as shifted rows
+/// (aligned 16-byte vectors from before each row, head and tail lanes masked), fused and
+/// unfused, against the reference (outputs are poisoned, so an element left unwritten fails; one
+/// written outside its row would clobber a neighbouring row's), then replayed as a CUDA graph.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn odd_width_rows_match_the_reference() {
+    let profile = DeviceProfile::load("h100").unwrap();
+    let opts = OptimizeOptions::new(profile.clone());
+    let mut files: Vec<String> = std::fs::read_dir("tests/cases/rows")
+        .unwrap()
+        .filter_map(|e| e.ok()?.path().to_str().map(str::to_string))
+        .filter(|p| p.ends_with(".eqf"))
+        .collect();
+    files.sort();
+    let mut plans = Vec::new();
+    for file in &files {
+        let p = eqfuse::load_program(file, &[]).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let fused = optimize(&p, &opts).unwrap().plan;
+        let sources = codegen_plan(&fused).unwrap();
+        assert!(sources.iter().any(|s| s.source.contains("#define EQ_SHIFT 1")), "{file}: no shifted rows");
+        plans.push((format!("{file} (fused)"), p.clone(), fused));
+        plans.push((format!("{file} (unfused)"), p.clone(), unfused_plan(&p, &profile, false).unwrap()));
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        run_checked(&gpu, name, program, plan, seed as u64);
+        let sources = codegen_plan(plan).unwrap();
+        let opts = GpuRunOptions { repeat: 2, seed: seed as u64, graph: true, ..GpuRunOptions::default() };
+        let r = run_on(&gpu, program, plan, &sources, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(r.ok(), "{name}: {r}");
+        eprintln!("ok: {name}");
+    }
+}

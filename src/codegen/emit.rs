@@ -280,6 +280,10 @@ pub struct Emitter<'a> {
     strict: bool,
     /// The kernel's reads and writes stored 1 bit per element (packed masks, `memory.rs`).
     packed: &'a BTreeSet<String>,
+    /// Shifted rows (`kernels/rowreduce.cu`, [`shifted_rows`]): a row kernel's vectors start at
+    /// aligned addresses before each row's column 0, `col0` may wrap below 0, and lanes outside
+    /// the row are skipped.
+    shift: bool,
 }
 
 fn err(k: &Kernel, m: impl std::fmt::Display) -> Error {
@@ -309,6 +313,8 @@ pub fn render(k: &Kernel, l: &Lowered, strict: bool, packed: &BTreeSet<String>) 
     // (A scatter kernel has no tail loop either: its lanes divide the iteration space.)
     let vec = choose_vec(l, k, strict, packed_writes || l.scatter.is_some());
     let r = l.domain.len();
+    // (`lanes` leaves a lane count that does not divide the row only for shifted rows.)
+    let shift = l.template == Template::RowReduce && r > 0 && !l.domain[r - 1].is_multiple_of(vec);
     let (groups, vsym) = match l.template {
         Template::Elementwise => (vec![Group { axes: 0..r, var: "i0" }], "V"),
         Template::RowReduce => {
@@ -325,7 +331,7 @@ pub fn render(k: &Kernel, l: &Lowered, strict: bool, packed: &BTreeSet<String>) 
             (groups, "EQ_VEC")
         }
     };
-    let e = Emitter { k, l, vec, vsym, groups, strict, packed };
+    let e = Emitter { k, l, vec, vsym, groups, strict, packed, shift };
     if let Some(sc) = &l.scatter {
         return e.scatter(sc);
     }
@@ -355,17 +361,49 @@ fn choose_vec(l: &Lowered, k: &Kernel, strict: bool, packed_writes: bool) -> usi
         .chain(l.stores.iter().filter(|s| s.shape[r - 1] != 1 || last == 1).map(|s| k.writes[s.write].ty.dtype.size()))
         .max()
         .unwrap_or(4);
+    if l.product.is_some() {
+        // A gemm's row epilogue (`kernels/gemm.cu`) has no shifted rows.
+        return halved_lanes(l.template, r, last, widest, strict, packed_writes);
+    }
     lanes(l.template, r, last, widest, strict, packed_writes)
+}
+
+/// Whether a row kernel over rows of `last` elements whose widest element is `widest` bytes
+/// reads them as shifted rows (`kernels/rowreduce.cu`, `EQ_SHIFT`): 16-byte vectors at aligned
+/// addresses, starting before each row's first column, when 16 bytes of elements do not divide
+/// the row (a vocabulary of 50257 or 32001, an odd hidden size). The lane count then stays 16
+/// bytes instead of dropping to what divides the row (one element for an odd row, 2-byte
+/// accesses of bf16: half the bandwidth on an H100). Strict numerics keep their lanes (the
+/// unfused plan's order of summation), and rows shorter than one vector gain nothing.
+pub fn shifted_rows(template: Template, rank: usize, last: usize, widest: usize, strict: bool) -> bool {
+    let v = 16 / widest.clamp(1, 16);
+    template == Template::RowReduce && !strict && rank > 0 && last > v && !last.is_multiple_of(v)
 }
 
 /// The lane count of a kernel of `template` over an iteration space of rank `rank` whose last
 /// extent is `last`, when the widest element accessed along it is `widest` bytes: 16 bytes of
-/// it, halved until it divides the last extent. Strict row reductions take 4 lanes whatever the
+/// it, halved until it divides the last extent, except for a row kernel's shifted rows
+/// ([`shifted_rows`]), which keep 16 bytes. Strict row reductions take 4 lanes whatever the
 /// dtypes (halved the same way), since the lane count decides which elements each thread sums: a
 /// fused kernel must sum a row in the same order as the unfused plan's kernel of the same
 /// reduction. A kernel storing a 1-bit mask (`packed_writes`) has no tail loop (its loop is
 /// warp-uniform): the lane count divides the iteration space whatever its rank.
 pub fn lanes(template: Template, rank: usize, last: usize, widest: usize, strict: bool, packed_writes: bool) -> usize {
+    if shifted_rows(template, rank, last, widest, strict) {
+        return 16 / widest.clamp(1, 16);
+    }
+    halved_lanes(template, rank, last, widest, strict, packed_writes)
+}
+
+/// [`lanes`] without shifted rows: 16 bytes halved until the lane count divides the last extent.
+fn halved_lanes(
+    template: Template,
+    rank: usize,
+    last: usize,
+    widest: usize,
+    strict: bool,
+    packed_writes: bool,
+) -> usize {
     if rank == 0 {
         return 1;
     }
@@ -474,9 +512,26 @@ impl Emitter<'_> {
         if r == 0 || self.vec == 1 {
             return Lanes::Gather(strides.last().copied().unwrap_or(0));
         }
+        // Shifted rows align each row's vectors for the iteration space's own row-major layout:
+        // an access is aligned with them where its strides differ from that layout's by
+        // multiples of the lane count (a tensor of the iteration space's shape; not a row
+        // broadcast over the rows, such as layernorm's scale, which is gathered).
+        let cs = contiguous(&self.l.domain);
+        let aligned = |k: usize, s: usize| {
+            if self.shift {
+                s.abs_diff(cs[k]).is_multiple_of(self.vec)
+            } else {
+                s.is_multiple_of(self.vec)
+            }
+        };
         match strides[r - 1] {
             0 => Lanes::Uniform,
-            1 if strides[..r - 1].iter().zip(&self.l.domain).all(|(&s, &d)| d == 1 || s % self.vec == 0) => {
+            1 if strides[..r - 1]
+                .iter()
+                .zip(&self.l.domain)
+                .enumerate()
+                .all(|(k, (&s, &d))| d == 1 || aligned(k, s)) =>
+            {
                 Lanes::Vector
             }
             s => Lanes::Gather(s),
@@ -509,6 +564,10 @@ impl Emitter<'_> {
         }
         if terms.is_empty() {
             "0".to_string()
+        } else if self.shift && terms.len() > 1 {
+            // Under shifted rows `col0` may have wrapped below 0: the offset wraps back in eq_idx
+            // before it is added to a pointer.
+            format!("({})", terms.join(" + "))
         } else {
             terms.join(" + ")
         }
@@ -766,7 +825,7 @@ impl Emitter<'_> {
             let r = match lanes {
                 Lanes::Vector => {
                     t.line(depth, format!("{vt} l{n}[{}];", self.vsym));
-                    t.line(depth, format!("eq_loadv<{}, {}>({p} + {off}, l{n});", storage_type(acc.dtype), self.vsym));
+                    t.line(depth, format!("{};", self.vector_load(acc.dtype, &p, &off, &format!("l{n}"))));
                     format!("l{n}[v]")
                 }
                 Lanes::Uniform => {
@@ -828,8 +887,12 @@ impl Emitter<'_> {
         let lanes = if r == 0 { Lanes::Gather(0) } else { self.lanes_of(&strides) };
         if lanes == Lanes::Vector && !last_bcast {
             let cond = if pred.is_empty() { String::new() } else { format!("if ({}) ", pred.join(" && ")) };
-            let after =
-                format!("{cond}eq_storev<{}, {}>({p} + {off}, o{});", storage_type(w.ty.dtype), self.vsym, st.write);
+            let ty = storage_type(w.ty.dtype);
+            let after = if self.shift {
+                format!("{cond}eq_storev_row<{ty}, {}>({p} + {off}, o{}, col0, EQ_COLS);", self.vsym, st.write)
+            } else {
+                format!("{cond}eq_storev<{ty}, {}>({p} + {off}, o{});", self.vsym, st.write)
+            };
             return (format!("o{}[v] = {val};", st.write), Some(after));
         }
         if last_bcast {
@@ -839,6 +902,17 @@ impl Emitter<'_> {
         let at = if s == 0 { off } else { format!("{off} + {}", lane_term(s)) };
         let cond = if pred.is_empty() { String::new() } else { format!("if ({}) ", pred.join(" && ")) };
         (format!("{cond}eq_put({p} + {at}, {val});"), None)
+    }
+
+    /// A vector load of `dtype` elements at `p + off` into `out` (bounded by the row under
+    /// shifted rows).
+    fn vector_load(&self, dtype: DType, p: &str, off: &str, out: &str) -> String {
+        let (ty, v) = (storage_type(dtype), self.vsym);
+        if self.shift {
+            format!("eq_loadv_row<{ty}, {v}>({p} + {off}, {out}, col0, EQ_COLS)")
+        } else {
+            format!("eq_loadv<{ty}, {v}>({p} + {off}, {out})")
+        }
     }
 
     /// The reduction a node performs (sum for anything else).
@@ -880,6 +954,9 @@ impl Emitter<'_> {
         }
         t.line(0, "#pragma unroll");
         t.line(depth + 1, format!("for (int v = 0; v < {}; ++v) {{", self.vsym));
+        if self.shift {
+            t.line(depth + 2, "if (!eq_in_row(col0 + v, EQ_COLS)) continue;");
+        }
         t.s.push_str(&body.s);
         for l in lines {
             t.line(depth + 2, l);

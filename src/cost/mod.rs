@@ -1249,10 +1249,13 @@ impl Shaped<'_> {
 }
 
 /// Rows with dependent reductions are kept on chip when they fit; otherwise every full-size
-/// read is streamed once per dependent stage. "Fits" is the question codegen asks
-/// (`caps::row_cached`: at most 64 elements per thread in registers at the launch shape it
-/// picks), within the profile's shared memory per block (the pipelined form stages the next row
-/// there).
+/// read is streamed once per pass codegen makes over the row: one per dependent stage (a max
+/// and the sum of exponentials after it, the `softmax`, `log_softmax` and `cross_entropy`
+/// composites, share one online pass outside strict numerics) and one for an epilogue that
+/// writes the row. "Fits" is the question codegen asks (`caps::row_cached`: at most 64
+/// elements per thread in registers, and no more than the block leaves a thread beside its
+/// other registers, at the launch shape and lane count it picks, shifted rows included), within
+/// the profile's shared memory per block (the pipelined form stages the next row there).
 fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
     let width = k.domain.last().copied().unwrap_or(1);
     let full: usize = k.domain.iter().product();
@@ -1270,9 +1273,10 @@ fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
     if row_bytes <= profile.smem_per_block_bytes && caps::row_cached(width, full_reads, vec) {
         return;
     }
-    k.passes = depth as u32 + 1;
+    let stages = if profile.strict { depth } else { pass_depth(dag, k) };
+    k.passes = (stages + epilogue_uses_rows(dag, k) as usize).max(1) as u32;
     k.notes.push(format!(
-        "row of {width} f32 ({row_bytes} bytes with {full_reads} input rows) does not fit on chip (shared memory {} bytes, {} elements per thread): each input row is read {} times",
+        "row of {width} f32 ({row_bytes} bytes with {full_reads} input rows) does not fit on chip (shared memory {} bytes, {} elements per thread at {vec} a vector, within the block's registers per thread): each input row is read {} times",
         profile.smem_per_block_bytes,
         caps::ROW_CACHE_PER_THREAD,
         k.passes
@@ -1311,6 +1315,27 @@ fn latency_stages(dag: &Dag, k: &KernelCost) -> u32 {
         depth[bi] = below + own;
     }
     depth.iter().copied().max().unwrap_or(0).max(reductions.min(2)) as u32
+}
+
+/// The longest chain of passes over the row the reductions in the body take when the row is not
+/// kept on chip: [`row_reductions`], but one for a composite whose max and sum of exponentials
+/// run as an online pair (codegen's online softmax, `emit/rows.rs`). The decomposed form of the
+/// same pair is counted as two passes here (an overestimate: codegen pairs it too).
+fn pass_depth(dag: &Dag, k: &KernelCost) -> usize {
+    let mut depth = vec![0usize; k.body.len()];
+    let pos = |c: usize| k.body.binary_search(&c).ok();
+    let mut max = 0;
+    for (bi, &b) in k.body.iter().enumerate() {
+        let n = &dag.nodes[b];
+        let below = n.children().filter_map(pos).map(|c| depth[c]).max().unwrap_or(0);
+        let own = match n.kind() {
+            Some(Kind::Composite(Composite::Softmax | Composite::LogSoftmax | Composite::CrossEntropy)) => 1,
+            kind => row_reductions(kind),
+        };
+        depth[bi] = below + own;
+        max = max.max(depth[bi]);
+    }
+    max
 }
 
 /// The longest chain of reductions in the body ([`row_reductions`]).

@@ -219,11 +219,11 @@ impl Emitter<'_> {
         let cols = if r == 0 { 1 } else { self.dim(r - 1) };
         let numel: usize = self.l.domain.iter().product();
         let rows = numel.checked_div(cols).unwrap_or(0);
-        let (row_threads, chunks) = row_split(cols.div_ceil(self.vec), self.l.product.is_some());
-        let block = row_threads.max(256);
+        let (row_threads, chunks) = row_split(row_vectors(cols, self.vec), self.l.product.is_some());
+        let block = row_block(row_threads);
         // (`row_cached`'s question at this launch shape: a gemm's row epilogue keeps 4 vectors a
         // thread whatever the row's length.)
-        let cached = fits_in_registers(rp.cached.len(), chunks, self.vec);
+        let cached = fits_in_registers(rp.cached.len(), chunks, self.vec, block, self.shift);
         if cached && !rp.online.is_empty() {
             // A row held on chip costs nothing to pass over twice: the max, then the sum of
             // exponentials, as separate stages, is far less arithmetic than the online pair's
@@ -241,6 +241,7 @@ impl Emitter<'_> {
         let rpb0 = block / row_threads;
         let stage_bytes = rpb0 * chunks * ncache * row_threads * 16;
         let pipelined = cached
+            && !self.shift
             && rows > 1
             && block * (rp.cached.len() * chunks * self.vec + REGS_BESIDE_CACHE) > REGS_PER_SM / 2
             && stage_bytes <= MAX_STAGE_BYTES
@@ -266,6 +267,9 @@ impl Emitter<'_> {
             ("EQ_PIPELINED", pipelined as usize),
         ] {
             let _ = writeln!(d, "#define {k} {v}");
+        }
+        if self.shift {
+            let _ = writeln!(d, "#define EQ_SHIFT 1");
         }
         let mut body = String::new();
         body.push_str(&self.row_struct(&rp));
@@ -376,12 +380,20 @@ impl Emitter<'_> {
             let p = self.param(Some(acc.read), None);
             let off = self.offset(&acc.strides, &mut need);
             match self.lanes_of(&acc.strides) {
-                Lanes::Vector => {
-                    t.line(1, format!("eq_loadv<{}, EQ_VEC>({p} + {off}, cv[{k}]);", storage_type(acc.dtype)))
-                }
+                Lanes::Vector => t.line(1, format!("{};", self.vector_load(acc.dtype, &p, &off, &format!("cv[{k}]")))),
                 Lanes::Uniform => {
                     t.line(1, format!("const float u{k} = eq_val({p}[{off}]);"));
                     t.line(1, format!("for (int v = 0; v < EQ_VEC; ++v) cv[{k}][v] = u{k};"));
+                }
+                Lanes::Gather(s) if self.shift => {
+                    t.line(0, "#pragma unroll");
+                    t.line(
+                        1,
+                        format!(
+                            "for (int v = 0; v < EQ_VEC; ++v) cv[{k}][v] = eq_in_row(col0 + v, EQ_COLS) ? eq_val({p}[{off} + {}]) : 0.0f;",
+                            lane_term(s)
+                        ),
+                    );
                 }
                 Lanes::Gather(s) => {
                     t.line(0, "#pragma unroll");
@@ -556,6 +568,10 @@ impl Emitter<'_> {
                     match pair {
                         Some(ks) => {
                             decls.push(format!("float x{k}[EQ_VEC];"));
+                            if e.shift {
+                                // Lanes outside a shifted row add nothing to the pair.
+                                decls.push(format!("for (int v = 0; v < EQ_VEC; ++v) x{k}[v] = -EQ_INF;"));
+                            }
                             lines.push(format!("x{k}[v] = {val};"));
                             after.extend(online_update(k, ks));
                         }
@@ -715,13 +731,38 @@ pub const MAX_ROW_THREADS: usize = 1024;
 /// question (`cost::row_passes`), so a row it prices as read once is one codegen keeps on chip.
 pub fn row_cached(cols: usize, ncache: usize, vec: usize) -> bool {
     let vec = vec.max(1);
-    let (_, chunks) = row_split(cols.div_ceil(vec), false);
-    fits_in_registers(ncache, chunks, vec)
+    let (row_threads, chunks) = row_split(row_vectors(cols, vec), false);
+    fits_in_registers(ncache, chunks, vec, row_block(row_threads), !cols.is_multiple_of(vec))
 }
 
-/// Whether `ncache` cached inputs of `chunks` vectors of `vec` elements fit a thread's cache.
-fn fits_in_registers(ncache: usize, chunks: usize, vec: usize) -> bool {
-    ncache * chunks * vec <= ROW_CACHE_PER_THREAD
+/// The vectors of `vec` elements a row of `cols` spans: one more than whole vectors hold for
+/// shifted rows (`vec` does not divide the row; `kernels/rowreduce.cu`), whose first vector
+/// starts up to `vec - 1` columns before the row.
+fn row_vectors(cols: usize, vec: usize) -> usize {
+    if cols.is_multiple_of(vec) {
+        cols / vec
+    } else {
+        (cols + vec - 1).div_ceil(vec)
+    }
+}
+
+/// The block of a row kernel whose rows take `row_threads` threads each.
+fn row_block(row_threads: usize) -> usize {
+    row_threads.max(256)
+}
+
+/// Whether `ncache` cached inputs of `chunks` vectors of `vec` elements fit a thread's cache:
+/// at most [`ROW_CACHE_PER_THREAD`] elements, and with the registers a thread needs beside
+/// them within what a thread of a `block`-thread block may have (all of an SM's registers
+/// shared by one block, at most 255 a thread), so that the cached row does not spill to local
+/// memory. A 1024-thread block has 64 registers a thread: a bf16 row of 50257 at 56 cached
+/// elements a thread spilled (100 bytes of spill stores, at half of copy bandwidth on an
+/// H100) and is fetched again by each pass instead. Shifted rows (`shift`) need more beside
+/// the cache ([`REGS_BESIDE_SHIFTED_CACHE`]).
+fn fits_in_registers(ncache: usize, chunks: usize, vec: usize, block: usize, shift: bool) -> bool {
+    let cached = ncache * chunks * vec;
+    let beside = if shift { REGS_BESIDE_SHIFTED_CACHE } else { REGS_BESIDE_CACHE };
+    cached <= ROW_CACHE_PER_THREAD && cached + beside <= (REGS_PER_SM / block).min(MAX_THREAD_REGS)
 }
 
 /// Rows of at most this many vectors take one vector per thread (one 16-byte access per input).
@@ -746,8 +787,15 @@ fn row_split(per: usize, product: bool) -> (usize, usize) {
 
 /// Registers of an SM (sm_80 and sm_90).
 const REGS_PER_SM: usize = 65536;
+/// The most registers one thread may have.
+const MAX_THREAD_REGS: usize = 255;
 /// Registers a row thread needs beside its cached row (indices, accumulators, row values).
 const REGS_BESIDE_CACHE: usize = 24;
+/// The same for shifted rows, which also hold each row's lead and test their lanes against the
+/// row, and prefetch the next row into registers rather than staging it (NVRTC 13.0, sm_90: a
+/// cross-entropy gradient over bf16 rows of 32001 at 32 cached elements a thread and 64
+/// registers spilled 36 bytes).
+const REGS_BESIDE_SHIFTED_CACHE: usize = 40;
 /// The most shared memory the pipelined form stages a block's next rows in.
 const MAX_STAGE_BYTES: usize = 160 * 1024;
 
