@@ -220,3 +220,35 @@ def test_export_gives_each_site_a_seed():
     (seeds,) = [i for i in ex.graph["inputs"] if i["name"] == ex.seed_input]
     assert seeds["dtype"] == "i32" and seeds["shape"] == [2]
     assert sum(n.get("op") == "dropout" for n in ex.graph["nodes"]) >= 2
+
+
+def _cupy():
+    try:
+        import cupy  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and _cupy()), reason="needs a CUDA device and CuPy")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_gpu_training_with_dropout_on_eqfuse_kernels(name, dtype, monkeypatch):
+    """On the GPU: a training step with dropout (fused SDPA with dropout included) runs every
+    graph on eqfuse's kernels and equals eager with eqfuse's dropout (f32 1e-4; bf16 within
+    the 16-bit tolerance of the step)."""
+    fixed_seeds(monkeypatch)
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = MODELS[name]("sdpa").cuda().to(dtype).train()
+    inputs = batch(name, "cuda")
+    backend = EqfuseBackend(report=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = step(model, inputs, backend)
+    graphs = [(p.kind, p.runs, p.why_eager) for p in backend.plans if p.kind != "joint"]
+    print("graphs:", graphs)
+    assert all(runs == "eqfuse" for _, runs, _ in graphs), graphs
+    with eqfuse_dropout_eagerly(SEED):
+        want = step(model, inputs)
+    assert_close_step(got, want, 1e-4 if dtype == torch.float32 else 5e-2)
