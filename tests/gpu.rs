@@ -51,6 +51,12 @@ fn programs() -> Vec<(String, Program)> {
 fn programs_with(declared: bool) -> Vec<(String, Program)> {
     let mut programs: Vec<(String, Program)> =
         common::cases().into_iter().map(|c| (c.name.to_string(), c.program)).collect();
+    // Case files whose kernels only the GPU checks (index generators seen through views).
+    for path in
+        ["tests/cases/ok/index_views.eqf", "tests/cases/ok/iota_onehot.eqf", "tests/cases/ok/dropout_seed_input.eqf"]
+    {
+        programs.push((path.to_string(), eqfuse::load_program(path, &[]).unwrap_or_else(|e| panic!("{path}: {e}"))));
+    }
     for path in common::example_paths() {
         let Ok(full) = eqfuse::load_program(&path, &[]) else { continue };
         let capped: Vec<(String, usize)> = full.dims.iter().map(|(n, v)| (n.clone(), (*v).min(512))).collect();

@@ -43,7 +43,7 @@ DEST="$(cd "$DEST" && pwd)"
 cp target/release/eqfuse "$DEST/eqfuse"
 cp -r examples profiles "$DEST/"
 cp -r tests/cases "$DEST/tests/"
-cp -r benches/README.md benches/*.py benches/gpu benches/attention_forward "$DEST/benches/"
+cp -r benches/README.md benches/*.py benches/gpu benches/attention_forward benches/programs "$DEST/benches/"
 cp -r python/eqfuse_torch python/tests python/gpt2_block.py "$DEST/python/"
 find "$DEST" -name __pycache__ -prune -exec rm -rf {} +
 git rev-parse --short HEAD > "$DEST/COMMIT"

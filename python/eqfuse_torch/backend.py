@@ -402,6 +402,7 @@ class _Runner:
         if self.seeded is not None and self.seeded.sites != exported.seeds:
             raise RuntimeError(f"dropout sites {sorted(exported.seeds)} where the graph has {sorted(self.seeded.sites)}")
         self.seed_input, self.seed_outputs = exported.seed_input, dict(exported.seed_outputs)
+        self.pads = dict(exported.pads)
         self.n_seeds = len(exported.seeds)
         self.last_seeds = None
         self.plan = plan
@@ -492,6 +493,10 @@ class _Runner:
             t = got[name]
             if t.dtype != dtype:
                 t = t.to(dtype)
+            if i in self.pads:  # padded by PyTorch's kernel along the last axis
+                length, fill = self.pads[i]
+                t = t.reshape(shape[:-1] + (-1,))
+                t = self.torch.nn.functional.pad(t, (0, length - t.shape[-1]), value=fill)
             t = t.reshape(shape)
             if stride is not None and not _same_layout(t, stride):
                 # The graphs after this one were traced with PyTorch's strides for this output

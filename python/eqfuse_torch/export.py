@@ -90,6 +90,9 @@ class Exported:
     """The dropout sites: node name -> its element of the seeds input (`seed_input`)."""
     seed_input: str | None = None
     """The graph input (i32 `[len(seeds)]`) the caller fills with fresh seeds on every call."""
+    pads: dict[int, tuple[int, float]] = field(default_factory=dict)
+    """Outputs PyTorch pads along the last axis (the efficient SDPA kernel's log-sum-exp, rows
+    rounded up to 32): position -> (padded length, fill); the graph output is the unpadded value."""
     seed_outputs: dict[int, int] = field(default_factory=dict)
     """Output positions that are an SDPA forward's random-number state: position -> the site
     whose seed it carries (element 0; `rng.rng_state`). Their `constants` entry gives the dtype
@@ -211,6 +214,7 @@ class Exporter:
         self.seeds = _Seeds(self.b)
         self.seed_states: dict[str, int] = {}  # static node name -> the site whose seed it carries
         self.seed_outputs: dict[int, int] = {}
+        self.pads: dict[int, tuple[int, float]] = {}
 
     def run(self) -> Exported:
         self.check_supported()
@@ -229,7 +233,7 @@ class Exporter:
                 raise ExportError(f"fx node {node.name} of kind {node.op} is not supported (export an ATen graph)")
         seed_input = self.seeds.finish()
         return Exported(self.b.to_json(), self.values, input_names, self.constants, self.dont_care_outputs,
-                        dict(self.seeds.sites), seed_input, self.seed_outputs)
+                        dict(self.seeds.sites), seed_input, self.pads, self.seed_outputs)
 
     def check_supported(self) -> None:
         """Every operator must have a lowering, except in nodes evaluated here (static ones)."""
@@ -420,6 +424,9 @@ class Exporter:
                     self.dont_care_outputs.add(i)
                 continue
             v = self.value(r) if isinstance(r, torch.fx.Node) else None
+            if isinstance(v, _Padded):
+                self.pads[i] = (v.length, v.fill)
+                v = v.value
             if not isinstance(v, Value):
                 raise ExportError(f"output {i} is not a tensor the graph computes")
             self.b.output(f"out{i}", v)
@@ -1424,6 +1431,9 @@ def _sdpa_forward(L, q, k, v, mask, dropout_p, is_causal, scale, n_out):
     want = _lse_shape(L, 1)
     if want in (q.shape[:-1], q.shape[:-1] + (1,)):
         lse = L.reshape(lse, want)
+    elif want is not None and want[:-1] == q.shape[:-2] and want[-1] == -(-q.shape[-2] // 32) * 32:
+        # The efficient kernel's rows rounded up to 32; it writes +inf past the last row.
+        lse = _Padded(L.reshape(lse, q.shape[:-1]), want[-1], math.inf)
     else:
         lse = _Unsupported(f"the log-sum-exp of shape {want} (eqfuse gives {list(q.shape[:-1])})")
     return (out, lse, *(_sdpa_extra(L, i) for i in range(2, n_out)))
@@ -1485,6 +1495,14 @@ class _Constant:
         self.tensor = tensor
 
 
+class _Padded:
+    """An output PyTorch pads along its last axis to `length` with `fill` (the graph computes
+    `value`; `Exported.pads` tells the caller)."""
+
+    def __init__(self, value: Value, length: int, fill: float):
+        self.value, self.length, self.fill = value, length, fill
+
+
 class _SeedState(_Constant):
     """A fused SDPA forward's random-number state with dropout: it carries the seed of `site`
     (the backend fills it on every call; `tensor` gives its dtype and shape)."""
@@ -1540,6 +1558,8 @@ def _sdpa_backward(L, g, q, k, v, out, lse, mask, dropout_p, is_causal, scale, s
 def _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal):
     """(dq, dk, dv) by eqfuse's flash-style backward composites."""
     g, out, lse = L.val(g), L.val(out), L.val(lse)
+    if lse.shape[:-1] == q.shape[:-2] and lse.shape[-1] > q.shape[-2]:  # (the efficient kernel's padding)
+        lse = _slice(L, lse, lse.rank - 1, 0, q.shape[-2], 1)
     if lse.shape not in (q.shape[:-1], q.shape[:-1] + (1,)):
         raise ExportError(f"a log-sum-exp of shape {list(lse.shape)}")
     lse4 = L.reshape(L.cast(lse, "f32"), q.shape[:-1] + (1,))

@@ -252,8 +252,8 @@ class SeededInterpreter(torch.fx.Interpreter):
             if i == 1 and isinstance(val, torch.Tensor):
                 if val.numel() == lse.numel():
                     result.append(lse.reshape(tuple(val.shape)))
-                else:  # the efficient kernel's rows padded to a multiple of 32
-                    padded = torch.zeros(tuple(val.shape), dtype=torch.float32, device=out.device)
+                else:  # the efficient kernel's rows padded to a multiple of 32 (+inf there)
+                    padded = torch.full(tuple(val.shape), math.inf, dtype=torch.float32, device=out.device)
                     padded[..., : lse.shape[-1]] = lse
                     result.append(padded)
             elif isinstance(val, torch.Tensor) and rname in RNG_STATE:

@@ -9,6 +9,7 @@ reference (`eqfuse run --cpu` with the exported weights), rebuilt in PyTorch fro
 Run from the repository root: `python3 -m pytest python/tests`.
 """
 
+import math
 import importlib.util
 import json
 import subprocess
@@ -397,3 +398,46 @@ def test_first_call_check_skips_dont_care_outputs():
     close(got[0], want[0], 1e-4)
     assert results_agree(got, want) is not None  # compared, the garbage would differ
     assert results_agree(got, want, skip={2, 3}) is None
+
+
+def test_efficient_sdpa_log_sum_exp_padding(tmp_path):
+    """The efficient SDPA kernel rounds its log-sum-exp rows up to 32 (+inf past the last, as
+    ViT's 197 tokens would have it): the forward's graph computes the rows there are and
+    `Exported.pads` asks the caller to pad; the backward reads the rows there are."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    s = 20
+
+    def fw(q, k, v):
+        r = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, False)
+        return r[0], r[1], r[2], r[3]
+
+    def bw(g, q, k, v, out, lse, seed, offset):
+        return aten._scaled_dot_product_efficient_attention_backward(g, q, k, v, None, out, lse, seed, offset, 0.0,
+                                                                     [True, True, True, False], False)[:3]
+
+    with FakeTensorMode():
+        q, k, v, g = (torch.empty(B, H, s, D, device="cuda") for _ in range(4))
+        fw_gm = make_fx(fw)(q, k, v)
+        out, lse, seed, offset = fw(q, k, v)
+        assert tuple(lse.shape) == (B, H, 32)
+        bw_gm = make_fx(bw)(g, q, k, v, out, lse, seed, offset)
+    fwx = export_graph_module(fw_gm)
+    assert fwx.pads == {1: (32, math.inf)}
+    torch.manual_seed(0)
+    q, k, v, g = (torch.randn(B, H, s, D) for _ in range(4))
+    for d in ("fw", "bw"):
+        (tmp_path / d).mkdir()
+    got_out, got_lse = run_cpu(fwx, [q, k, v], tmp_path / "fw")
+    sc = (q @ k.transpose(-1, -2)) / D ** 0.5
+    close(got_out, torch.softmax(sc, -1) @ v, 1e-4)
+    close(got_lse.reshape(B, H, s), torch.logsumexp(sc, -1), 1e-4)
+    padded = torch.nn.functional.pad(torch.logsumexp(sc, -1), (0, 32 - s), value=math.inf)
+    bwx = export_graph_module(bw_gm)
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    o = torch.nn.functional.scaled_dot_product_attention(qr, kr, vr)
+    o.backward(g)
+    grads = run_cpu(bwx, [g, q, k, v, o.detach(), padded], tmp_path / "bw")
+    for got, want in zip(grads, (qr.grad, kr.grad, vr.grad)):
+        close(got, want, 1e-4)
