@@ -232,6 +232,8 @@ class SeededInterpreter(torch.fx.Interpreter):
         if name in SDPA_FORWARD:
             seed = self.seeds[node.name]
             out, lse = attention(q, k, v, mask, p, bool(a.get("is_causal")), a.get("scale"), seed)
+            vals = node.meta.get("val")
+            out = _as_traced(out, vals[0] if isinstance(vals, (tuple, list)) else vals)
             if name == "scaled_dot_product_attention":
                 return out
             return self._forward_outputs(node, out, lse, seed)
@@ -239,6 +241,8 @@ class SeededInterpreter(torch.fx.Interpreter):
         g = a.get("grad_out", a.get("grad_out_"))
         grads = attention_grads(g, q, k, v, mask, p, bool(a.get("is_causal")), a.get("scale"), seed_of(state))
         want = node.meta.get("val")
+        if isinstance(want, (tuple, list)):
+            grads = tuple(_as_traced(t, w) for t, w in zip(grads, want))
         if isinstance(want, (tuple, list)) and len(want) > 3:
             return grads + (None,) * (len(want) - 3)
         return grads
@@ -263,6 +267,22 @@ class SeededInterpreter(torch.fx.Interpreter):
             else:
                 result.append(val)
         return tuple(result)
+
+
+def _as_traced(t: torch.Tensor, val) -> torch.Tensor:
+    """`t` with the strides PyTorch's kernel gave the traced value `val` (the graph's later
+    views, such as heads merged back by `view`, were traced on that layout)."""
+    if not isinstance(val, torch.Tensor) or tuple(val.shape) != tuple(t.shape):
+        return t
+    try:
+        stride = tuple(val.stride())
+    except Exception:  # noqa: BLE001 - a layout without strides
+        return t
+    if tuple(t.stride()) == stride:
+        return t
+    laid = torch.empty_strided(tuple(t.shape), stride, dtype=t.dtype, device=t.device)
+    laid.copy_(t)
+    return laid
 
 
 def _up(x):
