@@ -203,7 +203,8 @@ class EqfuseBackend:
                 out_node = next(n for n in aten_gm.graph.nodes if n.op == "output")
                 results = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
                 for i, t in exported.constants.items():
-                    if isinstance(results[i], torch.fx.Node):
+                    # (A random-number state carrying a seed changes every call: not a constant.)
+                    if isinstance(results[i], torch.fx.Node) and i not in exported.seed_outputs:
                         constants[results[i].name] = t
             graph = exported.graph
             record = CapturedPlan(kind, graph, plan_graph(graph, binary=self.binary, device=self.device, args=self.args))

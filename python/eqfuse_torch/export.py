@@ -726,7 +726,12 @@ def _clamp(L, x, min=None, max=None):
 
 
 def _sum(L, x, dim=None, keepdim=False, dtype=None):
-    x = L.cast(x, L.out_dtype())
+    out = L.out_dtype()
+    if out == "i32" and isinstance(x, Value) and x.dtype == "bool" and x.numel <= 1 << 24:
+        # A count (of tokens not ignored, say): summed in f32, exact below 2^24 terms, as the
+        # kernels reduce floats.
+        return L.cast(L.reduce("sum", L.cast(x, "f32"), dim, keepdim), "i32")
+    x = L.cast(x, out)
     return L.reduce("sum", x, dim, keepdim)
 
 
