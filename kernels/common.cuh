@@ -248,11 +248,12 @@ __device__ __forceinline__ void eq_scatter_addv(T* p, eq_idx off, int j, long lo
 }
 
 // ---- pointwise semantics (src/scalar.rs) ----
-__device__ __forceinline__ float eq_sigmoid(float x) {
-    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
-    const float e = expf(x);
-    return e / (1.0f + e);
-}
+// Branch-free: 1 / (1 + e^-x) is accurate for every x (e^-x overflows to inf only where the
+// result is below the smallest normal), and `__frcp_rn` is the correctly rounded reciprocal
+// (`1.0f / y` exactly) without the division's slow path. The two-branch form made warps
+// diverge on mixed signs: silu(a) * u over 8192x5632 bf16 on an H200 (2026-11-26) ran 104.7 us
+// against 67.3 us branch-free (a copy of the same bytes: 66.3 us).
+__device__ __forceinline__ float eq_sigmoid(float x) { return __frcp_rn(1.0f + expf(-x)); }
 __device__ __forceinline__ float eq_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 __device__ __forceinline__ float eq_gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
