@@ -281,17 +281,34 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
             profile.max_kernel_args
         ));
     }
-    // Values computed in the kernel: operators, and views of them (a view of a read is an index map).
+    // Values computed in the kernel: operators, and views of them (a view of a read is an index
+    // map). Index generators are computed at any element, so they and their views are like
+    // reads: `iota` and views of it (a reshape only of an iota or a reshaped iota), `onehot` of
+    // a read and its transposes and broadcasts.
     let mut computed = vec![false; nodes.len()];
+    let mut index = vec![false; nodes.len()];
+    let mut reshapable = vec![false; nodes.len()];
     for (i, n) in nodes.iter().enumerate() {
-        computed[i] = match n {
-            TensorLang::Op(code, ch) => match code.kind() {
-                // (A slice of a read is one too: the read at an offset.)
-                Kind::Transpose | Kind::Reshape | Kind::Broadcast | Kind::Slice => computed[usize::from(ch[0])],
-                _ => true,
-            },
-            _ => false,
-        };
+        if let TensorLang::Op(code, ch) = n {
+            let c = ch.first().map(|&c| usize::from(c));
+            let below = |v: &[bool]| c.is_some_and(|c| v[c]);
+            (index[i], reshapable[i]) = match code.kind() {
+                Kind::Iota => (true, true),
+                Kind::OneHot => (!below(&computed), false),
+                Kind::Transpose | Kind::Broadcast => (below(&index), false),
+                Kind::Reshape => (below(&index) && below(&reshapable), below(&reshapable)),
+                _ => (false, false),
+            };
+        }
+        computed[i] = !index[i]
+            && match n {
+                TensorLang::Op(code, ch) => match code.kind() {
+                    // (A slice of a read is one too: the read at an offset.)
+                    Kind::Transpose | Kind::Reshape | Kind::Broadcast | Kind::Slice => computed[usize::from(ch[0])],
+                    _ => true,
+                },
+                _ => false,
+            };
     }
     let mut reds = vec![];
     let mut anchors = vec![];
