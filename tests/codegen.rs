@@ -435,7 +435,13 @@ fn row_keeping_agrees_between_cost_and_codegen() {
         let k = plan.kernels.iter().position(|k| k.template == eqfuse::Template::RowReduce).expect("a row kernel");
         let s = sources.iter().find(|s| s.name.starts_with("rowreduce")).unwrap();
         let size = if dtype == "f32" { 4 } else { 2 };
-        let vec = if src_has(&s.source, "EQ_VEC 8") { 8 } else if src_has(&s.source, "EQ_VEC 4") { 4 } else { 0 };
+        let vec = if src_has(&s.source, "EQ_VEC 8") {
+            8
+        } else if src_has(&s.source, "EQ_VEC 4") {
+            4
+        } else {
+            0
+        };
         let notes = plan.kernels[k].rejected.join("\n");
         let what = format!("{dtype} rows of {width}: {notes}");
         match eqfuse::row_keep(width, &[size], vec) {

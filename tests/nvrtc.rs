@@ -479,13 +479,25 @@ fn wide_and_odd_rows_compile_without_spills() {
     }
     // Wide normalisations and an f32 vocabulary of 32001, kept in shared memory.
     for (name, text) in [
-        ("layernorm_wide", "input x: f32[R, V]\ninput g: f32[V]\ninput b: f32[V]\ny = layernorm(x, g, b, 0.00001)\noutput y\n"),
+        (
+            "layernorm_wide",
+            "input x: f32[R, V]\ninput g: f32[V]\ninput b: f32[V]\ny = layernorm(x, g, b, 0.00001)\noutput y\n",
+        ),
         ("rmsnorm_wide", "input x: bf16[R, V]\ninput g: bf16[V]\ny = rmsnorm(x, g, 0.00001)\noutput y\n"),
         ("softmax_32001_f32", "input x: f32[R, V]\ny = softmax(x, -1)\noutput y\n"),
     ] {
         let path = wide.join(format!("{name}.eqf"));
         let v = if name.starts_with("softmax") { 32001 } else { 40001 };
         std::fs::write(&path, format!("dim R = 1024\ndim V = {v}\n{text}")).unwrap();
+        programs.push((path.to_str().unwrap().to_string(), vec![]));
+    }
+    // Rows kept in shared memory of whole vectors only: one a block, and two a block.
+    for (name, text) in [
+        ("rmsnorm_49152_bf16", "dim R = 1024\ndim C = 49152\ninput x: bf16[R, C]\ninput g: bf16[C]\ny = rmsnorm(x, g, 0.00001)\noutput y\n"),
+        ("softmax_sum3_4096_bf16", "dim R = 1024\ndim C = 4096\ninput a: bf16[R, C]\ninput b: bf16[R, C]\ninput c: bf16[R, C]\ny = softmax(a + b + c, -1)\noutput y\n"),
+    ] {
+        let path = wide.join(format!("{name}.eqf"));
+        std::fs::write(&path, text).unwrap();
         programs.push((path.to_str().unwrap().to_string(), vec![]));
     }
     let ce_bf16 = wide.join("cross_entropy_bf16.eqf");
@@ -552,7 +564,12 @@ fn wide_and_odd_rows_compile_without_spills() {
             }
             if defines.contains("#define EQ_SMEM_CACHE 1\n") {
                 let regs = c.log.lines().find(|l| l.contains("registers")).unwrap_or("");
-                eprintln!("{what} / {}: kept in {} bytes of shared memory; {}", s.name, s.launch.smem_bytes, regs.trim());
+                eprintln!(
+                    "{what} / {}: kept in {} bytes of shared memory; {}",
+                    s.name,
+                    s.launch.smem_bytes,
+                    regs.trim()
+                );
                 kept += 1;
             }
             n += 1;

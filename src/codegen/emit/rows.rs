@@ -903,7 +903,8 @@ pub(super) fn row_shape(cols: usize, sizes: &[usize], vec: usize, product: bool)
         let row_bytes = keep_slabs(cols, sizes, vec).1;
         let bytes = |t: usize| row_block(t) / t * row_bytes;
         let pair = row_threads.min(SMEM_ROW_THREADS);
-        let (t, blocks) = if 2 * (bytes(pair) + SMEM_BESIDE_ROWS) <= SMEM_PER_SM { (pair, 2) } else { (row_threads, 1) };
+        let (t, blocks) =
+            if 2 * (bytes(pair) + SMEM_BESIDE_ROWS) <= SMEM_PER_SM { (pair, 2) } else { (row_threads, 1) };
         if bytes(t) <= MAX_ROW_SMEM_BYTES {
             return shape(RowKeep::Shared { bytes: bytes(t) }, t, blocks);
         }
