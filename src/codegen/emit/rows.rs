@@ -6,7 +6,9 @@
 //! `a` read at column `t` (H200, cross-entropy gradient 8192x32000: 710 -> 568 us,
 //! benches/results/2026-11-22-h200-86c34f4-cevariants). A stage over a cached row keeps a
 //! per-element value the epilogue needs in the cache in place of the raw value (softmax's
-//! `exp(x - max)`), so the epilogue does not compute it again (see [`plan::reuse`]).
+//! `exp(x - max)`), so the epilogue does not compute it again (see [`plan::reuse`]). A row too
+//! long for registers is kept in shared memory where its inputs fit there in their storage
+//! types ([`row_shape`]), and every pass after the first reads that copy.
 
 use super::*;
 
