@@ -129,6 +129,19 @@ __device__ __forceinline__ void eq_storev_row(T* __restrict__ p, const U (&in)[V
         if (eq_in_row(col0 + v, cols)) eq_put(p + v, in[v]);
 }
 
+// A row copy's partial vector (rowreduce.cu's shifted rows kept in shared memory): the vector
+// at p holding columns col0 .. col0 + V - 1 (as eq_loadv_row) stored at `keep`, with zeros for
+// columns outside [0, cols).
+template <typename T, int V>
+__device__ __forceinline__ void eq_keepv_row(const T* __restrict__ p, T* keep, eq_idx col0, eq_idx cols) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+        T x{};
+        if (eq_in_row(col0 + v, cols)) x = p[v];
+        keep[v] = x;
+    }
+}
+
 // ---- 1-bit masks: a saved bool tensor stored packed, 32 elements to a 32-bit word ----
 // Element i is bit i % 32 of word i / 32 (row-major i; docs/plan-schema.md). A packed mask is
 // passed as one pointer wrapped in `eq_bits` (read) or `eq_bits_out` (written); `p[i]` and

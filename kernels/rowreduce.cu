@@ -26,6 +26,15 @@
 // the epilogue moves each chunk of the next row from shared memory into the registers it
 // frees and starts copying the same chunk of the row after that. Each thread reads back only
 // what it copied itself, so no barrier guards the staging buffer.
+// Rows kept in shared memory (EQ_SMEM_CACHE, for rows too long for registers whose cached
+// inputs fit a block's shared memory in their storage types, e.g. a bf16 vocabulary of 50257 in
+// 100528 bytes): the first stage's pass copies each of the thread's vectors of the row, as
+// loaded, into the row's EQ_SMEM_ROW_BYTES of dynamic shared memory (EQ_KEEP_DEPTH chunks'
+// loads in flight at a time; a shifted row's partial first and last vectors copied alone, with
+// zeros outside the row), and every later stage and the epilogue read the copy, so the row is
+// read from device memory once. Each thread reads back only the vectors it copied, so no
+// barrier guards the copy. EQ_MIN_BLOCKS blocks an SM bound the registers (two blocks of 512
+// threads where two rows fit an SM).
 // Cross-thread combining: warp shuffles, then shared memory across the row's warps.
 // Kept values: a stage over a cached row may overwrite a cached value by a per-element value it
 // computes (after its accumulation has read both) when nothing later needs the raw value, and
@@ -34,9 +43,10 @@
 // over uncached rows it writes nothing of use (each pass fetches afresh).
 // Online form: a stage may hold a max m and the sum of exp(e - m) of the same row as one pair
 // (combined as m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m)), so softmax needs one pass
-// before its epilogue instead of two. Codegen uses it only for rows that are not cached: over a
-// cached row a second pass reads registers, and the pair's rescaling costs more arithmetic than
-// it saves (cross-entropy 8192x32000 on an H100: 975 us online, 779 us in two stages).
+// before its epilogue instead of two. Codegen uses it only for rows kept nowhere: over a row in
+// registers or shared memory a second pass reads the chip, and the pair's rescaling costs more
+// arithmetic than it saves (cross-entropy 8192x32000 on an H100: 975 us online, 779 us in two
+// stages).
 //
 // Global values (cross-entropy's mean over rows): when EQ_NGLOBAL > 0, each row adds row
 // values to EQ_NGLOBAL per-thread sums (`eq_global`); a block combines its rows in a fixed
@@ -121,8 +131,22 @@ __device__ __forceinline__ void eq_row_store(EQ_PARAMS, eq_idx row, const EqRow&
 #ifndef EQ_SHIFT
 #define EQ_SHIFT 0
 #endif
+#ifndef EQ_SMEM_CACHE
+#define EQ_SMEM_CACHE 0
+#endif
+#ifndef EQ_MIN_BLOCKS
+#define EQ_MIN_BLOCKS 1
+#endif
 #if EQ_SHIFT && EQ_PIPELINED
 #error "shifted rows are not staged through shared memory"
+#endif
+#if EQ_SMEM_CACHE && EQ_CACHED
+#error "a row is kept in registers or in shared memory, not both"
+#endif
+#if EQ_MIN_BLOCKS > 1
+#define EQ_BOUNDS __launch_bounds__(EQ_BLOCK, EQ_MIN_BLOCKS)
+#else
+#define EQ_BOUNDS __launch_bounds__(EQ_BLOCK)
 #endif
 #define EQ_ROWS_PER_BLOCK (EQ_BLOCK / EQ_ROW_THREADS)
 #define EQ_WARPS_PER_ROW (EQ_ROW_THREADS > 32 ? EQ_ROW_THREADS / 32 : 1)
@@ -164,6 +188,12 @@ extern __shared__ __align__(16) unsigned char eq_staging[];
 __device__ __forceinline__ unsigned char* eq_stage_slot(int slot, int c, int lane) {
     return eq_staging + ((size_t)(slot * EQ_CHUNKS + c) * EQ_NCACHE * EQ_ROW_THREADS + lane) * 16;
 }
+#endif
+
+#if EQ_SMEM_CACHE
+// A block's rows kept in shared memory: row slot `slot` at EQ_SMEM_ROW_BYTES * slot, each cached
+// input's vectors in its storage type, vector vi of a row at element vi * EQ_VEC of its slab.
+extern __shared__ __align__(16) unsigned char eq_kept_rows[];
 #endif
 
 #if EQ_NGLOBAL > 0
@@ -214,7 +244,12 @@ __device__ __forceinline__ eq_idx eq_lead(eq_idx row) {
 // columns of a row of lead `lead` while this is below EQ_COLS + lead.
 __device__ __forceinline__ eq_idx eq_vcol(int c, int lane) { return ((eq_idx)c * EQ_ROW_THREADS + lane) * EQ_VEC; }
 
-extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
+// Whether the vector at `vc` (as eq_vcol) of a row of lead `lead` holds only columns of the row.
+__device__ __forceinline__ bool eq_whole(eq_idx vc, eq_idx lead) {
+    return vc >= lead && vc + EQ_VEC <= (eq_idx)EQ_COLS + lead;
+}
+
+extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
     __shared__ float red[EQ_ROWS_PER_BLOCK][EQ_WARPS_PER_ROW][EQ_NACC];
     const int slot = threadIdx.x / EQ_ROW_THREADS;
     const int lane = threadIdx.x % EQ_ROW_THREADS;
@@ -251,10 +286,66 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
         const eq_idx lead = eq_lead(row);
         EqRow rv;
         if (active) eq_row_init(EQ_ARGS, row, rv);
+#if EQ_SMEM_CACHE
+        unsigned char* keep = eq_kept_rows + (size_t)slot * EQ_SMEM_ROW_BYTES;
+#endif
 #pragma unroll
         for (int s = 0; s < EQ_STAGES; ++s) {
             float acc[EQ_NACC];
             eq_acc_init(s, acc);
+#if EQ_SMEM_CACHE
+            if (s == 0) {
+#if EQ_SHIFT
+                // A shifted row's first and last vectors hold columns outside it: copied alone,
+                // by the threads that own them.
+                if (active) {
+                    const int last = (int)((EQ_COLS + lead - 1) / EQ_VEC);
+                    if (lead > 0 && lane == 0) eq_keep_edge(EQ_ARGS, row, (eq_idx)0 - lead, keep, 0);
+                    if (lane == last % EQ_ROW_THREADS && !eq_whole(eq_vcol(last / EQ_ROW_THREADS, lane), lead))
+                        eq_keep_edge(EQ_ARGS, row, (eq_idx)last * EQ_VEC - lead, keep, last);
+                }
+#endif
+                // The one pass over device memory: the whole vectors of EQ_KEEP_DEPTH chunks
+                // loaded together (all in flight before the first is stored), copied into shared
+                // memory as loaded, then accumulated from there.
+#pragma unroll 1
+                for (int c0 = 0; c0 < EQ_CHUNKS; c0 += EQ_KEEP_DEPTH) {
+                    EqKept r[EQ_KEEP_DEPTH];
+#pragma unroll
+                    for (int u = 0; u < EQ_KEEP_DEPTH; ++u) {
+                        const eq_idx vc = eq_vcol(c0 + u, lane);
+                        if (active && c0 + u < EQ_CHUNKS && eq_whole(vc, lead)) eq_keep_load(EQ_ARGS, row, vc - lead, r[u]);
+                    }
+#pragma unroll
+                    for (int u = 0; u < EQ_KEEP_DEPTH; ++u) {
+                        const eq_idx vc = eq_vcol(c0 + u, lane);
+                        if (active && c0 + u < EQ_CHUNKS && eq_whole(vc, lead))
+                            eq_keep_store(keep, (c0 + u) * EQ_ROW_THREADS + lane, r[u]);
+                    }
+#pragma unroll
+                    for (int u = 0; u < EQ_KEEP_DEPTH; ++u) {
+                        const int c = c0 + u;
+                        const eq_idx vc = eq_vcol(c, lane);
+                        if (active && c < EQ_CHUNKS && vc < (eq_idx)EQ_COLS + lead) {
+                            float cv[EQ_NCACHE][EQ_VEC];
+                            eq_unkeep(keep, c * EQ_ROW_THREADS + lane, cv);
+                            eq_accum(s, EQ_ARGS, row, vc - lead, cv, rv, acc);
+                        }
+                    }
+                }
+            } else {
+                // Each thread reads back the vectors it kept itself: no barrier.
+#pragma unroll 4
+                for (int c = 0; c < EQ_CHUNKS; ++c) {
+                    const eq_idx vc = eq_vcol(c, lane);
+                    if (active && vc < (eq_idx)EQ_COLS + lead) {
+                        float cv[EQ_NCACHE][EQ_VEC];
+                        eq_unkeep(keep, c * EQ_ROW_THREADS + lane, cv);
+                        eq_accum(s, EQ_ARGS, row, vc - lead, cv, rv, acc);
+                    }
+                }
+            }
+#else
             // A shifted row not kept in registers streams 4 chunks at a time: unrolled over all
             // of them, ptxas hoists every chunk's loads and spills (cross-entropy with its
             // gradient over f32 rows of 50257: 13 chunks, 16 bytes of spill stores).
@@ -276,6 +367,7 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
 #endif
                 }
             }
+#endif
             eq_row_combine(s, acc, red, slot, lane);
             if (active) eq_finish(s, EQ_ARGS, row, acc, rv);
         }
@@ -286,6 +378,17 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
 #if EQ_CACHED && EQ_SHIFT
         const eq_idx next_lead = eq_lead(row + stride);
 #endif
+#if EQ_SMEM_CACHE
+#pragma unroll 4
+        for (int c = 0; c < EQ_CHUNKS; ++c) {
+            const eq_idx vc = eq_vcol(c, lane);
+            if (vc < (eq_idx)EQ_COLS + lead) {
+                float cv[EQ_NCACHE][EQ_VEC];
+                eq_unkeep(keep, c * EQ_ROW_THREADS + lane, cv);
+                eq_epilogue(EQ_ARGS, row, vc - lead, cv, rv);
+            }
+        }
+#else
 #if EQ_CACHED || !EQ_SHIFT
 #pragma unroll
 #else
@@ -316,6 +419,7 @@ extern "C" __global__ void __launch_bounds__(EQ_BLOCK) EQ_KERNEL(EQ_PARAMS) {
 #endif
             }
         }
+#endif
 #if EQ_PIPELINED
         eq_cp_async_commit();
 #endif

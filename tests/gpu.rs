@@ -722,14 +722,19 @@ fn odd_width_rows_match_the_reference() {
         .collect();
     files.sort();
     let mut plans = Vec::new();
+    let mut kept = 0;
     for file in &files {
         let p = eqfuse::load_program(file, &[]).unwrap_or_else(|e| panic!("{file}: {e}"));
         let fused = optimize(&p, &opts).unwrap().plan;
         let sources = codegen_plan(&fused).unwrap();
         assert!(sources.iter().any(|s| s.source.contains("#define EQ_SHIFT 1")), "{file}: no shifted rows");
+        kept += sources.iter().filter(|s| s.source.contains("#define EQ_SMEM_CACHE 1\n")).count();
         plans.push((format!("{file} (fused)"), p.clone(), fused));
         plans.push((format!("{file} (unfused)"), p.clone(), unfused_plan(&p, &profile, false).unwrap()));
     }
+    // Rows kept in shared memory: the wide softmaxes, cross-entropies and their gradients, a
+    // layernorm of two rows, mixed storage types and gathered lanes.
+    assert!(kept >= 8, "only {kept} fused row kernels keep their rows in shared memory");
     let Some(gpu) = gpu_or_skip(&plans) else { return };
     for (seed, (name, program, plan)) in plans.iter().enumerate() {
         run_checked(&gpu, name, program, plan, seed as u64);
@@ -738,5 +743,56 @@ fn odd_width_rows_match_the_reference() {
         let r = run_on(&gpu, program, plan, &sources, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(r.ok(), "{name}: {r}");
         eprintln!("ok: {name}");
+    }
+}
+
+/// Rows kept in shared memory whose width 16 bytes divide (whole vectors only, no shifted
+/// rows): an rmsnorm over bf16 rows of 49152 (two blocks of 512 threads an SM), a softmax of a
+/// sum of three bf16 rows of 4096 (two rows to a block, each in its own slot; five rows, so
+/// the last block's second slot is idle), and the GPT-2 vocabulary softmax over more rows than
+/// two blocks an SM hold at once; each run twice, the second as a CUDA graph.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn rows_kept_in_shared_memory_match_the_reference() {
+    let profile = DeviceProfile::load("h100").unwrap();
+    let opts = OptimizeOptions::new(profile.clone());
+    let programs = [
+        (
+            "rmsnorm bf16 8x49152",
+            "dim R = 8\ndim C = 49152\ninput x: bf16[R, C]\ninput g: bf16[C]\ny = rmsnorm(x, g, 0.00001)\noutput y\n",
+            &["EQ_ROW_THREADS 512", "EQ_MIN_BLOCKS 2"][..],
+        ),
+        (
+            "softmax of three bf16 rows 5x4096",
+            "dim R = 5\ndim C = 4096\ninput a: bf16[R, C]\ninput b: bf16[R, C]\ninput c: bf16[R, C]\ny = softmax(a + b + c, -1)\noutput y\n",
+            &["EQ_ROW_THREADS 128", "EQ_BLOCK 256", "EQ_NCACHE 3"][..],
+        ),
+        (
+            "softmax bf16 600x50257",
+            "dim R = 600\ndim V = 50257\ninput x: bf16[R, V]\ny = softmax(x, -1)\noutput y\n",
+            &["EQ_SHIFT 1", "EQ_SMEM_ROW_BYTES 100528"][..],
+        ),
+    ];
+    let mut plans = Vec::new();
+    for (name, text, defines) in programs {
+        let p = eqfuse::parse_program(name, text, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let plan = optimize(&p, &opts).unwrap().plan;
+        let sources = codegen_plan(&plan).unwrap();
+        let row = sources.iter().find(|s| s.source.contains("#define EQ_SMEM_CACHE 1\n"));
+        let row = row.unwrap_or_else(|| panic!("{name}: no row kept in shared memory"));
+        for d in defines {
+            assert!(row.source.contains(&format!("#define {d}\n")), "{name}: not {d}");
+        }
+        assert!(row.launch.smem_bytes > 0, "{name}");
+        plans.push((name.to_string(), p, plan));
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        run_checked(&gpu, name, program, plan, seed as u64);
+        let sources = codegen_plan(plan).unwrap();
+        let opts = GpuRunOptions { repeat: 2, seed: seed as u64, graph: true, ..GpuRunOptions::default() };
+        let r = run_on(&gpu, program, plan, &sources, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(r.ok(), "{name}: {r}");
+        eprintln!("ok: {name}\n{r}");
     }
 }

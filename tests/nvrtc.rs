@@ -477,6 +477,29 @@ fn wide_and_odd_rows_compile_without_spills() {
     for file in ["examples/cross_entropy.eqf", "examples/cross_entropy_grad.eqf"] {
         programs.push((file.to_string(), dims(&[("N", 8192), ("V", 50257)])));
     }
+    // Wide normalisations and an f32 vocabulary of 32001, kept in shared memory.
+    for (name, text) in [
+        (
+            "layernorm_wide",
+            "input x: f32[R, V]\ninput g: f32[V]\ninput b: f32[V]\ny = layernorm(x, g, b, 0.00001)\noutput y\n",
+        ),
+        ("rmsnorm_wide", "input x: bf16[R, V]\ninput g: bf16[V]\ny = rmsnorm(x, g, 0.00001)\noutput y\n"),
+        ("softmax_32001_f32", "input x: f32[R, V]\ny = softmax(x, -1)\noutput y\n"),
+    ] {
+        let path = wide.join(format!("{name}.eqf"));
+        let v = if name.starts_with("softmax") { 32001 } else { 40001 };
+        std::fs::write(&path, format!("dim R = 1024\ndim V = {v}\n{text}")).unwrap();
+        programs.push((path.to_str().unwrap().to_string(), vec![]));
+    }
+    // Rows kept in shared memory of whole vectors only: one a block, and two a block.
+    for (name, text) in [
+        ("rmsnorm_49152_bf16", "dim R = 1024\ndim C = 49152\ninput x: bf16[R, C]\ninput g: bf16[C]\ny = rmsnorm(x, g, 0.00001)\noutput y\n"),
+        ("softmax_sum3_4096_bf16", "dim R = 1024\ndim C = 4096\ninput a: bf16[R, C]\ninput b: bf16[R, C]\ninput c: bf16[R, C]\ny = softmax(a + b + c, -1)\noutput y\n"),
+    ] {
+        let path = wide.join(format!("{name}.eqf"));
+        std::fs::write(&path, text).unwrap();
+        programs.push((path.to_str().unwrap().to_string(), vec![]));
+    }
     let ce_bf16 = wide.join("cross_entropy_bf16.eqf");
     std::fs::write(
         &ce_bf16,
@@ -492,7 +515,7 @@ fn wide_and_odd_rows_compile_without_spills() {
     cases.sort();
     programs.extend(cases.into_iter().map(|p| (p, vec![])));
     let verbose = ["--ptxas-options=-v".to_string()];
-    let (mut n, mut failed) = (0, Vec::new());
+    let (mut n, mut kept, mut failed) = (0, 0, Vec::new());
     for (path, dims) in &programs {
         let what = format!("{path} {dims:?}");
         let p = eqfuse::load_program(path, dims).unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -510,11 +533,26 @@ fn wide_and_odd_rows_compile_without_spills() {
             }
             let odd = p.dims.iter().any(|(k, v)| ["V", "C"].contains(&k.as_str()) && v % 8 != 0);
             if path.ends_with("softmax_bf16.eqf") && dims.is_empty() {
-                // The shape the issue measured at half of copy bandwidth (EQ_VEC 1, cached,
-                // 100 bytes of spill stores).
-                for d in ["EQ_VEC 8", "EQ_SHIFT 1", "EQ_CACHED 0", "EQ_ROW_THREADS 1024"] {
+                // The shape the issue measured at half of copy bandwidth (EQ_VEC 1, cached in
+                // registers, 100 bytes of spill stores; then fetched again for the epilogue, at
+                // 45%): the row's 100528 bytes kept in shared memory, two blocks of 512 threads
+                // an SM.
+                for d in [
+                    "EQ_VEC 8",
+                    "EQ_SHIFT 1",
+                    "EQ_CACHED 0",
+                    "EQ_SMEM_CACHE 1",
+                    "EQ_SMEM_ROW_BYTES 100528",
+                    "EQ_ROW_THREADS 512",
+                    "EQ_MIN_BLOCKS 2",
+                    "EQ_STAGES 2",
+                ] {
                     assert!(defines.contains(&format!("#define {d}\n")), "{what}: not {d}\n{defines}");
                 }
+                assert_eq!(s.launch.smem_bytes, 100528, "{what}");
+            } else if path.ends_with("softmax_bf16.eqf") && dims.iter().any(|(_, v)| *v == 128256) {
+                // 256 KB of bf16 a row: beyond a block's shared memory, fetched by each pass.
+                assert!(!defines.contains("EQ_SMEM_CACHE") && defines.contains("#define EQ_CACHED 0\n"), "{what}");
             } else if path.ends_with("softmax_bf16.eqf") && dims.len() == 1 {
                 // Rows 16 bytes divide keep their kernels: in registers, no shift.
                 assert!(
@@ -524,10 +562,21 @@ fn wide_and_odd_rows_compile_without_spills() {
             } else if odd && !defines.contains("EQ_SHIFT 1") {
                 panic!("{what} / {}: odd rows not shifted\n{defines}", s.name);
             }
+            if defines.contains("#define EQ_SMEM_CACHE 1\n") {
+                let regs = c.log.lines().find(|l| l.contains("registers")).unwrap_or("");
+                eprintln!(
+                    "{what} / {}: kept in {} bytes of shared memory; {}",
+                    s.name,
+                    s.launch.smem_bytes,
+                    regs.trim()
+                );
+                kept += 1;
+            }
             n += 1;
         }
     }
     let _ = std::fs::remove_dir_all(&wide);
+    assert!(kept >= 10, "only {kept} row kernels keep their rows in shared memory");
     assert!(failed.is_empty(), "{} row kernels spill registers:\n{}", failed.len(), failed.join("\n\n"));
     eprintln!("compiled {n} row kernels of wide and odd rows without spills");
 }

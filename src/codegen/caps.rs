@@ -11,7 +11,7 @@ use crate::ir::types::{DType, TensorType};
 use crate::plan::{Kernel, Template};
 
 pub use super::cublaslt::LtCall;
-pub use super::emit::ROW_CACHE_PER_THREAD;
+pub use super::emit::{RowKeep, MAX_ROW_SMEM_BYTES, ROW_CACHE_PER_THREAD};
 pub use super::gemm::{Tile as GemmTile, MAX_ROW_EPILOGUE as MAX_GEMM_ROW};
 pub use super::{mask_refusal, MaskAccess, MaskSite};
 
@@ -106,10 +106,11 @@ pub fn gemm_staging(k: &Kernel) -> Option<(usize, usize)> {
     super::gemm::staging(k)
 }
 
-/// Whether a row kernel over rows of `cols` elements keeps its `ncache` cached inputs on chip
-/// (read once) at `vec` elements per access.
-pub fn row_cached(cols: usize, ncache: usize, vec: usize) -> bool {
-    super::emit::row_cached(cols, ncache, vec)
+/// Where a row kernel over rows of `cols` elements keeps cached inputs of `sizes` bytes an
+/// element (their storage types) at `vec` elements per access: in registers or shared memory
+/// (read once), or nowhere (read by every pass).
+pub fn row_keep(cols: usize, sizes: &[usize], vec: usize) -> RowKeep {
+    super::emit::row_keep(cols, sizes, vec)
 }
 
 /// The lane count (elements per access) of a kernel of `template` over an iteration space of

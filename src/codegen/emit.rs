@@ -16,7 +16,7 @@ use std::fmt::Write;
 mod cols;
 mod rows;
 mod scatter;
-pub use rows::{row_cached, ROW_CACHE_PER_THREAD};
+pub use rows::{row_keep, RowKeep, MAX_ROW_SMEM_BYTES, ROW_CACHE_PER_THREAD};
 pub use scatter::accumulates as scatter_accumulates;
 
 use super::lower::{Access, Lowered, Node, Op, Seed, Store};

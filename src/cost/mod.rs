@@ -1252,10 +1252,12 @@ impl Shaped<'_> {
 /// read is streamed once per pass codegen makes over the row: one per dependent stage (a max
 /// and the sum of exponentials after it, the `softmax`, `log_softmax` and `cross_entropy`
 /// composites, share one online pass outside strict numerics) and one for an epilogue that
-/// writes the row. "Fits" is the question codegen asks (`caps::row_cached`: at most 64
-/// elements per thread in registers, and no more than the block leaves a thread beside its
-/// other registers, at the launch shape and lane count it picks, shifted rows included), within
-/// the profile's shared memory per block (the pipelined form stages the next row there).
+/// writes the row. "Fits" is the question codegen asks (`caps::row_keep`, from the inputs'
+/// storage types): in registers (at most 64 elements per thread, and no more than the block
+/// leaves a thread beside its other registers, at the launch shape and lane count it picks,
+/// shifted rows included), or else in shared memory (the row's vectors in their storage types
+/// within `caps::MAX_ROW_SMEM_BYTES` a block), where the first pass reads the row from device
+/// memory and later passes read the copy.
 fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
     let width = k.domain.last().copied().unwrap_or(1);
     let full: usize = k.domain.iter().product();
@@ -1270,15 +1272,23 @@ fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
     // Elements per access as codegen chooses them, from the widest input.
     let widest = full_types.iter().map(|d| d.size()).max().unwrap_or(4);
     let vec = caps::vector_width(Template::RowReduce, k.domain.len(), width, widest, profile.strict, false);
-    if row_bytes <= profile.smem_per_block_bytes && caps::row_cached(width, full_reads, vec) {
-        return;
+    let sizes: Vec<usize> = if full_types.is_empty() { vec![4] } else { full_types.iter().map(|d| d.size()).collect() };
+    match caps::row_keep(width, &sizes, vec) {
+        caps::RowKeep::Registers => return,
+        caps::RowKeep::Shared { bytes } => {
+            k.notes.push(format!(
+                "row of {width} kept in shared memory ({bytes} bytes a block with {full_reads} input rows): each input row is read once"
+            ));
+            return;
+        }
+        caps::RowKeep::Fetched => {}
     }
     let stages = if profile.strict { depth } else { pass_depth(dag, k) };
     k.passes = (stages + epilogue_uses_rows(dag, k) as usize).max(1) as u32;
     k.notes.push(format!(
-        "row of {width} f32 ({row_bytes} bytes with {full_reads} input rows) does not fit on chip (shared memory {} bytes, {} elements per thread at {vec} a vector, within the block's registers per thread): each input row is read {} times",
-        profile.smem_per_block_bytes,
+        "row of {width} f32 ({row_bytes} bytes with {full_reads} input rows) does not fit on chip ({} elements per thread at {vec} a vector, within the block's registers per thread, or {} bytes of shared memory a block): each input row is read {} times",
         caps::ROW_CACHE_PER_THREAD,
+        caps::MAX_ROW_SMEM_BYTES,
         k.passes
     ));
 }

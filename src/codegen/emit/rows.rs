@@ -6,7 +6,9 @@
 //! `a` read at column `t` (H200, cross-entropy gradient 8192x32000: 710 -> 568 us,
 //! benches/results/2026-11-22-h200-86c34f4-cevariants). A stage over a cached row keeps a
 //! per-element value the epilogue needs in the cache in place of the raw value (softmax's
-//! `exp(x - max)`), so the epilogue does not compute it again (see [`plan::reuse`]).
+//! `exp(x - max)`), so the epilogue does not compute it again (see [`plan::reuse`]). A row too
+//! long for registers is kept in shared memory where its inputs fit there in their storage
+//! types ([`row_shape`]), and every pass after the first reads that copy.
 
 use super::*;
 
@@ -219,12 +221,15 @@ impl Emitter<'_> {
         let cols = if r == 0 { 1 } else { self.dim(r - 1) };
         let numel: usize = self.l.domain.iter().product();
         let rows = numel.checked_div(cols).unwrap_or(0);
-        let (row_threads, chunks) = row_split(row_vectors(cols, self.vec), self.l.product.is_some());
-        let block = row_block(row_threads);
-        // (`row_cached`'s question at this launch shape: a gemm's row epilogue keeps 4 vectors a
-        // thread whatever the row's length.)
-        let cached = fits_in_registers(rp.cached.len(), chunks, self.vec, block, self.shift);
-        if cached && !rp.online.is_empty() {
+        let sizes: Vec<usize> = rp.cached.iter().map(|&i| self.cached_dtype(i).size()).collect();
+        let shape = row_shape(cols, &sizes, self.vec, self.l.product.is_some());
+        let (row_threads, chunks, block) = (shape.row_threads, shape.chunks, shape.block);
+        let cached = shape.keep == RowKeep::Registers;
+        let smem_row = match shape.keep {
+            RowKeep::Shared { bytes } => Some(bytes),
+            _ => None,
+        };
+        if (cached || smem_row.is_some()) && !rp.online.is_empty() {
             // A row held on chip costs nothing to pass over twice: the max, then the sum of
             // exponentials, as separate stages, is far less arithmetic than the online pair's
             // rescaling (cross-entropy 8192x32000 on an H100, 2026-11-22: 828 million
@@ -271,9 +276,22 @@ impl Emitter<'_> {
         if self.shift {
             let _ = writeln!(d, "#define EQ_SHIFT 1");
         }
+        if let Some(bytes) = smem_row {
+            for (k, v) in [
+                ("EQ_SMEM_CACHE", 1),
+                ("EQ_SMEM_ROW_BYTES", bytes / rpb),
+                ("EQ_KEEP_DEPTH", (KEEP_LOADS / ncache).max(1)),
+                ("EQ_MIN_BLOCKS", shape.blocks_per_sm),
+            ] {
+                let _ = writeln!(d, "#define {k} {v}");
+            }
+        }
         let mut body = String::new();
         body.push_str(&self.row_struct(&rp));
         body.push_str(&self.row_fetch(&rp));
+        if smem_row.is_some() {
+            body.push_str(&self.row_keep_functions(&rp));
+        }
         if pipelined {
             body.push_str(&self.row_stage(&rp));
         }
@@ -293,7 +311,7 @@ impl Emitter<'_> {
             grid: [grid as u32, 1, 1],
             block: [block as u32, 1, 1],
             workspace,
-            smem_bytes: if pipelined { stage_bytes as u32 } else { 0 },
+            smem_bytes: if pipelined { stage_bytes as u32 } else { smem_row.unwrap_or(0) as u32 },
             wave: pipelined,
         };
         Ok(Rendered { defines: d, body, shape, params: Params { vec: self.vec, row_threads, nacc } })
@@ -369,6 +387,109 @@ impl Emitter<'_> {
         f.s.push_str(&un.s);
         f.line(0, "}");
         f.s
+    }
+
+    /// The storage type of a cached load.
+    fn cached_dtype(&self, i: usize) -> DType {
+        match self.node(i).op {
+            Op::Load(a) => self.l.accesses[a].dtype,
+            _ => self.node(i).dtype,
+        }
+    }
+
+    /// Byte offsets of the cached loads' copies in a row's shared memory: each of the row's
+    /// vectors in its storage type, one slab per load, 16-byte aligned.
+    fn keep_offsets(&self, rp: &plan::RowPlan) -> Vec<usize> {
+        let cols = self.l.domain.last().copied().unwrap_or(1);
+        let sizes: Vec<usize> = rp.cached.iter().map(|&i| self.cached_dtype(i).size()).collect();
+        keep_slabs(cols, &sizes, self.vec).0
+    }
+
+    /// The functions that keep a row in shared memory (`EQ_SMEM_CACHE`): `EqKept` (one
+    /// chunk's cached loads as loaded, in registers), `eq_keep_load` (a whole vector's loads
+    /// into an `EqKept`), `eq_keep_store` (an `EqKept` into the row's shared memory at vector
+    /// `vi`), `eq_keep_edge` (a shifted row's first or last vector, columns outside the row kept
+    /// as zeros, copied alone) and `eq_unkeep` (the values of the copy at vector `vi`). Loads
+    /// other than vector accesses (gathered or uniform lanes) are fetched as `eq_fetch` fetches
+    /// them, and then every cached value is stored in its storage type, which it came from, so
+    /// the copy holds the same values either way and no load is made twice.
+    fn row_keep_functions(&self, rp: &plan::RowPlan) -> String {
+        let offsets = self.keep_offsets(rp);
+        let by_value = rp.cached.iter().any(|&i| self.keeps_by_value(i));
+        let mut need = BTreeSet::new();
+        let mut t = Text::default();
+        let (mut fields, mut load, mut store, mut edge, mut unkeep) =
+            (Text::default(), Text::default(), Text::default(), Text::default(), Text::default());
+        for (k, &i) in rp.cached.iter().enumerate() {
+            let Op::Load(a) = self.node(i).op else { continue };
+            let acc: &Access = &self.l.accesses[a];
+            let ty = storage_type(acc.dtype);
+            let at = format!("reinterpret_cast<{ty}*>(keep + {}) + vi * EQ_VEC", offsets[k]);
+            if by_value {
+                store.line(1, format!("eq_storev<{ty}, EQ_VEC>({at}, r.cv[{k}]);"));
+            } else {
+                let word = format!("eq_word<EQ_VEC * sizeof({ty})>::t");
+                let p = self.param(Some(acc.read), None);
+                let off = self.offset(&acc.strides, &mut need);
+                fields.line(1, format!("{word} w{k};"));
+                load.line(1, format!("r.w{k} = *reinterpret_cast<const {word}*>({p} + {off});"));
+                store.line(1, format!("*reinterpret_cast<{word}*>({at}) = r.w{k};"));
+                edge.line(1, format!("eq_keepv_row<{ty}, EQ_VEC>({p} + {off}, {at}, col0, EQ_COLS);"));
+            }
+            unkeep.line(
+                1,
+                format!(
+                    "eq_loadv<{ty}, EQ_VEC>(reinterpret_cast<const {ty}*>(keep + {}) + vi * EQ_VEC, cv[{k}]);",
+                    offsets[k]
+                ),
+            );
+        }
+        let mut coords = Text::default();
+        self.coords(&need, &mut coords, 1);
+        t.line(0, "struct EqKept {");
+        if by_value {
+            t.line(1, "float cv[EQ_NCACHE][EQ_VEC];");
+        } else {
+            t.s.push_str(&fields.s);
+        }
+        t.line(0, "};");
+        t.line(0, "__device__ __forceinline__ void eq_keep_load(EQ_PARAMS, eq_idx row, eq_idx col0, EqKept& r) {");
+        if by_value {
+            t.line(1, "eq_fetch(EQ_ARGS, row, col0, r.cv);");
+        } else {
+            t.s.push_str(&coords.s);
+            t.s.push_str(&load.s);
+        }
+        t.line(0, "}");
+        t.line(0, "__device__ __forceinline__ void eq_keep_store(unsigned char* keep, int vi, const EqKept& r) {");
+        t.s.push_str(&store.s);
+        t.line(0, "}");
+        t.line(
+            0,
+            "__device__ __forceinline__ void eq_keep_edge(EQ_PARAMS, eq_idx row, eq_idx col0, unsigned char* keep, int vi) {",
+        );
+        if by_value {
+            t.line(1, "EqKept r;");
+            t.line(1, "eq_fetch(EQ_ARGS, row, col0, r.cv);");
+            t.s.push_str(&store.s);
+        } else {
+            t.s.push_str(&coords.s);
+            t.s.push_str(&edge.s);
+        }
+        t.line(0, "}");
+        t.line(
+            0,
+            "__device__ __forceinline__ void eq_unkeep(const unsigned char* keep, int vi, float (&cv)[EQ_NCACHE][EQ_VEC]) {",
+        );
+        t.s.push_str(&unkeep.s);
+        t.line(0, "}");
+        t.s
+    }
+
+    /// Whether a cached load is copied into shared memory from its values (not a vector access).
+    fn keeps_by_value(&self, i: usize) -> bool {
+        let Op::Load(a) = self.node(i).op else { return false };
+        !matches!(self.lanes_of(&self.l.accesses[a].strides), Lanes::Vector)
     }
 
     fn row_fetch(&self, rp: &plan::RowPlan) -> String {
@@ -724,15 +845,90 @@ pub const ROW_CACHE_PER_THREAD: usize = 64;
 /// The most threads that share one row.
 pub const MAX_ROW_THREADS: usize = 1024;
 
-/// Whether a row kernel over rows of `cols` elements keeps its `ncache` cached inputs in
-/// registers (read once) rather than reading them again in every stage: at most
-/// [`ROW_CACHE_PER_THREAD`] elements per thread at the launch shape `rowreduce` picks (`vec`
-/// elements per access, up to [`MAX_ROW_THREADS`] threads per row). The cost model asks the same
-/// question (`cost::row_passes`), so a row it prices as read once is one codegen keeps on chip.
-pub fn row_cached(cols: usize, ncache: usize, vec: usize) -> bool {
-    let vec = vec.max(1);
-    let (row_threads, chunks) = row_split(row_vectors(cols, vec), false);
-    fits_in_registers(ncache, chunks, vec, row_block(row_threads), !cols.is_multiple_of(vec))
+/// Where a row kernel keeps its row's cached inputs (the loads its reduction stages read)
+/// between its passes over the row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowKeep {
+    /// In registers (`EQ_CACHED`): the row is read from device memory once.
+    Registers,
+    /// In `bytes` of dynamic shared memory a block, each input in its storage type
+    /// (`EQ_SMEM_CACHE`): the first pass reads the row from device memory, later passes read
+    /// shared memory, so the row is read from device memory once.
+    Shared {
+        /// Dynamic shared memory a block (the launch's `smem_bytes`).
+        bytes: usize,
+    },
+    /// Nowhere: each pass fetches the row from device memory again.
+    Fetched,
+}
+
+/// Where a row kernel over rows of `cols` elements keeps cached inputs of `sizes` bytes an
+/// element, `vec` elements an access ([`row_shape`]'s answer for the row template). The cost
+/// model asks this (`caps::row_keep`, `cost::row_passes`), so a row it prices as read once is
+/// one codegen keeps on chip, and with the same shared memory.
+pub fn row_keep(cols: usize, sizes: &[usize], vec: usize) -> RowKeep {
+    row_shape(cols, sizes, vec.max(1), false).keep
+}
+
+/// The launch shape of a row kernel and where it keeps its row.
+pub(super) struct RowShape {
+    pub row_threads: usize,
+    pub chunks: usize,
+    pub block: usize,
+    /// Blocks an SM is to hold (`__launch_bounds__`'s minimum, rows in shared memory).
+    pub blocks_per_sm: usize,
+    pub keep: RowKeep,
+}
+
+/// The launch shape of a row kernel over rows of `cols` elements whose cached inputs take
+/// `sizes` bytes an element (`product`: a gemm's row epilogue, which keeps 4 vectors a thread
+/// and nothing in shared memory). A row that fits registers ([`fits_in_registers`]) stays
+/// there; otherwise, where its inputs fit [`MAX_ROW_SMEM_BYTES`] in their storage types, shared
+/// memory holds them, with [`SMEM_ROW_THREADS`] threads a row where two blocks' rows fit one
+/// SM's shared memory (the second block's loads overlap the first's reductions and writes)
+/// and the one-row-a-block shape otherwise (up to 1024 threads, one block an SM).
+pub(super) fn row_shape(cols: usize, sizes: &[usize], vec: usize, product: bool) -> RowShape {
+    let per = row_vectors(cols, vec);
+    let (row_threads, chunks) = row_split(per, product);
+    let block = row_block(row_threads);
+    let shape = |keep, row_threads: usize, blocks_per_sm| RowShape {
+        row_threads,
+        chunks: per.div_ceil(row_threads).max(1),
+        block: row_block(row_threads),
+        blocks_per_sm,
+        keep,
+    };
+    if fits_in_registers(sizes.len(), chunks, vec, block, !cols.is_multiple_of(vec)) {
+        return shape(RowKeep::Registers, row_threads, 1);
+    }
+    if !product {
+        let row_bytes = keep_slabs(cols, sizes, vec).1;
+        let bytes = |t: usize| row_block(t) / t * row_bytes;
+        let pair = row_threads.min(SMEM_ROW_THREADS);
+        let (t, blocks) =
+            if 2 * (bytes(pair) + SMEM_BESIDE_ROWS) <= SMEM_PER_SM { (pair, 2) } else { (row_threads, 1) };
+        if bytes(t) <= MAX_ROW_SMEM_BYTES {
+            return shape(RowKeep::Shared { bytes: bytes(t) }, t, blocks);
+        }
+    }
+    shape(RowKeep::Fetched, row_threads, 1)
+}
+
+/// The byte offsets of cached inputs of `sizes` bytes an element in a row's shared memory, and
+/// the bytes of the row: each input keeps every vector of `vec` elements the row spans
+/// (shifted rows' partial first and last included), 16-byte aligned.
+fn keep_slabs(cols: usize, sizes: &[usize], vec: usize) -> (Vec<usize>, usize) {
+    let per = row_vectors(cols, vec);
+    let mut at = 0;
+    let offsets = sizes
+        .iter()
+        .map(|&s| {
+            let o = at;
+            at += (per * vec * s).next_multiple_of(16);
+            o
+        })
+        .collect();
+    (offsets, at)
 }
 
 /// The vectors of `vec` elements a row of `cols` spans: one more than whole vectors hold for
@@ -798,6 +994,25 @@ const REGS_BESIDE_CACHE: usize = 24;
 const REGS_BESIDE_SHIFTED_CACHE: usize = 40;
 /// The most shared memory the pipelined form stages a block's next rows in.
 const MAX_STAGE_BYTES: usize = 160 * 1024;
+/// Shared memory of an SM (sm_90: 228 KB).
+const SMEM_PER_SM: usize = 228 * 1024;
+/// The most dynamic shared memory a row kernel keeps its rows in: sm_90's 227 KB a block less
+/// the kernel's static reduction scratch. (An sm_80 block has 163 KB, where larger rows would
+/// not launch.)
+pub const MAX_ROW_SMEM_BYTES: usize = 226 * 1024;
+/// Shared memory a block takes beside its rows: the 1 KB the CUDA runtime reserves a block and
+/// the kernel's reduction scratch.
+const SMEM_BESIDE_ROWS: usize = 2 * 1024;
+/// Threads a row kept in shared memory takes where two blocks' rows fit an SM's shared memory
+/// (512: two blocks hold 1024 threads of up to 64 registers each, and one block's loads overlap
+/// the other's passes over shared memory and its writes). Not measured against the
+/// alternative, 1024 (one block of 1024 threads an SM, as for rows too long to pair).
+const SMEM_ROW_THREADS: usize = 512;
+/// 16-byte loads a thread keeps in flight in the first pass over a row kept in shared memory
+/// (`EQ_KEEP_DEPTH` chunks of all its cached inputs at a time): with one or two blocks of 512
+/// to 1024 threads an SM, 64 KB in flight an SM, beyond what HBM's latency-bandwidth product
+/// asks of an SM (about 30 KB on an H200).
+const KEEP_LOADS: usize = 4;
 
 /// The online softmax update of a max accumulator `k` and its sum `ks` by the lanes `x{k}`:
 /// one rescale per vector, one exponential per element.
