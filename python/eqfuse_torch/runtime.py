@@ -294,7 +294,9 @@ class GpuPlan(LaunchPlan):
                 module, fn = _compiled(cp, (cg.dir / k["file"]).read_text(), k["name"], arch, self.device.index)
                 launch = k["launch"]
                 smem = int(launch["smem_bytes"])
-                if smem > max(48 * 1024, fn.max_dynamic_shared_size_bytes):  # (a shared function: the largest)
+                # (The default allows 48 KiB less the kernel's static shared memory; a shared
+                # function keeps the largest size asked.)
+                if smem > fn.max_dynamic_shared_size_bytes:
                     fn.max_dynamic_shared_size_bytes = smem
                 grid = list(launch["grid"])
                 if launch.get("wave"):

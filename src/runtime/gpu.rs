@@ -157,7 +157,9 @@ impl Gpu {
         let ptx = String::from_utf8_lossy(&c.ptx).into_owned();
         let module = cuda(self.ctx.load_module(Ptx::from_src(ptx)), &format!("loading {}", source.name))?;
         let func = cuda(module.load_function(&source.name), &format!("finding {}", source.name))?;
-        if source.launch.smem_bytes > 48 * 1024 {
+        // (Any dynamic size is allowed explicitly: 48 KiB of it plus the kernel's static shared
+        // memory already exceed the default limit.)
+        if source.launch.smem_bytes > 0 {
             use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_SMEM;
             let what = format!("allowing {} bytes of shared memory to {}", source.launch.smem_bytes, source.name);
             cuda(func.set_attribute(MAX_SMEM, source.launch.smem_bytes as i32), &what)?;
