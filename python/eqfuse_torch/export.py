@@ -1556,8 +1556,32 @@ def _sdpa_backward(L, g, q, k, v, out, lse, mask, dropout_p, is_causal, scale, s
             raise ExportError("an attention backward with dropout whose random-number state is not an input")
         return _attention_math_grads(L, g, q, k, v, out, s, is_causal, mask, (dropout_p, _seed_in(L, state)))
     if mask is not None:
-        return _attention_math_grads(L, g, q, k, v, out, s, is_causal, mask)
+        return _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask)
     return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal)
+
+
+def _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask):
+    """(dq, dk, dv) of attention with a mask tensor by eqfuse's flash-style backward composites
+    of `attention_bias` (the mask needs no gradient here): its row statistics computed again
+    (`attention_bias_lse`: PyTorch's one log-sum-exp loses a row of fills), then the gradients.
+    Where the kernels do not run (f32), eqfuse expands them into the decomposition."""
+    g, out = L.val(g), L.val(out)
+    m = L.val(mask)
+    if m.dtype == "bool":
+        bias = L.apply("where", m, L.cast(L.lit(0.0), "f32"), L.cast(L.lit(-3.0e38), "f32"), dtype="f32")
+    else:
+        bias = m
+    kv = k.shape[-3]
+    kk, vv = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
+    causal = L.lit(1 if is_causal else 0).node
+    stats = L.b.op("attention_bias_lse", [q.node, kk.node, bias.node, L.lit(s).node, causal], "f32",
+                   q.shape[:-1] + (2,))
+    delta = L.reduce("sum", L.apply("*", L.cast(g, "f32"), L.cast(out, "f32")), [-1], True)
+    args = [q.node, kk.node, vv.node, g.node, stats.node, delta.node, bias.node, L.lit(s).node, causal]
+    dq = L.b.op("attention_bias_grad_q", args, q.dtype, q.shape)
+    dk = _group_sum(L, L.b.op("attention_bias_grad_k", args, k.dtype, kk.shape), kv)
+    dv = _group_sum(L, L.b.op("attention_bias_grad_v", args, v.dtype, vv.shape), kv)
+    return dq, dk, dv
 
 
 def _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal):

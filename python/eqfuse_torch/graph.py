@@ -22,7 +22,7 @@ OPS = frozenset(
     "+ - * / pow max min < <= > >= == != sum mean amax amin where cast transpose reshape broadcast @ "
     "iota onehot dropout softmax log_softmax layernorm rmsnorm cross_entropy attention grad "
     "attention_lse attention_grad_q attention_grad_k attention_grad_v gather scatter_add slice concat "
-    "attention_bias".split()
+    "attention_bias attention_bias_lse attention_bias_grad_q attention_bias_grad_k attention_bias_grad_v".split()
 )
 
 
