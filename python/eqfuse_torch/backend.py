@@ -151,6 +151,11 @@ class EqfuseBackend:
         def partition(joint_gm, joint_inputs, **kwargs):
             if self.joint:
                 self.capture("joint", joint_gm)
+            # The forward's outputs past the user's are saved for the backward alone: eqfuse's
+            # kernels read any layout, so they are returned as the kernels wrote them (an eager
+            # run of the backward lays them out as traced: `_traced_args`).
+            if "num_fwd_outputs" in kwargs:
+                constants[_SAVED_FROM] = kwargs["num_fwd_outputs"]
             return default_partition(joint_gm, joint_inputs, **kwargs)
 
         backend = aot_autograd(
@@ -177,8 +182,9 @@ class EqfuseBackend:
             if runner is None:
                 # With dropout, eager means eqfuse's dropout too: a forward that runs eagerly
                 # and a backward on eqfuse's kernels (or the reverse) must draw the same masks.
-                return _SeededEager(aten_gm) if seeded else aten_gm.forward
-            return _Runner(aten_gm, exported, runner, record if self.verify else None, seeded)
+                return _SeededEager(aten_gm) if seeded else _Eager(aten_gm)
+            saved_from = (constants or {}).get(_SAVED_FROM) if kind == "forward" else None
+            return _Runner(aten_gm, exported, runner, record if self.verify else None, seeded, saved_from)
 
     def capture(self, kind: str, aten_gm, example_inputs=None, build: bool = False, constants: dict | None = None):
         """Exports and plans one ATen graph, and with `build` compiles its kernels for running;
@@ -246,6 +252,34 @@ class EqfuseBackend:
             return GpuPlan(cg)
 
 
+_SAVED_FROM = "__eqfuse_saved_from__"
+"""Key of `constants` (one captured graph's): the forward output index from which outputs are
+saved for the backward alone."""
+
+
+def _traced_args(gm, args):
+    """`args` with the strides the graph was traced with (a saved tensor eqfuse's forward
+    returned in its own layout), for an eager run of the ATen graph, whose views assume them."""
+    from .rng import _as_traced
+
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(vals) != len(args):
+        return list(args)
+    return [_as_traced(a, v) if hasattr(a, "stride") else a for a, v in zip(args, vals)]
+
+
+class _Eager:
+    """Runs an ATen graph eagerly, its arguments laid out as traced."""
+
+    def __init__(self, aten_gm):
+        self.aten_gm = aten_gm
+
+    def __call__(self, *args):
+        if not _real(args):
+            return self.aten_gm.forward(*args)
+        return self.aten_gm.forward(*_traced_args(self.aten_gm, args))
+
+
 def _on_cuda(example_inputs) -> bool:
     import torch
 
@@ -279,7 +313,7 @@ class _SeededEager:
             seeds = Seeds.draw(len(self.sites), device).tolist() if self.sites else []
         by_node = {name: int(seeds[k]) for name, k in self.sites.items()}
         with torch.no_grad():
-            out = SeededInterpreter(self.aten_gm, by_node, upcast=upcast).run(*args)
+            out = SeededInterpreter(self.aten_gm, by_node, upcast=upcast).run(*_traced_args(self.aten_gm, args))
         return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
@@ -393,7 +427,7 @@ class _Runner:
     on a difference, or if eqfuse's kernels raise, that call and every later one return eager's
     results, and the record says why (`runs` becomes `eager`)."""
 
-    def __init__(self, aten_gm, exported, plan, record=None, seeded: bool = False):
+    def __init__(self, aten_gm, exported, plan, record=None, seeded: bool = False, saved_from: int | None = None):
         import torch
 
         self.aten_gm, self.record = aten_gm, record
@@ -429,6 +463,8 @@ class _Runner:
                     stride = tuple(val.stride())
                 except Exception:  # noqa: BLE001 - a layout without strides: returned as eqfuse gives it
                     stride = None
+                if saved_from is not None and i >= saved_from:
+                    stride = None  # saved for the backward alone: read in any layout
                 self.outputs.append((next(names), val.dtype, tuple(val.shape), stride))
         self.torch = torch
 
@@ -436,13 +472,13 @@ class _Runner:
         if not _real(args):
             return self.aten_gm.forward(*args)
         if self.eager:
-            return self.seeded.run(args, None) if self.seeded is not None else self.aten_gm.forward(*args)
+            return self.seeded.run(args, None) if self.seeded is not None else self._eager(args)
         if self.record is None:
             return self._run(args)
         import torch
 
         record, self.record = self.record, None
-        want = self.aten_gm.forward(*args) if self.seeded is None else None
+        want = self._eager(args) if self.seeded is None else None
         try:
             got = self._run(args)
             seeds = self.last_seeds.tolist() if self.last_seeds is not None else []
@@ -453,7 +489,8 @@ class _Runner:
             half_inputs = any(isinstance(a, torch.Tensor) and a.dtype in half for a in args)
             why = results_agree(got, want, half_inputs, skip=self.dont_care)
             if why is not None and half_inputs:
-                exact = exact_outputs(self.aten_gm, args) if self.seeded is None else self.seeded.run(args, seeds, True)
+                exact = (exact_outputs(self.aten_gm, _traced_args(self.aten_gm, args)) if self.seeded is None
+                         else self.seeded.run(args, seeds, True))
                 if exact is not None:
                     why = results_agree(got, want, half_inputs, skip=self.dont_care, exact=exact)
         except Exception as e:  # a kernel that cannot run these arguments: eager, never an error
@@ -467,6 +504,9 @@ class _Runner:
             warnings.warn(f"eqfuse: the {record.kind} graph runs eagerly: {record.why_eager}", stacklevel=2)
             return want
         return got
+
+    def _eager(self, args):
+        return self.aten_gm.forward(*_traced_args(self.aten_gm, args))
 
     def _run(self, args):
         inputs = dict(self.values)

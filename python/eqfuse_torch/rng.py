@@ -278,11 +278,16 @@ def _as_traced(t: torch.Tensor, val) -> torch.Tensor:
         stride = tuple(val.stride())
     except Exception:  # noqa: BLE001 - a layout without strides
         return t
-    if tuple(t.stride()) == stride:
+    if all(n <= 1 or a == b for n, a, b in zip(t.shape, t.stride(), stride)):
         return t
-    laid = torch.empty_strided(tuple(t.shape), stride, dtype=t.dtype, device=t.device)
-    laid.copy_(t)
-    return laid
+    # Axes of stride 0 (an expanded value) are taken once and expanded back.
+    base = t
+    for d, (n, st) in enumerate(zip(t.shape, stride)):
+        if n > 1 and st == 0:
+            base = base.narrow(d, 0, 1)
+    laid = torch.empty_strided(tuple(base.shape), stride, dtype=t.dtype, device=t.device)
+    laid.copy_(base)
+    return laid.expand(tuple(t.shape))
 
 
 def _up(x):
