@@ -184,7 +184,12 @@ class EqfuseBackend:
                 # and a backward on eqfuse's kernels (or the reverse) must draw the same masks.
                 return _SeededEager(aten_gm) if seeded else _Eager(aten_gm)
             saved_from = (constants or {}).get(_SAVED_FROM) if kind == "forward" else None
-            return _Runner(aten_gm, exported, runner, record if self.verify else None, seeded, saved_from)
+            try:
+                return _Runner(aten_gm, exported, runner, record if self.verify else None, seeded, saved_from)
+            except Exception as e:  # an exporter bug must not stop the user's model from running
+                record.runs, record.why_eager = "eager", f"{type(e).__name__}: {e}"
+                warnings.warn(f"eqfuse: the {kind} graph runs eagerly: {record.why_eager}", stacklevel=2)
+                return _SeededEager(aten_gm) if seeded else _Eager(aten_gm)
 
     def capture(self, kind: str, aten_gm, example_inputs=None, build: bool = False, constants: dict | None = None):
         """Exports and plans one ATen graph, and with `build` compiles its kernels for running;
