@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .graph import ExportError
-from .rng import has_dropout
+from .rng import has_dropout, relayout
 
 
 class PlanError(Exception):
@@ -382,11 +382,6 @@ def results_agree(got, want, half_inputs: bool = False, skip=(), exact=None) -> 
     return None
 
 
-def _same_layout(t, stride) -> bool:
-    """Whether `t` has `stride` on every axis longer than 1 (an axis of one element has any)."""
-    return all(n <= 1 or a == b for n, a, b in zip(t.shape, t.stride(), stride))
-
-
 def _real(args) -> bool:
     """Whether every tensor argument has data: AOTAutograd may call a compiled graph with fake
     tensors while tracing, and those run as the ATen graph (no kernel can read them)."""
@@ -544,17 +539,10 @@ class _Runner:
                 t = t.reshape(shape[:-1] + (-1,))
                 t = self.torch.nn.functional.pad(t, (0, length - t.shape[-1]), value=fill)
             t = t.reshape(shape)
-            if stride is not None and not _same_layout(t, stride):
+            if stride is not None:
                 # The graphs after this one were traced with PyTorch's strides for this output
                 # (a transposed attention result the backward views as it was): give them those.
-                # Axes of stride 0 (an expanded output) are taken once and expanded back.
-                base = t
-                for d, (n, st) in enumerate(zip(shape, stride)):
-                    if n > 1 and st == 0:
-                        base = base.narrow(d, 0, 1)
-                laid = self.torch.empty_strided(tuple(base.shape), stride, dtype=dtype, device=t.device)
-                laid.copy_(base)
-                t = laid.expand(shape)
+                t = relayout(t, stride)
             out.append(t)
         return out
 

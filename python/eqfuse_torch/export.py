@@ -1393,15 +1393,20 @@ def _known_mask(L, mask, is_causal, sq, sk):
     return mask, is_causal
 
 
+def _bias_of(L, mask):
+    """A mask tensor as `attention_bias`'s bias: an additive mask as it is, a bool mask (true
+    where a key is kept) as `where(m, 0, FILL)`, which the kernels select from the mask they read."""
+    m = L.val(mask)
+    if m.dtype != "bool":
+        return m
+    return L.apply("where", m, L.cast(L.lit(0.0), "f32"), L.cast(L.lit(-3.0e38), "f32"), dtype="f32")
+
+
 def _attention_bias(L, q, k, v, s, is_causal, mask):
     """Attention with a mask tensor as the `attention_bias` composite, whose kernel reads the
     mask in place: an additive mask is the bias; a bool mask (true where a key is kept) the bias
     `where(m, 0, FILL)`, which the kernel selects from the mask it reads."""
-    m = L.val(mask)
-    if m.dtype == "bool":
-        bias = L.apply("where", m, L.cast(L.lit(0.0), "f32"), L.cast(L.lit(-3.0e38), "f32"), dtype="f32")
-    else:
-        bias = m
+    bias = _bias_of(L, mask)
     kk, vv = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
     causal = L.lit(1 if is_causal else 0).node
     return L.b.op("attention_bias", [q.node, kk.node, vv.node, bias.node, L.lit(s).node, causal], q.dtype,
@@ -1566,11 +1571,7 @@ def _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask):
     (`attention_bias_lse`: PyTorch's one log-sum-exp loses a row of fills), then the gradients.
     Where the kernels do not run (f32), eqfuse expands them into the decomposition."""
     g, out = L.val(g), L.val(out)
-    m = L.val(mask)
-    if m.dtype == "bool":
-        bias = L.apply("where", m, L.cast(L.lit(0.0), "f32"), L.cast(L.lit(-3.0e38), "f32"), dtype="f32")
-    else:
-        bias = m
+    bias = _bias_of(L, mask)
     kv = k.shape[-3]
     kk, vv = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
     causal = L.lit(1 if is_causal else 0).node

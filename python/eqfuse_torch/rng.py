@@ -278,9 +278,14 @@ def _as_traced(t: torch.Tensor, val) -> torch.Tensor:
         stride = tuple(val.stride())
     except Exception:  # noqa: BLE001 - a layout without strides
         return t
+    return relayout(t, stride)
+
+
+def relayout(t: torch.Tensor, stride: tuple) -> torch.Tensor:
+    """`t` with `stride` on every axis longer than 1 (a copy unless it has them already); axes
+    of stride 0 (an expanded value) are taken once and expanded back."""
     if all(n <= 1 or a == b for n, a, b in zip(t.shape, t.stride(), stride)):
         return t
-    # Axes of stride 0 (an expanded value) are taken once and expanded back.
     base = t
     for d, (n, st) in enumerate(zip(t.shape, stride)):
         if n > 1 and st == 0:
