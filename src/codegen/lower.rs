@@ -507,37 +507,12 @@ impl<'a> Lowerer<'a> {
     fn view(&mut self, kind: Kind, ch: &[usize], ty: &TensorType, facts: &[Fact], child: &Slot) -> Result<Slot> {
         match child {
             Slot::View { read, shape, strides, dtype, offset } => {
-                let strides = match kind {
-                    Kind::Transpose => {
-                        let a = norm_axis(self.konst(facts, ch[1], "a transpose axis")? as i64, shape.len());
-                        let b = norm_axis(self.konst(facts, ch[2], "a transpose axis")? as i64, shape.len());
-                        let (a, b) = (a.map_err(Error::Invalid)?, b.map_err(Error::Invalid)?);
-                        let mut s = strides.clone();
-                        s.swap(a, b);
-                        s
-                    }
-                    Kind::Broadcast => broadcast_strides(shape, strides, &ty.shape),
-                    _ => reshape_strides(shape, strides, &ty.shape).ok_or_else(|| {
-                        unsupported(self.kernel, "a reshape of a transposed or broadcast input is not supported yet")
-                    })?,
-                };
+                let strides = self.view_strides(kind, ch, ty, facts, shape, strides, "input")?;
                 Ok(Slot::View { read: *read, shape: ty.shape.clone(), strides, dtype: *dtype, offset: *offset })
             }
             Slot::Value { node, .. } => Ok(Slot::Value { node: *node, shape: ty.shape.clone() }),
             Slot::Iota { shape, strides } => {
-                let strides = match kind {
-                    Kind::Transpose => {
-                        let a = norm_axis(self.konst(facts, ch[1], "a transpose axis")? as i64, shape.len());
-                        let b = norm_axis(self.konst(facts, ch[2], "a transpose axis")? as i64, shape.len());
-                        let (a, b) = (a.map_err(Error::Invalid)?, b.map_err(Error::Invalid)?);
-                        let mut s = strides.clone();
-                        s.swap(a, b);
-                        s
-                    }
-                    Kind::Broadcast => broadcast_strides(shape, strides, &ty.shape),
-                    _ => reshape_strides(shape, strides, &ty.shape)
-                        .ok_or_else(|| unsupported(self.kernel, "a reshape of a transposed or broadcast iota"))?,
-                };
+                let strides = self.view_strides(kind, ch, ty, facts, shape, strides, "iota")?;
                 Ok(Slot::Iota { shape: ty.shape.clone(), strides })
             }
             Slot::OneHot(idx, cls) => Ok(Slot::OneHot(
@@ -547,6 +522,34 @@ impl<'a> Lowerer<'a> {
             Slot::Attr => Err(unsupported(self.kernel, "a view of an attribute")),
             Slot::Scatter => Err(scatter_used(self.kernel)),
         }
+    }
+
+    /// The strides of view `kind` (to `ty`'s shape) of something strided as `strides` over `shape`.
+    #[allow(clippy::too_many_arguments)]
+    fn view_strides(
+        &self,
+        kind: Kind,
+        ch: &[usize],
+        ty: &TensorType,
+        facts: &[Fact],
+        shape: &[usize],
+        strides: &[usize],
+        what: &str,
+    ) -> Result<Vec<usize>> {
+        Ok(match kind {
+            Kind::Transpose => {
+                let a = norm_axis(self.konst(facts, ch[1], "a transpose axis")? as i64, shape.len());
+                let b = norm_axis(self.konst(facts, ch[2], "a transpose axis")? as i64, shape.len());
+                let (a, b) = (a.map_err(Error::Invalid)?, b.map_err(Error::Invalid)?);
+                let mut s = strides.to_vec();
+                s.swap(a, b);
+                s
+            }
+            Kind::Broadcast => broadcast_strides(shape, strides, &ty.shape),
+            _ => reshape_strides(shape, strides, &ty.shape).ok_or_else(|| {
+                unsupported(self.kernel, format!("a reshape of a transposed or broadcast {what} is not supported yet"))
+            })?,
+        })
     }
 
     /// The IR node holding a slot's value at each element of the domain.
