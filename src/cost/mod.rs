@@ -1314,17 +1314,8 @@ fn row_reductions(kind: Option<Kind>) -> usize {
 /// the `softmax` composite's two stages; measured alike on the H100,
 /// `benches/results/2026-11-22-h100-152e396-predict`).
 fn latency_stages(dag: &Dag, k: &KernelCost) -> u32 {
-    let mut depth = vec![0usize; k.body.len()];
-    let pos = |c: usize| k.body.binary_search(&c).ok();
-    let mut reductions = 0;
-    for (bi, &b) in k.body.iter().enumerate() {
-        let n = &dag.nodes[b];
-        let below = n.children().filter_map(pos).map(|c| depth[c]).max().unwrap_or(0);
-        let own = row_reductions(n.kind());
-        reductions += own;
-        depth[bi] = below + own;
-    }
-    depth.iter().copied().max().unwrap_or(0).max(reductions.min(2)) as u32
+    let reductions: usize = k.body.iter().map(|&b| row_reductions(dag.nodes[b].kind())).sum();
+    reduction_depth(dag, k).max(reductions.min(2)) as u32
 }
 
 /// The longest chain of passes over the row the reductions in the body take when the row is not
@@ -1332,34 +1323,28 @@ fn latency_stages(dag: &Dag, k: &KernelCost) -> u32 {
 /// run as an online pair (codegen's online softmax, `emit/rows.rs`). The decomposed form of the
 /// same pair is counted as two passes here (an overestimate: codegen pairs it too).
 fn pass_depth(dag: &Dag, k: &KernelCost) -> usize {
-    let mut depth = vec![0usize; k.body.len()];
-    let pos = |c: usize| k.body.binary_search(&c).ok();
-    let mut max = 0;
-    for (bi, &b) in k.body.iter().enumerate() {
-        let n = &dag.nodes[b];
-        let below = n.children().filter_map(pos).map(|c| depth[c]).max().unwrap_or(0);
-        let own = match n.kind() {
-            Some(Kind::Composite(Composite::Softmax | Composite::LogSoftmax | Composite::CrossEntropy)) => 1,
-            kind => row_reductions(kind),
-        };
-        depth[bi] = below + own;
-        max = max.max(depth[bi]);
-    }
-    max
+    longest_chain(dag, k, |kind| match kind {
+        Some(Kind::Composite(Composite::Softmax | Composite::LogSoftmax | Composite::CrossEntropy)) => 1,
+        kind => row_reductions(kind),
+    })
 }
 
 /// The longest chain of reductions in the body ([`row_reductions`]).
 fn reduction_depth(dag: &Dag, k: &KernelCost) -> usize {
+    longest_chain(dag, k, row_reductions)
+}
+
+/// The heaviest path through the body (in topological order), each node weighing `weight` of
+/// its operator.
+fn longest_chain(dag: &Dag, k: &KernelCost, weight: impl Fn(Option<Kind>) -> usize) -> usize {
     let mut depth = vec![0usize; k.body.len()];
     let pos = |c: usize| k.body.binary_search(&c).ok();
-    let mut max = 0;
     for (bi, &b) in k.body.iter().enumerate() {
         let n = &dag.nodes[b];
         let below = n.children().filter_map(pos).map(|c| depth[c]).max().unwrap_or(0);
-        depth[bi] = below + row_reductions(n.kind());
-        max = max.max(depth[bi]);
+        depth[bi] = below + weight(n.kind());
     }
-    max
+    depth.into_iter().max().unwrap_or(0)
 }
 
 /// Whether a full-size value in the body uses a row-reduced value (so the row is needed again
