@@ -4,8 +4,8 @@ Inductor's kernels for the same model, in one process on one GPU.
 
     python3 benches/profile_model.py --model gpt2 [--dtype bf16] [--batch 8 --seq 1024] [--top 25]
 
-Models as in benches/models.py. eqfuse's kernels are named `<template>_<dtype>_k<ID>` after the
-plan kernel they run; cuBLASLt-planned products show as PyTorch's gemm kernels.
+Models as in benches/models.py. eqfuse's kernels are named `<template>_<dtype>_k<ID>_g<N>` after the
+plan kernel they run (`EQFUSE_KERNEL_NAMES=1`); cuBLASLt-planned products show as PyTorch's gemm kernels.
 """
 
 import argparse
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "benches"))
 
 from eqfuse_torch.backend import EqfuseBackend  # noqa: E402
-from models import DTYPES, build  # noqa: E402
+from models import DTYPES, build, first  # noqa: E402
 
 
 def kernel_times(fn, reps=3):
@@ -54,39 +54,52 @@ def main():
     ap.add_argument("--train", action="store_true")
     args = ap.parse_args()
     os.environ["EQFUSE_CUDA_GRAPH"] = "0"
+    # Each kernel compiled under its own name (`_k<ID>`), not shared by canonical source, so
+    # that the profile maps every launch to its plan kernel.
+    os.environ["EQFUSE_KERNEL_NAMES"] = "1"
     model, kw = build(args.model, args)
-    model = model.cuda().to(DTYPES[args.dtype]).eval()
+    model = model.cuda().to(DTYPES[args.dtype]).train(args.train)
     kw = {k: (v.cuda().to(DTYPES[args.dtype]) if v.is_floating_point() else v.cuda()) if isinstance(v, torch.Tensor)
           else v for k, v in kw.items()}
     for mode in ("eqfuse", "inductor"):
         torch._dynamo.reset()
         backend = EqfuseBackend(report=None) if mode == "eqfuse" else "inductor"
         compiled = torch.compile(model, backend=backend, dynamic=False)
-        with torch.no_grad():
-            times, counts = kernel_times(lambda: compiled(**kw))
+
+        def step():
+            if not args.train:
+                with torch.no_grad():
+                    return first(compiled(**kw))
+            out = first(compiled(**kw))
+            out.float().square().mean().backward()
+            return out
+
+        times, counts = kernel_times(step)
         total = sum(times.values())
         print(f"== {mode}: {total:.0f} us of kernels, {sum(counts.values())} launches")
+        # Kernels are named `<template>_<dtype>_k<ID>_g<N>`: plan kernel ID of the N-th runner
+        # built, runners built in the order the backend planned the graphs that run.
         predicted = {}
         if mode == "eqfuse":
-            for p in backend.plans:
-                if p.plan is None:
-                    continue
+            ran = [p for p in backend.plans if p.plan is not None and p.kind != "joint"]
+            for n, p in enumerate(ran):
                 for k in p.plan["kernels"]:
-                    predicted[k["id"]] = (k["predicted_us"], k["template"], " ".join(k["ops"])[:60])
+                    predicted[(k["id"], n)] = (k["predicted_us"], k["template"], " ".join(k["ops"])[:60])
             print(f"   predicted {sum(v[0] for v in predicted.values()):.0f} us over {len(predicted)} kernels")
         by_kind = collections.defaultdict(lambda: [0.0, 0.0, 0])
         for name, t in sorted(times.items(), key=lambda kv: -kv[1])[: args.top]:
-            m = re.search(r"_k(\d+)$", name)
-            pred = predicted.get(int(m.group(1))) if m else None
+            m = re.search(r"_k(\d+)_g(\d+)$", name)
+            pred = predicted.get((int(m.group(1)), int(m.group(2)))) if m else None
             extra = f"  predicted {pred[0]:8.1f}  {pred[1]} [{pred[2]}]" if pred else ""
             print(f"{t:9.1f} us x{counts[name]:<3} {name[:70]}{extra}")
         for name, t in times.items():
-            m = re.search(r"^([a-z]+)_.*_k(\d+)$", name)
+            m = re.search(r"^([a-z]+)_.*_k(\d+)_g(\d+)$", name)
             kind = m.group(1) if m else "other (gemm libraries, torch ops)"
             by_kind[kind][0] += t
             by_kind[kind][2] += counts[name]
-            if m and int(m.group(2)) in predicted:
-                by_kind[kind][1] += predicted[int(m.group(2))][0]
+            key = (int(m.group(2)), int(m.group(3))) if m else None
+            if key in predicted:
+                by_kind[kind][1] += predicted[key][0]
         for kind, (t, p, n) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
             print(f"   {kind:<36} {t:9.1f} us measured, {p:9.1f} predicted, {n} launches")
 

@@ -622,13 +622,57 @@ __device__ __forceinline__ void pv(float (&o)[CB][32], const unsigned (&p)[PK][4
         for (int cb = 0; cb < CB; ++cb) wg_n64<1, 1>(o[cb], p[kk], d[kk][cb]);
 }
 
+#if EQ_BIAS
+// A bias that depends on the key alone (row stride 0: a padding mask [B, 1, 1, SK]) is loaded
+// into registers before the tile's q k^T is issued, so that its loads run under the wgmma
+// instead of stalling the softmax after it (one value per key column this thread holds);
+// any other bias is read in the softmax.
+#define EQ_BIAS_BY_KEY (EQ_B_SR == 0)
+struct BiasRegs {
+#if EQ_BIAS_BY_KEY
+    EQ_BT v[SN][2];
+#endif
+};
+__device__ __forceinline__ void bias_load(BiasRegs& br, const EQ_BT* bg, int n0, int t) {
+#if EQ_BIAS_BY_KEY
+#pragma unroll
+    for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int col = n0 + nt * 8 + 2 * t + c;
+            br.v[nt][c] = bg[(long long)(col < EQ_SK ? col : 0) * EQ_B_SC];
+        }
+#endif
+}
+__device__ __forceinline__ float bias_at(const BiasRegs& br, const EQ_BT* bg, int nt, int c, int row, int col) {
+#if EQ_BIAS_BY_KEY
+#if EQ_BIAS_SEL
+    return eq_val(br.v[nt][c]) ? EQ_BIAS_YES : EQ_BIAS_NO;
+#else
+    return eq_val(br.v[nt][c]);
+#endif
+#else
+    return eq_att_bias(bg, row, col);
+#endif
+}
+#define EQ_HBIAS_PARAM , const EQ_BT* __restrict__ bg, const BiasRegs& br
+#define EQ_HBIAS_ARG , bg, br
+#define EQ_HBIAS_LOAD(n0) \
+    BiasRegs br;          \
+    bias_load(br, bg, n0, t);
+#else
+#define EQ_HBIAS_PARAM
+#define EQ_HBIAS_ARG
+#define EQ_HBIAS_LOAD(n0)
+#endif
+
 // The online softmax of one score tile (keys from n0) in base-2 units: masks keys past the end
 // (and above the diagonal), takes the row maxima of the raw scores (the scale is positive; with
 // a bias, of the biased scores in natural units) over the quad sharing a row, and leaves the
 // probabilities rounded to the storage type in `pn` (the A operand of p v), the factor the
 // output must be rescaled by in `alpha`.
 __device__ __forceinline__ void softmax(float (&s)[BN / 2], unsigned (&pn)[PK][4], float (&m_i)[2], float (&l_i)[2],
-                                        float (&alpha)[2], int n0, int wrow, int g, int t EQ_BIAS_PARAM) {
+                                        float (&alpha)[2], int n0, int wrow, int g, int t EQ_HBIAS_PARAM) {
 #if EQ_BIAS
     // The scaled scores plus the bias, in natural units (keys past the end, and above the
     // diagonal, -inf).
@@ -640,7 +684,7 @@ __device__ __forceinline__ void softmax(float (&s)[BN / 2], unsigned (&pn)[PK][4
             const int row = wrow + g + (e >> 1) * 8;
             s[nt * 4 + e] = (col >= EQ_SK || (EQ_CAUSAL && col > row))
                                 ? -EQ_INF
-                                : fmaf(s[nt * 4 + e], EQ_SCALE, eq_att_bias(bg, row, col));
+                                : fmaf(s[nt * 4 + e], EQ_SCALE, bias_at(br, bg, nt, e & 1, row, col));
         }
 #else
     const bool masked = n0 + BN > EQ_SK || (EQ_CAUSAL && n0 + BN - 1 > wrow);
@@ -720,6 +764,7 @@ __device__ __forceinline__ void step(int j, int ntiles, float (&s)[BN / 2], floa
     pin(s);
     pin(o);
     pin(pi);
+    EQ_HBIAS_LOAD(n0)
     wg_fence();
     qk(s, qf, dk);
     wg_commit();
@@ -728,7 +773,7 @@ __device__ __forceinline__ void step(int j, int ntiles, float (&s)[BN / 2], floa
     wg_wait<1>();  // s is ready; p v may still run
     pin(s);
     float alpha[2];
-    softmax(s, po, m_i, l_i, alpha, n0, wrow, g, t EQ_BIAS_ARG);
+    softmax(s, po, m_i, l_i, alpha, n0, wrow, g, t EQ_HBIAS_ARG);
     wg_wait<0>();
     pin(o);
     pin(pi);
@@ -812,18 +857,19 @@ extern "C" __global__ void __launch_bounds__(EQ_HWG * 128, EQ_HMINB) EQ_KERNEL(E
 
     // Tile 0: its scores and probabilities (the output is still zero).
     {
-        unsigned long long dk[KT];
-        qk_desc(dk, sk);
+        EQ_HBIAS_LOAD(0)
+        {
+            unsigned long long dk[KT];
+            qk_desc(dk, sk);
+            pin(s);
+            wg_fence();
+            qk(s, qf, dk);
+        }
+        wg_commit();
+        wg_wait<0>();
         pin(s);
-        wg_fence();
-        qk(s, qf, dk);
-    }
-    wg_commit();
-    wg_wait<0>();
-    pin(s);
-    {
         float alpha[2];
-        softmax(s, pa, m_i, l_i, alpha, 0, wrow, g, t EQ_BIAS_ARG);
+        softmax(s, pa, m_i, l_i, alpha, 0, wrow, g, t EQ_HBIAS_ARG);
     }
 
     // Tiles 1 .. ntiles - 1, two per trip so that the probabilities alternate between two
@@ -1057,6 +1103,25 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32, 1) EQ_KERNEL(EQ_PAR
         cp_commit();
         cp_wait<1>();  // the keys of tile j (and the queries) have landed
         __syncthreads();
+#if EQ_BIAS && EQ_B_SR == 0
+        // A bias by key alone (a padding mask): loaded before the products, which hide its
+        // latency (one value per key column this thread holds).
+        EQ_BT bv[SN][2];
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int col = n0 + nt * 8 + 2 * t + c;
+                bv[nt][c] = bg[(long long)(col < EQ_SK ? col : 0) * EQ_B_SC];
+            }
+#if EQ_BIAS_SEL
+#define EQ_MMA_BIAS(nt, c, row, col) (eq_val(bv[nt][c]) ? EQ_BIAS_YES : EQ_BIAS_NO)
+#else
+#define EQ_MMA_BIAS(nt, c, row, col) eq_val(bv[nt][c])
+#endif
+#else
+#define EQ_MMA_BIAS(nt, c, row, col) eq_att_bias(bg, row, col)
+#endif
 
         // s = q k^T for this warp's rows and the tile's EQ_BN keys.
         float s[MT][SN][4];
@@ -1110,8 +1175,9 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32, 1) EQ_KERNEL(EQ_PAR
                     const int row = wrow + mt * 16 + g + (e >> 1) * 8;
                     s[mt][nt][e] = (col >= EQ_SK || (EQ_CAUSAL && col > row))
                                        ? -EQ_INF
-                                       : fmaf(s[mt][nt][e], EQ_SCALE, eq_att_bias(bg, row, col));
+                                       : fmaf(s[mt][nt][e], EQ_SCALE, EQ_MMA_BIAS(nt, e & 1, row, col));
                 }
+#undef EQ_MMA_BIAS
 #else
         // Scale to base-2 units and mask keys past the end (and above the diagonal).
         const bool masked = n0 + EQ_BN > EQ_SK || (EQ_CAUSAL && n0 + EQ_BN - 1 > wrow);

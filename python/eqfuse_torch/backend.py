@@ -18,7 +18,8 @@ Running (`execute=True`, the default): a forward or backward graph whose inputs 
 is given to `eqfuse codegen`, each generated `.cu` is compiled with NVRTC through CuPy, and the
 kernels are launched in plan order on PyTorch's current stream, on PyTorch's tensors
 (`runtime.py`): from the second call on, as CUDA graphs replayed (`EQFUSE_CUDA_GRAPH=0` launches
-kernel by kernel; `CapturedPlan.launches` counts which ran). The graph runs eagerly instead (the
+kernel by kernel; `CapturedPlan.launches` counts which ran; `EQFUSE_KERNEL_NAMES=1` compiles each
+kernel under its plan name, for profiles, instead of once per canonical source). The graph runs eagerly instead (the
 AOTAutograd ATen graph, unfused), with a warning saying why, when: the exporter or the planner
 refuses it (an operator without a lowering, a dynamic shape, no binary), the inputs are not on a
 CUDA device, CuPy is missing, or codegen refuses a kernel. A gemm planned as a cuBLASLt call

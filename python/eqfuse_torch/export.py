@@ -668,6 +668,29 @@ class Lowering:
         lit = self.cast(self.lit(x), dtype)
         return self.broadcast(lit, shape) if shape else lit
 
+    def known_bool(self, v: Value) -> bool | None:
+        """Whether every element of a bool `v` is true (or false), where `v` is a literal
+        broadcast or cast to bool (`torch.ones(..., dtype=bool)`, a mask function's `True`);
+        None where it is not known."""
+        node = self.b.nodes[v.node]
+        while node["op"] in ("broadcast", "reshape") or (node["op"] == "cast" and v.dtype == "bool"):
+            node = self.b.nodes[node["args"][0]]
+        if node["op"] == "const" and v.dtype == "bool":
+            return node["value"] != 0
+        return None
+
+    def select_known(self, c: Value, a: Value, b: Value, dtype: str) -> Value | None:
+        """`where(c, a, b)` where `c` is known all true or all false: `a` or `b` broadcast to the
+        result's shape (a view a kernel reads in place, where the `where` would be a tensor of
+        the full shape: a padding mask `[B, 1, 1, S]` combined with a constant `True` of shape
+        `[1, 1, S, 1]` stays a mask by key); None where `c` is not known."""
+        known = self.known_bool(c)
+        if known is None:
+            return None
+        pick = a if known else b
+        shape = broadcast_shapes(c.shape, a.shape, b.shape)
+        return self.broadcast(self.cast(pick, dtype), shape)
+
 
 def _torch_dtype(name: str) -> torch.dtype:
     return {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "i32": torch.int32, "bool": torch.bool}[name]
@@ -855,7 +878,8 @@ def _where(L, c, a, b):
     vb = vb if vb.weak else L.cast(vb, dtype)
     if va.weak and vb.weak:
         va = L.cast(va, dtype)
-    return L.apply("where", L.val(c), va, vb, dtype=dtype)
+    known = L.select_known(L.val(c), va, vb, dtype)
+    return known if known is not None else L.apply("where", L.val(c), va, vb, dtype=dtype)
 
 
 def _masked_fill(L, x, mask, value):
@@ -1117,8 +1141,12 @@ def _logical(op):
             raise ExportError(f"bitwise/logical {op} of {va.dtype} and {vb.dtype} (bool only)")
         f, t = L.cast(L.lit(0), "bool"), L.cast(L.lit(1), "bool")
         if op == "and":
-            return L.apply("where", va, vb, f, dtype="bool")
-        return L.apply("where", va, t, vb, dtype="bool")
+            pair = (va, vb, f) if L.known_bool(va) is not None or L.known_bool(vb) is None else (vb, va, f)
+            known = L.select_known(*pair, "bool")
+            return known if known is not None else L.apply("where", va, vb, f, dtype="bool")
+        pair = (va, t, vb) if L.known_bool(va) is not None or L.known_bool(vb) is None else (vb, t, va)
+        known = L.select_known(*pair, "bool")
+        return known if known is not None else L.apply("where", va, t, vb, dtype="bool")
 
     return lower
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -285,13 +286,15 @@ class GpuPlan(LaunchPlan):
         major, minor = torch.cuda.get_device_capability(self.device)
         arch = f"sm_{major}{minor}"
         self.kernels = []
+        tag = f"_g{next(_RUNNERS)}"
         with cp.cuda.Device(self.device.index):
             sms = cp.cuda.Device(self.device.index).attributes["MultiProcessorCount"]
             for k in m["kernels"]:
                 if k.get("cublaslt") is not None:
                     self.kernels.append((k, None, None, None, None, 0))
                     continue
-                module, fn = _compiled(cp, (cg.dir / k["file"]).read_text(), k["name"], arch, self.device.index)
+                module, fn = _compiled(cp, (cg.dir / k["file"]).read_text(), k["name"], arch, self.device.index,
+                                       tag)
                 launch = k["launch"]
                 smem = int(launch["smem_bytes"])
                 # (The default allows 48 KiB less the kernel's static shared memory; a shared
@@ -667,14 +670,22 @@ def canonical_source(source: str, name: str) -> str:
     return re.sub(r"\bp_[A-Za-z0-9_]+", lambda m: params.setdefault(m.group(0), f"p_{len(params)}"), text)
 
 
-def _compiled(cp, source: str, name: str, arch: str, device: int):
-    """(module, function) of a kernel, compiled once per canonical source, arch and device."""
-    canon = canonical_source(source, name)
+_RUNNERS = itertools.count()
+"""Numbers the runners of a process: `_g<N>` ends a kernel's name under `EQFUSE_KERNEL_NAMES=1`."""
+
+
+def _compiled(cp, source: str, name: str, arch: str, device: int, tag: str = ""):
+    """(module, function) of a kernel, compiled once per canonical source, arch and device; with
+    `EQFUSE_KERNEL_NAMES=1` (profiling), once per kernel, named `<name><tag>` (`tag` telling the
+    runner, since two plans number their kernels alike)."""
+    own_name = os.environ.get("EQFUSE_KERNEL_NAMES") == "1"
+    fn_name = name + tag if own_name else "EQK"
+    canon = re.sub(rf"\b{re.escape(name)}\b", fn_name, source) if own_name else canonical_source(source, name)
     key = (canon, arch, device)
     hit = _MODULES.get(key)
     if hit is None:
         module = cp.RawModule(code=canon, options=(f"--gpu-architecture={arch}",))
-        hit = _MODULES[key] = (module, module.get_function("EQK"))
+        hit = _MODULES[key] = (module, module.get_function(fn_name))
     return hit
 
 
