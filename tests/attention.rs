@@ -198,3 +198,24 @@ fn attention_bias_selects_a_bool_masks_bias_in_place() {
         assert!(defines.contains(&format!("#define {want}\n")), "no {want}:\n{defines}");
     }
 }
+
+/// A padding mask broadcast to the scores' shape before it becomes a bias (transformers'
+/// `[B, 1, S, S]` mask built from a `[B, S]` one): `where-of-broadcast` keeps the bias a tensor
+/// by key, which the kernel reads in place (row stride 0), instead of writing a bias of the
+/// scores' size.
+#[test]
+fn a_mask_broadcast_to_the_scores_stays_a_bias_by_key() {
+    let src = "input q: bf16[2, 4, 128, 64]\ninput k: bf16[2, 4, 128, 64]\ninput v: bf16[2, 4, 128, 64]\n\
+               input m: bool[2, 128]\n\
+               full = broadcast(reshape(m, [2, 1, 1, 128]), [2, 1, 128, 128])\n\
+               bias = where(full, cast(0, bf16), cast(-1e30, bf16))\n\
+               o = softmax(q @ transpose(k, 2, 3) * 0.125 + bias, 3) @ v\noutput o\n";
+    let p = eqfuse::parse_program("full_mask.eqf", src, &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let att = plan.kernels.iter().find(|k| k.template == Template::Attention).expect("an attention kernel");
+    // No kernel writes a tensor of the scores' size (2 x 128 x 128 bias elements).
+    assert!(plan.total.bytes < 4 * 2 * 4 * 128 * 64 * 2 + 2 * 128 * 128, "{:#?}", plan.kernels);
+    let s = &codegen_plan(&plan).unwrap()[att.id];
+    let defines = s.source.split("// ---- kernels/").next().unwrap();
+    assert!(defines.contains("#define EQ_BIAS 1\n") && defines.contains("#define EQ_B_SR 0LL\n"), "{defines}");
+}

@@ -441,3 +441,34 @@ def test_efficient_sdpa_log_sum_exp_padding(tmp_path):
     grads = run_cpu(bwx, [g, q, k, v, o.detach(), padded], tmp_path / "bw")
     for got, want in zip(grads, (qr.grad, kr.grad, vr.grad)):
         close(got, want, 1e-4)
+
+
+class KeyMask(nn.Module):
+    """A padding mask combined with a constant `True` of the scores' query axis (as
+    transformers' mask functions build it), turned into an additive bias of the scores."""
+
+    def forward(self, q, k, v, m):
+        keep = torch.ones(1, 1, q.shape[2], 1, dtype=torch.bool) & m[:, None, None, :]
+        bias = torch.where(keep, 0.0, float("-inf")).to(q.dtype)
+        s = q @ k.transpose(2, 3) / 8.0 + bias
+        return torch.softmax(s, 3) @ v, keep | torch.zeros(1, 1, 1, 1, dtype=torch.bool)
+
+
+def test_constant_true_masks_fold_to_a_mask_by_key(tmp_path):
+    """`True & m` and `where(True, ...)` fold to a broadcast of `m`: no `where` reads a constant
+    condition (tests/attention.rs checks that such a mask plans as a bias by key)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 16, 8) for _ in range(3))
+    m = torch.rand(2, 16) > 0.3
+    model = KeyMask()
+    want = model(q, k, v, m)
+    exported = export_program(torch.export.export(model, (q, k, v, m)))
+    nodes = exported.graph["nodes"]
+    for n in nodes:
+        if n["op"] == "where":
+            c = nodes[n["args"][0]]
+            while c["op"] in ("broadcast", "reshape", "cast"):
+                c = nodes[c["args"][0]]
+            assert c["op"] != "const", n
+    for got, w in zip(run_cpu(exported, (q, k, v, m), tmp_path), want):
+        close(got, w)
