@@ -1430,6 +1430,15 @@ def _bias_of(L, mask):
     return L.apply("where", m, L.cast(L.lit(0.0), "f32"), L.cast(L.lit(-3.0e38), "f32"), dtype="f32")
 
 
+def _bias_stats(L, q, k, s, is_causal, bias):
+    """`attention_bias_lse` of q, k (heads repeated to q's, as views) and a bias: f32
+    `[..., SQ, 2]`, each row's maximum and log of its sum of exponentials."""
+    kk = _heads(L, k, q.shape[-3])
+    causal = L.lit(1 if is_causal else 0).node
+    return L.b.op("attention_bias_lse", [q.node, kk.node, bias.node, L.lit(s).node, causal], "f32",
+                  q.shape[:-1] + (2,))
+
+
 def _attention_bias(L, q, k, v, s, is_causal, mask):
     """Attention with a mask tensor as the `attention_bias` composite, whose kernel reads the
     mask in place: an additive mask is the bias; a bool mask (true where a key is kept) the bias
@@ -1455,8 +1464,12 @@ def _sdpa_forward(L, q, k, v, mask, dropout_p, is_causal, scale, n_out):
         probs = L.cast(probs, vv.dtype)
         out = L.b.op("@", [probs.node, vv.node], q.dtype, q.shape[:-1] + (v.shape[-1],))
     elif mask is not None:
-        # (The log-sum-exp alone, for the backward: the result is attention_bias's.)
-        lse = _scores(L, q, k, s, is_causal, mask)[1] if n_out > 1 else None
+        # The log-sum-exp for the backward from attention_bias_lse's statistics (a flash-style
+        # kernel, not the scores written out): m + log l.
+        lse = None
+        if n_out > 1:
+            stats = _bias_stats(L, q, k, s, is_causal, _bias_of(L, mask))
+            lse = L.apply("+", _slice(L, stats, stats.rank - 1, 0, 1, 1), _slice(L, stats, stats.rank - 1, 1, 2, 1))
         out = _attention_bias(L, q, k, v, s, is_causal, mask)
     else:
         causal = L.lit(1 if is_causal else 0).node
@@ -1603,8 +1616,7 @@ def _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask):
     kv = k.shape[-3]
     kk, vv = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
     causal = L.lit(1 if is_causal else 0).node
-    stats = L.b.op("attention_bias_lse", [q.node, kk.node, bias.node, L.lit(s).node, causal], "f32",
-                   q.shape[:-1] + (2,))
+    stats = _bias_stats(L, q, k, s, is_causal, bias)
     delta = L.reduce("sum", L.apply("*", L.cast(g, "f32"), L.cast(out, "f32")), [-1], True)
     args = [q.node, kk.node, vv.node, g.node, stats.node, delta.node, bias.node, L.lit(s).node, causal]
     dq = L.b.op("attention_bias_grad_q", args, q.dtype, q.shape)

@@ -472,3 +472,35 @@ def test_constant_true_masks_fold_to_a_mask_by_key(tmp_path):
             assert c["op"] != "const", n
     for got, w in zip(run_cpu(exported, (q, k, v, m), tmp_path), want):
         close(got, w)
+
+
+@pytest.mark.parametrize("bool_mask", [False, True])
+def test_masked_sdpa_log_sum_exp_from_flash_statistics(bool_mask, tmp_path):
+    """A fused SDPA forward with a mask returns its log-sum-exp from `attention_bias_lse`'s
+    statistics (m + log l, no score matrix written): equal to the log-sum-exp of the masked
+    scores, a row with every key masked by an additive fill included (a bool mask's such rows
+    are PyTorch's `-inf` and eqfuse's fill, not compared here)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fw(q, k, v, m):
+        r = aten._scaled_dot_product_efficient_attention(q, k, v, m, True, 0.0, False)
+        return r[0], r[1]
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(B, H, 32, D) for _ in range(3))
+    keep = torch.rand(B, 1, 1, 32) > 0.3
+    keep[0, 0, 0, 0] = True
+    if not bool_mask:
+        keep[0, 0, 0, :] = False  # (every row of batch 0 keeps no key: rows of fills)
+    m = keep if bool_mask else torch.where(keep, 0.0, torch.finfo(torch.float32).min)
+    with FakeTensorMode():
+        fq, fk, fv = (torch.empty(B, H, 32, D, device="cuda") for _ in range(3))
+        fm = torch.empty(m.shape, dtype=m.dtype, device="cuda")
+        fw_gm = make_fx(fw)(fq, fk, fv, fm)
+    fwx = export_graph_module(fw_gm)
+    assert not any(n["op"] == "@" for n in fwx.graph["nodes"]), "the scores are written out"
+    got_out, got_lse = run_cpu(fwx, [q, k, v, m], tmp_path)
+    sc = (q @ k.transpose(-1, -2)) / D ** 0.5 + torch.where(keep, 0.0, torch.finfo(torch.float32).min)
+    close(got_lse.reshape(B, H, 32), torch.logsumexp(sc, -1), 1e-4)
+    close(got_out, torch.softmax(sc, -1) @ v, 1e-4)
