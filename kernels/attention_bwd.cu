@@ -246,6 +246,30 @@ __device__ __forceinline__ float bias_at(const EQ_BT* bg, int row, int col) {
     return eq_val(x);
 #endif
 }
+// A bias by key alone (row stride 0: a padding mask [B, 1, 1, SK]) is read outside the loops'
+// critical paths: the key-major kernel holds its keys' two values for the whole loop, the
+// query-major ones load a tile's values before its products (whose latency hides the loads).
+#define EQ_BIAS_BY_KEY (EQ_B_SR == 0)
+#if EQ_BIAS_BY_KEY
+// The bias of this thread's key columns of the tile from n0 (raw values, selected where used).
+#define EQ_BIAS_PREFETCH(n0)                                                     \
+    EQ_BT bv[SN][2];                                                             \
+    _Pragma("unroll") for (int nt = 0; nt < SN; ++nt)                            \
+        _Pragma("unroll") for (int c = 0; c < 2; ++c) {                          \
+            const int col = (n0) + nt * 8 + 2 * t + c;                           \
+            bv[nt][c] = bg[(long long)(col < EQ_SK ? col : 0) * EQ_B_SC];        \
+        }
+#if EQ_BIAS_SEL
+#define EQ_QBIAS(nt, e, row, col) (eq_val(bv[nt][(e) & 1]) ? EQ_BIAS_YES : EQ_BIAS_NO)
+#else
+#define EQ_QBIAS(nt, e, row, col) eq_val(bv[nt][(e) & 1])
+#endif
+#else
+#define EQ_BIAS_PREFETCH(n0)
+#define EQ_QBIAS(nt, e, row, col) bias_at(bg, row, col)
+#endif
+#else
+#define EQ_BIAS_PREFETCH(n0)
 #endif
 
 // Loads rows [row0, row0 + EQ_BM) of a [rows, EQ_D] matrix of row stride `sr` (a multiple of 8,
@@ -468,6 +492,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
         cp_wait<1>();
         __syncthreads();
         if (j == 0) a_frags(qf, sq, warp, lane);
+        EQ_BIAS_PREFETCH(n0)
         float s[SN][4];
         mma_abt(s, qf, sk + (j & 1) * EQ_TILE_BYTES, lane);
         const bool masked = n0 + EQ_BN > EQ_SK || (EQ_CAUSAL && n0 + EQ_BN - 1 > wrow);
@@ -481,7 +506,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
                     const int col = n0 + nt * 8 + 2 * t + (e & 1), row = wrow + g + h * 8;
 #if EQ_BIAS
                     // Natural units (the differences from the maximum go to base 2 one by one).
-                    float x = fmaf(s[nt][e], EQ_SCALE, bias_at(bg, row, col));
+                    float x = fmaf(s[nt][e], EQ_SCALE, EQ_QBIAS(nt, e, row, col));
 #else
                     float x = s[nt][e] * EQ_SCALE_LOG2;
 #endif
@@ -594,6 +619,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
             a_frags(qf, sq, warp, lane);
             a_frags(gf, sg, warp, lane);
         }
+        EQ_BIAS_PREFETCH(n0)
         float s[SN][4], dp[SN][4];
         mma_abt(s, qf, kb, lane);
         mma_abt(dp, gf, vb, lane);
@@ -605,7 +631,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
                 const int h = e >> 1;
 #if EQ_BIAS
                 const int col = n0 + nt * 8 + 2 * t + (e & 1), row = wrow + g + h * 8;
-                const float x = fmaf(s[nt][e], EQ_SCALE, bias_at(bg, row, col));
+                const float x = fmaf(s[nt][e], EQ_SCALE, EQ_QBIAS(nt, e, row, col));
                 float p = ex2((x - mrow[h]) * EQ_LOG2E - lse2[h]);
                 if (masked && (col >= EQ_SK || (EQ_CAUSAL && col > row))) p = 0.0f;
 #else
@@ -696,6 +722,13 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
             dv[dt][e] = 0.0f;
 #endif
         }
+#if EQ_BIAS && EQ_BIAS_BY_KEY
+    // This thread's two keys' bias values, for every query tile.
+    const float kbias[2] = {bias_at(bg, 0, wkey + g), bias_at(bg, 0, wkey + g + 8)};
+#define EQ_KBIAS(row, key, e) kbias[(e) >> 1]
+#else
+#define EQ_KBIAS(row, key, e) bias_at(bg, row, key)
+#endif
     // The key and value fragments stay in registers across the loop, or (EQ_DQ, whose dq
     // products need registers) are read from shared memory again in each iteration.
 #if !EQ_DQ
@@ -735,7 +768,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
                 const int qc = nt * 8 + 2 * t + (e & 1);
 #if EQ_BIAS
                 const int key = wkey + g + (e >> 1) * 8, row = m0 + qc;
-                const float sb = fmaf(p[nt][e], EQ_SCALE, bias_at(bg, row, key));
+                const float sb = fmaf(p[nt][e], EQ_SCALE, EQ_KBIAS(row, key, e));
                 const float mr = fmaxf(lse[qc], -3.402823466e38f), ll = fmaxf(lse[2 * EQ_BM + qc], 0.0f);
                 float x = ex2((sb - mr) * EQ_LOG2E - ll * EQ_LOG2E);
                 if (masked && (row >= EQ_SQ || key >= EQ_SK || (EQ_CAUSAL && key > row))) x = 0.0f;
