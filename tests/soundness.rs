@@ -31,7 +31,10 @@ fn every_default_rule_is_sound() {
             }
         }
     }
-    assert_eq!(checked + failures.len(), default_rules().unwrap().iter().map(|s| s.rules.len() + s.native.len()).sum::<usize>());
+    assert_eq!(
+        checked + failures.len(),
+        default_rules().unwrap().iter().map(|s| s.rules.len() + s.native.len()).sum::<usize>()
+    );
     assert!(
         failures.is_empty(),
         "{} of {} rules failed:\n\n{}",
@@ -166,7 +169,8 @@ fn an_unsound_rewrite_is_caught_by_the_native_harness() {
     let inner = op(&mut p, "slice", vec![x, a, s, e, k]);
     let outer = op(&mut p, "slice", vec![inner, a, t, f, one]);
     p.add_output("y", outer).unwrap();
-    let bad: egg::Rewrite<eqfuse::TensorLang, eqfuse::ShapeAnalysis> = egg::rewrite!("bad"; "(slice (slice ?x ?a ?s ?e ?k) ?b ?t ?f ?j)" => "(slice ?x ?a ?t ?f ?j)");
+    let bad: egg::Rewrite<eqfuse::TensorLang, eqfuse::ShapeAnalysis> =
+        egg::rewrite!("bad"; "(slice (slice ?x ?a ?s ?e ?k) ?b ?t ?f ?j)" => "(slice ?x ?a ?t ?f ?j)");
     let err = check_rewrite_on(&p, &bad).unwrap_err();
     assert!(err.contains("values differ"), "{err}");
     let (unions, finite) = check_rewrite_on(&p, &native("slice-of-slice").rewrite()).unwrap();
@@ -193,7 +197,8 @@ fn slices_of_slices_fold_on_long_axes() {
         let args1 = [a1, b(next(30)), b(next(30)), 1.0 + next(4) as f64];
         let args2 = [a2, b(next(30)), b(next(30)), 1.0 + next(4) as f64];
         let ids1: Vec<_> = args1.iter().map(|&v| p.num(v)).collect();
-        let Ok(inner) = p.add(eqfuse::TensorLang::op(eqfuse::OpCode::from_name("slice").unwrap(), [vec![x], ids1].concat()))
+        let Ok(inner) =
+            p.add(eqfuse::TensorLang::op(eqfuse::OpCode::from_name("slice").unwrap(), [vec![x], ids1].concat()))
         else {
             continue;
         };

@@ -677,10 +677,7 @@ fn shared_product_switches(
             }
         }
     }
-    by_product
-        .into_values()
-        .filter(|g| g.len() >= 2 && g.iter().any(|(c, n)| selection.get(c) != Some(n)))
-        .collect()
+    by_product.into_values().filter(|g| g.len() >= 2 && g.iter().any(|(c, n)| selection.get(c) != Some(n))).collect()
 }
 
 /// Turns a fusion state into kernels, naming every tensor.

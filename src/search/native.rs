@@ -158,21 +158,19 @@ impl<'a> Build<'a> {
 
 /// Adds built nodes to the e-graph; the class of each.
 fn add_nodes(egraph: &mut TensorGraph, nodes: Vec<(TensorLang, Vec<Child>)>) -> Vec<Id> {
-    {
-        let mut ids: Vec<Id> = Vec::with_capacity(nodes.len());
-        for (node, children) in nodes {
-            let resolved: Vec<Id> = children
-                .iter()
-                .map(|c| match *c {
-                    Child::Class(id) => id,
-                    Child::New(i) => ids[i],
-                })
-                .collect();
-            let id = egraph.add(with_children(&node, |k| resolved[k]));
-            ids.push(id);
-        }
-        ids
+    let mut ids: Vec<Id> = Vec::with_capacity(nodes.len());
+    for (node, children) in nodes {
+        let resolved: Vec<Id> = children
+            .iter()
+            .map(|c| match *c {
+                Child::Class(id) => id,
+                Child::New(i) => ids[i],
+            })
+            .collect();
+        let id = egraph.add(with_children(&node, |k| resolved[k]));
+        ids.push(id);
     }
+    ids
 }
 
 /// `node` with its `k`th child replaced by `f(k)`.
@@ -272,11 +270,18 @@ struct SharedLhs {
     transposed: bool,
 }
 
-/// A product's weight: the class of `w` in `x @ w` (or in `x @ transpose(w, -1, -2)`).
+/// A product's weight: the class of `w` in `x @ w` (or in `x @ transpose(w, -1, -2)`). A right
+/// operand that is a transposed weight is left to the transposed rule (its weights concatenate
+/// without a transpose in the copy).
 fn weight_of(egraph: &TensorGraph, rhs: Id, transposed: bool) -> Option<Id> {
     if !transposed {
-        return Some(rhs);
+        return transposed_weight(egraph, rhs).is_none().then_some(rhs);
     }
+    transposed_weight(egraph, rhs)
+}
+
+/// `w` where the class holds `transpose(w, a, b)` of `w`'s last two axes.
+fn transposed_weight(egraph: &TensorGraph, rhs: Id) -> Option<Id> {
     let tr = code("transpose");
     egraph[rhs].nodes.iter().find_map(|n| match n {
         TensorLang::Op(c, ch) if *c == tr => {
@@ -391,7 +396,12 @@ impl SharedLhs {
 }
 
 impl Searcher<TensorLang, ShapeAnalysis> for SharedLhs {
-    fn search_eclass_with_limit(&self, egraph: &TensorGraph, eclass: Id, limit: usize) -> Option<SearchMatches<'_, TensorLang>> {
+    fn search_eclass_with_limit(
+        &self,
+        egraph: &TensorGraph,
+        eclass: Id,
+        limit: usize,
+    ) -> Option<SearchMatches<'_, TensorLang>> {
         let substs: Vec<Subst> =
             self.pairs(egraph, Some(egraph.find(eclass))).into_iter().map(|(_, s)| s).take(limit).collect();
         (!substs.is_empty()).then_some(SearchMatches { eclass, substs, ast: None })

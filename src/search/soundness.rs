@@ -605,7 +605,8 @@ fn native_attempt(rule: &NativeRule, rng: &mut Rng, dtype: DType) -> Result<Atte
         return Ok(Attempt::Skip);
     }
     let f = p.fact(roots[0]);
-    let ty = format!("{}{}", f.ty.as_ref().map_or(String::new(), |t| t.dtype.to_string()), if f.weak { "w" } else { "" });
+    let ty =
+        format!("{}{}", f.ty.as_ref().map_or(String::new(), |t| t.dtype.to_string()), if f.weak { "w" } else { "" });
     Ok(Attempt::Checked(finite, ty))
 }
 
@@ -624,7 +625,8 @@ pub fn check_rewrite_on(p: &Program, rw: &Rewrite<TensorLang, ShapeAnalysis>) ->
         ids.push(id);
     }
     g.rebuild();
-    let runner = Runner::default().with_egraph(g).with_iter_limit(3).with_node_limit(20_000).run(std::slice::from_ref(rw));
+    let runner =
+        Runner::default().with_egraph(g).with_iter_limit(3).with_node_limit(20_000).run(std::slice::from_ref(rw));
     let unions: usize = runner.iterations.iter().filter_map(|it| it.applied.get(&rw.name)).sum();
     let egraph = runner.egraph;
     if let Some(c) = egraph.analysis.conflicts.first() {
