@@ -214,6 +214,14 @@ fn slices_of_slices_fold_on_long_axes() {
         folded += 1;
     }
     assert!(folded > 150, "{folded}");
+    // Slices along different axes stay as they are.
+    let mut p = Program::new("t");
+    let x = p.add_input("x", TensorType::new(DType::F32, vec![4, 6])).unwrap();
+    let (zero, one, two, three) = (p.num(0.0), p.num(1.0), p.num(2.0), p.num(3.0));
+    let inner = op(&mut p, "slice", vec![x, zero, one, three, one]);
+    let outer = op(&mut p, "slice", vec![inner, one, zero, two, one]);
+    p.add_output("y", outer).unwrap();
+    assert_eq!(check_rewrite_on(&p, &rule).unwrap().0, 0);
 }
 
 /// Queries, keys and values of one input: the pairs fuse, then the pair with the third, and
