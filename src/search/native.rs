@@ -134,7 +134,7 @@ impl<'a> Build<'a> {
     fn node(&mut self, node: TensorLang, children: Vec<Child>) -> Option<Child> {
         let child_facts: Vec<Fact> = children.iter().map(|&c| self.fact(c).cloned()).collect::<Option<_>>()?;
         // Positions in `child_facts` stand in for the children while typing.
-        let probe = with_children(&node, |k| Id::from(k));
+        let probe = with_children(&node, Id::from);
         let fact = self.egraph.analysis.node_fact(&probe, |c| child_facts.get(usize::from(c)).cloned())?;
         self.nodes.push((node, children));
         self.facts.push(fact);
@@ -326,7 +326,7 @@ fn atoms(egraph: &TensorGraph, w: Id, from_end: usize) -> Option<Vec<Id>> {
 }
 
 impl SharedLhs {
-    fn from_end(&self) -> usize {
+    fn concat_axis_from_end(&self) -> usize {
         if self.transposed {
             2
         } else {
@@ -360,14 +360,14 @@ impl SharedLhs {
                 if only.is_some_and(|o| o != p1) {
                     continue;
                 }
-                let Some(a1) = atoms(egraph, w1, self.from_end()) else { continue };
+                let Some(a1) = atoms(egraph, w1, self.concat_axis_from_end()) else { continue };
                 if a1.len() >= MAX_FUSED {
                     continue;
                 }
                 for &(p2, w2) in &products {
                     // The second weight is one weight after all of the first's: each set of
                     // weights is fused once, in one order.
-                    let a2 = atoms(egraph, w2, self.from_end());
+                    let a2 = atoms(egraph, w2, self.concat_axis_from_end());
                     let ok = matches!(&a2, Some(a2) if a2.len() == 1 && a1.iter().all(|&a| a < a2[0]));
                     if p1 == p2 || !ok || !self.compatible(egraph, w1, w2) {
                         continue;
@@ -391,7 +391,7 @@ impl SharedLhs {
         r >= 2
             && r == b.rank()
             && a.dtype == b.dtype
-            && (0..r).all(|i| i == r - self.from_end() || a.shape[i] == b.shape[i])
+            && (0..r).all(|i| i == r - self.concat_axis_from_end() || a.shape[i] == b.shape[i])
     }
 }
 
