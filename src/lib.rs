@@ -130,13 +130,14 @@ pub use search::extract::{
 };
 pub use search::fuse::{Fusion, FusionParts, Group};
 pub use search::ilp::{relaxed_cost, solve as solve_ilp, IlpResult, ILP_MAX_NODES};
+pub use search::native::{fold_slices, native_rules, NativeRule, NATIVE_RULES};
 pub use search::optimize::{
     egraph_of, optimize, plan_saturated, saturate_program, unfused_totals, OptimizeOptions, Optimized, Saturated,
     StageSummary,
 };
 pub use search::rules::{default_rules, parse_rules_dir, parse_ruleset, Rule, RuleSet, STAGE_ORDER};
 pub use search::saturate::{saturate, saturate_egraph, Budgets, Saturation, StageReport, StopReason, MIN_STAGE_ROOM};
-pub use search::soundness::{check_rule, load_rules_dir};
+pub use search::soundness::{check_native_rule, check_rewrite_on, check_rule, load_rules_dir};
 pub use tools::bench::{bench_programs, spearman, BenchReport, BenchRow};
 pub use tools::calibrate::{calibrate, calibrate_on, short_name as profile_name_of, Calibration};
 pub use tools::gen_program::{random_recipe, recipes, Recipe, Step};

@@ -580,3 +580,41 @@ fn wide_and_odd_rows_compile_without_spills() {
     assert!(failed.is_empty(), "{} row kernels spill registers:\n{}", failed.len(), failed.join("\n\n"));
     eprintln!("compiled {n} row kernels of wide and odd rows without spills");
 }
+
+/// The fused form of products sharing their left operand (`matmul-shared-lhs`: the weights
+/// concatenated by an elementwise kernel, one product, the results read back as slices) and its
+/// torch `linear` spelling generate kernels that compile.
+#[test]
+fn shared_operand_product_kernels_compile() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    for linear in [false, true] {
+        let text = format!(
+            "input x: bf16[8192, 4096]\n{}\nq = x @ {}\nk = x @ {}\nv = x @ {}\noutput q\noutput k\noutput v\n",
+            ["wq", "wk", "wv"]
+                .iter()
+                .map(|w| if linear {
+                    format!("input {w}: bf16[64, 4096]")
+                } else {
+                    format!("input {w}: bf16[4096, 64]")
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+            if linear { "transpose(wq, -1, -2)" } else { "wq" },
+            if linear { "transpose(wk, -1, -2)" } else { "wk" },
+            if linear { "transpose(wv, -1, -2)" } else { "wv" },
+        );
+        let program = eqfuse::parse_program("qkv.eqf", &text, &[]).unwrap();
+        let plan = optimize(&program, &opts).unwrap().plan;
+        assert!(plan.kernels.iter().any(|k| k.ops.iter().any(|o| o == "concat")), "not fused: {:#?}", plan.kernels);
+        let sources = codegen_plan(&plan).unwrap();
+        assert!(sources.iter().any(|s| s.source.contains("concat") || s.name.contains("elementwise")));
+        for s in sources {
+            let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[])
+                .unwrap_or_else(|e| panic!("{}: {e}\n{}", s.name, s.source));
+            assert!(c.log.trim().is_empty(), "{}: warnings\n{}", s.name, c.log);
+        }
+    }
+}

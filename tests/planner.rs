@@ -253,3 +253,63 @@ fn dropout_with_a_tensor_seed_fuses_into_one_kernel() {
     let sources = eqfuse::codegen_plan(&plan).unwrap();
     assert!(sources[0].source.contains("eq_dropout_seeded(") && sources[0].source.contains("p_s[0]"));
 }
+
+fn bf16(shape: &[usize]) -> TensorType {
+    TensorType::new(DType::Bf16, shape.to_vec())
+}
+
+/// Three projections of one input `x [t, e]` (`x @ w` with `w [e, n_i]`, or torch's `linear`,
+/// `x @ transpose(w, -1, -2)` with `w [n_i, e]`).
+fn projections(t: usize, e: usize, ns: [usize; 3], linear: bool) -> Program {
+    let mut inputs = vec![("x", bf16(&[t, e]))];
+    let names = ["wq", "wk", "wv"];
+    for (name, n) in names.iter().zip(ns) {
+        inputs.push((name, if linear { bf16(&[n, e]) } else { bf16(&[e, n]) }));
+    }
+    let exprs: Vec<String> = names
+        .iter()
+        .map(|w| if linear { format!("(@ x (transpose {w} -1 -2))") } else { format!("(@ x {w})") })
+        .collect();
+    let outputs: Vec<(&str, &str)> = ["q", "k", "v"].iter().copied().zip(exprs.iter().map(String::as_str)).collect();
+    Program::from_sexprs("qkv", &inputs, &outputs).unwrap()
+}
+
+fn gemms(plan: &eqfuse::FusionPlan) -> Vec<&eqfuse::Kernel> {
+    plan.kernels.iter().filter(|k| k.template == Template::Gemm).collect()
+}
+
+/// Narrow projections of a large input (Llama-like queries, keys and values of small heads):
+/// reading `x` once in one product of the concatenated weights beats reading it three times, so
+/// the planner picks the fused form (`matmul-shared-lhs`), in both spellings; at a size the
+/// reference can run, the fused plan computes the program. Under `--strict` the rule is left
+/// out (it is `:inexact`) and the three products stay.
+#[test]
+fn narrow_projections_of_one_input_share_one_product() {
+    for linear in [false, true] {
+        let p = projections(8192, 4096, [64, 64, 64], linear);
+        let plan = optimize(&p, &opts()).unwrap().plan;
+        let g = gemms(&plan);
+        assert_eq!(g.len(), 1, "{:#?}", plan.kernels);
+        assert!(g[0].reads.iter().any(|r| r.name == "x"));
+        assert!(plan.total.predicted_us < 0.6 * plan.unfused.predicted_us, "{} us", plan.total.predicted_us);
+        let strict = optimize(&p, &OptimizeOptions { strict: true, ..opts() }).unwrap().plan;
+        assert_eq!(gemms(&strict).len(), 3);
+        let small = projections(1024, 1024, [16, 16, 16], linear);
+        let plan = plan_checked(&small);
+        assert_eq!(gemms(&plan).len(), 1, "{:#?}", plan.kernels);
+    }
+}
+
+/// Llama-size projections (x [8192, 2048], queries 2048 wide, keys and values 256): the keys'
+/// and values' products share one (each alone reads all of `x` for little work), while the
+/// queries' product, bound by its arithmetic, stays alone: fusing it would hide no read of `x`
+/// and add a copy of its 8 MiB weight and of its 32 MiB result out of the fused one.
+#[test]
+fn llama_projections_fuse_keys_and_values_only() {
+    let p = projections(8192, 2048, [2048, 256, 256], false);
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let g = gemms(&plan);
+    assert_eq!(g.len(), 2, "{:#?}", plan.kernels);
+    assert!(g.iter().any(|k| k.reads.iter().any(|r| r.name == "wq") && k.writes.iter().any(|w| w.name == "q")));
+    assert!(plan.total.predicted_us < plan.unfused.predicted_us);
+}

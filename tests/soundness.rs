@@ -2,7 +2,10 @@
 //! the library's checker (`eqfuse::check_rule`, which also checks rules loaded with `--rules`),
 //! and the checker itself shown to catch unsound, type-changing and weakened rules.
 
-use eqfuse::{check_rule, default_rules, load_rules_dir, parse_ruleset, Rule};
+use eqfuse::{
+    check_native_rule, check_rewrite_on, check_rule, default_rules, load_rules_dir, parse_ruleset, DType, Program,
+    Rule, TensorType, NATIVE_RULES,
+};
 
 #[test]
 fn every_default_rule_is_sound() {
@@ -13,6 +16,15 @@ fn every_default_rule_is_sound() {
             match check_rule(rule) {
                 Ok(cases) => {
                     eprintln!("{:<32} {cases:?}", rule.name);
+                    checked += 1;
+                }
+                Err(e) => failures.push(e),
+            }
+        }
+        for rule in &set.native {
+            match check_native_rule(rule) {
+                Ok(cases) => {
+                    eprintln!("{:<32} {cases:?} (native)", rule.name);
                     checked += 1;
                 }
                 Err(e) => failures.push(e),
@@ -122,5 +134,114 @@ fn dropout_rules_are_checked_with_tensor_seeds() {
     ] {
         let err = check_rule(&one_rule(bad)).unwrap_err();
         assert!(err.contains("is unsound") || err.contains("type"), "{bad}: {err}");
+    }
+}
+
+/// Every native rule is in a default ruleset, so `every_default_rule_is_sound` checks it.
+#[test]
+fn every_native_rule_runs_in_a_default_ruleset() {
+    let sets = default_rules().unwrap();
+    for (set, rule) in NATIVE_RULES {
+        assert!(sets.iter().any(|s| s.name == *set && s.native.iter().any(|r| r.name == rule.name)), "{}", rule.name);
+    }
+}
+
+fn op(p: &mut Program, name: &str, children: Vec<egg::Id>) -> egg::Id {
+    p.add(eqfuse::TensorLang::op(eqfuse::OpCode::from_name(name).unwrap(), children)).unwrap()
+}
+
+fn native(name: &str) -> eqfuse::NativeRule {
+    NATIVE_RULES.iter().find(|(_, r)| r.name == name).unwrap().1
+}
+
+/// The harness of native rules catches an unsound rewrite: a slice of a slice read as a slice
+/// of the whole tensor with the outer bounds.
+#[test]
+fn an_unsound_rewrite_is_caught_by_the_native_harness() {
+    let mut p = Program::new("t");
+    let x = p.add_input("x", TensorType::new(DType::F32, vec![3, 10])).unwrap();
+    let (a, s, e, k, t, f) = (p.num(1.0), p.num(2.0), p.num(9.0), p.num(2.0), p.num(1.0), p.num(3.0));
+    let one = p.num(1.0);
+    let inner = op(&mut p, "slice", vec![x, a, s, e, k]);
+    let outer = op(&mut p, "slice", vec![inner, a, t, f, one]);
+    p.add_output("y", outer).unwrap();
+    let bad: egg::Rewrite<eqfuse::TensorLang, eqfuse::ShapeAnalysis> =
+        egg::rewrite!("bad"; "(slice (slice ?x ?a ?s ?e ?k) ?b ?t ?f ?j)" => "(slice ?x ?a ?t ?f ?j)");
+    let err = check_rewrite_on(&p, &bad).unwrap_err();
+    assert!(err.contains("values differ"), "{err}");
+    let (unions, finite) = check_rewrite_on(&p, &native("slice-of-slice").rewrite()).unwrap();
+    assert!(unions == 1 && finite);
+}
+
+/// Slices of slices on larger axes than the random instantiations use: every bound spelling
+/// (negative, clamped, past the end), steps, and the axis spelled negative on one slice.
+#[test]
+fn slices_of_slices_fold_on_long_axes() {
+    let rule = native("slice-of-slice").rewrite();
+    let mut folded = 0;
+    let mut seed = 7u64;
+    let mut next = |n: u64| {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    for _ in 0..2000 {
+        let n = 1 + next(13) as usize;
+        let mut p = Program::new("t");
+        let x = p.add_input("x", TensorType::new(DType::F32, vec![2, n])).unwrap();
+        let b = |v: u64| v as f64 - 15.0;
+        let (a1, a2) = (if next(2) == 0 { 1.0 } else { -1.0 }, if next(2) == 0 { 1.0 } else { -1.0 });
+        let args1 = [a1, b(next(30)), b(next(30)), 1.0 + next(4) as f64];
+        let args2 = [a2, b(next(30)), b(next(30)), 1.0 + next(4) as f64];
+        let ids1: Vec<_> = args1.iter().map(|&v| p.num(v)).collect();
+        let Ok(inner) =
+            p.add(eqfuse::TensorLang::op(eqfuse::OpCode::from_name("slice").unwrap(), [vec![x], ids1].concat()))
+        else {
+            continue;
+        };
+        let ids2: Vec<_> = args2.iter().map(|&v| p.num(v)).collect();
+        let Ok(outer) =
+            p.add(eqfuse::TensorLang::op(eqfuse::OpCode::from_name("slice").unwrap(), [vec![inner], ids2].concat()))
+        else {
+            continue;
+        };
+        p.add_output("y", outer).unwrap();
+        let (unions, _) = check_rewrite_on(&p, &rule).unwrap_or_else(|e| panic!("n {n} {args1:?} {args2:?}: {e}"));
+        assert!(unions >= 1, "n {n} {args1:?} {args2:?}: did not fold");
+        folded += 1;
+    }
+    assert!(folded > 150, "{folded}");
+    // Slices along different axes stay as they are.
+    let mut p = Program::new("t");
+    let x = p.add_input("x", TensorType::new(DType::F32, vec![4, 6])).unwrap();
+    let (zero, one, two, three) = (p.num(0.0), p.num(1.0), p.num(2.0), p.num(3.0));
+    let inner = op(&mut p, "slice", vec![x, zero, one, three, one]);
+    let outer = op(&mut p, "slice", vec![inner, one, zero, two, one]);
+    p.add_output("y", outer).unwrap();
+    assert_eq!(check_rewrite_on(&p, &rule).unwrap().0, 0);
+}
+
+/// Queries, keys and values of one input: the pairs fuse, then the pair with the third, and
+/// every form of every product equals the product.
+#[test]
+fn three_products_of_one_operand_fuse() {
+    for transposed in [false, true] {
+        let mut p = Program::new("t");
+        let x = p.add_input("x", TensorType::new(DType::F32, vec![2, 3, 5])).unwrap();
+        for (i, n) in [2, 3, 1].into_iter().enumerate() {
+            let shape = if transposed { vec![n, 5] } else { vec![5, n] };
+            let w = p.add_input(&format!("w{i}"), TensorType::new(DType::F32, shape)).unwrap();
+            let w = if transposed {
+                let (a, b) = (p.num(-1.0), p.num(-2.0));
+                op(&mut p, "transpose", vec![w, a, b])
+            } else {
+                w
+            };
+            let y = op(&mut p, "@", vec![x, w]);
+            p.add_output(&format!("y{i}"), y).unwrap();
+        }
+        let name = if transposed { "matmul-shared-lhs-t" } else { "matmul-shared-lhs" };
+        let (unions, finite) = check_rewrite_on(&p, &native(name).rewrite()).unwrap();
+        // Three pairs, then each pair with the third (each product joins one slice per fused form).
+        assert!(unions >= 4 && finite, "{unions}");
     }
 }

@@ -486,7 +486,7 @@ fn improve(
                 let alts = alternatives(egraph, &dag, &selection);
                 // The next trial, judged ahead from the form as it is now.
                 let mut ahead = None;
-                for (i, (class, alt)) in alts.iter().enumerate() {
+                for (i, switch) in alts.iter().enumerate() {
                     if trials >= max_trials {
                         break;
                     }
@@ -495,14 +495,16 @@ fn improve(
                         break 'search;
                     }
                     trials += 1;
-                    let switched = |selection: &Selection, class: Id, alt: &TensorLang| {
+                    let switched = |selection: &Selection, switch: &Switch| {
                         let mut trial = selection.clone();
-                        trial.insert(class, alt.clone());
+                        for (class, alt) in switch {
+                            trial.insert(*class, alt.clone());
+                        }
                         trial
                     };
-                    let trial = switched(&selection, *class, alt);
-                    let next = alts.get(i + 1).filter(|_| trials < max_trials).map(|(class, alt)| {
-                        let next = switched(&selection, *class, alt);
+                    let trial = switched(&selection, switch);
+                    let next = alts.get(i + 1).filter(|_| trials < max_trials).map(|next| {
+                        let next = switched(&selection, next);
                         scope.spawn(move || cost_of(&next))
                     });
                     let judged = match ahead.take() {
@@ -604,12 +606,18 @@ pub(crate) fn scored_by(
     Ok((dag, t, b, parts))
 }
 
+/// A trial of [`improve`]: e-nodes to choose together, each for its class.
+type Switch = Vec<(Id, TensorLang)>;
+
 /// Other e-nodes of the classes in the current form that differ in operator or children
-/// classes (commuted operands are not worth a trial).
-fn alternatives(egraph: &TensorGraph, dag: &Dag, selection: &Selection) -> Vec<(Id, TensorLang)> {
+/// classes (commuted operands are not worth a trial), each a switch of one class; and the
+/// switches of several classes at once that read one product through slices (the products of a
+/// shared operand `matmul-shared-lhs` fused: one class switched alone keeps the others' products
+/// and adds the fused one, so it never pays, while all of them switched together may).
+fn alternatives(egraph: &TensorGraph, dag: &Dag, selection: &Selection) -> Vec<Switch> {
     let mut out = Vec::new();
     let used: std::collections::BTreeSet<Id> = dag.nodes.iter().filter_map(|d| d.class).collect();
-    for c in used {
+    for &c in &used {
         // A class with a constant value keeps its literal: attributes (axes, scales, epsilons)
         // must stay literals for the type rules and the templates, and a literal costs nothing
         // in any kernel, so a computed form (`square(0.5)` for `0.25`) is never worth a trial.
@@ -628,13 +636,48 @@ fn alternatives(egraph: &TensorGraph, dag: &Dag, selection: &Selection) -> Vec<(
                 && key(n) != cur_key
                 && egraph.analysis.node_fact(n, |x| egraph[x].data.fact.clone()).is_some()
             {
-                out.push((c, n.clone()));
+                out.push(vec![(c, n.clone())]);
             }
         }
     }
     // Composites first: one template running a whole pattern is the switch most likely to pay.
-    out.sort_by_key(|(c, n)| (!matches!(n.opcode().map(|o| o.kind()), Some(crate::ir::lang::Kind::Composite(_))), *c));
-    out
+    out.sort_by_key(|sw| {
+        let (c, n) = &sw[0];
+        (!matches!(n.opcode().map(|o| o.kind()), Some(crate::ir::lang::Kind::Composite(_))), *c)
+    });
+    let mut groups = shared_product_switches(egraph, &used, selection);
+    groups.append(&mut out);
+    groups
+}
+
+/// For each product that classes of the form have a slice of, the switch of every such class
+/// to its slice of it (where two or more have one and some class does not read it yet).
+fn shared_product_switches(
+    egraph: &TensorGraph,
+    used: &std::collections::BTreeSet<Id>,
+    selection: &Selection,
+) -> Vec<Switch> {
+    use crate::ir::lang::Kind;
+    let slice_of = |n: &TensorLang| match n {
+        TensorLang::Op(code, ch) if code.kind() == Kind::Slice => {
+            let p = egraph.find(ch[0]);
+            let product = egraph[p].nodes.iter().any(|m| m.opcode().is_some_and(|o| o.kind() == Kind::MatMul));
+            product.then_some(p)
+        }
+        _ => None,
+    };
+    let mut by_product: BTreeMap<Id, Switch> = BTreeMap::new();
+    for &c in used {
+        for n in &egraph[c].nodes {
+            if let Some(p) = slice_of(n) {
+                let group = by_product.entry(p).or_default();
+                if group.last().is_none_or(|(d, _)| *d != c) {
+                    group.push((c, n.clone()));
+                }
+            }
+        }
+    }
+    by_product.into_values().filter(|g| g.len() >= 2 && g.iter().any(|(c, n)| selection.get(c) != Some(n))).collect()
 }
 
 /// Turns a fusion state into kernels, naming every tensor.

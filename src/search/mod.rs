@@ -9,6 +9,7 @@ pub mod extract;
 pub mod fuse;
 pub mod ilp;
 pub mod memory_fit;
+pub mod native;
 pub mod optimize;
 pub mod residency;
 pub mod rules;

@@ -382,17 +382,15 @@ fn rules_used(program: &Program, egraph: &TensorGraph, dag: &Dag, opts: &Optimiz
         let ex = egraph.explain_equivalence(&written, &form);
         collect_rules(&ex.explanation_trees, &mut names, &mut std::collections::HashSet::new());
     }
-    let inexact: std::collections::BTreeSet<String> = match &opts.rules {
+    let sets = match &opts.rules {
         Some(sets) => Ok(sets.to_vec()),
         None => crate::search::rules::default_rules(),
     }
-    .map(|sets| sets.iter().flat_map(|s| &s.rules).filter(|r| r.inexact).map(|r| r.name.clone()).collect())
     .unwrap_or_default();
     names
         .into_iter()
         .map(|n| {
-            let base = n.strip_suffix("-rev").unwrap_or(&n).to_string();
-            let inexact = inexact.contains(&n) || inexact.contains(&base);
+            let inexact = sets.iter().any(|s| s.is_inexact(&n));
             (n, inexact)
         })
         .collect()
@@ -478,6 +476,7 @@ fn run_stages(egraph: TensorGraph, opts: &OptimizeOptions) -> Result<StagesRun> 
     if opts.strict {
         for set in &mut rulesets {
             set.rules.retain(|r| !r.inexact);
+            set.native.retain(|r| !r.inexact);
         }
     }
     let budgets = Budgets::default()

@@ -29,6 +29,7 @@ use crate::ir::infer::Fact;
 use crate::ir::lang::TensorLang;
 use crate::search::analysis::{ShapeAnalysis, TensorGraph};
 use crate::search::conditions::{self, NamedCondition};
+use crate::search::native::{native_rules, NativeRule};
 
 /// Rulesets run in this order; rulesets not listed run after them, by name.
 pub const STAGE_ORDER: &[&str] = &["algebra", "patterns", "autodiff", "memory"];
@@ -63,6 +64,9 @@ pub struct Rule {
 pub struct RuleSet {
     pub name: String,
     pub rules: Vec<Rule>,
+    /// Rules written in Rust that run in this stage beside the file's rules (the default
+    /// `algebra` ruleset's, [`crate::search::native`]); none for a ruleset read from a file.
+    pub native: Vec<NativeRule>,
 }
 
 impl Rule {
@@ -126,9 +130,18 @@ impl fmt::Display for Rule {
 }
 
 impl RuleSet {
-    /// The egg rewrites of every rule, in file order.
+    /// The egg rewrites of every rule, in file order, then the native rules'.
     pub fn rewrites(&self) -> Result<Vec<Rewrite<TensorLang, ShapeAnalysis>>> {
-        self.rules.iter().map(Rule::rewrite).collect()
+        let mut rws: Vec<_> = self.rules.iter().map(Rule::rewrite).collect::<Result<_>>()?;
+        rws.extend(self.native.iter().map(NativeRule::rewrite));
+        Ok(rws)
+    }
+
+    /// Whether the rule of this name (a `-rev` rule by its base name too) is `:inexact`.
+    pub fn is_inexact(&self, name: &str) -> bool {
+        let base = name.strip_suffix("-rev").unwrap_or(name);
+        self.rules.iter().any(|r| r.inexact && (r.name == name || r.name == base))
+            || self.native.iter().any(|r| r.inexact && r.name == name)
     }
 }
 
@@ -204,10 +217,20 @@ fn stage_rank(name: &str) -> usize {
     STAGE_ORDER.iter().position(|s| *s == name).unwrap_or(STAGE_ORDER.len())
 }
 
-/// The embedded default rulesets, in stage order.
+/// The embedded default rulesets, in stage order, each with its native rules.
 pub fn default_rules() -> Result<Vec<RuleSet>> {
     let mut seen = HashMap::new();
-    DEFAULT_RULES.iter().map(|(name, text)| parse_with(name, &format!("rules/{name}.rules"), text, &mut seen)).collect()
+    DEFAULT_RULES
+        .iter()
+        .map(|(name, text)| {
+            let mut set = parse_with(name, &format!("rules/{name}.rules"), text, &mut seen)?;
+            set.native = native_rules(name);
+            if let Some(dup) = set.native.iter().find(|n| seen.contains_key(n.name)) {
+                return Err(Error::Invalid(format!("native rule `{}` has the name of a rule file's rule", dup.name)));
+            }
+            Ok(set)
+        })
+        .collect()
 }
 
 /// Parses the text of one rule file. `file` names it in error messages.
@@ -228,7 +251,7 @@ fn parse_with(name: &str, file: &str, text: &str, seen: &mut HashMap<String, Str
             rules.push(rule);
         }
     }
-    Ok(RuleSet { name: name.to_string(), rules })
+    Ok(RuleSet { name: name.to_string(), rules, native: vec![] })
 }
 
 /// A 1-based line and column.

@@ -308,7 +308,8 @@ fn run_stage(
     time_limit: Duration,
 ) -> Result<(TensorGraph, StageReport)> {
     let guarded = set.rules.iter().map(|r| r.guarded_rewrite()).collect::<Result<Vec<_>>>()?;
-    let (rewrites, refused): (Vec<Rewrite<_, _>>, Vec<Arc<AtomicUsize>>) = guarded.into_iter().unzip();
+    let (mut rewrites, refused): (Vec<Rewrite<_, _>>, Vec<Arc<AtomicUsize>>) = guarded.into_iter().unzip();
+    rewrites.extend(set.native.iter().map(|r| r.rewrite()));
     let clock = Instant::now();
     let conflicts_before = egraph.analysis.conflicts.len();
     let runner = TensorRunner::default()

@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use egg::{ENodeOrVar, Id, Language, PatternAst, Subst, Var};
+use egg::{AstSize, ENodeOrVar, Extractor, Id, Language, PatternAst, RecExpr, Rewrite, Runner, Subst, Var};
 
 use crate::ir::lang::{Composite, Dims, Kind, OpCode, TensorLang};
 use crate::ir::program::Program;
@@ -26,6 +26,7 @@ use crate::ir::types::{DType, TensorType};
 use crate::reference::eval_all;
 use crate::reference::rng::random_inputs;
 use crate::search::analysis::{ShapeAnalysis, TensorGraph};
+use crate::search::native::NativeRule;
 use crate::search::rules::Rule;
 
 /// Each rule is tried with tensors mostly of each of these dtypes in turn.
@@ -77,6 +78,10 @@ enum Role {
     Literal,
     /// A weak literal of small integer value (a class count, an axis size).
     Int,
+    /// A slice's start or stop: negative (from the end), in range, or past the end.
+    Bound,
+    /// A slice's step.
+    Step,
     /// Dropout's seed: a literal, or an i32 input of shape `[]` or `[1]` (a seed given at run
     /// time).
     Seed,
@@ -109,7 +114,9 @@ fn position_role(kind: Kind, i: usize) -> Role {
         }
         (Kind::Reshape | Kind::Broadcast, 1) => Role::Dims,
         (Kind::Slice, 1) | (Kind::Concat, 2) | (Kind::Gather, 2) | (Kind::ScatterAdd, 2) => Role::Axis,
-        (Kind::Slice, 2..=4) | (Kind::ScatterAdd, 3) => Role::Int,
+        (Kind::Slice, 2 | 3) => Role::Bound,
+        (Kind::Slice, 4) => Role::Step,
+        (Kind::ScatterAdd, 3) => Role::Int,
         (Kind::Gather, 1) | (Kind::ScatterAdd, 0) => Role::Index,
         (Kind::Cast, 1) => Role::DType,
         (Kind::OneHot, 1) | (Kind::Iota, 0) => Role::Int,
@@ -140,8 +147,20 @@ fn condition_role(name: &str, i: usize) -> Option<Role> {
 
 /// Every variable of the rule with its role and sign need, in order of first appearance.
 fn variables(rule: &Rule) -> Vec<(Var, Role, Need)> {
+    variables_of(&[&rule.lhs.ast], &rule.conditions)
+}
+
+/// The variables of left sides instantiated with one substitution, and of their conditions.
+fn variables_of(asts: &[&PatternAst<TensorLang>], conditions: &[(String, Vec<Var>)]) -> Vec<(Var, Role, Need)> {
     let mut vars: Vec<(Var, Role, Need)> = vec![];
-    let ast = rule.lhs.ast.as_ref();
+    for ast in asts {
+        pattern_variables(ast.as_ref(), &mut vars);
+    }
+    condition_variables(conditions, &mut vars);
+    vars
+}
+
+fn pattern_variables(ast: &[ENodeOrVar<TensorLang>], vars: &mut Vec<(Var, Role, Need)>) {
     for node in ast {
         match node {
             ENodeOrVar::Var(v) if !vars.iter().any(|(w, ..)| w == v) => vars.push((*v, Role::Tensor, Need::Any)),
@@ -160,7 +179,10 @@ fn variables(rule: &Rule) -> Vec<(Var, Role, Need)> {
             _ => {}
         }
     }
-    for (name, args) in &rule.conditions {
+}
+
+fn condition_variables(conditions: &[(String, Vec<Var>)], vars: &mut [(Var, Role, Need)]) {
+    for (name, args) in conditions {
         for (i, v) in args.iter().enumerate() {
             let Some(e) = vars.iter_mut().find(|(w, ..)| w == v) else { continue };
             if let Some(r) = condition_role(name, i) {
@@ -174,7 +196,6 @@ fn variables(rule: &Rule) -> Vec<(Var, Role, Need)> {
             };
         }
     }
-    vars
 }
 
 /// One random instantiation being built.
@@ -290,6 +311,8 @@ impl Gen<'_> {
             }
             Role::Axis => Ok(p.num(self.rng.pick(&[-3.0, -2.0, -1.0, 0.0, 1.0, 2.0]))),
             Role::Int => Ok(p.num(self.rng.pick(&[-1.0, 0.0, 1.0, 2.0, 3.0, 4.0]))),
+            Role::Bound => Ok(p.num(self.rng.pick(&[-7.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 9.0]))),
+            Role::Step => Ok(p.num(self.rng.pick(&[1.0, 1.0, 2.0, 3.0]))),
             Role::Seed if self.rng.chance(0.5) => {
                 let shape = if self.rng.chance(0.5) { vec![] } else { vec![1] };
                 p.add_input(&format!("in{}", p.inputs.len()), TensorType::new(DType::I32, shape))
@@ -552,6 +575,177 @@ fn same_values(p: &Program, lhs: Id, rhs: Id) -> Result<bool, String> {
         finite |= a.data.iter().any(|v| v.is_finite());
     }
     Ok(finite)
+}
+
+/// Tries one random instantiation of a native rule's left sides (one substitution, each side a
+/// root), rewritten by the rule in an e-graph ([`check_rewrite_on`]); counted where it fired.
+fn native_attempt(rule: &NativeRule, rng: &mut Rng, dtype: DType) -> Result<Attempt, String> {
+    let lhs = rule.lhs_patterns();
+    let mut p = Program::new("soundness");
+    let mut gen = Gen::new(rng, dtype);
+    let mut subst = HashMap::new();
+    let asts: Vec<&PatternAst<TensorLang>> = lhs.iter().map(|l| &l.ast).collect();
+    for (v, role, need) in variables_of(&asts, &[]) {
+        let Ok(id) = gen.value(&mut p, role, need) else { return Ok(Attempt::Skip) };
+        subst.insert(v, id);
+    }
+    let mut roots = vec![];
+    for ast in &asts {
+        let Ok(id) = instantiate(&mut p, ast, &subst) else { return Ok(Attempt::Skip) };
+        roots.push(id);
+    }
+    for (i, &r) in roots.iter().enumerate() {
+        p.add_output(&format!("lhs{i}"), r).map_err(|e| e.to_string())?;
+    }
+    let mut vars: Vec<String> = subst.iter().map(|(v, &id)| format!("{v} = {}", show(&p, id))).collect();
+    vars.sort();
+    let case = format!("instantiation: {}", vars.join(", "));
+    let (unions, finite) = check_rewrite_on(&p, &rule.rewrite()).map_err(|e| format!("{e}\n  {case}"))?;
+    if unions == 0 {
+        return Ok(Attempt::Skip);
+    }
+    let f = p.fact(roots[0]);
+    let ty =
+        format!("{}{}", f.ty.as_ref().map_or(String::new(), |t| t.dtype.to_string()), if f.weak { "w" } else { "" });
+    Ok(Attempt::Checked(finite, ty))
+}
+
+/// Rewrites the e-graph of a program with one rule (three iterations, so that a rule may apply
+/// to its own results) and checks every form the e-graph then holds of every class that holds a
+/// node of the program: the form (the class's e-node, its children's smallest forms) must
+/// type-check to the node's type and evaluate on the reference, on random inputs, to the node's
+/// value. Returns the number of unions the rule made and whether the program's outputs had a
+/// finite element. This is how native rules are checked ([`check_native_rule`]); it holds of
+/// any sound rewrite.
+pub fn check_rewrite_on(p: &Program, rw: &Rewrite<TensorLang, ShapeAnalysis>) -> Result<(usize, bool), String> {
+    let mut g = TensorGraph::new(ShapeAnalysis::new(p.inputs.iter().map(|i| (i.name.clone(), i.ty.clone()))));
+    let mut ids: Vec<Id> = vec![];
+    for node in p.expr().as_ref() {
+        let id = g.add(node.clone().map_children(|c| ids[usize::from(c)]));
+        ids.push(id);
+    }
+    g.rebuild();
+    let runner =
+        Runner::default().with_egraph(g).with_iter_limit(3).with_node_limit(20_000).run(std::slice::from_ref(rw));
+    let unions: usize = runner.iterations.iter().filter_map(|it| it.applied.get(&rw.name)).sum();
+    let egraph = runner.egraph;
+    if let Some(c) = egraph.analysis.conflicts.first() {
+        return Err(format!("rule `{}` merged values of different types: {c}", rw.name));
+    }
+    // Each class once, with the first program node in it; each of its e-nodes as a form.
+    let mut q = p.clone();
+    let extractor = Extractor::new(&egraph, AstSize);
+    let mut forms: Vec<(Id, Id)> = vec![];
+    let mut seen = std::collections::HashSet::new();
+    for (i, &id) in ids.iter().enumerate() {
+        let class = egraph.find(id);
+        let node = p.node(Id::from(i));
+        if !matches!(node, TensorLang::Op(..)) || !seen.insert(class) {
+            continue;
+        }
+        for n in &egraph[class].nodes {
+            let mut children = vec![];
+            for &c in n.children() {
+                children.push(add_expr(&mut q, &extractor.find_best(c).1)?);
+            }
+            let mut k = 0;
+            let form = n.clone().map_children(|_| {
+                k += 1;
+                children[k - 1]
+            });
+            let shown = form.to_string();
+            let f = q.add(form).map_err(|e| format!("a form of the rewritten e-graph does not type-check: {e}"))?;
+            let (a, b) = (p.fact(Id::from(i)), q.fact(f));
+            if a.ty != b.ty || a.weak != b.weak {
+                return Err(format!(
+                    "type changes: {} is {:?}, its form `{shown} ...` {:?}\n  {}",
+                    show(p, Id::from(i)),
+                    a.ty,
+                    b.ty,
+                    show(&q, f)
+                ));
+            }
+            forms.push((Id::from(i), f));
+        }
+    }
+    // Outputs keep every compared node live for the evaluator.
+    for (k, &(orig, form)) in forms.iter().enumerate() {
+        q.add_output(&format!("__orig{k}"), orig).map_err(|e| e.to_string())?;
+        q.add_output(&format!("__form{k}"), form).map_err(|e| e.to_string())?;
+    }
+    let mut finite = false;
+    for seed in 0..SEEDS {
+        let inputs = random_inputs(&q, seed);
+        let values = eval_all(&q, &inputs).map_err(|e| format!("evaluation failed: {e}"))?;
+        let scale = values
+            .iter()
+            .flatten()
+            .flat_map(|t| &t.data)
+            .filter(|v| v.is_finite() && v.abs() < FILL_SCALE)
+            .fold(0.0, |m, v| v.abs().max(m));
+        for &(orig, form) in &forms {
+            let (Some(a), Some(b)) = (&values[usize::from(orig)], &values[usize::from(form)]) else {
+                return Err("no value for a form".to_string());
+            };
+            let dtype = q.ty(orig).map_or(DType::F32, |t| t.dtype);
+            let tol = rtol(dtype) * (1.0 + scale);
+            if let Some((i, x, y)) = mismatch(a, b, tol) {
+                return Err(format!(
+                    "values differ at element {i}: {x} against {y} (seed {seed}, tolerance {tol:.1e})\n  \
+                     original = {}\n  rewritten = {}",
+                    show(&q, orig),
+                    show(&q, form)
+                ));
+            }
+        }
+        for o in &p.outputs {
+            finite |= values[usize::from(o.id)].as_ref().is_some_and(|t| t.data.iter().any(|v| v.is_finite()));
+        }
+    }
+    Ok((unions, finite))
+}
+
+/// Adds an extracted expression to a program; the id of its root.
+fn add_expr(q: &mut Program, expr: &RecExpr<TensorLang>) -> Result<Id, String> {
+    let mut ids: Vec<Id> = vec![];
+    for node in expr.as_ref() {
+        let id = q.add(node.clone().map_children(|c| ids[usize::from(c)]))?;
+        ids.push(id);
+    }
+    ids.last().copied().ok_or_else(|| "an empty expression".to_string())
+}
+
+/// [`check_rule`] for a rule written in Rust: random instantiations of its left sides
+/// ([`NativeRule::lhs`], one substitution for all), rewritten by the rule, each checked by
+/// [`check_rewrite_on`]. Fails where no instantiation made the rule fire.
+pub fn check_native_rule(rule: &NativeRule) -> Result<BTreeMap<String, usize>, String> {
+    let seed = rule.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let mut rng = Rng(seed);
+    let mut cases = BTreeMap::new();
+    for dtype in DTYPES {
+        let mut found = 0;
+        for tries in 1..=ATTEMPTS {
+            match native_attempt(rule, &mut rng, dtype) {
+                Err(e) => return Err(format!("native rule `{}` is unsound: {e}", rule.name)),
+                Ok(Attempt::Checked(true, ty)) => {
+                    found += 1;
+                    *cases.entry(ty).or_insert(0) += 1;
+                }
+                Ok(_) => {}
+            }
+            if found == CASES || (found == 0 && !cases.is_empty() && tries == GIVE_UP) {
+                break;
+            }
+        }
+    }
+    if cases.is_empty() {
+        return Err(format!(
+            "native rule `{}`: no test case: no instantiation in {} tries made it fire with a finite value",
+            rule.name,
+            ATTEMPTS * DTYPES.len()
+        ));
+    }
+    Ok(cases)
 }
 
 /// [`check_rule`], remembered for the process: a rule folder is loaded again for every program
