@@ -140,7 +140,7 @@ pub use search::saturate::{saturate, saturate_egraph, Budgets, Saturation, Stage
 pub use search::soundness::{check_native_rule, check_rewrite_on, check_rule, load_rules_dir};
 pub use tools::bench::{bench_programs, spearman, BenchReport, BenchRow};
 pub use tools::calibrate::{calibrate, calibrate_on, short_name as profile_name_of, Calibration};
-pub use tools::gen_program::{random_recipe, recipes, Recipe, Step};
+pub use tools::gen_program::{random_recipe, recipes, Recipe, Scale, Step};
 pub use tools::generate::{
     gpt2_train_eqf, residual_stack_eqf, skip_chain_eqf, transformer_stack_eqf, SKIP_CHAIN_FUNCTIONS,
 };

@@ -16,6 +16,12 @@
 #   cache        cache/: the NVRTC disk cache filled with every kernel the staged test binaries
 #                compile and every kernel of every example's fused and unfused plans (plain
 #                and strict), so that the device spends its time running.
+#   fidelity     fidelity/: FIDELITY_COUNT (default 250) random programs at the sizes models
+#                run at, from seed FIDELITY_SEED (default 1), by examples/gen_programs.rs (their
+#                plans and index.json stay here, in FIDELITY_DIR, default target/fidelity, for
+#                benches/fidelity.py), and fidelity-cache.tar.xz: the NVRTC cache of every kernel
+#                of their fused and unfused plans, compressed (benches/gpu/fidelity.sh unpacks
+#                it on the device). Stage it alone: `benches/gpu/stage.sh fidelity`.
 # Usage, from anywhere in the checkout: benches/gpu/stage.sh [PART...] (default: tests graphs
 # cache). What the device gets (the sent checkout and DEST) must stay under 64 MiB: stage only
 # what the run needs; the script prints DEST's size.
@@ -70,6 +76,19 @@ if has cache; then
     [ -x "$DEST/$b" ] && EQFUSE_PREFILL=1 "$DEST/$b" --include-ignored --test-threads=2 > /dev/null 2>&1 || true
   done
   echo "NVRTC cache: $(ls "$EQFUSE_CACHE_DIR" | wc -l) kernels"
+fi
+if has fidelity; then
+  F="${FIDELITY_DIR:-target/fidelity}"
+  rm -rf "$F" && mkdir -p "$F" "$DEST/fidelity"
+  cargo build --release --quiet --example gen_programs --example prefill
+  target/release/examples/gen_programs --count "${FIDELITY_COUNT:-250}" --seed "${FIDELITY_SEED:-1}" -o "$F" \
+    2> "$F/gen.log" | tail -1 || echo "gen_programs FAILED on some programs: see $F/failed/ and $F/gen.log"
+  cp "$F"/g*.eqf "$DEST/fidelity/"
+  cache="$(mktemp -d)"
+  ls "$F"/g*.eqf | xargs -P "$(nproc)" -n 5 env EQFUSE_CACHE_DIR="$cache" target/release/examples/prefill > /dev/null
+  echo "fidelity NVRTC cache: $(ls "$cache" | wc -l) kernels, $(du -sh "$cache" | cut -f1) before compression"
+  tar cJf "$DEST/fidelity-cache.tar.xz" -C "$cache" .
+  rm -rf "$cache"
 fi
 ls "$DEST"
 du -sh "$DEST"

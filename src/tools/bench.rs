@@ -172,7 +172,7 @@ impl BenchReport {
                 .kernels
                 .iter()
                 .map(|k| {
-                    json!({"name": k.name, "bytes": k.bytes, "predicted_us": k.predicted_us,
+                    json!({"name": k.name, "id": k.id, "bytes": k.bytes, "predicted_us": k.predicted_us,
                                 "measured_us": k.measured_us,
                                 "copy_share": r.copy_bandwidth_gbs.map(|c| k.achieved_gbs / c)})
                 })

@@ -7,6 +7,9 @@
 //! numbers towards 0) and the smaller recipe is still a program, only simpler (op 0 is `+`,
 //! operand 0 is the newest value). [`recipes`] is the proptest strategy; [`random_recipe`]
 //! draws one from a seed without a test runner (for the GPU differential run).
+//! [`Recipe::render`] renders at [`Scale::SMALL`] (the differential tests' sizes; its output
+//! must not change, for the saved cases' sake); [`Recipe::render_at`] with [`Scale::LARGE`]
+//! renders the same choices at the sizes models run at (`examples/gen_programs.rs`).
 //!
 //! This file holds the recipe, the interpreter's state (picking operands, declaring inputs,
 //! binding names, keeping values in bounds) and the table of operations; `values.rs` the values
@@ -55,10 +58,49 @@ mod values;
 const SIZES: [usize; 12] = [2, 3, 1, 4, 5, 7, 1, 8, 6, 16, 13, 32];
 /// Largest tensor a program holds, in elements (keeps the reference fast in debug builds).
 const MAX_NUMEL: usize = 512;
+/// Axis sizes of the large programs (`Scale::LARGE`): sizes people use (hidden sizes, head
+/// sizes, vocabularies, image and point-cloud axes, batches), odd ones and 1 included.
+const LARGE_SIZES: [usize; 24] =
+    [64, 1024, 1, 768, 3, 4096, 127, 2048, 1000, 50257, 8, 512, 16, 3072, 197, 32, 256, 8192, 13, 128, 4, 16384, 96, 2];
+/// Leading axes a large program's usual input shape gets until it holds `Scale::min_frame`
+/// elements (batches, sequence lengths).
+const LARGE_BATCHES: [usize; 10] = [8, 16, 32, 64, 128, 512, 1024, 2048, 4096, 8192];
 /// Float values stay within [-MAG, MAG].
 const MAG: f64 = 64.0;
 /// Integer values stay within [-INT_MAG, INT_MAG].
 const INT_MAG: f64 = 10_000.0;
+
+/// The sizes a recipe is rendered at: the small programs of the differential tests
+/// ([`Scale::SMALL`], what [`Recipe::render`] gives), or programs at the sizes models run at
+/// ([`Scale::LARGE`], for measuring the cost model on the GPU: `examples/gen_programs.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scale {
+    /// Axis sizes, drawn from by index.
+    sizes: &'static [usize],
+    /// Largest tensor a program holds, in elements.
+    max_numel: usize,
+    /// Least elements of the usual input shape (0: as drawn).
+    min_frame: usize,
+    /// Most elements of the usual input shape.
+    max_frame: usize,
+    /// Most multiply-adds of one matrix product or attention (keeps the CPU reference fast).
+    max_macs: usize,
+}
+
+impl Scale {
+    /// The differential tests' programs: sizes up to 32, at most 512 elements a tensor.
+    pub const SMALL: Scale =
+        Scale { sizes: &SIZES, max_numel: MAX_NUMEL, min_frame: 0, max_frame: MAX_NUMEL, max_macs: usize::MAX };
+    /// Programs at the sizes models run at: the usual input shape holds 2^22 to 2^24
+    /// elements, no tensor more than 2^26, no product or attention more than 2^29
+    /// multiply-adds (the CPU reference checks every GPU run).
+    pub const LARGE: Scale =
+        Scale { sizes: &LARGE_SIZES, max_numel: 1 << 26, min_frame: 1 << 22, max_frame: 1 << 24, max_macs: 1 << 29 };
+
+    fn large(&self) -> bool {
+        *self != Scale::SMALL
+    }
+}
 
 /// One step of a recipe: which operation, which operands, which attributes. Every field is
 /// taken modulo what the step can use, so any value is valid; 0 is always the simplest choice.
@@ -126,7 +168,12 @@ pub fn random_recipe(seed: u64, max_steps: usize) -> Recipe {
 impl Recipe {
     /// The program as `.eqf` text (without a header comment).
     pub fn render(&self) -> String {
-        let mut g = Gen::new(self);
+        self.render_at(Scale::SMALL)
+    }
+
+    /// The program at another scale (the same choices, other sizes).
+    pub fn render_at(&self, scale: Scale) -> String {
+        let mut g = Gen::new(self, scale);
         for s in &self.steps {
             let v = g.step(s);
             match (s.output, s.attr2 >= 0xf000) {
@@ -231,6 +278,7 @@ fn choose<T: Copy>(xs: &[T], sel: u16) -> T {
 
 /// The interpreter of a recipe.
 struct Gen {
+    scale: Scale,
     /// The usual input shape.
     frame: Vec<usize>,
     /// The dtype of new float inputs.
@@ -248,16 +296,36 @@ struct Gen {
 }
 
 impl Gen {
-    fn new(r: &Recipe) -> Gen {
-        let mut frame: Vec<usize> = r.frame.iter().map(|&i| SIZES[i as usize % SIZES.len()]).collect();
-        while numel(&frame) > MAX_NUMEL {
+    fn new(r: &Recipe, scale: Scale) -> Gen {
+        let sizes = scale.sizes;
+        // The recipe's indices reach the first 12 sizes; a large program's input seed moves
+        // each into the rest of its table.
+        let shift = |j: usize| if scale.large() { 12 * (r.input_seed as usize >> j & 1) } else { 0 };
+        let mut frame: Vec<usize> =
+            r.frame.iter().enumerate().map(|(j, &i)| sizes[(i as usize + shift(j)) % sizes.len()]).collect();
+        while numel(&frame) > scale.max_frame {
             frame.remove(0);
         }
         if frame.is_empty() {
-            frame.push(SIZES[0]);
+            frame.push(sizes[0]);
+        }
+        // Large programs: leading (batch) axes until the shape holds `min_frame` elements, the
+        // largest batch that keeps it within `max_frame`.
+        let mut k = r.input_seed as usize >> 3;
+        while numel(&frame) < scale.min_frame {
+            // At least 4, since the shape holds fewer than `min_frame` = `max_frame` / 4.
+            let room = scale.max_frame / numel(&frame);
+            let fit: Vec<usize> = LARGE_BATCHES.iter().copied().filter(|&b| b <= room).collect();
+            if frame.len() == 4 || fit.is_empty() {
+                frame[0] *= room;
+            } else {
+                frame.insert(0, fit[fit.len().saturating_sub(3) + k % fit.len().min(3)]);
+                k /= 3;
+            }
         }
         let float = choose(&[DType::F32, DType::F32, DType::F32, DType::Bf16, DType::F32, DType::F16], r.dtype as u16);
         Gen {
+            scale,
             frame,
             float,
             pool: vec![],
@@ -414,9 +482,9 @@ impl Gen {
         }
         let mut shape = self.frame.clone();
         while shape.len() < rank {
-            shape.insert(0, choose(&SIZES, sel));
+            shape.insert(0, choose(self.scale.sizes, sel));
         }
-        while numel(&shape) > MAX_NUMEL {
+        while numel(&shape) > self.scale.max_numel {
             let widest = (0..shape.len()).max_by_key(|&i| shape[i]).expect("not empty");
             shape[widest] = 1;
         }
@@ -439,15 +507,15 @@ impl Gen {
         for (i, d) in out.iter_mut().enumerate() {
             let bit = sel & (0x200 << (i % 4)) != 0;
             if bit && *d == 1 {
-                *d = choose(&SIZES, sel.rotate_left(i as u32));
+                *d = choose(self.scale.sizes, sel.rotate_left(i as u32));
             } else if bit {
                 *d = 1;
             }
         }
         if sel & 0x8 != 0 && out.len() < 4 {
-            out.insert(0, choose(&SIZES, sel >> 3));
+            out.insert(0, choose(self.scale.sizes, sel >> 3));
         }
-        if fits(shape, &out) {
+        if fits(shape, &out, self.scale.max_numel) {
             out
         } else {
             shape.to_vec()
@@ -463,7 +531,8 @@ impl Gen {
             return E::literal(choose(literals, sel / 8));
         }
         if choice != 7 {
-            let fit = |e: &E| !e.literal && e.dtype() == dtype && fits(a.shape(), e.shape()) && ok(e);
+            let max = self.scale.max_numel;
+            let fit = |e: &E| !e.literal && e.dtype() == dtype && fits(a.shape(), e.shape(), max) && ok(e);
             if let Some(e) = self.pick(sel / 8, fit) {
                 return e;
             }
@@ -532,6 +601,8 @@ impl Gen {
 mod tests {
     use super::*;
 
+    const GOLDEN: u64 = 0x1aa4_a12d_0e3e_cf03;
+
     #[test]
     fn seeded_recipes_are_reproducible() {
         assert_eq!(random_recipe(7, 10), random_recipe(7, 10));
@@ -562,6 +633,54 @@ mod tests {
         let missing: Vec<&str> =
             missing.into_iter().filter(|n| *n != "scatter_add" && *n != "attention_bias").collect();
         assert!(missing.is_empty(), "never generated: {missing:?}");
+    }
+
+    /// The small programs are what the differential tests and their saved cases were found
+    /// with: their text must not change when the generator grows (the large mode draws its
+    /// own sizes). An FNV-1a hash of 600 rendered recipes, as of commit 18a312f.
+    #[test]
+    fn small_programs_render_as_before() {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for seed in 0..300 {
+            for steps in [6, 12] {
+                for b in random_recipe(seed, steps).render().bytes() {
+                    h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+                }
+            }
+        }
+        assert_eq!(h, GOLDEN, "small-mode renders changed: {h:#x}");
+    }
+
+    /// Large programs parse, their usual input shape holds 2^22 to 2^24 elements (so that their
+    /// plans take tens of microseconds on a GPU), no value is larger than `max_numel`, and no
+    /// product has more than `max_macs` multiply-adds.
+    #[test]
+    fn large_programs_parse_and_keep_their_bounds() {
+        use egg::Language;
+        let s = Scale::LARGE;
+        let mut wide = 0;
+        for seed in 0..200 {
+            let r = random_recipe(seed, 8);
+            let frame = Gen::new(&r, s).frame;
+            assert!((s.min_frame..=s.max_frame).contains(&numel(&frame)), "seed {seed}: frame {frame:?}");
+            let text = r.render_at(s);
+            let p =
+                crate::frontend::parse::parse_program("g.eqf", &text, &[]).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            for (i, node) in p.expr().as_ref().iter().enumerate() {
+                let Some(ty) = p.ty(i.into()) else { continue };
+                assert!(ty.numel() <= s.max_numel, "seed {seed}: {ty}\n{text}");
+                if node.opcode().is_some_and(|c| c.name() == "@") {
+                    let a = p.ty(node.children()[0]).expect("typed");
+                    let macs = ty.numel() * a.shape[a.rank() - 1];
+                    assert!(macs <= s.max_macs, "seed {seed}: {macs} multiply-adds\n{text}");
+                }
+            }
+            wide += usize::from(frame.last().is_some_and(|&d| d >= 4096));
+        }
+        // Wide rows come up (sizes of 4096 and more last in the usual shape).
+        assert!(wide >= 20, "{wide} of 200 frames end in a wide axis");
+        // The same choices render differently at the two scales.
+        assert_ne!(random_recipe(3, 8).render(), random_recipe(3, 8).render_at(s));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! magnitude bounds, and feeds discontinuous operations only exact values.
 
 use super::values::{binop, binop_matmul, call, corners, fits, numel, shape_text, unary_interval, E};
-use super::{choose, Gen, Step, INT_MAG, MAG, MAX_NUMEL, SIZES};
+use super::{choose, Gen, Step, INT_MAG, MAG};
 use crate::ir::infer::broadcast_shapes;
 use crate::ir::types::{DType, TensorType};
 
@@ -149,12 +149,13 @@ impl Gen {
 
     /// A bool value that broadcasts with `shape`: an existing one, or a comparison made now.
     pub(super) fn condition(&mut self, shape: &[usize], sel: u16, which: u16) -> E {
-        if let Some(c) = self.pick(sel, |e| e.is_bool() && fits(e.shape(), shape)) {
+        if let Some(c) = self.pick(sel, |e| e.is_bool() && fits(e.shape(), shape, self.scale.max_numel)) {
             if sel % 4 != 3 {
                 return c;
             }
         }
-        let fit = |e: &E| e.exact && !e.literal && !e.is_bool() && fits(e.shape(), shape);
+        let max = self.scale.max_numel;
+        let fit = |e: &E| e.exact && !e.literal && !e.is_bool() && fits(e.shape(), shape, max);
         let a = match self.pick(sel / 4, fit) {
             Some(a) => a,
             None => {
@@ -163,7 +164,7 @@ impl Gen {
             }
         };
         let c = self.compare_of(&a, sel / 16, which);
-        if fits(c.shape(), shape) {
+        if fits(c.shape(), shape, self.scale.max_numel) {
             c
         } else {
             let p = self.partner_shape(shape, sel);
@@ -284,13 +285,13 @@ impl Gen {
         let mut shape = a.shape().to_vec();
         for (i, d) in shape.iter_mut().enumerate() {
             if *d == 1 && s.attr & (1 << i) != 0 {
-                *d = choose(&SIZES, s.attr2.rotate_left(i as u32));
+                *d = choose(self.scale.sizes, s.attr2.rotate_left(i as u32));
             }
         }
         if (s.attr & 0x100 != 0 || shape == a.shape()) && shape.len() < 4 {
-            shape.insert(0, choose(&SIZES, s.attr2 >> 4));
+            shape.insert(0, choose(self.scale.sizes, s.attr2 >> 4));
         }
-        if numel(&shape) > MAX_NUMEL {
+        if numel(&shape) > self.scale.max_numel {
             shape = a.shape().to_vec();
         }
         let text = format!("broadcast({}, {})", a.text, shape_text(&shape));
@@ -310,8 +311,11 @@ impl Gen {
                 && e.dtype() == a.dtype()
                 && e.rank() >= 2
                 && e.shape()[e.rank() - 2] == k
-                && broadcast_shapes(&batch, &e.shape()[..e.rank() - 2])
-                    .is_ok_and(|b| numel(&b) * m * e.shape()[e.rank() - 1] <= MAX_NUMEL)
+                && broadcast_shapes(&batch, &e.shape()[..e.rank() - 2]).is_ok_and(|b| {
+                    let n = e.shape()[e.rank() - 1];
+                    numel(&b) * m * n <= self.scale.max_numel
+                        && numel(&b).saturating_mul(m * k).saturating_mul(n) <= self.scale.max_macs
+                })
         };
         if sel % 4 != 3 {
             if let Some(b) = self.pick(sel / 4, ok) {
@@ -331,6 +335,16 @@ impl Gen {
         self.input(a.dtype(), vec![k, n])
     }
 
+    /// The width `n` of a new product's right operand `[k, n]` with `rows` rows on the left: in
+    /// large programs at most `max_macs` multiply-adds and `max_numel` elements on the right
+    /// (small programs: `n`).
+    pub(super) fn product_width(&self, rows: usize, k: usize, n: usize) -> usize {
+        if !self.scale.large() {
+            return n;
+        }
+        n.min(self.scale.max_macs / (rows * k).max(1)).min(self.scale.max_numel / k.max(1)).max(1)
+    }
+
     /// `a @ b` with operands scaled so the products stay within [-MAG, MAG].
     pub(super) fn matmul_of(&self, a: E, b: E) -> E {
         let k = a.shape()[a.rank() - 1] as f64;
@@ -346,7 +360,8 @@ impl Gen {
     pub(super) fn matmul(&mut self, s: &Step) -> E {
         let a = self.float_of_rank(s.a, 2);
         let rows = numel(a.shape()) / a.shape()[a.rank() - 1];
-        let n = choose(&SIZES, s.attr).min((MAX_NUMEL / rows.max(1)).max(1));
+        let n = choose(self.scale.sizes, s.attr).min((self.scale.max_numel / rows.max(1)).max(1));
+        let n = self.product_width(rows, a.shape()[a.rank() - 1], n);
         let b = self.matmul_rhs(&a, s.b, n);
         let e = self.matmul_of(a, b);
         self.emit(e)
@@ -354,7 +369,7 @@ impl Gen {
 
     /// `iota(n)`, as a row or a column.
     pub(super) fn iota(&mut self, s: &Step) -> E {
-        let n = choose(&self.frame.clone(), s.attr).max(choose(&SIZES, s.attr2));
+        let n = choose(&self.frame.clone(), s.attr).max(choose(self.scale.sizes, s.attr2));
         let ty = TensorType::new(DType::I32, vec![n]);
         let e = call("iota", &[n.to_string()], ty, 0.0, (n - 1) as f64, true);
         if s.attr.is_multiple_of(2) {
@@ -410,7 +425,7 @@ impl Gen {
 
     /// `concat(a, b, axis)`: `b` an existing value that matches `a` off the axis, or a new input.
     pub(super) fn concat(&mut self, s: &Step) -> E {
-        let a = self.pick(s.a, |e| !e.literal && e.rank() >= 1 && numel(e.shape()) * 2 <= MAX_NUMEL);
+        let a = self.pick(s.a, |e| !e.literal && e.rank() >= 1 && numel(e.shape()) * 2 <= self.scale.max_numel);
         let a = a.unwrap_or_else(|| self.float_of_rank(s.a, 1));
         let (axis, ta) = Gen::axis(a.rank(), s.attr);
         let matches = |e: &E| {
@@ -423,7 +438,7 @@ impl Gen {
             Some(b) if !s.c.is_multiple_of(3) => b,
             _ => {
                 let mut shape = a.shape().to_vec();
-                shape[axis] = choose(&SIZES, s.c).min(MAX_NUMEL / numel(a.shape()).max(1)).max(1);
+                shape[axis] = choose(self.scale.sizes, s.c).min(self.scale.max_numel / numel(a.shape()).max(1)).max(1);
                 self.input(a.dtype(), shape)
             }
         };
@@ -443,7 +458,7 @@ impl Gen {
         let (axis, ta) = Gen::axis(x.rank(), s.attr);
         let rest = numel(x.shape()) / x.shape()[axis];
         let mut idx = self.frame_shape(s.b);
-        while idx.len() > 2 || numel(&idx) * rest > MAX_NUMEL {
+        while idx.len() > 2 || numel(&idx) * rest > self.scale.max_numel {
             if idx.is_empty() {
                 break;
             }
@@ -460,8 +475,8 @@ impl Gen {
 
     /// `onehot(t, n)`.
     pub(super) fn onehot(&mut self, s: &Step) -> E {
-        let n = choose(&SIZES, s.attr).max(2);
-        let t = self.indices(s.a, MAX_NUMEL / n);
+        let n = choose(self.scale.sizes, s.attr).max(2);
+        let t = self.indices(s.a, self.scale.max_numel / n);
         let mut shape = t.shape().to_vec();
         shape.push(n);
         let e = call("onehot", &[t.text.clone(), n.to_string()], TensorType::new(DType::F32, shape), 0.0, 1.0, true);

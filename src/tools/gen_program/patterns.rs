@@ -7,7 +7,7 @@
 //! rules can match it; only its result is scaled into the generator's bounds.
 
 use super::values::{binop, call, numel, reduced, E};
-use super::{choose, Gen, Step, MAG, MAX_NUMEL, SIZES};
+use super::{choose, Gen, Step, MAG};
 use crate::ir::infer::broadcast_shapes;
 use crate::ir::types::{DType, TensorType};
 
@@ -100,13 +100,25 @@ impl Gen {
         let q = self.float_of_rank(s.a, 2);
         let r = q.rank();
         let (batch, d) = (q.shape()[..r - 2].to_vec(), q.shape()[r - 1]);
-        let t = choose(&SIZES, s.attr2).min(MAX_NUMEL / (numel(&batch) * d.max(4)).max(1)).max(1);
-        let dv = choose(&SIZES, s.attr2 >> 4).min(4);
+        let t = choose(self.scale.sizes, s.attr2).min(self.scale.max_numel / (numel(&batch) * d.max(4)).max(1)).max(1);
+        let dv = choose(self.scale.sizes, s.attr2 >> 4).min(4);
+        // Large programs keep the scores `[.., S, t]` and the output within `max_numel`
+        // elements, and each product within `max_macs` multiply-adds (small ones: no bound).
+        let rows = numel(&batch) * q.shape()[r - 2];
+        let large = self.scale.large();
+        let (max_numel, max_macs) =
+            if large { (self.scale.max_numel, self.scale.max_macs) } else { (usize::MAX, usize::MAX) };
+        let fits_k =
+            |t: usize| rows.saturating_mul(t) <= max_numel && rows.saturating_mul(t).saturating_mul(d) <= max_macs;
+        let fits_v = |t: usize, w: usize| {
+            rows.saturating_mul(w) <= max_numel && rows.saturating_mul(t).saturating_mul(w) <= max_macs
+        };
+        let t = if large { t.min(max_numel / rows.max(1)).min(max_macs / (rows * (d + dv)).max(1)).max(1) } else { t };
         let kt = |e: &E| e.is_float() && e.dtype() == q.dtype() && e.rank() == r && e.shape()[..r - 2] == batch[..];
-        let k = self.pick(s.b, |e| kt(e) && e.shape()[r - 1] == d);
+        let k = self.pick(s.b, |e| kt(e) && e.shape()[r - 1] == d && fits_k(e.shape()[r - 2]));
         let k = k.unwrap_or_else(|| self.input(q.dtype(), [batch.clone(), vec![t, d]].concat()));
         let t = k.shape()[r - 2];
-        let v = self.pick(s.c, |e| kt(e) && e.shape()[r - 2] == t);
+        let v = self.pick(s.c, |e| kt(e) && e.shape()[r - 2] == t && fits_v(t, e.shape()[r - 1]));
         let v = v.unwrap_or_else(|| self.input(q.dtype(), [batch.clone(), vec![t, dv]].concat()));
         let scale = choose(&[0.125, 0.5, 1.0 / (d as f64).sqrt(), 0.25], s.attr);
         let limit = (8.0 / (scale * d as f64)).sqrt();
@@ -290,7 +302,11 @@ impl Gen {
     pub(super) fn cross_entropy_parts(&mut self, s: &Step) -> E {
         let x = match self.pick(s.a, |e| e.is_float() && e.rank() == 2) {
             Some(x) => x,
-            None => self.input(self.float, vec![choose(&SIZES, s.attr2), choose(&SIZES, s.b).max(2)]),
+            None => {
+                let (n, v) = (choose(self.scale.sizes, s.attr2), choose(self.scale.sizes, s.b).max(2));
+                let n = if self.scale.large() { n.min(self.scale.max_frame / v).max(1) } else { n };
+                self.input(self.float, vec![n, v])
+            }
         };
         let t = self.targets(&x);
         let v = x.shape()[1];
@@ -312,7 +328,8 @@ impl Gen {
     pub(super) fn dense(&mut self, s: &Step) -> E {
         let x = self.float_of_rank(s.a, 2);
         let rows = numel(x.shape()) / x.shape()[x.rank() - 1];
-        let n = choose(&SIZES, s.attr2).min((MAX_NUMEL / rows.max(1)).max(1));
+        let n = choose(self.scale.sizes, s.attr2).min((self.scale.max_numel / rows.max(1)).max(1));
+        let n = self.product_width(rows, x.shape()[x.rank() - 1], n);
         let w = self.matmul_rhs(&x, s.b, n);
         let y = self.matmul_of(x, w);
         let bias = self.input(y.dtype(), vec![y.shape()[y.rank() - 1]]);

@@ -4,7 +4,6 @@
 //! Invariant: every value of an [`E`] lies in `[lo, hi]` (for the reference evaluation on seeded
 //! inputs, which the generator takes as lying in [-7, 7]).
 
-use super::MAX_NUMEL;
 use crate::ir::infer::broadcast_shapes;
 use crate::ir::types::{DType, TensorType};
 
@@ -107,9 +106,10 @@ pub(super) fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
-/// Whether two shapes broadcast to a tensor the generator may hold.
-pub(super) fn fits(a: &[usize], b: &[usize]) -> bool {
-    broadcast_shapes(a, b).is_ok_and(|s| numel(&s) <= MAX_NUMEL)
+/// Whether two shapes broadcast to a tensor of at most `max` elements (what the generator may
+/// hold).
+pub(super) fn fits(a: &[usize], b: &[usize], max: usize) -> bool {
+    broadcast_shapes(a, b).is_ok_and(|s| numel(&s) <= max)
 }
 
 pub(super) fn shape_text(shape: &[usize]) -> String {
