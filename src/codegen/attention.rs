@@ -338,14 +338,20 @@ impl<'a> Body<'a> {
     /// recording the nodes it passes.
     pub(super) fn dropout(&self, att: usize, at: usize, seen: &mut Vec<usize>) -> Result<DropInstance> {
         let ch = self.children(att);
-        let p = self.facts[ch[at]].konst.ok_or_else(|| unsupported(self.k, "the dropout probability must be a constant"))?;
+        let p = self.facts[ch[at]]
+            .konst
+            .ok_or_else(|| unsupported(self.k, "the dropout probability must be a constant"))?;
         let mut stack = vec![ch[at]];
         while let Some(c) = stack.pop() {
             seen.push(c);
             stack.extend(self.children(c));
         }
         let seed = self.seed(ch[at + 1], seen)?;
-        Ok(DropInstance { threshold: crate::reference::rng::dropout_threshold(p), scale: crate::reference::rng::dropout_scale(p), seed })
+        Ok(DropInstance {
+            threshold: crate::reference::rng::dropout_threshold(p),
+            scale: crate::reference::rng::dropout_scale(p),
+            seed,
+        })
     }
 
     /// Strides of the attention value `att` in the memory of the tensor stored from node `top`,

@@ -273,7 +273,21 @@ fn instance(k: &Kernel) -> Result<Instance> {
     }
     let names: &[&'static str] = if mode == Mode::Lse { &["Q", "K"] } else { &["Q", "K", "V", "G", "L", "DL"] };
     let reads = names.iter().zip(&ops).zip(&batched.strides).map(|((&n, o), st)| (n, o.read, *st)).collect();
-    Ok(Instance { mode, dtype: q.dtype, d, sq, sk, nb, batch: batched.batch, scale, causal, reads, bias, dropout, writes })
+    Ok(Instance {
+        mode,
+        dtype: q.dtype,
+        d,
+        sq,
+        sk,
+        nb,
+        batch: batched.batch,
+        scale,
+        causal,
+        reads,
+        bias,
+        dropout,
+        writes,
+    })
 }
 
 /// The C spelling of an f32 constant.
@@ -288,7 +302,6 @@ fn float_literal(x: f64) -> String {
         format!("{s}.0f")
     }
 }
-
 
 /// Renders a backward kernel of a plan.
 pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str) -> Result<KernelSource> {
@@ -327,7 +340,10 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
         .map(|(i, t)| format!("const {}* __restrict__ p_r{i}", super::attention::ctype(t.ty.dtype)))
         .collect();
     params.extend(
-        k.writes.iter().enumerate().map(|(i, t)| format!("{}* __restrict__ p_w{i}", super::attention::ctype(t.ty.dtype))),
+        k.writes
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("{}* __restrict__ p_w{i}", super::attention::ctype(t.ty.dtype))),
     );
     let mut args = super::tensor_args(k, &Default::default());
     if atomic_dq {

@@ -136,9 +136,7 @@ impl Composite {
     pub fn attention_backward_slots(self) -> Option<AttnBwdSlots> {
         match self {
             Composite::AttentionLse => Some(AttnBwdSlots { grad: None, tensors: 2, bias: None, dropout: None }),
-            Composite::AttentionBiasLse => {
-                Some(AttnBwdSlots { grad: None, tensors: 3, bias: Some(2), dropout: None })
-            }
+            Composite::AttentionBiasLse => Some(AttnBwdSlots { grad: None, tensors: 3, bias: Some(2), dropout: None }),
             Composite::AttentionGrad(w) => Some(AttnBwdSlots { grad: Some(w), tensors: 6, bias: None, dropout: None }),
             Composite::AttentionBiasGrad(w) => {
                 Some(AttnBwdSlots { grad: Some(w), tensors: 7, bias: Some(6), dropout: None })
@@ -171,9 +169,7 @@ impl Composite {
             Composite::Attention => Some(AttnSlots { bias: None, scale: 3, causal: 4, dropout: None }),
             Composite::AttentionBias => Some(AttnSlots { bias: Some(3), scale: 4, causal: 5, dropout: None }),
             Composite::AttentionDropout => Some(AttnSlots { bias: None, scale: 3, causal: 4, dropout: Some(5) }),
-            Composite::AttentionBiasDropout => {
-                Some(AttnSlots { bias: Some(3), scale: 4, causal: 5, dropout: Some(6) })
-            }
+            Composite::AttentionBiasDropout => Some(AttnSlots { bias: Some(3), scale: 4, causal: 5, dropout: Some(6) }),
             _ => None,
         }
     }
