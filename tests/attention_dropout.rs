@@ -260,3 +260,29 @@ fn bad_arguments_are_errors() {
         assert!(err.contains(want), "{call}: {err}");
     }
 }
+
+/// A seed given as an element of a seeds input (`slice(seeds, 0, k, k + 1, 1)`, as the PyTorch
+/// backend passes it) is read by the attention kernels in place: no kernel of its own, and the
+/// forward and backward kernels read `seeds`.
+#[test]
+fn a_sliced_seed_is_read_in_place() {
+    let text = "input q: bf16[2, 4, 64, 32]\ninput k: bf16[2, 4, 64, 32]\ninput v: bf16[2, 4, 64, 32]\n\
+                input seeds: i32[3]\ninput r: bf16[2, 4, 64, 32]\n\
+                y = attention_dropout(q, k, v, 0.125, 1, 0.1, slice(seeds, 0, 2, 3, 1))\n\
+                loss = sum(sum(sum(sum(cast(y * r, f32), -1), -2), -3), -4)\n\
+                d_q = grad(loss, q)\nd_k = grad(loss, k)\noutput y, d_q, d_k\n";
+    let program = parse(text);
+    let plan = eqfuse::optimize(&program, &OptimizeOptions::new(DeviceProfile::load("h100").unwrap())).unwrap().plan;
+    let shown: Vec<_> = plan.kernels.iter().map(|k| (k.template, k.ops.clone())).collect();
+    let readers: Vec<_> = plan.kernels.iter().filter(|k| k.reads.iter().any(|r| r.name == "seeds")).collect();
+    assert!(readers.len() >= 2, "{shown:?}");
+    assert!(readers.iter().all(|k| k.template == eqfuse::Template::Attention), "{shown:?}");
+    assert!(!plan.kernels.iter().any(|k| k.ops == ["slice"]), "{shown:?}");
+    let inputs = random_inputs(&program, 9);
+    let want = eval(&program, &inputs).unwrap();
+    for ((o, g), w) in program.outputs.iter().zip(&eval_plan(&plan, &inputs).unwrap()).zip(&want) {
+        let scale = w.data.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+        let cmp = g.compare(w, 3e-2, 3e-2 * scale);
+        assert!(cmp.ok(), "{}: {cmp}", o.name);
+    }
+}

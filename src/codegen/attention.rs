@@ -1,5 +1,7 @@
 //! Code generation for the `attention` template: a plan kernel whose body is one
-//! `attention(q, k, v, scale, causal)` or `attention_bias(q, k, v, bias, scale, causal)`, its
+//! `attention(q, k, v, scale, causal)` or `attention_bias(q, k, v, bias, scale, causal)` (or
+//! their dropout forms, `attention_dropout` and `attention_bias_dropout`: `EQ_DROPOUT`, the seed
+//! a literal or an element of an i32 tensor in memory reached through views and slices), its
 //! operands views of tensors in memory and its stored value the attention or a view of it,
 //! becomes an instance of `kernels/attention.cu`.
 //!

@@ -3,7 +3,9 @@
 //! and/or `attention_grad_v` of one attention (one kernel writes both), with or without its
 //! `attention_grad_q` (summed with f32 atomics into a zeroed workspace, so never under strict
 //! numerics), or the same of `attention_bias` (`attention_bias_lse`, `attention_bias_grad_*`,
-//! `EQ_BIAS`), becomes an instance of the template in the matching mode.
+//! `EQ_BIAS`), or the dropout forms of the gradients (`attention_dropout_grad_*`,
+//! `attention_bias_dropout_grad_*`, `EQ_DROPOUT`), becomes an instance of the template in the
+//! matching mode.
 //!
 //! The operands are read through views as the forward reads them (`codegen::attention`'s
 //! `Body` and `Batched`): strides over at most three merged batch axes, factored ones included

@@ -1144,10 +1144,21 @@ impl Shaped<'_> {
             }
             _ => None,
         };
-        let prologue = match bias {
+        let mut prologue = match bias {
             Some(j) => n.children().nth(j).map_or_else(Vec::new, |c| self.below_in_body(c)),
             None => vec![],
         };
+        // So may the seed of a dropout form (an element of a seeds input: a slice of it).
+        let seed = match n.kind() {
+            Some(Kind::Composite(c)) => c
+                .attention_slots()
+                .and_then(|s| s.dropout)
+                .or_else(|| c.attention_backward_slots().and_then(|s| s.dropout)),
+            _ => None,
+        };
+        if let Some(c) = seed.and_then(|j| n.children().nth(j + 1)) {
+            prologue.extend(self.below_in_body(c));
+        }
         for c in n.children() {
             if !self.in_body(c) || prologue.contains(&c) {
                 continue;
