@@ -286,3 +286,25 @@ fn a_sliced_seed_is_read_in_place() {
         assert!(cmp.ok(), "{}: {cmp}", o.name);
     }
 }
+
+/// The cost model prices attention with dropout as attention plus dropout's hash of each score
+/// (12 operations a score computed), on the portable path (no Hopper path): the forward kernel
+/// and each backward kernel cost more flops than without dropout, by that much, and the forward
+/// kernel is predicted slower.
+#[test]
+fn dropout_is_priced_as_attention_plus_the_hash() {
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let kernel = |att: &str| {
+        let program = parse(&format!(
+            "input q: bf16[2, 4, 256, 64]\ninput k: bf16[2, 4, 256, 64]\ninput v: bf16[2, 4, 256, 64]\n\
+             input s: i32[]\ny = {att}\noutput y\n"
+        ));
+        let plan = eqfuse::optimize(&program, &opts).unwrap().plan;
+        assert_eq!(plan.kernels.len(), 1, "{att}");
+        (plan.kernels[0].flops, plan.kernels[0].predicted_us)
+    };
+    let (plain, plain_us) = kernel("attention(q, k, v, 0.125, 0)");
+    let (drop, drop_us) = kernel("attention_dropout(q, k, v, 0.125, 0, 0.1, s)");
+    assert_eq!(drop - plain, 12 * 2 * 4 * 256 * 256, "{plain} {drop}");
+    assert!(drop_us > plain_us, "{plain_us} {drop_us}");
+}
