@@ -263,17 +263,21 @@ fn bad_arguments_are_errors() {
 
 /// A seed given as an element of a seeds input (`slice(seeds, 0, k, k + 1, 1)`, as the PyTorch
 /// backend passes it) is read by the attention kernels in place: no kernel of its own, and the
-/// forward and backward kernels read `seeds`.
+/// forward and backward kernels read `seeds`. The plan is attention's: the forward writing the
+/// log-sum-exp too, a row kernel (delta), and one kernel of dq, dk and dv.
 #[test]
 fn a_sliced_seed_is_read_in_place() {
     let text = "input q: bf16[2, 4, 64, 32]\ninput k: bf16[2, 4, 64, 32]\ninput v: bf16[2, 4, 64, 32]\n\
                 input seeds: i32[3]\ninput r: bf16[2, 4, 64, 32]\n\
                 y = attention_dropout(q, k, v, 0.125, 1, 0.1, slice(seeds, 0, 2, 3, 1))\n\
                 loss = sum(sum(sum(sum(cast(y * r, f32), -1), -2), -3), -4)\n\
-                d_q = grad(loss, q)\nd_k = grad(loss, k)\noutput y, d_q, d_k\n";
+                d_q = grad(loss, q)\nd_k = grad(loss, k)\nd_v = grad(loss, v)\noutput y, d_q, d_k, d_v\n";
     let program = parse(text);
     let plan = eqfuse::optimize(&program, &OptimizeOptions::new(DeviceProfile::load("h100").unwrap())).unwrap().plan;
     let shown: Vec<_> = plan.kernels.iter().map(|k| (k.template, k.ops.clone())).collect();
+    assert_eq!(plan.kernels.len(), 3, "{shown:?}");
+    let grads = ["attention_dropout_grad_q", "attention_dropout_grad_k", "attention_dropout_grad_v"];
+    assert!(plan.kernels.iter().any(|k| grads.iter().all(|g| k.ops.iter().any(|o| o == g))), "{shown:?}");
     let readers: Vec<_> = plan.kernels.iter().filter(|k| k.reads.iter().any(|r| r.name == "seeds")).collect();
     assert!(readers.len() >= 2, "{shown:?}");
     assert!(readers.iter().all(|k| k.template == eqfuse::Template::Attention), "{shown:?}");

@@ -608,7 +608,7 @@ fn attention_dims(dag: &Dag, n: &crate::plan::dag::DagNode) -> (u64, u64) {
 /// Which gradient an attention gradient node is.
 fn is_attention_grad(dag: &Dag, i: usize) -> Option<AttnArg> {
     match dag.nodes[i].kind() {
-        Some(Kind::Composite(Composite::AttentionGrad(w) | Composite::AttentionBiasGrad(w))) => Some(w),
+        Some(Kind::Composite(c)) => c.attention_backward_slots().and_then(|s| s.grad),
         _ => None,
     }
 }
@@ -626,14 +626,20 @@ fn attention_grad_group(dag: &Dag, nodes: &[usize]) -> Option<Vec<AttnArg>> {
 /// Flops of the gradients `args` of the attention of node `i` computed by one kernel: the
 /// scores and probabilities once (2d + 8 per score), dP and dS once where the query or key
 /// gradient needs them (2d + 4), and one product (2d) per gradient; with a bias, 2 more per
-/// score. Alone, each gradient costs what `node_flops` says (the same formula for one gradient).
+/// score, and with dropout its hash once per score. Alone, each gradient costs what
+/// `node_flops` says (the same formula for one gradient).
 fn attention_grads_flops(dag: &Dag, i: usize, args: &[AttnArg]) -> u64 {
     let (pairs, d) = attention_dims(dag, &dag.nodes[i]);
     let d = d.min(1 << 48);
     let ds = if args.contains(&AttnArg::Q) || args.contains(&AttnArg::K) { 2 * d + 4 } else { 0 };
-    let bias =
-        if matches!(dag.nodes[i].kind(), Some(Kind::Composite(Composite::AttentionBiasGrad(_)))) { 2 } else { 0 };
-    let per_score = [2 * d + 8 + bias, ds, 2 * d * args.len() as u64].into_iter().fold(0u64, u64::saturating_add);
+    let slots = match dag.nodes[i].kind() {
+        Some(Kind::Composite(c)) => c.attention_backward_slots(),
+        _ => None,
+    };
+    let bias = if slots.is_some_and(|s| s.bias.is_some()) { 2 } else { 0 };
+    let drop = if slots.is_some_and(|s| s.dropout.is_some()) { DROPOUT_HASH_OPS } else { 0 };
+    let per_score =
+        [2 * d + 8 + bias + drop, ds, 2 * d * args.len() as u64].into_iter().fold(0u64, u64::saturating_add);
     product(&[pairs, per_score])
 }
 
