@@ -93,6 +93,16 @@ fn written_dropout_attention_plans_as_one_kernel() {
             format!("o = dropout(cast(softmax(cast({sc} * 0.125, f32) + bf, -1), bf16), 0.1, s) @ v"),
             "attention_bias_dropout",
         ),
+        ("scale on q", "o = dropout(softmax((q * 0.125) @ transpose(k, -1, -2), -1), 0.1, s) @ v".to_string(), "attention_dropout"),
+        (
+            "grouped-query keys and values",
+            "input kg: bf16[2, 2, S, 32]\ninput vg: bf16[2, 2, S, 32]\n\
+             kk = reshape(broadcast(reshape(kg, [2, 2, 1, S, 32]), [2, 2, 2, S, 32]), [2, 4, S, 32])\n\
+             vv = reshape(broadcast(reshape(vg, [2, 2, 1, S, 32]), [2, 2, 2, S, 32]), [2, 4, S, 32])\n\
+             o = dropout(softmax(q @ transpose(kk, -1, -2) * 0.125, -1), 0.5, s) @ vv"
+                .to_string(),
+            "attention_dropout",
+        ),
         (
             "split heads",
             "input x: bf16[2, S, 128]\nh = transpose(reshape(x, [2, S, 4, 32]), 1, 2)\n\
