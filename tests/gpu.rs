@@ -433,7 +433,9 @@ fn attention_dropout_kernels_match_the_reference() {
         let plan = optimize(&program, &opts).unwrap().plan;
         let bias = text.contains("attention_bias");
         let mut want = vec![if bias { "attention_bias_dropout" } else { "attention_dropout" }];
-        if !name.starts_with("f32") {
+        if name.starts_with("written") {
+            want.push("attention_bias_dropout");
+        } else if !name.starts_with("f32") {
             want.push(if bias { "attention_bias_dropout_grad_q" } else { "attention_dropout_grad_q" });
         }
         for op in want {

@@ -318,7 +318,9 @@ pub fn attention_backward_programs() -> Vec<(String, String)> {
 /// from projections, padding and full biases, a bool mask's select, causal or not, p 0.1 and
 /// 0.5, bf16 and f16 (the flash backward) and f32 (the forward kernel's f32 path; the backward
 /// decomposed), the seed a literal or an i32 input (`s: i32[]`, or element 1 of `seeds:
-/// i32[3]` as the PyTorch backend passes it). Each name says what it holds.
+/// i32[3]` as the PyTorch backend passes it), and written out (`written_*`: causal attention
+/// and attention with a padding bias, `dropout(softmax(..)) @ v`, forward only). Each name says
+/// what it holds.
 pub fn attention_dropout_programs() -> Vec<(String, String)> {
     let grouped =
         |x: &str| format!("reshape(broadcast(reshape({x}, [B, KV, 1, S, D]), [B, KV, G, S, D]), [B, H, S, D])");
@@ -367,6 +369,17 @@ pub fn attention_dropout_programs() -> Vec<(String, String)> {
              input q: f32[B, H, S, D]\ninput k: f32[B, H, S, D]\ninput v: f32[B, H, S, D]\no = {att}\noutput o\n"
         )
     };
+    // Written out (forward only: the pattern rules make the kernel; a gradient of the written
+    // form is differentiated through its parts).
+    let written = |t: &str, p: f64| {
+        format!(
+            "dim B = 2\ndim H = 4\ndim S = 136\ndim D = 64\n{seeds}\
+             input q: {t}[B, H, S, D]\ninput k: {t}[B, H, S, D]\ninput v: {t}[B, H, S, D]\ninput mask: {t}[B, 1, 1, S]\n\
+             row = reshape(iota(S), [S, 1])\ncol = iota(S)\n\
+             o = dropout(softmax(where(col <= row, q @ transpose(k, -1, -2) / 8, -1e30), -1), {p}, s) @ v\n\
+             o2 = dropout(softmax(q @ transpose(k, -1, -2) * 0.125 + mask, -1), {p}, slice(seeds, 0, 0, 1, 1)) @ v\noutput o, o2\n"
+        )
+    };
     let seed1 = "slice(seeds, 0, 1, 2, 1)";
     vec![
         ("gqa_bf16_p0.1_literal".into(), gqa("bf16", 0, 0.1, "7")),
@@ -392,5 +405,7 @@ pub fn attention_dropout_programs() -> Vec<(String, String)> {
         ("f32_p0.1".into(), f32_fwd(0, false, 0.1)),
         ("f32_causal_p0.5".into(), f32_fwd(1, false, 0.5)),
         ("f32_bias_causal_p0.1".into(), f32_fwd(1, true, 0.1)),
+        ("written_bf16_p0.1".into(), written("bf16", 0.1)),
+        ("written_f16_p0.5".into(), written("f16", 0.5)),
     ]
 }
