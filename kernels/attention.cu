@@ -133,6 +133,30 @@ __device__ __forceinline__ float eq_att_bias(const EQ_BT* bg, int row, int col) 
 #ifndef EQ_WGMMA
 #define EQ_WGMMA 0
 #endif
+
+// Dropout (EQ_DROPOUT, `attention_dropout` and `attention_bias_dropout`): the probability of
+// score (b, i, j) is kept where dropout's generator (common.cuh, src/reference/rng.rs) keeps
+// flat index (b * EQ_SQ + i) * EQ_SK + j of the probabilities [EQ_NB, EQ_SQ, EQ_SK] (the batch
+// axes' row-major order, which b is), with EQ_DROP_THRESHOLD and seed EQ_DROP_SEED (a literal,
+// or an element of a read i32 tensor); the row sum l counts every probability, the output
+// sums only the kept ones, and the output is scaled by EQ_DROP_SCALE (1 / (1 - p) in f32) with
+// 1 / l. The log-sum-exp is that of the scores, as without dropout. The mma.sync and f32 paths
+// run it; the code generator gives dropout instances no Hopper path.
+#ifndef EQ_DROPOUT
+#define EQ_DROPOUT 0
+#endif
+#if EQ_DROPOUT
+#if EQ_WGMMA
+#error "the Hopper path does not run dropout (the code generator sets EQ_WGMMA 0)"
+#endif
+__device__ __forceinline__ bool eq_att_keep(unsigned seed, unsigned key0, long long b, int row, int col) {
+    const unsigned long long index = (unsigned long long)((b * EQ_SQ + row) * (long long)EQ_SK + col);
+    return eq_dropout_keep(index, seed, key0, EQ_DROP_THRESHOLD);
+}
+#define EQ_DROP_FACTOR EQ_DROP_SCALE
+#else
+#define EQ_DROP_FACTOR 1.0f
+#endif
 // The Hopper path's shape (used only where EQ_WGMMA and the target is sm_90a; defined for every
 // target so that the host side of a launcher sees them): EQ_HWG warpgroups of 64 query rows
 // each, EQ_HBN keys per tile (64 or 128), EQ_HDP = EQ_D rounded up to 64.
@@ -301,6 +325,9 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
     for (int d = 0; d < EQ_FDP; ++d) o[d] = 0.0f;
     float m = -EQ_INF, l = 0.0f;
     const float scale = EQ_SCALE;
+#if EQ_DROPOUT
+    const unsigned dseed = EQ_DROP_SEED, dkey0 = eq_dropout_key0(dseed);
+#endif
     // The last row of this thread's warp (warp-uniform; the causal skip of a part's keys).
     const int wlast = m0 + (rl | 31);
     for (int t = 0; t < ntiles; ++t) {
@@ -357,8 +384,11 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
         for (int d = 0; d < EQ_FDP; ++d) o[d] *= alpha;
 #pragma unroll
         for (int j = 0; j < EQ_FKP; ++j) {
-            const float p = expf(s[j] - mu);
+            float p = expf(s[j] - mu);
             l += p;
+#if EQ_DROPOUT
+            if (!eq_att_keep(dseed, dkey0, b, row, kb + j)) p = 0.0f;
+#endif
 #pragma unroll
             for (int c = 0; c < DP4; ++c) {
                 const float4 vv = sv4[j * DP4 + c];
@@ -391,7 +421,7 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
         float lall = 0.0f;
 #pragma unroll
         for (int p = 0; p < EQ_FP; ++p) lall += sl[p * EQ_FBM + rl] * expf(sm[p * EQ_FBM + rl] - mu);
-        sinv[rl] = lall > 0.0f ? 1.0f / lall : 0.0f;
+        sinv[rl] = lall > 0.0f ? EQ_DROP_FACTOR / lall : 0.0f;
 #if EQ_LSE
         if (row < EQ_SQ) EQ_LSEP[b * EQ_SQ + row] = mall + logf(lall);
 #endif
@@ -1086,6 +1116,9 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32, 1) EQ_KERNEL(EQ_PAR
 
     float o[MT][DT][4];
     float m_i[MT][2], l_i[MT][2];
+#if EQ_DROPOUT
+    const unsigned dseed = EQ_DROP_SEED, dkey0 = eq_dropout_key0(dseed);
+#endif
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -1226,6 +1259,20 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32, 1) EQ_KERNEL(EQ_PAR
                 }
             }
 
+#if EQ_DROPOUT
+        // Dropout: the dropped probabilities (counted in the row sums above) out of the product.
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = n0 + nt * 8 + 2 * t + (e & 1);
+                    const int row = wrow + mt * 16 + g + (e >> 1) * 8;
+                    if (!eq_att_keep(dseed, dkey0, b, row, col)) s[mt][nt][e] = 0.0f;
+                }
+#endif
+
         // The probabilities as A fragments: the accumulator layout of two n8 tiles is the
         // operand layout of one k16 step.
         unsigned pa[MT][SN / 2][4];
@@ -1270,7 +1317,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32, 1) EQ_KERNEL(EQ_PAR
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             l_i[mt][h] = l;
-            inv[mt][h] = l > 0.0f ? 1.0f / l : 0.0f;
+            inv[mt][h] = l > 0.0f ? EQ_DROP_FACTOR / l : 0.0f;
         }
     __syncthreads();
 #pragma unroll

@@ -150,6 +150,23 @@
 // f32 row statistics per query row kept in shared memory by mode 2: lse (or m), delta, and
 // with a bias log l.
 #define EQ_NSTAT (2 + EQ_BIAS)
+// Dropout (EQ_DROPOUT, the backward of `attention_dropout` and `attention_bias_dropout`): Z_ij
+// is EQ_DROP_SCALE where dropout's generator keeps flat index (b * EQ_SQ + i) * EQ_SK + j of the
+// probabilities (seed EQ_DROP_SEED, threshold EQ_DROP_THRESHOLD), else 0, computed again from
+// the index as the forward computed it; then dS_ij = P_ij (dP_ij Z_ij - delta_i) scale and
+// dv_j = sum_i P_ij Z_ij g_i (the kept P summed, times EQ_DROP_SCALE at the end).
+#ifndef EQ_DROPOUT
+#define EQ_DROPOUT 0
+#endif
+#if EQ_DROPOUT
+__device__ __forceinline__ bool eq_att_keep(unsigned seed, unsigned key0, long long b, int row, int col) {
+    const unsigned long long index = (unsigned long long)((b * EQ_SQ + row) * (long long)EQ_SK + col);
+    return eq_dropout_keep(index, seed, key0, EQ_DROP_THRESHOLD);
+}
+#define EQ_DROP_FACTOR EQ_DROP_SCALE
+#else
+#define EQ_DROP_FACTOR 1.0f
+#endif
 // The offset of batch entry (b0, b1, b2) in read tensor T.
 #define EQ_BOFF(T) (b0 * EQ_##T##_S0 + b1 * EQ_##T##_S1 + b2 * EQ_##T##_S2)
 #define EQ_LOG2E 1.4426950408889634f
@@ -604,6 +621,9 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     for (int dt = 0; dt < DT; ++dt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) dq[dt][e] = 0.0f;
+#if EQ_DROPOUT
+    const unsigned dseed = EQ_DROP_SEED, dkey0 = eq_dropout_key0(dseed);
+#endif
     unsigned qf[KT][4], gf[KT][4];
     for (int j = 0; j < ntiles; ++j) {
         const int n0 = j * EQ_BN;
@@ -641,7 +661,15 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
                     if (col >= EQ_SK || (EQ_CAUSAL && col > row)) p = 0.0f;
                 }
 #endif
+#if EQ_DROPOUT
+                {
+                    const int col = n0 + nt * 8 + 2 * t + (e & 1), row = wrow + g + h * 8;
+                    const float z = eq_att_keep(dseed, dkey0, b, row, col) ? EQ_DROP_SCALE : 0.0f;
+                    s[nt][e] = p * (dp[nt][e] * z - del[h]);
+                }
+#else
                 s[nt][e] = p * (dp[nt][e] - del[h]);
+#endif
             }
         mma_pb(dq, s, kb, lane);
         __syncthreads();  // the key and value tiles are consumed before they are loaded again
@@ -737,6 +765,10 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     unsigned vf[KT][4];
 #endif
 #endif
+#if EQ_DROPOUT
+    const unsigned dseed = EQ_DROP_SEED, dkey0 = eq_dropout_key0(dseed);
+    static_assert(SN * 4 <= 32, "one bit of a word per score of a thread");
+#endif
     for (int it = 0; it < ntiles; ++it) {
         const int m0 = m_start + (it + rot) % ntiles * EQ_BM, buf = it & 1;
         if (it + 1 < ntiles) load_q(it + 1);
@@ -781,7 +813,28 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
 #endif
                 p[nt][e] = x;
             }
+#if EQ_DROPOUT
+        // The kept scores of this thread (bit 4 nt + e), and dv += (P Z)^T g (times the scale
+        // at the end).
+        unsigned kept = 0;
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = wkey + g + (e >> 1) * 8, row = m0 + nt * 8 + 2 * t + (e & 1);
+                if (eq_att_keep(dseed, dkey0, b, row, key)) kept |= 1u << (4 * nt + e);
+            }
 #if EQ_DV
+        {
+            float pd[SN][4];
+#pragma unroll
+            for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) pd[nt][e] = (kept >> (4 * nt + e)) & 1u ? p[nt][e] : 0.0f;
+            mma_pb(dv, pd, gb, lane);
+        }
+#endif
+#elif EQ_DV
         mma_pb(dv, p, gb, lane);  // dv += P^T g
 #endif
 #if EQ_DK || EQ_DQ
@@ -792,7 +845,14 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
 #pragma unroll
         for (int nt = 0; nt < SN; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) dp[nt][e] = p[nt][e] * (dp[nt][e] - del[nt * 8 + 2 * t + (e & 1)]);
+            for (int e = 0; e < 4; ++e) {
+#if EQ_DROPOUT
+                const float z = (kept >> (4 * nt + e)) & 1u ? EQ_DROP_SCALE : 0.0f;
+                dp[nt][e] = p[nt][e] * (dp[nt][e] * z - del[nt * 8 + 2 * t + (e & 1)]);
+#else
+                dp[nt][e] = p[nt][e] * (dp[nt][e] - del[nt * 8 + 2 * t + (e & 1)]);
+#endif
+            }
 #if EQ_DK
         mma_pb(dk, dp, qb, lane);
 #endif
@@ -828,7 +888,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     store_rows(EQ_DKP + b * EQ_SK * EQ_D, dk, EQ_SCALE, wkey, EQ_SK, lane);
 #endif
 #if EQ_DV
-    store_rows(EQ_DVP + b * EQ_SK * EQ_D, dv, 1.0f, wkey, EQ_SK, lane);
+    store_rows(EQ_DVP + b * EQ_SK * EQ_D, dv, EQ_DROP_FACTOR, wkey, EQ_SK, lane);
 #endif
 #if EQ_DQ
     // Every thread's additions are visible before the block is counted; the last block of this

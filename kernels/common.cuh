@@ -330,20 +330,26 @@ __device__ __forceinline__ unsigned int eq_mix32(unsigned int x) {
     x ^= x >> 16;
     return x;
 }
-// `key0` is stream_key(seed, 0), computed by the code generator for indices below 2^32.
-__device__ __forceinline__ float eq_dropout(float x, unsigned long long index, unsigned int seed, unsigned int key0,
-                                            unsigned int threshold, float scale) {
+// Whether dropout keeps element `index`; `key0` is stream_key(seed, 0), computed by the code
+// generator (or once per thread from a seed read at run time) for indices below 2^32.
+__device__ __forceinline__ bool eq_dropout_keep(unsigned long long index, unsigned int seed, unsigned int key0,
+                                                unsigned int threshold) {
     const unsigned int hi = (unsigned int)(index >> 32);
     const unsigned int key = hi == 0 ? key0 : eq_mix32(eq_mix32(seed ^ 0x9e3779b9u) ^ hi);
-    const unsigned int bits = eq_mix32(key ^ (unsigned int)index);
-    return bits >= threshold ? __fmul_rn(x, scale) : 0.0f;
+    return eq_mix32(key ^ (unsigned int)index) >= threshold;
+}
+// stream_key(seed, 0).
+__device__ __forceinline__ unsigned int eq_dropout_key0(unsigned int seed) { return eq_mix32(eq_mix32(seed ^ 0x9e3779b9u)); }
+__device__ __forceinline__ float eq_dropout(float x, unsigned long long index, unsigned int seed, unsigned int key0,
+                                            unsigned int threshold, float scale) {
+    return eq_dropout_keep(index, seed, key0, threshold) ? __fmul_rn(x, scale) : 0.0f;
 }
 // A seed read at run time (dropout's seed given as an i32 tensor, reinterpreted as unsigned):
 // the key stream_key(seed, 0) is computed here, two mix32 per call on a value that is the same
 // for every element (so free to hoist), instead of by the code generator.
 __device__ __forceinline__ float eq_dropout_seeded(float x, unsigned long long index, unsigned int seed,
                                                    unsigned int threshold, float scale) {
-    return eq_dropout(x, index, seed, eq_mix32(eq_mix32(seed ^ 0x9e3779b9u)), threshold, scale);
+    return eq_dropout(x, index, seed, eq_dropout_key0(seed), threshold, scale);
 }
 
 #endif  // EQ_COMMON_CUH

@@ -130,7 +130,7 @@ fn device_profiles_are_validated_on_load() {
     type Edit = Box<dyn FnOnce(&mut serde_json::Value)>;
     let cases: Vec<(&str, Edit, &str)> = vec![
         ("max_args", Box::new(|v| v["max_kernel_args"] = json!(0)), "max_kernel_args is 0"),
-        ("max_args2", Box::new(|v| v["max_kernel_args"] = json!(2)), "must be at least 10"),
+        ("max_args2", Box::new(|v| v["max_kernel_args"] = json!(2)), "must be at least 12"),
         ("bw", Box::new(|v| v["copy_bandwidth_gbs"] = json!(0.0)), "copy_bandwidth_gbs must be a positive number"),
         ("launch", Box::new(|v| v["launch_overhead_us"] = json!(-1.0)), "launch_overhead_us must be a non-negative"),
         ("sm", Box::new(|v| v["sm_count"] = json!(0)), "sm_count must be at least 1"),

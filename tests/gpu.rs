@@ -408,6 +408,53 @@ fn attention_backward_kernels_match_the_reference() {
     }
 }
 
+/// Attention with dropout of its probabilities (`tests/common`'s `attention_dropout_programs`:
+/// grouped-query and split heads, padding, full and bool masks, causal and not, p 0.1 and 0.5,
+/// bf16 and f16 forward and backward, f32 forward, literal and tensor seeds): the forward runs
+/// as one `attention_dropout` or `attention_bias_dropout` kernel and the 16-bit backward as their
+/// flash kernels, and every output (the attention itself and dq, dk, dv) matches the reference,
+/// whose mask is `dropout`'s: a kernel dropping other elements than the reference would be off
+/// by whole probabilities. The masks' values as in `attention_backward_kernels_match_the_reference`.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn attention_dropout_kernels_match_the_reference() {
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let mut plans = Vec::new();
+    for (name, text) in common::attention_dropout_programs() {
+        let mut program = eqfuse::parse_program(&name, &text, &[]).unwrap();
+        for input in ["mask", "m"] {
+            let Some(ty) = program.input(input).map(|i| i.ty.clone()) else { continue };
+            if ty.dtype.is_float() {
+                let fill = if ty.dtype == eqfuse::DType::F16 { f64::NEG_INFINITY } else { -3e38 };
+                let values = backward_mask_values(&ty.shape, fill);
+                program.values.insert(input.into(), eqfuse::Tensor::new(ty.dtype, ty.shape.clone(), values).unwrap());
+            }
+        }
+        let plan = optimize(&program, &opts).unwrap().plan;
+        let bias = text.contains("attention_bias");
+        let mut want = vec![if bias { "attention_bias_dropout" } else { "attention_dropout" }];
+        if name.starts_with("written") {
+            want.push("attention_bias_dropout");
+        } else if !name.starts_with("f32") {
+            want.push(if bias { "attention_bias_dropout_grad_q" } else { "attention_dropout_grad_q" });
+        }
+        for op in want {
+            assert!(
+                plan.kernels.iter().any(|k| k.template == Template::Attention && k.ops.iter().any(|o| o == op)),
+                "{name}: no {op}: {:?}",
+                plan.kernels.iter().map(|k| (k.template, &k.ops)).collect::<Vec<_>>()
+            );
+        }
+        plans.push((name, program, plan));
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        let r = run_checked(&gpu, name, program, plan, 100 + seed as u64);
+        let worst = r.outputs.iter().map(|o| o.scaled_error).fold(0.0f64, f64::max);
+        eprintln!("ok: {name}: worst scaled error {worst:.1e}");
+    }
+}
+
 /// Values of a mask `[B, 1, 1, S]`, `[B, 1, S, S]` (B = 2) or `[S, S]` for the backward: small
 /// biases, and `fill` on batch entry 0's last 36 keys and batch entry 1's first 20 (a padding
 /// mask), or on one key in 11, every key of row 5 and -inf on every key of row 9.

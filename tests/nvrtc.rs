@@ -440,6 +440,67 @@ fn attention_backward_view_and_bias_kernels_compile() {
     }
 }
 
+/// Attention with dropout (`tests/common`'s `attention_dropout_programs`): the forward of every
+/// program is one `attention_dropout` or `attention_bias_dropout` kernel (no materialized
+/// scores: no kernel besides attention's reads q, k or v), the 16-bit programs' backward the
+/// dropout forms of the flash kernels (`EQ_DROPOUT`, no Hopper path), and every attention
+/// kernel compiles without warnings at sm_90 and sm_80.
+#[test]
+fn attention_dropout_kernels_compile() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    for (name, text) in common::attention_dropout_programs() {
+        let p = eqfuse::parse_program(&name, &text, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let plan = optimize(&p, &opts).unwrap().plan;
+        let shown: Vec<_> = plan.kernels.iter().map(|k| (k.template, k.ops.clone())).collect();
+        let bias = text.contains("attention_bias");
+        let fwd = if bias { "attention_bias_dropout" } else { "attention_dropout" };
+        let has = |op: &str| plan.kernels.iter().any(|k| k.ops.iter().any(|o| o == op));
+        assert!(has(fwd), "{name}: {shown:?}");
+        let forward_only = name.starts_with("f32") || name.starts_with("written");
+        if !forward_only {
+            let grad = if bias { "attention_bias_dropout_grad_q" } else { "attention_dropout_grad_q" };
+            assert!(has(grad), "{name}: {shown:?}");
+        }
+        if name.starts_with("written") {
+            assert!(has("attention_bias_dropout"), "{name}: {shown:?}");
+        }
+        for k in &plan.kernels {
+            let operand = k.reads.iter().any(|r| ["q", "k", "v", "xq", "xk", "xv"].contains(&r.name.as_str()));
+            assert!(
+                !operand || k.template == eqfuse::Template::Attention,
+                "{name}: scores or a layout copy: {shown:?}"
+            );
+        }
+        let sources = codegen_plan(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut dropouts = 0;
+        for s in sources.iter().filter(|s| s.template == eqfuse::Template::Attention) {
+            for arch in [DEFAULT_ARCH, "sm_80"] {
+                let c = nvrtc_compile(&s.source, &s.file, arch, &[])
+                    .unwrap_or_else(|e| panic!("{name} / {} ({arch}): {e}", s.name));
+                assert!(c.log.trim().is_empty(), "{name} / {} ({arch}): warnings\n{}", s.name, c.log);
+            }
+            let defines = generated_defines(&s.source);
+            if defines.contains("#define EQ_DROPOUT 1\n") {
+                dropouts += 1;
+                if defines.contains("#define EQ_MODE 2\n") {
+                    assert!(defines.contains("#define EQ_DQ 1\n"), "{name} / {}: dq apart", s.name);
+                }
+                assert!(s.launch.sm90a.is_none(), "{name} / {}: a Hopper path with dropout", s.name);
+                let seed = defines.lines().find(|l| l.starts_with("#define EQ_DROP_SEED ")).unwrap_or_default();
+                let literal = text.contains(", 7)") || text.contains(", 12345)");
+                assert_eq!(seed.contains("p_r"), !literal, "{name} / {}: {seed}", s.name);
+            }
+        }
+        // (The forward, and the backward's one kernel of dq, dk and dv.)
+        // (Written: two forward kernels, plain and biased.)
+        let want = if name.starts_with("f32") { 1 } else { 2 };
+        assert!(dropouts >= want, "{name}: {dropouts} attention kernels with dropout: {shown:?}");
+    }
+}
+
 /// Wide and odd-width rows (issue 22): the row kernels of vocabulary-sized softmax,
 /// log-softmax and cross-entropy (rows of 50257 in bf16 and f32, 128256 in bf16, 32001 with
 /// the gradient) and of the odd-width row cases in `tests/cases/rows/`, compiled with ptxas's

@@ -104,6 +104,17 @@ fn call_for(name: &str, kind: Kind) -> String {
         Kind::Composite(C::AttentionBiasGrad(_)) => format!(
             "{name}(x, y, y, x, concat(sum(x, -1), sum(x, -1), -1), sum(y, -1), x @ transpose(y, 0, 1), 0.5, 1)"
         ),
+        Kind::Composite(C::AttentionDropout) => "attention_dropout(x, y, y, 0.5, 1, 0.1, 7)".to_string(),
+        Kind::Composite(C::AttentionBiasDropout) => {
+            "attention_bias_dropout(x, y, y, sum(x, -1), 0.5, 1, 0.1, slice(t, 0, 0, 1, 1))".to_string()
+        }
+        Kind::Composite(C::AttentionDropoutGrad(_)) => {
+            format!("{name}(x, y, y, x, sum(x, -1), sum(y, -1), 0.5, 1, 0.25, 3)")
+        }
+        Kind::Composite(C::AttentionBiasDropoutGrad(_)) => format!(
+            "{name}(x, y, y, x, concat(sum(x, -1), sum(x, -1), -1), sum(y, -1), x @ transpose(y, 0, 1), 0.5, 1, 0.5, \
+             reshape(slice(t, 0, 1, 2, 1), []))"
+        ),
     }
 }
 

@@ -245,3 +245,29 @@ fn three_products_of_one_operand_fuse() {
         assert!(unions >= 4 && finite, "{unions}");
     }
 }
+
+/// Attention with dropout of its probabilities: every `attention-dropout-*` rule is sound (its
+/// kernel drops the elements `dropout` drops as written, at their flat index in `[..., SQ, SK]`),
+/// and rules that lose the dropout, change its seed or probability, or take the causal flag
+/// wrong are caught.
+#[test]
+fn attention_dropout_rules_are_sound_and_weakened_ones_caught() {
+    let mut checked = 0;
+    for set in default_rules().unwrap() {
+        for rule in set.rules.iter().filter(|r| r.name.starts_with("attention-dropout")) {
+            let cases = check_rule(rule).unwrap_or_else(|e| panic!("{e}"));
+            eprintln!("{:<48} {cases:?}", rule.name);
+            checked += 1;
+        }
+    }
+    assert!(checked >= 14, "only {checked} attention-dropout rules");
+    for text in [
+        "(rewrite weak (@ (dropout (softmax (* (@ ?q (transpose ?k -1 -2)) ?s) -1) ?p ?r) ?v) (attention ?q ?k ?v ?s 0) :if (const ?s) :if (attention-args ?q ?k ?v))",
+        "(rewrite weak (@ (dropout (softmax (* (@ ?q (transpose ?k -1 -2)) ?s) -1) ?p ?r) ?v) (attention_dropout ?q ?k ?v ?s 0 ?p 3) :if (const ?s) :if (attention-args ?q ?k ?v))",
+        "(rewrite weak (@ (dropout (softmax (* (@ ?q (transpose ?k -1 -2)) ?s) -1) ?p ?r) ?v) (attention_dropout ?q ?k ?v ?s 0 0.5 ?r) :if (const ?s) :if (attention-args ?q ?k ?v))",
+        "(rewrite weak (@ (dropout (softmax (where ?m (* (@ ?q (transpose ?k -1 -2)) ?s) ?c) -1) ?p ?r) ?v) (attention_dropout ?q ?k ?v ?s 0 ?p ?r) :if (const ?s) :if (mask-fill ?c) :if (causal-keep ?m ?q ?k) :if (attention-args ?q ?k ?v))",
+        "(rewrite weak (@ (dropout (softmax (+ (* (@ ?q (transpose ?k -1 -2)) ?s) ?b) -1) ?p ?r) ?v) (attention_dropout ?q ?k ?v ?s 0 ?p ?r) :if (const ?s) :if (attention-bias ?b ?q ?k) :if (attention-args ?q ?k ?v))",
+    ] {
+        assert!(check_rule(&one_rule(text)).is_err(), "not caught: {text}");
+    }
+}

@@ -1363,30 +1363,6 @@ def _seed_in(L, state):
     return flat if state.numel == 1 else _slice(L, flat, 0, 0, 1, 1)
 
 
-def _attention_math_grads(L, g, q, k, v, out, s, is_causal, mask, dropout=None):
-    """(dq, dk, dv) of attention with a mask tensor or `dropout` ((p, seed): the forward's
-    dropout of the probabilities, drawn again), in plain operators (the scores recomputed)."""
-    g, out = L.val(g), L.val(out)
-    sc, lse = _scores(L, q, k, s, is_causal, mask)
-    p = L.apply("exp", L.apply("-", sc, lse))  # f32 [..., Sq, Sk]
-    kv = k.shape[-3]
-    kk, vv = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
-    g32 = L.cast(g, "f32")
-    kept = p if dropout is None else _dropout_of(L, p, *dropout)
-    pt = L.swap(kept, kept.rank - 2, kept.rank - 1)
-    dv = L.b.op("@", [pt.node, g32.node], "f32", pt.shape[:-1] + (g.shape[-1],))
-    vt = L.cast(L.swap(vv, vv.rank - 2, vv.rank - 1), "f32")
-    dp = L.b.op("@", [g32.node, vt.node], "f32", g.shape[:-1] + (vt.shape[-1],))
-    if dropout is not None:
-        dp = _dropout_of(L, dp, *dropout)
-    delta = L.reduce("sum", L.apply("*", g32, L.cast(out, "f32")), [-1], True)
-    ds = L.apply("*", L.apply("*", p, L.apply("-", dp, delta)), L.lit(s))
-    dq = L.b.op("@", [ds.node, L.cast(kk, "f32").node], "f32", q.shape)
-    dst = L.swap(ds, ds.rank - 2, ds.rank - 1)
-    dk = L.b.op("@", [dst.node, L.cast(q, "f32").node], "f32", kk.shape)
-    return (L.cast(dq, q.dtype), L.cast(_group_sum(L, dk, kv), k.dtype), L.cast(_group_sum(L, dv, kv), v.dtype))
-
-
 def _lse_shape(L, i):
     """The shape PyTorch gives output `i` of the node (None when the node has one output)."""
     val = L.node.meta.get("val")
@@ -1439,42 +1415,50 @@ def _bias_stats(L, q, k, s, is_causal, bias):
                   q.shape[:-1] + (2,))
 
 
-def _attention_bias(L, q, k, v, s, is_causal, mask):
+def _attention_bias(L, q, k, v, s, is_causal, mask, dropout=None):
     """Attention with a mask tensor as the `attention_bias` composite, whose kernel reads the
     mask in place: an additive mask is the bias; a bool mask (true where a key is kept) the bias
-    `where(m, 0, FILL)`, which the kernel selects from the mask it reads."""
+    `where(m, 0, FILL)`, which the kernel selects from the mask it reads. With `dropout` ((p,
+    seed)), `attention_bias_dropout`."""
     bias = _bias_of(L, mask)
     kk, vv = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
     causal = L.lit(1 if is_causal else 0).node
-    return L.b.op("attention_bias", [q.node, kk.node, vv.node, bias.node, L.lit(s).node, causal], q.dtype,
+    args = [q.node, kk.node, vv.node, bias.node, L.lit(s).node, causal] + _dropout_args(L, dropout)
+    return L.b.op("attention_bias_dropout" if dropout else "attention_bias", args, q.dtype,
                   q.shape[:-1] + (v.shape[-1],))
+
+
+def _dropout_args(L, dropout):
+    """The trailing arguments (probability, seed) of attention's dropout forms; none without."""
+    if dropout is None:
+        return []
+    p, seed = dropout
+    return [L.lit(p).node, seed.node]
 
 
 def _sdpa_forward(L, q, k, v, mask, dropout_p, is_causal, scale, n_out):
     """The outputs of a fused SDPA op (result, log-sum-exp, then what eqfuse cannot give): the
-    `attention` and `attention_lse` composites, or plain operators with a mask tensor; the
-    log-sum-exp reshaped to PyTorch's `[B, H, S]` (flash) or `[B, H, S, 1]` (cuDNN)."""
+    `attention` and `attention_lse` composites, `attention_bias` with a mask tensor, and with
+    dropout their dropout forms (`attention_dropout`, `attention_bias_dropout`: the kernels
+    compute eqfuse's dropout mask of the probabilities from this site's seed, no score matrix
+    is written); the log-sum-exp reshaped to PyTorch's `[B, H, S]` (flash) or `[B, H, S, 1]`
+    (cuDNN)."""
     s = _attention_args(L, q, k, v, mask, dropout_p, scale)
     mask, is_causal = _known_mask(L, mask, is_causal, q.shape[-2], k.shape[-2])
-    if dropout_p > 0:
-        seed = L.seed()
-        sc, lse = _scores(L, q, k, s, is_causal, mask)
-        probs = _dropout_of(L, L.apply("exp", L.apply("-", sc, lse)), dropout_p, seed)
-        vv = _heads(L, v, q.shape[-3])
-        probs = L.cast(probs, vv.dtype)
-        out = L.b.op("@", [probs.node, vv.node], q.dtype, q.shape[:-1] + (v.shape[-1],))
-    elif mask is not None:
+    dropout = (dropout_p, L.seed()) if dropout_p > 0 else None
+    if mask is not None:
         # The log-sum-exp for the backward from attention_bias_lse's statistics (a flash-style
         # kernel, not the scores written out): m + log l.
         lse = None
         if n_out > 1:
             stats = _bias_stats(L, q, k, s, is_causal, _bias_of(L, mask))
             lse = L.apply("+", _slice(L, stats, stats.rank - 1, 0, 1, 1), _slice(L, stats, stats.rank - 1, 1, 2, 1))
-        out = _attention_bias(L, q, k, v, s, is_causal, mask)
+        out = _attention_bias(L, q, k, v, s, is_causal, mask, dropout)
     else:
         causal = L.lit(1 if is_causal else 0).node
         kk, vv = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
-        out = L.b.op("attention", [q.node, kk.node, vv.node, L.lit(s).node, causal], q.dtype,
+        out = L.b.op("attention_dropout" if dropout else "attention",
+                     [q.node, kk.node, vv.node, L.lit(s).node, causal] + _dropout_args(L, dropout), q.dtype,
                      q.shape[:-1] + (v.shape[-1],))
         lse = L.b.op("attention_lse", [q.node, kk.node, L.lit(s).node, causal], "f32", q.shape[:-1] + (1,))
     if n_out == 1:
@@ -1597,20 +1581,22 @@ def _sdpa_backward(L, g, q, k, v, out, lse, mask, dropout_p, is_causal, scale, s
     random-number state `state` the forward returned."""
     s = _attention_args(L, q, k, v, mask, dropout_p, scale)
     mask, is_causal = _known_mask(L, mask, is_causal, q.shape[-2], k.shape[-2])
+    dropout = None
     if dropout_p > 0:
         if not isinstance(state, Value):
             raise ExportError("an attention backward with dropout whose random-number state is not an input")
-        return _attention_math_grads(L, g, q, k, v, out, s, is_causal, mask, (dropout_p, _seed_in(L, state)))
+        dropout = (dropout_p, _seed_in(L, state))
     if mask is not None:
-        return _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask)
-    return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal)
+        return _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask, dropout)
+    return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal, dropout)
 
 
-def _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask):
+def _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask, dropout=None):
     """(dq, dk, dv) of attention with a mask tensor by eqfuse's flash-style backward composites
     of `attention_bias` (the mask needs no gradient here): its row statistics computed again
-    (`attention_bias_lse`: PyTorch's one log-sum-exp loses a row of fills), then the gradients.
-    Where the kernels do not run (f32), eqfuse expands them into the decomposition."""
+    (`attention_bias_lse`: PyTorch's one log-sum-exp loses a row of fills), then the gradients;
+    with `dropout` ((p, seed)), their dropout forms (`attention_bias_dropout_grad_*`). Where the
+    kernels do not run (f32), eqfuse expands them into the decomposition."""
     g, out = L.val(g), L.val(out)
     bias = _bias_of(L, mask)
     kv = k.shape[-3]
@@ -1619,14 +1605,17 @@ def _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask):
     stats = _bias_stats(L, q, k, s, is_causal, bias)
     delta = L.reduce("sum", L.apply("*", L.cast(g, "f32"), L.cast(out, "f32")), [-1], True)
     args = [q.node, kk.node, vv.node, g.node, stats.node, delta.node, bias.node, L.lit(s).node, causal]
-    dq = L.b.op("attention_bias_grad_q", args, q.dtype, q.shape)
-    dk = _group_sum(L, L.b.op("attention_bias_grad_k", args, k.dtype, kk.shape), kv)
-    dv = _group_sum(L, L.b.op("attention_bias_grad_v", args, v.dtype, vv.shape), kv)
+    args += _dropout_args(L, dropout)
+    op = "attention_bias_dropout_grad_" if dropout else "attention_bias_grad_"
+    dq = L.b.op(op + "q", args, q.dtype, q.shape)
+    dk = _group_sum(L, L.b.op(op + "k", args, k.dtype, kk.shape), kv)
+    dv = _group_sum(L, L.b.op(op + "v", args, v.dtype, vv.shape), kv)
     return dq, dk, dv
 
 
-def _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal):
-    """(dq, dk, dv) by eqfuse's flash-style backward composites."""
+def _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal, dropout=None):
+    """(dq, dk, dv) by eqfuse's flash-style backward composites; with `dropout` ((p, seed)),
+    their dropout forms (`attention_dropout_grad_*`), the statistics being those of the scores."""
     g, out, lse = L.val(g), L.val(out), L.val(lse)
     if lse.shape[:-1] == q.shape[:-2] and lse.shape[-1] > q.shape[-2]:  # (the efficient kernel's padding)
         lse = _slice(L, lse, lse.rank - 1, 0, q.shape[-2], 1)
@@ -1637,10 +1626,11 @@ def _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal):
     causal = L.lit(1 if is_causal else 0).node
     kv = k.shape[-3]
     k, v = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
-    args = [q.node, k.node, v.node, g.node, lse4.node, delta.node, L.lit(s).node, causal]
-    dq = L.b.op("attention_grad_q", args, q.dtype, q.shape)
-    dk = _group_sum(L, L.b.op("attention_grad_k", args, k.dtype, k.shape), kv)
-    dv = _group_sum(L, L.b.op("attention_grad_v", args, v.dtype, v.shape), kv)
+    args = [q.node, k.node, v.node, g.node, lse4.node, delta.node, L.lit(s).node, causal] + _dropout_args(L, dropout)
+    op = "attention_dropout_grad_" if dropout else "attention_grad_"
+    dq = L.b.op(op + "q", args, q.dtype, q.shape)
+    dk = _group_sum(L, L.b.op(op + "k", args, k.dtype, k.shape), kv)
+    dv = _group_sum(L, L.b.op(op + "v", args, v.dtype, v.shape), kv)
     return dq, dk, dv
 
 

@@ -23,6 +23,9 @@ OPS = frozenset(
     "iota onehot dropout softmax log_softmax layernorm rmsnorm cross_entropy attention grad "
     "attention_lse attention_grad_q attention_grad_k attention_grad_v gather scatter_add slice concat "
     "attention_bias attention_bias_lse attention_bias_grad_q attention_bias_grad_k attention_bias_grad_v".split()
+    + "attention_dropout attention_bias_dropout attention_dropout_grad_q attention_dropout_grad_k".split()
+    + "attention_dropout_grad_v attention_bias_dropout_grad_q attention_bias_dropout_grad_k".split()
+    + ["attention_bias_dropout_grad_v"]
 )
 
 

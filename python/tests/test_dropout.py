@@ -156,9 +156,40 @@ def test_training_with_dropout_on_eqfuse_plans(name, attn, monkeypatch):
     assert all(runs == "eqfuse" for _, runs, _ in graphs), graphs
     fwd = next(p for p in backend.plans if p.kind == "forward")
     assert any(n.get("op") == "dropout" for n in fwd.graph["nodes"]), "no dropout in the forward graph"
+    # (On the CPU, PyTorch runs SDPA with dropout as its math decomposition, traced before eqfuse
+    # sees it: the fused SDPA ops, and so `attention_dropout`, are for CUDA graphs (the GPU test
+    # below; `test_export.py`'s `test_fused_sdpa_with_dropout_draws_eqfuses_dropout` traces them
+    # on fake CUDA tensors and checks them on the CPU reference).)
     with eqfuse_dropout_eagerly(SEED):
         want = step(model, inputs)
     assert_close_step(got, want, 1e-4)
+
+
+def assert_fused_attention_dropout(backend, bias):
+    """SDPA with dropout was exported as eqfuse's fused attention with dropout: the forward
+    graph holds `attention_dropout` (`attention_bias_dropout` with a mask), the backward graph
+    the dropout forms of the flash backward, and neither holds the probabilities written out:
+    no `dropout` of an `exp` (the probabilities) or of a product (the backward's dP), and no
+    product of a dropout (or of its cast)."""
+    fwd_op = "attention_bias_dropout" if bias else "attention_dropout"
+    graphs = [(p.kind, p.graph) for p in backend.plans if p.kind in ("forward", "backward")]
+    ops = {kind: set() for kind, _ in graphs}
+    for kind, g in graphs:
+        ops[kind] |= {n.get("op") for n in g["nodes"]}
+    assert fwd_op in ops["forward"], " ".join(sorted(o for o in ops["forward"] if o))
+    for w in "qkv":
+        assert f"{fwd_op}_grad_{w}" in ops["backward"], " ".join(sorted(o for o in ops["backward"] if o))
+    for kind, g in graphs:
+        nodes = g["nodes"]
+        op = lambda i: nodes[i].get("op")  # noqa: E731
+        for n in nodes:
+            args = n.get("args", [])
+            if n.get("op") == "dropout":
+                assert op(args[0]) not in ("exp", "@", "softmax"), f"{kind}: dropout of {op(args[0])}"
+            if n.get("op") == "@":
+                for a in args:
+                    below = nodes[a]["args"][0] if op(a) in ("cast", "transpose") else a
+                    assert op(below) != "dropout", f"{kind}: a product of dropped probabilities"
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
@@ -249,6 +280,7 @@ def test_gpu_training_with_dropout_on_eqfuse_kernels(name, dtype, monkeypatch):
     graphs = [(p.kind, p.runs, p.why_eager) for p in backend.plans if p.kind != "joint"]
     print("graphs:", graphs)
     assert all(runs == "eqfuse" for _, runs, _ in graphs), graphs
+    assert_fused_attention_dropout(backend, bias=name == "bert")
     with eqfuse_dropout_eagerly(SEED):
         want = step(model, inputs)
     assert_close_step(got, want, 1e-4 if dtype == torch.float32 else 5e-2)

@@ -304,12 +304,17 @@ def test_fused_sdpa_random_state_is_a_dont_care_constant(variant, tmp_path):
         assert plan_graph(exported.graph)["total"]["kernels"] >= 1
 
 
-@pytest.mark.parametrize("variant", ["cudnn", "flash", "efficient"])
-def test_fused_sdpa_with_dropout_draws_eqfuses_dropout(variant, tmp_path):
+@pytest.mark.parametrize("variant,masked,causal", [("cudnn", False, True), ("flash", False, True),
+                                                   ("efficient", False, True), ("flash", False, False),
+                                                   ("efficient", True, False), ("cudnn", True, True)])
+def test_fused_sdpa_with_dropout_draws_eqfuses_dropout(variant, masked, causal, tmp_path):
     """With dropout, a CUDA SDPA forward is attention with eqfuse's dropout of the probabilities
     (a site whose seed is element k of the `eqfuse_seeds` input), returns that seed in its
-    random-number state, and its backward draws the same mask again from it. Both graphs, on
-    the CPU reference, equal `rng.attention` and its gradients with that seed."""
+    random-number state, and its backward draws the same mask again from it. Both are exported
+    as the fused composites (`attention_dropout` or, with a mask, `attention_bias_dropout`, and
+    their `*_dropout_grad_*` backward), no probability written out (no `dropout` node, no product
+    of a dropout). Both graphs, on the CPU reference, equal `rng.attention` and its gradients
+    with that seed."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -317,56 +322,64 @@ def test_fused_sdpa_with_dropout_draws_eqfuses_dropout(variant, tmp_path):
 
     p = 0.25
 
-    def fw(q, k, v):
+    def fw(q, k, v, m):
         if variant == "cudnn":
-            r = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, p, True, False)
+            r = aten._scaled_dot_product_cudnn_attention(q, k, v, m, True, p, causal, False)
             return r[0], r[1], r[6], r[7]
         if variant == "flash":
-            r = aten._scaled_dot_product_flash_attention(q, k, v, p, True, False)
+            r = aten._scaled_dot_product_flash_attention(q, k, v, p, causal, False)
             return r[0], r[1], r[6], r[7]
-        r = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, p, True)
+        r = aten._scaled_dot_product_efficient_attention(q, k, v, m, True, p, causal)
         return r[0], r[1], r[2], r[3]
 
-    def bw(g, q, k, v, out, lse, seed, offset):
+    def bw(g, q, k, v, m, out, lse, seed, offset):
         if variant == "cudnn":
-            return aten._scaled_dot_product_cudnn_attention_backward(g, q, k, v, out, lse, seed, offset, None, None,
-                                                                     None, S, S, p, True)
+            return aten._scaled_dot_product_cudnn_attention_backward(g, q, k, v, out, lse, seed, offset, m, None,
+                                                                     None, S, S, p, causal)
         if variant == "flash":
             return aten._scaled_dot_product_flash_attention_backward(g, q, k, v, out, lse, None, None, S, S, p,
-                                                                     True, seed, offset)
-        return aten._scaled_dot_product_efficient_attention_backward(g, q, k, v, None, out, lse, seed, offset, p,
-                                                                     [True, True, True, False], True)[:3]
+                                                                     causal, seed, offset)
+        return aten._scaled_dot_product_efficient_attention_backward(g, q, k, v, m, out, lse, seed, offset, p,
+                                                                     [True, True, True, False], causal)[:3]
 
     with FakeTensorMode():
         q, k, v, g = (torch.empty(B, H, S, D, device="cuda") for _ in range(4))
-        fw_gm = make_fx(fw)(q, k, v)
-        out, lse, seed, offset = fw(q, k, v)
-        bw_gm = make_fx(bw)(g, q, k, v, out, lse, seed, offset)
+        m = torch.empty(B, 1, S, S, device="cuda") if masked else None
+        fw_gm = make_fx(fw)(q, k, v, m)
+        out, lse, seed, offset = fw(q, k, v, m)
+        bw_gm = make_fx(bw)(g, q, k, v, m, out, lse, seed, offset)
     fwx = export_graph_module(fw_gm)
     assert len(fwx.seeds) == 1 and fwx.seeds == rng.dropout_sites(fw_gm)
     assert fwx.seed_outputs == {2: 0, 3: 0} and not fwx.dont_care
     torch.manual_seed(0)
     q, k, v, g = (torch.randn(B, H, S, D) for _ in range(4))
+    m = torch.randn(B, 1, S, S) if masked else None
     seed_value = 987654
     for d in ("fw", "bw"):
         (tmp_path / d).mkdir()
     fwx.values[fwx.seed_input] = torch.tensor([seed_value], dtype=torch.int32)  # (the backend draws it)
-    got_out, got_lse = run_cpu(fwx, [q, k, v], tmp_path / "fw")
-    want_out, want_lse = rng.attention(q, k, v, None, p, True, None, seed_value)
+    got_out, got_lse = run_cpu(fwx, [q, k, v] + ([m] if masked else []), tmp_path / "fw")
+    want_out, want_lse = rng.attention(q, k, v, m, p, causal, None, seed_value)
     close(got_out, want_out, 1e-4)
     close(got_lse.reshape(want_lse.shape), want_lse, 1e-4)
-    no_drop, _ = rng.attention(q, k, v, None, 0.0, True, None, seed_value)
+    no_drop, _ = rng.attention(q, k, v, m, 0.0, causal, None, seed_value)
     assert (want_out - no_drop).abs().max() > 1e-2  # dropout changed the result
 
     bwx = export_graph_module(bw_gm)
+    fused = "attention_bias_dropout" if masked else "attention_dropout"
+    for exported, ops in ((fwx, [fused]), (bwx, [f"{fused}_grad_{w}" for w in "qkv"])):
+        nodes = exported.graph["nodes"]
+        names = {n.get("op") for n in nodes}
+        assert set(ops) <= names, sorted(o for o in names if o)
+        assert "dropout" not in names and "softmax" not in names, sorted(o for o in names if o)
     state = rng.rng_state(seed_value, fwx.constants[2].dtype, tuple(fwx.constants[2].shape), "cpu")
     lse_in = want_lse.unsqueeze(-1) if variant == "cudnn" else want_lse
     offset = rng.rng_state(seed_value, fwx.constants[3].dtype, tuple(fwx.constants[3].shape), "cpu")
-    ordered = [g, q, k, v, want_out, lse_in, state, offset]  # the backward's placeholders, in order
+    ordered = [g, q, k, v, m, want_out, lse_in, state, offset]  # the backward's placeholders, in order
     assert len(bwx.input_names) == len(ordered)
     inputs = [t for t, n in zip(ordered, bwx.input_names) if n]
     grads = run_cpu(bwx, [t.to(torch.int64) if t.dtype == torch.uint64 else t for t in inputs], tmp_path / "bw")
-    want = rng.attention_grads(g, q, k, v, None, p, True, None, seed_value)
+    want = rng.attention_grads(g, q, k, v, m, p, causal, None, seed_value)
     for got, w in zip(grads, want):
         close(got, w, 1e-4)
 

@@ -181,6 +181,20 @@ fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
             let p = b.softmax(biased, m1)?;
             b.0.apply(Kind::MatMul, vec![p, ch[2]])
         }
+        Composite::AttentionDropout => {
+            let scaled = attention_scores(b.0, ch[0], ch[1], ch[3], ch[4])?;
+            let m1 = b.num(-1.0);
+            let p = b.softmax(scaled, m1)?;
+            let p = b.0.apply(Kind::Dropout, vec![p, ch[5], ch[6]])?;
+            b.0.apply(Kind::MatMul, vec![p, ch[2]])
+        }
+        Composite::AttentionBiasDropout => {
+            let biased = attention_bias_scores(b.0, ch[0], ch[1], ch[3], ch[4], ch[5])?;
+            let m1 = b.num(-1.0);
+            let p = b.softmax(biased, m1)?;
+            let p = b.0.apply(Kind::Dropout, vec![p, ch[6], ch[7]])?;
+            b.0.apply(Kind::MatMul, vec![p, ch[2]])
+        }
         Composite::AttentionLse => {
             // In f32: log(sum(exp(s - m))) + m over the scaled, masked scores.
             let (q, k) = (b.f32(ch[0])?, b.f32(ch[1])?);
@@ -208,15 +222,16 @@ fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
             let l = b.u(Unary::Log, z)?;
             b.0.apply(Kind::Concat, vec![m, l, last])
         }
-        Composite::AttentionGrad(which) => {
+        Composite::AttentionGrad(which) | Composite::AttentionDropoutGrad(which) => {
             // In f32: P = exp(s - lse).
             let (q, k) = (b.f32(ch[0])?, b.f32(ch[1])?);
             let s = attention_scores(b.0, q, k, ch[6], ch[7])?;
             let sh = b.b(Binary::Sub, s, ch[4])?;
             let p = b.u(Unary::Exp, sh)?;
-            attention_grad_parts(b, which, ch, p, ch[6])
+            let drop = matches!(c, Composite::AttentionDropoutGrad(_)).then(|| (ch[8], ch[9]));
+            attention_grad_parts(b, which, ch, p, ch[6], drop)
         }
-        Composite::AttentionBiasGrad(which) => {
+        Composite::AttentionBiasGrad(which) | Composite::AttentionBiasDropoutGrad(which) => {
             // In f32: P = exp((s - max(m, lowest)) - max(log l, 0)) (0 on a row of -inf: log l
             // is -inf there, and l >= 1 elsewhere).
             let (q, k) = (b.f32(ch[0])?, b.f32(ch[1])?);
@@ -230,24 +245,40 @@ fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
             let sh = b.b(Binary::Sub, s, mm)?;
             let sh = b.b(Binary::Sub, sh, ll)?;
             let p = b.u(Unary::Exp, sh)?;
-            attention_grad_parts(b, which, ch, p, ch[7])
+            let drop = matches!(c, Composite::AttentionBiasDropoutGrad(_)).then(|| (ch[9], ch[10]));
+            attention_grad_parts(b, which, ch, p, ch[7], drop)
         }
     }
 }
 
 /// The rest of an attention gradient given the probabilities `p` (f32): `dS = P (g vᵀ - delta)
 /// scale`; `dS k`, `dSᵀ q` or `Pᵀ g`, cast to the operands' dtype (`ch`: the composite's
-/// arguments, `q, k, v, g, stats, delta` first).
-fn attention_grad_parts(mut b: B, which: crate::ir::lang::AttnArg, ch: &[Id], p: Id, scale: Id) -> Result<Id, String> {
+/// arguments, `q, k, v, g, stats, delta` first). With `drop` (the dropout probability and seed
+/// of a dropout form), `g vᵀ` and `P` in `Pᵀ g` go through that dropout (the same mask: both
+/// are `[..., SQ, SK]`).
+fn attention_grad_parts(
+    mut b: B,
+    which: crate::ir::lang::AttnArg,
+    ch: &[Id],
+    p: Id,
+    scale: Id,
+    drop: Option<(Id, Id)>,
+) -> Result<Id, String> {
+    let dropped = |b: &mut B, x: Id| match drop {
+        Some((pr, seed)) => b.0.apply(Kind::Dropout, vec![x, pr, seed]),
+        None => Ok(x),
+    };
     let dtype = b.0.ty(ch[0]).map(|t| t.dtype).unwrap_or(crate::ir::types::DType::F32);
     let (q, k, v, g) = (b.f32(ch[0])?, b.f32(ch[1])?, b.f32(ch[2])?, b.f32(ch[3])?);
     let (m1, m2) = (b.num(-1.0), b.num(-2.0));
     let out = if which == crate::ir::lang::AttnArg::V {
-        let pt = b.0.apply(Kind::Transpose, vec![p, m1, m2])?;
+        let pd = dropped(&mut b, p)?;
+        let pt = b.0.apply(Kind::Transpose, vec![pd, m1, m2])?;
         b.0.apply(Kind::MatMul, vec![pt, g])?
     } else {
         let vt = b.0.apply(Kind::Transpose, vec![v, m1, m2])?;
         let dp = b.0.apply(Kind::MatMul, vec![g, vt])?;
+        let dp = dropped(&mut b, dp)?;
         let c = b.b(Binary::Sub, dp, ch[5])?;
         let ds = b.b(Binary::Mul, p, c)?;
         let ds = b.b(Binary::Mul, ds, scale)?;

@@ -370,12 +370,16 @@ impl Tape<'_> {
             Composite::LayerNorm => self.layernorm(ch, y, g, out)?,
             Composite::RmsNorm => self.rmsnorm(ch, y, g, out)?,
             Composite::CrossEntropy => out.push((ch[0], self.cross_entropy(ch[0], ch[1], g)?)),
-            Composite::Attention => self.attention(ch, y, g, out)?,
-            Composite::AttentionBias => self.attention_bias(ch, y, g, out)?,
+            Composite::Attention => self.attention(ch, None, y, g, out)?,
+            Composite::AttentionBias => self.attention_bias(ch, None, y, g, out)?,
+            Composite::AttentionDropout => self.attention(ch, Some((ch[5], ch[6])), y, g, out)?,
+            Composite::AttentionBiasDropout => self.attention_bias(ch, Some((ch[6], ch[7])), y, g, out)?,
             Composite::AttentionLse
             | Composite::AttentionGrad(_)
             | Composite::AttentionBiasLse
-            | Composite::AttentionBiasGrad(_) => {
+            | Composite::AttentionBiasGrad(_)
+            | Composite::AttentionDropoutGrad(_)
+            | Composite::AttentionBiasDropoutGrad(_) => {
                 return Err(format!(
                     "`{}` (attention's backward) has no gradient: second-order attention gradients are not supported",
                     crate::ir::lang::OpCode::of(Kind::Composite(c)).name()
@@ -486,17 +490,23 @@ impl Tape<'_> {
     /// gradients are its composites instead, which recompute the probabilities from the scores'
     /// log-sum-exp: `lse = attention_lse(q, k)`, `delta = sum(g * o, -1)` (f32), and
     /// `attention_grad_{q,k,v}(q, k, v, g, lse, delta)`; no `[S, S]` value is left in the graph.
-    fn attention(&mut self, ch: &[Id], y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
+    ///
+    /// `drop`: the dropout probability and seed of `attention_dropout` (`Z` its mask times its
+    /// scale): dV = (P Z)ᵀ dO and dS = P (dO Vᵀ Z - delta) · scale, with `delta = sum(dO O)` as
+    /// before (rowsum(P (dO Vᵀ Z)) is rowsum(dO O) for the dropped O); the flash form is
+    /// `attention_dropout_grad_{q,k,v}`.
+    fn attention(&mut self, ch: &[Id], drop: Option<(Id, Id)>, y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
         let (q, k, v, scale, causal) = (ch[0], ch[1], ch[2], ch[3], ch[4]);
         if crate::codegen::caps::attention_backward_runs(&self.ty(q)?, &self.ty(k)?, &self.ty(v)?) {
-            return self.attention_flash(ch, None, y, g, out);
+            return self.attention_flash(ch, None, drop, y, g, out);
         }
         let scores = crate::autodiff::expand::attention_scores(self.p, q, k, scale, causal)?;
         let last = self.p.num(-1.0);
         let p = self.op(Kind::Composite(Composite::Softmax), vec![scores, last])?;
         let gf = self.full_like(g, y)?;
         if self.on(v) {
-            let pt = self.swap_last(p)?;
+            let pd = self.dropped(p, drop)?;
+            let pt = self.swap_last(pd)?;
             out.push((v, self.op(Kind::MatMul, vec![pt, gf])?));
         }
         if !(self.on(q) || self.on(k)) {
@@ -504,6 +514,7 @@ impl Tape<'_> {
         }
         let vt = self.swap_last(v)?;
         let dp = self.op(Kind::MatMul, vec![gf, vt])?;
+        let dp = self.dropped(dp, drop)?;
         let ds = self.softmax_backward(p, last, dp)?;
         let ds = self.bin(Binary::Mul, ds, scale)?;
         if self.on(q) {
@@ -522,17 +533,18 @@ impl Tape<'_> {
     /// `S = q kᵀ scale + bias` (masked), `P = softmax(S)`: dV = Pᵀ dO, dS = P (dO Vᵀ - sum(P dO
     /// Vᵀ)), d bias = dS (summed over the bias's broadcast axes by [`Tape::fit`]), dQ = dS K
     /// scale, dK = dSᵀ Q scale.
-    fn attention_bias(&mut self, ch: &[Id], y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
+    fn attention_bias(&mut self, ch: &[Id], drop: Option<(Id, Id)>, y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
         let (q, k, v, bias, scale, causal) = (ch[0], ch[1], ch[2], ch[3], ch[4], ch[5]);
         if !self.on(bias) && crate::codegen::caps::attention_backward_runs(&self.ty(q)?, &self.ty(k)?, &self.ty(v)?) {
-            return self.attention_flash(&[q, k, v, scale, causal], Some(bias), y, g, out);
+            return self.attention_flash(&[q, k, v, scale, causal], Some(bias), drop, y, g, out);
         }
         let scores = crate::autodiff::expand::attention_bias_scores(self.p, q, k, bias, scale, causal)?;
         let last = self.p.num(-1.0);
         let p = self.op(Kind::Composite(Composite::Softmax), vec![scores, last])?;
         let gf = self.full_like(g, y)?;
         if self.on(v) {
-            let pt = self.swap_last(p)?;
+            let pd = self.dropped(p, drop)?;
+            let pt = self.swap_last(pd)?;
             out.push((v, self.op(Kind::MatMul, vec![pt, gf])?));
         }
         if !(self.on(q) || self.on(k) || self.on(bias)) {
@@ -540,6 +552,7 @@ impl Tape<'_> {
         }
         let vt = self.swap_last(v)?;
         let dp = self.op(Kind::MatMul, vec![gf, vt])?;
+        let dp = self.dropped(dp, drop)?;
         let ds = self.softmax_backward(p, last, dp)?;
         if self.on(bias) {
             out.push((bias, ds));
@@ -560,8 +573,18 @@ impl Tape<'_> {
 
     /// The flash-style attention backward (see [`Tape::attention`]); with a bias, its bias
     /// composites, whose row statistics are the maximum and log sum apart
-    /// ([`Composite::AttentionBiasLse`]). `ch`: `q, k, v, scale, causal`.
-    fn attention_flash(&mut self, ch: &[Id], bias: Option<Id>, y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
+    /// ([`Composite::AttentionBiasLse`]); with `drop` (probability, seed), their dropout forms
+    /// (the statistics are those of the scores, which dropout does not change). `ch`: `q, k, v,
+    /// scale, causal`.
+    fn attention_flash(
+        &mut self,
+        ch: &[Id],
+        bias: Option<Id>,
+        drop: Option<(Id, Id)>,
+        y: Id,
+        g: Id,
+        out: &mut Vec<(Id, Id)>,
+    ) -> R<()> {
         let (q, k, v, scale, causal) = (ch[0], ch[1], ch[2], ch[3], ch[4]);
         let gf = self.full_like(g, y)?;
         let lse = match bias {
@@ -574,20 +597,31 @@ impl Tape<'_> {
         let delta = self.op(Kind::Reduce(Reduce::Sum), vec![gy, last])?;
         for (x, which) in [(q, AttnArg::Q), (k, AttnArg::K), (v, AttnArg::V)] {
             if self.on(x) {
-                let d = match bias {
-                    Some(b) => self.op(
-                        Kind::Composite(Composite::AttentionBiasGrad(which)),
-                        vec![q, k, v, gf, lse, delta, b, scale, causal],
-                    )?,
-                    None => self.op(
-                        Kind::Composite(Composite::AttentionGrad(which)),
-                        vec![q, k, v, gf, lse, delta, scale, causal],
-                    )?,
+                let mut args = vec![q, k, v, gf, lse, delta];
+                args.extend(bias);
+                args.extend([scale, causal]);
+                let c = match (bias, drop) {
+                    (Some(_), None) => Composite::AttentionBiasGrad(which),
+                    (None, None) => Composite::AttentionGrad(which),
+                    (Some(_), Some(_)) => Composite::AttentionBiasDropoutGrad(which),
+                    (None, Some(_)) => Composite::AttentionDropoutGrad(which),
                 };
+                if let Some((pr, seed)) = drop {
+                    args.extend([pr, seed]);
+                }
+                let d = self.op(Kind::Composite(c), args)?;
                 out.push((x, d));
             }
         }
         Ok(())
+    }
+
+    /// `x` through the dropout `drop` (probability, seed) of an attention's dropout form; `x` itself without.
+    fn dropped(&mut self, x: Id, drop: Option<(Id, Id)>) -> R<Id> {
+        match drop {
+            Some((pr, seed)) => self.op(Kind::Dropout, vec![x, pr, seed]),
+            None => Ok(x),
+        }
     }
 
     /// The decomposed softmax `e / z` and log-softmax `s - log(z)` (or `x - (m + log(z))`),

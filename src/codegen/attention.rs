@@ -1,5 +1,7 @@
 //! Code generation for the `attention` template: a plan kernel whose body is one
-//! `attention(q, k, v, scale, causal)` or `attention_bias(q, k, v, bias, scale, causal)`, its
+//! `attention(q, k, v, scale, causal)` or `attention_bias(q, k, v, bias, scale, causal)` (or
+//! their dropout forms, `attention_dropout` and `attention_bias_dropout`: `EQ_DROPOUT`, the seed
+//! a literal or an element of an i32 tensor in memory reached through views and slices), its
 //! operands views of tensors in memory and its stored value the attention or a view of it,
 //! becomes an instance of `kernels/attention.cu`.
 //!
@@ -57,10 +59,11 @@ pub fn hopper_smem_bytes(d: usize) -> usize {
 
 /// Whether an instance carries the Hopper path (`Launch::sm90a`, taken on a 9.0 device): every
 /// bf16 and f16 instance of a positive scale (its softmax takes row maxima of the unscaled
-/// scores); the others keep the mma.sync path everywhere. The cost model asks the same, to time
-/// the others at the portable path's rate.
-pub fn hopper_path(dtype: DType, scale: f64) -> bool {
-    dtype != DType::F32 && (scale * std::f64::consts::LOG2_E) as f32 > 0.0
+/// scores), except attention with dropout (`attention_dropout`, `attention_bias_dropout`),
+/// whose mask the mma.sync path alone computes; the others keep the mma.sync path everywhere.
+/// The cost model asks the same, to time the others at the portable path's rate.
+pub fn hopper_path(dtype: DType, scale: f64, dropout: bool) -> bool {
+    dtype != DType::F32 && (scale * std::f64::consts::LOG2_E) as f32 > 0.0 && !dropout
 }
 
 /// The f32 path (`kernels/attention.cu`, `EQ_F32`, CUDA cores): query rows per block, parts
@@ -271,6 +274,88 @@ impl<'a> Body<'a> {
         Ok((mask, Some((dtype.round(a), dtype.round(b)))))
     }
 
+    /// The seed `i` of a dropout form: a literal (or constant subexpression) in `[0, 2^32)`, or
+    /// one element of an i32 tensor in memory reached through views and slices (a seeds input's
+    /// element `slice(seeds, 0, k, k + 1, 1)`, a reshape of it); records the nodes it passes.
+    pub(super) fn seed(&self, i: usize, seen: &mut Vec<usize>) -> Result<DropSeed> {
+        if let Some(seed) = crate::ir::infer::dropout_seed(&self.facts[i]).map_err(|e| unsupported(self.k, e))? {
+            let mut stack = vec![i];
+            while let Some(c) = stack.pop() {
+                seen.push(c);
+                stack.extend(self.children(c));
+            }
+            return Ok(DropSeed::Const(seed));
+        }
+        // (read, element offset, shape, strides) of the view at node `i`.
+        let (read, offset, ..) = self.seed_view(i, seen)?;
+        Ok(DropSeed::Read { read, offset })
+    }
+
+    fn seed_view(&self, i: usize, seen: &mut Vec<usize>) -> Result<(usize, usize, Vec<usize>, Vec<usize>)> {
+        seen.push(i);
+        let not_seed = || {
+            unsupported(
+                self.k,
+                format!(
+                    "the dropout seed must be a literal or an element of an i32 tensor in memory, not `{}`",
+                    self.nodes[i].head()
+                ),
+            )
+        };
+        match (&self.nodes[i], self.kind(i)) {
+            (TensorLang::Var(s), _) => {
+                let read = self.k.reads.iter().position(|r| r.name == s.as_str()).ok_or_else(not_seed)?;
+                let shape = self.k.reads[read].ty.shape.clone();
+                Ok((read, 0, contiguous(&shape), shape))
+            }
+            (_, Some(Kind::Reshape)) => {
+                let ch = self.children(i);
+                let (read, offset, strides, shape) = self.seed_view(ch[0], seen)?;
+                seen.push(ch[1]);
+                let numel: usize = shape.iter().product();
+                if numel != 1 && strides != contiguous(&shape) {
+                    return Err(not_seed());
+                }
+                let to = self.ty(i)?.shape.clone();
+                Ok((read, offset, contiguous(&to), to))
+            }
+            (_, Some(Kind::Slice)) => {
+                let ch = self.children(i);
+                let (read, offset, mut strides, mut shape) = self.seed_view(ch[0], seen)?;
+                let c = |j: usize| self.facts[ch[j]].konst.ok_or_else(not_seed);
+                seen.extend_from_slice(&ch[1..]);
+                let axis = norm_axis(c(1)? as i64, shape.len()).map_err(|e| unsupported(self.k, e))?;
+                let (start, len) = crate::ir::infer::slice_range(shape[axis], c(2)? as i64, c(3)? as i64, c(4)? as i64)
+                    .map_err(|e| unsupported(self.k, e))?;
+                let offset = offset + start * strides[axis];
+                strides[axis] *= c(4)? as usize;
+                shape[axis] = len;
+                Ok((read, offset, strides, shape))
+            }
+            _ => Err(not_seed()),
+        }
+    }
+
+    /// The dropout of a dropout form (`p` at child `at`, the seed at `at + 1` of node `att`),
+    /// recording the nodes it passes.
+    pub(super) fn dropout(&self, att: usize, at: usize, seen: &mut Vec<usize>) -> Result<DropInstance> {
+        let ch = self.children(att);
+        let p = self.facts[ch[at]]
+            .konst
+            .ok_or_else(|| unsupported(self.k, "the dropout probability must be a constant"))?;
+        let mut stack = vec![ch[at]];
+        while let Some(c) = stack.pop() {
+            seen.push(c);
+            stack.extend(self.children(c));
+        }
+        let seed = self.seed(ch[at + 1], seen)?;
+        Ok(DropInstance {
+            threshold: crate::reference::rng::dropout_threshold(p),
+            scale: crate::reference::rng::dropout_scale(p),
+            seed,
+        })
+    }
+
     /// Strides of the attention value `att` in the memory of the tensor stored from node `top`,
     /// which is `att` or views of it (inverted one at a time, from the stored tensor down).
     fn output(&self, top: usize, att: usize, seen: &mut Vec<usize>) -> Result<Vec<usize>> {
@@ -386,6 +471,41 @@ impl Batched {
     }
 }
 
+/// Where the seed of an attention's dropout comes from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum DropSeed {
+    /// A literal seed.
+    Const(u32),
+    /// Element `offset` of read `read` (an i32 tensor), read at run time.
+    Read { read: usize, offset: usize },
+}
+
+/// The dropout of attention's probabilities (its dropout forms): `dropout`'s threshold and scale
+/// (`reference::rng`), and its seed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct DropInstance {
+    pub(super) threshold: u32,
+    pub(super) scale: f32,
+    pub(super) seed: DropSeed,
+}
+
+impl DropInstance {
+    /// The `#define`s of the templates' dropout (`EQ_DROPOUT`): the threshold, the scale, and the
+    /// seed (an expression: a literal, or the element of its read tensor, as a u32).
+    pub(super) fn defines(&self) -> Vec<(&'static str, String)> {
+        let seed = match self.seed {
+            DropSeed::Const(s) => format!("{s}u"),
+            DropSeed::Read { read, offset } => format!("((unsigned int)p_r{read}[{offset}])"),
+        };
+        vec![
+            ("EQ_DROPOUT", "1".into()),
+            ("EQ_DROP_THRESHOLD", format!("{}u", self.threshold)),
+            ("EQ_DROP_SCALE", float_literal(self.scale as f64)),
+            ("EQ_DROP_SEED", seed),
+        ]
+    }
+}
+
 /// The template instance of one kernel: every number the `#define` block needs.
 #[derive(Clone, Debug, PartialEq)]
 struct Instance {
@@ -402,6 +522,7 @@ struct Instance {
     scale: f64,
     causal: bool,
     bias: Option<BiasInstance>,
+    dropout: Option<DropInstance>,
 }
 
 /// Whether the template can run an attention kernel (its operands and stored view have strides
@@ -435,6 +556,10 @@ fn instance(k: &Kernel) -> Result<Instance> {
             (Some(x), select)
         }
         None => (None, None),
+    };
+    let dropout = match slots.dropout {
+        Some(at) => Some(body.dropout(att, at, &mut seen)?),
+        None => None,
     };
     let scale = body.facts[scale_at].konst.ok_or_else(|| unsupported(k, "the scale must be a constant"))?;
     let causal =
@@ -541,6 +666,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
         scale,
         causal,
         bias,
+        dropout,
     })
 }
 
@@ -550,12 +676,13 @@ pub(super) fn ctype(dtype: DType) -> &'static str {
         DType::Bf16 => "eq_bf16",
         DType::F16 => "eq_f16",
         DType::Bool => "eq_bool",
+        DType::I32 => "int",
         _ => "float",
     }
 }
 
 /// The C spelling of an f32 constant.
-fn float_literal(x: f64) -> String {
+pub(super) fn float_literal(x: f64) -> String {
     if !(x as f32).is_finite() {
         return super::emit::literal(x, "float");
     }
@@ -591,7 +718,7 @@ pub fn codegen(
     let grid = [inst.sq.div_ceil(rows) as u32, nb as u32, 1];
     let block = [threads as u32, 1, 1];
     let smem = smem as u32;
-    let hopper = hopper_path(inst.dtype, inst.scale);
+    let hopper = hopper_path(inst.dtype, inst.scale, inst.dropout.is_some());
     let sm90a = hopper.then(|| {
         Box::new(Launch {
             grid: [inst.sq.div_ceil(HOPPER_BLOCK_M) as u32, nb as u32, 1],
@@ -683,6 +810,9 @@ pub fn codegen(
             def("EQ_BIAS_YES", float_literal(yes));
             def("EQ_BIAS_NO", float_literal(no));
         }
+    }
+    for (n, v) in inst.dropout.iter().flat_map(|d| d.defines()) {
+        def(n, v);
     }
     s.push_str("\n// ---- kernels/common.cuh ----\n");
     s.push_str(common);

@@ -3,7 +3,9 @@
 //! and/or `attention_grad_v` of one attention (one kernel writes both), with or without its
 //! `attention_grad_q` (summed with f32 atomics into a zeroed workspace, so never under strict
 //! numerics), or the same of `attention_bias` (`attention_bias_lse`, `attention_bias_grad_*`,
-//! `EQ_BIAS`), becomes an instance of the template in the matching mode.
+//! `EQ_BIAS`), or the dropout forms of the gradients (`attention_dropout_grad_*`,
+//! `attention_bias_dropout_grad_*`, `EQ_DROPOUT`), becomes an instance of the template in the
+//! matching mode.
 //!
 //! The operands are read through views as the forward reads them (`codegen::attention`'s
 //! `Body` and `Batched`): strides over at most three merged batch axes, factored ones included
@@ -24,7 +26,7 @@ use crate::ir::layout::Factored;
 use crate::ir::types::{DType, TensorType};
 use crate::plan::{FusionPlan, Kernel, Template};
 
-use super::attention::{Batched, BiasInstance, Body, Strided};
+use super::attention::{Batched, BiasInstance, Body, DropInstance, Strided};
 use super::{KernelSource, Launch};
 
 /// Rows per block (query rows, or key rows of the key and value gradients), and warps per block.
@@ -103,6 +105,7 @@ struct Instance {
     /// mode reads (the bias apart).
     reads: Vec<(&'static str, usize, [usize; 5])>,
     bias: Option<BiasInstance>,
+    dropout: Option<DropInstance>,
     /// `(macro, write index)` of each value it stores.
     writes: Vec<(&'static str, usize)>,
 }
@@ -115,13 +118,13 @@ pub(crate) fn can_generate(k: &Kernel) -> Result<()> {
     instance(k).map(|_| ())
 }
 
-/// A kernel of `attention` and `attention_lse` of the same scores: the forward kernel without
+/// A kernel of `attention` (or `attention_dropout`) and `attention_lse` of the same scores: the forward kernel without
 /// the log-sum-exp (its body, writes and stores pruned) and the log-sum-exp's write index; `None`
 /// for other kernels. The forward template writes the log-sum-exp itself (`EQ_LSE`).
 fn forward_with_lse(k: &Kernel) -> Result<Option<(Kernel, usize)>> {
     let nodes = k.body.as_ref();
     let is = |i: usize, c: Composite| nodes[i].opcode().map(|o| o.kind()) == Some(Kind::Composite(c));
-    if !(0..nodes.len()).any(|i| is(i, Composite::Attention)) {
+    if !(0..nodes.len()).any(|i| is(i, Composite::Attention) || is(i, Composite::AttentionDropout)) {
         return Ok(None);
     }
     let lse: Vec<usize> =
@@ -158,7 +161,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
     let anchors: Vec<usize> = (0..body.nodes.len()).filter(|&i| slots_of(i).is_some()).collect();
     let Some(&first) = anchors.first() else { return Err(unsupported(k, "a kernel without a backward operator")) };
     let ch = body.children(first);
-    let slots = slots_of(first).unwrap_or(AttnBwdSlots { grad: None, tensors: 2, bias: None });
+    let slots = slots_of(first).unwrap_or(AttnBwdSlots { grad: None, tensors: 2, bias: None, dropout: None });
     // Gradients of one attention (the same operands), each at most once.
     let grads: Vec<AttnArg> = anchors.iter().filter_map(|&a| slots_of(a).and_then(|s| s.grad)).collect();
     let has = |w: AttnArg| grads.contains(&w);
@@ -193,6 +196,10 @@ fn instance(k: &Kernel) -> Result<Instance> {
         seen.push(i);
         stack.extend(body.children(i));
     }
+    let dropout = match slots.dropout {
+        Some(at) => Some(body.dropout(first, at, &mut seen)?),
+        None => None,
+    };
     // Nothing else in the body: the operands, the attributes, the anchors.
     if let Some(extra) = (0..body.nodes.len()).find(|i| !seen.contains(i)) {
         return Err(unsupported(k, format!("`{}` fused into the kernel", body.nodes[extra].head())));
@@ -268,7 +275,21 @@ fn instance(k: &Kernel) -> Result<Instance> {
     }
     let names: &[&'static str] = if mode == Mode::Lse { &["Q", "K"] } else { &["Q", "K", "V", "G", "L", "DL"] };
     let reads = names.iter().zip(&ops).zip(&batched.strides).map(|((&n, o), st)| (n, o.read, *st)).collect();
-    Ok(Instance { mode, dtype: q.dtype, d, sq, sk, nb, batch: batched.batch, scale, causal, reads, bias, writes })
+    Ok(Instance {
+        mode,
+        dtype: q.dtype,
+        d,
+        sq,
+        sk,
+        nb,
+        batch: batched.batch,
+        scale,
+        causal,
+        reads,
+        bias,
+        dropout,
+        writes,
+    })
 }
 
 /// The C spelling of an f32 constant.
@@ -281,14 +302,6 @@ fn float_literal(x: f64) -> String {
         format!("{s}f")
     } else {
         format!("{s}.0f")
-    }
-}
-
-fn ctype(d: DType) -> &'static str {
-    match d {
-        DType::Bf16 => "eq_bf16",
-        DType::F16 => "eq_f16",
-        _ => "float",
     }
 }
 
@@ -328,7 +341,12 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
         .enumerate()
         .map(|(i, t)| format!("const {}* __restrict__ p_r{i}", super::attention::ctype(t.ty.dtype)))
         .collect();
-    params.extend(k.writes.iter().enumerate().map(|(i, t)| format!("{}* __restrict__ p_w{i}", ctype(t.ty.dtype))));
+    params.extend(
+        k.writes
+            .iter()
+            .enumerate()
+            .map(|(i, t)| format!("{}* __restrict__ p_w{i}", super::attention::ctype(t.ty.dtype))),
+    );
     let mut args = super::tensor_args(k, &Default::default());
     if atomic_dq {
         // The query gradient's accumulator and the arrival counts: zero before every launch
@@ -342,7 +360,7 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     let mut def = |n: &str, v: String| s.push_str(&format!("#define {n} {v}\n"));
     def("EQ_GENERATED", String::new());
     def("EQ_KERNEL", name.clone());
-    def("EQ_T", ctype(inst.dtype).into());
+    def("EQ_T", super::attention::ctype(inst.dtype).into());
     def("EQ_BF16", u8::from(inst.dtype == DType::Bf16).to_string());
     def("EQ_MODE", mode_no.to_string());
     if let Mode::Dkv { dq, dk, dv } = inst.mode {
@@ -392,6 +410,9 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     }
     for (tag, w) in &inst.writes {
         def(tag, format!("p_w{w}"));
+    }
+    for (n, v) in inst.dropout.iter().flat_map(|d| d.defines()) {
+        def(n, v);
     }
     if atomic_dq {
         def("EQ_DQACC", "eq_dqacc".into());

@@ -183,9 +183,8 @@ pub fn analyse(
     };
     // The forward kernel writing its log-sum-exp computes it for free.
     let is = |b: &usize, c: Composite| dag.nodes[*b].kind() == Some(Kind::Composite(c));
-    if let (Some(&l), true) =
-        (body.iter().find(|b| is(b, Composite::AttentionLse)), body.iter().any(|b| is(b, Composite::Attention)))
-    {
+    let plain = |b: &usize| is(b, Composite::Attention) || is(b, Composite::AttentionDropout);
+    if let (Some(&l), true) = (body.iter().find(|b| is(b, Composite::AttentionLse)), body.iter().any(plain)) {
         flops = flops.saturating_sub(node_flops(dag, l));
     }
     let shape = Shaped { dag, body: &body, strict: profile.strict };
@@ -396,6 +395,11 @@ fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
     })
 }
 
+/// The operations dropout spends on one score of attention's dropout forms (forward and
+/// backward): the index (two multiply-adds), one `mix32` (three shifts, three xors, two
+/// multiplies), the compare and the select.
+const DROPOUT_HASH_OPS: u64 = 12;
+
 /// The element type a kernel's time is priced in: its last body node's (attention's log-sum-exp
 /// is f32, its products run in the operands' dtype: its queries').
 fn kernel_dtype(dag: &Dag, body: &[usize]) -> DType {
@@ -435,7 +439,9 @@ pub fn kernel_kind(dag: &Dag, template: Template, body: &[usize]) -> KernelKind 
             let scale = dag.nodes[att].children().nth(slots.scale).and_then(|s| dag.nodes[s].fact.konst);
             let path = match scale {
                 _ if dtype == DType::F32 => AttentionPath::F32,
-                Some(scale) if !caps::attention_hopper_path(dtype, scale) => AttentionPath::Portable,
+                Some(scale) if !caps::attention_hopper_path(dtype, scale, slots.dropout.is_some()) => {
+                    AttentionPath::Portable
+                }
                 _ => AttentionPath::Hopper,
             };
             KernelKind::Attention { path, lse: backward }
@@ -602,7 +608,7 @@ fn attention_dims(dag: &Dag, n: &crate::plan::dag::DagNode) -> (u64, u64) {
 /// Which gradient an attention gradient node is.
 fn is_attention_grad(dag: &Dag, i: usize) -> Option<AttnArg> {
     match dag.nodes[i].kind() {
-        Some(Kind::Composite(Composite::AttentionGrad(w) | Composite::AttentionBiasGrad(w))) => Some(w),
+        Some(Kind::Composite(c)) => c.attention_backward_slots().and_then(|s| s.grad),
         _ => None,
     }
 }
@@ -620,14 +626,20 @@ fn attention_grad_group(dag: &Dag, nodes: &[usize]) -> Option<Vec<AttnArg>> {
 /// Flops of the gradients `args` of the attention of node `i` computed by one kernel: the
 /// scores and probabilities once (2d + 8 per score), dP and dS once where the query or key
 /// gradient needs them (2d + 4), and one product (2d) per gradient; with a bias, 2 more per
-/// score. Alone, each gradient costs what `node_flops` says (the same formula for one gradient).
+/// score, and with dropout its hash once per score. Alone, each gradient costs what
+/// `node_flops` says (the same formula for one gradient).
 fn attention_grads_flops(dag: &Dag, i: usize, args: &[AttnArg]) -> u64 {
     let (pairs, d) = attention_dims(dag, &dag.nodes[i]);
     let d = d.min(1 << 48);
     let ds = if args.contains(&AttnArg::Q) || args.contains(&AttnArg::K) { 2 * d + 4 } else { 0 };
-    let bias =
-        if matches!(dag.nodes[i].kind(), Some(Kind::Composite(Composite::AttentionBiasGrad(_)))) { 2 } else { 0 };
-    let per_score = [2 * d + 8 + bias, ds, 2 * d * args.len() as u64].into_iter().fold(0u64, u64::saturating_add);
+    let slots = match dag.nodes[i].kind() {
+        Some(Kind::Composite(c)) => c.attention_backward_slots(),
+        _ => None,
+    };
+    let bias = if slots.is_some_and(|s| s.bias.is_some()) { 2 } else { 0 };
+    let drop = if slots.is_some_and(|s| s.dropout.is_some()) { DROPOUT_HASH_OPS } else { 0 };
+    let per_score =
+        [2 * d + 8 + bias + drop, ds, 2 * d * args.len() as u64].into_iter().fold(0u64, u64::saturating_add);
     product(&[pairs, per_score])
 }
 
@@ -711,12 +723,17 @@ fn node_flops(dag: &Dag, i: usize) -> u64 {
             Composite::Softmax | Composite::LogSoftmax => numel.saturating_mul(8),
             Composite::LayerNorm | Composite::RmsNorm => numel.saturating_mul(10),
             Composite::CrossEntropy => child_numel(0).saturating_mul(8),
-            Composite::Attention | Composite::AttentionBias => {
+            Composite::Attention
+            | Composite::AttentionBias
+            | Composite::AttentionDropout
+            | Composite::AttentionBiasDropout => {
                 // Two products of (S x D) by (D x T) and (S x T) by (T x Dv), plus the softmax
-                // (and the bias added to each score), over the score pairs computed.
+                // (and the bias added to each score, and dropout's hash of each score's index),
+                // over the score pairs computed.
                 let (pairs, d) = attention_dims(dag, n);
-                let bias = if c == Composite::AttentionBias { 2 } else { 0 };
-                product(&[pairs, 4 * d.min(1 << 48) + 8 + bias])
+                let bias = if matches!(c, Composite::AttentionBias | Composite::AttentionBiasDropout) { 2 } else { 0 };
+                let drop = if c.attention_slots().is_some_and(|s| s.dropout.is_some()) { DROPOUT_HASH_OPS } else { 0 };
+                product(&[pairs, 4 * d.min(1 << 48) + 8 + bias + drop])
             }
             // Recomputed scores (2d) and probabilities (8), then: the log-sum-exp alone; the
             // query and key gradients two more products each (g vᵀ, then dS k or dSᵀ q), the
@@ -727,11 +744,16 @@ fn node_flops(dag: &Dag, i: usize) -> u64 {
                 let bias = if c == Composite::AttentionBiasLse { 2 } else { 0 };
                 product(&[pairs, 2 * d.min(1 << 48) + 8 + bias])
             }
-            Composite::AttentionGrad(w) | Composite::AttentionBiasGrad(w) => {
+            Composite::AttentionGrad(w)
+            | Composite::AttentionBiasGrad(w)
+            | Composite::AttentionDropoutGrad(w)
+            | Composite::AttentionBiasDropoutGrad(w) => {
                 let (pairs, d) = attention_dims(dag, n);
                 let d = d.min(1 << 48);
-                let bias = if matches!(c, Composite::AttentionBiasGrad(_)) { 2 } else { 0 };
-                product(&[pairs, if w == AttnArg::V { 4 * d + 8 } else { 6 * d + 12 } + bias])
+                let slots = c.attention_backward_slots();
+                let bias = if slots.is_some_and(|s| s.bias.is_some()) { 2 } else { 0 };
+                let drop = if slots.is_some_and(|s| s.dropout.is_some()) { DROPOUT_HASH_OPS } else { 0 };
+                product(&[pairs, if w == AttnArg::V { 4 * d + 8 } else { 6 * d + 12 } + bias + drop])
             }
         },
     }
@@ -820,10 +842,12 @@ impl Shaped<'_> {
             return self.anchored(anchors[0], &anchors[1..]);
         }
         if let [a, b] = anchors[..] {
-            // Attention and the log-sum-exp of its scores: the forward kernel writes both.
+            // Attention (with dropout or not) and the log-sum-exp of its scores: the forward
+            // kernel writes both.
             let is = |i: usize, c: Composite| self.dag.nodes[i].kind() == Some(Kind::Composite(c));
-            let (att, lse) = if is(a, Composite::Attention) { (a, b) } else { (b, a) };
-            if is(att, Composite::Attention) && is(lse, Composite::AttentionLse) {
+            let plain = |i: usize| is(i, Composite::Attention) || is(i, Composite::AttentionDropout);
+            let (att, lse) = if plain(a) { (a, b) } else { (b, a) };
+            if plain(att) && is(lse, Composite::AttentionLse) {
                 let ch: Vec<usize> = self.dag.nodes[att].children().collect();
                 if self.dag.nodes[lse].children().eq([ch[0], ch[1], ch[3], ch[4]]) {
                     return self.anchored(att, &[lse]);
@@ -1126,10 +1150,21 @@ impl Shaped<'_> {
             }
             _ => None,
         };
-        let prologue = match bias {
+        let mut prologue = match bias {
             Some(j) => n.children().nth(j).map_or_else(Vec::new, |c| self.below_in_body(c)),
             None => vec![],
         };
+        // So may the seed of a dropout form (an element of a seeds input: a slice of it).
+        let seed = match n.kind() {
+            Some(Kind::Composite(c)) => c
+                .attention_slots()
+                .and_then(|s| s.dropout)
+                .or_else(|| c.attention_backward_slots().and_then(|s| s.dropout)),
+            _ => None,
+        };
+        if let Some(c) = seed.and_then(|j| n.children().nth(j + 1)) {
+            prologue.extend(self.below_in_body(c));
+        }
         for c in n.children() {
             if !self.in_body(c) || prologue.contains(&c) {
                 continue;

@@ -475,6 +475,15 @@ fn infer_composite(c: Composite, name: &str, args: &[&Fact]) -> R<Inferred> {
             }
             return Ok(Inferred { ty: TensorType::scalar(x.dtype), weak: false });
         }
+        Composite::AttentionDropout | Composite::AttentionBiasDropout => {
+            // The plain form's rules, then the probability and the seed (`dropout`'s rules).
+            let plain = if c == Composite::AttentionDropout { Composite::Attention } else { Composite::AttentionBias };
+            let slots = c.attention_slots().ok_or("not a forward attention")?;
+            let at = slots.dropout.ok_or("not a dropout form")?;
+            let out = infer_composite(plain, name, &args[..at])?;
+            attention_dropout_args(name, args[at], args[at + 1])?;
+            return Ok(out);
+        }
         Composite::Attention => {
             let k = tensor(args[1], "the keys of attention")?;
             let v = tensor(args[2], "the values of attention")?;
@@ -513,7 +522,9 @@ fn infer_composite(c: Composite, name: &str, args: &[&Fact]) -> R<Inferred> {
         Composite::AttentionLse
         | Composite::AttentionBiasLse
         | Composite::AttentionGrad(_)
-        | Composite::AttentionBiasGrad(_) => {
+        | Composite::AttentionBiasGrad(_)
+        | Composite::AttentionDropoutGrad(_)
+        | Composite::AttentionBiasDropoutGrad(_) => {
             return attention_backward(c, name, x, args);
         }
     }
@@ -551,6 +562,9 @@ fn attention_backward(c: Composite, name: &str, x: &TensorType, args: &[&Fact]) 
     stats[r - 1] = if slots.bias.is_some() { 2 } else { 1 };
     float_const(args[slots.tensors], &format!("the scale of {name}"))?;
     causal_flag(args[slots.tensors + 1])?;
+    if let Some(at) = slots.dropout {
+        attention_dropout_args(name, args[at], args[at + 1])?;
+    }
     let Some(which) = slots.grad else {
         return Ok(Inferred { ty: TensorType::new(DType::F32, stats), weak: false });
     };
@@ -584,6 +598,17 @@ fn attention_backward(c: Composite, name: &str, x: &TensorType, args: &[&Fact]) 
         crate::ir::lang::AttnArg::V => v,
     };
     Ok(Inferred { ty: ty.clone(), weak: false })
+}
+
+/// The dropout probability (a constant in `[0, 1)`) and seed (as `dropout`'s) of attention's
+/// dropout forms.
+fn attention_dropout_args(name: &str, p: &Fact, seed: &Fact) -> R<()> {
+    let p = float_const(p, &format!("the dropout probability of {name}"))?;
+    if !(0.0..1.0).contains(&p) {
+        return Err(format!("the dropout probability of {name} must be in [0, 1), got {p}"));
+    }
+    dropout_seed(seed).map_err(|e| format!("{e} (in {name})"))?;
+    Ok(())
 }
 
 /// Queries, keys and values of attention: one rank (2 or more), matching batch axes, key and

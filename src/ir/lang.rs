@@ -111,6 +111,23 @@ pub enum Composite {
     /// masked or `s = -inf`; 0 on a row whose every score is `-inf`), `dS = P (g vᵀ - delta)
     /// scale`, it is `dS k`, `dSᵀ q` or `Pᵀ g`. No gradient of the bias.
     AttentionBiasGrad(AttnArg),
+    /// `attention_dropout(q, k, v, scale, causal, p, seed)`: `attention`'s probabilities through
+    /// `dropout(P, p, seed)` before the product with `v`: element `(b, i, j)` of the scores
+    /// `[..., SQ, SK]` kept by `dropout`'s generator at its flat index `(b SQ + i) SK + j`, kept
+    /// ones scaled by `1 / (1 - p)` (rounded to f32). `seed` as `dropout`'s: a literal or an i32
+    /// tensor of one element.
+    AttentionDropout,
+    /// `attention_bias_dropout(q, k, v, bias, scale, causal, p, seed)`: `attention_bias` with its
+    /// probabilities through dropout, as [`Composite::AttentionDropout`].
+    AttentionBiasDropout,
+    /// `attention_dropout_grad_{q,k,v}(q, k, v, g, lse, delta, scale, causal, p, seed)`: the
+    /// gradient of `attention_dropout`: with `P` as for `attention_grad_*` and `Z` the kept mask
+    /// times `1 / (1 - p)`, `dS = P ((g vᵀ) Z - delta) scale`; `dS k`, `dSᵀ q` or `(P Z)ᵀ g`
+    /// (`delta = sum(g * o, -1)` of the dropped output).
+    AttentionDropoutGrad(AttnArg),
+    /// `attention_bias_dropout_grad_{q,k,v}(q, k, v, g, stats, delta, bias, scale, causal, p,
+    /// seed)`: the same of `attention_bias_dropout`, its statistics `attention_bias_lse`'s.
+    AttentionBiasDropoutGrad(AttnArg),
 }
 
 impl Composite {
@@ -118,10 +135,18 @@ impl Composite {
     /// `attention_grad_*`, and their bias forms); `None` for other composites.
     pub fn attention_backward_slots(self) -> Option<AttnBwdSlots> {
         match self {
-            Composite::AttentionLse => Some(AttnBwdSlots { grad: None, tensors: 2, bias: None }),
-            Composite::AttentionBiasLse => Some(AttnBwdSlots { grad: None, tensors: 3, bias: Some(2) }),
-            Composite::AttentionGrad(w) => Some(AttnBwdSlots { grad: Some(w), tensors: 6, bias: None }),
-            Composite::AttentionBiasGrad(w) => Some(AttnBwdSlots { grad: Some(w), tensors: 7, bias: Some(6) }),
+            Composite::AttentionLse => Some(AttnBwdSlots { grad: None, tensors: 2, bias: None, dropout: None }),
+            Composite::AttentionBiasLse => Some(AttnBwdSlots { grad: None, tensors: 3, bias: Some(2), dropout: None }),
+            Composite::AttentionGrad(w) => Some(AttnBwdSlots { grad: Some(w), tensors: 6, bias: None, dropout: None }),
+            Composite::AttentionBiasGrad(w) => {
+                Some(AttnBwdSlots { grad: Some(w), tensors: 7, bias: Some(6), dropout: None })
+            }
+            Composite::AttentionDropoutGrad(w) => {
+                Some(AttnBwdSlots { grad: Some(w), tensors: 6, bias: None, dropout: Some(8) })
+            }
+            Composite::AttentionBiasDropoutGrad(w) => {
+                Some(AttnBwdSlots { grad: Some(w), tensors: 7, bias: Some(6), dropout: Some(9) })
+            }
             _ => None,
         }
     }
@@ -131,18 +156,20 @@ impl Composite {
         self.attention_backward_slots().is_some()
     }
 
-    /// Whether this is a forward attention (`attention` or `attention_bias`): the operator one
-    /// forward attention kernel runs.
+    /// Whether this is a forward attention (`attention`, `attention_bias` and their dropout
+    /// forms): the operator one forward attention kernel runs.
     pub fn is_attention_forward(self) -> bool {
-        matches!(self, Composite::Attention | Composite::AttentionBias)
+        self.attention_slots().is_some()
     }
 
     /// The argument positions of a forward attention: its bias (`None` for `attention`), its
     /// scale and its causal flag; `None` for other composites.
     pub fn attention_slots(self) -> Option<AttnSlots> {
         match self {
-            Composite::Attention => Some(AttnSlots { bias: None, scale: 3, causal: 4 }),
-            Composite::AttentionBias => Some(AttnSlots { bias: Some(3), scale: 4, causal: 5 }),
+            Composite::Attention => Some(AttnSlots { bias: None, scale: 3, causal: 4, dropout: None }),
+            Composite::AttentionBias => Some(AttnSlots { bias: Some(3), scale: 4, causal: 5, dropout: None }),
+            Composite::AttentionDropout => Some(AttnSlots { bias: None, scale: 3, causal: 4, dropout: Some(5) }),
+            Composite::AttentionBiasDropout => Some(AttnSlots { bias: Some(3), scale: 4, causal: 5, dropout: Some(6) }),
             _ => None,
         }
     }
@@ -154,12 +181,14 @@ pub struct AttnSlots {
     pub bias: Option<usize>,
     pub scale: usize,
     pub causal: usize,
+    /// The dropout probability's position (the seed's is the next) of a dropout form.
+    pub dropout: Option<usize>,
 }
 
 /// Where a backward attention composite's arguments are
 /// ([`Composite::attention_backward_slots`]): the tensor operands come first (`q, k` for the
 /// statistics, `q, k, v, g, lse, delta` for a gradient), the bias (if any) last among them, then
-/// the scale and the causal flag.
+/// the scale and the causal flag, then (dropout forms) the probability and the seed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttnBwdSlots {
     /// The gradient's operand; `None` for the statistics (`attention_lse`, `attention_bias_lse`).
@@ -167,6 +196,8 @@ pub struct AttnBwdSlots {
     /// How many tensor operands (the bias included): the scale's position.
     pub tensors: usize,
     pub bias: Option<usize>,
+    /// The dropout probability's position (the seed's is the next) of a dropout form.
+    pub dropout: Option<usize>,
 }
 
 /// Which operand of attention a gradient is taken with respect to.
@@ -290,6 +321,14 @@ pub const OPS: &[OpInfo] = &[
     op("attention_bias_grad_q", 9, Kind::Composite(Composite::AttentionBiasGrad(AttnArg::Q))),
     op("attention_bias_grad_k", 9, Kind::Composite(Composite::AttentionBiasGrad(AttnArg::K))),
     op("attention_bias_grad_v", 9, Kind::Composite(Composite::AttentionBiasGrad(AttnArg::V))),
+    op("attention_dropout", 7, Kind::Composite(Composite::AttentionDropout)),
+    op("attention_bias_dropout", 8, Kind::Composite(Composite::AttentionBiasDropout)),
+    op("attention_dropout_grad_q", 10, Kind::Composite(Composite::AttentionDropoutGrad(AttnArg::Q))),
+    op("attention_dropout_grad_k", 10, Kind::Composite(Composite::AttentionDropoutGrad(AttnArg::K))),
+    op("attention_dropout_grad_v", 10, Kind::Composite(Composite::AttentionDropoutGrad(AttnArg::V))),
+    op("attention_bias_dropout_grad_q", 11, Kind::Composite(Composite::AttentionBiasDropoutGrad(AttnArg::Q))),
+    op("attention_bias_dropout_grad_k", 11, Kind::Composite(Composite::AttentionBiasDropoutGrad(AttnArg::K))),
+    op("attention_bias_dropout_grad_v", 11, Kind::Composite(Composite::AttentionBiasDropoutGrad(AttnArg::V))),
     op("grad", 2, Kind::Grad),
     op("gather", 3, Kind::Gather),
     op("scatter_add", 4, Kind::ScatterAdd),

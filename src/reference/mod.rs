@@ -696,7 +696,58 @@ fn composite(c: Composite, args: &Args, ty: &TensorType, rounded: bool) -> Resul
             let t = |i: usize| args.tensor(i);
             let bias = BiasRows::new(t(6)?, rounded, x, t(1)?);
             let (scale, causal) = (args.konst(7)?, args.konst(8)? != 0.0);
-            Ok(attention_bias_grad(which, [x, t(1)?, t(2)?, t(3)?, t(4)?, t(5)?], &bias, scale, causal))
+            Ok(attention_bias_grad(which, [x, t(1)?, t(2)?, t(3)?, t(4)?, t(5)?], &bias, scale, causal, None))
+        }
+        Composite::AttentionDropout => {
+            let causal = args.konst(4)? != 0.0;
+            let drop = AttnDropout::new(args.konst(5)?, args.seed(6)?);
+            let (k, v) = (args.tensor(1)?, args.tensor(2)?);
+            Ok(attention_dropout(x, k, v, None, args.konst(3)?, causal, &ty.shape, Some(&drop)))
+        }
+        Composite::AttentionBiasDropout => {
+            let causal = args.konst(5)? != 0.0;
+            let drop = AttnDropout::new(args.konst(6)?, args.seed(7)?);
+            let bias = Some((args.tensor(3)?, rounded));
+            let (k, v) = (args.tensor(1)?, args.tensor(2)?);
+            Ok(attention_dropout(x, k, v, bias, args.konst(4)?, causal, &ty.shape, Some(&drop)))
+        }
+        Composite::AttentionDropoutGrad(which) => {
+            let t = |i: usize| args.tensor(i);
+            let (scale, causal) = (args.konst(6)?, args.konst(7)? != 0.0);
+            let drop = AttnDropout::new(args.konst(8)?, args.seed(9)?);
+            Ok(attention_grad_dropout(which, [x, t(1)?, t(2)?, t(3)?, t(4)?, t(5)?], scale, causal, Some(&drop)))
+        }
+        Composite::AttentionBiasDropoutGrad(which) => {
+            let t = |i: usize| args.tensor(i);
+            let bias = BiasRows::new(t(6)?, rounded, x, t(1)?);
+            let (scale, causal) = (args.konst(7)?, args.konst(8)? != 0.0);
+            let drop = AttnDropout::new(args.konst(9)?, args.seed(10)?);
+            let t6 = [x, t(1)?, t(2)?, t(3)?, t(4)?, t(5)?];
+            Ok(attention_bias_grad(which, t6, &bias, scale, causal, Some(&drop)))
+        }
+    }
+}
+
+/// The dropout of attention's probabilities (its dropout forms): `dropout`'s mask over the
+/// scores `[..., SQ, SK]`, element `(b, i, j)` at flat index `(b SQ + i) SK + j`, and its scale.
+pub(crate) struct AttnDropout {
+    seed: u32,
+    threshold: u32,
+    scale: f64,
+}
+
+impl AttnDropout {
+    pub(crate) fn new(p: f64, seed: u32) -> AttnDropout {
+        AttnDropout { seed, threshold: rng::dropout_threshold(p), scale: rng::dropout_scale(p) as f64 }
+    }
+
+    /// The factor of score `(b, i, j)` of scores `[.., sq, sk]`: `1 / (1 - p)` if kept, else 0.
+    fn factor(&self, (b, i, j): (usize, usize, usize), sq: usize, sk: usize) -> f64 {
+        let index = ((b * sq + i) * sk + j) as u64;
+        if rng::dropout_keep(self.seed, index, self.threshold) {
+            self.scale
+        } else {
+            0.0
         }
     }
 }
@@ -796,7 +847,14 @@ fn attention_bias_stats(q: &Tensor, k: &Tensor, bias: &BiasRows, scale: f64, cau
 /// The gradient of `attention_bias` with respect to one operand, from `[q, k, v, g, stats,
 /// delta]`: [`attention_grad`] with `P = exp(s - m - log l)` from the biased scores (0 where a
 /// score is `-inf`, so 0 on a row whose every score is).
-fn attention_bias_grad(which: AttnArg, t: [&Tensor; 6], bias: &BiasRows, scale: f64, causal: bool) -> Vec<f64> {
+fn attention_bias_grad(
+    which: AttnArg,
+    t: [&Tensor; 6],
+    bias: &BiasRows,
+    scale: f64,
+    causal: bool,
+    drop: Option<&AttnDropout>,
+) -> Vec<f64> {
     let [q, k, .., stats, _] = t;
     let r = q.rank();
     let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], k.shape[r - 2]);
@@ -806,12 +864,23 @@ fn attention_bias_grad(which: AttnArg, t: [&Tensor; 6], bias: &BiasRows, scale: 
         let (m, ll) = (stats.data[2 * (b * sq + i)], stats.data[2 * (b * sq + i) + 1]);
         s.iter().map(|&x| if x == f64::NEG_INFINITY { 0.0 } else { unary(Unary::Exp, x - m - ll) }).collect()
     };
-    attention_grad_from(which, t, scale, &probs)
+    attention_grad_from(which, t, scale, &probs, drop)
 }
 
 /// The gradient of attention with respect to one operand, from `[q, k, v, g, lse, delta]`:
 /// `P = exp(s scale - lse)`, `dS = P (g vᵀ - delta) scale`; `dS k`, `dSᵀ q` or `Pᵀ g`.
 fn attention_grad(which: AttnArg, t: [&Tensor; 6], scale: f64, causal: bool) -> Vec<f64> {
+    attention_grad_dropout(which, t, scale, causal, None)
+}
+
+/// [`attention_grad`] of attention with its probabilities through dropout (`drop`).
+fn attention_grad_dropout(
+    which: AttnArg,
+    t: [&Tensor; 6],
+    scale: f64,
+    causal: bool,
+    drop: Option<&AttnDropout>,
+) -> Vec<f64> {
     let [q, k, _, _, lse, _] = t;
     let r = q.rank();
     let (sq, d, sk) = (q.shape[r - 2], q.shape[r - 1], k.shape[r - 2]);
@@ -827,16 +896,18 @@ fn attention_grad(which: AttnArg, t: [&Tensor; 6], scale: f64, causal: bool) -> 
         let l = lse.data[b * sq + i];
         s.iter().map(|&x| if x == f64::NEG_INFINITY { 0.0 } else { unary(Unary::Exp, x - l) }).collect()
     };
-    attention_grad_from(which, t, scale, &probs)
+    attention_grad_from(which, t, scale, &probs, drop)
 }
 
 /// The gradient of attention with respect to one operand given the probabilities of each score
 /// row (`probs(batch entry, query row)`): `dS = P (g vᵀ - delta) scale`; `dS k`, `dSᵀ q` or `Pᵀ g`.
+/// With dropout (`Z` its mask times its scale): `dS = P ((g vᵀ) Z - delta) scale`, `dv = (P Z)ᵀ g`.
 fn attention_grad_from(
     which: AttnArg,
     t: [&Tensor; 6],
     scale: f64,
     probs: &(dyn Fn(usize, usize) -> Vec<f64> + Sync),
+    drop: Option<&AttnDropout>,
 ) -> Vec<f64> {
     let [q, k, v, g, _, delta] = t;
     let r = q.rank();
@@ -853,9 +924,10 @@ fn attention_grad_from(
             let dl = delta.data[b * sq + i];
             for j in 0..sk {
                 let pij = pr[j];
+                let z = drop.map_or(1.0, |d| d.factor((b, i, j), sq, sk));
                 let dp: f64 = gi.iter().zip(&vals[j * dv..(j + 1) * dv]).map(|(a, b)| a * b).sum();
-                p[i * sk + j] = pij;
-                ds[i * sk + j] = pij * (dp - dl) * scale;
+                p[i * sk + j] = pij * z;
+                ds[i * sk + j] = pij * (dp * z - dl) * scale;
             }
         }
         (p, ds)
@@ -1003,6 +1075,21 @@ fn attention(
     causal: bool,
     out_shape: &[usize],
 ) -> Vec<f64> {
+    attention_dropout(q, k, v, bias, scale, causal, out_shape, None)
+}
+
+/// [`attention`] with its probabilities through dropout (`drop`): `O = (P Z) V`.
+#[allow(clippy::too_many_arguments)]
+fn attention_dropout(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    bias: Option<(&Tensor, bool)>,
+    scale: f64,
+    causal: bool,
+    out_shape: &[usize],
+    drop: Option<&AttnDropout>,
+) -> Vec<f64> {
     let r = q.rank();
     let (sq, d, sk, dv) = (q.shape[r - 2], q.shape[r - 1], k.shape[r - 2], v.shape[r - 1]);
     let mut scores_shape = q.shape.clone();
@@ -1050,8 +1137,12 @@ fn attention(
         s.iter_mut().for_each(|x| *x = unary(Unary::Exp, *x - m));
         let sum: f64 = s.iter().sum();
         for (j, p) in s.iter().enumerate() {
+            let z = drop.map_or(1.0, |d| d.factor((b, i, j), sq, sk));
+            if z == 0.0 {
+                continue;
+            }
             for (o, &vv) in dst.iter_mut().zip(&vals[j * dv..(j + 1) * dv]) {
-                *o += p / sum * vv;
+                *o += p / sum * z * vv;
             }
         }
     });

@@ -59,26 +59,32 @@ fn node_terms(egraph: &TensorGraph, node: &TensorLang) -> Terms {
     // forward kernel may write the log-sum-exp, so only the key gradient counts as a launch (the
     // bound stays a bound); every one reads its operands.
     let backward = matches!(kind, Some(Kind::Composite(c)) if c.is_attention_backward());
-    let anchor = matches!(kind, Some(Kind::MatMul | Kind::Composite(Composite::Attention | Composite::AttentionBias)))
+    let anchor = matches!(kind, Some(Kind::MatMul))
+        || matches!(kind, Some(Kind::Composite(c)) if c.is_attention_forward())
         || matches!(
             kind,
             Some(Kind::Composite(
                 Composite::AttentionGrad(crate::ir::lang::AttnArg::K)
                     | Composite::AttentionBiasGrad(crate::ir::lang::AttnArg::K)
+                    | Composite::AttentionDropoutGrad(crate::ir::lang::AttnArg::K)
+                    | Composite::AttentionBiasDropoutGrad(crate::ir::lang::AttnArg::K)
             ))
         );
     let mut forced = Vec::new();
     // (`attention_bias`'s bias, and its backward's, may be computed in its kernel: a bool
-    // mask's select.)
-    let bias = match kind {
-        Some(Kind::Composite(c)) => {
-            c.attention_slots().and_then(|s| s.bias).or_else(|| c.attention_backward_slots().and_then(|s| s.bias))
-        }
-        _ => None,
+    // mask's select; so may the dropout forms' seed: a slice of a seeds input.)
+    let (bias, dropout) = match kind {
+        Some(Kind::Composite(c)) => (
+            c.attention_slots().and_then(|s| s.bias).or_else(|| c.attention_backward_slots().and_then(|s| s.bias)),
+            c.attention_slots()
+                .and_then(|s| s.dropout)
+                .or_else(|| c.attention_backward_slots().and_then(|s| s.dropout)),
+        ),
+        _ => (None, None),
     };
     if anchor || backward {
         for (j, &c) in node.children().iter().enumerate() {
-            if Some(j) == bias {
+            if Some(j) == bias || dropout.is_some_and(|d| j >= d) {
                 continue;
             }
             if let Some(f) = operand_in_memory(egraph, c) {

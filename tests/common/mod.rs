@@ -312,3 +312,100 @@ pub fn attention_backward_programs() -> Vec<(String, String)> {
         ("bias_square_f32_mask_bf16".into(), biased("bf16", "f32[S, S]", 1)),
     ]
 }
+
+/// Programs of attention with dropout of its probabilities (`attention_dropout`,
+/// `attention_bias_dropout`) and their gradients: grouped-query keys and values, heads split
+/// from projections, padding and full biases, a bool mask's select, causal or not, p 0.1 and
+/// 0.5, bf16 and f16 (the flash backward) and f32 (the forward kernel's f32 path; the backward
+/// decomposed), the seed a literal or an i32 input (`s: i32[]`, or element 1 of `seeds:
+/// i32[3]` as the PyTorch backend passes it), and written out (`written_*`: causal attention
+/// and attention with a padding bias, `dropout(softmax(..)) @ v`, forward only). Each name says
+/// what it holds.
+pub fn attention_dropout_programs() -> Vec<(String, String)> {
+    let grouped =
+        |x: &str| format!("reshape(broadcast(reshape({x}, [B, KV, 1, S, D]), [B, KV, G, S, D]), [B, H, S, D])");
+    let loss4 = "loss = sum(sum(sum(sum(cast(o, f32) * cast(dy, f32), -1), -2), -3), -4)\n";
+    let grads = |a: &str, b: &str, c: &str| {
+        format!("d{a} = grad(loss, {a})\nd{b} = grad(loss, {b})\nd{c} = grad(loss, {c})\noutput o, d{a}, d{b}, d{c}\n")
+    };
+    let seeds = "input s: i32[]\ninput seeds: i32[3]\n";
+    let gqa = |t: &str, causal: u8, p: f64, seed: &str| {
+        format!(
+            "dim B = 2\ndim H = 8\ndim KV = 2\ndim G = 4\ndim S = 136\ndim D = 64\n{seeds}\
+             input q: {t}[B, H, S, D]\ninput k: {t}[B, KV, S, D]\ninput v: {t}[B, KV, S, D]\ninput dy: {t}[B, H, S, D]\n\
+             o = attention_dropout(q, {}, {}, 0.125, {causal}, {p}, {seed})\n{loss4}{}",
+            grouped("k"),
+            grouped("v"),
+            grads("q", "k", "v")
+        )
+    };
+    let heads = |t: &str, att: &str, mask: &str| {
+        format!(
+            "dim B = 2\ndim H = 4\ndim S = 100\ndim D = 64\n{seeds}\
+             input xq: {t}[B, S, 256]\ninput xk: {t}[B, S, 256]\ninput xv: {t}[B, S, 256]\ninput dy: {t}[B, S, 256]\n{mask}\
+             qh = transpose(reshape(xq, [B, S, H, D]), 1, 2)\n\
+             kh = transpose(reshape(xk, [B, S, H, D]), 1, 2)\nvh = transpose(reshape(xv, [B, S, H, D]), 1, 2)\n\
+             o = reshape(transpose({att}, 1, 2), [B, S, 256])\n\
+             loss = sum(sum(sum(cast(o, f32) * cast(dy, f32), -1), -2), -3)\n{}",
+            grads("xq", "xk", "xv")
+        )
+    };
+    let biased = |t: &str, mask: &str, causal: u8, p: f64| {
+        format!(
+            "dim B = 2\ndim H = 4\ndim S = 136\ndim D = 64\n{seeds}\
+             input q: {t}[B, H, S, D]\ninput k: {t}[B, H, S, D]\ninput v: {t}[B, H, S, D]\ninput dy: {t}[B, H, S, D]\n\
+             input mask: {mask}\no = attention_bias_dropout(q, k, v, mask, 0.125, {causal}, {p}, s)\n{loss4}{}",
+            grads("q", "k", "v")
+        )
+    };
+    let f32_fwd = |causal: u8, bias: bool, p: f64| {
+        let (mask, att) = if bias {
+            ("input mask: f32[B, 1, 1, S]\n", format!("attention_bias_dropout(q, k, v, mask, 0.125, {causal}, {p}, s)"))
+        } else {
+            ("", format!("attention_dropout(q, k, v, 0.125, {causal}, {p}, 12345)"))
+        };
+        format!(
+            "dim B = 2\ndim H = 4\ndim S = 100\ndim D = 40\n{seeds}{mask}\
+             input q: f32[B, H, S, D]\ninput k: f32[B, H, S, D]\ninput v: f32[B, H, S, D]\no = {att}\noutput o\n"
+        )
+    };
+    // Written out (forward only: the pattern rules make the kernel; a gradient of the written
+    // form is differentiated through its parts).
+    let written = |t: &str, p: f64| {
+        format!(
+            "dim B = 2\ndim H = 4\ndim S = 136\ndim D = 64\n{seeds}\
+             input q: {t}[B, H, S, D]\ninput k: {t}[B, H, S, D]\ninput v: {t}[B, H, S, D]\ninput mask: {t}[B, 1, 1, S]\n\
+             row = reshape(iota(S), [S, 1])\ncol = iota(S)\n\
+             o = dropout(softmax(where(col <= row, q @ transpose(k, -1, -2) / 8, -1e30), -1), {p}, s) @ v\n\
+             o2 = dropout(softmax(q @ transpose(k, -1, -2) * 0.125 + mask, -1), {p}, slice(seeds, 0, 0, 1, 1)) @ v\noutput o, o2\n"
+        )
+    };
+    let seed1 = "slice(seeds, 0, 1, 2, 1)";
+    vec![
+        ("gqa_bf16_p0.1_literal".into(), gqa("bf16", 0, 0.1, "7")),
+        ("gqa_bf16_causal_p0.5".into(), gqa("bf16", 1, 0.5, "s")),
+        ("gqa_f16_causal_p0.1_seeds".into(), gqa("f16", 1, 0.1, seed1)),
+        (
+            "heads_bf16_causal_p0.1".into(),
+            heads("bf16", &format!("attention_dropout(qh, kh, vh, 0.125, 1, 0.1, {seed1})"), ""),
+        ),
+        ("heads_f16_p0.5".into(), heads("f16", "attention_dropout(qh, kh, vh, 0.125, 0, 0.5, s)", "")),
+        (
+            "heads_bool_mask_bf16_causal_p0.1".into(),
+            heads(
+                "bf16",
+                "attention_bias_dropout(qh, kh, vh, where(m, 0, -3e38), 0.125, 1, 0.1, s)",
+                "input m: bool[B, 1, 1, S]\n",
+            ),
+        ),
+        ("bias_padding_bf16_p0.1".into(), biased("bf16", "bf16[B, 1, 1, S]", 0, 0.1)),
+        ("bias_padding_bf16_causal_p0.5".into(), biased("bf16", "bf16[B, 1, 1, S]", 1, 0.5)),
+        ("bias_full_f16_p0.5".into(), biased("f16", "f16[B, 1, S, S]", 0, 0.5)),
+        ("bias_square_f32_mask_bf16_causal_p0.1".into(), biased("bf16", "f32[S, S]", 1, 0.1)),
+        ("f32_p0.1".into(), f32_fwd(0, false, 0.1)),
+        ("f32_causal_p0.5".into(), f32_fwd(1, false, 0.5)),
+        ("f32_bias_causal_p0.1".into(), f32_fwd(1, true, 0.1)),
+        ("written_bf16_p0.1".into(), written("bf16", 0.1)),
+        ("written_f16_p0.5".into(), written("f16", 0.5)),
+    ]
+}

@@ -370,6 +370,10 @@ fn signature(kind: Kind) -> &'static str {
         Kind::Composite(C::AttentionGrad(_)) => "(q, k, v, g, lse, delta, scale, causal)",
         Kind::Composite(C::AttentionBiasLse) => "(q, k, bias, scale, causal)",
         Kind::Composite(C::AttentionBiasGrad(_)) => "(q, k, v, g, stats, delta, bias, scale, causal)",
+        Kind::Composite(C::AttentionDropout) => "(q, k, v, scale, causal, p, seed)",
+        Kind::Composite(C::AttentionBiasDropout) => "(q, k, v, bias, scale, causal, p, seed)",
+        Kind::Composite(C::AttentionDropoutGrad(_)) => "(q, k, v, g, lse, delta, scale, causal, p, seed)",
+        Kind::Composite(C::AttentionBiasDropoutGrad(_)) => "(q, k, v, g, stats, delta, bias, scale, causal, p, seed)",
     }
 }
 
