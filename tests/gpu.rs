@@ -52,9 +52,12 @@ fn programs_with(declared: bool) -> Vec<(String, Program)> {
     let mut programs: Vec<(String, Program)> =
         common::cases().into_iter().map(|c| (c.name.to_string(), c.program)).collect();
     // Case files whose kernels only the GPU checks (index generators seen through views).
-    for path in
-        ["tests/cases/ok/index_views.eqf", "tests/cases/ok/iota_onehot.eqf", "tests/cases/ok/dropout_seed_input.eqf"]
-    {
+    for path in [
+        "tests/cases/ok/index_views.eqf",
+        "tests/cases/ok/iota_onehot.eqf",
+        "tests/cases/ok/dropout_seed_input.eqf",
+        "tests/cases/ok/scatter_scalar_index.eqf",
+    ] {
         programs.push((path.to_string(), eqfuse::load_program(path, &[]).unwrap_or_else(|e| panic!("{path}: {e}"))));
     }
     for path in common::example_paths() {

@@ -9,7 +9,12 @@ use eqfuse::{check_plan, load_program, optimize, random_inputs, DeviceProfile, O
 #[test]
 fn indexing_programs_plan_and_compute_the_program() {
     let small = [("B", 2), ("S", 6), ("H", 2), ("D", 8), ("V", 11), ("P", 9), ("E", 8)];
-    for path in ["tests/cases/ok/indexing.eqf", "examples/rope.eqf", "examples/embedding_layernorm.eqf"] {
+    for path in [
+        "tests/cases/ok/indexing.eqf",
+        "tests/cases/ok/scatter_scalar_index.eqf",
+        "examples/rope.eqf",
+        "examples/embedding_layernorm.eqf",
+    ] {
         let declared = load_program(path, &[]).unwrap().dims;
         let dims: Vec<(String, usize)> = small
             .iter()
