@@ -313,3 +313,27 @@ fn llama_projections_fuse_keys_and_values_only() {
     assert!(g.iter().any(|k| k.reads.iter().any(|r| r.name == "wq") && k.writes.iter().any(|w| w.name == "q")));
     assert!(plan.total.predicted_us < plan.unfused.predicted_us);
 }
+
+/// A row kernel runs a block a row: a whole tensor summed to one value (one row) moves its
+/// bytes through one SM, priced at the SM's share of the copy bandwidth, not the device's
+/// (the fidelity run measured such kernels 60-80x over the device-wide price); with as many
+/// rows as SMs the device-wide price stands.
+#[test]
+fn few_rows_are_priced_by_the_sms_they_occupy() {
+    let profile = DeviceProfile::load("h100").unwrap();
+    let sms = f64::from(profile.sm_count.unwrap());
+    let per_sm = profile.copy_bandwidth_gbs * 1e3 / sms; // bytes a microsecond
+    for (rows, width) in [(1usize, 1usize << 22), (4, 1 << 20), (1024, 4096)] {
+        let src = format!("input x: f32[{rows}, {width}]\ny = sum(x, -1)\noutput y\n");
+        let p = eqfuse::parse_program("rows.eqf", &src, &[]).unwrap();
+        let plan = optimize(&p, &opts()).unwrap().plan;
+        let k = plan.kernels.iter().find(|k| k.template == Template::RowReduce).expect("a row kernel");
+        let floor = (rows * width * 4) as f64 / (rows as f64 * per_sm);
+        if (rows as f64) < sms {
+            assert!(k.predicted_us >= floor, "{rows} rows: {} < {floor}", k.predicted_us);
+        } else {
+            let one_sm = (rows * width * 4) as f64 / per_sm;
+            assert!(k.predicted_us < one_sm / 10.0, "{rows} rows: {} priced near one SM's {one_sm}", k.predicted_us);
+        }
+    }
+}

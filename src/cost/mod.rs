@@ -139,7 +139,28 @@ impl KernelCost {
             }
             // (See `analyse` for its stages.)
             (None, KernelKind::RowGlobal) => profile.kernel_work_us(Template::RowReduce, &work, dtype, None),
+            (None, _) if self.template == Template::RowReduce => {
+                profile.kernel_work_us(self.template, &work, dtype, None).max(self.few_rows_us(profile, &work))
+            }
             (None, _) => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
+        }
+    }
+
+    /// A row kernel runs one block a row: with fewer rows than SMs (a whole tensor summed to
+    /// one value is one row), only that many SMs move its bytes, each at its share of the copy
+    /// bandwidth (measured on an H100 at about half of what one block streams: a 25.7 MB row
+    /// took 584 us, priced 1132 us here, where the device-wide rate said 7 us;
+    /// `benches/results/2026-11-26-h100-fidelity`). 0 with as many rows as SMs or a profile
+    /// without an SM count.
+    fn few_rows_us(&self, profile: &DeviceProfile, work: &Work) -> f64 {
+        let width = self.domain.last().copied().unwrap_or(1).max(1);
+        let rows = (self.domain.iter().product::<usize>() / width).max(1);
+        match profile.sm_count {
+            Some(sms) if rows < sms as usize => {
+                let per_sm_gbs = profile.copy_bandwidth_gbs / f64::from(sms);
+                profile.launch_overhead_us + work.bytes as f64 / (rows as f64 * per_sm_gbs * 1e3)
+            }
+            _ => 0.0,
         }
     }
 }
