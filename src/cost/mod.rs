@@ -138,7 +138,9 @@ impl KernelCost {
                 profile.attention_portable_us(&work, dtype)
             }
             // (See `analyse` for its stages.)
-            (None, KernelKind::RowGlobal) => profile.kernel_work_us(Template::RowReduce, &work, dtype, None),
+            (None, KernelKind::RowGlobal) => {
+                profile.kernel_work_us(Template::RowReduce, &work, dtype, None).max(self.few_rows_us(profile, &work))
+            }
             (None, _) if self.template == Template::RowReduce => {
                 profile.kernel_work_us(self.template, &work, dtype, None).max(self.few_rows_us(profile, &work))
             }
