@@ -216,7 +216,7 @@ pub fn unfused_plan(program: &Program, profile: &DeviceProfile, strict: bool) ->
     let expanded = crate::autodiff::expand::expand_composites(program).map_err(Error::Invalid)?;
     let profile = &DeviceProfile { strict, ..profile.clone() };
     let dag = crate::plan::dag::Dag::from_program(&expanded);
-    let fusion = crate::search::fuse::Fusion::unfused(&dag, profile);
+    let fusion = crate::search::fuse::Fusion::try_unfused(&dag, profile).map_err(Error::Invalid)?;
     let totals = crate::search::optimize::unfused_totals(program, profile)?;
     let search = crate::plan::SearchReport { extractor: "unfused".into(), strict, ..Default::default() };
     Ok(crate::search::extract::build_plan(program, &dag, &fusion, profile, totals, search))

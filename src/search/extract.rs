@@ -453,7 +453,7 @@ fn inline_first_state(
     deadline: Deadline,
 ) -> Option<FusionParts> {
     let dag = dag_of(egraph, selection, roots, names).ok()?;
-    let unfused = Fusion::unfused(&dag, profile).with_deadline(deadline);
+    let unfused = Fusion::try_unfused(&dag, profile).ok()?.with_deadline(deadline);
     Some(unfused.inline_first().into_parts())
 }
 
@@ -595,7 +595,7 @@ pub(crate) fn scored_by(
     inline_first: Option<FusionParts>,
 ) -> Result<(Dag, f64, u64, FusionParts), String> {
     let dag = dag_of(egraph, selection, roots, names)?;
-    let mut f = Fusion::unfused(&dag, profile).with_deadline(deadline);
+    let mut f = Fusion::try_unfused(&dag, profile)?.with_deadline(deadline);
     match (fusion, full) {
         (false, _) => {}
         (true, false) => f.optimise(),

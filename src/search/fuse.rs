@@ -400,8 +400,17 @@ const NONE: usize = usize::MAX;
 const MANY_READERS: usize = 64;
 
 impl<'a> Fusion<'a> {
-    /// The unfused state: every computed tensor materialized in its own kernel.
+    /// The unfused state: every computed tensor materialized in its own kernel (tests: a
+    /// program every operator of which some template runs).
+    #[cfg(test)]
     pub fn unfused(dag: &'a Dag, profile: &'a DeviceProfile) -> Fusion<'a> {
+        Self::try_unfused(dag, profile).expect("a single operator with its inputs in memory is legal")
+    }
+
+    /// The unfused state: every computed tensor materialized in its own kernel; the reason
+    /// where an operator alone, its inputs in memory, is one no template runs (a form codegen
+    /// does not generate), an error rather than a plan that cannot run.
+    pub fn try_unfused(dag: &'a Dag, profile: &'a DeviceProfile) -> Result<Fusion<'a>, String> {
         let n = dag.len();
         let mat: Vec<bool> = (0..n).map(|i| !dag.is_free(i)).collect();
         let mut f = Fusion {
@@ -424,14 +433,16 @@ impl<'a> Fusion<'a> {
         for i in 0..n {
             if f.mat[i] && dag.nodes[i].role != Role::Input {
                 let members = vec![i];
-                let cost = analyse(dag, &members, &|x| f.mat[x], profile)
-                    .expect("a single operator with its inputs in memory is always legal");
+                let cost = analyse(dag, &members, &|x| f.mat[x], profile).map_err(|e| {
+                    let op = dag.nodes[i].kind().map_or_else(|| "a value".to_string(), |k| format!("{k:?}"));
+                    format!("no kernel template runs operator {i} ({op}) alone: {e}")
+                })?;
                 // Nodes are in topological order, so creation order is a topological rank.
                 let rank = f.groups.len();
                 f.insert(Group { members, cost }, rank);
             }
         }
-        f
+        Ok(f)
     }
 
     /// The state without its DAG and profile.

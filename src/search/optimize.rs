@@ -120,7 +120,7 @@ pub struct StageSummary {
 pub fn unfused_totals(program: &Program, profile: &DeviceProfile) -> Result<Totals> {
     let expanded = expand_composites(program).map_err(Error::Invalid)?;
     let dag = Dag::from_program(&expanded);
-    let f = Fusion::unfused(&dag, profile);
+    let f = Fusion::try_unfused(&dag, profile).map_err(Error::Invalid)?;
     let groups = f.ordered();
     Ok(Totals {
         kernels: groups.len(),
@@ -275,7 +275,8 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
             let f = match parts.take() {
                 Some(p) => Fusion::from_parts(&best.dag, &opts.profile, p),
                 None => {
-                    let mut f = Fusion::unfused(&best.dag, &opts.profile).with_deadline(searches);
+                    let mut f =
+                        Fusion::try_unfused(&best.dag, &opts.profile).map_err(Error::Invalid)?.with_deadline(searches);
                     if opts.fusion {
                         f.optimise_with_materialize();
                     }
@@ -312,10 +313,10 @@ pub fn plan_saturated(program: &Program, sat: &Saturated, opts: &OptimizeOptions
             let expanded = crate::autodiff::expand::expand_composites(program).map_err(Error::Invalid)?;
             own_dag = Dag::from_program(&expanded);
             dag = &own_dag;
-            fusion = Fusion::unfused(dag, &opts.profile).with_deadline(deadline);
+            fusion = Fusion::try_unfused(dag, &opts.profile).map_err(Error::Invalid)?.with_deadline(deadline);
             fusion.optimise_with_materialize();
             if time(dag, &fusion) > unfused.predicted_us * (1.0 + 1e-9) {
-                fusion = Fusion::unfused(dag, &opts.profile).with_deadline(deadline);
+                fusion = Fusion::try_unfused(dag, &opts.profile).map_err(Error::Invalid)?.with_deadline(deadline);
             }
             extractor = format!("{extractor} (fell back to the program as written)");
         }
