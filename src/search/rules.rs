@@ -65,7 +65,7 @@ pub struct RuleSet {
     pub name: String,
     pub rules: Vec<Rule>,
     /// Rules written in Rust that run in this stage beside the file's rules (the default
-    /// `algebra` ruleset's, [`crate::search::native`]); none for a ruleset read from a file.
+    /// `algebra` ruleset's, `search::native`); none for a ruleset read from a file.
     pub native: Vec<NativeRule>,
 }
 
