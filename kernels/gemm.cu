@@ -13,7 +13,7 @@
 //                     template's eq_fetch / eq_accum / eq_finish / eq_epilogue functions), so a
 //                     row softmax of a product no wider than one tile (EQ_BN >= EQ_N) is one kernel.
 //
-// Launch shape: grid (ceil(EQ_N / EQ_BN), ceil(EQ_M / EQ_BM), batch x EQ_SPLITS), EQ_GEMM_THREADS
+// Launch shape: one line of ceil(EQ_N / EQ_BN) x ceil(EQ_M / EQ_BM) x batch x EQ_SPLITS blocks, EQ_GEMM_THREADS
 // threads. Split-K (EQ_SPLITS > 1, chosen for row epilogues whose tiles alone would leave most
 // SMs idle): the EQ_SPLITS blocks of one output tile each sum an EQ_KSPAN-deep part of K (a
 // whole number of slices) into a partial tile in the workspace `eq_split_ws` ([tile][split]
@@ -252,18 +252,24 @@ __device__ __forceinline__ void eq_st_chunk(unsigned short* d, const EqChunk<1>&
 extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARAMS) {
     __shared__ __align__(16) float eq_smem[EQ_SMEM_FLOATS];
     const int tid = threadIdx.x;
+    // The grid is one line of blocks (y and z stop at 65535): column tiles fastest, then row
+    // tiles, then batch entries and their splits, the order of a three-dimensional grid.
+    constexpr eq_idx eq_nt = (EQ_N + EQ_BN - 1) / EQ_BN, eq_mt = (EQ_M + EQ_BM - 1) / EQ_BM;
+    const eq_idx eq_bid = blockIdx.x;
+    const eq_idx eq_zs = eq_bid / (eq_nt * eq_mt);
+    const int eq_mi = (int)(eq_bid / eq_nt % eq_mt), eq_ni = (int)(eq_bid % eq_nt);
     // This block's batch index and its part [kb, ke) of the reduction depth.
 #if EQ_SPLITS > 1
-    const int split = blockIdx.z % EQ_SPLITS;
-    const eq_idx z = blockIdx.z / EQ_SPLITS;
+    const int split = (int)(eq_zs % EQ_SPLITS);
+    const eq_idx z = eq_zs / EQ_SPLITS;
     const int kb = split * EQ_KSPAN;
     const int ke = kb + EQ_KSPAN < EQ_K ? kb + EQ_KSPAN : EQ_K;
 #else
-    const eq_idx z = blockIdx.z;
+    const eq_idx z = eq_zs;
     constexpr int kb = 0, ke = EQ_K;
 #endif
-    const int m0 = blockIdx.y * EQ_BM;
-    const int n0 = blockIdx.x * EQ_BN;
+    const int m0 = eq_mi * EQ_BM;
+    const int n0 = eq_ni * EQ_BN;
     const EQ_TA* __restrict__ pa = EQ_A + eq_a_batch(z);
     const EQ_TB* __restrict__ pb = EQ_B + eq_b_batch(z);
 
@@ -465,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
     // the count for the next launch.
     {
         constexpr int area = EQ_BM * EQ_BN;
-        const eq_idx tile_id = (z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+        const eq_idx tile_id = (z * eq_mt + eq_mi) * eq_nt + eq_ni;
         float* __restrict__ slots = eq_split_ws + tile_id * (eq_idx)(EQ_SPLITS * area);
         for (int e = tid * 4; e < area; e += EQ_GEMM_THREADS * 4) {
             const float* t = tile + (e / EQ_BN) * EQ_TS + e % EQ_BN;

@@ -443,7 +443,12 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
     body.push_str(&batch_offset("eq_a_batch", &p.a, dom));
     body.push_str(&batch_offset("eq_b_batch", &p.b, dom));
     body.push_str(&r.body);
-    let grid = [n.div_ceil(t.bn) as u32, m.div_ceil(t.bm) as u32, (batch * t.splits) as u32];
+    // One line of blocks (kernels/gemm.cu decomposes the index): a grid's y and z stop at 65535.
+    let blocks = n.div_ceil(t.bn) * m.div_ceil(t.bm) * batch * t.splits;
+    if blocks > i32::MAX as usize {
+        return Err(Error::Invalid(format!("kernel {} (gemm): {blocks} blocks exceed the grid's {}", k.id, i32::MAX)));
+    }
+    let grid = [blocks as u32, 1, 1];
     // Split-K's scratch: every split's partial tile, and an arrival count per output tile
     // (zero before every launch; the last block of each tile leaves it zero).
     let workspace = if t.splits > 1 {
