@@ -6,9 +6,11 @@
 //   out_k[o, 0, i] = finish_k( combine_k over n < EQ_N of e_k(o, n, i) )
 // (finish divides by EQ_N for a mean). Pointwise values of the whole space may be written too.
 //
-// Launch shape: block (EQ_TX, EQ_TY); thread x owns EQ_VEC consecutive inner elements
-// (16-byte access, coalesced across x), thread y strides over n. grid.x = EQ_OUTER * tiles of
-// EQ_TX * EQ_VEC inner elements; grid.y = EQ_CHUNKS splits n into chunks of EQ_CHUNK_N.
+// Launch shape: block (EQ_TX, EQ_TY, EQ_TZ); thread x owns EQ_VEC consecutive inner elements
+// (16-byte access, coalesced across x), thread y strides over n, and each z slice of the block
+// owns one tile (EQ_TZ > 1 only where tiles are narrow and many: a short n and a narrow inner
+// extent would leave a block of a few threads). grid.x = EQ_OUTER * tiles of EQ_TX * EQ_VEC
+// inner elements / EQ_TZ; grid.y = EQ_CHUNKS splits n into chunks of EQ_CHUNK_N.
 // Stage 1: each block combines its chunk through shared memory in a fixed order. When
 // EQ_CHUNKS > 1 it writes that partial to the workspace `eq_ws`, and the last block of a
 // tile to arrive (counted in `eq_count`) combines the tile's partials in chunk order and
@@ -56,15 +58,20 @@ __device__ __forceinline__ void eq_col_store(EQ_PARAMS, eq_idx o, eq_idx i0, con
 
 #define EQ_TILE (EQ_TX * EQ_VEC)
 #define EQ_TILES ((EQ_INNER + EQ_TILE - 1) / EQ_TILE)
+#ifndef EQ_TZ
+#define EQ_TZ 1
+#endif
+static_assert(EQ_TZ == 1 || EQ_CHUNKS == 1, "tiles share a block only without chunks");
 
-extern "C" __global__ void __launch_bounds__(EQ_TX * EQ_TY) EQ_KERNEL(EQ_PARAMS) {
-    __shared__ float red[EQ_TY][EQ_NACC][EQ_TILE];
+extern "C" __global__ void __launch_bounds__(EQ_TX * EQ_TY * EQ_TZ) EQ_KERNEL(EQ_PARAMS) {
+    __shared__ float red_all[EQ_TZ][EQ_TY][EQ_NACC][EQ_TILE];
     __shared__ bool last_block;
     const int tx = threadIdx.x, ty = threadIdx.y;
-    const eq_idx tile = blockIdx.x;
+    auto& red = red_all[threadIdx.z];
+    const eq_idx tile = (eq_idx)blockIdx.x * EQ_TZ + threadIdx.z;
     const eq_idx o = tile / EQ_TILES;
     const eq_idx i0 = (tile % EQ_TILES) * EQ_TILE + (eq_idx)tx * EQ_VEC;
-    const bool valid = i0 < (eq_idx)EQ_INNER;
+    const bool valid = i0 < (eq_idx)EQ_INNER && (EQ_TZ == 1 || o < (eq_idx)EQ_OUTER);
     const eq_idx n_begin = (eq_idx)blockIdx.y * EQ_CHUNK_N;
     const eq_idx n_end = n_begin + EQ_CHUNK_N < (eq_idx)EQ_N ? n_begin + EQ_CHUNK_N : (eq_idx)EQ_N;
 

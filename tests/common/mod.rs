@@ -108,6 +108,10 @@ pub fn cases() -> Vec<Case> {
             &[("db", "(sum g 0)"), ("dg", "(sum (* g xh) 0)")],
         ),
         case("col_mean_rank3", &[("x", f32(&[4, 200, 96]))], &[("m", "(mean x 1)"), ("a", "(amax x 1)")]),
+        // Column reductions of narrow tiles over a short axis, many of them: several tiles share a
+        // block (kernels/colreduce.cu's z slices), the last block's slices partly past the end.
+        case("col_narrow_short", &[("x", f32(&[8191, 3, 2]))], &[("s", "(sum x 1)"), ("m", "(amax (* x x) 1)")]),
+        case("col_narrow_bf16", &[("x", bf(&[4099, 5, 1]))], &[("s", "(mean x 1)")]),
         case("long_rows", &[("x", f32(&[4, 70000]))], &[("y", SOFTMAX)]),
         case(
             "views",

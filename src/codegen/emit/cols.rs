@@ -27,6 +27,12 @@ impl Emitter<'_> {
         let chunks = 1024usize.div_ceil(tiles.max(1)).clamp(1, max_chunks);
         let chunk_n = n.div_ceil(chunks);
         let chunks = n.div_ceil(chunk_n);
+        // Narrow tiles over a short axis make blocks of a few threads: several tiles then share
+        // a block (z slices, 64 at most), as long as a thousand blocks remain.
+        let mut tz = if chunks == 1 { (256 / (tx * ty)).clamp(1, 64) } else { 1 };
+        while tz > 1 && tiles.div_ceil(tz) < 1024 {
+            tz /= 2;
+        }
         let nacc = reds.len().max(1);
         let ws_bytes = (tiles * chunks * nacc * tile * 4).max(4) as u64;
         let count_bytes = (tiles * 4).max(4) as u64;
@@ -39,6 +45,7 @@ impl Emitter<'_> {
             ("EQ_VEC", self.vec),
             ("EQ_TX", tx),
             ("EQ_TY", ty),
+            ("EQ_TZ", tz),
             ("EQ_CHUNKS", chunks),
             ("EQ_CHUNK_N", chunk_n),
             ("EQ_NACC", nacc),
@@ -62,8 +69,8 @@ impl Emitter<'_> {
         body.push_str(&self.col_accum(&reds));
         body.push_str(&self.col_store(&reds, n));
         let shape = Shape {
-            grid: [tiles as u32, chunks as u32, 1],
-            block: [tx as u32, ty as u32, 1],
+            grid: [tiles.div_ceil(tz) as u32, chunks as u32, 1],
+            block: [tx as u32, ty as u32, tz as u32],
             workspace: vec![("eq_ws".into(), ws_bytes, false), ("eq_count".into(), count_bytes, true)],
             smem_bytes: 0,
             wave: false,
