@@ -278,6 +278,14 @@ class Exporter:
         return name
 
     def call(self, node: torch.fx.Node) -> None:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and val.numel() == 0:
+            # An empty result has no values to compute, whatever its inputs (Phi-3 slices the
+            # rotary part `[..., rot:]` of heads it rotates whole): an empty tensor, which a
+            # concatenation drops; a lowering that needs its values refuses it.
+            self.env[node.name] = torch.empty(tuple(val.shape), dtype=val.dtype)
+            self.static.add(node.name)
+            return
         if all(a.name in self.static for a in node.all_input_nodes) and _foldable(node):
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: self.env[n.name])
             self.env[node.name] = node.target(*args, **kwargs)
@@ -1094,22 +1102,26 @@ def _iota(L, n):
 
 
 def _index_put(L, x, indices, values, accumulate=False):
-    """`x[idx] += values` with one index tensor on the first axis (embedding's backward)."""
-    idx = [i for i in indices]
-    if not accumulate or len(idx) != 1 or idx[0] is None:
-        raise ExportError("index_put other than accumulating along the first axis with one index tensor")
-    i = _index32(L, L.val(idx[0]))
+    """`x[..., idx, ...] += values` with one index tensor, on any axis (embedding's backward on
+    the first; Falcon's backward of a rotary table read at positions on the third)."""
+    given = [a for a, i in enumerate(indices) if i is not None]
+    if not accumulate or len(given) != 1:
+        raise ExportError("index_put other than accumulating with one index tensor")
+    a = given[0]
+    i = _index32(L, L.val(indices[a]))
     v = L.val(values)
-    v = L.broadcast(L.cast(v, x.dtype), i.shape + x.shape[1:])
-    return L.apply("+", x, _scatter_add(L, i, v, 0, x.shape[0]))
+    v = L.broadcast(L.cast(v, x.dtype), x.shape[:a] + i.shape + x.shape[a + 1:])
+    return L.apply("+", x, _scatter_add(L, i, v, a, x.shape[a]))
 
 
 def _slice_scatter(L, x, src, dim=0, start=None, end=None, step=1):
     a = L.axis(dim, x.rank)
     n = x.shape[a]
     lo, hi, step = slice(start, end, step).indices(n)
-    if step != 1:
+    if step < 1:
         raise ExportError(f"slice_scatter with step {step}")
+    if step > 1:
+        return _strided_scatter(L, x, L.cast(L.val(src), x.dtype), a, lo, hi, step)
     parts = []
     if lo > 0:
         parts.append(_slice(L, x, a, 0, lo, 1))
@@ -1117,6 +1129,51 @@ def _slice_scatter(L, x, src, dim=0, start=None, end=None, step=1):
     if hi < n:
         parts.append(_slice(L, x, a, hi, n, 1))
     return _concat(L, parts, a) if len(parts) > 1 else parts[0]
+
+
+def _strided_scatter(L, x, src, a, lo, hi, step):
+    """`x` with every `step`-th element of `[lo, hi)` along axis `a` taken from `src` in order
+    (GPT-J's rotation of every other element: `slice_scatter` with step 2 in its backward): an
+    element `i` of the slice reads `src` at `(i - lo) // step`, a gather by an index computed
+    from `iota`, and a `where` keeps `x` elsewhere."""
+    n, m = x.shape[a], src.shape[a]
+    i = _iota(L, n)
+    rel = L.apply("-", i, L.cast(L.lit(lo), "i32"), dtype="i32")
+    pos = L.apply("/", rel, L.cast(L.lit(step), "i32"), dtype="i32")
+    f = L.cast(L.lit(0), "bool")
+    on_step = L.compare("==", L.apply("-", rel, L.apply("*", pos, L.cast(L.lit(step), "i32"), dtype="i32"),
+                                      dtype="i32"), 0)
+    inside = L.apply("where", L.compare(">=", i, lo), L.compare("<", i, hi), f, dtype="bool")
+    hit = L.apply("where", inside, on_step, f, dtype="bool")
+    # Outside the slice the index is clamped into range (the read is discarded by the `where`).
+    pos = L.apply("max", L.apply("min", pos, L.cast(L.lit(m - 1), "i32"), dtype="i32"), L.cast(L.lit(0), "i32"),
+                  dtype="i32")
+    picked = _gather(L, src, pos, a)
+    hit = L.reshape(hit, (n,) + (1,) * (x.rank - a - 1))
+    return L.apply("where", hit, picked, x, dtype=x.dtype)
+
+
+def _cumsum(L, x, dim, dtype=None):
+    """A running sum along an axis of n: the sum over j of x[..., j] where j <= i, a row
+    reduction over an [..., n, n] space (RoBERTa's position ids are a cumsum of the mask of
+    tokens that are not padding). Integers are summed in f32, exact below 2^24."""
+    v = L.val(x)
+    out = L.out_dtype()
+    a = L.axis(dim, v.rank)
+    v = L.cast(v, "f32" if out in ("i32", "bool") else out)
+    last = v.rank - 1
+    if a != last:
+        v = L.swap(v, a, last)
+    n = v.shape[-1]
+    rows = L.broadcast(L.reshape(v, v.shape[:-1] + (1, n)), v.shape[:-1] + (n, n))
+    i = L.reshape(_iota(L, n), (n, 1))
+    j = L.reshape(_iota(L, n), (1, n))
+    upto = L.apply("<=", j, i, dtype="bool")
+    zero = L.cast(L.lit(0.0), v.dtype)
+    y = L.reduce("sum", L.apply("where", upto, rows, zero, dtype=v.dtype), -1, False)
+    if a != last:
+        y = L.swap(y, a, last)
+    return L.cast(y, out)
 
 
 def _select_backward(L, grad, input_sizes, dim, index):
@@ -1811,6 +1868,7 @@ LOWERINGS = {
     "embedding_dense_backward": _embedding_dense_backward,
     "index_put": _index_put,
     "slice_scatter": _slice_scatter,
+    "cumsum": _cumsum,
     "select_backward": _select_backward,
     "slice_backward": _slice_backward,
     "bitwise_and": _logical("and"),
