@@ -28,6 +28,13 @@ OPS = frozenset(
     + ["attention_bias_dropout_grad_v"]
 )
 
+POINTWISE = frozenset(
+    "neg exp log sqrt rsqrt recip abs tanh sigmoid relu gelu gelu_tanh silu erf sin cos square not "
+    "+ - * / pow max min < <= > >= == != where cast".split()
+)
+"""Operators applied element by element, their operands broadcast (`cast`'s second argument is
+its dtype): each element of the result depends only on the elements at its index."""
+
 
 class ExportError(Exception):
     """A graph eqfuse cannot take; the message names the operators and nodes involved."""
@@ -67,6 +74,23 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _aligned(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """`shape` with leading axes of size 1 up to `rank` (as broadcasting aligns it)."""
+    return (1,) * (rank - len(shape)) + tuple(shape)
+
+
+def _unit_axes_only(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether a reshape from `a` to `b` only adds or removes axes of size 1."""
+    return [d for d in a if d != 1] == [d for d in b if d != 1]
+
+
+def _moved(base: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """The base shape `base` of a value of shape `a`, carried through a reshape to `b` that only
+    adds or removes axes of size 1: the axes longer than 1 keep their sizes in order."""
+    kept = iter(s for s, d in zip(base, a) if d != 1)
+    return tuple(next(kept) if d != 1 else 1 for d in b)
+
+
 def identifier(text: str) -> str:
     """An identifier from any text: other characters become `_`, and a `v_` prefix is added
     when the text does not start with a letter or `_`."""
@@ -83,6 +107,8 @@ class GraphBuilder:
         self.outputs: list[dict] = []
         self._memo: dict[str, int] = {}
         self._names: set[str] = set()
+        self.types: dict[int, tuple[str | None, tuple[int, ...]]] = {}
+        """Each value node's dtype (None for a weak literal) and shape."""
 
     def unique_name(self, text: str, input: bool = False) -> str:
         """A fresh identifier for `text`; input names also avoid dtypes and operator spellings."""
@@ -113,7 +139,16 @@ class GraphBuilder:
             raise ExportError(f"input {name}: shape {list(shape)} has an empty axis")
         ident = self.unique_name(name, input=True)
         self.inputs.append({"name": ident, "dtype": dtype, "shape": list(shape)})
-        return Value(self._add({"op": "input", "value": ident}), dtype, tuple(shape))
+        return self._typed(self._add({"op": "input", "value": ident}), dtype, tuple(shape))
+
+    def _typed(self, index: int, dtype: str | None, shape: tuple[int, ...]) -> Value:
+        self.types.setdefault(index, (dtype, tuple(shape)))
+        return Value(index, dtype, tuple(shape))
+
+    def value(self, index: int) -> Value:
+        """The value of node `index`, with the type it was built with."""
+        dtype, shape = self.types[index]
+        return Value(index, dtype, shape)
 
     def input_name(self, v: Value) -> str:
         """The name of an input value."""
@@ -125,7 +160,7 @@ class GraphBuilder:
         if not math.isfinite(x):
             raise ExportError(f"the literal {x} is not finite")
         value = int(x) if x.is_integer() and abs(x) < 9e15 else x
-        return Value(self._add({"op": "const", "value": value}), None, ())
+        return self._typed(self._add({"op": "const", "value": value}), None, ())
 
     def dims(self, shape: tuple[int, ...]) -> int:
         return self._add({"op": "dims", "value": [int(d) for d in shape]})
@@ -137,7 +172,80 @@ class GraphBuilder:
         """Applies an operator to earlier nodes (values and attribute nodes, in table order)."""
         if op not in OPS:
             raise ExportError(f"`{op}` is not an eqfuse operator")
-        return Value(self._add({"op": op, "args": list(args)}, name), dtype, tuple(shape))
+        return self._typed(self._add({"op": op, "args": list(args)}, name), dtype, tuple(shape))
+
+    # --- values that are broadcasts of smaller ones
+
+    def base_shape(self, v: Value) -> tuple[int, ...]:
+        """The smallest shape `s` (of `v`'s rank, each size 1 or `v`'s) such that `v` is a
+        broadcast of a value of shape `s` this graph can compute: `broadcast` gives its operand,
+        an element-by-element operator the broadcast of its operands' base shapes, a reshape
+        that only adds or removes axes of size 1 its operand's base shape on the axes it keeps.
+        A padding mask `where(broadcast(m, [B, 1, S, S]), 0, fill)` has base shape
+        `[B, 1, 1, S]`: what `base` computes, and a caller writes instead of `B * S * S`
+        elements (or reads, as a view of the smaller tensor)."""
+        memo: dict[int, tuple[int, ...]] = {}
+        return self._base_shape(v.node, memo)
+
+    def _base_shape(self, index: int, memo: dict) -> tuple[int, ...]:
+        if index in memo:
+            return memo[index]
+        _, shape = self.types[index]
+        node = self.nodes[index]
+        op = node["op"]
+        out = shape
+        if op == "broadcast":
+            out = _aligned(self._base_shape(node["args"][0], memo), len(shape))
+        elif op in POINTWISE:
+            parts = [_aligned(self._base_shape(a, memo), len(shape)) for a in self._operands(node)]
+            out = broadcast_shapes(*parts) if parts else shape
+        elif op == "reshape" and _unit_axes_only(self.types[node["args"][0]][1], shape):
+            out = _moved(self._base_shape(node["args"][0], memo), self.types[node["args"][0]][1], shape)
+        memo[index] = out if math.prod(out) < math.prod(shape) else shape
+        return memo[index]
+
+    def _operands(self, node: dict) -> list[int]:
+        """The tensor operands of an element-by-element node (not `cast`'s dtype)."""
+        args = node["args"][:1] if node["op"] == "cast" else node["args"]
+        return [a for a in args if self.types[a][1]]
+
+    def base(self, v: Value, shape: tuple[int, ...] | None = None) -> Value:
+        """`v` computed at its base shape (`base_shape`), or at `shape`, which must lie between
+        the two (each size the base shape's or `v`'s): `broadcast(base(v), v.shape)` is `v`.
+        Nodes are added only where the value is smaller than `v`."""
+        memo: dict[int, tuple[int, ...]] = {}
+        want = tuple(shape) if shape is not None else self._base_shape(v.node, memo)
+        least = self._base_shape(v.node, memo)
+        if len(want) != v.rank or any(w not in (b, n) for w, b, n in zip(want, least, v.shape)):
+            raise ExportError(f"{list(want)} does not lie between {list(least)} and {list(v.shape)}")
+        return self._base(v.node, want, memo)
+
+    def _base(self, index: int, want: tuple[int, ...], memo: dict) -> Value:
+        dtype, shape = self.types[index]
+        if want == shape:
+            return Value(index, dtype, shape)
+        node = self.nodes[index]
+        op = node["op"]
+        base = self._base_shape(index, memo)
+        if want != base:  # between the two: the base broadcast to it
+            small = self._base(index, base, memo)
+            return self.op("broadcast", [small.node, self.dims(want)], dtype, want)
+        if op == "broadcast":
+            x = node["args"][0]
+            small = self._base(x, self._base_shape(x, memo), memo)
+        elif op in POINTWISE:
+            args = list(node["args"])
+            for k, a in enumerate(args):
+                if a in self._operands(node):
+                    args[k] = self._base(a, self._base_shape(a, memo), memo).node
+            parts = [self.types[a][1] for a in args if a in self.types and self.types[a][1]]
+            small = self.op(op, args, dtype, broadcast_shapes(*parts))
+        else:  # a reshape that adds or removes axes of size 1
+            x = node["args"][0]
+            small = self._base(x, self._base_shape(x, memo), memo)
+        if small.shape == want:
+            return small
+        return self.op("reshape", [small.node, self.dims(want)], dtype, want)
 
     def output(self, name: str, v: Value) -> str:
         """Declares a result; returns the identifier it was given."""
