@@ -24,6 +24,12 @@ AOTAutograd ATen graph, unfused), with a warning saying why, when: the exporter 
 refuses it (an operator without a lowering, a dynamic shape, no binary), the inputs are not on a
 CUDA device, CuPy is missing, or codegen refuses a kernel. A gemm planned as a cuBLASLt call
 runs as a torch product (`runtime.py`). The joint graph is only planned.
+
+Saved tensors: the forward returns the tensors it saves for the backward in the layout its
+kernels wrote (the backward's kernels read any layout; an eager run lays them out as traced),
+and one that its graph computes as a broadcast of a smaller tensor (a padding mask expanded to
+the scores' `[B, 1, S, S]`) as an expanded view of that tensor; the backward's graph then reads
+the smaller tensor (`Exported.broadcast_outputs`, `export_graph_module(broadcasts=...)`).
 """
 
 from __future__ import annotations
