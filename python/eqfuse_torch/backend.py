@@ -283,7 +283,6 @@ _BROADCASTS = "__eqfuse_broadcasts__"
 graph reads (`export_graph_module(broadcasts=...)`)."""
 
 
-
 def _traced_args(gm, args):
     """`args` with the strides the graph was traced with (a saved tensor eqfuse's forward
     returned in its own layout), for an eager run of the ATen graph, whose views assume them."""

@@ -109,6 +109,7 @@ class GraphBuilder:
         self._names: set[str] = set()
         self.types: dict[int, tuple[str | None, tuple[int, ...]]] = {}
         """Each value node's dtype (None for a weak literal) and shape."""
+        self._bases: dict[int, tuple[int, ...]] = {}  # (`base_shape`, by node)
 
     def unique_name(self, text: str, input: bool = False) -> str:
         """A fresh identifier for `text`; input names also avoid dtypes and operator spellings."""
@@ -145,11 +146,6 @@ class GraphBuilder:
         self.types.setdefault(index, (dtype, tuple(shape)))
         return Value(index, dtype, tuple(shape))
 
-    def value(self, index: int) -> Value:
-        """The value of node `index`, with the type it was built with."""
-        dtype, shape = self.types[index]
-        return Value(index, dtype, shape)
-
     def input_name(self, v: Value) -> str:
         """The name of an input value."""
         return self.nodes[v.node]["value"]
@@ -180,72 +176,93 @@ class GraphBuilder:
         """The smallest shape `s` (of `v`'s rank, each size 1 or `v`'s) such that `v` is a
         broadcast of a value of shape `s` this graph can compute: `broadcast` gives its operand,
         an element-by-element operator the broadcast of its operands' base shapes, a reshape
-        that only adds or removes axes of size 1 its operand's base shape on the axes it keeps.
-        A padding mask `where(broadcast(m, [B, 1, S, S]), 0, fill)` has base shape
-        `[B, 1, 1, S]`: what `base` computes, and a caller writes instead of `B * S * S`
-        elements (or reads, as a view of the smaller tensor)."""
-        memo: dict[int, tuple[int, ...]] = {}
-        return self._base_shape(v.node, memo)
+        that only adds or removes axes of size 1 its operand's base shape on the axes it keeps;
+        any other node is its own base. A padding mask `where(broadcast(m, [B, 1, S, S]), 0,
+        fill)` has base shape `[B, 1, 1, S]`: what `base` computes, and a caller writes instead
+        of `B * S * S` elements (or reads, as a view of the smaller tensor)."""
+        # Post-order with an explicit stack (a long chain of operators must not exhaust
+        # Python's recursion); nodes never change once added, so their base shapes are kept.
+        stack = [v.node]
+        while stack:
+            i = stack[-1]
+            if i in self._bases:
+                stack.pop()
+                continue
+            todo = [d for d in self._base_deps(i) if d not in self._bases]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            self._bases[i] = self._base_shape_of(i)
+        return self._bases[v.node]
 
-    def _base_shape(self, index: int, memo: dict) -> tuple[int, ...]:
-        if index in memo:
-            return memo[index]
-        _, shape = self.types[index]
+    def _base_deps(self, index: int) -> list[int]:
+        """The nodes whose base shapes give node `index`'s."""
         node = self.nodes[index]
         op = node["op"]
-        out = shape
         if op == "broadcast":
-            out = _aligned(self._base_shape(node["args"][0], memo), len(shape))
-        elif op in POINTWISE:
-            parts = [_aligned(self._base_shape(a, memo), len(shape)) for a in self._operands(node)]
-            out = broadcast_shapes(*parts) if parts else shape
-        elif op == "reshape" and _unit_axes_only(self.types[node["args"][0]][1], shape):
-            out = _moved(self._base_shape(node["args"][0], memo), self.types[node["args"][0]][1], shape)
-        memo[index] = out if math.prod(out) < math.prod(shape) else shape
-        return memo[index]
+            return [node["args"][0]]
+        if op in POINTWISE:
+            args = node["args"][:1] if op == "cast" else node["args"]  # (not cast's dtype)
+            return [a for a in args if self.types[a][1]]  # (scalars broadcast anyway)
+        if op == "reshape" and _unit_axes_only(self.types[node["args"][0]][1], self.types[index][1]):
+            return [node["args"][0]]
+        return []
 
-    def _operands(self, node: dict) -> list[int]:
-        """The tensor operands of an element-by-element node (not `cast`'s dtype)."""
-        args = node["args"][:1] if node["op"] == "cast" else node["args"]
-        return [a for a in args if self.types[a][1]]
+    def _base_shape_of(self, index: int) -> tuple[int, ...]:
+        _, shape = self.types[index]
+        node = self.nodes[index]
+        deps = self._base_deps(index)
+        if not deps:
+            return shape
+        if node["op"] == "reshape":
+            out = _moved(self._bases[deps[0]], self.types[deps[0]][1], shape)
+        else:  # a broadcast, or an element-by-element operator: its operands' broadcast
+            out = _aligned(broadcast_shapes(*(_aligned(self._bases[d], len(shape)) for d in deps)), len(shape))
+        return out if math.prod(out) < math.prod(shape) else shape
 
     def base(self, v: Value, shape: tuple[int, ...] | None = None) -> Value:
         """`v` computed at its base shape (`base_shape`), or at `shape`, which must lie between
-        the two (each size the base shape's or `v`'s): `broadcast(base(v), v.shape)` is `v`.
-        Nodes are added only where the value is smaller than `v`."""
-        memo: dict[int, tuple[int, ...]] = {}
-        want = tuple(shape) if shape is not None else self._base_shape(v.node, memo)
-        least = self._base_shape(v.node, memo)
+        the two (each size the base shape's or `v`'s; the base is then broadcast to it):
+        `broadcast(base(v), v.shape)` is `v`. Nodes are added only where a value is smaller."""
+        least = self.base_shape(v)
+        want = tuple(shape) if shape is not None else least
         if len(want) != v.rank or any(w not in (b, n) for w, b, n in zip(want, least, v.shape)):
             raise ExportError(f"{list(want)} does not lie between {list(least)} and {list(v.shape)}")
-        return self._base(v.node, want, memo)
+        if want == v.shape:
+            return v
+        built: dict[int, Value] = {}
+        stack = [v.node]
+        while stack:
+            i = stack[-1]
+            if i in built:
+                stack.pop()
+                continue
+            dtype, full = self.types[i]
+            if self._bases[i] == full:
+                built[i] = Value(i, dtype, full)
+                stack.pop()
+                continue
+            todo = [d for d in self._base_deps(i) if d not in built]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            built[i] = self._rebuilt(i, built)
+        small = built[v.node]
+        return small if small.shape == want else self.op("broadcast", [small.node, self.dims(want)], v.dtype, want)
 
-    def _base(self, index: int, want: tuple[int, ...], memo: dict) -> Value:
-        dtype, shape = self.types[index]
-        if want == shape:
-            return Value(index, dtype, shape)
+    def _rebuilt(self, index: int, built: dict[int, Value]) -> Value:
+        """Node `index` at its base shape, from its operands at theirs (`built`)."""
+        dtype, _ = self.types[index]
         node = self.nodes[index]
-        op = node["op"]
-        base = self._base_shape(index, memo)
-        if want != base:  # between the two: the base broadcast to it
-            small = self._base(index, base, memo)
-            return self.op("broadcast", [small.node, self.dims(want)], dtype, want)
-        if op == "broadcast":
-            x = node["args"][0]
-            small = self._base(x, self._base_shape(x, memo), memo)
-        elif op in POINTWISE:
-            args = list(node["args"])
-            for k, a in enumerate(args):
-                if a in self._operands(node):
-                    args[k] = self._base(a, self._base_shape(a, memo), memo).node
-            parts = [self.types[a][1] for a in args if a in self.types and self.types[a][1]]
-            small = self.op(op, args, dtype, broadcast_shapes(*parts))
-        else:  # a reshape that adds or removes axes of size 1
-            x = node["args"][0]
-            small = self._base(x, self._base_shape(x, memo), memo)
-        if small.shape == want:
-            return small
-        return self.op("reshape", [small.node, self.dims(want)], dtype, want)
+        want = self._bases[index]
+        if node["op"] in POINTWISE:
+            args = [built[a].node if a in built else a for a in node["args"]]
+            small = self.op(node["op"], args, dtype, broadcast_shapes(*(built[d].shape for d in self._base_deps(index))))
+        else:  # a broadcast, or a reshape that adds or removes axes of size 1: its operand's base
+            small = built[node["args"][0]]
+        return small if small.shape == want else self.op("reshape", [small.node, self.dims(want)], dtype, want)
 
     def output(self, name: str, v: Value) -> str:
         """Declares a result; returns the identifier it was given."""
