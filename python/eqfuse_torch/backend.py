@@ -24,6 +24,12 @@ AOTAutograd ATen graph, unfused), with a warning saying why, when: the exporter 
 refuses it (an operator without a lowering, a dynamic shape, no binary), the inputs are not on a
 CUDA device, CuPy is missing, or codegen refuses a kernel. A gemm planned as a cuBLASLt call
 runs as a torch product (`runtime.py`). The joint graph is only planned.
+
+Saved tensors: the forward returns the tensors it saves for the backward in the layout its
+kernels wrote (the backward's kernels read any layout; an eager run lays them out as traced),
+and one that its graph computes as a broadcast of a smaller tensor (a padding mask expanded to
+the scores' `[B, 1, S, S]`) as an expanded view of that tensor; the backward's graph then reads
+the smaller tensor (`Exported.broadcast_outputs`, `export_graph_module(broadcasts=...)`).
 """
 
 from __future__ import annotations
@@ -210,7 +216,13 @@ class EqfuseBackend:
             statics = {} if kind != "backward" else {
                 n.name: constants[n.name] for n in aten_gm.graph.nodes
                 if n.op == "placeholder" and n.name in constants}
-            exported = export_graph_module(aten_gm, statics=statics)
+            # A saved tensor the forward returns as a broadcast of a smaller one (a padding mask
+            # [B, 1, 1, S] expanded to the scores' [B, 1, S, S]) is that smaller one in the
+            # backward's graph too: its kernels read the mask by key.
+            broadcasts = constants.get(_BROADCASTS, {}) if kind == "backward" else {}
+            saved_from = constants.get(_SAVED_FROM) if kind == "forward" else None
+            exported = export_graph_module(aten_gm, statics=statics, free_layout_from=saved_from,
+                                           broadcasts=broadcasts)
             if kind == "forward":
                 out_node = next(n for n in aten_gm.graph.nodes if n.op == "output")
                 results = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
@@ -218,6 +230,9 @@ class EqfuseBackend:
                     # (A random-number state carrying a seed changes every call: not a constant.)
                     if isinstance(results[i], torch.fx.Node) and i not in exported.seed_outputs:
                         constants[results[i].name] = t
+                for i, small in exported.broadcast_outputs.items():
+                    if saved_from is not None and i >= saved_from and isinstance(results[i], torch.fx.Node):
+                        constants.setdefault(_BROADCASTS, {})[results[i].name] = small
             graph = exported.graph
             record = CapturedPlan(kind, graph, plan_graph(graph, binary=self.binary, device=self.device, args=self.args))
         except (ExportError, PlanError) as e:
@@ -261,6 +276,11 @@ class EqfuseBackend:
 _SAVED_FROM = "__eqfuse_saved_from__"
 """Key of `constants` (one captured graph's): the forward output index from which outputs are
 saved for the backward alone."""
+
+_BROADCASTS = "__eqfuse_broadcasts__"
+"""Key of `constants`: the forward's saved outputs it returns as broadcasts of smaller tensors
+(`Exported.broadcast_outputs`), node name -> the smaller tensor's shape, which the backward's
+graph reads (`export_graph_module(broadcasts=...)`)."""
 
 
 def _traced_args(gm, args):
@@ -443,6 +463,7 @@ class _Runner:
         self.last_seeds = None
         self.plan = plan
         self.input_names = exported.input_names
+        self.broadcast_inputs = dict(exported.broadcast_inputs)
         self.dont_care = set(exported.dont_care)
         self.values = {}
         device = plan.device
@@ -466,7 +487,8 @@ class _Runner:
                     stride = None
                 if saved_from is not None and i >= saved_from:
                     stride = None  # saved for the backward alone: read in any layout
-                self.outputs.append((next(names), val.dtype, tuple(val.shape), stride))
+                base = exported.broadcast_outputs.get(i)  # computed as a smaller tensor: expanded
+                self.outputs.append((next(names), val.dtype, tuple(val.shape), stride, base))
         self.torch = torch
 
     def __call__(self, *args):
@@ -510,10 +532,14 @@ class _Runner:
         return self.aten_gm.forward(*_traced_args(self.aten_gm, args))
 
     def _run(self, args):
+        from .export import broadcast_base_view
+
         inputs = dict(self.values)
         for name, a in zip(self.input_names, args):
             if name is not None:
-                inputs[name] = a
+                # An expanded argument: the graph reads the tensor it is a broadcast of, in place.
+                base = self.broadcast_inputs.get(name)
+                inputs[name] = broadcast_base_view(a, base) if base is not None else a
         seeds = None
         if self.seed_input is not None:
             from .rng import Seeds
@@ -531,7 +557,7 @@ class _Runner:
             if o is None or isinstance(o, self.torch.Tensor):
                 out.append(o)
                 continue
-            name, dtype, shape, stride = o
+            name, dtype, shape, stride, base = o
             t = got[name]
             if t.dtype != dtype:
                 t = t.to(dtype)
@@ -539,7 +565,7 @@ class _Runner:
                 length, fill = self.pads[i]
                 t = t.reshape(shape[:-1] + (-1,))
                 t = self.torch.nn.functional.pad(t, (0, length - t.shape[-1]), value=fill)
-            t = t.reshape(shape)
+            t = t.reshape(shape) if base is None else t.reshape(base).expand(shape)
             if stride is not None:
                 # The graphs after this one were traced with PyTorch's strides for this output
                 # (a transposed attention result the backward views as it was): give them those.

@@ -97,6 +97,27 @@ class Exported:
     """Output positions that are an SDPA forward's random-number state: position -> the site
     whose seed it carries (element 0; `rng.rng_state`). Their `constants` entry gives the dtype
     and shape."""
+    broadcast_inputs: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Graph inputs smaller than their placeholders' tensors, which are broadcasts of them (an
+    expanded tensor, stride 0 along some axes): input name -> its shape, the placeholder's with
+    size 1 on the broadcast axes. The graph broadcasts the input back, so its kernels read the
+    small tensor (a padding mask by key, not `[B, 1, S, S]`); `arguments` passes the view of
+    the placeholder's tensor at index 0 along those axes."""
+    broadcast_outputs: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Outputs the graph computes as a smaller tensor of which PyTorch's is a broadcast: position
+    -> the graph output's shape (PyTorch's, with size 1 on the broadcast axes); the caller
+    returns it expanded to PyTorch's shape, a view, rather than the graph writing every element."""
+
+    def arguments(self, args) -> dict[str, torch.Tensor]:
+        """The graph's inputs by name from the PyTorch graph's placeholder arguments, in order,
+        and the exported values; a broadcast input (`broadcast_inputs`) is a view of its
+        argument, no copy."""
+        out = dict(self.values)
+        for name, a in zip(self.input_names, args):
+            if name is not None:
+                shape = self.broadcast_inputs.get(name)
+                out[name] = broadcast_base_view(a, shape) if shape is not None else a
+        return out
 
     def save(self, path: str | Path, values_dir: str | Path | None = None) -> None:
         """Writes the graph as JSON, and each value as `values_dir/NAME.npy`."""
@@ -163,12 +184,21 @@ def export_program(ep: "torch.export.ExportedProgram") -> Exported:
 
 
 def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Tensor] | None = None,
-                        statics: dict[str, torch.Tensor] | None = None) -> Exported:
+                        statics: dict[str, torch.Tensor] | None = None, *, free_layout_from: int | None = None,
+                        broadcasts: dict[str, tuple[int, ...]] | None = None) -> Exported:
     """Exports an ATen-level graph: every placeholder is an input (`parameters` gives values for
     some, by placeholder name), except those `statics` gives a value that never changes (a
     constant the forward graph returns for its backward), which are folded like `get_attr`
     tensors. Outputs that are `None` (as in a backward graph, for inputs without gradient) are
-    skipped."""
+    skipped.
+
+    Broadcasts (`Exported.broadcast_inputs`, `Exported.broadcast_outputs`): a placeholder whose
+    traced tensor has stride 0 along some axes, or that `broadcasts` names (placeholder name ->
+    the shape it is a broadcast of: a forward's output returned so), is a smaller graph input
+    broadcast back. An output that the graph computes as a broadcast of a smaller value is
+    returned as that value, where its layout is free: at positions from `free_layout_from` on
+    (a forward's tensors saved for its backward alone), or along axes where the traced tensor
+    has stride 0."""
     parameters = parameters or {}
     statics = statics or {}
     kinds = {}
@@ -179,7 +209,7 @@ def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Te
                 kinds[node.name] = ("static", statics[node.name])
             else:
                 kinds[node.name] = ("parameter", value) if value is not None else ("input", None)
-    return Exporter(gm, kinds).run()
+    return Exporter(gm, kinds, free_layout_from, broadcasts).run()
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -200,9 +230,14 @@ def _describe(node: torch.fx.Node) -> str:
 class Exporter:
     """One export: walks the fx graph in order, lowering each node."""
 
-    def __init__(self, gm: torch.fx.GraphModule, kinds: dict[str, tuple[str, torch.Tensor | None]]):
+    def __init__(self, gm: torch.fx.GraphModule, kinds: dict[str, tuple[str, torch.Tensor | None]],
+                 free_layout_from: int | None = None, broadcasts: dict[str, tuple[int, ...]] | None = None):
         self.gm = gm
         self.kinds = kinds
+        self.free_layout_from = free_layout_from
+        self.broadcasts = broadcasts or {}
+        self.broadcast_inputs: dict[str, tuple[int, ...]] = {}
+        self.broadcast_outputs: dict[int, tuple[int, ...]] = {}
         self.b = GraphBuilder()
         self.env: dict[str, object] = {}  # node name -> Value, tuple of Values, or a static tensor
         self.static: set[str] = set()
@@ -233,7 +268,8 @@ class Exporter:
                 raise ExportError(f"fx node {node.name} of kind {node.op} is not supported (export an ATen graph)")
         seed_input = self.seeds.finish()
         return Exported(self.b.to_json(), self.values, input_names, self.constants, self.dont_care_outputs,
-                        dict(self.seeds.sites), seed_input, self.pads, self.seed_outputs)
+                        dict(self.seeds.sites), seed_input, self.pads, self.seed_outputs, self.broadcast_inputs,
+                        self.broadcast_outputs)
 
     def check_supported(self) -> None:
         """Every operator must have a lowering, except in nodes evaluated here (static ones)."""
@@ -270,9 +306,15 @@ class Exporter:
                 raise ExportError(f"placeholder {node.name} is a size or scalar ({val}), not a tensor: shapes must be "
                                   "static (torch.compile(..., dynamic=False))")
             raise ExportError(f"placeholder {node.name} has no tensor metadata (meta['val'])")
-        v = self.b.input(node.name, dtype_name(val.dtype), _static_shape(val, node))
-        self.env[node.name] = v
+        shape = _static_shape(val, node)
+        small = _broadcast_base(val, shape, self.broadcasts.get(node.name)) if value is None else shape
+        v = self.b.input(node.name, dtype_name(val.dtype), small)
         name = self.b.input_name(v)
+        if small != shape:
+            # An expanded tensor: the kernels read its one copy of each value, broadcast.
+            self.broadcast_inputs[name] = small
+            v = self.b.op("broadcast", [v.node, self.b.dims(shape)], v.dtype, shape)
+        self.env[node.name] = v
         if value is not None:
             self.values[name] = value
         return name
@@ -414,9 +456,10 @@ class Exporter:
             if shape == ():
                 return typed
             return self.b.op("broadcast", [typed.node, self.b.dims(shape)], dtype, shape)
-        v = self.b.input(name, dtype, shape)
-        self.values[self.b.input_name(v)] = t
-        return v
+        small = _broadcast_base(t, shape, None)
+        v = self.b.input(name, dtype, small)
+        self.values[self.b.input_name(v)] = broadcast_base_view(t, small)  # (an expanded one: its values once)
+        return v if small == shape else self.b.op("broadcast", [v.node, self.b.dims(shape)], dtype, shape)
 
     def outputs(self, node: torch.fx.Node) -> None:
         results = node.args[0]
@@ -435,9 +478,32 @@ class Exporter:
             if isinstance(v, _Padded):
                 self.pads[i] = (v.length, v.fill)
                 v = v.value
+            elif isinstance(v, Value):
+                v = self.broadcast_output(i, r, v)
             if not isinstance(v, Value):
                 raise ExportError(f"output {i} is not a tensor the graph computes")
             self.b.output(f"out{i}", v)
+
+    def broadcast_output(self, i: int, node: torch.fx.Node, v: Value) -> Value:
+        """Output `i` as the smaller value it is a broadcast of (`GraphBuilder.base`), along the
+        axes where its layout is free: every axis of a tensor saved for the backward alone, the
+        axes of stride 0 of any other (PyTorch's later graphs read it as traced). `v` itself
+        when it is no broadcast there."""
+        if self.free_layout_from is not None and i >= self.free_layout_from:
+            free = set(range(v.rank))
+        else:
+            val = node.meta.get("val")
+            try:
+                stride = tuple(val.stride())
+            except Exception:  # noqa: BLE001 - no tensor, or a layout without strides
+                return v
+            free = {d for d, st in enumerate(stride) if st == 0}
+        least = self.b.base_shape(v)
+        want = tuple(least[d] if d in free else v.shape[d] for d in range(v.rank))
+        if math.prod(want) == v.numel:
+            return v
+        self.broadcast_outputs[i] = want
+        return self.b.base(v, want)
 
 
 class _Seeds:
@@ -499,6 +565,28 @@ def _foldable(node: torch.fx.Node) -> bool:
     if isinstance(t, torch._ops.OpOverload):
         return not t._schema.is_mutable and "rand" not in t.__name__ and "dropout" not in t.__name__ and "empty" not in t.__name__
     return t is operator.getitem
+
+
+def _broadcast_base(val: torch.Tensor, shape: tuple[int, ...], known: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The shape of which a placeholder's tensor is a broadcast: size 1 along its axes of stride
+    0, and along those where `known` (the shape a forward returned it as a broadcast of) has 1."""
+    try:
+        stride = tuple(val.stride())
+    except Exception:  # noqa: BLE001 - a layout without strides
+        stride = (1,) * len(shape)
+    if known is not None and (len(known) != len(shape) or any(k not in (1, n) for k, n in zip(known, shape))):
+        known = None
+    return tuple(1 if st == 0 or (known is not None and known[d] == 1) else n
+                 for d, (n, st) in enumerate(zip(shape, stride)))
+
+
+def broadcast_base_view(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The view of `t` at index 0 along the axes where `shape` has size 1 and `t` does not: the
+    tensor `t` is a broadcast of (`Exported.broadcast_inputs`), read in place. `t` itself when
+    its rank differs (the plan then says what it needs)."""
+    if t.dim() != len(shape):
+        return t
+    return t[tuple(slice(0, 1) if s == 1 and n != 1 else slice(None) for s, n in zip(shape, t.shape))]
 
 
 def _static_shape(val: torch.Tensor, node: torch.fx.Node) -> tuple[int, ...]:
@@ -1437,9 +1525,12 @@ def _known_mask(L, mask, is_causal, sq, sk):
     if not isinstance(mask, Value):
         return mask, is_causal
     node = L.b.nodes[mask.node]
+    if node["op"] == "broadcast":  # (an expanded constant: its values once, broadcast)
+        node = L.b.nodes[node["args"][0]]
     t = L.values.get(node["value"]) if node.get("op") == "input" else None
     if t is None:
         return mask, is_causal
+    t = t.expand(mask.shape)
     if t.dtype == torch.bool:
         keep = t
     else:

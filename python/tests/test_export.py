@@ -70,12 +70,15 @@ class Layout(nn.Module):
         return y, torch.amax(q, dim=-1), (q > 0.5).float().mean(0), torch.where(q > 0, q, 0.1 * q)
 
 
-def run_cpu(exported, inputs, tmp_path):
-    """`eqfuse run --cpu` on the export, with the given inputs and the exported values."""
+def run_cpu(exported, inputs, tmp_path, by_name=None):
+    """`eqfuse run --cpu` on the export, with the given inputs (or graph inputs `by_name`) and
+    the exported values."""
     graph = tmp_path / "g.json"
     values = tmp_path / "in"
     exported.save(graph, values_dir=values)
-    for name, t in zip([n for n in exported.input_names if n and n not in exported.values], inputs):
+    if by_name is None:
+        by_name = dict(zip([n for n in exported.input_names if n and n not in exported.values], inputs))
+    for name, t in by_name.items():
         np.save(values / f"{name}.npy", t.detach().numpy())
     out = tmp_path / "out"
     r = subprocess.run([find_eqfuse(), "run", "--cpu", str(graph), "--inputs", str(values), "--outputs", str(out)],
@@ -517,3 +520,100 @@ def test_masked_sdpa_log_sum_exp_from_flash_statistics(bool_mask, tmp_path):
     sc = (q @ k.transpose(-1, -2)) / D ** 0.5 + torch.where(keep, 0.0, torch.finfo(torch.float32).min)
     close(got_lse.reshape(B, H, 32), torch.logsumexp(sc, -1), 1e-4)
     close(got_out, torch.softmax(sc, -1) @ v, 1e-4)
+
+
+@pytest.mark.parametrize("traced", ["expanded", "dense"])
+def test_saved_attention_bias_stays_a_bias_by_key(traced, tmp_path):
+    """The efficient SDPA kernel's bias as PyTorch's CUDA path spells it: a padding mask by key,
+    expanded to `[B, H, S, S]`, saved for the backward. The forward's graph returns it (a tensor
+    saved for the backward: its layout is free) as the `[B, 1, 1, S]` tensor it is a broadcast
+    of; the backward's graph takes that as its input, whether its placeholder was traced
+    expanded (stride 0) or dense (as a `where` AOTAutograd saves is: the forward says what it
+    returned, `broadcasts`). Both compute attention and its gradients."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fw(q, k, v, pad):
+        bias = (pad * -1e4)[:, None, None, :].expand(B, H, S, S)
+        r = aten._scaled_dot_product_efficient_attention(q, k, v, bias, True, 0.0, False)
+        return r[0], r[1], r[2], r[3], bias
+
+    def bw(g, q, k, v, bias, out, lse, seed, offset):
+        return aten._scaled_dot_product_efficient_attention_backward(g, q, k, v, bias, out, lse, seed, offset, 0.0,
+                                                                     [True, True, True, False], False)[:3]
+
+    with FakeTensorMode():
+        fq, fk, fv, fg = (torch.empty(B, H, S, D, device="cuda") for _ in range(4))
+        fpad = torch.empty(B, S, device="cuda")
+        fw_gm = make_fx(fw)(fq, fk, fv, fpad)
+        out, lse, seed, offset, bias = fw(fq, fk, fv, fpad)
+        if traced == "dense":
+            bias = torch.empty(B, H, S, S, device="cuda")
+        bw_gm = make_fx(bw)(fg, fq, fk, fv, bias, out, lse, seed, offset)
+    fwx = export_graph_module(fw_gm, free_layout_from=2)
+    assert fwx.broadcast_outputs == {4: (B, 1, 1, S)}
+    bias_name = [n.name for n in bw_gm.graph.nodes if n.op == "placeholder"][4]
+    bwx = export_graph_module(bw_gm, broadcasts={bias_name: fwx.broadcast_outputs[4]})
+    assert list(bwx.broadcast_inputs.values()) == [(B, 1, 1, S)]
+    assert [i["shape"] for i in bwx.graph["inputs"] if len(i["shape"]) == 4 and i["shape"][-1] == S] == [[B, 1, 1, S]]
+
+    torch.manual_seed(0)
+    q, k, v, g = (torch.randn(B, H, S, D) for _ in range(4))
+    pad = (torch.rand(B, S) < 0.3).float()
+    pad[:, 0] = 0.0
+    (tmp_path / "fw").mkdir()
+    got_out, got_lse, got_bias = run_cpu(fwx, [q, k, v, pad], tmp_path / "fw")
+    dense = (pad * -1e4)[:, None, None, :].expand(B, H, S, S)
+    assert tuple(got_bias.shape) == (B, 1, 1, S)
+    close(got_bias.expand(B, H, S, S), dense)
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    o = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=dense)
+    o.backward(g)
+    close(got_out, o.detach(), 1e-4)
+    saved = got_bias.expand(B, H, S, S) if traced == "expanded" else got_bias.expand(B, H, S, S).contiguous()
+    args = [g, q, k, v, saved, o.detach(), got_lse.reshape(B, H, S), torch.zeros(()), torch.zeros(())]
+    (tmp_path / "bw").mkdir()
+    grads = run_cpu(bwx, None, tmp_path / "bw", bwx.arguments(args))
+    for got, want in zip(grads, (qr.grad, kr.grad, vr.grad)):
+        close(got, want, 1e-4)
+
+
+def test_base_of_a_broadcast_computes_the_same_values():
+    """`GraphBuilder.base_shape` and `base`: a padding mask built as `where` of a broadcast, a
+    reshape that only adds axes of size 1, and an element-by-element operator of broadcasts have
+    a smaller base, which broadcast back equals the value (checked by the benches' PyTorch reader
+    of the graph); an operator with a full operand, or a reduction, has none; `base` at a shape
+    between the two broadcasts the base to it."""
+    from eqfuse_torch import GraphBuilder
+
+    b = GraphBuilder()
+    m = b.input("m", "bool", (2, 8))
+    x = b.input("x", "f32", (2, 4, 8, 8))
+    keep = b.op("broadcast", [b.op("reshape", [m.node, b.dims((2, 1, 1, 8))], "bool", (2, 1, 1, 8)).node,
+                              b.dims((2, 1, 8, 8))], "bool", (2, 1, 8, 8))
+    zero = b.op("cast", [b.const(0).node, b.dtype("f32")], "f32", ())
+    mask = b.op("where", [keep.node, zero.node, b.const(-1e4).node], "f32", (2, 1, 8, 8))
+    wide = b.op("reshape", [mask.node, b.dims((2, 1, 1, 8, 8))], "f32", (2, 1, 1, 8, 8))
+    scaled = b.op("*", [b.op("broadcast", [mask.node, b.dims((2, 4, 8, 8))], "f32", (2, 4, 8, 8)).node,
+                        b.const(0.5).node], "f32", (2, 4, 8, 8))
+    full = b.op("+", [x.node, mask.node], "f32", (2, 4, 8, 8))
+    total = b.op("sum", [mask.node, b.const(-1).node], "f32", (2, 1, 8, 1))
+    assert b.base_shape(mask) == (2, 1, 1, 8)
+    assert b.base_shape(wide) == (2, 1, 1, 1, 8)
+    assert b.base_shape(scaled) == (2, 1, 1, 8)
+    assert b.base_shape(full) == full.shape and b.base_shape(total) == total.shape
+    assert b.base(full) == full
+    between = b.base(scaled, (2, 4, 1, 8))
+    with pytest.raises(ExportError):
+        b.base(scaled, (2, 4, 8, 1))
+    assert between.shape == (2, 4, 1, 8)
+    cases = [(mask, b.base(mask)), (wide, b.base(wide)), (scaled, b.base(scaled)), (scaled, between)]
+    for k, (v, small) in enumerate(cases):
+        assert small.shape == (b.base_shape(v) if small is not between else (2, 4, 1, 8))
+        b.output(f"v{k}", v)
+        b.output(f"small{k}", small)
+    torch.manual_seed(0)
+    got = baselines().build(b.to_json())(torch.rand(2, 8) > 0.3, torch.randn(2, 4, 8, 8))
+    for k, (v, small) in enumerate(cases):
+        assert tuple(got[2 * k + 1].shape) == small.shape
+        assert torch.equal(got[2 * k + 1].expand(v.shape), got[2 * k])

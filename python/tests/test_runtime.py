@@ -236,6 +236,66 @@ def test_backend_runner_maps_arguments_values_and_outputs(monkeypatch):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
+class ShapeRecordingPlan(CpuReferencePlan):
+    """The CPU stand-in, keeping the inputs it was given and the outputs it gave (name -> tensor)."""
+
+    def __call__(self, inputs):
+        self.seen = dict(inputs)
+        self.results = super().__call__(inputs)
+        return self.results
+
+
+def test_backend_returns_a_broadcast_output_as_a_view(monkeypatch):
+    """An output that PyTorch returns expanded (stride 0 along an axis) and that the graph
+    computes as a broadcast is written at its smaller shape and returned as an expanded view of
+    it; a broadcast PyTorch returns as a dense tensor is written whole, as it was traced."""
+    made = []
+    monkeypatch.setattr(EqfuseBackend, "_build", lambda self, graph, ex: made.append(ShapeRecordingPlan(graph)) or made[-1])
+
+    def f(x, m):
+        bias = torch.where(m[:, None, :], 0.0, -1e4)  # [B, 1, S]: a padding mask by key
+        return torch.softmax(x + bias, -1), bias.expand(2, 8, 8), torch.where(m[:, None, :].expand(2, 8, 8), 1.0, 2.0)
+
+    x, m = torch.randn(2, 8, 8), torch.rand(2, 8) > 0.3
+    m[:, 0] = True
+    backend = EqfuseBackend(report=None)
+    with torch.no_grad():
+        got = torch.compile(f, backend=backend, dynamic=False)(x, m)
+    want = f(x, m)
+    assert [p.runs for p in backend.plans] == ["eqfuse"], [p.why_eager for p in backend.plans]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+    assert got[1].stride() == want[1].stride() == (8, 0, 1)
+    assert got[1].untyped_storage().nbytes() == 2 * 8 * 4  # [2, 1, 8] f32, no more
+    assert got[2].is_contiguous()
+    # What the graph computes: the expanded output at its smaller shape, the dense one whole.
+    assert [tuple(t.shape) for t in made[0].results.values()] == [(2, 8, 8), (2, 1, 8), (2, 8, 8)]
+
+
+def test_backend_reads_an_expanded_input_in_place(monkeypatch):
+    """An argument expanded from a smaller tensor is a graph input of the smaller shape,
+    broadcast in the graph: the plan is given a view of the argument's storage, no copy. A
+    transposed argument is passed as it is (the runtime lays it out) and computes the same."""
+    made = []
+    monkeypatch.setattr(EqfuseBackend, "_build", lambda self, graph, ex: made.append(ShapeRecordingPlan(graph)) or made[-1])
+
+    def f(x, bias, v):
+        return torch.softmax(x + bias, -1) @ v
+
+    x, small, v = torch.randn(2, 8, 8), torch.randn(2, 1, 8), torch.randn(2, 4, 8).transpose(1, 2)
+    backend = EqfuseBackend(report=None)
+    with torch.no_grad():
+        got = torch.compile(f, backend=backend, dynamic=False)(x, small.expand(2, 8, 8), v)
+    torch.testing.assert_close(got, f(x, small.expand(2, 8, 8), v), rtol=1e-5, atol=1e-5)
+    assert [p.runs for p in backend.plans] == ["eqfuse"], [p.why_eager for p in backend.plans]
+    graph = backend.plans[0].graph
+    assert [i["shape"] for i in graph["inputs"]] == [[2, 8, 8], [2, 1, 8], [2, 8, 4]]
+    name = graph["inputs"][1]["name"]
+    seen = made[0].seen[name]
+    assert tuple(seen.shape) == (2, 1, 8) and seen.data_ptr() == small.data_ptr()
+    assert made[0].seen[graph["inputs"][2]["name"]].stride() == v.stride()
+
+
 def test_backend_runs_cpu_inputs_eagerly_with_a_warning():
     x, w, b = torch.randn(8, 32), torch.randn(32), torch.randn(32)
     backend = EqfuseBackend(report=None)

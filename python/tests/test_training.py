@@ -148,6 +148,87 @@ def test_training_step_on_eqfuse_plans_matches_eager(name, attn, monkeypatch):
     assert all(p.plan is not None for p in backend.plans), [(p.kind, p.error) for p in backend.plans]
 
 
+class RecordingPlan:
+    """A CpuReferencePlan that keeps the shape and strides of every input it was called with."""
+
+    def __new__(cls, graph):
+        from test_runtime import CpuReferencePlan
+
+        class Recording(CpuReferencePlan):
+            def __call__(self, inputs):
+                self.seen = {k: (tuple(v.shape), tuple(v.stride())) for k, v in inputs.items()}
+                return super().__call__(inputs)
+
+        return Recording(graph)
+
+
+def bert_encoder(dtype=torch.float32):
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0, attn_implementation="sdpa")
+    return transformers.BertModel(cfg, add_pooling_layer=False).to(dtype).train()
+
+
+def encoder_step(model, inputs, backend=None):
+    """One forward and backward pass of a BertModel (a loss on its last hidden state: a fixed
+    projection of every position)."""
+    model = copy.deepcopy(model)
+    run = torch.compile(model, backend=backend, dynamic=False) if backend else model
+    h = run(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).last_hidden_state
+    probe = torch.randn(h.shape, generator=torch.Generator().manual_seed(2)).to(h.device)
+    loss = (h.float() * probe).sum()
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def test_bert_mask_is_saved_and_read_by_key(monkeypatch):
+    """BERT's padding mask, built in the forward as `[B, 1, S, S]` (a mask by key broadcast along
+    the queries) and saved for SDPA's backward, stays `[B, 1, 1, S]`: the forward's graph writes
+    that and returns the saved tensor as an expanded view of it, and the backward's graph takes
+    it as its input (the attention backward reads a bias by key). The step gives eager's loss
+    and gradients."""
+    built = []
+    monkeypatch.setattr(EqfuseBackend, "_build", lambda self, graph, ex: built.append(RecordingPlan(graph)) or built[-1])
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = bert_encoder()
+    inputs = batch("bert", "cpu")
+    backend = EqfuseBackend(report=None, joint=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = encoder_step(model, inputs, backend)
+    assert_same_step(encoder_step(model, inputs), compiled)
+    assert [(p.kind, p.runs) for p in backend.plans] == [("forward", "eqfuse"), ("backward", "eqfuse")], \
+        [(p.kind, p.why_eager) for p in backend.plans]
+    full, by_key = [BATCH, 1, SEQ, SEQ], [BATCH, 1, 1, SEQ]
+    fw, bw = backend.plans
+    assert full not in [k["domain"] for k in fw.plan["kernels"]], "the forward writes the [B, 1, S, S] mask"
+    assert by_key in [k["domain"] for k in fw.plan["kernels"]]
+    # (transformers builds the mask once per layer: one saved tensor each, equal.)
+    masks = [i for i in bw.plan["inputs"] if i["shape"] in (full, by_key)]
+    assert masks and all(m["shape"] == by_key for m in masks), masks
+    # The backward's plan was given views of the forward's expanded outputs, no copies.
+    assert all(built[1].seen[m["name"]][0] == tuple(by_key) for m in masks)
+
+
+def test_bert_bf16_attention_backward_reads_a_bias_by_key():
+    """In bf16, where SDPA's backward plans as eqfuse's flash backward kernels, those kernels read
+    the mask as the `[B, 1, 1, S]` input (planned only: no GPU here)."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    backend = EqfuseBackend(report=None, joint=False, execute=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        encoder_step(bert_encoder(torch.bfloat16), batch("bert", "cpu"), backend)
+    (bw,) = [p for p in backend.plans if p.kind == "backward"]
+    shapes = {i["name"]: i["shape"] for i in bw.plan["inputs"]}
+    grads = [k for k in bw.plan["kernels"] if any(o.startswith("attention_bias_grad") for o in k["ops"])]
+    assert grads, [k["ops"] for k in bw.plan["kernels"]]
+    for k in grads:
+        assert [BATCH, 1, 1, SEQ] in [shapes.get(r) for r in k["reads"]], (k["reads"], shapes)
+        assert [BATCH, 1, SEQ, SEQ] not in [shapes.get(r) for r in k["reads"]]
+
+
 def test_core_decompositions_keep_attention():
     from eqfuse_torch.backend import decompositions
 
