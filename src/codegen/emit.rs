@@ -310,6 +310,48 @@ pub fn render(k: &Kernel, l: &Lowered, strict: bool, packed: &BTreeSet<String>) 
             format!("the 1-bit mask `{}` is not the size of the iteration space", k.writes[st.write].name),
         ));
     }
+    let e = emitter(k, l, strict, packed, packed_writes)?;
+    if let Some(sc) = &l.scatter {
+        return e.scatter(sc);
+    }
+    match l.template {
+        Template::Elementwise => e.elementwise(),
+        Template::RowReduce => e.rowreduce(),
+        _ => e.colreduce(),
+    }
+}
+
+/// The segments a row kernel cuts each row into (`kernels/rowreduce.cu`'s `EQ_SEGS`), as
+/// [`render`] decides them for `k` under strict numerics or not: more than 1 for few long
+/// rows whose outputs are row values of one reduction stage, 1 otherwise (one block a row, and
+/// every kernel of another template or that does not lower). The cost model asks this
+/// (`caps::row_segments`), so it prices the blocks that run.
+pub fn row_segments(k: &Kernel, strict: bool) -> usize {
+    let Ok(l) = super::lower::lower(k) else { return 1 };
+    if l.template != Template::RowReduce || l.scatter.is_some() || l.product.is_some() {
+        return 1;
+    }
+    let packed = BTreeSet::new();
+    match emitter(k, &l, strict, &packed, false) {
+        Ok(e) => e.segments().map_or(1, |s| s.segments),
+        Err(_) => 1,
+    }
+}
+
+/// Whether a row kernel over `rows` rows of `cols` elements may be segmented: one element a
+/// vector makes the most vectors, so the most segments.
+pub fn rows_may_segment(rows: usize, cols: usize) -> bool {
+    rows::segment_shape(rows, cols, 1).is_some()
+}
+
+/// The emitter of a lowered kernel (its lanes, shifted rows and index groups).
+fn emitter<'a>(
+    k: &'a Kernel,
+    l: &'a Lowered,
+    strict: bool,
+    packed: &'a BTreeSet<String>,
+    packed_writes: bool,
+) -> Result<Emitter<'a>> {
     // (A scatter kernel has no tail loop either: its lanes divide the iteration space.)
     let vec = choose_vec(l, k, strict, packed_writes || l.scatter.is_some());
     let r = l.domain.len();
@@ -331,15 +373,7 @@ pub fn render(k: &Kernel, l: &Lowered, strict: bool, packed: &BTreeSet<String>) 
             (groups, "EQ_VEC")
         }
     };
-    let e = Emitter { k, l, vec, vsym, groups, strict, packed, shift };
-    if let Some(sc) = &l.scatter {
-        return e.scatter(sc);
-    }
-    match l.template {
-        Template::Elementwise => e.elementwise(),
-        Template::RowReduce => e.rowreduce(),
-        _ => e.colreduce(),
-    }
+    Ok(Emitter { k, l, vec, vsym, groups, strict, packed, shift })
 }
 
 /// The lane count of a lowered kernel: [`lanes`] of the widest element accessed along the last
