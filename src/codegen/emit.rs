@@ -82,6 +82,12 @@ pub fn storage_type(d: DType) -> &'static str {
     }
 }
 
+/// Whether i32 `op` takes its operands as i32 values (wrapped, a fraction truncated), as the
+/// reference's i32 arithmetic does (`ir::scalar::binary`), rather than computing in f64.
+fn wraps_operands(op: Binary) -> bool {
+    matches!(op, Binary::Add | Binary::Sub | Binary::Mul | Binary::Div)
+}
+
 /// A literal of value type `ty`.
 pub(super) fn literal(v: f64, ty: &str) -> String {
     match ty {
@@ -718,10 +724,12 @@ impl Emitter<'_> {
                 format!("eq_val({}[{at}])", self.param(Some(acc.read), None))
             }
             Op::Unary(u, a) => self.rounded(n, unary_expr(*u, &self.operand(*a, ty, scope), self.strict)),
-            Op::Binary(b, x, y) if self.int_with_fraction(*x, *y) => {
-                // An integer with a fractional literal: the reference computes in f64 and
-                // truncates to i32 (a comparison compares the f64 values), so does this; the
-                // literal is not truncated first.
+            Op::Binary(b, x, y) if self.int_with_fraction(*x, *y) && !wraps_operands(*b) => {
+                // An integer with a fractional literal in a comparison, `pow`, `max` or `min`:
+                // the reference computes in f64 and truncates to i32 (a comparison compares the
+                // f64 values), so does this; the literal is not truncated first. (`+ - * /`
+                // take the literal as an i32, truncated, as the reference's i32 arithmetic
+                // does: `x - 0.5` is `x`; the generic arm renders it so.)
                 let d = |i: usize| format!("((double){})", self.operand(i, "float", scope));
                 let (a, c) = (d(*x), d(*y));
                 match b {
