@@ -417,7 +417,7 @@ pub fn attention_dropout_programs() -> Vec<(String, String)> {
 /// max and sum of exponentials with its max as an output too), 3 shifted bf16 rows of 3.3
 /// million (three statistics in one kernel: an RMS norm's reciprocal, max, min), 100 rows of
 /// 100,000 (mean, with a per-row epilogue), the fidelity run's g53 (a gelu-weighted sum to one
-/// value and its gradients), and a softmax of one huge row (planned as a segmented kernel of
+/// value and its gradients, beside the `x0 - 0.5` of an i32 tensor its GPU run missed), and a softmax of one huge row (planned as a segmented kernel of
 /// its max and sum of exponentials, then an elementwise kernel that normalises).
 /// tests/long_rows.rs plans and checks them on the CPU, tests/nvrtc.rs compiles them,
 /// tests/gpu.rs runs them.
