@@ -53,6 +53,16 @@
 // order into the workspace `eq_ws`, and the last block to finish (counted in `eq_count`)
 // adds the blocks' partials in block order and stores the results (`eq_global_store`).
 //
+// Segmented rows (EQ_SEGS > 1, for few long rows whose outputs are row values of one stage: a
+// tensor summed to one value is one row of 8388608): each row is cut into EQ_SEGS segments of
+// EQ_CHUNKS * EQ_ROW_THREADS vectors, one block (one row's threads) a segment, so a few rows
+// keep every SM streaming. A block reduces its segment, stores the partial accumulators in its
+// slot of the workspace `eq_ws` ([row][segment][EQ_NACC]), fences, and counts itself in its
+// row's `eq_count`; the last of the row's blocks to arrive combines the partials (thread t
+// merges segments t, t + EQ_ROW_THREADS, ... in order, then the row combine), so the result
+// does not depend on which block is last, and finishes the row and stores its row values. Units
+// of (row, segment) are grid-strided, so a launch of fewer blocks runs them all.
+//
 // Shifted rows (EQ_SHIFT, for rows whose length EQ_VEC does not divide, such as a vocabulary of
 // 50257): row r starts (r * EQ_COLS) % EQ_VEC elements (its lead) past an address aligned to
 // EQ_VEC elements, so its vectors start there: thread `lane` owns the columns
@@ -67,7 +77,8 @@
 // (rows past EQ_ROWS compute nothing but still take part); combining is in a fixed order and
 // every thread of a row gets lane 0's value, so results are deterministic and identical
 // across a row's threads; each output element is written exactly once; `eq_count` is zero
-// before and after every launch, and global sums do not depend on block scheduling.
+// before and after every launch, and global sums and segmented rows do not depend on block
+// scheduling.
 #ifndef EQ_COMMON_CUH
 #include "common.cuh"
 #endif
@@ -136,6 +147,15 @@ __device__ __forceinline__ void eq_row_store(EQ_PARAMS, eq_idx row, const EqRow&
 #endif
 #ifndef EQ_MIN_BLOCKS
 #define EQ_MIN_BLOCKS 1
+#endif
+#ifndef EQ_SEGS
+#define EQ_SEGS 1
+#endif
+#ifndef EQ_SEG_DEPTH
+#define EQ_SEG_DEPTH 4
+#endif
+#if EQ_SEGS > 1 && (EQ_CACHED || EQ_PIPELINED || EQ_SMEM_CACHE || EQ_NGLOBAL > 0 || EQ_STAGES != 1 || EQ_BLOCK != EQ_ROW_THREADS)
+#error "segmented rows are fetched, reduced in one stage, one row a block, without global results"
 #endif
 #if EQ_SHIFT && EQ_PIPELINED
 #error "shifted rows are not staged through shared memory"
@@ -249,6 +269,65 @@ __device__ __forceinline__ bool eq_whole(eq_idx vc, eq_idx lead) {
     return vc >= lead && vc + EQ_VEC <= (eq_idx)EQ_COLS + lead;
 }
 
+#if EQ_SEGS > 1
+extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
+    __shared__ float red[1][EQ_WARPS_PER_ROW][EQ_NACC];
+    __shared__ bool last_seg;
+    const int lane = threadIdx.x;
+    for (eq_idx unit = blockIdx.x; unit < (eq_idx)EQ_ROWS * EQ_SEGS; unit += gridDim.x) {
+        const eq_idx row = unit / EQ_SEGS;
+        const eq_idx seg = unit % EQ_SEGS;
+        const eq_idx lead = eq_lead(row);
+        EqRow rv;
+        eq_row_init(EQ_ARGS, row, rv);
+        float acc[EQ_NACC];
+        eq_acc_init(0, acc);
+        // The segment's vectors: EQ_SEG_DEPTH chunks loaded together (all in flight before
+        // the first is accumulated), then accumulated in chunk order.
+        const eq_idx vc0 = (eq_idx)seg * EQ_CHUNKS * EQ_ROW_THREADS * EQ_VEC;
+#pragma unroll 1
+        for (int c0 = 0; c0 < EQ_CHUNKS; c0 += EQ_SEG_DEPTH) {
+            float cv[EQ_SEG_DEPTH][EQ_NCACHE][EQ_VEC];
+#pragma unroll
+            for (int u = 0; u < EQ_SEG_DEPTH; ++u) {
+                const eq_idx vc = vc0 + eq_vcol(c0 + u, lane);
+                if (c0 + u < EQ_CHUNKS && vc < (eq_idx)EQ_COLS + lead) eq_fetch(EQ_ARGS, row, vc - lead, cv[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < EQ_SEG_DEPTH; ++u) {
+                const eq_idx vc = vc0 + eq_vcol(c0 + u, lane);
+                if (c0 + u < EQ_CHUNKS && vc < (eq_idx)EQ_COLS + lead) eq_accum(0, EQ_ARGS, row, vc - lead, cv[u], rv, acc);
+            }
+        }
+        eq_row_combine(0, acc, red, 0, lane);
+        if (lane == 0) {
+#pragma unroll
+            for (int k = 0; k < EQ_NACC; ++k) __stcg(eq_ws + unit * EQ_NACC + k, acc[k]);
+            __threadfence();
+            last_seg = atomicAdd(eq_count + row, 1u) == EQ_SEGS - 1;
+        }
+        __syncthreads();
+        if (last_seg) {
+            __threadfence();
+            eq_acc_init(0, acc);
+            for (eq_idx s = lane; s < EQ_SEGS; s += EQ_ROW_THREADS) {
+                float part[EQ_NACC];
+#pragma unroll
+                for (int k = 0; k < EQ_NACC; ++k) part[k] = eq_ld_cg(eq_ws + (row * EQ_SEGS + s) * EQ_NACC + k);
+                eq_merge(0, acc, part);
+            }
+            eq_row_combine(0, acc, red, 0, lane);
+            eq_finish(0, EQ_ARGS, row, acc, rv);
+            if (lane == 0) {
+                eq_row_store(EQ_ARGS, row, rv);
+                eq_count[row] = 0;
+            }
+        }
+        // Every thread has read `last_seg` before lane 0 sets it for the next unit.
+        __syncthreads();
+    }
+}
+#else
 extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
     __shared__ float red[EQ_ROWS_PER_BLOCK][EQ_WARPS_PER_ROW][EQ_NACC];
     const int slot = threadIdx.x / EQ_ROW_THREADS;
@@ -434,3 +513,4 @@ extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
     eq_global_finish(EQ_ARGS, g, slot, lane);
 #endif
 }
+#endif

@@ -408,7 +408,8 @@ fn wide_odd_rows_are_priced_as_codegen_runs_them() {
 /// in registers (`EQ_CACHED 1`), in shared memory (`EQ_SMEM_CACHE 1`, the launch's dynamic
 /// shared memory the bytes the cost model was told), or nowhere (each pass reads device
 /// memory, and the cost model prices the passes), over widths and storage types around each
-/// boundary.
+/// boundary. (More rows than SMs: fewer long rows would be planned as segmented statistics and
+/// an elementwise kernel, `tests/long_rows.rs`.)
 #[test]
 fn row_keeping_agrees_between_cost_and_codegen() {
     let mut seen = [0; 3];
@@ -428,7 +429,7 @@ fn row_keeping_agrees_between_cost_and_codegen() {
         ("bf16", 128256),
         ("f16", 65536),
     ] {
-        let text = format!("dim R = 64\ndim V = {width}\ninput x: {dtype}[R, V]\ny = log_softmax(x, -1)\noutput y\n");
+        let text = format!("dim R = 256\ndim V = {width}\ninput x: {dtype}[R, V]\ny = log_softmax(x, -1)\noutput y\n");
         let p = eqfuse::parse_program("rows.eqf", &text, &[]).unwrap();
         let plan = optimize(&p, &opts()).unwrap().plan;
         let sources = codegen_plan(&plan).unwrap();
@@ -471,4 +472,26 @@ fn row_keeping_agrees_between_cost_and_codegen() {
 
 fn src_has(src: &str, define: &str) -> bool {
     src.contains(&format!("#define {define}\n"))
+}
+
+/// An i32 value meets a fractional literal as the reference takes it: in `+ - * /` the literal
+/// is an i32, truncated (`x - 0.5` is `x`, `x * 2.5` is `x * 2`; the fidelity run's g53 missed
+/// the reference by 1 in every positive element of `x0 - 0.5`, computed in double and
+/// truncated), while a comparison and `pow` compute on the f64 values (`x < 0.5` holds only
+/// for `x <= 0`).
+#[test]
+fn i32_arithmetic_takes_a_fractional_literal_as_an_i32() {
+    let text = "input x: i32[4, 16]\na = x - 0.5\nb = x * 2.5\nc = x < 0.5\noutput a, b, c\n";
+    let p = eqfuse::parse_program("int.eqf", text, &[]).unwrap();
+    let inputs = eqfuse::random_inputs(&p, 0);
+    let want = eqfuse::eval(&p, &inputs).unwrap();
+    let x = &inputs["x"].data;
+    assert_eq!(want[0].data, *x);
+    assert_eq!(want[1].data, x.iter().map(|v| v * 2.0).collect::<Vec<_>>());
+    assert_eq!(want[2].data, x.iter().map(|&v| f64::from(v < 0.5)).collect::<Vec<_>>());
+    for plan in [optimize(&p, &opts()).unwrap().plan, eqfuse::unfused_plan(&p, &opts().profile, false).unwrap()] {
+        let src: String = codegen_plan(&plan).unwrap().iter().map(generated).collect();
+        assert!(src.contains(" * 2)") && !src.contains("eq_d2i") && !src.contains("2.5f"), "{src}");
+        assert!(src.contains("((double)0.5f)"), "the comparison computes in double: {src}");
+    }
 }

@@ -846,3 +846,40 @@ fn rows_kept_in_shared_memory_match_the_reference() {
         eprintln!("ok: {name}\n{r}");
     }
 }
+
+/// Few long rows cut into segments (`common::long_row_programs`: one row of 8.4 million, a
+/// loss to a scalar, an online max and sum of exponentials, shifted bf16 rows with three
+/// statistics, 100 rows with a per-row epilogue, the fidelity run's g53 and a softmax of one
+/// huge row), fused and unfused: each against the reference, run twice with identical bits
+/// (the partials combine in a fixed order, whichever block is last), then three times more,
+/// the last as a CUDA graph (the arrival counts are back at zero after every launch).
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn segmented_long_rows_match_the_reference() {
+    let profile = DeviceProfile::load("h100").unwrap();
+    let opts = OptimizeOptions::new(profile.clone());
+    let mut plans = Vec::new();
+    for (name, text, want) in common::long_row_programs() {
+        let p = eqfuse::parse_program(name, &text, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let fused = optimize(&p, &opts).unwrap().plan;
+        let sources = codegen_plan(&fused).unwrap();
+        let define = format!("#define EQ_SEGS {want}\n");
+        assert!(sources.iter().any(|s| s.source.contains(&define)), "{name}: no kernel of {want} segments");
+        plans.push((format!("{name} (fused)"), p.clone(), fused));
+        plans.push((format!("{name} (unfused)"), p.clone(), unfused_plan(&p, &profile, false).unwrap()));
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        let a = run_checked(&gpu, name, program, plan, seed as u64);
+        let b = run_checked(&gpu, name, program, plan, seed as u64);
+        for ((n, x), (_, y)) in a.values.iter().zip(&b.values) {
+            let same = x.data.iter().zip(&y.data).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(same, "{name}: output {n} differs between two runs");
+        }
+        let sources = codegen_plan(plan).unwrap();
+        let opts = GpuRunOptions { repeat: 2, seed: seed as u64, graph: true, ..GpuRunOptions::default() };
+        let r = run_on(&gpu, program, plan, &sources, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(r.ok(), "{name}: {r}");
+        eprintln!("ok: {name}\n{r}");
+    }
+}

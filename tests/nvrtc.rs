@@ -679,3 +679,28 @@ fn shared_operand_product_kernels_compile() {
         }
     }
 }
+
+/// The segmented row kernels of few long rows (`common::long_row_programs`: one row of 8.4
+/// million, shifted bf16 rows, several reductions and an online max and sum in one kernel)
+/// compile, and without spills at the register cap of two blocks of 512 threads an SM.
+#[test]
+fn segmented_row_kernels_compile_without_spills() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let mut n = 0;
+    for (name, text, _) in common::long_row_programs() {
+        let p = eqfuse::parse_program(name, &text, &[]).unwrap();
+        let plan = optimize(&p, &opts).unwrap().plan;
+        for s in codegen_plan(&plan).unwrap().iter().filter(|s| s.source.contains("#define EQ_SEGS ")) {
+            let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &["--ptxas-options=-v".into()])
+                .unwrap_or_else(|e| panic!("{name} / {}: {e}", s.name));
+            assert!(c.log.contains("bytes spill stores"), "{name} / {}: no ptxas log\n{}", s.name, c.log);
+            let spills = c.log.lines().any(|l| l.contains("bytes spill") && !l.contains(" 0 bytes spill stores"));
+            assert!(!spills, "{name} / {}: spills\n{}", s.name, c.log);
+            n += 1;
+        }
+    }
+    assert!(n >= 8, "only {n} segmented row kernels");
+}

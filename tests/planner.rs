@@ -223,8 +223,8 @@ fn scatter_add_is_priced_with_its_atomics() {
         let touched = (4 * 16 * 64usize).min(v * 64) as u64;
         assert_eq!(k.workspace_bytes, 2 * 4 * touched + extra as u64, "{dtype} into {v} rows");
         let size = dtype.size() as u64;
-        assert_eq!(k.bytes_read(), 4 * 16 * 4 + 4 * 16 * 64 * size);
         let written = v as u64 * 64 * size;
+        assert_eq!(k.bytes_read(written), 4 * 16 * 4 + 4 * 16 * 64 * size);
         let alone = k.predict_us(&dag, &profile, written);
         let mut without = k.clone();
         without.workspace_bytes = 0;
@@ -314,22 +314,27 @@ fn llama_projections_fuse_keys_and_values_only() {
     assert!(plan.total.predicted_us < plan.unfused.predicted_us);
 }
 
-/// A row kernel runs a block a row: a whole tensor summed to one value (one row) moves its
-/// bytes through one SM, priced at the SM's share of the copy bandwidth, not the device's
-/// (the fidelity run measured such kernels 60-80x over the device-wide price); with as many
-/// rows as SMs the device-wide price stands.
+/// A row kernel runs a block a row, unless codegen cuts few long rows into segments: under
+/// strict numerics (which segment nothing) a whole tensor summed to one value (one row) moves
+/// its bytes through one SM, priced at the SM's share of the copy bandwidth, not the device's
+/// (the fidelity run measured such kernels 60-80x over the device-wide price); segmented, or
+/// with as many rows as SMs, the device-wide price stands.
 #[test]
 fn few_rows_are_priced_by_the_sms_they_occupy() {
     let profile = DeviceProfile::load("h100").unwrap();
     let sms = f64::from(profile.sm_count.unwrap());
     let per_sm = profile.copy_bandwidth_gbs * 1e3 / sms; // bytes a microsecond
-    for (rows, width) in [(1usize, 1usize << 22), (4, 1 << 20), (1024, 4096)] {
+    for (strict, rows, width) in
+        [true, false].into_iter().flat_map(|s| [(s, 1usize, 1usize << 22), (s, 4, 1 << 20), (s, 1024, 4096)])
+    {
         let src = format!("input x: f32[{rows}, {width}]\ny = sum(x, -1)\noutput y\n");
         let p = eqfuse::parse_program("rows.eqf", &src, &[]).unwrap();
-        let plan = optimize(&p, &opts()).unwrap().plan;
+        let mut o = opts();
+        o.strict = strict;
+        let plan = optimize(&p, &o).unwrap().plan;
         let k = plan.kernels.iter().find(|k| k.template == Template::RowReduce).expect("a row kernel");
         let floor = (rows * width * 4) as f64 / (rows as f64 * per_sm);
-        if (rows as f64) < sms {
+        if (rows as f64) < sms && strict {
             assert!(k.predicted_us >= floor, "{rows} rows: {} < {floor}", k.predicted_us);
         } else {
             let one_sm = (rows * width * 4) as f64 / per_sm;

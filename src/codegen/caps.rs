@@ -113,6 +113,19 @@ pub fn row_keep(cols: usize, sizes: &[usize], vec: usize) -> RowKeep {
     super::emit::row_keep(cols, sizes, vec)
 }
 
+/// The segments the row template cuts each row of kernel `k` into (one block each, a last
+/// block combining a row's partials; `kernels/rowreduce.cu`'s `EQ_SEGS`), under strict
+/// numerics or not; 1 for one block a row.
+pub fn row_segments(k: &Kernel, strict: bool) -> usize {
+    super::emit::row_segments(k, strict)
+}
+
+/// Whether rows of `cols` elements, `rows` of them, are few and long enough that a row kernel
+/// over them may be segmented ([`row_segments`] is 1 otherwise, whatever the kernel).
+pub fn rows_may_segment(rows: usize, cols: usize) -> bool {
+    super::emit::rows_may_segment(rows, cols)
+}
+
 /// The lane count (elements per access) of a kernel of `template` over an iteration space of
 /// rank `rank` and last extent `last`, whose widest element accessed along it is `widest`
 /// bytes (`packed_writes`: it stores a 1-bit mask).

@@ -82,6 +82,12 @@ pub fn storage_type(d: DType) -> &'static str {
     }
 }
 
+/// Whether i32 `op` takes its operands as i32 values (wrapped, a fraction truncated), as the
+/// reference's i32 arithmetic does (`ir::scalar::binary`), rather than computing in f64.
+fn wraps_operands(op: Binary) -> bool {
+    matches!(op, Binary::Add | Binary::Sub | Binary::Mul | Binary::Div)
+}
+
 /// A literal of value type `ty`.
 pub(super) fn literal(v: f64, ty: &str) -> String {
     match ty {
@@ -310,6 +316,48 @@ pub fn render(k: &Kernel, l: &Lowered, strict: bool, packed: &BTreeSet<String>) 
             format!("the 1-bit mask `{}` is not the size of the iteration space", k.writes[st.write].name),
         ));
     }
+    let e = emitter(k, l, strict, packed, packed_writes)?;
+    if let Some(sc) = &l.scatter {
+        return e.scatter(sc);
+    }
+    match l.template {
+        Template::Elementwise => e.elementwise(),
+        Template::RowReduce => e.rowreduce(),
+        _ => e.colreduce(),
+    }
+}
+
+/// The segments a row kernel cuts each row into (`kernels/rowreduce.cu`'s `EQ_SEGS`), as
+/// [`render`] decides them for `k` under strict numerics or not: more than 1 for few long
+/// rows whose outputs are row values of one reduction stage, 1 otherwise (one block a row, and
+/// every kernel of another template or that does not lower). The cost model asks this
+/// (`caps::row_segments`), so it prices the blocks that run.
+pub fn row_segments(k: &Kernel, strict: bool) -> usize {
+    let Ok(l) = super::lower::lower(k) else { return 1 };
+    if l.template != Template::RowReduce || l.scatter.is_some() || l.product.is_some() {
+        return 1;
+    }
+    let packed = BTreeSet::new();
+    match emitter(k, &l, strict, &packed, false) {
+        Ok(e) => e.segments().map_or(1, |s| s.segments),
+        Err(_) => 1,
+    }
+}
+
+/// Whether a row kernel over `rows` rows of `cols` elements may be segmented: one element a
+/// vector makes the most vectors, so the most segments.
+pub fn rows_may_segment(rows: usize, cols: usize) -> bool {
+    rows::segment_shape(rows, cols, 1).is_some()
+}
+
+/// The emitter of a lowered kernel (its lanes, shifted rows and index groups).
+fn emitter<'a>(
+    k: &'a Kernel,
+    l: &'a Lowered,
+    strict: bool,
+    packed: &'a BTreeSet<String>,
+    packed_writes: bool,
+) -> Result<Emitter<'a>> {
     // (A scatter kernel has no tail loop either: its lanes divide the iteration space.)
     let vec = choose_vec(l, k, strict, packed_writes || l.scatter.is_some());
     let r = l.domain.len();
@@ -331,15 +379,7 @@ pub fn render(k: &Kernel, l: &Lowered, strict: bool, packed: &BTreeSet<String>) 
             (groups, "EQ_VEC")
         }
     };
-    let e = Emitter { k, l, vec, vsym, groups, strict, packed, shift };
-    if let Some(sc) = &l.scatter {
-        return e.scatter(sc);
-    }
-    match l.template {
-        Template::Elementwise => e.elementwise(),
-        Template::RowReduce => e.rowreduce(),
-        _ => e.colreduce(),
-    }
+    Ok(Emitter { k, l, vec, vsym, groups, strict, packed, shift })
 }
 
 /// The lane count of a lowered kernel: [`lanes`] of the widest element accessed along the last
@@ -684,10 +724,12 @@ impl Emitter<'_> {
                 format!("eq_val({}[{at}])", self.param(Some(acc.read), None))
             }
             Op::Unary(u, a) => self.rounded(n, unary_expr(*u, &self.operand(*a, ty, scope), self.strict)),
-            Op::Binary(b, x, y) if self.int_with_fraction(*x, *y) => {
-                // An integer with a fractional literal: the reference computes in f64 and
-                // truncates to i32 (a comparison compares the f64 values), so does this; the
-                // literal is not truncated first.
+            Op::Binary(b, x, y) if self.int_with_fraction(*x, *y) && !wraps_operands(*b) => {
+                // An integer with a fractional literal in a comparison, `pow`, `max` or `min`:
+                // the reference computes in f64 and truncates to i32 (a comparison compares the
+                // f64 values), so does this; the literal is not truncated first. (`+ - * /`
+                // take the literal as an i32, truncated, as the reference's i32 arithmetic
+                // does: `x - 0.5` is `x`; the generic arm renders it so.)
                 let d = |i: usize| format!("((double){})", self.operand(i, "float", scope));
                 let (a, c) = (d(*x), d(*y));
                 match b {

@@ -57,6 +57,15 @@ pub struct KernelCost {
     pub workspace_bytes: u64,
     /// Bytes read ([`KernelCost::bytes_read`]).
     read_bytes: u64,
+    /// For a row kernel over few long rows, the segments codegen cuts each row into when the
+    /// kernel writes only its row values (`caps::row_segments`); 1 otherwise.
+    pub segments: u32,
+    /// The bytes of the members that are row values: a kernel writing no more than these
+    /// writes no per-element value, so its rows are segmented (see [`KernelCost::segmented`]).
+    pub row_value_bytes: u64,
+    /// Bytes read when segmented: each read once (one fetched stage, whatever passes the
+    /// unsegmented kernel would make).
+    segment_read_bytes: u64,
 }
 
 /// Bytes a kernel with body `body` reads of each of its reads `reads` (sorted): all of a tensor,
@@ -90,9 +99,14 @@ fn sliced_bytes(dag: &Dag, body: &[usize], reads: &[usize]) -> Vec<u64> {
 }
 
 impl KernelCost {
-    /// Bytes read, counting re-streamed rows (computed once, when the kernel is analysed).
-    pub fn bytes_read(&self) -> u64 {
-        self.read_bytes
+    /// Bytes read, counting re-streamed rows (computed once, when the kernel is analysed), when
+    /// the kernel writes `bytes_written`: segmented rows are read once, in their one stage.
+    pub fn bytes_read(&self, bytes_written: u64) -> u64 {
+        if self.segmented(bytes_written) {
+            self.segment_read_bytes
+        } else {
+            self.read_bytes
+        }
     }
 
     /// [`KernelCost::bytes_read`] from the body, the reads and the passes.
@@ -112,6 +126,13 @@ impl KernelCost {
             .sum()
     }
 
+    /// Whether the kernel runs its rows in segments when it writes `bytes_written`: it has
+    /// segments, and writes only row values (a per-element value takes at least a row's
+    /// `cols` bytes, more than all its row values, as `row_segments` requires).
+    pub fn segmented(&self, bytes_written: u64) -> bool {
+        self.segments > 1 && bytes_written <= self.row_value_bytes
+    }
+
     /// Predicted microseconds, given the bytes this kernel writes (every read from device
     /// memory).
     pub fn predict_us(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64) -> f64 {
@@ -121,11 +142,14 @@ impl KernelCost {
     /// Predicted microseconds when `hit` of the bytes read come from L2 (see `residency.rs`).
     pub fn predict_us_hit(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64, hit: u64) -> f64 {
         let dtype = kernel_dtype(dag, &self.body);
+        let segments = if self.segmented(bytes_written) { self.segments } else { 1 };
         let work = Work {
-            bytes: self.read_bytes + bytes_written + self.workspace_bytes,
+            bytes: self.bytes_read(bytes_written) + bytes_written + self.workspace_bytes,
             hit,
             flops: self.flops,
-            stages: self.stages,
+            // Segmented rows: one more stage, the last block's combine of a row's partials
+            // after a fence and a count (as cross-entropy's global mean).
+            stages: self.stages + u32::from(segments > 1),
             calls: self.calls,
         };
         // (The one kernel of the query, key and value gradients has a rate of its own.)
@@ -139,28 +163,29 @@ impl KernelCost {
             }
             // (See `analyse` for its stages.)
             (None, KernelKind::RowGlobal) => {
-                profile.kernel_work_us(Template::RowReduce, &work, dtype, None).max(self.few_rows_us(profile, &work))
+                profile.kernel_work_us(Template::RowReduce, &work, dtype, None).max(self.few_rows_us(profile, &work, 1))
             }
-            (None, _) if self.template == Template::RowReduce => {
-                profile.kernel_work_us(self.template, &work, dtype, None).max(self.few_rows_us(profile, &work))
-            }
+            (None, _) if self.template == Template::RowReduce => profile
+                .kernel_work_us(self.template, &work, dtype, None)
+                .max(self.few_rows_us(profile, &work, segments)),
             (None, _) => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
     }
 
-    /// A row kernel runs one block a row: with fewer rows than SMs (a whole tensor summed to
-    /// one value is one row), only that many SMs move its bytes, each at its share of the copy
-    /// bandwidth (measured on an H100 at about half of what one block streams: a 25.7 MB row
-    /// took 584 us, priced 1132 us here, where the device-wide rate said 7 us;
-    /// `benches/results/2026-11-26-h100-fidelity`). 0 with as many rows as SMs or a profile
+    /// A row kernel runs one block a row, or a block a segment of a row (`segments` a row):
+    /// with fewer blocks than SMs (a whole tensor summed to one value is one row, unless
+    /// segmented), only that many SMs move its bytes, each at its share of the copy bandwidth
+    /// (measured on an H100 at about half of what one block streams: a 25.7 MB row took 584
+    /// us, priced 1132 us here, where the device-wide rate said 7 us;
+    /// `benches/results/2026-11-26-h100-fidelity`). 0 with as many blocks as SMs or a profile
     /// without an SM count.
-    fn few_rows_us(&self, profile: &DeviceProfile, work: &Work) -> f64 {
+    fn few_rows_us(&self, profile: &DeviceProfile, work: &Work, segments: u32) -> f64 {
         let width = self.domain.last().copied().unwrap_or(1).max(1);
-        let rows = (self.domain.iter().product::<usize>() / width).max(1);
+        let blocks = (self.domain.iter().product::<usize>() / width).max(1) * segments.max(1) as usize;
         match profile.sm_count {
-            Some(sms) if rows < sms as usize => {
+            Some(sms) if blocks < sms as usize => {
                 let per_sm_gbs = profile.copy_bandwidth_gbs / f64::from(sms);
-                profile.launch_overhead_us + work.bytes as f64 / (rows as f64 * per_sm_gbs * 1e3)
+                profile.launch_overhead_us + work.bytes as f64 / (blocks as f64 * per_sm_gbs * 1e3)
             }
             _ => 0.0,
         }
@@ -256,12 +281,29 @@ pub fn analyse(
         calls: 1,
         workspace_bytes,
         read_bytes: 0,
+        segments: 1,
+        row_value_bytes: 0,
+        segment_read_bytes: 0,
     };
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
         k.stages = latency_stages(dag, &k);
+        if k.kind == KernelKind::Plain {
+            (k.segments, k.row_value_bytes) = row_segments(dag, members, &k, profile);
+            if k.segments > 1 {
+                k.notes.push(format!(
+                    "rows cut into {} segments each (a block a segment, the last to finish combining) where the kernel writes only row values: each input read once",
+                    k.segments
+                ));
+            }
+        }
     }
     k.read_bytes = k.count_bytes_read(dag);
+    if k.segments > 1 {
+        let passes = std::mem::replace(&mut k.passes, 1);
+        k.segment_read_bytes = k.count_bytes_read(dag);
+        k.passes = passes;
+    }
     if k.kind == KernelKind::RowGlobal {
         // Cross-entropy's mean over rows: a row kernel's stages, and one more for the blocks'
         // partials, which the last block to finish adds after a fence and a count.
@@ -1349,6 +1391,34 @@ fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
         caps::MAX_ROW_SMEM_BYTES,
         k.passes
     ));
+}
+
+/// The segments codegen cuts each row of a row kernel into when it writes only the members that
+/// are row values (`caps::row_segments`, asked of the kernel writing those), and those members'
+/// bytes; `(1, 0)` where it does not segment. Only few long rows can be segmented
+/// (`caps::rows_may_segment`), so other kernels are not lowered to ask. The answer holds for
+/// the kernel as written only while a per-element member (at least `cols` elements of at
+/// least a byte) outweighs every row value together, so that the bytes a kernel writes tell
+/// which it writes ([`KernelCost::segmented`]); with few rows of `cols` elements it does.
+fn row_segments(dag: &Dag, members: &[usize], k: &KernelCost, profile: &DeviceProfile) -> (u32, u64) {
+    let cols = k.domain.last().copied().unwrap_or(1).max(1);
+    let rows = k.domain.iter().product::<usize>() / cols;
+    if profile.strict || !caps::rows_may_segment(rows, cols) {
+        return (1, 0);
+    }
+    let row_values: Vec<usize> =
+        members.iter().copied().filter(|&m| dag.nodes[m].ty().is_some_and(|t| t.numel() < cols)).collect();
+    let bytes: u64 = row_values.iter().map(|&m| dag.bytes(m)).sum();
+    if row_values.is_empty() || bytes >= cols as u64 {
+        return (1, 0);
+    }
+    let kernel = candidate_kernel(dag, &row_values, k, Template::RowReduce);
+    let segments = caps::row_segments(&kernel, profile.strict);
+    if segments > 1 {
+        (u32::try_from(segments).unwrap_or(u32::MAX), bytes)
+    } else {
+        (1, 0)
+    }
 }
 
 /// The dependent reductions along the row an operator runs as (codegen's lowering, `lower.rs`):

@@ -747,7 +747,7 @@ pub fn build_plan(
             writes: written.iter().map(|&w| tref(w)).collect(),
             stores: written.iter().map(|w| local[w]).collect(),
             body,
-            bytes_read: k.bytes_read(),
+            bytes_read: k.bytes_read(bytes_written),
             bytes_written,
             flops: k.flops,
             predicted_us,

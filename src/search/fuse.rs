@@ -564,7 +564,11 @@ impl<'a> Fusion<'a> {
 
     /// Bytes moved by the whole state.
     pub fn total_bytes(&self) -> u64 {
-        self.groups.iter().flatten().map(|g| g.cost.bytes_read() + self.group_write_bytes(g)).sum()
+        self.groups
+            .iter()
+            .flatten()
+            .map(|g| g.cost.bytes_read(self.group_write_bytes(g)) + self.group_write_bytes(g))
+            .sum()
     }
 
     /// Whether this state is better than another: faster, or as fast with fewer bytes moved.
@@ -861,10 +865,13 @@ impl<'a> Fusion<'a> {
         let readers = |m: usize| (self.readers[m] as i64 + change(m)).max(0) as u32;
         let mut delta: f64 =
             add.iter().map(|g| g.cost.predict_us(self.dag, self.profile, self.write_bytes(g, readers))).sum();
-        let mut bytes: i64 = add.iter().map(|g| (g.cost.bytes_read() + self.write_bytes(g, readers)) as i64).sum();
+        let mut bytes: i64 = add
+            .iter()
+            .map(|g| (g.cost.bytes_read(self.write_bytes(g, readers)) + self.write_bytes(g, readers)) as i64)
+            .sum();
         for g in remove.iter().filter_map(|&r| self.groups[r].as_ref()) {
             delta -= self.group_us(g);
-            bytes -= (g.cost.bytes_read() + self.group_write_bytes(g)) as i64;
+            bytes -= (g.cost.bytes_read(self.group_write_bytes(g)) + self.group_write_bytes(g)) as i64;
         }
         // Owners whose writes change because their readers changed (in increasing order).
         let mut owners: Vec<usize> = diff

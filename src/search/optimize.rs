@@ -124,7 +124,7 @@ pub fn unfused_totals(program: &Program, profile: &DeviceProfile) -> Result<Tota
     let groups = f.ordered();
     Ok(Totals {
         kernels: groups.len(),
-        bytes: groups.iter().map(|g| g.cost.bytes_read() + f.group_write_bytes(g)).sum(),
+        bytes: groups.iter().map(|g| g.cost.bytes_read(f.group_write_bytes(g)) + f.group_write_bytes(g)).sum(),
         flops: crate::plan::saturating_sum(groups.iter().map(|g| g.cost.flops)),
         predicted_us: crate::search::residency::ordered_times(&dag, &f, profile).iter().sum(),
     })

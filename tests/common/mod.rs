@@ -413,3 +413,62 @@ pub fn attention_dropout_programs() -> Vec<(String, String)> {
         ("written_f16_p0.5".into(), written("f16", 0.5)),
     ]
 }
+
+/// Reductions over few long rows, which the row template cuts into segments (one block each,
+/// the last block of a row combining the partials): `(name, program text, segments)`, where
+/// `segments` is the `EQ_SEGS` some fused row kernel of the program must have. One row (a
+/// tensor summed to one value, a loss reduced to a scalar, an online
+/// max and sum of exponentials with its max as an output too), 3 shifted bf16 rows of 3.3
+/// million (three statistics in one kernel: an RMS norm's reciprocal, max, min), 100 rows of
+/// 100,000 (mean, with a per-row epilogue), the fidelity run's g53 (a gelu-weighted sum to one
+/// value and its gradients, beside the `x0 - 0.5` of an i32 tensor its GPU run missed), and a softmax of one huge row (planned as a segmented kernel of
+/// its max and sum of exponentials, then an elementwise kernel that normalises).
+/// tests/long_rows.rs plans and checks them on the CPU, tests/nvrtc.rs compiles them,
+/// tests/gpu.rs runs them.
+pub fn long_row_programs() -> Vec<(&'static str, String, usize)> {
+    vec![
+        (
+            "sum of 8388608 f32 to one value",
+            "input x: f32[2048, 4096]\ny = sum(reshape(x, [8388608]), 0)\noutput y\n".into(),
+            256,
+        ),
+        (
+            "mse and a weighted sum of 4194304 f32 to scalars",
+            "input a: f32[4194304]\ninput b: f32[4194304]\nd = a - b\nmse = mean(d * d, 0)\n\
+             w = sum(gelu_tanh(a) * b, 0)\noutput mse, w\n"
+                .into(),
+            256,
+        ),
+        (
+            "online max and sum of exponentials of one f32 row of 1000000",
+            "input x: f32[1000000]\nm = amax(x, 0)\ns = sum(exp(x - m), 0)\nlse = log(s) + m\noutput m, lse\n".into(),
+            123,
+        ),
+        (
+            "rms, max and min of 3 bf16 rows of 3333333",
+            "input x: bf16[3, 3333333]\nr = rsqrt(mean(cast(x, f32) * cast(x, f32), -1) + 0.00001)\n\
+             hi = amax(x, -1)\nlo = amin(x, -1)\noutput r, hi, lo\n"
+                .into(),
+            82,
+        ),
+        (
+            "mean and sum of 100 f32 rows of 100000, scaled",
+            "input z: f32[100, 100000]\nzm = mean(z, -1)\nzs = sqrt(sum(z * z, -1)) * 0.5\noutput zm, zs\n".into(),
+            3,
+        ),
+        (
+            "sum of 5 bf16 rows of 200000 in f32",
+            "input x: bf16[5, 200000]\ny = sum(cast(x, f32), -1)\noutput y\n".into(),
+            13,
+        ),
+        (
+            "fidelity g53: a gelu-weighted sum of 8388608 and its gradients",
+            "input x0: i32[2048, 4096, 1]\ninput x1: f32[2048, 4096, 1]\ninput x2: f32[2048, 4096, 1]\n\
+             t0 = x0 - 0.5\nt1 = gelu_tanh(x1)\nt2 = sum(reshape(t1 * x2, [8388608]), 0)\n\
+             t3 = grad(t2, x1)\nt4 = grad(t2, x2)\noutput t0, t2, t3, t4\n"
+                .into(),
+            256,
+        ),
+        ("softmax of one f32 row of 1000000", "input x: f32[1, 1000000]\ny = softmax(x, -1)\noutput y\n".into(), 123),
+    ]
+}

@@ -215,14 +215,48 @@ mod plan {
 }
 
 impl Emitter<'_> {
-    pub(super) fn rowreduce(&self) -> Result<Rendered> {
-        let mut rp = plan::plan(self, true);
+    /// The rows and columns of the iteration space (a rank-0 space is one row of one).
+    fn rows_cols(&self) -> (usize, usize) {
         let r = self.rank();
         let cols = if r == 0 { 1 } else { self.dim(r - 1) };
         let numel: usize = self.l.domain.iter().product();
-        let rows = numel.checked_div(cols).unwrap_or(0);
+        (numel.checked_div(cols).unwrap_or(0), cols)
+    }
+
+    /// How the row template cuts each row into segments (`EQ_SEGS`, `kernels/rowreduce.cu`):
+    /// where the kernel's outputs are all row values of one reduction stage (sums, means,
+    /// maxima and minima, several side by side, an online max and sum of exponentials, with
+    /// pointwise prologues and per-row epilogues), outside strict numerics (which keep the
+    /// unfused plan's order of summation) and without global results, [`segment_shape`] of
+    /// its rows. A kernel that writes per-element values after its reduction (softmax over
+    /// one huge row) keeps one block a row: its epilogue needs the whole row's result.
+    pub(super) fn segments(&self) -> Option<Segments> {
+        if self.strict || self.rank() == 0 || self.l.product.is_some() || !self.epilogue_roots().is_empty() {
+            return None;
+        }
+        let rp = plan::plan(self, true);
+        if rp.stages.len() != 1 || !rp.globals.is_empty() {
+            return None;
+        }
+        let (rows, cols) = self.rows_cols();
+        segment_shape(rows, cols, self.vec)
+    }
+
+    pub(super) fn rowreduce(&self) -> Result<Rendered> {
+        let mut rp = plan::plan(self, true);
+        let (rows, cols) = self.rows_cols();
         let sizes: Vec<usize> = rp.cached.iter().map(|&i| self.cached_dtype(i).size()).collect();
-        let shape = row_shape(cols, &sizes, self.vec, self.l.product.is_some());
+        let segs = self.segments();
+        let shape = match segs {
+            Some(s) => RowShape {
+                row_threads: SEG_THREADS,
+                chunks: s.chunks,
+                block: SEG_THREADS,
+                blocks_per_sm: SEG_BLOCKS_PER_SM,
+                keep: RowKeep::Fetched,
+            },
+            None => row_shape(cols, &sizes, self.vec, self.l.product.is_some()),
+        };
         let (row_threads, chunks, block) = (shape.row_threads, shape.chunks, shape.block);
         let cached = shape.keep == RowKeep::Registers;
         let smem_row = match shape.keep {
@@ -253,9 +287,13 @@ impl Emitter<'_> {
             && rp.cached.iter().all(|&i| self.stageable(i));
         let nacc = rp.stages.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let rpb = block / row_threads;
-        let grid = rows.div_ceil(rpb).min(if rp.globals.is_empty() { 1 << 24 } else { 4096 });
+        let grid = match segs {
+            Some(s) => rows * s.segments,
+            None => rows.div_ceil(rpb).min(if rp.globals.is_empty() { 1 << 24 } else { 4096 }),
+        };
         let nglobal = rp.globals.len();
-        let ws: &[(&str, &str)] = if nglobal > 0 { &[("float", "eq_ws"), ("unsigned int", "eq_count")] } else { &[] };
+        let ws: &[(&str, &str)] =
+            if nglobal > 0 || segs.is_some() { &[("float", "eq_ws"), ("unsigned int", "eq_count")] } else { &[] };
         let mut d = self.common_defines(&self.name(), ws);
         for (k, v) in [
             ("EQ_ROWS", rows),
@@ -275,6 +313,15 @@ impl Emitter<'_> {
         }
         if self.shift {
             let _ = writeln!(d, "#define EQ_SHIFT 1");
+        }
+        if let Some(s) = segs {
+            for (k, v) in [
+                ("EQ_SEGS", s.segments),
+                ("EQ_SEG_DEPTH", (SEG_LOADS / ncache).max(1)),
+                ("EQ_MIN_BLOCKS", SEG_BLOCKS_PER_SM),
+            ] {
+                let _ = writeln!(d, "#define {k} {v}");
+            }
         }
         if let Some(bytes) = smem_row {
             for (k, v) in [
@@ -302,10 +349,16 @@ impl Emitter<'_> {
         body.push_str(&self.row_epilogue(&rp));
         body.push_str(&self.row_store(&rp));
         body.push_str(&self.row_globals(&rp, rows));
-        let workspace = if nglobal > 0 {
-            vec![("eq_ws".into(), (grid * nglobal * 4) as u64, false), ("eq_count".into(), 4, true)]
-        } else {
-            vec![]
+        let workspace = match segs {
+            // Each (row, segment)'s partial accumulators, and an arrival count a row.
+            Some(s) => vec![
+                ("eq_ws".into(), (rows * s.segments * nacc * 4) as u64, false),
+                ("eq_count".into(), (rows * 4) as u64, true),
+            ],
+            None if nglobal > 0 => {
+                vec![("eq_ws".into(), (grid * nglobal * 4) as u64, false), ("eq_count".into(), 4, true)]
+            }
+            None => vec![],
         };
         let shape = Shape {
             grid: [grid as u32, 1, 1],
@@ -838,6 +891,50 @@ impl Emitter<'_> {
         let cond = if pred.is_empty() { String::new() } else { format!("if ({}) ", pred.join(" && ")) };
         (format!("{cond}eq_put({p} + {off}, {val});"), ())
     }
+}
+
+/// How a row kernel cuts each of its rows into segments (`kernels/rowreduce.cu`, `EQ_SEGS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Segments {
+    /// Segments a row (`EQ_SEGS`, at least 2): one block each.
+    pub segments: usize,
+    /// Vectors each of a segment's [`SEG_THREADS`] threads reduces (`EQ_CHUNKS`).
+    pub chunks: usize,
+}
+
+/// Threads of a segment's block (one row's threads).
+const SEG_THREADS: usize = 512;
+/// Blocks of segments a launch aims at in all: two of [`SEG_THREADS`] an SM of a 132-SM H100
+/// or H200, so that every SM streams with about 1024 threads.
+const SEG_TARGET_BLOCKS: usize = 264;
+/// The fewest vectors a thread of a segment reduces (a segment of 2048 vectors, 32 KB): a
+/// shorter row is left one block, whose partials and combine would cost more than it streams.
+const SEG_MIN_CHUNKS: usize = 4;
+/// Rows are segmented only below this many (a launch of one block a row leaves SMs idle; an
+/// H100 has 132, an A100 108).
+const SEG_MAX_ROWS: usize = 128;
+/// Blocks of a segmented kernel an SM is to hold (`__launch_bounds__`: 64 registers a thread).
+const SEG_BLOCKS_PER_SM: usize = 2;
+/// 16-byte loads a segment's thread keeps in flight (`EQ_SEG_DEPTH` chunks of all its inputs at
+/// a time): two blocks of 512 threads an SM with 4 loads each keep 64 KB in flight an SM, as
+/// rows kept in shared memory do ([`KEEP_LOADS`]).
+const SEG_LOADS: usize = 4;
+
+/// The segments of `rows` rows of `cols` elements read `vec` elements a vector: with fewer than
+/// [`SEG_MAX_ROWS`] rows, each row is cut into segments of whole vectors for every one of
+/// [`SEG_THREADS`] threads (at least [`SEG_MIN_CHUNKS`] each) so that the rows' segments make
+/// about [`SEG_TARGET_BLOCKS`] blocks; `None` when that leaves one segment a row. A tensor of
+/// 8388608 f32 summed to one value (one row of 2097152 vectors): 256 segments of 16 vectors a
+/// thread.
+pub(super) fn segment_shape(rows: usize, cols: usize, vec: usize) -> Option<Segments> {
+    if rows == 0 || rows >= SEG_MAX_ROWS {
+        return None;
+    }
+    let per = row_vectors(cols, vec.max(1));
+    let want = SEG_TARGET_BLOCKS.div_ceil(rows);
+    let chunks = per.div_ceil(want * SEG_THREADS).max(SEG_MIN_CHUNKS);
+    let segments = per.div_ceil(chunks * SEG_THREADS);
+    (segments > 1).then_some(Segments { segments, chunks })
 }
 
 /// The most row elements one thread keeps in registers (`float cache[EQ_CHUNKS][EQ_NCACHE][EQ_VEC]`).
