@@ -975,7 +975,15 @@ def _where(L, c, a, b):
     if va.weak and vb.weak:
         va = L.cast(va, dtype)
     known = L.select_known(L.val(c), va, vb, dtype)
-    return known if known is not None else L.apply("where", L.val(c), va, vb, dtype=dtype)
+    if known is not None:
+        return known
+    y = L.apply("where", L.val(c), va, vb, dtype=dtype)
+    if va.rank == 0 and vb.rank == 0 and L.b.base_shape(y) != y.shape:
+        # A mask of two constants selected by a broadcast condition (a padding mask by key
+        # gathered at [B, 1, 1, S] and expanded over the queries) is that broadcast of the
+        # small mask: a kernel reads it in place instead of a [B, 1, S, S] tensor written first.
+        return L.broadcast(L.b.base(y), y.shape)
+    return y
 
 
 def _masked_fill(L, x, mask, value):
