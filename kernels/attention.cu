@@ -107,19 +107,7 @@
 #ifndef EQ_BIAS_SEL
 #define EQ_BIAS_SEL 0
 #endif
-// The bias of query row `row` and key `col` of a batch entry (`bg`: its first element); 0 outside
-// the scores (those keys are masked to -inf, and the load stays inside the tensor). With
-// EQ_BIAS_SEL the tensor is a bool mask (eq_bool) and the bias EQ_BIAS_YES where it holds,
-// EQ_BIAS_NO elsewhere (a bool mask's bias `where(m, 0, FILL)`, computed in place).
-__device__ __forceinline__ float eq_att_bias(const EQ_BT* bg, int row, int col) {
-    if (row >= EQ_SQ || col >= EQ_SK) return 0.0f;
-    const EQ_BT x = bg[(long long)row * EQ_B_SR + (long long)col * EQ_B_SC];
-#if EQ_BIAS_SEL
-    return eq_val(x) ? EQ_BIAS_YES : EQ_BIAS_NO;
-#else
-    return eq_val(x);
-#endif
-}
+// (eq_att_bias, the bias of a score, and eq_att_tile_bias, a tile's, are in common.cuh.)
 #define EQ_BIAS_PARAM , const EQ_BT* __restrict__ bg
 #define EQ_BIAS_ARG , bg
 // A difference of natural-unit scores in base-2 units (the scores without a bias are already).
@@ -140,22 +128,11 @@ __device__ __forceinline__ float eq_att_bias(const EQ_BT* bg, int row, int col) 
 // axes' row-major order, which b is), with EQ_DROP_THRESHOLD and seed EQ_DROP_SEED (a literal,
 // or an element of a read i32 tensor); the row sum l counts every probability, the output
 // sums only the kept ones, and the output is scaled by EQ_DROP_SCALE (1 / (1 - p) in f32) with
-// 1 / l. The log-sum-exp is that of the scores, as without dropout. The mma.sync and f32 paths
-// run it; the code generator gives dropout instances no Hopper path.
+// 1 / l. The log-sum-exp is that of the scores, as without dropout. Every path runs it
+// (eq_att_keep and EQ_DROP_FACTOR are in common.cuh, shared with the backward): each thread
+// computes the bit of each probability it holds from that probability's row and column.
 #ifndef EQ_DROPOUT
 #define EQ_DROPOUT 0
-#endif
-#if EQ_DROPOUT
-#if EQ_WGMMA
-#error "the Hopper path does not run dropout (the code generator sets EQ_WGMMA 0)"
-#endif
-__device__ __forceinline__ bool eq_att_keep(unsigned seed, unsigned key0, long long b, int row, int col) {
-    const unsigned long long index = (unsigned long long)((b * EQ_SQ + row) * (long long)EQ_SK + col);
-    return eq_dropout_keep(index, seed, key0, EQ_DROP_THRESHOLD);
-}
-#define EQ_DROP_FACTOR EQ_DROP_SCALE
-#else
-#define EQ_DROP_FACTOR 1.0f
 #endif
 // The Hopper path's shape (used only where EQ_WGMMA and the target is sm_90a; defined for every
 // target so that the host side of a launcher sees them): EQ_HWG warpgroups of 64 query rows
@@ -457,6 +434,8 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
 // 64 keys per tile with two blocks per SM (heads up to 64) beat 128 keys with one, and deeper
 // buffering (EQ_HST 3 or 4) gained nothing, so the code generator uses EQ_HBN 64, EQ_HST 2.
 // The scale must be positive: without a bias, row maxima are taken over the unscaled scores.
+// Dropout (EQ_DROPOUT) zeroes the dropped probabilities of P_j after its row sums, from bits
+// computed ahead (`keep_bits`: in step j - 1, after its softmax, while P_{j-2} V_{j-2} runs).
 #define EQ_DP EQ_HDP
 #define EQ_SMEM_BYTES EQ_HSMEM_BYTES
 #if EQ_BF16
@@ -653,56 +632,70 @@ __device__ __forceinline__ void pv(float (&o)[CB][32], const unsigned (&p)[PK][4
 }
 
 #if EQ_BIAS
-// A bias that depends on the key alone (row stride 0: a padding mask [B, 1, 1, SK]) is loaded
-// into registers before the tile's q k^T is issued, so that its loads run under the wgmma
-// instead of stalling the softmax after it (one value per key column this thread holds);
-// any other bias is read in the softmax.
-#define EQ_BIAS_BY_KEY (EQ_B_SR == 0)
-struct BiasRegs {
-#if EQ_BIAS_BY_KEY
-    EQ_BT v[SN][2];
-#endif
-};
-__device__ __forceinline__ void bias_load(BiasRegs& br, const EQ_BT* bg, int n0, int t) {
-#if EQ_BIAS_BY_KEY
-#pragma unroll
-    for (int nt = 0; nt < SN; ++nt)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            const int col = n0 + nt * 8 + 2 * t + c;
-            br.v[nt][c] = bg[(long long)(col < EQ_SK ? col : 0) * EQ_B_SC];
-        }
-#endif
-}
-__device__ __forceinline__ float bias_at(const BiasRegs& br, const EQ_BT* bg, int nt, int c, int row, int col) {
-#if EQ_BIAS_BY_KEY
-#if EQ_BIAS_SEL
-    return eq_val(br.v[nt][c]) ? EQ_BIAS_YES : EQ_BIAS_NO;
-#else
-    return eq_val(br.v[nt][c]);
-#endif
-#else
-    return eq_att_bias(bg, row, col);
-#endif
-}
-#define EQ_HBIAS_PARAM , const EQ_BT* __restrict__ bg, const BiasRegs& br
+// A bias by key alone (a padding mask) is loaded into registers before the tile's q k^T is
+// issued, so that its loads run under the wgmma instead of stalling the softmax after it; any
+// other bias is read in the softmax (eq_att_tile_bias, common.cuh).
+typedef eq_att_tile_bias<SN> TileBias;
+#define EQ_HBIAS_PARAM , const EQ_BT* __restrict__ bg, const TileBias& br
 #define EQ_HBIAS_ARG , bg, br
 #define EQ_HBIAS_LOAD(n0) \
-    BiasRegs br;          \
-    bias_load(br, bg, n0, t);
+    TileBias br;          \
+    br.load(bg, n0, t);
 #else
 #define EQ_HBIAS_PARAM
 #define EQ_HBIAS_ARG
 #define EQ_HBIAS_LOAD(n0)
 #endif
 
+#if EQ_DROPOUT
+// Dropout: what a thread needs for the bits of its scores (its batch entry, the seed and its
+// key), and those bits for one score tile (keys from n0): bit i % 32 of word i / 32 for score
+// s[i], i = 4 nt + e, of row wrow + g + 8 (e >> 1) and key n0 + 8 nt + 2 t + (e & 1) (the
+// accumulator layout). They depend on the indices alone, so each tile's are computed ahead, in
+// the step before (tile 0's while its q k^T runs): after that step's softmax, while the tensor
+// cores still run its p v. (Computed just before the softmax that uses them, while the scores
+// of the tile are live, they made ptxas spill at two blocks per SM's 128 registers.)
+struct Drop {
+    long long b;
+    unsigned seed, key0;
+};
+constexpr int DW = BN / 64;   // words of bits
+__device__ __forceinline__ void keep_bits(unsigned (&kept)[DW], const Drop& dr, int n0, int wrow, int g, int t) {
+#pragma unroll
+    for (int w = 0; w < DW; ++w) kept[w] = 0u;
+#pragma unroll
+    for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = nt * 4 + e;
+            const int row = wrow + g + (e >> 1) * 8, col = n0 + nt * 8 + 2 * t + (e & 1);
+            if (eq_att_keep(dr.seed, dr.key0, dr.b, row, col)) kept[i >> 5] |= 1u << (i & 31);
+        }
+#pragma unroll
+    for (int w = 0; w < DW; ++w) asm volatile("" : "+r"(kept[w])::"memory");
+}
+#define EQ_HDROP_PARAM , const Drop& dr, unsigned(&kept)[DW]
+#define EQ_HDROP_ARG , dr, kept
+#define EQ_HKEPT_PARAM , const unsigned (&kept)[DW]
+#define EQ_HKEPT_ARG , kept
+#define EQ_HKEEP_BITS(n0) keep_bits(kept, dr, n0, wrow, g, t);
+#else
+#define EQ_HDROP_PARAM
+#define EQ_HDROP_ARG
+#define EQ_HKEPT_PARAM
+#define EQ_HKEPT_ARG
+#define EQ_HKEEP_BITS(n0)
+#endif
+
 // The online softmax of one score tile (keys from n0) in base-2 units: masks keys past the end
 // (and above the diagonal), takes the row maxima of the raw scores (the scale is positive; with
 // a bias, of the biased scores in natural units) over the quad sharing a row, and leaves the
 // probabilities rounded to the storage type in `pn` (the A operand of p v), the factor the
-// output must be rescaled by in `alpha`.
+// output must be rescaled by in `alpha`. Under dropout the row sums count every probability and
+// `pn` holds the kept ones (the others 0), as in the mma.sync path.
 __device__ __forceinline__ void softmax(float (&s)[BN / 2], unsigned (&pn)[PK][4], float (&m_i)[2], float (&l_i)[2],
-                                        float (&alpha)[2], int n0, int wrow, int g, int t EQ_HBIAS_PARAM) {
+                                        float (&alpha)[2], int n0, int wrow, int g, int t EQ_HBIAS_PARAM
+                                        EQ_HKEPT_PARAM) {
 #if EQ_BIAS
     // The scaled scores plus the bias, in natural units (keys past the end, and above the
     // diagonal, -inf).
@@ -714,7 +707,7 @@ __device__ __forceinline__ void softmax(float (&s)[BN / 2], unsigned (&pn)[PK][4
             const int row = wrow + g + (e >> 1) * 8;
             s[nt * 4 + e] = (col >= EQ_SK || (EQ_CAUSAL && col > row))
                                 ? -EQ_INF
-                                : fmaf(s[nt * 4 + e], EQ_SCALE, bias_at(br, bg, nt, e & 1, row, col));
+                                : fmaf(s[nt * 4 + e], EQ_SCALE, br.at(bg, nt, e & 1, row, col));
         }
 #else
     const bool masked = n0 + BN > EQ_SK || (EQ_CAUSAL && n0 + BN - 1 > wrow);
@@ -754,9 +747,15 @@ __device__ __forceinline__ void softmax(float (&s)[BN / 2], unsigned (&pn)[PK][4
             const float p0 = ex2(fmaf(s[nt * 4 + 2 * h], EQ_SCALE_LOG2, -mu));
             const float p1 = ex2(fmaf(s[nt * 4 + 2 * h + 1], EQ_SCALE_LOG2, -mu));
 #endif
+            rs += p0 + p1;
+#if EQ_DROPOUT
+            const int i = nt * 4 + 2 * h;
+            s[i] = (kept[i >> 5] >> (i & 31)) & 1u ? p0 : 0.0f;
+            s[i + 1] = (kept[i >> 5] >> ((i + 1) & 31)) & 1u ? p1 : 0.0f;
+#else
             s[nt * 4 + 2 * h] = p0;
             s[nt * 4 + 2 * h + 1] = p1;
-            rs += p0 + p1;
+#endif
         }
         l_i[h] = l_i[h] * alpha[h] + rs;
     }
@@ -777,7 +776,7 @@ __device__ __forceinline__ void load_tile(unsigned dst, const EQ_T* g, long long
 __device__ __forceinline__ void step(int j, int ntiles, float (&s)[BN / 2], float (&o)[CB][32], const unsigned (&qf)[KT][4],
                                      unsigned (&pi)[PK][4], unsigned (&po)[PK][4], float (&m_i)[2], float (&l_i)[2],
                                      unsigned sk, unsigned sv, const EQ_T* kg, const EQ_T* vg, int wrow, int g, int t
-                                     EQ_BIAS_PARAM) {
+                                     EQ_BIAS_PARAM EQ_HDROP_PARAM) {
     const int n0 = j * BN;
     cp_wait<ST - 2>();  // group j: keys j and values j - 1
     fence_async();
@@ -803,7 +802,8 @@ __device__ __forceinline__ void step(int j, int ntiles, float (&s)[BN / 2], floa
     wg_wait<1>();  // s is ready; p v may still run
     pin(s);
     float alpha[2];
-    softmax(s, po, m_i, l_i, alpha, n0, wrow, g, t EQ_HBIAS_ARG);
+    softmax(s, po, m_i, l_i, alpha, n0, wrow, g, t EQ_HBIAS_ARG EQ_HKEPT_ARG);
+    EQ_HKEEP_BITS(n0 + BN)  // (past the last tile too: a branch here serializes the wgmmas)
     wg_wait<0>();
     pin(o);
     pin(pi);
@@ -884,6 +884,11 @@ extern "C" __global__ void __launch_bounds__(EQ_HWG * 128, EQ_HMINB) EQ_KERNEL(E
 #pragma unroll
     for (int e = 0; e < BN / 2; ++e) s[e] = 0.0f;
     float m_i[2] = {-EQ_INF, -EQ_INF}, l_i[2] = {0.0f, 0.0f};
+#if EQ_DROPOUT
+    const unsigned dseed = EQ_DROP_SEED;
+    const Drop dr = {b, dseed, eq_dropout_key0(dseed)};
+    unsigned kept[DW];
+#endif
 
     // Tile 0: its scores and probabilities (the output is still zero).
     {
@@ -896,10 +901,12 @@ extern "C" __global__ void __launch_bounds__(EQ_HWG * 128, EQ_HMINB) EQ_KERNEL(E
             qk(s, qf, dk);
         }
         wg_commit();
+        EQ_HKEEP_BITS(0)
         wg_wait<0>();
         pin(s);
         float alpha[2];
-        softmax(s, pa, m_i, l_i, alpha, 0, wrow, g, t EQ_HBIAS_ARG);
+        softmax(s, pa, m_i, l_i, alpha, 0, wrow, g, t EQ_HBIAS_ARG EQ_HKEPT_ARG);
+        EQ_HKEEP_BITS(BN)
     }
 
     // Tiles 1 .. ntiles - 1, two per trip so that the probabilities alternate between two
@@ -907,12 +914,12 @@ extern "C" __global__ void __launch_bounds__(EQ_HWG * 128, EQ_HMINB) EQ_KERNEL(E
     // wgmma in flight reads).
     int j = 1;
     for (; j + 1 < ntiles; j += 2) {
-        step(j, ntiles, s, o, qf, pa, pb, m_i, l_i, sk, sv, kg, vg, wrow, g, t EQ_BIAS_ARG);
-        step(j + 1, ntiles, s, o, qf, pb, pa, m_i, l_i, sk, sv, kg, vg, wrow, g, t EQ_BIAS_ARG);
+        step(j, ntiles, s, o, qf, pa, pb, m_i, l_i, sk, sv, kg, vg, wrow, g, t EQ_BIAS_ARG EQ_HDROP_ARG);
+        step(j + 1, ntiles, s, o, qf, pb, pa, m_i, l_i, sk, sv, kg, vg, wrow, g, t EQ_BIAS_ARG EQ_HDROP_ARG);
     }
     // The last tile's p v.
     if (j < ntiles) {
-        step(j, ntiles, s, o, qf, pa, pb, m_i, l_i, sk, sv, kg, vg, wrow, g, t EQ_BIAS_ARG);
+        step(j, ntiles, s, o, qf, pa, pb, m_i, l_i, sk, sv, kg, vg, wrow, g, t EQ_BIAS_ARG EQ_HDROP_ARG);
         finish(o, pb, sv + ((ntiles - 1) % ST) * KV_BYTES);
     } else {
         finish(o, pa, sv + ((ntiles - 1) % ST) * KV_BYTES);
@@ -927,7 +934,7 @@ extern "C" __global__ void __launch_bounds__(EQ_HWG * 128, EQ_HMINB) EQ_KERNEL(E
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         l_i[h] = l;
-        inv[h] = l > 0.0f ? 1.0f / l : 0.0f;
+        inv[h] = l > 0.0f ? EQ_DROP_FACTOR / l : 0.0f;
     }
 #pragma unroll
     for (int cb = 0; cb < CB; ++cb)
@@ -1136,24 +1143,11 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32, 1) EQ_KERNEL(EQ_PAR
         cp_commit();
         cp_wait<1>();  // the keys of tile j (and the queries) have landed
         __syncthreads();
-#if EQ_BIAS && EQ_B_SR == 0
-        // A bias by key alone (a padding mask): loaded before the products, which hide its
-        // latency (one value per key column this thread holds).
-        EQ_BT bv[SN][2];
-#pragma unroll
-        for (int nt = 0; nt < SN; ++nt)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int col = n0 + nt * 8 + 2 * t + c;
-                bv[nt][c] = bg[(long long)(col < EQ_SK ? col : 0) * EQ_B_SC];
-            }
-#if EQ_BIAS_SEL
-#define EQ_MMA_BIAS(nt, c, row, col) (eq_val(bv[nt][c]) ? EQ_BIAS_YES : EQ_BIAS_NO)
-#else
-#define EQ_MMA_BIAS(nt, c, row, col) eq_val(bv[nt][c])
-#endif
-#else
-#define EQ_MMA_BIAS(nt, c, row, col) eq_att_bias(bg, row, col)
+#if EQ_BIAS
+        // A bias by key alone (a padding mask) is loaded before the products, which hide its
+        // latency (eq_att_tile_bias, common.cuh).
+        eq_att_tile_bias<SN> tb;
+        tb.load(bg, n0, t);
 #endif
 
         // s = q k^T for this warp's rows and the tile's EQ_BN keys.
@@ -1208,9 +1202,8 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32, 1) EQ_KERNEL(EQ_PAR
                     const int row = wrow + mt * 16 + g + (e >> 1) * 8;
                     s[mt][nt][e] = (col >= EQ_SK || (EQ_CAUSAL && col > row))
                                        ? -EQ_INF
-                                       : fmaf(s[mt][nt][e], EQ_SCALE, EQ_MMA_BIAS(nt, e & 1, row, col));
+                                       : fmaf(s[mt][nt][e], EQ_SCALE, tb.at(bg, nt, e & 1, row, col));
                 }
-#undef EQ_MMA_BIAS
 #else
         // Scale to base-2 units and mask keys past the end (and above the diagonal).
         const bool masked = n0 + EQ_BN > EQ_SK || (EQ_CAUSAL && n0 + EQ_BN - 1 > wrow);

@@ -154,18 +154,10 @@
 // is EQ_DROP_SCALE where dropout's generator keeps flat index (b * EQ_SQ + i) * EQ_SK + j of the
 // probabilities (seed EQ_DROP_SEED, threshold EQ_DROP_THRESHOLD), else 0, computed again from
 // the index as the forward computed it; then dS_ij = P_ij (dP_ij Z_ij - delta_i) scale and
-// dv_j = sum_i P_ij Z_ij g_i (the kept P summed, times EQ_DROP_SCALE at the end).
+// dv_j = sum_i P_ij Z_ij g_i (the kept P summed, times EQ_DROP_SCALE at the end). eq_att_keep
+// and EQ_DROP_FACTOR are in common.cuh, shared with the forward.
 #ifndef EQ_DROPOUT
 #define EQ_DROPOUT 0
-#endif
-#if EQ_DROPOUT
-__device__ __forceinline__ bool eq_att_keep(unsigned seed, unsigned key0, long long b, int row, int col) {
-    const unsigned long long index = (unsigned long long)((b * EQ_SQ + row) * (long long)EQ_SK + col);
-    return eq_dropout_keep(index, seed, key0, EQ_DROP_THRESHOLD);
-}
-#define EQ_DROP_FACTOR EQ_DROP_SCALE
-#else
-#define EQ_DROP_FACTOR 1.0f
 #endif
 // The offset of batch entry (b0, b1, b2) in read tensor T.
 #define EQ_BOFF(T) (b0 * EQ_##T##_S0 + b1 * EQ_##T##_S1 + b2 * EQ_##T##_S2)
@@ -252,39 +244,13 @@ __device__ __forceinline__ float ex2(float x) {
 __device__ __forceinline__ unsigned at(int r, int ch) { return (unsigned)((r * CH + (ch ^ (r & 7))) * 16); }
 
 #if EQ_BIAS
-// The bias of query row `row` and key `col` of a batch entry (`bg`: its first element); 0 outside
-// the scores (those are masked, and the load stays inside the tensor).
-__device__ __forceinline__ float bias_at(const EQ_BT* bg, int row, int col) {
-    if (row >= EQ_SQ || col >= EQ_SK) return 0.0f;
-    const EQ_BT x = bg[(long long)row * EQ_B_SR + (long long)col * EQ_B_SC];
-#if EQ_BIAS_SEL
-    return eq_val(x) ? EQ_BIAS_YES : EQ_BIAS_NO;
-#else
-    return eq_val(x);
-#endif
-}
 // A bias by key alone (row stride 0: a padding mask [B, 1, 1, SK]) is read outside the loops'
 // critical paths: the key-major kernel holds its keys' two values for the whole loop, the
-// query-major ones load a tile's values before its products (whose latency hides the loads).
-#define EQ_BIAS_BY_KEY (EQ_B_SR == 0)
-#if EQ_BIAS_BY_KEY
-// The bias of this thread's key columns of the tile from n0 (raw values, selected where used).
-#define EQ_BIAS_PREFETCH(n0)                                                     \
-    EQ_BT bv[SN][2];                                                             \
-    _Pragma("unroll") for (int nt = 0; nt < SN; ++nt)                            \
-        _Pragma("unroll") for (int c = 0; c < 2; ++c) {                          \
-            const int col = (n0) + nt * 8 + 2 * t + c;                           \
-            bv[nt][c] = bg[(long long)(col < EQ_SK ? col : 0) * EQ_B_SC];        \
-        }
-#if EQ_BIAS_SEL
-#define EQ_QBIAS(nt, e, row, col) (eq_val(bv[nt][(e) & 1]) ? EQ_BIAS_YES : EQ_BIAS_NO)
-#else
-#define EQ_QBIAS(nt, e, row, col) eq_val(bv[nt][(e) & 1])
-#endif
-#else
-#define EQ_BIAS_PREFETCH(n0)
-#define EQ_QBIAS(nt, e, row, col) bias_at(bg, row, col)
-#endif
+// query-major ones load a tile's values before its products (whose latency hides the loads;
+// eq_att_tile_bias and eq_att_bias are in common.cuh, shared with the forward).
+#define EQ_BIAS_PREFETCH(n0)    \
+    eq_att_tile_bias<SN> tb;    \
+    tb.load(bg, n0, t);
 #else
 #define EQ_BIAS_PREFETCH(n0)
 #endif
@@ -523,7 +489,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
                     const int col = n0 + nt * 8 + 2 * t + (e & 1), row = wrow + g + h * 8;
 #if EQ_BIAS
                     // Natural units (the differences from the maximum go to base 2 one by one).
-                    float x = fmaf(s[nt][e], EQ_SCALE, EQ_QBIAS(nt, e, row, col));
+                    float x = fmaf(s[nt][e], EQ_SCALE, tb.at(bg, nt, e & 1, row, col));
 #else
                     float x = s[nt][e] * EQ_SCALE_LOG2;
 #endif
@@ -651,7 +617,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
                 const int h = e >> 1;
 #if EQ_BIAS
                 const int col = n0 + nt * 8 + 2 * t + (e & 1), row = wrow + g + h * 8;
-                const float x = fmaf(s[nt][e], EQ_SCALE, EQ_QBIAS(nt, e, row, col));
+                const float x = fmaf(s[nt][e], EQ_SCALE, tb.at(bg, nt, e & 1, row, col));
                 float p = ex2((x - mrow[h]) * EQ_LOG2E - lse2[h]);
                 if (masked && (col >= EQ_SK || (EQ_CAUSAL && col > row))) p = 0.0f;
 #else
@@ -752,10 +718,10 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
         }
 #if EQ_BIAS && EQ_BIAS_BY_KEY
     // This thread's two keys' bias values, for every query tile.
-    const float kbias[2] = {bias_at(bg, 0, wkey + g), bias_at(bg, 0, wkey + g + 8)};
+    const float kbias[2] = {eq_att_bias(bg, 0, wkey + g), eq_att_bias(bg, 0, wkey + g + 8)};
 #define EQ_KBIAS(row, key, e) kbias[(e) >> 1]
 #else
-#define EQ_KBIAS(row, key, e) bias_at(bg, row, key)
+#define EQ_KBIAS(row, key, e) eq_att_bias(bg, row, key)
 #endif
     // The key and value fragments stay in registers across the loop, or (EQ_DQ, whose dq
     // products need registers) are read from shared memory again in each iteration.

@@ -1,5 +1,6 @@
 // common.cuh: storage types, conversions, vector access and pointwise helpers shared by the
-// eqfuse kernel templates (elementwise.cu, rowreduce.cu, colreduce.cu, scatter.cu).
+// eqfuse kernel templates (elementwise.cu, rowreduce.cu, colreduce.cu, scatter.cu; attention.cu
+// and attention_bwd.cu share their bias and dropout helpers here too).
 //
 // Math: every value is computed in f32 (`float`), i32 (`int`) or `bool`; f16 and bf16 exist only
 // in device memory and are widened on load and rounded to nearest even on store:
@@ -351,5 +352,81 @@ __device__ __forceinline__ float eq_dropout_seeded(float x, unsigned long long i
                                                    unsigned int threshold, float scale) {
     return eq_dropout(x, index, seed, eq_dropout_key0(seed), threshold, scale);
 }
+
+// ---- attention's bias and dropout (attention.cu, attention_bwd.cu) ----
+// An attention kernel's `#define` block comes before this header (the code generator's prefix),
+// so its bias and dropout constants are known here; a template compiled alone defines neither.
+#if defined(EQ_BIAS) && EQ_BIAS
+// The bias of query row `row` and key `col` of a batch entry (`bg`: its first element), as an
+// attention kernel adds it to the scaled score in f32; 0 outside the scores (those are masked to
+// -inf, and the load stays inside the tensor). With EQ_BIAS_SEL the tensor is a bool mask
+// (eq_bool) and the bias EQ_BIAS_YES where it holds, EQ_BIAS_NO elsewhere (a bool mask's bias
+// `where(m, 0, FILL)`, computed in place).
+__device__ __forceinline__ float eq_att_bias_of(EQ_BT x) {
+#if defined(EQ_BIAS_SEL) && EQ_BIAS_SEL
+    return eq_val(x) ? EQ_BIAS_YES : EQ_BIAS_NO;
+#else
+    return eq_val(x);
+#endif
+}
+__device__ __forceinline__ float eq_att_bias(const EQ_BT* bg, int row, int col) {
+    if (row >= EQ_SQ || col >= EQ_SK) return 0.0f;
+    return eq_att_bias_of(bg[(long long)row * EQ_B_SR + (long long)col * EQ_B_SC]);
+}
+// A bias by key alone (row stride 0: a padding mask [B, 1, 1, SK]).
+#define EQ_BIAS_BY_KEY (EQ_B_SR == 0)
+// The bias of the scores of one tile a thread holds in the m16n8 accumulator layout (its SN n8
+// tiles from key n0: columns n0 + 8 nt + 2 t + c, c < 2). A bias by key alone is loaded into
+// registers by `load` (the raw values, one per column: 2 SN), which a kernel issues before the
+// tile's products so that their latency hides the loads; any other bias is read where `at` is
+// asked (and `load` does nothing).
+template <int SN>
+struct eq_att_tile_bias {
+#if EQ_BIAS_BY_KEY
+    EQ_BT v[SN][2];
+#endif
+    __device__ __forceinline__ void load(const EQ_BT* bg, int n0, int t) {
+#if EQ_BIAS_BY_KEY
+#pragma unroll
+        for (int nt = 0; nt < SN; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int col = n0 + nt * 8 + 2 * t + c;
+                v[nt][c] = bg[(long long)(col < EQ_SK ? col : 0) * EQ_B_SC];
+            }
+#endif
+    }
+    // The bias of score (row, col), held in n8 tile nt at column parity c.
+    __device__ __forceinline__ float at(const EQ_BT* bg, int nt, int c, int row, int col) const {
+#if EQ_BIAS_BY_KEY
+        return eq_att_bias_of(v[nt][c]);
+#else
+        return eq_att_bias(bg, row, col);
+#endif
+    }
+};
+#endif
+
+#if defined(EQ_DROPOUT) && EQ_DROPOUT
+// Whether attention's dropout (`attention_dropout`, `attention_bias_dropout` and their
+// gradients) keeps the probability of score (b, row, col): dropout's bit (threshold
+// EQ_DROP_THRESHOLD, `key0` that of `seed`) at its flat index (b * EQ_SQ + row) * EQ_SK + col in
+// the probabilities [EQ_NB, EQ_SQ, EQ_SK] (the batch axes' row-major order, which b is), so the
+// mask is `dropout(softmax(..))`'s bit for bit. Where every index is below 2^32 (the sizes are
+// constants: the test folds) the key is key0 and the index is computed in 32 bits; rows past
+// EQ_SQ get some bit (never stored).
+__device__ __forceinline__ bool eq_att_keep(unsigned seed, unsigned key0, long long b, int row, int col) {
+    if ((long long)EQ_NB * EQ_SQ * EQ_SK <= 0x100000000LL) {
+        const unsigned index = ((unsigned)b * EQ_SQ + (unsigned)row) * EQ_SK + (unsigned)col;
+        return eq_mix32(key0 ^ index) >= EQ_DROP_THRESHOLD;
+    }
+    const unsigned long long index = (unsigned long long)((b * EQ_SQ + row) * (long long)EQ_SK + col);
+    return eq_dropout_keep(index, seed, key0, EQ_DROP_THRESHOLD);
+}
+// The factor the output (or dv) is scaled by besides 1 / l: 1 / (1 - p) in f32.
+#define EQ_DROP_FACTOR EQ_DROP_SCALE
+#else
+#define EQ_DROP_FACTOR 1.0f
+#endif
 
 #endif  // EQ_COMMON_CUH

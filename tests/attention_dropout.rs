@@ -302,9 +302,9 @@ fn a_sliced_seed_is_read_in_place() {
 }
 
 /// The cost model prices attention with dropout as attention plus dropout's hash of each score
-/// (12 operations a score computed), on the portable path (no Hopper path): the forward kernel
-/// and each backward kernel cost more flops than without dropout, by that much, and the forward
-/// kernel is predicted slower.
+/// (12 operations a score computed), on the Hopper path as attention without dropout: the
+/// forward kernel and each backward kernel cost more flops than without dropout, by that much,
+/// and the forward kernel is predicted no faster.
 #[test]
 fn dropout_is_priced_as_attention_plus_the_hash() {
     let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
@@ -315,6 +315,8 @@ fn dropout_is_priced_as_attention_plus_the_hash() {
         ));
         let plan = eqfuse::optimize(&program, &opts).unwrap().plan;
         assert_eq!(plan.kernels.len(), 1, "{att}");
+        let kind = format!("{:?}", plan.kernels[0].kind);
+        assert_eq!(kind, "Attention { path: Hopper, lse: false }", "{att}");
         (plan.kernels[0].flops, plan.kernels[0].predicted_us)
     };
     let (plain, plain_us) = kernel("attention(q, k, v, 0.125, 0)");

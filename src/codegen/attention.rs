@@ -59,11 +59,10 @@ pub fn hopper_smem_bytes(d: usize) -> usize {
 
 /// Whether an instance carries the Hopper path (`Launch::sm90a`, taken on a 9.0 device): every
 /// bf16 and f16 instance of a positive scale (its softmax takes row maxima of the unscaled
-/// scores), except attention with dropout (`attention_dropout`, `attention_bias_dropout`),
-/// whose mask the mma.sync path alone computes; the others keep the mma.sync path everywhere.
+/// scores), with a bias or dropout or neither; the others keep the mma.sync path everywhere.
 /// The cost model asks the same, to time the others at the portable path's rate.
-pub fn hopper_path(dtype: DType, scale: f64, dropout: bool) -> bool {
-    dtype != DType::F32 && (scale * std::f64::consts::LOG2_E) as f32 > 0.0 && !dropout
+pub fn hopper_path(dtype: DType, scale: f64) -> bool {
+    dtype != DType::F32 && (scale * std::f64::consts::LOG2_E) as f32 > 0.0
 }
 
 /// The f32 path (`kernels/attention.cu`, `EQ_F32`, CUDA cores): query rows per block, parts
@@ -718,7 +717,7 @@ pub fn codegen(
     let grid = [inst.sq.div_ceil(rows) as u32, nb as u32, 1];
     let block = [threads as u32, 1, 1];
     let smem = smem as u32;
-    let hopper = hopper_path(inst.dtype, inst.scale, inst.dropout.is_some());
+    let hopper = hopper_path(inst.dtype, inst.scale);
     let sm90a = hopper.then(|| {
         Box::new(Launch {
             grid: [inst.sq.div_ceil(HOPPER_BLOCK_M) as u32, nb as u32, 1],

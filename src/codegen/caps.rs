@@ -28,10 +28,11 @@ pub fn attention_backward_runs(q: &TensorType, k: &TensorType, v: &TensorType) -
     super::attention_bwd::template_runs(q, k, v)
 }
 
-/// Whether an attention kernel of operands of `dtype` and softmax scale `scale` (with dropout or not) carries the
-/// Hopper path (taken on a 9.0 device); the others run the portable path everywhere.
-pub fn attention_hopper_path(dtype: DType, scale: f64, dropout: bool) -> bool {
-    super::attention::hopper_path(dtype, scale, dropout)
+/// Whether an attention kernel of operands of `dtype` and softmax scale `scale` (with a bias,
+/// dropout, both or neither) carries the Hopper path (taken on a 9.0 device); the others run the
+/// portable path everywhere.
+pub fn attention_hopper_path(dtype: DType, scale: f64) -> bool {
+    super::attention::hopper_path(dtype, scale)
 }
 
 /// Query rows per block and keys per tile of attention's tensor-core paths (both the mma.sync and

@@ -504,9 +504,7 @@ pub fn kernel_kind(dag: &Dag, template: Template, body: &[usize]) -> KernelKind 
             let scale = dag.nodes[att].children().nth(slots.scale).and_then(|s| dag.nodes[s].fact.konst);
             let path = match scale {
                 _ if dtype == DType::F32 => AttentionPath::F32,
-                Some(scale) if !caps::attention_hopper_path(dtype, scale, slots.dropout.is_some()) => {
-                    AttentionPath::Portable
-                }
+                Some(scale) if !caps::attention_hopper_path(dtype, scale) => AttentionPath::Portable,
                 _ => AttentionPath::Hopper,
             };
             KernelKind::Attention { path, lse: backward }

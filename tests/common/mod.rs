@@ -322,9 +322,9 @@ pub fn attention_backward_programs() -> Vec<(String, String)> {
 /// from projections, padding and full biases, a bool mask's select, causal or not, p 0.1 and
 /// 0.5, bf16 and f16 (the flash backward) and f32 (the forward kernel's f32 path; the backward
 /// decomposed), the seed a literal or an i32 input (`s: i32[]`, or element 1 of `seeds:
-/// i32[3]` as the PyTorch backend passes it), and written out (`written_*`: causal attention
-/// and attention with a padding bias, `dropout(softmax(..)) @ v`, forward only). Each name says
-/// what it holds.
+/// i32[3]` as the PyTorch backend passes it), heads of 64 and 128, and written out (`written_*`:
+/// causal attention and attention with a padding bias, `dropout(softmax(..)) @ v`, forward only).
+/// Each name says what it holds. On a 9.0 device the 16-bit forward kernels take the Hopper path.
 pub fn attention_dropout_programs() -> Vec<(String, String)> {
     let grouped =
         |x: &str| format!("reshape(broadcast(reshape({x}, [B, KV, 1, S, D]), [B, KV, G, S, D]), [B, H, S, D])");
@@ -384,6 +384,16 @@ pub fn attention_dropout_programs() -> Vec<(String, String)> {
              o2 = dropout(softmax(q @ transpose(k, -1, -2) * 0.125 + mask, -1), {p}, slice(seeds, 0, 0, 1, 1)) @ v\noutput o, o2\n"
         )
     };
+    // Heads of 128 (the Hopper path's one block an SM, two 64-column blocks of a row), 200
+    // queries and keys (four key tiles, the last partial).
+    let wide = |t: &str, causal: u8| {
+        format!(
+            "dim B = 2\ndim H = 2\ndim S = 200\ndim D = 128\n{seeds}\
+             input q: {t}[B, H, S, D]\ninput k: {t}[B, H, S, D]\ninput v: {t}[B, H, S, D]\ninput dy: {t}[B, H, S, D]\n\
+             input mask: {t}[B, 1, 1, S]\no = attention_bias_dropout(q, k, v, mask, 0.125, {causal}, 0.1, s)\n{loss4}{}",
+            grads("q", "k", "v")
+        )
+    };
     let seed1 = "slice(seeds, 0, 1, 2, 1)";
     vec![
         ("gqa_bf16_p0.1_literal".into(), gqa("bf16", 0, 0.1, "7")),
@@ -406,6 +416,8 @@ pub fn attention_dropout_programs() -> Vec<(String, String)> {
         ("bias_padding_bf16_causal_p0.5".into(), biased("bf16", "bf16[B, 1, 1, S]", 1, 0.5)),
         ("bias_full_f16_p0.5".into(), biased("f16", "f16[B, 1, S, S]", 0, 0.5)),
         ("bias_square_f32_mask_bf16_causal_p0.1".into(), biased("bf16", "f32[S, S]", 1, 0.1)),
+        ("head128_padding_bf16_causal_p0.1".into(), wide("bf16", 1)),
+        ("head128_padding_f16_p0.1".into(), wide("f16", 0)),
         ("f32_p0.1".into(), f32_fwd(0, false, 0.1)),
         ("f32_causal_p0.5".into(), f32_fwd(1, false, 0.5)),
         ("f32_bias_causal_p0.1".into(), f32_fwd(1, true, 0.1)),
