@@ -1063,17 +1063,6 @@ impl Shaped<'_> {
         mapped
     }
 
-    /// Whether the operand `c` of a matrix product or attention is (a view of) a slice in the
-    /// body: the templates index their operands by strides from element 0.
-    fn through_slice(&self, c: usize) -> bool {
-        if !self.in_body(c) {
-            return false;
-        }
-        let n = &self.dag.nodes[c];
-        n.kind() == Some(Kind::Slice)
-            || (n.role == Role::View && n.children().next().is_some_and(|g| self.through_slice(g)))
-    }
-
     /// Whether a body node is (or views) a value computed in this kernel, not one read from memory.
     fn computed_below(&self, i: usize) -> bool {
         if !self.in_body(i) {
@@ -1192,14 +1181,26 @@ impl Shaped<'_> {
             if !self.in_body(c) || prologue.contains(&c) {
                 continue;
             }
+            // (Views and slices of a tensor in memory are strides from an element offset, read
+            // in place: whether the template takes those strides and offset is codegen's to say,
+            // asked of every kernel with one.)
             if self.computed_below(c) {
                 return Err("a matrix product's operands must be in device memory (no prologue fusion)".into());
             }
-            if self.through_slice(c) {
-                return Err("a matrix product's operands cannot be slices in the same kernel yet".into());
-            }
         }
         let domain = self.shape(a).to_vec();
+        // The operands' views and slices down to the tensors in memory: index arithmetic.
+        let mut operand_views = Vec::new();
+        for mut c in n.children() {
+            while self.in_body(c) && (self.dag.nodes[c].role == Role::View || self.dag.nodes[c].kind() == Some(Kind::Slice))
+            {
+                operand_views.push(c);
+                match self.dag.nodes[c].children().next() {
+                    Some(g) => c = g,
+                    None => break,
+                }
+            }
+        }
         let is_attention = attention_forward(n.kind()).is_some() || is_attention_backward(n.kind());
         // Views of the anchor it stores (attention written as `[B, S, H, D]` for a reshape to
         // `[B, S, E]`): the template's output strides place them; codegen checks the strides.
@@ -1211,6 +1212,7 @@ impl Shaped<'_> {
                     && !partners.contains(&b)
                     && !stored.contains(&b)
                     && !prologue.contains(&b)
+                    && !operand_views.contains(&b)
                     && self.dag.nodes[b].role == Role::Compute
             }) {
                 let op = self.dag.nodes[b].node.head();
@@ -1240,16 +1242,6 @@ impl Shaped<'_> {
                 }
                 Some(_) => return Err("a matrix product's epilogue cannot reduce across rows".into()),
                 None => {}
-            }
-        }
-        let mut operand_views = Vec::new();
-        for mut c in n.children() {
-            while self.in_body(c) && self.dag.nodes[c].role == Role::View {
-                operand_views.push(c);
-                match self.dag.nodes[c].children().next() {
-                    Some(g) => c = g,
-                    None => break,
-                }
             }
         }
         operand_views.extend(stored);
