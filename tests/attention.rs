@@ -359,3 +359,29 @@ fn sliced_operand_plans_match_the_reference_and_compile() {
         }
     }
 }
+
+/// Heads taken as slices of a view (PyTorch's `qkv.reshape(B, S, 3, H, D)` indexed along the
+/// 3): attention reads them in place, and the bytes it reads of the projection are those of the
+/// slices it takes (here q and k: two thirds), not all of it.
+#[test]
+fn slices_of_a_view_are_priced_by_what_they_read() {
+    let src = "dim B = 2\ndim S = 100\ndim H = 4\ndim D = 64\n\
+               input x: bf16[B, S, 256]\ninput w: bf16[256, 768]\ninput v: bf16[B, H, S, D]\n\
+               qkv = reshape(x @ w, [B, S, 3, H, D])\n\
+               q = transpose(reshape(slice(qkv, 2, 0, 1), [B, S, H, D]), 1, 2)\n\
+               k = transpose(reshape(slice(qkv, 2, 1, 2), [B, S, H, D]), 1, 2)\n\
+               o = attention(q, k, v, 0.125, 1)\noutput o\n";
+    let p = parse_program("view_slices.eqf", src, &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert_eq!(plan.kernels.len(), 2, "{:?}", kernels(&plan));
+    let att = &plan.kernels[1];
+    assert_eq!(att.template, Template::Attention);
+    let third = 2 * 100 * 256 * 2;
+    assert_eq!(att.bytes_read, 2 * third + 2 * 4 * 100 * 64 * 2, "{:?}", kernels(&plan));
+    let d = defines(&plan, att.id);
+    assert!(d.contains("#define EQ_KP (p_r0 + 256LL)\n"), "{d}");
+    let inputs = random_inputs(&p, 5);
+    for (out, cmp) in check_plan(&p, &plan, &inputs).unwrap() {
+        assert!(cmp.ok(), "output {out}: {cmp}");
+    }
+}

@@ -60,18 +60,33 @@ pub struct KernelCost {
 }
 
 /// Bytes a kernel with body `body` reads of each of its reads `reads` (sorted): all of a tensor,
-/// unless every use in the body is the operand of a `slice` or `gather`, which read only the
-/// elements they take (at most their own size each). One pass over the body.
+/// unless every use in the body is the operand of a `slice` or `gather`, directly or through
+/// views (`slice(reshape(qkv, [B, S, 3, H, D]), 2, 0, 1)`), which read only the elements they
+/// take (at most their own size each). One sweep over the body, last node first (a node's users
+/// come after it).
 fn sliced_bytes(dag: &Dag, body: &[usize], reads: &[usize]) -> Vec<u64> {
-    // Per read: the bytes its slices and gathers take, or `None` once a use reads all of it.
+    // Per read, and per body node that is a view: the bytes its slices and gathers take, or
+    // `None` once a use reads all of it (a view written by the kernel reads all of it).
     let mut part: Vec<Option<u64>> = vec![Some(0); reads.len()];
-    for &b in body {
+    let mut taken: Vec<Option<u64>> = vec![Some(0); body.len()];
+    for (p, &b) in body.iter().enumerate().rev() {
         let n = &dag.nodes[b];
-        let index_map = matches!(n.kind(), Some(Kind::Slice | Kind::Gather));
+        let own = match n.kind() {
+            Some(Kind::Slice | Kind::Gather) => Some(dag.bytes(b)),
+            // (A layout copy is computed: it reads all of its operand.)
+            Some(Kind::Reshape | Kind::Transpose | Kind::Broadcast) if n.role == Role::View && !dag.is_output[b] => {
+                taken[p].filter(|&t| t > 0)
+            }
+            _ => None,
+        };
         for (i, c) in n.children().enumerate() {
-            let Ok(ri) = reads.binary_search(&c) else { continue };
-            part[ri] = match part[ri] {
-                Some(p) if index_map && i == 0 => Some(p.saturating_add(dag.bytes(b))),
+            let slot = match (reads.binary_search(&c), body.binary_search(&c)) {
+                (Ok(ri), _) => &mut part[ri],
+                (_, Ok(pc)) => &mut taken[pc],
+                _ => continue,
+            };
+            *slot = match (*slot, own) {
+                (Some(s), Some(o)) if i == 0 => Some(s.saturating_add(o)),
                 _ => None,
             };
         }
