@@ -233,7 +233,7 @@ fn gemm_kernels_render_in_their_implementation() {
     for needle in ["#define EQ_EPI_ROWS 1", "eq_accum", "// ---- kernels/gemm.cu ----", "p_eq_product"] {
         assert!(s.source.contains(needle), "missing {needle}");
     }
-    assert!(s.source.contains("#define EQ_SPLITS 2\n") && s.launch.grid == [1, 1, 2]);
+    assert!(s.source.contains("#define EQ_SPLITS 2\n") && s.launch.grid == [2, 1, 1]);
     let names: Vec<_> = s.args.iter().map(|a| a.name.as_str()).collect();
     assert_eq!(
         names,

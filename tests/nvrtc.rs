@@ -341,7 +341,7 @@ fn tensor_core_row_tiles_compile() {
         assert!(defines.contains(&format!("#define {want}\n")), "no {want}\n{defines}");
     }
     assert!(!defines.contains("#define EQ_MMA 1"), "{defines}");
-    assert_eq!(s.launch.grid, [1, 32, 4]);
+    assert_eq!(s.launch.grid, [128, 1, 1]);
     let ws: Vec<_> = s.args.iter().filter(|a| a.role == eqfuse::ArgRole::Workspace).collect();
     assert_eq!(
         ws.iter().map(|a| (a.name.as_str(), a.bytes, a.zeroed)).collect::<Vec<_>>(),
