@@ -322,6 +322,19 @@ fn unaligned_16_bit_slices_are_copied_for_attention_only() {
     let y = plan.kernels.iter().find(|k| names(&k.writes) == ["y"]).expect("a kernel writes y");
     assert_eq!(y.template, Template::Gemm, "{:?}", kernels(&plan));
     assert!(y.ops.iter().any(|o| o == "slice"), "{:?}", kernels(&plan));
+    // Either implementation starts A at element 4: the generated kernel's pointer, staged element
+    // by element (no 16-byte chunks of A), or the call's operand (row-major A is the call's b).
+    let mut plan = plan.clone();
+    let id = y.id;
+    plan.kernels[id].implementation = Some(eqfuse::GemmImpl::Generated);
+    let d = defines(&plan, id);
+    assert!(d.contains("#define EQ_A (p_h + 4LL)\n") && d.contains("#define EQ_MMA 1\n"), "{d}");
+    assert!(!d.contains("#define EQ_VA"), "{d}");
+    plan.kernels[id].implementation = Some(eqfuse::GemmImpl::Cublaslt);
+    let src = codegen_plan(&plan).unwrap();
+    let call = src.iter().find(|s| s.kernel == id).and_then(|s| s.cublaslt.clone()).expect("a cuBLASLt call");
+    assert_eq!((call.a.offset, call.b.offset, call.b.ld), (0, 4, 520));
+    assert_eq!(call.offsets(), [[0, 4, 0]]);
 }
 
 /// Every program of `common::sliced_operand_programs`: its plan matches the CPU reference kernel

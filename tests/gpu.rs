@@ -476,7 +476,9 @@ fn sliced_operands_match_the_reference() {
             let mut p = plan.clone();
             let mut changed = false;
             for k in p.kernels.iter_mut().filter(|k| k.template == Template::Gemm) {
-                if k.implementation != Some(imp) && (imp == GemmImpl::Generated || eqfuse::gemm_cublaslt_call(k).is_some()) {
+                if k.implementation != Some(imp)
+                    && (imp == GemmImpl::Generated || eqfuse::gemm_cublaslt_call(k).is_some())
+                {
                     k.implementation = Some(imp);
                     changed = true;
                 }

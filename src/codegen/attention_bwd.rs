@@ -282,8 +282,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
         return Err(unsupported(k, "a backward operator the kernel does not store"));
     }
     let names: &[&'static str] = if mode == Mode::Lse { &["Q", "K"] } else { &["Q", "K", "V", "G", "L", "DL"] };
-    let reads =
-        names.iter().zip(&ops).zip(&batched.strides).map(|((&n, o), st)| (n, o.read, o.offset, *st)).collect();
+    let reads = names.iter().zip(&ops).zip(&batched.strides).map(|((&n, o), st)| (n, o.read, o.offset, *st)).collect();
     Ok(Instance {
         mode,
         dtype: q.dtype,

@@ -308,7 +308,9 @@ impl<'a> Lowerer<'a> {
                 dtype: *dtype,
                 offset: *offset,
             }),
-            _ => Err(unsupported(self.kernel, "a matrix product's operands must be views or slices of tensors it reads")),
+            _ => {
+                Err(unsupported(self.kernel, "a matrix product's operands must be views or slices of tensors it reads"))
+            }
         };
         let (a, b) = (operand(&slots[ch[0]])?, operand(&slots[ch[1]])?);
         self.out.product = Some(Product { a, b, acc });

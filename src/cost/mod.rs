@@ -1207,7 +1207,8 @@ impl Shaped<'_> {
         // The operands' views and slices down to the tensors in memory: index arithmetic.
         let mut operand_views = Vec::new();
         for mut c in n.children() {
-            while self.in_body(c) && (self.dag.nodes[c].role == Role::View || self.dag.nodes[c].kind() == Some(Kind::Slice))
+            while self.in_body(c)
+                && (self.dag.nodes[c].role == Role::View || self.dag.nodes[c].kind() == Some(Kind::Slice))
             {
                 operand_views.push(c);
                 match self.dag.nodes[c].children().next() {

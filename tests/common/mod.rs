@@ -453,7 +453,7 @@ pub fn sliced_operand_programs() -> Vec<(String, String)> {
                   o = reshape(transpose(attention(q, k, v, 0.125, 1), 1, 2), [B, S, E])\noutput o\n";
     let sliced_a = |t: &str, start: usize| {
         format!(
-            "input h: {t}[64, 520]\ninput w: {t}[256, 128]\ninput dy: {t}[64, 128]\n\
+            "input h: {t}[64, 520]\ninput w: {t}[256, 256]\ninput dy: {t}[64, 256]\n\
              y = slice(h, -1, {start}, {}) @ w\nloss = sum(sum(cast(y, f32) * cast(dy, f32), -1), -2)\n\
              dh = grad(loss, h)\ndw = grad(loss, w)\noutput y, dh, dw\n",
             start + 256
