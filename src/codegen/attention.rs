@@ -676,7 +676,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
                 ));
             }
             // (f32 operands load by 16 bytes only where strides and offsets allow, `EQ_FVEC`.)
-            if tensor_cores && t < 3 && ops[t].offset % 8 != 0 {
+            if tensor_cores && t < 3 && !ops[t].offset.is_multiple_of(8) {
                 return Err(unsupported(
                     k,
                     format!(

@@ -244,7 +244,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
             if s[0] % 8 != 0 || batch_strides[t].iter().any(|&x| x % 8 != 0) {
                 return Err(unsupported(k, "an operand of strides that are not multiples of 8 elements"));
             }
-            if ops[t].offset % 8 != 0 {
+            if !ops[t].offset.is_multiple_of(8) {
                 return Err(unsupported(
                     k,
                     format!("an operand read from element {} (a slice), not a multiple of 8", ops[t].offset),
