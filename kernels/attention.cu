@@ -203,10 +203,24 @@
 #ifndef EQ_FQREG
 #define EQ_FQREG (EQ_FDP <= 64)
 #endif
+// Element offsets of q, k, v from their pointers (slices read in place; EQ_QP and the others
+// already include them): 16-byte loads need them aligned too.
+#ifndef EQ_Q_OFF
+#define EQ_Q_OFF 0
+#endif
+#ifndef EQ_K_OFF
+#define EQ_K_OFF 0
+#endif
+#ifndef EQ_V_OFF
+#define EQ_V_OFF 0
+#endif
 #define EQ_FVEC                                                                                      \
     (EQ_D % 4 == 0 && EQ_K_S0 % 4 == 0 && EQ_K_S1 % 4 == 0 && EQ_K_S2 % 4 == 0 && EQ_K_SR % 4 == 0 && \
-     EQ_V_S0 % 4 == 0 && EQ_V_S1 % 4 == 0 && EQ_V_S2 % 4 == 0 && EQ_V_SR % 4 == 0)
-#define EQ_FQVEC (EQ_D % 4 == 0 && EQ_Q_S0 % 4 == 0 && EQ_Q_S1 % 4 == 0 && EQ_Q_S2 % 4 == 0 && EQ_Q_SR % 4 == 0)
+     EQ_V_S0 % 4 == 0 && EQ_V_S1 % 4 == 0 && EQ_V_S2 % 4 == 0 && EQ_V_SR % 4 == 0 && EQ_K_OFF % 4 == 0 && \
+     EQ_V_OFF % 4 == 0)
+#define EQ_FQVEC                                                                                    \
+    (EQ_D % 4 == 0 && EQ_Q_S0 % 4 == 0 && EQ_Q_S1 % 4 == 0 && EQ_Q_S2 % 4 == 0 && EQ_Q_SR % 4 == 0 && \
+     EQ_Q_OFF % 4 == 0)
 #define EQ_FQS (EQ_FDP + 4)            // query tile row stride (floats)
 #define EQ_FOS (EQ_FDP + 1)            // merge row stride (odd: conflict-free)
 #define EQ_FTILE (EQ_FBN * EQ_FDP)     // one key or value tile (floats)

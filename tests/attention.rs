@@ -2,7 +2,12 @@
 //! generation turns attention kernels into instances of `kernels/attention.cu` (compiled with
 //! NVRTC where it is available; run on the GPU by tests/gpu.rs through the shared cases).
 
-use eqfuse::{codegen_plan, load_program, optimize, DeviceProfile, OptimizeOptions, Template};
+mod common;
+
+use eqfuse::{
+    check_plan, codegen_plan, load_program, optimize, parse_program, random_inputs, DeviceProfile, FusionPlan,
+    OptimizeOptions, Program, Template,
+};
 
 fn opts() -> OptimizeOptions {
     OptimizeOptions::new(DeviceProfile::load("h100").unwrap())
@@ -218,4 +223,178 @@ fn a_mask_broadcast_to_the_scores_stays_a_bias_by_key() {
     let s = &codegen_plan(&plan).unwrap()[att.id];
     let defines = s.source.split("// ---- kernels/").next().unwrap();
     assert!(defines.contains("#define EQ_BIAS 1\n") && defines.contains("#define EQ_B_SR 0LL\n"), "{defines}");
+}
+
+/// A program of `common::sliced_operand_programs` by name.
+fn sliced(name: &str) -> Program {
+    let (_, text) = common::sliced_operand_programs().into_iter().find(|(n, _)| n == name).expect("a sliced program");
+    parse_program(name, &text, &[]).unwrap()
+}
+
+fn kernels(plan: &FusionPlan) -> Vec<(Template, &[String])> {
+    plan.kernels.iter().map(|k| (k.template, k.ops.as_slice())).collect()
+}
+
+fn names(ts: &[eqfuse::TensorRef]) -> Vec<&str> {
+    ts.iter().map(|t| t.name.as_str()).collect()
+}
+
+/// The `#define` block of a kernel's source.
+fn defines(plan: &FusionPlan, id: usize) -> String {
+    let src = codegen_plan(plan).unwrap();
+    let s = src.iter().find(|s| s.kernel == id).expect("a source for the kernel");
+    s.source.split("// ---- kernels/").next().unwrap().to_string()
+}
+
+/// GPT-2's attention: `qkv = x @ w + b` (`[B, S, 3E]`) split into q, k and v along its last
+/// axis, each reshaped to heads and transposed. The attention kernel reads the three slices of
+/// the projection in place (each from its element offset, rows 3E apart): the plan is the
+/// projection, attention and the output projection, with no copy between them, and attention
+/// moves each third of `qkv` once.
+#[test]
+fn gpt2_heads_split_from_one_projection_are_read_in_place() {
+    let p = sliced("gpt2_qkv_bf16_causal");
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let templates: Vec<Template> = plan.kernels.iter().map(|k| k.template).collect();
+    assert_eq!(templates, [Template::Gemm, Template::Attention, Template::Gemm], "{:?}", kernels(&plan));
+    let (proj, att) = (&plan.kernels[0], &plan.kernels[1]);
+    assert_eq!(names(&att.reads), names(&proj.writes));
+    assert_eq!(att.bytes_read, proj.bytes_written);
+    let d = defines(&plan, att.id);
+    for want in ["EQ_QP p_r0", "EQ_KP (p_r0 + 256LL)", "EQ_VP (p_r0 + 512LL)", "EQ_Q_SR 768LL", "EQ_V_S2 64LL"] {
+        assert!(d.contains(&format!("#define {want}\n")), "no {want}:\n{d}");
+    }
+    // The same program at GPT-2 small's sizes: still no copy between the product and attention.
+    let (_, text) = common::sliced_operand_programs().into_iter().find(|(n, _)| n == "gpt2_qkv_bf16_causal").unwrap();
+    let dims: Vec<(String, usize)> =
+        [("B", 8), ("S", 1024), ("E", 768), ("H", 12), ("W", 2304)].map(|(n, v)| (n.to_string(), v)).into();
+    let big = parse_program("gpt2.eqf", &text, &dims).unwrap();
+    let plan = optimize(&big, &opts()).unwrap().plan;
+    let templates: Vec<Template> = plan.kernels.iter().map(|k| k.template).collect();
+    assert_eq!(templates, [Template::Gemm, Template::Attention, Template::Gemm], "{:?}", kernels(&plan));
+}
+
+/// The three projections of one activation, written apart: `matmul-shared-lhs` makes them one
+/// product of the concatenated weights, whose slices attention reads in place (the concat of the
+/// weights is the only other kernel).
+#[test]
+fn fused_projections_are_read_in_place_by_attention() {
+    let p = sliced("shared_lhs_bf16");
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let att = plan.kernels.iter().find(|k| k.template == Template::Attention).expect("an attention kernel");
+    let product = plan.kernels.iter().filter(|k| k.template == Template::Gemm).collect::<Vec<_>>();
+    assert_eq!(product.len(), 1, "{:?}", kernels(&plan));
+    assert_eq!(names(&att.reads), names(&product[0].writes), "{:?}", kernels(&plan));
+    assert_eq!(plan.kernels.len(), 3, "{:?}", kernels(&plan));
+}
+
+/// A product whose A operand is a slice (`slice(h, -1, 0, 256) @ w`) reads it in place, and so
+/// does its weight gradient (`transpose(slice(h)) @ dy`): no kernel copies the slice, and the
+/// slice's bytes are what the product reads of `h`.
+#[test]
+fn a_sliced_product_operand_is_read_in_place() {
+    let p = sliced("sliced_a_f32");
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let with_slice: Vec<_> = plan.kernels.iter().filter(|k| k.ops.iter().any(|o| o == "slice")).collect();
+    assert_eq!(with_slice.len(), 2, "{:?}", kernels(&plan));
+    for k in with_slice {
+        assert_eq!(k.template, Template::Gemm, "{:?}", kernels(&plan));
+        let h = k.reads.iter().position(|t| t.name == "h").expect("reads h");
+        let other: u64 = k.reads.iter().enumerate().filter(|&(i, _)| i != h).map(|(_, t)| t.ty.bytes()).sum();
+        assert_eq!(k.bytes_read, other + 64 * 256 * 4, "kernel {}", k.id);
+    }
+}
+
+/// bf16 slices that start at element 4: the attention kernels load 16 bytes at a time, so they
+/// cannot read them in place (codegen says so through `caps`), and the plan copies them first;
+/// a product reads such a slice in place (the generated kernel stages it element by element,
+/// cuBLASLt is told the pointers' alignment).
+#[test]
+fn unaligned_16_bit_slices_are_copied_for_attention_only() {
+    let p = sliced("gpt2_qkv_bf16_offset_4");
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let att = plan.kernels.iter().find(|k| k.template == Template::Attention).expect("an attention kernel");
+    assert!(!att.ops.iter().any(|o| o == "slice"), "{:?}", kernels(&plan));
+    assert!(plan.kernels.iter().any(|k| k.template == Template::Elementwise && k.ops.iter().any(|o| o == "slice")));
+    codegen_plan(&plan).unwrap();
+    let p = sliced("sliced_a_bf16_offset_4");
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let y = plan.kernels.iter().find(|k| names(&k.writes) == ["y"]).expect("a kernel writes y");
+    assert_eq!(y.template, Template::Gemm, "{:?}", kernels(&plan));
+    assert!(y.ops.iter().any(|o| o == "slice"), "{:?}", kernels(&plan));
+    // Either implementation starts A at element 4: the generated kernel's pointer, staged element
+    // by element (no 16-byte chunks of A), or the call's operand (row-major A is the call's b).
+    let mut plan = plan.clone();
+    let id = y.id;
+    plan.kernels[id].implementation = Some(eqfuse::GemmImpl::Generated);
+    let d = defines(&plan, id);
+    assert!(d.contains("#define EQ_A (p_h + 4LL)\n") && d.contains("#define EQ_MMA 1\n"), "{d}");
+    assert!(!d.contains("#define EQ_VA"), "{d}");
+    plan.kernels[id].implementation = Some(eqfuse::GemmImpl::Cublaslt);
+    let src = codegen_plan(&plan).unwrap();
+    let call = src.iter().find(|s| s.kernel == id).and_then(|s| s.cublaslt.clone()).expect("a cuBLASLt call");
+    assert_eq!((call.a.offset, call.b.offset, call.b.ld), (0, 4, 520));
+    assert_eq!(call.offsets(), [[0, 4, 0]]);
+}
+
+/// Every program of `common::sliced_operand_programs`: its plan matches the CPU reference kernel
+/// by kernel, every kernel generates, and (where NVRTC is available) compiles without warnings
+/// for sm_90 and sm_80.
+#[test]
+fn sliced_operand_plans_match_the_reference_and_compile() {
+    let nvrtc = eqfuse::nvrtc_available().is_ok();
+    if !nvrtc {
+        eprintln!("NVRTC is not available: the kernels are generated, not compiled");
+    }
+    for (name, text) in common::sliced_operand_programs() {
+        let p = parse_program(&name, &text, &[]).unwrap();
+        let plan = optimize(&p, &opts()).unwrap().plan;
+        let inputs = random_inputs(&p, 3);
+        for (out, cmp) in check_plan(&p, &plan, &inputs).unwrap() {
+            assert!(cmp.ok(), "{name}: output {out}: {cmp}");
+        }
+        let sources = codegen_plan(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // Every slice is read in place by a product or attention, but those of the program whose
+        // slices attention cannot read.
+        for k in plan.kernels.iter().filter(|k| k.ops.iter().any(|o| o == "slice")) {
+            let in_place = matches!(k.template, Template::Gemm | Template::Attention);
+            assert!(in_place || name == "gpt2_qkv_bf16_offset_4", "{name}: a slice copied: {:?}", kernels(&plan));
+        }
+        if !nvrtc {
+            continue;
+        }
+        for s in &sources {
+            for arch in [eqfuse::DEFAULT_ARCH, "sm_80"] {
+                let c = eqfuse::nvrtc_compile(&s.source, &s.file, arch, &[])
+                    .unwrap_or_else(|e| panic!("{name}: {} ({arch}): {e}", s.name));
+                assert!(c.log.trim().is_empty(), "{name}: {} ({arch}): warnings\n{}", s.name, c.log);
+            }
+        }
+    }
+}
+
+/// Heads taken as slices of a view (PyTorch's `qkv.reshape(B, S, 3, H, D)` indexed along the
+/// 3): attention reads them in place, and the bytes it reads of the projection are those of the
+/// slices it takes (here q and k: two thirds), not all of it.
+#[test]
+fn slices_of_a_view_are_priced_by_what_they_read() {
+    let src = "dim B = 2\ndim S = 100\ndim H = 4\ndim D = 64\n\
+               input x: bf16[B, S, 256]\ninput w: bf16[256, 768]\ninput v: bf16[B, H, S, D]\n\
+               qkv = reshape(x @ w, [B, S, 3, H, D])\n\
+               q = transpose(reshape(slice(qkv, 2, 0, 1), [B, S, H, D]), 1, 2)\n\
+               k = transpose(reshape(slice(qkv, 2, 1, 2), [B, S, H, D]), 1, 2)\n\
+               o = attention(q, k, v, 0.125, 1)\noutput o\n";
+    let p = parse_program("view_slices.eqf", src, &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert_eq!(plan.kernels.len(), 2, "{:?}", kernels(&plan));
+    let att = &plan.kernels[1];
+    assert_eq!(att.template, Template::Attention);
+    let third = 2 * 100 * 256 * 2;
+    assert_eq!(att.bytes_read, 2 * third + 2 * 4 * 100 * 64 * 2, "{:?}", kernels(&plan));
+    let d = defines(&plan, att.id);
+    assert!(d.contains("#define EQ_KP (p_r0 + 256LL)\n"), "{d}");
+    let inputs = random_inputs(&p, 5);
+    for (out, cmp) in check_plan(&p, &plan, &inputs).unwrap() {
+        assert!(cmp.ok(), "output {out}: {cmp}");
+    }
 }

@@ -479,6 +479,45 @@ fn attention_dropout_kernels_match_the_reference() {
     }
 }
 
+/// Products and attention reading slices of tensors in memory in place (`tests/common`'s
+/// `sliced_operand_programs`: GPT-2's q, k, v split from one projection, forward and training
+/// step, bf16 and f32, f32 slices from an odd element; projections fused by
+/// `matmul-shared-lhs`; a product whose A operand is a slice, f32 and bf16 from element 4),
+/// against the reference: each plan as planned, and with every gemm kernel on the generated
+/// kernel and (where its form allows) on cuBLASLt, so that both read the slices at their offsets.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn sliced_operands_match_the_reference() {
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let mut plans = Vec::new();
+    for (name, text) in common::sliced_operand_programs() {
+        let program = eqfuse::parse_program(&name, &text, &[]).unwrap();
+        let plan = optimize(&program, &opts).unwrap().plan;
+        for imp in [GemmImpl::Cublaslt, GemmImpl::Generated] {
+            let mut p = plan.clone();
+            let mut changed = false;
+            for k in p.kernels.iter_mut().filter(|k| k.template == Template::Gemm) {
+                if k.implementation != Some(imp)
+                    && (imp == GemmImpl::Generated || eqfuse::gemm_cublaslt_call(k).is_some())
+                {
+                    k.implementation = Some(imp);
+                    changed = true;
+                }
+            }
+            if changed {
+                plans.push((format!("{name} (gemm: {})", imp.name()), program.clone(), p));
+            }
+        }
+        plans.push((name, program, plan));
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        let r = run_checked(&gpu, name, program, plan, 200 + seed as u64);
+        let worst = r.outputs.iter().map(|o| o.scaled_error).fold(0.0f64, f64::max);
+        eprintln!("ok: {name}: worst scaled error {worst:.1e}");
+    }
+}
+
 /// Values of a mask `[B, 1, 1, S]`, `[B, 1, S, S]` (B = 2) or `[S, S]` for the backward: small
 /// biases, and `fill` on batch entry 0's last 36 keys and batch entry 1's first 20 (a padding
 /// mask), or on one key in 11, every key of row 5 and -inf on every key of row 9.

@@ -124,9 +124,10 @@ def lt_call_torch(call: dict, env: dict) -> None:
 
     def operand(o: dict, offset: int):
         t = env[o["tensor"]]
-        # The stored column-major matrix [rows, cols], leading dimension ld, as a strided view.
+        # The stored column-major matrix [rows, cols], leading dimension ld, as a strided view,
+        # from the operand's own element offset (a slice read in place) plus the loop's.
         v = t.as_strided((batch, int(o["rows"]), int(o["cols"])), (int(o["batch_stride"]), 1, int(o["ld"])),
-                         t.storage_offset() + offset)
+                         t.storage_offset() + int(o.get("offset", 0)) + offset)
         return v.transpose(1, 2) if o["transpose"] else v
 
     out_t = env[call["d"]]

@@ -162,6 +162,22 @@ def test_cublaslt_calls_scale_and_loop(epilogue):
     torch.testing.assert_close(env["d"], want, rtol=1e-5, atol=1e-5)
 
 
+def test_cublaslt_operands_start_at_their_offset():
+    """An operand's `offset` (a slice read in place) moves its first element: here A is the
+    second half of each row of `x` [M, 2K] (ld 2K, from element K), looped over a leading axis
+    whose own offsets add to it."""
+    torch.manual_seed(0)
+    M, K, N = 4, 6, 3
+    x = torch.randn(2, M, 2 * K)
+    w = torch.randn(K, N)
+    env = {"x": x, "w": w, "d": torch.full((2, M, N), float("nan"))}
+    b = {"tensor": "x", "transpose": False, "rows": K, "cols": M, "ld": 2 * K, "batch_stride": 0, "offset": K}
+    call = {"dtype": "f32", "m": N, "n": M, "k": K, "batch": 1, "a": _lt_operand("w", w, False), "b": b,
+            "d": "d", "epilogue": "default", "outer": [{"count": 2, "a": 0, "b": M * 2 * K, "d": M * N}]}
+    lt_call_torch(call, env)
+    torch.testing.assert_close(env["d"], x[..., K:] @ w, rtol=1e-5, atol=1e-5)
+
+
 def test_codegen_cublaslt_calls_compute_the_graph():
     """When this binary plans a dense layer as a cuBLASLt call, running the manifest's call with
     `lt_call_torch` on the graph's inputs gives the graph's output."""

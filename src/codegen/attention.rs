@@ -7,7 +7,9 @@
 //!
 //! Views become strides: each of q, k, v, o is addressed as b0·S0 + b1·S1 + b2·S2 + row·SR + d
 //! over at most three (merged) batch axes, so transposed heads (`transpose(reshape(x, [B, S, H,
-//! D]), 1, 2)`) are read, and a transposed output written, in place. A bias is addressed as
+//! D]), 1, 2)`) are read, and a transposed output written, in place; a slice is a view from an
+//! element offset, added to the operand's pointer (q, k, v split from one `[B, S, 3E]`
+//! projection, bf16 and f16 offsets multiples of 8). A bias is addressed as
 //! b0·S0 + b1·S1 + b2·S2 + row·SR + col·SC over the same batch axes (stride 0 on the axes it is
 //! broadcast along: a padding mask `[B, 1, 1, S]` is read in place, `EQ_BIAS`), or is two
 //! constants selected by a bool mask so addressed (`EQ_BIAS_SEL`). What the template cannot run
@@ -126,13 +128,25 @@ pub(super) fn unsupported(k: &Kernel, what: impl std::fmt::Display) -> Error {
     Error::Invalid(format!("kernel {} (attention): {what}", k.id))
 }
 
-/// A tensor in memory seen through views: which read, its shape, its layout in elements (an
-/// axis may be several factors: the heads of grouped-query keys, `reshape(broadcast(k))`).
+/// A tensor in memory seen through views and slices: which read, its shape, its layout in
+/// elements (an axis may be several factors: the heads of grouped-query keys,
+/// `reshape(broadcast(k))`), from element `offset` of the read (a slice's start: q, k and v
+/// split from one projection `[B, S, 3E]` are read in place).
 #[derive(Clone, Debug)]
 pub(super) struct Strided {
     pub(super) read: usize,
     pub(super) shape: Vec<usize>,
     pub(super) layout: Factored,
+    pub(super) offset: usize,
+}
+
+/// The pointer expression of a view's first element: parameter `p_r{read}`, moved by the
+/// element offset (a constant of the generated source, as the strides are).
+pub(super) fn pointer(read: usize, offset: usize) -> String {
+    match offset {
+        0 => format!("p_r{read}"),
+        off => format!("(p_r{read} + {off}LL)"),
+    }
 }
 
 /// The value of a constant subexpression (a literal, or a pointwise op of literals).
@@ -208,14 +222,39 @@ impl<'a> Body<'a> {
         norm_axis(a as i64, rank).map_err(|e| unsupported(self.k, e))
     }
 
-    /// The operand `i` as strides over a read tensor (views only), recording the nodes it passes.
+    /// The operand `i` as strides over a read tensor from an element offset (views and slices),
+    /// recording the nodes it passes.
     pub(super) fn operand(&self, i: usize, seen: &mut Vec<usize>) -> Result<Strided> {
         seen.push(i);
         match (&self.nodes[i], self.kind(i)) {
             (TensorLang::Var(s), _) => {
                 let read = self.k.reads.iter().position(|r| r.name == s.as_str()).unwrap_or(0);
                 let shape = self.k.reads[read].ty.shape.clone();
-                Ok(Strided { read, layout: Factored::contiguous(&shape), shape })
+                Ok(Strided { read, layout: Factored::contiguous(&shape), shape, offset: 0 })
+            }
+            (_, Some(Kind::Slice)) => {
+                let ch = self.children(i);
+                let x = self.operand(ch[0], seen)?;
+                seen.extend_from_slice(&ch[1..]);
+                let c = |j: usize| {
+                    self.facts[ch[j]].konst.ok_or_else(|| unsupported(self.k, "a slice's bounds must be constants"))
+                };
+                let axis = norm_axis(c(1)? as i64, x.shape.len()).map_err(|e| unsupported(self.k, e))?;
+                let step = c(4)? as i64;
+                let (start, len) = crate::ir::infer::slice_range(x.shape[axis], c(2)? as i64, c(3)? as i64, step)
+                    .map_err(|e| unsupported(self.k, e))?;
+                // The sliced axis must be one stride (not the heads of a broadcast merged with
+                // others): its elements from `start` on are then `step` strides apart.
+                let mut layout = x.layout;
+                let stride = match layout.axes[axis].as_slice() {
+                    [] => 0,
+                    [(_, s)] => *s,
+                    _ => return Err(unsupported(self.k, "a slice along an axis that is no single stride")),
+                };
+                layout.shape[axis] = len;
+                layout.axes[axis] = if len > 1 { vec![(len, stride * step as usize)] } else { vec![] };
+                let shape = self.ty(i)?.shape.clone();
+                Ok(Strided { read: x.read, shape, layout, offset: x.offset + start * stride })
             }
             (_, Some(kind @ (Kind::Transpose | Kind::Reshape | Kind::Broadcast))) => {
                 let ch = self.children(i);
@@ -233,12 +272,12 @@ impl<'a> Body<'a> {
                         .reshape(&shape)
                         .ok_or_else(|| unsupported(self.k, "a reshape of a transposed operand moves its elements"))?,
                 };
-                Ok(Strided { read: x.read, shape, layout })
+                Ok(Strided { read: x.read, shape, layout, offset: x.offset })
             }
             _ => Err(unsupported(
                 self.k,
                 format!(
-                    "the operands of attention must be tensors in memory or views of them, not `{}`",
+                    "the operands of attention must be tensors in memory or views and slices of them, not `{}`",
                     self.nodes[i].head()
                 ),
             )),
@@ -269,7 +308,7 @@ impl<'a> Body<'a> {
         let mask = self.operand(ch[0], seen)?;
         // The select's shape is the mask's (its other operands are scalars).
         let shape = self.ty(i)?.shape.clone();
-        let mask = Strided { layout: mask.layout.broadcast(&shape), shape, read: mask.read };
+        let mask = Strided { layout: mask.layout.broadcast(&shape), shape, read: mask.read, offset: mask.offset };
         Ok((mask, Some((dtype.round(a), dtype.round(b)))))
     }
 
@@ -400,6 +439,8 @@ impl<'a> Body<'a> {
 #[derive(Clone, Debug, PartialEq)]
 pub(super) struct BiasInstance {
     pub(super) read: usize,
+    /// The element of the read the bias starts at (a slice's start; read by scalar loads).
+    pub(super) offset: usize,
     pub(super) dtype: DType,
     pub(super) strides: [usize; 5],
     pub(super) select: Option<(f64, f64)>,
@@ -516,8 +557,8 @@ struct Instance {
     batch: [usize; 3],
     /// Per tensor (q, k, v, o): the three batch strides and the row stride.
     strides: [[usize; 4]; 4],
-    /// Read index of q, k, v.
-    reads: [usize; 3],
+    /// q, k, v: the read and the element offset each starts at.
+    reads: [(usize, usize); 3],
     scale: f64,
     causal: bool,
     bias: Option<BiasInstance>,
@@ -633,6 +674,16 @@ fn instance(k: &Kernel) -> Result<Instance> {
                     "bf16 and f16 operands need strides of multiples of 8 elements (16-byte loads)",
                 ));
             }
+            // (f32 operands load by 16 bytes only where strides and offsets allow, `EQ_FVEC`.)
+            if tensor_cores && t < 3 && !ops[t].offset.is_multiple_of(8) {
+                return Err(unsupported(
+                    k,
+                    format!(
+                        "a bf16 or f16 operand read from element {} (a slice), not a multiple of 8 (16-byte loads)",
+                        ops[t].offset
+                    ),
+                ));
+            }
         }
         Ok(())
     })?;
@@ -650,7 +701,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
                     format!("the template reads a bias of f32, bf16 or f16, or a bool mask, not {dtype}"),
                 ));
             }
-            Some(BiasInstance { read: b.read, dtype, strides: batched.strides[4], select })
+            Some(BiasInstance { read: b.read, offset: b.offset, dtype, strides: batched.strides[4], select })
         }
         None => None,
     };
@@ -661,7 +712,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
         sk,
         batch: batched.batch,
         strides,
-        reads: [ops[0].read, ops[1].read, ops[2].read],
+        reads: [(ops[0].read, ops[0].offset), (ops[1].read, ops[1].offset), (ops[2].read, ops[2].offset)],
         scale,
         causal,
         bias,
@@ -793,14 +844,18 @@ pub fn codegen(
         }
     }
     def("EQ_PARAMS", params.join(", "));
-    for (tag, r) in ["EQ_QP", "EQ_KP", "EQ_VP"].iter().zip(inst.reads) {
-        def(tag, format!("p_r{r}"));
+    for (tag, (r, offset)) in ["Q", "K", "V"].iter().zip(inst.reads) {
+        def(&format!("EQ_{tag}P"), pointer(r, offset));
+        if offset > 0 {
+            // (The f32 path's 16-byte loads need the offset aligned too.)
+            def(&format!("EQ_{tag}_OFF"), format!("{offset}LL"));
+        }
     }
     def("EQ_OP", "p_w0".into());
     if let Some(b) = &inst.bias {
         def("EQ_BIAS", "1".into());
         def("EQ_BT", self::ctype(b.dtype).into());
-        def("EQ_BP", format!("p_r{}", b.read));
+        def("EQ_BP", pointer(b.read, b.offset));
         for (j, suffix) in ["S0", "S1", "S2", "SR", "SC"].iter().enumerate() {
             def(&format!("EQ_B_{suffix}"), format!("{}LL", b.strides[j]));
         }

@@ -10,7 +10,9 @@
 //! The operands are read through views as the forward reads them (`codegen::attention`'s
 //! `Body` and `Batched`): strides over at most three merged batch axes, factored ones included
 //! (grouped-query keys and values repeated over a group's query heads, heads split from a
-//! projection); q, k, v and g need a contiguous head and strides of multiples of 8 elements. A
+//! projection), and slices read in place from an element offset (q, k, v split from one
+//! projection); q, k, v and g need a contiguous head and strides and offsets of multiples of 8
+//! elements. A
 //! bias is read through strides (0 along broadcast axes) or is a bool mask's select
 //! (`where(m, 0, FILL)`). The written gradients and statistics are contiguous. bf16 or f16 with
 //! head sizes that are multiples of 8 up to 128; stored views, fused epilogues and f32 operands
@@ -26,7 +28,7 @@ use crate::ir::layout::Factored;
 use crate::ir::types::{DType, TensorType};
 use crate::plan::{FusionPlan, Kernel, Template};
 
-use super::attention::{Batched, BiasInstance, Body, DropInstance, Strided};
+use super::attention::{pointer, Batched, BiasInstance, Body, DropInstance, Strided};
 use super::{KernelSource, Launch};
 
 /// Rows per block (query rows, or key rows of the key and value gradients), and warps per block.
@@ -101,9 +103,9 @@ struct Instance {
     causal: bool,
     /// Merged batch axes (at most three, outermost first, padded with 1).
     batch: [usize; 3],
-    /// `(tensor tag, read index, strides: three batch axes, row, column)` of each operand the
-    /// mode reads (the bias apart).
-    reads: Vec<(&'static str, usize, [usize; 5])>,
+    /// `(tensor tag, read index, element offset, strides: three batch axes, row, column)` of
+    /// each operand the mode reads (the bias apart); the offset is a slice's start.
+    reads: Vec<(&'static str, usize, usize, [usize; 5])>,
     bias: Option<BiasInstance>,
     dropout: Option<DropInstance>,
     /// `(macro, write index)` of each value it stores.
@@ -242,6 +244,12 @@ fn instance(k: &Kernel) -> Result<Instance> {
             if s[0] % 8 != 0 || batch_strides[t].iter().any(|&x| x % 8 != 0) {
                 return Err(unsupported(k, "an operand of strides that are not multiples of 8 elements"));
             }
+            if !ops[t].offset.is_multiple_of(8) {
+                return Err(unsupported(
+                    k,
+                    format!("an operand read from element {} (a slice), not a multiple of 8", ops[t].offset),
+                ));
+            }
         }
         Ok(())
     })?;
@@ -253,7 +261,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
             if !want {
                 return Err(unsupported(k, format!("a bias of {dtype}")));
             }
-            Some(BiasInstance { read: b.read, dtype, strides: batched.strides[ops.len()], select })
+            Some(BiasInstance { read: b.read, offset: b.offset, dtype, strides: batched.strides[ops.len()], select })
         }
         None => None,
     };
@@ -274,7 +282,7 @@ fn instance(k: &Kernel) -> Result<Instance> {
         return Err(unsupported(k, "a backward operator the kernel does not store"));
     }
     let names: &[&'static str] = if mode == Mode::Lse { &["Q", "K"] } else { &["Q", "K", "V", "G", "L", "DL"] };
-    let reads = names.iter().zip(&ops).zip(&batched.strides).map(|((&n, o), st)| (n, o.read, *st)).collect();
+    let reads = names.iter().zip(&ops).zip(&batched.strides).map(|((&n, o), st)| (n, o.read, o.offset, *st)).collect();
     Ok(Instance {
         mode,
         dtype: q.dtype,
@@ -381,13 +389,13 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     def("EQ_BN", BLOCK.to_string());
     def("EQ_NWARPS", WARPS.to_string());
     def("EQ_PARAMS", params.join(", "));
-    for (tag, r, st) in &inst.reads {
+    for (tag, r, offset, st) in &inst.reads {
         let ptr = match *tag {
             "L" => "EQ_LSEP".to_string(),
             "DL" => "EQ_DELP".to_string(),
             t => format!("EQ_{t}P"),
         };
-        def(&ptr, format!("p_r{r}"));
+        def(&ptr, pointer(*r, *offset));
         for (j, suffix) in ["S0", "S1", "S2", "SR"].iter().enumerate() {
             def(&format!("EQ_{tag}_{suffix}"), format!("{}LL", st[j]));
         }
@@ -398,7 +406,7 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     if let Some(b) = &inst.bias {
         def("EQ_BIAS", "1".into());
         def("EQ_BT", super::attention::ctype(b.dtype).into());
-        def("EQ_BP", format!("p_r{}", b.read));
+        def("EQ_BP", pointer(b.read, b.offset));
         for (j, suffix) in ["S0", "S1", "S2", "SR", "SC"].iter().enumerate() {
             def(&format!("EQ_B_{suffix}"), format!("{}LL", b.strides[j]));
         }

@@ -30,6 +30,14 @@ pub struct LtOperand {
     pub ld: i64,
     /// Elements between consecutive batch matrices (0: shared by every batch).
     pub batch_stride: i64,
+    /// The element of the tensor the first matrix starts at (a slice's start, read in place;
+    /// absent when 0). [`LtCall::offsets`] includes it.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub offset: i64,
+}
+
+fn is_zero(x: &i64) -> bool {
+    *x == 0
 }
 
 /// A gemm kernel as one cuBLASLt call (column-major terms: `d[m, n] = op(a) op(b)`).
@@ -76,9 +84,10 @@ impl LtCall {
         self.outer.iter().map(|l| l.count).product()
     }
 
-    /// The element offsets of `a`, `b` and `d` of each call, in launch order.
+    /// The element offsets of `a`, `b` and `d` of each call, in launch order (from the
+    /// operands' own offsets).
     pub fn offsets(&self) -> Vec<[i64; 3]> {
-        let mut out = vec![[0i64; 3]];
+        let mut out = vec![[self.a.offset, self.b.offset, 0]];
         for l in &self.outer {
             out = out
                 .iter()

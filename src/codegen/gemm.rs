@@ -160,13 +160,14 @@ fn mma_smem_bytes(t: &Tile) -> usize {
 
 /// Elements per staged chunk of a tensor-core operand (`EQ_VA`, `EQ_VB`): 8 (16-byte loads and
 /// stores) when the operand's axis `along` (its last for A's k, either for B) is contiguous,
-/// its extent and every other stride that moves are multiples of 8, so that a chunk starting at
-/// a multiple of 8 lies wholly inside the product and 16-byte aligned (device buffers are whole
-/// allocations); 1 otherwise.
+/// its extent, every other stride that moves and its offset (a slice's start) are multiples of
+/// 8, so that a chunk starting at a multiple of 8 lies wholly inside the product and 16-byte
+/// aligned (device buffers are whole allocations); 1 otherwise.
 fn chunk(o: &Operand, along: usize) -> usize {
     let r = o.shape.len();
     let moves = |j: usize| o.shape[j] > 1 && o.strides[j] != 0;
-    let aligned = (0..r).filter(|&j| j != along && moves(j)).all(|j| o.strides[j].is_multiple_of(8));
+    let aligned = (0..r).filter(|&j| j != along && moves(j)).all(|j| o.strides[j].is_multiple_of(8))
+        && o.offset.is_multiple_of(8);
     if o.strides[along] == 1 && o.shape[along].is_multiple_of(8) && aligned {
         8
     } else {
@@ -437,8 +438,13 @@ pub fn render(k: &Kernel, strict: bool, packed: &std::collections::BTreeSet<Stri
     }
     let _ = writeln!(d, "#define EQ_TA {}", emit::storage_type(p.a.dtype));
     let _ = writeln!(d, "#define EQ_TB {}", emit::storage_type(p.b.dtype));
-    let _ = writeln!(d, "#define EQ_A p_{}", k.reads[p.a.read].name);
-    let _ = writeln!(d, "#define EQ_B p_{}", k.reads[p.b.read].name);
+    // (An operand that is a slice starts at its offset: a constant added to the pointer.)
+    let at = |o: &Operand| match o.offset {
+        0 => format!("p_{}", k.reads[o.read].name),
+        off => format!("(p_{} + {off}LL)", k.reads[o.read].name),
+    };
+    let _ = writeln!(d, "#define EQ_A {}", at(&p.a));
+    let _ = writeln!(d, "#define EQ_B {}", at(&p.b));
     let mut body = String::new();
     body.push_str(&batch_offset("eq_a_batch", &p.a, dom));
     body.push_str(&batch_offset("eq_b_batch", &p.b, dom));
@@ -522,7 +528,9 @@ fn batch_offset(name: &str, o: &Operand, dom: &[usize]) -> String {
 /// A column-major operand for cuBLASLt from a row-major view `[..., rows, cols]` that the call
 /// uses as its transpose (`[cols, rows]` column-major), or `None` when neither axis is unit
 /// stride. `batch_stride` is the view's stride along the one batch axis (0 if broadcast).
-fn lt_operand(name: &str, shape: &[usize], strides: &[usize], batch_stride: i64) -> Option<LtOperand> {
+fn lt_operand(name: &str, o: &Operand, batch_stride: i64) -> Option<LtOperand> {
+    let (shape, strides) = (&o.shape, &o.strides);
+    let offset = o.offset as i64;
     let r = shape.len();
     let (rows, cols) = (shape[r - 2], shape[r - 1]);
     let (sr, sc) = (strides[r - 2], strides[r - 1]);
@@ -538,6 +546,7 @@ fn lt_operand(name: &str, shape: &[usize], strides: &[usize], batch_stride: i64)
                 cols: rows as u64,
                 ld: ld as i64,
                 batch_stride: bs,
+                offset,
             });
         }
     }
@@ -552,6 +561,7 @@ fn lt_operand(name: &str, shape: &[usize], strides: &[usize], batch_stride: i64)
                 cols: cols as u64,
                 ld: ld as i64,
                 batch_stride: bs,
+                offset,
             });
         }
     }
@@ -622,8 +632,8 @@ fn lt_call(k: &Kernel, l: &Lowered) -> Option<LtCall> {
     let kk = *p.a.shape.last()?;
     let (batch, outer) = lt_batches(dom, &p.a, &p.b)?;
     // Row-major D = A B is column-major D^T = B^T A^T: the call's first operand is B.
-    let a = lt_operand(&k.reads[p.b.read].name, &p.b.shape, &p.b.strides, batch.b)?;
-    let b = lt_operand(&k.reads[p.a.read].name, &p.a.shape, &p.a.strides, batch.a)?;
+    let a = lt_operand(&k.reads[p.b.read].name, &p.b, batch.b)?;
+    let b = lt_operand(&k.reads[p.a.read].name, &p.a, batch.a)?;
     let epilogue = match (act, bias.is_some()) {
         (None, false) => LtEpilogue::Default,
         (None, true) => LtEpilogue::Bias,

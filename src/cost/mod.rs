@@ -69,18 +69,33 @@ pub struct KernelCost {
 }
 
 /// Bytes a kernel with body `body` reads of each of its reads `reads` (sorted): all of a tensor,
-/// unless every use in the body is the operand of a `slice` or `gather`, which read only the
-/// elements they take (at most their own size each). One pass over the body.
+/// unless every use in the body is the operand of a `slice` or `gather`, directly or through
+/// views (`slice(reshape(qkv, [B, S, 3, H, D]), 2, 0, 1)`), which read only the elements they
+/// take (at most their own size each). One sweep over the body, last node first (a node's users
+/// come after it).
 fn sliced_bytes(dag: &Dag, body: &[usize], reads: &[usize]) -> Vec<u64> {
-    // Per read: the bytes its slices and gathers take, or `None` once a use reads all of it.
+    // Per read, and per body node that is a view: the bytes its slices and gathers take, or
+    // `None` once a use reads all of it (a view written by the kernel reads all of it).
     let mut part: Vec<Option<u64>> = vec![Some(0); reads.len()];
-    for &b in body {
+    let mut taken: Vec<Option<u64>> = vec![Some(0); body.len()];
+    for (p, &b) in body.iter().enumerate().rev() {
         let n = &dag.nodes[b];
-        let index_map = matches!(n.kind(), Some(Kind::Slice | Kind::Gather));
+        let own = match n.kind() {
+            Some(Kind::Slice | Kind::Gather) => Some(dag.bytes(b)),
+            // (A layout copy is computed: it reads all of its operand.)
+            Some(Kind::Reshape | Kind::Transpose | Kind::Broadcast) if n.role == Role::View && !dag.is_output[b] => {
+                taken[p].filter(|&t| t > 0)
+            }
+            _ => None,
+        };
         for (i, c) in n.children().enumerate() {
-            let Ok(ri) = reads.binary_search(&c) else { continue };
-            part[ri] = match part[ri] {
-                Some(p) if index_map && i == 0 => Some(p.saturating_add(dag.bytes(b))),
+            let slot = match (reads.binary_search(&c), body.binary_search(&c)) {
+                (Ok(ri), _) => &mut part[ri],
+                (_, Ok(pc)) => &mut taken[pc],
+                _ => continue,
+            };
+            *slot = match (*slot, own) {
+                (Some(s), Some(o)) if i == 0 => Some(s.saturating_add(o)),
                 _ => None,
             };
         }
@@ -1103,17 +1118,6 @@ impl Shaped<'_> {
         mapped
     }
 
-    /// Whether the operand `c` of a matrix product or attention is (a view of) a slice in the
-    /// body: the templates index their operands by strides from element 0.
-    fn through_slice(&self, c: usize) -> bool {
-        if !self.in_body(c) {
-            return false;
-        }
-        let n = &self.dag.nodes[c];
-        n.kind() == Some(Kind::Slice)
-            || (n.role == Role::View && n.children().next().is_some_and(|g| self.through_slice(g)))
-    }
-
     /// Whether a body node is (or views) a value computed in this kernel, not one read from memory.
     fn computed_below(&self, i: usize) -> bool {
         if !self.in_body(i) {
@@ -1232,14 +1236,27 @@ impl Shaped<'_> {
             if !self.in_body(c) || prologue.contains(&c) {
                 continue;
             }
+            // (Views and slices of a tensor in memory are strides from an element offset, read
+            // in place: whether the template takes those strides and offset is codegen's to say,
+            // asked of every kernel with one.)
             if self.computed_below(c) {
                 return Err("a matrix product's operands must be in device memory (no prologue fusion)".into());
             }
-            if self.through_slice(c) {
-                return Err("a matrix product's operands cannot be slices in the same kernel yet".into());
-            }
         }
         let domain = self.shape(a).to_vec();
+        // The operands' views and slices down to the tensors in memory: index arithmetic.
+        let mut operand_views = Vec::new();
+        for mut c in n.children() {
+            while self.in_body(c)
+                && (self.dag.nodes[c].role == Role::View || self.dag.nodes[c].kind() == Some(Kind::Slice))
+            {
+                operand_views.push(c);
+                match self.dag.nodes[c].children().next() {
+                    Some(g) => c = g,
+                    None => break,
+                }
+            }
+        }
         let is_attention = attention_forward(n.kind()).is_some() || is_attention_backward(n.kind());
         // Views of the anchor it stores (attention written as `[B, S, H, D]` for a reshape to
         // `[B, S, E]`): the template's output strides place them; codegen checks the strides.
@@ -1251,6 +1268,7 @@ impl Shaped<'_> {
                     && !partners.contains(&b)
                     && !stored.contains(&b)
                     && !prologue.contains(&b)
+                    && !operand_views.contains(&b)
                     && self.dag.nodes[b].role == Role::Compute
             }) {
                 let op = self.dag.nodes[b].node.head();
@@ -1280,16 +1298,6 @@ impl Shaped<'_> {
                 }
                 Some(_) => return Err("a matrix product's epilogue cannot reduce across rows".into()),
                 None => {}
-            }
-        }
-        let mut operand_views = Vec::new();
-        for mut c in n.children() {
-            while self.in_body(c) && self.dag.nodes[c].role == Role::View {
-                operand_views.push(c);
-                match self.dag.nodes[c].children().next() {
-                    Some(g) => c = g,
-                    None => break,
-                }
             }
         }
         operand_views.extend(stored);

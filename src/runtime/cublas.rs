@@ -61,6 +61,12 @@ pub struct LtGemm {
 
 const WORKSPACE_BYTES: usize = 32 << 20;
 
+/// The alignment in bytes (a power of two, at most 256: that of a device allocation) of every
+/// pointer at these byte offsets from the start of a buffer.
+fn pointer_alignment(byte_offsets: impl Iterator<Item = i64>) -> u32 {
+    byte_offsets.fold(256u32, |a, off| if off == 0 { a } else { a.min(1 << off.trailing_zeros().min(8)) })
+}
+
 /// The heuristic's algorithms the first launch times (each 5 times, after one untimed run): its
 /// first guess is not always the fastest for mid-sized f32 products.
 const CANDIDATES: usize = 8;
@@ -173,6 +179,26 @@ impl LtGemm {
                 ),
                 &what("setting the workspace size"),
             )
+            .and_then(|_| {
+                // The alignment of each matrix's first element (a slice read in place, a looped
+                // batch axis: an offset from the buffer): the heuristic otherwise assumes 256
+                // bytes and may pick an algorithm the pointers do not suit. (C is D.)
+                let size = call.dtype.size() as i64;
+                let align = |which: usize| pointer_alignment(g.offsets.iter().map(|o| o[which] * size));
+                let prefs = [
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align(0)),
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align(1)),
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align(2)),
+                    (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align(2)),
+                ];
+                for (attr, bytes) in prefs {
+                    status(
+                        lt::set_matmul_pref_attribute(pref, attr, &bytes as *const u32 as *const _, 4),
+                        &what("setting an operand's alignment"),
+                    )?;
+                }
+                Ok(())
+            })
             .and_then(|_| {
                 status(
                     sys::cublasLtMatmulAlgoGetHeuristic(
@@ -353,5 +379,20 @@ impl Drop for LtGemm {
             }
             let _ = lt::destroy_handle(self.handle);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pointer_alignment;
+
+    #[test]
+    fn alignment_of_offset_pointers() {
+        assert_eq!(pointer_alignment([0i64].into_iter()), 256);
+        assert_eq!(pointer_alignment([0i64, 1536].into_iter()), 256);
+        // A bf16 slice from element 768 of each row: 1536 bytes, then rows 4608 bytes apart.
+        assert_eq!(pointer_alignment([1536i64, 4608 + 1536].into_iter()), 256);
+        assert_eq!(pointer_alignment([2i64].into_iter()), 2);
+        assert_eq!(pointer_alignment([48i64, 64].into_iter()), 16);
     }
 }

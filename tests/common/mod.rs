@@ -482,5 +482,63 @@ pub fn long_row_programs() -> Vec<(&'static str, String, usize)> {
             256,
         ),
         ("softmax of one f32 row of 1000000", "input x: f32[1, 1000000]\ny = softmax(x, -1)\noutput y\n".into(), 123),
+/// Programs whose matrix products and attention read slices of tensors in memory in place
+/// (tests/attention.rs plans, checks and compiles them; tests/gpu.rs runs them): `(name, program
+/// text)`. GPT-2's attention, q, k and v split from one `[B, S, 3E]` projection (bf16 causal
+/// forward with the output projection; its training step, whose backward kernels read the
+/// slices too; f32; f32 whose slices start at an odd element, read by scalar loads); the three
+/// projections of one activation written apart, which `matmul-shared-lhs` fuses into slices of
+/// one product; a product whose A operand is a slice (`slice(h, -1, 0, 256) @ w`, f32 with its
+/// gradients, bf16 from element 4, which the tensor cores' 16-byte staging cannot load); a bf16
+/// attention whose slices start at element 4, which its kernels cannot read in place (copied
+/// first). Sizes leave ragged tiles (S = 100).
+pub fn sliced_operand_programs() -> Vec<(String, String)> {
+    // q, k, v split from `qkv` ([B, S, 3E + pad], the first `pad` columns unused), heads
+    // `[B, H, S, D]`, attention merged back to `[B, S, E]`.
+    let split = |t: &str, pad: usize, causal: u8| {
+        let (e, d) = (if t == "f32" { 96 } else { 256 }, if t == "f32" { 24 } else { 64 });
+        // (The bounds in terms of E: the test of GPT-2 small's sizes overrides the dims.)
+        let head = |i: usize| {
+            format!("transpose(reshape(slice(qkv, 2, {pad} + {i} * E, {pad} + {} * E), [B, S, H, D]), 1, 2)", i + 1)
+        };
+        format!(
+            "dim B = 2\ndim S = 100\ndim E = {e}\ndim H = 4\ndim D = {d}\ndim W = {}\n\
+             input x: {t}[B, S, E]\ninput w: {t}[E, W]\ninput b: {t}[W]\n\
+             qkv = x @ w + b\nq = {}\nk = {}\nv = {}\n\
+             o = reshape(transpose(attention(q, k, v, 0.125, {causal}), 1, 2), [B, S, E])\n",
+            3 * e + pad,
+            head(0),
+            head(1),
+            head(2)
+        )
+    };
+    let projected = format!("{}input wo: bf16[E, E]\ny = o @ wo\noutput y\n", split("bf16", 0, 1));
+    let train = format!(
+        "{}input dy: bf16[B, S, E]\nloss = sum(sum(sum(cast(o, f32) * cast(dy, f32), -1), -2), -3)\n\
+         dx = grad(loss, x)\ndw = grad(loss, w)\ndb = grad(loss, b)\noutput o, dx, dw, db\n",
+        split("bf16", 0, 1)
+    );
+    let shared = "dim B = 2\ndim S = 100\ndim E = 256\ndim H = 4\ndim D = 64\n\
+                  input x: bf16[B, S, E]\ninput wq: bf16[E, E]\ninput wk: bf16[E, E]\ninput wv: bf16[E, E]\n\
+                  q = transpose(reshape(x @ wq, [B, S, H, D]), 1, 2)\nk = transpose(reshape(x @ wk, [B, S, H, D]), 1, 2)\n\
+                  v = transpose(reshape(x @ wv, [B, S, H, D]), 1, 2)\n\
+                  o = reshape(transpose(attention(q, k, v, 0.125, 1), 1, 2), [B, S, E])\noutput o\n";
+    let sliced_a = |t: &str, start: usize| {
+        format!(
+            "input h: {t}[64, 520]\ninput w: {t}[256, 256]\ninput dy: {t}[64, 256]\n\
+             y = slice(h, -1, {start}, {}) @ w\nloss = sum(sum(cast(y, f32) * cast(dy, f32), -1), -2)\n\
+             dh = grad(loss, h)\ndw = grad(loss, w)\noutput y, dh, dw\n",
+            start + 256
+        )
+    };
+    vec![
+        ("gpt2_qkv_bf16_causal".into(), projected),
+        ("gpt2_qkv_train_bf16".into(), train),
+        ("gpt2_qkv_f32".into(), format!("{}output o\n", split("f32", 0, 0))),
+        ("gpt2_qkv_f32_odd_offset".into(), format!("{}output o\n", split("f32", 1, 1))),
+        ("shared_lhs_bf16".into(), shared.into()),
+        ("sliced_a_f32".into(), sliced_a("f32", 0)),
+        ("sliced_a_bf16_offset_4".into(), sliced_a("bf16", 4)),
+        ("gpt2_qkv_bf16_offset_4".into(), format!("{}output o\n", split("bf16", 4, 0))),
     ]
 }
