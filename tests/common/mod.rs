@@ -482,6 +482,9 @@ pub fn long_row_programs() -> Vec<(&'static str, String, usize)> {
             256,
         ),
         ("softmax of one f32 row of 1000000", "input x: f32[1, 1000000]\ny = softmax(x, -1)\noutput y\n".into(), 123),
+    ]
+}
+
 /// Programs whose matrix products and attention read slices of tensors in memory in place
 /// (tests/attention.rs plans, checks and compiles them; tests/gpu.rs runs them): `(name, program
 /// text)`. GPT-2's attention, q, k and v split from one `[B, S, 3E]` projection (bf16 causal
