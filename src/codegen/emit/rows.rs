@@ -922,8 +922,8 @@ pub(super) struct RowShape {
 
 /// The launch shape of a row kernel over `rows` rows of `cols` elements whose cached inputs
 /// take `sizes` bytes an element (`product`: a gemm's row epilogue, which keeps 4 vectors a
-/// thread and nothing in shared memory; `copyable`: every cached input is read as whole vectors
-/// `cp.async` can copy). A row that fits registers ([`fits_in_registers`]) stays there;
+/// thread and nothing in shared memory; `copyable`: every cached input is read as whole vectors,
+/// which `cp.async` copies where they are 4, 8 or 16 bytes). A row that fits registers ([`fits_in_registers`]) stays there;
 /// otherwise, where its inputs fit [`MAX_ROW_SMEM_BYTES`] in their storage types, shared memory
 /// holds them: pipelined where two of a block's rows fit it, several rows are to be reduced,
 /// the row takes a whole block and its inputs are copyable (the one-row-a-block shape, up to
@@ -955,7 +955,9 @@ pub(super) fn row_shape(
     if !product {
         let row_bytes = keep_slabs(cols, sizes, vec).1;
         let bytes = |t: usize| row_block(t) / t * row_bytes;
-        if copyable && rows > 1 && row_block(row_threads) == row_threads && 2 * row_bytes <= MAX_ROW_SMEM_BYTES {
+        // (`cp.async` copies 4, 8 or 16 bytes.)
+        let copies = copyable && sizes.iter().all(|&s| matches!(s * vec, 4 | 8 | 16));
+        if copies && rows > 1 && row_block(row_threads) == row_threads && 2 * row_bytes <= MAX_ROW_SMEM_BYTES {
             return shape(RowKeep::Shared { bytes: 2 * row_bytes, pipelined: true }, row_threads, 1);
         }
         let pair = row_threads.min(SMEM_ROW_THREADS);
