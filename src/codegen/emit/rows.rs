@@ -922,15 +922,18 @@ pub(super) struct RowShape {
 
 /// The launch shape of a row kernel over `rows` rows of `cols` elements whose cached inputs
 /// take `sizes` bytes an element (`product`: a gemm's row epilogue, which keeps 4 vectors a
-/// thread and nothing in shared memory; `copyable`: every cached input is read as whole vectors,
-/// which `cp.async` copies where they are 4, 8 or 16 bytes). A row that fits registers ([`fits_in_registers`]) stays there;
-/// otherwise, where its inputs fit [`MAX_ROW_SMEM_BYTES`] in their storage types, shared memory
-/// holds them: pipelined where two of a block's rows fit it, several rows are to be reduced,
-/// the row takes a whole block and its inputs are copyable (the one-row-a-block shape, up to
-/// 1024 threads, one wave of blocks each looping over its rows with two buffers, the next
-/// row's copy in flight while it works on one); else with [`SMEM_ROW_THREADS`] threads a row
-/// where two blocks' rows fit one SM's shared memory (the second block's loads overlap the
-/// first's reductions and writes) and the one-row-a-block shape otherwise (one block an SM).
+/// thread and nothing in shared memory; `copyable`: every cached input is read as whole
+/// vectors, which `cp.async` copies where they are 4, 8 or 16 bytes). A row that fits registers
+/// ([`fits_in_registers`]) stays there; otherwise, where its inputs fit [`MAX_ROW_SMEM_BYTES`]
+/// in their storage types, shared memory holds them. Pipelined where two of a block's rows fit
+/// it, there is more than one row, the row takes a whole block and its inputs are copyable:
+/// the one-row-a-block shape (up to 1024 threads), one wave of blocks each looping over its
+/// rows with two buffers, the next row's copy in flight while it works on one (with fewer rows
+/// than SMs each block has one row, copied whole at once, where the other shapes keep
+/// [`KEEP_LOADS`] vectors a thread in flight). Otherwise with [`SMEM_ROW_THREADS`] threads a
+/// row where two blocks' rows fit one SM's shared memory (the second block's loads overlap the
+/// first's reductions and writes), and the one-row-a-block shape where they do not (one block
+/// an SM).
 pub(super) fn row_shape(
     rows: usize,
     cols: usize,
