@@ -205,8 +205,24 @@ __device__ __forceinline__ void eq_cp_async(void* smem, const void* gmem) {
         asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(s), "l"(gmem), "n"(B) : "memory");
     }
 }
+// The same copy of which only the first `src` bytes come from `gmem`, the rest zeros (a row's
+// partial last vector: nothing past the row is read).
+template <int B>
+__device__ __forceinline__ void eq_cp_async_n(void* smem, const void* gmem, int src) {
+    static_assert(B == 4 || B == 8 || B == 16, "cp.async copies 4, 8 or 16 bytes");
+    unsigned int s;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(smem));
+    if constexpr (B == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src) : "memory");
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(s), "l"(gmem), "n"(B), "r"(src) : "memory");
+    }
+}
 __device__ __forceinline__ void eq_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void eq_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Waits until at most N of the thread's latest committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void eq_cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // A load that bypasses L1, for values other blocks of the same launch wrote.
 __device__ __forceinline__ float eq_ld_cg(const float* p) {

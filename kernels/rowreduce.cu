@@ -35,6 +35,17 @@
 // read from device memory once. Each thread reads back only the vectors it copied, so no
 // barrier guards the copy. EQ_MIN_BLOCKS blocks an SM bound the registers (two blocks of 512
 // threads where two rows fit an SM).
+// Pipelined rows in shared memory (EQ_SMEM_PIPELINED, with EQ_SMEM_CACHE, for many rows of
+// which two fit a block's shared memory, e.g. a bf16 vocabulary of 50257 over 4096 rows): each
+// row slot has two buffers of EQ_SMEM_ROW_BYTES, and the block (launched as one wave of
+// resident blocks) loops over its rows: it starts copying row r + stride into the other buffer
+// (`cp.async`, every vector of the row in flight at once, no registers held; a shifted row's
+// last vector copied only up to the row's end, zeros after it, its first vector whole from
+// before the row, columns every lane function skips) and then waits for row r's copy, started
+// a row earlier, and makes every pass and the epilogue over it from shared memory. The SM's
+// reads of the next row so overlap this row's reductions and writes, where without the pipeline
+// they wait for them. Each thread reads back only the vectors it copied itself, and copies
+// into a buffer only after its own last read of it, so no barrier guards the buffers.
 // Cross-thread combining: warp shuffles, then shared memory across the row's warps.
 // Kept values: a stage over a cached row may overwrite a cached value by a per-element value it
 // computes (after its accumulation has read both) when nothing later needs the raw value, and
@@ -156,12 +167,17 @@ __device__ __forceinline__ void eq_row_store(EQ_PARAMS, eq_idx row, const EqRow&
 #endif
 #if EQ_SEGS > 1 && (EQ_CACHED || EQ_PIPELINED || EQ_SMEM_CACHE || EQ_NGLOBAL > 0 || EQ_STAGES != 1 || EQ_BLOCK != EQ_ROW_THREADS)
 #error "segmented rows are fetched, reduced in one stage, one row a block, without global results"
+#ifndef EQ_SMEM_PIPELINED
+#define EQ_SMEM_PIPELINED 0
 #endif
 #if EQ_SHIFT && EQ_PIPELINED
 #error "shifted rows are not staged through shared memory"
 #endif
 #if EQ_SMEM_CACHE && EQ_CACHED
 #error "a row is kept in registers or in shared memory, not both"
+#endif
+#if EQ_SMEM_PIPELINED && !EQ_SMEM_CACHE
+#error "only rows kept in shared memory are pipelined through it"
 #endif
 #if EQ_MIN_BLOCKS > 1
 #define EQ_BOUNDS __launch_bounds__(EQ_BLOCK, EQ_MIN_BLOCKS)
@@ -211,8 +227,9 @@ __device__ __forceinline__ unsigned char* eq_stage_slot(int slot, int c, int lan
 #endif
 
 #if EQ_SMEM_CACHE
-// A block's rows kept in shared memory: row slot `slot` at EQ_SMEM_ROW_BYTES * slot, each cached
-// input's vectors in its storage type, vector vi of a row at element vi * EQ_VEC of its slab.
+// A block's rows kept in shared memory: row slot `slot` at EQ_SMEM_ROW_BYTES * slot (pipelined:
+// its two buffers at EQ_SMEM_ROW_BYTES * (2 * slot + b)), each cached input's vectors in its
+// storage type, vector vi of a row at element vi * EQ_VEC of its slab.
 extern __shared__ __align__(16) unsigned char eq_kept_rows[];
 #endif
 
@@ -268,6 +285,27 @@ __device__ __forceinline__ eq_idx eq_vcol(int c, int lane) { return ((eq_idx)c *
 __device__ __forceinline__ bool eq_whole(eq_idx vc, eq_idx lead) {
     return vc >= lead && vc + EQ_VEC <= (eq_idx)EQ_COLS + lead;
 }
+
+#if EQ_SMEM_PIPELINED
+// Starts copying `lane`'s vectors of row `row` into the row buffer `keep` (one cp.async each and
+// cached input; the caller commits the group): a shifted row's last vector up to the row's end.
+__device__ __forceinline__ void eq_keep_row_async(EQ_PARAMS, eq_idx row, unsigned char* keep, int lane) {
+    const eq_idx lead = eq_lead(row);
+#pragma unroll
+    for (int c = 0; c < EQ_CHUNKS; ++c) {
+        const eq_idx vc = eq_vcol(c, lane);
+        if (vc < (eq_idx)EQ_COLS + lead) {
+            const eq_idx left = (eq_idx)EQ_COLS + lead - vc;
+            eq_keep_async(EQ_ARGS, row, vc - lead, keep, c * EQ_ROW_THREADS + lane, left < EQ_VEC ? (int)left : EQ_VEC);
+        }
+    }
+}
+
+// Row buffer `b` of row slot `slot`.
+__device__ __forceinline__ unsigned char* eq_row_buffer(int slot, int b) {
+    return eq_kept_rows + (size_t)(2 * slot + b) * EQ_SMEM_ROW_BYTES;
+}
+#endif
 
 #if EQ_SEGS > 1
 extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
@@ -359,13 +397,30 @@ extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
 #endif
     }
 #endif
+#if EQ_SMEM_PIPELINED
+    // The first row's copy; each turn of the loop starts the next one's.
+    int buf = 0;
+    {
+        const eq_idx first = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK + slot;
+        if (first < (eq_idx)EQ_ROWS) eq_keep_row_async(EQ_ARGS, first, eq_row_buffer(slot, 0), lane);
+        eq_cp_async_commit();
+    }
+#endif
     for (eq_idx base = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK; base < (eq_idx)EQ_ROWS; base += stride) {
         const eq_idx row = base + slot;
         const bool active = row < (eq_idx)EQ_ROWS;
         const eq_idx lead = eq_lead(row);
         EqRow rv;
         if (active) eq_row_init(EQ_ARGS, row, rv);
-#if EQ_SMEM_CACHE
+#if EQ_SMEM_PIPELINED
+        // Start the next row's copy into the other buffer (this thread's last reads of it were
+        // the previous row's), then wait for this row's, leaving the next one in flight.
+        unsigned char* keep = eq_row_buffer(slot, buf);
+        if (row + stride < (eq_idx)EQ_ROWS) eq_keep_row_async(EQ_ARGS, row + stride, eq_row_buffer(slot, buf ^ 1), lane);
+        eq_cp_async_commit();
+        eq_cp_async_wait<1>();
+        buf ^= 1;
+#elif EQ_SMEM_CACHE
         unsigned char* keep = eq_kept_rows + (size_t)slot * EQ_SMEM_ROW_BYTES;
 #endif
 #pragma unroll
@@ -373,7 +428,8 @@ extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
             float acc[EQ_NACC];
             eq_acc_init(s, acc);
 #if EQ_SMEM_CACHE
-            if (s == 0) {
+            // (A pipelined row is in shared memory before its first pass.)
+            if (s == 0 && !EQ_SMEM_PIPELINED) {
 #if EQ_SHIFT
                 // A shifted row's first and last vectors hold columns outside it: copied alone,
                 // by the threads that own them.

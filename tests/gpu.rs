@@ -856,45 +856,106 @@ fn odd_width_rows_match_the_reference() {
     }
 }
 
-/// Rows kept in shared memory whose width 16 bytes divide (whole vectors only, no shifted
-/// rows): an rmsnorm over bf16 rows of 49152 (two blocks of 512 threads an SM), a softmax of a
-/// sum of three bf16 rows of 4096 (two rows to a block, each in its own slot; five rows, so
-/// the last block's second slot is idle), and the GPT-2 vocabulary softmax over more rows than
-/// two blocks an SM hold at once; each run twice, the second as a CUDA graph.
+/// Rows kept in shared memory, one at a time and pipelined (issue 22: each block copies its
+/// next row into a second buffer while it reduces and writes one, as one wave of blocks). One
+/// at a time: an rmsnorm over a lone bf16 row of 49152 (two blocks of 512 threads an SM), a
+/// softmax of a sum of three bf16 rows of 4096 (two rows to a block, each in its own slot; five
+/// rows, so the last block's second slot is idle) and the vocabulary softmax over one row.
+/// Pipelined: the GPT-2 vocabulary softmax (shifted bf16 rows of 50257) over fewer rows than
+/// SMs (each block one row, nothing to overlap) and over row counts the wave of blocks does not
+/// divide (a last partial turn, blocks with one row fewer); log-softmax, cross-entropy (a mean
+/// over rows) and its gradient, layernorm (its scale and shift gathered) over the same rows;
+/// cross-entropy with its gradient over 32001; an rmsnorm of whole vectors (49152); f32
+/// shifted rows of 26001; and a bf16 row beside an f32 row (8-byte copies of the bf16 one).
+/// Each runs twice, the second time as a CUDA graph.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
 fn rows_kept_in_shared_memory_match_the_reference() {
     let profile = DeviceProfile::load("h100").unwrap();
     let opts = OptimizeOptions::new(profile.clone());
-    let programs = [
+    let softmax = |r: usize| format!("dim R = {r}\ndim V = 50257\ninput x: bf16[R, V]\ny = softmax(x, -1)\noutput y\n");
+    let ce_grad = "dim N = 300\ndim V = 50257\ninput logits: bf16[N, V]\ninput t: i32[N]\n\
+                   loss = cross_entropy(logits, t)\ndlogits = grad(loss, logits)\noutput loss, dlogits\n";
+    let layernorm = "dim R = 257\ndim V = 50257\ninput x: bf16[R, V]\ninput g: bf16[V]\ninput b: bf16[V]\n\
+                     y = layernorm(x, g, b, 0.00001)\noutput y\n";
+    let file = |path: &str, dims: &[(&str, usize)]| {
+        let p = eqfuse::load_program(path, &dims.iter().map(|&(k, v)| (k.to_string(), v)).collect::<Vec<_>>());
+        p.unwrap_or_else(|e| panic!("{path}: {e}"))
+    };
+    let text =
+        |name: &str, text: &str| eqfuse::parse_program(name, text, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+    // (name, program, defines the row kernel has, whether it is pipelined)
+    let programs: Vec<(String, Program, &[&str], bool)> = vec![
         (
-            "rmsnorm bf16 8x49152",
-            "dim R = 8\ndim C = 49152\ninput x: bf16[R, C]\ninput g: bf16[C]\ny = rmsnorm(x, g, 0.00001)\noutput y\n",
-            &["EQ_ROW_THREADS 512", "EQ_MIN_BLOCKS 2"][..],
+            "rmsnorm bf16 1x49152".into(),
+            text("rmsnorm", "dim R = 1\ndim C = 49152\ninput x: bf16[R, C]\ninput g: bf16[C]\ny = rmsnorm(x, g, 0.00001)\noutput y\n"),
+            &["EQ_ROW_THREADS 512", "EQ_MIN_BLOCKS 2"],
+            false,
         ),
         (
-            "softmax of three bf16 rows 5x4096",
-            "dim R = 5\ndim C = 4096\ninput a: bf16[R, C]\ninput b: bf16[R, C]\ninput c: bf16[R, C]\ny = softmax(a + b + c, -1)\noutput y\n",
-            &["EQ_ROW_THREADS 128", "EQ_BLOCK 256", "EQ_NCACHE 3"][..],
+            "softmax of three bf16 rows 5x4096".into(),
+            text("sum3", "dim R = 5\ndim C = 4096\ninput a: bf16[R, C]\ninput b: bf16[R, C]\ninput c: bf16[R, C]\ny = softmax(a + b + c, -1)\noutput y\n"),
+            &["EQ_ROW_THREADS 128", "EQ_BLOCK 256", "EQ_NCACHE 3"],
+            false,
+        ),
+        ("softmax bf16 1x50257".into(), text("softmax", &softmax(1)), &["EQ_SHIFT 1", "EQ_SMEM_ROW_BYTES 100528"], false),
+        ("softmax bf16 100x50257".into(), text("softmax", &softmax(100)), &["EQ_SHIFT 1", "EQ_SMEM_ROW_BYTES 100528"], true),
+        ("softmax bf16 600x50257".into(), text("softmax", &softmax(600)), &["EQ_SHIFT 1", "EQ_ROW_THREADS 1024"], true),
+        ("softmax bf16 1000x50257".into(), text("softmax", &softmax(1000)), &["EQ_SHIFT 1"], true),
+        (
+            "log_softmax bf16 333x50257".into(),
+            text("log_softmax", "dim R = 333\ndim V = 50257\ninput x: bf16[R, V]\ny = log_softmax(x, -1)\noutput y\n"),
+            &["EQ_SHIFT 1"],
+            true,
         ),
         (
-            "softmax bf16 600x50257",
-            "dim R = 600\ndim V = 50257\ninput x: bf16[R, V]\ny = softmax(x, -1)\noutput y\n",
-            &["EQ_SHIFT 1", "EQ_SMEM_ROW_BYTES 100528"][..],
+            "cross_entropy bf16 500x50257".into(),
+            file("tests/cases/rows/cross_entropy_50257_bf16.eqf", &[("N", 500)]),
+            &["EQ_SHIFT 1", "EQ_NGLOBAL 1"],
+            true,
+        ),
+        ("cross_entropy and its gradient bf16 300x50257".into(), text("ce_grad", ce_grad), &["EQ_SHIFT 1"], true),
+        (
+            "cross_entropy and its gradient bf16 700x32001".into(),
+            file("tests/cases/rows/cross_entropy_grad_32001_bf16.eqf", &[("N", 700)]),
+            &["EQ_SHIFT 1", "EQ_SMEM_ROW_BYTES 64016"],
+            true,
+        ),
+        ("layernorm bf16 257x50257".into(), text("layernorm", layernorm), &["EQ_SHIFT 1"], true),
+        (
+            "rmsnorm bf16 300x49152".into(),
+            text("rmsnorm", "dim R = 300\ndim C = 49152\ninput x: bf16[R, C]\ninput g: bf16[C]\ny = rmsnorm(x, g, 0.00001)\noutput y\n"),
+            &["EQ_SMEM_ROW_BYTES 98304"],
+            true,
+        ),
+        (
+            "softmax f32 500x26001".into(),
+            text("softmax", "dim R = 500\ndim V = 26001\ninput x: f32[R, V]\ny = softmax(x, -1)\noutput y\n"),
+            &["EQ_SHIFT 1", "EQ_VEC 4"],
+            true,
+        ),
+        (
+            "softmax of bf16 and f32 rows 300x15001".into(),
+            file("tests/cases/rows/softmax_mixed_30001.eqf", &[("R", 300), ("C", 15001)]),
+            &["EQ_SHIFT 1", "EQ_NCACHE 2"],
+            true,
         ),
     ];
     let mut plans = Vec::new();
-    for (name, text, defines) in programs {
-        let p = eqfuse::parse_program(name, text, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+    for (name, p, defines, pipelined) in programs {
         let plan = optimize(&p, &opts).unwrap().plan;
         let sources = codegen_plan(&plan).unwrap();
-        let row = sources.iter().find(|s| s.source.contains("#define EQ_SMEM_CACHE 1\n"));
-        let row = row.unwrap_or_else(|| panic!("{name}: no row kept in shared memory"));
-        for d in defines {
-            assert!(row.source.contains(&format!("#define {d}\n")), "{name}: not {d}");
+        let kept: Vec<_> = sources.iter().filter(|s| s.source.contains("#define EQ_SMEM_CACHE 1\n")).collect();
+        assert!(!kept.is_empty(), "{name}: no row kept in shared memory");
+        for row in kept {
+            for d in defines {
+                assert!(row.source.contains(&format!("#define {d}\n")), "{name}: not {d}");
+            }
+            assert_eq!(row.source.contains("#define EQ_SMEM_PIPELINED 1\n"), pipelined, "{name}");
+            assert_eq!(row.launch.wave, pipelined, "{name}");
+            assert!(row.launch.smem_bytes > 0, "{name}");
         }
-        assert!(row.launch.smem_bytes > 0, "{name}");
-        plans.push((name.to_string(), p, plan));
+        plans.push((name, p, plan));
     }
     let Some(gpu) = gpu_or_skip(&plans) else { return };
     for (seed, (name, program, plan)) in plans.iter().enumerate() {

@@ -107,11 +107,11 @@ pub fn gemm_staging(k: &Kernel) -> Option<(usize, usize)> {
     super::gemm::staging(k)
 }
 
-/// Where a row kernel over rows of `cols` elements keeps cached inputs of `sizes` bytes an
-/// element (their storage types) at `vec` elements per access: in registers or shared memory
-/// (read once), or nowhere (read by every pass).
-pub fn row_keep(cols: usize, sizes: &[usize], vec: usize) -> RowKeep {
-    super::emit::row_keep(cols, sizes, vec)
+/// Where a row kernel over `rows` rows of `cols` elements keeps cached inputs of `sizes` bytes
+/// an element (their storage types) at `vec` elements per access: in registers or shared
+/// memory (read once; there pipelined or not), or nowhere (read by every pass).
+pub fn row_keep(rows: usize, cols: usize, sizes: &[usize], vec: usize) -> RowKeep {
+    super::emit::row_keep(rows, cols, sizes, vec)
 }
 
 /// The segments the row template cuts each row of kernel `k` into (one block each, a last

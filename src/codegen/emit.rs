@@ -1135,4 +1135,30 @@ mod tests {
         assert_eq!(unary_expr(Unary::Neg, &literal(-1.0, "float"), true), "(-(-1.0f))");
         assert_eq!(unary_expr(Unary::Neg, "n3", false), "(-n3)");
     }
+
+    /// Rows kept in shared memory are pipelined (two buffers a block, one block of the row's
+    /// threads an SM) over several rows two of which fit, when their inputs are whole vectors of
+    /// 4, 8 or 16 bytes; a lone row, a row that fits once, gathered inputs and 2-byte vectors
+    /// keep the one-buffer shapes.
+    #[test]
+    fn rows_in_shared_memory_pipeline_where_two_fit() {
+        let shared = |rows, cols, sizes: &[usize], vec, copyable| {
+            let s = rows::row_shape(rows, cols, sizes, vec, false, copyable);
+            match s.keep {
+                RowKeep::Shared { bytes, pipelined } => (bytes, pipelined, s.row_threads, s.blocks_per_sm),
+                k => panic!("{rows}x{cols}: {k:?}"),
+            }
+        };
+        assert_eq!(shared(4096, 50257, &[2], 8, true), (2 * 100528, true, 1024, 1));
+        assert_eq!(shared(2, 50257, &[2], 8, true), (2 * 100528, true, 1024, 1));
+        assert_eq!(shared(1, 50257, &[2], 8, true), (100528, false, 512, 2));
+        assert_eq!(shared(4096, 50257, &[2], 8, false), (100528, false, 512, 2));
+        assert_eq!(shared(4096, 50257, &[2], 1, true), (100528, false, 512, 2));
+        assert_eq!(shared(4096, 50257, &[4], 4, true), (201040, false, 1024, 1));
+        assert_eq!(shared(4096, 15001, &[2, 4], 4, true), (2 * 90032, true, 1024, 1));
+        // Several short rows to a block keep their shape.
+        assert_eq!(shared(1024, 4096, &[2, 2, 2], 8, true), (2 * 24576, false, 128, 2));
+        let product = rows::row_shape(4096, 50257, &[2], 8, true, true);
+        assert_eq!(product.keep, RowKeep::Fetched);
+    }
 }

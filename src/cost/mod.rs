@@ -1363,7 +1363,8 @@ impl Shaped<'_> {
 /// leaves a thread beside its other registers, at the launch shape and lane count it picks,
 /// shifted rows included), or else in shared memory (the row's vectors in their storage types
 /// within `caps::MAX_ROW_SMEM_BYTES` a block), where the first pass reads the row from device
-/// memory and later passes read the copy.
+/// memory and later passes read the copy; over many rows two of which fit, pipelined, each
+/// block's next row copied while it reduces and writes one, priced at the template's rate.
 fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
     let width = k.domain.last().copied().unwrap_or(1);
     let full: usize = k.domain.iter().product();
@@ -1379,11 +1380,13 @@ fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
     let widest = full_types.iter().map(|d| d.size()).max().unwrap_or(4);
     let vec = caps::vector_width(Template::RowReduce, k.domain.len(), width, widest, profile.strict, false);
     let sizes: Vec<usize> = if full_types.is_empty() { vec![4] } else { full_types.iter().map(|d| d.size()).collect() };
-    match caps::row_keep(width, &sizes, vec) {
+    let rows = full / width.max(1);
+    match caps::row_keep(rows, width, &sizes, vec) {
         caps::RowKeep::Registers => return,
-        caps::RowKeep::Shared { bytes } => {
+        caps::RowKeep::Shared { bytes, pipelined } => {
+            let how = if pipelined { ", two rows a block, the next copied while one is reduced" } else { "" };
             k.notes.push(format!(
-                "row of {width} kept in shared memory ({bytes} bytes a block with {full_reads} input rows): each input row is read once"
+                "row of {width} kept in shared memory ({bytes} bytes a block with {full_reads} input rows{how}): each input row is read once"
             ));
             return;
         }

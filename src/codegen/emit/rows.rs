@@ -8,7 +8,8 @@
 //! per-element value the epilogue needs in the cache in place of the raw value (softmax's
 //! `exp(x - max)`), so the epilogue does not compute it again (see [`plan::reuse`]). A row too
 //! long for registers is kept in shared memory where its inputs fit there in their storage
-//! types ([`row_shape`]), and every pass after the first reads that copy.
+//! types ([`row_shape`]), and every pass after the first reads that copy; where two rows fit, a
+//! block copies its next row while it works on one (pipelined).
 
 use super::*;
 
@@ -247,6 +248,7 @@ impl Emitter<'_> {
         let (rows, cols) = self.rows_cols();
         let sizes: Vec<usize> = rp.cached.iter().map(|&i| self.cached_dtype(i).size()).collect();
         let segs = self.segments();
+        let copyable = rp.cached.iter().all(|&i| self.stageable(i));
         let shape = match segs {
             Some(s) => RowShape {
                 row_threads: SEG_THREADS,
@@ -255,13 +257,13 @@ impl Emitter<'_> {
                 blocks_per_sm: SEG_BLOCKS_PER_SM,
                 keep: RowKeep::Fetched,
             },
-            None => row_shape(cols, &sizes, self.vec, self.l.product.is_some()),
+            None => row_shape(rows, cols, &sizes, self.vec, self.l.product.is_some(), copyable),
         };
         let (row_threads, chunks, block) = (shape.row_threads, shape.chunks, shape.block);
         let cached = shape.keep == RowKeep::Registers;
-        let smem_row = match shape.keep {
-            RowKeep::Shared { bytes } => Some(bytes),
-            _ => None,
+        let (smem_row, smem_pipelined) = match shape.keep {
+            RowKeep::Shared { bytes, pipelined } => (Some(bytes), pipelined),
+            _ => (None, false),
         };
         if (cached || smem_row.is_some()) && !rp.online.is_empty() {
             // A row held on chip costs nothing to pass over twice: the max, then the sum of
@@ -324,13 +326,17 @@ impl Emitter<'_> {
             }
         }
         if let Some(bytes) = smem_row {
+            let buffers = if smem_pipelined { 2 } else { 1 };
             for (k, v) in [
                 ("EQ_SMEM_CACHE", 1),
-                ("EQ_SMEM_ROW_BYTES", bytes / rpb),
+                ("EQ_SMEM_ROW_BYTES", bytes / rpb / buffers),
                 ("EQ_KEEP_DEPTH", (KEEP_LOADS / ncache).max(1)),
                 ("EQ_MIN_BLOCKS", shape.blocks_per_sm),
             ] {
                 let _ = writeln!(d, "#define {k} {v}");
+            }
+            if smem_pipelined {
+                let _ = writeln!(d, "#define EQ_SMEM_PIPELINED 1");
             }
         }
         let mut body = String::new();
@@ -338,6 +344,9 @@ impl Emitter<'_> {
         body.push_str(&self.row_fetch(&rp));
         if smem_row.is_some() {
             body.push_str(&self.row_keep_functions(&rp));
+        }
+        if smem_pipelined {
+            body.push_str(&self.row_keep_async(&rp));
         }
         if pipelined {
             body.push_str(&self.row_stage(&rp));
@@ -365,7 +374,7 @@ impl Emitter<'_> {
             block: [block as u32, 1, 1],
             workspace,
             smem_bytes: if pipelined { stage_bytes as u32 } else { smem_row.unwrap_or(0) as u32 },
-            wave: pipelined,
+            wave: pipelined || smem_pipelined,
         };
         Ok(Rendered { defines: d, body, shape, params: Params { vec: self.vec, row_threads, nacc } })
     }
@@ -535,6 +544,34 @@ impl Emitter<'_> {
             "__device__ __forceinline__ void eq_unkeep(const unsigned char* keep, int vi, float (&cv)[EQ_NCACHE][EQ_VEC]) {",
         );
         t.s.push_str(&unkeep.s);
+        t.line(0, "}");
+        t.s
+    }
+
+    /// `eq_keep_async` (the pipelined form of rows kept in shared memory): starts copying the
+    /// vector at `col0` of each cached load into the row's shared memory at vector `vi` (as
+    /// `eq_keep_store` stores it), of which the first `n` elements come from the row and the
+    /// rest are zeros (a shifted row's last vector). Every cached load is [`Self::stageable`].
+    fn row_keep_async(&self, rp: &plan::RowPlan) -> String {
+        let offsets = self.keep_offsets(rp);
+        let mut need = BTreeSet::new();
+        let mut copies = Text::default();
+        for (k, &i) in rp.cached.iter().enumerate() {
+            let Op::Load(a) = self.node(i).op else { continue };
+            let acc: &Access = &self.l.accesses[a];
+            let (ty, bytes) = (storage_type(acc.dtype), acc.dtype.size() * self.vec);
+            let p = self.param(Some(acc.read), None);
+            let off = self.offset(&acc.strides, &mut need);
+            let at = format!("reinterpret_cast<{ty}*>(keep + {}) + vi * EQ_VEC", offsets[k]);
+            copies.line(1, format!("eq_cp_async_n<{bytes}>({at}, {p} + {off}, n * (int)sizeof({ty}));"));
+        }
+        let mut t = Text::default();
+        t.line(
+            0,
+            "__device__ __forceinline__ void eq_keep_async(EQ_PARAMS, eq_idx row, eq_idx col0, unsigned char* keep, int vi, int n) {",
+        );
+        self.coords(&need, &mut t, 1);
+        t.s.push_str(&copies.s);
         t.line(0, "}");
         t.s
     }
@@ -954,17 +991,20 @@ pub enum RowKeep {
     Shared {
         /// Dynamic shared memory a block (the launch's `smem_bytes`).
         bytes: usize,
+        /// Pipelined (`EQ_SMEM_PIPELINED`): one wave of blocks, each with two buffers a row,
+        /// copying its next row while it reduces and writes one.
+        pipelined: bool,
     },
     /// Nowhere: each pass fetches the row from device memory again.
     Fetched,
 }
 
-/// Where a row kernel over rows of `cols` elements keeps cached inputs of `sizes` bytes an
-/// element, `vec` elements an access ([`row_shape`]'s answer for the row template). The cost
-/// model asks this (`caps::row_keep`, `cost::row_passes`), so a row it prices as read once is
-/// one codegen keeps on chip, and with the same shared memory.
-pub fn row_keep(cols: usize, sizes: &[usize], vec: usize) -> RowKeep {
-    row_shape(cols, sizes, vec.max(1), false).keep
+/// Where a row kernel over `rows` rows of `cols` elements keeps cached inputs of `sizes` bytes
+/// an element, `vec` elements an access ([`row_shape`]'s answer for the row template, inputs
+/// read as whole vectors). The cost model asks this (`caps::row_keep`, `cost::row_passes`), so
+/// a row it prices as read once is one codegen keeps on chip, and with the same shared memory.
+pub fn row_keep(rows: usize, cols: usize, sizes: &[usize], vec: usize) -> RowKeep {
+    row_shape(rows, cols, sizes, vec.max(1), false, true).keep
 }
 
 /// The launch shape of a row kernel and where it keeps its row.
@@ -977,14 +1017,28 @@ pub(super) struct RowShape {
     pub keep: RowKeep,
 }
 
-/// The launch shape of a row kernel over rows of `cols` elements whose cached inputs take
-/// `sizes` bytes an element (`product`: a gemm's row epilogue, which keeps 4 vectors a thread
-/// and nothing in shared memory). A row that fits registers ([`fits_in_registers`]) stays
-/// there; otherwise, where its inputs fit [`MAX_ROW_SMEM_BYTES`] in their storage types, shared
-/// memory holds them, with [`SMEM_ROW_THREADS`] threads a row where two blocks' rows fit one
-/// SM's shared memory (the second block's loads overlap the first's reductions and writes)
-/// and the one-row-a-block shape otherwise (up to 1024 threads, one block an SM).
-pub(super) fn row_shape(cols: usize, sizes: &[usize], vec: usize, product: bool) -> RowShape {
+/// The launch shape of a row kernel over `rows` rows of `cols` elements whose cached inputs
+/// take `sizes` bytes an element (`product`: a gemm's row epilogue, which keeps 4 vectors a
+/// thread and nothing in shared memory; `copyable`: every cached input is read as whole
+/// vectors, which `cp.async` copies where they are 4, 8 or 16 bytes). A row that fits registers
+/// ([`fits_in_registers`]) stays there; otherwise, where its inputs fit [`MAX_ROW_SMEM_BYTES`]
+/// in their storage types, shared memory holds them. Pipelined where two of a block's rows fit
+/// it, there is more than one row, the row takes a whole block and its inputs are copyable:
+/// the one-row-a-block shape (up to 1024 threads), one wave of blocks each looping over its
+/// rows with two buffers, the next row's copy in flight while it works on one (with fewer rows
+/// than SMs each block has one row, copied whole at once, where the other shapes keep
+/// [`KEEP_LOADS`] vectors a thread in flight). Otherwise with [`SMEM_ROW_THREADS`] threads a
+/// row where two blocks' rows fit one SM's shared memory (the second block's loads overlap the
+/// first's reductions and writes), and the one-row-a-block shape where they do not (one block
+/// an SM).
+pub(super) fn row_shape(
+    rows: usize,
+    cols: usize,
+    sizes: &[usize],
+    vec: usize,
+    product: bool,
+    copyable: bool,
+) -> RowShape {
     let per = row_vectors(cols, vec);
     let (row_threads, chunks) = row_split(per, product);
     let block = row_block(row_threads);
@@ -1001,11 +1055,16 @@ pub(super) fn row_shape(cols: usize, sizes: &[usize], vec: usize, product: bool)
     if !product {
         let row_bytes = keep_slabs(cols, sizes, vec).1;
         let bytes = |t: usize| row_block(t) / t * row_bytes;
+        // (`cp.async` copies 4, 8 or 16 bytes.)
+        let copies = copyable && sizes.iter().all(|&s| matches!(s * vec, 4 | 8 | 16));
+        if copies && rows > 1 && row_block(row_threads) == row_threads && 2 * row_bytes <= MAX_ROW_SMEM_BYTES {
+            return shape(RowKeep::Shared { bytes: 2 * row_bytes, pipelined: true }, row_threads, 1);
+        }
         let pair = row_threads.min(SMEM_ROW_THREADS);
         let (t, blocks) =
             if 2 * (bytes(pair) + SMEM_BESIDE_ROWS) <= SMEM_PER_SM { (pair, 2) } else { (row_threads, 1) };
         if bytes(t) <= MAX_ROW_SMEM_BYTES {
-            return shape(RowKeep::Shared { bytes: bytes(t) }, t, blocks);
+            return shape(RowKeep::Shared { bytes: bytes(t), pipelined: false }, t, blocks);
         }
     }
     shape(RowKeep::Fetched, row_threads, 1)
