@@ -843,8 +843,10 @@ fn odd_width_rows_match_the_reference() {
         plans.push((format!("{file} (unfused)"), p.clone(), unfused_plan(&p, &profile, false).unwrap()));
     }
     // Rows kept in shared memory: the wide softmaxes, cross-entropies and their gradients, a
-    // layernorm of two rows, mixed storage types and gathered lanes.
-    assert!(kept >= 8, "only {kept} fused row kernels keep their rows in shared memory");
+    // layernorm of two inputs. (At these few rows the mixed storage types and the gathered
+    // lanes plan as segmented statistics and an elementwise kernel; rows_kept_in_shared_memory
+    // keeps them in shared memory over more rows.)
+    assert!(kept >= 6, "only {kept} fused row kernels keep their rows in shared memory");
     let Some(gpu) = gpu_or_skip(&plans) else { return };
     for (seed, (name, program, plan)) in plans.iter().enumerate() {
         run_checked(&gpu, name, program, plan, seed as u64);
@@ -858,11 +860,12 @@ fn odd_width_rows_match_the_reference() {
 
 /// Rows kept in shared memory, one at a time and pipelined (issue 22: each block copies its
 /// next row into a second buffer while it reduces and writes one, as one wave of blocks). One
-/// at a time: an rmsnorm over a lone bf16 row of 49152 (two blocks of 512 threads an SM), a
-/// softmax of a sum of three bf16 rows of 4096 (two rows to a block, each in its own slot; five
-/// rows, so the last block's second slot is idle) and the vocabulary softmax over one row.
-/// Pipelined: the GPT-2 vocabulary softmax (shifted bf16 rows of 50257) over fewer rows than
-/// SMs (each block one row, nothing to overlap) and over row counts the wave of blocks does not
+/// at a time: the vocabulary softmax over f32 rows (one of 201040 bytes fits a block, two do
+/// not), a softmax of a sum of three bf16 rows of 4096 (two rows to a block, each in its own
+/// slot; 261 rows, so the last block's second slot is idle). (Fewer than 128 rows plan as
+/// segmented statistics and an elementwise kernel, `tests/long_rows.rs`.) Pipelined: the GPT-2
+/// vocabulary softmax (shifted bf16 rows of 50257) over fewer rows than SMs (130: each block
+/// one row, nothing to overlap) and over row counts the wave of blocks does not
 /// divide (a last partial turn, blocks with one row fewer); log-softmax, cross-entropy (a mean
 /// over rows) and its gradient, layernorm (its scale and shift gathered) over the same rows;
 /// cross-entropy with its gradient over 32001; an rmsnorm of whole vectors (49152); f32
@@ -887,19 +890,18 @@ fn rows_kept_in_shared_memory_match_the_reference() {
     // (name, program, defines the row kernel has, whether it is pipelined)
     let programs: Vec<(String, Program, &[&str], bool)> = vec![
         (
-            "rmsnorm bf16 1x49152".into(),
-            text("rmsnorm", "dim R = 1\ndim C = 49152\ninput x: bf16[R, C]\ninput g: bf16[C]\ny = rmsnorm(x, g, 0.00001)\noutput y\n"),
-            &["EQ_ROW_THREADS 512", "EQ_MIN_BLOCKS 2"],
+            "softmax f32 256x50257".into(),
+            text("softmax", "dim R = 256\ndim V = 50257\ninput x: f32[R, V]\ny = softmax(x, -1)\noutput y\n"),
+            &["EQ_SHIFT 1", "EQ_SMEM_ROW_BYTES 201040"],
             false,
         ),
         (
-            "softmax of three bf16 rows 5x4096".into(),
-            text("sum3", "dim R = 5\ndim C = 4096\ninput a: bf16[R, C]\ninput b: bf16[R, C]\ninput c: bf16[R, C]\ny = softmax(a + b + c, -1)\noutput y\n"),
+            "softmax of three bf16 rows 261x4096".into(),
+            text("sum3", "dim R = 261\ndim C = 4096\ninput a: bf16[R, C]\ninput b: bf16[R, C]\ninput c: bf16[R, C]\ny = softmax(a + b + c, -1)\noutput y\n"),
             &["EQ_ROW_THREADS 128", "EQ_BLOCK 256", "EQ_NCACHE 3"],
             false,
         ),
-        ("softmax bf16 1x50257".into(), text("softmax", &softmax(1)), &["EQ_SHIFT 1", "EQ_SMEM_ROW_BYTES 100528"], false),
-        ("softmax bf16 100x50257".into(), text("softmax", &softmax(100)), &["EQ_SHIFT 1", "EQ_SMEM_ROW_BYTES 100528"], true),
+        ("softmax bf16 130x50257".into(), text("softmax", &softmax(130)), &["EQ_SHIFT 1", "EQ_SMEM_ROW_BYTES 100528"], true),
         ("softmax bf16 600x50257".into(), text("softmax", &softmax(600)), &["EQ_SHIFT 1", "EQ_ROW_THREADS 1024"], true),
         ("softmax bf16 1000x50257".into(), text("softmax", &softmax(1000)), &["EQ_SHIFT 1"], true),
         (
