@@ -1249,6 +1249,18 @@ def _strided_scatter(L, x, src, a, lo, hi, step):
     return L.apply("where", hit, picked, x, dtype=x.dtype)
 
 
+def _flip(L, x, dims):
+    """The elements in reverse order along each axis of `dims`: a gather by `n - 1 - iota(n)`."""
+    v = L.val(x)
+    for d in dims:
+        a = L.axis(d, v.rank)
+        n = v.shape[a]
+        if n > 1:
+            rev = L.apply("-", L.cast(L.lit(n - 1), "i32"), _iota(L, n), dtype="i32")
+            v = _gather(L, v, rev, a)
+    return v
+
+
 def _cumsum(L, x, dim, dtype=None):
     """A running sum along an axis of n: the sum over j of x[..., j] where j <= i, a row
     reduction over an [..., n, n] space (RoBERTa's position ids are a cumsum of the mask of
@@ -1968,6 +1980,7 @@ LOWERINGS = {
     "index_put": _index_put,
     "slice_scatter": _slice_scatter,
     "cumsum": _cumsum,
+    "flip": _flip,
     "select_backward": _select_backward,
     "slice_backward": _slice_backward,
     "bitwise_and": _logical("and"),

@@ -137,6 +137,17 @@ def test_strided_slice_scatter(start, end, step, tmp_path):
     close(_export_and_run(fn, [x, src], tmp_path)[0], fn(x, src))
 
 
+def test_flip(tmp_path):
+    x = torch.randn(3, 4, 5)
+
+    def fn(x):
+        return torch.flip(x, [0, -1]) * 2, x.flip(1)
+
+    got = _export_and_run(fn, [x], tmp_path)
+    for g, w in zip(got, fn(x)):
+        close(g, w)
+
+
 def test_empty_results(tmp_path):
     """A slice with nothing in it, concatenated back and used elementwise: its results are empty
     tensors, dropped by the concatenation (Phi-3's rotary tail when the rotation covers the head)."""
