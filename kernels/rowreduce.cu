@@ -167,6 +167,7 @@ __device__ __forceinline__ void eq_row_store(EQ_PARAMS, eq_idx row, const EqRow&
 #endif
 #if EQ_SEGS > 1 && (EQ_CACHED || EQ_PIPELINED || EQ_SMEM_CACHE || EQ_NGLOBAL > 0 || EQ_STAGES != 1 || EQ_BLOCK != EQ_ROW_THREADS)
 #error "segmented rows are fetched, reduced in one stage, one row a block, without global results"
+#endif
 #ifndef EQ_SMEM_PIPELINED
 #define EQ_SMEM_PIPELINED 0
 #endif
