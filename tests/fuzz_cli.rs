@@ -1922,7 +1922,10 @@ fn cli_survives_fuzzed_inputs() {
     let default_workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 4);
     let workers = env_or("EQFUSE_FUZZ_WORKERS", default_workers as u64).max(1) as usize;
     let shared = Shared {
-        timeout: Duration::from_secs(env_or("EQFUSE_FUZZ_TIMEOUT", 30)),
+        // A hang is a run past a minute: a rules folder given on the command line is
+        // soundness-checked rule by rule on load (about 15 s of a debug build on an idle core),
+        // which a loaded two-core machine stretched past 30 s.
+        timeout: Duration::from_secs(env_or("EQFUSE_FUZZ_TIMEOUT", 60)),
         sources: Mutex::new(BTreeMap::new()),
     };
     let stats = Mutex::new(Stats::default());
