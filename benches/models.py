@@ -72,9 +72,10 @@ def first(out):
     return next(t for t in values if isinstance(t, torch.Tensor))
 
 
-def relative(got, want):
+def relative(got, want, floor=1e-30):
+    """Largest difference over the largest eager value, or over `floor` where that is larger."""
     got, want = got.float(), want.float()
-    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+    return ((got - want).abs().max() / want.abs().max().clamp_min(floor)).item()
 
 
 def timed(fn, reps, warmup=3):
@@ -138,7 +139,14 @@ def run(name, dtype, args):
         rec[f"{mode}_compile_s"] = round(time.perf_counter() - t0, 2)
         rec[f"{mode}_rel_err"] = relative(got, want)
         if args.train:
-            errs = [relative(p.grad, grads0[n]) for n, p in m.named_parameters() if n in grads0 and p.grad is not None]
+            # A gradient that is zero in exact arithmetic (attention's key bias: softmax ignores a
+            # per-query shift) is rounding noise on every side; it is measured against a floor of
+            # the step's largest gradient (1e-5 of it in f32, 1e-3 in 16-bit types), as the tests
+            # do, not against its own size (Inductor's was 1.4 on BERT without the floor).
+            largest = max(g.float().abs().max().item() for g in grads0.values())
+            floor = largest * (1e-5 if dtype == "f32" else 1e-3)
+            errs = [relative(p.grad, grads0[n], floor) for n, p in m.named_parameters()
+                    if n in grads0 and p.grad is not None]
             rec[f"{mode}_grad_rel_err"] = max(errs) if errs else None
         rec[f"{mode}_us"] = timed(lambda: step(compiled), args.reps)
         if backend is not None:
