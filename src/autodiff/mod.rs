@@ -30,6 +30,7 @@
 //! only on the loss and the node, so several `grad` calls over one loss build one backward graph
 //! (the program hash-conses the repeated nodes); any failure is an error naming the operator.
 
+mod attention;
 pub mod expand;
 
 use std::collections::{HashMap, HashSet};
@@ -65,11 +66,18 @@ pub fn grad(p: &mut Program, loss: Id, wrt: &[Id]) -> Result<Vec<Id>> {
 
 /// [`grad`] with the error as a message, for the front ends to place.
 pub(crate) fn grad_of(p: &mut Program, loss: Id, wrt: &[Id]) -> R<Vec<Id>> {
+    grad_with(p, loss, wrt, true)
+}
+
+/// [`grad_of`], with written-out attention recognised (`attention.rs`) or left to the primitive
+/// VJPs (the tests compare the two).
+fn grad_with(p: &mut Program, loss: Id, wrt: &[Id], recognise_attention: bool) -> R<Vec<Id>> {
     check_loss(p, loss)?;
     for &w in wrt {
         check_variable(p, w)?;
     }
     let mut tape = Tape::new(p, loss, wrt);
+    tape.recognise_attention = recognise_attention;
     tape.sweep()?;
     wrt.iter().map(|&w| tape.gradient(w)).collect()
 }
@@ -141,6 +149,9 @@ struct Tape<'a> {
     adj: Vec<Option<Id>>,
     /// The names nodes of the program carry (adjoints are named only with free names).
     names: HashSet<String>,
+    /// Whether written-out attention gets its composite's backward (`attention.rs`); off only
+    /// in the tests that compare it with the primitive VJPs.
+    recognise_attention: bool,
 }
 
 impl<'a> Tape<'a> {
@@ -153,7 +164,7 @@ impl<'a> Tape<'a> {
                 wrt.contains(&Id::from(i)) || (float && node.children().iter().any(|&c| active[usize::from(c)]));
         }
         let names = (0..p.len()).filter_map(|i| p.name(Id::from(i)).map(str::to_string)).collect();
-        Tape { p, loss, active, adj: vec![None; n], names }
+        Tape { p, loss, active, adj: vec![None; n], names, recognise_attention: true }
     }
 
     /// Propagates adjoints from the loss down to the variables, each node once, parents first.

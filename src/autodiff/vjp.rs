@@ -4,7 +4,8 @@
 //! broadcast axes and casts to the operand's type, so a rule may return a value of any shape that
 //! broadcasts to the node's. Rules use forward values where the derivative has a form in them
 //! (`exp`: y; `tanh`: 1 - y²), and composites use closed forms; the decomposed softmax and
-//! log-softmax are recognised and get the closed form too (see [`Tape::softmax_idiom`]).
+//! log-softmax are recognised and get the closed form too (see [`Tape::softmax_idiom`]), and so is
+//! written-out attention, which gets the flash-style backward (`attention.rs`).
 //! Invariant: a rule only adds nodes, and only for operands that carry gradient.
 
 use egg::Id;
@@ -15,9 +16,9 @@ use crate::ir::types::{DType, TensorType};
 
 /// The nodes of a max-shifted exp-sum: `m = amax(x, a)`, `s = x - m`, `e = exp(s)`,
 /// `z = sum(e, a)`.
-struct Shifted {
-    x: Id,
-    axis: Id,
+pub(super) struct Shifted {
+    pub(super) x: Id,
+    pub(super) axis: Id,
     m: Id,
     s: Id,
     e: Id,
@@ -27,6 +28,9 @@ struct Shifted {
 impl Tape<'_> {
     /// The contributions of node `n`'s adjoint `g` to its active operands.
     pub(super) fn vjp(&mut self, n: Id, g: Id) -> R<Vec<(Id, Id)>> {
+        if let Some(found) = self.written_attention(n, g)? {
+            return Ok(found);
+        }
         if let Some(found) = self.softmax_idiom(n, g)? {
             return Ok(found);
         }
@@ -576,7 +580,7 @@ impl Tape<'_> {
     /// ([`Composite::AttentionBiasLse`]); with `drop` (probability, seed), their dropout forms
     /// (the statistics are those of the scores, which dropout does not change). `ch`: `q, k, v,
     /// scale, causal`.
-    fn attention_flash(
+    pub(super) fn attention_flash(
         &mut self,
         ch: &[Id],
         bias: Option<Id>,
@@ -643,7 +647,7 @@ impl Tape<'_> {
     }
 
     /// Whether `n` is a decomposed softmax (false) or log-softmax (true), and its parts.
-    fn softmax_parts(&self, n: Id) -> Option<(bool, Shifted)> {
+    pub(super) fn softmax_parts(&self, n: Id) -> Option<(bool, Shifted)> {
         let (b, l, r) = self.binary_parts(n)?;
         match b {
             Binary::Div => self.exp_sum(r).filter(|p| p.e == l).map(|p| (false, p)),
@@ -680,7 +684,7 @@ impl Tape<'_> {
         shift.then_some(Shifted { x, axis: ch[1], m, s, e: ch[0], z })
     }
 
-    fn binary_parts(&self, n: Id) -> Option<(Binary, Id, Id)> {
+    pub(super) fn binary_parts(&self, n: Id) -> Option<(Binary, Id, Id)> {
         match self.p.node(n) {
             TensorLang::Op(c, ch) => match c.kind() {
                 Kind::Binary(b) => Some((b, ch[0], ch[1])),
