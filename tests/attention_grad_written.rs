@@ -94,7 +94,8 @@ fn probabilities_used_elsewhere_keep_the_flash_backward() {
     let plan = optimize(&program((8, 12, 1024, 64), "p = softmax(q @ transpose(k, 2, 3) * 0.125, -1)", true));
     let ops: Vec<Vec<String>> = plan.kernels.iter().map(|k| k.ops.clone()).collect();
     let scores = 8 * 12 * 1024 * 1024;
-    let backward: Vec<_> = plan.kernels.iter().filter(|k| k.ops.iter().any(|o| o.starts_with("attention_grad"))).collect();
+    let backward: Vec<_> =
+        plan.kernels.iter().filter(|k| k.ops.iter().any(|o| o.starts_with("attention_grad"))).collect();
     assert_eq!(backward.len(), 1, "{ops:?}");
     for t in backward[0].reads.iter().chain(&backward[0].writes) {
         assert!(t.ty.numel() < scores / 8, "the backward moves {} {}: {ops:?}", t.name, t.ty);

@@ -135,7 +135,8 @@ impl Tape<'_> {
                 let TensorLang::Op(t, tch) = self.p.node(kt) else { return None };
                 let rank = self.p.ty(kt)?.rank();
                 let axes = [tch.get(1)?, tch.get(2)?].map(|&a| self.p.fact(a).konst.map(|v| norm_axis(v as i64, rank)));
-                let swapped = matches!(axes, [Some(Ok(a)), Some(Ok(b))] if a.min(b) + 2 == rank && a.max(b) + 1 == rank);
+                let swapped =
+                    matches!(axes, [Some(Ok(a)), Some(Ok(b))] if a.min(b) + 2 == rank && a.max(b) + 1 == rank);
                 if t.kind() != Kind::Transpose || !swapped {
                     return None;
                 }
@@ -218,7 +219,8 @@ impl Tape<'_> {
         if keep.shape != shape {
             return None;
         }
-        let is = |e: Option<index::Affine>, want: &index::Affine| e.and_then(|e| e.align(&shape)).as_ref() == Some(want);
+        let is =
+            |e: Option<index::Affine>, want: &index::Affine| e.and_then(|e| e.align(&shape)).as_ref() == Some(want);
         let (mut causal, mut bias, mut masked) = (false, None, false);
         for &t in &s.terms {
             let is_causal = match t {
@@ -362,10 +364,8 @@ mod tests {
                 _ => 1e-9,
             };
             let inputs = random_inputs(&got, 5);
-            let (a, b) = (
-                eval_with(&got, &inputs, Precision::F64).unwrap(),
-                eval_with(&want, &inputs, Precision::F64).unwrap(),
-            );
+            let (a, b) =
+                (eval_with(&got, &inputs, Precision::F64).unwrap(), eval_with(&want, &inputs, Precision::F64).unwrap());
             for (i, (x, y)) in a.iter().zip(&b).enumerate() {
                 assert!(x.allclose(y, tol, tol), "{probs}: output {i}: {:?} against {:?}", x.data, y.data);
             }

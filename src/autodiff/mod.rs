@@ -21,6 +21,9 @@
 //! - The decomposed softmax and log-softmax (`x - amax(x, a)`, `exp`, `sum`, and `e / z` or
 //!   `s - log(z)`) are differentiated as one function with the closed form, so the max shift,
 //!   whose gradient is exactly zero, costs no reductions.
+//! - Written-out attention (`softmax(q @ kᵀ * s [+ bias] [masked]) @ v`) of 16-bit operands is
+//!   differentiated as the composite it equals (`attention.rs`): the flash-style backward, which
+//!   writes no `[S, S]` value; the primitive VJPs otherwise.
 //! - `dropout`'s gradient is `dropout` of the upstream gradient with the same `p` and seed (the
 //!   same literal, or the same i32 seed expression): the same mask and scale, element for
 //!   element. A tensor seed gets no gradient, like every integer value.

@@ -277,7 +277,12 @@ fn is_zero<G: IndexGraph + ?Sized>(g: &G, id: Id) -> bool {
     g.konst(id) == Some(0.0)
 }
 
-fn additive_mask_node<G: IndexGraph + ?Sized>(g: &G, node: &TensorLang, shape: &[usize], depth: usize) -> Option<Affine> {
+fn additive_mask_node<G: IndexGraph + ?Sized>(
+    g: &G,
+    node: &TensorLang,
+    shape: &[usize],
+    depth: usize,
+) -> Option<Affine> {
     let TensorLang::Op(code, ch) = node else { return None };
     match code.kind() {
         Kind::Where => {
@@ -324,4 +329,3 @@ pub fn scores_keep<G: IndexGraph + ?Sized>(g: &G, q: Id, k: Id) -> Option<Affine
     shape[r - 1] = ks[r - 2];
     Affine::causal_keep(&shape)
 }
-
