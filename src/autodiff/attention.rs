@@ -372,6 +372,43 @@ mod tests {
         }
     }
 
+    /// A loss that depends on the gradients (second order): the recognised backward's composites
+    /// are differentiated through their expansion, and the result equals the primitive VJPs'
+    /// differentiated twice (unrounded reference).
+    #[test]
+    fn second_order_gradients_through_the_composites() {
+        for probs in [
+            "(softmax (* {s} 0.25) -1)",
+            "(softmax (+ (* {s} 0.25) b) -1)",
+            "(softmax (where (>= (reshape (iota 6) [6,1]) (iota 8)) (* {s} 0.25) -1e30) -1)",
+        ] {
+            let second = |recognise: bool| {
+                let mut p = program(probs, false, recognise);
+                let dq = p.outputs[1].id;
+                let r = p.add_input("r2", TensorType::new(DType::Bf16, vec![2, 3, SQ, D])).unwrap();
+                let mut l = p.apply(crate::ir::lang::Kind::Binary(crate::ir::lang::Binary::Mul), vec![dq, r]).unwrap();
+                for axis in [-1.0, -2.0, -3.0, -4.0] {
+                    let a = p.num(axis);
+                    l = p.apply(crate::ir::lang::Kind::Reduce(crate::ir::lang::Reduce::Sum), vec![l, a]).unwrap();
+                }
+                let ws: Vec<_> = ["q", "k", "v"].iter().map(|w| p.input(w).unwrap().id).collect();
+                let gs = grad_with(&mut p, l, &ws, recognise).unwrap();
+                for (w, g) in ["q", "k", "v"].iter().zip(gs) {
+                    p.add_output(&format!("dd_{w}"), g).unwrap();
+                }
+                p
+            };
+            let (got, want) = (second(true), second(false));
+            assert!(ops(&got).contains(&"attention_grad_q") || ops(&got).contains(&"attention_bias_grad_q"), "{probs}");
+            let inputs = random_inputs(&got, 6);
+            let (a, b) =
+                (eval_with(&got, &inputs, Precision::F64).unwrap(), eval_with(&want, &inputs, Precision::F64).unwrap());
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!(x.allclose(y, 1e-9, 1e-9), "{probs}: output {i}: {:?} against {:?}", x.data, y.data);
+            }
+        }
+    }
+
     /// Forms that are not attention's, or whose bias needs a gradient, or that the flash kernels
     /// do not run, keep the primitive VJPs.
     #[test]

@@ -200,6 +200,17 @@ impl<'a> Tape<'a> {
         }
     }
 
+    /// Extends `active` over the nodes added since (a float node is active if an operand is),
+    /// for sweeps over values the backward builds (`Tape::through_expansion`).
+    fn extend_active(&mut self) {
+        for i in self.active.len()..self.p.len() {
+            let id = Id::from(i);
+            let float = self.p.ty(id).is_some_and(|t| t.dtype.is_float()) && !self.p.fact(id).weak;
+            let on = float && self.p.node(id).children().iter().any(|&c| self.active[usize::from(c)]);
+            self.active.push(on);
+        }
+    }
+
     fn on(&self, c: Id) -> bool {
         self.active.get(usize::from(c)).copied().unwrap_or(false)
     }

@@ -8,7 +8,7 @@
 //! written-out attention, which gets the flash-style backward (`attention.rs`).
 //! Invariant: a rule only adds nodes, and only for operands that carry gradient.
 
-use egg::Id;
+use egg::{Id, Language};
 
 use super::{Tape, R};
 use crate::ir::lang::{AttnArg, Binary, Composite, Kind, Reduce, TensorLang, Unary};
@@ -383,14 +383,48 @@ impl Tape<'_> {
             | Composite::AttentionBiasLse
             | Composite::AttentionBiasGrad(_)
             | Composite::AttentionDropoutGrad(_)
-            | Composite::AttentionBiasDropoutGrad(_) => {
-                return Err(format!(
-                    "`{}` (attention's backward) has no gradient: second-order attention gradients are not supported",
-                    crate::ir::lang::OpCode::of(Kind::Composite(c)).name()
-                ))
-            }
+            | Composite::AttentionBiasDropoutGrad(_) => out.extend(self.through_expansion(c, ch, g)?),
         }
         Ok(())
+    }
+
+    /// The contributions of a composite's adjoint `g` through its expansion into primitives
+    /// (`expand.rs`), for the composites without a closed form of their own: attention's
+    /// backward differentiated again (a loss that depends on attention's gradients). The
+    /// expansion is a function of the composite's operands `ch`; its nodes (those reachable from
+    /// its value without passing an operand, new or hash-consed with existing ones) are swept in
+    /// reverse order with adjoints of their own, and what reaches an operand is returned.
+    fn through_expansion(&mut self, c: Composite, ch: &[Id], g: Id) -> R<Vec<(Id, Id)>> {
+        let e = super::expand::expand(self.p, c, ch)?;
+        let mut inner = std::collections::BTreeSet::new();
+        let mut stack = vec![e];
+        while let Some(x) = stack.pop() {
+            if !ch.contains(&x) && inner.insert(x) {
+                stack.extend(self.p.node(x).children().iter().copied());
+            }
+        }
+        self.extend_active();
+        let mut adj: std::collections::HashMap<Id, Id> = [(e, g)].into();
+        let mut out = Vec::new();
+        for &x in inner.iter().rev() {
+            let Some(gx) = adj.remove(&x) else { continue };
+            if !self.on(x) {
+                continue;
+            }
+            for (child, contribution) in self.vjp(x, gx)? {
+                let v = self.fit(contribution, child)?;
+                if ch.contains(&child) {
+                    out.push((child, v));
+                } else {
+                    let sum = match adj.get(&child) {
+                        Some(&a) => self.bin(Binary::Add, a, v)?,
+                        None => v,
+                    };
+                    adj.insert(child, sum);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Softmax `p` along `axis`: `p * (g - sum(g * p, axis))`.
