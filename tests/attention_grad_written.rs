@@ -64,6 +64,7 @@ fn optimize(p: &Program) -> eqfuse::FusionPlan {
 /// the attention forward, the `delta` row kernel and the backward composite's kernel (the bias
 /// forms' statistics in one more), and no kernel reads or writes a tensor of the score matrix's
 /// size: the primitive backward wrote it 8 kernels over (977.6 us predicted for the first).
+/// Their kernels compile with NVRTC (where it is available).
 #[test]
 fn each_spelling_plans_its_backward_as_the_flash_kernels() {
     let dims = (8, 12, 1024, 64);
@@ -82,7 +83,14 @@ fn each_spelling_plans_its_backward_as_the_flash_kernels() {
         let bias = composite.starts_with("attention_bias");
         assert!(plan.total.kernels <= if bias { 4 } else { 3 }, "{name}: {ops:?}");
         assert!(plan.total.predicted_us < 420.0, "{name}: {} us predicted", plan.total.predicted_us);
-        eqfuse::codegen_plan(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let sources = eqfuse::codegen_plan(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
+        if eqfuse::nvrtc_available().is_ok() {
+            for src in &sources {
+                let c = eqfuse::nvrtc_compile(&src.source, &src.file, eqfuse::DEFAULT_ARCH, &[])
+                    .unwrap_or_else(|e| panic!("{name}: {}: {e}", src.name));
+                assert!(c.log.trim().is_empty(), "{name}: {}: warnings\n{}", src.name, c.log);
+            }
+        }
     }
 }
 
