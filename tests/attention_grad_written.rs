@@ -112,20 +112,26 @@ fn probabilities_used_elsewhere_keep_the_flash_backward() {
     assert!(big <= 2, "only the forward's scores and p: {ops:?}");
 }
 
-/// Every spelling's plan (small sizes) evaluates, kernel by kernel, to the program's values on
-/// the reference.
+/// Every spelling's plan (small sizes), strict or not, evaluates kernel by kernel to the
+/// program's values on the reference.
 #[test]
 fn plans_of_written_attention_agree_with_the_reference() {
     for &(name, body, _) in SPELLINGS {
         let p = program((2, 2, 40, 16), body, false);
-        let plan = optimize(&p);
-        assert!(plan.kernels.iter().any(|k| k.ops.iter().any(|o| o.starts_with("attention_"))), "{name}");
         let inputs = random_inputs(&p, 9);
-        let (got, want) = (eval_plan(&plan, &inputs).unwrap(), eval(&p, &inputs).unwrap());
-        for ((o, g), w) in p.outputs.iter().zip(&got).zip(&want) {
-            let scale = w.data.iter().fold(1.0f64, |m, v| m.max(v.abs()));
-            let cmp = g.compare(w, 3e-2, 3e-2 * scale);
-            assert!(cmp.ok(), "{name}, {}: {cmp}", o.name);
+        let want = eval(&p, &inputs).unwrap();
+        for strict in [false, true] {
+            let mut opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+            opts.strict = strict;
+            let plan = eqfuse::optimize(&p, &opts).unwrap().plan;
+            let fused = plan.kernels.iter().any(|k| k.ops.iter().any(|o| o.starts_with("attention_")));
+            assert_eq!(fused, !strict, "{name}, strict {strict}: strict plans expand attention");
+            let got = eval_plan(&plan, &inputs).unwrap();
+            for ((o, g), w) in p.outputs.iter().zip(&got).zip(&want) {
+                let scale = w.data.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+                let cmp = g.compare(w, 3e-2, 3e-2 * scale);
+                assert!(cmp.ok(), "{name}, strict {strict}, {}: {cmp}", o.name);
+            }
         }
     }
 }
