@@ -473,6 +473,7 @@ fn default_bench_programs() -> Vec<String> {
         "transformer_block_grad",
         "mlp_relu_dropout_grad",
         "attention_grad",
+        "causal_attention_training",
         "rope",
         "embedding_layernorm",
     ]

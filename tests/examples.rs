@@ -28,7 +28,7 @@ fn small_dims(name: &str) -> Vec<(String, usize)> {
             &[("B", 2), ("S", 8), ("E", 12), ("H", 3), ("Dh", 4), ("F", 16)]
         }
         // A head size the flash-style backward runs (a multiple of 8), rows that fill no tile.
-        "attention_grad" => &[("B", 1), ("H", 2), ("S", 24), ("D", 16)],
+        "attention_grad" | "causal_attention_training" => &[("B", 1), ("H", 2), ("S", 24), ("D", 16)],
         _ => &[],
     };
     fixed.iter().map(|(n, v)| (n.to_string(), *v)).collect()

@@ -411,6 +411,74 @@ fn attention_backward_kernels_match_the_reference() {
     }
 }
 
+/// Attention written out under `grad` (issue 20: the autodiff pass differentiates it as the
+/// composite it equals): heads split from projections with grouped-query keys and values, a
+/// causal mask built from `iota`, a bool padding mask, an f32 bias beside an f32 softmax, and
+/// dropout, in bf16 and f16. The backward runs as the flash kernels and every output (o, and the
+/// gradients of the projections' inputs) matches the reference of the program as written.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn written_attention_backward_matches_the_reference() {
+    let head = |t: &str| {
+        format!(
+            "dim B = 2\ndim H = 4\ndim KV = 2\ndim G = 2\ndim S = 136\ndim D = 64\n\
+             input xq: {t}[B, S, 256]\ninput xk: {t}[B, S, 128]\ninput xv: {t}[B, S, 128]\ninput dy: {t}[B, S, 256]\n\
+             input m: bool[B, 1, 1, S]\ninput b: f32[B, 1, 1, S]\n\
+             q = transpose(reshape(xq, [B, S, H, D]), 1, 2)\n\
+             k = reshape(broadcast(reshape(transpose(reshape(xk, [B, S, KV, D]), 1, 2), [B, KV, 1, S, D]), [B, KV, G, S, D]), [B, H, S, D])\n\
+             v = reshape(broadcast(reshape(transpose(reshape(xv, [B, S, KV, D]), 1, 2), [B, KV, 1, S, D]), [B, KV, G, S, D]), [B, H, S, D])\n\
+             row = reshape(iota(S), [S, 1])\n"
+        )
+    };
+    let tail = "y = reshape(transpose(o, 1, 2), [B, S, 256])\n\
+                loss = sum(sum(sum(cast(y, f32) * cast(dy, f32), -1), -2), -3)\n\
+                dxq = grad(loss, xq)\ndxk = grad(loss, xk)\ndxv = grad(loss, xv)\noutput y, dxq, dxk, dxv\n";
+    let bodies = [
+        (
+            "causal",
+            "o = softmax(where(iota(S) <= row, q @ transpose(k, 2, 3) / 8, -1e9), -1) @ v\n",
+            "attention_grad_q",
+        ),
+        (
+            "padding mask",
+            "o = softmax(where(m, (q * 0.125) @ transpose(k, -1, -2), -1e9), -1) @ v\n",
+            "attention_bias_grad_q",
+        ),
+        (
+            "f32 bias",
+            "o = cast(softmax(cast(q @ transpose(k, 2, 3) * 0.125, f32) + b, -1), T) @ v\n",
+            "attention_bias_grad_q",
+        ),
+        (
+            "causal dropout",
+            "o = dropout(softmax(where(iota(S) <= row, q @ transpose(k, 2, 3) * 0.125, -1e9), -1), 0.1, 11) @ v\n",
+            "attention_dropout_grad_q",
+        ),
+    ];
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let mut plans = Vec::new();
+    for t in ["bf16", "f16"] {
+        for (name, body, grad) in bodies {
+            let name = format!("{t} {name}");
+            let text = format!("{}{}{tail}", head(t), body.replace("T)", &format!("{t})")));
+            let program = eqfuse::parse_program(&name, &text, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let plan = optimize(&program, &opts).unwrap().plan;
+            assert!(
+                plan.kernels.iter().any(|k| k.template == Template::Attention && k.ops.iter().any(|o| o == grad)),
+                "{name}: {:?}",
+                plan.kernels.iter().map(|k| (k.template, &k.ops)).collect::<Vec<_>>()
+            );
+            plans.push((name, program, plan));
+        }
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        let r = run_checked(&gpu, name, program, plan, seed as u64);
+        let worst = r.outputs.iter().map(|o| o.scaled_error).fold(0.0f64, f64::max);
+        eprintln!("ok: {name}: worst scaled error {worst:.1e}");
+    }
+}
+
 /// Attention with dropout of its probabilities (`tests/common`'s `attention_dropout_programs`:
 /// grouped-query and split heads, padding, full and bool masks, causal and not, p 0.1 and 0.5,
 /// bf16 and f16 forward and backward, f32 forward, literal and tensor seeds): the forward runs

@@ -119,7 +119,7 @@ impl B<'_> {
     }
 }
 
-fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
+pub(super) fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, String> {
     let mut b = B(p);
     match c {
         Composite::Softmax => b.softmax(ch[0], ch[1]),

@@ -21,6 +21,9 @@
 //! - The decomposed softmax and log-softmax (`x - amax(x, a)`, `exp`, `sum`, and `e / z` or
 //!   `s - log(z)`) are differentiated as one function with the closed form, so the max shift,
 //!   whose gradient is exactly zero, costs no reductions.
+//! - Written-out attention (`softmax(q @ kᵀ * s [+ bias] [masked]) @ v`) of 16-bit operands is
+//!   differentiated as the composite it equals (`attention.rs`): the flash-style backward, which
+//!   writes no `[S, S]` value; the primitive VJPs otherwise.
 //! - `dropout`'s gradient is `dropout` of the upstream gradient with the same `p` and seed (the
 //!   same literal, or the same i32 seed expression): the same mask and scale, element for
 //!   element. A tensor seed gets no gradient, like every integer value.
@@ -30,6 +33,7 @@
 //! only on the loss and the node, so several `grad` calls over one loss build one backward graph
 //! (the program hash-conses the repeated nodes); any failure is an error naming the operator.
 
+mod attention;
 pub mod expand;
 
 use std::collections::{HashMap, HashSet};
@@ -65,11 +69,18 @@ pub fn grad(p: &mut Program, loss: Id, wrt: &[Id]) -> Result<Vec<Id>> {
 
 /// [`grad`] with the error as a message, for the front ends to place.
 pub(crate) fn grad_of(p: &mut Program, loss: Id, wrt: &[Id]) -> R<Vec<Id>> {
+    grad_with(p, loss, wrt, true)
+}
+
+/// [`grad_of`], with written-out attention recognised (`attention.rs`) or left to the primitive
+/// VJPs (the tests compare the two).
+fn grad_with(p: &mut Program, loss: Id, wrt: &[Id], recognise_attention: bool) -> R<Vec<Id>> {
     check_loss(p, loss)?;
     for &w in wrt {
         check_variable(p, w)?;
     }
     let mut tape = Tape::new(p, loss, wrt);
+    tape.recognise_attention = recognise_attention;
     tape.sweep()?;
     wrt.iter().map(|&w| tape.gradient(w)).collect()
 }
@@ -141,6 +152,9 @@ struct Tape<'a> {
     adj: Vec<Option<Id>>,
     /// The names nodes of the program carry (adjoints are named only with free names).
     names: HashSet<String>,
+    /// Whether written-out attention gets its composite's backward (`attention.rs`); off only
+    /// in the tests that compare it with the primitive VJPs.
+    recognise_attention: bool,
 }
 
 impl<'a> Tape<'a> {
@@ -153,7 +167,7 @@ impl<'a> Tape<'a> {
                 wrt.contains(&Id::from(i)) || (float && node.children().iter().any(|&c| active[usize::from(c)]));
         }
         let names = (0..p.len()).filter_map(|i| p.name(Id::from(i)).map(str::to_string)).collect();
-        Tape { p, loss, active, adj: vec![None; n], names }
+        Tape { p, loss, active, adj: vec![None; n], names, recognise_attention: true }
     }
 
     /// Propagates adjoints from the loss down to the variables, each node once, parents first.
@@ -183,6 +197,17 @@ impl<'a> Tape<'a> {
         let dname = format!("d_{name}");
         if self.p.name(g).is_none() && !self.p.fact(g).weak && self.names.insert(dname.clone()) {
             self.p.name_node(g, &dname);
+        }
+    }
+
+    /// Extends `active` over the nodes added since (a float node is active if an operand is),
+    /// for sweeps over values the backward builds (`Tape::through_expansion`).
+    fn extend_active(&mut self) {
+        for i in self.active.len()..self.p.len() {
+            let id = Id::from(i);
+            let float = self.p.ty(id).is_some_and(|t| t.dtype.is_float()) && !self.p.fact(id).weak;
+            let on = float && self.p.node(id).children().iter().any(|&c| self.active[usize::from(c)]);
+            self.active.push(on);
         }
     }
 

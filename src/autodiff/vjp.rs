@@ -4,10 +4,11 @@
 //! broadcast axes and casts to the operand's type, so a rule may return a value of any shape that
 //! broadcasts to the node's. Rules use forward values where the derivative has a form in them
 //! (`exp`: y; `tanh`: 1 - y²), and composites use closed forms; the decomposed softmax and
-//! log-softmax are recognised and get the closed form too (see [`Tape::softmax_idiom`]).
+//! log-softmax are recognised and get the closed form too (see [`Tape::softmax_idiom`]), and so is
+//! written-out attention, which gets the flash-style backward (`attention.rs`).
 //! Invariant: a rule only adds nodes, and only for operands that carry gradient.
 
-use egg::Id;
+use egg::{Id, Language};
 
 use super::{Tape, R};
 use crate::ir::lang::{AttnArg, Binary, Composite, Kind, Reduce, TensorLang, Unary};
@@ -15,9 +16,9 @@ use crate::ir::types::{DType, TensorType};
 
 /// The nodes of a max-shifted exp-sum: `m = amax(x, a)`, `s = x - m`, `e = exp(s)`,
 /// `z = sum(e, a)`.
-struct Shifted {
-    x: Id,
-    axis: Id,
+pub(super) struct Shifted {
+    pub(super) x: Id,
+    pub(super) axis: Id,
     m: Id,
     s: Id,
     e: Id,
@@ -27,6 +28,9 @@ struct Shifted {
 impl Tape<'_> {
     /// The contributions of node `n`'s adjoint `g` to its active operands.
     pub(super) fn vjp(&mut self, n: Id, g: Id) -> R<Vec<(Id, Id)>> {
+        if let Some(found) = self.written_attention(n, g)? {
+            return Ok(found);
+        }
         if let Some(found) = self.softmax_idiom(n, g)? {
             return Ok(found);
         }
@@ -379,14 +383,48 @@ impl Tape<'_> {
             | Composite::AttentionBiasLse
             | Composite::AttentionBiasGrad(_)
             | Composite::AttentionDropoutGrad(_)
-            | Composite::AttentionBiasDropoutGrad(_) => {
-                return Err(format!(
-                    "`{}` (attention's backward) has no gradient: second-order attention gradients are not supported",
-                    crate::ir::lang::OpCode::of(Kind::Composite(c)).name()
-                ))
-            }
+            | Composite::AttentionBiasDropoutGrad(_) => out.extend(self.through_expansion(c, ch, g)?),
         }
         Ok(())
+    }
+
+    /// The contributions of a composite's adjoint `g` through its expansion into primitives
+    /// (`expand.rs`), for the composites without a closed form of their own: attention's
+    /// backward differentiated again (a loss that depends on attention's gradients). The
+    /// expansion is a function of the composite's operands `ch`; its nodes (those reachable from
+    /// its value without passing an operand, new or hash-consed with existing ones) are swept in
+    /// reverse order with adjoints of their own, and what reaches an operand is returned.
+    fn through_expansion(&mut self, c: Composite, ch: &[Id], g: Id) -> R<Vec<(Id, Id)>> {
+        let e = super::expand::expand(self.p, c, ch)?;
+        let mut inner = std::collections::BTreeSet::new();
+        let mut stack = vec![e];
+        while let Some(x) = stack.pop() {
+            if !ch.contains(&x) && inner.insert(x) {
+                stack.extend(self.p.node(x).children().iter().copied());
+            }
+        }
+        self.extend_active();
+        let mut adj: std::collections::HashMap<Id, Id> = [(e, g)].into();
+        let mut out = Vec::new();
+        for &x in inner.iter().rev() {
+            let Some(gx) = adj.remove(&x) else { continue };
+            if !self.on(x) {
+                continue;
+            }
+            for (child, contribution) in self.vjp(x, gx)? {
+                let v = self.fit(contribution, child)?;
+                if ch.contains(&child) {
+                    out.push((child, v));
+                } else {
+                    let sum = match adj.get(&child) {
+                        Some(&a) => self.bin(Binary::Add, a, v)?,
+                        None => v,
+                    };
+                    adj.insert(child, sum);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Softmax `p` along `axis`: `p * (g - sum(g * p, axis))`.
@@ -576,7 +614,7 @@ impl Tape<'_> {
     /// ([`Composite::AttentionBiasLse`]); with `drop` (probability, seed), their dropout forms
     /// (the statistics are those of the scores, which dropout does not change). `ch`: `q, k, v,
     /// scale, causal`.
-    fn attention_flash(
+    pub(super) fn attention_flash(
         &mut self,
         ch: &[Id],
         bias: Option<Id>,
@@ -643,7 +681,7 @@ impl Tape<'_> {
     }
 
     /// Whether `n` is a decomposed softmax (false) or log-softmax (true), and its parts.
-    fn softmax_parts(&self, n: Id) -> Option<(bool, Shifted)> {
+    pub(super) fn softmax_parts(&self, n: Id) -> Option<(bool, Shifted)> {
         let (b, l, r) = self.binary_parts(n)?;
         match b {
             Binary::Div => self.exp_sum(r).filter(|p| p.e == l).map(|p| (false, p)),
@@ -680,7 +718,7 @@ impl Tape<'_> {
         shift.then_some(Shifted { x, axis: ch[1], m, s, e: ch[0], z })
     }
 
-    fn binary_parts(&self, n: Id) -> Option<(Binary, Id, Id)> {
+    pub(super) fn binary_parts(&self, n: Id) -> Option<(Binary, Id, Id)> {
         match self.p.node(n) {
             TensorLang::Op(c, ch) => match c.kind() {
                 Kind::Binary(b) => Some((b, ch[0], ch[1])),

@@ -1,5 +1,6 @@
 //! The program IR: operators, types and shape inference, programs, scalars, tensors and strided views.
 
+pub mod index;
 pub mod infer;
 pub mod lang;
 pub mod layout;

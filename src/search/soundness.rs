@@ -86,7 +86,7 @@ enum Role {
     /// time).
     Seed,
     Flag,
-    /// A mask's fill: a literal at most `causal::MASK_FILL`.
+    /// A mask's fill: a literal at most `crate::ir::index::MASK_FILL`.
     Fill,
     /// A bool mask from `iota`: true where key <= query on the base shape's scores (`false`), or
     /// where key > query (`true`), spelled one of several ways.
