@@ -189,32 +189,39 @@ def test_backend_inference_on_eqfuse_plans(name, monkeypatch):
     assert_all_on_eqfuse(backend)
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_backend_training_step_on_eqfuse_plans(name, monkeypatch):
-    model, kw = make(name)
+def training_step(model, kw, backend=None):
+    """One training step of a copy of `model` (through `backend` where given): the loss and every
+    parameter's gradient."""
+    m = copy.deepcopy(model)
+    run = torch.compile(m, backend=backend, dynamic=False) if backend else m
+    out = first(run(**kw)).float()
+    # A fixed random projection: a loss of a normalised output's own size would be nearly
+    # constant, its gradients rounding noise.
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    loss = (out * probe).mean()
+    loss.backward()
+    # A parameter the loss does not reach has no gradient eagerly and zeros through
+    # AOTAutograd (its output's gradient is zeros): both are zero.
+    return loss.detach(), {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in
+                           m.named_parameters()}
+
+
+def assert_training_step_on_eqfuse(model, kw, monkeypatch):
+    """A training step through the backend (plans on the CPU reference) gives eager's loss and
+    gradients, every forward and backward graph on eqfuse's plans."""
     model.train()
-
-    def step(m, backend=None):
-        m = copy.deepcopy(m)
-        run = torch.compile(m, backend=backend, dynamic=False) if backend else m
-        out = first(run(**kw)).float()
-        # A fixed random projection: a loss of a normalised output's own size would be nearly
-        # constant, its gradients rounding noise.
-        probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
-        loss = (out * probe).mean()
-        loss.backward()
-        # A parameter the loss does not reach has no gradient eagerly and zeros through
-        # AOTAutograd (its output's gradient is zeros): both are zero.
-        return loss.detach(), {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in
-                               m.named_parameters()}
-
     backend = stand_in(monkeypatch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        compiled = step(model, backend)
-    assert_same_step(step(model), compiled)
+        compiled = training_step(model, kw, backend)
+    assert_same_step(training_step(model, kw), compiled)
     assert {p.kind for p in backend.plans} >= {"forward", "backward"}
     assert_all_on_eqfuse(backend)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_backend_training_step_on_eqfuse_plans(name, monkeypatch):
+    assert_training_step_on_eqfuse(*make(name), monkeypatch)
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and _cupy()), reason="needs a CUDA device and CuPy")

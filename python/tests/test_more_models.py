@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from eqfuse_torch import export_graph_module  # noqa: E402
 from test_export import close, run_cpu  # noqa: E402
-from test_models import BATCH, VOCAB, _ids, _padding, assert_all_on_eqfuse, first, stand_in  # noqa: E402
-from test_training import assert_same_step, relative  # noqa: E402
+from test_models import (VOCAB, _ids, _padding, assert_all_on_eqfuse, assert_training_step_on_eqfuse,  # noqa: E402
+                         first, stand_in)
+from test_training import relative  # noqa: E402
 
 T = transformers
 SIZES = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -81,28 +82,7 @@ def test_backend_inference_on_eqfuse_plans(name, monkeypatch):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_backend_training_step_on_eqfuse_plans(name, monkeypatch):
-    model, kw = make(name)
-    model.train()
-
-    def step(m, backend=None):
-        import copy
-
-        m = copy.deepcopy(m)
-        run = torch.compile(m, backend=backend, dynamic=False) if backend else m
-        out = first(run(**kw)).float()
-        probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
-        loss = (out * probe).mean()
-        loss.backward()
-        return loss.detach(), {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in
-                               m.named_parameters()}
-
-    backend = stand_in(monkeypatch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        compiled = step(model, backend)
-    assert_same_step(step(model), compiled)
-    assert {p.kind for p in backend.plans} >= {"forward", "backward"}
-    assert_all_on_eqfuse(backend)
+    assert_training_step_on_eqfuse(*make(name), monkeypatch)
 
 
 def _export_and_run(fn, inputs, tmp_path):
