@@ -6,6 +6,8 @@
 
 use std::collections::HashMap;
 
+mod common;
+
 use eqfuse::{
     eval, eval_plan, eval_with, parse_program, random_inputs, DType, DeviceProfile, OptimizeOptions, Precision,
     Program, Tensor,
@@ -168,26 +170,7 @@ fn gradients_match_finite_differences() {
         let flash = if bias { "attention_bias_dropout_grad_q" } else { "attention_dropout_grad_q" };
         assert_eq!(names.contains(&flash), dtype != "f32", "{what}: {names:?}");
         assert_eq!(names.contains(&"dropout"), dtype == "f32", "{what}: {names:?}");
-        let base = random_inputs(&prog, 3);
-        let out = eval_with(&prog, &base, Precision::F64).unwrap();
-        let h = 1e-5;
-        for (wi, w) in ["q", "k", "v"].iter().enumerate() {
-            let g = &out[wi + 1];
-            let scale = g.data.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
-            for j in 0..g.numel() {
-                let at = |delta: f64| {
-                    let mut x: HashMap<String, Tensor> = base.clone();
-                    x.get_mut(*w).unwrap().data[j] += delta;
-                    eval_with(&prog, &x, Precision::F64).unwrap()[0].data[0]
-                };
-                let fd = (at(h) - at(-h)) / (2.0 * h);
-                assert!(
-                    (fd - g.data[j]).abs() <= 1e-6 + 1e-5 * scale,
-                    "{what}: d loss / d {w}[{j}] is {} but finite differences give {fd}",
-                    g.data[j]
-                );
-            }
-        }
+        common::assert_gradients_match_finite_differences(&prog, &["q", "k", "v"], 3, &what);
     }
 }
 

@@ -4,7 +4,7 @@
 //! types the kernels do not run) computes the same values, and the plan of
 //! `examples/attention_grad.eqf` moves no score matrix through device memory.
 
-use std::collections::HashMap;
+mod common;
 
 use eqfuse::{
     eval, eval_plan, eval_with, grad, load_program, parse_program, random_inputs, Binary, DType, DeviceProfile, Kind,
@@ -49,26 +49,7 @@ fn bf16_and_f16_gradients_use_the_flash_backward_and_match_finite_differences() 
             assert!(names.contains(&op), "{dtype}: no `{op}` in {names:?}");
         }
         assert!(!names.contains(&"@") && !names.contains(&"softmax"), "{dtype}: the decomposed backward: {names:?}");
-        let base = random_inputs(&p, 3);
-        let out = eval_with(&p, &base, Precision::F64).unwrap();
-        let h = 1e-5;
-        for (wi, w) in ["q", "k", "v"].iter().enumerate() {
-            let g = &out[wi + 1];
-            let scale = g.data.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
-            for j in 0..g.numel() {
-                let at = |delta: f64| {
-                    let mut x: HashMap<String, Tensor> = base.clone();
-                    x.get_mut(*w).unwrap().data[j] += delta;
-                    eval_with(&p, &x, Precision::F64).unwrap()[0].data[0]
-                };
-                let fd = (at(h) - at(-h)) / (2.0 * h);
-                assert!(
-                    (fd - g.data[j]).abs() <= 1e-6 + 1e-5 * scale,
-                    "{dtype} causal {causal}: d loss / d {w}[{j}] is {} but finite differences give {fd}",
-                    g.data[j]
-                );
-            }
-        }
+        common::assert_gradients_match_finite_differences(&p, &["q", "k", "v"], 3, &format!("{dtype} causal {causal}"));
     }
 }
 
@@ -100,26 +81,7 @@ fn attention_bias_gradients_match_finite_differences() {
             p.add_output(&format!("d_{w}"), g).unwrap();
         }
         assert!(!ops(&p).iter().any(|n| n.starts_with("attention_grad") || *n == "attention_lse"), "{:?}", ops(&p));
-        let base = random_inputs(&p, 5);
-        let out = eval_with(&p, &base, Precision::F64).unwrap();
-        let h = 1e-5;
-        for (wi, w) in names.iter().enumerate() {
-            let g = &out[wi + 1];
-            let scale = g.data.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
-            for j in 0..g.numel() {
-                let at = |delta: f64| {
-                    let mut x: HashMap<String, Tensor> = base.clone();
-                    x.get_mut(*w).unwrap().data[j] += delta;
-                    eval_with(&p, &x, Precision::F64).unwrap()[0].data[0]
-                };
-                let fd = (at(h) - at(-h)) / (2.0 * h);
-                assert!(
-                    (fd - g.data[j]).abs() <= 1e-6 + 1e-5 * scale,
-                    "causal {causal}: d loss / d {w}[{j}] is {} but finite differences give {fd}",
-                    g.data[j]
-                );
-            }
-        }
+        common::assert_gradients_match_finite_differences(&p, &names, 5, &format!("causal {causal}"));
     }
 }
 
@@ -348,26 +310,12 @@ fn attention_bias_gradients_use_the_flash_backward_and_match_finite_differences(
             assert!(names.contains(&op), "{dtype} {bias}: no `{op}` in {names:?}");
         }
         assert!(!names.contains(&"@") && !names.contains(&"softmax"), "{dtype}: the decomposed backward: {names:?}");
-        let base = random_inputs(&p, 3);
-        let out = eval_with(&p, &base, Precision::F64).unwrap();
-        let h = 1e-5;
-        for (wi, w) in ["q", "k", "v"].iter().enumerate() {
-            let g = &out[wi + 1];
-            let scale = g.data.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
-            for j in 0..g.numel() {
-                let at = |delta: f64| {
-                    let mut x: HashMap<String, Tensor> = base.clone();
-                    x.get_mut(*w).unwrap().data[j] += delta;
-                    eval_with(&p, &x, Precision::F64).unwrap()[0].data[0]
-                };
-                let fd = (at(h) - at(-h)) / (2.0 * h);
-                assert!(
-                    (fd - g.data[j]).abs() <= 1e-6 + 1e-5 * scale,
-                    "{dtype} {bias} causal {causal}: d loss / d {w}[{j}] is {} but finite differences give {fd}",
-                    g.data[j]
-                );
-            }
-        }
+        common::assert_gradients_match_finite_differences(
+            &p,
+            &["q", "k", "v"],
+            3,
+            &format!("{dtype} {bias} causal {causal}"),
+        );
     }
 }
 

@@ -2,7 +2,7 @@
 //! template, operator, dtype and broadcasting pattern codegen handles.
 #![allow(dead_code)]
 
-use eqfuse::{DType, Program, TensorType};
+use eqfuse::{eval_with, random_inputs, DType, Precision, Program, Tensor, TensorType};
 
 pub fn t(dtype: DType, shape: &[usize]) -> TensorType {
     TensorType::new(dtype, shape.to_vec())
@@ -544,4 +544,30 @@ pub fn sliced_operand_programs() -> Vec<(String, String)> {
         ("sliced_a_bf16_offset_4".into(), sliced_a("bf16", 4)),
         ("gpt2_qkv_bf16_offset_4".into(), format!("{}output o\n", split("bf16", 4, 0))),
     ]
+}
+
+/// Asserts that output `i + 1` of `p` is the gradient of its scalar output 0 with respect to
+/// input `wrt[i]`: central finite differences of the unrounded reference at inputs of `seed`
+/// agree to 1e-6 + 1e-5 of the gradient's largest element. `what` names the case in messages.
+pub fn assert_gradients_match_finite_differences(p: &Program, wrt: &[&str], seed: u64, what: &str) {
+    let base = random_inputs(p, seed);
+    let out = eval_with(p, &base, Precision::F64).unwrap();
+    let h = 1e-5;
+    for (wi, w) in wrt.iter().enumerate() {
+        let g = &out[wi + 1];
+        let scale = g.data.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+        for j in 0..g.numel() {
+            let at = |delta: f64| {
+                let mut x: std::collections::HashMap<String, Tensor> = base.clone();
+                x.get_mut(*w).unwrap().data[j] += delta;
+                eval_with(p, &x, Precision::F64).unwrap()[0].data[0]
+            };
+            let fd = (at(h) - at(-h)) / (2.0 * h);
+            assert!(
+                (fd - g.data[j]).abs() <= 1e-6 + 1e-5 * scale,
+                "{what}: d loss / d {w}[{j}] is {} but finite differences give {fd}",
+                g.data[j]
+            );
+        }
+    }
 }
