@@ -101,6 +101,29 @@ fn run_checked(gpu: &Gpu, name: &str, program: &Program, plan: &FusionPlan, seed
     r
 }
 
+/// The largest scaled error of a run's outputs.
+fn worst_scaled_error(r: &GpuRunReport) -> f64 {
+    r.outputs.iter().map(|o| o.scaled_error).fold(0.0f64, f64::max)
+}
+
+/// Runs every plan checked against the reference (seeds from `seed0` on), printing each one's
+/// worst scaled error.
+fn run_all_checked(gpu: &Gpu, plans: &[(String, Program, FusionPlan)], seed0: u64) {
+    for (seed, (name, program, plan)) in plans.iter().enumerate() {
+        let r = run_checked(gpu, name, program, plan, seed0 + seed as u64);
+        eprintln!("ok: {name}: worst scaled error {:.1e}", worst_scaled_error(&r));
+    }
+}
+
+/// Asserts that some attention kernel of `plan` runs the composite `op`.
+fn assert_attention_runs(name: &str, plan: &FusionPlan, op: &str) {
+    assert!(
+        plan.kernels.iter().any(|k| k.template == Template::Attention && k.ops.iter().any(|o| o == op)),
+        "{name}: no {op}: {:?}",
+        plan.kernels.iter().map(|k| (k.template, &k.ops)).collect::<Vec<_>>()
+    );
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
 fn cases_and_examples_match_the_reference() {
@@ -396,19 +419,11 @@ fn attention_backward_kernels_match_the_reference() {
         }
         let plan = optimize(&program, &opts).unwrap().plan;
         let grad = if text.contains("attention_bias") { "attention_bias_grad_q" } else { "attention_grad_q" };
-        assert!(
-            plan.kernels.iter().any(|k| k.template == Template::Attention && k.ops.iter().any(|o| o == grad)),
-            "{name}: {:?}",
-            plan.kernels.iter().map(|k| (k.template, &k.ops)).collect::<Vec<_>>()
-        );
+        assert_attention_runs(&name, &plan, grad);
         plans.push((name, program, plan));
     }
     let Some(gpu) = gpu_or_skip(&plans) else { return };
-    for (seed, (name, program, plan)) in plans.iter().enumerate() {
-        let r = run_checked(&gpu, name, program, plan, seed as u64);
-        let worst = r.outputs.iter().map(|o| o.scaled_error).fold(0.0f64, f64::max);
-        eprintln!("ok: {name}: worst scaled error {worst:.1e}");
-    }
+    run_all_checked(&gpu, &plans, 0);
 }
 
 /// Attention written out under `grad` (issue 20: the autodiff pass differentiates it as the
@@ -463,20 +478,12 @@ fn written_attention_backward_matches_the_reference() {
             let text = format!("{}{}{tail}", head(t), body.replace("T)", &format!("{t})")));
             let program = eqfuse::parse_program(&name, &text, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
             let plan = optimize(&program, &opts).unwrap().plan;
-            assert!(
-                plan.kernels.iter().any(|k| k.template == Template::Attention && k.ops.iter().any(|o| o == grad)),
-                "{name}: {:?}",
-                plan.kernels.iter().map(|k| (k.template, &k.ops)).collect::<Vec<_>>()
-            );
+            assert_attention_runs(&name, &plan, grad);
             plans.push((name, program, plan));
         }
     }
     let Some(gpu) = gpu_or_skip(&plans) else { return };
-    for (seed, (name, program, plan)) in plans.iter().enumerate() {
-        let r = run_checked(&gpu, name, program, plan, seed as u64);
-        let worst = r.outputs.iter().map(|o| o.scaled_error).fold(0.0f64, f64::max);
-        eprintln!("ok: {name}: worst scaled error {worst:.1e}");
-    }
+    run_all_checked(&gpu, &plans, 0);
 }
 
 /// Attention with dropout of its probabilities (`tests/common`'s `attention_dropout_programs`:
@@ -513,11 +520,7 @@ fn attention_dropout_kernels_match_the_reference() {
             want.push(if bias { "attention_bias_dropout_grad_q" } else { "attention_dropout_grad_q" });
         }
         for op in want {
-            assert!(
-                plan.kernels.iter().any(|k| k.template == Template::Attention && k.ops.iter().any(|o| o == op)),
-                "{name}: no {op}: {:?}",
-                plan.kernels.iter().map(|k| (k.template, &k.ops)).collect::<Vec<_>>()
-            );
+            assert_attention_runs(&name, &plan, op);
         }
         plans.push((name, program, plan));
     }
@@ -541,7 +544,7 @@ fn attention_dropout_kernels_match_the_reference() {
             let kept_portable = std::env::var_os("EQFUSE_NO_SM90A").is_some();
             let on_sm90a = if path == "portable" || gpu.arch != "sm_90" || kept_portable { 0 } else { hopper };
             assert_eq!(r.sm90a, on_sm90a, "{name} ({path}): kernels on the sm_90a path");
-            let worst = r.outputs.iter().map(|o| o.scaled_error).fold(0.0f64, f64::max);
+            let worst = worst_scaled_error(&r);
             eprintln!("ok: {name} ({path}, {} kernels on sm_90a): worst scaled error {worst:.1e}", r.sm90a);
         }
     }
@@ -579,11 +582,7 @@ fn sliced_operands_match_the_reference() {
         plans.push((name, program, plan));
     }
     let Some(gpu) = gpu_or_skip(&plans) else { return };
-    for (seed, (name, program, plan)) in plans.iter().enumerate() {
-        let r = run_checked(&gpu, name, program, plan, 200 + seed as u64);
-        let worst = r.outputs.iter().map(|o| o.scaled_error).fold(0.0f64, f64::max);
-        eprintln!("ok: {name}: worst scaled error {worst:.1e}");
-    }
+    run_all_checked(&gpu, &plans, 200);
 }
 
 /// Values of a mask `[B, 1, 1, S]`, `[B, 1, S, S]` (B = 2) or `[S, S]` for the backward: small
