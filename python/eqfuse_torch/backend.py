@@ -132,17 +132,23 @@ class EqfuseBackend:
     eagerly and the plans are a report); `verify` checks the first call of every graph eqfuse
     runs against the ATen graph run eagerly on the same arguments, and if any output differs
     beyond rounding (`results_agree`) runs that graph eagerly from then on, warned and recorded
-    in its plan's `why_eager`.
+    in its plan's `why_eager`. `partition` splits a training graph into forward and backward:
+    `min_cut` (the default; PyTorch's min-cut rematerialization, as Inductor: the forward saves
+    few tensors and the backward recomputes cheap elementwise ones, which eqfuse fuses into
+    its kernels) or `default` (the forward saves every value the backward reads).
     """
 
     def __init__(self, binary: str | None = None, device: str = "h100", args: tuple[str, ...] = (),
-                 report=_stderr, joint: bool = True, execute: bool = True, verify: bool = True):
+                 report=_stderr, joint: bool = True, execute: bool = True, verify: bool = True,
+                 partition: str = "min_cut"):
+        if partition not in ("min_cut", "default"):
+            raise ValueError(f"partition must be `min_cut` or `default`, not {partition!r}")
         self.binary, self.device, self.args, self.report, self.joint = binary, device, args, report, joint
-        self.execute, self.verify = execute, verify
+        self.execute, self.verify, self.partition = execute, verify, partition
         self.plans: list[CapturedPlan] = []
 
     def __call__(self, gm, example_inputs):
-        from functorch.compile import default_partition, make_boxed_func
+        from functorch.compile import default_partition, make_boxed_func, min_cut_rematerialization_partition
         from torch._dynamo.backends.common import aot_autograd
 
         # The forward's constant outputs by node name, which its backward folds: one dict per
@@ -163,6 +169,8 @@ class EqfuseBackend:
             # run of the backward lays them out as traced: `_traced_args`).
             if "num_fwd_outputs" in kwargs:
                 constants[_SAVED_FROM] = kwargs["num_fwd_outputs"]
+            if self.partition == "min_cut":
+                return min_cut_rematerialization_partition(joint_gm, joint_inputs, compiler="inductor", **kwargs)
             return default_partition(joint_gm, joint_inputs, **kwargs)
 
         backend = aot_autograd(
@@ -220,9 +228,13 @@ class EqfuseBackend:
             # [B, 1, 1, S] expanded to the scores' [B, 1, S, S]) is that smaller one in the
             # backward's graph too: its kernels read the mask by key.
             broadcasts = constants.get(_BROADCASTS, {}) if kind == "backward" else {}
+            # A saved tensor the forward returns as a view of another (a transposed activation,
+            # q, k and v as slices of the projection) is that other in the backward's graph,
+            # viewed there: its kernels read it in place.
+            views = constants.get(_VIEWS, {}) if kind == "backward" else {}
             saved_from = constants.get(_SAVED_FROM) if kind == "forward" else None
             exported = export_graph_module(aten_gm, statics=statics, free_layout_from=saved_from,
-                                           broadcasts=broadcasts)
+                                           broadcasts=broadcasts, views=views)
             if kind == "forward":
                 out_node = next(n for n in aten_gm.graph.nodes if n.op == "output")
                 results = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
@@ -233,6 +245,8 @@ class EqfuseBackend:
                 for i, small in exported.broadcast_outputs.items():
                     if saved_from is not None and i >= saved_from and isinstance(results[i], torch.fx.Node):
                         constants.setdefault(_BROADCASTS, {})[results[i].name] = small
+                for i, view in exported.view_outputs.items():
+                    constants.setdefault(_VIEWS, {})[results[i].name] = view
             graph = exported.graph
             record = CapturedPlan(kind, graph, plan_graph(graph, binary=self.binary, device=self.device, args=self.args))
         except (ExportError, PlanError) as e:
@@ -276,6 +290,11 @@ class EqfuseBackend:
 _SAVED_FROM = "__eqfuse_saved_from__"
 """Key of `constants` (one captured graph's): the forward output index from which outputs are
 saved for the backward alone."""
+
+_VIEWS = "__eqfuse_views__"
+"""Key of `constants`: the forward's saved outputs it returns as views of other tensors
+(`Exported.view_outputs`), node name -> `export.ViewOf`, whose base the backward's graph reads
+(`export_graph_module(views=...)`)."""
 
 _BROADCASTS = "__eqfuse_broadcasts__"
 """Key of `constants`: the forward's saved outputs it returns as broadcasts of smaller tensors
@@ -463,7 +482,7 @@ class _Runner:
         self.last_seeds = None
         self.plan = plan
         self.input_names = exported.input_names
-        self.broadcast_inputs = dict(exported.broadcast_inputs)
+        self.exported = exported
         self.dont_care = set(exported.dont_care)
         self.values = {}
         device = plan.device
@@ -472,13 +491,14 @@ class _Runner:
         out_node = next(n for n in aten_gm.graph.nodes if n.op == "output")
         results = out_node.args[0]
         results = results if isinstance(results, (list, tuple)) else [results]
-        names = iter(o["name"] for o in exported.graph["outputs"])
         self.outputs = []
         for i, r in enumerate(results):
             if r is None:
                 self.outputs.append(None)
             elif i in exported.constants:  # known at export time: returned as it is
                 self.outputs.append(exported.constants[i].detach().to(device))
+            elif i in exported.view_outputs:  # a view of another tensor: made after the others
+                self.outputs.append(exported.view_outputs[i])
             else:
                 val = r.meta["val"]
                 try:
@@ -488,7 +508,7 @@ class _Runner:
                 if saved_from is not None and i >= saved_from:
                     stride = None  # saved for the backward alone: read in any layout
                 base = exported.broadcast_outputs.get(i)  # computed as a smaller tensor: expanded
-                self.outputs.append((next(names), val.dtype, tuple(val.shape), stride, base))
+                self.outputs.append((exported.output_names[i], val.dtype, tuple(val.shape), stride, base))
         self.torch = torch
 
     def __call__(self, *args):
@@ -532,14 +552,18 @@ class _Runner:
         return self.aten_gm.forward(*_traced_args(self.aten_gm, args))
 
     def _run(self, args):
-        from .export import broadcast_base_view
+        from .export import ViewOf, replay_views
 
         inputs = dict(self.values)
         for name, a in zip(self.input_names, args):
             if name is not None:
-                # An expanded argument: the graph reads the tensor it is a broadcast of, in place.
-                base = self.broadcast_inputs.get(name)
-                inputs[name] = broadcast_base_view(a, base) if base is not None else a
+                # An expanded argument, or a view a forward made: the graph reads the tensor it
+                # is a broadcast or a view of, in place.
+                try:
+                    inputs[name] = self.exported.argument(name, a)
+                except ValueError:
+                    # (A forward run eagerly lays its saved tensors out as PyTorch does.)
+                    return self.seeded.run(args, None) if self.seeded is not None else self._eager(args)
         seeds = None
         if self.seed_input is not None:
             from .rng import Seeds
@@ -554,7 +578,7 @@ class _Runner:
 
                 out.append(rng_state(seeds[self.seed_outputs[i]], o.dtype, tuple(o.shape), o.device))
                 continue
-            if o is None or isinstance(o, self.torch.Tensor):
+            if o is None or isinstance(o, (self.torch.Tensor, ViewOf)):
                 out.append(o)
                 continue
             name, dtype, shape, stride, base = o
@@ -571,6 +595,11 @@ class _Runner:
                 # (a transposed attention result the backward views as it was): give them those.
                 t = relayout(t, stride)
             out.append(t)
+        for i, o in enumerate(self.outputs):
+            if isinstance(o, ViewOf):  # saved for the backward: the view of its base, no copy
+                where, at = o.base
+                base = args[at] if where == "arg" else out[at] if where == "result" else got[at]
+                out[i] = replay_views(base if base.dtype == o.dtype else base.to(o.dtype), o.chain)
         return out
 
 

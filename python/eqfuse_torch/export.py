@@ -107,6 +107,16 @@ class Exported:
     """Outputs the graph computes as a smaller tensor of which PyTorch's is a broadcast: position
     -> the graph output's shape (PyTorch's, with size 1 on the broadcast axes); the caller
     returns it expanded to PyTorch's shape, a view, rather than the graph writing every element."""
+    view_outputs: dict[int, "ViewOf"] = field(default_factory=dict)
+    """Outputs saved for the backward alone that are views (reshapes, transposes, slices) of a
+    tensor in memory: position -> how to make them (`ViewOf`); not in the graph, so no kernel
+    copies them."""
+    view_inputs: dict[str, "ViewOf"] = field(default_factory=dict)
+    """Graph inputs that are the base of their placeholder's tensor, a view a forward made
+    (`view_outputs`): input name -> the view (`ViewOf`, whose chain the graph replays, so its
+    kernels read the base in place); `arguments` passes the base (`view_base`)."""
+    output_names: dict[int, str] = field(default_factory=dict)
+    """The graph output name of each output position the graph computes."""
 
     def arguments(self, args) -> dict[str, torch.Tensor]:
         """The graph's inputs by name from the PyTorch graph's placeholder arguments, in order,
@@ -115,9 +125,22 @@ class Exported:
         out = dict(self.values)
         for name, a in zip(self.input_names, args):
             if name is not None:
-                shape = self.broadcast_inputs.get(name)
-                out[name] = broadcast_base_view(a, shape) if shape is not None else a
+                out[name] = self.argument(name, a)
         return out
+
+    def argument(self, name: str, a: torch.Tensor) -> torch.Tensor:
+        """Graph input `name` given its placeholder's tensor `a`: `a`, the tensor it is a
+        broadcast of, or the base it is a view of (ValueError when `a` is no such view)."""
+        shape = self.broadcast_inputs.get(name)
+        if shape is not None:
+            return broadcast_base_view(a, shape)
+        view = self.view_inputs.get(name)
+        if view is not None:
+            base = view_base(a, view)
+            if base is None:
+                raise ValueError(f"input {name}: its tensor is not the view of a base the graph reads")
+            return base
+        return a
 
     def save(self, path: str | Path, values_dir: str | Path | None = None) -> None:
         """Writes the graph as JSON, and each value as `values_dir/NAME.npy`."""
@@ -185,7 +208,8 @@ def export_program(ep: "torch.export.ExportedProgram") -> Exported:
 
 def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Tensor] | None = None,
                         statics: dict[str, torch.Tensor] | None = None, *, free_layout_from: int | None = None,
-                        broadcasts: dict[str, tuple[int, ...]] | None = None) -> Exported:
+                        broadcasts: dict[str, tuple[int, ...]] | None = None,
+                        views: dict[str, ViewOf] | None = None) -> Exported:
     """Exports an ATen-level graph: every placeholder is an input (`parameters` gives values for
     some, by placeholder name), except those `statics` gives a value that never changes (a
     constant the forward graph returns for its backward), which are folded like `get_attr`
@@ -198,7 +222,12 @@ def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Te
     broadcast back. An output that the graph computes as a broadcast of a smaller value is
     returned as that value, where its layout is free: at positions from `free_layout_from` on
     (a forward's tensors saved for its backward alone), or along axes where the traced tensor
-    has stride 0."""
+    has stride 0.
+
+    Views (`Exported.view_outputs`, `Exported.view_inputs`): an output saved for the backward
+    alone that is a view of a tensor in memory is returned as that view of it, not written; a
+    placeholder that `views` names (placeholder name -> `ViewOf`: a forward's output returned
+    so) is its base, an input, with the view replayed in the graph."""
     parameters = parameters or {}
     statics = statics or {}
     kinds = {}
@@ -209,7 +238,7 @@ def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Te
                 kinds[node.name] = ("static", statics[node.name])
             else:
                 kinds[node.name] = ("parameter", value) if value is not None else ("input", None)
-    return Exporter(gm, kinds, free_layout_from, broadcasts).run()
+    return Exporter(gm, kinds, free_layout_from, broadcasts, views).run()
 
 
 def _target_name(node: torch.fx.Node) -> str:
@@ -231,13 +260,19 @@ class Exporter:
     """One export: walks the fx graph in order, lowering each node."""
 
     def __init__(self, gm: torch.fx.GraphModule, kinds: dict[str, tuple[str, torch.Tensor | None]],
-                 free_layout_from: int | None = None, broadcasts: dict[str, tuple[int, ...]] | None = None):
+                 free_layout_from: int | None = None, broadcasts: dict[str, tuple[int, ...]] | None = None,
+                 views: dict[str, ViewOf] | None = None):
         self.gm = gm
         self.kinds = kinds
         self.free_layout_from = free_layout_from
         self.broadcasts = broadcasts or {}
         self.broadcast_inputs: dict[str, tuple[int, ...]] = {}
         self.broadcast_outputs: dict[int, tuple[int, ...]] = {}
+        self.views = views or {}
+        self.view_inputs: dict[str, ViewOf] = {}
+        self.view_outputs: dict[int, ViewOf] = {}
+        self.output_names: dict[int, str] = {}
+        self.positions: dict[str, int] = {}  # placeholder name -> its position
         self.b = GraphBuilder()
         self.env: dict[str, object] = {}  # node name -> Value, tuple of Values, or a static tensor
         self.static: set[str] = set()
@@ -256,6 +291,7 @@ class Exporter:
         input_names: list[str | None] = []
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
+                self.positions[node.name] = len(input_names)
                 input_names.append(self.placeholder(node))
             elif node.op == "get_attr":
                 self.env[node.name] = _fetch_attr(self.gm, node.target)
@@ -269,7 +305,7 @@ class Exporter:
         seed_input = self.seeds.finish()
         return Exported(self.b.to_json(), self.values, input_names, self.constants, self.dont_care_outputs,
                         dict(self.seeds.sites), seed_input, self.pads, self.seed_outputs, self.broadcast_inputs,
-                        self.broadcast_outputs)
+                        self.broadcast_outputs, self.view_outputs, self.view_inputs, self.output_names)
 
     def check_supported(self) -> None:
         """Every operator must have a lowering, except in nodes evaluated here (static ones)."""
@@ -307,6 +343,11 @@ class Exporter:
                                   "static (torch.compile(..., dynamic=False))")
             raise ExportError(f"placeholder {node.name} has no tensor metadata (meta['val'])")
         shape = _static_shape(val, node)
+        view = self.views.get(node.name) if value is None else None
+        if view is not None:
+            v = self.view_input(node, view, shape)
+            if v is not None:
+                return v
         small = _broadcast_base(val, shape, self.broadcasts.get(node.name)) if value is None else shape
         v = self.b.input(node.name, dtype_name(val.dtype), small)
         name = self.b.input_name(v)
@@ -318,6 +359,38 @@ class Exporter:
         if value is not None:
             self.values[name] = value
         return name
+
+    def view_input(self, node: torch.fx.Node, view: ViewOf, shape: tuple[int, ...]) -> str | None:
+        """A placeholder whose tensor is a view a forward made (`ViewOf`) as its base, an input,
+        and the view's chain replayed in the graph, so the kernels read the base in place; None
+        (an ordinary input) where the chain does not lower to the placeholder's shape (tried
+        on a scratch graph first)."""
+        dtype = dtype_name(view.dtype)
+        try:
+            scratch = GraphBuilder()
+            v = self.lower_chain(scratch, scratch.input("x", dtype, view.shape), view.chain)
+            if not isinstance(v, Value) or tuple(v.shape) != shape:
+                return None
+        except (ExportError, KeyError, IndexError, TypeError):
+            return None
+        base = self.b.input(node.name, dtype, view.shape)
+        name = self.b.input_name(base)
+        self.view_inputs[name] = view
+        self.env[node.name] = self.lower_chain(self.b, base, view.chain)
+        return name
+
+    def lower_chain(self, b: GraphBuilder, base: Value, chain: list):
+        """The view operators of `chain` (`ViewOf.chain`) applied to `base` in graph `b`."""
+        env: dict[str, object] = {chain[0].args[0].name: base}
+        for c in chain:
+            L = Lowering(b, c, self.values, self.seeds) if b is self.b else Lowering(b, c)
+            if _target_name(c) in SPLITS:
+                dim = c.args[2] if len(c.args) > 2 else c.kwargs.get("dim", 0)
+                env[c.name] = _split(L, env[c.args[0].name], c.args[1], dim)
+            else:
+                args, kwargs = torch.fx.node.map_arg((c.args, c.kwargs), lambda n: env[n.name])
+                env[c.name] = LOWERINGS[_target_name(c)](L, *args, **kwargs)
+        return env[chain[-1].name]
 
     def call(self, node: torch.fx.Node) -> None:
         val = node.meta.get("val")
@@ -464,8 +537,13 @@ class Exporter:
     def outputs(self, node: torch.fx.Node) -> None:
         results = node.args[0]
         results = results if isinstance(results, (list, tuple)) else [results]
+        views = {}
         for i, r in enumerate(results):
             if r is None:
+                continue
+            view = self.view_output(i, r, results)
+            if view is not None:
+                views[i] = view
                 continue
             if isinstance(r, torch.fx.Node) and r.name in self.static and isinstance(self.env[r.name], torch.Tensor):
                 self.constants[i] = self.env[r.name]
@@ -482,7 +560,47 @@ class Exporter:
                 v = self.broadcast_output(i, r, v)
             if not isinstance(v, Value):
                 raise ExportError(f"output {i} is not a tensor the graph computes")
-            self.b.output(f"out{i}", v)
+            self.output_names[i] = self.b.output(f"out{i}", v)
+        bases: dict[str, str] = {}
+        for i, (base, chain) in views.items():
+            if base.op == "placeholder":
+                where = ("arg", self.positions[base.name])
+            elif base in results and results.index(base) not in views:
+                where = ("result", results.index(base))
+            else:
+                if base.name not in bases:
+                    bases[base.name] = self.b.output(f"base_{base.name}", self.value(base))
+                where = ("graph", bases[base.name])
+            val = base.meta["val"]
+            shape = _static_shape(val, base)
+            self.view_outputs[i] = ViewOf(where, chain, shape, val.dtype, view_offset(chain, shape, val.dtype))
+
+    def view_output(self, i: int, r, results) -> tuple[torch.fx.Node, list] | None:
+        """(base node, chain) when output `i`, saved for the backward alone, is views of a tensor
+        in memory anyway: an input, another output, or a product's result (a view that only
+        reshapes or transposes may view any value the graph computes: writing its base costs
+        what writing the view would). The output is then made from the base by PyTorch's view
+        operators (`replay_views`), and no kernel copies it."""
+        if self.free_layout_from is None or i < self.free_layout_from or not isinstance(r, torch.fx.Node):
+            return None
+        found = view_chain(r)
+        if found is None:
+            return None
+        base, chain = found
+        if base.name in self.static or base.name in self.views:
+            return None
+        if base.op == "placeholder":
+            if self.positions.get(base.name) is None or not isinstance(self.env.get(base.name), Value):
+                return None
+        elif base.op != "call_function" or not isinstance(self.env.get(base.name), Value):
+            return None
+        elif any(_target_name(c) in _SHRINKING for c in chain) and base not in results \
+                and _target_name(base) not in _ALWAYS_WRITTEN:
+            return None
+        val = base.meta.get("val")
+        if not isinstance(val, torch.Tensor) or view_offset(chain, _static_shape(val, base), val.dtype) is None:
+            return None
+        return base, chain
 
     def broadcast_output(self, i: int, node: torch.fx.Node, v: Value) -> Value:
         """Output `i` as the smaller value it is a broadcast of (`GraphBuilder.base`), along the
@@ -587,6 +705,105 @@ def broadcast_base_view(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor
     if t.dim() != len(shape):
         return t
     return t[tuple(slice(0, 1) if s == 1 and n != 1 else slice(None) for s, n in zip(shape, t.shape))]
+
+
+_VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "unsqueeze", "squeeze",
+                       "alias", "slice", "select", "narrow"})
+"""ATen operators whose result is a view of their one tensor argument (no element copied)."""
+
+_PART_OPS = frozenset({"split", "split_with_sizes", "unbind"})
+"""Operators returning a tuple of views of their tensor argument (taken by `getitem`)."""
+
+_SHRINKING = frozenset({"slice", "select", "narrow", "getitem"})
+
+_ALWAYS_WRITTEN = frozenset({"mm", "addmm", "bmm", "linear"})
+"""Operators whose result every plan writes to memory (a product's output is never fused into
+its consumer), so a view of it costs no extra write."""
+
+
+@dataclass
+class ViewOf:
+    """A tensor that is a chain of views (`_VIEW_OPS`, parts of splits) of a base tensor."""
+
+    base: tuple
+    """Where the base is, for a view output: ("arg", placeholder position), ("result", output
+    position) or ("graph", graph output name)."""
+    chain: list
+    """The fx nodes from the base to the view, in order (the first one's tensor argument is the
+    base's node)."""
+    shape: tuple[int, ...]
+    """The base's shape."""
+    dtype: torch.dtype
+    offset: int
+    """The view's element offset in a contiguous base (what `view_base` inverts)."""
+
+
+def replay_views(base: torch.Tensor, chain: list, copies: bool = True) -> torch.Tensor:
+    """`chain` (`ViewOf.chain`) applied to `base` with PyTorch's own operators: the same view
+    the traced graph made. With `copies`, a reshape the base's layout cannot view is a copy
+    instead; without, it raises (RuntimeError)."""
+    env = {chain[0].args[0].name: base}
+    for node in chain:
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
+        try:
+            env[node.name] = node.target(*args, **kwargs)
+        except (RuntimeError, ValueError):
+            if not copies or _target_name(node) not in ("view", "_unsafe_view"):
+                raise
+            env[node.name] = args[0].reshape(args[1])
+    return env[chain[-1].name]
+
+
+def view_base(a: torch.Tensor, view: ViewOf) -> torch.Tensor | None:
+    """The contiguous base of which `a` is `view` (in `a`'s storage), or None when `a` is not
+    that view of one (a forward run eagerly may lay its saved tensors out otherwise)."""
+    start = a.storage_offset() - view.offset
+    numel = math.prod(view.shape)
+    if a.dtype != view.dtype or start < 0 or (start + numel) * a.element_size() > a.untyped_storage().nbytes():
+        return None
+    stride = tuple(math.prod(view.shape[d + 1:]) for d in range(len(view.shape)))
+    base = a.as_strided(view.shape, stride, start)
+    try:
+        again = replay_views(base, view.chain, copies=False)
+    except (RuntimeError, ValueError):
+        return None
+    same = (tuple(again.shape) == tuple(a.shape) and again.storage_offset() == a.storage_offset()
+            and all(n <= 1 or x == y for n, x, y in zip(a.shape, again.stride(), a.stride())))
+    return base if same else None
+
+
+def view_offset(chain: list, shape: tuple[int, ...], dtype: torch.dtype) -> int | None:
+    """The element offset of `chain`'s view in a contiguous base of `shape` (None when the
+    chain does not view it without a copy)."""
+    base = torch.empty(shape, dtype=dtype, device="meta")
+    try:
+        return replay_views(base, chain, copies=False).storage_offset()
+    except (RuntimeError, ValueError):
+        return None
+
+
+def view_chain(node: torch.fx.Node) -> tuple[torch.fx.Node, list] | None:
+    """(base node, chain) when `node` is views (`_VIEW_OPS`, parts of splits) of another node,
+    each step reading only the one before it; None otherwise."""
+    chain, n = [], node
+    while n.op == "call_function":
+        name = _target_name(n)
+        src = n.args[0] if n.args else None
+        if not isinstance(src, torch.fx.Node) or n.all_input_nodes != [src]:
+            break
+        if name in _VIEW_OPS:
+            chain.append(n)
+            n = src
+        elif name == "getitem" and src.op == "call_function" and _target_name(src) in _PART_OPS \
+                and isinstance(src.args[0], torch.fx.Node) and src.all_input_nodes == [src.args[0]]:
+            chain += [n, src]
+            n = src.args[0]
+        else:
+            break
+    if not chain:
+        return None
+    chain.reverse()
+    return n, chain
 
 
 def _static_shape(val: torch.Tensor, node: torch.fx.Node) -> tuple[int, ...]:
