@@ -242,3 +242,31 @@ def test_backend_inference_on_gpu_kernels(name, monkeypatch):
     print(name, [(p.kind, p.runs, p.why_eager) for p in backend.plans])
     assert relative(got, want) <= RTOL
     assert_all_on_eqfuse(backend)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_saved_views_are_not_copied(name, monkeypatch):
+    """Tensors the forward saves for the backward that are views of others (GPT-2's q, k and v
+    split from one projection, reshaped activations) are returned as views, not written by a
+    kernel that only reshapes or slices, and the backward reads their bases (graph inputs with
+    the views replayed in the graph); the step still gives eager's gradients."""
+    from eqfuse_torch.backend import EqfuseBackend
+
+    model, kw = make(name)
+    model.train()
+    backend = stand_in(monkeypatch)
+    assert backend.partition == "min_cut"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = training_step(model, kw, backend)
+    assert_same_step(training_step(model, kw), compiled)
+    assert_all_on_eqfuse(backend)
+    forward = next(p for p in backend.plans if p.kind == "forward")
+    copies = [(k["reads"], k["writes"]) for k in forward.plan["kernels"] if set(k["ops"]) <= {"reshape", "slice"}]
+    # Left: a reshape per layer of the attention's log-sum-exp (eqfuse's is [B, H, S, 1]) and one
+    # of the output (a user's tensor, in PyTorch's layout); before, every saved reshape, q, k, v.
+    assert len(copies) <= model.config.num_hidden_layers + 1, copies
+    assert not [k["ops"] for k in forward.plan["kernels"] if "slice" in k["ops"] and set(k["ops"]) <= {"reshape", "slice"}]
+    assert isinstance(EqfuseBackend(partition="default"), EqfuseBackend)
+    with pytest.raises(ValueError):
+        EqfuseBackend(partition="joint")
