@@ -10,6 +10,11 @@ its first compiled call timed separately as compile time, and its output (and gr
 eqfuse's kernels ran and why any ran eagerly, and how (`launches`: CUDA graphs captured and
 replayed, calls launched kernel by kernel; EQFUSE_CUDA_GRAPH=0 turns graphs off).
 
+Each compiled mode runs in a process of its own (with eager beside it, for its reference), one
+after the other on the same GPU; `--same-process` runs them all in one. In one process the
+order mattered: the eqfuse backend's GPT-2 training step took 27.5 ms measured after Inductor's
+and 18.3 ms measured first (H100, 2026-11-26), so results of one process are not comparable.
+
     python3 benches/models.py [--models gpt2,bert,llama,vit,t5] [--dtypes bf16,f32]
         [--batch 8 --seq 1024] [--train] [--reps 10] [--json OUT]
 
@@ -164,6 +169,33 @@ def run(name, dtype, args):
     return rec
 
 
+def isolated(name, dtype, args):
+    """`run` with each compiled mode in a child process of its own (eager measured in each, its
+    reference; the record keeps the first child's eager time)."""
+    import subprocess
+
+    rec = None
+    for mode in [m for m in args.modes if m != "eager"] or ["eager"]:
+        cmd = [sys.executable, __file__, "--models", name, "--dtypes", dtype, "--modes", f"eager,{mode}",
+               "--batch", str(args.batch), "--seq", str(args.seq), "--llama-layers", str(args.llama_layers),
+               "--reps", str(args.reps), "--same-process"] + (["--train"] if args.train else [])
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+        if not lines:
+            raise RuntimeError(f"{mode}: exit {r.returncode}: {r.stderr.strip()[-400:]}")
+        child = json.loads(lines[-1])
+        if "error" in child:
+            raise RuntimeError(f"{mode}: {child['error']}")
+        if rec is None:
+            rec = child
+        else:
+            rec.update({k: v for k, v in child.items() if k.startswith(mode) or k == "eqfuse_graphs"})
+    if "inductor_us" in rec and "eqfuse_us" in rec:
+        rec["inductor_over_eqfuse"] = round(rec["inductor_us"] / rec["eqfuse_us"], 3)
+    rec["processes"] = "one per mode"
+    return rec
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="gpt2,bert,llama,vit,t5")
@@ -175,13 +207,14 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--json", help="append one JSON record per model and dtype")
+    ap.add_argument("--same-process", action="store_true", help="every mode in this process")
     args = ap.parse_args()
     args.modes = args.modes.split(",")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     for name in args.models.split(","):
         for dtype in args.dtypes.split(","):
             try:
-                rec = run(name, dtype, args)
+                rec = run(name, dtype, args) if args.same_process else isolated(name, dtype, args)
             except Exception as e:  # one model's failure must not hide the others'
                 rec = {"model": name, "dtype": dtype, "error": f"{type(e).__name__}: {str(e)[:500]}"}
             print(json.dumps(rec), flush=True)

@@ -573,7 +573,8 @@ class Exporter:
                 where = ("graph", bases[base.name])
             val = base.meta["val"]
             shape = _static_shape(val, base)
-            self.view_outputs[i] = ViewOf(where, chain, shape, val.dtype, view_offset(chain, shape, val.dtype))
+            offset, view_shape, view_stride = view_of(chain, shape, val.dtype)
+            self.view_outputs[i] = ViewOf(where, chain, shape, val.dtype, offset, view_shape, view_stride)
 
     def view_output(self, i: int, r, results) -> tuple[torch.fx.Node, list] | None:
         """(base node, chain) when output `i`, saved for the backward alone, is views of a tensor
@@ -598,7 +599,7 @@ class Exporter:
                 and _target_name(base) not in _ALWAYS_WRITTEN:
             return None
         val = base.meta.get("val")
-        if not isinstance(val, torch.Tensor) or view_offset(chain, _static_shape(val, base), val.dtype) is None:
+        if not isinstance(val, torch.Tensor) or view_of(chain, _static_shape(val, base), val.dtype) is None:
             return None
         return base, chain
 
@@ -736,6 +737,18 @@ class ViewOf:
     dtype: torch.dtype
     offset: int
     """The view's element offset in a contiguous base (what `view_base` inverts)."""
+    view_shape: tuple[int, ...] = ()
+    view_stride: tuple[int, ...] = ()
+    """The view's shape and strides on a contiguous base (so that each call makes or checks it
+    with one `as_strided`, not the chain)."""
+
+    def of(self, base: torch.Tensor) -> torch.Tensor:
+        """The view of `base`: `as_strided` on a contiguous one, else the chain replayed."""
+        if base.dtype != self.dtype:
+            base = base.to(self.dtype)
+        if base.is_contiguous() and tuple(base.shape) == self.shape:
+            return base.as_strided(self.view_shape, self.view_stride, base.storage_offset() + self.offset)
+        return replay_views(base, self.chain)
 
 
 def replay_views(base: torch.Tensor, chain: list, copies: bool = True) -> torch.Tensor:
@@ -759,27 +772,21 @@ def view_base(a: torch.Tensor, view: ViewOf) -> torch.Tensor | None:
     that view of one (a forward run eagerly may lay its saved tensors out otherwise)."""
     start = a.storage_offset() - view.offset
     numel = math.prod(view.shape)
-    if a.dtype != view.dtype or start < 0 or (start + numel) * a.element_size() > a.untyped_storage().nbytes():
+    if (a.dtype != view.dtype or start < 0 or tuple(a.shape) != view.view_shape
+            or any(n > 1 and x != y for n, x, y in zip(view.view_shape, a.stride(), view.view_stride))
+            or (start + numel) * a.element_size() > a.untyped_storage().nbytes()):
         return None
-    stride = tuple(math.prod(view.shape[d + 1:]) for d in range(len(view.shape)))
-    base = a.as_strided(view.shape, stride, start)
-    try:
-        again = replay_views(base, view.chain, copies=False)
-    except (RuntimeError, ValueError):
-        return None
-    same = (tuple(again.shape) == tuple(a.shape) and again.storage_offset() == a.storage_offset()
-            and all(n <= 1 or x == y for n, x, y in zip(a.shape, again.stride(), a.stride())))
-    return base if same else None
+    return a.as_strided(view.shape, tuple(math.prod(view.shape[d + 1:]) for d in range(len(view.shape))), start)
 
 
-def view_offset(chain: list, shape: tuple[int, ...], dtype: torch.dtype) -> int | None:
-    """The element offset of `chain`'s view in a contiguous base of `shape` (None when the
-    chain does not view it without a copy)."""
-    base = torch.empty(shape, dtype=dtype, device="meta")
+def view_of(chain: list, shape: tuple[int, ...], dtype: torch.dtype) -> tuple | None:
+    """(offset, shape, strides) of `chain`'s view of a contiguous base of `shape` (None when
+    the chain does not view it without a copy)."""
     try:
-        return replay_views(base, chain, copies=False).storage_offset()
+        v = replay_views(torch.empty(shape, dtype=dtype, device="meta"), chain, copies=False)
     except (RuntimeError, ValueError):
         return None
+    return v.storage_offset(), tuple(v.shape), tuple(v.stride())
 
 
 def view_chain(node: torch.fx.Node) -> tuple[torch.fx.Node, list] | None:
