@@ -342,3 +342,24 @@ fn few_rows_are_priced_by_the_sms_they_occupy() {
         }
     }
 }
+
+/// The forward of a 2-layer Llama as the torch exporter writes it (64 wide, grouped-query heads,
+/// RoPE reading q and k from one fused projection, f32; `python/tests/test_models.py`'s tiny
+/// config). Its plan once fused the store of q (a slice of the fused product, `[32, 64]`) into
+/// the kernel rotating q's second half, whose iteration space `[2, 4, 16, 8]` covers a quarter of
+/// q: on the GPU three quarters of q stayed unwritten (poisoned in `eqfuse run`, garbage through
+/// the torch backend). No elementwise kernel may write a tensor its iteration space does not
+/// cover (the plan checker refuses it too).
+#[test]
+fn an_elementwise_kernel_writes_only_what_its_iteration_space_covers() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cases/graphs/llama_tiny_f32.json");
+    let p = eqfuse::program_from_json(path, &std::fs::read_to_string(path).unwrap()).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    for k in plan.kernels.iter().filter(|k| k.template == Template::Elementwise) {
+        for w in &k.writes {
+            let fits = w.ty.shape.len() <= k.domain.len()
+                && w.ty.shape.iter().rev().zip(k.domain.iter().rev()).all(|(&s, &d)| s == d || s == 1);
+            assert!(fits, "kernel {} writes {} {:?} over {:?}", k.id, w.name, w.ty.shape, k.domain);
+        }
+    }
+}

@@ -1099,7 +1099,12 @@ impl Shaped<'_> {
         let mut all_mapped = vec![true; len];
         for p in (0..len).rev() {
             let u = self.body[p];
-            mapped[p] = used[p] && all_mapped[p] && !self.dag.is_output[u];
+            // (A node the kernel writes, for a graph output or a reader in another kernel, is
+            // stored at its own indices: it must fit the iteration space like any other.)
+            mapped[p] = used[p]
+                && all_mapped[p]
+                && !self.dag.is_output[u]
+                && self.dag.users[u].iter().all(|&c| self.in_body(c));
             let n = &self.dag.nodes[u];
             let kind = n.kind();
             for (i, c) in n.children().enumerate() {

@@ -12,7 +12,8 @@ use egg::Language;
 use crate::error::{Error, Result};
 use crate::ir::program::Program;
 use crate::ir::tensor::{tolerance, Comparison, Tensor};
-use crate::plan::{FusionPlan, Kernel};
+use crate::ir::infer::broadcast_shapes;
+use crate::plan::{FusionPlan, Kernel, KernelKind, Template};
 use crate::reference::Precision;
 
 /// The program of one kernel: its reads as inputs, its body, its writes as outputs.
@@ -31,6 +32,20 @@ pub fn kernel_program(k: &Kernel) -> Result<Program> {
         let id = map[usize::from(s)];
         if p.ty(id) != Some(&w.ty) {
             return Err(err(format!("stores {:?} into `{}` of type {}", p.ty(id), w.name, w.ty)));
+        }
+        // An elementwise kernel stores each output at its iteration space's indices (an output
+        // smaller than the space at the indices its broadcast reaches): one that does not
+        // broadcast to the space would be partly unwritten on the GPU, whatever the body says.
+        let shape = w.ty.shape.as_slice();
+        if k.template == Template::Elementwise
+            && k.kind == KernelKind::Plain
+            && shape != k.domain.as_slice()
+            && broadcast_shapes(shape, &k.domain).ok().as_deref() != Some(k.domain.as_slice())
+        {
+            return Err(err(format!(
+                "writes `{}` of shape {:?}, which its iteration space {:?} does not cover",
+                w.name, shape, k.domain
+            )));
         }
         p.add_output(&w.name, id).map_err(err)?;
     }
