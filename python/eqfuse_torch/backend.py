@@ -132,19 +132,29 @@ class EqfuseBackend:
     eagerly and the plans are a report); `verify` checks the first call of every graph eqfuse
     runs against the ATen graph run eagerly on the same arguments, and if any output differs
     beyond rounding (`results_agree`) runs that graph eagerly from then on, warned and recorded
-    in its plan's `why_eager`.
+    in its plan's `why_eager`. `attention` rewrites attention written out (`softmax(q @ k^T *
+    scale + mask) @ v`, eager attention in `transformers`) in each captured graph into
+    `scaled_dot_product_attention` before AOTAutograd traces it (`attention.rewrite_attention`),
+    so training plans it as flash attention forward and backward.
     """
 
     def __init__(self, binary: str | None = None, device: str = "h100", args: tuple[str, ...] = (),
-                 report=_stderr, joint: bool = True, execute: bool = True, verify: bool = True):
+                 report=_stderr, joint: bool = True, execute: bool = True, verify: bool = True,
+                 attention: bool = True):
         self.binary, self.device, self.args, self.report, self.joint = binary, device, args, report, joint
-        self.execute, self.verify = execute, verify
+        self.execute, self.verify, self.attention = execute, verify, attention
         self.plans: list[CapturedPlan] = []
 
     def __call__(self, gm, example_inputs):
         from functorch.compile import default_partition, make_boxed_func
         from torch._dynamo.backends.common import aot_autograd
 
+        if self.attention:
+            # Before AOTAutograd partitions it: written-out attention as SDPA, whose backward
+            # is eqfuse's flash backward (`attention.py`), not the probabilities saved.
+            from .attention import rewrite_attention
+
+            rewrite_attention(gm)
         # The forward's constant outputs by node name, which its backward folds: one dict per
         # captured graph, shared by its forward and backward only.
         constants: dict = {}
