@@ -140,7 +140,9 @@ def _peel_probabilities(a):
             vin = _val(x.args[0])
             if vin is None or not isinstance(dim, int) or dim not in (-1, vin.dim() - 1):
                 return None
-            dtype = x.kwargs.get("dtype", x.args[3] if x.target is F.softmax and len(x.args) > 3 else None)
+            # (`F.softmax(x, dim, _stacklevel, dtype)`; `torch.softmax(x, dim, dtype)`, `x.softmax(dim, dtype)`.)
+            at = 3 if x.target is F.softmax else 2
+            dtype = x.kwargs.get("dtype", x.args[at] if len(x.args) > at else None)
             if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
                 return None
             chain.append(x)
@@ -294,8 +296,13 @@ def rewrite_attention(gm) -> int:
     """Rewrites written-out attention in a Dynamo-captured GraphModule into
     `F.scaled_dot_product_attention` (module docstring); returns how many were rewritten."""
     graph = gm.graph
-    matches = [m for m in (_match(n) for n in list(graph.nodes)) if m is not None]
-    for m in matches:
+    erased, count = set(), 0
+    # Matched and rewritten one at a time: an attention's output may be the next one's query.
+    for node in list(graph.nodes):
+        m = None if node in erased else _match(node)
+        if m is None:
+            continue
+        count += 1
         out = m["out"]
         with graph.inserting_before(out):
             k = _swapped_back(m["kt"])
@@ -309,10 +316,12 @@ def rewrite_attention(gm) -> int:
         # The chain, last first: each is dead once its one user is gone.
         for n in [out, *m["chain"][::-1]]:
             graph.erase_node(n)
+            erased.add(n)
         kt = m["kt"]
         if k is not kt and not kt.users:
             graph.erase_node(kt)
-    if matches:
+            erased.add(kt)
+    if count:
         graph.lint()
         gm.recompile()
-    return len(matches)
+    return count

@@ -81,6 +81,7 @@ SPELLINGS = {
     "softmax upcast and cast back": lambda q, k, v: F.softmax(
         q @ k.transpose(-2, -1) * 0.2, dim=-1, dtype=torch.float32).to(q.dtype) @ v,
     "dropout in eval": lambda q, k, v: F.dropout(torch.softmax(q @ k.transpose(-2, -1), -1), 0.1, False) @ v,
+    "torch.softmax with its dtype": lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), -1, torch.float32) @ v,
 }
 
 
@@ -101,6 +102,20 @@ def test_keys_given_transposed():
     count, got, _ = _rewritten(lambda q, kt, v: torch.softmax(q @ kt * 0.3, -1) @ v, q, kt, v)
     assert count == 1
     want = torch.softmax(q @ kt * 0.3, -1) @ v
+    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+def test_one_attention_feeding_the_next():
+    """Two attentions, the first's output the second's queries: both rewritten."""
+
+    def fn(q, k, v):
+        a = torch.softmax(q @ k.transpose(-2, -1) * 0.2, -1) @ v
+        return torch.softmax(a @ k.transpose(-2, -1) * 0.2, -1) @ v
+
+    q, k, v = _qkv()
+    count, got, _ = _rewritten(fn, q, k, v)
+    assert count == 2
+    want = fn(q, k, v)
     assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
 
 
