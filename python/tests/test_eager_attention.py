@@ -81,6 +81,9 @@ SPELLINGS = {
     "softmax upcast and cast back": lambda q, k, v: F.softmax(
         q @ k.transpose(-2, -1) * 0.2, dim=-1, dtype=torch.float32).to(q.dtype) @ v,
     "dropout in eval": lambda q, k, v: F.dropout(torch.softmax(q @ k.transpose(-2, -1), -1), 0.1, False) @ v,
+    "constant tensors for scale and fill (older GPT-2)": lambda q, k, v: torch.softmax(
+        torch.where(_causal(), q @ k.transpose(-1, -2) / torch.full([], D**0.5, dtype=q.dtype),
+                    torch.full([], torch.finfo(q.dtype).min, dtype=q.dtype)), dim=-1).type(v.dtype) @ v,
     "torch.softmax with its dtype": lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), -1, torch.float32) @ v,
 }
 
