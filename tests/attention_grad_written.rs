@@ -135,3 +135,68 @@ fn plans_of_written_attention_agree_with_the_reference() {
         }
     }
 }
+
+/// Keys stored transposed (`q @ kt`, `kt: [B, H, D, S]`) and a bool mask beside the causal one:
+/// the backward is the flash composite's kernel (its key gradient transposed back to `kt`),
+/// reading and writing no tensor of the score matrix's size, and every plan, strict or not,
+/// evaluates to the program's values on the reference. (Their forward is planned as written.)
+#[test]
+fn keys_stored_transposed_and_a_mask_beside_the_causal_one_use_the_flash_backward() {
+    let cases: &[(&str, &str, &str, &str)] = &[
+        ("keys transposed", "kt", "p = softmax(q @ kt * 0.125, -1)", "attention_grad_q"),
+        (
+            "keys transposed, padding mask",
+            "kt",
+            "input m: bool[B, 1, 1, S]\np = softmax(where(m, q @ kt / 8, -1e9), -1)",
+            "attention_bias_grad_q",
+        ),
+        (
+            "causal and a padding mask",
+            "k",
+            "row = reshape(iota(S), [S, 1])\n\
+             p = softmax(where(iota(S) <= row, where(iota(S) < S - 3, q @ transpose(k, 2, 3) * 0.125, -1e9), -1e30), -1)",
+            "attention_bias_grad_q",
+        ),
+    ];
+    for &(name, keys, body, composite) in cases {
+        let text = |(b, h, s, d): (usize, usize, usize, usize)| {
+            let key_type = if keys == "kt" { "bf16[B, H, D, S]" } else { "bf16[B, H, S, D]" };
+            format!(
+                "dim B = {b}\ndim H = {h}\ndim S = {s}\ndim D = {d}\n\
+                 input q: bf16[B, H, S, D]\ninput {keys}: {key_type}\ninput v: bf16[B, H, S, D]\ninput dy: bf16[B, H, S, D]\n\
+                 {body}\no = p @ v\nloss = sum(sum(sum(sum(cast(o, f32) * cast(dy, f32), -1), -2), -3), -4)\n\
+                 dq = grad(loss, q)\ndk = grad(loss, {keys})\ndv = grad(loss, v)\noutput o, dq, dk, dv\n"
+            )
+        };
+        let parse = |dims| parse_program("written.eqf", &text(dims), &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let big = optimize(&parse((8, 12, 1024, 64)));
+        let ops: Vec<Vec<String>> = big.kernels.iter().map(|k| k.ops.clone()).collect();
+        let grads: Vec<_> = big.kernels.iter().filter(|k| k.ops.iter().any(|o| o == composite)).collect();
+        assert_eq!(grads.len(), 1, "{name}: {ops:?}");
+        for t in grads[0].reads.iter().chain(&grads[0].writes) {
+            assert!(t.ty.numel() < 8 * 12 * 1024 * 1024 / 8, "{name}: the backward moves {} {}", t.name, t.ty);
+        }
+        let sources = eqfuse::codegen_plan(&big).unwrap_or_else(|e| panic!("{name}: {e}"));
+        if eqfuse::nvrtc_available().is_ok() {
+            for src in &sources {
+                let c = eqfuse::nvrtc_compile(&src.source, &src.file, eqfuse::DEFAULT_ARCH, &[])
+                    .unwrap_or_else(|e| panic!("{name}: {}: {e}", src.name));
+                assert!(c.log.trim().is_empty(), "{name}: {}: warnings\n{}", src.name, c.log);
+            }
+        }
+        let p = parse((2, 2, 40, 16));
+        let inputs = random_inputs(&p, 9);
+        let want = eval(&p, &inputs).unwrap();
+        for strict in [false, true] {
+            let mut opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+            opts.strict = strict;
+            let plan = eqfuse::optimize(&p, &opts).unwrap().plan;
+            let got = eval_plan(&plan, &inputs).unwrap();
+            for ((o, g), w) in p.outputs.iter().zip(&got).zip(&want) {
+                let scale = w.data.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+                let cmp = g.compare(w, 3e-2, 3e-2 * scale);
+                assert!(cmp.ok(), "{name}, strict {strict}, {}: {cmp}", o.name);
+            }
+        }
+    }
+}

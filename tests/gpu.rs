@@ -428,8 +428,9 @@ fn attention_backward_kernels_match_the_reference() {
 
 /// Attention written out under `grad` (issue 20: the autodiff pass differentiates it as the
 /// composite it equals): heads split from projections with grouped-query keys and values, a
-/// causal mask built from `iota`, a bool padding mask, an f32 bias beside an f32 softmax, and
-/// dropout, in bf16 and f16. The backward runs as the flash kernels and every output (o, and the
+/// causal mask built from `iota`, a bool padding mask, an f32 bias beside an f32 softmax,
+/// dropout, keys stored transposed (`q @ kt`) and a padding mask beside the causal one, in bf16
+/// and f16. The backward runs as the flash kernels and every output (o, and the
 /// gradients of the projections' inputs) matches the reference of the program as written.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
@@ -468,6 +469,18 @@ fn written_attention_backward_matches_the_reference() {
             "causal dropout",
             "o = dropout(softmax(where(iota(S) <= row, q @ transpose(k, 2, 3) * 0.125, -1e9), -1), 0.1, 11) @ v\n",
             "attention_dropout_grad_q",
+        ),
+        (
+            "keys stored transposed",
+            "kt0 = transpose(transpose(reshape(xk, [B, S, KV, D]), 1, 3), 1, 2)\n\
+             kt = reshape(broadcast(reshape(kt0, [B, KV, 1, D, S]), [B, KV, G, D, S]), [B, H, D, S])\n\
+             o = softmax(q @ kt / 8, -1) @ v\n",
+            "attention_grad_q",
+        ),
+        (
+            "causal and padding mask",
+            "o = softmax(where(iota(S) <= row, where(m, q @ transpose(k, 2, 3) / 8, -1e9), -1e30), -1) @ v\n",
+            "attention_bias_grad_q",
         ),
     ];
     let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());

@@ -135,22 +135,32 @@ class EqfuseBackend:
     in its plan's `why_eager`. `partition` splits a training graph into forward and backward:
     `min_cut` (the default; PyTorch's min-cut rematerialization, as Inductor: the forward saves
     few tensors and the backward recomputes cheap elementwise ones, which eqfuse fuses into
-    its kernels) or `default` (the forward saves every value the backward reads).
+    its kernels) or `default` (the forward saves every value the backward reads). `attention`
+    rewrites attention written out (`softmax(q @ k^T * scale + mask) @ v`, eager attention in
+    `transformers`) in each captured graph into `scaled_dot_product_attention` before
+    AOTAutograd traces it (`attention.rewrite_attention`), so training plans it as flash
+    attention forward and backward.
     """
 
     def __init__(self, binary: str | None = None, device: str = "h100", args: tuple[str, ...] = (),
                  report=_stderr, joint: bool = True, execute: bool = True, verify: bool = True,
-                 partition: str = "min_cut"):
+                 partition: str = "min_cut", attention: bool = True):
         if partition not in ("min_cut", "default"):
             raise ValueError(f"partition must be `min_cut` or `default`, not {partition!r}")
         self.binary, self.device, self.args, self.report, self.joint = binary, device, args, report, joint
-        self.execute, self.verify, self.partition = execute, verify, partition
+        self.execute, self.verify, self.partition, self.attention = execute, verify, partition, attention
         self.plans: list[CapturedPlan] = []
 
     def __call__(self, gm, example_inputs):
         from functorch.compile import default_partition, make_boxed_func, min_cut_rematerialization_partition
         from torch._dynamo.backends.common import aot_autograd
 
+        if self.attention:
+            # Before AOTAutograd partitions it: written-out attention as SDPA, whose backward
+            # is eqfuse's flash backward (`attention.py`), not the probabilities saved.
+            from .attention import rewrite_attention
+
+            rewrite_attention(gm)
         # The forward's constant outputs by node name, which its backward folds: one dict per
         # captured graph, shared by its forward and backward only.
         constants: dict = {}

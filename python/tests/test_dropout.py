@@ -263,15 +263,18 @@ def _cupy():
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and _cupy()), reason="needs a CUDA device and CuPy")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("name", ["gpt2", "bert"])
-def test_gpu_training_with_dropout_on_eqfuse_kernels(name, dtype, monkeypatch):
+def test_gpu_training_with_dropout_on_eqfuse_kernels(name, attn, dtype, monkeypatch):
     """On the GPU: a training step with dropout (fused SDPA with dropout included) runs every
     graph on eqfuse's kernels and equals eager with eqfuse's dropout (f32 1e-4; bf16 within
-    the 16-bit tolerance of the step)."""
+    the 16-bit tolerance of the step). With eager attention, the backend's rewrite makes the
+    dropout of the written probabilities SDPA's (`eqfuse_torch/attention.py`): the same fused
+    attention with dropout, forward and backward."""
     fixed_seeds(monkeypatch)
     torch.manual_seed(0)
     torch._dynamo.reset()
-    model = MODELS[name]("sdpa").cuda().to(dtype).train()
+    model = MODELS[name](attn).cuda().to(dtype).train()
     inputs = batch(name, "cuda")
     backend = EqfuseBackend(report=None)
     with warnings.catch_warnings():

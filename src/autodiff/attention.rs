@@ -12,15 +12,19 @@
 //! - `P`: `softmax(S, last axis)` or its decomposition `e / sum(e)` with `e = exp(S - amax(S))`,
 //!   under float casts (an f32 softmax of 16-bit scores cast back) and at most one
 //!   `dropout(·, p, seed)`;
-//! - `S`: `a @ transpose(b, r-2, r-1)` (the axes in any order and sign), with literal factors
+//! - `S`: `a @ transpose(b, r-2, r-1)` (the axes in any order and sign), or `a @ b` with `b` the
+//!   keys stored transposed (`[..., D, SK]`: the composite reads `transpose(b)`, and `b`'s
+//!   gradient is the keys' transposed), with literal factors
 //!   (`* c`, `c *`, `/ c`) on the product, on `a` (the queries are `a` without them) and on `b`
 //!   or its transpose; then any nesting of float casts, literal scales, `where(m, S, fill)` or
 //!   `where(m, fill, S)` with a literal `fill <= -1e4`, and additive terms `S + t` or `t + S`;
 //! - a `where` whose mask is the causal one (`crate::ir::index::predicate`), or an added term
 //!   that is the causal additive mask (`crate::ir::index::additive_mask`), makes it causal; any
 //!   other bool mask becomes the bias `where(m, 0, fill)` (or `where(m, fill, 0)`), any other
-//!   term the bias; at most one bias, and no bool mask beside the causal one (as the rules say:
-//!   a row both hide entirely is spread over different keys).
+//!   term the bias; at most one bias. A bool mask beside the causal one is not causal: the bias
+//!   is both, nested as written (`where(m, where(c, 0, f1), f2)`, a causal additive mask added
+//!   in f32), because the causal flag would spread a row both hide entirely over the keys up to
+//!   its diagonal where the scores as written spread it over every key (as the rules say).
 //!
 //! Invariant (the reason this is sound): the composite computes `P @ v` as written, up to the
 //! rounding of the intermediate values and masked scores of `fill` against `-inf` (whose
@@ -51,7 +55,10 @@ enum Term {
 /// The scores as parsed: `q @ kᵀ * scale` and the terms around the product.
 struct Scores {
     q: Id,
+    /// The keys, `[..., SK, D]`; with `keys_transposed`, the product's right operand as given,
+    /// `[..., D, SK]` (keys stored transposed, `q @ k_t`).
     k: Id,
+    keys_transposed: bool,
     scale: f64,
     terms: Vec<Term>,
 }
@@ -72,27 +79,65 @@ impl Tape<'_> {
         }
         let (probs, v) = (ch[0], ch[1]);
         let Some((scores, drop)) = self.probabilities(probs) else { return Ok(None) };
-        let Some(s) = self.scores(scores, DEPTH) else { return Ok(None) };
-        let Some((causal, bias)) = self.classify(&s, scores) else { return Ok(None) };
+        let Some(mut s) = self.scores(scores, DEPTH) else { return Ok(None) };
         let (Some(tq), Some(tk), Some(tv)) = (self.p.ty(s.q), self.p.ty(s.k), self.p.ty(v)) else { return Ok(None) };
-        if !crate::codegen::caps::attention_backward_runs(tq, tk, tv) || !self.valid(s.q, s.k, v) {
+        let mut tk = tk.clone();
+        let rank = tk.rank();
+        if s.keys_transposed {
+            if rank < 2 {
+                return Ok(None);
+            }
+            tk.shape.swap(rank - 2, rank - 1);
+        }
+        if !crate::codegen::caps::attention_backward_runs(tq, &tk, tv) || !self.valid(s.q, s.k, &tk, v) {
             return Ok(None);
         }
-        let bias = match bias {
-            None => None,
-            Some(Term::Add(b)) if !self.on(b) && self.bias_fits(b, s.q, s.k, false) => Some(b),
-            Some(Term::Where { mask, fill, keep }) if self.bias_fits(mask, s.q, s.k, true) => {
-                // The bias of a bool mask: 0 where a key is kept, the fill elsewhere (f32).
-                let (zero, f) = (self.p.num(0.0), self.p.num(fill));
-                let (a, b) = if keep { (zero, f) } else { (f, zero) };
-                Some(self.op(Kind::Where, vec![mask, a, b])?)
-            }
-            Some(_) => return Ok(None),
+        let Some((causal, terms)) = self.classify(&s, &tk, scores) else { return Ok(None) };
+        let fits = |t: &Term| match *t {
+            Term::Add(b) => !self.on(b) && self.bias_fits(b, s.q, &tk, false),
+            Term::Where { mask, .. } => self.bias_fits(mask, s.q, &tk, true),
         };
+        if !terms.iter().all(fits) {
+            return Ok(None);
+        }
+        // Keys given transposed: the composite reads `transpose(k_t)` (a view), and its key
+        // gradient goes back to `k_t` transposed.
+        let given = s.k;
+        if s.keys_transposed {
+            let (a, b) = (self.p.num(rank as f64 - 2.0), self.p.num(rank as f64 - 1.0));
+            s.k = self.op(Kind::Transpose, vec![given, a, b])?;
+            self.extend_active();
+        }
+        let mut bias = None;
+        for t in terms {
+            bias = Some(match (t, bias) {
+                (Term::Add(b), None) => b,
+                // A causal additive mask beside a bool mask (`classify`): their sum, in f32.
+                (Term::Add(b), Some(inner)) => {
+                    let b = self.cast(b, DType::F32)?;
+                    self.bin(Binary::Add, inner, b)?
+                }
+                (Term::Where { mask, fill, keep }, inner) => {
+                    // The bias of a bool mask: the bias inside it (0 if none, f32) where a key is
+                    // kept, the fill elsewhere.
+                    let (inner, f) = (inner.unwrap_or_else(|| self.p.num(0.0)), self.p.num(fill));
+                    let (a, b) = if keep { (inner, f) } else { (f, inner) };
+                    self.op(Kind::Where, vec![mask, a, b])?
+                }
+            });
+        }
         let scale = self.p.num(s.scale);
         let causal = self.p.num(if causal { 1.0 } else { 0.0 });
         let mut out = Vec::new();
         self.attention_flash(&[s.q, s.k, v, scale, causal], bias, drop, n, g, &mut out)?;
+        if s.keys_transposed {
+            for (x, d) in &mut out {
+                if *x == s.k {
+                    let (a, b) = (self.p.num(rank as f64 - 2.0), self.p.num(rank as f64 - 1.0));
+                    (*x, *d) = (given, self.op(Kind::Transpose, vec![*d, a, b])?);
+                }
+            }
+        }
         Ok(Some(out))
     }
 
@@ -132,16 +177,25 @@ impl Tape<'_> {
             Kind::MatMul => {
                 let (q, qs) = self.unscaled(ch[0]);
                 let (kt, ts) = self.unscaled(ch[1]);
-                let TensorLang::Op(t, tch) = self.p.node(kt) else { return None };
                 let rank = self.p.ty(kt)?.rank();
-                let axes = [tch.get(1)?, tch.get(2)?].map(|&a| self.p.fact(a).konst.map(|v| norm_axis(v as i64, rank)));
-                let swapped =
-                    matches!(axes, [Some(Ok(a)), Some(Ok(b))] if a.min(b) + 2 == rank && a.max(b) + 1 == rank);
-                if t.kind() != Kind::Transpose || !swapped {
-                    return None;
-                }
-                let (k, ks) = self.unscaled(tch[0]);
-                Some(Scores { q, k, scale: qs * ts * ks, terms: vec![] })
+                let swapped = match self.p.node(kt) {
+                    TensorLang::Op(t, tch) if t.kind() == Kind::Transpose => {
+                        let axes = [tch.get(1)?, tch.get(2)?]
+                            .map(|&a| self.p.fact(a).konst.map(|v| norm_axis(v as i64, rank)));
+                        matches!(axes, [Some(Ok(a)), Some(Ok(b))] if a.min(b) + 2 == rank && a.max(b) + 1 == rank)
+                            .then_some(tch[0])
+                    }
+                    _ => None,
+                };
+                Some(match swapped {
+                    Some(k) => {
+                        let (k, ks) = self.unscaled(k);
+                        Scores { q, k, keys_transposed: false, scale: qs * ts * ks, terms: vec![] }
+                    }
+                    // No transpose: the keys are stored transposed (or the product is not
+                    // attention's, which `valid` tells once the keys are transposed back).
+                    None => Scores { q, k: kt, keys_transposed: true, scale: qs * ts, terms: vec![] },
+                })
             }
             Kind::Cast if self.float(ch[0]) && self.float(x) => self.scores(ch[0], depth - 1),
             Kind::Binary(Binary::Mul | Binary::Div) => {
@@ -211,18 +265,28 @@ impl Tape<'_> {
         (self.p.ty(y)? == self.p.ty(x)?).then_some((y, c))
     }
 
-    /// The terms of `s` sorted out: whether the causal mask is among them, and the one bias
-    /// (a tensor, or the bias of a bool mask); `None` where they are not attention's.
-    fn classify(&self, s: &Scores, scores: Id) -> Option<(bool, Option<Term>)> {
+    /// The terms of `s` sorted out: whether the causal mask is among them, and the terms of the
+    /// bias, innermost first: none, one (a tensor, or a bool mask), or a bool mask beside the
+    /// causal mask, which is then a term of the bias too (the causal flag would spread a row both
+    /// hide entirely over the keys up to the diagonal, where the scores as written spread it over
+    /// every key: one bias over all keys does as they do). `None` where they are not attention's.
+    /// `tk`: the keys' type (`[..., SK, D]`).
+    fn classify(&self, s: &Scores, tk: &TensorType, scores: Id) -> Option<(bool, Vec<Term>)> {
         let shape = self.p.ty(scores)?.shape.clone();
-        let keep = index::scores_keep(&*self.p, s.q, s.k)?;
+        let mut product = self.p.ty(s.q)?.shape.clone();
+        let r = product.len();
+        if r < 2 || tk.rank() != r {
+            return None;
+        }
+        product[r - 1] = tk.shape[r - 2];
+        let keep = index::Affine::causal_keep(&product)?;
         if keep.shape != shape {
             return None;
         }
         let is =
             |e: Option<index::Affine>, want: &index::Affine| e.and_then(|e| e.align(&shape)).as_ref() == Some(want);
-        let (mut causal, mut bias, mut masked) = (false, None, false);
-        for &t in &s.terms {
+        let (mut causal, mut bias, mut masked) = (None, None, false);
+        for (i, &t) in s.terms.iter().enumerate() {
             let is_causal = match t {
                 Term::Where { mask, fill, keep: k } => {
                     if fill > MASK_FILL {
@@ -233,23 +297,26 @@ impl Tape<'_> {
                 }
                 Term::Add(b) => is(index::additive_mask(&*self.p, b), &keep),
             };
-            if is_causal && !causal {
-                causal = true;
+            if is_causal && causal.is_none() {
+                causal = Some(i);
                 continue;
             }
             if bias.is_some() {
                 return None;
             }
             masked |= matches!(t, Term::Where { .. });
-            bias = Some(t);
+            bias = Some(i);
         }
-        (!(causal && masked)).then_some((causal, bias))
+        Some(match (causal, bias) {
+            (Some(c), Some(b)) if masked => (false, vec![s.terms[c.min(b)], s.terms[c.max(b)]]),
+            (c, b) => (c.is_some(), b.map(|b| vec![s.terms[b]]).unwrap_or_default()),
+        })
     }
 
     /// Whether `b` is a float tensor (a bool one for a `mask`), not a literal, broadcasting to
-    /// the scores of `q` and `k`.
-    fn bias_fits(&self, b: Id, q: Id, k: Id, mask: bool) -> bool {
-        let (Some(tb), Some(tq), Some(tk)) = (self.p.ty(b), self.p.ty(q), self.p.ty(k)) else { return false };
+    /// the scores of `q` and keys of type `tk`.
+    fn bias_fits(&self, b: Id, q: Id, tk: &TensorType, mask: bool) -> bool {
+        let (Some(tb), Some(tq)) = (self.p.ty(b), self.p.ty(q)) else { return false };
         let r = tq.rank();
         let mut scores = tq.shape.clone();
         scores[r - 1] = tk.shape[r - 2];
@@ -259,14 +326,15 @@ impl Tape<'_> {
     }
 
     /// Whether `q`, `k`, `v` are operands `attention` accepts (one rank and dtype, equal batch
-    /// axes, matching sizes), tensors rather than literals.
-    fn valid(&self, q: Id, k: Id, v: Id) -> bool {
+    /// axes, matching sizes), tensors rather than literals; `k` read as of type `tk` (its type,
+    /// or the keys' when it holds them transposed).
+    fn valid(&self, q: Id, k: Id, tk: &TensorType, v: Id) -> bool {
         let facts = [q, k, v].map(|x| self.p.fact(x));
         if facts.iter().any(|f| f.weak || f.ty.is_none()) {
             return false;
         }
-        let (scale, causal) = (Fact::constant(1.0), Fact::constant(0.0));
-        let args = [facts[0], facts[1], facts[2], &scale, &causal];
+        let (scale, causal, keys) = (Fact::constant(1.0), Fact::constant(0.0), Fact::tensor(tk.clone()));
+        let args = [facts[0], &keys, facts[2], &scale, &causal];
         infer(OpCode::of(Kind::Composite(Composite::Attention)), &args).is_ok()
     }
 
@@ -287,15 +355,18 @@ mod tests {
     const D: usize = 16;
     const ROW: &str = "(reshape (iota 6) [6,1])";
     const COL: &str = "(iota 8)";
+    const PAD: &str = "(< (iota 8) 6)";
 
-    /// The program `o = P @ v` (P spelled `probs`, `s` in it standing for `q @ transpose(k, 2, 3)`),
-    /// `loss = sum(o * dy) [+ sum(P * r)]`, differentiated with respect to q, k, v with the
-    /// recognition on or off; its outputs are the loss and the three gradients.
+    /// The program `o = P @ v` (P spelled `probs`, `s` in it standing for `q @ transpose(k, 2, 3)`,
+    /// `st` for `q @ kt` with the keys stored transposed), `loss = sum(o * dy) [+ sum(P * r)]`,
+    /// differentiated with respect to q, the keys (k, or kt) and v with the recognition on or
+    /// off; its outputs are the loss and the three gradients.
     fn program(probs: &str, other_use: bool, recognise: bool) -> Program {
         let t = |d: DType, s: &[usize]| TensorType::new(d, s.to_vec());
         let inputs = [
             ("q", t(DType::Bf16, &[2, 3, SQ, D])),
             ("k", t(DType::Bf16, &[2, 3, SK, D])),
+            ("kt", t(DType::Bf16, &[2, 3, D, SK])),
             ("v", t(DType::Bf16, &[2, 3, SK, D])),
             ("dy", t(DType::Bf16, &[2, 3, SQ, D])),
             ("r", t(DType::F32, &[2, 3, SQ, SK])),
@@ -303,7 +374,8 @@ mod tests {
             ("b32", t(DType::F32, &[SQ, SK])),
             ("m", t(DType::Bool, &[2, 1, 1, SK])),
         ];
-        let probs = probs.replace("{s}", "(@ q (transpose k 2 3))");
+        let keys = if probs.contains("{st}") { "kt" } else { "k" };
+        let probs = probs.replace("{s}", "(@ q (transpose k 2 3))").replace("{st}", "(@ q kt)");
         let sum4 = |x: String| format!("(sum (sum (sum (sum {x} -1) -2) -3) -4)");
         let mut loss = sum4(format!("(* (cast (@ {probs} v) f32) (cast dy f32))"));
         if other_use {
@@ -311,9 +383,9 @@ mod tests {
         }
         let mut p = Program::from_sexprs("t", &inputs, &[("loss", &loss)]).unwrap();
         let l = p.outputs[0].id;
-        let ws: Vec<_> = ["q", "k", "v"].iter().map(|w| p.input(w).unwrap().id).collect();
+        let ws: Vec<_> = ["q", keys, "v"].iter().map(|w| p.input(w).unwrap().id).collect();
         let gs = grad_with(&mut p, l, &ws, recognise).unwrap();
-        for (w, g) in ["q", "k", "v"].iter().zip(gs) {
+        for (w, g) in ["q", keys, "v"].iter().zip(gs) {
             p.add_output(&format!("d_{w}"), g).unwrap();
         }
         p
@@ -353,6 +425,19 @@ mod tests {
             (format!("(softmax (where {causal_keep} (+ (* {{s}} 0.25) b) -1e30) -1)"), "attention_bias_lse", false),
             ("(dropout (softmax (* {s} 0.25) -1) 0.2 7)".into(), "attention_dropout_grad_q", false),
             ("(cast (dropout (softmax (+ (cast (* {s} 0.25) f32) b32) -1) 0.2 7) bf16)".into(), "attention_bias_dropout_grad_q", false),
+            // Keys stored transposed.
+            ("(softmax (* {st} 0.25) -1)".into(), "attention_lse", false),
+            ("(softmax (+ b (/ (@ (* q 0.5) kt) 4)) -1)".into(), "attention_bias_lse", true),
+            (format!("(softmax (where {causal_keep} (* {{st}} 0.25) -1e30) -1)"), "attention_lse", false),
+            // A bool mask (keys 6 and 7 hidden: no row is hidden entirely) beside the causal one,
+            // inside or outside it, by `where` or by the causal additive mask.
+            (format!("(softmax (where {causal_keep} (where {PAD} (* {{s}} 0.25) -1e9) -1e30) -1)"), "attention_bias_lse", false),
+            (format!("(softmax (where {PAD} (where {causal_masked} -1e30 (* {{s}} 0.25)) -1e9) -1)"), "attention_bias_lse", true),
+            (
+                format!("(softmax (+ (where {PAD} (* {{st}} 0.25) -1e9) (cast (where {causal_masked} -1e30 0) bf16)) -1)"),
+                "attention_bias_lse",
+                false,
+            ),
         ];
         for (probs, marker, other_use) in &cases {
             let (got, want) = (program(probs, *other_use, true), program(probs, *other_use, false));
@@ -418,9 +503,11 @@ mod tests {
             "(softmax (* {s} 0.25) 2)",
             "(softmax (* {s} (cast r bf16)) -1)",
             "(softmax (* (+ {s} b) 0.25) -1)",
-            // A fill too small to mask; a causal mask and a bool mask both by `where`.
+            // A fill too small to mask, alone or beside the causal mask.
             "(softmax (where m {s} -100) -1)",
-            "(softmax (where m (where (>= (reshape (iota 6) [6,1]) (iota 8)) {s} -1e30) -1e9) -1)",
+            "(softmax (where m (where (>= (reshape (iota 6) [6,1]) (iota 8)) {s} -1e30) -100) -1)",
+            // Two biases beside the causal mask.
+            "(softmax (+ (where (>= (reshape (iota 6) [6,1]) (iota 8)) (where m {s} -1e9) -1e30) b) -1)",
             // A bias that depends on q (it needs a gradient).
             "(softmax (+ {s} (* {s} 0.5)) -1)",
         ] {

@@ -1,0 +1,327 @@
+"""Attention written out, rewritten into `scaled_dot_product_attention` before AOTAutograd.
+
+A model with eager attention (`transformers`' `attn_implementation="eager"`) computes
+`softmax(q @ k^T * scale + mask) @ v` op by op. Traced by AOTAutograd for training, the joint
+graph is partitioned with the `[B, H, L, S]` probabilities saved for the backward, which
+differentiates them with `_softmax_backward_data`: eqfuse then sees two halves of attention it
+cannot join, and plans the score matrix written to memory and read back. The same attention as
+one `F.scaled_dot_product_attention` call is traced as SDPA's forward and backward ops, which the
+exporter lowers to eqfuse's flash attention and its flash backward (only q, k, v, the output and
+the row statistics are saved).
+
+`rewrite_attention(gm)` rewrites, on the graph TorchDynamo captured (before AOTAutograd), every
+chain
+
+    matmul(q, kT)  [* c | / c | c *]...  [+ mask | where(cond, ., fill) | masked_fill]...
+        softmax(dim=-1 [, dtype])  [cast]...  [dropout(p, training)]  [cast]...  matmul(., v)
+
+into `F.scaled_dot_product_attention(q, k, v, attn_mask=..., dropout_p=..., scale=...)`, where
+`k` is `kT` with its last two axes swapped back, and only where the two are equal up to rounding:
+
+- q, k and v are 4-d, of one floating dtype and device, their leading axes equal (a repeated
+  key for grouped-query heads is an ordinary operand); the output has their dtype;
+- the softmax is along the last axis; casts between it and the product are float to float and
+  keep the shape (a softmax upcast to f32 and its result cast back, as `transformers` writes it);
+- each scale is a positive finite constant (a number, or a constant `torch.full([], c)` /
+  `torch.tensor(c)`), and the scales multiply into SDPA's `scale` (none: `scale=1`);
+- an additive mask is a tensor of the scores' dtype, not requiring a gradient (a learned
+  bias is differentiated by the written form), that broadcasts to the scores without enlarging
+  them; a `where` or `masked_fill` mask fills with -inf or a value at most -1e30 (an f32/bf16
+  `finfo.min`), so it becomes the additive mask `where(cond, 0, fill)`: `x + fill` rounds to
+  `fill`, so fully masked rows stay as eager computes them; several masks are summed;
+- every node from the scores' product to the probabilities' product has no other user (a model
+  that returns its attention probabilities keeps them written out);
+- dropout, if training with `0 < p < 1`, becomes SDPA's `dropout_p`. The backend runs every
+  dropout site as eqfuse's counter-based dropout (`rng.py`), whose attention dropout drops the
+  same elements of the probabilities as `dropout(softmax(...))` written out with that seed.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+
+F = torch.nn.functional
+
+_MATMUL = ({torch.matmul, operator.matmul}, {"matmul"})
+_SOFTMAX = ({F.softmax, torch.softmax, torch.special.softmax}, {"softmax"})
+_DROPOUT = ({F.dropout, torch.dropout}, set())
+_MUL = ({operator.mul, torch.mul}, {"mul"})
+_DIV = ({operator.truediv, torch.div, torch.true_divide}, {"div", "true_divide"})
+_ADD = ({operator.add, torch.add}, {"add"})
+_WHERE = ({torch.where}, {"where"})
+_MASKED_FILL = ({torch.masked_fill}, {"masked_fill"})
+_CASTS = {"to", "type", "float", "half", "bfloat16", "double", "contiguous", "type_as"}
+_TRANSPOSE = ({torch.transpose}, {"transpose"})
+_PERMUTE = ({torch.permute}, {"permute"})
+_CONSTANT_TENSORS = {torch.full, torch.tensor, torch.scalar_tensor, torch.as_tensor}
+
+VERY_NEGATIVE = -1e30
+"""A `where`/`masked_fill` fill at most this (or -inf) masks as an additive mask would."""
+
+
+def _is(n, kinds) -> bool:
+    functions, methods = kinds
+    if not isinstance(n, torch.fx.Node):
+        return False
+    if n.op == "call_function":
+        return n.target in functions
+    return n.op == "call_method" and n.target in methods
+
+
+def _val(n):
+    """The example value Dynamo traced for node `n` (a fake tensor), or None."""
+    if not isinstance(n, torch.fx.Node):
+        return None
+    v = n.meta.get("example_value", n.meta.get("val"))
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _arg(n, i, name, default=None):
+    if len(n.args) > i:
+        return n.args[i]
+    return n.kwargs.get(name, default)
+
+
+def _number(x):
+    """`x` as a float when it is a constant number (or a node making a constant scalar tensor)."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (int, float)):
+        return float(x)
+    if isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target in _CONSTANT_TENSORS:
+        if x.target is torch.full:
+            size, value = _arg(x, 0, "size"), _arg(x, 1, "fill_value")
+            if not isinstance(size, (list, tuple)) or len(size) != 0:
+                return None
+        else:
+            value = _arg(x, 0, "data" if x.target is not torch.scalar_tensor else "s")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def _single_use(n) -> bool:
+    return len(n.users) == 1
+
+
+def _float_like(v, like) -> bool:
+    return v is not None and v.dtype == like.dtype and v.device == like.device
+
+
+def _peel_probabilities(a):
+    """From the probabilities' product operand back to the softmax: (softmax node, dropout p,
+    chain of nodes passed), or None."""
+    chain, p, x = [], 0.0, a
+    while True:
+        if not isinstance(x, torch.fx.Node) or not _single_use(x):
+            return None
+        if _is(x, _DROPOUT):
+            if chain and any(_is(c, _DROPOUT) for c in chain):
+                return None
+            prob = _arg(x, 1, "p", 0.5)
+            training = _arg(x, 2, "training" if x.target is F.dropout else "train", True)
+            if not isinstance(prob, (int, float)) or isinstance(prob, bool) or not isinstance(training, bool):
+                return None
+            if training and prob > 0:
+                if not prob < 1:
+                    return None
+                p = float(prob)
+        elif x.op == "call_method" and x.target in _CASTS:
+            vin, vout = _val(x.args[0]), _val(x)
+            if vin is None or vout is None or vin.shape != vout.shape or vin.device != vout.device:
+                return None
+            if not (vin.is_floating_point() and vout.is_floating_point()):
+                return None
+        elif _is(x, _SOFTMAX):
+            dim = _arg(x, 1, "dim")
+            vin = _val(x.args[0])
+            if vin is None or not isinstance(dim, int) or dim not in (-1, vin.dim() - 1):
+                return None
+            # (`F.softmax(x, dim, _stacklevel, dtype)`; `torch.softmax(x, dim, dtype)`, `x.softmax(dim, dtype)`.)
+            at = 3 if x.target is F.softmax else 2
+            dtype = x.kwargs.get("dtype", x.args[at] if len(x.args) > at else None)
+            if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+                return None
+            chain.append(x)
+            return x, p, chain
+        else:
+            return None
+        chain.append(x)
+        x = x.args[0]
+
+
+def _peel_scores(x, dtype):
+    """From the softmax's operand back to the scores' product: (product node, scale, masks,
+    chain), masks as (kind, node, fill) in the order they were applied, or None."""
+    masks, chain, scale = [], [], 1.0
+    # Masks, outermost first.
+    while isinstance(x, torch.fx.Node) and _single_use(x):
+        if _is(x, _ADD) and len(x.args) == 2 and _arg(x, 2, "alpha", 1) == 1:
+            a, b = x.args
+            # The scores are the operand whose chain reaches a product; try the left one first.
+            for s, m in ((a, b), (b, a)):
+                vm = _val(m)
+                if vm is None or vm.dtype != dtype or vm.requires_grad:
+                    continue
+                found = _peel_scores(s, dtype)
+                if found is not None:
+                    qk, sc, inner, rest = found
+                    return qk, sc, inner + [("add", m, None)] + masks, rest + [x] + chain
+            return None
+        if _is(x, _WHERE) and len(x.args) == 3:
+            cond, t, f = x.args
+            branch = "where_true" if _number(f) is not None else "where_false" if _number(t) is not None else None
+            fill = _number(f if branch == "where_true" else t) if branch else None
+            vc = _val(cond)
+            if fill is None or vc is None or vc.dtype != torch.bool or not fill <= VERY_NEGATIVE:
+                return None
+            masks.insert(0, (branch, cond, fill))
+            chain.insert(0, x)
+            x = t if branch == "where_true" else f
+            continue
+        if _is(x, _MASKED_FILL):
+            cond, fill = _arg(x, 1, "mask"), _number(_arg(x, 2, "value"))
+            vc = _val(cond)
+            if fill is None or vc is None or vc.dtype != torch.bool or not fill <= VERY_NEGATIVE:
+                return None
+            masks.insert(0, ("where_false", cond, fill))
+            chain.insert(0, x)
+            x = x.args[0]
+            continue
+        break
+    # Scales.
+    while isinstance(x, torch.fx.Node) and _single_use(x):
+        if _is(x, _MUL) and len(x.args) == 2:
+            a, b = x.args
+            c = _number(b)
+            s = a
+            if c is None:
+                c, s = _number(a), b
+            if c is None:
+                return None
+            scale *= c
+        elif _is(x, _DIV) and len(x.args) == 2 and _arg(x, 2, "rounding_mode") is None:
+            c = _number(x.args[1])
+            if c is None or c == 0:
+                return None
+            scale /= c
+            s = x.args[0]
+        else:
+            break
+        vs, vx = _val(s), _val(x)
+        if vs is None or vx is None or vs.dtype != vx.dtype or vs.shape != vx.shape:
+            return None
+        chain.insert(0, x)
+        x = s
+    if not (_is(x, _MATMUL) and _single_use(x)) or not (math.isfinite(scale) and scale > 0):
+        return None
+    chain.insert(0, x)
+    return x, scale, masks, chain
+
+
+def _swapped_back(kt):
+    """`k` when `kt` is `k` with its last two (of 4) axes swapped by a view, else None."""
+    if _is(kt, _TRANSPOSE):
+        dims = sorted(d % 4 for d in (_arg(kt, 1, "dim0"), _arg(kt, 2, "dim1")) if isinstance(d, int))
+        return kt.args[0] if dims == [2, 3] else None
+    if _is(kt, _PERMUTE):
+        perm = list(kt.args[1:]) if kt.op == "call_method" and len(kt.args) > 2 else _arg(kt, 1, "dims")
+        if isinstance(perm, (list, tuple)) and [d % 4 if isinstance(d, int) else d for d in perm] == [0, 1, 3, 2]:
+            return kt.args[0]
+    return None
+
+
+def _match(out):
+    """The attention whose probabilities' product is `out`, as a dict, or None."""
+    if not _is(out, _MATMUL) or len(out.args) != 2:
+        return None
+    a, v = out.args
+    probs = _peel_probabilities(a)
+    if probs is None:
+        return None
+    sm, p, prob_chain = probs
+    vv = _val(v)
+    if vv is None:
+        return None
+    found = _peel_scores(sm.args[0], vv.dtype)
+    if found is None:
+        return None
+    qk, scale, masks, score_chain = found
+    q, kt = qk.args
+    vq, vkt, vs, vo, vin = _val(q), _val(kt), _val(qk), _val(out), _val(sm.args[0])
+    if any(t is None for t in (vq, vkt, vs, vo, vin)) or not all(t.dim() == 4 for t in (vq, vkt, vv)):
+        return None
+    if vin.shape != vs.shape:  # a mask that broadcast the scores up
+        return None
+    if not (vq.is_floating_point() and _float_like(vkt, vq) and _float_like(vv, vq) and _float_like(vo, vq)
+            and _float_like(vs, vq)):
+        return None
+    lead = vq.shape[:2]
+    if vkt.shape[:2] != lead or vv.shape[:2] != lead or vkt.shape[2] != vq.shape[3] or vv.shape[2] != vkt.shape[3]:
+        return None
+    scores = tuple(vs.shape)
+    for kind, m, _ in masks:
+        vm = _val(m)
+        if vm is None or vm.device != vq.device:
+            return None
+        try:
+            if tuple(torch.broadcast_shapes(tuple(vm.shape), scores)) != scores:
+                return None
+        except RuntimeError:
+            return None
+    return dict(out=out, q=q, kt=kt, v=v, scale=scale, masks=masks, p=p, dtype=vq.dtype, device=vq.device,
+                chain=score_chain + prob_chain[::-1])
+
+
+def _build_mask(graph, masks, dtype, device):
+    """One additive mask node for `masks` (None when there are none)."""
+    total = None
+    for kind, m, fill in masks:
+        if kind == "add":
+            term = m
+        else:
+            zero = graph.call_function(torch.scalar_tensor, (0.0,), {"dtype": dtype, "device": device})
+            filled = graph.call_function(torch.scalar_tensor, (fill,), {"dtype": dtype, "device": device})
+            # `where(cond, x, fill)` keeps x where cond; `masked_fill(x, cond, fill)` fills there.
+            pair = (zero, filled) if kind == "where_true" else (filled, zero)
+            term = graph.call_function(torch.where, (m, *pair))
+        total = term if total is None else graph.call_function(operator.add, (total, term))
+    return total
+
+
+def rewrite_attention(gm) -> int:
+    """Rewrites written-out attention in a Dynamo-captured GraphModule into
+    `F.scaled_dot_product_attention` (module docstring); returns how many were rewritten."""
+    graph = gm.graph
+    erased, count = set(), 0
+    # Matched and rewritten one at a time: an attention's output may be the next one's query.
+    for node in list(graph.nodes):
+        m = None if node in erased else _match(node)
+        if m is None:
+            continue
+        count += 1
+        out = m["out"]
+        with graph.inserting_before(out):
+            k = _swapped_back(m["kt"])
+            if k is None:
+                k = graph.call_method("transpose", (m["kt"], -2, -1))
+            mask = _build_mask(graph, m["masks"], m["dtype"], m["device"])
+            sdpa = graph.call_function(F.scaled_dot_product_attention, (m["q"], k, m["v"]),
+                                       {"attn_mask": mask, "dropout_p": m["p"], "scale": m["scale"]})
+        sdpa.meta.update({key: out.meta[key] for key in ("example_value", "val", "stack_trace") if key in out.meta})
+        out.replace_all_uses_with(sdpa)
+        # The chain, last first: each is dead once its one user is gone.
+        for n in [out, *m["chain"][::-1]]:
+            graph.erase_node(n)
+            erased.add(n)
+        kt = m["kt"]
+        if k is not kt and not kt.users:
+            graph.erase_node(kt)
+            erased.add(kt)
+    if count:
+        graph.lint()
+        gm.recompile()
+    return count

@@ -1,0 +1,213 @@
+"""Attention written out (`transformers`' eager attention) trains as flash attention.
+
+The backend rewrites `softmax(q @ k^T * scale + mask) @ v` in each graph TorchDynamo captures
+into `scaled_dot_product_attention` before AOTAutograd traces it (`eqfuse_torch/attention.py`),
+so the backward is SDPA's (eqfuse's flash backward), not `_softmax_backward_data` of the saved
+`[B, H, L, S]` probabilities. Checked here:
+
+- the rewrite on small modules, one spelling each, against eager, and the spellings it must
+  leave alone (probabilities used twice, a softmax along another axis, a scale that is not a
+  constant, a fill that is not very negative, a mask that would enlarge the scores);
+- GPT-2, BERT (padding mask) and Llama (grouped-query heads) with `attn_implementation="eager"`:
+  a training step through the backend on the CPU reference gives eager's loss and gradients,
+  and no graph holds `_softmax_backward_data` or saves a `[B, H, S, S]` tensor for the backward.
+
+Run from the repository root: `python3 -m pytest python/tests/test_eager_attention.py`.
+"""
+
+import math
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from eqfuse_torch.attention import rewrite_attention  # noqa: E402
+from eqfuse_torch.backend import EqfuseBackend  # noqa: E402
+from test_models import VOCAB, _ids, _padding, assert_training_step_on_eqfuse  # noqa: E402
+
+T = transformers
+F = torch.nn.functional
+B, H, S, D = 2, 2, 16, 32  # D != S: the probabilities' shape is no operand's
+
+
+def _rewritten(fn, *args):
+    """`fn` compiled with only the rewrite: (how many attentions it rewrote, its outputs, whether
+    the rewritten graph calls SDPA)."""
+    counts = []
+
+    def backend(gm, example_inputs):
+        counts.append(rewrite_attention(gm))
+        sdpa = any(n.target is F.scaled_dot_product_attention for n in gm.graph.nodes)
+        counts.append(sdpa)
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=backend, dynamic=False, fullgraph=True)(*args)
+    return counts[0], out, counts[1]
+
+
+def _qkv(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(B, H, S, D, generator=g).to(dtype) for _ in range(3)]
+
+
+def _causal():
+    return torch.ones(S, S, dtype=torch.bool).tril()
+
+
+SPELLINGS = {
+    "mul, transpose(-1, -2)": lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) * D**-0.5, dim=-1) @ v,
+    "div, transpose(2, 3), F.softmax": lambda q, k, v: F.softmax(torch.matmul(q, k.transpose(2, 3)) / math.sqrt(D),
+                                                                  dim=-1).matmul(v),
+    "constant tensor scale, permute": lambda q, k, v: (
+        (torch.matmul(q, k.permute(0, 1, 3, 2)) / torch.full([], D**0.5)).softmax(-1) @ v),
+    "two scales, no transpose to undo": lambda q, k, v: torch.softmax(
+        q @ k.transpose(-1, -2).contiguous() / 2.0 * 0.25, dim=3) @ v,
+    "no scale": lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v,
+    "additive mask": lambda q, k, v: torch.softmax(
+        q @ k.transpose(-2, -1) * 0.2 + torch.zeros(S, S).masked_fill(~_causal(), float("-inf")), -1) @ v,
+    "where -inf": lambda q, k, v: torch.softmax(
+        torch.where(_causal(), q @ k.transpose(-2, -1) * 0.2, float("-inf")), -1) @ v,
+    "masked_fill finfo.min, then a mask": lambda q, k, v: torch.softmax(
+        (q @ k.transpose(-2, -1) * 0.2).masked_fill(~_causal(), torch.finfo(torch.float32).min)
+        + torch.linspace(-1, 0, S), -1) @ v,
+    "softmax upcast and cast back": lambda q, k, v: F.softmax(
+        q @ k.transpose(-2, -1) * 0.2, dim=-1, dtype=torch.float32).to(q.dtype) @ v,
+    "dropout in eval": lambda q, k, v: F.dropout(torch.softmax(q @ k.transpose(-2, -1), -1), 0.1, False) @ v,
+    "constant tensors for scale and fill (older GPT-2)": lambda q, k, v: torch.softmax(
+        torch.where(_causal(), q @ k.transpose(-1, -2) / torch.full([], D**0.5, dtype=q.dtype),
+                    torch.full([], torch.finfo(q.dtype).min, dtype=q.dtype)), dim=-1).type(v.dtype) @ v,
+    "torch.softmax with its dtype": lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), -1, torch.float32) @ v,
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(SPELLINGS))
+def test_spellings_are_rewritten_to_sdpa(spelling):
+    fn = SPELLINGS[spelling]
+    q, k, v = _qkv()
+    count, got, sdpa = _rewritten(fn, q, k, v)
+    assert count == 1 and sdpa
+    want = fn(q, k, v)
+    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+def test_keys_given_transposed():
+    """A key given as `[B, H, D, S]` is transposed back for SDPA (the result is the same)."""
+    q, k, v = _qkv()
+    kt = k.transpose(-2, -1).contiguous()
+    count, got, _ = _rewritten(lambda q, kt, v: torch.softmax(q @ kt * 0.3, -1) @ v, q, kt, v)
+    assert count == 1
+    want = torch.softmax(q @ kt * 0.3, -1) @ v
+    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+def test_one_attention_feeding_the_next():
+    """Two attentions, the first's output the second's queries: both rewritten."""
+
+    def fn(q, k, v):
+        a = torch.softmax(q @ k.transpose(-2, -1) * 0.2, -1) @ v
+        return torch.softmax(a @ k.transpose(-2, -1) * 0.2, -1) @ v
+
+    q, k, v = _qkv()
+    count, got, _ = _rewritten(fn, q, k, v)
+    assert count == 2
+    want = fn(q, k, v)
+    assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
+
+
+LEFT_ALONE = {
+    "probabilities also returned": lambda q, k, v: (lambda p: (p @ v, p))(torch.softmax(q @ k.transpose(-2, -1), -1)),
+    "softmax along the queries": lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), dim=2) @ v,
+    "scale read from a tensor": lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) * q.mean(), -1) @ v,
+    "negative scale": lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1) * -0.5, -1) @ v,
+    "fill that is not very negative": lambda q, k, v: torch.softmax(
+        torch.where(_causal(), q @ k.transpose(-2, -1), -5.0), -1) @ v,
+    "mask after the scale applied before it": lambda q, k, v: torch.softmax(
+        (q @ k.transpose(-2, -1) + torch.linspace(-1, 0, S)) * 0.5, -1) @ v,
+    "mask enlarging the scores": lambda q, k, v: torch.softmax(
+        q[:1] @ k[:1].transpose(-2, -1) + torch.zeros(B, H, S, S), -1) @ v,
+    "scores as 3-d batches": lambda q, k, v: torch.softmax(q[0] @ k[0].transpose(-2, -1), -1) @ v[0],
+}
+
+
+@pytest.mark.parametrize("spelling", sorted(LEFT_ALONE))
+def test_spellings_left_alone(spelling):
+    fn = LEFT_ALONE[spelling]
+    count, _, sdpa = _rewritten(fn, *_qkv())
+    assert count == 0 and not sdpa
+
+
+def test_dropout_becomes_sdpa_dropout():
+    q, k, v = _qkv()
+    seen = []
+
+    def backend(gm, example_inputs):
+        rewrite_attention(gm)
+        seen.extend(n.kwargs.get("dropout_p") for n in gm.graph.nodes if n.target is F.scaled_dot_product_attention)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(lambda q, k, v: F.dropout(torch.softmax(q @ k.transpose(-2, -1), -1), p=0.25) @ v,
+                  backend=backend, dynamic=False)(q, k, v)
+    assert seen == [0.25]
+
+
+def gpt2():
+    cfg = T.GPT2Config(n_layer=2, n_embd=H * D, n_head=H, n_positions=64, vocab_size=VOCAB, resid_pdrop=0.0,
+                       embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    return T.GPT2LMHeadModel(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def bert():
+    cfg = T.BertConfig(vocab_size=VOCAB, hidden_size=H * D, num_hidden_layers=2, num_attention_heads=H,
+                       intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0, attn_implementation="eager")
+    return T.BertModel(cfg), {"input_ids": _ids(), "attention_mask": _padding()}
+
+
+def llama():
+    cfg = T.LlamaConfig(vocab_size=VOCAB, hidden_size=2 * H * D, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=2 * H, num_key_value_heads=H, max_position_embeddings=64, bos_token_id=0,
+                        eos_token_id=0, pad_token_id=0, attn_implementation="eager")
+    return T.LlamaForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_eager_attention_trains_as_flash_attention(name, monkeypatch):
+    """A training step of a model with eager attention, every graph on eqfuse's plans (CPU
+    reference), equals eager; its attention is SDPA's forward and backward: no
+    `_softmax_backward_data`, and nothing of the probabilities' shape saved for the backward."""
+    torch.manual_seed(0)
+    model, kw = MODELS[name]()
+    heads = model.config.num_attention_heads
+    graphs = []
+    compile_graph = EqfuseBackend.compile
+
+    def recording(self, kind, aten_gm, example_inputs, constants=None):
+        graphs.append((kind, aten_gm))
+        return compile_graph(self, kind, aten_gm, example_inputs, constants)
+
+    monkeypatch.setattr(EqfuseBackend, "compile", recording)
+    assert_training_step_on_eqfuse(model, kw, monkeypatch)
+    kinds = [kind for kind, _ in graphs]
+    assert "backward" in kinds, kinds
+    probabilities = (B, heads, S, S)
+    for kind, gm in graphs:
+        targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+        assert not any("_softmax_backward_data" in t for t in targets), kind
+        assert any("scaled_dot_product" in t for t in targets), (kind, sorted(targets))
+        if kind == "backward":
+            saved = [(n.name, tuple(n.meta["val"].shape)) for n in gm.graph.nodes
+                     if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+                     and n.meta["val"].is_floating_point()]
+            assert not [s for s in saved if s[1] == probabilities], saved
