@@ -761,9 +761,16 @@ def compile_all(cp, sources: dict[str, str], arch: str, device: int, tag: str = 
         return 0
     from concurrent.futures import ThreadPoolExecutor
 
+    def compile_in_thread(canon: str, fn_name: str):
+        # A new thread has no current CUDA context until a runtime call binds one: set the
+        # device, which makes its primary context (PyTorch's) current here, before CuPy loads
+        # the module with the driver API.
+        cp.cuda.runtime.setDevice(device)
+        return _compile(cp, canon, fn_name, arch, device)
+
     compiled = 0
     with ThreadPoolExecutor(min(workers, len(todo)), thread_name_prefix="eqfuse-nvrtc") as pool:
-        futures = {key: pool.submit(_compile, cp, key[0], fn_name, arch, device) for key, fn_name in todo.items()}
+        futures = {key: pool.submit(compile_in_thread, key[0], fn_name) for key, fn_name in todo.items()}
         for key, future in futures.items():
             try:
                 _MODULES[key] = future.result()

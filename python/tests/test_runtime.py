@@ -424,7 +424,8 @@ class FakeCupy:
                     raise RuntimeError("nvrtc: error: BROKEN is undefined")
                 return (self.code, name)
 
-        self.cuda = type("cuda", (), {"Device": Device})
+        runtime = type("runtime", (), {"setDevice": staticmethod(lambda index: None)})
+        self.cuda = type("cuda", (), {"Device": Device, "runtime": runtime})
         self.RawModule = RawModule
 
 
