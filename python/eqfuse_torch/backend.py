@@ -23,7 +23,13 @@ kernel under its plan name, for profiles, instead of once per canonical source).
 AOTAutograd ATen graph, unfused), with a warning saying why, when: the exporter or the planner
 refuses it (an operator without a lowering, a dynamic shape, no binary), the inputs are not on a
 CUDA device, CuPy is missing, or codegen refuses a kernel. A gemm planned as a cuBLASLt call
-runs as a torch product (`runtime.py`). The joint graph is only planned.
+runs as a torch product (`runtime.py`). The joint graph is only planned, on a thread beside the
+other graphs' compiles (its record is in `plans` at once, its plan once `EqfuseBackend.wait`).
+
+Compile time: a graph that runs is planned once, by `eqfuse codegen`, whose plan is the one
+recorded (`plan_graph` remembers plans by graph, binary and options: a graph planned before in
+the process is not planned again); its kernels' distinct sources compile in threads at once
+(`runtime.compile_all`).
 
 Saved tensors: the forward returns the tensors it saves for the backward in the layout its
 kernels wrote (the backward's kernels read any layout; an eager run lays them out as traced),
@@ -34,13 +40,16 @@ the smaller tensor (`Exported.broadcast_outputs`, `export_graph_module(broadcast
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,11 +82,21 @@ def find_eqfuse(binary: str | None = None) -> str:
 def plan_graph(graph: dict, *, binary: str | None = None, device: str = "h100", args: tuple[str, ...] = (),
                timeout: float = 600.0) -> dict:
     """Plans an `eqfuse.graph/1` graph with `eqfuse optimize --format json`; returns the plan
-    (`eqfuse.plan/1`, docs/plan-schema.md). Raises PlanError with eqfuse's message on failure."""
+    (`eqfuse.plan/1`, docs/plan-schema.md). Raises PlanError with eqfuse's message on failure.
+
+    A graph this process has planned already with the same binary and options (the same JSON
+    text: a graph captured again, or one `eqfuse codegen` planned for running, `runtime.Codegen`)
+    is not planned again: its plan is `PLANS`'s. The plan of a graph is then the plan its kernels
+    run, even where a planning deadline cut the search (which makes plans depend on timing)."""
     exe = find_eqfuse(binary)
+    text = json.dumps(graph)
+    key = plan_key(text, exe, device, args)
+    plan = PLANS.get(key)
+    if plan is not None:
+        return plan
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "graph.json"
-        path.write_text(json.dumps(graph))
+        path.write_text(text)
         cmd = [exe, "optimize", str(path), "--format", "json", "--device", device, *args]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -85,7 +104,52 @@ def plan_graph(graph: dict, *, binary: str | None = None, device: str = "h100", 
             raise PlanError(f"{exe}: {e}") from None
     if r.returncode != 0:
         raise PlanError(r.stderr.strip() or f"{exe} exited with status {r.returncode}")
-    return json.loads(r.stdout)
+    plan = json.loads(r.stdout)
+    PLANS.put(key, plan)
+    return plan
+
+
+def plan_key(text: str, exe: str, device: str, args) -> tuple:
+    """What a plan of graph JSON `text` depends on: the text (by digest), the binary (its path,
+    size and modification time: a rebuilt binary plans afresh), the device and the options."""
+    try:
+        st = os.stat(exe)
+        build = (st.st_size, st.st_mtime_ns)
+    except OSError:
+        build = None
+    return hashlib.sha256(text.encode()).hexdigest(), exe, build, device, tuple(args)
+
+
+class Memo:
+    """The last `size` values by key (least recently used first out)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.items: OrderedDict = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key):
+        with self.lock:
+            value = self.items.get(key)
+            if value is not None:
+                self.items.move_to_end(key)
+            return value
+
+    def clear(self) -> None:
+        with self.lock:
+            self.items.clear()
+
+    def put(self, key, value) -> None:
+        with self.lock:
+            self.items[key] = value
+            self.items.move_to_end(key)
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+
+PLANS = Memo(64)
+"""Plans made in this process (`eqfuse optimize`'s, and `eqfuse codegen`'s `plan.json`), by
+`plan_key`."""
 
 
 @dataclass
@@ -149,7 +213,22 @@ class EqfuseBackend:
             raise ValueError(f"partition must be `min_cut` or `default`, not {partition!r}")
         self.binary, self.device, self.args, self.report, self.joint = binary, device, args, report, joint
         self.execute, self.verify, self.partition, self.attention = execute, verify, partition, attention
-        self.plans: list[CapturedPlan] = []
+        self._plans: list[CapturedPlan] = []
+        self._pending: list[tuple[CapturedPlan, threading.Thread]] = []
+
+    @property
+    def plans(self) -> list[CapturedPlan]:
+        """One record per captured graph, in capture order (the joint graph's planned, `wait`)."""
+        self.wait()
+        return self._plans
+
+    def wait(self, block: bool = True) -> None:
+        """Reports the graphs planned on threads of their own (the joint graph's: `capture`'s
+        `later`) once planned; with `block`, waits for them all."""
+        while self._pending and (block or not self._pending[0][1].is_alive()):
+            record, thread = self._pending.pop(0)
+            thread.join()
+            self._reported(record, False)
 
     def __call__(self, gm, example_inputs):
         from functorch.compile import default_partition, make_boxed_func, min_cut_rematerialization_partition
@@ -173,7 +252,9 @@ class EqfuseBackend:
 
         def partition(joint_gm, joint_inputs, **kwargs):
             if self.joint:
-                self.capture("joint", joint_gm)
+                # Planned beside the forward's and the backward's compiles: nothing waits for
+                # the joint graph's plan, a report, until the backward is compiled.
+                self.capture("joint", joint_gm, later=True)
             # The forward's outputs past the user's are saved for the backward alone: eqfuse's
             # kernels read any layout, so they are returned as the kernels wrote them (an eager
             # run of the backward lays them out as traced: `_traced_args`).
@@ -216,11 +297,14 @@ class EqfuseBackend:
                 warnings.warn(f"eqfuse: the {kind} graph runs eagerly: {record.why_eager}", stacklevel=2)
                 return _SeededEager(aten_gm) if seeded else _Eager(aten_gm)
 
-    def capture(self, kind: str, aten_gm, example_inputs=None, build: bool = False, constants: dict | None = None):
+    def capture(self, kind: str, aten_gm, example_inputs=None, build: bool = False, constants: dict | None = None,
+                later: bool = False):
         """Exports and plans one ATen graph, and with `build` compiles its kernels for running;
         never raises (a failure is recorded and warned). Returns (record, export, GpuPlan or None).
         `constants`: the forward's constant outputs by node name, shared by the forward and the
-        backward of one captured graph (the forward fills it, the backward folds them)."""
+        backward of one captured graph (the forward fills it, the backward folds them). With
+        `later` (a graph only reported, never run), `eqfuse optimize` runs on a thread of its own:
+        the record is in `plans` at once, its plan there once `wait` returns."""
         import torch
 
         from .export import export_graph_module
@@ -258,6 +342,12 @@ class EqfuseBackend:
                 for i, view in exported.view_outputs.items():
                     constants.setdefault(_VIEWS, {})[results[i].name] = view
             graph = exported.graph
+            if later and not build:
+                record = CapturedPlan(kind, graph, None)
+                self._later(record)
+                return record, exported, None
+            if build and _on_cuda(example_inputs):
+                self._codegen(graph)
             record = CapturedPlan(kind, graph, plan_graph(graph, binary=self.binary, device=self.device, args=self.args))
         except (ExportError, PlanError) as e:
             record = CapturedPlan(kind, graph, None, str(e))
@@ -272,17 +362,54 @@ class EqfuseBackend:
                 record.launches = getattr(runner, "stats", None)
             except Exception as e:  # RuntimeUnavailable, PlanError, a CuPy compile error
                 record.why_eager = f"{type(e).__name__}: {e}" if not isinstance(e, _Quiet) else str(e)
-        self.plans.append(record)
+        self._plans.append(record)
+        self._reported(record, build)
+        # The joint graph's plan, made meanwhile, is reported once planned: by the backward's
+        # compile, the last of a captured graph's, at the latest.
+        self.wait(block=kind == "backward")
+        return record, exported, runner
+
+    def _later(self, record: CapturedPlan) -> None:
+        """Plans `record`'s graph on a thread (the subprocess holds no GIL): the record is in
+        `plans` now, its plan or error filled in before `wait` reports it."""
+        def plan():
+            try:
+                record.plan = plan_graph(record.graph, binary=self.binary, device=self.device, args=self.args)
+            except PlanError as e:
+                record.error = str(e)
+            except Exception as e:  # noqa: BLE001 - recorded, as `capture` records it
+                record.error = f"{type(e).__name__}: {e}"
+
+        thread = threading.Thread(target=plan, name=f"eqfuse-plan-{record.kind}", daemon=True)
+        self._plans.append(record)
+        self._pending.append((record, thread))
+        thread.start()
+
+    def _reported(self, record: CapturedPlan, build: bool) -> None:
+        """Warns where a graph runs eagerly, and gives `report` the plan's line."""
+        if record.plan is None and record.why_eager is None:
+            record.why_eager = f"no plan: {record.error}"
         if record.why_eager and (build or record.plan is None):
-            warnings.warn(f"eqfuse: the {kind} graph runs eagerly: {record.why_eager}", stacklevel=2)
+            warnings.warn(f"eqfuse: the {record.kind} graph runs eagerly: {record.why_eager}", stacklevel=3)
         if self.report and record.plan:
             t, u = record.plan["total"], record.plan["unfused"]
             how = "running eqfuse's kernels" if record.runs == "eqfuse" else "running it eagerly"
             self.report(
-                f"eqfuse: {kind} graph: {t['kernels']} kernels, {t['bytes']} bytes, {t['predicted_us']} us predicted "
-                f"(unfused {u['kernels']} kernels, {u['bytes']} bytes, {u['predicted_us']} us); {how}"
+                f"eqfuse: {record.kind} graph: {t['kernels']} kernels, {t['bytes']} bytes, {t['predicted_us']} us "
+                f"predicted (unfused {u['kernels']} kernels, {u['bytes']} bytes, {u['predicted_us']} us); {how}"
             )
-        return record, exported, runner
+
+    def _codegen(self, graph: dict) -> None:
+        """`eqfuse codegen` of a graph whose kernels are to run, before `plan_graph`: one
+        planning gives both the kernels and (remembered, `runtime.Codegen.of_graph`) the plan
+        that `plan_graph` then returns. A refusal is `_build`'s to report; the graph is then
+        planned by `eqfuse optimize` for its record, as any graph is."""
+        from .runtime import Codegen
+
+        try:
+            Codegen.of_graph(graph, binary=self.binary, device=self.device, args=self.args)
+        except PlanError:
+            pass
 
     def _build(self, graph: dict, example_inputs):
         import torch

@@ -13,7 +13,8 @@ launch manifest `launch.json` (`eqfuse.launch/1`): for each kernel in launch ord
 then writes, then workspaces), each one pointer. `GpuPlan` compiles every file with
 `cupy.RawModule(code=..., options=("--gpu-architecture=sm_XY",))` (the options eqfuse's own
 runtime passes; kernels whose sources differ only in names, as a model's repeated layers'
-do, are compiled once a process: `canonical_source`), allocates every tensor that is not a graph input as a torch tensor on the
+do, are compiled once a process: `canonical_source`; distinct ones in threads at once:
+`compile_all`, `EQFUSE_COMPILE_THREADS`), allocates every tensor that is not a graph input as a torch tensor on the
 inputs' device, allocates the workspaces (one buffer per name, as large as the largest kernel
 asks, zeroed once where the manifest says so: those kernels leave them zero), and launches each kernel with `tensor.data_ptr()` arguments on
 `torch.cuda.current_stream()`. Kernels that loop over their work (`persistent`) launch at most
@@ -51,7 +52,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .backend import PlanError, find_eqfuse
+from .backend import PLANS, Memo, PlanError, find_eqfuse, plan_key
+
+
+CODEGENS = Memo(32)
+"""`Codegen.of_graph`'s results in this process (a `Codegen`, or the `PlanError` codegen
+refused with), by `backend.plan_key`."""
 
 
 class RuntimeUnavailable(Exception):
@@ -71,20 +77,37 @@ class Codegen:
     def of_graph(cls, graph: dict, *, binary: str | None = None, device: str = "h100", args: tuple[str, ...] = (),
                  timeout: float = 600.0) -> "Codegen":
         """Writes `graph` and runs `eqfuse codegen` on it into a temporary folder (kept as long as
-        this object lives). Raises PlanError with eqfuse's message when codegen refuses."""
+        this object lives). Raises PlanError with eqfuse's message when codegen refuses.
+
+        A graph this process gave codegen already with the same binary and options gets the
+        same `Codegen` (or the same refusal) back (`CODEGENS`), and its plan is remembered as
+        the graph's (`backend.PLANS`): `plan_graph` then returns the plan these kernels run
+        without planning the graph a second time."""
+        exe = find_eqfuse(binary)
+        text = json.dumps(graph)
+        key = plan_key(text, exe, device, args)
+        hit = CODEGENS.get(key)
+        if isinstance(hit, PlanError):
+            raise PlanError(str(hit))
+        if hit is not None:
+            return hit
         tmp = tempfile.TemporaryDirectory(prefix="eqfuse-")
         d = Path(tmp.name)
-        (d / "graph.json").write_text(json.dumps(graph))
-        exe = find_eqfuse(binary)
+        (d / "graph.json").write_text(text)
         cmd = [exe, "codegen", str(d / "graph.json"), "-o", str(d / "kernels"), "--device", device, *args]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise PlanError(f"{exe}: {e}") from None
         if r.returncode != 0:
-            raise PlanError(r.stderr.strip() or f"{exe} codegen exited with status {r.returncode}")
+            refused = PlanError(r.stderr.strip() or f"{exe} codegen exited with status {r.returncode}")
+            CODEGENS.put(key, refused)
+            raise refused
         k = d / "kernels"
-        return cls(k, json.loads((k / "launch.json").read_text()), json.loads((k / "plan.json").read_text()), tmp)
+        cg = cls(k, json.loads((k / "launch.json").read_text()), json.loads((k / "plan.json").read_text()), tmp)
+        CODEGENS.put(key, cg)
+        PLANS.put(key, cg.plan)
+        return cg
 
     def unsupported(self, cublaslt: bool = False) -> list[str]:
         """Why the kernels cannot be launched from Python, one reason per kernel (empty when all
@@ -288,14 +311,15 @@ class GpuPlan(LaunchPlan):
         arch = f"sm_{major}{minor}"
         self.kernels = []
         tag = f"_g{next(_RUNNERS)}"
+        sources = {k["name"]: (cg.dir / k["file"]).read_text() for k in m["kernels"] if k.get("cublaslt") is None}
+        compile_all(cp, sources, arch, self.device.index, tag)
         with cp.cuda.Device(self.device.index):
             sms = cp.cuda.Device(self.device.index).attributes["MultiProcessorCount"]
             for k in m["kernels"]:
                 if k.get("cublaslt") is not None:
                     self.kernels.append((k, None, None, None, None, 0))
                     continue
-                module, fn = _compiled(cp, (cg.dir / k["file"]).read_text(), k["name"], arch, self.device.index,
-                                       tag)
+                module, fn = _compiled(cp, sources[k["name"]], k["name"], arch, self.device.index, tag)
                 launch = k["launch"]
                 smem = int(launch["smem_bytes"])
                 # (The default allows 48 KiB less the kernel's static shared memory; a shared
@@ -675,19 +699,85 @@ _RUNNERS = itertools.count()
 """Numbers the runners of a process: `_g<N>` ends a kernel's name under `EQFUSE_KERNEL_NAMES=1`."""
 
 
+def _module_source(source: str, name: str, tag: str) -> tuple[str, str]:
+    """(source compiled, function name) of a kernel: its canonical source and `EQK`, or with
+    `EQFUSE_KERNEL_NAMES=1` (profiling) its own source, the function named `<name><tag>` (`tag`
+    telling the runner, since two plans number their kernels alike)."""
+    if os.environ.get("EQFUSE_KERNEL_NAMES") == "1":
+        return re.sub(rf"\b{re.escape(name)}\b", name + tag, source), name + tag
+    return canonical_source(source, name), "EQK"
+
+
+def _compile(cp, canon: str, fn_name: str, arch: str, device: int):
+    """(module, function): `canon` compiled by NVRTC through CuPy and loaded on `device`."""
+    with cp.cuda.Device(device):
+        module = cp.RawModule(code=canon, options=(f"--gpu-architecture={arch}",))
+        return module, module.get_function(fn_name)
+
+
 def _compiled(cp, source: str, name: str, arch: str, device: int, tag: str = ""):
-    """(module, function) of a kernel, compiled once per canonical source, arch and device; with
-    `EQFUSE_KERNEL_NAMES=1` (profiling), once per kernel, named `<name><tag>` (`tag` telling the
-    runner, since two plans number their kernels alike)."""
-    own_name = os.environ.get("EQFUSE_KERNEL_NAMES") == "1"
-    fn_name = name + tag if own_name else "EQK"
-    canon = re.sub(rf"\b{re.escape(name)}\b", fn_name, source) if own_name else canonical_source(source, name)
+    """(module, function) of a kernel, compiled once per canonical source, arch and device (once
+    per kernel with `EQFUSE_KERNEL_NAMES=1`: `_module_source`)."""
+    canon, fn_name = _module_source(source, name, tag)
     key = (canon, arch, device)
     hit = _MODULES.get(key)
     if hit is None:
-        module = cp.RawModule(code=canon, options=(f"--gpu-architecture={arch}",))
-        hit = _MODULES[key] = (module, module.get_function(fn_name))
+        hit = _MODULES[key] = _compile(cp, canon, fn_name, arch, device)
     return hit
+
+
+def compile_workers(environ=None) -> int:
+    """Threads that compile a plan's kernels: `EQFUSE_COMPILE_THREADS`, else the CPUs this
+    process may use (at most 32); 1 compiles one kernel at a time."""
+    value = (os.environ if environ is None else environ).get("EQFUSE_COMPILE_THREADS", "")
+    if value.strip():
+        try:
+            return max(1, int(value))
+        except ValueError:
+            raise ValueError(f"EQFUSE_COMPILE_THREADS={value!r}: not a whole number") from None
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, 32))
+
+
+def compile_all(cp, sources: dict[str, str], arch: str, device: int, tag: str = "", workers: int | None = None) -> int:
+    """Compiles the kernels `sources` (name -> generated source) that `_MODULES` lacks, each
+    distinct module once, in `workers` threads (`compile_workers()`): NVRTC releases the GIL
+    (CuPy calls `nvrtcCompileProgram` without it), so a model's few dozen kernels compile on
+    as many cores at once instead of one after another. Returns how many modules it compiled.
+
+    A kernel that fails in a thread is left out: `_compiled`, in kernel order on the caller's
+    thread, compiles it again and raises its error there, as a serial compile would."""
+    todo: dict[tuple, str] = {}
+    for name, source in sources.items():
+        canon, fn_name = _module_source(source, name, tag)
+        key = (canon, arch, device)
+        if key not in _MODULES:
+            todo.setdefault(key, fn_name)
+    workers = compile_workers() if workers is None else workers
+    if len(todo) < 2 or workers < 2:
+        return 0
+    from concurrent.futures import ThreadPoolExecutor
+
+    def compile_in_thread(canon: str, fn_name: str):
+        # A new thread has no current CUDA context until a runtime call binds one: set the
+        # device, which makes its primary context (PyTorch's) current here, before CuPy loads
+        # the module with the driver API.
+        cp.cuda.runtime.setDevice(device)
+        return _compile(cp, canon, fn_name, arch, device)
+
+    compiled = 0
+    with ThreadPoolExecutor(min(workers, len(todo)), thread_name_prefix="eqfuse-nvrtc") as pool:
+        futures = {key: pool.submit(compile_in_thread, key[0], fn_name) for key, fn_name in todo.items()}
+        for key, future in futures.items():
+            try:
+                _MODULES[key] = future.result()
+                compiled += 1
+            except Exception:  # noqa: BLE001 - reported by the serial compile in `_compiled`
+                pass
+    return compiled
 
 
 def _static_empty(shape, dtype, device):

@@ -382,3 +382,173 @@ def test_repeated_layers_compile_once():
     assert len(set(canon)) >= 2, "the softmax kernel coincided with a layer's"
     for c, k in zip(canon, kernels):
         assert k["name"] not in c and "EQK" in c
+
+
+class FakeCupy:
+    """Stands in for CuPy's compile: `RawModule(code=...).get_function(name)` takes `delay`
+    seconds (as NVRTC would, without the GIL), counts compiles by source and the most that ran
+    at once, and fails for a source containing `BROKEN`."""
+
+    def __init__(self, delay=0.2):
+        import threading
+
+        fake = self
+        self.delay, self.lock = delay, threading.Lock()
+        self.compiles, self.active, self.most = {}, 0, 0
+
+        class Device:
+            def __init__(self, index):
+                pass
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        class RawModule:
+            def __init__(self, code, options):
+                self.code = code
+
+            def get_function(self, name):
+                import time
+
+                with fake.lock:
+                    fake.compiles[self.code] = fake.compiles.get(self.code, 0) + 1
+                    fake.active += 1
+                    fake.most = max(fake.most, fake.active)
+                time.sleep(fake.delay)
+                with fake.lock:
+                    fake.active -= 1
+                if "BROKEN" in self.code:
+                    raise RuntimeError("nvrtc: error: BROKEN is undefined")
+                return (self.code, name)
+
+        runtime = type("runtime", (), {"setDevice": staticmethod(lambda index: None)})
+        self.cuda = type("cuda", (), {"Device": Device, "runtime": runtime})
+        self.RawModule = RawModule
+
+
+def test_kernels_compile_in_threads_once_each(monkeypatch):
+    """`compile_all` compiles a plan's distinct modules at once in threads, each once (kernels
+    that differ in names only share one), and `_compiled` then finds them all compiled; a module
+    that fails in a thread fails again, with its error, where `_compiled` compiles it."""
+    from eqfuse_torch import runtime
+
+    monkeypatch.setattr(runtime, "_MODULES", {})
+    monkeypatch.delenv("EQFUSE_KERNEL_NAMES", raising=False)
+    cp = FakeCupy()
+
+    def kernel(name, body):
+        return f'extern "C" __global__ void {name}(float* p_x) {{ {body} }}'
+
+    sources = {f"k{i}": kernel(f"k{i}", f"p_x[0] = {i % 4};") for i in range(8)}  # 4 distinct bodies
+    assert runtime.compile_all(cp, sources, "sm_90", 0, workers=4) == 4
+    assert sorted(cp.compiles.values()) == [1, 1, 1, 1] and cp.most >= 2, (cp.compiles, cp.most)
+    for name, source in sources.items():
+        module, fn = runtime._compiled(cp, source, name, "sm_90", 0)
+        assert fn[1] == "EQK" and fn[0] == runtime.canonical_source(source, name)
+    assert sum(cp.compiles.values()) == 4
+    assert runtime.compile_all(cp, sources, "sm_90", 0, workers=4) == 0  # all compiled already
+
+    broken = {"b0": kernel("b0", "BROKEN;"), "b1": kernel("b1", "p_x[0] = 9;")}
+    assert runtime.compile_all(cp, broken, "sm_90", 0, workers=4) == 1
+    with pytest.raises(RuntimeError, match="BROKEN is undefined"):
+        runtime._compiled(cp, broken["b0"], "b0", "sm_90", 0)
+    assert runtime.compile_workers({"EQFUSE_COMPILE_THREADS": "1"}) == 1
+    assert runtime.compile_all(cp, {"c": kernel("c", "p_x[0] = 7;"), "d": kernel("d", "p_x[0] = 8;")}, "sm_90", 0,
+                               workers=1) == 0  # one thread: `_compiled` compiles them in turn
+    with pytest.raises(ValueError, match="EQFUSE_COMPILE_THREADS"):
+        runtime.compile_workers({"EQFUSE_COMPILE_THREADS": "many"})
+
+
+def test_codegen_plans_once_for_the_plan_and_the_kernels(monkeypatch):
+    """A graph given to `eqfuse codegen` is not planned again by `plan_graph`: its plan is the
+    plan the kernels run. The same graph given to codegen twice is planned once, and a refusal
+    is remembered as such."""
+    import eqfuse_torch.backend as backend
+    from eqfuse_torch import runtime
+    from eqfuse_torch.backend import plan_graph
+
+    backend.PLANS.clear()  # what earlier tests planned
+    runtime.CODEGENS.clear()
+    commands = []
+    real_run = subprocess.run
+
+    def run(cmd, *a, **k):
+        commands.append(cmd[1])
+        return real_run(cmd, *a, **k)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    x, w, b = torch.randn(16, 64), torch.randn(64), torch.randn(64)
+    graph = graph_of(ln_gelu_residual, x, w, b).graph
+    cg = Codegen.of_graph(graph)
+    assert plan_graph(graph) is cg.plan
+    assert Codegen.of_graph(graph) is cg
+    assert commands == ["codegen"]
+    assert plan_graph(graph, args=("--no-fusion",))["total"]["kernels"] >= cg.plan["total"]["kernels"]
+    assert commands == ["codegen", "optimize"]  # other options: planned afresh
+    bad = {"schema": "eqfuse.graph/1", "inputs": [], "nodes": [], "outputs": [{"name": "y", "node": 3}]}
+    for _ in range(2):
+        with pytest.raises(PlanError):
+            Codegen.of_graph(bad)
+    assert commands == ["codegen", "optimize", "codegen"]
+    assert backend.PLANS.get(backend.plan_key("{}", "nowhere", "h100", ())) is None
+
+
+def test_backend_plans_a_graph_it_runs_once(monkeypatch):
+    """On CUDA inputs the backend gives a graph to `eqfuse codegen` before recording its plan:
+    one planning (codegen's) for both, no `eqfuse optimize`."""
+    import eqfuse_torch.backend as backend
+
+    commands = []
+    real_run = subprocess.run
+
+    def run(cmd, *a, **k):
+        commands.append(cmd[1])
+        return real_run(cmd, *a, **k)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(backend, "_on_cuda", lambda example_inputs: True)
+    built = []
+    monkeypatch.setattr(EqfuseBackend, "_build",
+                        lambda self, graph, ex: built.append(Codegen.of_graph(graph)) or CpuReferencePlan(graph))
+    x, w, b = torch.randn(8, 48), torch.randn(48), torch.randn(48)
+    eqfuse = EqfuseBackend(report=None)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(ln_gelu_residual, backend=eqfuse, dynamic=False)(x, w, b)
+    torch.testing.assert_close(got, ln_gelu_residual(x, w, b), rtol=1e-5, atol=1e-5)
+    (p,) = eqfuse.plans
+    assert p.runs == "eqfuse" and p.plan is built[0].plan, p.why_eager
+    assert [c for c in commands if c in ("optimize", "codegen")] == ["codegen"], commands
+
+
+@gpu
+def test_gpu_kernels_compile_in_threads_and_run(monkeypatch):
+    """On the GPU, a plan's distinct kernels compile in threads through CuPy (each thread loads
+    its module into PyTorch's context) and run: the backend's result matches eager."""
+    from eqfuse_torch import runtime
+
+    monkeypatch.setattr(runtime, "_MODULES", {})
+    counts = []
+    real = runtime.compile_all
+    monkeypatch.setattr(runtime, "compile_all", lambda *a, **k: counts.append(real(*a, **k)) or counts[-1])
+
+    def block(x, m, w, b):
+        y = ln_gelu_residual(x @ m, w, b)
+        return torch.softmax(y * 2, -1), y.sum(0), (y * x).mean(-1)
+
+    torch.manual_seed(0)
+    args = (torch.randn(256, 128, device="cuda"), torch.randn(128, 128, device="cuda") / 16,
+            torch.randn(128, device="cuda"), torch.randn(128, device="cuda"))
+    backend = EqfuseBackend(report=None)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(block, backend=backend, dynamic=False)(*args)
+        torch.cuda.synchronize()
+    (p,) = backend.plans
+    assert p.runs == "eqfuse", p.why_eager
+    assert counts and counts[0] >= 2, counts  # several distinct modules, compiled by the threads
+    for g, w in zip(got, block(*args)):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
