@@ -415,11 +415,8 @@ fn strided_reads(dag: &Dag, members: &[usize], k: &mut KernelCost, profile: &Dev
     k.sector_bytes = traffic.iter().map(excess).sum();
     let per_element = (k.read_bytes + written + k.sector_bytes) as f64 / numel;
     let reuse = profile.l2_reuse_bytes.unwrap_or(0) as f64;
-    k.strided_dram_bytes = traffic
-        .iter()
-        .filter(|t| t.reuse_elements.is_none_or(|w| w as f64 * per_element > reuse))
-        .map(excess)
-        .sum();
+    k.strided_dram_bytes =
+        traffic.iter().filter(|t| t.reuse_elements.is_none_or(|w| w as f64 * per_element > reuse)).map(excess).sum();
     k.notes.push(format!(
         "strided reads touch {:.1}x the sectors they use: {} bytes more from L2, {} of them from device memory",
         1.0 + k.sector_bytes as f64 / k.read_bytes.max(1) as f64,

@@ -712,6 +712,21 @@ mod tests {
         assert!((a - b).abs() < 1e-9);
     }
 
+    /// The plain path's transposed copy of an 8192 x 2048 bf16 activation, every element read
+    /// through a sector of its own (16 bytes of sectors per byte used, each sector fetched from
+    /// device memory once): priced at the 139.1 us it measured on an H100 (2026-11-26), where its
+    /// bytes alone said 26.6 us; a kernel touching whole sectors keeps its price.
+    #[test]
+    fn strided_sectors_are_priced_at_the_sector_bandwidth() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let bytes = 2 * 8192 * 2048 * 2;
+        let plain = Work { bytes, calls: 1, ..Work::default() };
+        let strided = Work { sector_bytes: 15 * bytes / 2, ..plain };
+        let us = |w: &Work| p.kernel_work_us(Template::Elementwise, w, DType::Bf16, None);
+        assert!((us(&plain) - 26.6).abs() < 0.1, "{}", us(&plain));
+        assert!((us(&strided) - 139.1).abs() < 0.1, "{}", us(&strided));
+    }
+
     #[test]
     fn builtin_profiles_load() {
         for name in ["h100", "h200"] {

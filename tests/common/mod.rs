@@ -592,10 +592,7 @@ pub fn transposed_programs() -> Vec<(String, String)> {
             "input x: f32[2, 33, 3, 40]\ninput z: f32[2, 40, 3, 33]\n\
              y = transpose(x, 1, 3) - z\nw = y * 2.0\noutput y, w\n",
         ),
-        p(
-            "heads_to_last_bf16",
-            "input x: bf16[2, 50, 3, 36]\ny = transpose(transpose(x, 1, 2), 2, 3)\noutput y\n",
-        ),
+        p("heads_to_last_bf16", "input x: bf16[2, 50, 3, 36]\ny = transpose(transpose(x, 1, 2), 2, 3)\noutput y\n"),
         p("transpose_i32", "input x: i32[40, 70]\ny = transpose(x, 0, 1) * 3\noutput y\n"),
         p("pairs_f32", "input x: f32[4099, 2]\ny = transpose(x, 0, 1) + 1.0\noutput y\n"),
     ]

@@ -55,7 +55,11 @@ pub struct ReadTraffic {
 
 /// The element offsets, in elements of its tensor, of an access with `strides` for flat indices
 /// `range` of `domain`.
-fn offsets<'a>(domain: &'a [usize], strides: &'a [usize], range: std::ops::Range<usize>) -> impl Iterator<Item = usize> + 'a {
+fn offsets<'a>(
+    domain: &'a [usize],
+    strides: &'a [usize],
+    range: std::ops::Range<usize>,
+) -> impl Iterator<Item = usize> + 'a {
     range.map(move |i| {
         let mut q = i;
         let mut off = 0;
@@ -69,7 +73,12 @@ fn offsets<'a>(domain: &'a [usize], strides: &'a [usize], range: std::ops::Range
 
 /// Sectors touched per byte used by the groups of `group` consecutive flat elements starting
 /// at sampled places, when each group is one warp's accesses (distinct sectors over its lanes).
-fn sampled_ratio(numel: usize, group: usize, bytes: usize, sectors: impl Fn(std::ops::Range<usize>) -> (usize, usize)) -> f64 {
+fn sampled_ratio(
+    numel: usize,
+    group: usize,
+    bytes: usize,
+    sectors: impl Fn(std::ops::Range<usize>) -> (usize, usize),
+) -> f64 {
     let groups = numel.div_ceil(group.max(1)).max(1);
     let (mut touched, mut used) = (0usize, 0usize);
     let mut seen = BTreeSet::new();
@@ -118,8 +127,11 @@ fn tiled_ratio(domain: &[usize], strides: &[usize], bytes: usize, p: usize) -> f
 /// The accesses the body reads by plain loads (a slice at an offset, a concatenation's operand
 /// or a gather is an indexed load, which stays on the plain path).
 fn plain_loads(l: &Lowered) -> BTreeSet<usize> {
-    let indexed: BTreeSet<usize> =
-        l.nodes.iter().filter_map(|n| if let Op::IndexLoad { access, .. } = n.op { Some(access) } else { None }).collect();
+    let indexed: BTreeSet<usize> = l
+        .nodes
+        .iter()
+        .filter_map(|n| if let Op::IndexLoad { access, .. } = n.op { Some(access) } else { None })
+        .collect();
     l.nodes
         .iter()
         .filter_map(|n| if let Op::Load(a) = n.op { Some(a) } else { None })
