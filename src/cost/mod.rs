@@ -66,11 +66,12 @@ pub struct KernelCost {
     /// Bytes read when segmented: each read once (one fetched stage, whatever passes the
     /// unsegmented kernel would make).
     segment_read_bytes: u64,
-    /// An elementwise kernel's strided reads (see [`strided_reads`]): bytes of 32-byte sectors
-    /// the SMs fetch beyond the bytes the reads use, and of those, bytes fetched from device
-    /// memory beyond the reads' own (where later warps would use the rest of a sector, but not
-    /// before L2 has let it go).
+    /// An elementwise kernel's strided reads (see `strided_reads`): bytes of 32-byte sectors
+    /// the SMs fetch beyond the bytes the reads use.
     pub sector_bytes: u64,
+    /// Of `sector_bytes`, those fetched from device memory beyond the reads' own bytes (where
+    /// later warps would use the rest of a sector, but not before L2 has let it go, or where
+    /// nothing uses it).
     pub strided_dram_bytes: u64,
     /// Whether codegen reads a transposed input through a shared-memory tile
     /// (`caps::elementwise_traffic`), priced at the `tiled` implementation's rates of the
