@@ -121,7 +121,8 @@ pub struct DeviceProfile {
     pub l2_bandwidth_gbs: Option<f64>,
     /// Bytes per microsecond x 1e-3 (GB/s) of 32-byte sectors that L2 serves to the SMs when
     /// each lane of a warp touches a sector of its own (uncoalesced loads; a kernel's whole
-    /// traffic counted in sectors, writes included). Absent: `l2_bandwidth_gbs`.
+    /// traffic counted in sectors, writes included). Absent: `l2_bandwidth_gbs`; both absent (the
+    /// h200 profile): sectors are not priced, only their excess fetched from device memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sector_bandwidth_gbs: Option<f64>,
     /// Streaming multiprocessors (for wave counts of tiled kernels).
