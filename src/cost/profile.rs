@@ -119,7 +119,7 @@ pub struct DeviceProfile {
     /// Bandwidth of reads that hit L2, in GB/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub l2_bandwidth_gbs: Option<f64>,
-    /// Bytes per microsecond x 1e-3 (GB/s) of 32-byte sectors that L2 serves to the SMs when
+    /// Bandwidth, in GB/s, of the 32-byte sectors that L2 serves to the SMs when
     /// each lane of a warp touches a sector of its own (uncoalesced loads; a kernel's whole
     /// traffic counted in sectors, writes included). Absent: `l2_bandwidth_gbs`; both absent (the
     /// h200 profile): sectors are not priced, only their excess fetched from device memory.
