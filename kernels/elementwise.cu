@@ -43,6 +43,42 @@ __device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {
 }
 #endif
 
+#ifdef EQ_TILED
+// The tiled path, for a body reading some input transposed: its contiguous axis P is not the
+// iteration space's last axis L, so the 1-D loop's lanes (consecutive along L) would each touch
+// their own 32-byte sector of it. Here the space is [O_hi, P, A, L] (A: the axes between P and
+// L, O_hi: those before P; EQ_TP, EQ_TA, EQ_TL their extents) and a block walks tiles of
+// EQ_TILE x EQ_TILE elements over (P, L) at fixed (o_hi, a): it first copies the transposed
+// inputs' elements into shared memory with lanes along P (`eq_tile_load`: coalesced on the
+// input), then runs the body with lanes along L (`eq_body<1>`: coalesced on the outputs and the
+// other inputs), reading the transposed inputs from the tile. The generated tiles are padded to
+// EQ_TILE + 1 columns: a warp reading a tile's column meets 32 different banks.
+// Invariants: blocks are EQ_TILE x EQ_TROWS threads; every element of the space lies in exactly
+// one tile, and is loaded and computed by one thread of the block holding it.
+extern "C" __global__ void __launch_bounds__(EQ_TILE * EQ_TROWS) EQ_KERNEL(EQ_PARAMS) {
+    const eq_idx np = ((eq_idx)EQ_TP + EQ_TILE - 1) / EQ_TILE;
+    const eq_idx nl = ((eq_idx)EQ_TL + EQ_TILE - 1) / EQ_TILE;
+    const eq_idx tiles = (eq_idx)EQ_NUMEL / ((eq_idx)EQ_TP * EQ_TL) * np * nl;
+    const int x = threadIdx.x, y0 = threadIdx.y;
+    for (eq_idx t = blockIdx.x; t < tiles; t += gridDim.x) {
+        const eq_idx tl = t % nl, tp = (t / nl) % np, o = t / nl / np;
+        const eq_idx a = o % EQ_TA, hi = o / EQ_TA;
+        // Flat index of element (hi, p, a, l) of the space.
+        const eq_idx base = hi * ((eq_idx)EQ_TP * EQ_TA * EQ_TL) + a * EQ_TL;
+        const eq_idx p0 = tp * EQ_TILE, l0 = tl * EQ_TILE;
+        for (int y = y0; y < EQ_TILE; y += EQ_TROWS) {
+            const eq_idx p = p0 + x, l = l0 + y;
+            if (p < EQ_TP && l < EQ_TL) eq_tile_load(EQ_ARGS, base + p * ((eq_idx)EQ_TA * EQ_TL) + l, y, x);
+        }
+        __syncthreads();
+        for (int y = y0; y < EQ_TILE; y += EQ_TROWS) {
+            const eq_idx p = p0 + y, l = l0 + x;
+            if (p < EQ_TP && l < EQ_TL) eq_body<1>(EQ_ARGS, base + p * ((eq_idx)EQ_TA * EQ_TL) + l, x, y);
+        }
+        __syncthreads();
+    }
+}
+#else
 extern "C" __global__ void __launch_bounds__(EQ_THREADS) EQ_KERNEL(EQ_PARAMS) {
     const eq_idx stride = (eq_idx)gridDim.x * EQ_THREADS;
     const eq_idx first = (eq_idx)blockIdx.x * EQ_THREADS + threadIdx.x;
@@ -68,3 +104,4 @@ extern "C" __global__ void __launch_bounds__(EQ_THREADS) EQ_KERNEL(EQ_PARAMS) {
     }
 #endif
 }
+#endif

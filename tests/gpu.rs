@@ -598,6 +598,28 @@ fn sliced_operands_match_the_reference() {
     run_all_checked(&gpu, &plans, 200);
 }
 
+/// Inputs read transposed (`common::transposed_programs`: 2-D and 4-D permutes in bf16, f32
+/// and i32 at sizes no tile divides, on the elementwise template's tiled path, and an `[N, 2]`
+/// input read as `[2, N]` on the plain path), and the bench programs of transposes at Llama
+/// sizes, against the reference.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn transposed_reads_match_the_reference() {
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let mut plans = Vec::new();
+    for (name, text) in common::transposed_programs() {
+        let program = eqfuse::parse_program(&name, &text, &[]).unwrap();
+        plans.push((name, program.clone(), optimize(&program, &opts).unwrap().plan));
+    }
+    for file in ["transpose_2d_bf16.eqf", "transpose_heads_bf16.eqf"] {
+        let path = format!("{}/benches/programs/{file}", env!("CARGO_MANIFEST_DIR"));
+        let program = eqfuse::load_program(&path, &[]).unwrap();
+        plans.push((file.to_string(), program.clone(), optimize(&program, &opts).unwrap().plan));
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    run_all_checked(&gpu, &plans, 300);
+}
+
 /// Values of a mask `[B, 1, 1, S]`, `[B, 1, S, S]` (B = 2) or `[S, S]` for the backward: small
 /// biases, and `fill` on batch entry 0's last 36 keys and batch entry 1's first 20 (a padding
 /// mask), or on one key in 11, every key of row 5 and -inf on every key of row 9.

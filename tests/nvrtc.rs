@@ -801,3 +801,22 @@ fn segmented_row_kernels_compile_without_spills() {
     }
     assert!(n >= 8, "only {n} segmented row kernels");
 }
+
+/// The transposed-read programs (`common::transposed_programs`): the tiled path's kernels and
+/// the plain path's compile without warnings.
+#[test]
+fn transposed_read_kernels_compile() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    for (name, text) in common::transposed_programs() {
+        let program = eqfuse::parse_program(&name, &text, &[]).unwrap();
+        let plan = optimize(&program, &opts).unwrap().plan;
+        for s in codegen_plan(&plan).unwrap_or_else(|e| panic!("{name}: {e}")) {
+            let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[])
+                .unwrap_or_else(|e| panic!("{name} / {}: {e}\n{}", s.name, s.source));
+            assert!(c.log.trim().is_empty(), "{name} / {}: warnings\n{}", s.name, c.log);
+        }
+    }
+}

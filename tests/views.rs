@@ -181,3 +181,39 @@ fn index_generators_seen_through_views_fuse_into_their_readers() {
     assert!(plan.total.bytes < logits + logits / 8, "{} bytes: {:#?}", plan.total.bytes, plan.kernels);
     checked(&nll, &plan);
 }
+
+/// Inputs read transposed: a body whose input's contiguous axis is not the iteration space's
+/// last takes the elementwise template's tiled path (`EQ_TILED`) wherever its tile touches fewer
+/// sectors than the plain path's lanes do, and is priced as a contiguous kernel there; the
+/// `[N, 2]` input read as `[2, N]` (a tile would use 8 bytes of each sector, the plain lanes
+/// 16) stays on the plain path, priced by the sectors it touches. Every plan matches the
+/// reference.
+#[test]
+fn transposed_reads_take_the_tiled_path_where_it_touches_fewer_sectors() {
+    for (name, text) in common::transposed_programs() {
+        let p = parse_program(&name, &text, &[]).unwrap();
+        let plan = optimize(&p, &opts()).unwrap().plan;
+        checked(&p, &plan);
+        let tiled = plan.kernels.iter().any(|k| {
+            let s = codegen_kernel(&plan, k).unwrap();
+            s.source.contains("#define EQ_TILED 1")
+        });
+        assert_eq!(tiled, name != "pairs_f32", "{name}");
+    }
+}
+
+/// A transposed read on the plain path costs the sectors its lanes touch: at sizes where the
+/// plain path runs it (`[N, 2]` read as `[2, N]`: 16 of each 32-byte sector used), it is priced
+/// above a contiguous kernel moving the same bytes.
+#[test]
+fn strided_reads_are_priced_by_their_sectors() {
+    let n = 1 << 22;
+    let price = |text: String| {
+        let plan = optimize(&program(&text), &opts()).unwrap().plan;
+        assert_eq!(plan.kernels.len(), 1);
+        plan.kernels[0].predicted_us
+    };
+    let strided = price(format!("input x: f32[{n}, 2]\ny = transpose(x, 0, 1) + 1.0\noutput y\n"));
+    let contiguous = price(format!("input x: f32[2, {n}]\ny = x + 1.0\noutput y\n"));
+    assert!(strided > 1.2 * contiguous, "strided {strided} us, contiguous {contiguous} us");
+}

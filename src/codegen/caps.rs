@@ -11,7 +11,7 @@ use crate::ir::types::{DType, TensorType};
 use crate::plan::{Kernel, Template};
 
 pub use super::cublaslt::LtCall;
-pub use super::emit::{RowKeep, MAX_ROW_SMEM_BYTES, ROW_CACHE_PER_THREAD};
+pub use super::emit::{ReadTraffic, RowKeep, MAX_ROW_SMEM_BYTES, ROW_CACHE_PER_THREAD};
 pub use super::gemm::{Tile as GemmTile, MAX_ROW_EPILOGUE as MAX_GEMM_ROW};
 pub use super::{mask_refusal, MaskAccess, MaskSite};
 
@@ -139,4 +139,12 @@ pub fn vector_width(
     packed_writes: bool,
 ) -> usize {
     super::emit::lanes(template, rank, last, widest, strict, packed_writes)
+}
+
+/// How an elementwise kernel reads its inputs: whether code generation takes the tiled path
+/// (transposed reads through a shared-memory tile), and each read that touches more 32-byte
+/// sectors than it uses, with the window in which later warps use the rest; `None` for a
+/// kernel of another template or that does not lower.
+pub fn elementwise_traffic(k: &Kernel, strict: bool) -> Option<(bool, Vec<ReadTraffic>)> {
+    super::emit::elementwise_traffic(k, strict)
 }

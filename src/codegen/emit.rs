@@ -16,8 +16,10 @@ use std::fmt::Write;
 mod cols;
 mod rows;
 mod scatter;
+mod tiled;
 pub use rows::{row_keep, RowKeep, MAX_ROW_SMEM_BYTES, ROW_CACHE_PER_THREAD};
 pub use scatter::accumulates as scatter_accumulates;
+pub use tiled::ReadTraffic;
 
 use super::lower::{Access, Lowered, Node, Op, Seed, Store};
 use crate::error::{Error, Result};
@@ -290,6 +292,8 @@ pub struct Emitter<'a> {
     /// aligned addresses before each row's column 0, `col0` may wrap below 0, and lanes outside
     /// the row are skipped.
     shift: bool,
+    /// An elementwise kernel's tiled path (`emit/tiled.rs`): the accesses read through a tile.
+    tiled: Option<tiled::Tiled>,
 }
 
 fn err(k: &Kernel, m: impl std::fmt::Display) -> Error {
@@ -360,6 +364,11 @@ fn emitter<'a>(
 ) -> Result<Emitter<'a>> {
     // (A scatter kernel has no tail loop either: its lanes divide the iteration space.)
     let vec = choose_vec(l, k, strict, packed_writes || l.scatter.is_some());
+    // A transposed read goes through a tile where that touches fewer sectors; the tiled path
+    // runs one element a thread.
+    let packed_any = packed_writes || l.accesses.iter().any(|a| packed.contains(&k.reads[a.read].name));
+    let tiled = tiled::tiled(l, vec, packed_any);
+    let vec = if tiled.is_some() { 1 } else { vec };
     let r = l.domain.len();
     // (`lanes` leaves a lane count that does not divide the row only for shifted rows.)
     let shift = l.template == Template::RowReduce && r > 0 && !l.domain[r - 1].is_multiple_of(vec);
@@ -379,7 +388,22 @@ fn emitter<'a>(
             (groups, "EQ_VEC")
         }
     };
-    Ok(Emitter { k, l, vec, vsym, groups, strict, packed, shift })
+    Ok(Emitter { k, l, vec, vsym, groups, strict, packed, shift, tiled })
+}
+
+/// How an elementwise kernel reads: whether it takes the tiled path, and the reads that touch
+/// more sectors than they use ([`ReadTraffic`]), as [`render`] generates it outside 1-bit masks
+/// (the cost model's question, `caps::elementwise_traffic`); `None` for a kernel of another
+/// template or that does not lower.
+pub fn elementwise_traffic(k: &Kernel, strict: bool) -> Option<(bool, Vec<ReadTraffic>)> {
+    let l = super::lower::lower(k).ok()?;
+    if l.template != Template::Elementwise || l.scatter.is_some() {
+        return None;
+    }
+    let vec = choose_vec(&l, k, strict, false);
+    let t = tiled::tiled(&l, vec, false);
+    let vec = if t.is_some() { 1 } else { vec };
+    Some((t.is_some(), tiled::read_traffic(&l, vec, t.as_ref())))
 }
 
 /// The lane count of a lowered kernel: [`lanes`] of the widest element accessed along the last
@@ -859,6 +883,11 @@ impl Emitter<'_> {
             if scope.refs[n].is_some() {
                 continue;
             }
+            if self.tiled.as_ref().is_some_and(|t| t.accesses.contains(&a)) {
+                // Loaded by `eq_tile_load` into the block's tile of this access.
+                scope.refs[n] = Some(format!("eq_s{a}[tl_][tp_]"));
+                continue;
+            }
             let acc = &self.l.accesses[a];
             let p = self.param(Some(acc.read), None);
             let vt = value_type(acc.dtype);
@@ -1047,6 +1076,8 @@ impl Emitter<'_> {
         let stores: Vec<&Store> = self.l.stores.iter().collect();
         let header = if self.packed_writes() {
             "template <int V>\n__device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0, bool ok) {"
+        } else if self.tiled.is_some() {
+            "template <int V>\n__device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0, int tl_, int tp_) {"
         } else {
             "template <int V>\n__device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {"
         };
@@ -1054,6 +1085,9 @@ impl Emitter<'_> {
             e.store_lines(&stores, |st| e.operand(st.node, value_type(e.node(st.node).dtype), scope), None, need)
         });
         let numel: usize = self.l.domain.iter().product();
+        if let Some(t) = &self.tiled {
+            return Ok(self.tiled_elementwise(t, f, numel));
+        }
         let threads = 256usize;
         // Up to one vector per thread for 16M vectors (64M f32); the loop strides over more.
         // bias+gelu+dropout 8192x8192 f32 on an H100 (2026-11-22): 185.6 us with one vector per
@@ -1071,6 +1105,49 @@ impl Emitter<'_> {
             wave: false,
         };
         Ok(Rendered { defines: d, body: f, shape, params: Params { vec: self.vec, row_threads: 1, nacc: 1 } })
+    }
+
+    /// The tiled path (`kernels/elementwise.cu`, `EQ_TILED`): a tile in shared memory per tiled
+    /// access, `eq_tile_load` filling them, and `body` (the body function) reading them.
+    fn tiled_elementwise(&self, t: &tiled::Tiled, body: String, numel: usize) -> Rendered {
+        let r = self.rank();
+        let mut need = BTreeSet::new();
+        let mut loads = Text::default();
+        let mut tiles = Text::default();
+        for &a in &t.accesses {
+            let acc = &self.l.accesses[a];
+            let vt = value_type(acc.dtype);
+            tiles.line(0, format!("__shared__ {vt} eq_s{a}[EQ_TILE][EQ_TILE + 1];"));
+            let off = self.offset(&acc.strides, &mut need);
+            loads.line(1, format!("eq_s{a}[tl_][tp_] = eq_val({}[{off}]);", self.param(Some(acc.read), None)));
+        }
+        let mut f = tiles;
+        f.line(0, "__device__ __forceinline__ void eq_tile_load(EQ_PARAMS, eq_idx i0, int tl_, int tp_) {");
+        self.coords(&need, &mut f, 1);
+        f.s.push_str(&loads.s);
+        f.line(0, "}");
+        f.s.push_str(&body);
+        let (p, l) = (self.dim(t.axis), self.dim(r - 1));
+        let between: usize = self.l.domain[t.axis + 1..r - 1].iter().product();
+        let tiles_n = numel / (p * l) * p.div_ceil(tiled::TILE) * l.div_ceil(tiled::TILE);
+        let blocks = tiles_n.clamp(1, MAX_ELEMENTWISE_BLOCKS);
+        let mut d = self.common_defines(&self.name(), &[]);
+        let _ = writeln!(d, "#define EQ_TILED 1");
+        let _ = writeln!(d, "#define EQ_NUMEL {numel}");
+        let _ = writeln!(d, "#define EQ_VEC 1");
+        let _ = writeln!(d, "#define EQ_TILE {}", tiled::TILE);
+        let _ = writeln!(d, "#define EQ_TROWS {}", tiled::TILE_ROWS);
+        let _ = writeln!(d, "#define EQ_TP {p}");
+        let _ = writeln!(d, "#define EQ_TA {between}");
+        let _ = writeln!(d, "#define EQ_TL {l}");
+        let shape = Shape {
+            grid: [blocks as u32, 1, 1],
+            block: [tiled::TILE as u32, tiled::TILE_ROWS as u32, 1],
+            workspace: vec![],
+            smem_bytes: 0,
+            wave: false,
+        };
+        Rendered { defines: d, body: f.s, shape, params: Params { vec: 1, row_threads: 1, nacc: 1 } }
     }
 
     /// The kernel's generated name: `{template}_{dtype}_k{id}`.

@@ -66,6 +66,17 @@ pub struct KernelCost {
     /// Bytes read when segmented: each read once (one fetched stage, whatever passes the
     /// unsegmented kernel would make).
     segment_read_bytes: u64,
+    /// An elementwise kernel's strided reads (see `strided_reads`): bytes of 32-byte sectors
+    /// the SMs fetch beyond the bytes the reads use.
+    pub sector_bytes: u64,
+    /// Of `sector_bytes`, those fetched from device memory beyond the reads' own bytes (where
+    /// later warps would use the rest of a sector, but not before L2 has let it go, or where
+    /// nothing uses it).
+    pub strided_dram_bytes: u64,
+    /// Whether codegen reads a transposed input through a shared-memory tile
+    /// (`caps::elementwise_traffic`), priced at the `tiled` implementation's rates of the
+    /// elementwise template where the profile has them.
+    pub tiled: bool,
 }
 
 /// Bytes a kernel with body `body` reads of each of its reads `reads` (sorted): all of a tensor,
@@ -159,13 +170,14 @@ impl KernelCost {
         let dtype = kernel_dtype(dag, &self.body);
         let segments = if self.segmented(bytes_written) { self.segments } else { 1 };
         let work = Work {
-            bytes: self.bytes_read(bytes_written) + bytes_written + self.workspace_bytes,
+            bytes: self.bytes_read(bytes_written) + bytes_written + self.workspace_bytes + self.strided_dram_bytes,
             hit,
             flops: self.flops,
             // Segmented rows: one more stage, the last block's combine of a row's partials
             // after a fence and a count (as cross-entropy's global mean).
             stages: self.stages + u32::from(segments > 1),
             calls: self.calls,
+            sector_bytes: self.sector_bytes.saturating_sub(self.strided_dram_bytes),
         };
         // (The one kernel of the query, key and value gradients has a rate of its own.)
         let fused = self.workspace_bytes > 0;
@@ -183,6 +195,7 @@ impl KernelCost {
             (None, _) if self.template == Template::RowReduce => profile
                 .kernel_work_us(self.template, &work, dtype, None)
                 .max(self.few_rows_us(profile, &work, segments)),
+            (None, _) if self.tiled => profile.elementwise_tiled_us(&work, dtype),
             (None, _) => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
     }
@@ -299,6 +312,9 @@ pub fn analyse(
         segments: 1,
         row_value_bytes: 0,
         segment_read_bytes: 0,
+        sector_bytes: 0,
+        strided_dram_bytes: 0,
+        tiled: false,
     };
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
@@ -318,6 +334,9 @@ pub fn analyse(
         let passes = std::mem::replace(&mut k.passes, 1);
         k.segment_read_bytes = k.count_bytes_read(dag);
         k.passes = passes;
+    }
+    if template == Template::Elementwise && k.kind == KernelKind::Plain {
+        strided_reads(dag, members, &mut k, profile);
     }
     if k.kind == KernelKind::RowGlobal {
         // Cross-entropy's mean over rows: a row kernel's stages, and one more for the blocks'
@@ -365,6 +384,48 @@ pub fn analyse(
     Ok(k)
 }
 
+/// Prices an elementwise kernel's reads by the 32-byte sectors its warps touch, as codegen reads
+/// them (`caps::elementwise_traffic`: the tiled path, or lanes along the last axis), for a body
+/// that reads a view which may be strided (a transpose or a slice; every other view keeps a
+/// read's contiguous axis last or broadcasts it, and touches whole sectors).
+///
+/// The model: a read touching `r` bytes of sectors per byte it uses moves `(r - 1) x bytes`
+/// more between L2 and the SMs (`sector_bytes`, at the profile's sector bandwidth). Device
+/// memory sends each sector once when the warps that use the rest of it (a transposed read's
+/// next output rows) come within L2's reuse capacity of the first (the window, in elements of
+/// the space, times the bytes the kernel moves an element); otherwise every touch is a fetch
+/// (`strided_dram_bytes`), as it is where nothing uses the rest.
+fn strided_reads(dag: &Dag, members: &[usize], k: &mut KernelCost, profile: &DeviceProfile) {
+    let strided = |&b: &usize| matches!(dag.nodes[b].kind(), Some(Kind::Transpose | Kind::Slice));
+    if !k.body.iter().any(strided) {
+        return;
+    }
+    let kernel = candidate_kernel(dag, members, k, Template::Elementwise);
+    let Some((tiled, traffic)) = caps::elementwise_traffic(&kernel, profile.strict) else { return };
+    k.tiled = tiled;
+    if tiled {
+        k.notes.push("transposed reads go through a shared-memory tile (coalesced on both sides)".into());
+    }
+    if traffic.is_empty() {
+        return;
+    }
+    let own = sliced_bytes(dag, &k.body, &k.reads);
+    let numel = k.domain.iter().product::<usize>().max(1) as f64;
+    let written: u64 = members.iter().map(|&m| dag.bytes(m)).sum();
+    let excess = |t: &caps::ReadTraffic| (own[t.read] as f64 * (t.sectors_per_byte - 1.0)) as u64;
+    k.sector_bytes = traffic.iter().map(excess).sum();
+    let per_element = (k.read_bytes + written + k.sector_bytes) as f64 / numel;
+    let reuse = profile.l2_reuse_bytes.unwrap_or(0) as f64;
+    k.strided_dram_bytes =
+        traffic.iter().filter(|t| t.reuse_elements.is_none_or(|w| w as f64 * per_element > reuse)).map(excess).sum();
+    k.notes.push(format!(
+        "strided reads touch {:.1}x the sectors they use: {} bytes more from L2, {} of them from device memory",
+        1.0 + k.sector_bytes as f64 / k.read_bytes.max(1) as f64,
+        k.sector_bytes,
+        k.strided_dram_bytes
+    ));
+}
+
 /// cuBLASLt when it can run the kernel (one write; its epilogues cover the body; codegen's own
 /// test, on the kernel as the plan would hold it) and the profile predicts it faster than the
 /// generated kernel; the generated kernel otherwise. With it, the calls the implementation
@@ -388,6 +449,7 @@ fn gemm_implementation(
         flops: k.flops,
         stages: k.stages,
         calls: call.calls(),
+        sector_bytes: 0,
     };
     let lt = profile.gemm_us(GemmImpl::Cublaslt, &work, dtype, None);
     let generated = profile.gemm_us(GemmImpl::Generated, &Work { calls: 1, ..work }, dtype, k.tiles.as_ref());

@@ -119,6 +119,12 @@ pub struct DeviceProfile {
     /// Bandwidth of reads that hit L2, in GB/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub l2_bandwidth_gbs: Option<f64>,
+    /// Bandwidth, in GB/s, of the 32-byte sectors that L2 serves to the SMs when
+    /// each lane of a warp touches a sector of its own (uncoalesced loads; a kernel's whole
+    /// traffic counted in sectors, writes included). Absent: `l2_bandwidth_gbs`; both absent (the
+    /// h200 profile): sectors are not priced, only their excess fetched from device memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sector_bandwidth_gbs: Option<f64>,
     /// Streaming multiprocessors (for wave counts of tiled kernels).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sm_count: Option<u32>,
@@ -192,6 +198,9 @@ impl DeviceProfile {
             if reuse > l2 {
                 return Err(format!("l2_reuse_bytes ({reuse}) exceeds l2_bytes ({l2})"));
             }
+        }
+        if let Some(b) = self.sector_bandwidth_gbs {
+            positive("sector_bandwidth_gbs", b)?;
         }
         if let Some(b) = self.l2_bandwidth_gbs {
             positive("l2_bandwidth_gbs", b)?;
@@ -336,13 +345,19 @@ impl DeviceProfile {
 
     /// Microseconds to move a kernel's bytes: misses at the template's share of copy bandwidth,
     /// L2 hits at L2 bandwidth.
+    /// A kernel whose reads touch more sectors than they use takes the longer of that and its
+    /// sectors (all of its bytes and the sectors' excess) at the sector bandwidth.
     fn memory_us(&self, r: &TemplateRates, work: &Work) -> f64 {
         let hit = work.hit.min(work.bytes);
         let hbm = (work.bytes - hit) as f64 / (self.copy_bandwidth_gbs * 1e3 * r.bandwidth_efficiency);
         let l2 = self
             .l2_bandwidth_gbs
             .map_or(hit as f64 / (self.copy_bandwidth_gbs * 1e3 * r.bandwidth_efficiency), |b| hit as f64 / (b * 1e3));
-        hbm + l2
+        let sectors = match self.sector_bandwidth_gbs.or(self.l2_bandwidth_gbs) {
+            Some(b) if work.sector_bytes > 0 => work.bytes.saturating_add(work.sector_bytes) as f64 / (b * 1e3),
+            _ => 0.0,
+        };
+        (hbm + l2).max(sectors)
     }
 
     /// Seconds to move `bytes` with template `t`.
@@ -388,6 +403,14 @@ impl DeviceProfile {
     pub fn attention_portable_us(&self, work: &Work, dtype: DType) -> f64 {
         let a = self.rates(Template::Attention);
         self.work_us(a.implementations.get("portable").unwrap_or(a), work, dtype, None)
+    }
+
+    /// [`kernel_work_us`](Self::kernel_work_us) of an elementwise kernel on its tiled path
+    /// (transposed reads through shared memory), at the rates of the template's `tiled`
+    /// implementation where the profile has one.
+    pub fn elementwise_tiled_us(&self, work: &Work, dtype: DType) -> f64 {
+        let e = self.rates(Template::Elementwise);
+        self.work_us(e.implementations.get("tiled").unwrap_or(e), work, dtype, None)
     }
 
     fn work_us(&self, r: &TemplateRates, work: &Work, dtype: DType, tiles: Option<&GemmTiles>) -> f64 {
@@ -497,6 +520,10 @@ pub struct Work {
     pub stages: u32,
     /// Library calls the kernel makes (a cuBLASLt call looped over batch axes; 0 or 1: one).
     pub calls: u64,
+    /// Bytes of 32-byte sectors the SMs fetch beyond `bytes`, where a read's lanes touch more
+    /// of each sector than they use (a transposed read on the plain elementwise path): served
+    /// from L2 at `sector_bandwidth_gbs` (`bytes` plus these), beside device memory's time.
+    pub sector_bytes: u64,
 }
 
 /// The shape a generated gemm kernel runs: the product (batch x M x N, reduction K) and the tile
@@ -672,7 +699,7 @@ mod tests {
     #[test]
     fn l2_hits_and_reduction_stages_change_a_kernels_time() {
         let p = DeviceProfile::load("h100").unwrap();
-        let work = Work { bytes: 32 << 20, hit: 0, flops: 0, stages: 0, calls: 1 };
+        let work = Work { bytes: 32 << 20, hit: 0, flops: 0, stages: 0, calls: 1, sector_bytes: 0 };
         let miss = p.kernel_work_us(Template::RowReduce, &work, DType::F32, None);
         let hit = p.kernel_work_us(Template::RowReduce, &Work { hit: 16 << 20, ..work }, DType::F32, None);
         assert!(hit < miss, "{hit} {miss}");
@@ -684,6 +711,21 @@ mod tests {
         let a = plain.kernel_work_us(Template::Elementwise, &work, DType::F32, None);
         let b = plain.kernel_work_us(Template::Elementwise, &Work { hit: 16 << 20, ..work }, DType::F32, None);
         assert!((a - b).abs() < 1e-9);
+    }
+
+    /// The plain path's transposed copy of an 8192 x 2048 bf16 activation, every element read
+    /// through a sector of its own (16 bytes of sectors per byte used, each sector fetched from
+    /// device memory once): priced at the 139.1 us it measured on an H100 (2026-11-26), where its
+    /// bytes alone said 26.6 us; a kernel touching whole sectors keeps its price.
+    #[test]
+    fn strided_sectors_are_priced_at_the_sector_bandwidth() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let bytes = 2 * 8192 * 2048 * 2;
+        let plain = Work { bytes, calls: 1, ..Work::default() };
+        let strided = Work { sector_bytes: 15 * bytes / 2, ..plain };
+        let us = |w: &Work| p.kernel_work_us(Template::Elementwise, w, DType::Bf16, None);
+        assert!((us(&plain) - 26.6).abs() < 0.1, "{}", us(&plain));
+        assert!((us(&strided) - 139.1).abs() < 0.1, "{}", us(&strided));
     }
 
     #[test]

@@ -49,6 +49,11 @@ pub struct KernelRate {
     pub tflops: f64,
 }
 
+/// A strided-read probe: the figure it measures, the program, the bytes the kernel moves and the
+/// sectors' excess over them (as the cost model counts both), its median microseconds, and the
+/// figure taken (a share of copy bandwidth, or GB/s of sectors).
+pub type StridedProbe = (String, String, u64, u64, f64, f64);
+
 /// What calibration measured, and the profile made from it.
 #[derive(Clone, Debug)]
 pub struct Calibration {
@@ -71,6 +76,8 @@ pub struct Calibration {
     pub split: (Vec<SplitProbe>, f64),
     /// The attention forward's rates (per path) and the backward's.
     pub attention: Vec<KernelRate>,
+    /// The elementwise template's tiled path and the sectors of strided reads on its plain path.
+    pub strided: Vec<StridedProbe>,
     /// Seconds each part took: (part, seconds).
     pub seconds: Vec<(String, f64)>,
 }
@@ -131,8 +138,9 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         }
         templates.push((template, program.source.clone(), k.bytes, k.measured_us, share));
     }
+    let strided = strided_rates(gpu, &mut profile, copy_gbs, launch_us)?;
     let stages = stage_latency(gpu, &mut profile)?;
-    lap("copy, launch, template efficiencies and row stage latency", &mut seconds);
+    lap("copy, launch, template efficiencies, strided reads and row stage latency", &mut seconds);
     let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
     let gemm = gemm_rates(gpu, &mut profile)?;
     lap("gemm rates and cuBLASLt's call", &mut seconds);
@@ -151,7 +159,10 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         .collect();
     profile.source = format!(
         "calibrated by `eqfuse calibrate` on {} ({}, {}); measured: copy bandwidth, launch overhead, \
-         the elementwise, rowreduce and colreduce efficiencies, cuBLASLt's call overhead (a 64x128x64 \
+         the elementwise, rowreduce and colreduce efficiencies, the elementwise tiled path's \
+         (implementations.tiled: an 8192 x 8192 f32 transpose), the sector bandwidth of strided reads \
+         (sector_bandwidth_gbs: [2^24, 4] bf16 read as [4, 2^24] on the plain path, its bytes and the \
+         excess of the sectors its warps touch over the time past the launch overhead), cuBLASLt's call overhead (a 64x128x64 \
          f32 product), the row kernels' latency per dependent reduction stage (least squares, in \
          the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
          or launch overhead) and cuBLASLt's at 512^3, 1024^3 and 2048^3 too (rate_by_size), the generated gemm's step times for every tile codegen can choose \
@@ -193,6 +204,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         tiles,
         split,
         attention,
+        strided,
         seconds,
     })
 }
@@ -817,6 +829,79 @@ fn split_latency(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(Vec<SplitPro
 pub type SplitProbe = (String, usize, f64, f64);
 
 /// `profile` with cuBLASLt priced out (a call overhead of a second), so that a probe of the
+/// The strided-read probes: an f32 transpose, which codegen reads through its shared-memory
+/// tile, and a bf16 `[N, 4]` read as `[4, N]`, which it reads on the plain path (a tile's
+/// warp would use 8 bytes of a sector, as the plain lanes do), touching 4 bytes of sectors per
+/// byte used, with every sector's rest used by the warps that follow (served from L2).
+fn strided_programs() -> Result<Vec<Program>> {
+    let p = |name: &str, x: TensorType, out: &str| {
+        Program::from_sexprs(name, &[("x", x)], &[("y", out)]).map_err(Error::Invalid)
+    };
+    Ok(vec![
+        p("calibrate-tiled", TensorType::new(DType::F32, vec![8192, 8192]), "(transpose x 0 1)")?,
+        p("calibrate-sectors", TensorType::new(DType::Bf16, vec![1 << 24, 4]), "(+ (transpose x 0 1) 1)")?,
+    ])
+}
+
+/// Plans a strided probe as its one elementwise kernel: its plan, sources, whether it takes the
+/// tiled path, and the excess of the sectors it touches over its bytes read.
+fn strided_plan(profile: &DeviceProfile, program: &Program) -> Result<(FusionPlan, Vec<KernelSource>, bool, u64)> {
+    let plan = optimize(program, &OptimizeOptions::new(profile.clone()))?.plan;
+    let (Some(k), 1) = (plan.kernels.first(), plan.kernels.len()) else {
+        return Err(Error::Invalid(format!("calibration program {} did not plan as one kernel", program.source)));
+    };
+    let (tiled, traffic) = crate::codegen::caps::elementwise_traffic(k, false).ok_or_else(|| {
+        Error::Invalid(format!("calibration program {} did not plan as an elementwise kernel", program.source))
+    })?;
+    let excess = traffic.iter().map(|t| (k.bytes_read as f64 * (t.sectors_per_byte - 1.0)) as u64).sum();
+    let sources = codegen_plan(&plan)?;
+    Ok((plan, sources, tiled, excess))
+}
+
+/// Measures the elementwise template's tiled path (its share of copy bandwidth, as the
+/// templates' own) and the bandwidth of strided reads' sectors (the kernel's bytes plus the
+/// sectors' excess, over its time past the launch overhead).
+fn strided_rates(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64, launch_us: f64) -> Result<Vec<StridedProbe>> {
+    let programs = strided_programs()?;
+    let mut probes = Vec::new();
+    for (i, program) in programs.iter().enumerate() {
+        let (plan, sources, tiled, excess) = strided_plan(profile, program)?;
+        if tiled != (i == 0) {
+            return Err(Error::Invalid(format!(
+                "calibration program {} did not plan {} the tiled path",
+                program.source,
+                if i == 0 { "on" } else { "off" }
+            )));
+        }
+        let r = run_on(gpu, program, &plan, &sources, &run_options(profile, 30))?;
+        let k = &r.kernels[0];
+        let rates = profile
+            .templates
+            .get_mut(Template::Elementwise.name())
+            .ok_or_else(|| Error::Invalid("the profile has no elementwise rates".into()))?;
+        if tiled {
+            let share = round((k.achieved_gbs / copy_gbs).min(1.0), 3);
+            let tiled_rates =
+                TemplateRates { bandwidth_efficiency: share, implementations: BTreeMap::new(), ..rates.clone() };
+            rates.implementations.insert("tiled".into(), tiled_rates);
+            probes.push((
+                "tiled path, share of copy bandwidth".into(),
+                program.source.clone(),
+                k.bytes,
+                0,
+                k.measured_us,
+                share,
+            ));
+        } else {
+            let net_us = (k.measured_us - launch_us).max(1e-3);
+            let gbs = round((k.bytes + excess) as f64 / (net_us * 1e3), 1);
+            profile.sector_bandwidth_gbs = Some(gbs);
+            probes.push(("strided sectors, GB/s".into(), program.source.clone(), k.bytes, excess, k.measured_us, gbs));
+        }
+    }
+    Ok(probes)
+}
+
 /// generated gemm plans as one whatever the profile's other figures make of cuBLASLt.
 fn without_cublaslt(profile: &DeviceProfile) -> DeviceProfile {
     let mut p = profile.clone();
@@ -875,6 +960,14 @@ impl fmt::Display for Calibration {
                 t.name(),
                 100.0 * share,
                 crate::plan::render::human_bytes(*bytes)
+            )?;
+        }
+        for (what, prog, bytes, excess, us, figure) in &self.strided {
+            writeln!(
+                f,
+                "  {what:<36} {figure:>8.3} ({prog}: {} and {} of sectors' excess in {us:.1} us)",
+                crate::plan::render::human_bytes(*bytes),
+                crate::plan::render::human_bytes(*excess)
             )?;
         }
         let (probes, latency) = &self.stages;
@@ -949,6 +1042,18 @@ impl fmt::Display for Calibration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strided_probes_plan_on_the_tiled_and_the_plain_path() {
+        let base = DeviceProfile::load("h100").unwrap();
+        let programs = strided_programs().unwrap();
+        let (_, _, tiled, excess) = strided_plan(&base, &programs[0]).unwrap();
+        assert!(tiled);
+        assert_eq!(excess, 0);
+        let (plan, _, tiled, excess) = strided_plan(&base, &programs[1]).unwrap();
+        assert!(!tiled);
+        assert_eq!(excess, 3 * plan.kernels[0].bytes_read);
+    }
 
     #[test]
     fn stage_probes_plan_as_one_row_kernel_of_1_2_and_3_stages() {

@@ -571,3 +571,29 @@ pub fn assert_gradients_match_finite_differences(p: &Program, wrt: &[&str], seed
         }
     }
 }
+
+/// Programs reading inputs transposed (the elementwise template's tiled path, and the plain
+/// path where a tile would touch more sectors), as `(name, source)`: 2-D and 4-D permutes in
+/// bf16 and f32 at sizes no tile divides, a transposed input beside a contiguous one and a
+/// broadcast row, a transposed i32 input, and a [N, 2] input read as [2, N].
+pub fn transposed_programs() -> Vec<(String, String)> {
+    let p = |name: &str, text: &str| (name.to_string(), text.to_string());
+    vec![
+        p("transpose_2d_bf16", "input x: bf16[67, 45]\ny = transpose(x, 0, 1)\noutput y\n"),
+        p("transpose_2d_f32", "input x: f32[130, 97]\ny = transpose(x, 0, 1)\noutput y\n"),
+        p(
+            "transpose_add_bias_f32",
+            "input x: f32[33, 70]\ninput z: f32[70, 33]\ninput b: f32[33]\n\
+             y = exp(transpose(x, 0, 1)) * z + b\noutput y\n",
+        ),
+        p("permute_4d_bf16", "input x: bf16[3, 37, 5, 41]\ny = transpose(x, 1, 3)\noutput y\n"),
+        p(
+            "permute_4d_f32_two_outputs",
+            "input x: f32[2, 33, 3, 40]\ninput z: f32[2, 40, 3, 33]\n\
+             y = transpose(x, 1, 3) - z\nw = y * 2.0\noutput y, w\n",
+        ),
+        p("heads_to_last_bf16", "input x: bf16[2, 50, 3, 36]\ny = transpose(transpose(x, 1, 2), 2, 3)\noutput y\n"),
+        p("transpose_i32", "input x: i32[40, 70]\ny = transpose(x, 0, 1) * 3\noutput y\n"),
+        p("pairs_f32", "input x: f32[4099, 2]\ny = transpose(x, 0, 1) + 1.0\noutput y\n"),
+    ]
+}
