@@ -16,7 +16,7 @@ use std::fmt::Write;
 mod cols;
 mod rows;
 mod scatter;
-pub use rows::{row_keep, RowKeep, MAX_ROW_SMEM_BYTES, ROW_CACHE_PER_THREAD};
+pub use rows::{row_cluster, row_keep, ClusterShape, RowKeep, MAX_ROW_SMEM_BYTES, ROW_CACHE_PER_THREAD};
 pub use scatter::accumulates as scatter_accumulates;
 
 use super::lower::{Access, Lowered, Node, Op, Seed, Store};
@@ -49,6 +49,9 @@ pub struct Rendered {
     pub body: String,
     pub shape: Shape,
     pub params: Params,
+    /// The kernel's Hopper path, where it has one: its defines, body and launch shape on a 9.0
+    /// device (a row kernel's rows spread over clusters of blocks).
+    pub sm90a: Option<Box<Rendered>>,
 }
 
 /// Numbers a rendered kernel's `#define` block holds, for the code that embeds it.
@@ -1070,7 +1073,13 @@ impl Emitter<'_> {
             smem_bytes: 0,
             wave: false,
         };
-        Ok(Rendered { defines: d, body: f, shape, params: Params { vec: self.vec, row_threads: 1, nacc: 1 } })
+        Ok(Rendered {
+            defines: d,
+            body: f,
+            shape,
+            params: Params { vec: self.vec, row_threads: 1, nacc: 1 },
+            sm90a: None,
+        })
     }
 
     /// The kernel's generated name: `{template}_{dtype}_k{id}`.

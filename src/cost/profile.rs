@@ -368,6 +368,15 @@ impl DeviceProfile {
         self.work_us(self.rates(t), work, dtype, tiles)
     }
 
+    /// [`kernel_work_us`](Self::kernel_work_us) of a row kernel; one whose rows are spread over
+    /// clusters of `cluster` blocks (more than 1: `caps::row_cluster`) at the rates of the row
+    /// template's `cluster` implementation where the profile has one (else the template's).
+    pub fn row_work_us(&self, work: &Work, dtype: DType, cluster: u32) -> f64 {
+        let r = self.rates(Template::RowReduce);
+        let r = if cluster > 1 { r.implementations.get("cluster").unwrap_or(r) } else { r };
+        self.work_us(r, work, dtype, None)
+    }
+
     /// [`kernel_work_us`](Self::kernel_work_us) of the attention template's backward kernels
     /// (the log-sum-exp pass and the gradients, mma.sync kernels), at the rates of its
     /// `backward` implementation where the profile has one; `fused`: the one kernel of the
