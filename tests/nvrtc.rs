@@ -590,8 +590,9 @@ fn hopper_dropout_at_model_shapes_spills_nothing() {
 /// verbose log, spill no registers to local memory: a row is kept in registers only where the
 /// block leaves its threads registers for it. The 50257-wide bf16 softmax reads shifted rows
 /// (16-byte vectors) and, too long for 64 registers a thread beside the rest, keeps each row
-/// in shared memory, pipelined over its 4096 rows (and, for one row, two blocks an SM); rows of
-/// 1024, 4096 and 32000 keep their kernels. Pipelined kernels compile for sm_80 too (`cp.async`
+/// in shared memory, pipelined over its 4096 rows (and, for one row, two blocks an SM; on a 9.0
+/// device these, and the 128256-wide rows, spread over clusters: `cluster_row_kernels_compile_without_spills`);
+/// rows of 1024, 4096 and 32000 keep their kernels. Pipelined kernels compile for sm_80 too (`cp.async`
 /// of 16 bytes, no Hopper copies).
 #[test]
 fn wide_and_odd_rows_compile_without_spills() {
@@ -700,15 +701,17 @@ fn wide_and_odd_rows_compile_without_spills() {
                 }
                 assert_eq!(s.launch.smem_bytes, 2 * 100528, "{what}");
             } else if path.ends_with("softmax_bf16.eqf") && dims.iter().any(|(k, v)| k == "R" && *v == 1) {
-                // A lone row: its max and sum of exponentials in segments over blocks
-                // (tests/long_rows.rs), then an elementwise kernel normalises.
-                if s.name.starts_with("rowreduce") {
-                    assert!(defines.contains("#define EQ_SEGS ") && !defines.contains("#define EQ_SEGS 1\n"), "{what}");
-                    assert!(!defines.contains("#define EQ_SMEM_CACHE 1\n"), "{what}\n{defines}");
-                }
+                // A lone row: one softmax kernel, the row spread over a cluster of 7 blocks on a
+                // 9.0 device (priced so; its portable path keeps the row in one block's shared
+                // memory), where before its max and sum of exponentials ran in segments over
+                // blocks (tests/long_rows.rs) and an elementwise kernel normalised.
+                assert!(s.launch.sm90a.is_some() && defines.contains("#define EQ_CLUSTER 7\n"), "{what}\n{defines}");
+                assert!(!defines.contains("#define EQ_SEGS "), "{what}\n{defines}");
             } else if path.ends_with("softmax_bf16.eqf") && dims.iter().any(|(_, v)| *v == 128256) {
-                // 256 KB of bf16 a row: beyond a block's shared memory, fetched by each pass.
+                // 256 KB of bf16 a row: beyond a block's shared memory, fetched by each pass on
+                // the portable path; over a cluster of 8 blocks on a 9.0 device.
                 assert!(!defines.contains("EQ_SMEM_CACHE") && defines.contains("#define EQ_CACHED 0\n"), "{what}");
+                assert!(s.launch.sm90a.is_some() && defines.contains("#define EQ_CLUSTER 8\n"), "{what}\n{defines}");
             } else if path.ends_with("softmax_bf16.eqf") && dims.len() == 1 {
                 // Rows 16 bytes divide keep their kernels: in registers, no shift.
                 assert!(

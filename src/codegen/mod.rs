@@ -61,8 +61,9 @@ pub struct Launch {
     pub wave: bool,
     /// The launch of the source's Hopper path: on a device of compute capability 9.0 the
     /// runtime compiles the source for `sm_90a` (whose feature macro selects that path, e.g.
-    /// attention on wgmma) and launches it with this shape instead; elsewhere the source
-    /// compiles to its portable path, launched as above.
+    /// attention on wgmma, or a row kernel's rows spread over clusters of blocks, whose grid
+    /// is whole clusters and never persistent) and launches it with this shape instead;
+    /// elsewhere the source compiles to its portable path, launched as above.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sm90a: Option<Box<Launch>>,
 }

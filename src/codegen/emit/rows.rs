@@ -9,7 +9,9 @@
 //! `exp(x - max)`), so the epilogue does not compute it again (see [`plan::reuse`]). A row too
 //! long for registers is kept in shared memory where its inputs fit there in their storage
 //! types ([`row_shape`]), and every pass after the first reads that copy; where two rows fit, a
-//! block copies its next row while it works on one (pipelined).
+//! block copies its next row while it works on one (pipelined). On a 9.0 device such a row is
+//! instead spread over a cluster of blocks ([`row_cluster`]), each block's segment in
+//! registers: the source carries that form as its Hopper path beside the portable one.
 
 use super::*;
 
