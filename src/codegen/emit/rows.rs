@@ -1026,7 +1026,7 @@ pub(super) fn segment_shape(rows: usize, cols: usize, vec: usize) -> Option<Segm
 /// `EQ_CLUSTER`; sm_90).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClusterShape {
-    /// Blocks of a cluster, one row's (`EQ_CLUSTER`, 2 to [`MAX_CLUSTER`]).
+    /// Blocks of a cluster, one row's (`EQ_CLUSTER`, 2 to 8: sm_90's portable cluster size).
     pub blocks: usize,
     /// Threads of each block (`EQ_ROW_THREADS`, the block's one row segment).
     pub threads: usize,
