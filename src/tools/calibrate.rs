@@ -131,6 +131,9 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         }
         templates.push((template, program.source.clone(), k.bytes, k.measured_us, share));
     }
+    if let Some(t) = cluster_rows(gpu, &mut profile, copy_gbs)? {
+        templates.push(t);
+    }
     let stages = stage_latency(gpu, &mut profile)?;
     lap("copy, launch, template efficiencies and row stage latency", &mut seconds);
     let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
@@ -151,7 +154,8 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         .collect();
     profile.source = format!(
         "calibrated by `eqfuse calibrate` on {} ({}, {}); measured: copy bandwidth, launch overhead, \
-         the elementwise, rowreduce and colreduce efficiencies, cuBLASLt's call overhead (a 64x128x64 \
+         the elementwise, rowreduce and colreduce efficiencies (and on a 9.0 device, rows over clusters of \
+         blocks: rowreduce.implementations.cluster, a bf16 softmax over 4096x50257), cuBLASLt's call overhead (a 64x128x64 \
          f32 product), the row kernels' latency per dependent reduction stage (least squares, in \
          the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
          or launch overhead) and cuBLASLt's at 512^3, 1024^3 and 2048^3 too (rate_by_size), the generated gemm's step times for every tile codegen can choose \
@@ -822,6 +826,40 @@ fn without_cublaslt(profile: &DeviceProfile) -> DeviceProfile {
     let mut p = profile.clone();
     gemm_impl(&mut p, GemmImpl::Cublaslt).call_overhead_us = Some(1e6);
     p
+}
+
+/// The share of copy bandwidth of row kernels whose rows are spread over clusters of blocks
+/// (`rowreduce.implementations.cluster`, the template's other rates kept), measured on the
+/// issue's bf16 softmax over 4096 rows of 50257 where the device runs its Hopper path (a 9.0
+/// device); `None`, and the profile left as it is, elsewhere.
+fn cluster_rows(
+    gpu: &Gpu,
+    profile: &mut DeviceProfile,
+    copy_gbs: f64,
+) -> Result<Option<(Template, String, u64, f64, f64)>> {
+    let x = TensorType::new(DType::Bf16, vec![4096, 50257]);
+    let program = Program::from_sexprs("calibrate-rowreduce-cluster", &[("x", x)], &[("y", "(softmax x -1)")])
+        .map_err(Error::Invalid)?;
+    let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+    let sources = codegen_plan(&plan)?;
+    if plan.kernels.len() != 1 || sources[0].launch.sm90a.is_none() {
+        return Err(Error::Invalid(format!(
+            "calibration program {} did not plan as one row kernel over clusters",
+            program.source
+        )));
+    }
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
+    if r.sm90a == 0 {
+        return Ok(None);
+    }
+    let k = &r.kernels[0];
+    let share = (k.achieved_gbs / copy_gbs).min(1.0);
+    if let Some(rates) = profile.templates.get_mut(Template::RowReduce.name()) {
+        let mut cluster = TemplateRates { implementations: Default::default(), ..rates.clone() };
+        cluster.bandwidth_efficiency = round(share, 3);
+        rates.implementations.insert("cluster".into(), cluster);
+    }
+    Ok(Some((Template::RowReduce, program.source.clone(), k.bytes, k.measured_us, share)))
 }
 
 /// One large program per generated template, each planning as a single kernel.
