@@ -58,7 +58,7 @@ pub struct Calibration {
     pub copy_us: f64,
     pub launch_us: f64,
     /// (template, program, bytes moved, median microseconds, share of copy bandwidth).
-    pub templates: Vec<(Template, String, u64, f64, f64)>,
+    pub templates: Vec<TemplateShare>,
     /// The row kernels' stage latency: its probes and the fitted microseconds per stage.
     pub stages: (Vec<StageProbe>, f64),
     /// cuBLASLt's fixed time per call: (program, median microseconds).
@@ -74,6 +74,10 @@ pub struct Calibration {
     /// Seconds each part took: (part, seconds).
     pub seconds: Vec<(String, f64)>,
 }
+
+/// A template's measured share of copy bandwidth: (template, program, bytes moved, median
+/// microseconds, share).
+pub type TemplateShare = (Template, String, u64, f64, f64);
 
 /// Calibrates device 0 against the built-in profile of its kind (`h100`, `h200`, else `h100`).
 pub fn calibrate() -> Result<Calibration> {
@@ -832,11 +836,7 @@ fn without_cublaslt(profile: &DeviceProfile) -> DeviceProfile {
 /// (`rowreduce.implementations.cluster`, the template's other rates kept), measured on the
 /// issue's bf16 softmax over 4096 rows of 50257 where the device runs its Hopper path (a 9.0
 /// device); `None`, and the profile left as it is, elsewhere.
-fn cluster_rows(
-    gpu: &Gpu,
-    profile: &mut DeviceProfile,
-    copy_gbs: f64,
-) -> Result<Option<(Template, String, u64, f64, f64)>> {
+fn cluster_rows(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<Option<TemplateShare>> {
     let x = TensorType::new(DType::Bf16, vec![4096, 50257]);
     let program = Program::from_sexprs("calibrate-rowreduce-cluster", &[("x", x)], &[("y", "(softmax x -1)")])
         .map_err(Error::Invalid)?;
