@@ -74,6 +74,23 @@
 // does not depend on which block is last, and finishes the row and stores its row values. Units
 // of (row, segment) are grid-strided, so a launch of fewer blocks runs them all.
 //
+// Rows over a cluster (EQ_CLUSTER > 1, sm_90: thread block clusters and distributed shared
+// memory; for rows too long for one block's registers, such as a vocabulary of 50257 or
+// 128256): each row is spread over the EQ_CLUSTER blocks of one cluster (`__cluster_dims__`, so
+// an ordinary launch of a grid that EQ_CLUSTER divides forms the clusters), block `rank` of a
+// cluster holding the row's vectors rank * EQ_CHUNKS * EQ_ROW_THREADS up to the next rank's in
+// registers (EQ_CACHED, one row a block), so each element is read from and written to device
+// memory once and an SM holds several blocks of different rows. After each stage's row combine
+// within the block, its thread 0 stores the block's accumulators in its shared `eq_part` slot;
+// after a cluster barrier (arrive.release, wait.acquire: the slots are visible) every thread
+// of every block of the cluster reads the EQ_CLUSTER slots through distributed shared memory
+// and merges them in rank order, so every block finishes the row with bit-identical values.
+// The slots alternate between two sets from row to row: a block writes a set again only after
+// it passed a later barrier, which every block reaches only after its reads of that set. The
+// cluster loops over rows by clusters (a cluster's blocks take the same rows, so they all reach
+// the same barriers), and a last barrier keeps every block resident until no block reads its
+// shared memory. Rank 0 alone stores row values and adds global sums.
+//
 // Shifted rows (EQ_SHIFT, for rows whose length EQ_VEC does not divide, such as a vocabulary of
 // 50257): row r starts (r * EQ_COLS) % EQ_VEC elements (its lead) past an address aligned to
 // EQ_VEC elements, so its vectors start there: thread `lane` owns the columns
@@ -170,6 +187,12 @@ __device__ __forceinline__ void eq_row_store(EQ_PARAMS, eq_idx row, const EqRow&
 #endif
 #ifndef EQ_SMEM_PIPELINED
 #define EQ_SMEM_PIPELINED 0
+#endif
+#ifndef EQ_CLUSTER
+#define EQ_CLUSTER 1
+#endif
+#if EQ_CLUSTER > 1 && (!EQ_CACHED || EQ_PIPELINED || EQ_SMEM_CACHE || EQ_SEGS > 1 || EQ_BLOCK != EQ_ROW_THREADS || EQ_STAGES < 1)
+#error "rows over a cluster are kept in registers, one row a block, with at least one stage"
 #endif
 #if EQ_SHIFT && EQ_PIPELINED
 #error "shifted rows are not staged through shared memory"
@@ -308,6 +331,44 @@ __device__ __forceinline__ unsigned char* eq_row_buffer(int slot, int b) {
 }
 #endif
 
+#if EQ_CLUSTER > 1
+#define EQ_CLUSTER_DIMS __cluster_dims__(EQ_CLUSTER, 1, 1)
+// The cluster barrier of every thread of every block of the cluster: writes to shared memory
+// before it (release) are visible to reads through distributed shared memory after it (acquire).
+__device__ __forceinline__ void eq_cluster_sync() {
+    asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;" ::: "memory");
+}
+// The float at `p` in the shared memory of the cluster's block `rank`.
+__device__ __forceinline__ float eq_ld_cluster(const float* p, unsigned int rank) {
+    unsigned int s, r;
+    float x;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(p));
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(s), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(x) : "r"(r) : "memory");
+    return x;
+}
+// Merges stage s's accumulators of the cluster's blocks (each block's `acc` is its row combine)
+// into every thread's `acc`, in rank order; `part` is this block's slot set of the row.
+__device__ __forceinline__ void eq_cluster_combine(int s, float (&acc)[EQ_NACC], float (*part)[EQ_NACC]) {
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) part[s][k] = acc[k];
+    }
+    eq_cluster_sync();
+#pragma unroll
+    for (int k = 0; k < EQ_NACC; ++k) acc[k] = eq_ld_cluster(&part[s][k], 0);
+#pragma unroll
+    for (unsigned int r = 1; r < EQ_CLUSTER; ++r) {
+        float other[EQ_NACC];
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) other[k] = eq_ld_cluster(&part[s][k], r);
+        eq_merge(s, acc, other);
+    }
+}
+#else
+#define EQ_CLUSTER_DIMS
+#endif
+
 #if EQ_SEGS > 1
 extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
     __shared__ float red[1][EQ_WARPS_PER_ROW][EQ_NACC];
@@ -367,24 +428,39 @@ extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
     }
 }
 #else
-extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
+extern "C" __global__ void EQ_BOUNDS EQ_CLUSTER_DIMS EQ_KERNEL(EQ_PARAMS) {
     __shared__ float red[EQ_ROWS_PER_BLOCK][EQ_WARPS_PER_ROW][EQ_NACC];
     const int slot = threadIdx.x / EQ_ROW_THREADS;
     const int lane = threadIdx.x % EQ_ROW_THREADS;
+#if EQ_CLUSTER > 1
+    // A cluster is EQ_CLUSTER consecutive blocks (a grid and cluster of one dimension); its
+    // rows are those of the cluster's index, strided by the clusters, and this block's vectors
+    // of each row start at `vbase` (a multiple of EQ_VEC, so its vectors stay aligned).
+    __shared__ float eq_part[2][EQ_STAGES][EQ_NACC];
+    const unsigned int rank = blockIdx.x % EQ_CLUSTER;
+    const eq_idx vbase = (eq_idx)rank * EQ_CHUNKS * EQ_ROW_THREADS * EQ_VEC;
+#define EQ_VBASE vbase
+    const eq_idx group = blockIdx.x / EQ_CLUSTER;
+    const eq_idx stride = (eq_idx)(gridDim.x / EQ_CLUSTER);
+    int parity = 0;
+#else
+#define EQ_VBASE ((eq_idx)0)
+    const eq_idx group = blockIdx.x;
+    const eq_idx stride = (eq_idx)gridDim.x * EQ_ROWS_PER_BLOCK;
+#endif
 #if EQ_NGLOBAL > 0
     float g[EQ_NGLOBAL];
 #pragma unroll
     for (int j = 0; j < EQ_NGLOBAL; ++j) g[j] = 0.0f;
 #endif
-    const eq_idx stride = (eq_idx)gridDim.x * EQ_ROWS_PER_BLOCK;
 #if EQ_CACHED
     float cache[EQ_CHUNKS][EQ_NCACHE][EQ_VEC];
     {
-        const eq_idx first = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK + slot;
+        const eq_idx first = group * EQ_ROWS_PER_BLOCK + slot;
         const eq_idx lead = eq_lead(first);
 #pragma unroll
         for (int c = 0; c < EQ_CHUNKS; ++c) {
-            const eq_idx vc = eq_vcol(c, lane);
+            const eq_idx vc = EQ_VBASE + eq_vcol(c, lane);
             if (first < (eq_idx)EQ_ROWS && vc < (eq_idx)EQ_COLS + lead) eq_fetch(EQ_ARGS, first, vc - lead, cache[c]);
         }
 #if EQ_PIPELINED
@@ -402,12 +478,12 @@ extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
     // The first row's copy; each turn of the loop starts the next one's.
     int buf = 0;
     {
-        const eq_idx first = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK + slot;
+        const eq_idx first = group * EQ_ROWS_PER_BLOCK + slot;
         if (first < (eq_idx)EQ_ROWS) eq_keep_row_async(EQ_ARGS, first, eq_row_buffer(slot, 0), lane);
         eq_cp_async_commit();
     }
 #endif
-    for (eq_idx base = (eq_idx)blockIdx.x * EQ_ROWS_PER_BLOCK; base < (eq_idx)EQ_ROWS; base += stride) {
+    for (eq_idx base = group * EQ_ROWS_PER_BLOCK; base < (eq_idx)EQ_ROWS; base += stride) {
         const eq_idx row = base + slot;
         const bool active = row < (eq_idx)EQ_ROWS;
         const eq_idx lead = eq_lead(row);
@@ -491,7 +567,7 @@ extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
 #pragma unroll 4
 #endif
             for (int c = 0; c < EQ_CHUNKS; ++c) {
-                const eq_idx vc = eq_vcol(c, lane);
+                const eq_idx vc = EQ_VBASE + eq_vcol(c, lane);
                 const eq_idx col0 = vc - lead;
                 if (active && vc < (eq_idx)EQ_COLS + lead) {
 #if EQ_CACHED
@@ -505,8 +581,14 @@ extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
             }
 #endif
             eq_row_combine(s, acc, red, slot, lane);
+#if EQ_CLUSTER > 1
+            eq_cluster_combine(s, acc, eq_part[parity]);
+#endif
             if (active) eq_finish(s, EQ_ARGS, row, acc, rv);
         }
+#if EQ_CLUSTER > 1
+        parity ^= 1;
+#endif
         if (!active) continue;
 #if EQ_PIPELINED
         eq_cp_async_wait_all();
@@ -531,7 +613,7 @@ extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
 #pragma unroll 4
 #endif
         for (int c = 0; c < EQ_CHUNKS; ++c) {
-            const eq_idx vc = eq_vcol(c, lane);
+            const eq_idx vc = EQ_VBASE + eq_vcol(c, lane);
             const eq_idx col0 = vc - lead;
             if (vc < (eq_idx)EQ_COLS + lead) {
 #if EQ_CACHED
@@ -559,13 +641,21 @@ extern "C" __global__ void EQ_BOUNDS EQ_KERNEL(EQ_PARAMS) {
 #if EQ_PIPELINED
         eq_cp_async_commit();
 #endif
+#if EQ_CLUSTER > 1
+        if (lane == 0 && rank == 0) {
+#else
         if (lane == 0) {
+#endif
             eq_row_store(EQ_ARGS, row, rv);
 #if EQ_NGLOBAL > 0
             eq_global(rv, g);
 #endif
         }
     }
+#if EQ_CLUSTER > 1
+    // No block leaves while another may still read its slots.
+    eq_cluster_sync();
+#endif
 #if EQ_NGLOBAL > 0
     eq_global_finish(EQ_ARGS, g, slot, lane);
 #endif

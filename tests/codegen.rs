@@ -373,9 +373,32 @@ fn cached_rows_keep_stage_values_the_epilogue_reads() {
         }
     }
 
+    // (Its Hopper path spreads the row over a cluster of 8 blocks, each block's segment in
+    // registers, and keeps the exponentials as a row in registers does.)
     let long = render("examples/softmax.eqf", &[("R", 64), ("C", 1 << 17)], false, "y");
-    assert!(long.contains("#define EQ_CACHED 0"), "{long}");
-    assert!(!function(&long, "eq_accum").contains("cv[0][v] = "), "{long}");
+    let (hopper, portable) = paths(&long);
+    assert!(portable.contains("#define EQ_CACHED 0"), "{portable}");
+    assert!(!function(&portable, "eq_accum").contains("cv[0][v] = "), "{portable}");
+    assert!(hopper.contains("#define EQ_CACHED 1\n") && hopper.contains("#define EQ_CLUSTER 8\n"), "{hopper}");
+    assert!(function(&hopper, "eq_accum").contains("cv[0][v] = "), "{hopper}");
+}
+
+/// The Hopper path (what an sm_90a compile takes: rows over clusters) and the portable path of
+/// a generated source; a source without a Hopper path is its portable path.
+fn paths(src: &str) -> (String, String) {
+    let (mut hopper, mut portable) = (String::new(), String::new());
+    let mut at: Option<bool> = None;
+    for line in src.lines() {
+        match (line, at) {
+            ("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)", None) => at = Some(true),
+            ("#else", Some(true)) => at = Some(false),
+            ("#endif", Some(false)) => at = None,
+            (_, Some(true)) => hopper.push_str(&format!("{line}\n")),
+            (_, Some(false)) => portable.push_str(&format!("{line}\n")),
+            (_, None) => portable.push_str(&format!("{line}\n")),
+        }
+    }
+    (hopper, portable)
 }
 
 /// Wide odd rows are priced as they run (issue 22): the GPT-2 vocabulary softmax
@@ -383,14 +406,21 @@ fn cached_rows_keep_stage_values_the_epilogue_reads() {
 /// lanes, too long to keep in the 64 registers a thread of a 1024-thread block has, so its
 /// kernel keeps each row's 100528 bytes in shared memory, pipelined over its 4096 rows (two
 /// buffers a block, one wave of blocks): one read of device memory, the max and the sum of
-/// exponentials as two stages over the copy, and the cost model prices one read; a 1001-wide
-/// row stays in registers and is read once.
+/// exponentials as two stages over the copy. On a 9.0 device (its Hopper path) each row is
+/// spread over a cluster of 7 blocks of 512 threads, 2 vectors a thread in registers, and the
+/// cost model, of a 9.0 device, prices that: one read. A 1001-wide row stays in registers and
+/// is read once.
 #[test]
 fn wide_odd_rows_are_priced_as_codegen_runs_them() {
     let p = eqfuse::load_program("benches/programs/softmax_wide_bf16.eqf", &[]).unwrap();
     let plan = optimize(&p, &opts()).unwrap().plan;
     let sources = codegen_plan(&plan).unwrap();
-    let src = sources.iter().map(generated).collect::<String>();
+    let (hopper, src) = paths(&sources.iter().map(generated).collect::<String>());
+    for d in ["EQ_CLUSTER 7", "EQ_ROW_THREADS 512", "EQ_BLOCK 512", "EQ_CHUNKS 2", "EQ_CACHED 1", "EQ_MIN_BLOCKS 2"] {
+        assert!(hopper.contains(&format!("#define {d}\n")), "not {d}:\n{hopper}");
+    }
+    let h = sources[0].launch.sm90a.as_ref().expect("a Hopper path");
+    assert_eq!((h.grid[0], h.block[0], h.smem_bytes, h.persistent, h.wave), (4096 * 7, 512, 0, false, false));
     for d in [
         "EQ_VEC 8",
         "EQ_SHIFT 1",
@@ -406,12 +436,12 @@ fn wide_odd_rows_are_priced_as_codegen_runs_them() {
     assert_eq!(sources[0].launch.smem_bytes, 2 * 100528);
     assert!(sources[0].launch.wave, "a pipelined row kernel runs one wave of blocks");
     let notes = plan.kernels[0].rejected.join("\n");
-    assert!(notes.contains("kept in shared memory (201056 bytes") && !notes.contains("read 2 times"), "{notes}");
+    assert!(notes.contains("spread over a cluster of 7 blocks of 512") && !notes.contains("read 2 times"), "{notes}");
     let p = eqfuse::load_program("benches/programs/softmax_wide_bf16.eqf", &[("V".into(), 1001)]).unwrap();
     let plan = optimize(&p, &opts()).unwrap().plan;
     let src = codegen_plan(&plan).unwrap().iter().map(generated).collect::<String>();
     assert!(src.contains("#define EQ_SHIFT 1\n") && src.contains("#define EQ_CACHED 1\n"), "{src}");
-    assert!(!src.contains("EQ_SMEM_CACHE"), "{src}");
+    assert!(!src.contains("EQ_SMEM_CACHE") && !src.contains("EQ_CLUSTER"), "{src}");
     assert!(!plan.kernels[0].rejected.iter().any(|r| r.contains("does not fit on chip")), "{:?}", plan.kernels[0]);
 }
 
@@ -421,9 +451,12 @@ fn wide_odd_rows_are_priced_as_codegen_runs_them() {
 /// not as it was told), or nowhere (each pass reads device memory, and the cost model prices
 /// the passes), over widths and storage types around each boundary, for one row and for many. (Many is more rows than SMs: fewer long rows
 /// would be planned as segmented statistics and an elementwise kernel, `tests/long_rows.rs`.)
+/// Where a row does not fit registers, the source's Hopper path spreads it over the cluster
+/// `caps::row_cluster` gives the cost model (`EQ_CLUSTER`, a grid of whole clusters), and the
+/// cost model prices that (one read) rather than the portable path.
 #[test]
 fn row_keeping_agrees_between_cost_and_codegen() {
-    let mut seen = [0; 4];
+    let mut seen = [0; 5];
     // Rows kept in shared memory one at a time (rows of which only one fits) and pipelined.
     // (A lone row's max and sum are planned as segments, tests/long_rows.rs, and an elementwise
     // kernel normalises: the one-buffer path is left to rows of which only one fits.)
@@ -466,32 +499,48 @@ fn row_keeping_agrees_between_cost_and_codegen() {
         };
         let notes = plan.kernels[k].rejected.join("\n");
         let what = format!("{rows} {dtype} rows of {width}: {notes}");
+        let cluster = eqfuse::row_cluster(rows, width, &[size], vec);
+        assert_eq!(s.launch.sm90a.is_some(), cluster.is_some(), "{what}");
+        if let (Some(c), Some(h)) = (cluster, &s.launch.sm90a) {
+            let hopper = paths(&s.source).0;
+            assert!(src_has(&hopper, &format!("EQ_CLUSTER {}", c.blocks)), "{what}\n{hopper}");
+            assert!(src_has(&hopper, &format!("EQ_ROW_THREADS {}", c.threads)), "{what}\n{hopper}");
+            assert!(src_has(&hopper, &format!("EQ_CHUNKS {}", c.chunks)), "{what}\n{hopper}");
+            assert_eq!(h.grid[0] as usize, rows * c.blocks, "{what}");
+            assert!(notes.contains(&format!("spread over a cluster of {} blocks", c.blocks)), "{what}");
+            seen[4] += 1;
+        }
+        let notes = if cluster.is_some() { String::new() } else { notes };
+        let portable = paths(&s.source).1;
         match eqfuse::row_keep(rows, width, &[size], vec) {
             eqfuse::RowKeep::Registers => {
-                assert!(src_has(&s.source, "EQ_CACHED 1") && !src_has(&s.source, "EQ_SMEM_CACHE 1"), "{what}");
+                assert!(src_has(&portable, "EQ_CACHED 1") && !src_has(&portable, "EQ_SMEM_CACHE 1"), "{what}");
                 assert!(!notes.contains("row of"), "{what}");
                 seen[0] += 1;
             }
             eqfuse::RowKeep::Shared { bytes, pipelined } => {
-                assert!(src_has(&s.source, "EQ_CACHED 0") && src_has(&s.source, "EQ_SMEM_CACHE 1"), "{what}");
+                assert!(src_has(&portable, "EQ_CACHED 0") && src_has(&portable, "EQ_SMEM_CACHE 1"), "{what}");
                 assert_eq!(s.launch.smem_bytes as usize, bytes, "{what}");
                 let row = if pipelined { bytes / 2 } else { bytes };
-                assert!(src_has(&s.source, &format!("EQ_SMEM_ROW_BYTES {row}")), "{what}");
-                assert_eq!(src_has(&s.source, "EQ_SMEM_PIPELINED 1"), pipelined, "{what}");
+                assert!(src_has(&portable, &format!("EQ_SMEM_ROW_BYTES {row}")), "{what}");
+                assert_eq!(src_has(&portable, "EQ_SMEM_PIPELINED 1"), pipelined, "{what}");
                 assert_eq!(s.launch.wave, pipelined, "{what}");
-                assert!(notes.contains(&format!("kept in shared memory ({bytes} bytes")), "{what}");
+                assert!(
+                    cluster.is_some() || notes.contains(&format!("kept in shared memory ({bytes} bytes")),
+                    "{what}"
+                );
                 assert!(bytes <= eqfuse::MAX_ROW_SMEM_BYTES, "{what}");
                 seen[1 + pipelined as usize] += 1;
             }
             eqfuse::RowKeep::Fetched => {
-                assert!(src_has(&s.source, "EQ_CACHED 0") && !src_has(&s.source, "EQ_SMEM_CACHE 1"), "{what}");
+                assert!(src_has(&portable, "EQ_CACHED 0") && !src_has(&portable, "EQ_SMEM_CACHE 1"), "{what}");
                 assert_eq!(s.launch.smem_bytes, 0, "{what}");
-                assert!(notes.contains("read 2 times"), "{what}");
+                assert!(cluster.is_some() || notes.contains("read 2 times"), "{what}");
                 seen[3] += 1;
             }
         }
     }
-    assert!(seen.iter().all(|&n| n > 0), "registers, shared memory, pipelined, fetched: {seen:?}");
+    assert!(seen.iter().all(|&n| n > 0), "registers, shared memory, pipelined, fetched, clusters: {seen:?}");
 }
 
 fn src_has(src: &str, define: &str) -> bool {

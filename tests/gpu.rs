@@ -1072,6 +1072,46 @@ fn rows_kept_in_shared_memory_match_the_reference() {
     }
 }
 
+/// Rows too long for one block's registers spread over clusters of blocks
+/// (`common::cluster_row_programs`: softmax, log-softmax, cross-entropy and its gradient,
+/// layernorm and rmsnorm over rows of 50257, 128256, 32001 and other odd widths, bf16 and f32,
+/// over 37 rows and one): on a 9.0 device every clustered row kernel runs its Hopper path (the
+/// cluster, `EQ_CLUSTER`; unless `EQFUSE_NO_SM90A` keeps the portable one), checked against
+/// the reference, twice with identical bits (the blocks' partials combine in rank order in
+/// every block), then twice more, the last as a CUDA graph.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn cluster_rows_match_the_reference() {
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let (mut plans, mut clustered) = (Vec::new(), Vec::new());
+    for (name, text) in common::cluster_row_programs() {
+        let p = eqfuse::parse_program(&name, &text, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let plan = optimize(&p, &opts).unwrap().plan;
+        let sources = codegen_plan(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
+        clustered.push(sources.iter().filter(|s| s.launch.sm90a.is_some()).count());
+        plans.push((name, p, plan));
+    }
+    assert!(clustered.iter().filter(|&&n| n > 0).count() >= 12, "clustered row kernels: {clustered:?}");
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    let hopper = gpu.arch == "sm_90" && std::env::var_os("EQFUSE_NO_SM90A").is_none();
+    for (seed, ((name, program, plan), &want)) in plans.iter().zip(&clustered).enumerate() {
+        let a = run_checked(&gpu, name, program, plan, seed as u64);
+        if hopper {
+            assert_eq!(a.sm90a, want, "{name}: kernels on the sm_90a path");
+        }
+        let b = run_checked(&gpu, name, program, plan, seed as u64);
+        for ((n, x), (_, y)) in a.values.iter().zip(&b.values) {
+            let same = x.data.iter().zip(&y.data).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(same, "{name}: output {n} differs between two runs");
+        }
+        let sources = codegen_plan(plan).unwrap();
+        let opts = GpuRunOptions { repeat: 2, seed: seed as u64, graph: true, ..GpuRunOptions::default() };
+        let r = run_on(&gpu, program, plan, &sources, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(r.ok(), "{name}: {r}");
+        eprintln!("ok: {name}: worst scaled error {:.1e}, {} on the sm_90a path", worst_scaled_error(&a), a.sm90a);
+    }
+}
+
 /// Few long rows cut into segments (`common::long_row_programs`: one row of 8.4 million, a
 /// loss to a scalar, an online max and sum of exponentials, shifted bf16 rows with three
 /// statistics, 100 rows with a per-row epilogue, the fidelity run's g53 and a softmax of one

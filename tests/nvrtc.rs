@@ -40,10 +40,15 @@ fn templates_compile_alone() {
 }
 
 /// A kernel with a Hopper path (`launch.sm90a`) must compile for sm_90a too, and there run
-/// wgmma; its sm_90 compile must not. ptxas's performance advisories (C75xx: wgmmas serialized,
-/// which an instance at the register cap of two blocks per SM can get, e.g. causal attention
-/// over transposed views) are reported, not failures: the code is correct, only slower.
+/// wgmma (attention) or spread its rows over clusters (a row kernel); its sm_90 compile must
+/// not. ptxas's performance advisories (C75xx: wgmmas serialized, which an instance at the
+/// register cap of two blocks per SM can get, e.g. causal attention over transposed views) are
+/// reported, not failures: the code is correct, only slower.
 fn compile_sm90a(what: &str, s: &eqfuse::KernelSource, sm90: &[u8]) {
+    if s.launch.sm90a.is_some() && s.template == eqfuse::Template::RowReduce {
+        compile_cluster_rows(what, s, sm90);
+        return;
+    }
     if s.launch.sm90a.is_none() {
         return;
     }
@@ -585,8 +590,9 @@ fn hopper_dropout_at_model_shapes_spills_nothing() {
 /// verbose log, spill no registers to local memory: a row is kept in registers only where the
 /// block leaves its threads registers for it. The 50257-wide bf16 softmax reads shifted rows
 /// (16-byte vectors) and, too long for 64 registers a thread beside the rest, keeps each row
-/// in shared memory, pipelined over its 4096 rows (and, for one row, two blocks an SM); rows of
-/// 1024, 4096 and 32000 keep their kernels. Pipelined kernels compile for sm_80 too (`cp.async`
+/// in shared memory, pipelined over its 4096 rows (and, for one row, two blocks an SM; on a 9.0
+/// device these, and the 128256-wide rows, spread over clusters: `cluster_row_kernels_compile_without_spills`);
+/// rows of 1024, 4096 and 32000 keep their kernels. Pipelined kernels compile for sm_80 too (`cp.async`
 /// of 16 bytes, no Hopper copies).
 #[test]
 fn wide_and_odd_rows_compile_without_spills() {
@@ -695,15 +701,17 @@ fn wide_and_odd_rows_compile_without_spills() {
                 }
                 assert_eq!(s.launch.smem_bytes, 2 * 100528, "{what}");
             } else if path.ends_with("softmax_bf16.eqf") && dims.iter().any(|(k, v)| k == "R" && *v == 1) {
-                // A lone row: its max and sum of exponentials in segments over blocks
-                // (tests/long_rows.rs), then an elementwise kernel normalises.
-                if s.name.starts_with("rowreduce") {
-                    assert!(defines.contains("#define EQ_SEGS ") && !defines.contains("#define EQ_SEGS 1\n"), "{what}");
-                    assert!(!defines.contains("#define EQ_SMEM_CACHE 1\n"), "{what}\n{defines}");
-                }
+                // A lone row: one softmax kernel, the row spread over a cluster of 7 blocks on a
+                // 9.0 device (priced so; its portable path keeps the row in one block's shared
+                // memory), where before its max and sum of exponentials ran in segments over
+                // blocks (tests/long_rows.rs) and an elementwise kernel normalised.
+                assert!(s.launch.sm90a.is_some() && defines.contains("#define EQ_CLUSTER 7\n"), "{what}\n{defines}");
+                assert!(!defines.contains("#define EQ_SEGS "), "{what}\n{defines}");
             } else if path.ends_with("softmax_bf16.eqf") && dims.iter().any(|(_, v)| *v == 128256) {
-                // 256 KB of bf16 a row: beyond a block's shared memory, fetched by each pass.
+                // 256 KB of bf16 a row: beyond a block's shared memory, fetched by each pass on
+                // the portable path; over a cluster of 8 blocks on a 9.0 device.
                 assert!(!defines.contains("EQ_SMEM_CACHE") && defines.contains("#define EQ_CACHED 0\n"), "{what}");
+                assert!(s.launch.sm90a.is_some() && defines.contains("#define EQ_CLUSTER 8\n"), "{what}\n{defines}");
             } else if path.ends_with("softmax_bf16.eqf") && dims.len() == 1 {
                 // Rows 16 bytes divide keep their kernels: in registers, no shift.
                 assert!(
@@ -775,6 +783,83 @@ fn shared_operand_product_kernels_compile() {
             assert!(c.log.trim().is_empty(), "{}: warnings\n{}", s.name, c.log);
         }
     }
+}
+
+/// A row kernel's Hopper path (rows over clusters) compiled for sm_90a: without warnings or
+/// spills (ptxas's verbose log) at its register cap, with the cluster barrier and reads of
+/// distributed shared memory, which its sm_90 compile (`sm90`, the portable path) lacks.
+/// Returns the sm_90a compile's register line.
+fn compile_cluster_rows(what: &str, s: &eqfuse::KernelSource, sm90: &[u8]) -> String {
+    let c = nvrtc_compile(&s.source, &s.file, "sm_90a", &["--ptxas-options=-v".to_string()])
+        .unwrap_or_else(|e| panic!("{what} / {} (sm_90a): {e}", s.name));
+    let warnings: Vec<&str> = c
+        .log
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("ptxas info") && !l.contains("bytes stack frame"))
+        .collect();
+    assert!(warnings.is_empty(), "{what} / {} (sm_90a): warnings\n{}", s.name, c.log);
+    assert!(c.log.contains(" 0 bytes spill stores"), "{what} / {} (sm_90a): spills\n{}", s.name, c.log);
+    let ptx = String::from_utf8_lossy(&c.ptx);
+    for needed in [
+        "barrier.cluster.arrive",
+        "barrier.cluster.wait",
+        "mapa.shared::cluster",
+        "ld.shared::cluster",
+        ".reqnctapercluster",
+    ] {
+        assert!(ptx.contains(needed), "{what} / {}: no {needed} on sm_90a", s.name);
+    }
+    assert!(!String::from_utf8_lossy(sm90).contains("barrier.cluster"), "{what} / {}: clusters on sm_90", s.name);
+    c.log.lines().find(|l| l.contains("registers")).unwrap_or("").trim().to_string()
+}
+
+/// Rows too long for one block's registers spread over a cluster of blocks on a 9.0 device
+/// (`caps::row_cluster`): softmax, log-softmax, cross-entropy and its gradient, layernorm and
+/// rmsnorm over vocabularies of 50257, 128256 and odd widths, bf16 and f32, each with a Hopper
+/// path that compiles for sm_90a without spills (and a portable path for sm_90 and sm_80,
+/// where clusters do not exist). Rows that fit a block's registers (32000 bf16) and strict
+/// numerics keep one block a row.
+#[test]
+fn cluster_row_kernels_compile_without_spills() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let (mut n, mut portable) = (0, 0);
+    for (name, text) in common::cluster_row_programs() {
+        for strict in [false, true] {
+            let opts = OptimizeOptions { strict, ..opts.clone() };
+            let p = eqfuse::parse_program(&name, &text, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let plan = optimize(&p, &opts).unwrap().plan;
+            for s in codegen_plan(&plan).unwrap().iter().filter(|s| s.template == eqfuse::Template::RowReduce) {
+                let what = format!("{name} (strict {strict})");
+                let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[])
+                    .unwrap_or_else(|e| panic!("{what} / {}: {e}", s.name));
+                assert!(c.log.trim().is_empty(), "{what} / {}: warnings\n{}", s.name, c.log);
+                let Some(h) = &s.launch.sm90a else {
+                    portable += 1;
+                    continue;
+                };
+                assert!(!strict, "{what} / {}: a cluster under strict numerics", s.name);
+                let blocks = generated_defines(&s.source)
+                    .lines()
+                    .find_map(|l| l.strip_prefix("#define EQ_CLUSTER "))
+                    .and_then(|v| v.trim().parse::<u32>().ok())
+                    .unwrap_or_else(|| panic!("{what} / {}: no EQ_CLUSTER", s.name));
+                assert!((2..=8).contains(&blocks), "{what} / {}: {blocks} blocks a cluster", s.name);
+                assert_eq!(h.grid[0] % blocks, 0, "{what} / {}: a grid of part of a cluster", s.name);
+                assert!(!h.persistent && !h.wave, "{what} / {}: a cluster launched as a wave", s.name);
+                let regs = compile_cluster_rows(&what, s, &c.ptx);
+                let c = nvrtc_compile(&s.source, &s.file, "sm_80", &[])
+                    .unwrap_or_else(|e| panic!("{what} / {} on sm_80: {e}", s.name));
+                assert!(c.log.trim().is_empty(), "{what} / {} on sm_80: warnings\n{}", s.name, c.log);
+                eprintln!("{what} / {}: clusters of {blocks}, grid {}; {regs}", s.name, h.grid[0]);
+                n += 1;
+            }
+        }
+    }
+    assert!(n >= 8, "only {n} row kernels spread rows over clusters");
+    assert!(portable >= 8, "only {portable} row kernels keep one block a row");
 }
 
 /// The segmented row kernels of few long rows (`common::long_row_programs`: one row of 8.4

@@ -11,7 +11,7 @@ use crate::ir::types::{DType, TensorType};
 use crate::plan::{Kernel, Template};
 
 pub use super::cublaslt::LtCall;
-pub use super::emit::{ReadTraffic, RowKeep, MAX_ROW_SMEM_BYTES, ROW_CACHE_PER_THREAD};
+pub use super::emit::{ClusterShape as RowCluster, ReadTraffic, RowKeep, MAX_ROW_SMEM_BYTES, ROW_CACHE_PER_THREAD};
 pub use super::gemm::{Tile as GemmTile, MAX_ROW_EPILOGUE as MAX_GEMM_ROW};
 pub use super::{mask_refusal, MaskAccess, MaskSite};
 
@@ -112,6 +112,16 @@ pub fn gemm_staging(k: &Kernel) -> Option<(usize, usize)> {
 /// memory (read once; there pipelined or not), or nowhere (read by every pass).
 pub fn row_keep(rows: usize, cols: usize, sizes: &[usize], vec: usize) -> RowKeep {
     super::emit::row_keep(rows, cols, sizes, vec)
+}
+
+/// The cluster of blocks a row kernel over `rows` rows of `cols` elements (cached inputs of
+/// `sizes` bytes an element, `vec` elements an access) spreads each row over on a 9.0 device
+/// (its Hopper path: each block's segment of the row in registers, the row's statistics
+/// combined through distributed shared memory, so each element is read and written once);
+/// `None` where the row stays in one block. Strict numerics, segmented rows and a gemm's row
+/// epilogue never cluster (codegen asks those of the kernel first).
+pub fn row_cluster(rows: usize, cols: usize, sizes: &[usize], vec: usize) -> Option<RowCluster> {
+    super::emit::row_cluster(rows, cols, sizes, vec)
 }
 
 /// The segments the row template cuts each row of kernel `k` into (one block each, a last

@@ -17,7 +17,7 @@ mod cols;
 mod rows;
 mod scatter;
 mod tiled;
-pub use rows::{row_keep, RowKeep, MAX_ROW_SMEM_BYTES, ROW_CACHE_PER_THREAD};
+pub use rows::{row_cluster, row_keep, ClusterShape, RowKeep, MAX_ROW_SMEM_BYTES, ROW_CACHE_PER_THREAD};
 pub use scatter::accumulates as scatter_accumulates;
 pub use tiled::ReadTraffic;
 
@@ -51,6 +51,9 @@ pub struct Rendered {
     pub body: String,
     pub shape: Shape,
     pub params: Params,
+    /// The kernel's Hopper path, where it has one: its defines, body and launch shape on a 9.0
+    /// device (a row kernel's rows spread over clusters of blocks).
+    pub sm90a: Option<Box<Rendered>>,
 }
 
 /// Numbers a rendered kernel's `#define` block holds, for the code that embeds it.
@@ -1104,7 +1107,13 @@ impl Emitter<'_> {
             smem_bytes: 0,
             wave: false,
         };
-        Ok(Rendered { defines: d, body: f, shape, params: Params { vec: self.vec, row_threads: 1, nacc: 1 } })
+        Ok(Rendered {
+            defines: d,
+            body: f,
+            shape,
+            params: Params { vec: self.vec, row_threads: 1, nacc: 1 },
+            sm90a: None,
+        })
     }
 
     /// The tiled path (`kernels/elementwise.cu`, `EQ_TILED`): a tile in shared memory per tiled
@@ -1147,7 +1156,7 @@ impl Emitter<'_> {
             smem_bytes: 0,
             wave: false,
         };
-        Rendered { defines: d, body: f.s, shape, params: Params { vec: 1, row_threads: 1, nacc: 1 } }
+        Rendered { defines: d, body: f.s, shape, params: Params { vec: 1, row_threads: 1, nacc: 1 }, sm90a: None }
     }
 
     /// The kernel's generated name: `{template}_{dtype}_k{id}`.
@@ -1237,5 +1246,37 @@ mod tests {
         assert_eq!(shared(1024, 4096, &[2, 2, 2], 8, true), (2 * 24576, false, 128, 2));
         let product = rows::row_shape(4096, 50257, &[2], 8, true, true);
         assert_eq!(product.keep, RowKeep::Fetched);
+    }
+
+    /// Rows a block's registers do not hold spread over a cluster of at most 8 blocks of 256 or
+    /// 512 threads, each thread's vectors within 64 registers beside the rest (40 for shifted
+    /// rows), with the fewest idle vector slots, every block holding some of the row; rows that
+    /// fit a block, and rows no cluster holds, have none.
+    #[test]
+    fn wide_rows_spread_over_the_smallest_cluster_that_holds_them() {
+        let cluster = |rows, cols, sizes: &[usize], vec| {
+            row_cluster(rows, cols, sizes, vec).map(|c| (c.blocks, c.threads, c.chunks))
+        };
+        // bf16 rows of 50257: 6283 shifted vectors of 8, 7168 slots.
+        assert_eq!(cluster(4096, 50257, &[2], 8), Some((7, 512, 2)));
+        assert_eq!(cluster(1, 50257, &[2], 8), Some((7, 512, 2)));
+        // f32 rows of 50257 (12565 shifted vectors of 4), of 128256 (32064 vectors of 4, 32256
+        // slots), bf16 rows of 128256 (16032 vectors of 8).
+        assert_eq!(cluster(4096, 50257, &[4], 4), Some((5, 512, 5)));
+        assert_eq!(cluster(1024, 128256, &[4], 4), Some((7, 512, 9)));
+        assert_eq!(cluster(1024, 128256, &[2], 8), Some((8, 512, 4)));
+        // In a block's registers already.
+        assert_eq!(cluster(4096, 32000, &[2], 8), None);
+        assert_eq!(cluster(4096, 1001, &[4], 4), None);
+        // Two inputs of bf16 rows of 50257 would take 2 x 16 values a thread beside 40
+        // registers: no cluster holds them; nor a row of 1000000.
+        assert_eq!(cluster(4096, 50257, &[2, 2], 8), None);
+        assert_eq!(cluster(4096, 1_000_000, &[4], 4), None);
+        for (cols, vec) in [(50257, 8), (128256, 4), (77777, 8), (40001, 4), (32001, 4)] {
+            let c = row_cluster(64, cols, &[4], vec).unwrap();
+            let per = if cols.is_multiple_of(vec) { cols / vec } else { (cols + vec - 1).div_ceil(vec) };
+            assert!(c.blocks * c.threads * c.chunks >= per && (c.blocks - 1) * c.threads * c.chunks < per, "{cols}");
+            assert!(c.blocks <= 8 && c.chunks * vec <= 64, "{cols}");
+        }
     }
 }

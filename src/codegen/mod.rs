@@ -61,8 +61,9 @@ pub struct Launch {
     pub wave: bool,
     /// The launch of the source's Hopper path: on a device of compute capability 9.0 the
     /// runtime compiles the source for `sm_90a` (whose feature macro selects that path, e.g.
-    /// attention on wgmma) and launches it with this shape instead; elsewhere the source
-    /// compiles to its portable path, launched as above.
+    /// attention on wgmma, or a row kernel's rows spread over clusters of blocks, whose grid
+    /// is whole clusters and never persistent) and launches it with this shape instead;
+    /// elsewhere the source compiles to its portable path, launched as above.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sm90a: Option<Box<Launch>>,
 }
@@ -275,15 +276,48 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
     // A scatter_add of float values sums in the order its atomics land.
     let scheduled_sums = lowered.scatter.as_ref().is_some_and(|s| k.writes[s.write].ty.dtype.is_float());
     let mut source = header(plan, k, label, &name, (r.shape.grid, r.shape.block), None);
-    source.push_str(&r.defines);
+    // A Hopper path (rows over clusters) is the same kernel in another shape: its defines and
+    // body where the sm_90a compile's feature macro is defined, the portable ones elsewhere.
+    let hopper =
+        |h: &str, portable: &str| format!("#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n{h}#else\n{portable}#endif\n");
+    match &r.sm90a {
+        Some(h) => {
+            let [gx, gy, gz] = h.shape.grid;
+            let [bx, by, bz] = h.shape.block;
+            source.push_str(&format!(
+                "// launch for sm_90a (rows over clusters of blocks): grid ({gx}, {gy}, {gz}), block ({bx}, {by}, {bz})\n"
+            ));
+            source.push_str(&hopper(&h.defines, &r.defines));
+        }
+        None => source.push_str(&r.defines),
+    }
     source.push_str("\n// ---- kernels/common.cuh ----\n");
     source.push_str(COMMON);
     source.push_str("\n// ---- generated body ----\n");
-    source.push_str(&r.body);
+    match &r.sm90a {
+        Some(h) => source.push_str(&hopper(&h.body, &r.body)),
+        None => source.push_str(&r.body),
+    }
     source.push_str(&format!("\n// ---- kernels/{label}.cu ----\n"));
     source.push_str(template);
     let mut args = tensor_args(k, &packed_names(plan));
-    args.extend(r.shape.workspace.iter().map(|(n, bytes, zeroed)| workspace_arg(n, *bytes, *zeroed)));
+    // (Both paths take the same workspaces, by name: each is the larger size.)
+    args.extend(r.shape.workspace.iter().map(|(n, bytes, zeroed)| {
+        let other = r.sm90a.as_ref().and_then(|h| h.shape.workspace.iter().find(|w| &w.0 == n)).map_or(0, |w| w.1);
+        workspace_arg(n, (*bytes).max(other), *zeroed)
+    }));
+    // A cluster's blocks loop over rows together: its launch is the whole grid, never a wave
+    // of resident blocks (which a cluster's size need not divide).
+    let sm90a = r.sm90a.as_ref().map(|h| {
+        Box::new(Launch {
+            grid: h.shape.grid,
+            block: h.shape.block,
+            smem_bytes: h.shape.smem_bytes,
+            persistent: false,
+            wave: false,
+            sm90a: None,
+        })
+    });
     Ok(KernelSource {
         file: format!("{name}.cu"),
         name,
@@ -296,7 +330,7 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
             smem_bytes: r.shape.smem_bytes,
             persistent: matches!(lowered.template, Template::RowReduce | Template::Elementwise),
             wave: r.shape.wave,
-            sm90a: None,
+            sm90a,
         },
         args,
         cublaslt: None,

@@ -77,6 +77,9 @@ pub struct KernelCost {
     /// (`caps::elementwise_traffic`), priced at the `tiled` implementation's rates of the
     /// elementwise template where the profile has them.
     pub tiled: bool,
+    /// For a row kernel whose rows do not fit one block, the blocks of the cluster each row is
+    /// spread over (`caps::row_cluster`: sm_90, each block's segment in registers); 1 otherwise.
+    pub cluster: u32,
 }
 
 /// Bytes a kernel with body `body` reads of each of its reads `reads` (sorted): all of a tensor,
@@ -189,18 +192,21 @@ impl KernelCost {
                 profile.attention_portable_us(&work, dtype)
             }
             // (See `analyse` for its stages.)
+            // (Rows over clusters run at the rates of their own where the profile has them, on
+            // as many blocks as the clusters have.)
             (None, KernelKind::RowGlobal) => {
-                profile.kernel_work_us(Template::RowReduce, &work, dtype, None).max(self.few_rows_us(profile, &work, 1))
+                profile.row_work_us(&work, dtype, self.cluster).max(self.few_rows_us(profile, &work, self.cluster))
             }
             (None, _) if self.template == Template::RowReduce => profile
-                .kernel_work_us(self.template, &work, dtype, None)
-                .max(self.few_rows_us(profile, &work, segments)),
+                .row_work_us(&work, dtype, self.cluster)
+                .max(self.few_rows_us(profile, &work, segments * self.cluster)),
             (None, _) if self.tiled => profile.elementwise_tiled_us(&work, dtype),
             (None, _) => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
     }
 
-    /// A row kernel runs one block a row, or a block a segment of a row (`segments` a row):
+    /// A row kernel runs one block a row, or a block a segment of a row (`segments` a row:
+    /// segments, or the blocks of a row's cluster):
     /// with fewer blocks than SMs (a whole tensor summed to one value is one row, unless
     /// segmented), only that many SMs move its bytes, each at its share of the copy bandwidth
     /// (measured on an H100 at about half of what one block streams: a 25.7 MB row took 584
@@ -311,6 +317,7 @@ pub fn analyse(
         read_bytes: 0,
         segments: 1,
         row_value_bytes: 0,
+        cluster: 1,
         segment_read_bytes: 0,
         sector_bytes: 0,
         strided_dram_bytes: 0,
@@ -1448,6 +1455,16 @@ fn row_passes(dag: &Dag, k: &mut KernelCost, profile: &DeviceProfile) {
     let vec = caps::vector_width(Template::RowReduce, k.domain.len(), width, widest, profile.strict, false);
     let sizes: Vec<usize> = if full_types.is_empty() { vec![4] } else { full_types.iter().map(|d| d.size()).collect() };
     let rows = full / width.max(1);
+    // (The profiles are of 9.0 devices, where codegen's Hopper path runs; strict numerics keep
+    // the portable path's order of summation.)
+    if let Some(c) = caps::row_cluster(rows, width, &sizes, vec).filter(|_| !profile.strict) {
+        k.cluster = u32::try_from(c.blocks).unwrap_or(1);
+        k.notes.push(format!(
+            "row of {width} spread over a cluster of {} blocks of {} threads (sm_90), each block's segment in registers, the row's statistics combined in distributed shared memory: each input row is read once",
+            c.blocks, c.threads
+        ));
+        return;
+    }
     match caps::row_keep(rows, width, &sizes, vec) {
         caps::RowKeep::Registers => return,
         caps::RowKeep::Shared { bytes, pipelined } => {

@@ -223,6 +223,7 @@ impl DeviceProfile {
             let implementations: &[&str] = match t {
                 Template::Gemm => &["cublaslt", "generated"],
                 Template::Attention => &["backward", "backward_fused", "portable"],
+                Template::RowReduce => &["cluster"],
                 _ => &[],
             };
             for (imp, r) in &rates.implementations {
@@ -381,6 +382,15 @@ impl DeviceProfile {
     /// rates where the profile has them.
     pub fn kernel_work_us(&self, t: Template, work: &Work, dtype: DType, tiles: Option<&GemmTiles>) -> f64 {
         self.work_us(self.rates(t), work, dtype, tiles)
+    }
+
+    /// [`kernel_work_us`](Self::kernel_work_us) of a row kernel; one whose rows are spread over
+    /// clusters of `cluster` blocks (more than 1: `caps::row_cluster`) at the rates of the row
+    /// template's `cluster` implementation where the profile has one (else the template's).
+    pub fn row_work_us(&self, work: &Work, dtype: DType, cluster: u32) -> f64 {
+        let r = self.rates(Template::RowReduce);
+        let r = if cluster > 1 { r.implementations.get("cluster").unwrap_or(r) } else { r };
+        self.work_us(r, work, dtype, None)
     }
 
     /// [`kernel_work_us`](Self::kernel_work_us) of the attention template's backward kernels
@@ -593,6 +603,26 @@ fn rate_tflops(r: &TemplateRates, dtype: DType) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Row kernels over clusters of blocks take the row template's `cluster` rates where the
+    /// profile has them (an implementation the row template may have, and no other), and the
+    /// template's own otherwise and for rows in one block.
+    #[test]
+    fn rows_over_clusters_take_their_own_rates_where_measured() {
+        let mut p = DeviceProfile::load("h100").unwrap();
+        let work = Work { bytes: 1 << 30, ..Work::default() };
+        let one = p.row_work_us(&work, DType::Bf16, 1);
+        assert_eq!(p.row_work_us(&work, DType::Bf16, 7), one);
+        let mut cluster = p.rates(Template::RowReduce).clone();
+        cluster.bandwidth_efficiency /= 2.0;
+        p.templates.get_mut("rowreduce").unwrap().implementations.insert("cluster".into(), cluster.clone());
+        p.validate().unwrap();
+        let slow = p.row_work_us(&work, DType::Bf16, 7);
+        assert!(slow > 1.9 * (one - p.launch_overhead_us), "{slow} against {one}");
+        assert_eq!(p.row_work_us(&work, DType::Bf16, 1), one);
+        p.templates.get_mut("colreduce").unwrap().implementations.insert("cluster".into(), cluster);
+        assert!(p.validate().unwrap_err().contains("unknown implementation `cluster`"));
+    }
 
     #[test]
     fn rates_by_size_interpolate_in_log_size_and_hold_at_the_ends() {

@@ -63,7 +63,7 @@ pub struct Calibration {
     pub copy_us: f64,
     pub launch_us: f64,
     /// (template, program, bytes moved, median microseconds, share of copy bandwidth).
-    pub templates: Vec<(Template, String, u64, f64, f64)>,
+    pub templates: Vec<TemplateShare>,
     /// The row kernels' stage latency: its probes and the fitted microseconds per stage.
     pub stages: (Vec<StageProbe>, f64),
     /// cuBLASLt's fixed time per call: (program, median microseconds).
@@ -81,6 +81,10 @@ pub struct Calibration {
     /// Seconds each part took: (part, seconds).
     pub seconds: Vec<(String, f64)>,
 }
+
+/// A template's measured share of copy bandwidth: (template, program, bytes moved, median
+/// microseconds, share).
+pub type TemplateShare = (Template, String, u64, f64, f64);
 
 /// Calibrates device 0 against the built-in profile of its kind (`h100`, `h200`, else `h100`).
 pub fn calibrate() -> Result<Calibration> {
@@ -139,6 +143,9 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         templates.push((template, program.source.clone(), k.bytes, k.measured_us, share));
     }
     let strided = strided_rates(gpu, &mut profile, copy_gbs, launch_us)?;
+    if let Some(t) = cluster_rows(gpu, &mut profile, copy_gbs)? {
+        templates.push(t);
+    }
     let stages = stage_latency(gpu, &mut profile)?;
     lap("copy, launch, template efficiencies, strided reads and row stage latency", &mut seconds);
     let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
@@ -159,7 +166,8 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         .collect();
     profile.source = format!(
         "calibrated by `eqfuse calibrate` on {} ({}, {}); measured: copy bandwidth, launch overhead, \
-         the elementwise, rowreduce and colreduce efficiencies, the elementwise tiled path's \
+         the elementwise, rowreduce and colreduce efficiencies (and on a 9.0 device, rows over clusters of \
+         blocks: rowreduce.implementations.cluster, a bf16 softmax over 4096x50257), the elementwise tiled path's \
          (implementations.tiled: an 8192 x 8192 f32 transpose), the sector bandwidth of strided reads \
          (sector_bandwidth_gbs: [2^24, 4] bf16 read as [4, 2^24] on the plain path, its bytes and the \
          excess of the sectors its warps touch over the time past the launch overhead), cuBLASLt's call overhead (a 64x128x64 \
@@ -907,6 +915,36 @@ fn without_cublaslt(profile: &DeviceProfile) -> DeviceProfile {
     let mut p = profile.clone();
     gemm_impl(&mut p, GemmImpl::Cublaslt).call_overhead_us = Some(1e6);
     p
+}
+
+/// The share of copy bandwidth of row kernels whose rows are spread over clusters of blocks
+/// (`rowreduce.implementations.cluster`, the template's other rates kept), measured on the
+/// issue's bf16 softmax over 4096 rows of 50257 where the device runs its Hopper path (a 9.0
+/// device); `None`, and the profile left as it is, elsewhere.
+fn cluster_rows(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<Option<TemplateShare>> {
+    let x = TensorType::new(DType::Bf16, vec![4096, 50257]);
+    let program = Program::from_sexprs("calibrate-rowreduce-cluster", &[("x", x)], &[("y", "(softmax x -1)")])
+        .map_err(Error::Invalid)?;
+    let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+    let sources = codegen_plan(&plan)?;
+    if plan.kernels.len() != 1 || sources[0].launch.sm90a.is_none() {
+        return Err(Error::Invalid(format!(
+            "calibration program {} did not plan as one row kernel over clusters",
+            program.source
+        )));
+    }
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
+    if r.sm90a == 0 {
+        return Ok(None);
+    }
+    let k = &r.kernels[0];
+    let share = (k.achieved_gbs / copy_gbs).min(1.0);
+    if let Some(rates) = profile.templates.get_mut(Template::RowReduce.name()) {
+        let mut cluster = TemplateRates { implementations: Default::default(), ..rates.clone() };
+        cluster.bandwidth_efficiency = round(share, 3);
+        rates.implementations.insert("cluster".into(), cluster);
+    }
+    Ok(Some((Template::RowReduce, program.source.clone(), k.bytes, k.measured_us, share)))
 }
 
 /// One large program per generated template, each planning as a single kernel.

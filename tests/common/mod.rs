@@ -426,6 +426,46 @@ pub fn attention_dropout_programs() -> Vec<(String, String)> {
     ]
 }
 
+/// Row kernels over rows too long for one block's registers, which a 9.0 device spreads over
+/// clusters of blocks (`caps::row_cluster`), and one that fits (bf16 rows of 32000): softmax,
+/// log-softmax, cross-entropy (a mean over rows) and its gradient, layernorm (its scale and
+/// shift gathered) and rmsnorm, bf16 and f32, over vocabularies of 50257 (shifted rows) and
+/// 128256, 32001 and odd widths, over 37 rows (a count nothing divides) and one row.
+/// tests/nvrtc.rs compiles them, tests/gpu.rs runs them.
+pub fn cluster_row_programs() -> Vec<(String, String)> {
+    let rows = |r: usize, v: usize, dtype: &str, body: &str| {
+        format!("dim R = {r}\ndim V = {v}\ninput x: {dtype}[R, V]\n{body}")
+    };
+    let ce = |r: usize, v: usize, dtype: &str, grad: bool| {
+        let g = if grad { "dx = grad(loss, x)\noutput loss, dx\n" } else { "output loss\n" };
+        rows(r, v, dtype, &format!("input t: i32[R]\nloss = cross_entropy(x, t)\n{g}"))
+    };
+    let softmax = "y = softmax(x, -1)\noutput y\n";
+    let log_softmax = "y = log_softmax(x, -1)\noutput y\n";
+    let norm =
+        |dtype: &str| format!("input g: {dtype}[V]\ninput b: {dtype}[V]\ny = layernorm(x, g, b, 0.00001)\noutput y\n");
+    vec![
+        ("softmax bf16 37x50257".into(), rows(37, 50257, "bf16", softmax)),
+        ("softmax bf16 1x50257".into(), rows(1, 50257, "bf16", softmax)),
+        ("softmax f32 37x50257".into(), rows(37, 50257, "f32", softmax)),
+        ("softmax bf16 37x128256".into(), rows(37, 128256, "bf16", softmax)),
+        ("log_softmax f32 37x128256".into(), rows(37, 128256, "f32", log_softmax)),
+        ("log_softmax bf16 37x50257".into(), rows(37, 50257, "bf16", log_softmax)),
+        ("cross_entropy bf16 37x50257".into(), ce(37, 50257, "bf16", false)),
+        ("cross_entropy and its gradient bf16 37x50257".into(), ce(37, 50257, "bf16", true)),
+        ("cross_entropy and its gradient f32 37x128256".into(), ce(37, 128256, "f32", true)),
+        ("cross_entropy and its gradient f32 37x32001".into(), ce(37, 32001, "f32", true)),
+        ("layernorm f32 37x50257".into(), rows(37, 50257, "f32", &norm("f32"))),
+        ("layernorm bf16 37x77777".into(), rows(37, 77777, "bf16", &norm("bf16"))),
+        (
+            "rmsnorm bf16 37x128256".into(),
+            rows(37, 128256, "bf16", "input g: bf16[V]\ny = rmsnorm(x, g, 0.00001)\noutput y\n"),
+        ),
+        ("softmax f32 37x40001".into(), rows(37, 40001, "f32", softmax)),
+        ("softmax bf16 37x32000".into(), rows(37, 32000, "bf16", softmax)),
+    ]
+}
+
 /// Reductions over few long rows, which the row template cuts into segments (one block each,
 /// the last block of a row combining the partials): `(name, program text, segments)`, where
 /// `segments` is the `EQ_SEGS` some fused row kernel of the program must have. One row (a

@@ -75,7 +75,7 @@ impl Emitter<'_> {
             smem_bytes: 0,
             wave: false,
         };
-        Ok(Rendered { defines: d, body, shape, params: Params { vec: self.vec, row_threads: 1, nacc } })
+        Ok(Rendered { defines: d, body, shape, params: Params { vec: self.vec, row_threads: 1, nacc }, sm90a: None })
     }
 
     fn col_accum(&self, reds: &[usize]) -> String {

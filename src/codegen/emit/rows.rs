@@ -9,7 +9,9 @@
 //! `exp(x - max)`), so the epilogue does not compute it again (see [`plan::reuse`]). A row too
 //! long for registers is kept in shared memory where its inputs fit there in their storage
 //! types ([`row_shape`]), and every pass after the first reads that copy; where two rows fit, a
-//! block copies its next row while it works on one (pipelined).
+//! block copies its next row while it works on one (pipelined). On a 9.0 device such a row is
+//! instead spread over a cluster of blocks ([`row_cluster`]), each block's segment in
+//! registers: the source carries that form as its Hopper path beside the portable one.
 
 use super::*;
 
@@ -243,21 +245,58 @@ impl Emitter<'_> {
         segment_shape(rows, cols, self.vec)
     }
 
+    /// The cluster a row is spread over on a 9.0 device (`EQ_CLUSTER`, `kernels/rowreduce.cu`):
+    /// [`row_cluster`] of a row kernel that passes over its row more than once (two stages, or
+    /// a stage and an epilogue that writes the row: one stage alone streams the row once
+    /// wherever it is kept), outside strict numerics (which keep the unfused plan's order of
+    /// summation), segmented rows and a gemm's row epilogue.
+    pub(super) fn cluster(&self) -> Option<ClusterShape> {
+        if self.strict || self.rank() == 0 || self.l.product.is_some() || self.segments().is_some() {
+            return None;
+        }
+        let rp = plan::plan(self, false);
+        if rp.stages.is_empty() || (rp.stages.len() < 2 && self.epilogue_roots().is_empty()) {
+            return None;
+        }
+        let (rows, cols) = self.rows_cols();
+        let sizes: Vec<usize> = rp.cached.iter().map(|&i| self.cached_dtype(i).size()).collect();
+        row_cluster(rows, cols, &sizes, self.vec)
+    }
+
+    /// The row kernel: its portable form, and where [`Self::cluster`] spreads its rows over
+    /// clusters, that form as the source's Hopper path (`Rendered::sm90a`: compiled for sm_90a
+    /// and launched with its own shape on a 9.0 device).
     pub(super) fn rowreduce(&self) -> Result<Rendered> {
+        let mut r = self.rowreduce_as(None)?;
+        if let Some(c) = self.cluster() {
+            r.sm90a = Some(Box::new(self.rowreduce_as(Some(c))?));
+        }
+        Ok(r)
+    }
+
+    /// The row kernel in one form: `cluster` spreads each row over a cluster of blocks.
+    fn rowreduce_as(&self, cluster: Option<ClusterShape>) -> Result<Rendered> {
         let mut rp = plan::plan(self, true);
         let (rows, cols) = self.rows_cols();
         let sizes: Vec<usize> = rp.cached.iter().map(|&i| self.cached_dtype(i).size()).collect();
-        let segs = self.segments();
+        let segs = if cluster.is_some() { None } else { self.segments() };
         let copyable = rp.cached.iter().all(|&i| self.stageable(i));
-        let shape = match segs {
-            Some(s) => RowShape {
+        let shape = match (segs, cluster) {
+            (Some(s), _) => RowShape {
                 row_threads: SEG_THREADS,
                 chunks: s.chunks,
                 block: SEG_THREADS,
                 blocks_per_sm: SEG_BLOCKS_PER_SM,
                 keep: RowKeep::Fetched,
             },
-            None => row_shape(rows, cols, &sizes, self.vec, self.l.product.is_some(), copyable),
+            (None, Some(c)) => RowShape {
+                row_threads: c.threads,
+                chunks: c.chunks,
+                block: c.threads,
+                blocks_per_sm: CLUSTER_THREADS_PER_SM / c.threads,
+                keep: RowKeep::Registers,
+            },
+            (None, None) => row_shape(rows, cols, &sizes, self.vec, self.l.product.is_some(), copyable),
         };
         let (row_threads, chunks, block) = (shape.row_threads, shape.chunks, shape.block);
         let cached = shape.keep == RowKeep::Registers;
@@ -282,6 +321,7 @@ impl Emitter<'_> {
         let rpb0 = block / row_threads;
         let stage_bytes = rpb0 * chunks * ncache * row_threads * 16;
         let pipelined = cached
+            && cluster.is_none()
             && !self.shift
             && rows > 1
             && block * (rp.cached.len() * chunks * self.vec + REGS_BESIDE_CACHE) > REGS_PER_SM / 2
@@ -289,9 +329,12 @@ impl Emitter<'_> {
             && rp.cached.iter().all(|&i| self.stageable(i));
         let nacc = rp.stages.iter().map(Vec::len).max().unwrap_or(0).max(1);
         let rpb = block / row_threads;
-        let grid = match segs {
-            Some(s) => rows * s.segments,
-            None => rows.div_ceil(rpb).min(if rp.globals.is_empty() { 1 << 24 } else { 4096 }),
+        let most = if rp.globals.is_empty() { 1 << 24 } else { 4096 };
+        let grid = match (segs, cluster) {
+            (Some(s), _) => rows * s.segments,
+            // (Whole clusters: a grid the cluster's size does not divide does not launch.)
+            (None, Some(c)) => rows.min(most / c.blocks) * c.blocks,
+            (None, None) => rows.div_ceil(rpb).min(most),
         };
         let nglobal = rp.globals.len();
         let ws: &[(&str, &str)] =
@@ -315,6 +358,11 @@ impl Emitter<'_> {
         }
         if self.shift {
             let _ = writeln!(d, "#define EQ_SHIFT 1");
+        }
+        if let Some(c) = cluster {
+            for (k, v) in [("EQ_CLUSTER", c.blocks), ("EQ_MIN_BLOCKS", shape.blocks_per_sm)] {
+                let _ = writeln!(d, "#define {k} {v}");
+            }
         }
         if let Some(s) = segs {
             for (k, v) in [
@@ -376,7 +424,7 @@ impl Emitter<'_> {
             smem_bytes: if pipelined { stage_bytes as u32 } else { smem_row.unwrap_or(0) as u32 },
             wave: pipelined || smem_pipelined,
         };
-        Ok(Rendered { defines: d, body, shape, params: Params { vec: self.vec, row_threads, nacc } })
+        Ok(Rendered { defines: d, body, shape, params: Params { vec: self.vec, row_threads, nacc }, sm90a: None })
     }
 
     fn row_struct(&self, rp: &plan::RowPlan) -> String {
@@ -974,6 +1022,55 @@ pub(super) fn segment_shape(rows: usize, cols: usize, vec: usize) -> Option<Segm
     (segments > 1).then_some(Segments { segments, chunks })
 }
 
+/// How a row kernel spreads each row over a cluster of blocks (`kernels/rowreduce.cu`,
+/// `EQ_CLUSTER`; sm_90).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClusterShape {
+    /// Blocks of a cluster, one row's (`EQ_CLUSTER`, 2 to 8: sm_90's portable cluster size).
+    pub blocks: usize,
+    /// Threads of each block (`EQ_ROW_THREADS`, the block's one row segment).
+    pub threads: usize,
+    /// Vectors each thread keeps in registers (`EQ_CHUNKS`).
+    pub chunks: usize,
+}
+
+/// The most blocks of a cluster (sm_90's portable limit; 16 needs a launch attribute).
+pub const MAX_CLUSTER: usize = 8;
+/// Threads of a row cluster's blocks an SM is to hold (`__launch_bounds__`: 64 registers a
+/// thread), so that an SM's loads of one block's segment overlap other blocks' combines and
+/// writes.
+const CLUSTER_THREADS_PER_SM: usize = 1024;
+/// Threads a block of a row cluster may have: at least two blocks an SM.
+const CLUSTER_BLOCK_THREADS: [usize; 2] = [256, 512];
+
+/// The cluster a row of `cols` elements is spread over, `ncache` cached inputs read `vec`
+/// elements a vector: blocks of [`CLUSTER_BLOCK_THREADS`] threads, each thread keeping `chunks`
+/// vectors of each input in registers within what [`CLUSTER_THREADS_PER_SM`] threads an SM
+/// leave it (as [`fits_in_registers`] counts them), the fewest idle vector slots (past the
+/// row's end), then the fewest blocks (fewer partials to combine), then the most threads a
+/// block; every block holds some of the row. `None` where no cluster of at most [`MAX_CLUSTER`] blocks holds
+/// the row. A bf16 row of 50257 (6283 shifted vectors of 8): 7 blocks of 512 threads, 2 vectors
+/// each (7168 vector slots); an f32 row of 128256 (32064 vectors of 4): 7 blocks of 512
+/// threads, 9 vectors each.
+pub fn cluster_shape(cols: usize, ncache: usize, vec: usize) -> Option<ClusterShape> {
+    let vec = vec.max(1);
+    let per = row_vectors(cols, vec);
+    let shift = !cols.is_multiple_of(vec);
+    let beside = if shift { REGS_BESIDE_SHIFTED_CACHE } else { REGS_BESIDE_CACHE };
+    let regs = REGS_PER_SM / CLUSTER_THREADS_PER_SM;
+    let mut shapes = vec![];
+    for blocks in 2..=MAX_CLUSTER {
+        for threads in CLUSTER_BLOCK_THREADS {
+            let chunks = per.div_ceil(blocks * threads);
+            let cached = ncache * chunks * vec;
+            if cached <= ROW_CACHE_PER_THREAD && cached + beside <= regs && (blocks - 1) * threads * chunks < per {
+                shapes.push(ClusterShape { blocks, threads, chunks });
+            }
+        }
+    }
+    shapes.into_iter().min_by_key(|c| (c.blocks * c.threads * c.chunks, c.blocks, std::cmp::Reverse(c.threads)))
+}
+
 /// The most row elements one thread keeps in registers (`float cache[EQ_CHUNKS][EQ_NCACHE][EQ_VEC]`).
 pub const ROW_CACHE_PER_THREAD: usize = 64;
 /// The most threads that share one row.
@@ -1005,6 +1102,18 @@ pub enum RowKeep {
 /// a row it prices as read once is one codegen keeps on chip, and with the same shared memory.
 pub fn row_keep(rows: usize, cols: usize, sizes: &[usize], vec: usize) -> RowKeep {
     row_shape(rows, cols, sizes, vec.max(1), false, true).keep
+}
+
+/// The cluster a row kernel over `rows` rows of `cols` elements spreads each row over on a 9.0
+/// device, its cached inputs of `sizes` bytes an element read `vec` elements a vector: where
+/// the row does not fit one block's registers ([`row_keep`]), [`cluster_shape`]. Codegen asks
+/// this of a kernel it may cluster (`Emitter::cluster`), the cost model of every row kernel
+/// (`caps::row_cluster`).
+pub fn row_cluster(rows: usize, cols: usize, sizes: &[usize], vec: usize) -> Option<ClusterShape> {
+    if row_keep(rows, cols, sizes, vec) == RowKeep::Registers {
+        return None;
+    }
+    cluster_shape(cols, sizes.len().max(1), vec)
 }
 
 /// The launch shape of a row kernel and where it keeps its row.

@@ -88,7 +88,13 @@ impl Emitter<'_> {
         }
         let shape =
             Shape { grid: [blocks as u32, 1, 1], block: [THREADS as u32, 1, 1], workspace, smem_bytes: 0, wave: true };
-        Ok(Rendered { defines: d, body: f, shape, params: Params { vec: self.vec, row_threads: 1, nacc: 1 } })
+        Ok(Rendered {
+            defines: d,
+            body: f,
+            shape,
+            params: Params { vec: self.vec, row_threads: 1, nacc: 1 },
+            sm90a: None,
+        })
     }
 }
 
