@@ -14,9 +14,13 @@
 //! projection); q, k, v and g need a contiguous head and strides and offsets of multiples of 8
 //! elements. A
 //! bias is read through strides (0 along broadcast axes) or is a bool mask's select
-//! (`where(m, 0, FILL)`). The written gradients and statistics are contiguous. bf16 or f16 with
-//! head sizes that are multiples of 8 up to 128; stored views, fused epilogues and f32 operands
-//! are errors naming the kernel ("not supported yet"), never an approximation. (f32 attention
+//! (`where(m, 0, FILL)`). The statistics are written contiguously; each gradient as computed or
+//! through the views and concatenations its consumers read it by (`Body::placed`: heads merged
+//! by `reshape(transpose(..))`, dq, dk and dv as the column blocks of d(qkv) `[B, S, 3E]`), with
+//! a contiguous head and even strides and offsets, so neither the transposes nor the
+//! concatenation is a copy kernel. bf16 or f16 with head sizes that are multiples of 8 up to
+//! 128; fused epilogues and f32 operands are errors naming the kernel ("not supported yet"),
+//! never an approximation. (f32 attention
 //! keeps the decomposed backward: the autodiff pass emits these composites only where
 //! [`template_runs`] holds.)
 
