@@ -18,7 +18,10 @@ fn opts() -> OptimizeOptions {
 }
 
 fn shown(plan: &FusionPlan) -> Vec<(Template, Vec<String>, Vec<String>)> {
-    plan.kernels.iter().map(|k| (k.template, k.ops.clone(), k.writes.iter().map(|w| w.name.clone()).collect())).collect()
+    plan.kernels
+        .iter()
+        .map(|k| (k.template, k.ops.clone(), k.writes.iter().map(|w| w.name.clone()).collect()))
+        .collect()
 }
 
 /// A kernel that only moves elements: views, layout copies and concatenations.

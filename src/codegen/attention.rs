@@ -218,7 +218,9 @@ impl<'a> Body<'a> {
     }
 
     fn axis(&self, i: usize, rank: usize) -> Result<usize> {
-        let a = self.facts[i].konst.ok_or_else(|| unsupported(self.k, "the axis of a transpose or concatenation must be a constant"))?;
+        let a = self.facts[i]
+            .konst
+            .ok_or_else(|| unsupported(self.k, "the axis of a transpose or concatenation must be a constant"))?;
         norm_axis(a as i64, rank).map_err(|e| unsupported(self.k, e))
     }
 

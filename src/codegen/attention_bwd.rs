@@ -227,7 +227,8 @@ fn instance(k: &Kernel) -> Result<Instance> {
             placed.push((a, w, offset, strides));
         }
     }
-    let mut stored: Vec<usize> = placed.iter().map(|p| p.0).chain(lse_write.map(|w| usize::from(k.stores[w]))).collect();
+    let mut stored: Vec<usize> =
+        placed.iter().map(|p| p.0).chain(lse_write.map(|w| usize::from(k.stores[w]))).collect();
     stored.sort_unstable();
     if stored != anchors {
         return Err(unsupported(k, "a backward operator the kernel does not store exactly once"));

@@ -273,7 +273,8 @@ fn attention_read_through_copies(
         // (Only where no other reader is a view: those views' layouts are decided already.)
         let others: Vec<&DagNode> =
             nodes.iter().enumerate().filter(|&(u, m)| u != t && m.children().any(|c| c == x)).map(|(_, m)| m).collect();
-        if !others.is_empty() && others.iter().all(|m| m.role == Role::Compute) && !copies.iter().any(|&(_, a)| a == x) {
+        if !others.is_empty() && others.iter().all(|m| m.role == Role::Compute) && !copies.iter().any(|&(_, a)| a == x)
+        {
             copies.push((t, x));
         }
     }

@@ -591,10 +591,8 @@ pub fn attention_write_programs() -> Vec<(String, Program)> {
     let parse = |name: &str, text: &str, dims: &[(String, usize)]| -> (String, Program) {
         (name.to_string(), eqfuse::parse_program(path, text, dims).unwrap_or_else(|e| panic!("{name}: {e}")))
     };
-    let merged = text.replace(
-        "output y, dx, dw_attn, dw_proj",
-        "output y, dx, dw_attn, dw_proj, merge_q, merge_k, merge_v",
-    );
+    let merged =
+        text.replace("output y, dx, dw_attn, dw_proj", "output y, dx, dw_attn, dw_proj, merge_q, merge_k, merge_v");
     vec![
         parse("gpt2_attention_grad_bf16_s80_d32", &text, &dims(2, 80, 2, 32)),
         parse("gpt2_attention_grad_f16_d64", &text.replace("bf16", "f16"), &dims(2, 128, 2, 64)),
