@@ -1047,6 +1047,12 @@ impl Shaped<'_> {
             if self.index_generated(b, false) && self.seen_through_views(b) {
                 continue; // (computed at each element of the views that read it)
             }
+            // A view of a tensor in memory read only through further views (heads split from
+            // `[B, S, E]` by a reshape, then transposed) is strides, not a value of its own:
+            // only the last view of the chain meets the iteration space.
+            if self.dag.nodes[b].role == Role::View && !self.computed_below(b) && self.seen_through_views(b) {
+                continue;
+            }
             let s = self.shape(b);
             if s != domain && broadcast_shapes(s, domain).ok().as_deref() != Some(domain) {
                 return Err(format!(
