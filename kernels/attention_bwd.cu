@@ -45,11 +45,13 @@
 // barrier and multiplied by the keys at the end of the next iteration (after its own products,
 // before its last barrier), so that dq adds no barrier of its own.
 //
-// Layout: the written tensors are contiguous, [EQ_NB, rows, EQ_D] (the statistics [EQ_NB,
-// EQ_SQ, 1 or 2]). Every read tensor T is addressed as base + b0 * EQ_T_S0 + b1 * EQ_T_S1 +
-// b2 * EQ_T_S2 + row * EQ_T_SR + column, with b = (b0 * EQ_NB1 + b1) * EQ_NB2 + b2 (T: Q, K, V, G,
-// L the statistics, DL delta), so views are read in place: heads split from a projection
-// (transposed), grouped-query keys and values repeated over a group's query heads (stride 0).
+// Layout: the written statistics are contiguous, [EQ_NB, EQ_SQ, 1 or 2]. Every other tensor T
+// is addressed as base + b0 * EQ_T_S0 + b1 * EQ_T_S1 + b2 * EQ_T_S2 + row * EQ_T_SR + column,
+// with b = (b0 * EQ_NB1 + b1) * EQ_NB2 + b2 (T: Q, K, V, G, L the statistics, DL delta read; DQ,
+// DK, DV written), so views are read in place (heads split from a projection, transposed;
+// grouped-query keys and values repeated over a group's query heads, stride 0) and the
+// gradients written in place: heads merged, each the column block of d(qkv) its consumer reads
+// (base moved by the block's offset; rows and batch strides even, stored two elements at a time).
 // q, k, v and g have a contiguous head and strides of multiples of 8 elements (16-byte
 // cp.async), which the code generator checks. EQ_D is a multiple of 8 up to 128. In shared memory a row holds EQ_DP = EQ_D rounded up to 64
 // elements (zero-filled past EQ_D), in 16-byte chunks placed at chunk ^ (row & 7) (conflict-free
@@ -121,6 +123,18 @@
 #define EQ_DL_S1 0LL
 #define EQ_DL_S2 0LL
 #define EQ_DL_SR 1LL
+#define EQ_DQ_S0 131072LL
+#define EQ_DQ_S1 0LL
+#define EQ_DQ_S2 0LL
+#define EQ_DQ_SR 64LL
+#define EQ_DK_S0 131072LL
+#define EQ_DK_S1 0LL
+#define EQ_DK_S2 0LL
+#define EQ_DK_SR 64LL
+#define EQ_DV_S0 131072LL
+#define EQ_DV_S1 0LL
+#define EQ_DV_S2 0LL
+#define EQ_DV_SR 64LL
 #endif
 
 #ifndef EQ_BM
@@ -332,8 +346,8 @@ __device__ __forceinline__ void mma_pb(float (&acc)[DT][4], const float (&p)[SN]
 }
 
 // Stores this warp's 16 rows of an accumulator (times `mul`) to a contiguous [rows, EQ_D] matrix.
-__device__ __forceinline__ void store_rows(EQ_T* out, const float (&acc)[DT][4], float mul, int row0, int limit,
-                                           int lane) {
+__device__ __forceinline__ void store_rows(EQ_T* out, long long rs, const float (&acc)[DT][4], float mul, int row0,
+                                           int limit, int lane) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)
@@ -342,7 +356,7 @@ __device__ __forceinline__ void store_rows(EQ_T* out, const float (&acc)[DT][4],
             const int row = row0 + g + h * 8, col = dt * 8 + 2 * t;
             if (row < limit && col < EQ_D) {
                 const unsigned w = pack2(acc[dt][2 * h] * mul, acc[dt][2 * h + 1] * mul);
-                *reinterpret_cast<unsigned*>(out + (long long)row * EQ_D + col) = w;
+                *reinterpret_cast<unsigned*>(out + row * rs + col) = w;
             }
         }
 }
@@ -434,7 +448,7 @@ __device__ __forceinline__ void convert_dq(float* acc, EQ_T* out, int tid) {
             const int row = i / (4 * EQ_DP) * 16 + ((i >> 5) & 1) * 8 + ((i >> 2) & 7);
             const int col = (i >> 6) % (EQ_DP / 16) * 16 + 2 * (i & 3);
             if (row >= EQ_SQ) continue;
-            EQ_T* o = out + (long long)row * EQ_D + col;
+            EQ_T* o = out + row * EQ_DQ_SR + col;
             if (col < EQ_D) *reinterpret_cast<unsigned*>(o) = pack2(v[u].x * EQ_SCALE, v[u].y * EQ_SCALE);
             if (col + 8 < EQ_D) *reinterpret_cast<unsigned*>(o + 8) = pack2(v[u].z * EQ_SCALE, v[u].w * EQ_SCALE);
         }
@@ -641,7 +655,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
         __syncthreads();  // the key and value tiles are consumed before they are loaded again
     }
     cp_wait<0>();
-    store_rows(EQ_DQP + b * EQ_SQ * EQ_D, dq, EQ_SCALE, wrow, EQ_SQ, lane);
+    store_rows(EQ_DQP + EQ_BOFF(DQ), EQ_DQ_SR, dq, EQ_SCALE, wrow, EQ_SQ, lane);
 }
 
 #else
@@ -851,10 +865,10 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     }
 #endif
 #if EQ_DK
-    store_rows(EQ_DKP + b * EQ_SK * EQ_D, dk, EQ_SCALE, wkey, EQ_SK, lane);
+    store_rows(EQ_DKP + EQ_BOFF(DK), EQ_DK_SR, dk, EQ_SCALE, wkey, EQ_SK, lane);
 #endif
 #if EQ_DV
-    store_rows(EQ_DVP + b * EQ_SK * EQ_D, dv, EQ_DROP_FACTOR, wkey, EQ_SK, lane);
+    store_rows(EQ_DVP + EQ_BOFF(DV), EQ_DV_SR, dv, EQ_DROP_FACTOR, wkey, EQ_SK, lane);
 #endif
 #if EQ_DQ
     // Every thread's additions are visible before the block is counted; the last block of this
@@ -866,7 +880,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     __syncthreads();
     if (last_block) {
         __threadfence();
-        convert_dq(dqacc, EQ_DQP + b * EQ_SQ * EQ_D, tid);
+        convert_dq(dqacc, EQ_DQP + EQ_BOFF(DQ), tid);
         if (tid == 0) EQ_DQCNT[b] = 0;
     }
 #endif

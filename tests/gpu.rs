@@ -1148,3 +1148,33 @@ fn segmented_long_rows_match_the_reference() {
         eprintln!("ok: {name}\n{r}");
     }
 }
+
+/// `common::attention_write_programs` (the attention half of a GPT-2 training step at small
+/// sizes, bf16 and f16, heads of 32 and 64, a partial row tile) and the bench program at
+/// B = 2, S = 256, 4 heads of 64: the attention kernels write through views (the forward its
+/// merged heads, the backward dq, dk and dv into d(qkv)'s column blocks at its row stride; no
+/// copy kernel), and every output matches the reference.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with `-- --include-ignored` there (benches/gpu/tests.sh)"]
+fn attention_writes_through_views_match_the_reference() {
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let mut programs = common::attention_write_programs();
+    let dims: Vec<(String, usize)> = [("B", 2), ("S", 256), ("H", 4), ("D", 64), ("E", 256), ("E3", 768), ("N", 512)]
+        .iter()
+        .map(|&(n, v)| (n.to_string(), v))
+        .collect();
+    let path = "benches/programs/gpt2_attention_grad_bf16.eqf";
+    programs.push(("gpt2_attention_grad_bf16_s256".into(), eqfuse::load_program(path, &dims).unwrap()));
+    let mut plans = Vec::new();
+    for (name, program) in programs {
+        let plan = optimize(&program, &opts).unwrap().plan;
+        assert_attention_runs(&name, &plan, "attention_grad_q");
+        if !name.ends_with("merged_outputs") {
+            let bwd = plan.kernels.iter().find(|k| k.ops.iter().any(|o| o == "attention_grad_q")).unwrap();
+            assert!(bwd.writes.iter().any(|w| w.name == "dqkv"), "{name}: {:?}", bwd.writes);
+        }
+        plans.push((name, program, plan));
+    }
+    let Some(gpu) = gpu_or_skip(&plans) else { return };
+    run_all_checked(&gpu, &plans, 300);
+}

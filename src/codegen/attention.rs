@@ -218,7 +218,9 @@ impl<'a> Body<'a> {
     }
 
     fn axis(&self, i: usize, rank: usize) -> Result<usize> {
-        let a = self.facts[i].konst.ok_or_else(|| unsupported(self.k, "a transpose axis must be a constant"))?;
+        let a = self.facts[i]
+            .konst
+            .ok_or_else(|| unsupported(self.k, "the axis of a transpose or concatenation must be a constant"))?;
         norm_axis(a as i64, rank).map_err(|e| unsupported(self.k, e))
     }
 
@@ -397,39 +399,68 @@ impl<'a> Body<'a> {
     /// Strides of the attention value `att` in the memory of the tensor stored from node `top`,
     /// which is `att` or views of it (inverted one at a time, from the stored tensor down).
     fn output(&self, top: usize, att: usize, seen: &mut Vec<usize>) -> Result<Vec<usize>> {
-        let mut node = top;
-        let mut strides = contiguous(&self.ty(top)?.shape);
-        while node != att {
+        match self.placed(top, &[att], seen)?.as_slice() {
+            [(_, 0, strides)] => Ok(strides.clone()),
+            _ => Err(unsupported(self.k, "the stored tensor holds attention other than once, whole")),
+        }
+    }
+
+    /// Where the values `at` lie in the memory of the tensor stored from node `top`: each
+    /// `(value, element offset, strides over the value's shape)`. `top` is one of them, or views
+    /// and concatenations of them (a kernel writing its results straight into the tensor their
+    /// consumers read: heads merged by `reshape(transpose(..))`, parts side by side along an
+    /// axis), inverted one node at a time from the stored tensor down: a transpose swaps two
+    /// strides, a reshape refactors them (`ir::layout::reshape_strides`), a concatenation's
+    /// second operand starts as many elements further as its first spans along the axis.
+    pub(super) fn placed(
+        &self,
+        top: usize,
+        at: &[usize],
+        seen: &mut Vec<usize>,
+    ) -> Result<Vec<(usize, usize, Vec<usize>)>> {
+        let mut out = Vec::new();
+        let mut stack = vec![(top, 0usize, contiguous(&self.ty(top)?.shape))];
+        while let Some((node, offset, strides)) = stack.pop() {
+            if at.contains(&node) {
+                out.push((node, offset, strides));
+                continue;
+            }
             seen.push(node);
             let ch = self.children(node);
             let shape = self.ty(node)?.shape.clone();
             let below = self.ty(ch[0])?.shape.clone();
-            strides = match self.kind(node) {
+            match self.kind(node) {
                 Some(Kind::Transpose) => {
                     seen.extend_from_slice(&ch[1..]);
                     let (a, b) = (self.axis(ch[1], below.len())?, self.axis(ch[2], below.len())?);
                     let mut s = strides;
                     s.swap(a, b);
-                    s
+                    stack.push((ch[0], offset, s));
                 }
                 Some(Kind::Reshape) => {
                     seen.extend_from_slice(&ch[1..]);
-                    reshape_strides(&shape, &strides, &below)
-                        .ok_or_else(|| unsupported(self.k, "the stored view of attention moves its elements"))?
+                    let s = reshape_strides(&shape, &strides, &below)
+                        .ok_or_else(|| unsupported(self.k, "a stored view that moves the elements it writes"))?;
+                    stack.push((ch[0], offset, s));
+                }
+                Some(Kind::Concat) => {
+                    seen.push(ch[2]);
+                    let a = self.axis(ch[2], shape.len())?;
+                    stack.push((ch[1], offset + below[a] * strides[a], strides.clone()));
+                    stack.push((ch[0], offset, strides));
                 }
                 _ => {
                     return Err(unsupported(
                         self.k,
                         format!(
-                        "the template writes attention or a view of it; `{}` is a fused epilogue it does not generate",
-                        self.nodes[node].head()
-                    ),
+                            "the template writes its results or views of them; `{}` is a fused epilogue it does not generate",
+                            self.nodes[node].head()
+                        ),
                     ))
                 }
-            };
-            node = ch[0];
+            }
         }
-        Ok(strides)
+        Ok(out)
     }
 }
 

@@ -14,9 +14,13 @@
 //! projection); q, k, v and g need a contiguous head and strides and offsets of multiples of 8
 //! elements. A
 //! bias is read through strides (0 along broadcast axes) or is a bool mask's select
-//! (`where(m, 0, FILL)`). The written gradients and statistics are contiguous. bf16 or f16 with
-//! head sizes that are multiples of 8 up to 128; stored views, fused epilogues and f32 operands
-//! are errors naming the kernel ("not supported yet"), never an approximation. (f32 attention
+//! (`where(m, 0, FILL)`). The statistics are written contiguously; each gradient as computed or
+//! through the views and concatenations its consumers read it by (`Body::placed`: heads merged
+//! by `reshape(transpose(..))`, dq, dk and dv as the column blocks of d(qkv) `[B, S, 3E]`), with
+//! a contiguous head and even strides and offsets, so neither the transposes nor the
+//! concatenation is a copy kernel. bf16 or f16 with head sizes that are multiples of 8 up to
+//! 128; fused epilogues and f32 operands are errors naming the kernel ("not supported yet"),
+//! never an approximation. (f32 attention
 //! keeps the decomposed backward: the autodiff pass emits these composites only where
 //! [`template_runs`] holds.)
 
@@ -108,8 +112,11 @@ struct Instance {
     reads: Vec<(&'static str, usize, usize, [usize; 5])>,
     bias: Option<BiasInstance>,
     dropout: Option<DropInstance>,
-    /// `(macro, write index)` of each value it stores.
-    writes: Vec<(&'static str, usize)>,
+    /// `(tensor tag, write index, element offset, strides: three batch axes, row, column)` of
+    /// each gradient it stores (`DQ`, `DK`, `DV`; a view or a part of a concatenation of the
+    /// written tensor), and the log-sum-exp's write index (written contiguously).
+    writes: Vec<(&'static str, usize, usize, [usize; 5])>,
+    lse_write: Option<usize>,
 }
 
 /// Whether the template can run a backward kernel; the reason otherwise.
@@ -202,6 +209,30 @@ fn instance(k: &Kernel) -> Result<Instance> {
         Some(at) => Some(body.dropout(first, at, &mut seen)?),
         None => None,
     };
+    // Stores: the log-sum-exp as computed; each gradient as computed, or through the views
+    // and concatenations its consumers read it by (heads merged, d(qkv)'s column blocks), which
+    // the template writes through strides from an element offset.
+    let mut lse_write = None;
+    let mut placed: Vec<(usize, usize, usize, Vec<usize>)> = Vec::new();
+    for (w, &st) in k.stores.iter().enumerate() {
+        let st = usize::from(st);
+        if slots_of(st).is_some_and(|s| s.grad.is_none()) {
+            lse_write = Some(w);
+            continue;
+        }
+        for (a, offset, strides) in body.placed(st, &anchors, &mut seen)? {
+            if slots_of(a).is_some_and(|s| s.grad.is_none()) {
+                return Err(unsupported(k, "a stored view of the statistics"));
+            }
+            placed.push((a, w, offset, strides));
+        }
+    }
+    let mut stored: Vec<usize> =
+        placed.iter().map(|p| p.0).chain(lse_write.map(|w| usize::from(k.stores[w]))).collect();
+    stored.sort_unstable();
+    if stored != anchors {
+        return Err(unsupported(k, "a backward operator the kernel does not store exactly once"));
+    }
     // Nothing else in the body: the operands, the attributes, the anchors.
     if let Some(extra) = (0..body.nodes.len()).find(|i| !seen.contains(i)) {
         return Err(unsupported(k, format!("`{}` fused into the kernel", body.nodes[extra].head())));
@@ -232,8 +263,14 @@ fn instance(k: &Kernel) -> Result<Instance> {
         }
         None => None,
     };
+    let write_layouts: Vec<Factored> = placed
+        .iter()
+        .map(|(a, _, _, strides)| Ok(Factored::of_strides(&body.ty(*a)?.shape, strides)))
+        .collect::<Result<_>>()?;
     let mut layouts: Vec<&Factored> = ops.iter().map(|o| &o.layout).collect();
     layouts.extend(bias_layout.as_ref());
+    let first_write = layouts.len();
+    layouts.extend(&write_layouts);
     // The tiles of q, k, v and g load by 16 bytes: a contiguous head, strides of multiples of 8.
     let tiles = if mode == Mode::Lse { 2 } else { 4 };
     let batched = Batched::new(k, &layouts, r, |all, batch_strides| {
@@ -251,6 +288,20 @@ fn instance(k: &Kernel) -> Result<Instance> {
                 ));
             }
         }
+        // The gradients are stored two elements (four bytes) at a time along the head.
+        for (s, (_, _, offset, _)) in all[first_write..].iter().zip(&placed) {
+            if s[1] != 1 && d > 1 {
+                return Err(unsupported(k, "a stored gradient without a contiguous head axis"));
+            }
+            if s[0] % 2 != 0 || offset % 2 != 0 {
+                return Err(unsupported(k, "a stored gradient at an odd row stride or offset"));
+            }
+        }
+        for bs in &batch_strides[first_write..] {
+            if bs.iter().any(|x| x % 2 != 0) {
+                return Err(unsupported(k, "a stored gradient at an odd batch stride"));
+            }
+        }
         Ok(())
     })?;
     let nb: usize = batched.batch.iter().product();
@@ -265,22 +316,18 @@ fn instance(k: &Kernel) -> Result<Instance> {
         }
         None => None,
     };
-    // Stores: each anchor written as computed (no stored views).
-    let mut writes = Vec::new();
-    for (w, &st) in k.stores.iter().enumerate() {
-        let st = usize::from(st);
-        let tag = match slots_of(st).map(|s| s.grad) {
-            Some(None) => "EQ_LSEOUT",
-            Some(Some(AttnArg::Q)) => "EQ_DQP",
-            Some(Some(AttnArg::K)) => "EQ_DKP",
-            Some(Some(AttnArg::V)) => "EQ_DVP",
-            _ => return Err(unsupported(k, format!("storing `{}`", body.nodes[st].head()))),
-        };
-        writes.push((tag, w));
-    }
-    if writes.len() != anchors.len() {
-        return Err(unsupported(k, "a backward operator the kernel does not store"));
-    }
+    let writes = placed
+        .iter()
+        .zip(&batched.strides[first_write..])
+        .map(|((a, w, offset, _), st)| {
+            let tag = match slots_of(*a).and_then(|s| s.grad) {
+                Some(AttnArg::Q) => "DQ",
+                Some(AttnArg::K) => "DK",
+                _ => "DV",
+            };
+            (tag, *w, *offset, *st)
+        })
+        .collect();
     let names: &[&'static str] = if mode == Mode::Lse { &["Q", "K"] } else { &["Q", "K", "V", "G", "L", "DL"] };
     let reads = names.iter().zip(&ops).zip(&batched.strides).map(|((&n, o), st)| (n, o.read, o.offset, *st)).collect();
     Ok(Instance {
@@ -297,7 +344,17 @@ fn instance(k: &Kernel) -> Result<Instance> {
         bias,
         dropout,
         writes,
+        lse_write,
     })
+}
+
+/// The pointer expression of a stored gradient's first element: parameter `p_w{write}`, moved
+/// by the element offset (a part of a concatenation).
+fn write_pointer(write: usize, offset: usize) -> String {
+    match offset {
+        0 => format!("p_w{write}"),
+        off => format!("(p_w{write} + {off}LL)"),
+    }
 }
 
 /// The C spelling of an f32 constant.
@@ -416,8 +473,14 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
             def("EQ_BIAS_NO", float_literal(no));
         }
     }
-    for (tag, w) in &inst.writes {
-        def(tag, format!("p_w{w}"));
+    if let Some(w) = inst.lse_write {
+        def("EQ_LSEOUT", format!("p_w{w}"));
+    }
+    for (tag, w, offset, st) in &inst.writes {
+        def(&format!("EQ_{tag}P"), write_pointer(*w, *offset));
+        for (j, suffix) in ["S0", "S1", "S2", "SR"].iter().enumerate() {
+            def(&format!("EQ_{tag}_{suffix}"), format!("{}LL", st[j]));
+        }
     }
     for (n, v) in inst.dropout.iter().flat_map(|d| d.defines()) {
         def(n, v);

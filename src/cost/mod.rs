@@ -282,10 +282,13 @@ pub fn analyse(
     // size (an operand passed through as an output would have elements left unwritten).
     let size: usize = domain.iter().product();
     // (Attention's log-sum-exp, one value per row, is the exception its kernels write, and
-    // the query gradient beside the key and value gradients, of the queries' size.)
+    // the query gradient beside the key and value gradients, of the queries' size; so is a
+    // concatenation of the gradients, each written in place as its part: codegen places every
+    // part, and refuses a concatenation of anything but the kernel's gradients.)
     let lse = |m: usize| is_attention_backward(dag.nodes[m].kind());
+    let parts = |m: usize| template == Template::Attention && dag.nodes[m].kind() == Some(Kind::Concat);
     if matches!(template, Template::Gemm | Template::Attention)
-        && members.iter().any(|&m| !lse(m) && dag.nodes[m].ty().is_some_and(|t| t.numel() != size))
+        && members.iter().any(|&m| !lse(m) && !parts(m) && dag.nodes[m].ty().is_some_and(|t| t.numel() != size))
     {
         return Err("a matrix product's kernel writes only values the size of the product".into());
     }
@@ -363,7 +366,14 @@ pub fn analyse(
     // epilogue as well as attention storing a view of itself, is asked of codegen.
     let alone = members.len() == 1 && k.body.iter().all(|&b| members.contains(&b) || dag.nodes[b].role == Role::View);
     if k.kind.attention_backward_module() && (!alone || members.len() != 1) {
-        let kernel = candidate_kernel(dag, members, &k, Template::Attention);
+        // The backward writes a gradient once, as computed or through the views and
+        // concatenations above it (d(qkv)): a member read only by those is not stored.
+        let mut kernel = candidate_kernel(dag, members, &k, Template::Attention);
+        let stored: Vec<bool> = members.iter().map(|&m| escapes(dag, &k.body, m)).collect();
+        let mut keep = stored.iter();
+        kernel.writes.retain(|_| keep.next() == Some(&true));
+        let mut keep = stored.iter();
+        kernel.stores.retain(|_| keep.next() == Some(&true));
         caps::attention_backward_can_generate(&kernel)
             .map_err(|e| format!("the attention backward template cannot run it: {e}"))?;
     } else if template == Template::Attention && !alone {
@@ -595,6 +605,26 @@ pub fn kernel_kind(dag: &Dag, template: Template, body: &[usize]) -> KernelKind 
         }
         _ => KernelKind::Plain,
     }
+}
+
+/// Whether a kernel with body `body` (sorted) writes its member `m`: an output, or read by a
+/// node outside the body (another kernel), directly or through views of the body.
+fn escapes(dag: &Dag, body: &[usize], m: usize) -> bool {
+    let mut stack = vec![m];
+    while let Some(i) = stack.pop() {
+        if dag.is_output[i] {
+            return true;
+        }
+        for &u in &dag.users[i] {
+            if body.binary_search(&u).is_err() {
+                return true;
+            }
+            if dag.nodes[u].role == Role::View {
+                stack.push(u);
+            }
+        }
+    }
+    false
 }
 
 /// The plan kernel a candidate would become if it wrote every member (reads named `t{node}`),
@@ -1086,6 +1116,12 @@ impl Shaped<'_> {
             if self.index_generated(b, false) && self.seen_through_views(b) {
                 continue; // (computed at each element of the views that read it)
             }
+            // A view of a tensor in memory read only through further views (heads split from
+            // `[B, S, E]` by a reshape, then transposed) is strides, not a value of its own:
+            // only the last view of the chain meets the iteration space.
+            if self.dag.nodes[b].role == Role::View && !self.computed_below(b) && self.seen_through_views(b) {
+                continue;
+            }
             let s = self.shape(b);
             if s != domain && broadcast_shapes(s, domain).ok().as_deref() != Some(domain) {
                 return Err(format!(
@@ -1333,8 +1369,21 @@ impl Shaped<'_> {
         }
         let is_attention = attention_forward(n.kind()).is_some() || is_attention_backward(n.kind());
         // Views of the anchor it stores (attention written as `[B, S, H, D]` for a reshape to
-        // `[B, S, E]`): the template's output strides place them; codegen checks the strides.
-        let stored = if is_attention { self.views_above(a) } else { vec![] };
+        // `[B, S, E]`), and of the backward's gradients with the concatenations of them (dq, dk
+        // and dv written as the column blocks of d(qkv) `[B, S, 3E]`): the template's output
+        // strides and offsets place them, so neither the transposes nor the concatenation is a
+        // kernel of its own; codegen checks the strides.
+        let stored = match (attention_forward(n.kind()).is_some(), is_attention) {
+            (true, _) => self.views_above(&[a], false),
+            (false, true) => {
+                let grads: Vec<usize> = std::iter::once(a)
+                    .chain(partners.iter().copied())
+                    .filter(|&p| self.dag.nodes[p].kind().is_some_and(|k| is_attention_backward(Some(k))))
+                    .collect();
+                self.views_above(&grads, true)
+            }
+            _ => vec![],
+        };
         if is_attention {
             // The template writes attention as computed (or through a view), nothing more.
             if let Some(&b) = self.body.iter().find(|&&b| {
@@ -1396,14 +1445,21 @@ impl Shaped<'_> {
         out
     }
 
-    /// Body nodes that are views (or layout copies) of `a`, through views only.
-    fn views_above(&self, a: usize) -> Vec<usize> {
+    /// Body nodes that are views (or layout copies) of the values `at`, through views only; with
+    /// `concats`, also concatenations both of whose operands are such nodes (or `at` itself).
+    fn views_above(&self, at: &[usize], concats: bool) -> Vec<usize> {
         let is_view =
             |b: usize| matches!(self.dag.nodes[b].kind(), Some(Kind::Transpose | Kind::Reshape | Kind::Broadcast));
         let mut out: Vec<usize> = Vec::new();
         for &b in self.body {
-            let over = |c: usize| c == a || out.contains(&c);
-            if b != a && is_view(b) && self.dag.nodes[b].children().next().is_some_and(over) {
+            let over = |c: usize| at.contains(&c) || out.contains(&c);
+            let n = &self.dag.nodes[b];
+            let above = if concats && n.kind() == Some(Kind::Concat) {
+                n.children().take(2).all(over)
+            } else {
+                is_view(b) && n.children().next().is_some_and(over)
+            };
+            if !at.contains(&b) && above {
                 out.push(b);
             }
         }

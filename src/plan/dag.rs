@@ -94,6 +94,7 @@ impl Dag {
     /// Completes a DAG from its nodes and outputs (computes users and output flags).
     pub fn finish(mut nodes: Vec<DagNode>, outputs: Vec<(String, usize)>) -> Dag {
         layout_copies(&mut nodes, &outputs);
+        let (nodes, outputs) = attention_read_through_copies(nodes, outputs);
         let mut users = vec![Vec::new(); nodes.len()];
         for (i, n) in nodes.iter().enumerate() {
             for c in n.children() {
@@ -244,6 +245,83 @@ fn layout_copies(nodes: &mut [DagNode], outputs: &[(String, usize)]) {
             break;
         }
     }
+}
+
+/// Lets the attention kernel write its output once, in the layout a merge of heads needs.
+///
+/// Attention's output `o` (`[B, H, S, D]`) is read by the output projection as
+/// `reshape(transpose(o, 1, 2), [B, S, E])`, whose transpose is a layout copy (`layout_copies`),
+/// and in training by the backward's `delta` too. The attention kernel can store the copy
+/// itself (its template writes through a view), but not `o` beside it: every other reader of
+/// `o` would need a second kernel copying it. So the other readers read the copy back through
+/// the same transpose instead (`transpose(transpose(o, 1, 2), 1, 2)` is `o`, a strided view):
+/// `o` is then read only by its copy, and one kernel computes and writes both. An output `o`
+/// keeps its row-major layout.
+fn attention_read_through_copies(
+    nodes: Vec<DagNode>,
+    outputs: Vec<(String, usize)>,
+) -> (Vec<DagNode>, Vec<(String, usize)>) {
+    let is_output = |i: usize| outputs.iter().any(|&(_, o)| o == i);
+    // (the copy, attention) pairs, each attention once.
+    let mut copies: Vec<(usize, usize)> = Vec::new();
+    for (t, n) in nodes.iter().enumerate() {
+        let Some(x) = n.children().next() else { continue };
+        let attention = matches!(nodes[x].kind(), Some(Kind::Composite(c)) if c.attention_slots().is_some());
+        if n.role != Role::Compute || n.kind() != Some(Kind::Transpose) || !attention || is_output(x) {
+            continue;
+        }
+        // (Only where no other reader is a view: those views' layouts are decided already.)
+        let others: Vec<&DagNode> =
+            nodes.iter().enumerate().filter(|&(u, m)| u != t && m.children().any(|c| c == x)).map(|(_, m)| m).collect();
+        if !others.is_empty() && others.iter().all(|m| m.role == Role::Compute) && !copies.iter().any(|&(_, a)| a == x)
+        {
+            copies.push((t, x));
+        }
+    }
+    if copies.is_empty() {
+        return (nodes, outputs);
+    }
+    // New order: each copy (its axis literals first) and the view reading it back right after
+    // its attention, so every reader that follows sees them (children before parents).
+    let n = nodes.len();
+    let mut map = vec![usize::MAX; n];
+    let mut order: Vec<DagNode> = Vec::with_capacity(n + copies.len());
+    let mut back = vec![usize::MAX; n]; // attention -> the new index of its read-back view
+    let moved: Vec<usize> = copies.iter().map(|&(t, _)| t).collect();
+    let push = |order: &mut Vec<DagNode>, map: &mut Vec<usize>, i: usize| {
+        let node = nodes[i].node.clone().map_children(|c| Id::from(map[usize::from(c)]));
+        map[i] = order.len();
+        order.push(DagNode { node, ..nodes[i].clone() });
+    };
+    for i in 0..n {
+        if moved.contains(&i) || map[i] != usize::MAX {
+            continue;
+        }
+        // Readers of an attention with a copy read the view instead (not the copy itself).
+        let node = nodes[i].node.clone().map_children(|c| {
+            let c = usize::from(c);
+            Id::from(if back[c] != usize::MAX && !moved.contains(&i) { back[c] } else { map[c] })
+        });
+        map[i] = order.len();
+        order.push(DagNode { node, ..nodes[i].clone() });
+        if let Some(&(t, x)) = copies.iter().find(|&&(_, x)| x == i) {
+            let axes: Vec<usize> = nodes[t].children().skip(1).collect();
+            for &a in &axes {
+                if map[a] == usize::MAX {
+                    push(&mut order, &mut map, a);
+                }
+            }
+            push(&mut order, &mut map, t);
+            let view = TensorLang::Op(
+                nodes[t].node.opcode().expect("a transpose is an operator"),
+                std::iter::once(map[t]).chain(axes.iter().map(|&a| map[a])).map(Id::from).collect(),
+            );
+            back[x] = order.len();
+            order.push(DagNode { node: view, fact: nodes[x].fact.clone(), name: None, role: Role::View, class: None });
+        }
+    }
+    let outputs = outputs.into_iter().map(|(name, o)| (name, map[o])).collect();
+    (order, outputs)
 }
 
 /// Whether attention's backward kernels read a tensor of layout `l` in place: its rows and its

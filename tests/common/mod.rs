@@ -637,3 +637,31 @@ pub fn transposed_programs() -> Vec<(String, String)> {
         p("pairs_f32", "input x: f32[4099, 2]\ny = transpose(x, 0, 1) + 1.0\noutput y\n"),
     ]
 }
+
+/// The attention half of a GPT-2 training step as the PyTorch backend's graphs have it
+/// (`benches/programs/gpt2_attention_grad_bf16.eqf`, whose attention kernels write through
+/// views: the forward its output heads-merged, the backward dq, dk and dv as the column blocks
+/// of d(qkv)), at small sizes: bf16 with 80 queries (a partial row tile) and heads of 32, f16
+/// with heads of 64; and the gradients heads-merged as outputs too (each written once: the
+/// backward kernel stores them or d(qkv), not both).
+pub fn attention_write_programs() -> Vec<(String, Program)> {
+    let path = "benches/programs/gpt2_attention_grad_bf16.eqf";
+    let dims = |b: usize, s: usize, h: usize, d: usize| -> Vec<(String, usize)> {
+        let e = h * d;
+        [("B", b), ("S", s), ("H", h), ("D", d), ("E", e), ("E3", 3 * e), ("N", b * s)]
+            .iter()
+            .map(|&(n, v)| (n.to_string(), v))
+            .collect()
+    };
+    let text = std::fs::read_to_string(path).unwrap();
+    let parse = |name: &str, text: &str, dims: &[(String, usize)]| -> (String, Program) {
+        (name.to_string(), eqfuse::parse_program(path, text, dims).unwrap_or_else(|e| panic!("{name}: {e}")))
+    };
+    let merged =
+        text.replace("output y, dx, dw_attn, dw_proj", "output y, dx, dw_attn, dw_proj, merge_q, merge_k, merge_v");
+    vec![
+        parse("gpt2_attention_grad_bf16_s80_d32", &text, &dims(2, 80, 2, 32)),
+        parse("gpt2_attention_grad_f16_d64", &text.replace("bf16", "f16"), &dims(2, 128, 2, 64)),
+        parse("gpt2_attention_grad_bf16_merged_outputs", &merged, &dims(2, 64, 2, 64)),
+    ]
+}
