@@ -406,21 +406,18 @@ fn paths(src: &str) -> (String, String) {
 /// lanes, too long to keep in the 64 registers a thread of a 1024-thread block has, so its
 /// kernel keeps each row's 100528 bytes in shared memory, pipelined over its 4096 rows (two
 /// buffers a block, one wave of blocks): one read of device memory, the max and the sum of
-/// exponentials as two stages over the copy. On a 9.0 device (its Hopper path) each row is
-/// spread over a cluster of 7 blocks of 512 threads, 2 vectors a thread in registers, and the
-/// cost model, of a 9.0 device, prices that: one read. A 1001-wide row stays in registers and
-/// is read once.
+/// exponentials as two stages over the copy. Rows of 16-bit values are not spread over a
+/// cluster of blocks on a 9.0 device (7 blocks of 512 threads ran this softmax at 27% of copy
+/// bandwidth on an H100: `caps::row_cluster`), so there is no Hopper path; the f32 rows of the
+/// same width are (`cluster_row_kernels_compile_without_spills`). A 1001-wide row stays in
+/// registers and is read once.
 #[test]
 fn wide_odd_rows_are_priced_as_codegen_runs_them() {
     let p = eqfuse::load_program("benches/programs/softmax_wide_bf16.eqf", &[]).unwrap();
     let plan = optimize(&p, &opts()).unwrap().plan;
     let sources = codegen_plan(&plan).unwrap();
     let (hopper, src) = paths(&sources.iter().map(generated).collect::<String>());
-    for d in ["EQ_CLUSTER 7", "EQ_ROW_THREADS 512", "EQ_BLOCK 512", "EQ_CHUNKS 2", "EQ_CACHED 1", "EQ_MIN_BLOCKS 2"] {
-        assert!(hopper.contains(&format!("#define {d}\n")), "not {d}:\n{hopper}");
-    }
-    let h = sources[0].launch.sm90a.as_ref().expect("a Hopper path");
-    assert_eq!((h.grid[0], h.block[0], h.smem_bytes, h.persistent, h.wave), (4096 * 7, 512, 0, false, false));
+    assert!(!hopper.contains("EQ_CLUSTER") && sources[0].launch.sm90a.is_none(), "{hopper}");
     for d in [
         "EQ_VEC 8",
         "EQ_SHIFT 1",
@@ -436,7 +433,8 @@ fn wide_odd_rows_are_priced_as_codegen_runs_them() {
     assert_eq!(sources[0].launch.smem_bytes, 2 * 100528);
     assert!(sources[0].launch.wave, "a pipelined row kernel runs one wave of blocks");
     let notes = plan.kernels[0].rejected.join("\n");
-    assert!(notes.contains("spread over a cluster of 7 blocks of 512") && !notes.contains("read 2 times"), "{notes}");
+    // (Rows of 16-bit values are not spread over clusters: `caps::row_cluster`.)
+    assert!(!notes.contains("spread over a cluster"), "{notes}");
     let p = eqfuse::load_program("benches/programs/softmax_wide_bf16.eqf", &[("V".into(), 1001)]).unwrap();
     let plan = optimize(&p, &opts()).unwrap().plan;
     let src = codegen_plan(&plan).unwrap().iter().map(generated).collect::<String>();

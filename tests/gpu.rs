@@ -1091,7 +1091,7 @@ fn cluster_rows_match_the_reference() {
         clustered.push(sources.iter().filter(|s| s.launch.sm90a.is_some()).count());
         plans.push((name, p, plan));
     }
-    assert!(clustered.iter().filter(|&&n| n > 0).count() >= 12, "clustered row kernels: {clustered:?}");
+    assert!(clustered.iter().filter(|&&n| n > 0).count() >= 5, "clustered row kernels (f32 rows): {clustered:?}");
     let Some(gpu) = gpu_or_skip(&plans) else { return };
     let hopper = gpu.arch == "sm_90" && std::env::var_os("EQFUSE_NO_SM90A").is_none();
     for (seed, ((name, program, plan), &want)) in plans.iter().zip(&clustered).enumerate() {

@@ -1257,14 +1257,14 @@ mod tests {
         let cluster = |rows, cols, sizes: &[usize], vec| {
             row_cluster(rows, cols, sizes, vec).map(|c| (c.blocks, c.threads, c.chunks))
         };
-        // bf16 rows of 50257: 6283 shifted vectors of 8, 7168 slots.
-        assert_eq!(cluster(4096, 50257, &[2], 8), Some((7, 512, 2)));
-        assert_eq!(cluster(1, 50257, &[2], 8), Some((7, 512, 2)));
+        // Rows of 16-bit values keep one block a row (measured slower over clusters).
+        assert_eq!(cluster(4096, 50257, &[2], 8), None);
+        assert_eq!(cluster(1, 50257, &[2], 8), None);
+        assert_eq!(cluster(1024, 128256, &[2], 8), None);
         // f32 rows of 50257 (12565 shifted vectors of 4), of 128256 (32064 vectors of 4, 32256
-        // slots), bf16 rows of 128256 (16032 vectors of 8).
+        // slots).
         assert_eq!(cluster(4096, 50257, &[4], 4), Some((5, 512, 5)));
         assert_eq!(cluster(1024, 128256, &[4], 4), Some((7, 512, 9)));
-        assert_eq!(cluster(1024, 128256, &[2], 8), Some((8, 512, 4)));
         // In a block's registers already.
         assert_eq!(cluster(4096, 32000, &[2], 8), None);
         assert_eq!(cluster(4096, 1001, &[4], 4), None);

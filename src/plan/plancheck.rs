@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use egg::Language;
 
 use crate::error::{Error, Result};
+use crate::ir::infer::broadcast_shapes;
 use crate::ir::program::Program;
 use crate::ir::tensor::{tolerance, Comparison, Tensor};
-use crate::ir::infer::broadcast_shapes;
 use crate::plan::{FusionPlan, Kernel, KernelKind, Template};
 use crate::reference::Precision;
 

@@ -1113,6 +1113,14 @@ pub fn row_cluster(rows: usize, cols: usize, sizes: &[usize], vec: usize) -> Opt
     if row_keep(rows, cols, sizes, vec) == RowKeep::Registers {
         return None;
     }
+    // Measured on an H100 (2026-11-26, benches/results/2026-11-26-h100-session6): clusters ran
+    // a 1024 x 128256 f32 log-softmax at 85% of copy bandwidth (557.6 us one block a row ->
+    // 413.9 us), but rows of 16-bit values at 21-36% (a 4096 x 50257 bf16 softmax 433.4 ->
+    // 1034.5 us; both cross-entropy gradients 1.3-2.5x slower): those keep one block a row
+    // until their cluster shape runs at bandwidth.
+    if sizes.iter().any(|&s| s < 4) {
+        return None;
+    }
     cluster_shape(cols, sizes.len().max(1), vec)
 }
 
