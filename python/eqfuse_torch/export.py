@@ -562,7 +562,7 @@ class Exporter:
                 raise ExportError(f"output {i} is not a tensor the graph computes")
             self.output_names[i] = self.b.output(f"out{i}", v)
         bases: dict[str, str] = {}
-        for i, (base, chain) in views.items():
+        for i, (base, chain, layout) in views.items():
             if base.op == "placeholder":
                 where = ("arg", self.positions[base.name])
             elif base in results and results.index(base) not in views:
@@ -572,15 +572,13 @@ class Exporter:
                     bases[base.name] = self.b.output(f"base_{base.name}", self.value(base))
                 where = ("graph", bases[base.name])
             val = base.meta["val"]
-            shape = _static_shape(val, base)
-            offset, view_shape, view_stride = view_of(chain, shape, val.dtype)
-            self.view_outputs[i] = ViewOf(where, chain, shape, val.dtype, offset, view_shape, view_stride)
+            self.view_outputs[i] = ViewOf(where, chain, _static_shape(val, base), val.dtype, *layout)
 
-    def view_output(self, i: int, r, results) -> tuple[torch.fx.Node, list] | None:
-        """(base node, chain) when output `i`, saved for the backward alone, is views of a tensor
-        in memory anyway: an input, another output, or a product's result (a view that only
-        reshapes or transposes may view any value the graph computes: writing its base costs
-        what writing the view would). The output is then made from the base by PyTorch's view
+    def view_output(self, i: int, r, results) -> tuple[torch.fx.Node, list, tuple] | None:
+        """(base node, chain, its `view_of` layout) when output `i`, saved for the backward alone,
+        is views of a tensor in memory anyway: an input, another output, or a product's result
+        (a view that only reshapes or transposes may view any value the graph computes: writing
+        its base costs what writing the view would). The output is then made from the base by PyTorch's view
         operators (`replay_views`), and no kernel copies it."""
         if self.free_layout_from is None or i < self.free_layout_from or not isinstance(r, torch.fx.Node):
             return None
@@ -599,9 +597,8 @@ class Exporter:
                 and _target_name(base) not in _ALWAYS_WRITTEN:
             return None
         val = base.meta.get("val")
-        if not isinstance(val, torch.Tensor) or view_of(chain, _static_shape(val, base), val.dtype) is None:
-            return None
-        return base, chain
+        layout = view_of(chain, _static_shape(val, base), val.dtype) if isinstance(val, torch.Tensor) else None
+        return (base, chain, layout) if layout is not None else None
 
     def broadcast_output(self, i: int, node: torch.fx.Node, v: Value) -> Value:
         """Output `i` as the smaller value it is a broadcast of (`GraphBuilder.base`), along the

@@ -462,6 +462,19 @@ def test_kernels_compile_in_threads_once_each(monkeypatch):
         runtime.compile_workers({"EQFUSE_COMPILE_THREADS": "many"})
 
 
+def recorded_commands(monkeypatch) -> list:
+    """The eqfuse subcommands (`optimize`, `codegen`) run from now on, in order."""
+    commands = []
+    real_run = subprocess.run
+
+    def run(cmd, *a, **k):
+        commands.append(cmd[1])
+        return real_run(cmd, *a, **k)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    return commands
+
+
 def test_codegen_plans_once_for_the_plan_and_the_kernels(monkeypatch):
     """A graph given to `eqfuse codegen` is not planned again by `plan_graph`: its plan is the
     plan the kernels run. The same graph given to codegen twice is planned once, and a refusal
@@ -472,14 +485,7 @@ def test_codegen_plans_once_for_the_plan_and_the_kernels(monkeypatch):
 
     backend.PLANS.clear()  # what earlier tests planned
     runtime.CODEGENS.clear()
-    commands = []
-    real_run = subprocess.run
-
-    def run(cmd, *a, **k):
-        commands.append(cmd[1])
-        return real_run(cmd, *a, **k)
-
-    monkeypatch.setattr(subprocess, "run", run)
+    commands = recorded_commands(monkeypatch)
     x, w, b = torch.randn(16, 64), torch.randn(64), torch.randn(64)
     graph = graph_of(ln_gelu_residual, x, w, b).graph
     cg = Codegen.of_graph(graph)
@@ -501,14 +507,7 @@ def test_backend_plans_a_graph_it_runs_once(monkeypatch):
     one planning (codegen's) for both, no `eqfuse optimize`."""
     import eqfuse_torch.backend as backend
 
-    commands = []
-    real_run = subprocess.run
-
-    def run(cmd, *a, **k):
-        commands.append(cmd[1])
-        return real_run(cmd, *a, **k)
-
-    monkeypatch.setattr(subprocess, "run", run)
+    commands = recorded_commands(monkeypatch)
     monkeypatch.setattr(backend, "_on_cuda", lambda example_inputs: True)
     built = []
     monkeypatch.setattr(EqfuseBackend, "_build",
