@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import Optional
 
 import torch
 
@@ -321,6 +322,87 @@ def rewrite_attention(gm) -> int:
         if k is not kt and not kt.users:
             graph.erase_node(kt)
             erased.add(kt)
+    if count:
+        graph.lint()
+        gm.recompile()
+    return count
+
+
+# --- SDPA calls PyTorch would run as its math fallback -------------------------------------------
+
+_SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+_MATH_SDPA = None
+
+
+def math_sdpa_op():
+    """`eqfuse::sdpa_math_mask(q, k, v, attn_mask, is_causal, scale, enable_gqa)`: an opaque
+    `F.scaled_dot_product_attention` with a float mask, defined once a process. Run eagerly it is
+    that call, so eager's result (and the backend's first-call check) is PyTorch's own; traced by
+    AOTAutograd it stays one node, which the exporter lowers to eqfuse's `attention_bias`."""
+    global _MATH_SDPA
+    if _MATH_SDPA is None:
+        try:
+            @torch.library.custom_op("eqfuse::sdpa_math_mask", mutates_args=())
+            def sdpa_math_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor,
+                               is_causal: bool, scale: Optional[float], enable_gqa: bool) -> torch.Tensor:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                      scale=scale, enable_gqa=enable_gqa).contiguous()
+
+            @sdpa_math_mask.register_fake
+            def _(q, k, v, attn_mask, is_causal, scale, enable_gqa):
+                return q.new_empty(q.shape[:-1] + (v.shape[-1],))
+        except RuntimeError:  # defined already (this module imported twice)
+            pass
+        _MATH_SDPA = torch.ops.eqfuse.sdpa_math_mask.default
+    return _MATH_SDPA
+
+
+def _math_fallback(q, mask) -> bool:
+    """Whether PyTorch's CUDA dispatch would run SDPA of a 16-bit `q` with this float mask as its
+    math fallback: a mask of another dtype (T5's f32 position bias beside bf16 heads) or one whose
+    last axis is not contiguous (a bias permuted from `[S, S, H]`). The math fallback upcasts q, k
+    and v to f32 and writes the `[B, H, L, S]` scores; eqfuse's flash kernel with the bias read in
+    place computes the same attention up to the rounding every fused SDPA kernel has."""
+    if q.dtype not in (torch.float16, torch.bfloat16) or not mask.is_floating_point():
+        return False
+    return mask.dtype != q.dtype or (mask.dim() > 0 and mask.shape[-1] > 1 and mask.stride(-1) != 1)
+
+
+def route_math_sdpa(gm) -> int:
+    """Rewrites, on a Dynamo-captured GraphModule, each `F.scaled_dot_product_attention` call that
+    PyTorch would run as its math fallback (`_math_fallback`) into `math_sdpa_op()`, so that
+    AOTAutograd keeps it one attention node instead of the math's matmul, `_safe_softmax`, matmul
+    in f32. Only where nothing needs its gradient (q, k, v, mask not requiring grad: the op has no
+    backward) and dropout is off. Returns how many calls it rewrote."""
+    graph = gm.graph
+    count = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _SDPA:
+            continue
+        q, k, v = (_val(_arg(node, i, name)) for i, name in enumerate(("query", "key", "value")))
+        mask_node = _arg(node, 3, "attn_mask")
+        mask = _val(mask_node)
+        dropout = _arg(node, 4, "dropout_p", 0.0)
+        is_causal = _arg(node, 5, "is_causal", False)
+        scale = node.kwargs.get("scale")
+        gqa = node.kwargs.get("enable_gqa", False)
+        if None in (q, k, v, mask) or len(node.args) > 6 or set(node.kwargs) - {
+                "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"}:
+            continue
+        if any(t.requires_grad for t in (q, k, v, mask)) or dropout != 0.0 or not isinstance(is_causal, bool):
+            continue
+        if not isinstance(gqa, bool) or (scale is not None and not isinstance(scale, (int, float))):
+            continue
+        if not _math_fallback(q, mask):
+            continue
+        with graph.inserting_before(node):
+            new = graph.call_function(math_sdpa_op(), (node.args[0] if node.args else node.kwargs["query"],
+                                                       _arg(node, 1, "key"), _arg(node, 2, "value"), mask_node,
+                                                       is_causal, None if scale is None else float(scale), gqa))
+        new.meta.update({key: node.meta[key] for key in ("example_value", "val", "stack_trace") if key in node.meta})
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        count += 1
     if count:
         graph.lint()
         gm.recompile()

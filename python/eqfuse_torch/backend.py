@@ -237,9 +237,12 @@ class EqfuseBackend:
         if self.attention:
             # Before AOTAutograd partitions it: written-out attention as SDPA, whose backward
             # is eqfuse's flash backward (`attention.py`), not the probabilities saved.
-            from .attention import rewrite_attention
+            from .attention import rewrite_attention, route_math_sdpa
 
             rewrite_attention(gm)
+            # SDPA calls PyTorch would run as math in f32 (a float mask it cannot pass to its
+            # fused kernels): kept one attention node for eqfuse's kernel.
+            route_math_sdpa(gm)
         # The forward's constant outputs by node name, which its backward folds: one dict per
         # captured graph, shared by its forward and backward only.
         constants: dict = {}

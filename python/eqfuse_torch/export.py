@@ -1222,6 +1222,11 @@ def _sdpa(L, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=N
     return _sdpa_forward(L, q, k, v, attn_mask, dropout_p, is_causal, scale, 1)
 
 
+def _sdpa_math_mask(L, q, k, v, attn_mask, is_causal, scale, enable_gqa):
+    """`eqfuse::sdpa_math_mask` (`attention.route_math_sdpa`): SDPA with a float mask."""
+    return _sdpa_forward(L, q, k, v, attn_mask, 0.0, is_causal, scale, 1)
+
+
 def _threshold_backward(L, grad, x, threshold):
     return _where(L, L.compare("<=", x, threshold), 0.0, grad)
 
@@ -2180,6 +2185,7 @@ LOWERINGS = {
     "ones_like": _like(1.0),
     "full_like": _like(None),
     "scaled_dot_product_attention": _sdpa,
+    "sdpa_math_mask": _sdpa_math_mask,
     "threshold_backward": _threshold_backward,
     "tanh_backward": _tanh_backward,
     "sigmoid_backward": _sigmoid_backward,

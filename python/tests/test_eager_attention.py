@@ -211,3 +211,71 @@ def test_eager_attention_trains_as_flash_attention(name, monkeypatch):
                      if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
                      and n.meta["val"].is_floating_point()]
             assert not [s for s in saved if s[1] == probabilities], saved
+
+
+# --- SDPA that PyTorch would run as its math fallback (attention.route_math_sdpa) ----------------
+
+
+def _routed(fn, *args):
+    """`fn` compiled with only `route_math_sdpa`: (how many calls it routed, its outputs)."""
+    from eqfuse_torch.attention import route_math_sdpa
+
+    counts = []
+
+    def backend(gm, example_inputs):
+        counts.append(route_math_sdpa(gm))
+        return gm.forward
+
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=backend, dynamic=False, fullgraph=True)(*args)
+    return counts[0], out
+
+
+def _position_bias(dtype):
+    """A T5-style bias `[1, H, S, S]` permuted from an `[S, S, H]` lookup (last axis strided)."""
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(S, S, H, generator=g).to(dtype).permute(2, 0, 1).unsqueeze(0)
+
+
+@pytest.mark.parametrize("bias_dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_with_a_bias_pytorch_runs_as_math_stays_one_op(bias_dtype):
+    q, k, v = _qkv(torch.bfloat16)
+    bias = _position_bias(bias_dtype)
+
+    def fn(q, k, v, bias):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+
+    n, out = _routed(fn, q, k, v, bias)
+    assert n == 1
+    torch.testing.assert_close(out, fn(q, k, v, bias), rtol=0, atol=0)  # the op runs PyTorch's call
+
+
+def test_sdpa_left_to_pytorch_where_its_fused_kernels_take_the_mask_or_a_gradient_is_needed():
+    q, k, v = _qkv(torch.bfloat16)
+
+    def fn(q, k, v, bias):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+    assert _routed(fn, q, k, v, _position_bias(torch.bfloat16).contiguous())[0] == 0  # fused kernels take it
+    assert _routed(fn, *_qkv(), _position_bias(torch.float32))[0] == 0  # f32 heads: not a 16-bit fallback
+    q.requires_grad_(True)
+    assert _routed(fn, q, k, v, _position_bias(torch.float32))[0] == 0  # no backward for the op
+
+
+def test_t5_position_bias_attention_is_planned_as_attention():
+    """T5's encoder in bf16 adds an `[S, S, H]` position bias permuted to `[1, H, S, S]`: PyTorch's
+    CUDA dispatch runs that SDPA as math in f32 (`transformers` 5.17); the backend keeps it one
+    op, planned as eqfuse's attention kernel with the bias read in place."""
+
+    cfg = T.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                     dropout_rate=0.0)
+    model = T.T5EncoderModel(cfg).eval().to(torch.bfloat16)
+    ids = _ids()
+    be = EqfuseBackend(report=None, execute=False)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=be, dynamic=False)(input_ids=ids)
+    planned = [p for p in be.plans if p.plan is not None]
+    assert planned, [p.error for p in be.plans]
+    templates = [k["template"] for p in planned for k in p.plan["kernels"]]
+    assert templates.count("attention") == cfg.num_layers, templates
