@@ -56,6 +56,16 @@ pub fn attention_can_generate(k: &Kernel) -> Result<()> {
     super::attention::can_generate(k)
 }
 
+/// The 32-byte sectors a forward attention kernel's bias reads touch per byte they use (1 for a
+/// bias contiguous along the keys, up to 32 / element size), the bytes of bias values its
+/// scores read (a broadcast bias once per batch entry that reads it), and the bytes of the
+/// tensor they come from; None without a bias.
+pub fn attention_bias_traffic(k: &Kernel) -> Option<(f64, u64, u64)> {
+    let (size, stride_bytes, scores, tensor) = super::attention::bias_reads(k)?;
+    let per_value = stride_bytes.clamp(size, 32) as f64;
+    Some((per_value / size as f64, scores * size as u64, tensor))
+}
+
 /// Whether the attention backward template runs a kernel of the backward's composites; the
 /// reason otherwise.
 pub fn attention_backward_can_generate(k: &Kernel) -> Result<()> {

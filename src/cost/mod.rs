@@ -355,6 +355,9 @@ pub fn analyse(
     }
     if template == Template::Attention {
         k.tiles = attention_tiles(dag, &k);
+        if matches!(k.kind, KernelKind::Attention { .. } | KernelKind::Plain) {
+            strided_bias(dag, members, &mut k, profile);
+        }
     }
     // A scatter_add with the body that computes its values is asked of codegen.
     if k.kind == KernelKind::Scatter && k.body.len() > 1 {
@@ -440,6 +443,28 @@ fn strided_reads(dag: &Dag, members: &[usize], k: &mut KernelCost, profile: &Dev
         1.0 + k.sector_bytes as f64 / k.read_bytes.max(1) as f64,
         k.sector_bytes,
         k.strided_dram_bytes
+    ));
+}
+
+/// Prices an attention kernel's bias by the sectors its tiles touch (`caps::attention_bias_traffic`):
+/// every score reads its bias value, so a bias strided along the keys moves its values' sectors
+/// between L2 and the SMs once per score (`sector_bytes`, at the profile's sector bandwidth).
+/// They come from device memory once while the bias tensor fits L2's reuse capacity (the batch
+/// entries and heads that share its sectors read it again from L2), each time otherwise
+/// (`strided_dram_bytes`).
+fn strided_bias(dag: &Dag, members: &[usize], k: &mut KernelCost, profile: &DeviceProfile) {
+    let kernel = candidate_kernel(dag, members, k, Template::Attention);
+    let Some((per_byte, value_bytes, tensor)) = caps::attention_bias_traffic(&kernel) else { return };
+    if per_byte <= 1.0 {
+        return;
+    }
+    let sectors = (value_bytes as f64 * per_byte) as u64;
+    k.sector_bytes = sectors;
+    if tensor > profile.l2_reuse_bytes.unwrap_or(0) {
+        k.strided_dram_bytes = sectors.saturating_sub(tensor);
+    }
+    k.notes.push(format!(
+        "the bias is strided along the keys: its reads touch {per_byte:.1}x the sectors they use, {sectors} bytes from L2"
     ));
 }
 

@@ -1122,17 +1122,36 @@ impl<'a> Fusion<'a> {
     }
 
     /// Materialize moves for tensors recomputed by several kernels: written by a kernel that
-    /// computes it or one of its operands, or by a kernel of its own.
+    /// computes it or one of its operands, or by a kernel of its own. And for transposed views
+    /// a kernel reads through more sectors than it uses (`KernelCost::sector_bytes`: an
+    /// attention bias strided along the keys): written once in their own layout by a kernel of
+    /// their own (a tiled transpose) or by their operand's writer, so that readers read them
+    /// contiguous.
     fn materialize_candidates(&self) -> Vec<Move> {
         let mut computed_by: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        let mut strided_views: BTreeSet<usize> = BTreeSet::new();
         for (gid, g) in self.groups.iter().enumerate() {
-            for &b in g.iter().flat_map(|g| &g.cost.body) {
+            let Some(g) = g else { continue };
+            for &b in &g.cost.body {
                 if !self.mat[b] && self.dag.nodes[b].role == Role::Compute {
                     computed_by.entry(b).or_default().push(gid);
+                } else if !self.mat[b]
+                    && g.cost.sector_bytes > 0
+                    && self.dag.nodes[b].kind() == Some(crate::ir::lang::Kind::Transpose)
+                {
+                    strided_views.insert(b);
                 }
             }
         }
         let mut out = Vec::new();
+        for c in strided_views {
+            out.push(Move::Materialize(c, NONE));
+            for ch in self.dag.nodes[c].children() {
+                if self.mat[ch] && self.owner[ch] != NONE {
+                    out.push(Move::Materialize(c, self.owner[ch]));
+                }
+            }
+        }
         for (c, users) in computed_by {
             let mut operand_owners: BTreeSet<usize> = BTreeSet::new();
             for ch in self.dag.nodes[c].children() {
