@@ -44,7 +44,8 @@ pub struct KernelCost {
     /// For a gemm kernel, the implementation predicted faster (cuBLASLt only where its
     /// epilogues cover the body).
     pub implementation: Option<GemmImpl>,
-    /// Dependent reduction stages (row kernels, and a gemm's row epilogue).
+    /// Dependent reduction stages (row kernels, a column kernel's one, and a gemm's row
+    /// epilogue).
     pub stages: u32,
     /// For a gemm kernel, the product and the tile the generated implementation runs it in.
     pub tiles: Option<GemmTiles>,
@@ -338,6 +339,15 @@ pub fn analyse(
                 ));
             }
         }
+    }
+    if template == Template::ColReduce && k.kind == KernelKind::Plain {
+        // A column kernel's one reduction stage: each block combines its chunk of the reduced
+        // axis through shared memory, and where the axis is split into chunks the last block
+        // of a tile combines their partials. Its fixed time past the launch is the column
+        // template's stage latency: on the H100 column kernels of 8 MB and more took about
+        // 4 us more than launch + bytes / bandwidth at any size, where the rate alone priced
+        // them at 0.83 of their time (median of 300, `benches/results/2026-11-26-h100-fidelity`).
+        k.stages = 1;
     }
     k.read_bytes = k.count_bytes_read(dag);
     if k.segments > 1 {

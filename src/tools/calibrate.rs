@@ -31,7 +31,7 @@ use crate::ir::program::Program;
 use crate::ir::types::{DType, TensorType};
 use crate::plan::{FusionPlan, GemmImpl, Template};
 use crate::runtime::gpu::Gpu;
-use crate::runtime::run_gpu::{run_on, GpuRunOptions};
+use crate::runtime::run_gpu::{run_on, unfused_plan, GpuRunOptions};
 use crate::search::optimize::{optimize, OptimizeOptions};
 
 /// One gemm implementation's measured rate: (implementation, dtype, program, median
@@ -66,6 +66,8 @@ pub struct Calibration {
     pub templates: Vec<TemplateShare>,
     /// The row kernels' stage latency: its probes and the fitted microseconds per stage.
     pub stages: (Vec<StageProbe>, f64),
+    /// The column kernels' fixed time and efficiency, fitted together: see `ColumnFit`.
+    pub columns: ColumnFit,
     /// cuBLASLt's fixed time per call: (program, median microseconds).
     pub cublaslt_call: (String, f64),
     /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
@@ -115,7 +117,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     let copy_bytes = copy_bytes(gpu);
     let copy_us = copy_time(gpu, copy_bytes as usize)?;
     let copy_gbs = 2.0 * copy_bytes as f64 / (copy_us * 1e3);
-    let launch_us = launch_time(gpu)?;
+    let launch_us = launch_time(gpu, base)?;
     let mut profile = base.clone();
     profile.name = short_name(&gpu.name);
     profile.device = gpu.name.clone();
@@ -147,7 +149,8 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         templates.push(t);
     }
     let stages = stage_latency(gpu, &mut profile)?;
-    lap("copy, launch, template efficiencies, strided reads and row stage latency", &mut seconds);
+    let columns = column_latency(gpu, &mut profile, copy_gbs, launch_us, &templates)?;
+    lap("copy, launch, template efficiencies, strided reads and row and column stage latency", &mut seconds);
     let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
     let gemm = gemm_rates(gpu, &mut profile)?;
     lap("gemm rates and cuBLASLt's call", &mut seconds);
@@ -172,7 +175,9 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          (sector_bandwidth_gbs: [2^24, 4] bf16 read as [4, 2^24] on the plain path, its bytes and the \
          excess of the sectors its warps touch over the time past the launch overhead), cuBLASLt's call overhead (a 64x128x64 \
          f32 product), the row kernels' latency per dependent reduction stage (least squares, in \
-         the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
+         the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the column kernels' fixed time past the launch \
+         (colreduce.stage_latency_us) and their efficiency, fitted together in the model's form to column sums of 256 MiB \
+         and 16 MiB, the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
          or launch overhead) and cuBLASLt's at 512^3, 1024^3 and 2048^3 too (rate_by_size), the generated gemm's step times for every tile codegen can choose \
          (tiles on f32, tiles_16bit on bf16 CUDA-core and tiles_mma on bf16 tensor-core products) and \
          the attention f32 path's (attention.tiles; K = keys x head / parts): least-squares fits, relative to \
@@ -207,6 +212,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         launch_us,
         templates,
         stages,
+        columns,
         cublaslt_call,
         gemm,
         tiles,
@@ -692,21 +698,31 @@ pub(crate) fn copy_time(gpu: &Gpu, bytes: usize) -> Result<f64> {
     Ok(median(times))
 }
 
-/// Microseconds per launch of an empty kernel, launched back to back.
-fn launch_time(gpu: &Gpu) -> Result<f64> {
-    let f = gpu.load_raw("extern \"C\" __global__ void eq_empty() {}\n", "eq_empty")?;
-    let (a, b) = (gpu.event()?, gpu.event()?);
-    let n = 2000;
-    let mut times = Vec::new();
-    for _ in 0..5 {
-        gpu.record(&a)?;
-        for _ in 0..n {
-            gpu.launch_empty(&f, 1, 32)?;
-        }
-        gpu.record(&b)?;
-        times.push(gpu.elapsed_us(&a, &b)? / n as f64);
-    }
-    Ok(median(times))
+/// The launch probe: `LAUNCH_CHAIN` pointwise operators, negation and exponential by turns (the
+/// values stay between about -20 and 20), over 256 f32 values.
+fn launch_program() -> Result<Program> {
+    let x = TensorType::new(DType::F32, vec![256]);
+    let body =
+        (0..LAUNCH_CHAIN).fold("x".to_string(), |e, i| format!("({} {e})", if i % 2 == 0 { "neg" } else { "exp" }));
+    Program::from_sexprs("calibrate-launch", &[("x", x)], &[("y", &body)]).map_err(Error::Invalid)
+}
+
+/// Operators in the launch probe's chain (`launch_time`), each its own kernel.
+const LAUNCH_CHAIN: usize = 33;
+
+/// A kernel's fixed time in a timed plan (`launch_overhead_us`): the median time of the kernels
+/// of a chain of pointwise operators on 256 f32 values, each its own kernel (the unfused plan),
+/// timed as `eqfuse run` and `eqfuse bench` time a plan's kernels (events recorded around every
+/// launch), the first kernel (after the L2 flush) left out. Launched back to back with no
+/// events between them, an empty kernel took 4.15 us on the H100 (2026-11-22), where kernels
+/// of 4 KB or less took 3.65 us in timed plans (median of 401,
+/// `benches/results/2026-11-26-h100-fidelity`): the cost model predicts the latter.
+fn launch_time(gpu: &Gpu, base: &DeviceProfile) -> Result<f64> {
+    let program = launch_program()?;
+    let plan = unfused_plan(&program, base, false)?;
+    let sources = codegen_plan(&plan)?;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(base, 30))?;
+    Ok(median(r.kernels.iter().skip(1).map(|k| k.measured_us).collect()))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -777,6 +793,76 @@ fn stage_latency(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(Vec<StagePro
         r.stage_latency_us = Some(round(latency, 2));
     }
     Ok((probes, latency))
+}
+
+/// The column template's fixed time past the launch (`colreduce.stage_latency_us`: its one
+/// reduction stage, each block combining its chunk through shared memory and the last block of
+/// a tile its chunks' partials) and its bandwidth efficiency, fitted together in the model's form
+/// (time = launch overhead + stage latency + bytes / (copy bandwidth x efficiency)) to the
+/// synthetic column sum (`synthetic`, 256 MiB, already timed) and one a sixteenth its size. Where
+/// the efficiency alone was fitted to the large one, column kernels of 8 to 200 MB took about 4 us
+/// more than predicted at any size on an H100 (`benches/results/2026-11-26-h100-fidelity`).
+fn column_latency(
+    gpu: &Gpu,
+    profile: &mut DeviceProfile,
+    copy_gbs: f64,
+    launch_us: f64,
+    templates: &[TemplateShare],
+) -> Result<ColumnFit> {
+    let Some((_, prog, bytes, us, _)) = templates.iter().find(|t| t.0 == Template::ColReduce) else {
+        return Err(Error::Invalid("no column kernel was timed for the column stage latency".into()));
+    };
+    let large = (prog.clone(), *bytes, *us);
+    let program = small_column_program()?;
+    let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+    if plan.kernels.len() != 1 || plan.kernels[0].template != Template::ColReduce {
+        return Err(Error::Invalid(format!(
+            "calibration program {} did not plan as one column kernel",
+            program.source
+        )));
+    }
+    let sources = codegen_plan(&plan)?;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
+    let small = (program.source.clone(), r.kernels[0].bytes, r.kernels[0].measured_us);
+    let (latency_us, efficiency) = column_fit(launch_us, copy_gbs, (large.1, large.2), (small.1, small.2));
+    if let Some(rates) = profile.templates.get_mut(Template::ColReduce.name()) {
+        rates.bandwidth_efficiency = round(efficiency, 3);
+        rates.stage_latency_us = Some(round(latency_us, 2));
+    }
+    Ok(ColumnFit { large, small, latency_us, efficiency })
+}
+
+/// The small column probe: `synthetic`'s column sum over 1024 rows in place of 16384.
+fn small_column_program() -> Result<Program> {
+    let x = TensorType::new(DType::F32, vec![1024, 4096]);
+    Program::from_sexprs("calibrate-colreduce-small", &[("x", x)], &[("y", "(sum x 0)")]).map_err(Error::Invalid)
+}
+
+/// The line through two column kernels' (bytes, microseconds) in the model's form: (stage
+/// latency, efficiency). The latency is at least 0 and the efficiency at most 1; with no slope
+/// between the two (noise), the large kernel's time past the launch is all bandwidth.
+fn column_fit(launch_us: f64, copy_gbs: f64, large: (u64, f64), small: (u64, f64)) -> (f64, f64) {
+    let us_per_byte = (large.1 - small.1) / (large.0 as f64 - small.0 as f64);
+    let whole = |b: u64, us: f64| ((b as f64 / (copy_gbs * 1e3)) / (us - launch_us).max(1e-3)).min(1.0);
+    if us_per_byte.is_nan() || us_per_byte <= 0.0 || large.0 <= small.0 {
+        return (0.0, whole(large.0, large.1));
+    }
+    let efficiency = (1.0 / (us_per_byte * copy_gbs * 1e3)).min(1.0);
+    let latency = large.1 - launch_us - large.0 as f64 / (copy_gbs * 1e3 * efficiency);
+    if latency < 0.0 {
+        return (0.0, whole(large.0, large.1));
+    }
+    (latency, efficiency)
+}
+
+/// The column kernels' fit (`column_latency`): the two probes as (program, bytes, median
+/// microseconds), and the stage latency and efficiency taken.
+#[derive(Clone, Debug)]
+pub struct ColumnFit {
+    pub large: (String, u64, f64),
+    pub small: (String, u64, f64),
+    pub latency_us: f64,
+    pub efficiency: f64,
 }
 
 /// One stage-latency probe: (program, stages, median microseconds, the model's time without
@@ -990,7 +1076,7 @@ impl fmt::Display for Calibration {
             crate::plan::render::human_bytes(self.copy_bytes),
             self.copy_us
         )?;
-        writeln!(f, "  launch overhead  {:.2} us per empty kernel, back to back", self.launch_us)?;
+        writeln!(f, "  launch overhead  {:.2} us per small kernel in a timed plan", self.launch_us)?;
         for (t, prog, bytes, us, share) in &self.templates {
             writeln!(
                 f,
@@ -1013,6 +1099,19 @@ impl fmt::Display for Calibration {
         for (prog, n, us, base) in probes {
             writeln!(f, "      {prog:<40} {n} stages {us:>7.1} us (model without stage latency {base:.1} us)")?;
         }
+        let c = &self.columns;
+        writeln!(
+            f,
+            "  column stage     {:.2} us past the launch, at {:.1}% of copy bandwidth ({}: {} in {:.1} us; {}: {} in {:.1} us)",
+            c.latency_us,
+            100.0 * c.efficiency,
+            c.large.0,
+            crate::plan::render::human_bytes(c.large.1),
+            c.large.2,
+            c.small.0,
+            crate::plan::render::human_bytes(c.small.1),
+            c.small.2
+        )?;
         let (probes, latency) = &self.split;
         writeln!(f, "  split-K          {latency:.2} us past the model's steps and parts' reads")?;
         for (prog, n, us, base) in probes {
@@ -1128,6 +1227,52 @@ mod tests {
                 .unwrap_or(1);
             assert!(splits > 1, "{} runs unsplit", program.source);
         }
+    }
+
+    #[test]
+    fn the_launch_probe_runs_one_small_kernel_per_operator() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let program = launch_program().unwrap();
+        let plan = unfused_plan(&program, &p, false).unwrap();
+        assert_eq!(plan.kernels.len(), LAUNCH_CHAIN);
+        for k in &plan.kernels {
+            assert_eq!(k.template, Template::Elementwise);
+            assert_eq!(k.bytes_read + k.bytes_written, 2048);
+            assert!((k.predicted_us - p.launch_overhead_us).abs() < 0.01, "{}", k.predicted_us);
+        }
+        assert_eq!(codegen_plan(&plan).unwrap().len(), LAUNCH_CHAIN);
+        let values = crate::reference::eval(&program, &crate::reference::rng::random_inputs(&program, 0)).unwrap();
+        assert!(values[0].data.iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn the_small_column_probe_is_one_column_kernel_of_a_sixteenth_of_the_bytes() {
+        let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+        let small = optimize(&small_column_program().unwrap(), &opts).unwrap().plan;
+        let (t, large) = synthetic().unwrap().into_iter().find(|(t, _)| *t == Template::ColReduce).unwrap();
+        let large = optimize(&large, &opts).unwrap().plan;
+        assert_eq!(small.kernels.len(), 1);
+        assert_eq!(small.kernels[0].template, t);
+        assert_eq!(16 * small.kernels[0].bytes_read, large.kernels[0].bytes_read);
+    }
+
+    #[test]
+    fn the_column_fit_recovers_the_models_latency_and_efficiency() {
+        let (launch, copy) = (3.65, 3000.0);
+        let time = |bytes: u64| launch + 4.0 + bytes as f64 / (copy * 1e3 * 0.9);
+        let (large, small) = (256 << 20, 16 << 20);
+        let (latency, efficiency) = column_fit(launch, copy, (large, time(large)), (small, time(small)));
+        assert!((latency - 4.0).abs() < 1e-6 && (efficiency - 0.9).abs() < 1e-9, "{latency} {efficiency}");
+        // A small kernel timed slower than the large one (noise): no latency, the large one's
+        // time past the launch all bandwidth.
+        let (latency, efficiency) = column_fit(launch, copy, (large, time(large)), (small, time(large) + 1.0));
+        assert_eq!(latency, 0.0);
+        assert!((efficiency - large as f64 / (copy * 1e3) / (time(large) - launch)).abs() < 1e-9);
+        // A slope steeper than copy bandwidth allows (the large kernel's time all latency):
+        // the efficiency is capped at 1 and the latency follows from the large kernel.
+        let (latency, efficiency) = column_fit(launch, copy, (large, 100.0), (small, 40.0));
+        assert_eq!(efficiency, 1.0);
+        assert!(latency >= 0.0);
     }
 
     #[test]
