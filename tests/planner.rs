@@ -343,30 +343,6 @@ fn few_rows_are_priced_by_the_sms_they_occupy() {
     }
 }
 
-/// A column kernel pays its one reduction stage, the column template's stage latency, past the
-/// launch and its bytes, at any size (on the H100 about 4 us more than launch + bytes /
-/// bandwidth from 8 to 200 MB, `benches/results/2026-11-26-h100-fidelity`); a row kernel of the
-/// same bytes pays its own template's.
-#[test]
-fn column_kernels_pay_the_column_stage_latency() {
-    let profile = DeviceProfile::load("h100").unwrap();
-    let latency = profile.templates["colreduce"].stage_latency_us.expect("the h100 profile's column stage latency");
-    assert!(latency > 0.0);
-    for rows in [2048usize, 16384] {
-        let src = format!("input x: f32[{rows}, 1024]\ny = sum(x, 0)\noutput y\n");
-        let p = eqfuse::parse_program("cols.eqf", &src, &[]).unwrap();
-        let time = |latency: f64| {
-            let mut o = opts();
-            o.profile.templates.get_mut("colreduce").unwrap().stage_latency_us = Some(latency);
-            let plan = optimize(&p, &o).unwrap().plan;
-            assert_eq!(plan.kernels.len(), 1);
-            assert_eq!(plan.kernels[0].template, Template::ColReduce);
-            plan.kernels[0].predicted_us
-        };
-        assert!((time(latency) - time(0.0) - latency).abs() < 1e-6, "{rows} rows");
-    }
-}
-
 /// The forward of a 2-layer Llama as the torch exporter writes it (64 wide, grouped-query heads,
 /// RoPE reading q and k from one fused projection, f32; `python/tests/test_models.py`'s tiny
 /// config). Its plan once fused the store of q (a slice of the fused product, `[32, 64]`) into

@@ -44,8 +44,7 @@ pub struct KernelCost {
     /// For a gemm kernel, the implementation predicted faster (cuBLASLt only where its
     /// epilogues cover the body).
     pub implementation: Option<GemmImpl>,
-    /// Dependent reduction stages (row kernels, a column kernel's one, and a gemm's row
-    /// epilogue).
+    /// Dependent reduction stages (row kernels, and a gemm's row epilogue).
     pub stages: u32,
     /// For a gemm kernel, the product and the tile the generated implementation runs it in.
     pub tiles: Option<GemmTiles>,
@@ -166,15 +165,25 @@ impl KernelCost {
     /// Predicted microseconds, given the bytes this kernel writes (every read from device
     /// memory).
     pub fn predict_us(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64) -> f64 {
-        self.predict_us_hit(dag, profile, bytes_written, 0)
+        self.predict_us_hit(dag, profile, bytes_written, 0, 0)
     }
 
-    /// Predicted microseconds when `hit` of the bytes read come from L2 (see `residency.rs`).
-    pub fn predict_us_hit(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64, hit: u64) -> f64 {
+    /// Predicted microseconds when `hit` of the bytes read come from L2 and the kernel writes
+    /// back `write_back` bytes more of earlier kernels' writes than it leaves of its own in L2
+    /// (fewer where negative; see `residency.rs`).
+    pub fn predict_us_hit(
+        &self,
+        dag: &Dag,
+        profile: &DeviceProfile,
+        bytes_written: u64,
+        hit: u64,
+        write_back: i64,
+    ) -> f64 {
         let dtype = kernel_dtype(dag, &self.body);
         let segments = if self.segmented(bytes_written) { self.segments } else { 1 };
+        let bytes = self.bytes_read(bytes_written) + bytes_written + self.workspace_bytes + self.strided_dram_bytes;
         let work = Work {
-            bytes: self.bytes_read(bytes_written) + bytes_written + self.workspace_bytes + self.strided_dram_bytes,
+            bytes: bytes.saturating_add_signed(write_back).max(hit),
             hit,
             flops: self.flops,
             // Segmented rows: one more stage, the last block's combine of a row's partials
@@ -339,15 +348,6 @@ pub fn analyse(
                 ));
             }
         }
-    }
-    if template == Template::ColReduce && k.kind == KernelKind::Plain {
-        // A column kernel's one reduction stage: each block combines its chunk of the reduced
-        // axis through shared memory, and where the axis is split into chunks the last block
-        // of a tile combines their partials. Its fixed time past the launch is the column
-        // template's stage latency: on the H100 column kernels of 8 MB and more took about
-        // 4 us more than launch + bytes / bandwidth at any size, where the rate alone priced
-        // them at 0.83 of their time (median of 300, `benches/results/2026-11-26-h100-fidelity`).
-        k.stages = 1;
     }
     k.read_bytes = k.count_bytes_read(dag);
     if k.segments > 1 {

@@ -118,6 +118,14 @@ pub struct DeviceProfile {
     /// Absent: the plan order is not modelled and every read comes from device memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub l2_reuse_bytes: Option<u64>,
+    /// Written bytes L2 holds before device memory has them: a kernel's writes stay in L2, up
+    /// to this many, when it ends, and are written back while later kernels' reads and writes
+    /// take their lines, at device-memory bandwidth in those kernels' time (a kernel that only
+    /// reads, after one that wrote, pays for them; one after a kernel that only read finds L2
+    /// clean). Copy bandwidth and the template efficiencies are measured in the steady state
+    /// (L2 as dirty after the kernel as before it). Absent: written bytes cost their writer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_dirty_bytes: Option<u64>,
     /// Bandwidth of reads that hit L2, in GB/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub l2_bandwidth_gbs: Option<f64>,
@@ -199,6 +207,11 @@ impl DeviceProfile {
         if let (Some(reuse), Some(l2)) = (self.l2_reuse_bytes, self.l2_bytes) {
             if reuse > l2 {
                 return Err(format!("l2_reuse_bytes ({reuse}) exceeds l2_bytes ({l2})"));
+            }
+        }
+        if let (Some(dirty), Some(l2)) = (self.l2_dirty_bytes, self.l2_bytes) {
+            if dirty > l2 {
+                return Err(format!("l2_dirty_bytes ({dirty}) exceeds l2_bytes ({l2})"));
             }
         }
         if let Some(b) = self.sector_bandwidth_gbs {

@@ -66,8 +66,8 @@ pub struct Calibration {
     pub templates: Vec<TemplateShare>,
     /// The row kernels' stage latency: its probes and the fitted microseconds per stage.
     pub stages: (Vec<StageProbe>, f64),
-    /// The column kernels' fixed time and efficiency, fitted together: see `ColumnFit`.
-    pub columns: ColumnFit,
+    /// The written bytes L2 holds: see `DirtyProbe`.
+    pub dirty: DirtyProbe,
     /// cuBLASLt's fixed time per call: (program, median microseconds).
     pub cublaslt_call: (String, f64),
     /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
@@ -149,8 +149,8 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         templates.push(t);
     }
     let stages = stage_latency(gpu, &mut profile)?;
-    let columns = column_latency(gpu, &mut profile, copy_gbs, launch_us, &templates)?;
-    lap("copy, launch, template efficiencies, strided reads and row and column stage latency", &mut seconds);
+    let dirty = dirty_bytes(gpu, &mut profile, copy_gbs)?;
+    lap("copy, launch, template efficiencies, strided reads, row stage latency and L2's written bytes", &mut seconds);
     let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
     let gemm = gemm_rates(gpu, &mut profile)?;
     lap("gemm rates and cuBLASLt's call", &mut seconds);
@@ -175,9 +175,9 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          (sector_bandwidth_gbs: [2^24, 4] bf16 read as [4, 2^24] on the plain path, its bytes and the \
          excess of the sectors its warps touch over the time past the launch overhead), cuBLASLt's call overhead (a 64x128x64 \
          f32 product), the row kernels' latency per dependent reduction stage (least squares, in \
-         the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the column kernels' fixed time past the launch \
-         (colreduce.stage_latency_us) and their efficiency, fitted together in the model's form to column sums of 256 MiB \
-         and 16 MiB, the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
+         the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the written bytes L2 holds (l2_dirty_bytes) and the colreduce efficiency \
+         without them (two 128 MiB column sums in one plan: the first after the flush, the second with L2 clean), \
+         the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
          or launch overhead) and cuBLASLt's at 512^3, 1024^3 and 2048^3 too (rate_by_size), the generated gemm's step times for every tile codegen can choose \
          (tiles on f32, tiles_16bit on bf16 CUDA-core and tiles_mma on bf16 tensor-core products) and \
          the attention f32 path's (attention.tiles; K = keys x head / parts): least-squares fits, relative to \
@@ -212,7 +212,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         launch_us,
         templates,
         stages,
-        columns,
+        dirty,
         cublaslt_call,
         gemm,
         tiles,
@@ -795,73 +795,64 @@ fn stage_latency(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(Vec<StagePro
     Ok((probes, latency))
 }
 
-/// The column template's fixed time past the launch (`colreduce.stage_latency_us`: its one
-/// reduction stage, each block combining its chunk through shared memory and the last block of
-/// a tile its chunks' partials) and its bandwidth efficiency, fitted together in the model's form
-/// (time = launch overhead + stage latency + bytes / (copy bandwidth x efficiency)) to the
-/// synthetic column sum (`synthetic`, 256 MiB, already timed) and one a sixteenth its size. Where
-/// the efficiency alone was fitted to the large one, column kernels of 8 to 200 MB took about 4 us
-/// more than predicted at any size on an H100 (`benches/results/2026-11-26-h100-fidelity`).
-fn column_latency(
-    gpu: &Gpu,
-    profile: &mut DeviceProfile,
-    copy_gbs: f64,
-    launch_us: f64,
-    templates: &[TemplateShare],
-) -> Result<ColumnFit> {
-    let Some((_, prog, bytes, us, _)) = templates.iter().find(|t| t.0 == Template::ColReduce) else {
-        return Err(Error::Invalid("no column kernel was timed for the column stage latency".into()));
-    };
-    let large = (prog.clone(), *bytes, *us);
-    let program = small_column_program()?;
+/// The written bytes L2 holds (`l2_dirty_bytes`, see `search::residency::write_backs`) and the
+/// column template's efficiency without them: two column sums of 128 MiB each in one plan,
+/// timed as `eqfuse bench` times plans. The first kernel starts after the flush, L2 full of
+/// written lines, and writes them back as its reads displace them; the second starts with L2
+/// clean (the first wrote 16 KiB). The second's share of copy bandwidth is the template's
+/// efficiency (`synthetic`'s column probe starts after the flush too, so its share includes the
+/// write-back), and the difference of their times at that bandwidth is the bytes written back.
+/// On an H100 in timed plans, large elementwise kernels right after a kernel that only read took
+/// 4.96 us less than after one that wrote (median of 105, 14.8 MB at copy bandwidth), and column
+/// and row kernels of 20 to 80 MB after writers about 4 us more than their bytes
+/// (`benches/results/2026-11-26-h100-fidelity`).
+fn dirty_bytes(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<DirtyProbe> {
+    let program = dirty_program()?;
     let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
-    if plan.kernels.len() != 1 || plan.kernels[0].template != Template::ColReduce {
+    if plan.kernels.len() != 2 || plan.kernels.iter().any(|k| k.template != Template::ColReduce) {
         return Err(Error::Invalid(format!(
-            "calibration program {} did not plan as one column kernel",
+            "calibration program {} did not plan as two column kernels",
             program.source
         )));
     }
     let sources = codegen_plan(&plan)?;
     let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
-    let small = (program.source.clone(), r.kernels[0].bytes, r.kernels[0].measured_us);
-    let (latency_us, efficiency) = column_fit(launch_us, copy_gbs, (large.1, large.2), (small.1, small.2));
+    let (first, second) = (&r.kernels[0], &r.kernels[1]);
+    let efficiency = (second.bytes as f64 / (copy_gbs * 1e3 * second.measured_us)).min(1.0);
+    let dirty = (copy_gbs * 1e3 * efficiency * (first.measured_us - second.measured_us)).max(0.0) as u64;
+    let dirty = profile.l2_bytes.map_or(dirty, |l2| dirty.min(l2));
+    profile.l2_dirty_bytes = Some(dirty);
     if let Some(rates) = profile.templates.get_mut(Template::ColReduce.name()) {
         rates.bandwidth_efficiency = round(efficiency, 3);
-        rates.stage_latency_us = Some(round(latency_us, 2));
     }
-    Ok(ColumnFit { large, small, latency_us, efficiency })
+    Ok(DirtyProbe {
+        program: program.source.clone(),
+        after_flush_us: first.measured_us,
+        clean_us: second.measured_us,
+        dirty_bytes: dirty,
+        efficiency,
+    })
 }
 
-/// The small column probe: `synthetic`'s column sum over 1024 rows in place of 16384.
-fn small_column_program() -> Result<Program> {
-    let x = TensorType::new(DType::F32, vec![1024, 4096]);
-    Program::from_sexprs("calibrate-colreduce-small", &[("x", x)], &[("y", "(sum x 0)")]).map_err(Error::Invalid)
+/// `dirty_bytes`' probe: two column sums over f32 [8192, 4096], one of each input.
+fn dirty_program() -> Result<Program> {
+    let x = TensorType::new(DType::F32, vec![8192, 4096]);
+    Program::from_sexprs(
+        "calibrate-l2-written",
+        &[("a", x.clone()), ("b", x)],
+        &[("y", "(sum a 0)"), ("z", "(sum b 0)")],
+    )
+    .map_err(Error::Invalid)
 }
 
-/// The line through two column kernels' (bytes, microseconds) in the model's form: (stage
-/// latency, efficiency). The latency is at least 0 and the efficiency at most 1; with no slope
-/// between the two (noise), the large kernel's time past the launch is all bandwidth.
-fn column_fit(launch_us: f64, copy_gbs: f64, large: (u64, f64), small: (u64, f64)) -> (f64, f64) {
-    let us_per_byte = (large.1 - small.1) / (large.0 as f64 - small.0 as f64);
-    let whole = |b: u64, us: f64| ((b as f64 / (copy_gbs * 1e3)) / (us - launch_us).max(1e-3)).min(1.0);
-    if us_per_byte.is_nan() || us_per_byte <= 0.0 || large.0 <= small.0 {
-        return (0.0, whole(large.0, large.1));
-    }
-    let efficiency = (1.0 / (us_per_byte * copy_gbs * 1e3)).min(1.0);
-    let latency = large.1 - launch_us - large.0 as f64 / (copy_gbs * 1e3 * efficiency);
-    if latency < 0.0 {
-        return (0.0, whole(large.0, large.1));
-    }
-    (latency, efficiency)
-}
-
-/// The column kernels' fit (`column_latency`): the two probes as (program, bytes, median
-/// microseconds), and the stage latency and efficiency taken.
+/// What `dirty_bytes` measured: the program, its two kernels' median microseconds (after the
+/// flush, then with L2 clean), and the written bytes and column efficiency taken.
 #[derive(Clone, Debug)]
-pub struct ColumnFit {
-    pub large: (String, u64, f64),
-    pub small: (String, u64, f64),
-    pub latency_us: f64,
+pub struct DirtyProbe {
+    pub program: String,
+    pub after_flush_us: f64,
+    pub clean_us: f64,
+    pub dirty_bytes: u64,
     pub efficiency: f64,
 }
 
@@ -1099,18 +1090,15 @@ impl fmt::Display for Calibration {
         for (prog, n, us, base) in probes {
             writeln!(f, "      {prog:<40} {n} stages {us:>7.1} us (model without stage latency {base:.1} us)")?;
         }
-        let c = &self.columns;
+        let d = &self.dirty;
         writeln!(
             f,
-            "  column stage     {:.2} us past the launch, at {:.1}% of copy bandwidth ({}: {} in {:.1} us; {}: {} in {:.1} us)",
-            c.latency_us,
-            100.0 * c.efficiency,
-            c.large.0,
-            crate::plan::render::human_bytes(c.large.1),
-            c.large.2,
-            c.small.0,
-            crate::plan::render::human_bytes(c.small.1),
-            c.small.2
+            "  L2 written bytes {} held ({}: {:.1} us after the flush, {:.1} us with L2 clean; colreduce at {:.1}% of copy bandwidth)",
+            crate::plan::render::human_bytes(d.dirty_bytes),
+            d.program,
+            d.after_flush_us,
+            d.clean_us,
+            100.0 * d.efficiency
         )?;
         let (probes, latency) = &self.split;
         writeln!(f, "  split-K          {latency:.2} us past the model's steps and parts' reads")?;
@@ -1246,33 +1234,21 @@ mod tests {
     }
 
     #[test]
-    fn the_small_column_probe_is_one_column_kernel_of_a_sixteenth_of_the_bytes() {
-        let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
-        let small = optimize(&small_column_program().unwrap(), &opts).unwrap().plan;
-        let (t, large) = synthetic().unwrap().into_iter().find(|(t, _)| *t == Template::ColReduce).unwrap();
-        let large = optimize(&large, &opts).unwrap().plan;
-        assert_eq!(small.kernels.len(), 1);
-        assert_eq!(small.kernels[0].template, t);
-        assert_eq!(16 * small.kernels[0].bytes_read, large.kernels[0].bytes_read);
-    }
-
-    #[test]
-    fn the_column_fit_recovers_the_models_latency_and_efficiency() {
-        let (launch, copy) = (3.65, 3000.0);
-        let time = |bytes: u64| launch + 4.0 + bytes as f64 / (copy * 1e3 * 0.9);
-        let (large, small) = (256 << 20, 16 << 20);
-        let (latency, efficiency) = column_fit(launch, copy, (large, time(large)), (small, time(small)));
-        assert!((latency - 4.0).abs() < 1e-6 && (efficiency - 0.9).abs() < 1e-9, "{latency} {efficiency}");
-        // A small kernel timed slower than the large one (noise): no latency, the large one's
-        // time past the launch all bandwidth.
-        let (latency, efficiency) = column_fit(launch, copy, (large, time(large)), (small, time(large) + 1.0));
-        assert_eq!(latency, 0.0);
-        assert!((efficiency - large as f64 / (copy * 1e3) / (time(large) - launch)).abs() < 1e-9);
-        // A slope steeper than copy bandwidth allows (the large kernel's time all latency):
-        // the efficiency is capped at 1 and the latency follows from the large kernel.
-        let (latency, efficiency) = column_fit(launch, copy, (large, 100.0), (small, 40.0));
-        assert_eq!(efficiency, 1.0);
-        assert!(latency >= 0.0);
+    fn the_written_bytes_probe_is_two_column_kernels_of_128_mib_the_second_after_a_clean_l2() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let dirty = p.l2_dirty_bytes.expect("the h100 profile's written bytes");
+        let program = dirty_program().unwrap();
+        let plan = optimize(&program, &OptimizeOptions::new(p.clone())).unwrap().plan;
+        assert_eq!(plan.kernels.len(), 2);
+        for k in &plan.kernels {
+            assert_eq!(k.template, Template::ColReduce);
+            assert_eq!(k.bytes_read, 128 << 20);
+            assert!(k.bytes_written < 1 << 20);
+        }
+        // The model charges the first the written bytes it displaces, as the probe measures.
+        let bandwidth = p.copy_bandwidth_gbs * 1e3 * p.templates["colreduce"].bandwidth_efficiency;
+        let extra = plan.kernels[0].predicted_us - plan.kernels[1].predicted_us;
+        assert!((extra - dirty as f64 / bandwidth).abs() < 0.01, "{extra}");
     }
 
     #[test]
