@@ -64,6 +64,14 @@ pub struct TemplateRates {
     /// the points, and held at the end points beyond them; `flops_*_tflops` where absent.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rate_by_size: BTreeMap<String, Vec<[f64; 2]>>,
+    /// Share of `bandwidth_efficiency` a kernel reaches when each lane accesses fewer than 16
+    /// bytes at a time, by bytes per access (`"1"`, `"2"`, `"4"`, `"8"`: lanes x the widest
+    /// element along the last axis, `caps::vector_width`; an odd last extent of f32 is read 4
+    /// bytes a lane). It bounds the kernel's whole traffic, L2 hits included (the loads a warp
+    /// can have in flight, not device memory, limit it). Absent: every access is priced as 16
+    /// bytes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub narrow_access_share: BTreeMap<String, f64>,
 }
 
 /// How fast one tile shape of the generated gemm kernel runs: each block walks the reduction
@@ -373,7 +381,11 @@ impl DeviceProfile {
             Some(b) if work.sector_bytes > 0 => work.bytes.saturating_add(work.sector_bytes) as f64 / (b * 1e3),
             _ => 0.0,
         };
-        (hbm + l2).max(sectors)
+        let narrow = match r.narrow_access_share.get(&work.access_bytes.to_string()) {
+            Some(share) => work.bytes as f64 / (self.copy_bandwidth_gbs * 1e3 * r.bandwidth_efficiency * share),
+            None => 0.0,
+        };
+        (hbm + l2).max(sectors).max(narrow)
     }
 
     /// Seconds to move `bytes` with template `t`.
@@ -464,6 +476,14 @@ impl TemplateRates {
                 non_negative(&format!("{path}.{field}"), v)?;
             }
         }
+        for (width, share) in &self.narrow_access_share {
+            if !matches!(width.as_str(), "1" | "2" | "4" | "8") {
+                return Err(format!("{path}.narrow_access_share has a width `{width}` (1, 2, 4 or 8 bytes)"));
+            }
+            if !(*share > 0.0 && *share <= 1.0) {
+                return Err(format!("{path}.narrow_access_share.{width} must be in (0, 1], got {share}"));
+            }
+        }
         for (field, tiles, split) in [
             ("tiles", &self.tiles, false),
             ("tiles_16bit", &self.tiles_16bit, false),
@@ -549,6 +569,8 @@ pub struct Work {
     /// of each sector than they use (a transposed read on the plain elementwise path): served
     /// from L2 at `sector_bandwidth_gbs` (`bytes` plus these), beside device memory's time.
     pub sector_bytes: u64,
+    /// Bytes each lane accesses at a time where fewer than 16 (`narrow_access_share`); 0: 16.
+    pub access_bytes: u32,
 }
 
 /// The shape a generated gemm kernel runs: the product (batch x M x N, reduction K) and the tile
@@ -744,7 +766,7 @@ mod tests {
     #[test]
     fn l2_hits_and_reduction_stages_change_a_kernels_time() {
         let p = DeviceProfile::load("h100").unwrap();
-        let work = Work { bytes: 32 << 20, hit: 0, flops: 0, stages: 0, calls: 1, sector_bytes: 0 };
+        let work = Work { bytes: 32 << 20, hit: 0, flops: 0, stages: 0, calls: 1, sector_bytes: 0, access_bytes: 0 };
         let miss = p.kernel_work_us(Template::RowReduce, &work, DType::F32, None);
         let hit = p.kernel_work_us(Template::RowReduce, &Work { hit: 16 << 20, ..work }, DType::F32, None);
         assert!(hit < miss, "{hit} {miss}");

@@ -68,6 +68,9 @@ pub struct Calibration {
     pub stages: (Vec<StageProbe>, f64),
     /// The written bytes L2 holds: see `DirtyProbe`.
     pub dirty: DirtyProbe,
+    /// Elementwise kernels whose lanes access fewer than 16 bytes: (bytes per access, program,
+    /// bytes moved, median microseconds, share of the template's efficiency).
+    pub narrow: Vec<(u32, String, u64, f64, f64)>,
     /// cuBLASLt's fixed time per call: (program, median microseconds).
     pub cublaslt_call: (String, f64),
     /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
@@ -150,6 +153,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     }
     let stages = stage_latency(gpu, &mut profile)?;
     let dirty = dirty_bytes(gpu, &mut profile, copy_gbs)?;
+    let narrow = narrow_access(gpu, &mut profile, copy_gbs)?;
     lap("copy, launch, template efficiencies, strided reads, row stage latency and L2's written bytes", &mut seconds);
     let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
     let gemm = gemm_rates(gpu, &mut profile)?;
@@ -175,7 +179,8 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          (sector_bandwidth_gbs: [2^24, 4] bf16 read as [4, 2^24] on the plain path, its bytes and the \
          excess of the sectors its warps touch over the time past the launch overhead), cuBLASLt's call overhead (a 64x128x64 \
          f32 product), the row kernels' latency per dependent reduction stage (least squares, in \
-         the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the written bytes L2 holds (l2_dirty_bytes) and the colreduce efficiency \
+         the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the elementwise template's share of its efficiency with lanes of 1, 2, 4 and 8 bytes \
+         (elementwise.narrow_access_share: an odd or even last extent of bool, bf16 and f32), the written bytes L2 holds (l2_dirty_bytes) and the colreduce efficiency \
          without them (two 128 MiB column sums in one plan: the first after the flush, the second with L2 clean), \
          the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
          or launch overhead) and cuBLASLt's at 512^3, 1024^3 and 2048^3 too (rate_by_size), the generated gemm's step times for every tile codegen can choose \
@@ -213,6 +218,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         templates,
         stages,
         dirty,
+        narrow,
         cublaslt_call,
         gemm,
         tiles,
@@ -245,6 +251,7 @@ fn gemm_impl(profile: &mut DeviceProfile, imp: GemmImpl) -> &mut TemplateRates {
         tiles_16bit: Default::default(),
         tiles_mma: Default::default(),
         rate_by_size: Default::default(),
+        narrow_access_share: Default::default(),
     });
     let own = TemplateRates { implementations: Default::default(), ..g.clone() };
     g.implementations.entry(imp.name().into()).or_insert(own)
@@ -834,6 +841,69 @@ fn dirty_bytes(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<
     })
 }
 
+/// The elementwise template's share of its bandwidth efficiency where each lane accesses 1, 2, 4
+/// or 8 bytes (`elementwise.narrow_access_share`): `narrow_programs`, each one elementwise kernel
+/// of that many bytes a lane, its share of copy bandwidth over the template's (16-byte lanes).
+fn narrow_access(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<Vec<(u32, String, u64, f64, f64)>> {
+    let efficiency = profile.rates(Template::Elementwise).bandwidth_efficiency;
+    let mut out = Vec::new();
+    for (width, program) in narrow_programs()? {
+        let plan = narrow_plan(profile, &program, width)?;
+        let sources = codegen_plan(&plan)?;
+        let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
+        let k = &r.kernels[0];
+        let share = (k.achieved_gbs / copy_gbs / efficiency).min(1.0);
+        out.push((width, program.source.clone(), k.bytes, k.measured_us, share));
+    }
+    if let Some(rates) = profile.templates.get_mut(Template::Elementwise.name()) {
+        for (width, _, _, _, share) in &out {
+            rates.narrow_access_share.insert(width.to_string(), round(*share, 3));
+        }
+    }
+    Ok(out)
+}
+
+/// `narrow_access`' probes, by bytes a lane: `(not x)` over bool [16384, 16383] (1), and
+/// `(* (+ x 1) z)` over bf16 [8192, 8191] (2), f32 [8192, 4095] (4) and f32 [8192, 4094] (8).
+fn narrow_programs() -> Result<Vec<(u32, Program)>> {
+    let pointwise = |dt: DType, cols: usize| -> Result<Program> {
+        let t = TensorType::new(dt, vec![8192, cols]);
+        Program::from_sexprs(
+            &format!("calibrate-lanes-{}-{cols}", dt.name()),
+            &[("x", t.clone()), ("z", t)],
+            &[("y", "(* (+ x 1) z)")],
+        )
+        .map_err(Error::Invalid)
+    };
+    let b = TensorType::new(DType::Bool, vec![16384, 16383]);
+    let not =
+        Program::from_sexprs("calibrate-lanes-bool-16383", &[("x", b)], &[("y", "(not x)")]).map_err(Error::Invalid)?;
+    Ok(vec![
+        (1, not),
+        (2, pointwise(DType::Bf16, 8191)?),
+        (4, pointwise(DType::F32, 4095)?),
+        (8, pointwise(DType::F32, 4094)?),
+    ])
+}
+
+/// A narrow-lane probe's plan: one elementwise kernel whose lanes access `width` bytes, as the
+/// cost model counts them (error otherwise).
+fn narrow_plan(profile: &DeviceProfile, program: &Program, width: u32) -> Result<FusionPlan> {
+    let plan = optimize(program, &OptimizeOptions::new(profile.clone()))?.plan;
+    let lanes = plan.kernels.first().map(|k| {
+        let last = k.domain.last().copied().unwrap_or(1);
+        let widest = k.reads.iter().chain(&k.writes).map(|t| t.ty.dtype.size()).max().unwrap_or(4);
+        crate::codegen::caps::vector_width(Template::Elementwise, k.domain.len(), last, widest, false, false) * widest
+    });
+    if plan.kernels.len() != 1 || plan.kernels[0].template != Template::Elementwise || lanes != Some(width as usize) {
+        return Err(Error::Invalid(format!(
+            "calibration program {} did not plan as one elementwise kernel of {width}-byte lanes",
+            program.source
+        )));
+    }
+    Ok(plan)
+}
+
 /// `dirty_bytes`' probe: two column sums over f32 [8192, 4096], one of each input.
 fn dirty_program() -> Result<Program> {
     let x = TensorType::new(DType::F32, vec![8192, 4096]);
@@ -1090,6 +1160,14 @@ impl fmt::Display for Calibration {
         for (prog, n, us, base) in probes {
             writeln!(f, "      {prog:<40} {n} stages {us:>7.1} us (model without stage latency {base:.1} us)")?;
         }
+        for (width, prog, bytes, us, share) in &self.narrow {
+            writeln!(
+                f,
+                "  {width}-byte lanes     {:>5.1}% of the elementwise efficiency ({prog}: {} in {us:.1} us)",
+                100.0 * share,
+                crate::plan::render::human_bytes(*bytes)
+            )?;
+        }
         let d = &self.dirty;
         writeln!(
             f,
@@ -1249,6 +1327,21 @@ mod tests {
         let bandwidth = p.copy_bandwidth_gbs * 1e3 * p.templates["colreduce"].bandwidth_efficiency;
         let extra = plan.kernels[0].predicted_us - plan.kernels[1].predicted_us;
         assert!((extra - dirty as f64 / bandwidth).abs() < 0.01, "{extra}");
+    }
+
+    #[test]
+    fn narrow_probes_plan_as_one_elementwise_kernel_of_their_lanes_priced_at_their_share() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let rates = p.rates(Template::Elementwise);
+        for (width, program) in narrow_programs().unwrap() {
+            let plan = narrow_plan(&p, &program, width).unwrap();
+            let k = &plan.kernels[0];
+            assert!(k.bytes_read + k.bytes_written >= 256 << 20, "{}", program.source);
+            let share = rates.narrow_access_share[&width.to_string()];
+            let bandwidth = p.copy_bandwidth_gbs * 1e3 * rates.bandwidth_efficiency * share;
+            let priced = p.launch_overhead_us + (k.bytes_read + k.bytes_written) as f64 / bandwidth;
+            assert!((k.predicted_us - priced).abs() < 0.01, "{}: {} against {priced}", program.source, k.predicted_us);
+        }
     }
 
     #[test]
