@@ -5,7 +5,7 @@
 //! For every `IN_DIR/gSEED.eqf`, writes `OUT_DIR/gSEED.unfused.json` (the unfused plan `eqfuse
 //! bench` times: one kernel per primitive operator, the same kernels whatever the model, so each
 //! is the measured one re-priced) and, unless `--unfused-only`, `OUT_DIR/gSEED.plan.json` (the
-//! fused plan, which may itself change with the model). `benches/fidelity.py --repredict OUT_DIR`
+//! fused plan, which may itself change with the model). `benches/fidelity.py RESULTS --repredict OUT_DIR`
 //! joins them to bench JSONs by program, kernel id, kernel name and bytes.
 use std::path::PathBuf;
 
