@@ -68,9 +68,8 @@ pub struct Calibration {
     pub stages: (Vec<StageProbe>, f64),
     /// The written bytes L2 holds: see `DirtyProbe`.
     pub dirty: DirtyProbe,
-    /// Elementwise kernels whose lanes access fewer than 16 bytes: (bytes per access, program,
-    /// bytes moved, median microseconds, share of the template's efficiency).
-    pub narrow: Vec<(u32, String, u64, f64, f64)>,
+    /// Elementwise kernels whose lanes access fewer than 16 bytes: see `NarrowProbe`.
+    pub narrow: Vec<NarrowProbe>,
     /// cuBLASLt's fixed time per call: (program, median microseconds).
     pub cublaslt_call: (String, f64),
     /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
@@ -844,7 +843,7 @@ fn dirty_bytes(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<
 /// The elementwise template's share of its bandwidth efficiency where each lane accesses 1, 2, 4
 /// or 8 bytes (`elementwise.narrow_access_share`): `narrow_programs`, each one elementwise kernel
 /// of that many bytes a lane, its share of copy bandwidth over the template's (16-byte lanes).
-fn narrow_access(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<Vec<(u32, String, u64, f64, f64)>> {
+fn narrow_access(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<Vec<NarrowProbe>> {
     let efficiency = profile.rates(Template::Elementwise).bandwidth_efficiency;
     let mut out = Vec::new();
     for (width, program) in narrow_programs()? {
@@ -862,6 +861,10 @@ fn narrow_access(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Resul
     }
     Ok(out)
 }
+
+/// A narrow-lane probe: (bytes per access, program, bytes moved, median microseconds, share of
+/// the elementwise template's efficiency taken).
+pub type NarrowProbe = (u32, String, u64, f64, f64);
 
 /// `narrow_access`' probes, by bytes a lane: `(not x)` over bool [16384, 16383] (1), and
 /// `(* (+ x 1) z)` over bf16 [8192, 8191] (2), f32 [8192, 4095] (4) and f32 [8192, 4094] (8).
