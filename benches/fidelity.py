@@ -15,8 +15,14 @@ every timed kernel (fused and unfused plans) and over every plan:
 - the 20 kernels furthest off (measured / predicted), with program and kernel id;
 - programs whose fused outputs did not match the CPU reference, and plans measured under 50 us.
 
-Usage: python3 benches/fidelity.py RESULTS [--programs DIR] [--out-md F] [--out-json F]
+Usage: python3 benches/fidelity.py RESULTS [--programs DIR] [--repredict DIR] [--out-md F] [--out-json F]
 RESULTS: a folder of bench-*.json (fidelity.sh's, unpacked) or the JSON files themselves.
+`--repredict DIR`: the measured kernels re-priced by the cost model as it is now, from the plans
+`examples/replan_programs.rs` wrote to DIR for the same programs: a kernel counts where the
+re-planned plan has a kernel of the same id, template and bytes (the unfused plan's always do; a
+fused plan the model now plans otherwise loses its changed kernels), with that kernel's
+prediction and features; a plan counts where all its kernels do. A re-prediction of old
+measurements, not a measurement.
 `--self-test` checks the analysis on a fabricated bench JSON in the real schema.
 Python 3, standard library and numpy only.
 """
@@ -108,10 +114,18 @@ def load_plan(programs_dir, name, which):
         return json.load(f)
 
 
-def collect(bench_files, programs_dir):
+def repriced(plan, k):
+    """The re-planned kernel that is benched kernel `k` (same id, template and bytes), or None."""
+    pk = {q["id"]: q for q in plan["kernels"]}.get(k.get("id")) if plan else None
+    if pk is None or not k["name"].startswith(pk["template"] + "_"):
+        return None
+    return pk if pk["bytes_read"] + pk["bytes_written"] == k["bytes"] else None
+
+
+def collect(bench_files, programs_dir, repredict_dir=None):
     """Kernel rows and plan rows from the bench JSONs (a program benched twice counts once)."""
     kernels, plans, seen = [], [], set()
-    notes = {"mismatch": [], "plan_differs": [], "untimed": 0}
+    notes = {"mismatch": [], "plan_differs": [], "untimed": 0, "not_repriced": 0}
     for path in bench_files:
         with open(path) as f:
             bench = json.load(f)
@@ -126,8 +140,15 @@ def collect(bench_files, programs_dir):
                 notes["mismatch"].append(name)
             for which in ("fused", "unfused"):
                 r = p[which]
-                plans.append({"program": name, "plan": which, "predicted_us": r["predicted_us"],
-                              "measured_us": r["measured_us"], "kernels": r["kernels"]})
+                replan = load_plan(repredict_dir, name, which) if repredict_dir else None
+                if repredict_dir:
+                    matched = [repriced(replan, k) for k in r["per_kernel"]]
+                    if all(matched) and len(matched) == len(replan["kernels"]):
+                        plans.append({"program": name, "plan": which, "predicted_us": replan["total"]["predicted_us"],
+                                      "measured_us": r["measured_us"], "kernels": r["kernels"]})
+                else:
+                    plans.append({"program": name, "plan": which, "predicted_us": r["predicted_us"],
+                                  "measured_us": r["measured_us"], "kernels": r["kernels"]})
                 plan = load_plan(programs_dir, name, which)
                 by_id = {k["id"]: k for k in plan["kernels"]} if plan else {}
                 for k in r["per_kernel"]:
@@ -136,6 +157,12 @@ def collect(bench_files, programs_dir):
                     if pk is not None and abs(pk["predicted_us"] - k["predicted_us"]) > 0.002:
                         notes["plan_differs"].append(f"{name} {which} k{k.get('id')}")
                         pk = None
+                    if repredict_dir:
+                        pk = repriced(replan, k)
+                        if pk is None:
+                            notes["not_repriced"] += 1
+                            continue
+                        k = {**k, "predicted_us": pk["predicted_us"]}
                     feats = features(pk) if pk else {"template": k["name"].split("_")[0]}
                     feats["dtype"] = dtype_of(k["name"])
                     m = k["measured_us"]
@@ -175,8 +202,8 @@ def group(rows, key):
     return {k: stats(v) for k, v in sorted(out.items())}
 
 
-def analyse(bench_files, programs_dir):
-    kernels, plans, notes = collect(bench_files, programs_dir)
+def analyse(bench_files, programs_dir, repredict_dir=None):
+    kernels, plans, notes = collect(bench_files, programs_dir, repredict_dir)
     fused = [k for k in kernels if k["plan"] == "fused"]
     by = {}
     for feat in ("template", "dtype", "strided", "broadcast", "wide_row", "masked", "reduction_axis", "epilogue"):
@@ -198,6 +225,8 @@ def analyse(bench_files, programs_dir):
         "reference_mismatch": notes["mismatch"],
         "plan_differs": notes["plan_differs"],
         "untimed_kernels": notes["untimed"],
+        "repredicted_from": repredict_dir,
+        "kernels_not_repriced": notes["not_repriced"],
         "without_features": sum(1 for k in kernels if "strided" not in k),
     }
     k = summary["kernels"]
@@ -249,6 +278,10 @@ def markdown(s):
     lines.append(f"- fused plans measured under 50 us: {len(s['fused_measured_under_50us'])}")
     lines.append(f"- kernels whose saved plan differs from the benched one (features unknown): {len(s['plan_differs'])}")
     lines.append(f"- kernels without features (no saved plan): {s['without_features']}; untimed kernels: {s['untimed_kernels']}")
+    if s.get("repredicted_from"):
+        lines.insert(2, f"**Re-predicted**: the measured kernels priced by the plans in `{s['repredicted_from']}` "
+                        f"(not a measurement); {s['kernels_not_repriced']} measured kernels left out (planned otherwise now).")
+        lines.insert(3, "")
     return "\n".join(lines) + "\n"
 
 
@@ -263,6 +296,7 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results", nargs="*")
     ap.add_argument("--programs", help="the folder gen_programs wrote (plans beside programs)")
+    ap.add_argument("--repredict", help="re-price the measured kernels by the plans replan_programs wrote here")
     ap.add_argument("--out-md", default="fidelity.md")
     ap.add_argument("--out-json", default="fidelity.json")
     ap.add_argument("--self-test", action="store_true")
@@ -272,7 +306,7 @@ def main(argv):
     files = bench_files_of(a.results)
     if not files:
         ap.error("no bench JSON found")
-    s = analyse(files, a.programs)
+    s = analyse(files, a.programs, a.repredict)
     with open(a.out_md, "w") as f:
         f.write(markdown(s))
     with open(a.out_json, "w") as f:
@@ -364,6 +398,23 @@ def self_test():
             self.assertEqual(by["reduction_axis"]["leading"]["n"], 1)
             self.assertEqual(by["dtype"]["bf16"]["n"], 2)
             self.assertEqual(s["without_features"], 2)  # g9's two kernels (no unfused plan saved, one differs)
+            # Re-predicted: g7's unfused kernel 2 re-priced at 4.9 us; its kernel 1 planned otherwise
+            # now (other bytes) is left out, and so is the plan; g9 has no re-planned plan.
+            r = tempfile.mkdtemp()
+            replanned = json.loads(json.dumps(unf))
+            for q in replanned["kernels"]:
+                q["bytes_read"] = (1 << 20) - 1  # the fixture's benched bytes
+            replanned["kernels"][2]["predicted_us"] = 4.9
+            replanned["kernels"][1]["bytes_read"] = 7
+            replanned["total"] = {"predicted_us": 1.0}
+            with open(os.path.join(r, "g7.unfused.json"), "w") as f:
+                json.dump(replanned, f)
+            rs = analyse(bench_files_of([d]), d, r)
+            self.assertEqual(rs["kernels"]["n"], 2)  # g7 unfused k0 and k2 (k3 untimed)
+            self.assertAlmostEqual(rs["kernels"]["within_15"], 1.0)
+            self.assertEqual(rs["kernels_not_repriced"], 5)  # g7 fused (2), g9 (2), g7 unfused k1
+            self.assertEqual(rs["plans"]["n"], 0)
+            self.assertIn("Re-predicted", markdown(rs))
             md = markdown(s)
             self.assertIn("NOT met", md)
             self.assertIn("| g7 | fused | rowreduce_f32_k1 | 20.00 | 30.00 | 1.50 |", md)

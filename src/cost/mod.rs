@@ -80,6 +80,9 @@ pub struct KernelCost {
     /// For a row kernel whose rows do not fit one block, the blocks of the cluster each row is
     /// spread over (`caps::row_cluster`: sm_90, each block's segment in registers); 1 otherwise.
     pub cluster: u32,
+    /// Bytes each lane of an elementwise kernel accesses at a time where fewer than 16 (lanes
+    /// x the widest element along the last axis, as codegen chooses them): 0 otherwise.
+    pub access_bytes: u32,
 }
 
 /// Bytes a kernel with body `body` reads of each of its reads `reads` (sorted): all of a tensor,
@@ -165,15 +168,25 @@ impl KernelCost {
     /// Predicted microseconds, given the bytes this kernel writes (every read from device
     /// memory).
     pub fn predict_us(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64) -> f64 {
-        self.predict_us_hit(dag, profile, bytes_written, 0)
+        self.predict_us_hit(dag, profile, bytes_written, 0, 0)
     }
 
-    /// Predicted microseconds when `hit` of the bytes read come from L2 (see `residency.rs`).
-    pub fn predict_us_hit(&self, dag: &Dag, profile: &DeviceProfile, bytes_written: u64, hit: u64) -> f64 {
+    /// Predicted microseconds when `hit` of the bytes read come from L2 and the kernel writes
+    /// back `write_back` bytes more of earlier kernels' writes than it leaves of its own in L2
+    /// (fewer where negative; see `residency.rs`).
+    pub fn predict_us_hit(
+        &self,
+        dag: &Dag,
+        profile: &DeviceProfile,
+        bytes_written: u64,
+        hit: u64,
+        write_back: i64,
+    ) -> f64 {
         let dtype = kernel_dtype(dag, &self.body);
         let segments = if self.segmented(bytes_written) { self.segments } else { 1 };
+        let bytes = self.bytes_read(bytes_written) + bytes_written + self.workspace_bytes + self.strided_dram_bytes;
         let work = Work {
-            bytes: self.bytes_read(bytes_written) + bytes_written + self.workspace_bytes + self.strided_dram_bytes,
+            bytes: bytes.saturating_add_signed(write_back).max(hit),
             hit,
             flops: self.flops,
             // Segmented rows: one more stage, the last block's combine of a row's partials
@@ -181,6 +194,7 @@ impl KernelCost {
             stages: self.stages + u32::from(segments > 1),
             calls: self.calls,
             sector_bytes: self.sector_bytes.saturating_sub(self.strided_dram_bytes),
+            access_bytes: self.access_bytes,
         };
         // (The one kernel of the query, key and value gradients has a rate of its own.)
         let fused = self.workspace_bytes > 0;
@@ -325,6 +339,7 @@ pub fn analyse(
         sector_bytes: 0,
         strided_dram_bytes: 0,
         tiled: false,
+        access_bytes: 0,
     };
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
@@ -347,6 +362,9 @@ pub fn analyse(
     }
     if template == Template::Elementwise && k.kind == KernelKind::Plain {
         strided_reads(dag, members, &mut k, profile);
+        if !k.tiled {
+            k.access_bytes = narrow_access(dag, members, &k, profile);
+        }
     }
     if k.kind == KernelKind::RowGlobal {
         // Cross-entropy's mean over rows: a row kernel's stages, and one more for the blocks'
@@ -468,6 +486,26 @@ fn strided_bias(dag: &Dag, members: &[usize], k: &mut KernelCost, profile: &Devi
     ));
 }
 
+/// The bytes each lane of an elementwise kernel accesses at a time, where fewer than 16 (else
+/// 0): `caps::vector_width`'s lanes for the widest element of the tensors of the iteration
+/// space's last extent (read or computed), times that element's size. On an H100 elementwise
+/// kernels of 16 MB and more whose lanes read 4 bytes (an odd last extent of f32) took 1.23x
+/// their price at copy bandwidth, those of 16-byte lanes 1.00x (medians of 266 and 770,
+/// `benches/results/2026-11-26-h100-fidelity`).
+fn narrow_access(dag: &Dag, members: &[usize], k: &KernelCost, profile: &DeviceProfile) -> u32 {
+    let Some(&last) = k.domain.last() else { return 0 };
+    let along = |i: &usize| dag.nodes[*i].ty().filter(|t| t.shape.last() == Some(&last)).map(|t| t.dtype.size());
+    let widest = k.reads.iter().chain(members).filter_map(along).max().unwrap_or(4);
+    let packed = members.iter().any(|&m| dag.is_packed(m));
+    let lanes = caps::vector_width(Template::Elementwise, k.domain.len(), last, widest, profile.strict, packed);
+    let bytes = lanes * widest;
+    if bytes < 16 {
+        u32::try_from(bytes).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
 /// cuBLASLt when it can run the kernel (one write; its epilogues cover the body; codegen's own
 /// test, on the kernel as the plan would hold it) and the profile predicts it faster than the
 /// generated kernel; the generated kernel otherwise. With it, the calls the implementation
@@ -492,6 +530,7 @@ fn gemm_implementation(
         stages: k.stages,
         calls: call.calls(),
         sector_bytes: 0,
+        access_bytes: 0,
     };
     let lt = profile.gemm_us(GemmImpl::Cublaslt, &work, dtype, None);
     let generated = profile.gemm_us(GemmImpl::Generated, &Work { calls: 1, ..work }, dtype, k.tiles.as_ref());

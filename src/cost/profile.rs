@@ -64,6 +64,14 @@ pub struct TemplateRates {
     /// the points, and held at the end points beyond them; `flops_*_tflops` where absent.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rate_by_size: BTreeMap<String, Vec<[f64; 2]>>,
+    /// Share of `bandwidth_efficiency` a kernel reaches when each lane accesses fewer than 16
+    /// bytes at a time, by bytes per access (`"1"`, `"2"`, `"4"`, `"8"`: lanes x the widest
+    /// element along the last axis, `caps::vector_width`; an odd last extent of f32 is read 4
+    /// bytes a lane). It bounds the kernel's whole traffic, L2 hits included (the loads a warp
+    /// can have in flight, not device memory, limit it). Absent: every access is priced as 16
+    /// bytes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub narrow_access_share: BTreeMap<String, f64>,
 }
 
 /// How fast one tile shape of the generated gemm kernel runs: each block walks the reduction
@@ -100,7 +108,9 @@ pub struct DeviceProfile {
     pub source: String,
     /// Device-to-device copy bandwidth, bytes read plus bytes written, in GB/s.
     pub copy_bandwidth_gbs: f64,
-    /// Time from one launch to the next for an empty kernel, in microseconds.
+    /// A kernel's fixed time in a plan timed kernel by kernel (events recorded around every
+    /// launch, as `eqfuse run` and `eqfuse bench` time plans): a small kernel's time, in
+    /// microseconds.
     pub launch_overhead_us: f64,
     /// Shared memory one block may use, in bytes.
     pub smem_per_block_bytes: u64,
@@ -116,6 +126,14 @@ pub struct DeviceProfile {
     /// Absent: the plan order is not modelled and every read comes from device memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub l2_reuse_bytes: Option<u64>,
+    /// Written bytes L2 holds before device memory has them: a kernel's writes stay in L2, up
+    /// to this many, when it ends, and are written back while later kernels' reads and writes
+    /// take their lines, at device-memory bandwidth in those kernels' time (a kernel that only
+    /// reads, after one that wrote, pays for them; one after a kernel that only read finds L2
+    /// clean). Copy bandwidth and the template efficiencies are measured in the steady state
+    /// (L2 as dirty after the kernel as before it). Absent: written bytes cost their writer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_dirty_bytes: Option<u64>,
     /// Bandwidth of reads that hit L2, in GB/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub l2_bandwidth_gbs: Option<f64>,
@@ -197,6 +215,11 @@ impl DeviceProfile {
         if let (Some(reuse), Some(l2)) = (self.l2_reuse_bytes, self.l2_bytes) {
             if reuse > l2 {
                 return Err(format!("l2_reuse_bytes ({reuse}) exceeds l2_bytes ({l2})"));
+            }
+        }
+        if let (Some(dirty), Some(l2)) = (self.l2_dirty_bytes, self.l2_bytes) {
+            if dirty > l2 {
+                return Err(format!("l2_dirty_bytes ({dirty}) exceeds l2_bytes ({l2})"));
             }
         }
         if let Some(b) = self.sector_bandwidth_gbs {
@@ -358,7 +381,11 @@ impl DeviceProfile {
             Some(b) if work.sector_bytes > 0 => work.bytes.saturating_add(work.sector_bytes) as f64 / (b * 1e3),
             _ => 0.0,
         };
-        (hbm + l2).max(sectors)
+        let narrow = match r.narrow_access_share.get(&work.access_bytes.to_string()) {
+            Some(share) => work.bytes as f64 / (self.copy_bandwidth_gbs * 1e3 * r.bandwidth_efficiency * share),
+            None => 0.0,
+        };
+        (hbm + l2).max(sectors).max(narrow)
     }
 
     /// Seconds to move `bytes` with template `t`.
@@ -449,6 +476,14 @@ impl TemplateRates {
                 non_negative(&format!("{path}.{field}"), v)?;
             }
         }
+        for (width, share) in &self.narrow_access_share {
+            if !matches!(width.as_str(), "1" | "2" | "4" | "8") {
+                return Err(format!("{path}.narrow_access_share has a width `{width}` (1, 2, 4 or 8 bytes)"));
+            }
+            if !(*share > 0.0 && *share <= 1.0) {
+                return Err(format!("{path}.narrow_access_share.{width} must be in (0, 1], got {share}"));
+            }
+        }
         for (field, tiles, split) in [
             ("tiles", &self.tiles, false),
             ("tiles_16bit", &self.tiles_16bit, false),
@@ -534,6 +569,8 @@ pub struct Work {
     /// of each sector than they use (a transposed read on the plain elementwise path): served
     /// from L2 at `sector_bandwidth_gbs` (`bytes` plus these), beside device memory's time.
     pub sector_bytes: u64,
+    /// Bytes each lane accesses at a time where fewer than 16 (`narrow_access_share`); 0: 16.
+    pub access_bytes: u32,
 }
 
 /// The shape a generated gemm kernel runs: the product (batch x M x N, reduction K) and the tile
@@ -729,7 +766,7 @@ mod tests {
     #[test]
     fn l2_hits_and_reduction_stages_change_a_kernels_time() {
         let p = DeviceProfile::load("h100").unwrap();
-        let work = Work { bytes: 32 << 20, hit: 0, flops: 0, stages: 0, calls: 1, sector_bytes: 0 };
+        let work = Work { bytes: 32 << 20, hit: 0, flops: 0, stages: 0, calls: 1, sector_bytes: 0, access_bytes: 0 };
         let miss = p.kernel_work_us(Template::RowReduce, &work, DType::F32, None);
         let hit = p.kernel_work_us(Template::RowReduce, &Work { hit: 16 << 20, ..work }, DType::F32, None);
         assert!(hit < miss, "{hit} {miss}");
@@ -746,7 +783,7 @@ mod tests {
     /// The plain path's transposed copy of an 8192 x 2048 bf16 activation, every element read
     /// through a sector of its own (16 bytes of sectors per byte used, each sector fetched from
     /// device memory once): priced at the 139.1 us it measured on an H100 (2026-11-26), where its
-    /// bytes alone said 26.6 us; a kernel touching whole sectors keeps its price.
+    /// bytes alone said 26.1 us; a kernel touching whole sectors keeps its price.
     #[test]
     fn strided_sectors_are_priced_at_the_sector_bandwidth() {
         let p = DeviceProfile::load("h100").unwrap();
@@ -754,7 +791,7 @@ mod tests {
         let plain = Work { bytes, calls: 1, ..Work::default() };
         let strided = Work { sector_bytes: 15 * bytes / 2, ..plain };
         let us = |w: &Work| p.kernel_work_us(Template::Elementwise, w, DType::Bf16, None);
-        assert!((us(&plain) - 26.6).abs() < 0.1, "{}", us(&plain));
+        assert!((us(&plain) - 26.1).abs() < 0.1, "{}", us(&plain));
         assert!((us(&strided) - 139.1).abs() < 0.1, "{}", us(&strided));
     }
 

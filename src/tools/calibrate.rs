@@ -31,7 +31,7 @@ use crate::ir::program::Program;
 use crate::ir::types::{DType, TensorType};
 use crate::plan::{FusionPlan, GemmImpl, Template};
 use crate::runtime::gpu::Gpu;
-use crate::runtime::run_gpu::{run_on, GpuRunOptions};
+use crate::runtime::run_gpu::{run_on, unfused_plan, GpuRunOptions};
 use crate::search::optimize::{optimize, OptimizeOptions};
 
 /// One gemm implementation's measured rate: (implementation, dtype, program, median
@@ -66,6 +66,10 @@ pub struct Calibration {
     pub templates: Vec<TemplateShare>,
     /// The row kernels' stage latency: its probes and the fitted microseconds per stage.
     pub stages: (Vec<StageProbe>, f64),
+    /// The written bytes L2 holds: see `DirtyProbe`.
+    pub dirty: DirtyProbe,
+    /// Elementwise kernels whose lanes access fewer than 16 bytes: see `NarrowProbe`.
+    pub narrow: Vec<NarrowProbe>,
     /// cuBLASLt's fixed time per call: (program, median microseconds).
     pub cublaslt_call: (String, f64),
     /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
@@ -115,7 +119,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     let copy_bytes = copy_bytes(gpu);
     let copy_us = copy_time(gpu, copy_bytes as usize)?;
     let copy_gbs = 2.0 * copy_bytes as f64 / (copy_us * 1e3);
-    let launch_us = launch_time(gpu)?;
+    let launch_us = launch_time(gpu, base)?;
     let mut profile = base.clone();
     profile.name = short_name(&gpu.name);
     profile.device = gpu.name.clone();
@@ -147,7 +151,9 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         templates.push(t);
     }
     let stages = stage_latency(gpu, &mut profile)?;
-    lap("copy, launch, template efficiencies, strided reads and row stage latency", &mut seconds);
+    let dirty = dirty_bytes(gpu, &mut profile, copy_gbs)?;
+    let narrow = narrow_access(gpu, &mut profile, copy_gbs)?;
+    lap("copy, launch, template efficiencies, strided reads, row stage latency and L2's written bytes", &mut seconds);
     let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
     let gemm = gemm_rates(gpu, &mut profile)?;
     lap("gemm rates and cuBLASLt's call", &mut seconds);
@@ -172,7 +178,10 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          (sector_bandwidth_gbs: [2^24, 4] bf16 read as [4, 2^24] on the plain path, its bytes and the \
          excess of the sectors its warps touch over the time past the launch overhead), cuBLASLt's call overhead (a 64x128x64 \
          f32 product), the row kernels' latency per dependent reduction stage (least squares, in \
-         the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
+         the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the elementwise template's share of its efficiency with lanes of 1, 2, 4 and 8 bytes \
+         (elementwise.narrow_access_share: an odd or even last extent of bool, bf16 and f32), the written bytes L2 holds (l2_dirty_bytes) and the colreduce efficiency \
+         without them (two 128 MiB column sums in one plan: the first after the flush, the second with L2 clean), \
+         the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
          or launch overhead) and cuBLASLt's at 512^3, 1024^3 and 2048^3 too (rate_by_size), the generated gemm's step times for every tile codegen can choose \
          (tiles on f32, tiles_16bit on bf16 CUDA-core and tiles_mma on bf16 tensor-core products) and \
          the attention f32 path's (attention.tiles; K = keys x head / parts): least-squares fits, relative to \
@@ -207,6 +216,8 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         launch_us,
         templates,
         stages,
+        dirty,
+        narrow,
         cublaslt_call,
         gemm,
         tiles,
@@ -239,6 +250,7 @@ fn gemm_impl(profile: &mut DeviceProfile, imp: GemmImpl) -> &mut TemplateRates {
         tiles_16bit: Default::default(),
         tiles_mma: Default::default(),
         rate_by_size: Default::default(),
+        narrow_access_share: Default::default(),
     });
     let own = TemplateRates { implementations: Default::default(), ..g.clone() };
     g.implementations.entry(imp.name().into()).or_insert(own)
@@ -692,21 +704,31 @@ pub(crate) fn copy_time(gpu: &Gpu, bytes: usize) -> Result<f64> {
     Ok(median(times))
 }
 
-/// Microseconds per launch of an empty kernel, launched back to back.
-fn launch_time(gpu: &Gpu) -> Result<f64> {
-    let f = gpu.load_raw("extern \"C\" __global__ void eq_empty() {}\n", "eq_empty")?;
-    let (a, b) = (gpu.event()?, gpu.event()?);
-    let n = 2000;
-    let mut times = Vec::new();
-    for _ in 0..5 {
-        gpu.record(&a)?;
-        for _ in 0..n {
-            gpu.launch_empty(&f, 1, 32)?;
-        }
-        gpu.record(&b)?;
-        times.push(gpu.elapsed_us(&a, &b)? / n as f64);
-    }
-    Ok(median(times))
+/// The launch probe: `LAUNCH_CHAIN` pointwise operators, negation and exponential by turns (the
+/// values stay between about -20 and 20), over 256 f32 values.
+fn launch_program() -> Result<Program> {
+    let x = TensorType::new(DType::F32, vec![256]);
+    let body =
+        (0..LAUNCH_CHAIN).fold("x".to_string(), |e, i| format!("({} {e})", if i % 2 == 0 { "neg" } else { "exp" }));
+    Program::from_sexprs("calibrate-launch", &[("x", x)], &[("y", &body)]).map_err(Error::Invalid)
+}
+
+/// Operators in the launch probe's chain (`launch_time`), each its own kernel.
+const LAUNCH_CHAIN: usize = 33;
+
+/// A kernel's fixed time in a timed plan (`launch_overhead_us`): the median time of the kernels
+/// of a chain of pointwise operators on 256 f32 values, each its own kernel (the unfused plan),
+/// timed as `eqfuse run` and `eqfuse bench` time a plan's kernels (events recorded around every
+/// launch), the first kernel (after the L2 flush) left out. Launched back to back with no
+/// events between them, an empty kernel took 4.15 us on the H100 (2026-11-22), where kernels
+/// of 4 KB or less took 3.65 us in timed plans (median of 401,
+/// `benches/results/2026-11-26-h100-fidelity`): the cost model predicts the latter.
+fn launch_time(gpu: &Gpu, base: &DeviceProfile) -> Result<f64> {
+    let program = launch_program()?;
+    let plan = unfused_plan(&program, base, false)?;
+    let sources = codegen_plan(&plan)?;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(base, 30))?;
+    Ok(median(r.kernels.iter().skip(1).map(|k| k.measured_us).collect()))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -777,6 +799,134 @@ fn stage_latency(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(Vec<StagePro
         r.stage_latency_us = Some(round(latency, 2));
     }
     Ok((probes, latency))
+}
+
+/// The written bytes L2 holds (`l2_dirty_bytes`, see `search::residency::write_backs`) and the
+/// column template's efficiency without them: two column sums of 128 MiB each in one plan,
+/// timed as `eqfuse bench` times plans. The first kernel starts after the flush, L2 full of
+/// written lines, and writes them back as its reads displace them; the second starts with L2
+/// clean (the first wrote 16 KiB). The second's share of copy bandwidth is the template's
+/// efficiency (`synthetic`'s column probe starts after the flush too, so its share includes the
+/// write-back), and the difference of their times at that bandwidth is the bytes written back.
+/// On an H100 in timed plans, large elementwise kernels right after a kernel that only read took
+/// 4.96 us less than after one that wrote (median of 105, 14.8 MB at copy bandwidth), and column
+/// and row kernels of 20 to 80 MB after writers about 4 us more than their bytes
+/// (`benches/results/2026-11-26-h100-fidelity`).
+fn dirty_bytes(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<DirtyProbe> {
+    let program = dirty_program()?;
+    let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+    if plan.kernels.len() != 2 || plan.kernels.iter().any(|k| k.template != Template::ColReduce) {
+        return Err(Error::Invalid(format!(
+            "calibration program {} did not plan as two column kernels",
+            program.source
+        )));
+    }
+    let sources = codegen_plan(&plan)?;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
+    let (first, second) = (&r.kernels[0], &r.kernels[1]);
+    let efficiency = (second.bytes as f64 / (copy_gbs * 1e3 * second.measured_us)).min(1.0);
+    let dirty = (copy_gbs * 1e3 * efficiency * (first.measured_us - second.measured_us)).max(0.0) as u64;
+    let dirty = profile.l2_bytes.map_or(dirty, |l2| dirty.min(l2));
+    profile.l2_dirty_bytes = Some(dirty);
+    if let Some(rates) = profile.templates.get_mut(Template::ColReduce.name()) {
+        rates.bandwidth_efficiency = round(efficiency, 3);
+    }
+    Ok(DirtyProbe {
+        program: program.source.clone(),
+        after_flush_us: first.measured_us,
+        clean_us: second.measured_us,
+        dirty_bytes: dirty,
+        efficiency,
+    })
+}
+
+/// The elementwise template's share of its bandwidth efficiency where each lane accesses 1, 2, 4
+/// or 8 bytes (`elementwise.narrow_access_share`): `narrow_programs`, each one elementwise kernel
+/// of that many bytes a lane, its share of copy bandwidth over the template's (16-byte lanes).
+fn narrow_access(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<Vec<NarrowProbe>> {
+    let efficiency = profile.rates(Template::Elementwise).bandwidth_efficiency;
+    let mut out = Vec::new();
+    for (width, program) in narrow_programs()? {
+        let plan = narrow_plan(profile, &program, width)?;
+        let sources = codegen_plan(&plan)?;
+        let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
+        let k = &r.kernels[0];
+        let share = (k.achieved_gbs / copy_gbs / efficiency).min(1.0);
+        out.push((width, program.source.clone(), k.bytes, k.measured_us, share));
+    }
+    if let Some(rates) = profile.templates.get_mut(Template::Elementwise.name()) {
+        for (width, _, _, _, share) in &out {
+            rates.narrow_access_share.insert(width.to_string(), round(*share, 3));
+        }
+    }
+    Ok(out)
+}
+
+/// A narrow-lane probe: (bytes per access, program, bytes moved, median microseconds, share of
+/// the elementwise template's efficiency taken).
+pub type NarrowProbe = (u32, String, u64, f64, f64);
+
+/// `narrow_access`' probes, by bytes a lane: `(not x)` over bool [16384, 16383] (1), and
+/// `(* (+ x 1) z)` over bf16 [8192, 8191] (2), f32 [8192, 4095] (4) and f32 [8192, 4094] (8).
+fn narrow_programs() -> Result<Vec<(u32, Program)>> {
+    let pointwise = |dt: DType, cols: usize| -> Result<Program> {
+        let t = TensorType::new(dt, vec![8192, cols]);
+        Program::from_sexprs(
+            &format!("calibrate-lanes-{}-{cols}", dt.name()),
+            &[("x", t.clone()), ("z", t)],
+            &[("y", "(* (+ x 1) z)")],
+        )
+        .map_err(Error::Invalid)
+    };
+    let b = TensorType::new(DType::Bool, vec![16384, 16383]);
+    let not =
+        Program::from_sexprs("calibrate-lanes-bool-16383", &[("x", b)], &[("y", "(not x)")]).map_err(Error::Invalid)?;
+    Ok(vec![
+        (1, not),
+        (2, pointwise(DType::Bf16, 8191)?),
+        (4, pointwise(DType::F32, 4095)?),
+        (8, pointwise(DType::F32, 4094)?),
+    ])
+}
+
+/// A narrow-lane probe's plan: one elementwise kernel whose lanes access `width` bytes, as the
+/// cost model counts them (error otherwise).
+fn narrow_plan(profile: &DeviceProfile, program: &Program, width: u32) -> Result<FusionPlan> {
+    let plan = optimize(program, &OptimizeOptions::new(profile.clone()))?.plan;
+    let lanes = plan.kernels.first().map(|k| {
+        let last = k.domain.last().copied().unwrap_or(1);
+        let widest = k.reads.iter().chain(&k.writes).map(|t| t.ty.dtype.size()).max().unwrap_or(4);
+        crate::codegen::caps::vector_width(Template::Elementwise, k.domain.len(), last, widest, false, false) * widest
+    });
+    if plan.kernels.len() != 1 || plan.kernels[0].template != Template::Elementwise || lanes != Some(width as usize) {
+        return Err(Error::Invalid(format!(
+            "calibration program {} did not plan as one elementwise kernel of {width}-byte lanes",
+            program.source
+        )));
+    }
+    Ok(plan)
+}
+
+/// `dirty_bytes`' probe: two column sums over f32 [8192, 4096], one of each input.
+fn dirty_program() -> Result<Program> {
+    let x = TensorType::new(DType::F32, vec![8192, 4096]);
+    Program::from_sexprs(
+        "calibrate-l2-written",
+        &[("a", x.clone()), ("b", x)],
+        &[("y", "(sum a 0)"), ("z", "(sum b 0)")],
+    )
+    .map_err(Error::Invalid)
+}
+
+/// What `dirty_bytes` measured: the program, its two kernels' median microseconds (after the
+/// flush, then with L2 clean), and the written bytes and column efficiency taken.
+#[derive(Clone, Debug)]
+pub struct DirtyProbe {
+    pub program: String,
+    pub after_flush_us: f64,
+    pub clean_us: f64,
+    pub dirty_bytes: u64,
+    pub efficiency: f64,
 }
 
 /// One stage-latency probe: (program, stages, median microseconds, the model's time without
@@ -990,7 +1140,7 @@ impl fmt::Display for Calibration {
             crate::plan::render::human_bytes(self.copy_bytes),
             self.copy_us
         )?;
-        writeln!(f, "  launch overhead  {:.2} us per empty kernel, back to back", self.launch_us)?;
+        writeln!(f, "  launch overhead  {:.2} us per small kernel in a timed plan", self.launch_us)?;
         for (t, prog, bytes, us, share) in &self.templates {
             writeln!(
                 f,
@@ -1013,6 +1163,24 @@ impl fmt::Display for Calibration {
         for (prog, n, us, base) in probes {
             writeln!(f, "      {prog:<40} {n} stages {us:>7.1} us (model without stage latency {base:.1} us)")?;
         }
+        for (width, prog, bytes, us, share) in &self.narrow {
+            writeln!(
+                f,
+                "  {width}-byte lanes     {:>5.1}% of the elementwise efficiency ({prog}: {} in {us:.1} us)",
+                100.0 * share,
+                crate::plan::render::human_bytes(*bytes)
+            )?;
+        }
+        let d = &self.dirty;
+        writeln!(
+            f,
+            "  L2 written bytes {} held ({}: {:.1} us after the flush, {:.1} us with L2 clean; colreduce at {:.1}% of copy bandwidth)",
+            crate::plan::render::human_bytes(d.dirty_bytes),
+            d.program,
+            d.after_flush_us,
+            d.clean_us,
+            100.0 * d.efficiency
+        )?;
         let (probes, latency) = &self.split;
         writeln!(f, "  split-K          {latency:.2} us past the model's steps and parts' reads")?;
         for (prog, n, us, base) in probes {
@@ -1127,6 +1295,55 @@ mod tests {
                 .find_map(|l| l.strip_prefix("#define EQ_SPLITS ")?.trim().parse().ok())
                 .unwrap_or(1);
             assert!(splits > 1, "{} runs unsplit", program.source);
+        }
+    }
+
+    #[test]
+    fn the_launch_probe_runs_one_small_kernel_per_operator() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let program = launch_program().unwrap();
+        let plan = unfused_plan(&program, &p, false).unwrap();
+        assert_eq!(plan.kernels.len(), LAUNCH_CHAIN);
+        for k in &plan.kernels {
+            assert_eq!(k.template, Template::Elementwise);
+            assert_eq!(k.bytes_read + k.bytes_written, 2048);
+            assert!((k.predicted_us - p.launch_overhead_us).abs() < 0.01, "{}", k.predicted_us);
+        }
+        assert_eq!(codegen_plan(&plan).unwrap().len(), LAUNCH_CHAIN);
+        let values = crate::reference::eval(&program, &crate::reference::rng::random_inputs(&program, 0)).unwrap();
+        assert!(values[0].data.iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn the_written_bytes_probe_is_two_column_kernels_of_128_mib_the_second_after_a_clean_l2() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let dirty = p.l2_dirty_bytes.expect("the h100 profile's written bytes");
+        let program = dirty_program().unwrap();
+        let plan = optimize(&program, &OptimizeOptions::new(p.clone())).unwrap().plan;
+        assert_eq!(plan.kernels.len(), 2);
+        for k in &plan.kernels {
+            assert_eq!(k.template, Template::ColReduce);
+            assert_eq!(k.bytes_read, 128 << 20);
+            assert!(k.bytes_written < 1 << 20);
+        }
+        // The model charges the first the written bytes it displaces, as the probe measures.
+        let bandwidth = p.copy_bandwidth_gbs * 1e3 * p.templates["colreduce"].bandwidth_efficiency;
+        let extra = plan.kernels[0].predicted_us - plan.kernels[1].predicted_us;
+        assert!((extra - dirty as f64 / bandwidth).abs() < 0.01, "{extra}");
+    }
+
+    #[test]
+    fn narrow_probes_plan_as_one_elementwise_kernel_of_their_lanes_priced_at_their_share() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let rates = p.rates(Template::Elementwise);
+        for (width, program) in narrow_programs().unwrap() {
+            let plan = narrow_plan(&p, &program, width).unwrap();
+            let k = &plan.kernels[0];
+            assert!(k.bytes_read + k.bytes_written >= 256 << 20, "{}", program.source);
+            let share = rates.narrow_access_share[&width.to_string()];
+            let bandwidth = p.copy_bandwidth_gbs * 1e3 * rates.bandwidth_efficiency * share;
+            let priced = p.launch_overhead_us + (k.bytes_read + k.bytes_written) as f64 / bandwidth;
+            assert!((k.predicted_us - priced).abs() < 0.01, "{}: {} against {priced}", program.source, k.predicted_us);
         }
     }
 
