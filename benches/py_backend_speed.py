@@ -17,11 +17,14 @@ training step's graphs (`transformers`, random weights: LAYERS blocks of a small
 Python work is per tensor, not per element). The graphs are exported as the backend exports them;
 `plan_graph` and the kernels are stubbed: each plan is a `LaunchPlan` with no kernels (its outputs
 zeroed once) replayed by `GraphedLaunch` through `NullGraphs`, a stand-in for CUDA graphs whose
-replay does nothing. After warm-up steps (graphs captured), each compiled graph is called again
-with its last step's arguments, results dropped: microseconds per call of the whole path
-(`backend._Runner`: arguments mapped, outputs cast, padded, relaid and viewed) and of
-`GraphedLaunch` alone (signature, input keys, output set, replay, results), medians of REPS calls;
-`--profile` prints the cProfile of the backward's calls.
+replay does nothing. After warm-up steps (graphs captured), REPS/10 training steps (SGD, gradients set to None):
+`in_steps_us`, the median time of each graph's calls within them; then each compiled graph is
+called again with its last step's arguments, results dropped: microseconds per call of the
+whole path (`runner_us`, `backend._Runner`: arguments mapped, outputs cast, padded, relaid and
+viewed) and of `GraphedLaunch` alone (`graphed_launch_us`: signature, input keys, output set,
+copies, replay, results), medians of REPS calls;
+`--profile` prints the cProfile of the training steps (forward and backward), and of the
+backward's calls alone.
 
 Usage: python3 benches/py_backend_speed.py --overhead [--layers 12 --reps 200] [--profile] [--json OUT]
 """
@@ -158,12 +161,15 @@ def overhead(a) -> int:
 
     def compile_graph(self, kind, aten_gm, example_inputs, constants=None, _compile=EqfuseBackend.compile):
         runner = _compile(self, kind, aten_gm, example_inputs, constants)
-        entry = [kind, runner, None]
+        entry = [kind, runner, None, []]
         runners.append(entry)
 
         def call(*args):
             entry[2] = args
-            return runner(*args)
+            t0 = time.perf_counter()
+            out = runner(*args)
+            entry[3].append((time.perf_counter() - t0) * 1e6)
+            return out
 
         return call
 
@@ -175,21 +181,32 @@ def overhead(a) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for _ in range(4):
+        for _ in range(8):
             loss = run(input_ids=ids, labels=ids).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+        for entry in runners:
+            entry[3].clear()
         t0 = time.perf_counter()
-        for _ in range(10):
+        steps = max(a.reps // 10, 5)
+        prof = cProfile.Profile() if a.profile else None
+        for _ in range(steps):
+            if prof is not None:
+                prof.enable()
             loss = run(input_ids=ids, labels=ids).loss
             loss.backward()
+            if prof is not None:
+                prof.disable()
             opt.step()
             opt.zero_grad(set_to_none=True)
-        step_us = (time.perf_counter() - t0) / 10 * 1e6
+        step_us = (time.perf_counter() - t0) / steps * 1e6
+    if prof is not None:
+        print("training steps (forward and backward):")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     res = {"layers": a.layers, "torch": torch.__version__, "train_step_us": step_us, "graphs": []}
     assert [p.runs for p in backend.plans] == ["eqfuse"] * len(backend.plans), [p.why_eager for p in backend.plans]
-    for kind, runner, args in runners:
+    for kind, runner, args, in_steps in runners:
         plan = runner.plan
         inputs = {}
 
@@ -204,8 +221,10 @@ def overhead(a) -> int:
         stats = dict(plan.stats)
         res["graphs"].append({"kind": kind, "args": len(args), "plan_inputs": len(plan.inputs),
                               "plan_outputs": len(plan.outputs), "outputs": len(runner.outputs),
+                              "in_steps_us": sorted(in_steps)[len(in_steps) // 2], "in_steps_all_us": [round(t) for t in in_steps],
                               "runner_us": run_us, "graphed_launch_us": launch_us, "stats": stats})
         if a.profile and kind == "backward":
+            print("the backward alone:")
             prof = cProfile.Profile()
             with torch.no_grad():
                 prof.enable()
