@@ -227,6 +227,7 @@ class LaunchPlan:
         self.device = device
         self.inputs = {name: _parse_type(t) for name, t in manifest["inputs"]}
         self.outputs = [(out, tensor) for out, tensor in manifest["outputs"]]
+        self._output_tensor = dict(self.outputs)
         self.tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.tensor_bytes: dict[str, int] = {}
         for k in manifest["kernels"]:
@@ -259,6 +260,16 @@ class LaunchPlan:
                 raise ValueError(f"input {name}: shape {tuple(t.shape)}, the plan needs {shape}")
             t = t.reshape(shape)
         return t.contiguous() if not t.is_contiguous() else t
+
+    def output_layout(self, out: str):
+        """(torch dtype, shape) in which every call returns output `out`, contiguous (eager launch
+        allocates it so, graphs' output sets too); None for an output that is an input, which is
+        returned as the caller gave it (`prepare`)."""
+        tensor = self._output_tensor.get(out)
+        if tensor is None or tensor in self.inputs or tensor not in self.tensors:
+            return None
+        dtype, shape = self.tensors[tensor]
+        return _torch_dtype(dtype), tuple(shape)
 
     def eager(self, inputs: dict) -> dict:
         """One call launched kernel by kernel: every tensor that is not an input allocated now."""
@@ -521,10 +532,9 @@ class GraphedLaunch:
     at each call (`torch._foreach_copy_`: one call for them all). Graphs are keyed by those
     pointers, so an input whose pointer changes (a parameter replaced) is copied, and read in
     place again under a graph captured for its new pointer once that recurs; the caller's old
-    tensor is never written. Keys are bounded (`MAX_KEYS`; beyond them a call replays the graph
-    of a key it agrees with, one that reads in place only inputs at the pointers it has, the
-    one reading most in place; without one, only pointers common to every key are kept), graphs
-    too (`MAX_GRAPHS`; beyond them a new combination launches eagerly).
+    tensor is never written. Keys are bounded (`MAX_KEYS`; beyond them a call reads in place
+    only pointers a captured key reads in place at its addresses: `_bounded_key`), graphs too
+    (`MAX_GRAPHS`; beyond them a new combination launches eagerly).
 
     Outputs: the caller may keep what a call returned (saved activations until the backward,
     `.grad`, a loss) while calling again, and a replay overwrites its outputs. What torch's own
@@ -659,15 +669,7 @@ class GraphedLaunch:
                 new = True
         key = tuple(key)
         if key not in sig.keys and len(sig.keys) >= self.MAX_KEYS:
-            # Pointers that keep changing: the key of a graph captured already that reads in
-            # place only inputs at the pointers these have, the one that reads most in place;
-            # else only the pointers every key so far has (parameters).
-            agree = [k for k in sig.keys if all(q is None or q == p for q, p in zip(k, key))]
-            if agree:
-                key = max(agree, key=lambda k: sum(q is not None for q in k))
-            else:
-                key = tuple(p if p is not None and all(k[i] == p for k in sig.keys) else None
-                            for i, p in enumerate(key))
+            key = self._bounded_key(sig, key)
         if new:
             sig.known.clear()  # keys made before now name fewer pointers than they would
         else:
@@ -675,6 +677,28 @@ class GraphedLaunch:
                 sig.known.clear()
             sig.known[ptrs] = key
         return key
+
+    def _bounded_key(self, sig: _Signature, key: tuple) -> tuple:
+        """The key a call of input key `key` uses once keys are full (pointers that keep
+        changing): one that reads in place only where `key` does, at `key`'s pointers, and
+        reads most in place among a captured key that agrees so, each captured key less the
+        pointers where it and `key` differ, and `key` less the pointers captured keys read at
+        other addresses (a parameter stays, an input cycling through buffers is copied; a key
+        that reads an input from its static buffer says nothing about it). A captured key wins
+        a tie; a new one is taken only while graphs may still be captured."""
+        def count(k):
+            return sum(q is not None for q in k)
+
+        stable = tuple(p if p is not None and any(k[i] == p for k in sig.keys)
+                       and all(k[i] is None or k[i] == p for k in sig.keys) else None for i, p in enumerate(key))
+        candidates = [stable] + [tuple(p if q == p else None for q, p in zip(k, key)) for k in sig.keys]
+        captured = [k for k in candidates if k in sig.keys]
+        best = max(captured, key=count, default=None)
+        if len(sig.graphs) < self.MAX_GRAPHS:
+            new = max(candidates, key=count)
+            if best is None or count(new) > count(best):
+                return new
+        return best if best is not None else stable
 
     def _free_set(self, sig: _Signature) -> int | None:
         """The first output set nobody outside holds, else None."""
