@@ -501,9 +501,9 @@ class _Signature:
         self.seen: list[list[int]] = [[] for _ in ts]
         """The pointers each input had on earlier calls (the last few)."""
         self.known: dict[tuple, tuple] = {}
-        """Input pointers -> their input key (`GraphedLaunch._key`), for pointers that added
-        nothing to `seen` when the key was made: valid as long as `seen` and `keys` stay as they
-        are (cleared when either changes)."""
+        """Input pointers -> their input key (`GraphedLaunch._key`), a captured one, for pointers
+        that added nothing to `seen` when the key was made: valid as long as `seen` and `keys`
+        stay as they are (cleared when either changes)."""
         self.copies: dict[tuple, tuple[list, list[int]]] = {}
         """Input key -> (static buffers viewed as this signature's shapes, the inputs copied into them)."""
         self.keys: list[tuple] = []
@@ -672,7 +672,7 @@ class GraphedLaunch:
             key = self._bounded_key(sig, key)
         if new:
             sig.known.clear()  # keys made before now name fewer pointers than they would
-        else:
+        elif key in sig.keys:  # (one not captured yet is made again until it is)
             if len(sig.known) >= self.MAX_KNOWN:
                 sig.known.clear()
             sig.known[ptrs] = key
