@@ -24,7 +24,7 @@ whole path (`runner_us`, `backend._Runner`: arguments mapped, outputs cast, padd
 viewed) and of `GraphedLaunch` alone (`graphed_launch_us`: signature, input keys, output set,
 copies, replay, results), medians of REPS calls;
 `--profile` prints the cProfile of the training steps (forward and backward), and of the
-backward's calls alone.
+largest backward's calls alone.
 
 Usage: python3 benches/py_backend_speed.py --overhead [--layers 12 --reps 200] [--profile] [--json OUT]
 """
@@ -206,6 +206,7 @@ def overhead(a) -> int:
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
     res = {"layers": a.layers, "torch": torch.__version__, "train_step_us": step_us, "graphs": []}
     assert [p.runs for p in backend.plans] == ["eqfuse"] * len(backend.plans), [p.why_eager for p in backend.plans]
+    biggest = max((r for k, r, _, _ in runners if k == "backward"), key=lambda r: len(r.plan.inputs), default=None)
     for kind, runner, args, in_steps in runners:
         plan = runner.plan
         inputs = {}
@@ -223,8 +224,8 @@ def overhead(a) -> int:
                               "plan_outputs": len(plan.outputs), "outputs": len(runner.outputs),
                               "in_steps_us": sorted(in_steps)[len(in_steps) // 2], "in_steps_all_us": [round(t) for t in in_steps],
                               "runner_us": run_us, "graphed_launch_us": launch_us, "stats": stats})
-        if a.profile and kind == "backward":
-            print("the backward alone:")
+        if a.profile and runner is biggest:
+            print(f"the backward alone ({len(plan.inputs)} inputs, {len(plan.outputs)} outputs):")
             prof = cProfile.Profile()
             with torch.no_grad():
                 prof.enable()
