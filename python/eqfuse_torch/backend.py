@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -566,12 +567,36 @@ def _real(args) -> bool:
     """Whether every tensor argument has data: AOTAutograd may call a compiled graph with fake
     tensors while tracing, and those run as the ATen graph (no kernel can read them)."""
     import torch
-    from torch._subclasses.fake_tensor import is_fake
 
     # (Tracing makes every argument fake, parameters too: the first and last tensors tell, and a
-    # graph of hundreds of arguments is not walked on every call.)
-    tensors = [a for a in (args[:4] + args[-4:] if len(args) > 8 else args) if isinstance(a, torch.Tensor)]
-    return not any(is_fake(a) or torch._is_functional_tensor(a) for a in tensors)
+    # graph of hundreds of arguments is not walked on every call. A plain tensor is told real in
+    # C++; anything else, a subclass or a wrapper, by `is_fake`.)
+    plain, fake, functional, wrapped = _real_checks()
+    for a in (args[:4] + args[-4:] if len(args) > 8 else args):
+        if type(a) in plain:
+            if not (fake(a) or functional(a) or wrapped(a)):
+                continue
+        elif not isinstance(a, torch.Tensor):
+            continue
+        from torch._subclasses.fake_tensor import is_fake
+
+        if is_fake(a) or functional(a):
+            return False
+    return True
+
+
+def _real_checks() -> tuple:
+    """(plain tensor types, C++ checks of a fake, a functional and a functorch-wrapped tensor)."""
+    global _REAL_CHECKS
+    if _REAL_CHECKS is None:
+        import torch
+
+        _REAL_CHECKS = ((torch.Tensor, torch.nn.Parameter), torch._C._is_fake_tensor, torch._is_functional_tensor,
+                        torch._C._functorch.is_functorch_wrapped_tensor)
+    return _REAL_CHECKS
+
+
+_REAL_CHECKS = None
 
 
 def exact_outputs(gm, args):
@@ -608,10 +633,17 @@ class _Runner:
 
     With a `record`, the first call also runs the ATen graph eagerly and compares (`results_agree`);
     on a difference, or if eqfuse's kernels raise, that call and every later one return eager's
-    results, and the record says why (`runs` becomes `eager`)."""
+    results, and the record says why (`runs` becomes `eager`).
+
+    A call does only what depends on its arguments: which arguments pass as they are and which
+    are mapped (broadcasts, views read through their base), and each output's steps (cast, pad,
+    reshape or expand, layout, a view made of another) are worked out at construction; a step
+    that finds its result already as the graph wants it (dtype, shape, strides) makes nothing."""
 
     def __init__(self, aten_gm, exported, plan, record=None, seeded: bool = False, saved_from: int | None = None):
         import torch
+
+        from .export import ViewOf
 
         self.aten_gm, self.record = aten_gm, record
         self.eager = False
@@ -653,6 +685,62 @@ class _Runner:
                 base = exported.broadcast_outputs.get(i)  # computed as a smaller tensor: expanded
                 self.outputs.append((exported.output_names[i], val.dtype, tuple(val.shape), stride, base))
         self.torch = torch
+        # What every call does, worked out once: the arguments passed as they are (by position)
+        # and those mapped (`Exported.argument`: broadcasts and views read through their base),
+        # and per output one step from the plan's results to the graph's output.
+        self.n_args = len(self.input_names)
+        direct = [(name, i) for i, name in enumerate(self.input_names)
+                  if name is not None and name not in exported.broadcast_inputs and name not in exported.view_inputs]
+        self.direct_names = [name for name, _ in direct]
+        self.direct_args = _getter([i for _, i in direct])
+        self.mapped = [(name, i) for i, name in enumerate(self.input_names)
+                       if name is not None and (name in exported.broadcast_inputs or name in exported.view_inputs)]
+        # (name, None): the plan's result `name` as it is; (None, step): `step(got, seeds)`.
+        self.steps = [self._output_step(i, o) for i, o in enumerate(self.outputs)]
+        self.views = [(i, o) for i, o in enumerate(self.outputs) if isinstance(o, ViewOf)]
+
+    def _output_step(self, i: int, o) -> tuple:
+        """Output `i` from the plan's results and the call's seeds: (None, `step(got, seeds)`),
+        or (name, None) where the plan's result `name` is always the graph's output as it is (a
+        plan that says so, `LaunchPlan.output_layout`, in the graph's dtype, shape and strides)."""
+        from .export import ViewOf
+
+        torch = self.torch
+        if i in self.seed_outputs:
+            from .rng import rng_state
+
+            site, dtype, shape, device = self.seed_outputs[i], o.dtype, tuple(o.shape), o.device
+            return None, lambda got, seeds: rng_state(seeds[site], dtype, shape, device)
+        if o is None or isinstance(o, (torch.Tensor, ViewOf)):
+            return None, lambda got, seeds: o  # (a view is made once the others are: `views`)
+        name, dtype, shape, stride, base = o
+        pad = self.pads.get(i)
+        size = torch.Size(shape)
+        layout = getattr(self.plan, "output_layout", None)
+        if layout is not None and pad is None and base is None and layout(name) == (dtype, shape):
+            dense = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
+            if stride is None or all(n <= 1 or a == b for n, a, b in zip(shape, dense, stride)):
+                return name, None
+
+        def step(got, seeds):
+            t = got[name]
+            if t.dtype != dtype:
+                t = t.to(dtype)
+            if pad is not None:  # padded by PyTorch's kernel along the last axis
+                length, fill = pad
+                t = t.reshape(shape[:-1] + (-1,))
+                t = torch.nn.functional.pad(t, (0, length - t.shape[-1]), value=fill)
+            if base is not None:
+                t = t.reshape(base).expand(shape)
+            elif t.shape != size:
+                t = t.reshape(shape)
+            if stride is not None and t.stride() != stride:
+                # The graphs after this one were traced with PyTorch's strides for this output
+                # (a transposed attention result the backward views as it was): give them those.
+                t = relayout(t, stride)
+            return t
+
+        return None, step
 
     def __call__(self, *args):
         if not _real(args):
@@ -695,18 +783,23 @@ class _Runner:
         return self.aten_gm.forward(*_traced_args(self.aten_gm, args))
 
     def _run(self, args):
-        from .export import ViewOf
-
         inputs = dict(self.values)
-        for name, a in zip(self.input_names, args):
-            if name is not None:
-                # An expanded argument, or a view a forward made: the graph reads the tensor it
-                # is a broadcast or a view of, in place.
-                try:
-                    inputs[name] = self.exported.argument(name, a)
-                except ValueError:
-                    # (A forward run eagerly lays its saved tensors out as PyTorch does.)
-                    return self.seeded.run(args, None) if self.seeded is not None else self._eager(args)
+        if len(args) == self.n_args:
+            inputs.update(zip(self.direct_names, self.direct_args(args)))
+        else:  # (as zip would: the arguments there are)
+            inputs.update((name, args[i]) for name, i in zip(self.direct_names, self.direct_args.positions)
+                          if i < len(args))
+        argument = self.exported.argument
+        for name, i in self.mapped:
+            if i >= len(args):
+                continue
+            # An expanded argument, or a view a forward made: the graph reads the tensor it
+            # is a broadcast or a view of, in place.
+            try:
+                inputs[name] = argument(name, args[i])
+            except ValueError:
+                # (A forward run eagerly lays its saved tensors out as PyTorch does.)
+                return self.seeded.run(args, None) if self.seeded is not None else self._eager(args)
         seeds = None
         if self.seed_input is not None:
             from .rng import Seeds
@@ -714,36 +807,28 @@ class _Runner:
             seeds = self.last_seeds = Seeds.draw(self.n_seeds, self.plan.device)
             inputs[self.seed_input] = seeds
         got = self.plan(inputs)
-        out = []
-        for i, o in enumerate(self.outputs):
-            if i in self.seed_outputs:
-                from .rng import rng_state
-
-                out.append(rng_state(seeds[self.seed_outputs[i]], o.dtype, tuple(o.shape), o.device))
-                continue
-            if o is None or isinstance(o, (self.torch.Tensor, ViewOf)):
-                out.append(o)
-                continue
-            name, dtype, shape, stride, base = o
-            t = got[name]
-            if t.dtype != dtype:
-                t = t.to(dtype)
-            if i in self.pads:  # padded by PyTorch's kernel along the last axis
-                length, fill = self.pads[i]
-                t = t.reshape(shape[:-1] + (-1,))
-                t = self.torch.nn.functional.pad(t, (0, length - t.shape[-1]), value=fill)
-            t = t.reshape(shape) if base is None else t.reshape(base).expand(shape)
-            if stride is not None:
-                # The graphs after this one were traced with PyTorch's strides for this output
-                # (a transposed attention result the backward views as it was): give them those.
-                t = relayout(t, stride)
-            out.append(t)
-        for i, o in enumerate(self.outputs):
-            if isinstance(o, ViewOf):  # saved for the backward: the view of its base, no copy
-                where, at = o.base
-                base = args[at] if where == "arg" else out[at] if where == "result" else got[at]
-                out[i] = o.of(base)
+        out = [got[name] if step is None else step(got, seeds) for name, step in self.steps]
+        for i, o in self.views:  # saved for the backward: the view of its base, no copy
+            where, at = o.base
+            base = args[at] if where == "arg" else out[at] if where == "result" else got[at]
+            out[i] = o.of(base)
         return out
+
+
+def _getter(positions: list[int]):
+    """`get(args)`: the items of `args` at `positions`, a tuple (`get.positions`)."""
+    import operator
+
+    if not positions:
+        get = lambda args: ()  # noqa: E731
+    elif len(positions) == 1:
+        at = positions[0]
+        get = lambda args: (args[at],)  # noqa: E731
+    else:
+        item = operator.itemgetter(*positions)
+        get = lambda args: item(args)  # noqa: E731
+    get.positions = positions
+    return get
 
 
 eqfuse_backend = EqfuseBackend()

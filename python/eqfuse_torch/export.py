@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -739,6 +740,11 @@ class ViewOf:
     """The view's shape and strides on a contiguous base (so that each call makes or checks it
     with one `as_strided`, not the chain)."""
 
+    @cached_property
+    def base_layout(self) -> tuple[int, tuple[int, ...]]:
+        """(elements, strides) of the contiguous base."""
+        return math.prod(self.shape), tuple(math.prod(self.shape[d + 1:]) for d in range(len(self.shape)))
+
     def of(self, base: torch.Tensor) -> torch.Tensor:
         """The view of `base`: `as_strided` on a contiguous one, else the chain replayed."""
         if base.dtype != self.dtype:
@@ -767,13 +773,16 @@ def replay_views(base: torch.Tensor, chain: list, copies: bool = True) -> torch.
 def view_base(a: torch.Tensor, view: ViewOf) -> torch.Tensor | None:
     """The contiguous base of which `a` is `view` (in `a`'s storage), or None when `a` is not
     that view of one (a forward run eagerly may lay its saved tensors out otherwise)."""
-    start = a.storage_offset() - view.offset
-    numel = math.prod(view.shape)
-    if (a.dtype != view.dtype or start < 0 or tuple(a.shape) != view.view_shape
-            or any(n > 1 and x != y for n, x, y in zip(view.view_shape, a.stride(), view.view_stride))
-            or (start + numel) * a.element_size() > a.untyped_storage().nbytes()):
+    if a.dtype != view.dtype or a.shape != view.view_shape:
         return None
-    return a.as_strided(view.shape, tuple(math.prod(view.shape[d + 1:]) for d in range(len(view.shape))), start)
+    stride = a.stride()
+    if stride != view.view_stride and any(n > 1 and x != y for n, x, y in zip(view.view_shape, stride, view.view_stride)):
+        return None
+    start = a.storage_offset() - view.offset
+    numel, base_stride = view.base_layout
+    if start < 0 or (start + numel) * a.element_size() > a.untyped_storage().nbytes():
+        return None
+    return a.as_strided(view.shape, base_stride, start)
 
 
 def view_of(chain: list, shape: tuple[int, ...], dtype: torch.dtype) -> tuple | None:

@@ -227,6 +227,7 @@ class LaunchPlan:
         self.device = device
         self.inputs = {name: _parse_type(t) for name, t in manifest["inputs"]}
         self.outputs = [(out, tensor) for out, tensor in manifest["outputs"]]
+        self._output_tensor = dict(self.outputs)
         self.tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
         self.tensor_bytes: dict[str, int] = {}
         for k in manifest["kernels"]:
@@ -259,6 +260,16 @@ class LaunchPlan:
                 raise ValueError(f"input {name}: shape {tuple(t.shape)}, the plan needs {shape}")
             t = t.reshape(shape)
         return t.contiguous() if not t.is_contiguous() else t
+
+    def output_layout(self, out: str):
+        """(torch dtype, shape) in which every call returns output `out`, contiguous (eager launch
+        allocates it so, graphs' output sets too); None for an output that is an input, which is
+        returned as the caller gave it (`prepare`)."""
+        tensor = self._output_tensor.get(out)
+        if tensor is None or tensor in self.inputs or tensor not in self.tensors:
+            return None
+        dtype, shape = self.tensors[tensor]
+        return _torch_dtype(dtype), tuple(shape)
 
     def eager(self, inputs: dict) -> dict:
         """One call launched kernel by kernel: every tensor that is not an input allocated now."""
@@ -436,16 +447,23 @@ class _OutputSet:
     without any tensor is not counted; torch's cudagraph trees have the same blind spot.)"""
 
     def __init__(self, tensors: dict):
+        import torch
         from torch.multiprocessing.reductions import StorageWeakRef
 
         self.tensors = tensors
-        self.refs = []
-        for t in tensors.values():
-            ref = StorageWeakRef(t.untyped_storage())
-            self.refs.append((ref, _use_count(ref)))
+        self.list = list(tensors.values())
+        """The tensors in `out_tensors` order (what a replay hands out)."""
+        self.refs = [StorageWeakRef(t.untyped_storage()) for t in self.list]
+        # (The weak references keep each storage's address valid; the tensors keep it alive.)
+        self.counts = [(ref.cdata, _use_count(ref)) for ref in self.refs]
+        self._use_count = torch._C._storage_Use_Count
 
     def free(self) -> bool:
-        return all(_use_count(ref) <= base for ref, base in self.refs)
+        use_count = self._use_count
+        for cdata, base in self.counts:
+            if use_count(cdata) > base:
+                return False
+        return True
 
 
 def _use_count(ref) -> int:
@@ -454,12 +472,40 @@ def _use_count(ref) -> int:
     return torch._C._storage_Use_Count(ref.cdata)
 
 
-class _Signature:
-    """The graphs of one set of input dtypes, shapes, strides and devices."""
+def _tensor_guard(ts: tuple):
+    """A check, in C++, that tensors have the dtypes, devices, shapes and strides (and dispatch
+    keys and `requires_grad`) of `ts`: TorchDynamo's `TensorGuards`, `check(*tensors)`. None
+    where this PyTorch has no such check (the signature is then compared in Python)."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
 
-    def __init__(self):
-        self.seen: dict[str, list[int]] = {}
+        guard = TensorGuards(*ts, dynamic_dims_sizes=[list(t.shape) for t in ts],
+                             dynamic_dims_strides=[list(t.stride()) for t in ts])
+        return guard if guard.check(*ts) else None
+    except Exception:  # noqa: BLE001 - an accelerator only
+        return None
+
+
+class _Signature:
+    """The graphs of one set of input dtypes, shapes, strides and devices, and what a call with
+    it needs worked out once: which inputs may be read in place, the input keys of the pointers
+    seen, the copies each key needs."""
+
+    def __init__(self, ts: tuple, in_place: tuple):
+        self.in_place = in_place
+        """Per input, whether the kernels can read it where the caller keeps it (on the plan's
+        device, in the plan's dtype, contiguous): the same for every call of the signature."""
+        self.shapes = tuple(t.shape for t in ts)
+        self.guard = _tensor_guard(ts)
+        """A C++ check that tensors have this signature (`_tensor_guard`), or None."""
+        self.seen: list[list[int]] = [[] for _ in ts]
         """The pointers each input had on earlier calls (the last few)."""
+        self.known: dict[tuple, tuple] = {}
+        """Input pointers -> their input key (`GraphedLaunch._key`), a captured one, for pointers
+        that added nothing to `seen` when the key was made: valid as long as `seen` and `keys`
+        stay as they are (cleared when either changes)."""
+        self.copies: dict[tuple, tuple[list, list[int]]] = {}
+        """Input key -> (static buffers viewed as this signature's shapes, the inputs copied into them)."""
         self.keys: list[tuple] = []
         """Input keys graphs were captured for: per input, the pointer the graph reads it at, or
         None where it reads the input's static buffer."""
@@ -483,10 +529,11 @@ class GraphedLaunch:
     Inputs: a graph reads an input where the caller keeps it when the input needs no conversion
     and its pointer was seen on an earlier call (parameters, a buffer the allocator hands out
     again, the forward's outputs a backward reads); other inputs are copied into static buffers
-    at each call. Graphs are keyed by those pointers, so an input whose pointer changes (a
-    parameter replaced) is copied, and read in place again under a graph captured for its new
-    pointer once that recurs; the caller's old tensor is never written. Keys are bounded
-    (`MAX_KEYS`; beyond them only pointers common to every key are kept), graphs too
+    at each call (`torch._foreach_copy_`: one call for them all). Graphs are keyed by those
+    pointers, so an input whose pointer changes (a parameter replaced) is copied, and read in
+    place again under a graph captured for its new pointer once that recurs; the caller's old
+    tensor is never written. Keys are bounded (`MAX_KEYS`; beyond them a call reads in place
+    only pointers a captured key reads in place at its addresses: `_bounded_key`), graphs too
     (`MAX_GRAPHS`; beyond them a new combination launches eagerly).
 
     Outputs: the caller may keep what a call returned (saved activations until the backward,
@@ -494,8 +541,16 @@ class GraphedLaunch:
     cudagraph trees guard against is guarded here by the storages' use counts: an output set is
     replayed into only when nothing outside holds any of its tensors; else another set is used
     (up to `variants`), and when all are held, a set that is never handed out, whose outputs are
-    cloned for the caller (one copy of the outputs). An output that is an input is returned as
-    eager launch returns it (the input itself).
+    cloned for the caller (one copy of the outputs). The caller gets aliases of the set's tensors
+    (`detach()`: counted as held). An output that is an input is returned as eager launch returns
+    it (the input itself).
+
+    The per-call work is what changes between calls: the signature is checked in C++ against
+    the last one matched (`_tensor_guard`; in Python, a tuple of each input's dtype, shape,
+    strides and device, where PyTorch has no such check or it fails), the input pointers are
+    looked up in the keys they gave before (`_Signature.known`), and everything a signature or a
+    key determines (inputs read in place, static buffers and copies, the order of results) is
+    worked out once.
 
     Each capture first launches eagerly on the capture stream (warm-up of that stream, and the
     reference), and the first replay is compared with that launch (`results_agree`); any
@@ -505,16 +560,35 @@ class GraphedLaunch:
     MAX_SIGNATURES = 8
     MAX_KEYS = 4
     MAX_GRAPHS = 16
+    MAX_KNOWN = 64
     SEEN = 4
 
     def __init__(self, plan: LaunchPlan, kernels: list[dict], graphs, variants: int = 2, report=None):
+        import operator
+
+        import torch
+
         self.plan = plan
         self.graphs = graphs
         self.variants = variants
         self.report = report if report is not None else _stderr_line
         self.signatures: dict[tuple, _Signature] = {}
+        self.last: _Signature | None = None
+        """The signature the last call matched: checked first."""
         self.off: str | None = None
+        self.names = list(plan.inputs)
+        names = self.names
+        getter = operator.itemgetter(*names) if names else None
+        self._tensors = ((lambda d: ()) if not names else (lambda d: (getter(d),)) if len(names) == 1 else getter)
+        """inputs (name -> tensor) -> the tensors in plan input order."""
+        self._data_ptr = torch.Tensor.data_ptr
+        self._detach = torch.Tensor.detach
+        self._meta = operator.attrgetter("dtype", "shape", "device")
+        self._stride = torch.Tensor.stride
         self.out_tensors = [t for t in dict.fromkeys(t for _, t in plan.outputs) if t not in plan.inputs]
+        where = {t: i for i, t in enumerate(self.out_tensors)}
+        self.results = [(out, where.get(t), t) for out, t in plan.outputs]
+        """Per plan output: (output name, index in `out_tensors` or None for an input, tensor name)."""
         middle = [n for n in plan.tensors if n not in plan.inputs and n not in set(self.out_tensors)]
         self.sizes = {n: self._nbytes(n) for n in middle}
         self.arena_bytes, self.offsets = arena_layout(self.sizes, lifetimes(kernels, middle))
@@ -531,15 +605,19 @@ class GraphedLaunch:
     def __call__(self, inputs: dict) -> dict:
         if self.off is not None:
             return self.plan.eager(inputs)
-        sig_key = self._signature(inputs)
-        sig = self.signatures.get(sig_key)
-        if sig is None:
-            if len(self.signatures) < self.MAX_SIGNATURES:
-                self.signatures[sig_key] = sig = _Signature()
-                self._key(sig, inputs)  # the pointers seen
-            return self.plan.eager(inputs)
+        ts = self._tensors(inputs)
+        sig = self.last
+        if sig is None or sig.guard is None or not sig.guard.check(*ts):
+            sig_key = self._signature(ts)
+            sig = self.signatures.get(sig_key)
+            if sig is None:
+                if len(self.signatures) < self.MAX_SIGNATURES:
+                    self.signatures[sig_key] = sig = _Signature(ts, self._in_place(ts))
+                    self._key(sig, ts, tuple(map(self._data_ptr, ts)))  # the pointers seen
+                return self.plan.eager(inputs)
+            self.last = sig
         try:
-            return self._replay(sig, inputs)
+            return self._replay(sig, ts, inputs)
         except _GraphMismatch as e:
             self._turn_off(str(e))
             return e.eager
@@ -554,45 +632,84 @@ class GraphedLaunch:
     def _turn_off(self, why: str) -> None:
         self.off = why
         self.signatures.clear()
+        self.last = None
         self.arena, self.static_inputs = None, {}
         self.plan.stats["graph_off"] = why
         self.report(f"eqfuse: CUDA graph off for this plan, launching kernel by kernel: {why}")
 
-    def _signature(self, inputs: dict) -> tuple:
-        key = []
-        for name, (_dtype, shape) in self.plan.inputs.items():
-            t = inputs[name]
-            if t.numel() != _numel(shape):
-                raise ValueError(f"input {name}: shape {tuple(t.shape)}, the plan needs {shape}")
-            key.append((t.dtype, tuple(t.shape), tuple(t.stride()), str(t.device)))
-        return tuple(key)
-
-    def _in_place(self, name: str, t) -> bool:
-        """Whether the kernels can read input `name` where the caller keeps it."""
-        dtype, _shape = self.plan.inputs[name]
-        return t.device == self.plan.device and t.dtype == _torch_dtype(dtype) and t.is_contiguous()
-
-    def _key(self, sig: _Signature, inputs: dict) -> tuple:
-        """Per input, the pointer a graph reads it at (one seen on an earlier call, and no
-        conversion needed), or None (copied into its static buffer); records the pointers seen."""
-        key = []
-        for name in self.plan.inputs:
-            t = inputs[name]
-            p = t.data_ptr()
-            seen = sig.seen.setdefault(name, [])
-            key.append(p if p in seen and self._in_place(name, t) else None)
-            if p not in seen:
-                seen.append(p)
-                del seen[:-self.SEEN]
-        key = tuple(key)
-        if key not in sig.keys and len(sig.keys) >= self.MAX_KEYS:
-            # Pointers that keep changing: keep only those every key so far has (parameters).
-            key = tuple(p if p is not None and all(k[i] == p for k in sig.keys) else None for i, p in enumerate(key))
+    def _signature(self, ts: tuple) -> tuple:
+        """Each input's (dtype, shape, device) and strides (ValueError where an input's size is
+        not the plan's)."""
+        key = (tuple(map(self._meta, ts)), tuple(map(self._stride, ts)))
+        for name, (_dtype, shape), (_, t_shape, _) in zip(self.names, self.plan.inputs.values(), key[0]):
+            if t_shape.numel() != _numel(shape):
+                raise ValueError(f"input {name}: shape {tuple(t_shape)}, the plan needs {shape}")
         return key
 
-    def _replay(self, sig: _Signature, inputs: dict) -> dict:
-        key = self._key(sig, inputs)
-        idx = next((i for i, o in enumerate(sig.sets) if o.free()), None)
+    def _in_place(self, ts: tuple) -> tuple:
+        """Per input, whether the kernels can read it where the caller keeps it."""
+        return tuple(t.device == self.plan.device and t.dtype == _torch_dtype(dtype) and t.is_contiguous()
+                     for t, (dtype, _shape) in zip(ts, self.plan.inputs.values()))
+
+    def _key(self, sig: _Signature, ts: tuple, ptrs: tuple) -> tuple:
+        """Per input, the pointer a graph reads it at (one seen on an earlier call, and no
+        conversion needed), or None (copied into its static buffer); records the pointers seen."""
+        key = sig.known.get(ptrs)
+        if key is not None:
+            return key
+        new = False
+        key = []
+        for p, seen, ok in zip(ptrs, sig.seen, sig.in_place):
+            if p in seen:
+                key.append(p if ok else None)
+            else:
+                key.append(None)
+                seen.append(p)
+                del seen[:-self.SEEN]
+                new = True
+        key = tuple(key)
+        if key not in sig.keys and len(sig.keys) >= self.MAX_KEYS:
+            key = self._bounded_key(sig, key)
+        if new:
+            sig.known.clear()  # keys made before now name fewer pointers than they would
+        elif key in sig.keys:  # (one not captured yet is made again until it is)
+            if len(sig.known) >= self.MAX_KNOWN:
+                sig.known.clear()
+            sig.known[ptrs] = key
+        return key
+
+    def _bounded_key(self, sig: _Signature, key: tuple) -> tuple:
+        """The key a call of input key `key` uses once keys are full (pointers that keep
+        changing): one that reads in place only where `key` does, at `key`'s pointers, and
+        reads most in place among a captured key that agrees so, each captured key less the
+        pointers where it and `key` differ, and `key` less the pointers captured keys read at
+        other addresses (a parameter stays, an input cycling through buffers is copied; a key
+        that reads an input from its static buffer says nothing about it). A captured key wins
+        a tie; a new one is taken only while graphs may still be captured."""
+        def count(k):
+            return sum(q is not None for q in k)
+
+        stable = tuple(p if p is not None and any(k[i] == p for k in sig.keys)
+                       and all(k[i] is None or k[i] == p for k in sig.keys) else None for i, p in enumerate(key))
+        candidates = [stable] + [tuple(p if q == p else None for q, p in zip(k, key)) for k in sig.keys]
+        captured = [k for k in candidates if k in sig.keys]
+        best = max(captured, key=count, default=None)
+        if len(sig.graphs) < self.MAX_GRAPHS:
+            new = max(candidates, key=count)
+            if best is None or count(new) > count(best):
+                return new
+        return best if best is not None else stable
+
+    def _free_set(self, sig: _Signature) -> int | None:
+        """The first output set nobody outside holds, else None."""
+        for i, o in enumerate(sig.sets):
+            if o.free():
+                return i
+        return None
+
+    def _replay(self, sig: _Signature, ts: tuple, inputs: dict) -> dict:
+        key = self._key(sig, ts, tuple(map(self._data_ptr, ts)))
+        idx = self._free_set(sig)
         new_set = idx is None and len(sig.sets) < self.variants
         if new_set:
             idx = len(sig.sets)
@@ -608,26 +725,37 @@ class GraphedLaunch:
             sig.private = self._output_set()
         outputs = sig.private if clone else sig.sets[idx]
         self.graphs.before_replay()
-        for name, p in zip(self.plan.inputs, key):
-            if p is None:
-                self._copy_in(name, inputs[name])
+        copies = sig.copies.get(key)
+        if copies is None:
+            copies = sig.copies[key] = self._copies(sig, key)
+        dsts, which = copies
+        if which:
+            srcs = [ts[i] for i in which]
+            if len(dsts) == 1:
+                dsts[0].copy_(srcs[0])
+            else:
+                import torch
+
+                torch._foreach_copy_(dsts, srcs)
+            self.plan.stats["input_copies"] += len(which)
         want = None
         if replay is None:
             want = self.graphs.reference(lambda: self.plan.eager(inputs))
-            replay = self._capture(key, outputs, inputs)
+            replay = self._capture(key, outputs, ts)
             sig.graphs[(key, idx)] = replay
             if key not in sig.keys:
                 sig.keys.append(key)
+                sig.known.clear()  # (a key agreed with before may not be the best now)
         replay()
         self.plan.stats["replays"] += 1
         if clone:
             # Every output set handed out is still held by the caller: this one never is, and the
             # caller gets copies (one copy of the outputs).
             self.plan.stats["cloned"] += 1
-            outs = {t: b.clone() for t, b in outputs.tensors.items()}
+            outs = [b.clone() for b in outputs.list]
         else:
-            outs = {t: b.view(b.shape) for t, b in outputs.tensors.items()}  # a view: counted as held
-        result = {out: outs[t] if t in outs else self.plan.prepare(t, inputs[t]) for out, t in self.plan.outputs}
+            outs = list(map(self._detach, outputs.list))  # aliases: counted as held
+        result = {out: outs[i] if i is not None else self.plan.prepare(t, inputs[t]) for out, i, t in self.results}
         if want is not None:
             from .backend import results_agree
 
@@ -644,15 +772,21 @@ class GraphedLaunch:
             tensors[name] = _static_empty(shape, _torch_dtype(dtype), self.plan.device)
         return _OutputSet(tensors)
 
-    def _copy_in(self, name: str, t) -> None:
-        buf = self.static_inputs.get(name)
-        if buf is None:
-            dtype, shape = self.plan.inputs[name]
-            buf = self.static_inputs[name] = _static_empty(shape, _torch_dtype(dtype), self.plan.device)
-        buf.view(t.shape).copy_(t)
-        self.plan.stats["input_copies"] += 1
+    def _copies(self, sig: _Signature, key: tuple) -> tuple[list, list[int]]:
+        """The copies a call of key `key` makes: (destinations, indices of the inputs copied),
+        each destination the input's static buffer viewed as the signature's shape."""
+        dsts, which = [], []
+        for i, (name, p) in enumerate(zip(self.names, key)):
+            if p is None:
+                buf = self.static_inputs.get(name)
+                if buf is None:
+                    dtype, shape = self.plan.inputs[name]
+                    buf = self.static_inputs[name] = _static_empty(shape, _torch_dtype(dtype), self.plan.device)
+                dsts.append(buf.view(sig.shapes[i]))
+                which.append(i)
+        return dsts, which
 
-    def _capture(self, key: tuple, outputs: _OutputSet, inputs: dict):
+    def _capture(self, key: tuple, outputs: _OutputSet, ts: tuple):
         import torch
 
         if self.arena is None:
@@ -663,8 +797,8 @@ class GraphedLaunch:
             dt = _torch_dtype(dtype)
             n = _numel(shape) * torch.empty((), dtype=dt).element_size()
             env[name] = self.arena[off:off + n].view(dt).view(shape)
-        for (name, (_dtype, shape)), p in zip(self.plan.inputs.items(), key):
-            env[name] = inputs[name].view(shape) if p is not None else self.static_inputs[name]
+        for (name, (_dtype, shape)), t, p in zip(self.plan.inputs.items(), ts, key):
+            env[name] = t.view(shape) if p is not None else self.static_inputs[name]
         env.update(outputs.tensors)
         replay = self.graphs.capture(env, self.plan.launch)
         self.plan.stats["captures"] += 1

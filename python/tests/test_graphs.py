@@ -324,8 +324,8 @@ def test_an_input_refilled_in_place_is_read_where_it_is():
 
 
 def test_pointers_that_keep_changing_are_bounded():
-    """Inputs cycling through many recurring addresses: keys and graphs stay bounded, and only
-    what every key shares (the parameter) stays read in place."""
+    """Inputs cycling through many recurring addresses: keys and graphs stay bounded, and the
+    parameter, at one address throughout, stays read in place under every graph."""
     plan, _ = graphed()
     w = torch.randn(8)
     xs = [torch.randn(4, 8) for _ in range(3)]
@@ -339,7 +339,86 @@ def test_pointers_that_keep_changing_are_bounded():
     sig = _sig(plan)
     assert plan.stats["captures"] > g.MAX_KEYS  # keys beyond the bound were tried
     assert len(sig.graphs) <= g.MAX_GRAPHS and plan.stats["captures"] <= g.MAX_GRAPHS
-    assert (None, w.data_ptr(), None) in sig.keys
+    assert all(k[1] == w.data_ptr() for k in sig.keys), sig.keys
+
+
+def test_a_key_agreeing_with_the_pointers_is_replayed_once_keys_are_full():
+    """Keys full, the first of them reading nothing in place: a call whose pointers agree with
+    a captured key replays it, copying only what that key does not read in place (not every
+    input, as keeping only the pointers common to every key would)."""
+    plan, _ = graphed()
+    x1, w1, ids1 = torch.randn(4, 8), torch.randn(8), torch.randint(0, 5, (4,), dtype=torch.int32)
+    x2, w2, ids2 = torch.randn(4, 8), torch.randn(8), torch.randint(0, 5, (4,), dtype=torch.int32)
+    x3, w3 = torch.randn(4, 8), torch.randn(8)
+    for x, w, ids in [(x1, w1, ids1), (x2, w2, ids2), (x2, w2, ids2), (x3, w2, ids2), (x3, w3, ids2)]:
+        args = {"x": x, "w": w, "ids": ids}
+        check(plan(args), args)
+    sig = _sig(plan)
+    p = torch.Tensor.data_ptr
+    assert sig.keys == [(None, None, None), (p(x2), p(w2), p(ids2)), (None, p(w2), p(ids2)), (p(x3), None, p(ids2))]
+    for _ in range(3):
+        copies = plan.stats["input_copies"]
+        args = {"x": x3, "w": w3, "ids": ids2}
+        check(plan(args), args)
+        assert plan.stats["input_copies"] - copies == 1  # w3 alone
+    assert len(sig.keys) == plan.graphed.MAX_KEYS
+
+
+def test_a_changed_layout_at_the_same_pointer_is_a_new_signature():
+    """Once a signature's checks and its pointers' key are cached, an input at the same address
+    with other strides, another dtype or another shape (a new tensor, or the same tensor
+    changed in place) is still told apart: never read as the old layout."""
+    plan, _ = graphed()
+    w, ids = torch.randn(8), torch.randint(0, 5, (4,), dtype=torch.int32)
+    storage = torch.randn(32)
+    x = storage.view(4, 8)
+    for _ in range(4):
+        args = {"x": x, "w": w, "ids": ids}
+        check(plan(args), args)
+    assert plan.stats["captures"] == 1 and plan.stats["input_copies"] == 0
+    variants = [
+        storage.view(8, 4).t(),  # transposed: same address, same shape
+        storage.view(torch.int32).view(4, 8),  # the same bytes as i32
+        storage.view(2, 16),  # another shape of the same size
+    ]
+    for v in variants:
+        assert v.data_ptr() == x.data_ptr()
+        for _ in range(3):
+            got = plan({"x": v, "w": w, "ids": ids})
+            check(got, {"x": v.reshape(4, 8).float(), "w": w, "ids": ids})
+    # The very tensor the graphs read in place, given other strides in place.
+    for _ in range(3):
+        args = {"x": x, "w": w, "ids": ids}
+        check(plan(args), args)
+    with torch.no_grad():
+        x.set_(storage.untyped_storage(), 0, (4, 8), (1, 4))
+    for _ in range(3):
+        got = plan({"x": x, "w": w, "ids": ids})
+        check(got, {"x": x.contiguous(), "w": w, "ids": ids})
+    assert len(plan.graphed.signatures) == 4  # (the last, transposed in place, is the first variant's)
+
+
+def test_outputs_held_across_many_replays_are_never_overwritten():
+    """Every other result kept, the rest dropped, over many calls with the inputs' pointers
+    recurring (the key cached): what is kept stays right."""
+    plan, _ = graphed()
+    w = torch.randn(8)
+    xs = [torch.randn(4, 8) for _ in range(2)]
+    ids = torch.randint(0, 5, (4,), dtype=torch.int32)
+    kept = []
+    for i in range(24):
+        x = xs[i % 2]
+        with torch.no_grad():
+            x.normal_()
+        args = {"x": x, "w": w, "ids": ids}
+        got = plan(args)
+        want = reference(**args)
+        check(got, args)
+        if i % 2:
+            kept.append((got["z"], want["z"].clone()))
+    for got, want in kept:
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert plan.stats["cloned"] > 0 and plan.stats["captures"] <= plan.graphed.MAX_GRAPHS
 
 
 def test_non_contiguous_inputs_get_their_own_signature():

@@ -551,3 +551,20 @@ def test_gpu_kernels_compile_in_threads_and_run(monkeypatch):
     assert counts and counts[0] >= 2, counts  # several distinct modules, compiled by the threads
     for g, w in zip(got, block(*args)):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_fake_and_functional_arguments_are_told_from_real_ones():
+    """`_real`, which sends a call with tracing's tensors to the ATen graph, on plain tensors,
+    parameters, fake tensors and functional tensors, among few arguments or first or last of many."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from eqfuse_torch.backend import _real
+
+    real = [torch.randn(3), torch.nn.Parameter(torch.randn(2)), 4, None]
+    assert _real(tuple(real)) and _real(tuple(real * 10))
+    with FakeTensorMode():
+        fake = torch.randn(3)
+    functional = torch._to_functional_tensor(torch.randn(3))
+    for odd in (fake, functional):
+        for args in ((odd,), (odd, *real * 5), (*real * 5, odd), (*real[:2], odd, *real)):
+            assert not _real(args), (type(odd), len(args))

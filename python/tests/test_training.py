@@ -393,3 +393,75 @@ def test_gpu_training_on_eqfuse_kernels_matches_eager(dtype):
         (l0, g0), (l1, g1) = eager, compiled
         assert relative(l1, l0) <= 2e-2
         assert all(relative(g1[n], g0[n]) <= 5e-2 for n in g0), {n: relative(g1[n], g0[n]) for n in g0}
+
+
+class ReplayedReference:
+    """A `LaunchPlan` whose one "kernel" evaluates the graph on the CPU reference (test_runtime's
+    stand-in) and writes the results into the tensors it is given, replayed as CUDA graphs by
+    test_graphs' `PointerGraphs` (on exactly the memory captured): the backend's whole launch
+    path, `_Runner` over `GraphedLaunch`, on the CPU."""
+
+    def __new__(cls, graph):
+        from test_graphs import PointerGraphs
+        from test_runtime import CpuReferencePlan
+
+        from eqfuse_torch.runtime import GraphedLaunch, LaunchPlan
+
+        names = {torch.float32: "f32", torch.int32: "i32", torch.bool: "bool"}
+        reference = CpuReferencePlan(graph)
+        inputs = {i["name"]: (i["dtype"], list(i["shape"])) for i in graph["inputs"]}
+        zeros = {n: torch.zeros(s, dtype={"f32": torch.float32, "i32": torch.int32, "bool": torch.bool}[d])
+                 for n, (d, s) in inputs.items()}
+        outputs = {n: (names[t.dtype], list(t.shape)) for n, t in reference(zeros).items()}
+
+        def arg(name, role, dtype, shape):
+            return {"name": name, "role": role, "dtype": dtype, "shape": shape, "bytes": 0}
+
+        manifest = {
+            "inputs": [[n, f"{d}[{','.join(map(str, s))}]"] for n, (d, s) in inputs.items()],
+            "outputs": [[n, n] for n in outputs],
+            "kernels": [{"name": "reference", "args": [arg(n, "read", *t) for n, t in inputs.items()]
+                         + [arg(n, "write", *t) for n, t in outputs.items()]}],
+        }
+
+        class Replayed(LaunchPlan):
+            def launch(self, env):
+                for name, t in reference({n: env[n] for n in inputs}).items():
+                    env[name].copy_(t)
+
+        plan = Replayed(manifest, torch.device("cpu"))
+        plan.graphed = GraphedLaunch(plan, manifest["kernels"], PointerGraphs())
+        return plan
+
+
+def test_training_steps_through_replayed_plans_match_eager(monkeypatch):
+    """Training steps (SGD) whose forward and backward graphs replay as graphs, on the CPU: the
+    loss and gradients of every step are eager's, with the forward's outputs held until the
+    backward, every step's loss and gradients held to the end (never overwritten by a later
+    replay), and parameters changed in place between."""
+    built = []
+    monkeypatch.setattr(EqfuseBackend, "_build", lambda self, graph, ex: built.append(ReplayedReference(graph)) or built[-1])
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    model = Mlp()
+    m0, m1 = copy.deepcopy(model), copy.deepcopy(model)
+    run = torch.compile(m1, backend=EqfuseBackend(report=None), dynamic=False)
+    opt0, opt1 = torch.optim.SGD(m0.parameters(), lr=0.1), torch.optim.SGD(m1.parameters(), lr=0.1)
+
+    def step(fn, m, x, y):
+        loss = fn(x, y)
+        loss.backward()
+        return loss.detach(), {n: p.grad for n, p in m.named_parameters()}
+
+    kept = []  # every step's loss and gradients, held by the caller to the end
+    for i in range(6):
+        x, y = torch.randn(16, 32), torch.randn(16, 8)
+        kept.append((step(m0, m0, x, y), step(run, m1, x, y)))
+        assert_same_step(*kept[-1])
+        for opt in (opt0, opt1):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    for eager, compiled in kept:
+        assert_same_step(eager, compiled)
+    assert len(built) == 2 and all(p.stats["replays"] >= 4 for p in built), [p.stats for p in built]
+    assert all("graph_off" not in p.stats for p in built)
