@@ -591,7 +591,10 @@ def _real_checks() -> tuple:
     if _REAL_CHECKS is None:
         import torch
 
-        _REAL_CHECKS = ((torch.Tensor, torch.nn.Parameter), torch._C._is_fake_tensor, torch._is_functional_tensor,
+        # (`torch._C._is_fake_tensor` is newer than PyTorch 2.11, whose fake tensors are all of
+        # the FakeTensor subclass: never a plain type, so told by `is_fake` below.)
+        fake = getattr(torch._C, "_is_fake_tensor", None) or (lambda t: False)
+        _REAL_CHECKS = ((torch.Tensor, torch.nn.Parameter), fake, torch._is_functional_tensor,
                         torch._C._functorch.is_functorch_wrapped_tensor)
     return _REAL_CHECKS
 
