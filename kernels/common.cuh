@@ -130,6 +130,32 @@ __device__ __forceinline__ void eq_storev_row(T* __restrict__ p, const U (&in)[V
         if (eq_in_row(col0 + v, cols)) eq_put(p + v, in[v]);
 }
 
+// A vector of V elements of T as its one word (`eq_word`: 16-byte vectors of bf16 in 4
+// registers, not 8 as values), and the word's elements as values: rowreduce.cu's rows kept in
+// registers as loaded (EQ_CACHE_RAW). `eq_loadw_row` reads as eq_loadv_row does, the lanes
+// outside [0, cols) as zeros.
+template <typename T, int V>
+__device__ __forceinline__ typename eq_word<eq_pack<T, V>::bytes>::t eq_loadw_row(const T* __restrict__ p, eq_idx col0,
+                                                                                  eq_idx cols) {
+    typedef typename eq_word<eq_pack<T, V>::bytes>::t W;
+    union { W w; T e[V]; } u;
+    if (col0 < cols && col0 + V <= cols) return *reinterpret_cast<const W*>(p);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+        T x{};
+        if (eq_in_row(col0 + v, cols)) x = p[v];
+        u.e[v] = x;
+    }
+    return u.w;
+}
+template <typename T, int V, typename U>
+__device__ __forceinline__ void eq_unpackw(const typename eq_word<eq_pack<T, V>::bytes>::t& w, U (&out)[V]) {
+    union { typename eq_word<eq_pack<T, V>::bytes>::t w; T e[V]; } u;
+    u.w = w;
+#pragma unroll
+    for (int v = 0; v < V; ++v) out[v] = eq_val(u.e[v]);
+}
+
 // A row copy's partial vector (rowreduce.cu's shifted rows kept in shared memory): the vector
 // at p holding columns col0 .. col0 + V - 1 (as eq_loadv_row) stored at `keep`, with zeros for
 // columns outside [0, cols).

@@ -844,7 +844,8 @@ fn cluster_row_kernels_compile_without_spills() {
                     .unwrap_or_else(|| panic!("{what} / {}: no EQ_CLUSTER", s.name));
                 assert!((2..=8).contains(&blocks), "{what} / {}: {blocks} blocks a cluster", s.name);
                 assert_eq!(h.grid[0] % blocks, 0, "{what} / {}: a grid of part of a cluster", s.name);
-                assert!(!h.persistent && !h.wave, "{what} / {}: a cluster launched as a wave", s.name);
+                // (A wave of whole resident clusters, each looping over rows: `Launch::cluster`.)
+                assert!(h.persistent && h.wave && h.cluster == blocks, "{what} / {}: not a wave of clusters", s.name);
                 let regs = compile_cluster_rows(&what, s, &c.ptx);
                 let c = nvrtc_compile(&s.source, &s.file, "sm_80", &[])
                     .unwrap_or_else(|e| panic!("{what} / {} on sm_80: {e}", s.name));

@@ -807,6 +807,7 @@ pub fn codegen(
             smem_bytes: hopper_smem_bytes(inst.d) as u32,
             persistent: false,
             wave: false,
+            cluster: 0,
             sm90a: None,
         })
     });
@@ -909,7 +910,7 @@ pub fn codegen(
         kernel: k.id,
         template: Template::Attention,
         source: s,
-        launch: Launch { grid, block, smem_bytes: smem, persistent: false, wave: false, sm90a },
+        launch: Launch { grid, block, smem_bytes: smem, persistent: false, wave: false, cluster: 0, sm90a },
         cublaslt: None,
         args,
         scheduled_sums: false,

@@ -42,6 +42,8 @@ pub struct Shape {
     pub smem_bytes: u32,
     /// Launch one wave of resident blocks (the kernel loops over its work and gains from it).
     pub wave: bool,
+    /// Blocks of a thread-block cluster (`__cluster_dims__`; 0: no cluster).
+    pub cluster: u32,
 }
 
 /// The generated text of one kernel (defines and body), its launch shape, and the numbers of its
@@ -1106,6 +1108,7 @@ impl Emitter<'_> {
             workspace: vec![],
             smem_bytes: 0,
             wave: false,
+            cluster: 0,
         };
         Ok(Rendered {
             defines: d,
@@ -1155,6 +1158,7 @@ impl Emitter<'_> {
             workspace: vec![],
             smem_bytes: 0,
             wave: false,
+            cluster: 0,
         };
         Rendered { defines: d, body: f.s, shape, params: Params { vec: 1, row_threads: 1, nacc: 1 }, sm90a: None }
     }
