@@ -110,6 +110,8 @@ __device__ __forceinline__ void eq_storev(T* __restrict__ p, const U (&in)[V]) {
 // same bound). A vector wholly inside the row is one access; otherwise each column inside is
 // read or written alone, and a read gives 0 elsewhere (the caller ignores those lanes).
 __device__ __forceinline__ bool eq_in_row(eq_idx col, eq_idx cols) { return col < cols; }
+// Whether the n columns from col0 all lie in the row (a wrapped col0 is past any row's end).
+__device__ __forceinline__ bool eq_whole_in_row(eq_idx col0, int n, eq_idx cols) { return col0 < cols && col0 + n <= cols; }
 template <typename T, int V, typename U>
 __device__ __forceinline__ void eq_loadv_row(const T* __restrict__ p, U (&out)[V], eq_idx col0, eq_idx cols) {
     if (col0 < cols && col0 + V <= cols) {
@@ -356,6 +358,16 @@ __device__ __forceinline__ int eq_f2i(float x) {
     if (x >= 2147483647.0f) return 2147483647;
     if (x <= -2147483648.0f) return (-2147483647 - 1);
     return (int)x;
+}
+
+// exp(x) as one ex2.approx of x log2(e) (src/codegen/emit.rs, `fast_exp`: row kernels of 16-bit
+// rows outside strict numerics): the non-ftz form keeps subnormal results; exp(-inf) = 0,
+// exp(+inf) = inf and NaN stays NaN, as expf. Relative error: ex2.approx's 2 ulp and
+// |x| log2(e) 2^-24 from the product's rounding.
+__device__ __forceinline__ float eq_exp_fast(float x) {
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
 }
 
 // ---- online softmax: a running (max m, sum s of exp(x - m)) pair ----

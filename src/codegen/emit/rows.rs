@@ -382,6 +382,9 @@ impl Emitter<'_> {
                 let _ = writeln!(d, "#define {k} {v}");
             }
         }
+        if shape.keep == RowKeep::Fetched && segs.is_none() && shape.blocks_per_sm > 1 {
+            let _ = writeln!(d, "#define EQ_MIN_BLOCKS {}", shape.blocks_per_sm);
+        }
         if let Some(bytes) = smem_row {
             let buffers = if smem_pipelined { 2 } else { 1 };
             for (k, v) in [
@@ -884,7 +887,7 @@ impl Emitter<'_> {
                                 decls.push(format!("for (int v = 0; v < EQ_VEC; ++v) x{k}[v] = -EQ_INF;"));
                             }
                             lines.push(format!("x{k}[v] = {val};"));
-                            after.extend(online_update(k, ks));
+                            after.extend(online_update(k, ks, if e.fast_exp { "eq_exp_fast" } else { "expf" }));
                         }
                         None => lines.push(format!(
                             "acc[{k}] = {};",
@@ -1112,14 +1115,22 @@ enum ClusterPolicy {
 
 /// The settings of the row template's wide-row paths that the environment may change to
 /// compare them on a device (read once): [`ClusterPolicy`], `EQFUSE_ROW_CLUSTER_SM_THREADS`
-/// ([`CLUSTER_THREADS_PER_SM`]) and `EQFUSE_ROW_SMEM_PIPELINE=off` (rows kept in shared
-/// memory never pipelined: [`row_shape`]'s other shapes).
+/// ([`CLUSTER_THREADS_PER_SM`]), `EQFUSE_ROW_SMEM_PIPELINE=off` (rows kept in shared
+/// memory never pipelined: [`row_shape`]'s other shapes), `EQFUSE_ROW_SMEM=off` and
+/// `EQFUSE_ROW_FETCH_THREADS`.
 struct RowPathSettings {
     policy: ClusterPolicy,
     threads_per_sm: usize,
     smem_pipeline: bool,
     /// `EQFUSE_ROW_CLUSTER_RAW=off`: 16-bit rows over clusters cached as values, not as loaded.
     raw: bool,
+    /// `EQFUSE_ROW_SMEM=off`: rows too long for registers never kept in shared memory, but
+    /// fetched by each pass ([`RowKeep::Fetched`]; softmax's max and sum as one online pass).
+    smem: bool,
+    /// `EQFUSE_ROW_FETCH_THREADS=512` or `256`: fetched rows of more vectors than 4 a thread of
+    /// that many threads take blocks of that many threads, [`FETCH_THREADS_PER_SM`] threads an
+    /// SM, so that an SM's other blocks stream while one combines or starts a row.
+    fetch_threads: usize,
 }
 
 fn cluster_settings() -> &'static RowPathSettings {
@@ -1137,6 +1148,12 @@ fn cluster_settings() -> &'static RowPathSettings {
         },
         smem_pipeline: std::env::var("EQFUSE_ROW_SMEM_PIPELINE").as_deref() != Ok("off"),
         raw: std::env::var("EQFUSE_ROW_CLUSTER_RAW").as_deref() != Ok("off"),
+        smem: std::env::var("EQFUSE_ROW_SMEM").as_deref() != Ok("off"),
+        fetch_threads: match std::env::var("EQFUSE_ROW_FETCH_THREADS").as_deref() {
+            Ok("512") => 512,
+            Ok("256") => 256,
+            _ => MAX_ROW_THREADS,
+        },
     })
 }
 
@@ -1252,7 +1269,8 @@ pub(super) struct RowShape {
     pub row_threads: usize,
     pub chunks: usize,
     pub block: usize,
-    /// Blocks an SM is to hold (`__launch_bounds__`'s minimum, rows in shared memory).
+    /// Blocks an SM is to hold (`__launch_bounds__`'s minimum: rows in shared memory, fetched rows
+    /// of blocks smaller than [`MAX_ROW_THREADS`]).
     pub blocks_per_sm: usize,
     pub keep: RowKeep,
 }
@@ -1292,7 +1310,8 @@ pub(super) fn row_shape(
     if fits_in_registers(sizes.len(), chunks, vec, block, !cols.is_multiple_of(vec)) {
         return shape(RowKeep::Registers, row_threads, 1);
     }
-    if !product {
+    let settings = cluster_settings();
+    if !product && settings.smem {
         let row_bytes = keep_slabs(cols, sizes, vec).1;
         let bytes = |t: usize| row_block(t) / t * row_bytes;
         // (`cp.async` copies 4, 8 or 16 bytes.)
@@ -1301,7 +1320,7 @@ pub(super) fn row_shape(
             && rows > 1
             && row_block(row_threads) == row_threads
             && 2 * row_bytes <= MAX_ROW_SMEM_BYTES
-            && cluster_settings().smem_pipeline
+            && settings.smem_pipeline
         {
             return shape(RowKeep::Shared { bytes: 2 * row_bytes, pipelined: true }, row_threads, 1);
         }
@@ -1312,8 +1331,19 @@ pub(super) fn row_shape(
             return shape(RowKeep::Shared { bytes: bytes(t), pipelined: false }, t, blocks);
         }
     }
+    // (A gemm's row epilogue keeps its tile's rows.)
+    if !product && row_threads > settings.fetch_threads {
+        let t = settings.fetch_threads;
+        return shape(RowKeep::Fetched, t, FETCH_THREADS_PER_SM / t);
+    }
     shape(RowKeep::Fetched, row_threads, 1)
 }
+
+/// Threads of fetched rows' blocks an SM is to hold where `EQFUSE_ROW_FETCH_THREADS` makes
+/// them smaller than a block (`__launch_bounds__`: 64 registers a thread, as one block of 1024).
+/// Fewer rows in flight an SM keep each row's second read in L2: a bf16 row of 50257 is 100 KB,
+/// so 132 SMs of two rows each hold 26 MB of the H100's 50 MB.
+const FETCH_THREADS_PER_SM: usize = 1024;
 
 /// The byte offsets of cached inputs of `sizes` bytes an element in a row's shared memory, and
 /// the bytes of the row: each input keeps every vector of `vec` elements the row spans
@@ -1416,13 +1446,13 @@ const SMEM_ROW_THREADS: usize = 512;
 const KEEP_LOADS: usize = 4;
 
 /// The online softmax update of a max accumulator `k` and its sum `ks` by the lanes `x{k}`:
-/// one rescale per vector, one exponential per element.
-fn online_update(k: usize, ks: usize) -> Vec<String> {
+/// one rescale per vector, one exponential (`exp`, the function's name) per element.
+fn online_update(k: usize, ks: usize, exp: &str) -> Vec<String> {
     vec![
         format!("float m{k} = acc[{k}];"),
         format!("for (int v = 0; v < EQ_VEC; ++v) m{k} = eq_max(m{k}, x{k}[v]);"),
         format!("float s{k} = eq_lse_rescale(acc[{ks}], acc[{k}], m{k});"),
-        format!("if (m{k} != -EQ_INF) for (int v = 0; v < EQ_VEC; ++v) s{k} += expf(x{k}[v] - m{k});"),
+        format!("if (m{k} != -EQ_INF) for (int v = 0; v < EQ_VEC; ++v) s{k} += {exp}(x{k}[v] - m{k});"),
         format!("acc[{k}] = m{k};"),
         format!("acc[{ks}] = s{k};"),
     ]
