@@ -110,7 +110,11 @@ __device__ __forceinline__ void eq_storev(T* __restrict__ p, const U (&in)[V]) {
 // same bound). A vector wholly inside the row is one access; otherwise each column inside is
 // read or written alone, and a read gives 0 elsewhere (the caller ignores those lanes).
 __device__ __forceinline__ bool eq_in_row(eq_idx col, eq_idx cols) { return col < cols; }
-// Whether the n columns from col0 all lie in the row (a wrapped col0 is past any row's end).
+// Whether the n columns from col0 all lie in the row (a wrapped col0 is past any row's end):
+// where EQ_SPLIT_LANES, generated lane loops over such vectors test no lane.
+#ifndef EQ_SPLIT_LANES
+#define EQ_SPLIT_LANES 0
+#endif
 __device__ __forceinline__ bool eq_whole_in_row(eq_idx col0, int n, eq_idx cols) { return col0 < cols && col0 + n <= cols; }
 template <typename T, int V, typename U>
 __device__ __forceinline__ void eq_loadv_row(const T* __restrict__ p, U (&out)[V], eq_idx col0, eq_idx cols) {

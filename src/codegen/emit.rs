@@ -1050,10 +1050,12 @@ impl Emitter<'_> {
         for d in decls {
             t.line(depth + 1, d);
         }
-        // The lane loop; a shifted row's lanes are tested against the row only in its first
-        // and last vectors, the others (all but 2 of a thread's in a wide row) taking a copy of
-        // the loop without the tests: two instructions a lane fewer, a fifth of a wide bf16
-        // softmax's per-element instructions.
+        // The lane loop. Where EQ_SPLIT_LANES (rows not kept in registers: `emit/rows.rs`), a
+        // shifted row's lanes are tested against the row only in its first and last vectors,
+        // the others (all but 2 of a thread's in a wide row) taking a copy of the loop without
+        // the tests: two instructions a lane fewer, a fifth of a wide bf16 softmax's
+        // per-element instructions. (Over a row in registers, whose chunk loops are unrolled
+        // whole, the copies spilled: a bf16 softmax of 4097 columns to f32, 28 bytes.)
         // (`body` is indented for a loop at `depth + 1`.)
         let lane_loop = |t: &mut Text, at: usize, checked: bool| {
             t.line(0, "#pragma unroll");
@@ -1073,7 +1075,7 @@ impl Emitter<'_> {
             t.line(at, "}");
         };
         if self.shift {
-            t.line(depth + 1, format!("if (eq_whole_in_row(col0, {}, EQ_COLS)) {{", self.vsym));
+            t.line(depth + 1, format!("if (EQ_SPLIT_LANES && eq_whole_in_row(col0, {}, EQ_COLS)) {{", self.vsym));
             lane_loop(&mut t, depth + 2, false);
             t.line(depth + 1, "} else {");
             lane_loop(&mut t, depth + 2, true);

@@ -364,6 +364,11 @@ impl Emitter<'_> {
         }
         if self.shift {
             let _ = writeln!(d, "#define EQ_SHIFT 1");
+            // (Lane loops split into whole vectors and the row's edges: not over rows in
+            // registers, `Emitter::lane_function`.)
+            if !cached {
+                let _ = writeln!(d, "#define EQ_SPLIT_LANES 1");
+            }
         }
         if let Some(c) = cluster {
             for (k, v) in [("EQ_CLUSTER", c.blocks), ("EQ_MIN_BLOCKS", shape.blocks_per_sm)] {
