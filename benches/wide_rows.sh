@@ -10,6 +10,12 @@
 #   EQFUSE_CLUSTER_GRID=whole          clusters launched as the whole grid (a row a cluster), not a
 #                                      wave of resident clusters looping over rows
 #   EQFUSE_ROW_SMEM_PIPELINE=off       rows kept in shared memory not pipelined (two blocks an SM)
+#   EQFUSE_ROW_SMEM_ONLINE=on          rows kept in shared memory take softmax's max and sum as
+#                                      one online pass over shared memory
+#   EQFUSE_ROW_SMEM=off                rows too long for registers fetched by each pass (online
+#                                      max and sum, then the epilogue re-reads the row from L2)
+#   EQFUSE_ROW_FETCH_THREADS=512|256   fetched rows in blocks of that many threads, 1024 an SM
+#   EQFUSE_ROW_FAST_EXP=off            16-bit rows' exp as expf, not one ex2.approx
 # Usage: benches/wide_rows.sh BINARY OUT_DIR VARIANTS PROGRAMS, VARIANTS and PROGRAMS
 # comma-separated (variant names below; program names in benches/programs without `.eqf`).
 # Prints each run's report and writes it to OUT_DIR/<variant>.<program>.txt.
@@ -31,6 +37,11 @@ env_of() {
     raw768) echo "EQFUSE_ROW_CLUSTER=on EQFUSE_ROW_CLUSTER_SM_THREADS=768" ;;
     raw512) echo "EQFUSE_ROW_CLUSTER=on EQFUSE_ROW_CLUSTER_SM_THREADS=512" ;;
     whole) echo "EQFUSE_CLUSTER_GRID=whole" ;;
+    slow_exp) echo "EQFUSE_ROW_FAST_EXP=off" ;;
+    smem_online) echo "EQFUSE_ROW_SMEM_ONLINE=on" ;;
+    fetched) echo "EQFUSE_ROW_SMEM=off" ;;
+    fetched512) echo "EQFUSE_ROW_SMEM=off EQFUSE_ROW_FETCH_THREADS=512" ;;
+    fetched256) echo "EQFUSE_ROW_SMEM=off EQFUSE_ROW_FETCH_THREADS=256" ;;
     *)
         echo "unknown variant $1" >&2
         exit 2

@@ -308,7 +308,8 @@ impl Emitter<'_> {
             RowKeep::Shared { bytes, pipelined } => (Some(bytes), pipelined),
             _ => (None, false),
         };
-        if (cached || smem_row.is_some()) && !rp.online.is_empty() {
+        let smem_online = smem_row.is_some() && cluster_settings().smem_online;
+        if (cached || (smem_row.is_some() && !smem_online)) && !rp.online.is_empty() {
             // A row held on chip costs nothing to pass over twice: the max, then the sum of
             // exponentials, as separate stages, is far less arithmetic than the online pair's
             // rescaling (cross-entropy 8192x32000 on an H100, 2026-11-22: 828 million
@@ -1121,8 +1122,8 @@ enum ClusterPolicy {
 /// The settings of the row template's wide-row paths that the environment may change to
 /// compare them on a device (read once): [`ClusterPolicy`], `EQFUSE_ROW_CLUSTER_SM_THREADS`
 /// ([`CLUSTER_THREADS_PER_SM`]), `EQFUSE_ROW_SMEM_PIPELINE=off` (rows kept in shared
-/// memory never pipelined: [`row_shape`]'s other shapes), `EQFUSE_ROW_SMEM=off` and
-/// `EQFUSE_ROW_FETCH_THREADS`.
+/// memory never pipelined: [`row_shape`]'s other shapes), `EQFUSE_ROW_SMEM=off`,
+/// `EQFUSE_ROW_SMEM_ONLINE=on` and `EQFUSE_ROW_FETCH_THREADS`.
 struct RowPathSettings {
     policy: ClusterPolicy,
     threads_per_sm: usize,
@@ -1132,6 +1133,9 @@ struct RowPathSettings {
     /// `EQFUSE_ROW_SMEM=off`: rows too long for registers never kept in shared memory, but
     /// fetched by each pass ([`RowKeep::Fetched`]; softmax's max and sum as one online pass).
     smem: bool,
+    /// `EQFUSE_ROW_SMEM_ONLINE=on`: rows kept in shared memory take softmax's max and sum as
+    /// an online pair (one pass over shared memory fewer, a rescale a vector more).
+    smem_online: bool,
     /// `EQFUSE_ROW_FETCH_THREADS=512` or `256`: fetched rows of more vectors than 4 a thread of
     /// that many threads take blocks of that many threads, [`FETCH_THREADS_PER_SM`] threads an
     /// SM, so that an SM's other blocks stream while one combines or starts a row.
@@ -1154,6 +1158,7 @@ fn cluster_settings() -> &'static RowPathSettings {
         smem_pipeline: std::env::var("EQFUSE_ROW_SMEM_PIPELINE").as_deref() != Ok("off"),
         raw: std::env::var("EQFUSE_ROW_CLUSTER_RAW").as_deref() != Ok("off"),
         smem: std::env::var("EQFUSE_ROW_SMEM").as_deref() != Ok("off"),
+        smem_online: std::env::var("EQFUSE_ROW_SMEM_ONLINE").as_deref() == Ok("on"),
         fetch_threads: match std::env::var("EQFUSE_ROW_FETCH_THREADS").as_deref() {
             Ok("512") => 512,
             Ok("256") => 256,
