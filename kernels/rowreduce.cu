@@ -105,7 +105,9 @@
 // functions skip those lanes (`eq_in_row`: a column before 0 wraps, as eq_idx is unsigned, and
 // fails the same bound as one past the end), read them as 0 and never write them (other rows
 // live there). A row may span one vector more than EQ_COLS / EQ_VEC, so EQ_CHUNKS counts
-// EQ_COLS + EQ_VEC - 1 columns.
+// EQ_COLS + EQ_VEC - 1 columns. Where EQ_SPLIT_LANES (rows not kept in registers), the generated
+// functions test lanes only in a vector that is not whole in the row (`eq_whole_in_row`), the
+// others taking a copy of the lane loop without the tests.
 //
 // Invariants: EQ_VEC divides EQ_COLS unless EQ_SHIFT; every thread of a block reaches every __syncthreads
 // (rows past EQ_ROWS compute nothing but still take part); combining is in a fixed order and
