@@ -110,6 +110,12 @@ __device__ __forceinline__ void eq_storev(T* __restrict__ p, const U (&in)[V]) {
 // same bound). A vector wholly inside the row is one access; otherwise each column inside is
 // read or written alone, and a read gives 0 elsewhere (the caller ignores those lanes).
 __device__ __forceinline__ bool eq_in_row(eq_idx col, eq_idx cols) { return col < cols; }
+// Whether the n columns from col0 all lie in the row (a wrapped col0 is past any row's end):
+// where EQ_SPLIT_LANES, generated lane loops over such vectors test no lane.
+#ifndef EQ_SPLIT_LANES
+#define EQ_SPLIT_LANES 0
+#endif
+__device__ __forceinline__ bool eq_whole_in_row(eq_idx col0, int n, eq_idx cols) { return col0 < cols && col0 + n <= cols; }
 template <typename T, int V, typename U>
 __device__ __forceinline__ void eq_loadv_row(const T* __restrict__ p, U (&out)[V], eq_idx col0, eq_idx cols) {
     if (col0 < cols && col0 + V <= cols) {
@@ -128,6 +134,32 @@ __device__ __forceinline__ void eq_storev_row(T* __restrict__ p, const U (&in)[V
 #pragma unroll
     for (int v = 0; v < V; ++v)
         if (eq_in_row(col0 + v, cols)) eq_put(p + v, in[v]);
+}
+
+// A vector of V elements of T as its one word (`eq_word`: 16-byte vectors of bf16 in 4
+// registers, not 8 as values), and the word's elements as values: rowreduce.cu's rows kept in
+// registers as loaded (EQ_CACHE_RAW). `eq_loadw_row` reads as eq_loadv_row does, the lanes
+// outside [0, cols) as zeros.
+template <typename T, int V>
+__device__ __forceinline__ typename eq_word<eq_pack<T, V>::bytes>::t eq_loadw_row(const T* __restrict__ p, eq_idx col0,
+                                                                                  eq_idx cols) {
+    typedef typename eq_word<eq_pack<T, V>::bytes>::t W;
+    union { W w; T e[V]; } u;
+    if (col0 < cols && col0 + V <= cols) return *reinterpret_cast<const W*>(p);
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+        T x{};
+        if (eq_in_row(col0 + v, cols)) x = p[v];
+        u.e[v] = x;
+    }
+    return u.w;
+}
+template <typename T, int V, typename U>
+__device__ __forceinline__ void eq_unpackw(const typename eq_word<eq_pack<T, V>::bytes>::t& w, U (&out)[V]) {
+    union { typename eq_word<eq_pack<T, V>::bytes>::t w; T e[V]; } u;
+    u.w = w;
+#pragma unroll
+    for (int v = 0; v < V; ++v) out[v] = eq_val(u.e[v]);
 }
 
 // A row copy's partial vector (rowreduce.cu's shifted rows kept in shared memory): the vector
@@ -330,6 +362,16 @@ __device__ __forceinline__ int eq_f2i(float x) {
     if (x >= 2147483647.0f) return 2147483647;
     if (x <= -2147483648.0f) return (-2147483647 - 1);
     return (int)x;
+}
+
+// exp(x) as one ex2.approx of x log2(e) (src/codegen/emit.rs, `fast_exp`: row kernels of 16-bit
+// rows outside strict numerics): the non-ftz form keeps subnormal results; exp(-inf) = 0,
+// exp(+inf) = inf and NaN stays NaN, as expf. Relative error: ex2.approx's 2 ulp and
+// |x| log2(e) 2^-24 from the product's rounding.
+__device__ __forceinline__ float eq_exp_fast(float x) {
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
 }
 
 // ---- online softmax: a running (max m, sum s of exp(x - m)) pair ----

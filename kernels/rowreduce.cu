@@ -88,8 +88,14 @@
 // The slots alternate between two sets from row to row: a block writes a set again only after
 // it passed a later barrier, which every block reaches only after its reads of that set. The
 // cluster loops over rows by clusters (a cluster's blocks take the same rows, so they all reach
-// the same barriers), and a last barrier keeps every block resident until no block reads its
-// shared memory. Rank 0 alone stores row values and adds global sums.
+// the same barriers; launched as one wave of resident clusters, each block fetches its segment
+// of the cluster's next row as it writes one), and a last barrier keeps every block resident
+// until no block reads its shared memory. Rank 0 alone stores row values and adds global sums.
+// Raw cache (EQ_CACHE_RAW, rows of 16-bit values over a cluster): a thread keeps each vector as
+// loaded (`EqKept`, a 16-byte vector of bf16 in 4 registers rather than 8 floats) and converts
+// it at each use (`eq_unpack`), so a block holds twice the row, and twice the loads are in
+// flight, in the same registers; nothing is kept in the cache (the epilogue computes what a
+// stage computed again: softmax's exponentials).
 //
 // Shifted rows (EQ_SHIFT, for rows whose length EQ_VEC does not divide, such as a vocabulary of
 // 50257): row r starts (r * EQ_COLS) % EQ_VEC elements (its lead) past an address aligned to
@@ -99,7 +105,9 @@
 // functions skip those lanes (`eq_in_row`: a column before 0 wraps, as eq_idx is unsigned, and
 // fails the same bound as one past the end), read them as 0 and never write them (other rows
 // live there). A row may span one vector more than EQ_COLS / EQ_VEC, so EQ_CHUNKS counts
-// EQ_COLS + EQ_VEC - 1 columns.
+// EQ_COLS + EQ_VEC - 1 columns. Where EQ_SPLIT_LANES (rows not kept in registers), the generated
+// functions test lanes only in a vector that is not whole in the row (`eq_whole_in_row`), the
+// others taking a copy of the lane loop without the tests.
 //
 // Invariants: EQ_VEC divides EQ_COLS unless EQ_SHIFT; every thread of a block reaches every __syncthreads
 // (rows past EQ_ROWS compute nothing but still take part); combining is in a fixed order and
@@ -190,6 +198,12 @@ __device__ __forceinline__ void eq_row_store(EQ_PARAMS, eq_idx row, const EqRow&
 #endif
 #ifndef EQ_CLUSTER
 #define EQ_CLUSTER 1
+#endif
+#ifndef EQ_CACHE_RAW
+#define EQ_CACHE_RAW 0
+#endif
+#if EQ_CACHE_RAW && (!EQ_CACHED || EQ_PIPELINED)
+#error "a raw cache is a row kept in registers, not staged"
 #endif
 #if EQ_CLUSTER > 1 && (!EQ_CACHED || EQ_PIPELINED || EQ_SMEM_CACHE || EQ_SEGS > 1 || EQ_BLOCK != EQ_ROW_THREADS || EQ_STAGES < 1)
 #error "rows over a cluster are kept in registers, one row a block, with at least one stage"
@@ -454,14 +468,25 @@ extern "C" __global__ void EQ_BOUNDS EQ_CLUSTER_DIMS EQ_KERNEL(EQ_PARAMS) {
     for (int j = 0; j < EQ_NGLOBAL; ++j) g[j] = 0.0f;
 #endif
 #if EQ_CACHED
+#if EQ_CACHE_RAW
+    EqKept cache[EQ_CHUNKS];
+// Fetches vector c of a row into the cache; the cached vector c as values `cv`.
+#define EQ_CACHE_FETCH(row, col0, c) eq_keep_fetch(EQ_ARGS, row, col0, cache[c])
+#define EQ_CACHE_VALUES(c)       \
+    float cv[EQ_NCACHE][EQ_VEC]; \
+    eq_unpack(cache[c], cv)
+#else
     float cache[EQ_CHUNKS][EQ_NCACHE][EQ_VEC];
+#define EQ_CACHE_FETCH(row, col0, c) eq_fetch(EQ_ARGS, row, col0, cache[c])
+#define EQ_CACHE_VALUES(c) float(&cv)[EQ_NCACHE][EQ_VEC] = cache[c]
+#endif
     {
         const eq_idx first = group * EQ_ROWS_PER_BLOCK + slot;
         const eq_idx lead = eq_lead(first);
 #pragma unroll
         for (int c = 0; c < EQ_CHUNKS; ++c) {
             const eq_idx vc = EQ_VBASE + eq_vcol(c, lane);
-            if (first < (eq_idx)EQ_ROWS && vc < (eq_idx)EQ_COLS + lead) eq_fetch(EQ_ARGS, first, vc - lead, cache[c]);
+            if (first < (eq_idx)EQ_ROWS && vc < (eq_idx)EQ_COLS + lead) EQ_CACHE_FETCH(first, vc - lead, c);
         }
 #if EQ_PIPELINED
 #pragma unroll
@@ -571,7 +596,8 @@ extern "C" __global__ void EQ_BOUNDS EQ_CLUSTER_DIMS EQ_KERNEL(EQ_PARAMS) {
                 const eq_idx col0 = vc - lead;
                 if (active && vc < (eq_idx)EQ_COLS + lead) {
 #if EQ_CACHED
-                    eq_accum(s, EQ_ARGS, row, col0, cache[c], rv, acc);
+                    EQ_CACHE_VALUES(c);
+                    eq_accum(s, EQ_ARGS, row, col0, cv, rv, acc);
 #else
                     float cv[EQ_NCACHE][EQ_VEC];
                     eq_fetch(EQ_ARGS, row, col0, cv);
@@ -617,18 +643,21 @@ extern "C" __global__ void EQ_BOUNDS EQ_CLUSTER_DIMS EQ_KERNEL(EQ_PARAMS) {
             const eq_idx col0 = vc - lead;
             if (vc < (eq_idx)EQ_COLS + lead) {
 #if EQ_CACHED
-                eq_epilogue(EQ_ARGS, row, col0, cache[c], rv);
+                {
+                    EQ_CACHE_VALUES(c);
+                    eq_epilogue(EQ_ARGS, row, col0, cv, rv);
+                }
 #if EQ_SHIFT
             }
             // The next row's vector c may hold columns where this row's holds none.
             if (row + stride < (eq_idx)EQ_ROWS && vc < (eq_idx)EQ_COLS + next_lead) {
-                eq_fetch(EQ_ARGS, row + stride, vc - next_lead, cache[c]);
+                EQ_CACHE_FETCH(row + stride, vc - next_lead, c);
 #elif EQ_PIPELINED
                 if (row + stride < (eq_idx)EQ_ROWS) eq_unstage(eq_stage_slot(slot, c, lane), cache[c]);
                 if (row + 2 * stride < (eq_idx)EQ_ROWS)
                     eq_stage(EQ_ARGS, row + 2 * stride, col0, eq_stage_slot(slot, c, lane));
 #else
-                if (row + stride < (eq_idx)EQ_ROWS) eq_fetch(EQ_ARGS, row + stride, col0, cache[c]);
+                if (row + stride < (eq_idx)EQ_ROWS) EQ_CACHE_FETCH(row + stride, col0, c);
 #endif
 #else
                 float cv[EQ_NCACHE][EQ_VEC];

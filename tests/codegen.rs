@@ -383,6 +383,49 @@ fn cached_rows_keep_stage_values_the_epilogue_reads() {
     assert!(function(&hopper, "eq_accum").contains("cv[0][v] = "), "{hopper}");
 }
 
+#[test]
+fn wide_sixteen_bit_rows_take_one_ex2_an_exponential_and_test_only_edge_lanes() {
+    // A bf16 softmax over a vocabulary of 50257 (issue 22), instruction-bound where its row is
+    // kept in shared memory: outside strict numerics its exponentials are one ex2.approx each
+    // (`eq_exp_fast`), and its shifted row's lanes are tested against the row only in a vector
+    // that crosses the row's edge. Strict numerics keep expf; f32 rows keep expf; rows kept in
+    // registers test every lane (the untested copy spilled there).
+    let render = |text: &str, dims: &[(&str, usize)], strict: bool| {
+        let mut src = String::new();
+        for (k, v) in dims {
+            src.push_str(&format!("dim {k} = {v}\n"));
+        }
+        src.push_str(text);
+        let p = eqfuse::parse_program("wide.eqf", &src, &[]).unwrap();
+        let plan = optimize(&p, &OptimizeOptions { strict, ..opts() }).unwrap().plan;
+        let sources = codegen_plan(&plan).unwrap();
+        sources.iter().filter(|s| s.name.starts_with("rowreduce")).map(generated).collect::<String>()
+    };
+    let softmax = |dtype: &str| format!("input x: {dtype}[R, V]\ny = softmax(x, -1)\noutput y\n");
+    let wide = [("R", 4096), ("V", 50257)];
+    let bf16 = render(&softmax("bf16"), &wide, false);
+    assert!(bf16.contains("#define EQ_SMEM_CACHE 1\n") && bf16.contains("#define EQ_SPLIT_LANES 1\n"), "{bf16}");
+    for f in ["eq_accum", "eq_epilogue"] {
+        let body = function(&bf16, f);
+        assert!(body.contains("eq_exp_fast(n3)") && !body.contains("expf("), "{body}");
+        // The whole vectors' loop first, without lane tests; the edge vectors' after it.
+        let (whole, edge) = body.split_once("} else {").unwrap_or_else(|| panic!("{body}"));
+        assert!(whole.contains("if (EQ_SPLIT_LANES && eq_whole_in_row(col0, EQ_VEC, EQ_COLS)) {"), "{body}");
+        assert!(
+            !whole.contains("eq_in_row(") && edge.contains("if (!eq_in_row(col0 + v, EQ_COLS)) continue;"),
+            "{body}"
+        );
+    }
+    let strict = render(&softmax("bf16"), &wide, true);
+    assert!(!strict.contains("eq_exp_fast") && strict.contains("expf(n"), "{strict}");
+    let f32 = render(&softmax("f32"), &[("R", 64), ("V", 50257)], false);
+    assert!(!f32.contains("eq_exp_fast") && f32.contains("expf(n"), "{f32}");
+    // A shifted bf16 row in registers: EQ_SPLIT_LANES 0, so the untested copy compiles away.
+    let cached = render(&softmax("bf16"), &[("R", 64), ("V", 4097)], false);
+    assert!(cached.contains("#define EQ_CACHED 1\n") && !cached.contains("#define EQ_SPLIT_LANES"), "{cached}");
+    assert!(cached.contains("eq_exp_fast(n3)"), "{cached}");
+}
+
 /// The Hopper path (what an sm_90a compile takes: rows over clusters) and the portable path of
 /// a generated source; a source without a Hopper path is its portable path.
 fn paths(src: &str) -> (String, String) {

@@ -663,6 +663,9 @@ fn wide_and_odd_rows_compile_without_spills() {
     cases.sort();
     programs.extend(cases.into_iter().map(|p| (p, vec![])));
     let verbose = ["--ptxas-options=-v".to_string()];
+    // Under the switches that pick other wide-row paths to compare on a device
+    // (`benches/wide_rows.sh`), only spills are checked: the shapes below are the defaults'.
+    let default_paths = !std::env::vars_os().any(|(k, _)| k.to_str().is_some_and(|k| k.starts_with("EQFUSE_ROW_")));
     let (mut n, mut kept, mut pipelined, mut failed) = (0, 0, 0, Vec::new());
     for (path, dims) in &programs {
         let what = format!("{path} {dims:?}");
@@ -680,7 +683,10 @@ fn wide_and_odd_rows_compile_without_spills() {
                 failed.push(format!("{what} / {}: {}\n{}", s.name, spills.join("; "), shape.join("\n")));
             }
             let odd = p.dims.iter().any(|(k, v)| ["V", "C"].contains(&k.as_str()) && v % 8 != 0);
-            if path.ends_with("softmax_bf16.eqf") && dims.is_empty() {
+            if !default_paths {
+                let shape: Vec<&str> = defines.lines().filter(|l| l.starts_with("#define EQ_")).collect();
+                eprintln!("{what} / {}: {}", s.name, shape.join(" "));
+            } else if path.ends_with("softmax_bf16.eqf") && dims.is_empty() {
                 // The shape the issue measured at half of copy bandwidth (EQ_VEC 1, cached in
                 // registers, 100 bytes of spill stores; then fetched again for the epilogue, at
                 // 45%; then kept in shared memory by two blocks of 512 threads an SM, at 43%):
@@ -737,8 +743,10 @@ fn wide_and_odd_rows_compile_without_spills() {
         }
     }
     let _ = std::fs::remove_dir_all(&wide);
-    assert!(kept >= 10, "only {kept} row kernels keep their rows in shared memory");
-    assert!(pipelined >= 6, "only {pipelined} row kernels pipeline their rows through shared memory");
+    if default_paths {
+        assert!(kept >= 10, "only {kept} row kernels keep their rows in shared memory");
+        assert!(pipelined >= 6, "only {pipelined} row kernels pipeline their rows through shared memory");
+    }
     assert!(failed.is_empty(), "{} row kernels spill registers:\n{}", failed.len(), failed.join("\n\n"));
     eprintln!("compiled {n} row kernels of wide and odd rows without spills");
 }
@@ -844,7 +852,8 @@ fn cluster_row_kernels_compile_without_spills() {
                     .unwrap_or_else(|| panic!("{what} / {}: no EQ_CLUSTER", s.name));
                 assert!((2..=8).contains(&blocks), "{what} / {}: {blocks} blocks a cluster", s.name);
                 assert_eq!(h.grid[0] % blocks, 0, "{what} / {}: a grid of part of a cluster", s.name);
-                assert!(!h.persistent && !h.wave, "{what} / {}: a cluster launched as a wave", s.name);
+                // (A wave of whole resident clusters, each looping over rows: `Launch::cluster`.)
+                assert!(h.persistent && h.wave && h.cluster == blocks, "{what} / {}: not a wave of clusters", s.name);
                 let regs = compile_cluster_rows(&what, s, &c.ptx);
                 let c = nvrtc_compile(&s.source, &s.file, "sm_80", &[])
                     .unwrap_or_else(|e| panic!("{what} / {} on sm_80: {e}", s.name));

@@ -821,6 +821,7 @@ pub fn codegen(
             smem_bytes: hopper_smem_bytes(inst.d) as u32,
             persistent: false,
             wave: false,
+            cluster: 0,
             sm90a: None,
         })
     });
@@ -923,7 +924,7 @@ pub fn codegen(
         kernel: k.id,
         template: Template::Attention,
         source: s,
-        launch: Launch { grid, block, smem_bytes: smem, persistent: false, wave: false, sm90a },
+        launch: Launch { grid, block, smem_bytes: smem, persistent: false, wave: false, cluster: 0, sm90a },
         cublaslt: None,
         args,
         scheduled_sums: false,

@@ -499,7 +499,7 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
         kernel: k.id,
         template: Template::Attention,
         source: s,
-        launch: Launch { grid, block, smem_bytes: smem, persistent: false, wave: false, sm90a: None },
+        launch: Launch { grid, block, smem_bytes: smem, persistent: false, wave: false, cluster: 0, sm90a: None },
         cublaslt: None,
         args,
         scheduled_sums: atomic_dq,

@@ -42,6 +42,8 @@ pub struct Shape {
     pub smem_bytes: u32,
     /// Launch one wave of resident blocks (the kernel loops over its work and gains from it).
     pub wave: bool,
+    /// Blocks of a thread-block cluster (`__cluster_dims__`; 0: no cluster).
+    pub cluster: u32,
 }
 
 /// The generated text of one kernel (defines and body), its launch shape, and the numbers of its
@@ -120,13 +122,14 @@ pub(super) fn literal(v: f64, ty: &str) -> String {
 }
 
 /// The C expression of a unary operator. `strict`: products are never contracted into a fused
-/// multiply-add (see [`binary_expr`]).
-fn unary_expr(op: Unary, a: &str, strict: bool) -> String {
+/// multiply-add (see [`binary_expr`]). `fast_exp`: `exp` as `eq_exp_fast` ([`Emitter::fast_exp`]).
+fn unary_expr(op: Unary, a: &str, strict: bool, fast_exp: bool) -> String {
     let f = |name: &str| format!("{name}({a})");
     match op {
         // (`-` before a negative literal would read as the decrement operator.)
         Unary::Neg if a.starts_with('-') => format!("(-({a}))"),
         Unary::Neg => format!("(-{a})"),
+        Unary::Exp if fast_exp => f("eq_exp_fast"),
         Unary::Exp => f("expf"),
         Unary::Log => f("logf"),
         Unary::Sqrt => f("sqrtf"),
@@ -297,6 +300,9 @@ pub struct Emitter<'a> {
     shift: bool,
     /// An elementwise kernel's tiled path (`emit/tiled.rs`): the accesses read through a tile.
     tiled: Option<tiled::Tiled>,
+    /// `exp` as one `ex2.approx` (`eq_exp_fast`, `kernels/common.cuh`) rather than `expf`:
+    /// [`fast_exp`]'s answer.
+    fast_exp: bool,
 }
 
 fn err(k: &Kernel, m: impl std::fmt::Display) -> Error {
@@ -391,7 +397,23 @@ fn emitter<'a>(
             (groups, "EQ_VEC")
         }
     };
-    Ok(Emitter { k, l, vec, vsym, groups, strict, packed, shift, tiled })
+    let fast_exp = fast_exp(l, vec, strict);
+    Ok(Emitter { k, l, vec, vsym, groups, strict, packed, shift, tiled, fast_exp })
+}
+
+/// Whether a kernel computes `exp` as one `ex2.approx` of its argument times log2(e)
+/// (`eq_exp_fast`): row kernels of 16-bit rows (8 lanes a 16-byte vector) outside strict
+/// numerics and gemm row epilogues, unless `EQFUSE_ROW_FAST_EXP=off` (read once, to compare the
+/// two on a device). Its error (a few f32 ulp, plus |x| log2(e) 2^-24 relative from the
+/// product's rounding: under 6e-6 wherever the result is a normal f32) is far below a 16-bit
+/// output's rounding (2^-9 for bf16) and the f32 tolerance of outputs summed from it
+/// (`reference::tolerance`, 1e-5 of the largest value). `expf` takes about four times the
+/// instructions, twice an element in a softmax (its sum's pass and its epilogue), which bound
+/// a wide bf16 softmax's row kernel on an H100, not its loads (issue 22).
+fn fast_exp(l: &Lowered, vec: usize, strict: bool) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| std::env::var("EQFUSE_ROW_FAST_EXP").as_deref() != Ok("off"));
+    on && !strict && vec == 8 && l.template == Template::RowReduce && l.product.is_none() && l.scatter.is_none()
 }
 
 /// How an elementwise kernel reads: whether it takes the tiled path, and the reads that touch
@@ -750,7 +772,9 @@ impl Emitter<'_> {
                 }
                 format!("eq_val({}[{at}])", self.param(Some(acc.read), None))
             }
-            Op::Unary(u, a) => self.rounded(n, unary_expr(*u, &self.operand(*a, ty, scope), self.strict)),
+            Op::Unary(u, a) => {
+                self.rounded(n, unary_expr(*u, &self.operand(*a, ty, scope), self.strict, self.fast_exp))
+            }
             Op::Binary(b, x, y) if self.int_with_fraction(*x, *y) && !wraps_operands(*b) => {
                 // An integer with a fractional literal in a comparison, `pow`, `max` or `min`:
                 // the reference computes in f64 and truncates to i32 (a comparison compares the
@@ -1026,16 +1050,39 @@ impl Emitter<'_> {
         for d in decls {
             t.line(depth + 1, d);
         }
-        t.line(0, "#pragma unroll");
-        t.line(depth + 1, format!("for (int v = 0; v < {}; ++v) {{", self.vsym));
+        // The lane loop. Where EQ_SPLIT_LANES (rows not kept in registers: `emit/rows.rs`), a
+        // shifted row's lanes are tested against the row only in its first and last vectors,
+        // the others (all but 2 of a thread's in a wide row) taking a copy of the loop without
+        // the tests: two instructions a lane fewer, a fifth of a wide bf16 softmax's
+        // per-element instructions. (Over a row in registers, whose chunk loops are unrolled
+        // whole, the copies spilled: a bf16 softmax of 4097 columns to f32, 28 bytes.)
+        // (`body` is indented for a loop at `depth + 1`.)
+        let lane_loop = |t: &mut Text, at: usize, checked: bool| {
+            t.line(0, "#pragma unroll");
+            t.line(at, format!("for (int v = 0; v < {}; ++v) {{", self.vsym));
+            if checked {
+                t.line(at + 1, "if (!eq_in_row(col0 + v, EQ_COLS)) continue;");
+            }
+            let pad = "    ".repeat(at - (depth + 1));
+            for l in body.s.lines() {
+                t.s.push_str(&pad);
+                t.s.push_str(l);
+                t.s.push('\n');
+            }
+            for l in &lines {
+                t.line(at + 1, l);
+            }
+            t.line(at, "}");
+        };
         if self.shift {
-            t.line(depth + 2, "if (!eq_in_row(col0 + v, EQ_COLS)) continue;");
+            t.line(depth + 1, format!("if (EQ_SPLIT_LANES && eq_whole_in_row(col0, {}, EQ_COLS)) {{", self.vsym));
+            lane_loop(&mut t, depth + 2, false);
+            t.line(depth + 1, "} else {");
+            lane_loop(&mut t, depth + 2, true);
+            t.line(depth + 1, "}");
+        } else {
+            lane_loop(&mut t, depth + 1, false);
         }
-        t.s.push_str(&body.s);
-        for l in lines {
-            t.line(depth + 2, l);
-        }
-        t.line(depth + 1, "}");
         for a in after {
             t.line(depth + 1, a);
         }
@@ -1106,6 +1153,7 @@ impl Emitter<'_> {
             workspace: vec![],
             smem_bytes: 0,
             wave: false,
+            cluster: 0,
         };
         Ok(Rendered {
             defines: d,
@@ -1155,6 +1203,7 @@ impl Emitter<'_> {
             workspace: vec![],
             smem_bytes: 0,
             wave: false,
+            cluster: 0,
         };
         Rendered { defines: d, body: f.s, shape, params: Params { vec: 1, row_threads: 1, nacc: 1 }, sm90a: None }
     }
@@ -1218,8 +1267,10 @@ mod tests {
         assert_eq!(literal(f64::NAN, "float"), "EQ_NAN");
         assert_eq!(literal(1.0, "bool"), "true");
         // A negated negative literal must not read as `--`.
-        assert_eq!(unary_expr(Unary::Neg, &literal(-1.0, "float"), true), "(-(-1.0f))");
-        assert_eq!(unary_expr(Unary::Neg, "n3", false), "(-n3)");
+        assert_eq!(unary_expr(Unary::Neg, &literal(-1.0, "float"), true, false), "(-(-1.0f))");
+        assert_eq!(unary_expr(Unary::Neg, "n3", false, false), "(-n3)");
+        assert_eq!(unary_expr(Unary::Exp, "n3", false, false), "expf(n3)");
+        assert_eq!(unary_expr(Unary::Exp, "n3", false, true), "eq_exp_fast(n3)");
     }
 
     /// Rows kept in shared memory are pipelined (two buffers a block, one block of the row's

@@ -59,6 +59,10 @@ pub struct Launch {
     /// runtime launches one whatever its persistent-grid option says.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub wave: bool,
+    /// Blocks of each thread-block cluster the kernel is compiled for (`__cluster_dims__`; 0:
+    /// none): a persistent grid of such a kernel is a wave of whole resident clusters.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cluster: u32,
     /// The launch of the source's Hopper path: on a device of compute capability 9.0 the
     /// runtime compiles the source for `sm_90a` (whose feature macro selects that path, e.g.
     /// attention on wgmma, or a row kernel's rows spread over clusters of blocks, whose grid
@@ -66,6 +70,10 @@ pub struct Launch {
     /// elsewhere the source compiles to its portable path, launched as above.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sm90a: Option<Box<Launch>>,
+}
+
+fn is_zero(x: &u32) -> bool {
+    *x == 0
 }
 
 /// What a kernel argument is.
@@ -306,15 +314,16 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
         let other = r.sm90a.as_ref().and_then(|h| h.shape.workspace.iter().find(|w| &w.0 == n)).map_or(0, |w| w.1);
         workspace_arg(n, (*bytes).max(other), *zeroed)
     }));
-    // A cluster's blocks loop over rows together: its launch is the whole grid, never a wave
-    // of resident blocks (which a cluster's size need not divide).
+    // A cluster's blocks loop over rows together: a persistent launch of it is a wave of
+    // whole resident clusters (`Launch::cluster`).
     let sm90a = r.sm90a.as_ref().map(|h| {
         Box::new(Launch {
             grid: h.shape.grid,
             block: h.shape.block,
             smem_bytes: h.shape.smem_bytes,
-            persistent: false,
-            wave: false,
+            persistent: h.shape.wave,
+            wave: h.shape.wave,
+            cluster: h.shape.cluster,
             sm90a: None,
         })
     });
@@ -330,6 +339,7 @@ pub fn codegen_kernel(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
             smem_bytes: r.shape.smem_bytes,
             persistent: matches!(lowered.template, Template::RowReduce | Template::Elementwise),
             wave: r.shape.wave,
+            cluster: r.shape.cluster,
             sm90a,
         },
         args,
@@ -362,7 +372,15 @@ fn codegen_gemm(plan: &FusionPlan, k: &Kernel) -> Result<KernelSource> {
         kernel: k.id,
         template: Template::Gemm,
         source,
-        launch: Launch { grid: r.grid, block: r.block, smem_bytes: 0, persistent: false, wave: false, sm90a: None },
+        launch: Launch {
+            grid: r.grid,
+            block: r.block,
+            smem_bytes: 0,
+            persistent: false,
+            wave: false,
+            cluster: 0,
+            sm90a: None,
+        },
         args: {
             let mut args = tensor_args(k, &packed_names(plan));
             args.extend(r.workspace.iter().map(|(n, bytes, zeroed)| workspace_arg(n, *bytes, *zeroed)));

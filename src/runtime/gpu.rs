@@ -164,10 +164,29 @@ impl Gpu {
             let what = format!("allowing {} bytes of shared memory to {}", source.launch.smem_bytes, source.name);
             cuda(func.set_attribute(MAX_SMEM, source.launch.smem_bytes as i32), &what)?;
         }
-        let resident_blocks = if source.launch.persistent {
-            let threads = source.launch.block.iter().product::<u32>();
+        let l = &source.launch;
+        let resident_blocks = if l.persistent && l.cluster > 1 {
+            // A wave of whole clusters, as many as the device holds at once (a cluster's
+            // blocks share one GPC, so this is not the blocks an SM holds times the SMs).
+            // `EQFUSE_CLUSTER_GRID=whole` launches the whole grid instead, for comparisons.
+            if std::env::var("EQFUSE_CLUSTER_GRID").as_deref() == Ok("whole") {
+                None
+            } else {
+                let cfg = LaunchConfig {
+                    grid_dim: (l.grid[0], l.grid[1], l.grid[2]),
+                    block_dim: (l.block[0], l.block[1], l.block[2]),
+                    shared_mem_bytes: l.smem_bytes,
+                };
+                let clusters = cuda(
+                    func.occupancy_max_active_clusters(cfg, &self.stream),
+                    &format!("the cluster occupancy of {}", source.name),
+                )?;
+                Some(clusters.max(1) * l.cluster)
+            }
+        } else if l.persistent {
+            let threads = l.block.iter().product::<u32>();
             let per_sm = cuda(
-                func.occupancy_max_active_blocks_per_multiprocessor(threads, source.launch.smem_bytes as usize, None),
+                func.occupancy_max_active_blocks_per_multiprocessor(threads, l.smem_bytes as usize, None),
                 &format!("the occupancy of {}", source.name),
             )?;
             Some(per_sm.max(1) * self.sms)

@@ -74,6 +74,7 @@ impl Emitter<'_> {
             workspace: vec![("eq_ws".into(), ws_bytes, false), ("eq_count".into(), count_bytes, true)],
             smem_bytes: 0,
             wave: false,
+            cluster: 0,
         };
         Ok(Rendered { defines: d, body, shape, params: Params { vec: self.vec, row_threads: 1, nacc }, sm90a: None })
     }

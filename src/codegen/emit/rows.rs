@@ -259,7 +259,11 @@ impl Emitter<'_> {
             return None;
         }
         let (rows, cols) = self.rows_cols();
-        let sizes: Vec<usize> = rp.cached.iter().map(|&i| self.cached_dtype(i).size()).collect();
+        // (A load the raw cache cannot keep as loaded, not a vector access, makes it values:
+        // every input then counts as f32.)
+        let by_value = rp.cached.iter().any(|&i| self.keeps_by_value(i));
+        let sizes: Vec<usize> =
+            rp.cached.iter().map(|&i| if by_value { 4 } else { self.cached_dtype(i).size() }).collect();
         row_cluster(rows, cols, &sizes, self.vec)
     }
 
@@ -293,7 +297,7 @@ impl Emitter<'_> {
                 row_threads: c.threads,
                 chunks: c.chunks,
                 block: c.threads,
-                blocks_per_sm: CLUSTER_THREADS_PER_SM / c.threads,
+                blocks_per_sm: c.per_sm,
                 keep: RowKeep::Registers,
             },
             (None, None) => row_shape(rows, cols, &sizes, self.vec, self.l.product.is_some(), copyable),
@@ -304,7 +308,8 @@ impl Emitter<'_> {
             RowKeep::Shared { bytes, pipelined } => (Some(bytes), pipelined),
             _ => (None, false),
         };
-        if (cached || smem_row.is_some()) && !rp.online.is_empty() {
+        let smem_online = smem_row.is_some() && cluster_settings().smem_online;
+        if (cached || (smem_row.is_some() && !smem_online)) && !rp.online.is_empty() {
             // A row held on chip costs nothing to pass over twice: the max, then the sum of
             // exponentials, as separate stages, is far less arithmetic than the online pair's
             // rescaling (cross-entropy 8192x32000 on an H100, 2026-11-22: 828 million
@@ -313,8 +318,10 @@ impl Emitter<'_> {
             rp = plan::plan(self, false);
         }
         // A GEMM's row epilogue (`kernels/gemm.cu`) fetches the row afresh for its epilogue
-        // whatever EQ_CACHED says, so only the row template keeps values in the cache.
-        if cached && self.l.product.is_none() {
+        // whatever EQ_CACHED says, so only the row template keeps values in the cache, and a
+        // raw cache keeps none.
+        let raw = cluster.is_some_and(|c| c.raw);
+        if cached && self.l.product.is_none() && !raw {
             rp.reuse = plan::reuse(self, &rp, &self.epilogue_roots());
         }
         let ncache = rp.cached.len().max(1);
@@ -358,10 +365,18 @@ impl Emitter<'_> {
         }
         if self.shift {
             let _ = writeln!(d, "#define EQ_SHIFT 1");
+            // (Lane loops split into whole vectors and the row's edges: not over rows in
+            // registers, `Emitter::lane_function`.)
+            if !cached {
+                let _ = writeln!(d, "#define EQ_SPLIT_LANES 1");
+            }
         }
         if let Some(c) = cluster {
             for (k, v) in [("EQ_CLUSTER", c.blocks), ("EQ_MIN_BLOCKS", shape.blocks_per_sm)] {
                 let _ = writeln!(d, "#define {k} {v}");
+            }
+            if c.raw {
+                let _ = writeln!(d, "#define EQ_CACHE_RAW 1");
             }
         }
         if let Some(s) = segs {
@@ -372,6 +387,9 @@ impl Emitter<'_> {
             ] {
                 let _ = writeln!(d, "#define {k} {v}");
             }
+        }
+        if shape.keep == RowKeep::Fetched && segs.is_none() && shape.blocks_per_sm > 1 {
+            let _ = writeln!(d, "#define EQ_MIN_BLOCKS {}", shape.blocks_per_sm);
         }
         if let Some(bytes) = smem_row {
             let buffers = if smem_pipelined { 2 } else { 1 };
@@ -390,6 +408,9 @@ impl Emitter<'_> {
         let mut body = String::new();
         body.push_str(&self.row_struct(&rp));
         body.push_str(&self.row_fetch(&rp));
+        if raw {
+            body.push_str(&self.row_raw_cache(&rp));
+        }
         if smem_row.is_some() {
             body.push_str(&self.row_keep_functions(&rp));
         }
@@ -422,7 +443,10 @@ impl Emitter<'_> {
             block: [block as u32, 1, 1],
             workspace,
             smem_bytes: if pipelined { stage_bytes as u32 } else { smem_row.unwrap_or(0) as u32 },
-            wave: pipelined || smem_pipelined,
+            // (A cluster's blocks loop over rows by clusters, each prefetching its segment of
+            // the next row as it writes one: one wave of whole resident clusters.)
+            wave: pipelined || smem_pipelined || cluster.is_some(),
+            cluster: cluster.map_or(0, |c| c.blocks as u32),
         };
         Ok(Rendered { defines: d, body, shape, params: Params { vec: self.vec, row_threads, nacc }, sm90a: None })
     }
@@ -592,6 +616,43 @@ impl Emitter<'_> {
             "__device__ __forceinline__ void eq_unkeep(const unsigned char* keep, int vi, float (&cv)[EQ_NCACHE][EQ_VEC]) {",
         );
         t.s.push_str(&unkeep.s);
+        t.line(0, "}");
+        t.s
+    }
+
+    /// The functions of a raw cache (`EQ_CACHE_RAW`: a row kept in registers as loaded):
+    /// `EqKept` (one chunk's cached loads, each vector as its word), `eq_keep_fetch` (vector
+    /// `col0`'s loads into an `EqKept`; a shifted row's partial vectors with zeros outside the
+    /// row) and `eq_unpack` (an `EqKept`'s values, as `eq_fetch` gives them). Every cached load
+    /// is a vector access ([`Self::cluster`] counts a cache with any other as values).
+    fn row_raw_cache(&self, rp: &plan::RowPlan) -> String {
+        let mut need = BTreeSet::new();
+        let (mut fields, mut fetch, mut unpack) = (Text::default(), Text::default(), Text::default());
+        for (k, &i) in rp.cached.iter().enumerate() {
+            let Op::Load(a) = self.node(i).op else { continue };
+            let acc: &Access = &self.l.accesses[a];
+            let ty = storage_type(acc.dtype);
+            let word = format!("eq_word<EQ_VEC * sizeof({ty})>::t");
+            let p = self.param(Some(acc.read), None);
+            let off = self.offset(&acc.strides, &mut need);
+            fields.line(1, format!("{word} w{k};"));
+            if self.shift {
+                fetch.line(1, format!("r.w{k} = eq_loadw_row<{ty}, EQ_VEC>({p} + {off}, col0, EQ_COLS);"));
+            } else {
+                fetch.line(1, format!("r.w{k} = *reinterpret_cast<const {word}*>({p} + {off});"));
+            }
+            unpack.line(1, format!("eq_unpackw<{ty}, EQ_VEC>(r.w{k}, cv[{k}]);"));
+        }
+        let mut t = Text::default();
+        t.line(0, "struct EqKept {");
+        t.s.push_str(&fields.s);
+        t.line(0, "};");
+        t.line(0, "__device__ __forceinline__ void eq_keep_fetch(EQ_PARAMS, eq_idx row, eq_idx col0, EqKept& r) {");
+        self.coords(&need, &mut t, 1);
+        t.s.push_str(&fetch.s);
+        t.line(0, "}");
+        t.line(0, "__device__ __forceinline__ void eq_unpack(const EqKept& r, float (&cv)[EQ_NCACHE][EQ_VEC]) {");
+        t.s.push_str(&unpack.s);
         t.line(0, "}");
         t.s
     }
@@ -832,7 +893,7 @@ impl Emitter<'_> {
                                 decls.push(format!("for (int v = 0; v < EQ_VEC; ++v) x{k}[v] = -EQ_INF;"));
                             }
                             lines.push(format!("x{k}[v] = {val};"));
-                            after.extend(online_update(k, ks));
+                            after.extend(online_update(k, ks, if e.fast_exp { "eq_exp_fast" } else { "expf" }));
                         }
                         None => lines.push(format!(
                             "acc[{k}] = {};",
@@ -1032,44 +1093,131 @@ pub struct ClusterShape {
     pub threads: usize,
     /// Vectors each thread keeps in registers (`EQ_CHUNKS`).
     pub chunks: usize,
+    /// Blocks an SM is to hold (`EQ_MIN_BLOCKS`, `__launch_bounds__`).
+    pub per_sm: usize,
+    /// Each vector kept as loaded (`EQ_CACHE_RAW`: 16-bit inputs), converted at each use.
+    pub raw: bool,
 }
 
 /// The most blocks of a cluster (sm_90's portable limit; 16 needs a launch attribute).
 pub const MAX_CLUSTER: usize = 8;
 /// Threads of a row cluster's blocks an SM is to hold (`__launch_bounds__`: 64 registers a
 /// thread), so that an SM's loads of one block's segment overlap other blocks' combines and
-/// writes.
+/// writes. `EQFUSE_ROW_CLUSTER_SM_THREADS=768` or `512` (for benchmarking) makes it three
+/// blocks of 256 threads at 80 registers a thread, or two at 128.
 const CLUSTER_THREADS_PER_SM: usize = 1024;
 /// Threads a block of a row cluster may have: at least two blocks an SM.
 const CLUSTER_BLOCK_THREADS: [usize; 2] = [256, 512];
 
-/// The cluster a row of `cols` elements is spread over, `ncache` cached inputs read `vec`
-/// elements a vector: blocks of [`CLUSTER_BLOCK_THREADS`] threads, each thread keeping `chunks`
-/// vectors of each input in registers within what [`CLUSTER_THREADS_PER_SM`] threads an SM
-/// leave it (as [`fits_in_registers`] counts them), the fewest idle vector slots (past the
-/// row's end), then the fewest blocks (fewer partials to combine), then the most threads a
-/// block; every block holds some of the row. `None` where no cluster of at most [`MAX_CLUSTER`] blocks holds
-/// the row. A bf16 row of 50257 (6283 shifted vectors of 8): 7 blocks of 512 threads, 2 vectors
-/// each (7168 vector slots); an f32 row of 128256 (32064 vectors of 4): 7 blocks of 512
-/// threads, 9 vectors each.
-pub fn cluster_shape(cols: usize, ncache: usize, vec: usize) -> Option<ClusterShape> {
+/// Which rows [`row_cluster`] spreads over clusters: `EQFUSE_ROW_CLUSTER`, read once, to
+/// compare the paths on a device (`off`: none; `on`: rows of 16-bit values too; unset or
+/// `auto`: the default below). Plans made under either setting are checked alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ClusterPolicy {
+    Auto,
+    On,
+    Off,
+}
+
+/// The settings of the row template's wide-row paths that the environment may change to
+/// compare them on a device (read once): [`ClusterPolicy`], `EQFUSE_ROW_CLUSTER_SM_THREADS`
+/// ([`CLUSTER_THREADS_PER_SM`]), `EQFUSE_ROW_SMEM_PIPELINE=off` (rows kept in shared
+/// memory never pipelined: [`row_shape`]'s other shapes), `EQFUSE_ROW_SMEM=off`,
+/// `EQFUSE_ROW_SMEM_ONLINE=on` and `EQFUSE_ROW_FETCH_THREADS`.
+struct RowPathSettings {
+    policy: ClusterPolicy,
+    threads_per_sm: usize,
+    smem_pipeline: bool,
+    /// `EQFUSE_ROW_CLUSTER_RAW=off`: 16-bit rows over clusters cached as values, not as loaded.
+    raw: bool,
+    /// `EQFUSE_ROW_SMEM=off`: rows too long for registers never kept in shared memory, but
+    /// fetched by each pass ([`RowKeep::Fetched`]; softmax's max and sum as one online pass).
+    smem: bool,
+    /// `EQFUSE_ROW_SMEM_ONLINE=on`: rows kept in shared memory take softmax's max and sum as
+    /// an online pair (one pass over shared memory fewer, a rescale a vector more).
+    smem_online: bool,
+    /// `EQFUSE_ROW_FETCH_THREADS=512` or `256`: fetched rows of more vectors than 4 a thread of
+    /// that many threads take blocks of that many threads, [`FETCH_THREADS_PER_SM`] threads an
+    /// SM, so that an SM's other blocks stream while one combines or starts a row.
+    fetch_threads: usize,
+}
+
+fn cluster_settings() -> &'static RowPathSettings {
+    static SETTINGS: std::sync::OnceLock<RowPathSettings> = std::sync::OnceLock::new();
+    SETTINGS.get_or_init(|| RowPathSettings {
+        policy: match std::env::var("EQFUSE_ROW_CLUSTER").as_deref() {
+            Ok("on") => ClusterPolicy::On,
+            Ok("off") => ClusterPolicy::Off,
+            _ => ClusterPolicy::Auto,
+        },
+        threads_per_sm: match std::env::var("EQFUSE_ROW_CLUSTER_SM_THREADS").as_deref() {
+            Ok("512") => 512,
+            Ok("768") => 768,
+            _ => CLUSTER_THREADS_PER_SM,
+        },
+        smem_pipeline: std::env::var("EQFUSE_ROW_SMEM_PIPELINE").as_deref() != Ok("off"),
+        raw: std::env::var("EQFUSE_ROW_CLUSTER_RAW").as_deref() != Ok("off"),
+        smem: std::env::var("EQFUSE_ROW_SMEM").as_deref() != Ok("off"),
+        smem_online: std::env::var("EQFUSE_ROW_SMEM_ONLINE").as_deref() == Ok("on"),
+        fetch_threads: match std::env::var("EQFUSE_ROW_FETCH_THREADS").as_deref() {
+            Ok("512") => 512,
+            Ok("256") => 256,
+            _ => MAX_ROW_THREADS,
+        },
+    })
+}
+
+/// The cluster a row of `cols` elements is spread over, cached inputs of `sizes` bytes an
+/// element read `vec` elements a vector: blocks of [`CLUSTER_BLOCK_THREADS`] threads (at least
+/// two blocks an SM), each thread keeping `chunks` vectors of each input in registers within
+/// what [`CLUSTER_THREADS_PER_SM`] threads an SM leave it (as [`fits_in_registers`] counts
+/// them, [`ROW_CACHE_PER_THREAD`] registers of cache at most), the fewest idle vector slots
+/// (past the row's end), then the fewest blocks (fewer partials to combine), then the most
+/// threads a block; every block holds some of the row. Inputs of 16-bit values are kept as
+/// loaded (`raw`: a 16-byte vector in 4 registers), others as f32 values. `None` where no
+/// cluster of at most [`MAX_CLUSTER`] blocks holds the row. An f32 row of 128256 (32064
+/// vectors of 4): 7 blocks of 512 threads, 9 vectors each; a bf16 row of 50257 (6283 shifted
+/// vectors of 8), raw: 5 blocks of 256 threads, 5 vectors each (6400 vector slots), as values
+/// 7 blocks of 512 threads of 2 vectors.
+pub fn cluster_shape(cols: usize, sizes: &[usize], vec: usize) -> Option<ClusterShape> {
     let vec = vec.max(1);
     let per = row_vectors(cols, vec);
     let shift = !cols.is_multiple_of(vec);
     let beside = if shift { REGS_BESIDE_SHIFTED_CACHE } else { REGS_BESIDE_CACHE };
-    let regs = REGS_PER_SM / CLUSTER_THREADS_PER_SM;
+    let settings = cluster_settings();
+    let per_sm_threads = settings.threads_per_sm;
+    // (Registers are allocated to a thread in multiples of 8.)
+    let regs = REGS_PER_SM / per_sm_threads / 8 * 8;
+    let raw = settings.raw && sizes.iter().any(|&s| s < 4);
+    // (A raw vector's values live beside the cache while it is used: ptxas spilled a lone bf16
+    // softmax row of 50257 at 20 registers of cache and 40 beside.)
+    let beside = if raw { beside + RAW_VALUES_REGS } else { beside };
+    // Registers one chunk of the thread's cache takes: its vectors as loaded, or as f32 values.
+    let chunk_regs: usize =
+        if raw { sizes.iter().map(|&s| (s * vec).div_ceil(4)).sum() } else { sizes.len().max(1) * vec };
     let mut shapes = vec![];
     for blocks in 2..=MAX_CLUSTER {
-        for threads in CLUSTER_BLOCK_THREADS {
+        for threads in CLUSTER_BLOCK_THREADS.into_iter().filter(|&t| 2 * t <= per_sm_threads) {
             let chunks = per.div_ceil(blocks * threads);
-            let cached = ncache * chunks * vec;
+            let cached = chunks * chunk_regs;
             if cached <= ROW_CACHE_PER_THREAD && cached + beside <= regs && (blocks - 1) * threads * chunks < per {
-                shapes.push(ClusterShape { blocks, threads, chunks });
+                shapes.push(ClusterShape { blocks, threads, chunks, per_sm: per_sm_threads / threads, raw });
             }
         }
     }
-    shapes.into_iter().min_by_key(|c| (c.blocks * c.threads * c.chunks, c.blocks, std::cmp::Reverse(c.threads)))
+    // A raw cache's shapes are ranked by the row a block holds as well as the idle slots
+    // (blocks^2 x slots: a block's share of the row over the share of its slots it fills), so
+    // that blocks hold what their registers allow: by the idle slots alone a bf16 row of 50257
+    // took 7 blocks of 512 threads of 2 vectors, 16 KB a block, too little in flight an SM.
+    let rank = |c: &ClusterShape| {
+        let slots = c.blocks * c.threads * c.chunks;
+        (if raw { c.blocks * slots } else { slots }, c.blocks, std::cmp::Reverse(c.threads))
+    };
+    shapes.into_iter().min_by_key(rank)
 }
+
+/// Registers a raw cache's thread needs beside [`REGS_BESIDE_CACHE`]: one vector's values.
+const RAW_VALUES_REGS: usize = 8;
 
 /// The most row elements one thread keeps in registers (`float cache[EQ_CHUNKS][EQ_NCACHE][EQ_VEC]`).
 pub const ROW_CACHE_PER_THREAD: usize = 64;
@@ -1118,10 +1266,12 @@ pub fn row_cluster(rows: usize, cols: usize, sizes: &[usize], vec: usize) -> Opt
     // 413.9 us), but rows of 16-bit values at 21-36% (a 4096 x 50257 bf16 softmax 433.4 ->
     // 1034.5 us; both cross-entropy gradients 1.3-2.5x slower): those keep one block a row
     // until their cluster shape runs at bandwidth.
-    if sizes.iter().any(|&s| s < 4) {
-        return None;
+    match cluster_settings().policy {
+        ClusterPolicy::Off => return None,
+        ClusterPolicy::Auto if sizes.iter().any(|&s| s < 4) => return None,
+        _ => {}
     }
-    cluster_shape(cols, sizes.len().max(1), vec)
+    cluster_shape(cols, sizes, vec)
 }
 
 /// The launch shape of a row kernel and where it keeps its row.
@@ -1129,7 +1279,8 @@ pub(super) struct RowShape {
     pub row_threads: usize,
     pub chunks: usize,
     pub block: usize,
-    /// Blocks an SM is to hold (`__launch_bounds__`'s minimum, rows in shared memory).
+    /// Blocks an SM is to hold (`__launch_bounds__`'s minimum: rows in shared memory, fetched rows
+    /// of blocks smaller than [`MAX_ROW_THREADS`]).
     pub blocks_per_sm: usize,
     pub keep: RowKeep,
 }
@@ -1169,12 +1320,18 @@ pub(super) fn row_shape(
     if fits_in_registers(sizes.len(), chunks, vec, block, !cols.is_multiple_of(vec)) {
         return shape(RowKeep::Registers, row_threads, 1);
     }
-    if !product {
+    let settings = cluster_settings();
+    if !product && settings.smem {
         let row_bytes = keep_slabs(cols, sizes, vec).1;
         let bytes = |t: usize| row_block(t) / t * row_bytes;
         // (`cp.async` copies 4, 8 or 16 bytes.)
         let copies = copyable && sizes.iter().all(|&s| matches!(s * vec, 4 | 8 | 16));
-        if copies && rows > 1 && row_block(row_threads) == row_threads && 2 * row_bytes <= MAX_ROW_SMEM_BYTES {
+        if copies
+            && rows > 1
+            && row_block(row_threads) == row_threads
+            && 2 * row_bytes <= MAX_ROW_SMEM_BYTES
+            && settings.smem_pipeline
+        {
             return shape(RowKeep::Shared { bytes: 2 * row_bytes, pipelined: true }, row_threads, 1);
         }
         let pair = row_threads.min(SMEM_ROW_THREADS);
@@ -1184,8 +1341,19 @@ pub(super) fn row_shape(
             return shape(RowKeep::Shared { bytes: bytes(t), pipelined: false }, t, blocks);
         }
     }
+    // (A gemm's row epilogue keeps its tile's rows.)
+    if !product && row_threads > settings.fetch_threads {
+        let t = settings.fetch_threads;
+        return shape(RowKeep::Fetched, t, FETCH_THREADS_PER_SM / t);
+    }
     shape(RowKeep::Fetched, row_threads, 1)
 }
+
+/// Threads of fetched rows' blocks an SM is to hold where `EQFUSE_ROW_FETCH_THREADS` makes
+/// them smaller than a block (`__launch_bounds__`: 64 registers a thread, as one block of 1024).
+/// Fewer rows in flight an SM keep each row's second read in L2: a bf16 row of 50257 is 100 KB,
+/// so 132 SMs of two rows each hold 26 MB of the H100's 50 MB.
+const FETCH_THREADS_PER_SM: usize = 1024;
 
 /// The byte offsets of cached inputs of `sizes` bytes an element in a row's shared memory, and
 /// the bytes of the row: each input keeps every vector of `vec` elements the row spans
@@ -1288,13 +1456,13 @@ const SMEM_ROW_THREADS: usize = 512;
 const KEEP_LOADS: usize = 4;
 
 /// The online softmax update of a max accumulator `k` and its sum `ks` by the lanes `x{k}`:
-/// one rescale per vector, one exponential per element.
-fn online_update(k: usize, ks: usize) -> Vec<String> {
+/// one rescale per vector, one exponential (`exp`, the function's name) per element.
+fn online_update(k: usize, ks: usize, exp: &str) -> Vec<String> {
     vec![
         format!("float m{k} = acc[{k}];"),
         format!("for (int v = 0; v < EQ_VEC; ++v) m{k} = eq_max(m{k}, x{k}[v]);"),
         format!("float s{k} = eq_lse_rescale(acc[{ks}], acc[{k}], m{k});"),
-        format!("if (m{k} != -EQ_INF) for (int v = 0; v < EQ_VEC; ++v) s{k} += expf(x{k}[v] - m{k});"),
+        format!("if (m{k} != -EQ_INF) for (int v = 0; v < EQ_VEC; ++v) s{k} += {exp}(x{k}[v] - m{k});"),
         format!("acc[{k}] = m{k};"),
         format!("acc[{ks}] = s{k};"),
     ]

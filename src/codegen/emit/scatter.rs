@@ -86,8 +86,14 @@ impl Emitter<'_> {
         ] {
             let _ = writeln!(d, "#define {k} {v}");
         }
-        let shape =
-            Shape { grid: [blocks as u32, 1, 1], block: [THREADS as u32, 1, 1], workspace, smem_bytes: 0, wave: true };
+        let shape = Shape {
+            grid: [blocks as u32, 1, 1],
+            block: [THREADS as u32, 1, 1],
+            workspace,
+            smem_bytes: 0,
+            wave: true,
+            cluster: 0,
+        };
         Ok(Rendered {
             defines: d,
             body: f,
