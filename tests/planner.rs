@@ -384,10 +384,9 @@ fn a_bias_strided_along_the_keys_is_written_once_in_its_own_layout() {
         .collect();
     // The same attention with the bias an input laid out along the keys: the price to match.
     let text = std::fs::read_to_string(path).unwrap();
-    let text = text.replace("input buckets: i32[S, S]", "input hss: bf16[H, S, S]").replace(
-        "transpose(transpose(pos, 1, 2), 0, 1)",
-        "hss",
-    );
+    let text = text
+        .replace("input buckets: i32[S, S]", "input hss: bf16[H, S, S]")
+        .replace("transpose(transpose(pos, 1, 2), 0, 1)", "hss");
     let text = text.replace("input table: bf16[32, H]\n", "").replace("pos = gather(table, buckets, 0)\n", "");
     let contiguous = eqfuse::parse_program("contiguous.eqf", &text, &[]).unwrap();
     let want = optimize(&contiguous, &opts()).unwrap().plan;
