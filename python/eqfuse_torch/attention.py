@@ -396,9 +396,9 @@ def route_math_sdpa(gm) -> int:
         if not _math_fallback(q, mask):
             continue
         with graph.inserting_before(node):
-            new = graph.call_function(math_sdpa_op(), (node.args[0] if node.args else node.kwargs["query"],
-                                                       _arg(node, 1, "key"), _arg(node, 2, "value"), mask_node,
-                                                       is_causal, None if scale is None else float(scale), gqa))
+            qkv = tuple(_arg(node, i, name) for i, name in enumerate(("query", "key", "value")))
+            new = graph.call_function(math_sdpa_op(),
+                                      (*qkv, mask_node, is_causal, None if scale is None else float(scale), gqa))
         new.meta.update({key: node.meta[key] for key in ("example_value", "val", "stack_trace") if key in node.meta})
         node.replace_all_uses_with(new)
         graph.erase_node(node)

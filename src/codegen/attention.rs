@@ -606,9 +606,9 @@ pub(crate) fn can_generate(k: &Kernel) -> Result<()> {
 /// How a forward attention kernel reads its bias tensor (none without one, or where codegen
 /// cannot run the kernel): the bytes of one bias element, the distance in bytes between the bias
 /// values of neighbouring keys, how many scores (batch entries x query rows x keys) read a bias
-/// value, and the bytes of the tensor the bias is read from. A tile reads a row's keys together, so a column stride past one element
-/// touches more 32-byte sectors than the values it uses (T5's position bias permuted from
-/// `[S, S, H]`: twelve times as many).
+/// value, and the bytes of the tensor the bias is read from. A tile reads a row's keys together,
+/// so a column stride past one element touches more 32-byte sectors than the values it uses
+/// (T5's position bias permuted from `[S, S, H]`: twelve times as many).
 pub(crate) fn bias_reads(k: &Kernel) -> Option<(usize, usize, u64, u64)> {
     let inst = instance(k).ok()?;
     let b = inst.bias.as_ref()?;

@@ -1146,19 +1146,10 @@ impl<'a> Fusion<'a> {
         let mut out = Vec::new();
         for c in strided_views {
             out.push(Move::Materialize(c, NONE));
-            for ch in self.dag.nodes[c].children() {
-                if self.mat[ch] && self.owner[ch] != NONE {
-                    out.push(Move::Materialize(c, self.owner[ch]));
-                }
-            }
+            out.extend(self.operand_owners(c).into_iter().map(|h| Move::Materialize(c, h)));
         }
         for (c, users) in computed_by {
-            let mut operand_owners: BTreeSet<usize> = BTreeSet::new();
-            for ch in self.dag.nodes[c].children() {
-                if self.mat[ch] && self.owner[ch] != NONE {
-                    operand_owners.insert(self.owner[ch]);
-                }
-            }
+            let operand_owners = self.operand_owners(c);
             if users.len() < 2 {
                 // Computed by one kernel: worth writing only from the kernel that owns its
                 // operands, so that the reader reads it instead of them (a 1-bit mask saved by
@@ -1172,6 +1163,12 @@ impl<'a> Fusion<'a> {
             out.extend(hosts.into_iter().map(|h| Move::Materialize(c, h)));
         }
         out
+    }
+
+    /// The kernels that write `c`'s materialized operands.
+    fn operand_owners(&self, c: usize) -> BTreeSet<usize> {
+        let written = |&ch: &usize| self.mat[ch] && self.owner[ch] != NONE;
+        self.dag.nodes[c].children().filter(written).map(|ch| self.owner[ch]).collect()
     }
 
     /// Greedy fusion, then the best materialize move while one saves time, each followed by
