@@ -15,6 +15,12 @@ after the other on the same GPU; `--same-process` runs them all in one. In one p
 order mattered: the eqfuse backend's GPT-2 training step took 27.5 ms measured after Inductor's
 and 18.3 ms measured first (H100, 2026-11-26), so results of one process are not comparable.
 
+Compile times are cold: each child process gets empty cache folders of its own for Inductor
+(TORCHINDUCTOR_CACHE_DIR), Triton (TRITON_CACHE_DIR) and CuPy (CUPY_CACHE_DIR, where the eqfuse
+backend's NVRTC builds go), so that no mode compiles from an earlier process's disk cache (the
+seventh session's ViT and T5 Inductor compiles, 2.5 and 3.7 s, read the caches of earlier runs);
+`--warm-caches` keeps the default folders.
+
     python3 benches/models.py [--models gpt2,bert,llama,vit,t5] [--dtypes bf16,f32]
         [--batch 8 --seq 1024] [--train] [--reps 10] [--json OUT]
 
@@ -174,12 +180,22 @@ def isolated(name, dtype, args):
     reference; the record keeps the first child's eager time)."""
     import subprocess
 
+    import os
+    import tempfile
+
     rec = None
     for mode in [m for m in args.modes if m != "eager"] or ["eager"]:
+        env = dict(os.environ)
+        cold = None if args.warm_caches else tempfile.TemporaryDirectory(prefix=f"models-{mode}-")
+        if cold:
+            for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUPY_CACHE_DIR"):
+                env[var] = os.path.join(cold.name, var.lower())
         cmd = [sys.executable, __file__, "--models", name, "--dtypes", dtype, "--modes", f"eager,{mode}",
                "--batch", str(args.batch), "--seq", str(args.seq), "--llama-layers", str(args.llama_layers),
                "--reps", str(args.reps), "--same-process"] + (["--train"] if args.train else [])
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if cold:
+            cold.cleanup()
         lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
         if not lines:
             raise RuntimeError(f"{mode}: exit {r.returncode}: {r.stderr.strip()[-400:]}")
@@ -193,6 +209,7 @@ def isolated(name, dtype, args):
     if "inductor_us" in rec and "eqfuse_us" in rec:
         rec["inductor_over_eqfuse"] = round(rec["inductor_us"] / rec["eqfuse_us"], 3)
     rec["processes"] = "one per mode"
+    rec["compile_caches"] = "warm (default folders)" if args.warm_caches else "cold (empty per process)"
     return rec
 
 
@@ -208,6 +225,7 @@ def main():
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--json", help="append one JSON record per model and dtype")
     ap.add_argument("--same-process", action="store_true", help="every mode in this process")
+    ap.add_argument("--warm-caches", action="store_true", help="compile caches of earlier runs kept")
     args = ap.parse_args()
     args.modes = args.modes.split(",")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
