@@ -173,7 +173,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     profile.source = format!(
         "calibrated by `eqfuse calibrate` on {} ({}, {}); measured: copy bandwidth, launch overhead, \
          the elementwise, rowreduce and colreduce efficiencies (and on a 9.0 device, rows over clusters of \
-         blocks: rowreduce.implementations.cluster, a bf16 softmax over 4096x50257), the elementwise tiled path's \
+         blocks: rowreduce.implementations.cluster, an f32 softmax over 1024x128256), the elementwise tiled path's \
          (implementations.tiled: an 8192 x 8192 f32 transpose), the sector bandwidth of strided reads \
          (sector_bandwidth_gbs: [2^24, 4] bf16 read as [4, 2^24] on the plain path, its bytes and the \
          excess of the sectors its warps touch over the time past the launch overhead), cuBLASLt's call overhead (a 64x128x64 \
@@ -1068,21 +1068,13 @@ fn without_cublaslt(profile: &DeviceProfile) -> DeviceProfile {
 }
 
 /// The share of copy bandwidth of row kernels whose rows are spread over clusters of blocks
-/// (`rowreduce.implementations.cluster`, the template's other rates kept), measured on the
-/// issue's bf16 softmax over 4096 rows of 50257 where the device runs its Hopper path (a 9.0
-/// device); `None`, and the profile left as it is, elsewhere.
+/// (`rowreduce.implementations.cluster`, the template's other rates kept), measured on an f32
+/// softmax over 1024 rows of 128256 (a Llama-3 vocabulary) where the device runs its Hopper path
+/// (a 9.0 device); `None`, and the profile left as it is, elsewhere. (Rows of 16-bit values are
+/// not spread over clusters by default since 2026-11-26: the issue's bf16 softmax over 4096 x 50257,
+/// the probe until then, no longer plans as one, and calibrate stopped at it.)
 fn cluster_rows(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<Option<TemplateShare>> {
-    let x = TensorType::new(DType::Bf16, vec![4096, 50257]);
-    let program = Program::from_sexprs("calibrate-rowreduce-cluster", &[("x", x)], &[("y", "(softmax x -1)")])
-        .map_err(Error::Invalid)?;
-    let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
-    let sources = codegen_plan(&plan)?;
-    if plan.kernels.len() != 1 || sources[0].launch.sm90a.is_none() {
-        return Err(Error::Invalid(format!(
-            "calibration program {} did not plan as one row kernel over clusters",
-            program.source
-        )));
-    }
+    let (program, plan, sources) = cluster_probe(profile)?;
     let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
     if r.sm90a == 0 {
         return Ok(None);
@@ -1095,6 +1087,23 @@ fn cluster_rows(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result
         rates.implementations.insert("cluster".into(), cluster);
     }
     Ok(Some((Template::RowReduce, program.source.clone(), k.bytes, k.measured_us, share)))
+}
+
+/// [`cluster_rows`]' probe, planned and generated: an error unless it is one row kernel whose
+/// Hopper path spreads its rows over clusters.
+fn cluster_probe(profile: &DeviceProfile) -> Result<(Program, FusionPlan, Vec<KernelSource>)> {
+    let x = TensorType::new(DType::F32, vec![1024, 128256]);
+    let program = Program::from_sexprs("calibrate-rowreduce-cluster", &[("x", x)], &[("y", "(softmax x -1)")])
+        .map_err(Error::Invalid)?;
+    let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+    let sources = codegen_plan(&plan)?;
+    if plan.kernels.len() != 1 || sources[0].launch.sm90a.as_ref().is_none_or(|l| l.cluster < 2) {
+        return Err(Error::Invalid(format!(
+            "calibration program {} did not plan as one row kernel over clusters",
+            program.source
+        )));
+    }
+    Ok((program, plan, sources))
 }
 
 /// One large program per generated template, each planning as a single kernel.
@@ -1248,6 +1257,18 @@ impl fmt::Display for Calibration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The probe of rows over clusters must plan as one clustered row kernel on both profiles
+    /// (the bf16 probe stopped `eqfuse calibrate` on the H100 and H200 once 16-bit rows were no
+    /// longer clustered by default).
+    #[test]
+    fn cluster_probe_plans_as_one_row_kernel_over_clusters() {
+        for device in ["h100", "h200"] {
+            let (_, plan, sources) = cluster_probe(&DeviceProfile::load(device).unwrap()).unwrap();
+            assert_eq!(plan.kernels.len(), 1);
+            assert!(sources[0].launch.sm90a.as_ref().unwrap().cluster >= 2);
+        }
+    }
 
     #[test]
     fn strided_probes_plan_on_the_tiled_and_the_plain_path() {
