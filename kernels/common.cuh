@@ -316,9 +316,13 @@ __device__ __forceinline__ void eq_scatter_addv(T* p, eq_idx off, int j, long lo
 // diverge on mixed signs: silu(a) * u over 8192x5632 bf16 on an H200 (2026-11-26) ran 104.7 us
 // against 67.3 us branch-free (a copy of the same bytes: 66.3 us).
 __device__ __forceinline__ float eq_sigmoid(float x) { return __frcp_rn(1.0f + expf(-x)); }
-__device__ __forceinline__ float eq_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+// GELU without the cancellation of 1 + erf(t) and 1 + tanh(t) where t is negative: the erf form
+// as 0.5 x erfc(-x / sqrt 2), the tanh form as x sigmoid(2t) (0.5 (1 + tanh t) = sigmoid(2t)),
+// both exact rewritings. `1 + tanhf(t)` kept about 6e-8 of absolute error, which on rows of
+// log-probabilities near -9 was 1% of each result (the fidelity run's g1061, H100, 2026-11-26).
+__device__ __forceinline__ float eq_gelu(float x) { return 0.5f * x * erfcf(x * -0.70710678118654752f); }
 __device__ __forceinline__ float eq_gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    return x * eq_sigmoid(1.5957691216057307f * (x + 0.044715f * x * x * x));
 }
 __device__ __forceinline__ float eq_silu(float x) { return x * eq_sigmoid(x); }
 // x / d for a divisor shared by a row: a product with the (hoisted) reciprocal while 1/d is a
