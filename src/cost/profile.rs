@@ -647,6 +647,9 @@ mod tests {
     #[test]
     fn rows_over_clusters_take_their_own_rates_where_measured() {
         let mut p = DeviceProfile::load("h100").unwrap();
+        // (The profile's own `cluster` rates, calibrated, set aside: without them clusters take
+        // the template's.)
+        p.templates.get_mut("rowreduce").unwrap().implementations.remove("cluster");
         let work = Work { bytes: 1 << 30, ..Work::default() };
         let one = p.row_work_us(&work, DType::Bf16, 1);
         assert_eq!(p.row_work_us(&work, DType::Bf16, 7), one);
