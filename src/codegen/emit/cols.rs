@@ -20,7 +20,8 @@ impl Emitter<'_> {
         let n = self.dim(a);
         let inner: usize = self.l.domain[a + 1..].iter().product();
         let tx = pow2_at_least(inner.div_ceil(self.vec)).min(32);
-        let ty = (256 / tx).min(pow2_at_least(n));
+        // (A thread accumulates 8 rows or more: their loads are in flight together.)
+        let ty = (256 / tx).min(pow2_at_least(n.div_ceil(8)));
         let tile = tx * self.vec;
         let tiles = outer * inner.div_ceil(tile);
         let max_chunks = n.div_ceil(ty * 8).max(1);
