@@ -19,8 +19,9 @@ Usage: python3 benches/fidelity.py RESULTS [--programs DIR] [--repredict DIR] [-
 RESULTS: a folder of bench-*.json (fidelity.sh's, unpacked) or the JSON files themselves.
 `--repredict DIR`: the measured kernels re-priced by the cost model as it is now, from the plans
 `examples/replan_programs.rs` wrote to DIR for the same programs: a kernel counts where the
-re-planned plan has a kernel of the same id, template and bytes (the unfused plan's always do; a
-fused plan the model now plans otherwise loses its changed kernels), with that kernel's
+re-planned plan has a kernel of the same id, template and bytes, and for a product the same
+implementation, as the saved plan (the unfused plan's always do, unless a product changes
+implementation; a fused plan the model now plans otherwise loses its changed kernels), with that kernel's
 prediction and features; a plan counts where all its kernels do. A re-prediction of old
 measurements, not a measurement.
 `--self-test` checks the analysis on a fabricated bench JSON in the real schema.
@@ -158,7 +159,12 @@ def collect(bench_files, programs_dir, repredict_dir=None):
                         notes["plan_differs"].append(f"{name} {which} k{k.get('id')}")
                         pk = None
                     if repredict_dir:
+                        saved = pk
                         pk = repriced(replan, k)
+                        # A product now planned in another implementation (cuBLASLt against the
+                        # generated kernel) is not the kernel measured.
+                        if pk is not None and saved is not None and saved.get("implementation") != pk.get("implementation"):
+                            pk = None
                         if pk is None:
                             notes["not_repriced"] += 1
                             continue

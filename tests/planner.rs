@@ -396,3 +396,40 @@ fn a_bias_strided_along_the_keys_is_written_once_in_its_own_layout() {
         assert!(a.predicted_us <= want * 1.05, "kernel {}: {} us, {} us along the keys", a.id, a.predicted_us, want);
     }
 }
+
+/// Batched products of tiny matrices (the random programs' worst-priced kernels: g1373, g1020,
+/// g1386 of seed 1001, measured 10 to 120 times their old prediction as one cuBLASLt call over
+/// a batch of up to a million matrices): priced by their tiles, such a call loses to the
+/// product as a sum along a short row (`matmul-as-rows`), one row kernel that reads the large
+/// operand once. At the programs' sizes no plan holds a product over the batch; at a size
+/// the reference runs the plan computes the program.
+#[test]
+fn batched_tiny_products_plan_as_rows_not_as_a_library_call() {
+    let program = |batch: usize, m: usize, k: usize, n: usize, dtype: DType, gelu: bool| {
+        let a = if gelu { "(* (gelu x) 0.25)" } else { "x" };
+        Program::from_sexprs(
+            "tiny",
+            &[("x", TensorType::new(dtype, vec![batch, 512, m, k])), ("w", TensorType::new(dtype, vec![n, k]))],
+            &[("y", &format!("(@ {a} (* (transpose w -1 -2) 0.5))"))],
+        )
+        .unwrap()
+    };
+    let shapes =
+        [(2048, 1, 13, 1, DType::F32, true), (256, 2, 3, 4, DType::F16, false), (128, 8, 3, 8, DType::F32, false)];
+    for &(batch, m, k, n, dtype, gelu) in &shapes {
+        let p = program(batch, m, k, n, dtype, gelu);
+        let plan = optimize(&p, &opts()).unwrap().plan;
+        let what = format!("[{batch},512,{m},{k}] @ [{k},{n}] {dtype}");
+        assert!(gemms(&plan).is_empty(), "{what}: {:#?}", gemms(&plan));
+        assert!(plan.kernels.iter().any(|k| k.template == Template::RowReduce), "{what}");
+        // The unfused plan's product is the cuBLASLt call, now priced by its tiles: far above
+        // its bytes' time.
+        let unfused = eqfuse::unfused_plan(&p, &DeviceProfile::load("h100").unwrap(), false).unwrap();
+        let g = gemms(&unfused)[0];
+        let bytes_us = (g.bytes_read + g.bytes_written) as f64 / 2989.4e3;
+        assert!(g.predicted_us > 4.0 * bytes_us, "{what}: {} us, bytes {bytes_us} us", g.predicted_us);
+        let small = program(batch / 8, m, k, n, dtype, gelu);
+        let plan = plan_checked(&small);
+        assert!(gemms(&plan).is_empty(), "{what} / 8");
+    }
+}

@@ -271,3 +271,37 @@ fn attention_dropout_rules_are_sound_and_weakened_ones_caught() {
         assert!(check_rule(&one_rule(text)).is_err(), "not caught: {text}");
     }
 }
+
+/// `matmul-as-rows` on products of the shapes it is for, beyond what the random instantiations
+/// pick: batch axes on one operand or both (broadcast), one output column (no view) and
+/// several, f32 and f16, K from 1 to its bound; every form equals the product on the
+/// reference. Past the bound (K or N of 17) it adds nothing.
+#[test]
+fn matmul_as_rows_is_sound_on_batched_tiny_products() {
+    let rule = native("matmul-as-rows").rewrite();
+    let cases: &[(&[usize], &[usize], DType)] = &[
+        (&[64, 5, 1, 13], &[13, 1], DType::F32),
+        (&[8, 16, 2, 3], &[3, 4], DType::F16),
+        (&[4, 32, 8, 3], &[3, 8], DType::F32),
+        (&[3, 6, 16], &[3, 16, 16], DType::F32),
+        (&[7, 1], &[2, 1, 9], DType::F32),
+        (&[2, 4, 5], &[5, 1], DType::Bf16),
+    ];
+    for &(a, b, dtype) in cases {
+        let mut p = Program::new("t");
+        let x = p.add_input("a", TensorType::new(dtype, a.to_vec())).unwrap();
+        let w = p.add_input("b", TensorType::new(dtype, b.to_vec())).unwrap();
+        let y = op(&mut p, "@", vec![x, w]);
+        p.add_output("y", y).unwrap();
+        let (unions, finite) = check_rewrite_on(&p, &rule).unwrap_or_else(|e| panic!("{a:?} @ {b:?}: {e}"));
+        assert!(unions >= 1 && finite, "{a:?} @ {b:?}: {unions} unions");
+    }
+    for (a, b) in [(vec![4, 3, 17], vec![17, 2]), (vec![4, 3, 2], vec![2, 17])] {
+        let mut p = Program::new("t");
+        let x = p.add_input("a", TensorType::new(DType::F32, a.clone())).unwrap();
+        let w = p.add_input("b", TensorType::new(DType::F32, b.clone())).unwrap();
+        let y = op(&mut p, "@", vec![x, w]);
+        p.add_output("y", y).unwrap();
+        assert_eq!(check_rewrite_on(&p, &rule).unwrap().0, 0, "{a:?} @ {b:?}");
+    }
+}

@@ -532,7 +532,7 @@ fn gemm_implementation(
         sector_bytes: 0,
         access_bytes: 0,
     };
-    let lt = profile.gemm_us(GemmImpl::Cublaslt, &work, dtype, None);
+    let lt = profile.gemm_us(GemmImpl::Cublaslt, &work, dtype, k.tiles.as_ref());
     let generated = profile.gemm_us(GemmImpl::Generated, &Work { calls: 1, ..work }, dtype, k.tiles.as_ref());
     if lt <= generated {
         (GemmImpl::Cublaslt, call.calls())

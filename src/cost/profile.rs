@@ -38,6 +38,14 @@ pub struct TemplateRates {
     /// cuBLASLt's), in microseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_overhead_us: Option<f64>,
+    /// Device-wide time of one output tile of [`LT_TILE`] x [`LT_TILE`] elements of each matrix
+    /// of a call, in nanoseconds (cuBLASLt): a call over a batch of small matrices runs at
+    /// least a block per tile of every matrix, each with its own prologue, loads and epilogue,
+    /// however few elements the tile holds, so such a call takes at least its tiles times this
+    /// (a batch of a million 1 x 13 by 13 x 1 products: 4.1 ms, where its bytes take 20 us).
+    /// Absent: not priced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tile_ns: Option<f64>,
     /// Time a split-K product of the generated gemm adds past its steps and the parts' reads,
     /// in microseconds: the last block of a tile learns it is last (a fence and a counter) and
     /// only then fetches the parts, a chain of dependent round trips no bandwidth hides.
@@ -294,7 +302,12 @@ impl DeviceProfile {
                 1e6 * work.flops as f64 / (sized_rate_tflops(r, dtype, per_call) * 1e12)
             }
         };
-        fixed + memory.max(compute)
+        // A library call's tiles: a block per tile of every matrix of the batch.
+        let tiled = match (imp, tiles, r.tile_ns) {
+            (GemmImpl::Cublaslt, Some(t), Some(ns)) => 1e-3 * ns * lt_tiles(t) as f64,
+            _ => 0.0,
+        };
+        fixed + memory.max(compute).max(tiled)
     }
 
     /// The generated kernel's time from its tile's measured step times: `K` steps per block,
@@ -471,6 +484,7 @@ impl TemplateRates {
             ("stage_latency_us", self.stage_latency_us),
             ("call_overhead_us", self.call_overhead_us),
             ("split_latency_us", self.split_latency_us),
+            ("tile_ns", self.tile_ns),
         ] {
             if let Some(v) = v {
                 non_negative(&format!("{path}.{field}"), v)?;
@@ -551,6 +565,16 @@ fn at_least(field: &str, v: u64, min: u64) -> std::result::Result<(), String> {
     } else {
         Err(format!("{field} must be at least {min}, got {v}"))
     }
+}
+
+/// The side of the output tile a library call's time per tile ([`TemplateRates::tile_ns`]) is
+/// counted in: a nominal tile (cuBLASLt's heuristics pick their own, none smaller than this
+/// on a matrix this size or larger).
+pub const LT_TILE: usize = 64;
+
+/// Output tiles of [`LT_TILE`] x [`LT_TILE`] in every matrix of a product.
+pub fn lt_tiles(t: &GemmTiles) -> u64 {
+    (t.batch as u64).saturating_mul((t.m.div_ceil(LT_TILE) * t.n.div_ceil(LT_TILE)) as u64)
 }
 
 /// What one kernel moves and computes, as the time model sees it.
@@ -796,6 +820,32 @@ mod tests {
         let us = |w: &Work| p.kernel_work_us(Template::Elementwise, w, DType::Bf16, None);
         assert!((us(&plain) - 26.1).abs() < 0.1, "{}", us(&plain));
         assert!((us(&strided) - 139.1).abs() < 0.1, "{}", us(&strided));
+    }
+
+    /// A cuBLASLt call over a large batch of tiny matrices costs its tiles, not its bytes or
+    /// flops; a single large product is not changed by the tile term.
+    #[test]
+    fn cublaslt_calls_over_batches_of_tiny_matrices_cost_their_tiles() {
+        let mut p = DeviceProfile::load("h100").unwrap();
+        let lt = GemmImpl::Cublaslt;
+        let tiny = GemmTiles { batch: 1 << 20, ..tiles(1, 1, 13, 64, 64, false) };
+        let work = Work { bytes: 58_720_256, flops: 2 * 13 << 20, calls: 1, ..Work::default() };
+        let without = {
+            let mut q = p.clone();
+            q.templates.get_mut("gemm").unwrap().implementations.get_mut("cublaslt").unwrap().tile_ns = None;
+            q.gemm_us(lt, &work, DType::F32, Some(&tiny))
+        };
+        let ns = p.gemm_rates(lt).tile_ns.expect("the h100 profile prices cuBLASLt's tiles");
+        let with = p.gemm_us(lt, &work, DType::F32, Some(&tiny));
+        let fixed = p.gemm_rates(lt).call_overhead_us.unwrap();
+        assert!((with - fixed - 1e-3 * ns * (1u64 << 20) as f64).abs() < 1e-6, "{with}");
+        assert!(with > 10.0 * without, "{with} against {without}");
+        // 4096^3: compute-bound, 4096 tiles add nothing.
+        let big = tiles(4096, 4096, 4096, 64, 64, false);
+        let work = Work { bytes: 3 * 4096 * 4096 * 4, flops: 2 * 4096u64.pow(3), calls: 1, ..Work::default() };
+        let a = p.gemm_us(lt, &work, DType::F32, Some(&big));
+        p.templates.get_mut("gemm").unwrap().implementations.get_mut("cublaslt").unwrap().tile_ns = None;
+        assert_eq!(a, p.gemm_us(lt, &work, DType::F32, Some(&big)));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Rules written in Rust, for rewrites that rule files cannot say: a right side with constant
 //! arithmetic (`slice-of-slice`: the bounds of two slices folded into one), and matches over
 //! several classes (`matmul-shared-lhs`: products that share their left operand, fused into one
-//! product of concatenated weights).
+//! product of concatenated weights), and `matmul-as-rows` (a product of a tiny inner size and
+//! few output columns as a sum of products along its last axis: shapes computed from the match).
 //!
 //! They run beside the rules of the ruleset they belong to ([`RuleSet::native`]: the default
 //! `algebra` ruleset carries them; a `--rules DIR` ruleset carries none) and are checked for
@@ -20,7 +21,7 @@ use std::collections::BTreeMap;
 use egg::{Applier, Id, Pattern, PatternAst, Rewrite, SearchMatches, Searcher, Subst, Symbol, Var};
 
 use crate::ir::infer::{norm_axis, slice_range, Fact};
-use crate::ir::lang::{OpCode, TensorLang};
+use crate::ir::lang::{Dims, OpCode, TensorLang};
 use crate::search::analysis::{ShapeAnalysis, TensorGraph};
 
 /// The most weights one fused product concatenates (queries, keys and values).
@@ -85,6 +86,19 @@ pub const NATIVE_RULES: &[(&str, NativeRule)] = &[
             inexact: true,
             lhs: &["(@ ?x (transpose ?w1 -1 -2))", "(@ ?x (transpose ?w2 -1 -2))"],
             make: || shared_lhs(true),
+        },
+    ),
+    (
+        "algebra",
+        NativeRule {
+            name: "matmul-as-rows",
+            doc: "`a @ b` with `a: [..., M, K]`, `b: [..., K, N]`, K and N at most `ROWS_MAX` is \
+                  `reshape(sum(reshape(a, [..., M, 1, K]) * reshape(transpose(b, -1, -2), [..., 1, N, K]), -1), \
+                  [..., M, N])` (with N = 1, `sum(a * transpose(b, -1, -2), -1)`): batches of tiny products \
+                  as one row kernel reading the operands once",
+            inexact: true,
+            lhs: &["(@ ?a ?b)"],
+            make: matmul_as_rows,
         },
     ),
 ];
@@ -253,6 +267,90 @@ impl Applier<TensorLang, ShapeAnalysis> for SliceOfSlice {
 
     fn vars(&self) -> Vec<Var> {
         ["?x", "?a", "?s", "?e", "?k", "?b", "?t", "?f", "?j"].iter().map(|v| var(v)).collect()
+    }
+}
+
+// --- matmul-as-rows
+
+/// The largest inner size K and output width N `matmul-as-rows` rewrites: products this narrow
+/// run far below any tile of a matrix-product kernel (cuBLASLt or generated), and each output
+/// element is a row of at most this many products, a short row one row kernel reduces (a thread
+/// per element, several rows a warp) while reading the larger operand once.
+pub const ROWS_MAX: usize = 16;
+
+fn matmul_as_rows() -> Rewrite<TensorLang, ShapeAnalysis> {
+    let lhs: Pattern<TensorLang> = "(@ ?a ?b)".parse().expect("the pattern parses");
+    Rewrite::new("matmul-as-rows", lhs, MatmulAsRows).expect("the rule's variables are bound")
+}
+
+struct MatmulAsRows;
+
+impl Applier<TensorLang, ShapeAnalysis> for MatmulAsRows {
+    fn apply_one(
+        &self,
+        egraph: &mut TensorGraph,
+        eclass: Id,
+        subst: &Subst,
+        _ast: Option<&PatternAst<TensorLang>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
+        let Some(build) = (|| {
+            let (a, bb) = (*subst.get(var("?a"))?, *subst.get(var("?b"))?);
+            let (ta, tb) = (egraph[a].data.ty()?, egraph[bb].data.ty()?);
+            let have = egraph[eclass].data.fact.as_ref()?;
+            let out = have.ty.as_ref()?;
+            let (ra, rb) = (ta.rank(), tb.rank());
+            if ra < 2 || rb < 2 || out.rank() < 2 {
+                return None;
+            }
+            let (m, k) = (ta.shape[ra - 2], ta.shape[ra - 1]);
+            let n = tb.shape[rb - 1];
+            if k > ROWS_MAX || n > ROWS_MAX || k == 0 {
+                return None;
+            }
+            let mut lhs_dims = ta.shape[..ra - 2].to_vec();
+            lhs_dims.extend([m, 1, k]);
+            let mut rhs_dims = tb.shape[..rb - 2].to_vec();
+            rhs_dims.extend([1, n, k]);
+            let out_dims = out.shape.clone();
+            let mut b = Build::new(egraph);
+            if n == 1 {
+                // One output column: `sum(a * transpose(b, -1, -2), -1)` is already `[..., M, 1]`,
+                // a row kernel over `a`'s own shape (which fuses with `a`'s producer: no view
+                // of a computed value).
+                let (i, j) = (b.num(-1.0), b.num(-2.0));
+                let bt = b.op("transpose", vec![Child::Class(bb), i, j])?;
+                let prod = b.op("*", vec![Child::Class(a), bt])?;
+                let last = b.num(-1.0);
+                let sum = b.op("sum", vec![prod, last])?;
+                return same_fact(have, b.fact(sum)?).then(|| b.finish());
+            }
+            let shape_a = b.node(TensorLang::Dims(Dims(lhs_dims)), vec![])?;
+            let ra_ = b.op("reshape", vec![Child::Class(a), shape_a])?;
+            let (i, j) = (b.num(-1.0), b.num(-2.0));
+            let bt = b.op("transpose", vec![Child::Class(bb), i, j])?;
+            let shape_b = b.node(TensorLang::Dims(Dims(rhs_dims)), vec![])?;
+            let rb_ = b.op("reshape", vec![bt, shape_b])?;
+            let prod = b.op("*", vec![ra_, rb_])?;
+            let last = b.num(-1.0);
+            let sum = b.op("sum", vec![prod, last])?;
+            let shape_out = b.node(TensorLang::Dims(Dims(out_dims)), vec![])?;
+            let res = b.op("reshape", vec![sum, shape_out])?;
+            same_fact(have, b.fact(res)?).then(|| b.finish())
+        })() else {
+            return vec![];
+        };
+        let ids = add_nodes(egraph, build);
+        let new = *ids.last().expect("a reshape was built");
+        if egraph.union_trusted(eclass, new, rule) {
+            vec![eclass]
+        } else {
+            vec![]
+        }
+    }
+
+    fn vars(&self) -> Vec<Var> {
+        ["?a", "?b"].iter().map(|v| var(v)).collect()
     }
 }
 
@@ -524,7 +622,7 @@ mod tests {
             assert_eq!(r.rewrite().name.as_str(), r.name);
             assert!(!r.lhs_patterns().is_empty());
         }
-        assert_eq!(native_rules("algebra").len(), 3);
+        assert_eq!(native_rules("algebra").len(), 4);
         assert!(native_rules("patterns").is_empty());
     }
 }

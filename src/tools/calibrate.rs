@@ -72,6 +72,9 @@ pub struct Calibration {
     pub narrow: Vec<NarrowProbe>,
     /// cuBLASLt's fixed time per call: (program, median microseconds).
     pub cublaslt_call: (String, f64),
+    /// cuBLASLt's time per output tile of a batch of tiny matrices: (program, median
+    /// microseconds of the call, nanoseconds per tile).
+    pub cublaslt_tile: (String, f64, f64),
     /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
     pub gemm: Vec<GemmRate>,
     /// The step-time fits of every tile (generated gemm and attention f32).
@@ -155,6 +158,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     let narrow = narrow_access(gpu, &mut profile, copy_gbs)?;
     lap("copy, launch, template efficiencies, strided reads, row stage latency and L2's written bytes", &mut seconds);
     let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
+    let cublaslt_tile = cublaslt_tile_time(gpu, &mut profile)?;
     let gemm = gemm_rates(gpu, &mut profile)?;
     lap("gemm rates and cuBLASLt's call", &mut seconds);
     let tiles = tile_rates(gpu, &mut profile, base)?;
@@ -177,7 +181,8 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          (implementations.tiled: an 8192 x 8192 f32 transpose), the sector bandwidth of strided reads \
          (sector_bandwidth_gbs: [2^24, 4] bf16 read as [4, 2^24] on the plain path, its bytes and the \
          excess of the sectors its warps touch over the time past the launch overhead), cuBLASLt's call overhead (a 64x128x64 \
-         f32 product), the row kernels' latency per dependent reduction stage (least squares, in \
+         f32 product) and its time per 64 x 64 output tile of each matrix of a call (gemm.implementations.cublaslt.tile_ns: \
+         a batch of 262144 8x8x8 f32 products as one call, net of the call overhead), the row kernels' latency per dependent reduction stage (least squares, in \
          the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the elementwise template's share of its efficiency with lanes of 1, 2, 4 and 8 bytes \
          (elementwise.narrow_access_share: an odd or even last extent of bool, bf16 and f32), the written bytes L2 holds (l2_dirty_bytes) and the colreduce efficiency \
          without them (two 128 MiB column sums in one plan: the first after the flush, the second with L2 clean), \
@@ -219,6 +224,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         dirty,
         narrow,
         cublaslt_call,
+        cublaslt_tile,
         gemm,
         tiles,
         split,
@@ -245,6 +251,7 @@ fn gemm_impl(profile: &mut DeviceProfile, imp: GemmImpl) -> &mut TemplateRates {
         implementations: Default::default(),
         stage_latency_us: None,
         call_overhead_us: None,
+        tile_ns: None,
         split_latency_us: None,
         tiles: Default::default(),
         tiles_16bit: Default::default(),
@@ -292,6 +299,49 @@ fn cublaslt_call_time(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(String,
     let us = r.kernels[0].measured_us;
     gemm_impl(profile, GemmImpl::Cublaslt).call_overhead_us = Some(round(us, 1));
     Ok((name.to_string(), us))
+}
+
+/// The batch of tiny products cuBLASLt's time per tile is measured on: `TILE_PROBE_BATCH`
+/// products of 8 x 8 by 8 x 8 f32 (one tile each), one call.
+const TILE_PROBE_BATCH: usize = 262_144;
+
+/// cuBLASLt's time per output tile (`tile_ns`): the call over [`TILE_PROBE_BATCH`] tiny
+/// matrices, net of the call overhead, divided by its tiles (one a matrix). Its bytes (200 MB)
+/// and flops take a fraction of that time.
+fn cublaslt_tile_time(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(String, f64, f64)> {
+    let (name, program, plan, sources) = cublaslt_tile_plan(profile)?;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 10))?;
+    let us = r.kernels[0].measured_us;
+    let launch = profile.launch_overhead_us;
+    let lt = gemm_impl(profile, GemmImpl::Cublaslt);
+    let ns = 1e3 * (us - lt.call_overhead_us.unwrap_or(launch)).max(0.0) / TILE_PROBE_BATCH as f64;
+    lt.tile_ns = Some(round(ns, 2));
+    Ok((name.to_string(), us, ns))
+}
+
+/// The tile probe program, unfused (one gemm kernel, whatever form the planner would pick),
+/// marked cuBLASLt; error unless it renders as one cuBLASLt call.
+fn cublaslt_tile_plan(profile: &DeviceProfile) -> Result<(&'static str, Program, FusionPlan, Vec<KernelSource>)> {
+    let name = "calibrate-cublaslt-tiles";
+    let program = Program::from_sexprs(
+        name,
+        &[
+            ("x", TensorType::new(DType::F32, vec![TILE_PROBE_BATCH, 8, 8])),
+            ("w", TensorType::new(DType::F32, vec![TILE_PROBE_BATCH, 8, 8])),
+        ],
+        &[("y", "(@ x w)")],
+    )
+    .map_err(Error::Invalid)?;
+    let mut plan = unfused_plan(&program, profile, false)?;
+    if plan.kernels.len() != 1 || plan.kernels[0].template != Template::Gemm {
+        return Err(Error::Invalid(format!("calibration program {name} did not plan as one gemm kernel")));
+    }
+    plan.kernels[0].implementation = Some(GemmImpl::Cublaslt);
+    let sources = codegen_plan(&plan)?;
+    match &sources[0].cublaslt {
+        Some(call) if call.calls() == 1 => Ok((name, program, plan, sources)),
+        _ => Err(Error::Invalid(format!("calibration program {name} did not render as one cuBLASLt call"))),
+    }
 }
 
 /// The cuBLASLt call program, its plan marked cuBLASLt and its one source (a cuBLASLt call,
@@ -1197,6 +1247,8 @@ impl fmt::Display for Calibration {
         }
         let (prog, us) = &self.cublaslt_call;
         writeln!(f, "  cuBLASLt call    {us:.1} us ({prog}: 64x128x64 f32)")?;
+        let (prog, us, ns) = &self.cublaslt_tile;
+        writeln!(f, "  cuBLASLt tile    {ns:.2} ns ({prog}: {TILE_PROBE_BATCH} x 8x8x8 f32 in {us:.1} us)")?;
         for (imp, dtype, prog, us, tflops) in &self.gemm {
             writeln!(f, "  gemm {:<9} {dtype:<4} {tflops:>6.1} TFLOP/s ({prog}: {us:.1} us)", imp.name())?;
         }
@@ -1406,6 +1458,14 @@ mod tests {
         let p = DeviceProfile::load("h100").unwrap();
         let (_, _, _, sources) = cublaslt_call_plan(&p).unwrap();
         assert!(sources[0].cublaslt.is_some());
+    }
+
+    #[test]
+    fn the_cublaslt_tile_program_renders_as_one_call_over_its_batch() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let (_, _, plan, sources) = cublaslt_tile_plan(&p).unwrap();
+        assert_eq!(plan.kernels[0].implementation, Some(GemmImpl::Cublaslt));
+        assert_eq!(sources[0].cublaslt.as_ref().map(|c| c.calls()), Some(1));
     }
 
     #[test]
