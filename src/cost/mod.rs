@@ -210,13 +210,31 @@ impl KernelCost {
             // as many blocks as the clusters have.)
             (None, KernelKind::RowGlobal) => {
                 profile.row_work_us(&work, dtype, self.cluster).max(self.few_rows_us(profile, &work, self.cluster))
+                    + self.row_loop_us(profile, 1)
             }
-            (None, _) if self.template == Template::RowReduce => profile
-                .row_work_us(&work, dtype, self.cluster)
-                .max(self.few_rows_us(profile, &work, segments * self.cluster)),
+            (None, _) if self.template == Template::RowReduce => {
+                profile.row_work_us(&work, dtype, self.cluster).max(self.few_rows_us(
+                    profile,
+                    &work,
+                    segments * self.cluster,
+                )) + self.row_loop_us(profile, segments)
+            }
             (None, _) if self.tiled => profile.elementwise_tiled_us(&work, dtype),
             (None, _) => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
+    }
+
+    /// The time a row kernel's loop over its rows takes beyond their bytes: the row template's
+    /// time a row (`rowreduce.row_ns`) for each row, where its rows are neither segmented nor
+    /// spread over clusters (those are few and wide); 0 where the profile has no such time.
+    fn row_loop_us(&self, profile: &DeviceProfile, segments: u32) -> f64 {
+        let Some(ns) = profile.rates(Template::RowReduce).row_ns else { return 0.0 };
+        if segments > 1 || self.cluster > 1 {
+            return 0.0;
+        }
+        let width = self.domain.last().copied().unwrap_or(1).max(1);
+        let rows = self.domain.iter().product::<usize>() / width;
+        1e-3 * ns * rows as f64
     }
 
     /// A row kernel runs one block a row, or a block a segment of a row (`segments` a row:

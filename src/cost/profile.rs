@@ -46,6 +46,14 @@ pub struct TemplateRates {
     /// Absent: not priced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tile_ns: Option<f64>,
+    /// Device-wide time of one row of a row kernel, in nanoseconds (rowreduce): each iteration
+    /// of a block's loop over its rows loads them, reduces across the row's threads and stores,
+    /// one dependent round trip, so rows of a few elements (a thread's one load each) cost a
+    /// time a row beyond their bytes (a mean over 4M rows of 3 f32 on an H100: 62 us, its
+    /// bytes 24 us). Added to the row kernel's time; rows of a few thousand elements make it
+    /// negligible. Absent: not priced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_ns: Option<f64>,
     /// Time a split-K product of the generated gemm adds past its steps and the parts' reads,
     /// in microseconds: the last block of a tile learns it is last (a fence and a counter) and
     /// only then fetches the parts, a chain of dependent round trips no bandwidth hides.
@@ -485,6 +493,7 @@ impl TemplateRates {
             ("call_overhead_us", self.call_overhead_us),
             ("split_latency_us", self.split_latency_us),
             ("tile_ns", self.tile_ns),
+            ("row_ns", self.row_ns),
         ] {
             if let Some(v) = v {
                 non_negative(&format!("{path}.{field}"), v)?;

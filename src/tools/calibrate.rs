@@ -75,6 +75,8 @@ pub struct Calibration {
     /// cuBLASLt's time per output tile of a batch of tiny matrices: (program, median
     /// microseconds of the call, nanoseconds per tile).
     pub cublaslt_tile: (String, f64, f64),
+    /// The row template's time a row: (program, median microseconds, nanoseconds a row).
+    pub row: (String, f64, f64),
     /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
     pub gemm: Vec<GemmRate>,
     /// The step-time fits of every tile (generated gemm and attention f32).
@@ -153,6 +155,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     if let Some(t) = cluster_rows(gpu, &mut profile, copy_gbs)? {
         templates.push(t);
     }
+    let row = row_time(gpu, &mut profile, copy_gbs)?;
     let stages = stage_latency(gpu, &mut profile)?;
     let dirty = dirty_bytes(gpu, &mut profile, copy_gbs)?;
     let narrow = narrow_access(gpu, &mut profile, copy_gbs)?;
@@ -178,7 +181,8 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         "calibrated by `eqfuse calibrate` on {} ({}, {}); measured: copy bandwidth, launch overhead, \
          the elementwise, rowreduce and colreduce efficiencies (and on a 9.0 device, rows over clusters of \
          blocks: rowreduce.implementations.cluster, an f32 softmax over 1024x128256), the elementwise tiled path's \
-         (implementations.tiled: an 8192 x 8192 f32 transpose), the sector bandwidth of strided reads \
+         (implementations.tiled: an 8192 x 8192 f32 transpose), the row kernels' time a row (rowreduce.row_ns: \
+         a mean over 2^22 rows of 3 f32, net of the launch and its bytes), the sector bandwidth of strided reads \
          (sector_bandwidth_gbs: [2^24, 4] bf16 read as [4, 2^24] on the plain path, its bytes and the \
          excess of the sectors its warps touch over the time past the launch overhead), cuBLASLt's call overhead (a 64x128x64 \
          f32 product) and its time per 64 x 64 output tile of each matrix of a call (gemm.implementations.cublaslt.tile_ns: \
@@ -225,6 +229,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         narrow,
         cublaslt_call,
         cublaslt_tile,
+        row,
         gemm,
         tiles,
         split,
@@ -252,6 +257,7 @@ fn gemm_impl(profile: &mut DeviceProfile, imp: GemmImpl) -> &mut TemplateRates {
         stage_latency_us: None,
         call_overhead_us: None,
         tile_ns: None,
+        row_ns: None,
         split_latency_us: None,
         tiles: Default::default(),
         tiles_16bit: Default::default(),
@@ -1139,6 +1145,40 @@ fn cluster_rows(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result
     Ok(Some((Template::RowReduce, program.source.clone(), k.bytes, k.measured_us, share)))
 }
 
+/// Rows of the row time's probe ([`row_time`]): a mean over each of `ROW_PROBE_ROWS` rows of 3 f32.
+const ROW_PROBE_ROWS: usize = 1 << 22;
+
+/// The row template's time a row (`rowreduce.row_ns`): a mean over [`ROW_PROBE_ROWS`] rows of
+/// 3 f32 (a thread's one load a row), its time less the launch overhead and its bytes at the
+/// template's efficiency (measured before it), divided by its rows.
+fn row_time(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<(String, f64, f64)> {
+    let (program, plan, sources) = row_probe(profile)?;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 20))?;
+    let k = &r.kernels[0];
+    let rates = profile
+        .templates
+        .get_mut(Template::RowReduce.name())
+        .ok_or_else(|| Error::Invalid("the profile has no rowreduce template".into()))?;
+    let bytes_us = k.bytes as f64 / (copy_gbs * rates.bandwidth_efficiency * 1e3);
+    let ns = 1e3 * (k.measured_us - profile.launch_overhead_us - bytes_us).max(0.0) / ROW_PROBE_ROWS as f64;
+    rates.row_ns = Some(round(ns, 4));
+    Ok((program.source.clone(), k.measured_us, ns))
+}
+
+/// [`row_time`]'s probe, planned and generated: an error unless it is one row kernel whose rows
+/// are neither segmented nor spread over clusters.
+fn row_probe(profile: &DeviceProfile) -> Result<(Program, FusionPlan, Vec<KernelSource>)> {
+    let x = TensorType::new(DType::F32, vec![ROW_PROBE_ROWS, 3]);
+    let program = Program::from_sexprs("calibrate-rowreduce-rows", &[("x", x)], &[("y", "(mean x -1)")])
+        .map_err(Error::Invalid)?;
+    let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+    let sources = codegen_plan(&plan)?;
+    if plan.kernels.len() != 1 || plan.kernels[0].template != Template::RowReduce || sources[0].launch.sm90a.is_some() {
+        return Err(Error::Invalid(format!("calibration program {} did not plan as one row kernel", program.source)));
+    }
+    Ok((program, plan, sources))
+}
+
 /// [`cluster_rows`]' probe, planned and generated: an error unless it is one row kernel whose
 /// Hopper path spreads its rows over clusters.
 fn cluster_probe(profile: &DeviceProfile) -> Result<(Program, FusionPlan, Vec<KernelSource>)> {
@@ -1249,6 +1289,8 @@ impl fmt::Display for Calibration {
         writeln!(f, "  cuBLASLt call    {us:.1} us ({prog}: 64x128x64 f32)")?;
         let (prog, us, ns) = &self.cublaslt_tile;
         writeln!(f, "  cuBLASLt tile    {ns:.2} ns ({prog}: {TILE_PROBE_BATCH} x 8x8x8 f32 in {us:.1} us)")?;
+        let (prog, us, ns) = &self.row;
+        writeln!(f, "  rowreduce row    {ns:.4} ns ({prog}: {ROW_PROBE_ROWS} rows of 3 f32 in {us:.1} us)")?;
         for (imp, dtype, prog, us, tflops) in &self.gemm {
             writeln!(f, "  gemm {:<9} {dtype:<4} {tflops:>6.1} TFLOP/s ({prog}: {us:.1} us)", imp.name())?;
         }
@@ -1313,6 +1355,23 @@ mod tests {
     /// The probe of rows over clusters must plan as one clustered row kernel on both profiles
     /// (the bf16 probe stopped `eqfuse calibrate` on the H100 and H200 once 16-bit rows were no
     /// longer clustered by default).
+    /// The row time's probe is one row kernel, neither segmented nor over clusters, on both
+    /// profiles; with a time a row, the kernel's price grows by rows x that time.
+    #[test]
+    fn row_probe_plans_as_one_row_kernel_and_row_ns_prices_its_rows() {
+        for device in ["h100", "h200"] {
+            let mut p = DeviceProfile::load(device).unwrap();
+            p.templates.get_mut("rowreduce").unwrap().row_ns = None;
+            let (program, plan, _) = row_probe(&p).unwrap();
+            assert_eq!(plan.kernels.len(), 1);
+            p.templates.get_mut("rowreduce").unwrap().row_ns = Some(10.0);
+            let priced = optimize(&program, &OptimizeOptions::new(p)).unwrap().plan;
+            let more = priced.kernels[0].predicted_us - plan.kernels[0].predicted_us;
+            // (10 ns a row: 41.9 us over 2^22 rows.)
+            assert!((more - 1e-2 * ROW_PROBE_ROWS as f64).abs() < 0.5, "{device}: {more}");
+        }
+    }
+
     #[test]
     fn cluster_probe_plans_as_one_row_kernel_over_clusters() {
         for device in ["h100", "h200"] {
