@@ -83,6 +83,12 @@ pub struct KernelCost {
     /// Bytes each lane of an elementwise kernel accesses at a time where fewer than 16 (lanes
     /// x the widest element along the last axis, as codegen chooses them): 0 otherwise.
     pub access_bytes: u32,
+    /// A row kernel whose rows are a few elements (2 to 32) read one element a lane (an odd
+    /// row of f32, as codegen chooses its lanes): priced with the row template's time a row
+    /// (`rowreduce.row_ns`). On an H100 such rows ran 2.25x their bytes' time (rows of 3, 33
+    /// kernels of the fidelity runs of 2026-11-26, 8.9 ps a row past it), rows of other widths
+    /// or read 8 or 16 bytes a lane within 12% (the same runs).
+    pub narrow_rows: bool,
 }
 
 /// Bytes a kernel with body `body` reads of each of its reads `reads` (sorted): all of a tensor,
@@ -225,11 +231,11 @@ impl KernelCost {
     }
 
     /// The time a row kernel's loop over its rows takes beyond their bytes: the row template's
-    /// time a row (`rowreduce.row_ns`) for each row, where its rows are neither segmented nor
-    /// spread over clusters (those are few and wide); 0 where the profile has no such time.
+    /// time a row (`rowreduce.row_ns`) for each row, where its rows are narrow (`narrow_rows`),
+    /// neither segmented nor spread over clusters; 0 where the profile has no such time.
     fn row_loop_us(&self, profile: &DeviceProfile, segments: u32) -> f64 {
         let Some(ns) = profile.rates(Template::RowReduce).row_ns else { return 0.0 };
-        if segments > 1 || self.cluster > 1 {
+        if !self.narrow_rows || segments > 1 || self.cluster > 1 {
             return 0.0;
         }
         let width = self.domain.last().copied().unwrap_or(1).max(1);
@@ -358,6 +364,7 @@ pub fn analyse(
         strided_dram_bytes: 0,
         tiled: false,
         access_bytes: 0,
+        narrow_rows: false,
     };
     if template == Template::RowReduce {
         row_passes(dag, &mut k, profile);
@@ -383,6 +390,9 @@ pub fn analyse(
         if !k.tiled {
             k.access_bytes = narrow_access(dag, members, &k, profile);
         }
+    }
+    if template == Template::RowReduce || k.kind == KernelKind::RowGlobal {
+        k.narrow_rows = narrow_rows(dag, members, &k, profile);
     }
     if k.kind == KernelKind::RowGlobal {
         // Cross-entropy's mean over rows: a row kernel's stages, and one more for the blocks'
@@ -522,6 +532,20 @@ fn narrow_access(dag: &Dag, members: &[usize], k: &KernelCost, profile: &DeviceP
     } else {
         0
     }
+}
+
+/// Whether a row kernel's rows are a few elements read one element a lane: see
+/// [`KernelCost::narrow_rows`] (the lanes `caps::vector_width` gives for the widest element of
+/// the tensors along the rows).
+fn narrow_rows(dag: &Dag, members: &[usize], k: &KernelCost, profile: &DeviceProfile) -> bool {
+    let Some(&last) = k.domain.last() else { return false };
+    if !(2..=32).contains(&last) {
+        return false;
+    }
+    let along = |i: &usize| dag.nodes[*i].ty().filter(|t| t.shape.last() == Some(&last)).map(|t| t.dtype.size());
+    let widest = k.reads.iter().chain(members).filter_map(along).max().unwrap_or(4);
+    let packed = members.iter().any(|&m| dag.is_packed(m));
+    caps::vector_width(Template::RowReduce, k.domain.len(), last, widest, profile.strict, packed) == 1
 }
 
 /// cuBLASLt when it can run the kernel (one write; its epilogues cover the body; codegen's own
