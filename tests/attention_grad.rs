@@ -382,6 +382,76 @@ fn attention_bias_composites_match_the_decomposed_backward_and_their_expansion()
     }
 }
 
+/// The statistics a backward builds from a forward's log-sum-exp (`python/eqfuse_torch/export.py`
+/// `_stats_of_lse`): on a row of fills, m the fill and log l the log of the keys the row includes
+/// (under the causal mask, keys j <= i); on a row whose log-sum-exp was -inf, m the largest f32.
+/// The gradient composites' expansion (strict plans, f32) agrees with their reference there:
+/// under the causal mask it zeroes P after each query (a -1e30 score there would otherwise weigh
+/// exp(-1e30 - fill) = inf); the reference's weights of the row of fills are 1 / keys.
+#[test]
+fn bias_gradients_of_statistics_of_a_row_of_fills_expand_as_their_reference() {
+    let (sq, sk, d) = (5, 6, 8);
+    for causal in [0, 1] {
+        let text = format!(
+            "input q: bf16[2, {sq}, {d}]\ninput k: bf16[2, {sk}, {d}]\ninput v: bf16[2, {sk}, {d}]\n\
+             input g: bf16[2, {sq}, {d}]\ninput st: f32[2, {sq}, 2]\ninput dl: f32[2, {sq}, 1]\n\
+             input b: f32[2, {sq}, {sk}]\n\
+             dq = attention_bias_grad_q(q, k, v, g, st, dl, b, 0.3, {causal})\n\
+             dk = attention_bias_grad_k(q, k, v, g, st, dl, b, 0.3, {causal})\n\
+             dv = attention_bias_grad_v(q, k, v, g, st, dl, b, 0.3, {causal})\n\
+             output dq\noutput dk\noutput dv\n"
+        );
+        let p = parse_program("g.eqf", &text, &[]).unwrap();
+        let mut inputs = random_inputs(&p, 5);
+        // Batch entry 1, row 2: every key -3e38 (a bool mask's fill); row 4: -inf log-sum-exp.
+        let bias = fill_bias(sq, sk, true);
+        let mut st = Vec::new();
+        for b in 0..2 {
+            for i in 0..sq {
+                let keys = if causal == 1 { (i + 1).min(sk) } else { sk };
+                st.extend(match (b, i) {
+                    (1, 2) => [-3e38f32 as f64, (keys as f64).ln()],
+                    (1, 4) => [f32::MAX as f64, 0.0],
+                    _ => [0.5 + 0.1 * i as f64, 0.0],
+                });
+            }
+        }
+        inputs.insert("b".into(), Tensor::new(DType::F32, vec![2, sq, sk], bias).unwrap());
+        inputs.insert("st".into(), Tensor::new(DType::F32, vec![2, sq, 2], st).unwrap());
+        let want = eval_with(&p, &inputs, Precision::F64).unwrap();
+        let expanded = eqfuse::expand_composites(&p).unwrap();
+        let got = eval_with(&expanded, &inputs, Precision::F64).unwrap();
+        for (name, (g, w)) in ["dq", "dk", "dv"].iter().zip(got.iter().zip(&want)) {
+            assert!(w.data.iter().all(|x| x.is_finite()), "causal {causal} {name}: {:?}", w.data);
+            let cmp = g.compare(w, 1e-9, 1e-9);
+            assert!(cmp.ok(), "causal {causal}, {name}: {cmp}");
+        }
+        // The row of fills weighs each key it includes 1 / keys: its share of dv (dv less dv
+        // without its output gradient) is g_row / keys there, 0 past them. The row of -inf has
+        // no weight: dq 0 there.
+        let keys = if causal == 1 { 3 } else { sk };
+        let mut without = inputs.clone();
+        let g = without.get_mut("g").unwrap();
+        let g_row: Vec<f64> = g.data[(sq + 2) * d..][..d].to_vec();
+        g.data[(sq + 2) * d..][..d].fill(0.0);
+        let other = eval_with(&p, &without, Precision::F64).unwrap();
+        for j in 0..sk {
+            for c in 0..d {
+                let at = (sk + j) * d + c;
+                let share = want[2].data[at] - other[2].data[at];
+                let expect = if j < keys { g_row[c] / keys as f64 } else { 0.0 };
+                // (log keys is stored as an f32: within 1e-7 relative.)
+                assert!(
+                    (share - expect).abs() <= 1e-6 * expect.abs(),
+                    "causal {causal}, key {j}: {share} against {expect}"
+                );
+            }
+        }
+        let dq_row4 = &want[0].data[(sq + 4) * d..][..d];
+        assert!(dq_row4.iter().all(|&x| x == 0.0), "causal {causal}: {dq_row4:?}");
+    }
+}
+
 /// A query row whose every score is -inf (a bias of -inf on every key it keeps) contributes
 /// nothing: its output is 0 and so are its gradients, never NaN; the row statistics say so
 /// (`-inf` both), and the expansion agrees.

@@ -1990,22 +1990,26 @@ def _sdpa_backward(L, g, q, k, v, out, lse, mask, dropout_p, is_causal, scale, s
             raise ExportError("an attention backward with dropout whose random-number state is not an input")
         dropout = (dropout_p, _seed_in(L, state))
     if mask is not None:
-        return _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask, dropout)
+        return _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask, dropout, lse)
     return _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal, dropout)
 
 
-def _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask, dropout=None):
+def _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask, dropout=None, lse=None):
     """(dq, dk, dv) of attention with a mask tensor by eqfuse's flash-style backward composites
-    of `attention_bias` (the mask needs no gradient here): its row statistics computed again
-    (`attention_bias_lse`: PyTorch's one log-sum-exp loses a row of fills), then the gradients;
-    with `dropout` ((p, seed)), their dropout forms (`attention_bias_dropout_grad_*`). Where the
-    kernels do not run (f32), eqfuse expands them into the decomposition."""
+    of `attention_bias` (the mask needs no gradient here): their row statistics built from the
+    forward's log-sum-exp `lse` by elementwise operations (`_stats_of_lse`), or, where there is
+    none of a shape eqfuse reads, computed again (`attention_bias_lse`, a pass over the scores as
+    costly as the forward's); then the gradients; with `dropout` ((p, seed)), their dropout forms
+    (`attention_bias_dropout_grad_*`). Where the kernels do not run (f32), eqfuse expands them
+    into the decomposition."""
     g, out = L.val(g), L.val(out)
     bias = _bias_of(L, mask)
     kv = k.shape[-3]
     kk, vv = _heads(L, k, q.shape[-3]), _heads(L, v, q.shape[-3])
     causal = L.lit(1 if is_causal else 0).node
-    stats = _bias_stats(L, q, k, s, is_causal, bias)
+    stats = _stats_of_lse(L, lse, q, k.shape[-2], is_causal)
+    if stats is None:
+        stats = _bias_stats(L, q, k, s, is_causal, bias)
     delta = L.reduce("sum", L.apply("*", L.cast(g, "f32"), L.cast(out, "f32")), [-1], True)
     args = [q.node, kk.node, vv.node, g.node, stats.node, delta.node, bias.node, L.lit(s).node, causal]
     args += _dropout_args(L, dropout)
@@ -2016,15 +2020,78 @@ def _attention_bias_grads(L, g, q, k, v, out, s, is_causal, mask, dropout=None):
     return dq, dk, dv
 
 
-def _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal, dropout=None):
-    """(dq, dk, dv) by eqfuse's flash-style backward composites; with `dropout` ((p, seed)),
-    their dropout forms (`attention_dropout_grad_*`), the statistics being those of the scores."""
-    g, out, lse = L.val(g), L.val(out), L.val(lse)
+FILL_ROW_LSE = -2.0 ** 24
+"""A log-sum-exp below this is that of a row of one fill (`_stats_of_lse`)."""
+
+
+def _lse_rows(L, lse, q):
+    """The log-sum-exp a fused SDPA backward is given (`[..., SQ]`, cuDNN's `[..., SQ, 1]`, the
+    efficient kernel's rows rounded up to 32, or that padding as the forward's export left it)
+    as f32 `[..., SQ, 1]`; None where it is not a tensor of one of those shapes."""
+    if isinstance(lse, _Padded):  # (a joint graph: the forward's value before its padding)
+        lse = lse.value
+    if not isinstance(lse, Value):
+        return None
     if lse.shape[:-1] == q.shape[:-2] and lse.shape[-1] > q.shape[-2]:  # (the efficient kernel's padding)
         lse = _slice(L, lse, lse.rank - 1, 0, q.shape[-2], 1)
     if lse.shape not in (q.shape[:-1], q.shape[:-1] + (1,)):
-        raise ExportError(f"a log-sum-exp of shape {list(lse.shape)}")
-    lse4 = L.reshape(L.cast(lse, "f32"), q.shape[:-1] + (1,))
+        return None
+    return L.reshape(L.cast(lse, "f32"), q.shape[:-1] + (1,))
+
+
+def _stats_of_lse(L, lse, q, sk, is_causal):
+    """`attention_bias_lse`'s statistics (f32 `[..., SQ, 2]`: m, log l) of the masked scores
+    whose log-sum-exp the forward returned, by elementwise operations on it; None where `lse` is
+    not one (then the caller computes them again from the scores).
+
+    The backward kernels take P = exp(s - m - log l). A row's log-sum-exp gives m = lse, log l =
+    0 (PyTorch's own backward: P = exp(s - lse)), except:
+    - a row of fills (every key masked by an additive fill or eqfuse's bool fill, -3e38): each
+      score rounds to the fill in f32, and so does lse = fill + log(keys), so exp(s - lse) would
+      be 1 where softmax gives 1 / keys. Such a row's lse is below FILL_ROW_LSE (-2^24: there one
+      unit of the last place of an f32 is at least 2, and a score differs from lse by nothing f32
+      resolves: the scores are the fill), so there m = lse (the fill) and log l = log(keys the
+      kernels include in the row: every key, or under `is_causal` keys j <= i, PyTorch's
+      top-left convention, as eqfuse's kernels and `attention_bias_lse` apply it);
+    - a row whose lse is -inf (a forward that saw no finite score there; PyTorch's kernels turn
+      a bool mask into -inf): m = the largest f32, so that P = 0 (zero gradients) whatever
+      score eqfuse's fill gives the row, not exp(fill + FLT_MAX) = inf.
+    Both clamps of the kernels (m >= -FLT_MAX, log l >= 0) then do nothing, so the reference's
+    P = exp(s - m - log l) is the kernels'. Elsewhere P is as close as the f32 lse is, as in
+    PyTorch's backward (a -1e4 mask's row of fills: lse near -1e4, held to 2^-11, and so its P
+    relatively; its scores, rounded alike, are no closer to the exact ones)."""
+    lse = _lse_rows(L, lse, q)
+    if lse is None:
+        return None
+    f32 = lambda x: L.cast(L.lit(x), "f32")  # noqa: E731
+    top = float(torch.finfo(torch.float32).max)
+    fills = L.apply("<", lse, f32(FILL_ROW_LSE), dtype="bool")
+    lost = L.apply("<", lse, f32(-top), dtype="bool")
+    m = L.apply("where", lost, f32(top), lse, dtype="f32")
+    sq = q.shape[-2]
+    if is_causal and sq > 1 and sk > 1:
+        # Row i includes keys j <= i: min(i + 1, SK) of them.
+        keys = L.apply("min", L.apply("+", _iota(L, sq), L.cast(L.lit(1), "i32"), dtype="i32"),
+                       L.cast(L.lit(sk), "i32"), dtype="i32")
+        log_keys = L.reshape(L.apply("log", L.cast(keys, "f32"), dtype="f32"), (sq, 1))
+    else:
+        log_keys = f32(math.log(sk))
+    log_l = L.apply("where", fills, log_keys, f32(0.0), dtype="f32")
+    # Side by side as a selection along the last axis, one elementwise kernel of the statistics
+    # (a `concat` of values computed in one kernel would need a second).
+    shape = lse.shape[:-1] + (2,)
+    first = L.apply("==", _iota(L, 2), L.cast(L.lit(0), "i32"), dtype="bool")
+    return L.apply("where", first, L.broadcast(m, shape), L.broadcast(log_l, shape), dtype="f32")
+
+
+def _sdpa_grads(L, g, q, k, v, out, lse, s, is_causal, dropout=None):
+    """(dq, dk, dv) by eqfuse's flash-style backward composites; with `dropout` ((p, seed)),
+    their dropout forms (`attention_dropout_grad_*`), the statistics being those of the scores."""
+    g, out = L.val(g), L.val(out)
+    lse4 = _lse_rows(L, lse, q)
+    if lse4 is None:
+        raise ExportError(f"a log-sum-exp of shape {list(lse.shape)}" if isinstance(lse, Value)
+                          else f"a log-sum-exp that is not a tensor ({lse!r})")
     delta = L.reduce("sum", L.apply("*", L.cast(g, "f32"), L.cast(out, "f32")), [-1], True)
     causal = L.lit(1 if is_causal else 0).node
     kv = k.shape[-3]

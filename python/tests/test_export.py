@@ -578,6 +578,177 @@ def test_saved_attention_bias_stays_a_bias_by_key(traced, tmp_path):
         close(got, want, 1e-4)
 
 
+# --- the backward of masked SDPA reads the forward's log-sum-exp (issue 21) ---------------------
+
+MASK_FILLS = {"bool": None, "f32 finfo.min": torch.finfo(torch.float32).min,
+              "bf16 finfo.min": torch.finfo(torch.bfloat16).min, "-1e4": -1e4, "-1e9": -1e9}
+
+
+def _masked_rows_keep(s):
+    """A bool mask `[B, 1, S, S]` (true: kept) with rows of fills: batch entry 1 pads its last 5
+    keys; batch entry 0 hides every key of rows 2 and 7, and keys 0..3 of row 3 (a row of fills
+    only under the causal mask, where it includes 4 keys)."""
+    keep = torch.ones(B, 1, s, s, dtype=torch.bool)
+    keep[1, :, :, s - 5:] = False
+    keep[0, :, 2, :] = False
+    keep[0, :, 7, :] = False
+    keep[0, :, 3, :4] = False
+    return keep
+
+
+def _mask_of(keep, fill):
+    """`keep` as a mask: itself, or additive with `fill` (an f32 tensor: the reference's inputs
+    are saved by NumPy, which has no bf16; bf16's finfo.min is an f32 value, read exactly)."""
+    return keep if fill is None else torch.where(keep, 0.0, fill)
+
+
+def _masked_sdpa_graphs(variant, mask, causal, s, kv):
+    """The forward and backward graphs of a fused SDPA op with a mask (traced on fake tensors, on
+    CUDA for the CUDA kernels' ops): q with H heads, k and v with `kv`."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def fw(q, k, v, m):
+        if variant == "cudnn":
+            r = aten._scaled_dot_product_cudnn_attention(q, k, v, m, True, 0.0, causal, False)
+        elif variant == "cpu":
+            r = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=m)
+        else:
+            r = aten._scaled_dot_product_efficient_attention(q, k, v, m, True, 0.0, causal)
+        return r[0], r[1]
+
+    def bw(g, q, k, v, m, out, lse):
+        if variant == "cudnn":
+            return aten._scaled_dot_product_cudnn_attention_backward(g, q, k, v, out, lse, torch.zeros(()),
+                                                                     torch.zeros(()), m, None, None, s, s, 0.0,
+                                                                     causal)
+        if variant == "cpu":
+            return aten._scaled_dot_product_flash_attention_for_cpu_backward(g, q, k, v, out, lse, 0.0, causal,
+                                                                             attn_mask=m)
+        return aten._scaled_dot_product_efficient_attention_backward(g, q, k, v, m, out, lse, torch.zeros(()),
+                                                                     torch.zeros(()), 0.0,
+                                                                     [True, True, True, False], causal)[:3]
+
+    device = "cpu" if variant == "cpu" else "cuda"
+    with FakeTensorMode():
+        q, g = (torch.empty(B, H, s, D, device=device) for _ in range(2))
+        k, v = (torch.empty(B, kv, s, D, device=device) for _ in range(2))
+        m = torch.empty(mask.shape, dtype=mask.dtype, device=device)
+        fw_gm = make_fx(fw)(q, k, v, m)
+        out, lse = fw(q, k, v, m)
+        bw_gm = make_fx(bw)(g, q, k, v, m, out, lse)
+    return export_graph_module(fw_gm), export_graph_module(bw_gm), tuple(lse.shape)
+
+
+def _eager_masked_grads(q, k, v, g, mask, causal):
+    """Eager f32 attention written out (softmax of the masked scores; a bool mask as eqfuse reads
+    it, the additive fill -3e38, whose rows of fills weigh their keys equally) and its gradients."""
+    qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+    rep = H // k.shape[1]
+    kk, vv = kr.repeat_interleave(rep, 1), vr.repeat_interleave(rep, 1)
+    sc = qr @ kk.transpose(-1, -2) / D ** 0.5
+    sc = sc + (torch.where(mask, 0.0, -3.0e38) if mask.dtype == torch.bool else mask.float())
+    if causal:
+        sc = sc.masked_fill(~torch.ones(sc.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    o = torch.softmax(sc, -1) @ vv
+    o.backward(g)
+    return o.detach(), (qr.grad, kr.grad, vr.grad)
+
+
+def _grads_close(got, want, tol):
+    """Gradients within `tol` of the largest of each (per-element tolerance relative to the
+    gradient's scale: rows of fills weigh many keys, each small)."""
+    for a, w in zip(got, want):
+        assert a.shape == w.shape, (a.shape, w.shape)
+        scale = float(w.abs().max())
+        torch.testing.assert_close(a, w, rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize("fill", sorted(MASK_FILLS))
+@pytest.mark.parametrize("variant,causal,kv", [("efficient", False, H), ("efficient", True, H // 2),
+                                               ("cudnn", True, H), ("cudnn", False, H // 2), ("cpu", False, H),
+                                               ("cpu", True, H)])
+def test_masked_sdpa_backward_reads_the_forward_log_sum_exp(variant, causal, kv, fill, tmp_path):
+    """The backward of SDPA with a mask builds the flash backward's row statistics from the
+    log-sum-exp the forward returned (elementwise operations on it; no `attention_bias_lse`, a
+    pass over the scores): through eqfuse's forward and backward, the gradients are eager's, rows
+    of fills included (every key masked: weights 1 / keys, not PyTorch's 1), under the causal
+    mask (a row of 4 included keys, all masked), grouped-query heads, the efficient kernel's
+    log-sum-exp padded to 32 rows and cuDNN's `[B, H, S, 1]`."""
+    if variant == "cpu" and MASK_FILLS[fill] is None:
+        pytest.skip("PyTorch's CPU kernel takes no bool mask")
+    s = 20
+    keep = _masked_rows_keep(s)
+    mask = _mask_of(keep, MASK_FILLS[fill])
+    fwx, bwx, lse_shape = _masked_sdpa_graphs(variant, mask, causal, s, kv)
+    ops = {n.get("op") for n in bwx.graph["nodes"]}
+    assert "attention_bias_lse" not in ops and "attention_bias_grad_q" in ops, sorted(o for o in ops if o)
+    torch.manual_seed(0)
+    q, g = (torch.randn(B, H, s, D) for _ in range(2))
+    k, v = (torch.randn(B, kv, s, D) for _ in range(2))
+    for d in ("fw", "bw"):
+        (tmp_path / d).mkdir()
+    out, lse = run_cpu(fwx, [q, k, v, mask], tmp_path / "fw")
+    want_out, want = _eager_masked_grads(q, k, v, g, mask, causal)
+    # (A -1e4 mask's row of fills: its scores are -1e4 + x, held to 2^-11 by an f32, so their
+    # weights are only that close to eager's, in eqfuse's forward and in its log-sum-exp.)
+    tol = 2e-3 if fill == "-1e4" else 1e-4
+    _grads_close([out], [want_out], tol)
+    if 1 in fwx.pads:
+        lse = F.pad(lse.reshape(B, H, s), (0, fwx.pads[1][0] - s), value=fwx.pads[1][1])
+    lse = lse.reshape(lse_shape)
+    grads = run_cpu(bwx, [g, q, k, v, mask, out, lse], tmp_path / "bw")
+    _grads_close(grads, want, tol)
+
+
+@pytest.mark.parametrize("fill", ["bool", "f32 finfo.min", "-1e9"])
+def test_masked_sdpa_backward_of_pytorchs_forward(fill, tmp_path):
+    """Given the log-sum-exp of PyTorch's own forward (a graph eqfuse did not run), the backward
+    gives PyTorch's gradients: a row of a bool mask's fills is `-inf` there (log-sum-exp 0 on the
+    CPU, output 0) and gets zero gradients, not those of eqfuse's fill; an additive fill's row
+    weighs its keys 1 / keys (eager softmax; PyTorch's fused backward itself gives them 1)."""
+    s = 20
+    keep = _masked_rows_keep(s)
+    mask = _mask_of(keep, MASK_FILLS[fill])
+    _, bwx, _ = _masked_sdpa_graphs("efficient", mask, False, s, H)
+    torch.manual_seed(0)
+    q, k, v, g = (torch.randn(B, H, s, D) for _ in range(4))
+    additive = torch.where(keep, 0.0, float("-inf")) if mask.dtype == torch.bool else mask
+    out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=additive)
+    if mask.dtype == torch.bool:
+        assert float(lse[0, 0, 2]) == 0.0 and float(out[0, 0, 2].abs().max()) == 0.0  # (a row of -inf)
+        qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
+        F.scaled_dot_product_attention(qr, kr, vr, attn_mask=keep).backward(g)
+        want = (qr.grad, kr.grad, vr.grad)
+        assert float(want[0][0, :, 2].abs().max()) == 0.0
+    else:
+        _, want = _eager_masked_grads(q, k, v, g, mask, False)
+    padded = F.pad(lse, (0, 32 - s), value=math.inf)
+    grads = run_cpu(bwx, [g, q, k, v, mask, out, padded], tmp_path)
+    _grads_close(grads, want, 1e-4)
+
+
+def test_masked_sdpa_backward_without_a_log_sum_exp_computes_its_statistics(tmp_path):
+    """Where the log-sum-exp is of no shape eqfuse reads, the backward computes the statistics
+    again (`attention_bias_lse`) and its gradients are eager's."""
+    from eqfuse_torch.export import GraphBuilder, Lowering, Value, _attention_bias_grads
+
+    b = GraphBuilder()
+    s = 12
+    q, k, v, g, out = (b.input(n, "f32", (B, H, s, D)) for n in ("q", "k", "v", "g", "o"))
+    m = b.input("m", "bool", (B, 1, s, s))
+    odd = b.input("lse", "f32", (B, H, s + 1, 1))  # (no rows eqfuse reads)
+
+    class Node:
+        meta = {}
+        name = "sdpa"
+
+    L = Lowering(b, Node())
+    grads = _attention_bias_grads(L, g, q, k, v, out, 1 / D ** 0.5, False, m, None, odd)
+    assert all(isinstance(x, Value) for x in grads)
+    assert "attention_bias_lse" in {n.get("op") for n in b.nodes}
+
+
 def test_base_of_a_broadcast_computes_the_same_values():
     """`GraphBuilder.base_shape` and `base`: a padding mask built as `where` of a broadcast, a
     reshape that only adds axes of size 1, and an element-by-element operator of broadcasts have

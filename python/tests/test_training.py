@@ -213,7 +213,9 @@ def test_bert_mask_is_saved_and_read_by_key(monkeypatch):
 
 def test_bert_bf16_attention_backward_reads_a_bias_by_key():
     """In bf16, where SDPA's backward plans as eqfuse's flash backward kernels, those kernels read
-    the mask as the `[B, 1, 1, S]` input (planned only: no GPU here)."""
+    the mask as the `[B, 1, 1, S]` input, and their row statistics come from the forward's
+    log-sum-exp: no kernel computes them again (`attention_bias_lse`, a pass over the scores)
+    (planned only: no GPU here)."""
     torch.manual_seed(0)
     torch._dynamo.reset()
     backend = EqfuseBackend(report=None, joint=False, execute=False)
@@ -224,6 +226,7 @@ def test_bert_bf16_attention_backward_reads_a_bias_by_key():
     shapes = {i["name"]: i["shape"] for i in bw.plan["inputs"]}
     grads = [k for k in bw.plan["kernels"] if any(o.startswith("attention_bias_grad") for o in k["ops"])]
     assert grads, [k["ops"] for k in bw.plan["kernels"]]
+    assert not [k for k in bw.plan["kernels"] if "attention_bias_lse" in k["ops"]], [k["ops"] for k in bw.plan["kernels"]]
     for k in grads:
         assert [BATCH, 1, 1, SEQ] in [shapes.get(r) for r in k["reads"]], (k["reads"], shapes)
         assert [BATCH, 1, SEQ, SEQ] not in [shapes.get(r) for r in k["reads"]]

@@ -233,9 +233,12 @@ pub(super) fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, Str
         }
         Composite::AttentionBiasGrad(which) | Composite::AttentionBiasDropoutGrad(which) => {
             // In f32: P = exp((s - max(m, lowest)) - max(log l, 0)) (0 on a row of -inf: log l
-            // is -inf there, and l >= 1 elsewhere).
+            // is -inf there, and l >= 1 elsewhere), 0 at the keys after each query under the
+            // causal flag (P masked, not the scores: statistics of a row of fills, m the fill,
+            // would give a -1e30 score the weight exp(-1e30 - fill) = inf).
             let (q, k) = (b.f32(ch[0])?, b.f32(ch[1])?);
-            let s = attention_bias_scores(b.0, q, k, ch[6], ch[7], ch[8])?;
+            let unmasked = b.num(0.0);
+            let s = attention_bias_scores(b.0, q, k, ch[6], ch[7], unmasked)?;
             let (last, zero, one, two) = (b.num(-1.0), b.num(0.0), b.num(1.0), b.num(2.0));
             let m = b.0.apply(Kind::Slice, vec![ch[4], last, zero, one, one])?;
             let l = b.0.apply(Kind::Slice, vec![ch[4], last, one, two, one])?;
@@ -245,6 +248,7 @@ pub(super) fn expand(p: &mut Program, c: Composite, ch: &[Id]) -> Result<Id, Str
             let sh = b.b(Binary::Sub, s, mm)?;
             let sh = b.b(Binary::Sub, sh, ll)?;
             let p = b.u(Unary::Exp, sh)?;
+            let p = causal_fill(b.0, p, ch[8], 0.0)?;
             let drop = matches!(c, Composite::AttentionBiasDropoutGrad(_)).then(|| (ch[9], ch[10]));
             attention_grad_parts(b, which, ch, p, ch[7], drop)
         }
@@ -326,11 +330,16 @@ pub(crate) fn attention_scores(p: &mut Program, q: Id, k: Id, scale: Id, causal:
 
 /// `scores` with the keys after each query replaced by -1e30 when `causal` is 1.
 fn causal_mask(p: &mut Program, scaled: Id, causal: Id) -> Result<Id, String> {
+    causal_fill(p, scaled, causal, -1e30)
+}
+
+/// `x` (`[..., SQ, SK]`) with the keys after each query replaced by `fill` when `causal` is 1.
+fn causal_fill(p: &mut Program, x: Id, causal: Id, fill: f64) -> Result<Id, String> {
     let mut b = B(p);
     if b.0.fact(causal).konst.unwrap_or(0.0) == 0.0 {
-        return Ok(scaled);
+        return Ok(x);
     }
-    let shape = b.0.ty(scaled).ok_or("attention of an attribute")?.shape.clone();
+    let shape = b.0.ty(x).ok_or("attention of an attribute")?.shape.clone();
     let (sq, sk) = (shape[shape.len() - 2], shape[shape.len() - 1]);
     let (nq, nk) = (b.num(sq as f64), b.num(sk as f64));
     let iq = b.0.apply(Kind::Iota, vec![nq])?;
@@ -338,8 +347,8 @@ fn causal_mask(p: &mut Program, scaled: Id, causal: Id) -> Result<Id, String> {
     let dq = b.0.add(TensorLang::Dims(crate::ir::lang::Dims(vec![sq, 1])))?;
     let col = b.0.apply(Kind::Reshape, vec![iq, dq])?;
     let keep = b.b(Binary::Ge, col, ik)?;
-    let neg = b.num(-1e30);
-    b.0.apply(Kind::Where, vec![keep, scaled, neg])
+    let fill = b.num(fill);
+    b.0.apply(Kind::Where, vec![keep, x, fill])
 }
 
 #[cfg(test)]
