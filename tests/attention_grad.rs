@@ -436,10 +436,10 @@ fn bias_gradients_of_statistics_of_a_row_of_fills_expand_as_their_reference() {
         g.data[(sq + 2) * d..][..d].fill(0.0);
         let other = eval_with(&p, &without, Precision::F64).unwrap();
         for j in 0..sk {
-            for c in 0..d {
+            for (c, &gc) in g_row.iter().enumerate() {
                 let at = (sk + j) * d + c;
                 let share = want[2].data[at] - other[2].data[at];
-                let expect = if j < keys { g_row[c] / keys as f64 } else { 0.0 };
+                let expect = if j < keys { gc / keys as f64 } else { 0.0 };
                 // (log keys is stored as an f32: within 1e-7 relative.)
                 assert!(
                     (share - expect).abs() <= 1e-6 * expect.abs(),

@@ -419,16 +419,26 @@ fn template_contract(k: &Kernel, p: &Program, reds: &[(Red, usize)], anchors: &[
 
 /// Whether everything computed from the `across` reductions' results (a column or global
 /// reduction, complete only when every block is done) is a reshape or broadcast no larger than
-/// what it views: the only epilogue `colreduce` runs.
+/// what it views, or a pointwise operator of them and constants (a cast, a unary operator, a
+/// binary one with a literal): the only epilogue `colreduce` runs, as it stores them.
 fn only_views_after(p: &Program, mut after: Vec<usize>) -> bool {
+    let nodes = p.expr().as_ref();
     let numel = |i: usize| p.ty(egg::Id::from(i)).map_or(1, |t| t.numel());
-    for (i, n) in p.expr().as_ref().iter().enumerate() {
+    for (i, n) in nodes.iter().enumerate() {
         let TensorLang::Op(code, ch) = n else { continue };
         if !ch.iter().any(|c| after.contains(&usize::from(*c))) {
             continue;
         }
-        let view = matches!(code.kind(), Kind::Reshape | Kind::Broadcast);
-        if !view || numel(i) > numel(usize::from(ch[0])) {
+        let literal_or_after =
+            |c: &egg::Id| after.contains(&usize::from(*c)) || matches!(nodes[usize::from(*c)], TensorLang::Num(_));
+        let epilogue = match code.kind() {
+            Kind::Reshape | Kind::Broadcast | Kind::Cast | Kind::Unary(_) => true,
+            Kind::Binary(_) => ch.iter().all(literal_or_after),
+            _ => false,
+        };
+        // (No larger than the reduced value it is computed from.)
+        let of = ch.iter().map(|&c| usize::from(c)).filter(|c| after.contains(c)).map(numel).max().unwrap_or(0);
+        if !epilogue || numel(i) > of {
             return false;
         }
         after.push(i);

@@ -442,3 +442,23 @@ fn batched_tiny_products_plan_as_rows_not_as_a_library_call() {
         assert!(!lt(&plan), "{what} / 8");
     }
 }
+
+/// A layer norm's bf16 weight gradient, `cast(sum(sum(cast(g) * xh, 0), 1), bf16)` (the sums
+/// over the batch and the sequence of PyTorch's `sum(.., [0, 1])`): the cast runs in the second
+/// column reduction as its last block stores the sums, not as a kernel of its own; the plan
+/// computes what the program says.
+#[test]
+fn a_cast_of_a_column_reduction_is_stored_by_the_reduction() {
+    let inputs = [("g", bf16(&[8, 128, 96])), ("xh", f32(&[8, 128, 96]))];
+    let outputs =
+        [("dw", "(cast (sum (sum (* (cast g f32) xh) 0) 1) bf16)"), ("db", "(cast (sum (sum (cast g f32) 0) 1) bf16)")];
+    let p = Program::from_sexprs("lnw", &inputs, &outputs).unwrap();
+    let plan = plan_checked(&p);
+    let kernels: Vec<(Template, &Vec<String>)> = plan.kernels.iter().map(|k| (k.template, &k.ops)).collect();
+    for out in ["dw", "db"] {
+        let k = plan.kernels.iter().find(|k| k.writes.iter().any(|w| w.name == out)).unwrap();
+        assert_eq!(k.template, Template::ColReduce, "{out}: {kernels:?}");
+        assert!(k.ops.iter().any(|o| o == "sum") && k.ops.iter().any(|o| o == "cast"), "{out}: {kernels:?}");
+    }
+    assert!(plan.kernels.iter().all(|k| k.template == Template::ColReduce), "{kernels:?}");
+}

@@ -108,6 +108,18 @@ pub fn cases() -> Vec<Case> {
             &[("db", "(sum g 0)"), ("dg", "(sum (* g xh) 0)")],
         ),
         case("col_mean_rank3", &[("x", f32(&[4, 200, 96]))], &[("m", "(mean x 1)"), ("a", "(amax x 1)")]),
+        // A layer norm's bf16 weight and bias gradients (summed in f32 over the batch and the
+        // sequence, cast back), and a scaled mean: pointwise epilogues of column reductions,
+        // computed as the last block stores them.
+        case(
+            "col_epilogues_bf16",
+            &[("g", bf(&[4, 64, 96])), ("xh", f32(&[4, 64, 96]))],
+            &[
+                ("dw", "(cast (sum (sum (* (cast g f32) xh) 0) 1) bf16)"),
+                ("db", "(cast (sum (sum (cast g f32) 0) 1) bf16)"),
+                ("m", "(* (exp (mean xh 1)) 0.5)"),
+            ],
+        ),
         // Column reductions of narrow tiles over a short axis, many of them: several tiles share a
         // block (kernels/colreduce.cu's z slices), the last block's slices partly past the end.
         case("col_narrow_short", &[("x", f32(&[8191, 3, 2]))], &[("s", "(sum x 1)"), ("m", "(amax (* x x) 1)")]),

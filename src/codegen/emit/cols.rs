@@ -1,6 +1,8 @@
 //! Rendering for `kernels/colreduce.cu`: the prologue and accumulation over one leading axis,
 //! and the stores of the reduced values.
-//! Invariant: a column reduction's result is only stored, never used by the same kernel.
+//! Invariant: a column reduction's result is only stored (through a pointwise epilogue: a cast,
+//! a unary operator, a binary one with a constant, evaluated as it is stored), never used
+//! otherwise by the same kernel.
 
 use super::*;
 
@@ -8,8 +10,14 @@ impl Emitter<'_> {
     pub(super) fn colreduce(&self) -> Result<Rendered> {
         let a = self.l.axis.unwrap_or(0);
         let reds: Vec<usize> = (0..self.l.nodes.len()).filter(|&i| matches!(self.node(i).op, Op::Reduce(..))).collect();
+        let after = self.after_reductions(&reds);
         for (i, n) in self.l.nodes.iter().enumerate() {
-            if children(&n.op).iter().any(|c| reds.contains(c)) {
+            let epilogue = match n.op {
+                Op::Cast(..) | Op::Unary(..) => true,
+                Op::Binary(_, a, b) => [a, b].iter().all(|&c| after[c] || matches!(self.node(c).op, Op::Const(_))),
+                _ => false,
+            };
+            if after[i] && !epilogue && !reds.contains(&i) {
                 return Err(err(
                     self.k,
                     format!("the result of a column reduction is used in the same kernel (node {i})"),
@@ -67,8 +75,8 @@ impl Emitter<'_> {
         t.line(1, "return a;");
         t.line(0, "}");
         body.push_str(&t.s);
-        body.push_str(&self.col_accum(&reds));
-        body.push_str(&self.col_store(&reds, n));
+        body.push_str(&self.col_accum(&reds, &after));
+        body.push_str(&self.col_store(&reds, &after, n));
         let shape = Shape {
             grid: [tiles.div_ceil(tz) as u32, chunks as u32, 1],
             block: [tx as u32, ty as u32, tz as u32],
@@ -80,13 +88,24 @@ impl Emitter<'_> {
         Ok(Rendered { defines: d, body, shape, params: Params { vec: self.vec, row_threads: 1, nacc }, sm90a: None })
     }
 
-    fn col_accum(&self, reds: &[usize]) -> String {
+    /// Which nodes are reductions or computed from one: a pointwise epilogue of the reduced
+    /// values (a cast, a unary operator, a binary one with a constant), evaluated where they
+    /// are stored.
+    fn after_reductions(&self, reds: &[usize]) -> Vec<bool> {
+        let mut after = vec![false; self.l.nodes.len()];
+        for (i, n) in self.l.nodes.iter().enumerate() {
+            after[i] = reds.contains(&i) || children(&n.op).iter().any(|&c| after[c]);
+        }
+        after
+    }
+
+    fn col_accum(&self, reds: &[usize], after: &[bool]) -> String {
         let mut scope = self.scope(true);
         for &i in reds {
             scope.refs[i] = Some(String::new());
         }
         let inputs: Vec<usize> = reds.iter().map(|&i| children(&self.node(i).op)[0]).collect();
-        let stores: Vec<&Store> = self.l.stores.iter().filter(|s| !reds.contains(&s.node)).collect();
+        let stores: Vec<&Store> = self.l.stores.iter().filter(|s| !after[s.node]).collect();
         let mut roots = inputs.clone();
         roots.extend(stores.iter().map(|s| s.node));
         self.lane_function(
@@ -106,7 +125,7 @@ impl Emitter<'_> {
         )
     }
 
-    fn col_store(&self, reds: &[usize], n: usize) -> String {
+    fn col_store(&self, reds: &[usize], after: &[bool], n: usize) -> String {
         let mut scope = self.scope(true);
         for (k, &i) in reds.iter().enumerate() {
             let v = match self.reduce_of(i) {
@@ -115,14 +134,17 @@ impl Emitter<'_> {
             };
             scope.refs[i] = Some(self.rounded(i, v));
         }
-        let stores: Vec<&Store> = self.l.stores.iter().filter(|s| reds.contains(&s.node)).collect();
+        let stores: Vec<&Store> = self.l.stores.iter().filter(|s| after[s.node]).collect();
+        let epilogue: Vec<usize> = stores.iter().map(|s| s.node).filter(|n| !reds.contains(n)).collect();
         let axis = self.l.axis;
         self.lane_function(
             "__device__ __forceinline__ void eq_col_store(EQ_PARAMS, eq_idx o, eq_idx i0, const float (&acc)[EQ_NACC][EQ_VEC]) {",
             0,
             &mut scope,
-            &[],
-            |e, scope, need| e.store_lines(&stores, |st| e.operand(st.node, "float", scope), axis, need),
+            &epilogue,
+            |e, scope, need| {
+                e.store_lines(&stores, |st| e.operand(st.node, value_type(e.node(st.node).dtype), scope), axis, need)
+            },
         )
     }
 }
