@@ -838,7 +838,7 @@ mod tests {
         let mut p = DeviceProfile::load("h100").unwrap();
         let lt = GemmImpl::Cublaslt;
         let tiny = GemmTiles { batch: 1 << 20, ..tiles(1, 1, 13, 64, 64, false) };
-        let work = Work { bytes: 58_720_256, flops: 2 * 13 << 20, calls: 1, ..Work::default() };
+        let work = Work { bytes: 58_720_256, flops: (2 * 13) << 20, calls: 1, ..Work::default() };
         let without = {
             let mut q = p.clone();
             q.templates.get_mut("gemm").unwrap().implementations.get_mut("cublaslt").unwrap().tile_ns = None;
