@@ -83,6 +83,8 @@ def features(k):
         "strided": "transpose" in ops or "slice" in ops,
         "broadcast": "broadcast" in ops,
         "wide_row": bool(domain) and domain[-1] >= 4096,
+        # (Rows of a few elements: `rowreduce.row_ns` prices those read one element a lane.)
+        "narrow_row": t == "rowreduce" and bool(domain) and domain[-1] <= 32,
         "masked": "where" in ops,
         "reduction_axis": {"rowreduce": "last", "colreduce": "leading"}.get(t, "none"),
         "epilogue": "-",
@@ -212,7 +214,7 @@ def analyse(bench_files, programs_dir, repredict_dir=None):
     kernels, plans, notes = collect(bench_files, programs_dir, repredict_dir)
     fused = [k for k in kernels if k["plan"] == "fused"]
     by = {}
-    for feat in ("template", "dtype", "strided", "broadcast", "wide_row", "masked", "reduction_axis", "epilogue"):
+    for feat in ("template", "dtype", "strided", "broadcast", "wide_row", "narrow_row", "masked", "reduction_axis", "epilogue"):
         by[feat] = group(kernels, lambda r, f=feat: r.get(f))
     by["predicted size"] = group(kernels, size_bucket)
     by["plan"] = group(kernels, lambda r: r["plan"])
