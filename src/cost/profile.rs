@@ -38,7 +38,7 @@ pub struct TemplateRates {
     /// cuBLASLt's), in microseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call_overhead_us: Option<f64>,
-    /// Device-wide time of one output tile of [`LT_TILE`] x [`LT_TILE`] elements of each matrix
+    /// Device-wide time of one output tile of 64 x 64 (`LT_TILE`) elements of each matrix
     /// of a call, in nanoseconds (cuBLASLt): a call over a batch of small matrices runs at
     /// least a block per tile of every matrix, each with its own prologue, loads and epilogue,
     /// however few elements the tile holds, so such a call takes at least its tiles times this
