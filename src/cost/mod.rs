@@ -521,11 +521,7 @@ fn strided_bias(dag: &Dag, members: &[usize], k: &mut KernelCost, profile: &Devi
 /// their price at copy bandwidth, those of 16-byte lanes 1.00x (medians of 266 and 770,
 /// `benches/results/2026-11-26-h100-fidelity`).
 fn narrow_access(dag: &Dag, members: &[usize], k: &KernelCost, profile: &DeviceProfile) -> u32 {
-    let Some(&last) = k.domain.last() else { return 0 };
-    let along = |i: &usize| dag.nodes[*i].ty().filter(|t| t.shape.last() == Some(&last)).map(|t| t.dtype.size());
-    let widest = k.reads.iter().chain(members).filter_map(along).max().unwrap_or(4);
-    let packed = members.iter().any(|&m| dag.is_packed(m));
-    let lanes = caps::vector_width(Template::Elementwise, k.domain.len(), last, widest, profile.strict, packed);
+    let Some((lanes, widest)) = lanes(dag, members, k, profile, Template::Elementwise) else { return 0 };
     let bytes = lanes * widest;
     if bytes < 16 {
         u32::try_from(bytes).unwrap_or(0)
@@ -538,14 +534,25 @@ fn narrow_access(dag: &Dag, members: &[usize], k: &KernelCost, profile: &DeviceP
 /// [`KernelCost::narrow_rows`] (the lanes `caps::vector_width` gives for the widest element of
 /// the tensors along the rows).
 fn narrow_rows(dag: &Dag, members: &[usize], k: &KernelCost, profile: &DeviceProfile) -> bool {
-    let Some(&last) = k.domain.last() else { return false };
-    if !(2..=32).contains(&last) {
-        return false;
-    }
+    k.domain.last().is_some_and(|last| (2..=32).contains(last))
+        && lanes(dag, members, k, profile, Template::RowReduce).is_some_and(|(lanes, _)| lanes == 1)
+}
+
+/// The lanes codegen gives a kernel of `template` (`caps::vector_width`) and the bytes of the
+/// widest element of the tensors along its iteration space's last axis (read or computed; 4
+/// where none is); `None` for a kernel of no axis.
+fn lanes(
+    dag: &Dag,
+    members: &[usize],
+    k: &KernelCost,
+    profile: &DeviceProfile,
+    template: Template,
+) -> Option<(usize, usize)> {
+    let &last = k.domain.last()?;
     let along = |i: &usize| dag.nodes[*i].ty().filter(|t| t.shape.last() == Some(&last)).map(|t| t.dtype.size());
     let widest = k.reads.iter().chain(members).filter_map(along).max().unwrap_or(4);
     let packed = members.iter().any(|&m| dag.is_packed(m));
-    caps::vector_width(Template::RowReduce, k.domain.len(), last, widest, profile.strict, packed) == 1
+    Some((caps::vector_width(template, k.domain.len(), last, widest, profile.strict, packed), widest))
 }
 
 /// cuBLASLt when it can run the kernel (one write; its epilogues cover the body; codegen's own
