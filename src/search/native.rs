@@ -171,6 +171,18 @@ impl<'a> Build<'a> {
 }
 
 /// Adds built nodes to the e-graph; the class of each.
+/// Adds `nodes` (built by [`Build`], the last one the rewritten value) and unions the last with
+/// `eclass`: the classes an applier reports changed.
+fn union_built(egraph: &mut TensorGraph, eclass: Id, nodes: Vec<(TensorLang, Vec<Child>)>, rule: Symbol) -> Vec<Id> {
+    let ids = add_nodes(egraph, nodes);
+    let new = *ids.last().expect("a rewrite builds at least one node");
+    if egraph.union_trusted(eclass, new, rule) {
+        vec![eclass]
+    } else {
+        vec![]
+    }
+}
+
 fn add_nodes(egraph: &mut TensorGraph, nodes: Vec<(TensorLang, Vec<Child>)>) -> Vec<Id> {
     let mut ids: Vec<Id> = Vec::with_capacity(nodes.len());
     for (node, children) in nodes {
@@ -256,13 +268,7 @@ impl Applier<TensorLang, ShapeAnalysis> for SliceOfSlice {
         })() else {
             return vec![];
         };
-        let ids = add_nodes(egraph, node);
-        let new = *ids.last().expect("a slice was built");
-        if egraph.union_trusted(eclass, new, rule) {
-            vec![eclass]
-        } else {
-            vec![]
-        }
+        union_built(egraph, eclass, node, rule)
     }
 
     fn vars(&self) -> Vec<Var> {
@@ -340,13 +346,7 @@ impl Applier<TensorLang, ShapeAnalysis> for MatmulAsRows {
         })() else {
             return vec![];
         };
-        let ids = add_nodes(egraph, build);
-        let new = *ids.last().expect("a reshape was built");
-        if egraph.union_trusted(eclass, new, rule) {
-            vec![eclass]
-        } else {
-            vec![]
-        }
+        union_built(egraph, eclass, build, rule)
     }
 
     fn vars(&self) -> Vec<Var> {
