@@ -1152,7 +1152,8 @@ def _native_layer_norm(L, x, normalized_shape, weight, bias, eps):
     return (y, L.reshape(mu, stat_shape), L.reshape(rstd, stat_shape))
 
 
-def _linear(L, x, w, b=None):
+def _dense(L, x, w, b=None):
+    """`aten.linear`: `x @ w^T + b`."""
     y = L.matmul(x, L.swap(w, 0, 1) if w.rank == 2 else w)
     return y if b is None else L.apply("+", y, b)
 
@@ -1186,6 +1187,85 @@ def _view(L, x, shape, *rest):
 
 def _expand(L, x, sizes, *rest, **kw):
     return L.broadcast(x, L.out_shape())
+
+
+def _strided_positions(L, x, size, stride, storage_offset):
+    """The flat positions in a contiguous `x` of `as_strided(size, stride, offset)`'s elements:
+    (start, whether they are the output's own contiguous order from `start`: axes of one element
+    take any stride, whether no two elements share a position), checked from the sizes alone
+    (no tensor is made: the backend exports under fake tensors). Functionalization replays a
+    view of a view as one `as_strided` (Swin's restride of a pooled `[B, C, 1, 1]`). An `x`
+    that is not contiguous (its storage is not the order eqfuse holds it in), a negative
+    stride, or positions outside it, are refused."""
+    meta = L.node.args[0].meta.get("val") if isinstance(L.node.args[0], torch.fx.Node) else None
+    if not isinstance(meta, torch.Tensor) or not meta.is_contiguous():
+        raise ExportError("as_strided of a tensor that is not contiguous (its storage order is unknown)")
+    size = [int(d) for d in size]
+    stride = [int(d) for d in stride]
+    base = meta.storage_offset()
+    start = (int(storage_offset) if storage_offset is not None else base) - base
+    if any(st < 0 for st in stride):
+        raise ExportError(f"as_strided with a negative stride {stride}")
+    last = start + sum((n - 1) * st for n, st in zip(size, stride))
+    if math.prod(size) and (start < 0 or last >= max(x.numel, 1)):
+        raise ExportError(f"as_strided {size} {stride} at {start} reaches outside a tensor of {x.numel} elements")
+    own = [math.prod(size[k + 1:]) for k in range(len(size))]
+    contiguous = all(n == 1 or st == o for n, st, o in zip(size, stride, own))
+    # Distinct where each axis (by stride) steps past everything the finer axes reach.
+    reach, distinct = 0, True
+    for n, st in sorted(((n, st) for n, st in zip(size, stride) if n > 1), key=lambda p: p[1]):
+        distinct = distinct and st > reach
+        reach += (n - 1) * st
+    return start, contiguous, distinct
+
+
+def _position_tensor(L, size, stride, start):
+    """`start + sum(iota_k * stride_k)` over the axes of `size`, an i32 tensor of that shape."""
+    coords = [L.reshape(_iota(L, n), tuple(n if j == k else 1 for j in range(len(size))))
+              for k, n in enumerate(size) if n > 1 and stride[k] != 0]
+    strides = [int(st) for n, st in zip(size, stride) if n > 1 and st != 0]
+    pos = _linear(L, coords, strides) if coords else L.cast(L.lit(0), "i32")
+    if start:
+        pos = L.apply("+", pos, L.cast(L.lit(start), "i32"), dtype="i32")
+    return L.broadcast(L.reshape(pos, (1,) * (len(size) - pos.rank) + tuple(pos.shape)), tuple(size))
+
+
+def _as_strided(L, x, size, stride, storage_offset=None):
+    """`x.as_strided(size, stride, offset)` over a contiguous `x` (`_strided_positions`): a
+    reshape (or a slice of the flattened `x`) where the elements are in the output's own order,
+    a gather from the flattened `x` at their positions otherwise."""
+    v = L.val(x)
+    out = L.out_shape()
+    if v.numel == 0 or math.prod(out) == 0:
+        return L.full(0.0, v.dtype, out)
+    start, contiguous, _ = _strided_positions(L, v, size, stride, storage_offset)
+    flat = L.reshape(v, (v.numel,))
+    if contiguous:
+        n = math.prod(out)
+        return L.reshape(flat if n == v.numel else _slice(L, flat, 0, start, start + n, 1), out)
+    return L.reshape(_gather(L, flat, _position_tensor(L, size, stride, start), 0), out)
+
+
+def _as_strided_scatter(L, x, src, size, stride, storage_offset=None):
+    """`as_strided_scatter` (the backward of `as_strided`): a contiguous `x` with the elements
+    `as_strided(size, stride, offset)` views replaced by `src`'s. A `slice_scatter` of the
+    flattened tensors where they are in order; otherwise `src` added at its positions into
+    zeros, kept where a position was written (each is written once: positions that repeat, as
+    a broadcast's stride 0 does, are refused)."""
+    v, w = L.val(x), L.val(src)
+    if v.numel == 0 or w.numel == 0:
+        return v
+    start, contiguous, distinct = _strided_positions(L, v, size, stride, storage_offset)
+    flat = L.reshape(v, (v.numel,))
+    vals = L.reshape(L.cast(w, v.dtype), (w.numel,))
+    if contiguous:
+        return L.reshape(_slice_scatter(L, flat, vals, 0, start, start + w.numel, 1), v.shape)
+    if not distinct:
+        raise ExportError("as_strided_scatter whose positions repeat (the result is not defined)")
+    at = L.reshape(_position_tensor(L, size, stride, start), (w.numel,))
+    added = _scatter_add(L, at, vals, 0, v.numel)
+    hit = L.compare(">", _scatter_add(L, at, L.full(1.0, "f32", (w.numel,)), 0, v.numel), 0)
+    return L.reshape(L.apply("where", hit, added, flat, dtype=v.dtype), v.shape)
 
 
 def _getitem(L, seq, i):
@@ -1433,16 +1513,26 @@ def _iota(L, n):
 
 
 def _index_put(L, x, indices, values, accumulate=False):
-    """`x[..., idx, ...] += values` with one index tensor, on any axis (embedding's backward on
-    the first; Falcon's backward of a rotary table read at positions on the third)."""
+    """`x[..., i, j, ..., ...] += values` with index tensors on consecutive axes (embedding's
+    backward: one on the first; Falcon's backward of a rotary table read at positions: one on
+    the third; CLIP's pooled token `h[arange(B), ids.argmax(-1)]`: two), as `_index` reads
+    them: a scatter-add along the merged axes at the broadcast indices' linear positions."""
     given = [a for a, i in enumerate(indices) if i is not None]
-    if not accumulate or len(given) != 1:
-        raise ExportError("index_put other than accumulating with one index tensor")
-    a = given[0]
-    i = _index32(L, L.val(indices[a]))
+    if not accumulate or not given:
+        raise ExportError("index_put other than accumulating with index tensors")
+    a, m = given[0], len(given)
+    if given != list(range(a, a + m)):
+        raise ExportError("index_put with index tensors on axes that are not consecutive")
+    ts = [_index32(L, L.val(indices[k])) for k in given]
+    block = x.shape[a:a + m]
+    shape = broadcast_shapes(*(t.shape for t in ts))
+    i = _linear(L, ts, [math.prod(block[k + 1:]) for k in range(m)]) if m > 1 else ts[0]
+    i = L.broadcast(i, shape) if i.shape != shape else i
+    merged = x.shape[:a] + (math.prod(block),) + x.shape[a + m:]
     v = L.val(values)
-    v = L.broadcast(L.cast(v, x.dtype), x.shape[:a] + i.shape + x.shape[a + 1:])
-    return L.apply("+", x, _scatter_add(L, i, v, a, x.shape[a]))
+    v = L.broadcast(L.cast(v, x.dtype), merged[:a] + i.shape + merged[a + 1:])
+    added = _scatter_add(L, i, v, a, merged[a])
+    return L.apply("+", x, L.reshape(added, x.shape) if m > 1 else added)
 
 
 def _slice_scatter(L, x, src, dim=0, start=None, end=None, step=1):
@@ -1460,6 +1550,25 @@ def _slice_scatter(L, x, src, dim=0, start=None, end=None, step=1):
     if hi < n:
         parts.append(_slice(L, x, a, hi, n, 1))
     return _concat(L, parts, a) if len(parts) > 1 else parts[0]
+
+
+def _select_scatter(L, x, src, dim, index):
+    """`x` with its `index`-th slice along `dim` replaced by `src` (a functionalized
+    `x[:, 0] = v`): a `slice_scatter` of `src` with that axis put back."""
+    a = L.axis(dim, x.rank)
+    i = index + x.shape[a] if index < 0 else index
+    v = L.val(src)
+    shape = tuple(x.shape[:a]) + (1,) + tuple(x.shape[a + 1:])
+    v = L.broadcast(L.reshape(v, (1,) * (len(shape) - 1 - v.rank) + tuple(v.shape)), shape[:a] + shape[a + 1:])
+    return _slice_scatter(L, x, L.reshape(v, shape), a, i, i + 1)
+
+
+def _fill(L, x, value):
+    """`aten.fill(x, value)` (a functionalized `fill_`): `value`, a number or a 0-d tensor, in
+    `x`'s shape and dtype."""
+    if isinstance(value, Value):
+        return L.broadcast(L.reshape(L.cast(value, L.out_dtype()), ()), L.out_shape())
+    return L.full(float(value), L.out_dtype(), L.out_shape())
 
 
 def _strided_scatter(L, x, src, a, lo, hi, step):
@@ -1482,6 +1591,55 @@ def _strided_scatter(L, x, src, a, lo, hi, step):
     picked = _gather(L, src, pos, a)
     hit = L.reshape(hit, (n,) + (1,) * (x.rank - a - 1))
     return L.apply("where", hit, picked, x, dtype=x.dtype)
+
+
+def _arg_extreme(op):
+    """`argmax` (`op` amax) or `argmin` (amin): the first index along `dim` (of the flattened
+    tensor where `dim` is None) whose value is the row's largest (smallest), as PyTorch returns
+    it: the smallest position where the value equals the row's `op` or is NaN (PyTorch takes a
+    NaN for the extreme), an `amin` over `where(hit, iota, n)`. Integers are compared in f32
+    (exact below 2^24), as `reduce` takes their extremes."""
+
+    def lower(L, x, dim=None, keepdim=False):
+        v = L.val(x)
+        if v.dtype == "bool":
+            v = L.cast(v, "i32")
+        if dim is None:
+            v = L.reshape(v, (v.numel,))
+            a = 0
+        else:
+            a = L.axis(dim, v.rank)
+        n = v.shape[a] if v.rank else 1
+        if v.rank == 0:
+            return L.cast(L.full(0.0, "i32", L.out_shape()), L.out_dtype())
+        m = L.reduce(op, v, [a], True)
+        hit = L.compare("==", v, m)
+        if v.dtype in ("f32", "f16", "bf16"):
+            hit = L.apply("where", hit, L.cast(L.lit(1), "bool"), L.compare("!=", v, v), dtype="bool")
+        pos = L.reshape(_iota(L, n), tuple(n if i == a else 1 for i in range(v.rank)))
+        cand = L.apply("where", hit, pos, L.cast(L.lit(n), "i32"), dtype="i32")
+        idx = L.reduce("amin", cand, [a], True)
+        return L.cast(L.reshape(idx, L.out_shape()), L.out_dtype())
+
+    return lower
+
+
+def _copy(L, dst, src, non_blocking=False):
+    """`aten.copy(dst, src)` (a functionalized `dst.copy_(src)`, BART's shifted tokens written
+    into a slice): `src` in `dst`'s dtype, broadcast to its shape."""
+    d, v = L.val(dst), L.val(src)
+    return L.broadcast(L.cast(v, d.dtype or L.out_dtype()), L.out_shape())
+
+
+def _repeat(L, x, repeats):
+    """`x.repeat(r)`: `x` (with leading axes of 1 to `len(r)`) tiled `r[i]` times along each
+    axis, a broadcast over an axis of `r[i]` put before each axis, then merged with it."""
+    v = L.val(x)
+    r = [int(n) for n in repeats]
+    shape = (1,) * (len(r) - v.rank) + tuple(v.shape)
+    v = L.reshape(v, tuple(d for s in shape for d in (1, s)))
+    v = L.broadcast(v, tuple(d for n, s in zip(r, shape) for d in (n, s)))
+    return L.reshape(v, L.out_shape())
 
 
 def _flip(L, x, dims):
@@ -2234,6 +2392,10 @@ LOWERINGS = {
     "mean": _mean,
     "amax": _amax,
     "amin": _amin,
+    "argmax": _arg_extreme("amax"),
+    "argmin": _arg_extreme("amin"),
+    "copy": _copy,
+    "repeat": _repeat,
     "var_mean": _var_mean,
     "var": _var,
     "softmax": _softmax("softmax"),
@@ -2242,7 +2404,7 @@ LOWERINGS = {
     "_log_softmax": _softmax("log_softmax"),
     "layer_norm": _layer_norm,
     "native_layer_norm": _native_layer_norm,
-    "linear": _linear,
+    "linear": _dense,
     "addmm": _addmm,
     "mm": _matmul,
     "bmm": _matmul,
@@ -2255,6 +2417,7 @@ LOWERINGS = {
     "_unsafe_view": _view,
     "flatten": _view,
     "expand": _expand,
+    "as_strided": _as_strided,
     "unsqueeze": _unsqueeze,
     "squeeze": _squeeze,
     "zeros_like": _like(0.0),
@@ -2282,6 +2445,9 @@ LOWERINGS = {
     "embedding_dense_backward": _embedding_dense_backward,
     "index_put": _index_put,
     "slice_scatter": _slice_scatter,
+    "as_strided_scatter": _as_strided_scatter,
+    "select_scatter": _select_scatter,
+    "fill": _fill,
     "cumsum": _cumsum,
     "flip": _flip,
     "select_backward": _select_backward,
