@@ -293,12 +293,28 @@ __device__ __forceinline__ void eq_global_finish(EQ_PARAMS, float (&g)[EQ_NGLOBA
         last_block = atomicAdd(eq_count, 1u) == gridDim.x - 1;
     }
     __syncthreads();
-    if (threadIdx.x != 0 || !last_block) return;
+    if (!last_block) return;
     __threadfence();
+    // Every thread of the last block adds the partials of blocks threadIdx.x, + blockDim.x, ...
+    // in order, a warp's lanes by a fixed butterfly, the warps' sums in warp order: the same
+    // order whichever block is last, and the partials read in parallel (thread 0 alone reading
+    // a partial a block serialised a kernel of many blocks on L2 latency).
+    __shared__ float gwarp[EQ_NGLOBAL][32];
+    const unsigned int warps = (blockDim.x + 31) / 32;
 #pragma unroll
     for (int j = 0; j < EQ_NGLOBAL; ++j) {
-        float t = eq_ld_cg(eq_ws + j);
-        for (unsigned int b = 1; b < gridDim.x; ++b) t += eq_ld_cg(eq_ws + b * EQ_NGLOBAL + j);
+        float t = 0.0f;
+        for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x) t += eq_ld_cg(eq_ws + b * EQ_NGLOBAL + j);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
+        if ((threadIdx.x & 31) == 0) gwarp[j][threadIdx.x / 32] = t;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+#pragma unroll
+    for (int j = 0; j < EQ_NGLOBAL; ++j) {
+        float t = gwarp[j][0];
+        for (unsigned int w = 1; w < warps; ++w) t += gwarp[j][w];
         g[j] = t;
     }
     eq_global_store(EQ_ARGS, g);
