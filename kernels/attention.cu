@@ -4,6 +4,9 @@
 //   s_ij = scale * <q_bi, k_bj>            for key j < EQ_SK (j <= i when EQ_CAUSAL; others -inf)
 //   o_bi = sum_j exp(s_ij - m_i) v_bj / l_i,   m_i = max_j s_ij,   l_i = sum_j exp(s_ij - m_i)
 //   lse_bi = m_i + log(l_i)                (written only when EQ_LSE, as f32 [EQ_NB, EQ_SQ])
+//   (m_i, log l_i)                         (EQ_STATS, with a bias: attention_bias_lse's f32
+//                                           [EQ_NB, EQ_SQ, 2], natural units, -inf both for a
+//                                           row whose every score is -inf)
 // computed one key tile at a time with the online softmax: a row keeps its running max m and
 // running sum l in registers; a new tile with row max m' rescales l and the output accumulator
 // by exp(m - max(m, m')) before adding its own terms. Scores are kept in base-2 units
@@ -99,6 +102,12 @@
 
 #ifndef EQ_BIAS
 #define EQ_BIAS 0
+#endif
+#ifndef EQ_STATS
+#define EQ_STATS 0
+#endif
+#if EQ_STATS && (EQ_LSE || !EQ_BIAS)
+#error "EQ_STATS is attention_bias_lse's: a bias, and no log-sum-exp beside it"
 #endif
 #if EQ_BIAS
 #if EQ_LSE
@@ -415,6 +424,12 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
         sinv[rl] = lall > 0.0f ? EQ_DROP_FACTOR / lall : 0.0f;
 #if EQ_LSE
         if (row < EQ_SQ) EQ_LSEP[b * EQ_SQ + row] = mall + logf(lall);
+#endif
+#if EQ_STATS
+        if (row < EQ_SQ) {
+            EQ_LSEP[(b * EQ_SQ + row) * 2] = mall;
+            EQ_LSEP[(b * EQ_SQ + row) * 2 + 1] = logf(lall);
+        }
 #endif
     }
     __syncthreads();
@@ -982,6 +997,19 @@ extern "C" __global__ void __launch_bounds__(EQ_HWG * 128, EQ_HMINB) EQ_KERNEL(E
         }
     }
 #endif
+#if EQ_STATS
+    // (m, log l), with a bias in natural units, by the first thread of each quad.
+    if (t == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = wrow + g + h * 8;
+            if (row < EQ_SQ) {
+                EQ_LSEP[(b * EQ_SQ + row) * 2] = m_i[h];
+                EQ_LSEP[(b * EQ_SQ + row) * 2 + 1] = logf(l_i[h]);
+            }
+        }
+    }
+#endif
 }
 #else
 
@@ -1359,6 +1387,21 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32, 1) EQ_KERNEL(EQ_PAR
             for (int h = 0; h < 2; ++h) {
                 const int row = wrow + mt * 16 + g + h * 8;
                 if (row < EQ_SQ) EQ_LSEP[b * EQ_SQ + row] = (m_i[mt][h] + __log2f(l_i[mt][h])) * 0.69314718055994531f;
+            }
+    }
+#endif
+#if EQ_STATS
+    // (m, log l), with a bias in natural units, by the first thread of each quad.
+    if (t == 0) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = wrow + mt * 16 + g + h * 8;
+                if (row < EQ_SQ) {
+                    EQ_LSEP[(b * EQ_SQ + row) * 2] = m_i[mt][h];
+                    EQ_LSEP[(b * EQ_SQ + row) * 2 + 1] = logf(l_i[mt][h]);
+                }
             }
     }
 #endif

@@ -43,11 +43,32 @@ __device__ __forceinline__ int eq_val(int x) { return x; }
 __device__ __forceinline__ bool eq_val(eq_bool x) { return x != 0; }
 
 // ---- stores: value to storage ----
+// bf16 rounding: sm_80 and later round in one instruction (`cvt.rn.bf16.f32`, IEEE nearest
+// even, NaN to the canonical quiet NaN); earlier devices add 0x7fff + bit 16 (NaN kept quiet).
+// The same value either way but for a NaN's payload (5 to 7 integer instructions an element
+// against one: a bf16 softmax over 50257 columns issued 0.73 instructions a cycle a scheduler).
 __device__ __forceinline__ unsigned short eq_bf16_bits(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#else
     unsigned int u = __float_as_uint(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (unsigned short)(u >> 16);
+#endif
+}
+// Two values rounded to bf16 and packed, `lo` at the lower address: one `cvt.rn.bf16x2.f32`
+// on sm_80 and later.
+__device__ __forceinline__ unsigned int eq_bf16x2_bits(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned int d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+#else
+    return (unsigned int)eq_bf16_bits(lo) | ((unsigned int)eq_bf16_bits(hi) << 16);
+#endif
 }
 __device__ __forceinline__ unsigned short eq_f16_bits(float x) {
     unsigned short h;
@@ -71,6 +92,9 @@ template <> struct eq_word<4> { typedef unsigned int t; };
 template <> struct eq_word<8> { typedef uint2 t; };
 template <> struct eq_word<16> { typedef uint4 t; };
 
+template <typename T> struct eq_is_bf16 { static constexpr bool value = false; };
+template <> struct eq_is_bf16<eq_bf16> { static constexpr bool value = true; };
+
 template <typename T, int V> struct eq_pack {
     static constexpr int bytes = V * (int)sizeof(T);
     static constexpr bool wide = V > 1 && (bytes == 2 || bytes == 4 || bytes == 8 || bytes == 16);
@@ -92,7 +116,14 @@ __device__ __forceinline__ void eq_loadv(const T* __restrict__ p, U (&out)[V]) {
 
 template <typename T, int V, typename U>
 __device__ __forceinline__ void eq_storev(T* __restrict__ p, const U (&in)[V]) {
-    if constexpr (eq_pack<T, V>::wide) {
+    if constexpr (eq_pack<T, V>::wide && eq_is_bf16<T>::value) {
+        // Pairs of bf16 rounded and packed by one instruction each.
+        typedef typename eq_word<eq_pack<T, V>::bytes>::t W;
+        union { W w; unsigned int h[V / 2]; } u;
+#pragma unroll
+        for (int v = 0; v < V; v += 2) u.h[v / 2] = eq_bf16x2_bits((float)in[v], (float)in[v + 1]);
+        *reinterpret_cast<W*>(p) = u.w;
+    } else if constexpr (eq_pack<T, V>::wide) {
         typedef typename eq_word<eq_pack<T, V>::bytes>::t W;
         union { W w; T e[V]; } u;
 #pragma unroll

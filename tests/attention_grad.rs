@@ -319,6 +319,40 @@ fn attention_bias_gradients_use_the_flash_backward_and_match_finite_differences(
     }
 }
 
+/// A training step of `attention_bias` writes its scores' statistics from the forward kernel
+/// (`EQ_STATS`: m and log l beside the output, as `attention_bias_lse` defines them), so no
+/// kernel of its own passes over the scores again; the kernel compiles for sm_90 (both the
+/// wgmma and the mma.sync paths) and sm_80, causal and not, bf16 and f16. (Its values are
+/// checked on the GPU: `tests/gpu.rs`'s `attention_backward_kernels_match_the_reference`,
+/// fully masked rows included.)
+#[test]
+fn attention_bias_forward_writes_its_statistics() {
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    for (dtype, s, d, bias, causal) in [("bf16", 200, 64, "[2, 1, 200]", 0), ("f16", 136, 128, "[2, 136, 136]", 1)] {
+        let p = bias_program(dtype, s, s, d, bias, causal, false);
+        let plan = eqfuse::optimize(&p, &opts).unwrap().plan;
+        let fwd: Vec<_> = plan.kernels.iter().filter(|k| k.ops.iter().any(|o| o == "attention_bias_lse")).collect();
+        assert!(
+            fwd.len() == 1 && fwd[0].ops.iter().any(|o| o == "attention_bias"),
+            "{dtype}: the statistics in the forward kernel: {:?}",
+            plan.kernels.iter().map(|k| k.ops.clone()).collect::<Vec<_>>()
+        );
+        let sources = eqfuse::codegen_plan(&plan).unwrap();
+        let src = sources.iter().find(|s| s.name.starts_with("attention_") && !s.name.starts_with("attention_bwd")).unwrap();
+        assert!(src.source.contains("#define EQ_STATS 1") && src.source.contains("#define EQ_LSE 0"), "{}", src.name);
+        assert_eq!(src.args.iter().filter(|a| a.role == eqfuse::ArgRole::Write).count(), 2, "the output and the statistics");
+        if eqfuse::nvrtc_available().is_err() {
+            eprintln!("skipped the compile: NVRTC is not available");
+            continue;
+        }
+        for arch in [eqfuse::DEFAULT_ARCH, "sm_90a", "sm_80"] {
+            let c = eqfuse::nvrtc_compile(&src.source, &src.file, arch, &[])
+                .unwrap_or_else(|e| panic!("{} ({arch}): {e}", src.name));
+            assert!(c.log.trim().is_empty(), "{} ({arch}): warnings\n{}", src.name, c.log);
+        }
+    }
+}
+
 /// A bias of small values with a padding fill: -3e38 (a bool mask lowered as `where(m, 0,
 /// finfo.min)`) on batch entry 0's last 3 keys, and with `row` on every key of query row 2 of
 /// batch entry 1 (a row the mask hides entirely, whose weights are then equal).

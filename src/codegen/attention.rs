@@ -789,13 +789,21 @@ pub(super) fn float_literal(x: f64) -> String {
     }
 }
 
-/// Renders an attention kernel of a plan; with `lse`, the kernel writes the log-sum-exp of its
-/// scores into that tensor too (`EQ_LSE`, its pointer the last parameter), listed first among
-/// the writes of the file's header.
+/// The row statistics a forward attention kernel writes beside its output: `attention_lse`'s
+/// log-sum-exp (f32 `[.., SQ, 1]`, `EQ_LSE`) or, with `stats`, `attention_bias_lse`'s pairs
+/// (f32 `[.., SQ, 2]`: the row maximum and the log of the row sum, `EQ_STATS`).
+pub struct Lse<'a> {
+    pub tensor: &'a TensorRef,
+    pub stats: bool,
+}
+
+/// Renders an attention kernel of a plan; with `lse`, the kernel writes its scores' row
+/// statistics into that tensor too ([`Lse`], its pointer the last parameter), listed first
+/// among the writes of the file's header.
 pub fn codegen(
     plan: &FusionPlan,
     k: &Kernel,
-    lse: Option<&TensorRef>,
+    lse: Option<Lse<'_>>,
     template_text: &str,
     common: &str,
 ) -> Result<KernelSource> {
@@ -835,7 +843,11 @@ pub fn codegen(
     params.extend((0..k.writes.len()).map(|i| format!("{ctype}* __restrict__ p_w{i}")));
     let mut args = super::tensor_args(k, &Default::default());
     let mut shown = std::borrow::Cow::Borrowed(k);
-    if let Some(lse) = lse {
+    let stats = lse.as_ref().is_some_and(|l| l.stats);
+    if stats && inst.bias.is_none() {
+        return Err(unsupported(k, "the statistics of attention_bias_lse without a bias"));
+    }
+    if let Some(Lse { tensor: lse, .. }) = lse {
         params.push("float* __restrict__ p_lse".into());
         args.push(KernelArg {
             name: lse.name.clone(),
@@ -867,7 +879,8 @@ pub fn codegen(
     def("EQ_NB1", inst.batch[1].to_string());
     def("EQ_NB2", inst.batch[2].to_string());
     def("EQ_CAUSAL", u8::from(inst.causal).to_string());
-    def("EQ_LSE", u8::from(lse.is_some()).to_string());
+    def("EQ_LSE", u8::from(lse.is_some() && !stats).to_string());
+    def("EQ_STATS", u8::from(stats).to_string());
     if lse.is_some() {
         def("EQ_LSEP", "p_lse".into());
     }

@@ -127,20 +127,35 @@ pub(crate) fn can_generate(k: &Kernel) -> Result<()> {
     instance(k).map(|_| ())
 }
 
-/// A kernel of `attention` (or `attention_dropout`) and `attention_lse` of the same scores: the forward kernel without
-/// the log-sum-exp (its body, writes and stores pruned) and the log-sum-exp's write index; `None`
-/// for other kernels. The forward template writes the log-sum-exp itself (`EQ_LSE`).
-fn forward_with_lse(k: &Kernel) -> Result<Option<(Kernel, usize)>> {
+/// A kernel of a forward attention and the row statistics of the same scores: `attention` (or
+/// `attention_dropout`) with `attention_lse`, or `attention_bias` (or `attention_bias_dropout`)
+/// with `attention_bias_lse`. The forward kernel without the statistics (its body, writes and
+/// stores pruned), the statistics' write index, and whether they are `attention_bias_lse`'s
+/// (m, log l) pairs rather than one log-sum-exp; `None` for other kernels. The forward template
+/// writes them itself (`EQ_LSE`, `EQ_STATS`): they must be of the forward's own operands
+/// (the same query, keys, bias, scale and causal flag).
+fn forward_with_lse(k: &Kernel) -> Result<Option<(Kernel, usize, bool)>> {
     let nodes = k.body.as_ref();
-    let is = |i: usize, c: Composite| nodes[i].opcode().map(|o| o.kind()) == Some(Kind::Composite(c));
-    if !(0..nodes.len()).any(|i| is(i, Composite::Attention) || is(i, Composite::AttentionDropout)) {
+    let kind = |i: usize| nodes[i].opcode().map(|o| o.kind());
+    let Some(att) = (0..nodes.len()).find(|&i| matches!(kind(i), Some(Kind::Composite(c)) if c.is_attention_forward()))
+    else {
         return Ok(None);
-    }
-    let lse: Vec<usize> =
-        (0..k.stores.len()).filter(|&w| is(usize::from(k.stores[w]), Composite::AttentionLse)).collect();
+    };
+    let Some(Kind::Composite(fwd)) = kind(att) else { return Ok(None) };
+    let biased = matches!(fwd, Composite::AttentionBias | Composite::AttentionBiasDropout);
+    let stats_kind = if biased { Composite::AttentionBiasLse } else { Composite::AttentionLse };
+    let lse: Vec<usize> = (0..k.stores.len())
+        .filter(|&w| kind(usize::from(k.stores[w])) == Some(Kind::Composite(stats_kind)))
+        .collect();
     let &[w] = lse.as_slice() else {
         return Err(unsupported(k, "attention beside backward operators other than one stored log-sum-exp"));
     };
+    // The statistics' operands are the forward's: (q, k, [bias,] scale, causal).
+    let (a, l) = (nodes[att].children(), nodes[usize::from(k.stores[w])].children());
+    let pairs: &[(usize, usize)] = if biased { &[(0, 0), (1, 1), (3, 2), (4, 3), (5, 4)] } else { &[(0, 0), (1, 1), (3, 2), (4, 3)] };
+    if !pairs.iter().all(|&(i, j)| same_expr(nodes, usize::from(a[i]), usize::from(l[j]))) {
+        return Err(unsupported(k, "attention beside the statistics of other scores"));
+    }
     // Keep what the other stores reach.
     let mut keep = vec![false; nodes.len()];
     let mut stack: Vec<usize> = (0..k.stores.len()).filter(|&i| i != w).map(|i| usize::from(k.stores[i])).collect();
@@ -158,7 +173,15 @@ fn forward_with_lse(k: &Kernel) -> Result<Option<(Kernel, usize)>> {
     fwd.body = body;
     fwd.writes.remove(w);
     fwd.stores = k.stores.iter().enumerate().filter(|&(i, _)| i != w).map(|(_, &s)| map[usize::from(s)]).collect();
-    Ok(Some((fwd, w)))
+    Ok(Some((fwd, w, biased)))
+}
+
+/// Whether nodes `a` and `b` of a kernel body are the same expression (a body may hold one
+/// operand twice, as separate nodes).
+fn same_expr(nodes: &[TensorLang], a: usize, b: usize) -> bool {
+    a == b
+        || (nodes[a].matches(&nodes[b])
+            && nodes[a].children().iter().zip(nodes[b].children()).all(|(&x, &y)| same_expr(nodes, x.into(), y.into())))
 }
 
 fn instance(k: &Kernel) -> Result<Instance> {
@@ -373,9 +396,10 @@ fn float_literal(x: f64) -> String {
 /// Renders a backward kernel of a plan.
 pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str) -> Result<KernelSource> {
     debug_assert_eq!(k.template, Template::Attention);
-    if let Some((fwd, w)) = forward_with_lse(k)? {
-        // The forward template writes the log-sum-exp itself.
-        return super::attention::codegen(plan, &fwd, Some(&k.writes[w]), super::ATTENTION, common);
+    if let Some((fwd, w, stats)) = forward_with_lse(k)? {
+        // The forward template writes the log-sum-exp (or the bias form's statistics) itself.
+        let lse = super::attention::Lse { tensor: &k.writes[w], stats };
+        return super::attention::codegen(plan, &fwd, Some(lse), super::ATTENTION, common);
     }
     let inst = instance(k)?;
     let atomic_dq = matches!(inst.mode, Mode::Dkv { dq: true, .. });

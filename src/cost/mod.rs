@@ -301,10 +301,9 @@ pub fn analyse(
         Some(args) if args.len() > 1 && args.contains(&AttnArg::Q) => 3 * attention_dq_accumulator_bytes(dag, grads[0]),
         _ => 0,
     };
-    // The forward kernel writing its log-sum-exp computes it for free.
-    let is = |b: &usize, c: Composite| dag.nodes[*b].kind() == Some(Kind::Composite(c));
-    let plain = |b: &usize| is(b, Composite::Attention) || is(b, Composite::AttentionDropout);
-    if let (Some(&l), true) = (body.iter().find(|b| is(b, Composite::AttentionLse)), body.iter().any(plain)) {
+    // The forward kernel writing its log-sum-exp (or its bias form's statistics) computes it
+    // for free.
+    if let Some((_, l)) = body.iter().find_map(|&a| body.iter().find_map(|&b| forward_and_stats(dag, a, b))) {
         flops = flops.saturating_sub(node_flops(dag, l));
     }
     let shape = Shaped { dag, body: &body, strict: profile.strict };
@@ -842,6 +841,24 @@ fn collect(dag: &Dag, members: &[usize], mat: &dyn Fn(usize) -> bool) -> (Vec<us
 }
 
 /// Whether an operator is one of attention's backward composites.
+/// `(att, stats)` where node `att` is a forward attention and `stats` the row statistics of
+/// its own scores that its kernel writes beside its output: `attention_lse` of `attention` or
+/// `attention_dropout` (the same q, k, scale and causal flag), `attention_bias_lse` of
+/// `attention_bias` or `attention_bias_dropout` (the same bias too).
+fn forward_and_stats(dag: &Dag, att: usize, stats: usize) -> Option<(usize, usize)> {
+    let Some(Kind::Composite(fwd)) = dag.nodes[att].kind() else { return None };
+    let ch: Vec<usize> = dag.nodes[att].children().collect();
+    let want = match fwd {
+        Composite::Attention | Composite::AttentionDropout => (Composite::AttentionLse, vec![ch[0], ch[1], ch[3], ch[4]]),
+        Composite::AttentionBias | Composite::AttentionBiasDropout => {
+            (Composite::AttentionBiasLse, vec![ch[0], ch[1], ch[3], ch[4], ch[5]])
+        }
+        _ => return None,
+    };
+    (dag.nodes[stats].kind() == Some(Kind::Composite(want.0)) && dag.nodes[stats].children().eq(want.1))
+        .then_some((att, stats))
+}
+
 pub(crate) fn is_attention_backward(kind: Option<Kind>) -> bool {
     matches!(kind, Some(Kind::Composite(c)) if c.is_attention_backward())
 }
@@ -1132,16 +1149,10 @@ impl Shaped<'_> {
             return self.anchored(anchors[0], &anchors[1..]);
         }
         if let [a, b] = anchors[..] {
-            // Attention (with dropout or not) and the log-sum-exp of its scores: the forward
-            // kernel writes both.
-            let is = |i: usize, c: Composite| self.dag.nodes[i].kind() == Some(Kind::Composite(c));
-            let plain = |i: usize| is(i, Composite::Attention) || is(i, Composite::AttentionDropout);
-            let (att, lse) = if plain(a) { (a, b) } else { (b, a) };
-            if plain(att) && is(lse, Composite::AttentionLse) {
-                let ch: Vec<usize> = self.dag.nodes[att].children().collect();
-                if self.dag.nodes[lse].children().eq([ch[0], ch[1], ch[3], ch[4]]) {
-                    return self.anchored(att, &[lse]);
-                }
+            // Attention (with dropout or not) and the log-sum-exp of its scores, or attention
+            // with a bias and its scores' statistics: the forward kernel writes both.
+            if let Some((att, lse)) = forward_and_stats(self.dag, a, b).or_else(|| forward_and_stats(self.dag, b, a)) {
+                return self.anchored(att, &[lse]);
             }
         }
         if anchors.len() > 1 {
