@@ -1307,6 +1307,13 @@ def _like(fill):
     return lower
 
 
+def _new_empty(L, x, *rest, **kw):
+    """`new_empty`, `new_empty_strided`: a tensor whose values are unspecified (Funnel's
+    backward makes one and copies into it whole), zeros of the result's shape and dtype; its
+    strides are a layout, which the graph's values do not have."""
+    return L.full(0.0, L.out_dtype(), L.out_shape())
+
+
 def _sdpa(L, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     return _sdpa_forward(L, q, k, v, attn_mask, dropout_p, is_causal, scale, 1)
 
@@ -1420,11 +1427,12 @@ def _narrow(L, x, dim, start, length):
     return _slice(L, x, a, start, start + length, 1)
 
 
-def _concat(L, vals, a):
+def _concat(L, vals, a, dtype=None):
+    """`vals` joined along axis `a`, in `dtype` (the node's result dtype unless given)."""
     vals = [v for v in vals if v.numel > 0]
     if not vals:
         raise ExportError("a concatenation of empty tensors")
-    dtype = L.out_dtype()
+    dtype = dtype or L.out_dtype()
     vals = [L.cast(v, dtype) for v in vals]
     out = vals[0]
     for v in vals[1:]:
@@ -1769,7 +1777,7 @@ def _constant_pad(L, x, pad, value=0.0):
         parts.append(x)
         if hi:
             parts.append(L.full(value, x.dtype, x.shape[:a] + (hi,) + x.shape[a + 1:]))
-        x = _concat(L, parts, a) if len(parts) > 1 else x
+        x = _concat(L, parts, a, x.dtype) if len(parts) > 1 else x
     return x
 
 
@@ -1810,19 +1818,25 @@ def _patches(L, x, p):
     return L.reshape(y, (b, (h // p) * (w // p), c * p * p))
 
 
-def _patch_conv_args(x, weight, stride, padding, dilation, transposed, output_padding, groups):
+def _patch_conv(x, weight, stride, padding, dilation, transposed, groups) -> bool:
+    """Whether a convolution is non-overlapping square patches (stride equal to the kernel, no
+    padding, dilation or groups, sizes divisible: ViT's patch embedding), which `_convolution`
+    lowers as one product of the image's patches, no gather."""
+    if x.rank != 4 or weight.rank != 4 or transposed or groups != 1:
+        return False
     o, c, kh, kw = weight.shape
-    if (x.rank != 4 or kh != kw or list(stride) != [kh, kw] or any(padding) or any(d != 1 for d in dilation)
-            or transposed or groups != 1 or x.shape[2] % kh or x.shape[3] % kw):
-        raise ExportError("a convolution other than non-overlapping square patches (stride equal to the kernel, "
-                          "no padding, dilation or groups); general convolution is not supported yet")
-    return o, c, kh
+    return (kh == kw and list(stride) == [kh, kw] and not any(padding) and all(d == 1 for d in dilation)
+            and not x.shape[2] % kh and not x.shape[3] % kw)
 
 
 def _convolution(L, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """A convolution whose stride equals its kernel (a patch embedding) as one product."""
+    """`aten.convolution`: patches (stride equal to the kernel) as one product (`_patches`);
+    any other 1-d, 2-d or 3-d convolution as windows gathered from the padded input, each
+    group's product with its weights (`_conv_general`); a transposed one is refused."""
     x, wt = L.val(x), L.val(weight)
-    o, c, p = _patch_conv_args(x, wt, stride, padding, dilation, transposed, output_padding, groups)
+    if not _patch_conv(x, wt, stride, padding, dilation, transposed, groups):
+        return _conv_general(L, x, wt, bias, stride, padding, dilation, transposed, groups)
+    o, c, p, _ = wt.shape
     b, _, h, w = x.shape
     rows = _patches(L, x, p)
     wm = L.swap(L.reshape(wt, (o, c * p * p)), 0, 1)
@@ -1835,8 +1849,13 @@ def _convolution(L, x, weight, bias, stride, padding, dilation, transposed, outp
 
 def _convolution_backward(L, grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
                           groups, output_mask):
+    """`aten.convolution_backward`: (grad_input, grad_weight, grad_bias), each where
+    `output_mask` asks for it; patches as products of the patches, any other convolution by
+    `_conv_general_backward`."""
     x, wt, g = L.val(x), L.val(weight), L.val(grad)
-    o, c, p = _patch_conv_args(x, wt, stride, padding, dilation, transposed, output_padding, groups)
+    if not _patch_conv(x, wt, stride, padding, dilation, transposed, groups):
+        return _conv_general_backward(L, g, x, wt, stride, padding, dilation, transposed, groups, output_mask)
+    o, c, p, _ = wt.shape
     b, _, h, w = x.shape
     n = (h // p) * (w // p)
     gm = L.swap(L.reshape(g, (b, o, n)), 1, 2)  # [B, N, O]
@@ -1855,6 +1874,509 @@ def _convolution_backward(L, grad, x, weight, bias_sizes, stride, padding, dilat
         db = L.reduce("sum", g, [0, 2, 3], False)
     return dx, dw, db
 
+
+# --- windows: general convolution, pooling (and their backward ops) as gathers of the padded
+# input at static positions. A window op over the last n axes reads, along each axis of size S
+# padded to P, the positions `o * stride + k * dilation` (o < O outputs, k < K taps): one gather
+# per axis by an i32 `[O, K]` table turns `[..., P1, P2]` into `[..., O1, K1, O2, K2]`; the
+# backward scatter-adds `[..., O1, K1, O2, K2]` back at the same tables (col2im) and slices the
+# padding off. An axis with one tap is a strided slice, no gather.
+
+
+def _ints(v, n: int, name: str) -> list[int]:
+    """A size argument (an int, or a list of one or `n` ints) as `n` ints."""
+    v = [int(v)] * n if isinstance(v, int) else [int(a) for a in v]
+    if len(v) == 1:
+        v = v * n
+    if len(v) != n:
+        raise ExportError(f"{name} {v} for {n} spatial axes")
+    return v
+
+
+def _i32(L, n: int) -> Value:
+    """An i32 scalar (window arithmetic on positions is in i32)."""
+    return L.cast(L.lit(n), "i32")
+
+
+def _window_index(L, out: int, k: int, s: int, d: int) -> Value:
+    """The i32 `[out, k]` table of positions `o * s + j * d` (window o, tap j)."""
+    o = L.reshape(_iota(L, out), (out, 1))
+    j = L.reshape(_iota(L, k), (1, k))
+    o = L.apply("*", o, _i32(L, s)) if s != 1 else o
+    j = L.apply("*", j, _i32(L, d)) if d != 1 else j
+    return L.apply("+", o, j)
+
+
+@dataclass
+class _Windows:
+    """A window op over the last `len(kernel)` axes: taps, strides, dilations, output sizes,
+    and the padding (low, high) of each axis; the high padding is what the last window reaches
+    (PyTorch's `ceil_mode` windows may reach past the padding it names; a window never reaches
+    the named high padding is left out)."""
+
+    kernel: list[int]
+    stride: list[int]
+    dilation: list[int]
+    outs: list[int]
+    pads: list[tuple[int, int]]
+    sizes: list[int]
+
+    @staticmethod
+    def of(shape, kernel, stride, padding, dilation, outs) -> "_Windows":
+        n = len(kernel)
+        sizes = list(shape[len(shape) - n:])
+        pads = []
+        for i in range(n):
+            if outs[i] < 1 or kernel[i] < 1 or stride[i] < 1 or dilation[i] < 1 or padding[i] < 0:
+                raise ExportError(f"windows of kernel {kernel}, stride {stride}, padding {padding}, dilation "
+                                  f"{dilation} giving {outs} outputs")
+            reach = (outs[i] - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1
+            pads.append((padding[i], max(reach - sizes[i] - padding[i], 0)))
+        return _Windows(list(kernel), list(stride), list(dilation), list(outs), pads, sizes)
+
+    def gather(self, L, x: Value, fill: float) -> Value:
+        """`x` `[..., S1, S2]` padded with `fill` and read as `[..., O1, K1, O2, K2]`."""
+        n = len(self.kernel)
+        r = x.rank - n
+        flat = [p for lo_hi in reversed(self.pads) for p in lo_hi]
+        if any(flat):
+            x = _constant_pad(L, x, flat, fill)
+        for i in range(n):
+            a = r + 2 * i
+            if self.kernel[i] == 1:
+                x = _slice(L, x, a, 0, (self.outs[i] - 1) * self.stride[i] + 1, self.stride[i])
+                x = L.reshape(x, x.shape[:a + 1] + (1,) + x.shape[a + 1:])
+            else:
+                x = _gather(L, x, _window_index(L, self.outs[i], self.kernel[i], self.stride[i], self.dilation[i]), a)
+        return x
+
+    def scatter(self, L, cols: Value) -> Value:
+        """The backward of `gather`: `[..., O1, K1, O2, K2]` added back at the positions each
+        element was read from, the padding sliced off: `[..., S1, S2]`."""
+        n = len(self.kernel)
+        r = cols.rank - 2 * n
+        for i in reversed(range(n)):
+            a = r + 2 * i
+            lo, hi = self.pads[i]
+            p = self.sizes[i] + lo + hi
+            if self.kernel[i] == 1:
+                cols = L.reshape(cols, cols.shape[:a + 1] + cols.shape[a + 2:])
+                if self.stride[i] == 1 and self.outs[i] == p:
+                    continue
+                idx = L.apply("*", _iota(L, self.outs[i]), _i32(L, self.stride[i]))
+            else:
+                idx = _window_index(L, self.outs[i], self.kernel[i], self.stride[i], self.dilation[i])
+            cols = _scatter_add(L, idx, cols, a, p)
+        for i in range(n):
+            lo, _ = self.pads[i]
+            cols = _slice(L, cols, r + i, lo, lo + self.sizes[i], 1)
+        return cols
+
+    def taps_first(self, L, cols: Value) -> Value:
+        """`[B, C, O1, K1, O2, K2]` → `[B, C, K1 K2, O1 O2]` (the columns of im2col)."""
+        n = len(self.kernel)
+        r = cols.rank - 2 * n
+        perm = list(range(r)) + [r + 2 * i + 1 for i in range(n)] + [r + 2 * i for i in range(n)]
+        y = L.permute(cols, perm)
+        return L.reshape(y, cols.shape[:r] + (math.prod(self.kernel), math.prod(self.outs)))
+
+    def taps_back(self, L, cols: Value) -> Value:
+        """The inverse of `taps_first`: `[B, C, K, N]` → `[B, C, O1, K1, O2, K2]`."""
+        n = len(self.kernel)
+        r = cols.rank - 2
+        y = L.reshape(cols, cols.shape[:r] + tuple(self.kernel) + tuple(self.outs))
+        perm = list(range(r))
+        for i in range(n):
+            perm += [r + n + i, r + i]
+        return L.permute(y, perm)
+
+    def taps_last(self, L, cols: Value) -> Value:
+        """`[..., O1, K1, O2, K2]` → `[..., O1, O2, K1 K2]` (a pool's windows as rows)."""
+        n = len(self.kernel)
+        r = cols.rank - 2 * n
+        perm = list(range(r)) + [r + 2 * i for i in range(n)] + [r + 2 * i + 1 for i in range(n)]
+        y = L.permute(cols, perm)
+        return L.reshape(y, cols.shape[:r] + tuple(self.outs) + (math.prod(self.kernel),))
+
+    def taps_last_back(self, L, rows: Value) -> Value:
+        """The inverse of `taps_last`: `[..., O1, O2, K]` → `[..., O1, K1, O2, K2]`."""
+        n = len(self.kernel)
+        r = rows.rank - n - 1
+        y = L.reshape(rows, rows.shape[:r] + tuple(self.outs) + tuple(self.kernel))
+        perm = list(range(r))
+        for i in range(n):
+            perm += [r + i, r + n + i]
+        return L.permute(y, perm)
+
+
+def _conv_windows(L, x, wt, stride, padding, dilation, transposed, groups, outs) -> tuple[_Windows, int]:
+    """The windows of a convolution of `x` `[B, C, *S]` by `wt` `[O, C/groups, *K]` (1-d to
+    3-d; a transposed one is refused), and its group count."""
+    n = wt.rank - 2
+    if transposed:
+        raise ExportError("a transposed convolution (ConvTranspose) is not supported")
+    if n < 1 or n > 3 or x.rank != n + 2:
+        raise ExportError(f"a convolution of {list(x.shape)} by {list(wt.shape)} (batched 1-d to 3-d expected)")
+    c, o = x.shape[1], wt.shape[0]
+    if groups < 1 or c % groups or o % groups or wt.shape[1] * groups != c:
+        raise ExportError(f"a convolution of {c} channels into {o} in {groups} groups by {list(wt.shape)}")
+    w = _Windows.of(x.shape, list(wt.shape[2:]), _ints(stride, n, "stride"), _ints(padding, n, "padding"),
+                    _ints(dilation, n, "dilation"), list(outs))
+    return w, groups
+
+
+def _depthwise(wt, groups) -> bool:
+    """One input and one output channel a group (a depthwise convolution: ConvNeXt's 7x7,
+    Segformer's 3x3): a windowed multiply-and-sum rather than products of K taps."""
+    return groups > 1 and wt.shape[1] == 1 and wt.shape[0] == groups
+
+
+def _conv_general(L, x, wt, bias, stride, padding, dilation, transposed, groups):
+    """A convolution as im2col: the windows of the padded input `[B, C, K, N]` (K taps, N
+    outputs), then per group the product `[O/G, C/G K] @ [C/G K, N]` (the weight reshaped, no
+    copy); a depthwise one multiplies each channel's taps by its weights and sums them. The
+    bias is added last."""
+    out = L.out_shape()
+    w, g = _conv_windows(L, x, wt, stride, padding, dilation, transposed, groups, out[2:])
+    b, c = x.shape[:2]
+    o = wt.shape[0]
+    k, n = math.prod(w.kernel), math.prod(w.outs)
+    cols = w.taps_first(L, w.gather(L, x, 0.0))  # [B, C, K, N]
+    if _depthwise(wt, g):
+        y = L.reduce("sum", L.apply("*", cols, L.reshape(wt, (c, k, 1))), [2], False)  # [B, C, N]
+    elif g == 1:
+        y = L.matmul(L.reshape(wt, (o, c * k)), L.reshape(cols, (b, c * k, n)))  # [B, O, N]
+    else:
+        cg, og = c // g, o // g
+        y = L.matmul(L.reshape(wt, (g, og, cg * k)), L.reshape(cols, (b, g, cg * k, n)))  # [B, G, O/G, N]
+        y = L.reshape(y, (b, o, n))
+    if bias is not None:
+        y = L.apply("+", y, L.reshape(L.val(bias), (o, 1)))
+    return L.reshape(y, out)
+
+
+def _conv_general_backward(L, grad, x, wt, stride, padding, dilation, transposed, groups, output_mask):
+    """The backward of `_conv_general`: grad_weight is the output's gradient times the same
+    columns (summed over the batch); grad_input the weights' transposed product with it,
+    scattered back to the input positions the columns were read from (col2im, `_Windows.scatter`);
+    grad_bias a sum."""
+    w, g = _conv_windows(L, x, wt, stride, padding, dilation, transposed, groups, grad.shape[2:])
+    b, c = x.shape[:2]
+    o = wt.shape[0]
+    k, n = math.prod(w.kernel), math.prod(w.outs)
+    cg, og = c // g, o // g
+    depthwise = _depthwise(wt, g)
+    dx = dw = db = None
+    if output_mask[0]:
+        if depthwise:
+            dcols = L.apply("*", L.reshape(grad, (b, c, 1, n)), L.reshape(wt, (c, k, 1)))  # [B, C, K, N]
+        else:
+            wg = L.swap(L.reshape(wt, (g, og, cg * k)), 1, 2)  # [G, C/G K, O/G]
+            dcols = L.matmul(wg, L.reshape(grad, (b, g, og, n)))  # [B, G, C/G K, N]
+        dx = w.scatter(L, w.taps_back(L, L.reshape(dcols, (b, c, k, n))))
+    if output_mask[1]:
+        cols = w.taps_first(L, w.gather(L, x, 0.0))  # [B, C, K, N]
+        if depthwise:
+            dw = L.reduce("sum", L.apply("*", cols, L.reshape(grad, (b, c, 1, n))), [0, 3], False)  # [C, K]
+        else:
+            cols = L.swap(L.reshape(cols, (b, g, cg * k, n)), 2, 3)  # [B, G, N, C/G K]
+            dw = L.reduce("sum", L.matmul(L.reshape(grad, (b, g, og, n)), cols), [0], False)  # [G, O/G, C/G K]
+        dw = L.reshape(dw, wt.shape)
+    if output_mask[2]:
+        db = L.reduce("sum", grad, [0] + list(range(2, grad.rank)), False)
+    return dx, dw, db
+
+
+def _pool_windows(L, x, kernel_size, stride, padding, dilation, outs) -> _Windows:
+    """The windows of a 2-d pooling over the last two axes of `x` (`stride` empty: the
+    kernel's)."""
+    if x.rank not in (3, 4):
+        raise ExportError(f"2-d pooling of a tensor of shape {list(x.shape)}")
+    k = _ints(kernel_size, 2, "kernel_size")
+    s = _ints(stride, 2, "stride") if stride else k
+    return _Windows.of(x.shape, k, s, _ints(padding, 2, "padding"), _ints(dilation, 2, "dilation"), list(outs))
+
+
+def _max_pool2d_with_indices(L, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """`max_pool2d_with_indices`: each window's largest value (padding is `-inf`, so never
+    picked) and, as PyTorch numbers it, the flat position `h * W + w` within the input plane of
+    the first element that equals it (an `amin` of the positions where the window equals its
+    max: positions grow in the window's order). `ceil_mode` is in the output sizes: the last
+    windows read `-inf` past the padding."""
+    x = L.val(x)
+    out = _static_shape(L.node.meta["val"][0], L.node)
+    w = _pool_windows(L, x, kernel_size, stride, padding, dilation, out[-2:])
+    rows = w.taps_last(L, w.gather(L, x, -math.inf))  # [..., O1, O2, K]
+    m = L.reduce("amax", rows, [-1], True)
+    hit = L.compare("==", rows, m)
+    (h_lo, _), (w_lo, _) = w.pads
+    width = w.sizes[1]
+    kh, kw = w.kernel
+    oh, ow = w.outs
+    hs = L.apply("-", _window_index(L, oh, kh, w.stride[0], w.dilation[0]), _i32(L, h_lo))
+    ws = L.apply("-", _window_index(L, ow, kw, w.stride[1], w.dilation[1]), _i32(L, w_lo))
+    pos = L.apply("+", L.apply("*", L.reshape(hs, (oh, 1, kh, 1)), _i32(L, width)), L.reshape(ws, (1, ow, 1, kw)))
+    pos = L.reshape(pos, (oh, ow, kh * kw))
+    big = _i32(L, w.sizes[0] * width)
+    idx = L.reduce("amin", L.apply("where", hit, pos, big, dtype="i32"), [-1], False)
+    return L.reshape(m, out), L.cast(idx, dtype_name(L.node.meta["val"][1].dtype))
+
+
+def _max_pool2d_with_indices_backward(L, grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """Each window's gradient added at the input position its max came from: one scatter-add
+    into the flattened input at `plane * i + index` (i the plane: batch and channel)."""
+    g, x, idx = L.val(grad), L.val(x), _index32(L, L.val(indices))
+    lead = x.shape[:-2]
+    planes, plane = math.prod(lead), x.shape[-2] * x.shape[-1]
+    per = g.numel // planes
+    base = L.apply("*", L.reshape(_iota(L, planes), (planes, 1)), _i32(L, plane))
+    flat = L.apply("+", L.reshape(idx, (planes, per)), base)
+    out = _scatter_add(L, L.reshape(flat, (planes * per,)), L.reshape(g, (planes * per,)), 0, planes * plane)
+    return L.reshape(out, x.shape)
+
+
+def _pool_divisor(L, w: _Windows, count_include_pad: bool, divisor_override) -> Value:
+    """An average pool's divisor for each output `[O1, O2]`, as PyTorch's kernel counts it: the
+    window clipped to the padded input (`count_include_pad`) or to the input (not), or
+    `divisor_override`; per axis a count from the window's start, their product."""
+    if divisor_override:
+        return L.lit(float(divisor_override))
+    counts = []
+    for i in range(2):
+        lo, _ = w.pads[i]
+        size = w.sizes[i]
+        start = L.apply("-", L.apply("*", _iota(L, w.outs[i]), _i32(L, w.stride[i])), _i32(L, lo))
+        end = L.apply("min", L.apply("+", start, _i32(L, w.kernel[i])), _i32(L, size + lo))
+        if not count_include_pad:
+            start = L.apply("max", start, _i32(L, 0))
+            end = L.apply("min", end, _i32(L, size))
+        counts.append(L.cast(L.apply("-", end, start), "f32"))
+    return L.apply("*", L.reshape(counts[0], (w.outs[0], 1)), L.reshape(counts[1], (1, w.outs[1])))
+
+
+def _avg_pool2d(L, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    """`avg_pool2d`: each window's sum (padding is zeros) over `_pool_divisor`."""
+    x = L.val(x)
+    out = L.out_shape()
+    w = _pool_windows(L, x, kernel_size, stride, padding, 1, out[-2:])
+    s = L.reduce("sum", w.taps_last(L, w.gather(L, x, 0.0)), [-1], False)
+    return L.apply("/", s, L.cast(_pool_divisor(L, w, count_include_pad, divisor_override), x.dtype))
+
+
+def _avg_pool2d_backward(L, grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    """Each output's gradient over its divisor, spread over its window and added back at the
+    input positions (`_Windows.scatter`)."""
+    g, x = L.val(grad), L.val(x)
+    w = _pool_windows(L, x, kernel_size, stride, padding, 1, g.shape[-2:])
+    k = math.prod(w.kernel)
+    share = L.apply("/", g, L.cast(_pool_divisor(L, w, count_include_pad, divisor_override), g.dtype))
+    rows = L.broadcast(L.reshape(share, share.shape + (1,)), share.shape + (k,))
+    return w.scatter(L, w.taps_last_back(L, rows))
+
+
+# --- batch norm: the channels are axis 1, statistics over every other axis
+
+
+def _as_traced(L, outs: tuple) -> tuple:
+    """Each computed entry of a tuple result in the dtype PyTorch traced it with (a norm of a
+    half-precision input computes its statistics in f32, as PyTorch's kernels do, and returns
+    the output in the input's dtype)."""
+    val = L.node.meta["val"]
+    return tuple(L.cast(v, dtype_name(t.dtype)) if isinstance(v, Value) and isinstance(t, torch.Tensor) else v
+                 for v, t in zip(outs, val))
+
+
+def _f32(L, x) -> Value:
+    """A norm's input in its computation dtype: f32 for half precision, as PyTorch computes."""
+    x = L.val(x)
+    return L.cast(x, "f32") if x.dtype in ("f16", "bf16") else x
+
+
+def _per_channel(L, v, rank: int) -> Value:
+    """A `[C]` tensor as `[1, C, 1, ...]` (in f32 if of half precision), to broadcast against a
+    rank-`rank` input."""
+    v = _f32(L, v)
+    return L.reshape(v, (1, v.numel) + (1,) * (rank - 2))
+
+
+def _batch_norm_affine(L, y, weight, bias):
+    if weight is not None:
+        y = L.apply("*", y, _per_channel(L, weight, y.rank))
+    if bias is not None:
+        y = L.apply("+", y, _per_channel(L, bias, y.rank))
+    return y
+
+
+def _saved_stats(L, first: int, mean: Value, invstd: Value) -> tuple:
+    """The saved mean and inverse standard deviation outputs of an eval-mode batch norm: empty
+    on the CPU (PyTorch's `[0]` tensors), the running statistics elsewhere, as the traced
+    outputs say."""
+    val = L.node.meta["val"]
+    return tuple(torch.empty(0, dtype=val[first + i].dtype) if val[first + i].numel() == 0 else v
+                 for i, v in enumerate((mean, invstd)))
+
+
+def _batch_norm_eval(L, x, weight, bias, running_mean, running_var, eps):
+    x = _f32(L, x)
+    if x.rank < 2:
+        raise ExportError(f"batch norm of a tensor of shape {list(x.shape)}")
+    mean, var = _f32(L, running_mean), _f32(L, running_var)
+    invstd = L.apply("rsqrt", L.apply("+", var, L.lit(eps)))
+    y = L.apply("*", L.apply("-", x, _per_channel(L, mean, x.rank)), _per_channel(L, invstd, x.rank))
+    return _batch_norm_affine(L, y, weight, bias), mean, invstd
+
+
+def _batch_norm_no_training(L, x, weight, bias, running_mean, running_var, momentum, eps):
+    """`_native_batch_norm_legit_no_training` (eval mode): `(x - mean) * rsqrt(var + eps) * w + b`
+    with the running statistics; (out, save_mean, save_invstd)."""
+    y, mean, invstd = _batch_norm_eval(L, x, weight, bias, running_mean, running_var, eps)
+    return _as_traced(L, (y,) + _saved_stats(L, 1, mean, invstd))
+
+
+def _batch_norm_functional(L, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """`_native_batch_norm_legit_functional`, as PyTorch's decomposition computes it: in training,
+    normalised by the batch's mean and biased variance over every axis but the channels, and
+    the running statistics moved by `momentum` towards the batch's mean and *unbiased* variance;
+    (out, save_mean, save_invstd, new_running_mean, new_running_var)."""
+    if not training:
+        y, mean, invstd = _batch_norm_eval(L, x, weight, bias, running_mean, running_var, eps)
+        return _as_traced(L, (y,) + _saved_stats(L, 1, mean, invstd) + (L.val(running_mean), L.val(running_var)))
+    x = _f32(L, x)
+    if x.rank < 2:
+        raise ExportError(f"batch norm of a tensor of shape {list(x.shape)}")
+    c = x.shape[1]
+    axes = [0] + list(range(2, x.rank))
+    n = x.numel // c
+    mean = L.reduce("mean", x, axes, True)
+    xc = L.apply("-", x, mean)
+    var = L.reduce("mean", L.apply("*", xc, xc), axes, True)
+    invstd = L.apply("rsqrt", L.apply("+", var, L.lit(eps)))
+    y = _batch_norm_affine(L, L.apply("*", xc, invstd), weight, bias)
+    save_mean, save_invstd, var_c = (L.reshape(v, (c,)) for v in (mean, invstd, var))
+    keep = L.lit(1 - momentum)
+    new_mean = L.apply("+", L.apply("*", save_mean, L.lit(momentum)), L.apply("*", _f32(L, running_mean), keep))
+    unbiased = L.apply("*", var_c, L.lit(n / (n - 1))) if n > 1 else var_c
+    new_var = L.apply("+", L.apply("*", unbiased, L.lit(momentum)), L.apply("*", _f32(L, running_var), keep))
+    return _as_traced(L, (y, save_mean, save_invstd, new_mean, new_var))
+
+
+def _batch_norm_backward(L, grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                         output_mask):
+    """`native_batch_norm_backward`, as PyTorch's decomposition computes it: with `s = sum(g)`
+    and `d = sum(g * (x - mean))` over every axis but the channels (N elements each),
+    grad_input `= (g - (x - mean) * d / N * invstd^2 - s / N) * invstd * w` in training
+    (`g * invstd * w` in eval, from the running statistics), grad_weight `d * invstd`,
+    grad_bias `s`."""
+    g, x = _f32(L, grad), _f32(L, x)
+    r = x.rank
+    axes = [0] + list(range(2, r))
+    n = x.numel // x.shape[1]
+    if train:
+        mean, invstd = _f32(L, save_mean), _f32(L, save_invstd)
+    else:
+        mean = _f32(L, running_mean)
+        invstd = L.apply("rsqrt", L.apply("+", _f32(L, running_var), L.lit(eps)))
+    xc = L.apply("-", x, _per_channel(L, mean, r))
+    s = L.reduce("sum", g, axes, False)
+    d = L.reduce("sum", L.apply("*", g, xc), axes, False)
+    dx = dw = db = None
+    if output_mask[0]:
+        scale = invstd if weight is None else L.apply("*", invstd, _f32(L, weight))
+        if train:
+            proj = L.apply("*", L.apply("*", d, L.lit(1 / n)), L.apply("*", invstd, invstd))
+            inner = L.apply("-", L.apply("-", g, L.apply("*", xc, _per_channel(L, proj, r))),
+                            _per_channel(L, L.apply("*", s, L.lit(1 / n)), r))
+        else:
+            inner = g
+        dx = L.apply("*", inner, _per_channel(L, scale, r))
+    if output_mask[1]:
+        dw = L.apply("*", d, invstd)
+    if output_mask[2]:
+        db = s
+    return _as_traced(L, (dx, dw, db))
+
+
+def _group_norm(L, x, weight, bias, n, c, hw, group, eps):
+    """`native_group_norm`: each sample's channels in `group` groups, each normalised by its
+    mean and biased variance (over its channels and positions), then the per-channel affine;
+    (out, mean `[N, group]`, rstd `[N, group]`)."""
+    x = _f32(L, x)
+    if c % group or x.numel != n * c * hw:
+        raise ExportError(f"group norm of {list(x.shape)} in {group} groups")
+    v = L.reshape(x, (n, group, (c // group) * hw))
+    mean = L.reduce("mean", v, [-1], True)
+    xc = L.apply("-", v, mean)
+    rstd = L.apply("rsqrt", L.apply("+", L.reduce("mean", L.apply("*", xc, xc), [-1], True), L.lit(eps)))
+    y = L.reshape(L.apply("*", xc, rstd), (n, c, hw))
+    if weight is not None:
+        y = L.apply("*", y, L.reshape(_f32(L, weight), (c, 1)))
+    if bias is not None:
+        y = L.apply("+", y, L.reshape(_f32(L, bias), (c, 1)))
+    return _as_traced(L, (L.reshape(y, x.shape), L.reshape(mean, (n, group)), L.reshape(rstd, (n, group))))
+
+
+def _group_norm_backward(L, grad, x, mean, rstd, weight, n, c, hw, group, output_mask):
+    """`native_group_norm_backward`, as PyTorch's decomposition computes it: from the sums
+    `ds = sum(g * x)` and `db = sum(g)` over each channel's positions, grad_input
+    `= g * rstd * w + x * c2 + c3` per group, grad_weight `sum_N (ds - db * mean) * rstd`,
+    grad_bias `sum_N db`."""
+    g, x = _f32(L, grad), _f32(L, x)
+    mean, rstd = _f32(L, mean), _f32(L, rstd)
+    cpg = c // group
+    g3, x3 = L.reshape(g, (n, c, hw)), L.reshape(x, (n, c, hw))
+    ds = L.reduce("sum", L.apply("*", g3, x3), [2], False)  # [N, C]
+    db = L.reduce("sum", g3, [2], False)
+    dx = dw = dbias = None
+    if output_mask[0]:
+        s = 1.0 / (hw * cpg)
+        gamma = L.reshape(_f32(L, weight), (1, c)) if weight is not None else None
+        ds_w = L.apply("*", ds, gamma) if gamma is not None else ds
+        db_w = L.apply("*", db, gamma) if gamma is not None else db
+        ds_val = L.reduce("sum", L.reshape(ds_w, (n, group, cpg)), [2], False)  # [N, G]
+        db_val = L.reduce("sum", L.reshape(db_w, (n, group, cpg)), [2], False)
+        c1 = L.reshape(rstd, (n, group, 1, 1))
+        if gamma is not None:
+            c1 = L.apply("*", c1, L.reshape(gamma, (1, group, cpg, 1)))
+        r3 = L.apply("*", L.apply("*", rstd, rstd), rstd)
+        c2 = L.apply("*", L.apply("*", L.apply("-", L.apply("*", db_val, mean), ds_val), r3), L.lit(s))
+        c3 = L.apply("-", L.apply("neg", L.apply("*", c2, mean)), L.apply("*", L.apply("*", db_val, rstd), L.lit(s)))
+        dx = L.apply("+", L.apply("+", L.apply("*", L.reshape(g, (n, group, cpg, hw)), c1),
+                                  L.apply("*", L.reshape(x, (n, group, cpg, hw)), L.reshape(c2, (n, group, 1, 1)))),
+                     L.reshape(c3, (n, group, 1, 1)))
+        dx = L.reshape(dx, x.shape)
+    if output_mask[1]:
+        centred = L.apply("-", L.reshape(ds, (n, group, cpg)),
+                          L.apply("*", L.reshape(db, (n, group, cpg)), L.reshape(mean, (n, group, 1))))
+        dw = L.reshape(L.reduce("sum", L.apply("*", centred, L.reshape(rstd, (n, group, 1))), [0], False), (c,))
+    if output_mask[2]:
+        dbias = L.reduce("sum", db, [0], False)
+    return _as_traced(L, (dx, dw, dbias))
+
+
+def _weight_norm(L, v, g, dim=0):
+    """`_weight_norm_interface` (`nn.utils.weight_norm`, wav2vec2's positional convolution):
+    `v * g / |v|`, the norm over every axis but `dim`, kept as `g`'s shape; (weight, norm)."""
+    v, g = L.val(v), L.val(g)
+    a = L.axis(dim, v.rank)
+    axes = [i for i in range(v.rank) if i != a]
+    if not axes:
+        raise ExportError("weight norm of a 1-d tensor")
+    norm = L.apply("sqrt", L.reduce("sum", L.apply("*", v, v), axes, True))
+    return L.apply("*", v, L.apply("/", g, norm)), norm
+
+
+def _weight_norm_backward(L, grad_w, v, g, norm, dim=0):
+    """`_weight_norm_interface_backward`, as PyTorch's kernel computes it: with
+    `s = sum(grad_w * v)` over every axis but `dim`, grad_g `= s / |v|` and grad_v
+    `= g / |v| * (grad_w - v * s / |v|^2)`."""
+    gw, v, g, norm = L.val(grad_w), L.val(v), L.val(g), L.val(norm)
+    a = L.axis(dim, v.rank)
+    s = L.reduce("sum", L.apply("*", gw, v), [i for i in range(v.rank) if i != a], True)
+    grad_g = L.apply("/", s, norm)
+    grad_v = L.apply("*", L.apply("/", g, norm),
+                     L.apply("-", gw, L.apply("*", v, L.apply("/", s, L.apply("*", norm, norm)))))
+    return grad_v, grad_g
 
 # --- attention as PyTorch's fused SDPA kernels spell it (forward and backward)
 
@@ -2423,6 +2945,8 @@ LOWERINGS = {
     "zeros_like": _like(0.0),
     "ones_like": _like(1.0),
     "full_like": _like(None),
+    "new_empty": _new_empty,
+    "new_empty_strided": _new_empty,
     "scaled_dot_product_attention": _sdpa,
     "sdpa_math_mask": _sdpa_math_mask,
     "threshold_backward": _threshold_backward,
@@ -2475,6 +2999,17 @@ LOWERINGS = {
     "any": _any,
     "convolution": _convolution,
     "convolution_backward": _convolution_backward,
+    "max_pool2d_with_indices": _max_pool2d_with_indices,
+    "max_pool2d_with_indices_backward": _max_pool2d_with_indices_backward,
+    "avg_pool2d": _avg_pool2d,
+    "avg_pool2d_backward": _avg_pool2d_backward,
+    "_native_batch_norm_legit_no_training": _batch_norm_no_training,
+    "_native_batch_norm_legit_functional": _batch_norm_functional,
+    "native_batch_norm_backward": _batch_norm_backward,
+    "native_group_norm": _group_norm,
+    "native_group_norm_backward": _group_norm_backward,
+    "_weight_norm_interface": _weight_norm,
+    "_weight_norm_interface_backward": _weight_norm_backward,
     "_assert_tensor_metadata": _nothing,
     "_assert_async": _nothing,
     "_assert_scalar": _nothing,
