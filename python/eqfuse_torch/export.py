@@ -1327,6 +1327,19 @@ def _threshold_backward(L, grad, x, threshold):
     return _where(L, L.compare("<=", x, threshold), 0.0, grad)
 
 
+def _hardtanh(L, x, min_val=-1.0, max_val=1.0):
+    """`hardtanh` (MobileNet's ReLU6 is `hardtanh(x, 0, 6)`): `x` clamped to the range."""
+    return _clamp(L, x, min_val, max_val)
+
+
+def _hardtanh_backward(L, grad, x, min_val, max_val):
+    """The gradient passes where `min_val < x < max_val`, as PyTorch's kernel lets it; zero at
+    and beyond the ends."""
+    inside = L.apply("where", L.compare(">", x, min_val), L.compare("<", x, max_val), L.cast(L.lit(0), "bool"),
+                     dtype="bool")
+    return _where(L, inside, grad, 0.0)
+
+
 def _tanh_backward(L, grad, y):
     return L.apply("*", grad, L.apply("-", L.lit(1), L.apply("*", y, y)))
 
@@ -2234,6 +2247,40 @@ def _batch_norm_no_training(L, x, weight, bias, running_mean, running_var, momen
     return _as_traced(L, (y,) + _saved_stats(L, 1, mean, invstd))
 
 
+def _batch_norm_train(L, x, weight, bias, eps):
+    """Batch norm by the batch's statistics: the mean and biased variance over every axis but
+    the channels; (out, save_mean `[C]`, save_invstd `[C]`, the variance `[C]`, the count of
+    elements a channel)."""
+    x = _f32(L, x)
+    if x.rank < 2:
+        raise ExportError(f"batch norm of a tensor of shape {list(x.shape)}")
+    c = x.shape[1]
+    axes = [0] + list(range(2, x.rank))
+    mean = L.reduce("mean", x, axes, True)
+    xc = L.apply("-", x, mean)
+    var = L.reduce("mean", L.apply("*", xc, xc), axes, True)
+    invstd = L.apply("rsqrt", L.apply("+", var, L.lit(eps)))
+    y = _batch_norm_affine(L, L.apply("*", xc, invstd), weight, bias)
+    return (y,) + tuple(L.reshape(v, (c,)) for v in (mean, invstd, var)) + (x.numel // c,)
+
+
+def _batch_norm_legit(L, x, weight, bias, *rest):
+    """`_native_batch_norm_legit`: `.no_stats` (no running statistics: BiT's weight
+    standardisation normalises each filter so) by the batch's statistics in training; `.default`
+    in eval mode by the running ones. In training `.default` writes the running statistics in
+    place, which a graph cannot: refused (a functionalized graph holds the `_functional` form).
+    (out, save_mean, save_invstd)."""
+    if L.node.target._overloadname == "no_stats":
+        training, momentum, eps = rest
+        if not training:
+            raise ExportError("batch norm in eval mode without running statistics")
+        return _as_traced(L, _batch_norm_train(L, x, weight, bias, eps)[:3])
+    running_mean, running_var, training, momentum, eps = rest
+    if training:
+        raise ExportError("batch norm in training that updates its running statistics in place")
+    return _batch_norm_no_training(L, x, weight, bias, running_mean, running_var, momentum, eps)
+
+
 def _batch_norm_functional(L, x, weight, bias, running_mean, running_var, training, momentum, eps):
     """`_native_batch_norm_legit_functional`, as PyTorch's decomposition computes it: in training,
     normalised by the batch's mean and biased variance over every axis but the channels, and
@@ -2242,21 +2289,12 @@ def _batch_norm_functional(L, x, weight, bias, running_mean, running_var, traini
     if not training:
         y, mean, invstd = _batch_norm_eval(L, x, weight, bias, running_mean, running_var, eps)
         return _as_traced(L, (y,) + _saved_stats(L, 1, mean, invstd) + (L.val(running_mean), L.val(running_var)))
-    x = _f32(L, x)
-    if x.rank < 2:
-        raise ExportError(f"batch norm of a tensor of shape {list(x.shape)}")
-    c = x.shape[1]
-    axes = [0] + list(range(2, x.rank))
-    n = x.numel // c
-    mean = L.reduce("mean", x, axes, True)
-    xc = L.apply("-", x, mean)
-    var = L.reduce("mean", L.apply("*", xc, xc), axes, True)
-    invstd = L.apply("rsqrt", L.apply("+", var, L.lit(eps)))
-    y = _batch_norm_affine(L, L.apply("*", xc, invstd), weight, bias)
-    save_mean, save_invstd, var_c = (L.reshape(v, (c,)) for v in (mean, invstd, var))
+    y, save_mean, save_invstd, var_c, n = _batch_norm_train(L, x, weight, bias, eps)
     keep = L.lit(1 - momentum)
     new_mean = L.apply("+", L.apply("*", save_mean, L.lit(momentum)), L.apply("*", _f32(L, running_mean), keep))
-    unbiased = L.apply("*", var_c, L.lit(n / (n - 1))) if n > 1 else var_c
+    if n < 2:
+        raise ExportError("batch norm in training with one value a channel (no unbiased variance)")
+    unbiased = L.apply("*", var_c, L.lit(n / (n - 1)))
     new_var = L.apply("+", L.apply("*", unbiased, L.lit(momentum)), L.apply("*", _f32(L, running_var), keep))
     return _as_traced(L, (y, save_mean, save_invstd, new_mean, new_var))
 
@@ -2950,6 +2988,8 @@ LOWERINGS = {
     "scaled_dot_product_attention": _sdpa,
     "sdpa_math_mask": _sdpa_math_mask,
     "threshold_backward": _threshold_backward,
+    "hardtanh": _hardtanh,
+    "hardtanh_backward": _hardtanh_backward,
     "tanh_backward": _tanh_backward,
     "sigmoid_backward": _sigmoid_backward,
     "gelu_backward": _gelu_backward,
@@ -3005,6 +3045,7 @@ LOWERINGS = {
     "avg_pool2d_backward": _avg_pool2d_backward,
     "_native_batch_norm_legit_no_training": _batch_norm_no_training,
     "_native_batch_norm_legit_functional": _batch_norm_functional,
+    "_native_batch_norm_legit": _batch_norm_legit,
     "native_batch_norm_backward": _batch_norm_backward,
     "native_group_norm": _group_norm,
     "native_group_norm_backward": _group_norm_backward,

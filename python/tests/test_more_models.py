@@ -426,7 +426,8 @@ def test_avg_pool_and_its_backward(case, include_pad, divisor, tmp_path):
 @pytest.mark.parametrize("shape", [(4, 3, 5, 6), (6, 5), (3, 4, 7)])
 def test_batch_norm_and_its_backward(shape, tmp_path):
     """Batch norm in eval mode, in training (the functional form: batch statistics, running
-    ones moved by the momentum towards the unbiased variance) and its backward, both modes."""
+    ones moved by the momentum towards the unbiased variance; without running statistics, BiT's
+    weight standardisation) and its backward, both modes."""
     gen = torch.Generator().manual_seed(len(shape))
     c = shape[1]
     x, g = torch.randn(shape, generator=gen) * 2 + 1, torch.randn(shape, generator=gen)
@@ -440,7 +441,9 @@ def test_batch_norm_and_its_backward(shape, tmp_path):
                                                          [True, True, True])
         back_eval = torch.ops.aten.native_batch_norm_backward(g, x, w, rm, rv, None, None, False, 1e-5,
                                                               [True, True, True])
-        return (ev,) + tuple(tr) + tuple(back) + tuple(back_eval)
+        legit = torch.ops.aten._native_batch_norm_legit.no_stats(x, w, b, True, 0.1, 1e-5)
+        legit_eval = torch.ops.aten._native_batch_norm_legit(x, w, b, rm, rv, False, 0.1, 1e-5)[0]
+        return (ev,) + tuple(tr) + tuple(back) + tuple(back_eval) + tuple(legit) + (legit_eval,)
 
     _check(fn, [x, g, w, b, rm, rv], tmp_path, rtol=1e-4, atol=1e-5)
 
@@ -525,3 +528,15 @@ def test_transposed_convolution_is_refused():
         torch.randn(1, 4, 5, 5), torch.randn(4, 2, 3, 3))
     with pytest.raises(ExportError, match="transposed convolution"):
         export_graph_module(gm)
+
+
+def test_hardtanh_and_its_backward(tmp_path):
+    """`hardtanh` (ReLU6) and its backward, the gradient zero at the ends of the range."""
+    x = torch.tensor([-2.0, -1.0, 0.0, 0.5, 3.0, 6.0, 7.5, -0.5])
+    g = torch.arange(8.0) + 1
+
+    def fn(x, g):
+        return (torch.ops.aten.hardtanh(x, 0.0, 6.0), torch.ops.aten.hardtanh(x),
+                torch.ops.aten.hardtanh_backward(g, x, 0.0, 6.0), torch.ops.aten.hardtanh_backward(g, x, -1.0, 1.0))
+
+    _check(fn, [x, g], tmp_path)
