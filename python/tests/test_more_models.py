@@ -120,12 +120,12 @@ def segformer():
 
 def funnel():
     cfg = T.FunnelConfig(vocab_size=VOCAB, d_model=64, n_head=4, d_head=16, d_inner=128, block_sizes=[1, 1],
-                         hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+                         num_decoder_layers=1, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
     return T.FunnelModel(cfg), {"input_ids": _ids(), "attention_mask": _padding()}
 
 
 def whisper_encoder():
-    cfg = T.WhisperConfig(vocab_size=VOCAB, num_mel_bins=8, d_model=64, encoder_layers=2, decoder_layers=1,
+    cfg = T.WhisperConfig(vocab_size=VOCAB, num_mel_bins=8, d_model=64, encoder_layers=1, decoder_layers=1,
                           encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
                           decoder_ffn_dim=128, max_source_positions=16, max_target_positions=64,
                           pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
@@ -134,7 +134,7 @@ def whisper_encoder():
 
 
 def wav2vec2():
-    cfg = T.Wav2Vec2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    cfg = T.Wav2Vec2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
                            intermediate_size=128, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
                            num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, hidden_dropout=0.0,
                            attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0, layerdrop=0.0,
