@@ -1947,8 +1947,35 @@ class _Windows:
             pads.append((padding[i], max(reach - sizes[i] - padding[i], 0)))
         return _Windows(list(kernel), list(stride), list(dilation), list(outs), pads, sizes)
 
+    def index(self, L, i: int) -> Value:
+        """The i32 `[O, K]` table of the padded positions the windows read along axis `i`."""
+        return _window_index(L, self.outs[i], self.kernel[i], self.stride[i], self.dilation[i])
+
+    def valid(self, L, i: int) -> Value | None:
+        """Which taps of the table along axis `i` are in their window (None: all are)."""
+        return None
+
+    def sliceable(self, i: int) -> bool:
+        """Whether the windows along axis `i` are one tap each, a strided slice."""
+        return self.kernel[i] == 1
+
+    def mask(self, L) -> Value | None:
+        """Which elements of `[O1, K1, O2, K2]` are in their windows (None: all are)."""
+        n = len(self.kernel)
+        out = None
+        for i in range(n):
+            v = self.valid(L, i)
+            if v is None:
+                continue
+            shape = [1] * (2 * n)
+            shape[2 * i], shape[2 * i + 1] = self.outs[i], self.kernel[i]
+            v = L.reshape(v, tuple(shape))
+            out = v if out is None else L.apply("where", out, v, L.cast(L.lit(0), "bool"), dtype="bool")
+        return out
+
     def gather(self, L, x: Value, fill: float) -> Value:
-        """`x` `[..., S1, S2]` padded with `fill` and read as `[..., O1, K1, O2, K2]`."""
+        """`x` `[..., S1, S2]` padded with `fill` and read as `[..., O1, K1, O2, K2]`; taps
+        outside their windows (`mask`) read `fill` too."""
         n = len(self.kernel)
         r = x.rank - n
         flat = [p for lo_hi in reversed(self.pads) for p in lo_hi]
@@ -1956,29 +1983,36 @@ class _Windows:
             x = _constant_pad(L, x, flat, fill)
         for i in range(n):
             a = r + 2 * i
-            if self.kernel[i] == 1:
+            if self.sliceable(i):
                 x = _slice(L, x, a, 0, (self.outs[i] - 1) * self.stride[i] + 1, self.stride[i])
                 x = L.reshape(x, x.shape[:a + 1] + (1,) + x.shape[a + 1:])
             else:
-                x = _gather(L, x, _window_index(L, self.outs[i], self.kernel[i], self.stride[i], self.dilation[i]), a)
+                x = _gather(L, x, self.index(L, i), a)
+        m = self.mask(L)
+        if m is not None:
+            x = L.apply("where", m, x, L.cast(L.lit(fill), x.dtype), dtype=x.dtype)
         return x
 
     def scatter(self, L, cols: Value) -> Value:
         """The backward of `gather`: `[..., O1, K1, O2, K2]` added back at the positions each
-        element was read from, the padding sliced off: `[..., S1, S2]`."""
+        element was read from, the padding sliced off: `[..., S1, S2]`; taps outside their
+        windows add nothing."""
         n = len(self.kernel)
         r = cols.rank - 2 * n
+        m = self.mask(L)
+        if m is not None:
+            cols = L.apply("where", m, cols, L.cast(L.lit(0), cols.dtype), dtype=cols.dtype)
         for i in reversed(range(n)):
             a = r + 2 * i
             lo, hi = self.pads[i]
             p = self.sizes[i] + lo + hi
-            if self.kernel[i] == 1:
+            if self.sliceable(i):
                 cols = L.reshape(cols, cols.shape[:a + 1] + cols.shape[a + 2:])
                 if self.stride[i] == 1 and self.outs[i] == p:
                     continue
                 idx = L.apply("*", _iota(L, self.outs[i]), _i32(L, self.stride[i]))
             else:
-                idx = _window_index(L, self.outs[i], self.kernel[i], self.stride[i], self.dilation[i])
+                idx = self.index(L, i)
             cols = _scatter_add(L, idx, cols, a, p)
         for i in range(n):
             lo, _ = self.pads[i]
@@ -2020,6 +2054,49 @@ class _Windows:
         for i in range(n):
             perm += [r + i, r + n + i]
         return L.permute(y, perm)
+
+
+class _AdaptiveWindows(_Windows):
+    """An adaptive pool's windows over the last two axes: output o of an axis of S reads
+    `[floor(o S / O), ceil((o + 1) S / O))`, windows of uneven sizes, read as K taps (the
+    largest size) of which those past a window's end are outside it (`valid`; their positions
+    are clamped into the axis for the gather)."""
+
+    @staticmethod
+    def of(shape, outs) -> "_AdaptiveWindows":
+        sizes = list(shape[-2:])
+        if len(outs) != 2 or any(o < 1 for o in outs):
+            raise ExportError(f"adaptive pooling of {list(shape)} to {list(outs)}")
+        kernel = [max(-(-(o + 1) * s // n) - (o * s // n) for o in range(n)) for s, n in zip(sizes, outs)]
+        return _AdaptiveWindows(kernel, [1, 1], [1, 1], list(outs), [(0, 0), (0, 0)], sizes)
+
+    def bounds(self, L, i: int) -> tuple[Value, Value]:
+        """The i32 `[O, 1]` start and end of each window along axis `i`."""
+        s, n = self.sizes[i], self.outs[i]
+        o = L.reshape(_iota(L, n), (n, 1))
+        start = L.apply("/", L.apply("*", o, _i32(L, s)), _i32(L, n), dtype="i32")
+        end = L.apply("/", L.apply("+", L.apply("*", o, _i32(L, s)), _i32(L, s + n - 1)), _i32(L, n), dtype="i32")
+        return start, end
+
+    def index(self, L, i: int) -> Value:
+        start, _ = self.bounds(L, i)
+        pos = L.apply("+", start, L.reshape(_iota(L, self.kernel[i]), (1, self.kernel[i])))
+        return L.apply("min", pos, _i32(L, self.sizes[i] - 1))
+
+    def valid(self, L, i: int) -> Value | None:
+        start, end = self.bounds(L, i)
+        if self.sizes[i] % self.outs[i] == 0:
+            return None  # windows of one size
+        pos = L.apply("+", start, L.reshape(_iota(L, self.kernel[i]), (1, self.kernel[i])))
+        return L.apply("<", pos, end, dtype="bool")
+
+    def sliceable(self, i: int) -> bool:
+        return False
+
+    def counts(self, L) -> Value:
+        """The f32 `[O1, O2]` count of elements in each window."""
+        c = [L.cast(L.apply("-", *reversed(self.bounds(L, i))), "f32") for i in range(2)]
+        return L.apply("*", L.reshape(c[0], (self.outs[0], 1)), L.reshape(c[1], (1, self.outs[1])))
 
 
 def _conv_windows(L, x, wt, stride, padding, dilation, transposed, groups, outs) -> tuple[_Windows, int]:
@@ -2110,15 +2187,11 @@ def _pool_windows(L, x, kernel_size, stride, padding, dilation, outs) -> _Window
     return _Windows.of(x.shape, k, s, _ints(padding, 2, "padding"), _ints(dilation, 2, "dilation"), list(outs))
 
 
-def _max_pool2d_with_indices(L, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    """`max_pool2d_with_indices`: each window's largest value (padding is `-inf`, so never
+def _window_max(L, w: _Windows, x: Value, out: tuple[int, ...]) -> tuple[Value, Value]:
+    """Each window's largest value (padding and taps outside the window are `-inf`, so never
     picked) and, as PyTorch numbers it, the flat position `h * W + w` within the input plane of
     the first element that equals it (an `amin` of the positions where the window equals its
-    max: positions grow in the window's order). `ceil_mode` is in the output sizes: the last
-    windows read `-inf` past the padding."""
-    x = L.val(x)
-    out = _static_shape(L.node.meta["val"][0], L.node)
-    w = _pool_windows(L, x, kernel_size, stride, padding, dilation, out[-2:])
+    max: positions grow in the window's order)."""
     rows = w.taps_last(L, w.gather(L, x, -math.inf))  # [..., O1, O2, K]
     m = L.reduce("amax", rows, [-1], True)
     hit = L.compare("==", rows, m)
@@ -2126,8 +2199,8 @@ def _max_pool2d_with_indices(L, x, kernel_size, stride=(), padding=0, dilation=1
     width = w.sizes[1]
     kh, kw = w.kernel
     oh, ow = w.outs
-    hs = L.apply("-", _window_index(L, oh, kh, w.stride[0], w.dilation[0]), _i32(L, h_lo))
-    ws = L.apply("-", _window_index(L, ow, kw, w.stride[1], w.dilation[1]), _i32(L, w_lo))
+    hs = L.apply("-", w.index(L, 0), _i32(L, h_lo)) if h_lo else w.index(L, 0)
+    ws = L.apply("-", w.index(L, 1), _i32(L, w_lo)) if w_lo else w.index(L, 1)
     pos = L.apply("+", L.apply("*", L.reshape(hs, (oh, 1, kh, 1)), _i32(L, width)), L.reshape(ws, (1, ow, 1, kw)))
     pos = L.reshape(pos, (oh, ow, kh * kw))
     big = _i32(L, w.sizes[0] * width)
@@ -2135,9 +2208,31 @@ def _max_pool2d_with_indices(L, x, kernel_size, stride=(), padding=0, dilation=1
     return L.reshape(m, out), L.cast(idx, dtype_name(L.node.meta["val"][1].dtype))
 
 
+def _max_pool2d_with_indices(L, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """`max_pool2d_with_indices` (`_window_max`). `ceil_mode` is in the output sizes: the last
+    windows read `-inf` past the padding."""
+    x = L.val(x)
+    out = _static_shape(L.node.meta["val"][0], L.node)
+    return _window_max(L, _pool_windows(L, x, kernel_size, stride, padding, dilation, out[-2:]), x, out)
+
+
+def _adaptive_max_pool2d(L, x, output_size):
+    """`adaptive_max_pool2d` (`_AdaptiveWindows`, `_window_max`)."""
+    x = L.val(x)
+    if x.rank not in (3, 4):
+        raise ExportError(f"2-d pooling of a tensor of shape {list(x.shape)}")
+    out = _static_shape(L.node.meta["val"][0], L.node)
+    return _window_max(L, _AdaptiveWindows.of(x.shape, out[-2:]), x, out)
+
+
 def _max_pool2d_with_indices_backward(L, grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
     """Each window's gradient added at the input position its max came from: one scatter-add
     into the flattened input at `plane * i + index` (i the plane: batch and channel)."""
+    return _adaptive_max_pool2d_backward(L, grad, x, indices)
+
+
+def _adaptive_max_pool2d_backward(L, grad, x, indices):
+    """The backward of a max pool by its indices (`_max_pool2d_with_indices_backward`)."""
     g, x, idx = L.val(grad), L.val(x), _index32(L, L.val(indices))
     lead = x.shape[:-2]
     planes, plane = math.prod(lead), x.shape[-2] * x.shape[-1]
@@ -2175,6 +2270,26 @@ def _avg_pool2d(L, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_
     w = _pool_windows(L, x, kernel_size, stride, padding, 1, out[-2:])
     s = L.reduce("sum", w.taps_last(L, w.gather(L, x, 0.0)), [-1], False)
     return L.apply("/", s, L.cast(_pool_divisor(L, w, count_include_pad, divisor_override), x.dtype))
+
+
+def _adaptive_avg_pool2d(L, x, output_size):
+    """`_adaptive_avg_pool2d`: each window's sum (`_AdaptiveWindows`) over its count."""
+    x = L.val(x)
+    if x.rank not in (3, 4):
+        raise ExportError(f"2-d pooling of a tensor of shape {list(x.shape)}")
+    w = _AdaptiveWindows.of(x.shape, L.out_shape()[-2:])
+    s = L.reduce("sum", w.taps_last(L, w.gather(L, x, 0.0)), [-1], False)
+    return L.apply("/", s, L.cast(w.counts(L), x.dtype))
+
+
+def _adaptive_avg_pool2d_backward(L, grad, x):
+    """Each output's gradient over its window's count, added back over the window."""
+    g, x = L.val(grad), L.val(x)
+    w = _AdaptiveWindows.of(x.shape, g.shape[-2:])
+    share = L.apply("/", g, L.cast(w.counts(L), g.dtype))
+    k = math.prod(w.kernel)
+    rows = L.broadcast(L.reshape(share, share.shape + (1,)), share.shape + (k,))
+    return w.scatter(L, w.taps_last_back(L, rows))
 
 
 def _avg_pool2d_backward(L, grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
@@ -3043,6 +3158,10 @@ LOWERINGS = {
     "max_pool2d_with_indices_backward": _max_pool2d_with_indices_backward,
     "avg_pool2d": _avg_pool2d,
     "avg_pool2d_backward": _avg_pool2d_backward,
+    "_adaptive_avg_pool2d": _adaptive_avg_pool2d,
+    "_adaptive_avg_pool2d_backward": _adaptive_avg_pool2d_backward,
+    "adaptive_max_pool2d": _adaptive_max_pool2d,
+    "adaptive_max_pool2d_backward": _adaptive_max_pool2d_backward,
     "_native_batch_norm_legit_no_training": _batch_norm_no_training,
     "_native_batch_norm_legit_functional": _batch_norm_functional,
     "_native_batch_norm_legit": _batch_norm_legit,

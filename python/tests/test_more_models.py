@@ -540,3 +540,21 @@ def test_hardtanh_and_its_backward(tmp_path):
                 torch.ops.aten.hardtanh_backward(g, x, 0.0, 6.0), torch.ops.aten.hardtanh_backward(g, x, -1.0, 1.0))
 
     _check(fn, [x, g], tmp_path)
+
+
+@pytest.mark.parametrize("shape,out", [((2, 3, 7, 7), (3, 2)), ((2, 3, 8, 6), (4, 3)), ((3, 5, 4), (6, 1)),
+                                       ((2, 3, 9, 5), (1, 1))])
+def test_adaptive_pools_and_their_backward(shape, out, tmp_path):
+    """`_adaptive_avg_pool2d` and `adaptive_max_pool2d` with their backward ops against
+    PyTorch: windows of uneven sizes (7 into 3), of one size, more outputs than inputs."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=gen).round(decimals=0)  # ties in windows
+    g = torch.randn(shape[:-2] + out, generator=gen)
+
+    def fn(x, g):
+        avg = torch.ops.aten._adaptive_avg_pool2d(x, out)
+        mx, i = torch.ops.aten.adaptive_max_pool2d(x, out)
+        return (avg, torch.ops.aten._adaptive_avg_pool2d_backward(g, x), mx, i,
+                torch.ops.aten.adaptive_max_pool2d_backward(g, x, i))
+
+    _check(fn, [x, g], tmp_path)
