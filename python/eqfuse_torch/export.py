@@ -1845,7 +1845,7 @@ def _patch_conv(x, weight, stride, padding, dilation, transposed, groups) -> boo
 def _convolution(L, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """`aten.convolution`: patches (stride equal to the kernel) as one product (`_patches`);
     any other 1-d, 2-d or 3-d convolution as windows gathered from the padded input, each
-    group's product with its weights (`_conv_general`); a transposed one is refused."""
+    group's product with its weights, and transposed ones (`_conv_general`)."""
     x, wt = L.val(x), L.val(weight)
     if not _patch_conv(x, wt, stride, padding, dilation, transposed, groups):
         return _conv_general(L, x, wt, bias, stride, padding, dilation, transposed, groups)
@@ -2099,20 +2099,17 @@ class _AdaptiveWindows(_Windows):
         return L.apply("*", L.reshape(c[0], (self.outs[0], 1)), L.reshape(c[1], (1, self.outs[1])))
 
 
-def _conv_windows(L, x, wt, stride, padding, dilation, transposed, groups, outs) -> tuple[_Windows, int]:
-    """The windows of a convolution of `x` `[B, C, *S]` by `wt` `[O, C/groups, *K]` (1-d to
-    3-d; a transposed one is refused), and its group count."""
+def _conv_windows(L, shape, wt, stride, padding, dilation, groups, outs) -> _Windows:
+    """The windows of a convolution of an input of `shape` `[B, C, *S]` by `wt`
+    `[O, C/groups, *K]` (1-d to 3-d) giving `outs` outputs along each spatial axis."""
     n = wt.rank - 2
-    if transposed:
-        raise ExportError("a transposed convolution (ConvTranspose) is not supported")
-    if n < 1 or n > 3 or x.rank != n + 2:
-        raise ExportError(f"a convolution of {list(x.shape)} by {list(wt.shape)} (batched 1-d to 3-d expected)")
-    c, o = x.shape[1], wt.shape[0]
+    if n < 1 or n > 3 or len(shape) != n + 2:
+        raise ExportError(f"a convolution of {list(shape)} by {list(wt.shape)} (batched 1-d to 3-d expected)")
+    c, o = shape[1], wt.shape[0]
     if groups < 1 or c % groups or o % groups or wt.shape[1] * groups != c:
         raise ExportError(f"a convolution of {c} channels into {o} in {groups} groups by {list(wt.shape)}")
-    w = _Windows.of(x.shape, list(wt.shape[2:]), _ints(stride, n, "stride"), _ints(padding, n, "padding"),
-                    _ints(dilation, n, "dilation"), list(outs))
-    return w, groups
+    return _Windows.of(shape, list(wt.shape[2:]), _ints(stride, n, "stride"), _ints(padding, n, "padding"),
+                       _ints(dilation, n, "dilation"), list(outs))
 
 
 def _depthwise(wt, groups) -> bool:
@@ -2121,57 +2118,91 @@ def _depthwise(wt, groups) -> bool:
     return groups > 1 and wt.shape[1] == 1 and wt.shape[0] == groups
 
 
-def _conv_general(L, x, wt, bias, stride, padding, dilation, transposed, groups):
-    """A convolution as im2col: the windows of the padded input `[B, C, K, N]` (K taps, N
-    outputs), then per group the product `[O/G, C/G K] @ [C/G K, N]` (the weight reshaped, no
-    copy); a depthwise one multiplies each channel's taps by its weights and sums them. The
-    bias is added last."""
-    out = L.out_shape()
-    w, g = _conv_windows(L, x, wt, stride, padding, dilation, transposed, groups, out[2:])
+def _conv_product(L, x, wt, w: _Windows, g: int) -> Value:
+    """A convolution (no bias) of `x` `[B, C, *S]` by `wt` `[O, C/G, *K]` over windows `w`, as
+    `[B, O, N]`: im2col, the windows of the padded input `[B, C, K, N]` (K taps, N outputs),
+    then per group the product `[O/G, C/G K] @ [C/G K, N]` (the weight reshaped, no copy); a
+    depthwise one multiplies each channel's taps by its weights and sums them."""
     b, c = x.shape[:2]
     o = wt.shape[0]
     k, n = math.prod(w.kernel), math.prod(w.outs)
     cols = w.taps_first(L, w.gather(L, x, 0.0))  # [B, C, K, N]
     if _depthwise(wt, g):
-        y = L.reduce("sum", L.apply("*", cols, L.reshape(wt, (c, k, 1))), [2], False)  # [B, C, N]
-    elif g == 1:
-        y = L.matmul(L.reshape(wt, (o, c * k)), L.reshape(cols, (b, c * k, n)))  # [B, O, N]
+        return L.reduce("sum", L.apply("*", cols, L.reshape(wt, (c, k, 1))), [2], False)  # [B, C, N]
+    if g == 1:
+        return L.matmul(L.reshape(wt, (o, c * k)), L.reshape(cols, (b, c * k, n)))  # [B, O, N]
+    cg, og = c // g, o // g
+    y = L.matmul(L.reshape(wt, (g, og, cg * k)), L.reshape(cols, (b, g, cg * k, n)))  # [B, G, O/G, N]
+    return L.reshape(y, (b, o, n))
+
+
+def _conv_input_grad(L, grad, wt, w: _Windows, g: int, shape) -> Value:
+    """The gradient of `_conv_product` for its input (of `shape`), given the output's `grad`
+    `[B, O, *outs]`: the weights' transposed product with it (per group; a depthwise one
+    elementwise), scattered back to the input positions the columns were read from (col2im,
+    `_Windows.scatter`)."""
+    b, c = shape[:2]
+    o = wt.shape[0]
+    k, n = math.prod(w.kernel), math.prod(w.outs)
+    cg, og = c // g, o // g
+    if _depthwise(wt, g):
+        dcols = L.apply("*", L.reshape(grad, (b, c, 1, n)), L.reshape(wt, (c, k, 1)))  # [B, C, K, N]
     else:
-        cg, og = c // g, o // g
-        y = L.matmul(L.reshape(wt, (g, og, cg * k)), L.reshape(cols, (b, g, cg * k, n)))  # [B, G, O/G, N]
-        y = L.reshape(y, (b, o, n))
-    if bias is not None:
-        y = L.apply("+", y, L.reshape(L.val(bias), (o, 1)))
-    return L.reshape(y, out)
+        wg = L.swap(L.reshape(wt, (g, og, cg * k)), 1, 2)  # [G, C/G K, O/G]
+        dcols = L.matmul(wg, L.reshape(grad, (b, g, og, n)))  # [B, G, C/G K, N]
+    return w.scatter(L, w.taps_back(L, L.reshape(dcols, (b, c, k, n))))
 
 
-def _conv_general_backward(L, grad, x, wt, stride, padding, dilation, transposed, groups, output_mask):
-    """The backward of `_conv_general`: grad_weight is the output's gradient times the same
-    columns (summed over the batch); grad_input the weights' transposed product with it,
-    scattered back to the input positions the columns were read from (col2im, `_Windows.scatter`);
-    grad_bias a sum."""
-    w, g = _conv_windows(L, x, wt, stride, padding, dilation, transposed, groups, grad.shape[2:])
+def _conv_weight_grad(L, grad, x, wt, w: _Windows, g: int) -> Value:
+    """The gradient of `_conv_product` for its weight: the output's `grad` times the same
+    columns, summed over the batch."""
     b, c = x.shape[:2]
     o = wt.shape[0]
     k, n = math.prod(w.kernel), math.prod(w.outs)
     cg, og = c // g, o // g
-    depthwise = _depthwise(wt, g)
+    cols = w.taps_first(L, w.gather(L, x, 0.0))  # [B, C, K, N]
+    if _depthwise(wt, g):
+        dw = L.reduce("sum", L.apply("*", cols, L.reshape(grad, (b, c, 1, n))), [0, 3], False)  # [C, K]
+    else:
+        cols = L.swap(L.reshape(cols, (b, g, cg * k, n)), 2, 3)  # [B, G, N, C/G K]
+        dw = L.reduce("sum", L.matmul(L.reshape(grad, (b, g, og, n)), cols), [0], False)  # [G, O/G, C/G K]
+    return L.reshape(dw, wt.shape)
+
+
+def _conv_general(L, x, wt, bias, stride, padding, dilation, transposed, groups):
+    """A convolution as `_conv_product`, the bias added last. A transposed one (ConvTranspose,
+    weight `[C_in, C_out/G, *K]`) is the input gradient of the convolution it transposes, that
+    of its output's shape by the same weight: `_conv_input_grad` of `x` (`output_padding` is
+    in the traced output shape: positions no window reaches get the bias alone)."""
+    out = L.out_shape()
+    if transposed:
+        w = _conv_windows(L, out, wt, stride, padding, dilation, groups, x.shape[2:])
+        y = L.reshape(_conv_input_grad(L, x, wt, w, groups, out), (out[0], out[1], math.prod(out[2:])))
+    else:
+        y = _conv_product(L, x, wt, _conv_windows(L, x.shape, wt, stride, padding, dilation, groups, out[2:]), groups)
+    if bias is not None:
+        y = L.apply("+", y, L.reshape(L.val(bias), (out[1], 1)))
+    return L.reshape(y, out)
+
+
+def _conv_general_backward(L, grad, x, wt, stride, padding, dilation, transposed, groups, output_mask):
+    """The backward of `_conv_general`: grad_input and grad_weight by `_conv_input_grad` and
+    `_conv_weight_grad`; of a transposed convolution, the roles swapped (its input gradient is
+    the convolution of `grad`, its weight gradient that of the convolution with input `grad`
+    and output gradient `x`); grad_bias a sum."""
     dx = dw = db = None
-    if output_mask[0]:
-        if depthwise:
-            dcols = L.apply("*", L.reshape(grad, (b, c, 1, n)), L.reshape(wt, (c, k, 1)))  # [B, C, K, N]
-        else:
-            wg = L.swap(L.reshape(wt, (g, og, cg * k)), 1, 2)  # [G, C/G K, O/G]
-            dcols = L.matmul(wg, L.reshape(grad, (b, g, og, n)))  # [B, G, C/G K, N]
-        dx = w.scatter(L, w.taps_back(L, L.reshape(dcols, (b, c, k, n))))
-    if output_mask[1]:
-        cols = w.taps_first(L, w.gather(L, x, 0.0))  # [B, C, K, N]
-        if depthwise:
-            dw = L.reduce("sum", L.apply("*", cols, L.reshape(grad, (b, c, 1, n))), [0, 3], False)  # [C, K]
-        else:
-            cols = L.swap(L.reshape(cols, (b, g, cg * k, n)), 2, 3)  # [B, G, N, C/G K]
-            dw = L.reduce("sum", L.matmul(L.reshape(grad, (b, g, og, n)), cols), [0], False)  # [G, O/G, C/G K]
-        dw = L.reshape(dw, wt.shape)
+    if transposed:
+        w = _conv_windows(L, grad.shape, wt, stride, padding, dilation, groups, x.shape[2:])
+        if output_mask[0]:
+            dx = L.reshape(_conv_product(L, grad, wt, w, groups), x.shape)
+        if output_mask[1]:
+            dw = _conv_weight_grad(L, x, grad, wt, w, groups)
+    else:
+        w = _conv_windows(L, x.shape, wt, stride, padding, dilation, groups, grad.shape[2:])
+        if output_mask[0]:
+            dx = _conv_input_grad(L, grad, wt, w, groups, x.shape)
+        if output_mask[1]:
+            dw = _conv_weight_grad(L, grad, x, wt, w, groups)
     if output_mask[2]:
         db = L.reduce("sum", grad, [0] + list(range(2, grad.rank)), False)
     return dx, dw, db

@@ -523,11 +523,36 @@ def test_half_precision_norms(tmp_path):
         assert torch.allclose(g.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
-def test_transposed_convolution_is_refused():
-    gm = torch.fx.experimental.proxy_tensor.make_fx(torch.nn.functional.conv_transpose2d)(
-        torch.randn(1, 4, 5, 5), torch.randn(4, 2, 3, 3))
-    with pytest.raises(ExportError, match="transposed convolution"):
-        export_graph_module(gm)
+TRANSPOSED = [  # (input shape, weight shape [C_in, C_out/G, *K], stride, padding, output padding, dilation, groups)
+    ((2, 4, 5, 6), (4, 3, 3, 3), 2, 1, 1, 1, 1),
+    ((2, 4, 5, 5), (4, 2, 2, 2), 2, 0, 0, 1, 1),  # upsampling by 2 (DPT's, SAM's)
+    ((2, 4, 4, 5), (4, 1, 3, 2), (1, 2), (1, 0), (0, 1), (2, 1), 2),
+    ((2, 3, 7), (3, 5, 4), 3, 1, 2, 1, 1),  # 1-d
+]
+
+
+@pytest.mark.parametrize("case", range(len(TRANSPOSED)))
+def test_transposed_convolution_and_its_backward(case, tmp_path):
+    """A transposed convolution (`aten.convolution` with `transposed`) and its backward against
+    PyTorch: strides, padding, output padding, dilation, groups, 1-d and 2-d."""
+    xs, ws, stride, padding, out_pad, dilation, groups = TRANSPOSED[case]
+    gen = torch.Generator().manual_seed(case)
+    x, w = torch.randn(xs, generator=gen), torch.randn(ws, generator=gen)
+    b = torch.randn(ws[1] * groups, generator=gen)
+    n = len(xs) - 2
+
+    def ints(v):
+        return [v] * n if isinstance(v, int) else list(v)
+
+    args = (ints(stride), ints(padding), ints(dilation), True, ints(out_pad), groups)
+    y = torch.ops.aten.convolution(x, w, b, *args)
+    g = torch.randn(y.shape, generator=gen)
+
+    def fn(x, w, b, g):
+        y = torch.ops.aten.convolution(x, w, b, *args)
+        return (y,) + tuple(torch.ops.aten.convolution_backward(g, x, w, [b.shape[0]], *args, [True, True, True]))
+
+    _check(fn, [x, w, b, g], tmp_path, rtol=1e-4, atol=1e-4)
 
 
 def test_hardtanh_and_its_backward(tmp_path):
