@@ -1893,7 +1893,8 @@ def _convolution_backward(L, grad, x, weight, bias_sizes, stride, padding, dilat
 # padded to P, the positions `o * stride + k * dilation` (o < O outputs, k < K taps): one gather
 # per axis by an i32 `[O, K]` table turns `[..., P1, P2]` into `[..., O1, K1, O2, K2]`; the
 # backward scatter-adds `[..., O1, K1, O2, K2]` back at the same tables (col2im) and slices the
-# padding off. An axis with one tap is a strided slice, no gather.
+# padding off. An axis with one tap is a strided slice, no gather. Adaptive pools' windows of
+# uneven sizes are K taps (the largest window) with those past a window's end masked.
 
 
 def _ints(v, n: int, name: str) -> list[int]:
@@ -1923,9 +1924,9 @@ def _window_index(L, out: int, k: int, s: int, d: int) -> Value:
 @dataclass
 class _Windows:
     """A window op over the last `len(kernel)` axes: taps, strides, dilations, output sizes,
-    and the padding (low, high) of each axis; the high padding is what the last window reaches
-    (PyTorch's `ceil_mode` windows may reach past the padding it names; a window never reaches
-    the named high padding is left out)."""
+    the padding (low, high) and the size of each axis. The high padding is what the last window
+    reaches: PyTorch's `ceil_mode` windows may reach past the padding it names, and padding no
+    window reaches is left out."""
 
     kernel: list[int]
     stride: list[int]

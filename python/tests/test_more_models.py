@@ -17,8 +17,8 @@ in `test_models.py`): inference and a training step, every graph on eqfuse's pla
 gradients against eager.
 
 The lowerings themselves are checked on small graphs too (`test_cumsum`, `test_strided_slice_scatter`,
-`test_empty_results`, the convolutions, poolings and norms with their backward ops), against
-PyTorch on the CPU reference.
+`test_empty_results`, convolutions (transposed ones too), poolings (adaptive ones too) and norms
+with their backward ops), against PyTorch on the CPU reference.
 
 Run from the repository root: `python3 -m pytest python/tests/test_more_models.py`.
 """
