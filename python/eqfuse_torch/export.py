@@ -1307,6 +1307,13 @@ def _like(fill):
     return lower
 
 
+def _new_empty(L, x, *rest, **kw):
+    """`new_empty`, `new_empty_strided`: a tensor whose values are unspecified (Funnel's
+    backward makes one and copies into it whole), zeros of the result's shape and dtype; its
+    strides are a layout, which the graph's values do not have."""
+    return L.full(0.0, L.out_dtype(), L.out_shape())
+
+
 def _sdpa(L, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
     return _sdpa_forward(L, q, k, v, attn_mask, dropout_p, is_causal, scale, 1)
 
@@ -1318,6 +1325,19 @@ def _sdpa_math_mask(L, q, k, v, attn_mask, is_causal, scale, enable_gqa):
 
 def _threshold_backward(L, grad, x, threshold):
     return _where(L, L.compare("<=", x, threshold), 0.0, grad)
+
+
+def _hardtanh(L, x, min_val=-1.0, max_val=1.0):
+    """`hardtanh` (MobileNet's ReLU6 is `hardtanh(x, 0, 6)`): `x` clamped to the range."""
+    return _clamp(L, x, min_val, max_val)
+
+
+def _hardtanh_backward(L, grad, x, min_val, max_val):
+    """The gradient passes where `min_val < x < max_val`, as PyTorch's kernel lets it; zero at
+    and beyond the ends."""
+    inside = L.apply("where", L.compare(">", x, min_val), L.compare("<", x, max_val), L.cast(L.lit(0), "bool"),
+                     dtype="bool")
+    return _where(L, inside, grad, 0.0)
 
 
 def _tanh_backward(L, grad, y):
@@ -1420,11 +1440,12 @@ def _narrow(L, x, dim, start, length):
     return _slice(L, x, a, start, start + length, 1)
 
 
-def _concat(L, vals, a):
+def _concat(L, vals, a, dtype=None):
+    """`vals` joined along axis `a`, in `dtype` (the node's result dtype unless given)."""
     vals = [v for v in vals if v.numel > 0]
     if not vals:
         raise ExportError("a concatenation of empty tensors")
-    dtype = L.out_dtype()
+    dtype = dtype or L.out_dtype()
     vals = [L.cast(v, dtype) for v in vals]
     out = vals[0]
     for v in vals[1:]:
@@ -1769,7 +1790,7 @@ def _constant_pad(L, x, pad, value=0.0):
         parts.append(x)
         if hi:
             parts.append(L.full(value, x.dtype, x.shape[:a] + (hi,) + x.shape[a + 1:]))
-        x = _concat(L, parts, a) if len(parts) > 1 else x
+        x = _concat(L, parts, a, x.dtype) if len(parts) > 1 else x
     return x
 
 
@@ -1810,19 +1831,25 @@ def _patches(L, x, p):
     return L.reshape(y, (b, (h // p) * (w // p), c * p * p))
 
 
-def _patch_conv_args(x, weight, stride, padding, dilation, transposed, output_padding, groups):
+def _patch_conv(x, weight, stride, padding, dilation, transposed, groups) -> bool:
+    """Whether a convolution is non-overlapping square patches (stride equal to the kernel, no
+    padding, dilation or groups, sizes divisible: ViT's patch embedding), which `_convolution`
+    lowers as one product of the image's patches, no gather."""
+    if x.rank != 4 or weight.rank != 4 or transposed or groups != 1:
+        return False
     o, c, kh, kw = weight.shape
-    if (x.rank != 4 or kh != kw or list(stride) != [kh, kw] or any(padding) or any(d != 1 for d in dilation)
-            or transposed or groups != 1 or x.shape[2] % kh or x.shape[3] % kw):
-        raise ExportError("a convolution other than non-overlapping square patches (stride equal to the kernel, "
-                          "no padding, dilation or groups); general convolution is not supported yet")
-    return o, c, kh
+    return (kh == kw and list(stride) == [kh, kw] and not any(padding) and all(d == 1 for d in dilation)
+            and not x.shape[2] % kh and not x.shape[3] % kw)
 
 
 def _convolution(L, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """A convolution whose stride equals its kernel (a patch embedding) as one product."""
+    """`aten.convolution`: patches (stride equal to the kernel) as one product (`_patches`);
+    any other 1-d, 2-d or 3-d convolution as windows gathered from the padded input, each
+    group's product with its weights, and transposed ones (`_conv_general`)."""
     x, wt = L.val(x), L.val(weight)
-    o, c, p = _patch_conv_args(x, wt, stride, padding, dilation, transposed, output_padding, groups)
+    if not _patch_conv(x, wt, stride, padding, dilation, transposed, groups):
+        return _conv_general(L, x, wt, bias, stride, padding, dilation, transposed, groups)
+    o, c, p, _ = wt.shape
     b, _, h, w = x.shape
     rows = _patches(L, x, p)
     wm = L.swap(L.reshape(wt, (o, c * p * p)), 0, 1)
@@ -1835,8 +1862,13 @@ def _convolution(L, x, weight, bias, stride, padding, dilation, transposed, outp
 
 def _convolution_backward(L, grad, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
                           groups, output_mask):
+    """`aten.convolution_backward`: (grad_input, grad_weight, grad_bias), each where
+    `output_mask` asks for it; patches as products of the patches, any other convolution by
+    `_conv_general_backward`."""
     x, wt, g = L.val(x), L.val(weight), L.val(grad)
-    o, c, p = _patch_conv_args(x, wt, stride, padding, dilation, transposed, output_padding, groups)
+    if not _patch_conv(x, wt, stride, padding, dilation, transposed, groups):
+        return _conv_general_backward(L, g, x, wt, stride, padding, dilation, transposed, groups, output_mask)
+    o, c, p, _ = wt.shape
     b, _, h, w = x.shape
     n = (h // p) * (w // p)
     gm = L.swap(L.reshape(g, (b, o, n)), 1, 2)  # [B, N, O]
@@ -1855,6 +1887,681 @@ def _convolution_backward(L, grad, x, weight, bias_sizes, stride, padding, dilat
         db = L.reduce("sum", g, [0, 2, 3], False)
     return dx, dw, db
 
+
+# --- windows: general convolution, pooling (and their backward ops) as gathers of the padded
+# input at static positions. A window op over the last n axes reads, along each axis of size S
+# padded to P, the positions `o * stride + k * dilation` (o < O outputs, k < K taps): one gather
+# per axis by an i32 `[O, K]` table turns `[..., P1, P2]` into `[..., O1, K1, O2, K2]`; the
+# backward scatter-adds `[..., O1, K1, O2, K2]` back at the same tables (col2im) and slices the
+# padding off. An axis with one tap is a strided slice, no gather. Adaptive pools' windows of
+# uneven sizes are K taps (the largest window) with those past a window's end masked.
+
+
+def _ints(v, n: int, name: str) -> list[int]:
+    """A size argument (an int, or a list of one or `n` ints) as `n` ints."""
+    v = [int(v)] * n if isinstance(v, int) else [int(a) for a in v]
+    if len(v) == 1:
+        v = v * n
+    if len(v) != n:
+        raise ExportError(f"{name} {v} for {n} spatial axes")
+    return v
+
+
+def _i32(L, n: int) -> Value:
+    """An i32 scalar (window arithmetic on positions is in i32)."""
+    return L.cast(L.lit(n), "i32")
+
+
+def _window_index(L, out: int, k: int, s: int, d: int) -> Value:
+    """The i32 `[out, k]` table of positions `o * s + j * d` (window o, tap j)."""
+    o = L.reshape(_iota(L, out), (out, 1))
+    j = L.reshape(_iota(L, k), (1, k))
+    o = L.apply("*", o, _i32(L, s)) if s != 1 else o
+    j = L.apply("*", j, _i32(L, d)) if d != 1 else j
+    return L.apply("+", o, j)
+
+
+@dataclass
+class _Windows:
+    """A window op over the last `len(kernel)` axes: taps, strides, dilations, output sizes,
+    the padding (low, high) and the size of each axis. The high padding is what the last window
+    reaches: PyTorch's `ceil_mode` windows may reach past the padding it names, and padding no
+    window reaches is left out."""
+
+    kernel: list[int]
+    stride: list[int]
+    dilation: list[int]
+    outs: list[int]
+    pads: list[tuple[int, int]]
+    sizes: list[int]
+
+    @staticmethod
+    def of(shape, kernel, stride, padding, dilation, outs) -> "_Windows":
+        n = len(kernel)
+        sizes = list(shape[len(shape) - n:])
+        pads = []
+        for i in range(n):
+            if outs[i] < 1 or kernel[i] < 1 or stride[i] < 1 or dilation[i] < 1 or padding[i] < 0:
+                raise ExportError(f"windows of kernel {kernel}, stride {stride}, padding {padding}, dilation "
+                                  f"{dilation} giving {outs} outputs")
+            reach = (outs[i] - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1
+            pads.append((padding[i], max(reach - sizes[i] - padding[i], 0)))
+        return _Windows(list(kernel), list(stride), list(dilation), list(outs), pads, sizes)
+
+    def index(self, L, i: int) -> Value:
+        """The i32 `[O, K]` table of the padded positions the windows read along axis `i`."""
+        return _window_index(L, self.outs[i], self.kernel[i], self.stride[i], self.dilation[i])
+
+    def valid(self, L, i: int) -> Value | None:
+        """Which taps of the table along axis `i` are in their window (None: all are)."""
+        return None
+
+    def sliceable(self, i: int) -> bool:
+        """Whether the windows along axis `i` are one tap each, a strided slice."""
+        return self.kernel[i] == 1
+
+    def mask(self, L) -> Value | None:
+        """Which elements of `[O1, K1, O2, K2]` are in their windows (None: all are)."""
+        n = len(self.kernel)
+        out = None
+        for i in range(n):
+            v = self.valid(L, i)
+            if v is None:
+                continue
+            shape = [1] * (2 * n)
+            shape[2 * i], shape[2 * i + 1] = self.outs[i], self.kernel[i]
+            v = L.reshape(v, tuple(shape))
+            out = v if out is None else L.apply("where", out, v, L.cast(L.lit(0), "bool"), dtype="bool")
+        return out
+
+    def gather(self, L, x: Value, fill: float) -> Value:
+        """`x` `[..., S1, S2]` padded with `fill` and read as `[..., O1, K1, O2, K2]`; taps
+        outside their windows (`mask`) read `fill` too."""
+        n = len(self.kernel)
+        r = x.rank - n
+        flat = [p for lo_hi in reversed(self.pads) for p in lo_hi]
+        if any(flat):
+            x = _constant_pad(L, x, flat, fill)
+        for i in range(n):
+            a = r + 2 * i
+            if self.sliceable(i):
+                x = _slice(L, x, a, 0, (self.outs[i] - 1) * self.stride[i] + 1, self.stride[i])
+                x = L.reshape(x, x.shape[:a + 1] + (1,) + x.shape[a + 1:])
+            else:
+                x = _gather(L, x, self.index(L, i), a)
+        m = self.mask(L)
+        if m is not None:
+            x = L.apply("where", m, x, L.cast(L.lit(fill), x.dtype), dtype=x.dtype)
+        return x
+
+    def scatter(self, L, cols: Value) -> Value:
+        """The backward of `gather`: `[..., O1, K1, O2, K2]` added back at the positions each
+        element was read from, the padding sliced off: `[..., S1, S2]`; taps outside their
+        windows add nothing."""
+        n = len(self.kernel)
+        r = cols.rank - 2 * n
+        m = self.mask(L)
+        if m is not None:
+            cols = L.apply("where", m, cols, L.cast(L.lit(0), cols.dtype), dtype=cols.dtype)
+        for i in reversed(range(n)):
+            a = r + 2 * i
+            lo, hi = self.pads[i]
+            p = self.sizes[i] + lo + hi
+            if self.sliceable(i):
+                cols = L.reshape(cols, cols.shape[:a + 1] + cols.shape[a + 2:])
+                if self.stride[i] == 1 and self.outs[i] == p:
+                    continue
+                idx = L.apply("*", _iota(L, self.outs[i]), _i32(L, self.stride[i]))
+            else:
+                idx = self.index(L, i)
+            cols = _scatter_add(L, idx, cols, a, p)
+        for i in range(n):
+            lo, _ = self.pads[i]
+            cols = _slice(L, cols, r + i, lo, lo + self.sizes[i], 1)
+        return cols
+
+    def taps_first(self, L, cols: Value) -> Value:
+        """`[B, C, O1, K1, O2, K2]` → `[B, C, K1 K2, O1 O2]` (the columns of im2col)."""
+        n = len(self.kernel)
+        r = cols.rank - 2 * n
+        perm = list(range(r)) + [r + 2 * i + 1 for i in range(n)] + [r + 2 * i for i in range(n)]
+        y = L.permute(cols, perm)
+        return L.reshape(y, cols.shape[:r] + (math.prod(self.kernel), math.prod(self.outs)))
+
+    def taps_back(self, L, cols: Value) -> Value:
+        """The inverse of `taps_first`: `[B, C, K, N]` → `[B, C, O1, K1, O2, K2]`."""
+        n = len(self.kernel)
+        r = cols.rank - 2
+        y = L.reshape(cols, cols.shape[:r] + tuple(self.kernel) + tuple(self.outs))
+        perm = list(range(r))
+        for i in range(n):
+            perm += [r + n + i, r + i]
+        return L.permute(y, perm)
+
+    def taps_last(self, L, cols: Value) -> Value:
+        """`[..., O1, K1, O2, K2]` → `[..., O1, O2, K1 K2]` (a pool's windows as rows)."""
+        n = len(self.kernel)
+        r = cols.rank - 2 * n
+        perm = list(range(r)) + [r + 2 * i for i in range(n)] + [r + 2 * i + 1 for i in range(n)]
+        y = L.permute(cols, perm)
+        return L.reshape(y, cols.shape[:r] + tuple(self.outs) + (math.prod(self.kernel),))
+
+    def taps_last_back(self, L, rows: Value) -> Value:
+        """The inverse of `taps_last`: `[..., O1, O2, K]` → `[..., O1, K1, O2, K2]`."""
+        n = len(self.kernel)
+        r = rows.rank - n - 1
+        y = L.reshape(rows, rows.shape[:r] + tuple(self.outs) + tuple(self.kernel))
+        perm = list(range(r))
+        for i in range(n):
+            perm += [r + i, r + n + i]
+        return L.permute(y, perm)
+
+
+class _AdaptiveWindows(_Windows):
+    """An adaptive pool's windows over the last two axes: output o of an axis of S reads
+    `[floor(o S / O), ceil((o + 1) S / O))`, windows of uneven sizes, read as K taps (the
+    largest size) of which those past a window's end are outside it (`valid`; their positions
+    are clamped into the axis for the gather)."""
+
+    @staticmethod
+    def of(shape, outs) -> "_AdaptiveWindows":
+        sizes = list(shape[-2:])
+        if len(outs) != 2 or any(o < 1 for o in outs):
+            raise ExportError(f"adaptive pooling of {list(shape)} to {list(outs)}")
+        kernel = [max(-(-(o + 1) * s // n) - (o * s // n) for o in range(n)) for s, n in zip(sizes, outs)]
+        return _AdaptiveWindows(kernel, [1, 1], [1, 1], list(outs), [(0, 0), (0, 0)], sizes)
+
+    def bounds(self, L, i: int) -> tuple[Value, Value]:
+        """The i32 `[O, 1]` start and end of each window along axis `i`."""
+        s, n = self.sizes[i], self.outs[i]
+        o = L.reshape(_iota(L, n), (n, 1))
+        start = L.apply("/", L.apply("*", o, _i32(L, s)), _i32(L, n), dtype="i32")
+        end = L.apply("/", L.apply("+", L.apply("*", o, _i32(L, s)), _i32(L, s + n - 1)), _i32(L, n), dtype="i32")
+        return start, end
+
+    def index(self, L, i: int) -> Value:
+        start, _ = self.bounds(L, i)
+        pos = L.apply("+", start, L.reshape(_iota(L, self.kernel[i]), (1, self.kernel[i])))
+        return L.apply("min", pos, _i32(L, self.sizes[i] - 1))
+
+    def valid(self, L, i: int) -> Value | None:
+        start, end = self.bounds(L, i)
+        if self.sizes[i] % self.outs[i] == 0:
+            return None  # windows of one size
+        pos = L.apply("+", start, L.reshape(_iota(L, self.kernel[i]), (1, self.kernel[i])))
+        return L.apply("<", pos, end, dtype="bool")
+
+    def sliceable(self, i: int) -> bool:
+        return False
+
+    def counts(self, L) -> Value:
+        """The f32 `[O1, O2]` count of elements in each window."""
+        c = [L.cast(L.apply("-", *reversed(self.bounds(L, i))), "f32") for i in range(2)]
+        return L.apply("*", L.reshape(c[0], (self.outs[0], 1)), L.reshape(c[1], (1, self.outs[1])))
+
+
+def _conv_windows(L, shape, wt, stride, padding, dilation, groups, outs) -> _Windows:
+    """The windows of a convolution of an input of `shape` `[B, C, *S]` by `wt`
+    `[O, C/groups, *K]` (1-d to 3-d) giving `outs` outputs along each spatial axis."""
+    n = wt.rank - 2
+    if n < 1 or n > 3 or len(shape) != n + 2:
+        raise ExportError(f"a convolution of {list(shape)} by {list(wt.shape)} (batched 1-d to 3-d expected)")
+    c, o = shape[1], wt.shape[0]
+    if groups < 1 or c % groups or o % groups or wt.shape[1] * groups != c:
+        raise ExportError(f"a convolution of {c} channels into {o} in {groups} groups by {list(wt.shape)}")
+    return _Windows.of(shape, list(wt.shape[2:]), _ints(stride, n, "stride"), _ints(padding, n, "padding"),
+                       _ints(dilation, n, "dilation"), list(outs))
+
+
+def _depthwise(wt, groups) -> bool:
+    """One input and one output channel a group (a depthwise convolution: ConvNeXt's 7x7,
+    Segformer's 3x3): a windowed multiply-and-sum rather than products of K taps."""
+    return groups > 1 and wt.shape[1] == 1 and wt.shape[0] == groups
+
+
+def _conv_product(L, x, wt, w: _Windows, g: int) -> Value:
+    """A convolution (no bias) of `x` `[B, C, *S]` by `wt` `[O, C/G, *K]` over windows `w`, as
+    `[B, O, N]`: im2col, the windows of the padded input `[B, C, K, N]` (K taps, N outputs),
+    then per group the product `[O/G, C/G K] @ [C/G K, N]` (the weight reshaped, no copy); a
+    depthwise one multiplies each channel's taps by its weights and sums them."""
+    b, c = x.shape[:2]
+    o = wt.shape[0]
+    k, n = math.prod(w.kernel), math.prod(w.outs)
+    cols = w.taps_first(L, w.gather(L, x, 0.0))  # [B, C, K, N]
+    if _depthwise(wt, g):
+        return L.reduce("sum", L.apply("*", cols, L.reshape(wt, (c, k, 1))), [2], False)  # [B, C, N]
+    if g == 1:
+        return L.matmul(L.reshape(wt, (o, c * k)), L.reshape(cols, (b, c * k, n)))  # [B, O, N]
+    cg, og = c // g, o // g
+    y = L.matmul(L.reshape(wt, (g, og, cg * k)), L.reshape(cols, (b, g, cg * k, n)))  # [B, G, O/G, N]
+    return L.reshape(y, (b, o, n))
+
+
+def _conv_input_grad(L, grad, wt, w: _Windows, g: int, shape) -> Value:
+    """The gradient of `_conv_product` for its input (of `shape`), given the output's `grad`
+    `[B, O, *outs]`: the weights' transposed product with it (per group; a depthwise one
+    elementwise), scattered back to the input positions the columns were read from (col2im,
+    `_Windows.scatter`)."""
+    b, c = shape[:2]
+    o = wt.shape[0]
+    k, n = math.prod(w.kernel), math.prod(w.outs)
+    cg, og = c // g, o // g
+    if _depthwise(wt, g):
+        dcols = L.apply("*", L.reshape(grad, (b, c, 1, n)), L.reshape(wt, (c, k, 1)))  # [B, C, K, N]
+    else:
+        wg = L.swap(L.reshape(wt, (g, og, cg * k)), 1, 2)  # [G, C/G K, O/G]
+        dcols = L.matmul(wg, L.reshape(grad, (b, g, og, n)))  # [B, G, C/G K, N]
+    return w.scatter(L, w.taps_back(L, L.reshape(dcols, (b, c, k, n))))
+
+
+def _conv_weight_grad(L, grad, x, wt, w: _Windows, g: int) -> Value:
+    """The gradient of `_conv_product` for its weight: the output's `grad` times the same
+    columns, summed over the batch."""
+    b, c = x.shape[:2]
+    o = wt.shape[0]
+    k, n = math.prod(w.kernel), math.prod(w.outs)
+    cg, og = c // g, o // g
+    cols = w.taps_first(L, w.gather(L, x, 0.0))  # [B, C, K, N]
+    if _depthwise(wt, g):
+        dw = L.reduce("sum", L.apply("*", cols, L.reshape(grad, (b, c, 1, n))), [0, 3], False)  # [C, K]
+    else:
+        cols = L.swap(L.reshape(cols, (b, g, cg * k, n)), 2, 3)  # [B, G, N, C/G K]
+        dw = L.reduce("sum", L.matmul(L.reshape(grad, (b, g, og, n)), cols), [0], False)  # [G, O/G, C/G K]
+    return L.reshape(dw, wt.shape)
+
+
+def _conv_general(L, x, wt, bias, stride, padding, dilation, transposed, groups):
+    """A convolution as `_conv_product`, the bias added last. A transposed one (ConvTranspose,
+    weight `[C_in, C_out/G, *K]`) is the input gradient of the convolution it transposes, that
+    of its output's shape by the same weight: `_conv_input_grad` of `x` (`output_padding` is
+    in the traced output shape: positions no window reaches get the bias alone)."""
+    out = L.out_shape()
+    if transposed:
+        w = _conv_windows(L, out, wt, stride, padding, dilation, groups, x.shape[2:])
+        y = L.reshape(_conv_input_grad(L, x, wt, w, groups, out), (out[0], out[1], math.prod(out[2:])))
+    else:
+        y = _conv_product(L, x, wt, _conv_windows(L, x.shape, wt, stride, padding, dilation, groups, out[2:]), groups)
+    if bias is not None:
+        y = L.apply("+", y, L.reshape(L.val(bias), (out[1], 1)))
+    return L.reshape(y, out)
+
+
+def _conv_general_backward(L, grad, x, wt, stride, padding, dilation, transposed, groups, output_mask):
+    """The backward of `_conv_general`: grad_input and grad_weight by `_conv_input_grad` and
+    `_conv_weight_grad`; of a transposed convolution, the roles swapped (its input gradient is
+    the convolution of `grad`, its weight gradient that of the convolution with input `grad`
+    and output gradient `x`); grad_bias a sum."""
+    dx = dw = db = None
+    if transposed:
+        w = _conv_windows(L, grad.shape, wt, stride, padding, dilation, groups, x.shape[2:])
+        if output_mask[0]:
+            dx = L.reshape(_conv_product(L, grad, wt, w, groups), x.shape)
+        if output_mask[1]:
+            dw = _conv_weight_grad(L, x, grad, wt, w, groups)
+    else:
+        w = _conv_windows(L, x.shape, wt, stride, padding, dilation, groups, grad.shape[2:])
+        if output_mask[0]:
+            dx = _conv_input_grad(L, grad, wt, w, groups, x.shape)
+        if output_mask[1]:
+            dw = _conv_weight_grad(L, grad, x, wt, w, groups)
+    if output_mask[2]:
+        db = L.reduce("sum", grad, [0] + list(range(2, grad.rank)), False)
+    return dx, dw, db
+
+
+def _pool_windows(L, x, kernel_size, stride, padding, dilation, outs) -> _Windows:
+    """The windows of a 2-d pooling over the last two axes of `x` (`stride` empty: the
+    kernel's)."""
+    if x.rank not in (3, 4):
+        raise ExportError(f"2-d pooling of a tensor of shape {list(x.shape)}")
+    k = _ints(kernel_size, 2, "kernel_size")
+    s = _ints(stride, 2, "stride") if stride else k
+    return _Windows.of(x.shape, k, s, _ints(padding, 2, "padding"), _ints(dilation, 2, "dilation"), list(outs))
+
+
+def _window_max(L, w: _Windows, x: Value, out: tuple[int, ...]) -> tuple[Value, Value]:
+    """Each window's largest value (padding and taps outside the window are `-inf`, so never
+    picked) and, as PyTorch numbers it, the flat position `h * W + w` within the input plane of
+    the first element that equals it (an `amin` of the positions where the window equals its
+    max: positions grow in the window's order)."""
+    rows = w.taps_last(L, w.gather(L, x, -math.inf))  # [..., O1, O2, K]
+    m = L.reduce("amax", rows, [-1], True)
+    hit = L.compare("==", rows, m)
+    (h_lo, _), (w_lo, _) = w.pads
+    width = w.sizes[1]
+    kh, kw = w.kernel
+    oh, ow = w.outs
+    hs = L.apply("-", w.index(L, 0), _i32(L, h_lo)) if h_lo else w.index(L, 0)
+    ws = L.apply("-", w.index(L, 1), _i32(L, w_lo)) if w_lo else w.index(L, 1)
+    pos = L.apply("+", L.apply("*", L.reshape(hs, (oh, 1, kh, 1)), _i32(L, width)), L.reshape(ws, (1, ow, 1, kw)))
+    pos = L.reshape(pos, (oh, ow, kh * kw))
+    big = _i32(L, w.sizes[0] * width)
+    idx = L.reduce("amin", L.apply("where", hit, pos, big, dtype="i32"), [-1], False)
+    return L.reshape(m, out), L.cast(idx, dtype_name(L.node.meta["val"][1].dtype))
+
+
+def _max_pool2d_with_indices(L, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
+    """`max_pool2d_with_indices` (`_window_max`). `ceil_mode` is in the output sizes: the last
+    windows read `-inf` past the padding."""
+    x = L.val(x)
+    out = _static_shape(L.node.meta["val"][0], L.node)
+    return _window_max(L, _pool_windows(L, x, kernel_size, stride, padding, dilation, out[-2:]), x, out)
+
+
+def _adaptive_max_pool2d(L, x, output_size):
+    """`adaptive_max_pool2d` (`_AdaptiveWindows`, `_window_max`)."""
+    x = L.val(x)
+    if x.rank not in (3, 4):
+        raise ExportError(f"2-d pooling of a tensor of shape {list(x.shape)}")
+    out = _static_shape(L.node.meta["val"][0], L.node)
+    return _window_max(L, _AdaptiveWindows.of(x.shape, out[-2:]), x, out)
+
+
+def _max_pool2d_with_indices_backward(L, grad, x, kernel_size, stride, padding, dilation, ceil_mode, indices):
+    """Each window's gradient added at the input position its max came from: one scatter-add
+    into the flattened input at `plane * i + index` (i the plane: batch and channel)."""
+    return _adaptive_max_pool2d_backward(L, grad, x, indices)
+
+
+def _adaptive_max_pool2d_backward(L, grad, x, indices):
+    """The backward of a max pool by its indices (`_max_pool2d_with_indices_backward`)."""
+    g, x, idx = L.val(grad), L.val(x), _index32(L, L.val(indices))
+    lead = x.shape[:-2]
+    planes, plane = math.prod(lead), x.shape[-2] * x.shape[-1]
+    per = g.numel // planes
+    base = L.apply("*", L.reshape(_iota(L, planes), (planes, 1)), _i32(L, plane))
+    flat = L.apply("+", L.reshape(idx, (planes, per)), base)
+    out = _scatter_add(L, L.reshape(flat, (planes * per,)), L.reshape(g, (planes * per,)), 0, planes * plane)
+    return L.reshape(out, x.shape)
+
+
+def _pool_divisor(L, w: _Windows, count_include_pad: bool, divisor_override) -> Value:
+    """An average pool's divisor for each output `[O1, O2]`, as PyTorch's kernel counts it: the
+    window clipped to the padded input (`count_include_pad`) or to the input (not), or
+    `divisor_override`; per axis a count from the window's start, their product."""
+    if divisor_override:
+        return L.lit(float(divisor_override))
+    counts = []
+    for i in range(2):
+        lo, _ = w.pads[i]
+        size = w.sizes[i]
+        start = L.apply("-", L.apply("*", _iota(L, w.outs[i]), _i32(L, w.stride[i])), _i32(L, lo))
+        end = L.apply("min", L.apply("+", start, _i32(L, w.kernel[i])), _i32(L, size + lo))
+        if not count_include_pad:
+            start = L.apply("max", start, _i32(L, 0))
+            end = L.apply("min", end, _i32(L, size))
+        counts.append(L.cast(L.apply("-", end, start), "f32"))
+    return L.apply("*", L.reshape(counts[0], (w.outs[0], 1)), L.reshape(counts[1], (1, w.outs[1])))
+
+
+def _avg_pool2d(L, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+                divisor_override=None):
+    """`avg_pool2d`: each window's sum (padding is zeros) over `_pool_divisor`."""
+    x = L.val(x)
+    out = L.out_shape()
+    w = _pool_windows(L, x, kernel_size, stride, padding, 1, out[-2:])
+    s = L.reduce("sum", w.taps_last(L, w.gather(L, x, 0.0)), [-1], False)
+    return L.apply("/", s, L.cast(_pool_divisor(L, w, count_include_pad, divisor_override), x.dtype))
+
+
+def _adaptive_avg_pool2d(L, x, output_size):
+    """`_adaptive_avg_pool2d`: each window's sum (`_AdaptiveWindows`) over its count."""
+    x = L.val(x)
+    if x.rank not in (3, 4):
+        raise ExportError(f"2-d pooling of a tensor of shape {list(x.shape)}")
+    w = _AdaptiveWindows.of(x.shape, L.out_shape()[-2:])
+    s = L.reduce("sum", w.taps_last(L, w.gather(L, x, 0.0)), [-1], False)
+    return L.apply("/", s, L.cast(w.counts(L), x.dtype))
+
+
+def _adaptive_avg_pool2d_backward(L, grad, x):
+    """Each output's gradient over its window's count, added back over the window."""
+    g, x = L.val(grad), L.val(x)
+    w = _AdaptiveWindows.of(x.shape, g.shape[-2:])
+    share = L.apply("/", g, L.cast(w.counts(L), g.dtype))
+    k = math.prod(w.kernel)
+    rows = L.broadcast(L.reshape(share, share.shape + (1,)), share.shape + (k,))
+    return w.scatter(L, w.taps_last_back(L, rows))
+
+
+def _avg_pool2d_backward(L, grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    """Each output's gradient over its divisor, spread over its window and added back at the
+    input positions (`_Windows.scatter`)."""
+    g, x = L.val(grad), L.val(x)
+    w = _pool_windows(L, x, kernel_size, stride, padding, 1, g.shape[-2:])
+    k = math.prod(w.kernel)
+    share = L.apply("/", g, L.cast(_pool_divisor(L, w, count_include_pad, divisor_override), g.dtype))
+    rows = L.broadcast(L.reshape(share, share.shape + (1,)), share.shape + (k,))
+    return w.scatter(L, w.taps_last_back(L, rows))
+
+
+# --- batch norm: the channels are axis 1, statistics over every other axis
+
+
+def _as_traced(L, outs: tuple) -> tuple:
+    """Each computed entry of a tuple result in the dtype PyTorch traced it with (a norm of a
+    half-precision input computes its statistics in f32, as PyTorch's kernels do, and returns
+    the output in the input's dtype)."""
+    val = L.node.meta["val"]
+    return tuple(L.cast(v, dtype_name(t.dtype)) if isinstance(v, Value) and isinstance(t, torch.Tensor) else v
+                 for v, t in zip(outs, val))
+
+
+def _f32(L, x) -> Value:
+    """A norm's input in its computation dtype: f32 for half precision, as PyTorch computes."""
+    x = L.val(x)
+    return L.cast(x, "f32") if x.dtype in ("f16", "bf16") else x
+
+
+def _per_channel(L, v, rank: int) -> Value:
+    """A `[C]` tensor as `[1, C, 1, ...]` (in f32 if of half precision), to broadcast against a
+    rank-`rank` input."""
+    v = _f32(L, v)
+    return L.reshape(v, (1, v.numel) + (1,) * (rank - 2))
+
+
+def _batch_norm_affine(L, y, weight, bias):
+    if weight is not None:
+        y = L.apply("*", y, _per_channel(L, weight, y.rank))
+    if bias is not None:
+        y = L.apply("+", y, _per_channel(L, bias, y.rank))
+    return y
+
+
+def _saved_stats(L, first: int, mean: Value, invstd: Value) -> tuple:
+    """The saved mean and inverse standard deviation outputs of an eval-mode batch norm: empty
+    on the CPU (PyTorch's `[0]` tensors), the running statistics elsewhere, as the traced
+    outputs say."""
+    val = L.node.meta["val"]
+    return tuple(torch.empty(0, dtype=val[first + i].dtype) if val[first + i].numel() == 0 else v
+                 for i, v in enumerate((mean, invstd)))
+
+
+def _batch_norm_eval(L, x, weight, bias, running_mean, running_var, eps):
+    x = _f32(L, x)
+    if x.rank < 2:
+        raise ExportError(f"batch norm of a tensor of shape {list(x.shape)}")
+    mean, var = _f32(L, running_mean), _f32(L, running_var)
+    invstd = L.apply("rsqrt", L.apply("+", var, L.lit(eps)))
+    y = L.apply("*", L.apply("-", x, _per_channel(L, mean, x.rank)), _per_channel(L, invstd, x.rank))
+    return _batch_norm_affine(L, y, weight, bias), mean, invstd
+
+
+def _batch_norm_no_training(L, x, weight, bias, running_mean, running_var, momentum, eps):
+    """`_native_batch_norm_legit_no_training` (eval mode): `(x - mean) * rsqrt(var + eps) * w + b`
+    with the running statistics; (out, save_mean, save_invstd)."""
+    y, mean, invstd = _batch_norm_eval(L, x, weight, bias, running_mean, running_var, eps)
+    return _as_traced(L, (y,) + _saved_stats(L, 1, mean, invstd))
+
+
+def _batch_norm_train(L, x, weight, bias, eps):
+    """Batch norm by the batch's statistics: the mean and biased variance over every axis but
+    the channels; (out, save_mean `[C]`, save_invstd `[C]`, the variance `[C]`, the count of
+    elements a channel)."""
+    x = _f32(L, x)
+    if x.rank < 2:
+        raise ExportError(f"batch norm of a tensor of shape {list(x.shape)}")
+    c = x.shape[1]
+    axes = [0] + list(range(2, x.rank))
+    mean = L.reduce("mean", x, axes, True)
+    xc = L.apply("-", x, mean)
+    var = L.reduce("mean", L.apply("*", xc, xc), axes, True)
+    invstd = L.apply("rsqrt", L.apply("+", var, L.lit(eps)))
+    y = _batch_norm_affine(L, L.apply("*", xc, invstd), weight, bias)
+    return (y,) + tuple(L.reshape(v, (c,)) for v in (mean, invstd, var)) + (x.numel // c,)
+
+
+def _batch_norm_legit(L, x, weight, bias, *rest):
+    """`_native_batch_norm_legit`: `.no_stats` (no running statistics: BiT's weight
+    standardisation normalises each filter so) by the batch's statistics in training; `.default`
+    in eval mode by the running ones. In training `.default` writes the running statistics in
+    place, which a graph cannot: refused (a functionalized graph holds the `_functional` form).
+    (out, save_mean, save_invstd)."""
+    if L.node.target._overloadname == "no_stats":
+        training, momentum, eps = rest
+        if not training:
+            raise ExportError("batch norm in eval mode without running statistics")
+        return _as_traced(L, _batch_norm_train(L, x, weight, bias, eps)[:3])
+    running_mean, running_var, training, momentum, eps = rest
+    if training:
+        raise ExportError("batch norm in training that updates its running statistics in place")
+    return _batch_norm_no_training(L, x, weight, bias, running_mean, running_var, momentum, eps)
+
+
+def _batch_norm_functional(L, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """`_native_batch_norm_legit_functional`, as PyTorch's decomposition computes it: in training,
+    normalised by the batch's mean and biased variance over every axis but the channels, and
+    the running statistics moved by `momentum` towards the batch's mean and *unbiased* variance;
+    (out, save_mean, save_invstd, new_running_mean, new_running_var)."""
+    if not training:
+        y, mean, invstd = _batch_norm_eval(L, x, weight, bias, running_mean, running_var, eps)
+        return _as_traced(L, (y,) + _saved_stats(L, 1, mean, invstd) + (L.val(running_mean), L.val(running_var)))
+    y, save_mean, save_invstd, var_c, n = _batch_norm_train(L, x, weight, bias, eps)
+    keep = L.lit(1 - momentum)
+    new_mean = L.apply("+", L.apply("*", save_mean, L.lit(momentum)), L.apply("*", _f32(L, running_mean), keep))
+    if n < 2:
+        raise ExportError("batch norm in training with one value a channel (no unbiased variance)")
+    unbiased = L.apply("*", var_c, L.lit(n / (n - 1)))
+    new_var = L.apply("+", L.apply("*", unbiased, L.lit(momentum)), L.apply("*", _f32(L, running_var), keep))
+    return _as_traced(L, (y, save_mean, save_invstd, new_mean, new_var))
+
+
+def _batch_norm_backward(L, grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps,
+                         output_mask):
+    """`native_batch_norm_backward`, as PyTorch's decomposition computes it: with `s = sum(g)`
+    and `d = sum(g * (x - mean))` over every axis but the channels (N elements each),
+    grad_input `= (g - (x - mean) * d / N * invstd^2 - s / N) * invstd * w` in training
+    (`g * invstd * w` in eval, from the running statistics), grad_weight `d * invstd`,
+    grad_bias `s`."""
+    g, x = _f32(L, grad), _f32(L, x)
+    r = x.rank
+    axes = [0] + list(range(2, r))
+    n = x.numel // x.shape[1]
+    if train:
+        mean, invstd = _f32(L, save_mean), _f32(L, save_invstd)
+    else:
+        mean = _f32(L, running_mean)
+        invstd = L.apply("rsqrt", L.apply("+", _f32(L, running_var), L.lit(eps)))
+    xc = L.apply("-", x, _per_channel(L, mean, r))
+    s = L.reduce("sum", g, axes, False)
+    d = L.reduce("sum", L.apply("*", g, xc), axes, False)
+    dx = dw = db = None
+    if output_mask[0]:
+        scale = invstd if weight is None else L.apply("*", invstd, _f32(L, weight))
+        if train:
+            proj = L.apply("*", L.apply("*", d, L.lit(1 / n)), L.apply("*", invstd, invstd))
+            inner = L.apply("-", L.apply("-", g, L.apply("*", xc, _per_channel(L, proj, r))),
+                            _per_channel(L, L.apply("*", s, L.lit(1 / n)), r))
+        else:
+            inner = g
+        dx = L.apply("*", inner, _per_channel(L, scale, r))
+    if output_mask[1]:
+        dw = L.apply("*", d, invstd)
+    if output_mask[2]:
+        db = s
+    return _as_traced(L, (dx, dw, db))
+
+
+def _group_norm(L, x, weight, bias, n, c, hw, group, eps):
+    """`native_group_norm`: each sample's channels in `group` groups, each normalised by its
+    mean and biased variance (over its channels and positions), then the per-channel affine;
+    (out, mean `[N, group]`, rstd `[N, group]`)."""
+    x = _f32(L, x)
+    if c % group or x.numel != n * c * hw:
+        raise ExportError(f"group norm of {list(x.shape)} in {group} groups")
+    v = L.reshape(x, (n, group, (c // group) * hw))
+    mean = L.reduce("mean", v, [-1], True)
+    xc = L.apply("-", v, mean)
+    rstd = L.apply("rsqrt", L.apply("+", L.reduce("mean", L.apply("*", xc, xc), [-1], True), L.lit(eps)))
+    y = L.reshape(L.apply("*", xc, rstd), (n, c, hw))
+    if weight is not None:
+        y = L.apply("*", y, L.reshape(_f32(L, weight), (c, 1)))
+    if bias is not None:
+        y = L.apply("+", y, L.reshape(_f32(L, bias), (c, 1)))
+    return _as_traced(L, (L.reshape(y, x.shape), L.reshape(mean, (n, group)), L.reshape(rstd, (n, group))))
+
+
+def _group_norm_backward(L, grad, x, mean, rstd, weight, n, c, hw, group, output_mask):
+    """`native_group_norm_backward`, as PyTorch's decomposition computes it: from the sums
+    `ds = sum(g * x)` and `db = sum(g)` over each channel's positions, grad_input
+    `= g * rstd * w + x * c2 + c3` per group, grad_weight `sum_N (ds - db * mean) * rstd`,
+    grad_bias `sum_N db`."""
+    g, x = _f32(L, grad), _f32(L, x)
+    mean, rstd = _f32(L, mean), _f32(L, rstd)
+    cpg = c // group
+    g3, x3 = L.reshape(g, (n, c, hw)), L.reshape(x, (n, c, hw))
+    ds = L.reduce("sum", L.apply("*", g3, x3), [2], False)  # [N, C]
+    db = L.reduce("sum", g3, [2], False)
+    dx = dw = dbias = None
+    if output_mask[0]:
+        s = 1.0 / (hw * cpg)
+        gamma = L.reshape(_f32(L, weight), (1, c)) if weight is not None else None
+        ds_w = L.apply("*", ds, gamma) if gamma is not None else ds
+        db_w = L.apply("*", db, gamma) if gamma is not None else db
+        ds_val = L.reduce("sum", L.reshape(ds_w, (n, group, cpg)), [2], False)  # [N, G]
+        db_val = L.reduce("sum", L.reshape(db_w, (n, group, cpg)), [2], False)
+        c1 = L.reshape(rstd, (n, group, 1, 1))
+        if gamma is not None:
+            c1 = L.apply("*", c1, L.reshape(gamma, (1, group, cpg, 1)))
+        r3 = L.apply("*", L.apply("*", rstd, rstd), rstd)
+        c2 = L.apply("*", L.apply("*", L.apply("-", L.apply("*", db_val, mean), ds_val), r3), L.lit(s))
+        c3 = L.apply("-", L.apply("neg", L.apply("*", c2, mean)), L.apply("*", L.apply("*", db_val, rstd), L.lit(s)))
+        dx = L.apply("+", L.apply("+", L.apply("*", L.reshape(g, (n, group, cpg, hw)), c1),
+                                  L.apply("*", L.reshape(x, (n, group, cpg, hw)), L.reshape(c2, (n, group, 1, 1)))),
+                     L.reshape(c3, (n, group, 1, 1)))
+        dx = L.reshape(dx, x.shape)
+    if output_mask[1]:
+        centred = L.apply("-", L.reshape(ds, (n, group, cpg)),
+                          L.apply("*", L.reshape(db, (n, group, cpg)), L.reshape(mean, (n, group, 1))))
+        dw = L.reshape(L.reduce("sum", L.apply("*", centred, L.reshape(rstd, (n, group, 1))), [0], False), (c,))
+    if output_mask[2]:
+        dbias = L.reduce("sum", db, [0], False)
+    return _as_traced(L, (dx, dw, dbias))
+
+
+def _weight_norm(L, v, g, dim=0):
+    """`_weight_norm_interface` (`nn.utils.weight_norm`, wav2vec2's positional convolution):
+    `v * g / |v|`, the norm over every axis but `dim`, kept as `g`'s shape; (weight, norm)."""
+    v, g = L.val(v), L.val(g)
+    a = L.axis(dim, v.rank)
+    axes = [i for i in range(v.rank) if i != a]
+    if not axes:
+        raise ExportError("weight norm of a 1-d tensor")
+    norm = L.apply("sqrt", L.reduce("sum", L.apply("*", v, v), axes, True))
+    return L.apply("*", v, L.apply("/", g, norm)), norm
+
+
+def _weight_norm_backward(L, grad_w, v, g, norm, dim=0):
+    """`_weight_norm_interface_backward`, as PyTorch's kernel computes it: with
+    `s = sum(grad_w * v)` over every axis but `dim`, grad_g `= s / |v|` and grad_v
+    `= g / |v| * (grad_w - v * s / |v|^2)`."""
+    gw, v, g, norm = L.val(grad_w), L.val(v), L.val(g), L.val(norm)
+    a = L.axis(dim, v.rank)
+    s = L.reduce("sum", L.apply("*", gw, v), [i for i in range(v.rank) if i != a], True)
+    grad_g = L.apply("/", s, norm)
+    grad_v = L.apply("*", L.apply("/", g, norm),
+                     L.apply("-", gw, L.apply("*", v, L.apply("/", s, L.apply("*", norm, norm)))))
+    return grad_v, grad_g
 
 # --- attention as PyTorch's fused SDPA kernels spell it (forward and backward)
 
@@ -2423,9 +3130,13 @@ LOWERINGS = {
     "zeros_like": _like(0.0),
     "ones_like": _like(1.0),
     "full_like": _like(None),
+    "new_empty": _new_empty,
+    "new_empty_strided": _new_empty,
     "scaled_dot_product_attention": _sdpa,
     "sdpa_math_mask": _sdpa_math_mask,
     "threshold_backward": _threshold_backward,
+    "hardtanh": _hardtanh,
+    "hardtanh_backward": _hardtanh_backward,
     "tanh_backward": _tanh_backward,
     "sigmoid_backward": _sigmoid_backward,
     "gelu_backward": _gelu_backward,
@@ -2475,6 +3186,22 @@ LOWERINGS = {
     "any": _any,
     "convolution": _convolution,
     "convolution_backward": _convolution_backward,
+    "max_pool2d_with_indices": _max_pool2d_with_indices,
+    "max_pool2d_with_indices_backward": _max_pool2d_with_indices_backward,
+    "avg_pool2d": _avg_pool2d,
+    "avg_pool2d_backward": _avg_pool2d_backward,
+    "_adaptive_avg_pool2d": _adaptive_avg_pool2d,
+    "_adaptive_avg_pool2d_backward": _adaptive_avg_pool2d_backward,
+    "adaptive_max_pool2d": _adaptive_max_pool2d,
+    "adaptive_max_pool2d_backward": _adaptive_max_pool2d_backward,
+    "_native_batch_norm_legit_no_training": _batch_norm_no_training,
+    "_native_batch_norm_legit_functional": _batch_norm_functional,
+    "_native_batch_norm_legit": _batch_norm_legit,
+    "native_batch_norm_backward": _batch_norm_backward,
+    "native_group_norm": _group_norm,
+    "native_group_norm_backward": _group_norm_backward,
+    "_weight_norm_interface": _weight_norm,
+    "_weight_norm_interface_backward": _weight_norm_backward,
     "_assert_tensor_metadata": _nothing,
     "_assert_async": _nothing,
     "_assert_scalar": _nothing,

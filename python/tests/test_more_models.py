@@ -6,16 +6,24 @@ a rotary table read at positions along its third axis (`index_put` on axis 2), B
 tokens into a slice (`copy`, `fill`, `select_scatter`), CLIP's text tower pools at each
 sequence's `argmax` (its backward an `index_put` with two index tensors), SigLIP's vision tower
 tiles its pooling probe (`repeat`), Swin restrides a pooled tensor (`as_strided`, its backward
-`as_strided_scatter`) and shifts windows (`roll`). Random weights,
-small configs, the CPU reference standing in for the GPU (as in `test_models.py`): inference
-and a training step, every graph on eqfuse's plans, outputs and gradients against eager.
+`as_strided_scatter`) and shifts windows (`roll`). The convolutional ones: ResNet brings padded
+and strided convolutions (3x3, 1x1, a 7x7 stem), batch norm (eval, and in training the functional
+form whose running statistics AOTAutograd writes back) and max pooling with indices; ConvNeXt a
+depthwise 7x7 convolution; Segformer overlapping patch convolutions and a depthwise 3x3; Funnel
+average pooling (ceil mode) and `new_empty_strided` in its backward; Whisper's encoder 1-d
+convolutions; wav2vec2 strided 1-d convolutions, group norm and a grouped positional convolution
+under weight norm. Random weights, small configs, the CPU reference standing in for the GPU (as
+in `test_models.py`): inference and a training step, every graph on eqfuse's plans, outputs and
+gradients against eager.
 
 The lowerings themselves are checked on small graphs too (`test_cumsum`, `test_strided_slice_scatter`,
-`test_empty_results`), against PyTorch on the CPU reference.
+`test_empty_results`, convolutions (transposed ones too), poolings (adaptive ones too) and norms
+with their backward ops), against PyTorch on the CPU reference.
 
 Run from the repository root: `python3 -m pytest python/tests/test_more_models.py`.
 """
 
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -93,8 +101,52 @@ def swin():
     return T.SwinModel(cfg), {"pixel_values": _pixels()}
 
 
+def resnet():
+    cfg = T.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1])
+    return T.ResNetModel(cfg), {"pixel_values": _pixels()}
+
+
+def convnext():
+    cfg = T.ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_stages=2, drop_path_rate=0.0)
+    return T.ConvNextModel(cfg), {"pixel_values": _pixels()}
+
+
+def segformer():
+    cfg = T.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+                            patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
+                            decoder_hidden_size=32, drop_path_rate=0.0)
+    return T.SegformerModel(cfg), {"pixel_values": _pixels()}
+
+
+def funnel():
+    cfg = T.FunnelConfig(vocab_size=VOCAB, d_model=64, n_head=4, d_head=16, d_inner=128, block_sizes=[1, 1],
+                         num_decoder_layers=1, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    return T.FunnelModel(cfg), {"input_ids": _ids(), "attention_mask": _padding()}
+
+
+def whisper_encoder():
+    cfg = T.WhisperConfig(vocab_size=VOCAB, num_mel_bins=8, d_model=64, encoder_layers=1, decoder_layers=1,
+                          encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                          decoder_ffn_dim=128, max_source_positions=16, max_target_positions=64,
+                          pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+    features = torch.randn(BATCH, 8, 32, generator=torch.Generator().manual_seed(1))
+    return T.WhisperModel(cfg).get_encoder(), {"input_features": features}
+
+
+def wav2vec2():
+    cfg = T.Wav2Vec2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                           intermediate_size=128, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+                           num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, hidden_dropout=0.0,
+                           attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0, layerdrop=0.0,
+                           mask_time_prob=0.0)
+    audio = torch.randn(BATCH, 400, generator=torch.Generator().manual_seed(1))
+    return T.Wav2Vec2Model(cfg), {"input_values": audio}
+
+
 MODELS = {"phi3": phi3, "gptj": gptj, "roberta": roberta, "falcon": falcon, "bart": bart, "clip_text": clip_text,
-          "siglip_vision": siglip_vision, "swin": swin}
+          "siglip_vision": siglip_vision, "swin": swin, "resnet": resnet, "convnext": convnext,
+          "segformer": segformer, "funnel": funnel,
+          "whisper_encoder": whisper_encoder, "wav2vec2": wav2vec2}
 
 
 def make(name):
@@ -175,7 +227,7 @@ def test_empty_results(tmp_path):
     close(_export_and_run(fn, [x], tmp_path)[0], fn(x))
 
 
-def _check(fn, inputs, tmp_path, functional=False):
+def _check(fn, inputs, tmp_path, functional=False, rtol=1e-5, atol=1e-6):
     """`fn` exported (functionalized first where it writes in place) and run on the CPU
     reference, each result against PyTorch's (integers exactly, NaN where PyTorch has NaN)."""
     got = _export_and_run(torch.func.functionalize(fn) if functional else fn, inputs, tmp_path)
@@ -183,7 +235,7 @@ def _check(fn, inputs, tmp_path, functional=False):
     for g, w in zip(got, want if isinstance(want, (tuple, list)) else [want]):
         assert g.shape == w.shape, (g.shape, w.shape)
         if w.is_floating_point():
-            assert torch.allclose(g, w, rtol=1e-5, atol=1e-6, equal_nan=True), (g, w)
+            assert torch.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True), (g, w)
         else:
             assert torch.equal(g.to(w.dtype), w), (g, w)
 
@@ -281,3 +333,254 @@ def test_aten_linear(tmp_path):
         elif n.op == "call_function":
             n.meta["val"] = Dense()(x, w, b)
     close(run_cpu(export_graph_module(gm), [x, w, b], tmp_path)[0], Dense()(x, w, b))
+
+
+CONVS = [  # (input shape, weight shape, stride, padding, dilation, groups)
+    ((2, 3, 9, 8), (4, 3, 3, 3), 1, 1, 1, 1),
+    ((2, 3, 9, 8), (4, 3, 3, 3), 2, 1, 1, 1),
+    ((2, 3, 11, 10), (5, 3, 7, 7), 2, 3, 1, 1),  # ResNet's stem
+    ((2, 4, 7, 9), (6, 4, 1, 1), 1, 0, 1, 1),
+    ((2, 4, 7, 9), (6, 4, 1, 1), 2, 0, 1, 1),  # a strided 1x1 shortcut
+    ((2, 4, 9, 9), (6, 2, 3, 2), (2, 1), (1, 0), (2, 1), 2),  # groups, dilation, uneven sizes
+    ((2, 6, 9, 7), (6, 1, 3, 3), 1, 1, 1, 6),  # depthwise
+    ((2, 4, 11, 11), (4, 1, 7, 7), 1, 3, 1, 4),  # ConvNeXt's depthwise 7x7
+    ((2, 4, 10, 10), (8, 1, 3, 3), 2, 1, 1, 4),  # a channel multiplier of 2
+    ((2, 3, 13, 11), (8, 3, 7, 7), 4, 3, 1, 1),  # Segformer's overlapping patches
+    ((2, 3, 12, 12), (8, 3, 4, 4), 4, 0, 1, 1),  # patches
+    ((2, 3, 17), (5, 3, 3), 1, 1, 1, 1),  # 1-d: Whisper's
+    ((2, 3, 17), (5, 3, 3), 2, 1, 1, 1),
+    ((2, 4, 20), (4, 2, 5), 3, 2, 2, 2),  # 1-d grouped, wav2vec2's
+    ((1, 2, 5, 6, 4), (3, 2, 3, 2, 3), (2, 1, 1), (1, 0, 1), 1, 1),  # 3-d
+]
+
+
+@pytest.mark.parametrize("case", range(len(CONVS)))
+def test_convolution_and_its_backward(case, tmp_path):
+    """`aten.convolution` and `aten.convolution_backward` (all three gradients) against PyTorch:
+    1-d, 2-d and 3-d, strides, padding, dilation, groups, depthwise, odd sizes."""
+    xs, ws, stride, padding, dilation, groups = CONVS[case]
+    gen = torch.Generator().manual_seed(case)
+    x, w, b = torch.randn(xs, generator=gen), torch.randn(ws, generator=gen), torch.randn(ws[0], generator=gen)
+    conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}[len(xs)]
+    y = conv(x, w, b, stride, padding, dilation, groups)
+    g = torch.randn(y.shape, generator=gen)
+    n = len(xs) - 2
+
+    def fn(x, w, b, g):
+        def ints(v):
+            return [v] * n if isinstance(v, int) else list(v)
+
+        y = torch.ops.aten.convolution(x, w, b, ints(stride), ints(padding), ints(dilation), False, [0] * n, groups)
+        dx, dw, db = torch.ops.aten.convolution_backward(g, x, w, [ws[0]], ints(stride), ints(padding),
+                                                         ints(dilation), False, [0] * n, groups, [True, True, True])
+        return y, dx, dw, db
+
+    _check(fn, [x, w, b, g], tmp_path, rtol=1e-4, atol=1e-4)
+
+
+POOLS = [  # (input shape, kernel, stride, padding, dilation, ceil_mode)
+    ((2, 3, 8, 8), 3, 2, 1, 1, False),  # ResNet's
+    ((2, 3, 9, 7), 2, 2, 0, 1, False),
+    ((2, 3, 9, 7), 2, 2, 0, 1, True),  # ceil mode: a last window past the input
+    ((2, 3, 10, 9), (3, 2), (2, 1), (1, 1), (1, 2), True),
+    ((3, 7, 6), 3, 1, 1, 1, False),  # unbatched
+    ((2, 3, 9, 1), (2, 1), (2, 1), 0, 1, True),  # Funnel's pooling of a sequence
+]
+
+
+@pytest.mark.parametrize("case", range(len(POOLS)))
+def test_max_pool_and_its_backward(case, tmp_path):
+    """`max_pool2d_with_indices` (the values and PyTorch's flat indices, ties to the first) and
+    its backward against PyTorch."""
+    shape, k, s, p, d, ceil = POOLS[case]
+    gen = torch.Generator().manual_seed(case)
+    x = torch.randn(shape, generator=gen).round(decimals=0)  # ties in windows
+    y, i = torch.ops.aten.max_pool2d_with_indices(x, k, s, p, d, ceil)
+    g = torch.randn(y.shape, generator=gen)
+
+    def fn(x, g):
+        y, i = torch.ops.aten.max_pool2d_with_indices(x, k, s, p, d, ceil)
+        return y, i, torch.ops.aten.max_pool2d_with_indices_backward(g, x, k, s, p, d, ceil, i)
+
+    _check(fn, [x, g], tmp_path)
+
+
+@pytest.mark.parametrize("case", range(len(POOLS)))
+def test_avg_pool_and_its_backward(case, tmp_path):
+    """`avg_pool2d` and its backward against PyTorch: padding counted or not, a divisor
+    override, ceil mode."""
+    shape, k, s, p, _, ceil = POOLS[case]
+    gen = torch.Generator().manual_seed(case)
+    x = torch.randn(shape, generator=gen)
+    g = torch.randn(torch.ops.aten.avg_pool2d(x, k, s, p, ceil).shape, generator=gen)
+
+    def fn(x, g):
+        out = ()
+        for include_pad, divisor in [(True, None), (False, None), (True, 3)]:
+            y = torch.ops.aten.avg_pool2d(x, k, s, p, ceil, include_pad, divisor)
+            out += (y, torch.ops.aten.avg_pool2d_backward(g, x, k, s, p, ceil, include_pad, divisor))
+        return out
+
+    _check(fn, [x, g], tmp_path)
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 5, 6), (6, 5), (3, 4, 7)])
+def test_batch_norm_and_its_backward(shape, tmp_path):
+    """Batch norm in eval mode, in training (the functional form: batch statistics, running
+    ones moved by the momentum towards the unbiased variance; without running statistics, BiT's
+    weight standardisation) and its backward, both modes."""
+    gen = torch.Generator().manual_seed(len(shape))
+    c = shape[1]
+    x, g = torch.randn(shape, generator=gen) * 2 + 1, torch.randn(shape, generator=gen)
+    w, b = torch.randn(c, generator=gen), torch.randn(c, generator=gen)
+    rm, rv = torch.randn(c, generator=gen), torch.rand(c, generator=gen) + 0.5
+
+    def fn(x, g, w, b, rm, rv):
+        ev = torch.ops.aten._native_batch_norm_legit_no_training(x, w, b, rm, rv, 0.1, 1e-5)[0]
+        tr = torch.ops.aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5)
+        back = torch.ops.aten.native_batch_norm_backward(g, x, w, rm, rv, tr[1], tr[2], True, 1e-5,
+                                                         [True, True, True])
+        back_eval = torch.ops.aten.native_batch_norm_backward(g, x, w, rm, rv, None, None, False, 1e-5,
+                                                              [True, True, True])
+        legit = torch.ops.aten._native_batch_norm_legit.no_stats(x, w, b, True, 0.1, 1e-5)
+        legit_eval = torch.ops.aten._native_batch_norm_legit(x, w, b, rm, rv, False, 0.1, 1e-5)[0]
+        return (ev,) + tuple(tr) + tuple(back) + tuple(back_eval) + tuple(legit) + (legit_eval,)
+
+    _check(fn, [x, g, w, b, rm, rv], tmp_path, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,groups", [((2, 6, 5, 4), 3), ((3, 4, 7), 4), ((2, 6, 9), 1)])
+def test_group_norm_and_its_backward(shape, groups, tmp_path):
+    """`native_group_norm` and its backward (all three gradients) against PyTorch."""
+    gen = torch.Generator().manual_seed(len(shape) + groups)
+    n, c = shape[:2]
+    hw = math.prod(shape[2:])
+    x, g = torch.randn(shape, generator=gen) * 2 + 1, torch.randn(shape, generator=gen)
+    w, b = torch.randn(c, generator=gen), torch.randn(c, generator=gen)
+
+    def fn(x, g, w, b):
+        y, mean, rstd = torch.ops.aten.native_group_norm(x, w, b, n, c, hw, groups, 1e-5)
+        back = torch.ops.aten.native_group_norm_backward(g, x, mean, rstd, w, n, c, hw, groups, [True, True, True])
+        return (y, mean, rstd) + tuple(back)
+
+    _check(fn, [x, g, w, b], tmp_path, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim", [0, 2])
+def test_weight_norm_and_its_backward(dim, tmp_path):
+    """`_weight_norm_interface` (wav2vec2's positional convolution normalises along axis 2) and
+    its backward against PyTorch."""
+    gen = torch.Generator().manual_seed(dim)
+    v = torch.randn(6, 3, 5, generator=gen)
+    gshape = [1, 1, 1]
+    gshape[dim] = v.shape[dim]
+    g, gw = torch.randn(gshape, generator=gen), torch.randn(6, 3, 5, generator=gen)
+
+    def fn(v, g, gw):
+        w, norm = torch.ops.aten._weight_norm_interface(v, g, dim)
+        return (w, norm) + tuple(torch.ops.aten._weight_norm_interface_backward(gw, v, g, norm, dim))
+
+    _check(fn, [v, g, gw], tmp_path, rtol=1e-4, atol=1e-5)
+
+
+def test_batch_norm_running_statistics_of_a_training_step(monkeypatch):
+    """A training forward of ResNet through the backend moves every batch norm's running mean
+    and variance (and counts its batches) as eager does: the functional batch norm's new running
+    statistics are graph outputs that AOTAutograd writes back into the buffers."""
+    import copy
+
+    model, kw = make("resnet")
+    model.train()
+    eager, compiled = copy.deepcopy(model), copy.deepcopy(model)
+    backend = stand_in(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        eager(**kw)
+        torch.compile(compiled, backend=backend, dynamic=False)(**kw)
+    assert_all_on_eqfuse(backend)
+    want, got = dict(eager.named_buffers()), dict(compiled.named_buffers())
+    assert any("running_var" in n for n in want)
+    for name, w in want.items():
+        assert not torch.equal(w, dict(model.named_buffers())[name]), name  # the step moved it
+        assert torch.allclose(got[name].to(w.dtype), w, rtol=1e-5, atol=1e-6), name
+
+
+def test_half_precision_norms(tmp_path):
+    """Batch norm and group norm of f16 inputs compute their statistics in f32 and return the
+    traced dtypes, as PyTorch does."""
+    gen = torch.Generator().manual_seed(9)
+    x = (torch.randn(4, 6, 3, 5, generator=gen) * 2 + 1).half()
+    w, b = torch.randn(6, generator=gen), torch.randn(6, generator=gen)
+    rm, rv = torch.randn(6, generator=gen), torch.rand(6, generator=gen) + 0.5
+
+    def fn(x, w, b, rm, rv):
+        tr = torch.ops.aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5)
+        gn = torch.ops.aten.native_group_norm(x, w.half(), b.half(), 4, 6, 15, 3, 1e-5)
+        return tuple(tr) + tuple(gn)
+
+    got = _export_and_run(fn, [x, w, b, rm, rv], tmp_path)
+    for g, want in zip(got, fn(x, w, b, rm, rv)):
+        assert g.dtype == want.dtype and g.shape == want.shape
+        assert torch.allclose(g.float(), want.float(), rtol=2e-2, atol=2e-2)
+
+
+TRANSPOSED = [  # (input shape, weight shape [C_in, C_out/G, *K], stride, padding, output padding, dilation, groups)
+    ((2, 4, 5, 6), (4, 3, 3, 3), 2, 1, 1, 1, 1),
+    ((2, 4, 5, 5), (4, 2, 2, 2), 2, 0, 0, 1, 1),  # upsampling by 2 (DPT's, SAM's)
+    ((2, 4, 4, 5), (4, 1, 3, 2), (1, 2), (1, 0), (0, 1), (2, 1), 2),
+    ((2, 3, 7), (3, 5, 4), 3, 1, 2, 1, 1),  # 1-d
+]
+
+
+@pytest.mark.parametrize("case", range(len(TRANSPOSED)))
+def test_transposed_convolution_and_its_backward(case, tmp_path):
+    """A transposed convolution (`aten.convolution` with `transposed`) and its backward against
+    PyTorch: strides, padding, output padding, dilation, groups, 1-d and 2-d."""
+    xs, ws, stride, padding, out_pad, dilation, groups = TRANSPOSED[case]
+    gen = torch.Generator().manual_seed(case)
+    x, w = torch.randn(xs, generator=gen), torch.randn(ws, generator=gen)
+    b = torch.randn(ws[1] * groups, generator=gen)
+    n = len(xs) - 2
+
+    def ints(v):
+        return [v] * n if isinstance(v, int) else list(v)
+
+    args = (ints(stride), ints(padding), ints(dilation), True, ints(out_pad), groups)
+    y = torch.ops.aten.convolution(x, w, b, *args)
+    g = torch.randn(y.shape, generator=gen)
+
+    def fn(x, w, b, g):
+        y = torch.ops.aten.convolution(x, w, b, *args)
+        return (y,) + tuple(torch.ops.aten.convolution_backward(g, x, w, [b.shape[0]], *args, [True, True, True]))
+
+    _check(fn, [x, w, b, g], tmp_path, rtol=1e-4, atol=1e-4)
+
+
+def test_hardtanh_and_its_backward(tmp_path):
+    """`hardtanh` (ReLU6) and its backward, the gradient zero at the ends of the range."""
+    x = torch.tensor([-2.0, -1.0, 0.0, 0.5, 3.0, 6.0, 7.5, -0.5])
+    g = torch.arange(8.0) + 1
+
+    def fn(x, g):
+        return (torch.ops.aten.hardtanh(x, 0.0, 6.0), torch.ops.aten.hardtanh(x),
+                torch.ops.aten.hardtanh_backward(g, x, 0.0, 6.0), torch.ops.aten.hardtanh_backward(g, x, -1.0, 1.0))
+
+    _check(fn, [x, g], tmp_path)
+
+
+@pytest.mark.parametrize("shape,out", [((2, 3, 7, 7), (3, 2)), ((2, 3, 8, 6), (4, 3)), ((3, 5, 4), (6, 1)),
+                                       ((2, 3, 9, 5), (1, 1))])
+def test_adaptive_pools_and_their_backward(shape, out, tmp_path):
+    """`_adaptive_avg_pool2d` and `adaptive_max_pool2d` with their backward ops against
+    PyTorch: windows of uneven sizes (7 into 3), of one size, more outputs than inputs."""
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randn(shape, generator=gen).round(decimals=0)  # ties in windows
+    g = torch.randn(shape[:-2] + out, generator=gen)
+
+    def fn(x, g):
+        avg = torch.ops.aten._adaptive_avg_pool2d(x, out)
+        mx, i = torch.ops.aten.adaptive_max_pool2d(x, out)
+        return (avg, torch.ops.aten._adaptive_avg_pool2d_backward(g, x), mx, i,
+                torch.ops.aten.adaptive_max_pool2d_backward(g, x, i))
+
+    _check(fn, [x, g], tmp_path)
