@@ -338,9 +338,14 @@ fn attention_bias_forward_writes_its_statistics() {
             plan.kernels.iter().map(|k| k.ops.clone()).collect::<Vec<_>>()
         );
         let sources = eqfuse::codegen_plan(&plan).unwrap();
-        let src = sources.iter().find(|s| s.name.starts_with("attention_") && !s.name.starts_with("attention_bwd")).unwrap();
+        let src =
+            sources.iter().find(|s| s.name.starts_with("attention_") && !s.name.starts_with("attention_bwd")).unwrap();
         assert!(src.source.contains("#define EQ_STATS 1") && src.source.contains("#define EQ_LSE 0"), "{}", src.name);
-        assert_eq!(src.args.iter().filter(|a| a.role == eqfuse::ArgRole::Write).count(), 2, "the output and the statistics");
+        assert_eq!(
+            src.args.iter().filter(|a| a.role == eqfuse::ArgRole::Write).count(),
+            2,
+            "the output and the statistics"
+        );
         if eqfuse::nvrtc_available().is_err() {
             eprintln!("skipped the compile: NVRTC is not available");
             continue;

@@ -462,3 +462,25 @@ fn a_cast_of_a_column_reduction_is_stored_by_the_reduction() {
     }
     assert!(plan.kernels.iter().all(|k| k.template == Template::ColReduce), "{kernels:?}");
 }
+
+/// A product of inner size 1 (Llama's rotary table: `inv_freq[:, None] @ positions[None, :]`,
+/// then `cos` and `sin`) is an outer product, `a * b` (`matmul-outer`, exact): no product
+/// kernel, and the multiply fuses with the `cos` and `sin` that read it where no view stands
+/// between them; the plan computes the program, f32 and bf16.
+#[test]
+fn outer_products_plan_as_elementwise_kernels() {
+    for dtype in [DType::F32, DType::Bf16] {
+        let inputs =
+            [("inv", TensorType::new(dtype, vec![4, 64, 1])), ("pos", TensorType::new(dtype, vec![4, 1, 2048]))];
+        let outputs = [("c", "(cos (@ inv pos))"), ("s", "(sin (@ inv pos))"), ("p", "(@ pos (transpose pos -1 -2))")];
+        let p = Program::from_sexprs("rope", &inputs, &outputs).unwrap();
+        let plan = plan_checked(&p);
+        let kernels: Vec<(Template, &Vec<String>)> = plan.kernels.iter().map(|k| (k.template, &k.ops)).collect();
+        let cs: Vec<_> =
+            plan.kernels.iter().filter(|k| k.writes.iter().any(|w| w.name == "c" || w.name == "s")).collect();
+        assert!(cs.iter().all(|k| k.template == Template::Elementwise), "{dtype}: {kernels:?}");
+        assert!(!cs.iter().any(|k| k.ops.iter().any(|o| o == "@")), "{dtype}: {kernels:?}");
+        // A product over an inner size of 2048 stays a product.
+        assert_eq!(gemms(&plan).len(), 1, "{dtype}: {kernels:?}");
+    }
+}

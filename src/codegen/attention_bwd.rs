@@ -128,8 +128,7 @@ pub(crate) fn can_generate(k: &Kernel) -> Result<()> {
 }
 
 /// A kernel of a forward attention and the row statistics of the same scores: `attention` (or
-/// `attention_dropout`) with `attention_lse`, or `attention_bias` (or `attention_bias_dropout`)
-/// with `attention_bias_lse`. The forward kernel without the statistics (its body, writes and
+/// `attention_dropout`) with `attention_lse`, or `attention_bias` with `attention_bias_lse`. The forward kernel without the statistics (its body, writes and
 /// stores pruned), the statistics' write index, and whether they are `attention_bias_lse`'s
 /// (m, log l) pairs rather than one log-sum-exp; `None` for other kernels. The forward template
 /// writes them itself (`EQ_LSE`, `EQ_STATS`): they must be of the forward's own operands
@@ -142,17 +141,21 @@ fn forward_with_lse(k: &Kernel) -> Result<Option<(Kernel, usize, bool)>> {
         return Ok(None);
     };
     let Some(Kind::Composite(fwd)) = kind(att) else { return Ok(None) };
-    let biased = matches!(fwd, Composite::AttentionBias | Composite::AttentionBiasDropout);
+    // (The bias form's dropout keeps its statistics' kernel: `cost::forward_and_stats`.)
+    if fwd == Composite::AttentionBiasDropout {
+        return Ok(None);
+    }
+    let biased = fwd == Composite::AttentionBias;
     let stats_kind = if biased { Composite::AttentionBiasLse } else { Composite::AttentionLse };
-    let lse: Vec<usize> = (0..k.stores.len())
-        .filter(|&w| kind(usize::from(k.stores[w])) == Some(Kind::Composite(stats_kind)))
-        .collect();
+    let lse: Vec<usize> =
+        (0..k.stores.len()).filter(|&w| kind(usize::from(k.stores[w])) == Some(Kind::Composite(stats_kind))).collect();
     let &[w] = lse.as_slice() else {
         return Err(unsupported(k, "attention beside backward operators other than one stored log-sum-exp"));
     };
     // The statistics' operands are the forward's: (q, k, [bias,] scale, causal).
     let (a, l) = (nodes[att].children(), nodes[usize::from(k.stores[w])].children());
-    let pairs: &[(usize, usize)] = if biased { &[(0, 0), (1, 1), (3, 2), (4, 3), (5, 4)] } else { &[(0, 0), (1, 1), (3, 2), (4, 3)] };
+    let pairs: &[(usize, usize)] =
+        if biased { &[(0, 0), (1, 1), (3, 2), (4, 3), (5, 4)] } else { &[(0, 0), (1, 1), (3, 2), (4, 3)] };
     if !pairs.iter().all(|&(i, j)| same_expr(nodes, usize::from(a[i]), usize::from(l[j]))) {
         return Err(unsupported(k, "attention beside the statistics of other scores"));
     }

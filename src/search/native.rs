@@ -1,8 +1,9 @@
 //! Rules written in Rust, for rewrites that rule files cannot say: a right side with constant
 //! arithmetic (`slice-of-slice`: the bounds of two slices folded into one), and matches over
 //! several classes (`matmul-shared-lhs`: products that share their left operand, fused into one
-//! product of concatenated weights), and `matmul-as-rows` (a product of a tiny inner size and
-//! few output columns as a sum of products along its last axis: shapes computed from the match).
+//! product of concatenated weights), `matmul-as-rows` (a product of a tiny inner size and
+//! few output columns as a sum of products along its last axis: shapes computed from the match)
+//! and `matmul-outer` (a product of inner size 1 as a broadcast multiply).
 //!
 //! They run beside the rules of the ruleset they belong to ([`RuleSet::native`]: the default
 //! `algebra` ruleset carries them; a `--rules DIR` ruleset carries none) and are checked for
@@ -99,6 +100,19 @@ pub const NATIVE_RULES: &[(&str, NativeRule)] = &[
             inexact: true,
             lhs: &["(@ ?a ?b)"],
             make: matmul_as_rows,
+        },
+    ),
+    (
+        "algebra",
+        NativeRule {
+            name: "matmul-outer",
+            doc: "`a @ b` with `a: [..., M, 1]`, `b: [..., 1, N]` (an inner size of 1: an outer product) is \
+                  `a * b`, broadcast as the product broadcasts: each element is one product, rounded once \
+                  either way, so an elementwise kernel (which fuses with what reads it: a rotary table's \
+                  `cos` and `sin` of `inv_freq @ positions`) replaces a product kernel",
+            inexact: false,
+            lhs: &["(@ ?a ?b)"],
+            make: matmul_outer,
         },
     ),
 ];
@@ -343,6 +357,47 @@ impl Applier<TensorLang, ShapeAnalysis> for MatmulAsRows {
             let shape_out = b.node(TensorLang::Dims(Dims(out_dims)), vec![])?;
             let res = b.op("reshape", vec![sum, shape_out])?;
             same_fact(have, b.fact(res)?).then(|| b.finish())
+        })() else {
+            return vec![];
+        };
+        union_built(egraph, eclass, build, rule)
+    }
+
+    fn vars(&self) -> Vec<Var> {
+        ["?a", "?b"].iter().map(|v| var(v)).collect()
+    }
+}
+
+// --- matmul-outer
+
+fn matmul_outer() -> Rewrite<TensorLang, ShapeAnalysis> {
+    let lhs: Pattern<TensorLang> = "(@ ?a ?b)".parse().expect("the pattern parses");
+    Rewrite::new("matmul-outer", lhs, MatmulOuter).expect("the rule's variables are bound")
+}
+
+struct MatmulOuter;
+
+impl Applier<TensorLang, ShapeAnalysis> for MatmulOuter {
+    fn apply_one(
+        &self,
+        egraph: &mut TensorGraph,
+        eclass: Id,
+        subst: &Subst,
+        _ast: Option<&PatternAst<TensorLang>>,
+        rule: Symbol,
+    ) -> Vec<Id> {
+        let Some(build) = (|| {
+            let (a, bb) = (*subst.get(var("?a"))?, *subst.get(var("?b"))?);
+            let (ta, tb) = (egraph[a].data.ty()?, egraph[bb].data.ty()?);
+            let have = egraph[eclass].data.fact.as_ref()?;
+            // Both operands at least matrices, with an inner size of 1 (a vector operand is
+            // not an outer product's).
+            if ta.rank() < 2 || tb.rank() < 2 || ta.shape[ta.rank() - 1] != 1 || ta.dtype != tb.dtype {
+                return None;
+            }
+            let mut b = Build::new(egraph);
+            let prod = b.op("*", vec![Child::Class(a), Child::Class(bb)])?;
+            same_fact(have, b.fact(prod)?).then(|| b.finish())
         })() else {
             return vec![];
         };
