@@ -525,7 +525,11 @@ def results_agree(got, want, half_inputs: bool = False, skip=(), exact=None) -> 
     element outside that bound still agrees when eqfuse is no further from the f32 result than
     eager is, give or take the same tolerance: after many 16-bit layers eager's own rounding
     errors reach that bound (Inductor's differ from eager's as much), and eqfuse, which keeps
-    more intermediates in f32, must not be held to eager's errors."""
+    more intermediates in f32, must not be held to eager's errors. So does an integer or boolean
+    element that differs from eager's where it is the f32 graph's, and a whole integer or
+    boolean output that differs from the f32 graph's in at most twice as many elements as
+    eager's does (a comparison's mask flips where a value sits within its 16-bit rounding of
+    the threshold, eager's as well as eqfuse's)."""
     import torch
 
     if len(got) != len(want):
@@ -544,8 +548,20 @@ def results_agree(got, want, half_inputs: bool = False, skip=(), exact=None) -> 
         if g.dtype != w.dtype or g.shape != w.shape:
             return f"output {i}: {g.dtype}{list(g.shape)} where eager gives {w.dtype}{list(w.shape)}"
         if not w.is_floating_point():
-            if not torch.equal(g, w):
-                return f"output {i}: {int((g != w).sum())} of {w.numel()} elements differ"
+            bad = g != w
+            if bad.any() and exact is not None and isinstance(exact[i], torch.Tensor) and exact[i].shape == w.shape:
+                # A mask of a comparison (T5's ReLU mask, `h <= 0`, saved for the backward)
+                # flips where a 16-bit value sits within its rounding of the threshold, in eager
+                # as in eqfuse: it agrees where each element that differs from eager's is the
+                # f32 graph's, or where eqfuse's mask differs from the f32 graph's in at most
+                # twice as many elements as eager's does (a T5 block, bf16: eager's ReLU mask
+                # off the f32 one at 149 of 131072 elements, eqfuse's at 160, 81 between them).
+                e = exact[i].to(g.dtype)
+                bad &= g != e
+                if bad.any() and int((g != e).sum()) <= 2 * int((w != e).sum()):
+                    bad &= False
+            if bad.any():
+                return f"output {i}: {int(bad.sum())} of {w.numel()} elements differ"
             continue
         rtol = 2e-2 if half_inputs or w.dtype in (torch.float16, torch.bfloat16) else 1e-4
         g64, w64 = g.detach().double(), w.detach().double()

@@ -361,6 +361,28 @@ def test_results_agree_measures_against_the_f32_result():
     torch.testing.assert_close(out, ((x.float() @ w.float()) * 3).sum(-1))
 
 
+def test_results_agree_holds_masks_to_eagers_distance_from_the_f32_result():
+    """A boolean mask of a comparison (T5's saved ReLU mask) flips where a 16-bit value sits
+    within its rounding of the threshold, eager's too: an element that differs from eager's
+    agrees where it is the f32 graph's; a mask off the f32 one in at most twice as many
+    elements as eager's agrees; one further off does not, nor any difference without the f32
+    result."""
+    exact = torch.zeros(1000, dtype=torch.bool)
+    eager = exact.clone()
+    eager[:10] = True  # eager's rounding flipped 10 elements
+    same_as_f32 = eager.clone()
+    same_as_f32[:3] = False  # differs from eager only where it is the f32 graph's
+    assert "differ" in results_agree([same_as_f32], [eager])
+    assert results_agree([same_as_f32], [eager], exact=[exact]) is None
+    own = exact.clone()
+    own[500:515] = True  # 15 flips of its own: off the f32 mask by 15 <= 2 x 10
+    assert results_agree([own], [eager], exact=[exact]) is None
+    wrong = exact.clone()
+    wrong[500:530] = True  # 30 > 2 x 10
+    assert "30 of 1000 elements differ" in results_agree([wrong], [eager], exact=[exact])
+    assert "differ" in results_agree([own], [exact], exact=[exact])  # eager exact: no slack
+
+
 def _cupy():
     try:
         import cupy  # noqa: F401
