@@ -677,7 +677,7 @@ mod tests {
             assert_eq!(r.rewrite().name.as_str(), r.name);
             assert!(!r.lhs_patterns().is_empty());
         }
-        assert_eq!(native_rules("algebra").len(), 4);
+        assert_eq!(native_rules("algebra").len(), 5);
         assert!(native_rules("patterns").is_empty());
     }
 }
