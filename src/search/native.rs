@@ -23,6 +23,7 @@ use egg::{Applier, Id, Pattern, PatternAst, Rewrite, SearchMatches, Searcher, Su
 
 use crate::ir::infer::{norm_axis, slice_range, Fact};
 use crate::ir::lang::{Dims, OpCode, TensorLang};
+use crate::ir::types::TensorType;
 use crate::search::analysis::{ShapeAnalysis, TensorGraph};
 
 /// The most weights one fused product concatenates (queries, keys and values).
@@ -300,84 +301,69 @@ pub const ROWS_MAX: usize = 16;
 
 fn matmul_as_rows() -> Rewrite<TensorLang, ShapeAnalysis> {
     let lhs: Pattern<TensorLang> = "(@ ?a ?b)".parse().expect("the pattern parses");
-    Rewrite::new("matmul-as-rows", lhs, MatmulAsRows).expect("the rule's variables are bound")
+    Rewrite::new("matmul-as-rows", lhs, ProductForm(as_rows)).expect("the rule's variables are bound")
 }
 
-struct MatmulAsRows;
-
-impl Applier<TensorLang, ShapeAnalysis> for MatmulAsRows {
-    fn apply_one(
-        &self,
-        egraph: &mut TensorGraph,
-        eclass: Id,
-        subst: &Subst,
-        _ast: Option<&PatternAst<TensorLang>>,
-        rule: Symbol,
-    ) -> Vec<Id> {
-        let Some(build) = (|| {
-            let (a, bb) = (*subst.get(var("?a"))?, *subst.get(var("?b"))?);
-            let (ta, tb) = (egraph[a].data.ty()?, egraph[bb].data.ty()?);
-            let have = egraph[eclass].data.fact.as_ref()?;
-            let out = have.ty.as_ref()?;
-            let (ra, rb) = (ta.rank(), tb.rank());
-            if ra < 2 || rb < 2 || out.rank() < 2 {
-                return None;
-            }
-            let (m, k) = (ta.shape[ra - 2], ta.shape[ra - 1]);
-            let n = tb.shape[rb - 1];
-            if k > ROWS_MAX || n > ROWS_MAX || k == 0 {
-                return None;
-            }
-            let mut lhs_dims = ta.shape[..ra - 2].to_vec();
-            lhs_dims.extend([m, 1, k]);
-            let mut rhs_dims = tb.shape[..rb - 2].to_vec();
-            rhs_dims.extend([1, n, k]);
-            let out_dims = out.shape.clone();
-            let mut b = Build::new(egraph);
-            if n == 1 {
-                // One output column: `sum(a * transpose(b, -1, -2), -1)` is already `[..., M, 1]`,
-                // a row kernel over `a`'s own shape (which fuses with `a`'s producer: no view
-                // of a computed value).
-                let (i, j) = (b.num(-1.0), b.num(-2.0));
-                let bt = b.op("transpose", vec![Child::Class(bb), i, j])?;
-                let prod = b.op("*", vec![Child::Class(a), bt])?;
-                let last = b.num(-1.0);
-                let sum = b.op("sum", vec![prod, last])?;
-                return same_fact(have, b.fact(sum)?).then(|| b.finish());
-            }
-            let shape_a = b.node(TensorLang::Dims(Dims(lhs_dims)), vec![])?;
-            let ra_ = b.op("reshape", vec![Child::Class(a), shape_a])?;
-            let (i, j) = (b.num(-1.0), b.num(-2.0));
-            let bt = b.op("transpose", vec![Child::Class(bb), i, j])?;
-            let shape_b = b.node(TensorLang::Dims(Dims(rhs_dims)), vec![])?;
-            let rb_ = b.op("reshape", vec![bt, shape_b])?;
-            let prod = b.op("*", vec![ra_, rb_])?;
-            let last = b.num(-1.0);
-            let sum = b.op("sum", vec![prod, last])?;
-            let shape_out = b.node(TensorLang::Dims(Dims(out_dims)), vec![])?;
-            let res = b.op("reshape", vec![sum, shape_out])?;
-            same_fact(have, b.fact(res)?).then(|| b.finish())
-        })() else {
-            return vec![];
-        };
-        union_built(egraph, eclass, build, rule)
+/// `matmul-as-rows`' form of `a @ b`: a sum of products along a short last axis.
+fn as_rows(b: &mut Build<'_>, a: Id, bb: Id, ta: &TensorType, tb: &TensorType, out: &TensorType) -> Option<Child> {
+    let (ra, rb) = (ta.rank(), tb.rank());
+    if ra < 2 || rb < 2 || out.rank() < 2 {
+        return None;
     }
-
-    fn vars(&self) -> Vec<Var> {
-        ["?a", "?b"].iter().map(|v| var(v)).collect()
+    let (m, k) = (ta.shape[ra - 2], ta.shape[ra - 1]);
+    let n = tb.shape[rb - 1];
+    if k > ROWS_MAX || n > ROWS_MAX || k == 0 {
+        return None;
     }
+    let (i, j) = (b.num(-1.0), b.num(-2.0));
+    let bt = b.op("transpose", vec![Child::Class(bb), i, j])?;
+    if n == 1 {
+        // One output column: `sum(a * transpose(b, -1, -2), -1)` is already `[..., M, 1]`, a
+        // row kernel over `a`'s own shape (which fuses with `a`'s producer: no view of a
+        // computed value).
+        let prod = b.op("*", vec![Child::Class(a), bt])?;
+        let last = b.num(-1.0);
+        return b.op("sum", vec![prod, last]);
+    }
+    let mut lhs_dims = ta.shape[..ra - 2].to_vec();
+    lhs_dims.extend([m, 1, k]);
+    let mut rhs_dims = tb.shape[..rb - 2].to_vec();
+    rhs_dims.extend([1, n, k]);
+    let shape_a = b.node(TensorLang::Dims(Dims(lhs_dims)), vec![])?;
+    let ra_ = b.op("reshape", vec![Child::Class(a), shape_a])?;
+    let shape_b = b.node(TensorLang::Dims(Dims(rhs_dims)), vec![])?;
+    let rb_ = b.op("reshape", vec![bt, shape_b])?;
+    let prod = b.op("*", vec![ra_, rb_])?;
+    let last = b.num(-1.0);
+    let sum = b.op("sum", vec![prod, last])?;
+    let shape_out = b.node(TensorLang::Dims(Dims(out.shape.clone())), vec![])?;
+    b.op("reshape", vec![sum, shape_out])
 }
 
 // --- matmul-outer
 
 fn matmul_outer() -> Rewrite<TensorLang, ShapeAnalysis> {
     let lhs: Pattern<TensorLang> = "(@ ?a ?b)".parse().expect("the pattern parses");
-    Rewrite::new("matmul-outer", lhs, MatmulOuter).expect("the rule's variables are bound")
+    Rewrite::new("matmul-outer", lhs, ProductForm(outer)).expect("the rule's variables are bound")
 }
 
-struct MatmulOuter;
+/// `matmul-outer`'s form of `a @ b`: with an inner size of 1 (both operands at least matrices:
+/// a vector operand is no outer product's), `a * b`.
+fn outer(b: &mut Build<'_>, a: Id, bb: Id, ta: &TensorType, tb: &TensorType, _out: &TensorType) -> Option<Child> {
+    if ta.rank() < 2 || tb.rank() < 2 || ta.shape[ta.rank() - 1] != 1 || ta.dtype != tb.dtype {
+        return None;
+    }
+    b.op("*", vec![Child::Class(a), Child::Class(bb)])
+}
 
-impl Applier<TensorLang, ShapeAnalysis> for MatmulOuter {
+/// The applier of a rule `(@ ?a ?b) => form`: the form built from the operands and their types
+/// and the product's own type (`None` where the rule does not apply), added and joined to the
+/// product's class where it has the product's fact.
+type ProductBuilder = fn(&mut Build<'_>, Id, Id, &TensorType, &TensorType, &TensorType) -> Option<Child>;
+
+struct ProductForm(ProductBuilder);
+
+impl Applier<TensorLang, ShapeAnalysis> for ProductForm {
     fn apply_one(
         &self,
         egraph: &mut TensorGraph,
@@ -390,14 +376,9 @@ impl Applier<TensorLang, ShapeAnalysis> for MatmulOuter {
             let (a, bb) = (*subst.get(var("?a"))?, *subst.get(var("?b"))?);
             let (ta, tb) = (egraph[a].data.ty()?, egraph[bb].data.ty()?);
             let have = egraph[eclass].data.fact.as_ref()?;
-            // Both operands at least matrices, with an inner size of 1 (a vector operand is
-            // not an outer product's).
-            if ta.rank() < 2 || tb.rank() < 2 || ta.shape[ta.rank() - 1] != 1 || ta.dtype != tb.dtype {
-                return None;
-            }
             let mut b = Build::new(egraph);
-            let prod = b.op("*", vec![Child::Class(a), Child::Class(bb)])?;
-            same_fact(have, b.fact(prod)?).then(|| b.finish())
+            let form = (self.0)(&mut b, a, bb, ta, tb, have.ty.as_ref()?)?;
+            same_fact(have, b.fact(form)?).then(|| b.finish())
         })() else {
             return vec![];
         };
