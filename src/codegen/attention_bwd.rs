@@ -127,9 +127,9 @@ pub(crate) fn can_generate(k: &Kernel) -> Result<()> {
     instance(k).map(|_| ())
 }
 
-/// A kernel of a forward attention and the row statistics of the same scores: `attention` (or
-/// `attention_dropout`) with `attention_lse`, or `attention_bias` with `attention_bias_lse`. The forward kernel without the statistics (its body, writes and
-/// stores pruned), the statistics' write index, and whether they are `attention_bias_lse`'s
+/// A kernel of a forward attention and the row statistics of the same scores
+/// ([`Composite::forward_stats`]): the forward kernel without the statistics (its body, writes
+/// and stores pruned), the statistics' write index, and whether they are `attention_bias_lse`'s
 /// (m, log l) pairs rather than one log-sum-exp; `None` for other kernels. The forward template
 /// writes them itself (`EQ_LSE`, `EQ_STATS`): they must be of the forward's own operands
 /// (the same query, keys, bias, scale and causal flag).
@@ -141,12 +141,8 @@ fn forward_with_lse(k: &Kernel) -> Result<Option<(Kernel, usize, bool)>> {
         return Ok(None);
     };
     let Some(Kind::Composite(fwd)) = kind(att) else { return Ok(None) };
-    // (The bias form's dropout keeps its statistics' kernel: `cost::forward_and_stats`.)
-    if fwd == Composite::AttentionBiasDropout {
-        return Ok(None);
-    }
-    let biased = fwd == Composite::AttentionBias;
-    let stats_kind = if biased { Composite::AttentionBiasLse } else { Composite::AttentionLse };
+    let Some((stats_kind, pairs)) = fwd.forward_stats() else { return Ok(None) };
+    let biased = stats_kind == Composite::AttentionBiasLse;
     let lse: Vec<usize> =
         (0..k.stores.len()).filter(|&w| kind(usize::from(k.stores[w])) == Some(Kind::Composite(stats_kind))).collect();
     let &[w] = lse.as_slice() else {
@@ -154,8 +150,6 @@ fn forward_with_lse(k: &Kernel) -> Result<Option<(Kernel, usize, bool)>> {
     };
     // The statistics' operands are the forward's: (q, k, [bias,] scale, causal).
     let (a, l) = (nodes[att].children(), nodes[usize::from(k.stores[w])].children());
-    let pairs: &[(usize, usize)] =
-        if biased { &[(0, 0), (1, 1), (3, 2), (4, 3), (5, 4)] } else { &[(0, 0), (1, 1), (3, 2), (4, 3)] };
     if !pairs.iter().all(|&(i, j)| same_expr(nodes, usize::from(a[i]), usize::from(l[j]))) {
         return Err(unsupported(k, "attention beside the statistics of other scores"));
     }

@@ -840,27 +840,20 @@ fn collect(dag: &Dag, members: &[usize], mat: &dyn Fn(usize) -> bool) -> (Vec<us
     })
 }
 
-/// Whether an operator is one of attention's backward composites.
 /// `(att, stats)` where node `att` is a forward attention and `stats` the row statistics of
-/// its own scores that its kernel writes beside its output: `attention_lse` of `attention` or
-/// `attention_dropout` (the same q, k, scale and causal flag), `attention_bias_lse` of
-/// `attention_bias` (the same bias too).
+/// its own scores that its kernel writes beside its output ([`Composite::forward_stats`]: the
+/// same operands).
 fn forward_and_stats(dag: &Dag, att: usize, stats: usize) -> Option<(usize, usize)> {
     let Some(Kind::Composite(fwd)) = dag.nodes[att].kind() else { return None };
-    let ch: Vec<usize> = dag.nodes[att].children().collect();
-    let want = match fwd {
-        Composite::Attention | Composite::AttentionDropout => {
-            (Composite::AttentionLse, vec![ch[0], ch[1], ch[3], ch[4]])
-        }
-        // (Not beside the bias form's dropout: the statistics' registers made the Hopper path of
-        // a causal padding-mask kernel spill 48 bytes more than without dropout, against 24.)
-        Composite::AttentionBias => (Composite::AttentionBiasLse, vec![ch[0], ch[1], ch[3], ch[4], ch[5]]),
-        _ => return None,
-    };
-    (dag.nodes[stats].kind() == Some(Kind::Composite(want.0)) && dag.nodes[stats].children().eq(want.1))
-        .then_some((att, stats))
+    let (kind, pairs) = fwd.forward_stats()?;
+    let (a, s): (Vec<usize>, Vec<usize>) = (dag.nodes[att].children().collect(), dag.nodes[stats].children().collect());
+    (dag.nodes[stats].kind() == Some(Kind::Composite(kind))
+        && s.len() == pairs.len()
+        && pairs.iter().all(|&(i, j)| a.get(i) == s.get(j)))
+    .then_some((att, stats))
 }
 
+/// Whether an operator is one of attention's backward composites.
 pub(crate) fn is_attention_backward(kind: Option<Kind>) -> bool {
     matches!(kind, Some(Kind::Composite(c)) if c.is_attention_backward())
 }

@@ -156,6 +156,22 @@ impl Composite {
         self.attention_backward_slots().is_some()
     }
 
+    /// The row statistics a forward attention's kernel writes beside its output, with which
+    /// argument of the forward each of the statistics' arguments is (`(forward, statistics)`
+    /// positions of q, k, [bias,] scale and causal): `attention_lse` of `attention` and
+    /// `attention_dropout`, `attention_bias_lse` of `attention_bias`; `None` for other
+    /// composites. (Not of `attention_bias_dropout`: the statistics' registers made the Hopper
+    /// path of a causal padding-mask kernel spill 48 bytes more than without dropout, against 24.)
+    pub fn forward_stats(self) -> Option<(Composite, &'static [(usize, usize)])> {
+        match self {
+            Composite::Attention | Composite::AttentionDropout => {
+                Some((Composite::AttentionLse, &[(0, 0), (1, 1), (3, 2), (4, 3)]))
+            }
+            Composite::AttentionBias => Some((Composite::AttentionBiasLse, &[(0, 0), (1, 1), (3, 2), (4, 3), (5, 4)])),
+            _ => None,
+        }
+    }
+
     /// Whether this is a forward attention (`attention`, `attention_bias` and their dropout
     /// forms): the operator one forward attention kernel runs.
     pub fn is_attention_forward(self) -> bool {
