@@ -158,7 +158,7 @@ impl Composite {
 
     /// The row statistics a forward attention's kernel writes beside its output, with which
     /// argument of the forward each of the statistics' arguments is (`(forward, statistics)`
-    /// positions of q, k, [bias,] scale and causal): `attention_lse` of `attention` and
+    /// positions of q, k, bias (where there is one), scale and causal): `attention_lse` of `attention` and
     /// `attention_dropout`, `attention_bias_lse` of `attention_bias`; `None` for other
     /// composites. (Not of `attention_bias_dropout`: the statistics' registers made the Hopper
     /// path of a causal padding-mask kernel spill 48 bytes more than without dropout, against 24.)
