@@ -21,10 +21,14 @@ kernels are launched in plan order on PyTorch's current stream, on PyTorch's ten
 kernel by kernel; `CapturedPlan.launches` counts which ran; `EQFUSE_KERNEL_NAMES=1` compiles each
 kernel under its plan name, for profiles, instead of once per canonical source). The graph runs eagerly instead (the
 AOTAutograd ATen graph, unfused), with a warning saying why, when: the exporter or the planner
-refuses it (an operator without a lowering, a dynamic shape, no binary), the inputs are not on a
+refuses it (an operator without a lowering, no binary), the inputs are not on a
 CUDA device, CuPy is missing, or codegen refuses a kernel. A gemm planned as a cuBLASLt call
 runs as a torch product (`runtime.py`). The joint graph is only planned, on a thread beside the
 other graphs' compiles (its record is in `plans` at once, its plan once `EqfuseBackend.wait`).
+
+Dynamic shapes: a graph Dynamo captures with symbolic shapes (called again at another size, or
+`torch.compile(..., dynamic=True)`) is lowered through AOTAutograd again at each shape it is
+called with, at that shape's first call, and planned for it (`_PerShape`; `shapes` of them kept).
 
 Compile time: a graph that runs is planned once, by `eqfuse codegen`, whose plan is the one
 recorded (`plan_graph` remembers plans by graph, binary and options: a graph planned before in
@@ -204,16 +208,18 @@ class EqfuseBackend:
     rewrites attention written out (`softmax(q @ k^T * scale + mask) @ v`, eager attention in
     `transformers`) in each captured graph into `scaled_dot_product_attention` before
     AOTAutograd traces it (`attention.rewrite_attention`), so training plans it as flash
-    attention forward and backward.
+    attention forward and backward. `shapes`: how many shapes of a graph captured with symbolic
+    shapes are kept lowered at once (`_PerShape`; the least recently called is dropped past it).
     """
 
     def __init__(self, binary: str | None = None, device: str = "h100", args: tuple[str, ...] = (),
                  report=_stderr, joint: bool = True, execute: bool = True, verify: bool = True,
-                 partition: str = "min_cut", attention: bool = True):
+                 partition: str = "min_cut", attention: bool = True, shapes: int = 16):
         if partition not in ("min_cut", "default"):
             raise ValueError(f"partition must be `min_cut` or `default`, not {partition!r}")
         self.binary, self.device, self.args, self.report, self.joint = binary, device, args, report, joint
         self.execute, self.verify, self.partition, self.attention = execute, verify, partition, attention
+        self.shapes = shapes
         self._plans: list[CapturedPlan] = []
         self._pending: list[tuple[CapturedPlan, threading.Thread]] = []
 
@@ -232,9 +238,6 @@ class EqfuseBackend:
             self._reported(record, False)
 
     def __call__(self, gm, example_inputs):
-        from functorch.compile import default_partition, make_boxed_func, min_cut_rematerialization_partition
-        from torch._dynamo.backends.common import aot_autograd
-
         if self.attention:
             # Before AOTAutograd partitions it: written-out attention as SDPA, whose backward
             # is eqfuse's flash backward (`attention.py`), not the probabilities saved.
@@ -244,8 +247,23 @@ class EqfuseBackend:
             # SDPA calls PyTorch would run as math in f32 (a float mask it cannot pass to its
             # fused kernels): kept one attention node for eqfuse's kernel.
             route_math_sdpa(gm)
+        if _symbolic(example_inputs):
+            # Dynamo captured the graph with symbolic shapes (a second call at another size, or
+            # `dynamic=True`); eqfuse's plans are of static shapes: the graph is lowered again
+            # for each shape it is called with, at that shape's first call.
+            scalars = _scalar_reads(gm)
+            return _PerShape(lambda inputs: self._lowered(_with_scalars(gm, scalars, inputs), inputs), self.shapes,
+                             scalars)
+        return self._lowered(gm, example_inputs)
+
+    def _lowered(self, gm, example_inputs):
+        """The captured graph `gm` through AOTAutograd at `example_inputs`' shapes: its forward
+        (and backward) graphs compiled by `compile`."""
+        from functorch.compile import default_partition, make_boxed_func, min_cut_rematerialization_partition
+        from torch._dynamo.backends.common import aot_autograd
+
         # The forward's constant outputs by node name, which its backward folds: one dict per
-        # captured graph, shared by its forward and backward only.
+        # lowered graph, shared by its forward and backward only.
         constants: dict = {}
 
         def compiler(kind):
@@ -471,6 +489,94 @@ def _on_cuda(example_inputs) -> bool:
 
     tensors = [t for t in (example_inputs or []) if isinstance(t, torch.Tensor)]
     return bool(tensors) and all(t.device.type == "cuda" for t in tensors)
+
+
+def _symbolic(example_inputs) -> bool:
+    """Whether Dynamo captured a graph with symbolic shapes: a size or scalar input, or a tensor
+    whose shape or strides are symbols."""
+    import torch
+
+    def sym(v):
+        return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+    for x in example_inputs:
+        if sym(x) or (isinstance(x, torch.Tensor) and any(sym(d) for d in (*x.shape, *x.stride()))):
+            return True
+    return False
+
+
+def _shape_key(args, scalars=()) -> tuple:
+    """What a graph lowered at static shapes was lowered for, from a call's arguments: each
+    tensor's shape, strides, dtype, device and whether it requires grad; each other argument
+    (a size, a scalar) by value, as the one-element tensors at positions `scalars` are."""
+    import torch
+
+    return tuple(
+        (tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad) + ((a.item(),) if i in scalars else ())
+        if isinstance(a, torch.Tensor) else (type(a), a)
+        for i, a in enumerate(args))
+
+
+def _scalar_reads(gm) -> frozenset:
+    """Positions of `gm`'s placeholders that are one-element tensors read only by `.item()`:
+    with symbolic shapes Dynamo passes a Python float (a module's `norm_type`, a scale) as such
+    a tensor, whose value no static trace can see (`_with_scalars` makes it a constant)."""
+    found = set()
+    for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        if node.users and all(u.op == "call_method" and u.target == "item" for u in node.users):
+            found.add(i)
+    return frozenset(found)
+
+
+def _with_scalars(gm, scalars: frozenset, args):
+    """`gm`, or with `scalars` (`_scalar_reads`) a copy of it whose `.item()` of those
+    placeholders are the values `args` holds there (the lowering is keyed by them: `_shape_key`)."""
+    import copy
+
+    import torch
+
+    if not scalars:
+        return gm
+    graph = copy.deepcopy(gm.graph)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for i in scalars:
+        for item in list(placeholders[i].users):
+            value = args[i].item()
+            for user in list(item.users):
+                user.replace_input_with(item, value)
+            graph.erase_node(item)
+    return torch.fx.GraphModule(gm, graph)
+
+
+class _PerShape:
+    """A graph Dynamo captured with symbolic shapes, run as the graph lowered at the shapes of
+    each call (`lower(args)`, at the first call of those shapes; the sizes Dynamo passes as
+    arguments, and the scalars it passes as tensors, `_scalar_reads`, are constants of that
+    lowering). Up to `keep` lowerings are kept, the least
+    recently called dropped first, with a warning: a graph called at many shapes is planned
+    again at each (eqfuse plans static shapes; `torch.compile(..., dynamic=False)` recompiles
+    per shape in Dynamo instead)."""
+
+    def __init__(self, lower, keep: int, scalars: frozenset = frozenset()):
+        self.lower, self.keep, self.scalars = lower, max(1, keep), scalars
+        self.lowered: OrderedDict = OrderedDict()
+        self.dropped = 0
+
+    def __call__(self, *args):
+        key = _shape_key(args, self.scalars)
+        run = self.lowered.get(key)
+        if run is None:
+            run = self.lower(list(args))
+            self.lowered[key] = run
+            if len(self.lowered) > self.keep:
+                self.lowered.popitem(last=False)
+                self.dropped += 1
+                if self.dropped == 1:
+                    warnings.warn(f"eqfuse: a graph with dynamic shapes was called at more than {self.keep} "
+                                  "shapes; each new shape is planned and compiled again", stacklevel=2)
+        else:
+            self.lowered.move_to_end(key)
+        return run(*args)
 
 
 class _SeededEager:

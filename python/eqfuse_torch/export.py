@@ -343,6 +343,10 @@ class Exporter:
                 raise ExportError(f"placeholder {node.name} is a size or scalar ({val}), not a tensor: shapes must be "
                                   "static (torch.compile(..., dynamic=False))")
             raise ExportError(f"placeholder {node.name} has no tensor metadata (meta['val'])")
+        if not node.users and val.dtype not in TORCH_DTYPES:
+            # A tensor nothing reads, of a dtype eqfuse does not hold (the float64 scalars Dynamo
+            # passes for a module's Python floats with symbolic shapes): not an input.
+            return None
         shape = _static_shape(val, node)
         view = self.views.get(node.name) if value is None else None
         if view is not None:
