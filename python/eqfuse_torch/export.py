@@ -1538,17 +1538,26 @@ def _iota(L, n):
 
 
 def _index_put(L, x, indices, values, accumulate=False):
-    """`x[..., i, j, ..., ...] += values` with index tensors on consecutive axes (embedding's
-    backward: one on the first; Falcon's backward of a rotary table read at positions: one on
-    the third; CLIP's pooled token `h[arange(B), ids.argmax(-1)]`: two), as `_index` reads
-    them: a scatter-add along the merged axes at the broadcast indices' linear positions."""
+    """`x[..., i, j, ..., ...] = values` (`+=` with `accumulate`) with index tensors on
+    consecutive axes, as `_index` reads them. Accumulating (embedding's backward: one on the
+    first axis; Falcon's backward of a rotary table read at positions: one on the third; CLIP's
+    pooled token `h[arange(B), ids.argmax(-1)]`: two): a scatter-add along the merged axes at
+    the broadcast indices' linear positions. Writing (a functionalized `index_copy_` as PyTorch's
+    core decompositions make it: the static key/value cache of `transformers` written at the
+    step's positions): `_put`."""
+    x = L.val(x)
     given = [a for a, i in enumerate(indices) if i is not None]
-    if not accumulate or not given:
-        raise ExportError("index_put other than accumulating with index tensors")
+    if not given:
+        raise ExportError("index_put without index tensors")
     a, m = given[0], len(given)
     if given != list(range(a, a + m)):
         raise ExportError("index_put with index tensors on axes that are not consecutive")
-    ts = [_index32(L, L.val(indices[k])) for k in given]
+    ts = [L.val(indices[k]) for k in given]
+    if any(t.dtype == "bool" for t in ts):
+        raise ExportError("index_put with a boolean mask (a data-dependent set of positions)")
+    ts = [_index32(L, t) for t in ts]
+    if not accumulate:
+        return _put(L, x, ts, L.val(values), a)
     block = x.shape[a:a + m]
     shape = broadcast_shapes(*(t.shape for t in ts))
     i = _linear(L, ts, [math.prod(block[k + 1:]) for k in range(m)]) if m > 1 else ts[0]
@@ -1558,6 +1567,68 @@ def _index_put(L, x, indices, values, accumulate=False):
     v = L.broadcast(L.cast(v, x.dtype), merged[:a] + i.shape + merged[a + 1:])
     added = _scatter_add(L, i, v, a, merged[a])
     return L.apply("+", x, L.reshape(added, x.shape) if m > 1 else added)
+
+
+def _put(L, x, ts, v, a):
+    """`x` with `v` written at the index tensors `ts` on the consecutive axes from `a` (PyTorch's
+    `x[..., ts, ...] = v`, `v` broadcast to the indexed shape). eqfuse has no scatter that
+    overwrites, so each position `p` of the merged indexed axes (size `n`) finds the last of the
+    `k` indices that names it, from the `[n, k]` comparison of its position with every index
+    (`amax` of the matching index numbers, -1 where none does), and takes `v`'s slice there by
+    a gather, `x`'s elsewhere: exact, and where indices repeat the last write wins (PyTorch leaves
+    that case undefined; its CPU loop writes in order). The comparison is small for a cache
+    written at a few positions (`k` of 1 in a decode step). Negative indices count from the end
+    as in PyTorch; an index out of range writes nothing (PyTorch raises)."""
+    m = len(ts)
+    block = x.shape[a:a + m]
+    n = math.prod(block)
+    # Each index tensor wrapped into its axis, then the linear position in the merged axes.
+    ts = [L.apply("where", L.compare("<", t, 0), L.apply("+", t, L.cast(L.lit(size), "i32"), dtype="i32"), t,
+                  dtype="i32") for t, size in zip(ts, block)]
+    shape = broadcast_shapes(*(t.shape for t in ts))
+    i = _linear(L, ts, [math.prod(block[j + 1:]) for j in range(m)]) if m > 1 else ts[0]
+    i = L.broadcast(i, shape) if i.shape != shape else i
+    k = math.prod(shape)
+    merged = x.shape[:a] + (n,) + x.shape[a + m:]
+    indexed = merged[:a] + shape + merged[a + 1:]
+    try:
+        fits = broadcast_shapes(v.shape, indexed) == indexed
+    except ExportError:
+        fits = False
+    if not fits:
+        raise ExportError(f"index_put of values {list(v.shape)} into {list(x.shape)} at indices {list(shape)} "
+                          f"(values broadcast to {list(indexed)} expected)")
+    v = L.reshape(L.broadcast(L.cast(v, x.dtype), indexed), merged[:a] + (k,) + merged[a + 1:])
+    hit = L.apply("==", L.broadcast(L.reshape(i, (1, k)), (n, k)), L.reshape(_iota(L, n), (n, 1)), dtype="bool")
+    which = L.apply("where", hit, L.reshape(_iota(L, k), (1, k)), L.cast(L.lit(-1), "i32"), dtype="i32")
+    src = L.reduce("amax", which, [1], False)
+    written = L.compare(">=", src, 0)
+    picked = _gather(L, v, L.apply("max", src, L.cast(L.lit(0), "i32"), dtype="i32"), a)
+    written = L.reshape(written, (n,) + (1,) * (len(merged) - a - 1))
+    out = L.apply("where", written, picked, L.reshape(x, merged) if m > 1 else x, dtype=x.dtype)
+    return L.reshape(out, x.shape) if m > 1 else out
+
+
+def _index_copy(L, x, dim, index, source):
+    """`x.index_copy(dim, index, source)` (a functionalized `index_copy_`, as `transformers`'
+    static cache writes keys and values at the step's positions): `source`'s slices along `dim`
+    written at `index`, a `_put` on one axis. A 0-d index writes one slice, `source` with or
+    without that axis."""
+    x, idx, src = L.val(x), _index32(L, L.val(index)), L.val(source)
+    if x.rank == 0:
+        raise ExportError("index_copy into a 0-d tensor")
+    a = L.axis(dim, x.rank)
+    if idx.rank > 1:
+        raise ExportError(f"index_copy with indices of rank {idx.rank} (one axis of indices expected)")
+    if idx.rank == 0:
+        idx = L.reshape(idx, (1,))
+        if src.rank == x.rank - 1:
+            src = L.reshape(src, src.shape[:a] + (1,) + src.shape[a:])
+    want = x.shape[:a] + idx.shape + x.shape[a + 1:]
+    if tuple(src.shape) != want:
+        raise ExportError(f"index_copy of a source {list(src.shape)} into {list(x.shape)} along axis {a} "
+                          f"at {idx.shape[0]} indices (source {list(want)} expected)")
+    return _put(L, x, [idx], src, a)
 
 
 def _slice_scatter(L, x, src, dim=0, start=None, end=None, step=1):
@@ -3159,6 +3230,7 @@ LOWERINGS = {
     "index_select": _index_select,
     "embedding_dense_backward": _embedding_dense_backward,
     "index_put": _index_put,
+    "index_copy": _index_copy,
     "slice_scatter": _slice_scatter,
     "as_strided_scatter": _as_strided_scatter,
     "select_scatter": _select_scatter,

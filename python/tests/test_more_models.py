@@ -18,7 +18,8 @@ gradients against eager.
 
 The lowerings themselves are checked on small graphs too (`test_cumsum`, `test_strided_slice_scatter`,
 `test_empty_results`, convolutions (transposed ones too), poolings (adaptive ones too) and norms
-with their backward ops), against PyTorch on the CPU reference.
+with their backward ops, `index_copy` and the `index_put` that writes, as a static key/value cache
+is written), against PyTorch on the CPU reference.
 
 Run from the repository root: `python3 -m pytest python/tests/test_more_models.py`.
 """
@@ -584,3 +585,80 @@ def test_adaptive_pools_and_their_backward(shape, out, tmp_path):
                 torch.ops.aten.adaptive_max_pool2d_backward(g, x, i))
 
     _check(fn, [x, g], tmp_path)
+
+
+def test_index_copy_writes_a_static_cache(tmp_path):
+    """`index_copy_` as `transformers`' static cache writes keys and values at `cache_position`,
+    functionalized: as `aten.index_copy` (no decompositions) and as the non-accumulating
+    `index_put` PyTorch's core decompositions make of it; a prefill's positions, a decode
+    step's one position, positions out of order, a 0-d index, a negative axis, integers."""
+    from eqfuse_torch.backend import decompositions
+
+    cache = torch.randn(1, 2, 13, 4)
+
+    def write(x, pos, v):
+        y = x.clone()
+        y.index_copy_(2, pos, v)
+        return y * 1
+
+    def write_last(x, pos, v):
+        return x.index_copy(-1, pos, v)
+
+    cases = [(write, [cache, torch.arange(6), torch.randn(1, 2, 6, 4)]),
+             (write, [cache, torch.tensor([7]), torch.randn(1, 2, 1, 4)]),
+             (write, [cache, torch.tensor([12, 0, 5]), torch.randn(1, 2, 3, 4)]),
+             (write, [cache, torch.tensor(4), torch.randn(1, 2, 1, 4)]),
+             (write_last, [torch.randint(0, 9, (3, 5)), torch.tensor([4, 1]), torch.randint(0, 9, (3, 2))]),
+             (lambda x, i, v: x.index_copy(0, i, v), [torch.randn(6), torch.tensor(2), torch.tensor(5.0)])]
+    for k, (fn, inputs) in enumerate(cases):
+        for decomposed in (False, True):
+            gm = torch.fx.experimental.proxy_tensor.make_fx(
+                torch.func.functionalize(fn), decomposition_table=decompositions() if decomposed else None)(
+                *inputs)
+            ops = {n.target.__name__ for n in gm.graph.nodes if n.op == "call_function"}
+            assert ("index_put.default" if decomposed else "index_copy.default") in ops, ops
+            d = tmp_path / f"{k}-{decomposed}"
+            d.mkdir()
+            got = run_cpu(export_graph_module(gm), inputs, d)[0]
+            want = fn(*inputs)
+            assert got.shape == want.shape and torch.equal(got.to(want.dtype), want), (k, decomposed, got, want)
+
+
+def test_index_put_that_writes(tmp_path):
+    """Non-accumulating `index_put` (`x[..., i, j] = v`): one index tensor and two broadcast
+    ones, negative indices, values broadcast to the indexed shape; where indices repeat, the
+    last write wins (as PyTorch's CPU loop, in order, writes them)."""
+    x = torch.randn(4, 6, 5)
+
+    def fn(x, i, j, v, row):
+        a = x.index_put((i,), v)  # x[i] = v, v [2, 6, 5]
+        b = x.index_put((torch.arange(4), j), row)  # x[arange(4), j] = row, row [5] broadcast
+        c = torch.ops.aten.index_put(x, [None, j[:2]], torch.tensor(-3.0))  # x[:, j[:2]] = -3
+        d = x.index_put((i.reshape(2, 1), j.reshape(1, 4)), v[0, :1, :].reshape(5))  # a [2, 4] grid
+        return a, b, c, d
+
+    inputs = [x, torch.tensor([3, -4]), torch.tensor([5, 0, -1, 2]), torch.randn(2, 6, 5), torch.randn(5)]
+    _check(fn, inputs, tmp_path)
+
+    def repeated(x, i, v):
+        return torch.ops.aten.index_put(x, [None, i], v)
+
+    x, i, v = torch.randn(3, 5), torch.tensor([1, 3, 1, 4, 3]), torch.randn(3, 5)
+    want = x.clone()
+    for k in range(i.shape[0]):  # in order: the last write of a position is what it holds
+        want[:, i[k]] = v[:, k]
+    (tmp_path / "repeated").mkdir()
+    got = _export_and_run(repeated, [x, i, v], tmp_path / "repeated")[0]
+    assert torch.equal(got, want), (got, want)
+
+
+def test_index_put_refusals():
+    """What a write at index tensors cannot be lowered as is refused with the reason: a boolean
+    mask (a data-dependent set of positions), index tensors on axes apart."""
+    x = torch.randn(3, 4, 5)
+    for fn, why in [(lambda x, m: torch.ops.aten.index_put(x, [m], torch.tensor(0.5)), "boolean mask"),
+                    (lambda x, m: torch.ops.aten.index_put(x, [torch.tensor([0]), None, torch.tensor([1])],
+                                                           torch.tensor(0.5)), "not consecutive")]:
+        gm = torch.fx.experimental.proxy_tensor.make_fx(fn)(x, torch.randn(3, 4, 5) > 0)
+        with pytest.raises(ExportError, match=why):
+            export_graph_module(gm)
