@@ -28,7 +28,8 @@ other graphs' compiles (its record is in `plans` at once, its plan once `EqfuseB
 
 Dynamic shapes: a graph Dynamo captures with symbolic shapes (called again at another size, or
 `torch.compile(..., dynamic=True)`) is lowered through AOTAutograd again at each shape it is
-called with, at that shape's first call, and planned for it (`_PerShape`; `shapes` of them kept).
+called with, at that shape's first call, and planned for it (`_PerShape`); past `shapes` shapes
+(a key/value cache growing a token a call), further shapes run the captured graph eagerly, warned.
 
 Compile time: a graph that runs is planned once, by `eqfuse codegen`, whose plan is the one
 recorded (`plan_graph` remembers plans by graph, binary and options: a graph planned before in
@@ -209,12 +210,12 @@ class EqfuseBackend:
     `transformers`) in each captured graph into `scaled_dot_product_attention` before
     AOTAutograd traces it (`attention.rewrite_attention`), so training plans it as flash
     attention forward and backward. `shapes`: how many shapes of a graph captured with symbolic
-    shapes are kept lowered at once (`_PerShape`; the least recently called is dropped past it).
+    shapes are lowered and planned (`_PerShape`); further shapes run it eagerly.
     """
 
     def __init__(self, binary: str | None = None, device: str = "h100", args: tuple[str, ...] = (),
                  report=_stderr, joint: bool = True, execute: bool = True, verify: bool = True,
-                 partition: str = "min_cut", attention: bool = True, shapes: int = 16):
+                 partition: str = "min_cut", attention: bool = True, shapes: int = 8):
         if partition not in ("min_cut", "default"):
             raise ValueError(f"partition must be `min_cut` or `default`, not {partition!r}")
         self.binary, self.device, self.args, self.report, self.joint = binary, device, args, report, joint
@@ -252,8 +253,8 @@ class EqfuseBackend:
             # `dynamic=True`); eqfuse's plans are of static shapes: the graph is lowered again
             # for each shape it is called with, at that shape's first call.
             scalars = _scalar_reads(gm)
-            return _PerShape(lambda inputs: self._lowered(_with_scalars(gm, scalars, inputs), inputs), self.shapes,
-                             scalars)
+            return _PerShape(gm, lambda inputs: self._lowered(_with_scalars(gm, scalars, inputs), inputs),
+                             self.shapes, scalars)
         return self._lowered(gm, example_inputs)
 
     def _lowered(self, gm, example_inputs):
@@ -552,30 +553,29 @@ class _PerShape:
     """A graph Dynamo captured with symbolic shapes, run as the graph lowered at the shapes of
     each call (`lower(args)`, at the first call of those shapes; the sizes Dynamo passes as
     arguments, and the scalars it passes as tensors, `_scalar_reads`, are constants of that
-    lowering). Up to `keep` lowerings are kept, the least
-    recently called dropped first, with a warning: a graph called at many shapes is planned
-    again at each (eqfuse plans static shapes; `torch.compile(..., dynamic=False)` recompiles
-    per shape in Dynamo instead)."""
+    lowering). At most `limit` shapes are lowered, each planned and compiled once: a graph
+    called at ever new shapes (a key/value cache that grows a token a call) would plan at each,
+    so past the limit new shapes run the captured graph `gm` eagerly, with one warning (as
+    Dynamo's own recompile limit does). `torch.compile(..., dynamic=False)` recompiles per shape
+    in Dynamo instead; padding inputs to a few sizes keeps every call on eqfuse's kernels."""
 
-    def __init__(self, lower, keep: int, scalars: frozenset = frozenset()):
-        self.lower, self.keep, self.scalars = lower, max(1, keep), scalars
-        self.lowered: OrderedDict = OrderedDict()
-        self.dropped = 0
+    def __init__(self, gm, lower, limit: int, scalars: frozenset = frozenset()):
+        self.gm, self.lower, self.limit, self.scalars = gm, lower, max(0, limit), scalars
+        self.lowered: dict = {}
+        self.eager_calls = 0
 
     def __call__(self, *args):
         key = _shape_key(args, self.scalars)
         run = self.lowered.get(key)
         if run is None:
-            run = self.lower(list(args))
-            self.lowered[key] = run
-            if len(self.lowered) > self.keep:
-                self.lowered.popitem(last=False)
-                self.dropped += 1
-                if self.dropped == 1:
-                    warnings.warn(f"eqfuse: a graph with dynamic shapes was called at more than {self.keep} "
-                                  "shapes; each new shape is planned and compiled again", stacklevel=2)
-        else:
-            self.lowered.move_to_end(key)
+            if len(self.lowered) >= self.limit:
+                if self.eager_calls == 0:
+                    warnings.warn(f"eqfuse: a graph with dynamic shapes was called at more than {self.limit} shapes; "
+                                  "further shapes run eagerly (pad inputs to fewer sizes, or raise "
+                                  "EqfuseBackend(shapes=...))", stacklevel=2)
+                self.eager_calls += 1
+                return self.gm(*args)
+            run = self.lowered[key] = self.lower(list(args))
         return run(*args)
 
 
