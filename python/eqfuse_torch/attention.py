@@ -16,10 +16,14 @@ chain
         softmax(dim=-1 [, dtype])  [cast]...  [dropout(p, training)]  [cast]...  matmul(., v)
 
 into `F.scaled_dot_product_attention(q, k, v, attn_mask=..., dropout_p=..., scale=...)`, where
-`k` is `kT` with its last two axes swapped back, and only where the two are equal up to rounding:
+`k` is `kT` with its last two axes swapped back, and only where the two are equal up to rounding.
+A product is `matmul`, `@`, `bmm`, or a two-operand `einsum` that is a batched product
+(`"bhqd,bhkd->bhqk"` gives k itself, `"bhqd,bhdk->bhqk"` kT; `"bhqk,bhkd->bhqd"` the output).
 
-- q, k and v are 4-d, of one floating dtype and device, their leading axes equal (a repeated
-  key for grouped-query heads is an ordinary operand); the output has their dtype;
+- q, k and v are 4-d, or 3-d with heads flattened into the batch (`[B*H, L, E]`, as `bmm`
+  attention writes them: SDPA of one batch of `B*H` heads), of one floating dtype and device,
+  their leading axes equal (a repeated key for grouped-query heads is an ordinary operand);
+  the output has their dtype;
 - the softmax is along the last axis; casts between it and the product are float to float and
   keep the shape (a softmax upcast to f32 and its result cast back, as `transformers` writes it);
 - each scale is a positive finite constant (a number, or a constant `torch.full([], c)` /
@@ -46,7 +50,8 @@ import torch
 
 F = torch.nn.functional
 
-_MATMUL = ({torch.matmul, operator.matmul}, {"matmul"})
+_MATMUL = ({torch.matmul, operator.matmul, torch.bmm}, {"matmul", "bmm"})
+_EINSUM = ({torch.einsum}, set())
 _SOFTMAX = ({F.softmax, torch.softmax, torch.special.softmax}, {"softmax"})
 _DROPOUT = ({F.dropout, torch.dropout}, set())
 _MUL = ({operator.mul, torch.mul}, {"mul"})
@@ -102,6 +107,60 @@ def _number(x):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
     return None
+
+
+def _einsum_operands(n):
+    """A two-operand `torch.einsum` node's (equation, a, b), or None."""
+    if not _is(n, _EINSUM) or not n.args or not isinstance(n.args[0], str) or n.kwargs:
+        return None
+    ops = n.args[1:]
+    if len(ops) == 1 and isinstance(ops[0], (list, tuple)):
+        ops = ops[0]
+    if len(ops) != 2:
+        return None
+    return n.args[0].replace(" ", ""), ops[0], ops[1]
+
+
+def _einsum_product(n):
+    """A two-operand `einsum` that is a batched matrix product, as (a, b, transposed): `a @ b`,
+    or `a @ b^T` with `transposed` (`"bhqd,bhkd->bhqk"`). The leading axes are batch axes in the
+    same order in both operands and the result, the last two a product's; None otherwise (an
+    ellipsis, a repeated or summed batch axis, a broadcast)."""
+    found = _einsum_operands(n)
+    if found is None:
+        return None
+    eq, a, b = found
+    if "->" not in eq or "." in eq:
+        return None
+    lhs, out = eq.split("->")
+    terms = lhs.split(",")
+    if len(terms) != 2:
+        return None
+    x, y = terms
+    if not (len(x) == len(y) == len(out) >= 3) or not (x + y + out).isalpha():
+        return None
+    if len(set(x)) != len(x) or len(set(y)) != len(y) or len(set(out)) != len(out):
+        return None
+    batch = x[:-2]
+    if y[:-2] != batch or out[:-2] != batch:
+        return None
+    i, j = x[-2:]
+    if out[-2] != i or len({i, j, out[-1], *batch}) != len(batch) + 3:
+        return None
+    kk = out[-1]
+    if y[-2:] == j + kk:
+        return a, b, False
+    if y[-2:] == kk + j:
+        return a, b, True
+    return None
+
+
+def _product(n):
+    """A batched matrix product node as (a, b, transposed): `a @ b` (`matmul`, `@`, `bmm`, or an
+    `einsum` that is one), `a @ b^T` with `transposed`; None for any other node."""
+    if _is(n, _MATMUL) and len(n.args) == 2 and not n.kwargs:
+        return n.args[0], n.args[1], False
+    return _einsum_product(n)
 
 
 def _single_use(n) -> bool:
@@ -217,29 +276,35 @@ def _peel_scores(x, dtype):
             return None
         chain.insert(0, x)
         x = s
-    if not (_is(x, _MATMUL) and _single_use(x)) or not (math.isfinite(scale) and scale > 0):
+    if _product(x) is None or not _single_use(x) or not (math.isfinite(scale) and scale > 0):
         return None
     chain.insert(0, x)
     return x, scale, masks, chain
 
 
 def _swapped_back(kt):
-    """`k` when `kt` is `k` with its last two (of 4) axes swapped by a view, else None."""
+    """`k` when `kt` is `k` with its last two (of 3 or 4) axes swapped by a view, else None."""
+    vk = _val(kt)
+    if vk is None or vk.dim() not in (3, 4):
+        return None
+    r = vk.dim()
     if _is(kt, _TRANSPOSE):
-        dims = sorted(d % 4 for d in (_arg(kt, 1, "dim0"), _arg(kt, 2, "dim1")) if isinstance(d, int))
-        return kt.args[0] if dims == [2, 3] else None
+        dims = sorted(d % r for d in (_arg(kt, 1, "dim0"), _arg(kt, 2, "dim1")) if isinstance(d, int))
+        return kt.args[0] if dims == [r - 2, r - 1] else None
     if _is(kt, _PERMUTE):
         perm = list(kt.args[1:]) if kt.op == "call_method" and len(kt.args) > 2 else _arg(kt, 1, "dims")
-        if isinstance(perm, (list, tuple)) and [d % 4 if isinstance(d, int) else d for d in perm] == [0, 1, 3, 2]:
+        if isinstance(perm, (list, tuple)) and [d % r if isinstance(d, int) else d for d in perm] == [
+                *range(r - 2), r - 1, r - 2]:
             return kt.args[0]
     return None
 
 
 def _match(out):
     """The attention whose probabilities' product is `out`, as a dict, or None."""
-    if not _is(out, _MATMUL) or len(out.args) != 2:
+    product = _product(out)
+    if product is None or product[2]:
         return None
-    a, v = out.args
+    a, v, _ = product
     probs = _peel_probabilities(a)
     if probs is None:
         return None
@@ -251,17 +316,20 @@ def _match(out):
     if found is None:
         return None
     qk, scale, masks, score_chain = found
-    q, kt = qk.args
+    q, kt, k_given = _product(qk)
     vq, vkt, vs, vo, vin = _val(q), _val(kt), _val(qk), _val(out), _val(sm.args[0])
-    if any(t is None for t in (vq, vkt, vs, vo, vin)) or not all(t.dim() == 4 for t in (vq, vkt, vv)):
+    if any(t is None for t in (vq, vkt, vs, vo, vin)) or vq.dim() not in (3, 4):
+        return None
+    if not all(t.dim() == vq.dim() for t in (vkt, vv, vs, vo)):
         return None
     if vin.shape != vs.shape:  # a mask that broadcast the scores up
         return None
     if not (vq.is_floating_point() and _float_like(vkt, vq) and _float_like(vv, vq) and _float_like(vo, vq)
             and _float_like(vs, vq)):
         return None
-    lead = vq.shape[:2]
-    if vkt.shape[:2] != lead or vv.shape[:2] != lead or vkt.shape[2] != vq.shape[3] or vv.shape[2] != vkt.shape[3]:
+    kt_shape = (*vkt.shape[:-2], vkt.shape[-1], vkt.shape[-2]) if k_given else tuple(vkt.shape)
+    lead = vq.shape[:-2]
+    if kt_shape[:-2] != lead or vv.shape[:-2] != lead or kt_shape[-2] != vq.shape[-1] or vv.shape[-2] != kt_shape[-1]:
         return None
     scores = tuple(vs.shape)
     for kind, m, _ in masks:
@@ -273,7 +341,8 @@ def _match(out):
                 return None
         except RuntimeError:
             return None
-    return dict(out=out, q=q, kt=kt, v=v, scale=scale, masks=masks, p=p, dtype=vq.dtype, device=vq.device,
+    return dict(out=out, q=q, kt=None if k_given else kt, k=kt if k_given else None, v=v, scale=scale,
+                masks=masks, p=p, dtype=vq.dtype, device=vq.device, batched=vq.dim() == 3,
                 chain=score_chain + prob_chain[::-1])
 
 
@@ -293,6 +362,15 @@ def _build_mask(graph, masks, dtype, device):
     return total
 
 
+def _unsqueezed(graph, t):
+    """`t.unsqueeze(0)` inserted into `graph`, with its example value where `t` has one."""
+    node = graph.call_method("unsqueeze", (t, 0))
+    for key in ("example_value", "val"):
+        if isinstance(t, torch.fx.Node) and isinstance(t.meta.get(key), torch.Tensor):
+            node.meta[key] = t.meta[key].unsqueeze(0)
+    return node
+
+
 def rewrite_attention(gm) -> int:
     """Rewrites written-out attention in a Dynamo-captured GraphModule into
     `F.scaled_dot_product_attention` (module docstring); returns how many were rewritten."""
@@ -305,21 +383,33 @@ def rewrite_attention(gm) -> int:
             continue
         count += 1
         out = m["out"]
+        kt = m["kt"]
         with graph.inserting_before(out):
-            k = _swapped_back(m["kt"])
+            k = m["k"] if kt is None else _swapped_back(kt)
             if k is None:
-                k = graph.call_method("transpose", (m["kt"], -2, -1))
+                k = graph.call_method("transpose", (kt, -2, -1))
             mask = _build_mask(graph, m["masks"], m["dtype"], m["device"])
-            sdpa = graph.call_function(F.scaled_dot_product_attention, (m["q"], k, m["v"]),
+            q, v = m["q"], m["v"]
+            if m["batched"]:
+                # Heads flattened into one batch axis (`bmm` of `[B*H, L, E]`): SDPA of one
+                # batch of those heads (a mask broadcasts to the scores as before).
+                q, k, v = (_unsqueezed(graph, t) for t in (q, k, v))
+            sdpa = graph.call_function(F.scaled_dot_product_attention, (q, k, v),
                                        {"attn_mask": mask, "dropout_p": m["p"], "scale": m["scale"]})
-        sdpa.meta.update({key: out.meta[key] for key in ("example_value", "val", "stack_trace") if key in out.meta})
-        out.replace_all_uses_with(sdpa)
+            result = graph.call_method("squeeze", (sdpa, 0)) if m["batched"] else sdpa
+        if m["batched"]:
+            for key in ("example_value", "val"):
+                if key in out.meta:
+                    sdpa.meta[key] = out.meta[key].unsqueeze(0)
+        for key in ("example_value", "val", "stack_trace"):
+            if key in out.meta:
+                result.meta[key] = out.meta[key]
+        out.replace_all_uses_with(result)
         # The chain, last first: each is dead once its one user is gone.
         for n in [out, *m["chain"][::-1]]:
             graph.erase_node(n)
             erased.add(n)
-        kt = m["kt"]
-        if k is not kt and not kt.users:
+        if kt is not None and k is not kt and not kt.users:
             graph.erase_node(kt)
             erased.add(kt)
     if count:

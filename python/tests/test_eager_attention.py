@@ -85,6 +85,16 @@ SPELLINGS = {
         torch.where(_causal(), q @ k.transpose(-1, -2) / torch.full([], D**0.5, dtype=q.dtype),
                     torch.full([], torch.finfo(q.dtype).min, dtype=q.dtype)), dim=-1).type(v.dtype) @ v,
     "torch.softmax with its dtype": lambda q, k, v: torch.softmax(q @ k.transpose(-2, -1), -1, torch.float32) @ v,
+    "einsum, the key as given": lambda q, k, v: torch.einsum(
+        "bhqk,bhkd->bhqd", torch.softmax(torch.einsum("bhqd,bhkd->bhqk", q, k) * D**-0.5, dim=-1), v),
+    "einsum of a list, the key transposed, other letters": lambda q, k, v: torch.einsum(
+        "nhij,nhjd->nhid", [torch.softmax(torch.einsum("nhid,nhdj->nhij", [q, k.transpose(-2, -1)]) / 4.0, -1), v]),
+    "scores as 3-d batches": lambda q, k, v: torch.softmax(q[0] @ k[0].transpose(-2, -1), -1) @ v[0],
+    "bmm of heads flattened, masked": lambda q, k, v: torch.bmm(torch.softmax(
+        torch.bmm(q.reshape(B * H, S, D), k.reshape(B * H, S, D).transpose(1, 2)) * D**-0.5
+        + torch.zeros(S, S).masked_fill(~_causal(), float("-inf")), -1), v.reshape(B * H, S, D)).reshape(B, H, S, D),
+    "3-d einsum": lambda q, k, v: torch.einsum(
+        "bqk,bkd->bqd", torch.softmax(torch.einsum("bqd,bkd->bqk", q[1], k[1]) * 0.3, -1), v[1]),
 }
 
 
@@ -133,7 +143,10 @@ LEFT_ALONE = {
         (q @ k.transpose(-2, -1) + torch.linspace(-1, 0, S)) * 0.5, -1) @ v,
     "mask enlarging the scores": lambda q, k, v: torch.softmax(
         q[:1] @ k[:1].transpose(-2, -1) + torch.zeros(B, H, S, S), -1) @ v,
-    "scores as 3-d batches": lambda q, k, v: torch.softmax(q[0] @ k[0].transpose(-2, -1), -1) @ v[0],
+    "an einsum of the scores transposed (softmax along the queries)": lambda q, k, v: torch.einsum(
+        "bhqk,bhkd->bhqd", torch.softmax(torch.einsum("bhqd,bhkd->bhkq", q, k), -1), v),
+    "an einsum with a summed batch axis": lambda q, k, v: torch.softmax(
+        torch.einsum("bhqd,bhkd->bqk", q, k), -1) @ v[:, 0],
 }
 
 
@@ -279,3 +292,51 @@ def test_t5_position_bias_attention_is_planned_as_attention():
     assert planned, [p.error for p in be.plans]
     templates = [k["template"] for p in planned for k in p.plan["kernels"]]
     assert templates.count("attention") == cfg.num_layers, templates
+
+
+class _FlatHeadsAttention(torch.nn.Module):
+    """Self-attention as older code writes it: heads flattened into the batch and `bmm` (OPT,
+    BART before SDPA), or `einsum` over `[B, H, S, D]`; a causal mask, a residual and a norm."""
+
+    def __init__(self, spelling):
+        super().__init__()
+        self.spelling = spelling
+        self.qkv = torch.nn.Linear(H * D, 3 * H * D)
+        self.out = torch.nn.Linear(H * D, H * D)
+        self.norm = torch.nn.LayerNorm(H * D)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, H, D).permute(2, 0, 3, 1, 4)
+        mask = torch.zeros(s, s).masked_fill(~torch.ones(s, s, dtype=torch.bool).tril(), float("-inf"))
+        if self.spelling == "bmm":
+            q, k, v = (t.reshape(b * H, s, D) for t in (q, k, v))
+            p = torch.softmax(torch.bmm(q * D**-0.5, k.transpose(1, 2)) + mask, dim=-1)
+            a = torch.bmm(p, v).view(b, H, s, D)
+        else:
+            p = torch.softmax(torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(D) + mask, dim=-1)
+            a = torch.einsum("bhij,bhjd->bhid", p, v)
+        return self.norm(x + self.out(a.transpose(1, 2).reshape(b, s, H * D)))
+
+
+@pytest.mark.parametrize("spelling", ["bmm", "einsum"])
+def test_bmm_and_einsum_attention_train_as_flash_attention(spelling, monkeypatch):
+    """A training step of attention written with `bmm` over flattened heads, or with `einsum`,
+    through the backend (CPU reference): eager's loss and gradients, and SDPA's forward and
+    backward in its graphs, no `_softmax_backward_data`."""
+    torch.manual_seed(0)
+    graphs = []
+    compile_graph = EqfuseBackend.compile
+
+    def recording(self, kind, aten_gm, example_inputs, constants=None):
+        graphs.append((kind, aten_gm))
+        return compile_graph(self, kind, aten_gm, example_inputs, constants)
+
+    monkeypatch.setattr(EqfuseBackend, "compile", recording)
+    x = torch.randn(B, S, H * D, generator=torch.Generator().manual_seed(4))
+    assert_training_step_on_eqfuse(_FlatHeadsAttention(spelling), {"x": x}, monkeypatch)
+    assert {kind for kind, _ in graphs} >= {"forward", "backward"}
+    for kind, gm in graphs:
+        targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+        assert not any("_softmax_backward_data" in t for t in targets), kind
+        assert any("scaled_dot_product" in t for t in targets), (kind, sorted(targets))
