@@ -173,7 +173,68 @@ def decompositions() -> dict:
     """
     from torch._decomp import core_aten_decompositions
 
-    return {op: fn for op, fn in core_aten_decompositions().items() if "scaled_dot_product" not in op.name()}
+    table = {op: fn for op, fn in core_aten_decompositions().items() if "scaled_dot_product" not in op.name()}
+    table.update(_fastpath_decompositions())
+    return table
+
+
+def _fastpath_decompositions() -> dict:
+    """`nn.TransformerEncoderLayer`'s and `nn.MultiheadAttention`'s inference fast path
+    (`aten._transformer_encoder_layer_fwd`, `aten._native_multi_head_attention`: eval mode, no
+    gradient), which `torch.compile` captures as single ops, written as the layer's parts, as
+    PyTorch's C++ computes them (`transformer.cpp`, `attention.cpp`): the attention as SDPA with
+    the queries scaled by 1/sqrt(head size), a mask marking with nonzero (or true) the scores it
+    hides (mask type 0: `[L, S]`, 1: key padding `[B, S]`, 2: `[B, H, L, S]`), and rows whose
+    every score is hidden giving NaN, as PyTorch's op does (PyTorch 2.15, CPU)."""
+    import torch
+
+    aten = torch.ops.aten
+    F = torch.nn.functional
+
+    def mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask=None,
+            need_weights=True, average_attn_weights=True, mask_type=None):
+        if need_weights:
+            return NotImplemented  # the averaged weights too: PyTorch's op stays
+        b, lq, _ = query.shape
+        d = embed_dim // num_head
+        wq, wk, wv = qkv_weight.split(embed_dim)
+        bq, bk, bv = qkv_bias.split(embed_dim)
+
+        def heads(x, w, bias):
+            return F.linear(x, w, bias).view(b, x.shape[1], num_head, d).transpose(1, 2)
+
+        q, k, v = heads(query, wq, bq), heads(key, wk, bk), heads(value, wv, bv)
+        attn_mask = hidden = None
+        if mask is not None:
+            hidden = mask if mask.dtype == torch.bool else mask != 0
+            if mask_type == 1 or (mask_type is None and hidden.dim() == 2 and hidden.shape[0] == b
+                                  and hidden.shape[1] == k.shape[2] and hidden.shape[0] != lq):
+                hidden = hidden.view(b, 1, 1, k.shape[2])
+            attn_mask = torch.where(hidden, torch.finfo(q.dtype).min, 0.0).to(q.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        if hidden is not None:
+            out = out.masked_fill(hidden.all(-1, keepdim=True), float("nan"))
+        out = F.linear(out.transpose(1, 2).reshape(b, lq, embed_dim), proj_weight, proj_bias)
+        return out, out.new_empty(0)
+
+    def encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu,
+                      norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1,
+                      ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None, mask_type=None):
+        def norm(x, w, bias):
+            return F.layer_norm(x, (embed_dim,), w, bias, eps)
+
+        x = norm(src, norm_weight_1, norm_bias_1) if norm_first else src
+        x = mha(x, x, x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, False, True,
+                mask_type)[0] + src
+        if not norm_first:
+            x = norm(x, norm_weight_1, norm_bias_1)
+        y = norm(x, norm_weight_2, norm_bias_2) if norm_first else x
+        y = F.linear(y, ffn_weight_1, ffn_bias_1)
+        y = F.linear(F.gelu(y) if use_gelu else F.relu(y), ffn_weight_2, ffn_bias_2)
+        x = x + y
+        return x if norm_first else norm(x, norm_weight_2, norm_bias_2)
+
+    return {aten._native_multi_head_attention.default: mha, aten._transformer_encoder_layer_fwd.default: encoder_layer}
 
 
 def export_program(ep: "torch.export.ExportedProgram") -> Exported:

@@ -662,3 +662,56 @@ def test_index_put_refusals():
         gm = torch.fx.experimental.proxy_tensor.make_fx(fn)(x, torch.randn(3, 4, 5) > 0)
         with pytest.raises(ExportError, match=why):
             export_graph_module(gm)
+
+
+@pytest.mark.parametrize("mask_type", [None, 0, 1, 2])
+def test_native_multi_head_attention_decomposition(mask_type):
+    """`aten._native_multi_head_attention` (nn.MultiheadAttention's inference fast path) as the
+    exporter's decomposition writes it, against PyTorch's op: no mask, an `[L, L]` mask (type 0),
+    key padding `[B, S]` (type 1) with one sequence's keys all hidden (its rows give NaN, as
+    PyTorch's op does), and a `[B, H, L, L]` mask (type 2); bool and float masks."""
+    from eqfuse_torch.export import decompositions
+
+    g = torch.Generator().manual_seed(0)
+    b, s, e, h = 3, 8, 32, 4
+    x = torch.randn(b, s, e, generator=g)
+    w, bias = torch.randn(3 * e, e, generator=g) * 0.2, torch.randn(3 * e, generator=g)
+    pw, pb = torch.randn(e, e, generator=g) * 0.2, torch.randn(e, generator=g)
+    masks = {None: None, 0: torch.ones(s, s, dtype=torch.bool).triu(1),
+             1: torch.zeros(b, s, dtype=torch.bool).index_fill(1, torch.tensor([5, 6, 7]), True),
+             2: torch.rand(b, h, s, s, generator=g) < 0.3}
+    mask = masks[mask_type]
+    if mask_type == 1:
+        mask[2] = True  # every key of the third sequence hidden
+    op = torch.ops.aten._native_multi_head_attention.default
+    decomposed = decompositions()[op]
+    for m in ([mask] if mask is None else [mask, torch.zeros(mask.shape).masked_fill(mask, float("-inf"))]):
+        want = op(x, x, x, e, h, w, bias, pw, pb, m, False, True, mask_type)[0]
+        got = decomposed(x, x, x, e, h, w, bias, pw, pb, m, False, True, mask_type)[0]
+        assert torch.equal(got.isnan(), want.isnan())
+        assert (got - want).nan_to_num().abs().max() <= 1e-5 * want.nan_to_num().abs().max()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_inference_fast_path_on_eqfuse_plans(norm_first, monkeypatch):
+    """`nn.TransformerEncoder` in eval mode without gradients takes PyTorch's fast path
+    (`_transformer_encoder_layer_fwd` a layer), which the backend decomposes into the layer's
+    parts: every graph on eqfuse's plans (CPU reference), eager's results, with no mask, a key
+    padding mask and a causal mask."""
+    from test_models import assert_all_on_eqfuse, stand_in
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True, norm_first=norm_first,
+                                             activation="gelu")
+    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    x = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(1))
+    pad = torch.zeros(2, 16, dtype=torch.bool)
+    pad[1, 12:] = True
+    for kw in ({}, {"src_key_padding_mask": pad},
+               {"mask": torch.nn.Transformer.generate_square_subsequent_mask(16), "is_causal": True}):
+        backend = stand_in(monkeypatch)
+        with torch.no_grad():
+            got = torch.compile(encoder, backend=backend, dynamic=False)(x, **kw)
+            want = encoder(x, **kw)
+        assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item(), list(kw)
+        assert_all_on_eqfuse(backend)
