@@ -964,11 +964,20 @@ class Lowering:
         vals = [v if v.weak else self.cast(v, dtype) for v in vals]
         if all(v.weak for v in vals):
             vals[0] = self.cast(vals[0], dtype)
+        if dtype == "bool" and op in _BOOL_ARITHMETIC and len(vals) == 2:
+            # PyTorch's arithmetic of booleans is logic (`isfinite` decomposes to `a * b`).
+            return _BOOL_ARITHMETIC[op](self, self.cast(vals[0], "bool"), self.cast(vals[1], "bool"))
         return self.apply(op, *vals, dtype=dtype)
 
     def compare(self, op: str, a: object, b: object) -> Value:
         """A comparison with PyTorch's promotion: tensors of two dtypes meet in their common one,
-        and an integer tensor compared with a fractional number is compared as f32."""
+        and an integer tensor compared with a fractional number is compared as f32. A comparison
+        with an infinite number holds values at f32's largest finite value or beyond infinite
+        (`_against_infinity`): eqfuse's literals are finite, an infinity exported as that value."""
+        if isinstance(a, float) and math.isinf(a) and not (isinstance(b, float) and math.isinf(b)):
+            return self.compare(_FLIPPED[op], b, a)
+        if isinstance(b, float) and math.isinf(b):
+            return _against_infinity(self, op, self.val(a), b > 0)
         va, vb = self.val(a), self.val(b)
         if not va.weak and not vb.weak and va.dtype != vb.dtype:
             common = dtype_name(torch.promote_types(_torch_dtype(va.dtype), _torch_dtype(vb.dtype)))
@@ -1097,6 +1106,50 @@ def _scaled(L: Lowering, v: object, alpha: float) -> object:
 
 def _unary(op):
     return lambda L, x, *rest, **kw: L.pointwise(op, x)
+
+
+def _and(L, a, b):
+    """`a and b` of booleans (eqfuse has `where` and `not`)."""
+    return L.apply("where", a, b, L.cast(L.lit(0), "bool"), dtype="bool")
+
+
+def _or(L, a, b):
+    """`a or b` of booleans."""
+    return L.apply("where", a, L.cast(L.lit(1), "bool"), b, dtype="bool")
+
+
+_BOOL_ARITHMETIC = {"*": _and, "+": _or, "max": _or, "min": _and}
+"""Arithmetic of booleans as PyTorch computes it: logic."""
+
+_FLIPPED = {"==": "==", "!=": "!=", "<": ">", ">": "<", "<=": ">=", ">=": "<="}
+"""`a op b` as `b FLIPPED[op] a`."""
+
+
+def _against_infinity(L, op: str, x, positive: bool):
+    """`x op inf` (`-inf` unless `positive`) with literals that are finite: `x`, in f32 (16-bit
+    floats are exact there, their infinities too), is infinite where it reaches f32's largest
+    finite value `top`, the value an infinite literal is exported as (`Lowering.lit`: a mask
+    filled with `-inf` holds `-top`, and compares equal to `-inf` as in PyTorch); NaN compares
+    false with all but `!=`."""
+    if x.dtype in ("i32", "bool"):
+        # Integers are finite: `n < inf` and `n > -inf` hold, as `!=` does; the rest do not.
+        holds = op == "!=" or (op in ("<", "<=") and positive) or (op in (">", ">=") and not positive)
+        return L.full(1.0 if holds else 0.0, "bool", x.shape)
+    xf = L.cast(x, "f32")
+    top = float(torch.finfo(torch.float32).max)
+    if not positive:  # x op -inf  is  (-x) flipped-op inf
+        return _against_infinity(L, _FLIPPED[op], L.apply("neg", xf, dtype="f32"), True)
+    beyond = L.apply(">=", xf, L.lit(top), dtype="bool")  # x is +inf
+    number = L.apply("==", xf, xf, dtype="bool")  # x is not NaN
+    if op == "==" or op == ">=":
+        return beyond
+    if op == "!=":
+        return L.apply("not", beyond, dtype="bool")
+    if op == "<":
+        return L.apply("<", xf, L.lit(top), dtype="bool")
+    if op == "<=":
+        return number
+    return L.full(0.0, "bool", x.shape)  # x > inf
 
 
 def _binary(op):
@@ -1580,6 +1633,61 @@ def _scatter_add(L, idx, g, a, n):
     rank = g.rank - idx.rank + 1
     shape = g.shape[:a] + (n,) + g.shape[a + idx.rank:]
     return L.b.op("scatter_add", [idx.node, g.node, L.axis_lit(a, rank), L.lit(n).node], g.dtype, shape)
+
+
+def _scatter_add_along(L, x, dim, index, src):
+    """`x.scatter_add(dim, index, src)`: `src[p]` added at `x`'s position that is `p` with its
+    coordinate along `dim` replaced by `index[p]`, for every position `p` of `index` (`src` may
+    be larger: its leading part is read). The gradient of `gather` (a multi-margin loss's
+    backward): one scatter-add of the flattened values at their linear positions."""
+    x, idx, src = L.val(x), _index32(L, L.val(index)), L.val(src)
+    a = L.axis(dim, x.rank)
+    if idx.rank != x.rank or src.rank != x.rank:
+        raise ExportError(f"scatter_add into rank {x.rank} with indices of rank {idx.rank}, values of rank {src.rank}")
+    if any(n > m for n, m in zip(idx.shape, src.shape)) or any(
+            n > m for i, (n, m) in enumerate(zip(idx.shape, x.shape)) if i != a):
+        raise ExportError(f"scatter_add of indices {list(idx.shape)} beyond values {list(src.shape)} "
+                          f"or the tensor {list(x.shape)}")
+    if idx.numel == 0:
+        return x
+    for i, n in enumerate(idx.shape):
+        if src.shape[i] != n:
+            src = _slice(L, src, i, 0, n, 1)
+    strides = [math.prod(x.shape[i + 1:]) for i in range(x.rank)]
+    coords = [idx if i == a else L.reshape(_iota(L, idx.shape[i]), tuple(idx.shape[i] if j == i else 1
+                                                                       for j in range(x.rank)))
+              for i in range(x.rank)]
+    pos = L.broadcast(_linear(L, coords, strides), idx.shape)
+    added = _scatter_add(L, L.reshape(pos, (idx.numel,)), L.reshape(L.cast(src, x.dtype), (idx.numel,)), 0, x.numel)
+    return L.apply("+", x, L.reshape(added, x.shape), dtype=x.dtype)
+
+
+def _sign(L, x):
+    """`sign`: 1 above zero, -1 below, 0 at zero and at NaN (as PyTorch gives them)."""
+    x = L.val(x)
+    zero, one = L.cast(L.lit(0.0), x.dtype), L.cast(L.lit(1.0), x.dtype)
+    up = L.apply("where", L.compare(">", x, 0), one, zero, dtype=x.dtype)
+    return L.apply("where", L.compare("<", x, 0), L.apply("neg", one, dtype=x.dtype), up, dtype=x.dtype)
+
+
+def _float_class(kind):
+    """`isnan`, `isinf`, `isfinite`, `isposinf`, `isneginf` (integers and booleans: finite),
+    through `compare`'s exact comparisons with infinities."""
+    def lower(L, x):
+        x = L.val(x)
+        inf = float("inf")
+        if kind == "isnan":
+            return L.compare("!=", x, x)
+        if kind == "isposinf":
+            return L.compare("==", x, inf)
+        if kind == "isneginf":
+            return L.compare("==", x, -inf)
+        infinite = _or(L, L.compare("==", x, inf), L.compare("==", x, -inf))
+        if kind == "isinf":
+            return infinite
+        return _and(L, L.compare("==", x, x), L.apply("not", infinite, dtype="bool"))
+
+    return lower
 
 
 def _embedding_dense_backward(L, grad, indices, num_weights, padding_idx, scale_grad_by_freq):
@@ -3211,6 +3319,17 @@ LOWERINGS = {
     "log1p": lambda L, x: L.pointwise("log", L.pointwise("+", x, 1)),
     "expm1": lambda L, x: L.pointwise("-", L.pointwise("exp", x), 1),
     "logical_not": lambda L, x: L.apply("not", L.cast(x, "bool"), dtype="bool"),
+    "sign": _sign,
+    "sgn": _sign,
+    "isnan": _float_class("isnan"),
+    "isinf": _float_class("isinf"),
+    "isfinite": _float_class("isfinite"),
+    "isposinf": _float_class("isposinf"),
+    "isneginf": _float_class("isneginf"),
+    "scatter_add": _scatter_add_along,
+    "empty_permuted": _new_empty,
+    "empty": _new_empty,
+    "empty_strided": _new_empty,
     "eq": _cmp("=="),
     "ne": _cmp("!="),
     "lt": _cmp("<"),
