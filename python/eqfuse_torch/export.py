@@ -3319,6 +3319,8 @@ LOWERINGS = {
     "log1p": lambda L, x: L.pointwise("log", L.pointwise("+", x, 1)),
     "expm1": lambda L, x: L.pointwise("-", L.pointwise("exp", x), 1),
     "logical_not": lambda L, x: L.apply("not", L.cast(x, "bool"), dtype="bool"),
+    # `lerp` (Adam's moments) decomposes to `prims.fma`: a product and a sum, one rounding more.
+    "fma": lambda L, a, b, c: L.pointwise("+", L.pointwise("*", a, b), c),
     "sign": _sign,
     "sgn": _sign,
     "isnan": _float_class("isnan"),

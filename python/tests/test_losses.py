@@ -1,9 +1,12 @@
-"""Losses as people write them, and the elementwise tests and scatters their graphs hold.
+"""Losses and optimizer steps as people write them, and the elementwise tests and scatters
+their graphs hold.
 
 Each loss of `torch.nn.functional` below, on a linear layer's output, trains through the
 backend with its forward and backward graphs on eqfuse's plans (the CPU reference stands in):
 loss and gradients within 1e-4 of eager. The lowerings they needed (`sign`, `isnan` and the
-other float classes, `scatter_add`, `empty_permuted`) are checked against PyTorch directly."""
+other float classes, `scatter_add`, `empty_permuted`) are checked against PyTorch directly.
+An optimizer's `step` compiled with the backend (SGD with momentum, Adam and AdamW, whose `lerp`
+is `prims.fma`) runs on eqfuse's plans and updates parameters and state as eager's does."""
 
 import warnings
 
@@ -142,3 +145,35 @@ def test_comparisons_with_infinities(dtype, tmp_path):
         return tuple(out)
 
     _check(fn, [x], tmp_path)
+
+
+OPTIMIZERS = {
+    "sgd, momentum": lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, weight_decay=1e-3),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-2, foreach=False),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_compiled_optimizer_step_runs_on_eqfuse_plans(name, monkeypatch):
+    torch.manual_seed(0)
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+
+    eager_model, model_ = model(), model()
+    model_.load_state_dict(eager_model.state_dict())
+    eager_opt, opt = OPTIMIZERS[name](eager_model.parameters()), OPTIMIZERS[name](model_.parameters())
+    backend = stand_in(monkeypatch)
+    step = torch.compile(opt.step, backend=backend)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            for m, o, run in ((eager_model, eager_opt, eager_opt.step), (model_, opt, step)):
+                o.zero_grad()
+                m(x).pow(2).mean().backward()
+                run()
+    for a, b in zip(model_.parameters(), eager_model.parameters()):
+        assert relative(a, b) <= 1e-5
+    assert_all_on_eqfuse(backend)
