@@ -1877,16 +1877,85 @@ def _arg_extreme(op):
         n = v.shape[a] if v.rank else 1
         if v.rank == 0:
             return L.cast(L.full(0.0, "i32", L.out_shape()), L.out_dtype())
-        m = L.reduce(op, v, [a], True)
-        hit = L.compare("==", v, m)
-        if v.dtype in ("f32", "f16", "bf16"):
-            hit = L.apply("where", hit, L.cast(L.lit(1), "bool"), L.compare("!=", v, v), dtype="bool")
-        pos = L.reshape(_iota(L, n), tuple(n if i == a else 1 for i in range(v.rank)))
-        cand = L.apply("where", hit, pos, L.cast(L.lit(n), "i32"), dtype="i32")
-        idx = L.reduce("amin", cand, [a], True)
+        idx = _first_extreme(L, op, v, a)
         return L.cast(L.reshape(idx, L.out_shape()), L.out_dtype())
 
     return lower
+
+
+def _first_extreme(L, op, v, a):
+    """The first index along axis `a` of `v` (rank ≥ 1) where its row's `op` (amax or amin) is,
+    or a NaN: i32, the axis kept at size 1 (`_arg_extreme`)."""
+    n = v.shape[a]
+    m = L.reduce(op, v, [a], True)
+    hit = L.compare("==", v, m)
+    if v.dtype in ("f32", "f16", "bf16"):
+        hit = L.apply("where", hit, L.cast(L.lit(1), "bool"), L.compare("!=", v, v), dtype="bool")
+    pos = L.reshape(_iota(L, n), tuple(n if i == a else 1 for i in range(v.rank)))
+    cand = L.apply("where", hit, pos, L.cast(L.lit(n), "i32"), dtype="i32")
+    return L.reduce("amin", cand, [a], True)
+
+
+def _extreme_dim(op):
+    """`max(x, dim)`, `min(x, dim)`: the values (`amax`/`amin`, NaN where the row has one) and
+    the first index of each, as PyTorch returns them."""
+
+    def lower(L, x, dim, keepdim=False):
+        v = L.val(x)
+        if v.rank == 0:
+            return v, L.cast(L.lit(0), "i32")
+        a = L.axis(dim, v.rank)
+        values = L.reduce(op, v, [a], keepdim)
+        idx = _first_extreme(L, op, v if v.dtype != "bool" else L.cast(v, "i32"), a)
+        return values, L.reshape(idx, values.shape)
+
+    return lower
+
+
+def _max_or_min(reduce, pointwise):
+    """`torch.max`/`torch.min` in its three forms: of all elements, along `dim` (values and
+    indices), and of two tensors (`max.other`, elementwise)."""
+
+    def lower(L, x, dim=None, keepdim=False):
+        if dim is None:
+            return L.reduce(reduce, L.val(x), None, False)
+        if not isinstance(dim, int):
+            return L.pointwise(pointwise, x, dim)
+        return _extreme_dim(reduce)(L, x, dim, keepdim)
+
+    return lower
+
+
+def _leaky_relu(L, x, negative_slope=0.01):
+    x = L.val(x)
+    return L.apply("where", L.compare(">", x, 0), x, L.apply("*", x, L.lit(negative_slope)), dtype=x.dtype)
+
+
+def _leaky_relu_backward(L, grad, x, negative_slope, self_is_result):
+    """The gradient where `x > 0` (or the result, the same sign), `negative_slope` of it elsewhere."""
+    g, x = L.val(grad), L.val(x)
+    return L.apply("where", L.compare(">", x, 0), g, L.apply("*", g, L.lit(negative_slope)), dtype=g.dtype)
+
+
+def _elu(L, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    """`elu` (and `selu`, `celu` through its scales): `scale x` above zero, else
+    `alpha scale (exp(input_scale x) - 1)`."""
+    x = L.val(x)
+    neg = L.apply("*", L.apply("-", L.apply("exp", L.apply("*", x, L.lit(input_scale))), L.lit(1.0)),
+                  L.lit(alpha * scale))
+    return L.apply("where", L.compare(">", x, 0), L.apply("*", x, L.lit(scale)), neg, dtype=x.dtype)
+
+
+def _elu_backward(L, grad, alpha, scale, input_scale, is_result, self_or_result):
+    """`elu`'s gradient from its input, or from its result (`is_result`: below zero the result
+    `y` gives `input_scale (y + alpha scale)`), as PyTorch's kernel computes it."""
+    g, x = L.val(grad), L.val(self_or_result)
+    if is_result:
+        below = L.apply("*", L.apply("+", x, L.lit(alpha * scale)), L.lit(input_scale))
+    else:
+        below = L.apply("*", L.apply("exp", L.apply("*", x, L.lit(input_scale))), L.lit(input_scale * alpha * scale))
+    return L.apply("where", L.compare(">", x, 0), L.apply("*", g, L.lit(scale)), L.apply("*", g, below),
+                   dtype=g.dtype)
 
 
 def _copy(L, dst, src, non_blocking=False):
@@ -3322,6 +3391,17 @@ LOWERINGS = {
     # `lerp` (Adam's moments) decomposes to `prims.fma`: a product and a sum, one rounding more.
     "fma": lambda L, a, b, c: L.pointwise("+", L.pointwise("*", a, b), c),
     "sign": _sign,
+    "max": _max_or_min("amax", "max"),
+    "min": _max_or_min("amin", "min"),
+    "leaky_relu": _leaky_relu,
+    "leaky_relu_backward": _leaky_relu_backward,
+    "elu": _elu,
+    "celu": lambda L, x, alpha=1.0: _elu(L, x, alpha, 1.0, 1.0 / alpha),
+    "selu": lambda L, x: _elu(L, x, 1.6732632423543772, 1.0507009873554805, 1.0),
+    "elu_backward": _elu_backward,
+    "log2": lambda L, x: L.pointwise("*", L.pointwise("log", x), 1 / math.log(2)),
+    "log10": lambda L, x: L.pointwise("*", L.pointwise("log", x), 1 / math.log(10)),
+    "exp2": lambda L, x: L.pointwise("exp", L.pointwise("*", x, math.log(2))),
     "sgn": _sign,
     "isnan": _float_class("isnan"),
     "isinf": _float_class("isinf"),

@@ -177,3 +177,32 @@ def test_compiled_optimizer_step_runs_on_eqfuse_plans(name, monkeypatch):
     for a, b in zip(model_.parameters(), eager_model.parameters()):
         assert relative(a, b) <= 1e-5
     assert_all_on_eqfuse(backend)
+
+
+def test_activations_and_extremes(tmp_path):
+    """`leaky_relu`, `elu`/`selu`/`celu` and their backward, `max`/`min` along an axis (values and
+    first indices, NaN rows included), of all elements and of two tensors, `log2`, `log10`,
+    `exp2`, against PyTorch."""
+    x = torch.randn(4, 7, generator=torch.Generator().manual_seed(2))
+    x[1, 3] = float("nan")
+    x[2, 5] = x[2, 1] = 9.0  # a tie: the first index
+
+    def fn(x):
+        mx, imx = x.max(-1)
+        mn, imn = torch.min(x, 0, keepdim=True)
+        return (F.leaky_relu(x, 0.2), F.elu(x), F.selu(x), F.celu(x, 0.5), mx, imx, mn, imn, x.max(), torch.min(x),
+                torch.max(x, x.flip(0)), torch.log2(x.abs() + 1), torch.log10(x.abs() + 1), torch.exp2(x))
+
+    _check(fn, [x], tmp_path)
+
+
+@pytest.mark.parametrize("act", ["leaky_relu", "elu", "selu", "celu"])
+def test_activation_gradients(act, tmp_path):
+    x = torch.randn(5, 6, generator=torch.Generator().manual_seed(3))
+    f = {"leaky_relu": lambda t: F.leaky_relu(t, 0.1), "elu": F.elu, "selu": F.selu,
+         "celu": lambda t: F.celu(t, 0.7)}[act]
+
+    def grad(x):
+        return torch.func.grad(lambda t: (f(t) * torch.linspace(-1, 1, 6)).sum())(x)
+
+    _check(grad, [x], tmp_path)
