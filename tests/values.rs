@@ -195,3 +195,31 @@ fn json_graph_constants_are_read_exactly() {
         assert_eq!(read.to_bits(), v.to_bits(), "{v:?} read as {read:?}");
     }
 }
+
+#[test]
+fn rounding_functions_on_the_reference_and_their_kernels_compile() {
+    // Halves round to even (`torch.round`, CUDA's `rintf`); -0.5 rounds to -0.
+    let p = program(
+        "input x: f32[8]\nf = floor(x)\nc = ceil(x)\nr = round(x)\nt = trunc(x)\n\
+         m = x - floor(x / 0.75) * 0.75\noutput f, c, r, t, m\n",
+    );
+    let xs = vec![2.5, -2.5, 1.5, -0.5, 0.49999997, -1.7, 3.0, -0.0];
+    let x = Tensor::new(DType::F32, vec![8], xs.clone()).unwrap();
+    let out = eval(&p, &HashMap::from([("x".to_string(), x)])).unwrap();
+    assert_eq!(out[0].data, vec![2.0, -3.0, 1.0, -1.0, 0.0, -2.0, 3.0, -0.0]);
+    assert_eq!(out[1].data, vec![3.0, -2.0, 2.0, -0.0, 1.0, -1.0, 3.0, -0.0]);
+    assert_eq!(out[2].data, vec![2.0, -2.0, 2.0, -0.0, 0.0, -2.0, 3.0, -0.0]);
+    assert_eq!(out[3].data, vec![2.0, -2.0, 1.0, -0.0, 0.0, -1.0, 3.0, -0.0]);
+    assert!(out[4].data.iter().all(|&m| (0.0..0.75).contains(&m)), "{:?}", out[4].data);
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    let sources = codegen_plan(&plan).unwrap();
+    for name in ["floorf", "ceilf", "rintf", "truncf"] {
+        assert!(sources.iter().any(|s| s.source.contains(name)), "{name}");
+    }
+    if eqfuse::nvrtc_available().is_ok() {
+        for s in &sources {
+            let c = eqfuse::nvrtc_compile(&s.source, &s.file, eqfuse::DEFAULT_ARCH, &[]).unwrap();
+            assert!(c.log.trim().is_empty(), "{}: warnings\n{}", s.name, c.log);
+        }
+    }
+}

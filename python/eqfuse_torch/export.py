@@ -1174,9 +1174,55 @@ def _cast(L, x, *rest, **kw):
 
 
 def _div(L, a, b, rounding_mode=None):
-    if rounding_mode is not None:
+    """`a / b`; with `rounding_mode` `trunc` or `floor` (`//`), the quotient rounded so: of
+    floats by `trunc`/`floor` of the quotient, of integers from eqfuse's truncating `i32`
+    division, one less where the remainder is nonzero and of the other sign than `b`."""
+    if rounding_mode is None:
+        return L.pointwise("/", a, b)
+    if rounding_mode not in ("trunc", "floor"):
         raise ExportError(f"division with rounding_mode={rounding_mode!r}")
-    return L.pointwise("/", a, b)
+    q = L.pointwise("/", a, b)
+    if q.dtype != "i32":
+        return L.apply(rounding_mode, q, dtype=q.dtype)
+    if rounding_mode == "trunc":
+        return q
+    va, vb = L.cast(L.val(a), "i32"), L.cast(L.val(b), "i32")
+    r = L.apply("-", va, L.apply("*", q, vb, dtype="i32"), dtype="i32")
+    return L.apply("where", _other_sign(L, r, vb), L.apply("-", q, L.cast(L.lit(1), "i32"), dtype="i32"), q,
+                   dtype="i32")
+
+
+def _other_sign(L, r, b):
+    """Where `r` is nonzero and of the other sign than `b` (bool)."""
+    return _and(L, L.compare("!=", r, 0), L.apply("!=", L.compare("<", r, 0), L.compare("<", b, 0), dtype="bool"))
+
+
+def _rounding(op):
+    """`floor`, `ceil`, `round` (halves to even; `decimals` digits: scaled, rounded, scaled
+    back, as PyTorch computes it), `trunc`: of integers, the integers themselves."""
+
+    def lower(L, x, decimals=0):
+        x = L.val(x)
+        if x.dtype in ("i32", "bool"):
+            return x
+        if decimals:
+            scale = 10.0 ** decimals
+            return L.apply("/", L.apply("round", L.apply("*", x, L.lit(scale))), L.lit(scale), dtype=x.dtype)
+        return L.apply(op, x, dtype=x.dtype)
+
+    return lower
+
+
+def _remainder(python):
+    """`remainder` (`python`: the sign of the divisor, as Python's `%`) and `fmod` (the sign of
+    the dividend): `a - q b` with `q` the quotient floored or truncated."""
+
+    def lower(L, a, b):
+        q = _div(L, a, b, "floor" if python else "trunc")
+        dtype = L.out_dtype()
+        return L.apply("-", L.cast(L.val(a), dtype), L.apply("*", q, L.cast(L.val(b), dtype), dtype=dtype), dtype=dtype)
+
+    return lower
 
 
 def _gelu(L, x, approximate="none"):
@@ -3391,6 +3437,15 @@ LOWERINGS = {
     # `lerp` (Adam's moments) decomposes to `prims.fma`: a product and a sum, one rounding more.
     "fma": lambda L, a, b, c: L.pointwise("+", L.pointwise("*", a, b), c),
     "sign": _sign,
+    "floor": _rounding("floor"),
+    "ceil": _rounding("ceil"),
+    "round": _rounding("round"),
+    "trunc": _rounding("trunc"),
+    "fix": _rounding("trunc"),
+    "frac": lambda L, x: L.pointwise("-", x, _rounding("trunc")(L, x)),
+    "remainder": _remainder(True),
+    "fmod": _remainder(False),
+    "floor_divide": lambda L, a, b: _div(L, a, b, "floor"),
     "max": _max_or_min("amax", "max"),
     "min": _max_or_min("amin", "min"),
     "leaky_relu": _leaky_relu,

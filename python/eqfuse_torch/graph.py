@@ -19,6 +19,7 @@ DTYPES = ("f32", "f16", "bf16", "i32", "bool")
 # Operator spellings of eqfuse's op table (src/ir/lang.rs `OPS`). An input may not use one as its name.
 OPS = frozenset(
     "neg exp log sqrt rsqrt recip abs tanh sigmoid relu gelu gelu_tanh silu erf sin cos square not "
+    "floor ceil round trunc "
     "+ - * / pow max min < <= > >= == != sum mean amax amin where cast transpose reshape broadcast @ "
     "iota onehot dropout softmax log_softmax layernorm rmsnorm cross_entropy attention grad "
     "attention_lse attention_grad_q attention_grad_k attention_grad_v gather scatter_add slice concat "
@@ -30,7 +31,7 @@ OPS = frozenset(
 
 POINTWISE = frozenset(
     "neg exp log sqrt rsqrt recip abs tanh sigmoid relu gelu gelu_tanh silu erf sin cos square not "
-    "+ - * / pow max min < <= > >= == != where cast".split()
+    "floor ceil round trunc + - * / pow max min < <= > >= == != where cast".split()
 )
 """Operators applied element by element, their operands broadcast (`cast`'s second argument is
 its dtype): each element of the result depends only on the elements at its index."""

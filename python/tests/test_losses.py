@@ -206,3 +206,19 @@ def test_activation_gradients(act, tmp_path):
         return torch.func.grad(lambda t: (f(t) * torch.linspace(-1, 1, 6)).sum())(x)
 
     _check(grad, [x], tmp_path)
+
+
+def test_rounding_and_remainders(tmp_path):
+    """`floor`, `ceil`, `round` (halves to even, and to decimals), `trunc`, `frac`, divisions
+    rounded (`//`, `rounding_mode`), `remainder` and `fmod`, of floats and of integers, by
+    positive and negative divisors, against PyTorch."""
+    x = torch.tensor([[2.5, -2.5, 1.5, -0.5, 0.7, -1.7, 3.0, 7.25]])
+    n = torch.tensor([[7, -7, 6, -6, 0, 1, -1, 13]], dtype=torch.int32)
+
+    def fn(x, n):
+        return (torch.floor(x), torch.ceil(x), torch.round(x), torch.round(x, decimals=1), torch.trunc(x),
+                torch.frac(x), x // 0.75, torch.div(x, -0.75, rounding_mode="trunc"), torch.remainder(x, 0.75),
+                torch.remainder(x, -0.75), torch.fmod(x, 0.75), n // 4, n // -4, torch.div(n, 4, rounding_mode="trunc"),
+                n % 4, n % -4, torch.fmod(n, 4), torch.floor(n), torch.remainder(x, x.flip(-1)))
+
+    _check(fn, [x, n], tmp_path)

@@ -221,6 +221,8 @@ impl Tape<'_> {
                 self.un(Unary::Neg, s)?
             }
             Unary::Square => self.binc(Mul, x, 2.0)?,
+            // Piecewise constant: zero gradient (PyTorch's too).
+            Unary::Floor | Unary::Ceil | Unary::Round | Unary::Trunc => return self.binc(Mul, g, 0.0),
             Unary::Not => return Err("`not` has no gradient (its values are bool)".to_string()),
         };
         self.bin(Mul, g, d)

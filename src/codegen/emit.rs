@@ -147,6 +147,10 @@ fn unary_expr(op: Unary, a: &str, strict: bool, fast_exp: bool) -> String {
         Unary::Cos => f("cosf"),
         Unary::Square if strict => format!("__fmul_rn({a}, {a})"),
         Unary::Square => format!("({a} * {a})"),
+        Unary::Floor => f("floorf"),
+        Unary::Ceil => f("ceilf"),
+        Unary::Round => f("rintf"),
+        Unary::Trunc => f("truncf"),
         Unary::Not => format!("(!{a})"),
     }
 }

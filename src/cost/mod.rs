@@ -1007,6 +1007,7 @@ fn node_flops(dag: &Dag, i: usize) -> u64 {
         None => 0,
         Some(Kind::Unary(u)) => numel.saturating_mul(match u {
             Unary::Neg | Unary::Abs | Unary::Relu | Unary::Square | Unary::Not => 1,
+            Unary::Floor | Unary::Ceil | Unary::Round | Unary::Trunc => 1,
             _ => 4,
         }),
         Some(Kind::Binary(_)) | Some(Kind::Where) | Some(Kind::Cast) | Some(Kind::OneHot) | Some(Kind::Iota) => numel,

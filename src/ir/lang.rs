@@ -33,6 +33,12 @@ pub enum Unary {
     Sin,
     Cos,
     Square,
+    /// Rounding to an integer value: down, up, to the nearest (ties to even, as `torch.round`
+    /// and CUDA's `rintf`), toward zero. Exact; zero gradient.
+    Floor,
+    Ceil,
+    Round,
+    Trunc,
     /// Logical not of a `bool` tensor; used by rules, not written in programs.
     Not,
 }
@@ -295,6 +301,10 @@ pub const OPS: &[OpInfo] = &[
     op("sin", 1, Kind::Unary(Unary::Sin)),
     op("cos", 1, Kind::Unary(Unary::Cos)),
     op("square", 1, Kind::Unary(Unary::Square)),
+    op("floor", 1, Kind::Unary(Unary::Floor)),
+    op("ceil", 1, Kind::Unary(Unary::Ceil)),
+    op("round", 1, Kind::Unary(Unary::Round)),
+    op("trunc", 1, Kind::Unary(Unary::Trunc)),
     op("not", 1, Kind::Unary(Unary::Not)),
     op("+", 2, Kind::Binary(Binary::Add)),
     op("-", 2, Kind::Binary(Binary::Sub)),

@@ -51,6 +51,10 @@ pub fn unary(op: Unary, x: f64) -> f64 {
         Unary::Sin => x.sin(),
         Unary::Cos => x.cos(),
         Unary::Square => x * x,
+        Unary::Floor => x.floor(),
+        Unary::Ceil => x.ceil(),
+        Unary::Round => x.round_ties_even(),
+        Unary::Trunc => x.trunc(),
         Unary::Not => bool_f(x == 0.0),
     }
 }

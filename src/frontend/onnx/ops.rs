@@ -61,6 +61,10 @@ pub(super) const OPS: &[OnnxOp] = &[
     op("Relu", 1, 1, |im, n| im.unary(n, Unary::Relu)),
     op("Neg", 1, 1, |im, n| im.unary(n, Unary::Neg)),
     op("Abs", 1, 1, |im, n| im.unary(n, Unary::Abs)),
+    op("Floor", 1, 1, |im, n| im.unary(n, Unary::Floor)),
+    op("Ceil", 1, 1, |im, n| im.unary(n, Unary::Ceil)),
+    // ONNX rounds halves to even, as `rintf` does.
+    op("Round", 1, 1, |im, n| im.unary(n, Unary::Round)),
     op("Gelu", 1, 1, |im, n| im.gelu(n)),
     op("Where", 3, 3, |im, n| im.where_(n)),
     op("Cast", 1, 1, |im, n| im.cast(n)),
