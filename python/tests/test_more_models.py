@@ -662,3 +662,164 @@ def test_index_put_refusals():
         gm = torch.fx.experimental.proxy_tensor.make_fx(fn)(x, torch.randn(3, 4, 5) > 0)
         with pytest.raises(ExportError, match=why):
             export_graph_module(gm)
+
+
+def test_logical_and_or_of_integers(tmp_path):
+    """`logical_and`/`logical_or` of integer and float tensors count nonzero as true (LongT5
+    ands i32 masks); `bitwise_and` of bools stays one too."""
+    a = torch.tensor([[0, 1, 2, -3], [5, 0, 0, 7]], dtype=torch.int32)
+    b = torch.tensor([[1, 0, 4, 2], [0, 0, 3, 1]])
+    f = torch.tensor([[0.0, 0.5, -1.0, 0.0], [2.0, 0.0, 0.0, 1e-3]])
+
+    def fn(a, b, f):
+        return (torch.logical_and(a, b), torch.logical_or(a, f), torch.logical_and(a > 0, b),
+                (a > 0) & (b > 0))
+
+    _check(fn, [a, b, f], tmp_path)
+
+
+def test_topk_and_sort(tmp_path):
+    """`topk` (largest and smallest, along any axis) and `sort` (both directions, stable),
+    values and indices as PyTorch's: NaN the largest, integers too. Values are distinct where
+    indices are compared (PyTorch's `topk` orders equal values its own way); with ties, the
+    values match and the indices point at them (unsorted `topk`: the same values, in some order)."""
+    x = torch.randn(3, 9, 5, generator=torch.Generator().manual_seed(6))
+    x[1, 4, 2] = float("nan")
+    ids = torch.randperm(40, generator=torch.Generator().manual_seed(7))[:24].reshape(2, 12)
+
+    def fn(x, ids):
+        return (*torch.topk(x, 3), *torch.topk(x, 2, dim=1, largest=False), *torch.topk(ids, 2, dim=0),
+                *torch.sort(x, dim=1), *torch.sort(ids, descending=True), *torch.sort(ids.flatten(), stable=True))
+
+    _check(fn, [x, ids], tmp_path)
+
+    ties = torch.tensor([[1.0, 3, 3, 2, 3, 0, 0], [0, 0, 0, 1, 1, -1, 0]])
+
+    def tied(t):
+        return (*torch.topk(t, 4), *torch.sort(t, stable=True), *torch.sort(t, descending=True, stable=True),
+                *torch.topk(t, 3, sorted=False))
+
+    (tmp_path / "ties").mkdir()
+    got = _export_and_run(tied, [ties], tmp_path / "ties")
+    want = tied(ties)
+    assert torch.equal(got[0], want[0])
+    assert torch.equal(ties.gather(1, got[1].long()), want[0])
+    for g, w in zip(got[2:6], want[2:6]):
+        assert torch.equal(g.to(w.dtype), w)
+    assert torch.equal(got[6].sort(descending=True).values, want[6].sort(descending=True).values)
+    assert torch.equal(ties.gather(1, got[7].long()), got[6])
+
+
+def test_histc(tmp_path):
+    """`histc` as PyTorch's CPU kernel bins floats (edges, the maximum in the last bin, values
+    outside the range dropped), and expert ids counted as a grouped mixture of experts counts
+    them (as floats on the CPU, as integers on CUDA)."""
+    x = torch.tensor([0.0, 1, 2, 3, 3.0, -1, 4, 1.5, 0.75, 2.25, 2.9999, 1e-7])
+    ids = torch.randint(0, 6, (40,), generator=torch.Generator().manual_seed(8))
+
+    def fn(x, ids):
+        return (torch.histc(x, bins=4, min=0, max=3), torch.histc(x, bins=7, min=-0.5, max=2.5),
+                torch.histc(ids.float(), bins=6, min=0, max=5), torch.histc(x * 3.3, bins=5, min=-1, max=9))
+
+    _check(fn, [x, ids], tmp_path, rtol=0, atol=0)
+
+
+def test_histc_over_the_data_range_is_refused():
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: torch.histc(x, bins=4))(torch.randn(8))
+    with pytest.raises(ExportError, match="histc with min == max"):
+        export_graph_module(gm)
+
+
+def test_grouped_mm_fallback_and_its_backward(tmp_path):
+    """`transformers`' grouped product of a mixture of experts (rows sorted by expert, groups
+    ending at cumulative offsets: an empty group, rows past the last offset left zero) and its
+    backward op, against theirs."""
+    from transformers.integrations import moe  # noqa: F401 - registers torch.ops.transformers
+
+    g = torch.Generator().manual_seed(9)
+    x, w = torch.randn(10, 6, generator=g), torch.randn(4, 6, 5, generator=g)
+    grad = torch.randn(10, 5, generator=g)
+    offs = torch.tensor([3, 3, 7, 9], dtype=torch.int32)
+
+    def fn(x, w, offs, grad):
+        return (torch.ops.transformers.grouped_mm_fallback(x, w, offs),
+                *torch.ops.transformers.grouped_mm_fallback_backward(x, w, offs, grad))
+
+    _check(fn, [x, w, offs, grad], tmp_path)
+
+
+def test_integer_division_with_rounding(tmp_path):
+    """`//` and `div(rounding_mode=...)` of integers, negative ones too (floor and trunc
+    differ there); of floats refused."""
+    a = torch.tensor([[7, -7, 6, -6, 0, 13], [1, -1, 5, -5, 9, -9]])
+    b = torch.tensor([2, 2, -4, -4, 3, 5])
+
+    def fn(a, b):
+        return (a // 2, torch.div(a, b, rounding_mode="floor"), torch.div(a, b, rounding_mode="trunc"),
+                torch.div(a, -3, rounding_mode="floor"))
+
+    _check(fn, [a, b], tmp_path)
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: x // 2)(torch.randn(4))
+    with pytest.raises(ExportError, match="rounding_mode='floor' of f32"):
+        export_graph_module(gm)
+
+
+def test_scatter_of_several_indices_a_row(tmp_path):
+    """`scatter` of a tensor at k indices a row (the backward of `topk`), along the last axis
+    and another, and of a number."""
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(5, 7, generator=g)
+    idx = torch.stack([torch.randperm(7, generator=g)[:3] for _ in range(5)])
+    src = torch.randn(5, 3, generator=g)
+    idx0 = torch.stack([torch.randperm(5, generator=g)[:2] for _ in range(7)], 1)
+
+    def fn(x, idx, src, idx0):
+        return (torch.zeros_like(x).scatter(1, idx, src), x.scatter(-1, idx, 2.5),
+                x.scatter(0, idx0, src[:2, :1].expand(2, 7).contiguous()))
+
+    _check(fn, [x, idx, src, idx0], tmp_path)
+
+
+def test_as_strided_of_a_transposed_tensor(tmp_path):
+    """`as_strided` and its scatter over a tensor laid out densely in another order of its axes
+    (Longformer chunks a head-major view of its queries so): positions in its memory order."""
+    x = torch.randn(2, 4, 3)
+    a = torch.randn(3, 4)
+
+    def fn(x, a):
+        y = (x * 2).permute(1, 0, 2)  # [4, 2, 3], strides (3, 12, 1)
+        return (y.as_strided((3, 4), (6, 1), 2), y.as_strided((2, 3, 4), (12, 4, 1)),
+                y.as_strided((3, 2, 3), (6, 3, 1), 5), torch.as_strided_scatter(y, a, (3, 4), (6, 1), 2) + 1)
+
+    _check(fn, [x, a], tmp_path)
+
+
+def test_scores_compared_with_the_lowest_float(tmp_path):
+    """XGLM clamps its masked scores at f32's lowest value (`max(scores + mask, lowest)`), and
+    the backward of that `max` compares the scores with it: the literal must reach eqfuse
+    exactly (the binary reads numbers with serde_json's `float_roundtrip`)."""
+    lowest = torch.finfo(torch.float32).min
+    x = torch.randn(4, 6)
+    keep = torch.rand(4, 6, generator=torch.Generator().manual_seed(11)) > 0.5
+
+    def fn(x, keep):
+        s = x + torch.where(keep, torch.zeros(()), torch.tensor(lowest))
+        return s == torch.tensor(lowest), torch.maximum(s, torch.tensor(lowest))
+
+    _check(fn, [x, keep], tmp_path)
+
+
+def test_unordered_outputs():
+    """`Exported.unordered`: outputs computed from an unstable sort's or a `topk`'s indices
+    (which PyTorch orders its own way among equal values), not from a stable sort's or from
+    values alone."""
+    ids, x = torch.randint(0, 4, (24,)), torch.randn(24, 3)
+
+    def fn(ids, x):
+        order = torch.sort(ids).indices
+        stable = torch.sort(ids, stable=True).indices
+        top = torch.topk(x, 2, dim=0)
+        return x[order], x[stable], top.values, top.indices * 2, torch.sort(ids).values
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(fn)(ids, x)
+    assert export_graph_module(gm).unordered == {0, 3}
