@@ -1084,8 +1084,112 @@ def _identity(L, x, *rest, **kw):
     return x
 
 
+class _Complex:
+    """A complex tensor as its real and imaginary parts, two f32 values of one shape (`im` None
+    where it is zero: a real tensor converted). eqfuse holds no complex dtype; complex tensors
+    live only between a conversion of a real tensor and `view_as_real` (FNet's Fourier mixing),
+    and any other use is an error naming the node."""
+
+    def __init__(self, re: Value, im: Value | None):
+        self.re, self.im = re, im
+
+    @property
+    def shape(self):
+        return self.re.shape
+
+
+def _complex_meta(L) -> bool:
+    val = L.node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.is_complex()
+
+
 def _cast(L, x, *rest, **kw):
+    if _complex_meta(L):
+        if isinstance(x, _Complex):
+            return x
+        v = L.val(x)
+        if v.dtype not in ("f32", "f16", "bf16"):
+            raise ExportError(f"conversion of {v.dtype} to a complex dtype")
+        return _Complex(L.cast(v, "f32"), None)
+    if isinstance(x, _Complex):
+        raise ExportError("conversion of a complex tensor (real part only: view_as_real)")
     return L.cast(L.val(x), L.out_dtype())
+
+
+def _dft_matrices(L, n: int, forward: bool, scale: float) -> tuple[Value, Value]:
+    """The cosine and sine parts of the `n`-point discrete Fourier transform's matrix,
+    `scale * cos(2 pi jk / n)` and `scale * sin(...)` (sign for the direction applied by the
+    caller), computed in f64 and given to the graph as f32 inputs with values."""
+    k = torch.arange(n, dtype=torch.float64)
+    angle = 2 * math.pi * torch.remainder(torch.outer(k, k), n) / n
+    out = []
+    for part, t in (("cos", torch.cos(angle)), ("sin", torch.sin(angle))):
+        v = L.b.input(f"{L.node.name}_{part}{n}", "f32", (n, n))
+        L.values[L.b.input_name(v)] = (t * scale).to(torch.float32)
+        out.append(v)
+    return out[0], out[1]
+
+
+def _fft_c2c(L, x, dim, normalization, forward):
+    """`torch.fft.fftn`/`ifftn` of a complex tensor (`_fft_c2c`) along `dim`: each axis's
+    transform a product with the discrete Fourier matrix's cosine and sine parts (`_dft_matrices`)
+    on the real and imaginary parts, `(C re + S im) + i (C im - S re)` forward, the signs of
+    `S` flipped for the inverse; `normalization` 0 none, 1 by `1/sqrt(n)`, 2 by `1/n` an axis. A
+    product, not a fast transform: exact up to rounding (the FFT's rounding differs), quadratic
+    in the axis' length."""
+    if not isinstance(x, _Complex):
+        raise ExportError("_fft_c2c of a tensor that is not complex")
+    re, im = x.re, x.im
+    for d in dim:
+        a = L.axis(d, re.rank)
+        n = re.shape[a]
+        scale = {0: 1.0, 1: 1.0 / math.sqrt(n), 2: 1.0 / n}[int(normalization)]
+        c, s = _dft_matrices(L, n, forward, scale)
+        last = re.rank - 1
+
+        def along(v, m, a=a, last=last):
+            # v's axis a contracted with m (symmetric): moved last, multiplied, moved back.
+            t = L.swap(v, a, last) if a != last else v
+            y = L.matmul(t, m)
+            return L.swap(y, a, last) if a != last else y
+
+        cre, sre = along(re, c), along(re, s)
+        if im is None:
+            new_re, new_im = cre, L.apply("neg", sre) if forward else sre
+        else:
+            cim, sim = along(im, c), along(im, s)
+            if forward:
+                new_re, new_im = L.apply("+", cre, sim), L.apply("-", cim, sre)
+            else:
+                new_re, new_im = L.apply("-", cre, sim), L.apply("+", cim, sre)
+        re, im = new_re, new_im
+    return _Complex(re, im)
+
+
+def _view_as_real(L, x):
+    """`view_as_real` of a complex tensor (`_Complex`): its parts stacked on a last axis of 2."""
+    if not isinstance(x, _Complex):
+        raise ExportError("view_as_real of a tensor that is not complex")
+    im = x.im if x.im is not None else L.full(0.0, "f32", x.re.shape)
+    shape = x.re.shape + (1,)
+    return L.cast(_concat(L, [L.reshape(x.re, shape), L.reshape(im, shape)], len(shape) - 1, "f32"), L.out_dtype())
+
+
+def _view_as_complex(L, x):
+    """`view_as_complex` of a real `[..., 2]` tensor: its two parts (`_Complex`)."""
+    v = L.val(x)
+    if v.rank == 0 or v.shape[-1] != 2:
+        raise ExportError(f"view_as_complex of {list(v.shape)} (a last axis of 2 expected)")
+    a = v.rank - 1
+    part = [L.reshape(_slice(L, v, a, i, i + 1, 1), v.shape[:-1]) for i in range(2)]
+    return _Complex(L.cast(part[0], "f32"), L.cast(part[1], "f32"))
+
+
+def _real(L, x):
+    """`torch.real` of a complex tensor: its real part."""
+    if not isinstance(x, _Complex):
+        return L.val(x)
+    return x.re
 
 
 def _div(L, a, b, rounding_mode=None):
@@ -3450,6 +3554,10 @@ LOWERINGS = {
     "where": _where,
     "masked_fill": _masked_fill,
     "_to_copy": _cast,
+    "_fft_c2c": _fft_c2c,
+    "view_as_real": _view_as_real,
+    "view_as_complex": _view_as_complex,
+    "real": _real,
     "to": _cast,
     "convert_element_type": _cast,
     "type_as": _cast,

@@ -12,14 +12,23 @@ form whose running statistics AOTAutograd writes back) and max pooling with indi
 depthwise 7x7 convolution; Segformer overlapping patch convolutions and a depthwise 3x3; Funnel
 average pooling (ceil mode) and `new_empty_strided` in its backward; Whisper's encoder 1-d
 convolutions; wav2vec2 strided 1-d convolutions, group norm and a grouped positional convolution
-under weight norm. Random weights, small configs, the CPU reference standing in for the GPU (as
+under weight norm. Then: Qwen3 (normed queries and keys), Gemma 3 (sliding and global layers),
+Mixtral (a mixture of experts: `topk` routing, an unstable `sort` of the choices, `histc`,
+`transformers`' grouped product and its backward), OPT, GPT-Neo (local attention), MPT (ALiBi),
+XGLM (scores clamped at f32's lowest value, which the eqfuse binary must read exactly), Mamba 2
+(a state-space model, chunked scan, no attention), Longformer (`as_strided` chunks of a
+transposed tensor), LongT5 (`logical_and` of i32 masks), FNet (Fourier transforms as products
+with the Fourier matrices), DeBERTa (disentangled attention), LeViT (attention biases, hardswish)
+and BEiT (relative position biases). Random weights, small configs, the CPU reference standing in for the GPU (as
 in `test_models.py`): inference and a training step, every graph on eqfuse's plans, outputs and
 gradients against eager.
 
 The lowerings themselves are checked on small graphs too (`test_cumsum`, `test_strided_slice_scatter`,
 `test_empty_results`, convolutions (transposed ones too), poolings (adaptive ones too) and norms
 with their backward ops, `index_copy` and the `index_put` that writes, as a static key/value cache
-is written), against PyTorch on the CPU reference.
+is written, `topk`, `sort`, `histc`, integer `//`, `scatter` of several indices a row, the grouped
+product, Fourier transforms, `as_strided` of a transposed tensor), against PyTorch on the CPU
+reference.
 
 Run from the repository root: `python3 -m pytest python/tests/test_more_models.py`.
 """
@@ -144,10 +153,103 @@ def wav2vec2():
     return T.Wav2Vec2Model(cfg), {"input_values": audio}
 
 
+def qwen3():
+    cfg = T.Qwen3Config(num_key_value_heads=2, head_dim=16, **SIZES)
+    return T.Qwen3ForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def gemma3_text():
+    cfg = T.Gemma3TextConfig(num_key_value_heads=2, head_dim=16, sliding_window=8, **SIZES)
+    return T.Gemma3ForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def mixtral():
+    cfg = T.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, **SIZES)
+    return T.MixtralForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def opt():
+    cfg = T.OPTConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4,
+                      max_position_embeddings=64, word_embed_proj_dim=64, dropout=0.0)
+    return T.OPTForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def gpt_neo():
+    cfg = T.GPTNeoConfig(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4,
+                         attention_types=[[["global", "local"], 1]], window_size=8, max_position_embeddings=64,
+                         embed_dropout=0.0, attention_dropout=0.0, resid_dropout=0.0)
+    return T.GPTNeoForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def mpt():
+    cfg = T.MptConfig(vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=2, max_seq_len=64)
+    return T.MptForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def xglm():
+    cfg = T.XGLMConfig(vocab_size=VOCAB, d_model=64, num_layers=2, attention_heads=4, ffn_dim=128,
+                       max_position_embeddings=64, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    return T.XGLMForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def mamba2():
+    cfg = T.Mamba2Config(vocab_size=VOCAB, hidden_size=32, state_size=8, num_hidden_layers=1, expand=2, head_dim=16,
+                         num_heads=4, n_groups=1, conv_kernel=4, chunk_size=8)
+    return T.Mamba2ForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def longformer():
+    cfg = T.LongformerConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                             intermediate_size=128, max_position_embeddings=64, attention_window=4,
+                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return T.LongformerModel(cfg), {"input_ids": _ids(), "attention_mask": _padding()}
+
+
+def longt5():
+    cfg = T.LongT5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                         dropout_rate=0.0, local_radius=4)
+    return T.LongT5EncoderModel(cfg), {"input_ids": _ids(), "attention_mask": _padding()}
+
+
+def fnet():
+    cfg = T.FNetConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                       max_position_embeddings=64, hidden_dropout_prob=0.0)
+    return T.FNetModel(cfg), {"input_ids": _ids()}
+
+
+def deberta():
+    cfg = T.DebertaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0)
+    return T.DebertaModel(cfg), {"input_ids": _ids(), "attention_mask": _padding()}
+
+
+def levit():
+    cfg = T.LevitConfig(image_size=64, hidden_sizes=[32, 48], num_attention_heads=[2, 3], depths=[1, 1],
+                        key_dim=[8, 8], down_ops=[["Subsample", 8, 2, 4, 2, 2]], drop_path_rate=0)
+    return T.LevitModel(cfg), {"pixel_values": _pixels(64)}
+
+
+def beit():
+    cfg = T.BeitConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                       image_size=32, patch_size=8, use_relative_position_bias=True, drop_path_rate=0.0,
+                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return T.BeitModel(cfg), {"pixel_values": _pixels()}
+
+
 MODELS = {"phi3": phi3, "gptj": gptj, "roberta": roberta, "falcon": falcon, "bart": bart, "clip_text": clip_text,
           "siglip_vision": siglip_vision, "swin": swin, "resnet": resnet, "convnext": convnext,
           "segformer": segformer, "funnel": funnel,
-          "whisper_encoder": whisper_encoder, "wav2vec2": wav2vec2}
+          "whisper_encoder": whisper_encoder, "wav2vec2": wav2vec2,
+          "qwen3": qwen3, "gemma3_text": gemma3_text, "mixtral": mixtral, "opt": opt, "gpt_neo": gpt_neo, "mpt": mpt,
+          "xglm": xglm, "mamba2": mamba2, "longformer": longformer, "longt5": longt5, "fnet": fnet,
+          "deberta": deberta, "levit": levit, "beit": beit}
+
+UNORDERED_SAVED = {"mixtral"}
+"""Models whose training forward saves tensors in an order PyTorch leaves unspecified among
+equal values (a grouped mixture of experts sorts its tokens' expert choices with an unstable
+sort: `Exported.unordered`); the backend's first-call check compares them with eager's and
+runs the forward eagerly until it skips those saved outputs."""
 
 
 def make(name):
@@ -169,7 +271,10 @@ def test_backend_inference_on_eqfuse_plans(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_backend_training_step_on_eqfuse_plans(name, monkeypatch):
+def test_backend_training_step_on_eqfuse_plans(name, monkeypatch, request):
+    if name in UNORDERED_SAVED:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="the first-call check compares saved outputs "
+                                              "in Exported.unordered"))
     assert_training_step_on_eqfuse(*make(name), monkeypatch)
 
 
@@ -823,3 +928,20 @@ def test_unordered_outputs():
 
     gm = torch.fx.experimental.proxy_tensor.make_fx(fn)(ids, x)
     assert export_graph_module(gm).unordered == {0, 3}
+
+
+def test_fourier_transforms_of_complex_tensors(tmp_path):
+    """`_fft_c2c` (forward and inverse, each normalization, one or two axes) between a real
+    tensor's conversion to complex and `view_as_real`, and `view_as_complex` of a `[..., 2]`
+    tensor (FNet mixes tokens with `fftn(x, dim=(1, 2)).real`): products with the Fourier
+    matrices, within rounding of PyTorch's FFT."""
+    g = torch.Generator().manual_seed(12)
+    x, y = torch.randn(2, 6, 8, generator=g), torch.randn(2, 5, 2, generator=g)
+
+    def fn(x, y):
+        c = x.to(torch.complex64)
+        return (torch.view_as_real(torch.fft.fftn(c, dim=(1, 2))), torch.view_as_real(torch.fft.ifft(c, dim=1)),
+                torch.view_as_real(torch.fft.fft(c, norm="ortho")),
+                torch.view_as_real(torch.fft.ifft(torch.view_as_complex(y), dim=-1, norm="forward")))
+
+    _check(fn, [x, y], tmp_path, rtol=1e-4, atol=1e-5)
