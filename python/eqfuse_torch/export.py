@@ -2207,6 +2207,31 @@ def _take_along(L, x, dim, index):
     return _gather(L, L.reshape(x, (x.numel,)), pos, 0)
 
 
+def _scatter_add_along(L, x, dim, index, src):
+    """`x.scatter_add(dim, index, src)` (the backward of `torch.gather`: ViT-MAE gathers the
+    patches it keeps): each of `src`'s elements (within `index`'s shape) added to `x` at its
+    index along `dim` and its own coordinates elsewhere, one scatter-add into the flattened `x`
+    at the linear positions (`_take_along`'s)."""
+    x, idx, g = L.val(x), _index32(L, L.val(index)), L.val(src)
+    a = L.axis(dim, x.rank)
+    if idx.rank != x.rank or g.rank != x.rank:
+        raise ExportError(f"scatter_add into rank {x.rank} with indices of rank {idx.rank} and values of rank {g.rank}")
+    if any(idx.shape[i] > x.shape[i] for i in range(x.rank) if i != a) or any(
+            idx.shape[i] > g.shape[i] for i in range(x.rank)):
+        raise ExportError(f"scatter_add into {list(x.shape)} of {list(g.shape)} at {list(idx.shape)}")
+    if g.shape != idx.shape:
+        for i in range(g.rank):
+            if g.shape[i] != idx.shape[i]:
+                g = _slice(L, g, i, 0, idx.shape[i], 1)
+    strides = [math.prod(x.shape[i + 1:]) for i in range(x.rank)]
+    coords = [idx if i == a else L.reshape(_iota(L, idx.shape[i]), tuple(idx.shape[i] if j == i else 1
+                                                                           for j in range(x.rank)))
+              for i in range(x.rank)]
+    pos = L.reshape(L.broadcast(_linear(L, coords, strides), idx.shape), (idx.numel,))
+    added = _scatter_add(L, pos, L.reshape(L.cast(g, x.dtype), (idx.numel,)), 0, x.numel)
+    return L.apply("+", x, L.reshape(added, x.shape), dtype=x.dtype)
+
+
 def _scatter_value(L, x, dim, index, value, reduce=None):
     """`x.scatter(dim, index, value)`, `value` a number or a tensor of `index`'s shape (`src`),
     with `index` of `x`'s size along every other axis. One index a row (a one-hot row): `value`
@@ -3602,6 +3627,8 @@ LOWERINGS = {
     "unsqueeze": _unsqueeze,
     "squeeze": _squeeze,
     "zeros_like": _like(0.0),
+    "new_zeros": _like(0.0),
+    "new_ones": _like(1.0),
     "ones_like": _like(1.0),
     "full_like": _like(None),
     "new_empty": _new_empty,
@@ -3664,6 +3691,7 @@ LOWERINGS = {
     "index": _index,
     "constant_pad_nd": _constant_pad,
     "scatter": _scatter_value,
+    "scatter_add": _scatter_add_along,
     "any": _any,
     "convolution": _convolution,
     "convolution_backward": _convolution_backward,

@@ -19,7 +19,8 @@ XGLM (scores clamped at f32's lowest value, which the eqfuse binary must read ex
 (a state-space model, chunked scan, no attention), Longformer (`as_strided` chunks of a
 transposed tensor), LongT5 (`logical_and` of i32 masks), FNet (Fourier transforms as products
 with the Fourier matrices), DeBERTa (disentangled attention), LeViT (attention biases, hardswish)
-and BEiT (relative position biases). Random weights, small configs, the CPU reference standing in for the GPU (as
+BEiT (relative position biases) and ViT-MAE (patches kept by an `argsort` of the noise, a
+`gather`, whose backward is a `scatter_add`). Random weights, small configs, the CPU reference standing in for the GPU (as
 in `test_models.py`): inference and a training step, every graph on eqfuse's plans, outputs and
 gradients against eager.
 
@@ -237,13 +238,22 @@ def beit():
     return T.BeitModel(cfg), {"pixel_values": _pixels()}
 
 
+def vit_mae():
+    cfg = T.ViTMAEConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                         image_size=32, patch_size=8, mask_ratio=0.5, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)
+    # The masking noise given (drawn inside, eager and compiled would draw other noise).
+    noise = torch.rand(BATCH, 16, generator=torch.Generator().manual_seed(2))
+    return T.ViTMAEModel(cfg), {"pixel_values": _pixels(), "noise": noise}
+
+
 MODELS = {"phi3": phi3, "gptj": gptj, "roberta": roberta, "falcon": falcon, "bart": bart, "clip_text": clip_text,
           "siglip_vision": siglip_vision, "swin": swin, "resnet": resnet, "convnext": convnext,
           "segformer": segformer, "funnel": funnel,
           "whisper_encoder": whisper_encoder, "wav2vec2": wav2vec2,
           "qwen3": qwen3, "gemma3_text": gemma3_text, "mixtral": mixtral, "opt": opt, "gpt_neo": gpt_neo, "mpt": mpt,
           "xglm": xglm, "mamba2": mamba2, "longformer": longformer, "longt5": longt5, "fnet": fnet,
-          "deberta": deberta, "levit": levit, "beit": beit}
+          "deberta": deberta, "levit": levit, "beit": beit, "vit_mae": vit_mae}
 
 UNORDERED_SAVED = {"mixtral"}
 """Models whose training forward saves tensors in an order PyTorch leaves unspecified among
@@ -945,3 +955,30 @@ def test_fourier_transforms_of_complex_tensors(tmp_path):
                 torch.view_as_real(torch.fft.ifft(torch.view_as_complex(y), dim=-1, norm="forward")))
 
     _check(fn, [x, y], tmp_path, rtol=1e-4, atol=1e-5)
+
+
+def test_scatter_add_and_the_backward_of_gather(tmp_path):
+    """`scatter_add` along an axis, with indices that repeat and indices smaller than the
+    target on the other axes, and the gradient of `torch.gather` (ViT-MAE keeps patches so)."""
+    g = torch.Generator().manual_seed(13)
+    x, src = torch.randn(3, 6, 4, generator=g), torch.randn(3, 5, 4, generator=g)
+    idx = torch.randint(0, 6, (3, 5, 4), generator=g)
+    small = torch.randint(0, 3, (2, 4, 2), generator=g)
+    last = torch.randint(0, 4, (3, 5, 2), generator=g)
+
+    def fn(x, src, idx, small, last):
+        return (x.scatter_add(1, idx, src), x.scatter_add(0, small, src),
+                torch.zeros_like(x).scatter_add(-1, last, src))
+
+    _check(fn, [x, src, idx, small, last], tmp_path)
+
+    keep = torch.argsort(torch.rand(3, 6, generator=g), dim=1)[:, :4]
+    (tmp_path / "gather").mkdir()
+    gm = torch.fx.experimental.proxy_tensor.make_fx(
+        lambda x, i, gy: torch.autograd.grad(torch.gather(x, 1, i), x, gy)[0])(
+        x.requires_grad_(), keep.unsqueeze(-1).repeat(1, 1, 4), torch.ones(3, 4, 4))
+    assert "scatter_add" in str(gm.graph)
+    gy = torch.randn(3, 4, 4, generator=g)
+    got = run_cpu(export_graph_module(gm), [x.detach(), keep.unsqueeze(-1).repeat(1, 1, 4), gy], tmp_path / "gather")
+    want = torch.zeros_like(x).scatter_add(1, keep.unsqueeze(-1).repeat(1, 1, 4), gy)
+    close(got[0], want)
