@@ -1505,7 +1505,7 @@ def _like(fill):
 
 
 def _new_empty(L, x, *rest, **kw):
-    """`new_empty`, `new_empty_strided`, `empty_permuted`: a tensor whose values are
+    """`new_empty`, `new_empty_strided`, `empty_permuted`, `empty`: a tensor whose values are
     unspecified (Funnel's backward makes one and copies into it whole; a grouped mixture of
     experts writes its inverse permutation into one), zeros of the result's shape and dtype; its
     strides are a layout, which the graph's values do not have."""
@@ -1891,25 +1891,58 @@ def _arg_extreme(op):
     (exact below 2^24), as `reduce` takes their extremes."""
 
     def lower(L, x, dim=None, keepdim=False):
+        return L.cast(_arg_index(L, x, dim, keepdim, op), L.out_dtype())
+
+    return lower
+
+
+def _arg_index(L, x, dim, keepdim, op):
+    """The i32 index `_arg_extreme` lowers (of `op`, amax or amin), in the shape of the
+    reduction of `x` along `dim` (None: all of it)."""
+    v = L.val(x)
+    if v.dtype == "bool":
+        v = L.cast(v, "i32")
+    if dim is None or v.rank == 0:
+        shape = (1,) * v.rank if keepdim else ()
+    else:
+        a = L.axis(dim, v.rank)
+        shape = tuple(1 if i == a else d for i, d in enumerate(v.shape)) if keepdim else v.shape[:a] + v.shape[a + 1:]
+    if v.rank == 0:
+        return L.full(0.0, "i32", shape)
+    if dim is None:
+        v = L.reshape(v, (v.numel,))
+        a = 0
+    n = v.shape[a]
+    m = L.reduce(op, v, [a], True)
+    hit = L.compare("==", v, m)
+    if v.dtype in ("f32", "f16", "bf16"):
+        hit = L.apply("where", hit, L.cast(L.lit(1), "bool"), L.compare("!=", v, v), dtype="bool")
+    pos = L.reshape(_iota(L, n), tuple(n if i == a else 1 for i in range(v.rank)))
+    cand = L.apply("where", hit, pos, L.cast(L.lit(n), "i32"), dtype="i32")
+    return L.reshape(L.reduce("amin", cand, [a], True), shape)
+
+
+def _max_min_dim(op):
+    """`torch.max(x, dim)` (`op` amax) or `torch.min(x, dim)` (amin): the extremes along `dim`
+    and their indices, the first where values tie and NaN the extreme (`_arg_extreme`), as
+    PyTorch documents them (GPT-OSS's attention sinks take a row's largest score so)."""
+    def extreme(L, v, dims, keepdim):
+        values = L.reduce(op, v, dims, keepdim) if v.rank else v
+        if v.dtype in ("f32", "f16", "bf16") and v.rank:
+            # A row with a NaN: its extreme is NaN (`amax` of eqfuse need not say so).
+            nan = L.reduce("amax", L.cast(L.apply("!=", v, v, dtype="bool"), "f32"), dims, keepdim)
+            values = L.apply("where", L.apply(">", nan, L.cast(L.lit(0), "f32"), dtype="bool"),
+                             L.apply("/", L.cast(L.lit(0), v.dtype), L.cast(L.lit(0), v.dtype)), values,
+                             dtype=v.dtype)
+        return values
+
+    def lower(L, x, dim=None, keepdim=False):
+        if isinstance(dim, Value):  # `max.other`/`min.other`: the elementwise maximum (minimum)
+            return L.pointwise("max" if op == "amax" else "min", x, dim)
         v = L.val(x)
-        if v.dtype == "bool":
-            v = L.cast(v, "i32")
-        if dim is None:
-            v = L.reshape(v, (v.numel,))
-            a = 0
-        else:
-            a = L.axis(dim, v.rank)
-        n = v.shape[a] if v.rank else 1
-        if v.rank == 0:
-            return L.cast(L.full(0.0, "i32", L.out_shape()), L.out_dtype())
-        m = L.reduce(op, v, [a], True)
-        hit = L.compare("==", v, m)
-        if v.dtype in ("f32", "f16", "bf16"):
-            hit = L.apply("where", hit, L.cast(L.lit(1), "bool"), L.compare("!=", v, v), dtype="bool")
-        pos = L.reshape(_iota(L, n), tuple(n if i == a else 1 for i in range(v.rank)))
-        cand = L.apply("where", hit, pos, L.cast(L.lit(n), "i32"), dtype="i32")
-        idx = L.reduce("amin", cand, [a], True)
-        return L.cast(L.reshape(idx, L.out_shape()), L.out_dtype())
+        if dim is None:  # `max.default`: the largest of all
+            return extreme(L, v, None, False)
+        return extreme(L, v, [dim], keepdim), _arg_index(L, x, dim, keepdim, op)
 
     return lower
 
@@ -3600,6 +3633,8 @@ LOWERINGS = {
     "amin": _amin,
     "argmax": _arg_extreme("amax"),
     "argmin": _arg_extreme("amin"),
+    "max": _max_min_dim("amax"),
+    "min": _max_min_dim("amin"),
     "copy": _copy,
     "repeat": _repeat,
     "var_mean": _var_mean,
@@ -3668,6 +3703,7 @@ LOWERINGS = {
     "grouped_mm_fallback": _grouped_mm_fallback,
     "grouped_mm_fallback_backward": _grouped_mm_fallback_backward,
     "empty_permuted": _new_empty,
+    "empty": _new_empty,
     "flip": _flip,
     "select_backward": _select_backward,
     "slice_backward": _slice_backward,

@@ -982,3 +982,19 @@ def test_scatter_add_and_the_backward_of_gather(tmp_path):
     got = run_cpu(export_graph_module(gm), [x.detach(), keep.unsqueeze(-1).repeat(1, 1, 4), gy], tmp_path / "gather")
     want = torch.zeros_like(x).scatter_add(1, keep.unsqueeze(-1).repeat(1, 1, 4), gy)
     close(got[0], want)
+
+
+def test_max_and_min(tmp_path):
+    """`torch.max`/`torch.min` along an axis (values and the first index of ties; a row with a
+    NaN gives NaN at its index), of all elements, and of two tensors; `empty` (values
+    unspecified) written whole."""
+    x = torch.randn(4, 7, 5)
+    x[1, 3, 2] = float("nan")
+    x[2, :, 1] = 1.5
+
+    def fn(x):
+        e = torch.empty(4, 5)
+        e.copy_(x[:, 0])
+        return (*torch.max(x, 1), *torch.min(x, -1, keepdim=True), torch.max(x[0]), torch.min(x, x * 0.5), e)
+
+    _check(fn, [x], tmp_path, functional=True)
