@@ -14,12 +14,14 @@ average pooling (ceil mode) and `new_empty_strided` in its backward; Whisper's e
 convolutions; wav2vec2 strided 1-d convolutions, group norm and a grouped positional convolution
 under weight norm. Then: Qwen3 (normed queries and keys), Gemma 3 (sliding and global layers),
 Mixtral (a mixture of experts: `topk` routing, an unstable `sort` of the choices, `histc`,
-`transformers`' grouped product and its backward), OPT, GPT-Neo (local attention), MPT (ALiBi),
+`transformers`' grouped product and its backward), DeepSeek-V3 (latent attention, routing
+limited to groups of experts), GPT-OSS (attention sinks: `max` along an axis; experts with
+biases), OPT, GPT-Neo (local attention), MPT (ALiBi),
 XGLM (scores clamped at f32's lowest value, which the eqfuse binary must read exactly), Mamba 2
 (a state-space model, chunked scan, no attention), Longformer (`as_strided` chunks of a
 transposed tensor), LongT5 (`logical_and` of i32 masks), FNet (Fourier transforms as products
 with the Fourier matrices), DeBERTa (disentangled attention), LeViT (attention biases, hardswish)
-BEiT (relative position biases) and ViT-MAE (patches kept by an `argsort` of the noise, a
+BEiT (relative position biases), VideoMAE (3-d tubelet convolutions) and ViT-MAE (patches kept by an `argsort` of the noise, a
 `gather`, whose backward is a `scatter_add`). Random weights, small configs, the CPU reference standing in for the GPU (as
 in `test_models.py`): inference and a training step, every graph on eqfuse's plans, outputs and
 gradients against eager.
@@ -169,6 +171,19 @@ def mixtral():
     return T.MixtralForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
 
 
+def deepseek_v3():
+    cfg = T.DeepseekV3Config(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+                             moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, **SIZES)
+    return T.DeepseekV3ForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def gpt_oss():
+    cfg = T.GptOssConfig(num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                         sliding_window=8, **SIZES)
+    return T.GptOssForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
 def opt():
     cfg = T.OPTConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4,
                       max_position_embeddings=64, word_embed_proj_dim=64, dropout=0.0)
@@ -231,6 +246,14 @@ def levit():
     return T.LevitModel(cfg), {"pixel_values": _pixels(64)}
 
 
+def videomae():
+    cfg = T.VideoMAEConfig(image_size=32, patch_size=8, num_frames=4, tubelet_size=2, hidden_size=64,
+                           num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0)
+    video = torch.randn(BATCH, 4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    return T.VideoMAEModel(cfg), {"pixel_values": video}
+
+
 def beit():
     cfg = T.BeitConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
                        image_size=32, patch_size=8, use_relative_position_bias=True, drop_path_rate=0.0,
@@ -253,9 +276,10 @@ MODELS = {"phi3": phi3, "gptj": gptj, "roberta": roberta, "falcon": falcon, "bar
           "whisper_encoder": whisper_encoder, "wav2vec2": wav2vec2,
           "qwen3": qwen3, "gemma3_text": gemma3_text, "mixtral": mixtral, "opt": opt, "gpt_neo": gpt_neo, "mpt": mpt,
           "xglm": xglm, "mamba2": mamba2, "longformer": longformer, "longt5": longt5, "fnet": fnet,
-          "deberta": deberta, "levit": levit, "beit": beit, "vit_mae": vit_mae}
+          "deberta": deberta, "levit": levit, "beit": beit, "vit_mae": vit_mae,
+          "deepseek_v3": deepseek_v3, "gpt_oss": gpt_oss, "videomae": videomae}
 
-UNORDERED_SAVED = {"mixtral"}
+UNORDERED_SAVED = {"mixtral", "deepseek_v3", "gpt_oss"}
 """Models whose training forward saves tensors in an order PyTorch leaves unspecified among
 equal values (a grouped mixture of experts sorts its tokens' expert choices with an unstable
 sort: `Exported.unordered`); the backend's first-call check compares them with eager's and
