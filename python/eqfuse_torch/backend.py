@@ -804,6 +804,11 @@ class _Runner:
         self.input_names = exported.input_names
         self.exported = exported
         self.dont_care = set(exported.dont_care)
+        if saved_from is not None:
+            # Saved for the backward alone, and dependent on how an unstable `sort` or `topk`
+            # orders equal values (a mixture of experts' token order): eqfuse's order, which its
+            # backward reads consistently, need not be eager's.
+            self.dont_care |= {i for i in exported.unordered if i >= saved_from}
         self.half = _computes_in_half(aten_gm)
         self.values = {}
         device = plan.device

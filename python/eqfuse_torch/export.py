@@ -118,6 +118,13 @@ class Exported:
     kernels read the base in place); `arguments` passes the base (`view_base`)."""
     output_names: dict[int, str] = field(default_factory=dict)
     """The graph output name of each output position the graph computes."""
+    unordered: set[int] = field(default_factory=set)
+    """Output positions whose values depend on an order PyTorch leaves unspecified: the indices
+    an unstable `sort` or a `topk` gives equal values (eqfuse orders them by position; PyTorch's
+    CPU sort of more than 16 elements does not), and what is computed from them (a grouped
+    mixture of experts' tokens in expert order, saved for its backward). Such an output can
+    differ from eager's where values tie while the graph's own results, computed consistently
+    from it, agree (`unordered_outputs`)."""
 
     def arguments(self, args) -> dict[str, torch.Tensor]:
         """The graph's inputs by name from the PyTorch graph's placeholder arguments, in order,
@@ -303,6 +310,27 @@ def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Te
     return Exporter(gm, kinds, free_layout_from, broadcasts, views).run()
 
 
+def unordered_outputs(gm: torch.fx.GraphModule) -> set[int]:
+    """The output positions of `gm` that depend on the order of equal values in an unstable
+    `sort`'s or a `topk`'s indices (`Exported.unordered`): those indices and every node computed
+    from them."""
+    tied: set[str] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem and node.args[1] == 1 and isinstance(node.args[0], torch.fx.Node):
+            src = node.args[0]
+            name = _target_name(src)
+            if name == "topk" or (name == "sort" and not src.kwargs.get("stable")):
+                tied.add(node.name)
+                continue
+        if any(a.name in tied for a in node.all_input_nodes):
+            tied.add(node.name)
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    results = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+    return {i for i, r in enumerate(results) if isinstance(r, torch.fx.Node) and r.name in tied}
+
+
 def _target_name(node: torch.fx.Node) -> str:
     t = node.target
     if isinstance(t, torch._ops.OpOverload):
@@ -367,7 +395,8 @@ class Exporter:
         seed_input = self.seeds.finish()
         return Exported(self.b.to_json(), self.values, input_names, self.constants, self.dont_care_outputs,
                         dict(self.seeds.sites), seed_input, self.pads, self.seed_outputs, self.broadcast_inputs,
-                        self.broadcast_outputs, self.view_outputs, self.view_inputs, self.output_names)
+                        self.broadcast_outputs, self.view_outputs, self.view_inputs, self.output_names,
+                        unordered_outputs(self.gm))
 
     def check_supported(self) -> None:
         """Every operator must have a lowering, except in nodes evaluated here (static ones)."""
@@ -1169,8 +1198,112 @@ def _identity(L, x, *rest, **kw):
     return x
 
 
+class _Complex:
+    """A complex tensor as its real and imaginary parts, two f32 values of one shape (`im` None
+    where it is zero: a real tensor converted). eqfuse holds no complex dtype; complex tensors
+    live only between a conversion of a real tensor and `view_as_real` (FNet's Fourier mixing),
+    and any other use is an error naming the node."""
+
+    def __init__(self, re: Value, im: Value | None):
+        self.re, self.im = re, im
+
+    @property
+    def shape(self):
+        return self.re.shape
+
+
+def _complex_meta(L) -> bool:
+    val = L.node.meta.get("val")
+    return isinstance(val, torch.Tensor) and val.is_complex()
+
+
 def _cast(L, x, *rest, **kw):
+    if _complex_meta(L):
+        if isinstance(x, _Complex):
+            return x
+        v = L.val(x)
+        if v.dtype not in ("f32", "f16", "bf16"):
+            raise ExportError(f"conversion of {v.dtype} to a complex dtype")
+        return _Complex(L.cast(v, "f32"), None)
+    if isinstance(x, _Complex):
+        raise ExportError("conversion of a complex tensor (real part only: view_as_real)")
     return L.cast(L.val(x), L.out_dtype())
+
+
+def _dft_matrices(L, n: int, forward: bool, scale: float) -> tuple[Value, Value]:
+    """The cosine and sine parts of the `n`-point discrete Fourier transform's matrix,
+    `scale * cos(2 pi jk / n)` and `scale * sin(...)` (sign for the direction applied by the
+    caller), computed in f64 and given to the graph as f32 inputs with values."""
+    k = torch.arange(n, dtype=torch.float64)
+    angle = 2 * math.pi * torch.remainder(torch.outer(k, k), n) / n
+    out = []
+    for part, t in (("cos", torch.cos(angle)), ("sin", torch.sin(angle))):
+        v = L.b.input(f"{L.node.name}_{part}{n}", "f32", (n, n))
+        L.values[L.b.input_name(v)] = (t * scale).to(torch.float32)
+        out.append(v)
+    return out[0], out[1]
+
+
+def _fft_c2c(L, x, dim, normalization, forward):
+    """`torch.fft.fftn`/`ifftn` of a complex tensor (`_fft_c2c`) along `dim`: each axis's
+    transform a product with the discrete Fourier matrix's cosine and sine parts (`_dft_matrices`)
+    on the real and imaginary parts, `(C re + S im) + i (C im - S re)` forward, the signs of
+    `S` flipped for the inverse; `normalization` 0 none, 1 by `1/sqrt(n)`, 2 by `1/n` an axis. A
+    product, not a fast transform: exact up to rounding (the FFT's rounding differs), quadratic
+    in the axis' length."""
+    if not isinstance(x, _Complex):
+        raise ExportError("_fft_c2c of a tensor that is not complex")
+    re, im = x.re, x.im
+    for d in dim:
+        a = L.axis(d, re.rank)
+        n = re.shape[a]
+        scale = {0: 1.0, 1: 1.0 / math.sqrt(n), 2: 1.0 / n}[int(normalization)]
+        c, s = _dft_matrices(L, n, forward, scale)
+        last = re.rank - 1
+
+        def along(v, m, a=a, last=last):
+            # v's axis a contracted with m (symmetric): moved last, multiplied, moved back.
+            t = L.swap(v, a, last) if a != last else v
+            y = L.matmul(t, m)
+            return L.swap(y, a, last) if a != last else y
+
+        cre, sre = along(re, c), along(re, s)
+        if im is None:
+            new_re, new_im = cre, L.apply("neg", sre) if forward else sre
+        else:
+            cim, sim = along(im, c), along(im, s)
+            if forward:
+                new_re, new_im = L.apply("+", cre, sim), L.apply("-", cim, sre)
+            else:
+                new_re, new_im = L.apply("-", cre, sim), L.apply("+", cim, sre)
+        re, im = new_re, new_im
+    return _Complex(re, im)
+
+
+def _view_as_real(L, x):
+    """`view_as_real` of a complex tensor (`_Complex`): its parts stacked on a last axis of 2."""
+    if not isinstance(x, _Complex):
+        raise ExportError("view_as_real of a tensor that is not complex")
+    im = x.im if x.im is not None else L.full(0.0, "f32", x.re.shape)
+    shape = x.re.shape + (1,)
+    return L.cast(_concat(L, [L.reshape(x.re, shape), L.reshape(im, shape)], len(shape) - 1, "f32"), L.out_dtype())
+
+
+def _view_as_complex(L, x):
+    """`view_as_complex` of a real `[..., 2]` tensor: its two parts (`_Complex`)."""
+    v = L.val(x)
+    if v.rank == 0 or v.shape[-1] != 2:
+        raise ExportError(f"view_as_complex of {list(v.shape)} (a last axis of 2 expected)")
+    a = v.rank - 1
+    part = [L.reshape(_slice(L, v, a, i, i + 1, 1), v.shape[:-1]) for i in range(2)]
+    return _Complex(L.cast(part[0], "f32"), L.cast(part[1], "f32"))
+
+
+def _real(L, x):
+    """`torch.real` of a complex tensor: its real part."""
+    if not isinstance(x, _Complex):
+        return L.val(x)
+    return x.re
 
 
 def _div(L, a, b, rounding_mode=None):
@@ -1360,10 +1493,12 @@ def _strided_positions(L, x, size, stride, storage_offset):
     (no tensor is made: the backend exports under fake tensors). Functionalization replays a
     view of a view as one `as_strided` (Swin's restride of a pooled `[B, C, 1, 1]`). An `x`
     that is not contiguous (its storage is not the order eqfuse holds it in), a negative
-    stride, or positions outside it, are refused."""
+    stride, or positions outside it, are refused. An `x` laid out densely in another order of
+    its axes (a transposed tensor: Longformer chunks a head-major view so) is read in that
+    order (`_storage_order`): the positions are in it."""
     meta = L.node.args[0].meta.get("val") if isinstance(L.node.args[0], torch.fx.Node) else None
-    if not isinstance(meta, torch.Tensor) or not meta.is_contiguous():
-        raise ExportError("as_strided of a tensor that is not contiguous (its storage order is unknown)")
+    if not isinstance(meta, torch.Tensor) or _storage_order(meta) is None:
+        raise ExportError("as_strided of a tensor that is not dense (its storage order is unknown)")
     size = [int(d) for d in size]
     stride = [int(d) for d in stride]
     base = meta.storage_offset()
@@ -1381,6 +1516,44 @@ def _strided_positions(L, x, size, stride, storage_offset):
         distinct = distinct and st > reach
         reach += (n - 1) * st
     return start, contiguous, distinct
+
+
+def _storage_order(meta: torch.Tensor) -> list[int] | None:
+    """The axes of `meta` from outermost to innermost in memory, where its elements fill a
+    block of storage without gaps or overlaps (a contiguous tensor: `0, 1, ...`; a transposed
+    one: the axes by decreasing stride); None otherwise. Axes of one element stay in place."""
+    shape, stride = tuple(meta.shape), tuple(meta.stride())
+    if meta.is_contiguous():
+        return list(range(len(shape)))
+    axes = [a for a in range(len(shape)) if shape[a] != 1]
+    order = sorted(axes, key=lambda a: -stride[a])
+    expect = 1
+    for a in reversed(order):
+        if stride[a] != expect:
+            return None
+        expect *= shape[a]
+    ones = [a for a in range(len(shape)) if shape[a] == 1]
+    return ones + order
+
+
+def _in_storage_order(L, v: Value, meta: torch.Tensor) -> Value:
+    """`v` flattened in the order its elements lie in memory (`_storage_order` of its traced
+    tensor `meta`): the storage `as_strided` positions count in."""
+    order = _storage_order(meta)
+    if order != list(range(v.rank)):
+        v = L.permute(v, order)
+    return L.reshape(v, (v.numel,))
+
+
+def _from_storage_order(L, flat: Value, meta: torch.Tensor) -> Value:
+    """The inverse of `_in_storage_order`: the tensor of `meta`'s shape and layout whose memory
+    holds `flat`."""
+    order = _storage_order(meta)
+    shape = tuple(meta.shape)
+    v = L.reshape(flat, tuple(shape[a] for a in order))
+    if order != list(range(len(shape))):
+        v = L.permute(v, [order.index(a) for a in range(len(shape))])
+    return v
 
 
 def _position_tensor(L, size, stride, start):
@@ -1403,7 +1576,7 @@ def _as_strided(L, x, size, stride, storage_offset=None):
     if v.numel == 0 or math.prod(out) == 0:
         return L.full(0.0, v.dtype, out)
     start, contiguous, _ = _strided_positions(L, v, size, stride, storage_offset)
-    flat = L.reshape(v, (v.numel,))
+    flat = _in_storage_order(L, v, L.node.args[0].meta["val"])
     if contiguous:
         n = math.prod(out)
         return L.reshape(flat if n == v.numel else _slice(L, flat, 0, start, start + n, 1), out)
@@ -1420,16 +1593,20 @@ def _as_strided_scatter(L, x, src, size, stride, storage_offset=None):
     if v.numel == 0 or w.numel == 0:
         return v
     start, contiguous, distinct = _strided_positions(L, v, size, stride, storage_offset)
-    flat = L.reshape(v, (v.numel,))
+    meta = L.node.args[0].meta["val"]
+    out = L.node.meta.get("val")
+    if not isinstance(out, torch.Tensor) or _storage_order(out) != _storage_order(meta):
+        raise ExportError("as_strided_scatter whose result is laid out unlike its input")
+    flat = _in_storage_order(L, v, meta)
     vals = L.reshape(L.cast(w, v.dtype), (w.numel,))
     if contiguous:
-        return L.reshape(_slice_scatter(L, flat, vals, 0, start, start + w.numel, 1), v.shape)
+        return _from_storage_order(L, _slice_scatter(L, flat, vals, 0, start, start + w.numel, 1), meta)
     if not distinct:
         raise ExportError("as_strided_scatter whose positions repeat (the result is not defined)")
     at = L.reshape(_position_tensor(L, size, stride, start), (w.numel,))
     added = _scatter_add(L, at, vals, 0, v.numel)
     hit = L.compare(">", _scatter_add(L, at, L.full(1.0, "f32", (w.numel,)), 0, v.numel), 0)
-    return L.reshape(L.apply("where", hit, added, flat, dtype=v.dtype), v.shape)
+    return _from_storage_order(L, L.apply("where", hit, added, flat, dtype=v.dtype), meta)
 
 
 def _getitem(L, seq, i):
@@ -1472,8 +1649,9 @@ def _like(fill):
 
 
 def _new_empty(L, x, *rest, **kw):
-    """`new_empty`, `new_empty_strided`: a tensor whose values are unspecified (Funnel's
-    backward makes one and copies into it whole), zeros of the result's shape and dtype; its
+    """`new_empty`, `new_empty_strided`, `empty_permuted`, `empty`: a tensor whose values are
+    unspecified (Funnel's backward makes one and copies into it whole; a grouped mixture of
+    experts writes its inverse permutation into one), zeros of the result's shape and dtype; its
     strides are a layout, which the graph's values do not have."""
     return L.full(0.0, L.out_dtype(), L.out_shape())
 
@@ -1681,33 +1859,6 @@ def _scatter_add(L, idx, g, a, n):
     return L.b.op("scatter_add", [idx.node, g.node, L.axis_lit(a, rank), L.lit(n).node], g.dtype, shape)
 
 
-def _scatter_add_along(L, x, dim, index, src):
-    """`x.scatter_add(dim, index, src)`: `src[p]` added at `x`'s position that is `p` with its
-    coordinate along `dim` replaced by `index[p]`, for every position `p` of `index` (`src` may
-    be larger: its leading part is read). The gradient of `gather` (a multi-margin loss's
-    backward): one scatter-add of the flattened values at their linear positions."""
-    x, idx, src = L.val(x), _index32(L, L.val(index)), L.val(src)
-    a = L.axis(dim, x.rank)
-    if idx.rank != x.rank or src.rank != x.rank:
-        raise ExportError(f"scatter_add into rank {x.rank} with indices of rank {idx.rank}, values of rank {src.rank}")
-    if any(n > m for n, m in zip(idx.shape, src.shape)) or any(
-            n > m for i, (n, m) in enumerate(zip(idx.shape, x.shape)) if i != a):
-        raise ExportError(f"scatter_add of indices {list(idx.shape)} beyond values {list(src.shape)} "
-                          f"or the tensor {list(x.shape)}")
-    if idx.numel == 0:
-        return x
-    for i, n in enumerate(idx.shape):
-        if src.shape[i] != n:
-            src = _slice(L, src, i, 0, n, 1)
-    strides = [math.prod(x.shape[i + 1:]) for i in range(x.rank)]
-    coords = [idx if i == a else L.reshape(_iota(L, idx.shape[i]), tuple(idx.shape[i] if j == i else 1
-                                                                       for j in range(x.rank)))
-              for i in range(x.rank)]
-    pos = L.broadcast(_linear(L, coords, strides), idx.shape)
-    added = _scatter_add(L, L.reshape(pos, (idx.numel,)), L.reshape(L.cast(src, x.dtype), (idx.numel,)), 0, x.numel)
-    return L.apply("+", x, L.reshape(added, x.shape), dtype=x.dtype)
-
-
 def _sign(L, x):
     """`sign`: 1 above zero, -1 below, 0 at zero and at NaN (as PyTorch gives them)."""
     x = L.val(x)
@@ -1912,26 +2063,27 @@ def _arg_extreme(op):
     (exact below 2^24), as `reduce` takes their extremes."""
 
     def lower(L, x, dim=None, keepdim=False):
-        v = L.val(x)
-        if v.dtype == "bool":
-            v = L.cast(v, "i32")
-        if dim is None:
-            v = L.reshape(v, (v.numel,))
-            a = 0
-        else:
-            a = L.axis(dim, v.rank)
-        n = v.shape[a] if v.rank else 1
-        if v.rank == 0:
-            return L.cast(L.full(0.0, "i32", L.out_shape()), L.out_dtype())
-        idx = _first_extreme(L, op, v, a)
-        return L.cast(L.reshape(idx, L.out_shape()), L.out_dtype())
+        return L.cast(_arg_index(L, x, dim, keepdim, op), L.out_dtype())
 
     return lower
 
 
-def _first_extreme(L, op, v, a):
-    """The first index along axis `a` of `v` (rank ≥ 1) where its row's `op` (amax or amin) is,
-    or a NaN: i32, the axis kept at size 1 (`_arg_extreme`)."""
+def _arg_index(L, x, dim, keepdim, op):
+    """The i32 index `_arg_extreme` lowers (of `op`, amax or amin), in the shape of the
+    reduction of `x` along `dim` (None: all of it)."""
+    v = L.val(x)
+    if v.dtype == "bool":
+        v = L.cast(v, "i32")
+    if dim is None or v.rank == 0:
+        shape = (1,) * v.rank if keepdim else ()
+    else:
+        a = L.axis(dim, v.rank)
+        shape = tuple(1 if i == a else d for i, d in enumerate(v.shape)) if keepdim else v.shape[:a] + v.shape[a + 1:]
+    if v.rank == 0:
+        return L.full(0.0, "i32", shape)
+    if dim is None:
+        v = L.reshape(v, (v.numel,))
+        a = 0
     n = v.shape[a]
     m = L.reduce(op, v, [a], True)
     hit = L.compare("==", v, m)
@@ -1939,35 +2091,30 @@ def _first_extreme(L, op, v, a):
         hit = L.apply("where", hit, L.cast(L.lit(1), "bool"), L.compare("!=", v, v), dtype="bool")
     pos = L.reshape(_iota(L, n), tuple(n if i == a else 1 for i in range(v.rank)))
     cand = L.apply("where", hit, pos, L.cast(L.lit(n), "i32"), dtype="i32")
-    return L.reduce("amin", cand, [a], True)
+    return L.reshape(L.reduce("amin", cand, [a], True), shape)
 
 
-def _extreme_dim(op):
-    """`max(x, dim)`, `min(x, dim)`: the values (`amax`/`amin`, NaN where the row has one) and
-    the first index of each, as PyTorch returns them."""
-
-    def lower(L, x, dim, keepdim=False):
-        v = L.val(x)
-        if v.rank == 0:
-            return v, L.cast(L.lit(0), "i32")
-        a = L.axis(dim, v.rank)
-        values = L.reduce(op, v, [a], keepdim)
-        idx = _first_extreme(L, op, v if v.dtype != "bool" else L.cast(v, "i32"), a)
-        return values, L.reshape(idx, values.shape)
-
-    return lower
-
-
-def _max_or_min(reduce, pointwise):
-    """`torch.max`/`torch.min` in its three forms: of all elements, along `dim` (values and
-    indices), and of two tensors (`max.other`, elementwise)."""
+def _max_min_dim(op):
+    """`torch.max(x, dim)` (`op` amax) or `torch.min(x, dim)` (amin): the extremes along `dim`
+    and their indices, the first where values tie and NaN the extreme (`_arg_extreme`), as
+    PyTorch documents them (GPT-OSS's attention sinks take a row's largest score so)."""
+    def extreme(L, v, dims, keepdim):
+        values = L.reduce(op, v, dims, keepdim) if v.rank else v
+        if v.dtype in ("f32", "f16", "bf16") and v.rank:
+            # A row with a NaN: its extreme is NaN (`amax` of eqfuse need not say so).
+            nan = L.reduce("amax", L.cast(L.apply("!=", v, v, dtype="bool"), "f32"), dims, keepdim)
+            values = L.apply("where", L.apply(">", nan, L.cast(L.lit(0), "f32"), dtype="bool"),
+                             L.apply("/", L.cast(L.lit(0), v.dtype), L.cast(L.lit(0), v.dtype)), values,
+                             dtype=v.dtype)
+        return values
 
     def lower(L, x, dim=None, keepdim=False):
-        if dim is None:
-            return L.reduce(reduce, L.val(x), None, False)
-        if not isinstance(dim, int):
-            return L.pointwise(pointwise, x, dim)
-        return _extreme_dim(reduce)(L, x, dim, keepdim)
+        if isinstance(dim, Value):  # `max.other`/`min.other`: the elementwise maximum (minimum)
+            return L.pointwise("max" if op == "amax" else "min", x, dim)
+        v = L.val(x)
+        if dim is None:  # `max.default`: the largest of all
+            return extreme(L, v, None, False)
+        return extreme(L, v, [dim], keepdim), _arg_index(L, x, dim, keepdim, op)
 
     return lower
 
@@ -2057,6 +2204,176 @@ def _cumsum(L, x, dim, dtype=None):
     return L.cast(y, out)
 
 
+def _count(L, cond, axis):
+    """The number of true elements of the bool `cond` along `axis` (kept), as i32: summed in
+    f32, exact below 2^24 (the generated reductions sum in f32)."""
+    return L.cast(L.reduce("sum", L.cast(cond, "f32"), [axis], True), "i32")
+
+
+def _orders(L, v, descending):
+    """Where each element of `v` (`[..., n]`) goes in a stable sort of its last axis: for each
+    i, the number of j that come before it, `[..., n]` i32, from the `[..., n, n]` comparisons
+    of every pair (quadratic in n; the rows sorted here are a router's experts or a batch's
+    expert choices). Ascending puts NaN last and descending first, as PyTorch's `sort` and
+    `topk` treat NaN as the largest value; equal values keep their order (`stable`)."""
+    n = v.shape[-1]
+    xi = L.reshape(v, v.shape[:-1] + (n, 1))
+    xj = L.reshape(v, v.shape[:-1] + (1, n))
+    before = L.apply(">" if descending else "<", xj, xi, dtype="bool")
+    same = L.apply("==", xj, xi, dtype="bool")
+    if v.dtype in ("f32", "f16", "bf16"):
+        nan_i, nan_j = L.apply("!=", xi, xi, dtype="bool"), L.apply("!=", xj, xj, dtype="bool")
+        t = L.cast(L.lit(1), "bool")
+        # NaN is the largest: before i when descending (j NaN, i not), after it when ascending.
+        first, second = (nan_j, nan_i) if descending else (nan_i, nan_j)
+        before = L.apply("where", L.apply("where", first, L.apply("not", second, dtype="bool"),
+                                          L.cast(L.lit(0), "bool"), dtype="bool"), t, before, dtype="bool")
+        same = L.apply("where", L.apply("where", nan_i, nan_j, L.cast(L.lit(0), "bool"), dtype="bool"), t, same,
+                       dtype="bool")
+    earlier = L.apply("<", L.reshape(_iota(L, n), (1, n)), L.reshape(_iota(L, n), (n, 1)), dtype="bool")
+    tie = L.apply("where", same, earlier, L.cast(L.lit(0), "bool"), dtype="bool")
+    ahead = L.apply("where", tie, L.cast(L.lit(1), "bool"), before, dtype="bool")
+    return L.reshape(_count(L, ahead, -1), v.shape)
+
+
+def _first_in_order(L, v, k, descending):
+    """The values and i32 indices of the first `k` elements of a stable sort of `v`'s last
+    axis (`_orders`): the index whose place is r, for r < k (a one-hot of each place,
+    `[..., k, n]`), and the value there."""
+    n = v.shape[-1]
+    place = L.reshape(_orders(L, v, descending), v.shape[:-1] + (1, n))
+    at = L.apply("==", place, L.reshape(_iota(L, k), (k, 1)), dtype="bool")
+    pos = L.reshape(L.cast(_iota(L, n), "f32"), (1, n))
+    idx = L.reduce("sum", L.apply("where", at, pos, L.cast(L.lit(0), "f32"), dtype="f32"), [-1], False)
+    idx = L.cast(idx, "i32")
+    return _take_along(L, v, -1, idx), idx
+
+
+def _sort_like(L, x, dim, k, descending):
+    """`_first_in_order` along axis `dim` of `x`: values and indices, the axis put back."""
+    v = L.val(x)
+    if v.rank == 0:
+        raise ExportError("sort or topk of a scalar")
+    if v.dtype == "bool":
+        v = L.cast(v, "i32")
+    a = L.axis(dim, v.rank)
+    last = v.rank - 1
+    if a != last:
+        v = L.swap(v, a, last)
+    values, idx = _first_in_order(L, v, k, descending)
+    if a != last:
+        values, idx = L.swap(values, a, last), L.swap(idx, a, last)
+    val = L.node.meta["val"]
+    return L.cast(values, dtype_name(val[0].dtype)), L.cast(idx, dtype_name(val[1].dtype))
+
+
+def _topk(L, x, k, dim=-1, largest=True, sorted=True):
+    """`torch.topk`: the `k` largest (smallest) values along `dim`, in order, and their
+    indices; equal values in order of index, NaN the largest (as PyTorch's CPU kernel returns
+    them). A router picks its experts so (Mixtral, Qwen-MoE). With `sorted=False` PyTorch's
+    order is unspecified; this is one."""
+    return _sort_like(L, x, dim, int(k), largest)
+
+
+def _sort(L, x, dim=-1, descending=False, stable=None):
+    """`torch.sort` (`stable` or not: a stable sort is one of the unstable ones): values and
+    indices along `dim`, NaN the largest. A grouped mixture of experts sorts its tokens'
+    expert choices."""
+    v = L.val(x)
+    a = L.axis(dim, v.rank) if v.rank else 0
+    return _sort_like(L, x, a, v.shape[a] if v.rank else 1, descending)
+
+
+def _histc(L, x, bins=100, min=0, max=0):
+    """`torch.histc`: counts of `x`'s elements in `bins` equal bins over `[min, max]`, each
+    element's bin as PyTorch's kernels compute it, `trunc((x - min) * bins / (max - min))` in
+    the input's dtype (i32 arithmetic, truncating, for integers: the CUDA kernel's), the value
+    `max` in the last bin, values outside the range not counted. A grouped mixture of experts
+    counts its tokens by expert so. `min == max` (bins over the data's own range) is refused."""
+    v = L.val(x)
+    lo, hi, bins = float(min), float(max), int(bins)
+    if lo == hi:
+        raise ExportError("histc with min == max (bins over the data's range, known at run time only)")
+    if lo > hi:
+        raise ExportError(f"histc with min {lo} > max {hi}")
+    if v.dtype == "bool":
+        v = L.cast(v, "i32")
+    if v.dtype == "i32" and not (lo.is_integer() and hi.is_integer()):
+        v = L.cast(v, "f32")
+    dt = v.dtype
+
+    def c(y):
+        return L.cast(L.lit(y), dt)
+
+    flat = L.reshape(v, (v.numel,))
+    pos = L.apply("/", L.apply("*", L.apply("-", flat, c(lo)), c(bins)), L.apply("-", c(hi), c(lo)))
+    pos = L.cast(pos, "i32") if dt != "i32" else pos
+    pos = L.apply("min", pos, L.cast(L.lit(bins - 1), "i32"))
+    inside = L.apply("where", L.apply(">=", flat, c(lo), dtype="bool"), L.apply("<=", flat, c(hi), dtype="bool"),
+                     L.cast(L.lit(0), "bool"), dtype="bool")
+    hit = L.apply("where", L.reshape(inside, (v.numel, 1)), L.apply("==", L.reshape(pos, (v.numel, 1)),
+                                           L.reshape(_iota(L, bins), (1, bins)), dtype="bool"),
+                  L.cast(L.lit(0), "bool"), dtype="bool")
+    counts = L.reduce("sum", L.cast(hit, "f32"), [0], False)
+    return L.cast(counts, L.out_dtype())
+
+
+def _group_masks(L, offs, rows):
+    """`[rows, E]` bool: whether row s belongs to group e of a grouped product whose groups end
+    at the cumulative `offs` (`[E]`): `offs[e-1] <= s < offs[e]`. Rows past `offs[-1]` are in
+    none."""
+    o = L.val(offs)
+    if o.rank != 1:
+        raise ExportError(f"grouped product offsets of rank {o.rank}")
+    e = o.shape[0]
+    s = L.reshape(_iota(L, rows), (rows, 1))
+    group = _count(L, L.apply(">=", s, L.reshape(L.cast(o, "i32"), (1, e)), dtype="bool"), -1)
+    return L.apply("==", group, L.reshape(_iota(L, e), (1, e)), dtype="bool")
+
+
+def _rows_by_group(L, x, mask):
+    """`x` (`[S, K]`) spread over its rows' groups: `[S, E*K]`, row s's values in the columns
+    of its group, zeros elsewhere, so that one product with the groups' weights stacked
+    (`[E*K, N]`) multiplies each row by its own group's."""
+    s, k = x.shape
+    e = mask.shape[1]
+    spread = L.apply("where", L.reshape(mask, (s, e, 1)), L.reshape(x, (s, 1, k)), L.cast(L.lit(0), x.dtype),
+                     dtype=x.dtype)
+    return L.reshape(spread, (s, e * k))
+
+
+def _grouped_mm_fallback(L, input, weight, offs):
+    """`transformers`' `grouped_mm_fallback(input [S, K], weight [E, K, N], offs [E])`, a
+    mixture of experts' product of each token (sorted by expert) with its expert's weights:
+    row s times `weight[e]` for the group e whose rows `offs` bounds, zeros past `offs[-1]`
+    (as the fallback leaves them). Lowered as one product with the weights stacked
+    (`_rows_by_group`): every expert's columns, zeros where a row is not its expert's (a
+    weight that is infinite or NaN reaches every row, which it does not in PyTorch)."""
+    x, w = L.val(input), L.val(weight)
+    if x.rank != 2 or w.rank != 3 or w.shape[1] != x.shape[1]:
+        raise ExportError(f"grouped product of {list(x.shape)} and {list(w.shape)}")
+    e, k, n = w.shape
+    mask = _group_masks(L, offs, x.shape[0])
+    return L.matmul(_rows_by_group(L, L.cast(x, w.dtype), mask), L.reshape(w, (e * k, n)))
+
+
+def _grouped_mm_fallback_backward(L, input, weight, offs, grad_output):
+    """The gradients of `_grouped_mm_fallback` (`transformers`' `grouped_mm_fallback_backward`):
+    each row's input gradient `grad[s] @ weight[e]ᵀ` (zeros past `offs[-1]`), one product as
+    in the forward, and each expert's weight gradient `input[rows of e]ᵀ @ grad[rows of e]`, a
+    product batched over experts of the input with other experts' rows zeroed."""
+    x, w, g = L.val(input), L.val(weight), L.val(grad_output)
+    e, k, n = w.shape
+    s = x.shape[0]
+    mask = _group_masks(L, offs, s)
+    wt = L.reshape(L.swap(w, 1, 2), (e * n, k))
+    grad_input = L.cast(L.matmul(_rows_by_group(L, L.cast(g, w.dtype), mask), wt), x.dtype)
+    mine = L.apply("where", L.reshape(L.swap(mask, 0, 1), (e, s, 1)),
+                   L.reshape(x, (1, s, k)), L.cast(L.lit(0), x.dtype), dtype=x.dtype)
+    grad_weight = L.matmul(L.swap(mine, 1, 2), L.cast(g, x.dtype))
+    return grad_input, L.cast(grad_weight, w.dtype)
+
+
 def _select_backward(L, grad, input_sizes, dim, index):
     shape = tuple(input_sizes)
     a = L.axis(dim, len(shape))
@@ -2072,9 +2389,15 @@ def _slice_backward(L, grad, input_sizes, dim, start, end, step):
     return _slice_scatter(L, L.full(0.0, g.dtype, shape), g, dim, start, end, step)
 
 
-def _logical(op):
+def _logical(op, logical=False):
+    """`bitwise_and`/`bitwise_or` of bool tensors, and `logical_and`/`logical_or` (`logical`),
+    whose operands of any dtype count as true where nonzero (LongT5 ands i32 masks), as a cast
+    to bool makes them. Bitwise operators of integers have no eqfuse equivalent: refused."""
+
     def lower(L, a, b):
         va, vb = L.val(a), L.val(b)
+        if logical:
+            va, vb = L.cast(va, "bool"), L.cast(vb, "bool")
         if va.dtype != "bool" or vb.dtype != "bool":
             raise ExportError(f"bitwise/logical {op} of {va.dtype} and {vb.dtype} (bool only)")
         f, t = L.cast(L.lit(0), "bool"), L.cast(L.lit(1), "bool")
@@ -2121,16 +2444,65 @@ def _take_along(L, x, dim, index):
     return _gather(L, L.reshape(x, (x.numel,)), pos, 0)
 
 
-def _scatter_value(L, x, dim, index, value):
-    """`x.scatter(dim, index, value)` with one index per position along `dim` (a one-hot row):
-    `value` where the position equals the index, `x` elsewhere."""
+def _scatter_add_along(L, x, dim, index, src):
+    """`x.scatter_add(dim, index, src)` (the backward of `torch.gather`: ViT-MAE gathers the
+    patches it keeps): each of `src`'s elements (within `index`'s shape) added to `x` at its
+    index along `dim` and its own coordinates elsewhere, one scatter-add into the flattened `x`
+    at the linear positions (`_take_along`'s)."""
+    x, idx, g = L.val(x), _index32(L, L.val(index)), L.val(src)
+    a = L.axis(dim, x.rank)
+    if idx.rank != x.rank or g.rank != x.rank:
+        raise ExportError(f"scatter_add into rank {x.rank} with indices of rank {idx.rank} and values of rank {g.rank}")
+    if any(idx.shape[i] > x.shape[i] for i in range(x.rank) if i != a) or any(
+            idx.shape[i] > g.shape[i] for i in range(x.rank)):
+        raise ExportError(f"scatter_add into {list(x.shape)} of {list(g.shape)} at {list(idx.shape)}")
+    if g.shape != idx.shape:
+        for i in range(g.rank):
+            if g.shape[i] != idx.shape[i]:
+                g = _slice(L, g, i, 0, idx.shape[i], 1)
+    strides = [math.prod(x.shape[i + 1:]) for i in range(x.rank)]
+    coords = [idx if i == a else L.reshape(_iota(L, idx.shape[i]), tuple(idx.shape[i] if j == i else 1
+                                                                           for j in range(x.rank)))
+              for i in range(x.rank)]
+    pos = L.reshape(L.broadcast(_linear(L, coords, strides), idx.shape), (idx.numel,))
+    added = _scatter_add(L, pos, L.reshape(L.cast(g, x.dtype), (idx.numel,)), 0, x.numel)
+    return L.apply("+", x, L.reshape(added, x.shape), dtype=x.dtype)
+
+
+def _scatter_value(L, x, dim, index, value, reduce=None):
+    """`x.scatter(dim, index, value)`, `value` a number or a tensor of `index`'s shape (`src`),
+    with `index` of `x`'s size along every other axis. One index a row (a one-hot row): `value`
+    where the position equals the index, `x` elsewhere. Several (`topk`'s backward scatters its
+    gradient at the k indices): each position takes the value of the last index that names it
+    (PyTorch leaves the choice among repeated indices unspecified), `x` where none does."""
+    if reduce is not None:
+        raise ExportError(f"scatter with reduce={reduce!r}")
     x, idx = L.val(x), _index32(L, L.val(index))
     a = L.axis(dim, x.rank)
-    if idx.rank != x.rank or idx.shape[a] != 1 or idx.shape[:a] + idx.shape[a + 1:] != x.shape[:a] + x.shape[a + 1:]:
-        raise ExportError(f"scatter into {list(x.shape)} with indices {list(idx.shape)} (one index a row only)")
-    pos = L.reshape(_iota(L, x.shape[a]), tuple(x.shape[a] if i == a else 1 for i in range(x.rank)))
-    hit = L.apply("==", L.broadcast(idx, x.shape), pos, dtype="bool")
-    return L.apply("where", hit, L.cast(L.val(value), x.dtype), x, dtype=x.dtype)
+    if idx.rank != x.rank or idx.shape[:a] + idx.shape[a + 1:] != x.shape[:a] + x.shape[a + 1:]:
+        raise ExportError(f"scatter into {list(x.shape)} with indices {list(idx.shape)} (indices must span every "
+                          "other axis)")
+    v = L.val(value)
+    number = v.weak
+    if not number and v.shape != idx.shape:
+        raise ExportError(f"scatter of values {list(v.shape)} at indices {list(idx.shape)} (one shape expected)")
+    v = L.cast(v, x.dtype)
+    n, k = x.shape[a], idx.shape[a]
+    if k == 1:
+        pos = L.reshape(_iota(L, n), tuple(n if i == a else 1 for i in range(x.rank)))
+        hit = L.apply("==", L.broadcast(idx, x.shape), pos, dtype="bool")
+        return L.apply("where", hit, v, x, dtype=x.dtype)
+    last = x.rank - 1
+    xl, il = (L.swap(x, a, last), L.swap(idx, a, last)) if a != last else (x, idx)
+    vl = L.swap(v, a, last) if a != last and not number else v
+    hit = L.apply("==", L.reshape(il, il.shape + (1,)), L.reshape(_iota(L, n), (1, n)), dtype="bool")
+    j = L.apply("where", hit, L.reshape(_iota(L, k), (k, 1)), L.cast(L.lit(-1), "i32"), dtype="i32")
+    j = L.reduce("amax", j, [-2], False)
+    has = L.apply(">=", j, L.cast(L.lit(0), "i32"), dtype="bool")
+    if not number:
+        vl = _take_along(L, vl, -1, L.apply("max", j, L.cast(L.lit(0), "i32"), dtype="i32"))
+    y = L.apply("where", has, vl, xl, dtype=x.dtype)
+    return L.swap(y, a, last) if a != last else y
 
 
 def _constant_pad(L, x, pad, value=0.0):
@@ -3409,6 +3781,7 @@ LOWERINGS = {
     "mul": _binary("*"),
     "div": _div,
     "true_divide": _div,
+    "floor_divide": lambda L, a, b: _div(L, a, b, "floor"),
     "pow": _binary("pow"),
     "maximum": _binary("max"),
     "minimum": _binary("min"),
@@ -3445,9 +3818,6 @@ LOWERINGS = {
     "frac": lambda L, x: L.pointwise("-", x, _rounding("trunc")(L, x)),
     "remainder": _remainder(True),
     "fmod": _remainder(False),
-    "floor_divide": lambda L, a, b: _div(L, a, b, "floor"),
-    "max": _max_or_min("amax", "max"),
-    "min": _max_or_min("amin", "min"),
     "leaky_relu": _leaky_relu,
     "leaky_relu_backward": _leaky_relu_backward,
     "elu": _elu,
@@ -3463,9 +3833,6 @@ LOWERINGS = {
     "isfinite": _float_class("isfinite"),
     "isposinf": _float_class("isposinf"),
     "isneginf": _float_class("isneginf"),
-    "scatter_add": _scatter_add_along,
-    "empty_permuted": _new_empty,
-    "empty": _new_empty,
     "empty_strided": _new_empty,
     "eq": _cmp("=="),
     "ne": _cmp("!="),
@@ -3476,6 +3843,10 @@ LOWERINGS = {
     "where": _where,
     "masked_fill": _masked_fill,
     "_to_copy": _cast,
+    "_fft_c2c": _fft_c2c,
+    "view_as_real": _view_as_real,
+    "view_as_complex": _view_as_complex,
+    "real": _real,
     "to": _cast,
     "convert_element_type": _cast,
     "type_as": _cast,
@@ -3493,6 +3864,8 @@ LOWERINGS = {
     "amin": _amin,
     "argmax": _arg_extreme("amax"),
     "argmin": _arg_extreme("amin"),
+    "max": _max_min_dim("amax"),
+    "min": _max_min_dim("amin"),
     "copy": _copy,
     "repeat": _repeat,
     "var_mean": _var_mean,
@@ -3520,6 +3893,8 @@ LOWERINGS = {
     "unsqueeze": _unsqueeze,
     "squeeze": _squeeze,
     "zeros_like": _like(0.0),
+    "new_zeros": _like(0.0),
+    "new_ones": _like(1.0),
     "ones_like": _like(1.0),
     "full_like": _like(None),
     "new_empty": _new_empty,
@@ -3553,13 +3928,20 @@ LOWERINGS = {
     "select_scatter": _select_scatter,
     "fill": _fill,
     "cumsum": _cumsum,
+    "topk": _topk,
+    "sort": _sort,
+    "histc": _histc,
+    "grouped_mm_fallback": _grouped_mm_fallback,
+    "grouped_mm_fallback_backward": _grouped_mm_fallback_backward,
+    "empty_permuted": _new_empty,
+    "empty": _new_empty,
     "flip": _flip,
     "select_backward": _select_backward,
     "slice_backward": _slice_backward,
     "bitwise_and": _logical("and"),
-    "logical_and": _logical("and"),
+    "logical_and": _logical("and", logical=True),
     "bitwise_or": _logical("or"),
-    "logical_or": _logical("or"),
+    "logical_or": _logical("or", logical=True),
     "bitwise_not": _bitwise_not,
     "_scaled_dot_product_flash_attention_for_cpu": _sdpa_flash_cpu,
     "_scaled_dot_product_flash_attention": _sdpa_flash,
@@ -3576,6 +3958,7 @@ LOWERINGS = {
     "index": _index,
     "constant_pad_nd": _constant_pad,
     "scatter": _scatter_value,
+    "scatter_add": _scatter_add_along,
     "any": _any,
     "convolution": _convolution,
     "convolution_backward": _convolution_backward,

@@ -12,14 +12,26 @@ form whose running statistics AOTAutograd writes back) and max pooling with indi
 depthwise 7x7 convolution; Segformer overlapping patch convolutions and a depthwise 3x3; Funnel
 average pooling (ceil mode) and `new_empty_strided` in its backward; Whisper's encoder 1-d
 convolutions; wav2vec2 strided 1-d convolutions, group norm and a grouped positional convolution
-under weight norm. Random weights, small configs, the CPU reference standing in for the GPU (as
+under weight norm. Then: Qwen3 (normed queries and keys), Gemma 3 (sliding and global layers),
+Mixtral (a mixture of experts: `topk` routing, an unstable `sort` of the choices, `histc`,
+`transformers`' grouped product and its backward), DeepSeek-V3 (latent attention, routing
+limited to groups of experts), GPT-OSS (attention sinks: `max` along an axis; experts with
+biases), OPT, GPT-Neo (local attention), MPT (ALiBi),
+XGLM (scores clamped at f32's lowest value, which the eqfuse binary must read exactly), Mamba 2
+(a state-space model, chunked scan, no attention), Longformer (`as_strided` chunks of a
+transposed tensor), LongT5 (`logical_and` of i32 masks), FNet (Fourier transforms as products
+with the Fourier matrices), DeBERTa (disentangled attention), LeViT (attention biases, hardswish)
+BEiT (relative position biases), VideoMAE (3-d tubelet convolutions) and ViT-MAE (patches kept by an `argsort` of the noise, a
+`gather`, whose backward is a `scatter_add`). Random weights, small configs, the CPU reference standing in for the GPU (as
 in `test_models.py`): inference and a training step, every graph on eqfuse's plans, outputs and
 gradients against eager.
 
 The lowerings themselves are checked on small graphs too (`test_cumsum`, `test_strided_slice_scatter`,
 `test_empty_results`, convolutions (transposed ones too), poolings (adaptive ones too) and norms
 with their backward ops, `index_copy` and the `index_put` that writes, as a static key/value cache
-is written), against PyTorch on the CPU reference.
+is written, `topk`, `sort`, `histc`, integer `//`, `scatter` of several indices a row, the grouped
+product, Fourier transforms, `as_strided` of a transposed tensor), against PyTorch on the CPU
+reference.
 
 Run from the repository root: `python3 -m pytest python/tests/test_more_models.py`.
 """
@@ -144,10 +156,129 @@ def wav2vec2():
     return T.Wav2Vec2Model(cfg), {"input_values": audio}
 
 
+def qwen3():
+    cfg = T.Qwen3Config(num_key_value_heads=2, head_dim=16, **SIZES)
+    return T.Qwen3ForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def gemma3_text():
+    cfg = T.Gemma3TextConfig(num_key_value_heads=2, head_dim=16, sliding_window=8, **SIZES)
+    return T.Gemma3ForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def mixtral():
+    cfg = T.MixtralConfig(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, **SIZES)
+    return T.MixtralForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def deepseek_v3():
+    cfg = T.DeepseekV3Config(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+                             moe_intermediate_size=32, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, **SIZES)
+    return T.DeepseekV3ForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def gpt_oss():
+    cfg = T.GptOssConfig(num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                         sliding_window=8, **SIZES)
+    return T.GptOssForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def opt():
+    cfg = T.OPTConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4,
+                      max_position_embeddings=64, word_embed_proj_dim=64, dropout=0.0)
+    return T.OPTForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def gpt_neo():
+    cfg = T.GPTNeoConfig(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4,
+                         attention_types=[[["global", "local"], 1]], window_size=8, max_position_embeddings=64,
+                         embed_dropout=0.0, attention_dropout=0.0, resid_dropout=0.0)
+    return T.GPTNeoForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def mpt():
+    cfg = T.MptConfig(vocab_size=VOCAB, d_model=64, n_heads=4, n_layers=2, max_seq_len=64)
+    return T.MptForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def xglm():
+    cfg = T.XGLMConfig(vocab_size=VOCAB, d_model=64, num_layers=2, attention_heads=4, ffn_dim=128,
+                       max_position_embeddings=64, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    return T.XGLMForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def mamba2():
+    cfg = T.Mamba2Config(vocab_size=VOCAB, hidden_size=32, state_size=8, num_hidden_layers=1, expand=2, head_dim=16,
+                         num_heads=4, n_groups=1, conv_kernel=4, chunk_size=8)
+    return T.Mamba2ForCausalLM(cfg), {"input_ids": _ids(), "use_cache": False}
+
+
+def longformer():
+    cfg = T.LongformerConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                             intermediate_size=128, max_position_embeddings=64, attention_window=4,
+                             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return T.LongformerModel(cfg), {"input_ids": _ids(), "attention_mask": _padding()}
+
+
+def longt5():
+    cfg = T.LongT5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                         dropout_rate=0.0, local_radius=4)
+    return T.LongT5EncoderModel(cfg), {"input_ids": _ids(), "attention_mask": _padding()}
+
+
+def fnet():
+    cfg = T.FNetConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                       max_position_embeddings=64, hidden_dropout_prob=0.0)
+    return T.FNetModel(cfg), {"input_ids": _ids()}
+
+
+def deberta():
+    cfg = T.DebertaConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                          intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0)
+    return T.DebertaModel(cfg), {"input_ids": _ids(), "attention_mask": _padding()}
+
+
+def levit():
+    cfg = T.LevitConfig(image_size=64, hidden_sizes=[32, 48], num_attention_heads=[2, 3], depths=[1, 1],
+                        key_dim=[8, 8], down_ops=[["Subsample", 8, 2, 4, 2, 2]], drop_path_rate=0)
+    return T.LevitModel(cfg), {"pixel_values": _pixels(64)}
+
+
+def videomae():
+    cfg = T.VideoMAEConfig(image_size=32, patch_size=8, num_frames=4, tubelet_size=2, hidden_size=64,
+                           num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0)
+    video = torch.randn(BATCH, 4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    return T.VideoMAEModel(cfg), {"pixel_values": video}
+
+
+def beit():
+    cfg = T.BeitConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                       image_size=32, patch_size=8, use_relative_position_bias=True, drop_path_rate=0.0,
+                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return T.BeitModel(cfg), {"pixel_values": _pixels()}
+
+
+def vit_mae():
+    cfg = T.ViTMAEConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                         image_size=32, patch_size=8, mask_ratio=0.5, hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)
+    # The masking noise given (drawn inside, eager and compiled would draw other noise).
+    noise = torch.rand(BATCH, 16, generator=torch.Generator().manual_seed(2))
+    return T.ViTMAEModel(cfg), {"pixel_values": _pixels(), "noise": noise}
+
+
 MODELS = {"phi3": phi3, "gptj": gptj, "roberta": roberta, "falcon": falcon, "bart": bart, "clip_text": clip_text,
           "siglip_vision": siglip_vision, "swin": swin, "resnet": resnet, "convnext": convnext,
           "segformer": segformer, "funnel": funnel,
-          "whisper_encoder": whisper_encoder, "wav2vec2": wav2vec2}
+          "whisper_encoder": whisper_encoder, "wav2vec2": wav2vec2,
+          "qwen3": qwen3, "gemma3_text": gemma3_text, "mixtral": mixtral, "opt": opt, "gpt_neo": gpt_neo, "mpt": mpt,
+          "xglm": xglm, "mamba2": mamba2, "longformer": longformer, "longt5": longt5, "fnet": fnet,
+          "deberta": deberta, "levit": levit, "beit": beit, "vit_mae": vit_mae,
+          "deepseek_v3": deepseek_v3, "gpt_oss": gpt_oss, "videomae": videomae}
+
 
 
 def make(name):
@@ -715,3 +846,224 @@ def test_transformer_encoder_inference_fast_path_on_eqfuse_plans(norm_first, mon
             want = encoder(x, **kw)
         assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item(), list(kw)
         assert_all_on_eqfuse(backend)
+
+
+def test_logical_and_or_of_integers(tmp_path):
+    """`logical_and`/`logical_or` of integer and float tensors count nonzero as true (LongT5
+    ands i32 masks); `bitwise_and` of bools stays one too."""
+    a = torch.tensor([[0, 1, 2, -3], [5, 0, 0, 7]], dtype=torch.int32)
+    b = torch.tensor([[1, 0, 4, 2], [0, 0, 3, 1]])
+    f = torch.tensor([[0.0, 0.5, -1.0, 0.0], [2.0, 0.0, 0.0, 1e-3]])
+
+    def fn(a, b, f):
+        return (torch.logical_and(a, b), torch.logical_or(a, f), torch.logical_and(a > 0, b),
+                (a > 0) & (b > 0))
+
+    _check(fn, [a, b, f], tmp_path)
+
+
+def test_topk_and_sort(tmp_path):
+    """`topk` (largest and smallest, along any axis) and `sort` (both directions, stable),
+    values and indices as PyTorch's: NaN the largest, integers too. Values are distinct where
+    indices are compared (PyTorch's `topk` orders equal values its own way); with ties, the
+    values match and the indices point at them (unsorted `topk`: the same values, in some order)."""
+    x = torch.randn(3, 9, 5, generator=torch.Generator().manual_seed(6))
+    x[1, 4, 2] = float("nan")
+    ids = torch.randperm(40, generator=torch.Generator().manual_seed(7))[:24].reshape(2, 12)
+
+    def fn(x, ids):
+        return (*torch.topk(x, 3), *torch.topk(x, 2, dim=1, largest=False), *torch.topk(ids, 2, dim=0),
+                *torch.sort(x, dim=1), *torch.sort(ids, descending=True), *torch.sort(ids.flatten(), stable=True))
+
+    _check(fn, [x, ids], tmp_path)
+
+    ties = torch.tensor([[1.0, 3, 3, 2, 3, 0, 0], [0, 0, 0, 1, 1, -1, 0]])
+
+    def tied(t):
+        return (*torch.topk(t, 4), *torch.sort(t, stable=True), *torch.sort(t, descending=True, stable=True),
+                *torch.topk(t, 3, sorted=False))
+
+    (tmp_path / "ties").mkdir()
+    got = _export_and_run(tied, [ties], tmp_path / "ties")
+    want = tied(ties)
+    assert torch.equal(got[0], want[0])
+    assert torch.equal(ties.gather(1, got[1].long()), want[0])
+    for g, w in zip(got[2:6], want[2:6]):
+        assert torch.equal(g.to(w.dtype), w)
+    assert torch.equal(got[6].sort(descending=True).values, want[6].sort(descending=True).values)
+    assert torch.equal(ties.gather(1, got[7].long()), got[6])
+
+
+def test_histc(tmp_path):
+    """`histc` as PyTorch's CPU kernel bins floats (edges, the maximum in the last bin, values
+    outside the range dropped), and expert ids counted as a grouped mixture of experts counts
+    them (as floats on the CPU, as integers on CUDA)."""
+    x = torch.tensor([0.0, 1, 2, 3, 3.0, -1, 4, 1.5, 0.75, 2.25, 2.9999, 1e-7])
+    ids = torch.randint(0, 6, (40,), generator=torch.Generator().manual_seed(8))
+
+    def fn(x, ids):
+        return (torch.histc(x, bins=4, min=0, max=3), torch.histc(x, bins=7, min=-0.5, max=2.5),
+                torch.histc(ids.float(), bins=6, min=0, max=5), torch.histc(x * 3.3, bins=5, min=-1, max=9))
+
+    _check(fn, [x, ids], tmp_path, rtol=0, atol=0)
+
+
+def test_histc_over_the_data_range_is_refused():
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: torch.histc(x, bins=4))(torch.randn(8))
+    with pytest.raises(ExportError, match="histc with min == max"):
+        export_graph_module(gm)
+
+
+def test_grouped_mm_fallback_and_its_backward(tmp_path):
+    """`transformers`' grouped product of a mixture of experts (rows sorted by expert, groups
+    ending at cumulative offsets: an empty group, rows past the last offset left zero) and its
+    backward op, against theirs."""
+    from transformers.integrations import moe  # noqa: F401 - registers torch.ops.transformers
+
+    g = torch.Generator().manual_seed(9)
+    x, w = torch.randn(10, 6, generator=g), torch.randn(4, 6, 5, generator=g)
+    grad = torch.randn(10, 5, generator=g)
+    offs = torch.tensor([3, 3, 7, 9], dtype=torch.int32)
+
+    def fn(x, w, offs, grad):
+        return (torch.ops.transformers.grouped_mm_fallback(x, w, offs),
+                *torch.ops.transformers.grouped_mm_fallback_backward(x, w, offs, grad))
+
+    _check(fn, [x, w, offs, grad], tmp_path)
+
+
+def test_integer_division_with_rounding(tmp_path):
+    """`//` and `div(rounding_mode=...)` of integers, negative ones too (floor and trunc
+    differ there); of floats refused."""
+    a = torch.tensor([[7, -7, 6, -6, 0, 13], [1, -1, 5, -5, 9, -9]])
+    b = torch.tensor([2, 2, -4, -4, 3, 5])
+
+    def fn(a, b):
+        return (a // 2, torch.div(a, b, rounding_mode="floor"), torch.div(a, b, rounding_mode="trunc"),
+                torch.div(a, -3, rounding_mode="floor"))
+
+    _check(fn, [a, b], tmp_path)
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: x // 2)(torch.randn(4))
+    with pytest.raises(ExportError, match="rounding_mode='floor' of f32"):
+        export_graph_module(gm)
+
+
+def test_scatter_of_several_indices_a_row(tmp_path):
+    """`scatter` of a tensor at k indices a row (the backward of `topk`), along the last axis
+    and another, and of a number."""
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(5, 7, generator=g)
+    idx = torch.stack([torch.randperm(7, generator=g)[:3] for _ in range(5)])
+    src = torch.randn(5, 3, generator=g)
+    idx0 = torch.stack([torch.randperm(5, generator=g)[:2] for _ in range(7)], 1)
+
+    def fn(x, idx, src, idx0):
+        return (torch.zeros_like(x).scatter(1, idx, src), x.scatter(-1, idx, 2.5),
+                x.scatter(0, idx0, src[:2, :1].expand(2, 7).contiguous()))
+
+    _check(fn, [x, idx, src, idx0], tmp_path)
+
+
+def test_as_strided_of_a_transposed_tensor(tmp_path):
+    """`as_strided` and its scatter over a tensor laid out densely in another order of its axes
+    (Longformer chunks a head-major view of its queries so): positions in its memory order."""
+    x = torch.randn(2, 4, 3)
+    a = torch.randn(3, 4)
+
+    def fn(x, a):
+        y = (x * 2).permute(1, 0, 2)  # [4, 2, 3], strides (3, 12, 1)
+        return (y.as_strided((3, 4), (6, 1), 2), y.as_strided((2, 3, 4), (12, 4, 1)),
+                y.as_strided((3, 2, 3), (6, 3, 1), 5), torch.as_strided_scatter(y, a, (3, 4), (6, 1), 2) + 1)
+
+    _check(fn, [x, a], tmp_path)
+
+
+def test_scores_compared_with_the_lowest_float(tmp_path):
+    """XGLM clamps its masked scores at f32's lowest value (`max(scores + mask, lowest)`), and
+    the backward of that `max` compares the scores with it: the literal must reach eqfuse
+    exactly (the binary reads numbers with serde_json's `float_roundtrip`)."""
+    lowest = torch.finfo(torch.float32).min
+    x = torch.randn(4, 6)
+    keep = torch.rand(4, 6, generator=torch.Generator().manual_seed(11)) > 0.5
+
+    def fn(x, keep):
+        s = x + torch.where(keep, torch.zeros(()), torch.tensor(lowest))
+        return s == torch.tensor(lowest), torch.maximum(s, torch.tensor(lowest))
+
+    _check(fn, [x, keep], tmp_path)
+
+
+def test_unordered_outputs():
+    """`Exported.unordered`: outputs computed from an unstable sort's or a `topk`'s indices
+    (which PyTorch orders its own way among equal values), not from a stable sort's or from
+    values alone."""
+    ids, x = torch.randint(0, 4, (24,)), torch.randn(24, 3)
+
+    def fn(ids, x):
+        order = torch.sort(ids).indices
+        stable = torch.sort(ids, stable=True).indices
+        top = torch.topk(x, 2, dim=0)
+        return x[order], x[stable], top.values, top.indices * 2, torch.sort(ids).values
+
+    gm = torch.fx.experimental.proxy_tensor.make_fx(fn)(ids, x)
+    assert export_graph_module(gm).unordered == {0, 3}
+
+
+def test_fourier_transforms_of_complex_tensors(tmp_path):
+    """`_fft_c2c` (forward and inverse, each normalization, one or two axes) between a real
+    tensor's conversion to complex and `view_as_real`, and `view_as_complex` of a `[..., 2]`
+    tensor (FNet mixes tokens with `fftn(x, dim=(1, 2)).real`): products with the Fourier
+    matrices, within rounding of PyTorch's FFT."""
+    g = torch.Generator().manual_seed(12)
+    x, y = torch.randn(2, 6, 8, generator=g), torch.randn(2, 5, 2, generator=g)
+
+    def fn(x, y):
+        c = x.to(torch.complex64)
+        return (torch.view_as_real(torch.fft.fftn(c, dim=(1, 2))), torch.view_as_real(torch.fft.ifft(c, dim=1)),
+                torch.view_as_real(torch.fft.fft(c, norm="ortho")),
+                torch.view_as_real(torch.fft.ifft(torch.view_as_complex(y), dim=-1, norm="forward")))
+
+    _check(fn, [x, y], tmp_path, rtol=1e-4, atol=1e-5)
+
+
+def test_scatter_add_and_the_backward_of_gather(tmp_path):
+    """`scatter_add` along an axis, with indices that repeat and indices smaller than the
+    target on the other axes, and the gradient of `torch.gather` (ViT-MAE keeps patches so)."""
+    g = torch.Generator().manual_seed(13)
+    x, src = torch.randn(3, 6, 4, generator=g), torch.randn(3, 5, 4, generator=g)
+    idx = torch.randint(0, 6, (3, 5, 4), generator=g)
+    small = torch.randint(0, 3, (2, 4, 2), generator=g)
+    last = torch.randint(0, 4, (3, 5, 2), generator=g)
+
+    def fn(x, src, idx, small, last):
+        return (x.scatter_add(1, idx, src), x.scatter_add(0, small, src),
+                torch.zeros_like(x).scatter_add(-1, last, src))
+
+    _check(fn, [x, src, idx, small, last], tmp_path)
+
+    keep = torch.argsort(torch.rand(3, 6, generator=g), dim=1)[:, :4]
+    (tmp_path / "gather").mkdir()
+    gm = torch.fx.experimental.proxy_tensor.make_fx(
+        lambda x, i, gy: torch.autograd.grad(torch.gather(x, 1, i), x, gy)[0])(
+        x.requires_grad_(), keep.unsqueeze(-1).repeat(1, 1, 4), torch.ones(3, 4, 4))
+    assert "scatter_add" in str(gm.graph)
+    gy = torch.randn(3, 4, 4, generator=g)
+    got = run_cpu(export_graph_module(gm), [x.detach(), keep.unsqueeze(-1).repeat(1, 1, 4), gy], tmp_path / "gather")
+    want = torch.zeros_like(x).scatter_add(1, keep.unsqueeze(-1).repeat(1, 1, 4), gy)
+    close(got[0], want)
+
+
+def test_max_and_min(tmp_path):
+    """`torch.max`/`torch.min` along an axis (values and the first index of ties; a row with a
+    NaN gives NaN at its index), of all elements, and of two tensors; `empty` (values
+    unspecified) written whole."""
+    x = torch.randn(4, 7, 5)
+    x[1, 3, 2] = float("nan")
+    x[2, :, 1] = 1.5
+
+    def fn(x):
+        e = torch.empty(4, 5)
+        e.copy_(x[:, 0])
+        return (*torch.max(x, 1), *torch.min(x, -1, keepdim=True), torch.max(x[0]), torch.min(x, x * 0.5), e)
+
+    _check(fn, [x], tmp_path, functional=True)

@@ -356,6 +356,25 @@ mod tests {
         assert_eq!(p.inputs, q.inputs);
     }
 
+    /// Numbers are read exactly (serde_json's `float_roundtrip`): f32's lowest value, the
+    /// literal of a mask that an exported model compares with (`scores + mask == lowest`),
+    /// read one f64 step off would never equal the f32 scores it meets.
+    #[test]
+    fn literals_are_read_exactly() {
+        let text = r#"{"schema": "eqfuse.graph/1", "inputs": [{"name": "x", "dtype": "f32", "shape": [4]}],
+            "nodes": [{"op": "input", "value": "x"}, {"op": "const", "value": -3.4028234663852886e+38},
+            {"op": "==", "args": [0, 1]}], "outputs": [{"name": "y", "node": 2}]}"#;
+        let j = program_to_json(&program_from_json("g.json", text).unwrap());
+        let consts: Vec<f64> = j["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["op"] == "const")
+            .filter_map(|n| n["value"].as_f64())
+            .collect();
+        assert!(consts.contains(&(f32::MIN as f64)), "{consts:?}");
+    }
+
     #[test]
     fn errors_name_the_node() {
         let text = r#"{"schema": "eqfuse.graph/1", "inputs": [{"name": "x", "dtype": "f32", "shape": [4]}],
