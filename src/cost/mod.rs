@@ -303,7 +303,13 @@ pub fn analyse(
     };
     // The forward kernel writing its log-sum-exp (or its bias form's statistics) computes it
     // for free.
-    if let Some((_, l)) = body.iter().find_map(|&a| body.iter().find_map(|&b| forward_and_stats(dag, a, b))) {
+    // (Only forward attentions can pair: the body's other operators are not searched for a
+    // partner, which made every analysis quadratic in the kernel's size.)
+    let mut forwards = body
+        .iter()
+        .copied()
+        .filter(|&a| matches!(dag.nodes[a].kind(), Some(Kind::Composite(c)) if c.forward_stats().is_some()));
+    if let Some((_, l)) = forwards.find_map(|a| body.iter().find_map(|&b| forward_and_stats(dag, a, b))) {
         flops = flops.saturating_sub(node_flops(dag, l));
     }
     let shape = Shaped { dag, body: &body, strict: profile.strict };
