@@ -195,14 +195,8 @@ def llama():
 MODELS = {"gpt2": gpt2, "bert": bert, "llama": llama}
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_eager_attention_trains_as_flash_attention(name, monkeypatch):
-    """A training step of a model with eager attention, every graph on eqfuse's plans (CPU
-    reference), equals eager; its attention is SDPA's forward and backward: no
-    `_softmax_backward_data`, and nothing of the probabilities' shape saved for the backward."""
-    torch.manual_seed(0)
-    model, kw = MODELS[name]()
-    heads = model.config.num_attention_heads
+def _recorded_graphs(monkeypatch) -> list:
+    """The (kind, ATen graph) of every graph the backend compiles from now on, in order."""
     graphs = []
     compile_graph = EqfuseBackend.compile
 
@@ -211,6 +205,18 @@ def test_eager_attention_trains_as_flash_attention(name, monkeypatch):
         return compile_graph(self, kind, aten_gm, example_inputs, constants)
 
     monkeypatch.setattr(EqfuseBackend, "compile", recording)
+    return graphs
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_eager_attention_trains_as_flash_attention(name, monkeypatch):
+    """A training step of a model with eager attention, every graph on eqfuse's plans (CPU
+    reference), equals eager; its attention is SDPA's forward and backward: no
+    `_softmax_backward_data`, and nothing of the probabilities' shape saved for the backward."""
+    torch.manual_seed(0)
+    model, kw = MODELS[name]()
+    heads = model.config.num_attention_heads
+    graphs = _recorded_graphs(monkeypatch)
     assert_training_step_on_eqfuse(model, kw, monkeypatch)
     kinds = [kind for kind, _ in graphs]
     assert "backward" in kinds, kinds
@@ -325,14 +331,7 @@ def test_bmm_and_einsum_attention_train_as_flash_attention(spelling, monkeypatch
     through the backend (CPU reference): eager's loss and gradients, and SDPA's forward and
     backward in its graphs, no `_softmax_backward_data`."""
     torch.manual_seed(0)
-    graphs = []
-    compile_graph = EqfuseBackend.compile
-
-    def recording(self, kind, aten_gm, example_inputs, constants=None):
-        graphs.append((kind, aten_gm))
-        return compile_graph(self, kind, aten_gm, example_inputs, constants)
-
-    monkeypatch.setattr(EqfuseBackend, "compile", recording)
+    graphs = _recorded_graphs(monkeypatch)
     x = torch.randn(B, S, H * D, generator=torch.Generator().manual_seed(4))
     assert_training_step_on_eqfuse(_FlatHeadsAttention(spelling), {"x": x}, monkeypatch)
     assert {kind for kind, _ in graphs} >= {"forward", "backward"}
