@@ -1138,13 +1138,13 @@ def _unary(op):
 
 
 def _and(L, a, b):
-    """`a and b` of booleans (eqfuse has `where` and `not`)."""
-    return L.apply("where", a, b, L.cast(L.lit(0), "bool"), dtype="bool")
+    """`a and b` of booleans (`logical_and`'s lowering)."""
+    return _logical("and")(L, a, b)
 
 
 def _or(L, a, b):
-    """`a or b` of booleans."""
-    return L.apply("where", a, L.cast(L.lit(1), "bool"), b, dtype="bool")
+    """`a or b` of booleans (`logical_or`'s lowering)."""
+    return _logical("or")(L, a, b)
 
 
 _BOOL_ARITHMETIC = {"*": _and, "+": _or, "max": _or, "min": _and}
