@@ -32,9 +32,16 @@ fn assert_valid(name: &str, program: &Program, plan: &FusionPlan) {
 
 /// A program of 2,000 chained bindings with skip connections (each value read twice) plans
 /// within a small time limit, and the plan it returns computes the program.
+///
+/// Its functions are `tanh` and `sigmoid`, whose slopes vanish as the chain's values grow: a
+/// rounding difference does not grow along the chain. With `sin` and `cos` among them (the
+/// default functions) the chain is chaotic: a plan that reassociates sums (an inexact rule, as
+/// a search given time finds: a release build does) differs from the program by the f64
+/// rounding of one addition, 1e-16, amplified to 1e-2 after 800 steps (measured 2026-11-27,
+/// strict plans exact), which no tolerance tells from a wrong plan.
 #[test]
 fn a_time_limit_bounds_planning_a_long_chain() {
-    let program = parse_program("chain.eqf", &skip_chain_eqf(2000, 4, 8, &[]), &[]).unwrap();
+    let program = parse_program("chain.eqf", &skip_chain_eqf(2000, 4, 8, &["tanh", "sigmoid"]), &[]).unwrap();
     let mut o = opts();
     o.time_limit = Duration::from_secs(2);
     let start = Instant::now();

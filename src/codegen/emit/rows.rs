@@ -31,6 +31,9 @@ mod plan {
         pub row_nodes: Vec<usize>,
         /// Results reduced over all rows, in accumulator order.
         pub globals: Vec<usize>,
+        /// Values computed from global results alone (a loss's `silu` or square), in node
+        /// order: computed once every row is combined, in `eq_global_store`, not per row.
+        pub after_globals: Vec<usize>,
         /// Online pairs: (sum of exp(x - m), its max m), computed in the max's stage.
         pub online: Vec<(usize, usize)>,
         /// One-hot sums (reduction, index, value): computed as row values, the value at the
@@ -150,12 +153,18 @@ mod plan {
             .collect();
         let mut all: BTreeSet<usize> = live.into_iter().collect();
         all.extend(stage_nodes);
-        let globals = all.iter().copied().filter(|&i| matches!(l.nodes[i].op, Op::Global(..))).collect();
+        let globals: Vec<usize> = all.iter().copied().filter(|&i| matches!(l.nodes[i].op, Op::Global(..))).collect();
+        // Nodes are in topological order: a node after a global depends on one.
+        let mut late = vec![false; n];
+        for &i in &all {
+            late[i] = children(&l.nodes[i].op).iter().any(|&c| late[c] || globals.contains(&c));
+        }
+        let after_globals: Vec<usize> = all.iter().copied().filter(|&i| late[i]).collect();
         let row_nodes = all
             .into_iter()
-            .filter(|&i| !elem[i] && !matches!(l.nodes[i].op, Op::Const(_) | Op::Flat(_) | Op::Global(..)))
+            .filter(|&i| !elem[i] && !late[i] && !matches!(l.nodes[i].op, Op::Const(_) | Op::Flat(_) | Op::Global(..)))
             .collect();
-        RowPlan { avail, stages, cached, row_nodes, globals, online, picks, reuse: vec![] }
+        RowPlan { avail, stages, cached, row_nodes, globals, after_globals, online, picks, reuse: vec![] }
     }
 
     /// Per-element values a cached row's stage computes and the epilogue computes again, kept
@@ -977,7 +986,8 @@ impl Emitter<'_> {
         let mut need = BTreeSet::new();
         let mut t = Text::default();
         let last = self.rank().checked_sub(1);
-        for st in self.l.stores.iter().filter(|s| !self.store_is_elem(s) && !rp.globals.contains(&s.node)) {
+        let late = |n: usize| rp.globals.contains(&n) || rp.after_globals.contains(&n);
+        for st in self.l.stores.iter().filter(|s| !self.store_is_elem(s) && !late(s.node)) {
             let val = self.operand(st.node, value_type(self.node(st.node).dtype), &scope);
             let (line, _) = self.store_row(st, &val, last, &mut need);
             t.line(1, line);
@@ -1008,12 +1018,25 @@ impl Emitter<'_> {
         }
         t.line(0, "}");
         t.line(0, "__device__ __forceinline__ void eq_global_store(EQ_PARAMS, const float (&g)[EQ_NGLOBAL]) {");
-        for st in self.l.stores.iter() {
-            let Some(j) = rp.globals.iter().position(|&g| g == st.node) else { continue };
-            let val = match self.reduce_of(st.node) {
+        // The combined results, then the values computed from them alone.
+        let mut scope = self.scope(false);
+        for (j, &i) in rp.globals.iter().enumerate() {
+            let val = match self.reduce_of(i) {
                 Reduce::Mean => format!("g[{j}] / {}", literal(rows as f64, "float")),
                 _ => format!("g[{j}]"),
             };
+            t.line(1, format!("const float n{i} = {val};"));
+            scope.refs[i] = Some(format!("n{i}"));
+        }
+        let mut need = BTreeSet::new();
+        for &i in &rp.after_globals {
+            let ty = value_type(self.node(i).dtype);
+            t.line(1, format!("const {ty} n{i} = {};", self.expr(i, &scope, &mut need)));
+            scope.refs[i] = Some(format!("n{i}"));
+        }
+        debug_assert!(need.is_empty(), "a value after a global reads coordinates");
+        for st in self.l.stores.iter().filter(|s| rp.globals.contains(&s.node) || rp.after_globals.contains(&s.node)) {
+            let val = self.operand(st.node, value_type(self.node(st.node).dtype), &scope);
             t.line(1, format!("eq_put({} + 0, {val});", self.param(None, Some(st.write))));
         }
         t.line(0, "}");
