@@ -486,10 +486,16 @@ class _Eager:
 
 
 def _on_cuda(example_inputs) -> bool:
+    """Whether a graph's tensors are on CUDA, but for one-element CPU tensors (scalars, which
+    PyTorch mixes with CUDA tensors: a float Dynamo passes as a tensor with dynamic shapes, a
+    cache's position counter): `_Runner` copies those to the GPU when the plan reads them, and
+    returns an output eager returns on the CPU there."""
     import torch
 
     tensors = [t for t in (example_inputs or []) if isinstance(t, torch.Tensor)]
-    return bool(tensors) and all(t.device.type == "cuda" for t in tensors)
+    cuda = [t for t in tensors if t.device.type == "cuda"]
+    return bool(cuda) and all(t.device.type == "cuda" or (t.device.type == "cpu" and t.numel() <= 1)
+                              for t in tensors)
 
 
 def _symbolic(example_inputs) -> bool:
@@ -818,6 +824,7 @@ class _Runner:
         results = out_node.args[0]
         results = results if isinstance(results, (list, tuple)) else [results]
         self.outputs = []
+        self.on_cpu = set()
         for i, r in enumerate(results):
             if r is None:
                 self.outputs.append(None)
@@ -835,7 +842,12 @@ class _Runner:
                     stride = None  # saved for the backward alone: read in any layout
                 base = exported.broadcast_outputs.get(i)  # computed as a smaller tensor: expanded
                 self.outputs.append((exported.output_names[i], val.dtype, tuple(val.shape), stride, base))
+                if device.type != "cpu" and getattr(val, "device", device).type == "cpu":  # (a scalar eager keeps there)
+                    self.on_cpu.add(i)
         self.torch = torch
+        self.cpu_args = device.type != "cpu" and any(
+            n.op == "placeholder" and getattr(getattr(n.meta.get("val"), "device", None), "type", None) == "cpu"
+            for n in aten_gm.graph.nodes)
         # What every call does, worked out once: the arguments passed as they are (by position)
         # and those mapped (`Exported.argument`: broadcasts and views read through their base),
         # and per output one step from the plan's results to the graph's output.
@@ -868,7 +880,8 @@ class _Runner:
         pad = self.pads.get(i)
         size = torch.Size(shape)
         layout = getattr(self.plan, "output_layout", None)
-        if layout is not None and pad is None and base is None and layout(name) == (dtype, shape):
+        cpu = i in self.on_cpu
+        if layout is not None and pad is None and base is None and not cpu and layout(name) == (dtype, shape):
             dense = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
             if stride is None or all(n <= 1 or a == b for n, a, b in zip(shape, dense, stride)):
                 return name, None
@@ -889,7 +902,7 @@ class _Runner:
                 # The graphs after this one were traced with PyTorch's strides for this output
                 # (a transposed attention result the backward views as it was): give them those.
                 t = relayout(t, stride)
-            return t
+            return t.cpu() if cpu else t
 
         return None, step
 
@@ -958,6 +971,12 @@ class _Runner:
             except ValueError:
                 # (A forward run eagerly lays its saved tensors out as PyTorch does.)
                 return self.seeded.run(args, None) if self.seeded is not None else self._eager(args)
+        if self.on_cpu or self.cpu_args:
+            # One-element CPU tensors (`_on_cuda`): copied to the plan's device.
+            device = self.plan.device
+            for k, v in inputs.items():
+                if isinstance(v, self.torch.Tensor) and v.device.type == "cpu":
+                    inputs[k] = v.to(device)
         seeds = None
         if self.seed_input is not None:
             from .rng import Seeds

@@ -188,7 +188,7 @@ def test_random_programs_train():
     from test_random_torch import build, inputs, random_program
 
     failures = {}
-    for seed in range(0, 120, 5):
+    for seed in range(0, 120, 10):
         p = random_program(seed)
         f = build(p)
         xs = [x.to(DEV).requires_grad_(True) for x in inputs(p, seed)]
@@ -218,5 +218,5 @@ def test_random_programs_train():
         eager = [(p.kind, p.why_eager) for p in b.plans if p.kind != "joint" and p.runs != "eqfuse"]
         if (errs and max(errs) > 1e-3) or eager:
             failures[seed] = (max(errs, default=0), eager)
-    print(f"{len(failures)} of 24 random programs failed")
+    print(f"{len(failures)} of 12 random programs failed")
     assert not failures, failures

@@ -44,7 +44,7 @@ LOSSES = {
         o, d["soft"], pos_weight=d["w"]),
     "binary_cross_entropy": lambda o, d: F.binary_cross_entropy(o.sigmoid(), d["soft"]),
     "kl_div": lambda o, d: F.kl_div(F.log_softmax(o, -1), d["soft"].softmax(-1), reduction="batchmean"),
-    "cosine_embedding_loss": lambda o, d: F.cosine_embedding_loss(o, d["real"], torch.ones(N)),
+    "cosine_embedding_loss": lambda o, d: F.cosine_embedding_loss(o, d["real"], torch.ones(N, device=o.device)),
     "multi_margin_loss": lambda o, d: F.multi_margin_loss(o, d["y"].clamp(min=0)),
     "soft_margin_loss": lambda o, d: F.soft_margin_loss(o, d["real"].sign()),
 }
