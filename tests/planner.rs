@@ -397,6 +397,37 @@ fn a_bias_strided_along_the_keys_is_written_once_in_its_own_layout() {
     }
 }
 
+/// The same bias read by a softmax over scores already computed (T5's attention in f32, where
+/// the scores were a product of their own): a row kernel's lanes would read the bias along the
+/// keys with a stride of H elements, every score through a sector of its own, and each batch
+/// entry again. Priced as contiguous, that softmax was planned so, predicted 0.30 ms and ran
+/// 1.80 ms (8 x 12 x 1024 x 1024 f32 scores, H100, 2026-11-27). Priced by the sectors its warps
+/// touch, the plan reads the bias some other way (here an elementwise kernel adds it through a
+/// shared-memory tile), and the strided bias is never predicted cheaper than a contiguous one.
+#[test]
+fn a_row_kernel_does_not_read_a_bias_strided_along_its_rows() {
+    let text = |bias: &str, view: &str| {
+        format!(
+            "input s: f32[8, 12, 512, 512]\ninput b: f32[{bias}]\n\
+             y = softmax(s + reshape({view}, [1, 12, 512, 512]), -1)\noutput y\n"
+        )
+    };
+    let view = "transpose(transpose(b, 0, -1), -1, 1)";
+    let strided = eqfuse::parse_program("strided.eqf", &text("512, 512, 12", view), &[]).unwrap();
+    let contiguous = eqfuse::parse_program("contiguous.eqf", &text("12, 512, 512", "b"), &[]).unwrap();
+    let plan = optimize(&strided, &opts()).unwrap().plan;
+    let want = optimize(&contiguous, &opts()).unwrap().plan.total.predicted_us;
+    assert!(plan.total.predicted_us >= want, "strided {} us, contiguous {want} us", plan.total.predicted_us);
+    for k in plan.kernels.iter().filter(|k| k.template == Template::RowReduce) {
+        assert!(
+            !k.reads.iter().any(|r| r.name == "b"),
+            "row kernel {} reads the strided bias: {:#?}",
+            k.id,
+            plan.kernels
+        );
+    }
+}
+
 /// Batched products of tiny matrices (the random programs' worst-priced kernels: g1373, g1020,
 /// g1386 of seed 1001, measured 10 to 120 times their old prediction as one cuBLASLt call over
 /// a batch of up to a million matrices): priced by their tiles, such a call loses to the

@@ -420,12 +420,17 @@ fn fast_exp(l: &Lowered, vec: usize, strict: bool) -> bool {
     on && !strict && vec == 8 && l.template == Template::RowReduce && l.product.is_none() && l.scatter.is_none()
 }
 
-/// How an elementwise kernel reads: whether it takes the tiled path, and the reads that touch
-/// more sectors than they use ([`ReadTraffic`]), as [`render`] generates it outside 1-bit masks
-/// (the cost model's question, `caps::elementwise_traffic`); `None` for a kernel of another
-/// template or that does not lower.
+/// How an elementwise kernel, or a row kernel without a product, reads: whether it takes the
+/// tiled path, and the reads that touch more sectors than they use ([`ReadTraffic`]), as
+/// [`render`] generates it outside 1-bit masks (the cost model's question,
+/// `caps::elementwise_traffic`); `None` for a kernel of another template or that does not lower.
 pub fn elementwise_traffic(k: &Kernel, strict: bool) -> Option<(bool, Vec<ReadTraffic>)> {
     let l = super::lower::lower(k).ok()?;
+    if l.template == Template::RowReduce && l.product.is_none() && l.scatter.is_none() {
+        // A row kernel's lanes read along the last axis as the plain elementwise path's do.
+        let vec = choose_vec(&l, k, strict, false);
+        return Some((false, tiled::read_traffic(&l, vec, None)));
+    }
     if l.template != Template::Elementwise || l.scatter.is_some() {
         return None;
     }

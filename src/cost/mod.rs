@@ -391,10 +391,13 @@ pub fn analyse(
         k.passes = passes;
     }
     if template == Template::Elementwise && k.kind == KernelKind::Plain {
-        strided_reads(dag, members, &mut k, profile);
+        strided_reads(dag, members, &mut k, profile, template);
         if !k.tiled {
             k.access_bytes = narrow_access(dag, members, &k, profile);
         }
+    }
+    if template == Template::RowReduce && k.kind == KernelKind::Plain {
+        strided_reads(dag, members, &mut k, profile, template);
     }
     if template == Template::RowReduce || k.kind == KernelKind::RowGlobal {
         k.narrow_rows = narrow_rows(dag, members, &k, profile);
@@ -455,23 +458,28 @@ pub fn analyse(
     Ok(k)
 }
 
-/// Prices an elementwise kernel's reads by the 32-byte sectors its warps touch, as codegen reads
-/// them (`caps::elementwise_traffic`: the tiled path, or lanes along the last axis), for a body
-/// that reads a view which may be strided (a transpose or a slice; every other view keeps a
+/// Prices an elementwise or row kernel's reads by the 32-byte sectors its warps touch, as codegen
+/// reads them (`caps::elementwise_traffic`: the tiled path, or lanes along the last axis), for a
+/// body that reads a view which may be strided (a transpose or a slice; every other view keeps a
 /// read's contiguous axis last or broadcasts it, and touches whole sectors).
 ///
-/// The model: a read touching `r` bytes of sectors per byte it uses moves `(r - 1) x bytes`
-/// more between L2 and the SMs (`sector_bytes`, at the profile's sector bandwidth). Device
+/// The model: the sectors a read's warps touch (`sector_traffic`: on the plain path each warp's
+/// own, so a read broadcast along an axis touches them again at each of its indices; through
+/// the tile, `r` bytes of sectors per byte it uses) move between L2 and the SMs, their bytes
+/// past the read's own at the profile's sector bandwidth (`sector_bytes`). A T5 attention's position bias,
+/// `[S, S, heads]` f32 read as `[1, heads, S, S]` by a softmax over 8 x 12 x 1024 x 1024
+/// scores, ran 1.80 ms against 0.30 predicted when row kernels were priced as contiguous (H100,
+/// 2026-11-27, `benches/profile_model.py`): every score touches a sector of its own. Device
 /// memory sends each sector once when the warps that use the rest of it (a transposed read's
 /// next output rows) come within L2's reuse capacity of the first (the window, in elements of
 /// the space, times the bytes the kernel moves an element); otherwise every touch is a fetch
 /// (`strided_dram_bytes`), as it is where nothing uses the rest.
-fn strided_reads(dag: &Dag, members: &[usize], k: &mut KernelCost, profile: &DeviceProfile) {
+fn strided_reads(dag: &Dag, members: &[usize], k: &mut KernelCost, profile: &DeviceProfile, template: Template) {
     let strided = |&b: &usize| matches!(dag.nodes[b].kind(), Some(Kind::Transpose | Kind::Slice));
     if !k.body.iter().any(strided) {
         return;
     }
-    let kernel = candidate_kernel(dag, members, k, Template::Elementwise);
+    let kernel = candidate_kernel(dag, members, k, template);
     let Some((tiled, traffic)) = caps::elementwise_traffic(&kernel, profile.strict) else { return };
     k.tiled = tiled;
     if tiled {
@@ -483,7 +491,11 @@ fn strided_reads(dag: &Dag, members: &[usize], k: &mut KernelCost, profile: &Dev
     let own = sliced_bytes(dag, &k.body, &k.reads);
     let numel = k.domain.iter().product::<usize>().max(1) as f64;
     let written: u64 = members.iter().map(|&m| dag.bytes(m)).sum();
-    let excess = |t: &caps::ReadTraffic| (own[t.read] as f64 * (t.sectors_per_byte - 1.0)) as u64;
+    let excess = |t: &caps::ReadTraffic| {
+        let own = own[t.read];
+        let touched = t.sector_traffic.unwrap_or((own as f64 * t.sectors_per_byte) as u64);
+        touched.saturating_sub(own)
+    };
     k.sector_bytes = traffic.iter().map(excess).sum();
     let per_element = (k.read_bytes + written + k.sector_bytes) as f64 / numel;
     let reuse = profile.l2_reuse_bytes.unwrap_or(0) as f64;

@@ -51,6 +51,11 @@ pub struct ReadTraffic {
     /// sector holds the elements of the next output rows): the cost model asks whether that
     /// window fits in L2. `None` where no warp uses the rest (it is fetched and wasted).
     pub reuse_elements: Option<u64>,
+    /// On the plain path, the bytes of the sectors all the kernel's warps touch (each warp's
+    /// sectors once: a read broadcast along an axis is touched again at each index of it, a
+    /// value broadcast along a warp's lanes once a warp); `None` through the tile, where a
+    /// read's sectors are its bytes times `sectors_per_byte`.
+    pub sector_traffic: Option<u64>,
 }
 
 /// The element offsets, in elements of its tensor, of an access with `strides` for flat indices
@@ -113,6 +118,26 @@ fn count(offs: impl Iterator<Item = usize>, bytes: usize) -> (usize, usize) {
 fn plain_ratio(domain: &[usize], strides: &[usize], bytes: usize, vec: usize) -> f64 {
     let numel = domain.iter().product();
     sampled_ratio(numel, WARP * vec, bytes, |r| count(offsets(domain, strides, r), bytes))
+}
+
+/// The bytes of the sectors the plain path's warps touch over the whole space, `vec`
+/// consecutive elements a lane: the sampled warps' mean times the warps.
+fn plain_traffic(domain: &[usize], strides: &[usize], bytes: usize, vec: usize) -> u64 {
+    let numel: usize = domain.iter().product();
+    let group = (WARP * vec).max(1);
+    let groups = numel.div_ceil(group).max(1);
+    let (mut touched, mut sampled) = (0usize, 0usize);
+    let mut seen = BTreeSet::new();
+    for s in 0..SAMPLES.min(groups) {
+        let g = s * groups / SAMPLES.min(groups);
+        if !seen.insert(g) {
+            continue;
+        }
+        let start = g * group;
+        touched += count(offsets(domain, strides, start..(start + group).min(numel)), bytes).0;
+        sampled += 1;
+    }
+    (touched as f64 / sampled.max(1) as f64 * groups as f64 * SECTOR as f64) as u64
 }
 
 /// Sectors per byte used of an access read through the tile along axis `p`: a warp loads
@@ -196,10 +221,16 @@ pub fn read_traffic(l: &Lowered, vec: usize, tiled: Option<&Tiled>) -> Vec<ReadT
             .filter(|&k| l.domain[k] > 1 && acc.strides[k] > 0 && acc.strides[k] * b < SECTOR)
             .min_by_key(|&k| acc.strides[k]);
         let reuse_elements = near.map(|k| (SECTOR / (acc.strides[k] * b)) as u64 * cs[k] as u64);
+        let sector_traffic = match tiled {
+            Some(t) if t.accesses.contains(&a) => None,
+            Some(_) => Some(plain_traffic(&l.domain, &acc.strides, b, 1)),
+            None => Some(plain_traffic(&l.domain, &acc.strides, b, vec)),
+        };
+        let traffic = ReadTraffic { read: acc.read, sectors_per_byte: ratio, reuse_elements, sector_traffic };
         match out.iter_mut().find(|t| t.read == acc.read) {
             Some(t) if t.sectors_per_byte >= ratio => {}
-            Some(t) => *t = ReadTraffic { read: acc.read, sectors_per_byte: ratio, reuse_elements },
-            None => out.push(ReadTraffic { read: acc.read, sectors_per_byte: ratio, reuse_elements }),
+            Some(t) => *t = traffic,
+            None => out.push(traffic),
         }
     }
     out
