@@ -971,7 +971,7 @@ class _Runner:
             except ValueError:
                 # (A forward run eagerly lays its saved tensors out as PyTorch does.)
                 return self.seeded.run(args, None) if self.seeded is not None else self._eager(args)
-        if self.on_cpu or self.cpu_args:
+        if self.cpu_args:
             # One-element CPU tensors (`_on_cuda`): copied to the plan's device.
             device = self.plan.device
             for k, v in inputs.items():

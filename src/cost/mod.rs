@@ -390,14 +390,11 @@ pub fn analyse(
         k.segment_read_bytes = k.count_bytes_read(dag);
         k.passes = passes;
     }
-    if template == Template::Elementwise && k.kind == KernelKind::Plain {
+    if matches!(template, Template::Elementwise | Template::RowReduce) && k.kind == KernelKind::Plain {
         strided_reads(dag, members, &mut k, profile, template);
-        if !k.tiled {
+        if template == Template::Elementwise && !k.tiled {
             k.access_bytes = narrow_access(dag, members, &k, profile);
         }
-    }
-    if template == Template::RowReduce && k.kind == KernelKind::Plain {
-        strided_reads(dag, members, &mut k, profile, template);
     }
     if template == Template::RowReduce || k.kind == KernelKind::RowGlobal {
         k.narrow_rows = narrow_rows(dag, members, &k, profile);
@@ -466,10 +463,11 @@ pub fn analyse(
 /// The model: the sectors a read's warps touch (`sector_traffic`: on the plain path each warp's
 /// own, so a read broadcast along an axis touches them again at each of its indices; through
 /// the tile, `r` bytes of sectors per byte it uses) move between L2 and the SMs, their bytes
-/// past the read's own at the profile's sector bandwidth (`sector_bytes`). A T5 attention's position bias,
-/// `[S, S, heads]` f32 read as `[1, heads, S, S]` by a softmax over 8 x 12 x 1024 x 1024
-/// scores, ran 1.80 ms against 0.30 predicted when row kernels were priced as contiguous (H100,
-/// 2026-11-27, `benches/profile_model.py`): every score touches a sector of its own. Device
+/// past the read's own at the profile's sector bandwidth (`sector_bytes`). A T5 attention's
+/// position bias, `[S, S, heads]` f32 read as `[1, heads, S, S]` by a softmax over 8 x 12 x
+/// 1024 x 1024 scores, ran 1.80 ms against 0.30 predicted when row kernels were priced as
+/// contiguous (H100, 2026-11-27, `benches/profile_model.py`): every score touches a sector of
+/// its own. Device
 /// memory sends each sector once when the warps that use the rest of it (a transposed read's
 /// next output rows) come within L2's reuse capacity of the first (the window, in elements of
 /// the space, times the bytes the kernel moves an element); otherwise every touch is a fetch

@@ -167,6 +167,14 @@ mod plan {
         RowPlan { avail, stages, cached, row_nodes, globals, after_globals, online, picks, reuse: vec![] }
     }
 
+    impl RowPlan {
+        /// Whether `n` is known only once every row is combined: a global result or a value
+        /// computed from them (stored by `eq_global_store`).
+        pub fn after_rows(&self, n: usize) -> bool {
+            self.globals.contains(&n) || self.after_globals.contains(&n)
+        }
+    }
+
     /// Per-element values a cached row's stage computes and the epilogue computes again, kept
     /// in the cache instead (cache slot, node, stage): for each cached load `x`, the last stage
     /// `s` that reads `x` and a float value `y` of `x` that stage computes (softmax's
@@ -986,8 +994,7 @@ impl Emitter<'_> {
         let mut need = BTreeSet::new();
         let mut t = Text::default();
         let last = self.rank().checked_sub(1);
-        let late = |n: usize| rp.globals.contains(&n) || rp.after_globals.contains(&n);
-        for st in self.l.stores.iter().filter(|s| !self.store_is_elem(s) && !late(s.node)) {
+        for st in self.l.stores.iter().filter(|s| !self.store_is_elem(s) && !rp.after_rows(s.node)) {
             let val = self.operand(st.node, value_type(self.node(st.node).dtype), &scope);
             let (line, _) = self.store_row(st, &val, last, &mut need);
             t.line(1, line);
@@ -1035,7 +1042,7 @@ impl Emitter<'_> {
             scope.refs[i] = Some(format!("n{i}"));
         }
         debug_assert!(need.is_empty(), "a value after a global reads coordinates");
-        for st in self.l.stores.iter().filter(|s| rp.globals.contains(&s.node) || rp.after_globals.contains(&s.node)) {
+        for st in self.l.stores.iter().filter(|s| rp.after_rows(s.node)) {
             let val = self.operand(st.node, value_type(self.node(st.node).dtype), &scope);
             t.line(1, format!("eq_put({} + 0, {val});", self.param(None, Some(st.write))));
         }

@@ -76,6 +76,16 @@ fn offsets<'a>(
     })
 }
 
+/// The sampled groups of `group` consecutive flat elements of a space of `numel` (each one
+/// warp's accesses), and how many groups the space has.
+fn sampled_groups(numel: usize, group: usize) -> (Vec<std::ops::Range<usize>>, usize) {
+    let group = group.max(1);
+    let groups = numel.div_ceil(group).max(1);
+    let n = SAMPLES.min(groups);
+    let picked: BTreeSet<usize> = (0..n).map(|s| s * groups / n).collect();
+    (picked.into_iter().map(|g| g * group..(g * group + group).min(numel)).collect(), groups)
+}
+
 /// Sectors touched per byte used by the groups of `group` consecutive flat elements starting
 /// at sampled places, when each group is one warp's accesses (distinct sectors over its lanes).
 fn sampled_ratio(
@@ -84,19 +94,8 @@ fn sampled_ratio(
     bytes: usize,
     sectors: impl Fn(std::ops::Range<usize>) -> (usize, usize),
 ) -> f64 {
-    let groups = numel.div_ceil(group.max(1)).max(1);
-    let (mut touched, mut used) = (0usize, 0usize);
-    let mut seen = BTreeSet::new();
-    for s in 0..SAMPLES.min(groups) {
-        let g = s * groups / SAMPLES.min(groups);
-        if !seen.insert(g) {
-            continue;
-        }
-        let start = g * group;
-        let (t, u) = sectors(start..(start + group).min(numel));
-        touched += t;
-        used += u;
-    }
+    let (touched, used) =
+        sampled_groups(numel, group).0.into_iter().map(sectors).fold((0usize, 0usize), |(t, u), (a, b)| (t + a, u + b));
     if used == 0 {
         1.0
     } else {
@@ -123,21 +122,9 @@ fn plain_ratio(domain: &[usize], strides: &[usize], bytes: usize, vec: usize) ->
 /// The bytes of the sectors the plain path's warps touch over the whole space, `vec`
 /// consecutive elements a lane: the sampled warps' mean times the warps.
 fn plain_traffic(domain: &[usize], strides: &[usize], bytes: usize, vec: usize) -> u64 {
-    let numel: usize = domain.iter().product();
-    let group = (WARP * vec).max(1);
-    let groups = numel.div_ceil(group).max(1);
-    let (mut touched, mut sampled) = (0usize, 0usize);
-    let mut seen = BTreeSet::new();
-    for s in 0..SAMPLES.min(groups) {
-        let g = s * groups / SAMPLES.min(groups);
-        if !seen.insert(g) {
-            continue;
-        }
-        let start = g * group;
-        touched += count(offsets(domain, strides, start..(start + group).min(numel)), bytes).0;
-        sampled += 1;
-    }
-    (touched as f64 / sampled.max(1) as f64 * groups as f64 * SECTOR as f64) as u64
+    let (sampled, groups) = sampled_groups(domain.iter().product(), WARP * vec);
+    let touched: usize = sampled.iter().map(|r| count(offsets(domain, strides, r.clone()), bytes).0).sum();
+    (touched as f64 / sampled.len().max(1) as f64 * groups as f64 * SECTOR as f64) as u64
 }
 
 /// Sectors per byte used of an access read through the tile along axis `p`: a warp loads
