@@ -114,6 +114,14 @@ __device__ __forceinline__ void eq_body(EQ_PARAMS, eq_idx i0) {
 #ifndef EQ_MMA
 #define EQ_MMA 0
 #endif
+// The steps of a staged slice the mainloop walks: EQ_BK, or the product's own depth where it is
+// shallower than one slice (rounded up to the tensor cores' 16), so that a product of depth 2
+// takes 2 steps, not EQ_BK steps over zeros (`GemmTiles::steps` prices the same).
+#if EQ_MMA
+#define EQ_KSTEPS (EQ_K < EQ_BK ? (EQ_K + 15) / 16 * 16 : EQ_BK)
+#else
+#define EQ_KSTEPS (EQ_K < EQ_BK ? EQ_K : EQ_BK)
+#endif
 #if EQ_MMA
 // Tensor-core mainloop (16-bit operands, EQ_MMA_F16 for f16 else bf16): the block's 8 warps
 // form an EQ_WM x EQ_WN grid, warp (wm, wn) owning the EQ_WTM x EQ_WTN sub-tile at
@@ -328,7 +336,7 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
         __syncthreads();
         if (k0 + EQ_BK < ke) fetch(k0 + EQ_BK);
 #pragma unroll
-        for (int kk = 0; kk < EQ_BK; kk += 16) {
+        for (int kk = 0; kk < EQ_KSTEPS; kk += 16) {
             unsigned a[EQ_MI][4], b[EQ_NI][2];
 #pragma unroll
             for (int i = 0; i < EQ_MI; ++i) {
@@ -419,7 +427,7 @@ extern "C" __global__ void __launch_bounds__(EQ_GEMM_THREADS) EQ_KERNEL(EQ_KPARA
         __syncthreads();
         if (k0 + EQ_BK < ke) fetch(k0 + EQ_BK);
 #pragma unroll
-        for (int kk = 0; kk < EQ_BK; ++kk) {
+        for (int kk = 0; kk < EQ_KSTEPS; ++kk) {
             float a[EQ_TM], b[EQ_TN];
 #if EQ_TM % 4 == 0
 #pragma unroll

@@ -190,13 +190,13 @@ fn gemm_kernels_render_in_their_implementation() {
     // A transposed operand flips its op flag instead of being copied.
     let t = eqfuse::parse_program(
         "t",
-        "input x: f32[80, 48]\ninput w: f32[80, 144]\ny = transpose(x, 0, 1) @ w\noutput y\n",
+        "input x: f32[1024, 512]\ninput w: f32[1024, 1536]\ny = transpose(x, 0, 1) @ w\noutput y\n",
         &[],
     )
     .unwrap();
     let plan = optimize(&t, &opts()).unwrap().plan;
     let call = codegen_plan(&plan).unwrap()[0].cublaslt.clone().expect("a cuBLASLt call");
-    assert_eq!((call.b.tensor.as_str(), call.b.transpose, call.b.ld), ("x", true, 48));
+    assert_eq!((call.b.tensor.as_str(), call.b.transpose, call.b.ld), ("x", true, 512));
     // Heads inside rows ([B, S, H, D] viewed as [B, H, S, D]): no one stride spans B and H, so
     // the call batches over H (stride D) and loops over B; the scale is its alpha.
     let t = eqfuse::parse_program(

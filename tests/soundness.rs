@@ -274,8 +274,9 @@ fn attention_dropout_rules_are_sound_and_weakened_ones_caught() {
 
 /// `matmul-as-rows` on products of the shapes it is for, beyond what the random instantiations
 /// pick: batch axes on one operand or both (broadcast), one output column (no view) and
-/// several, f32 and f16, K from 1 to its bound; every form equals the product on the
-/// reference. Past the bound (K or N of 17) it adds nothing.
+/// several, f32 and f16, K from 1 to its bound (any K for one column); every form equals the
+/// product on the reference. Past the bound (K of 17 over two columns, N of 17) it adds
+/// nothing.
 #[test]
 fn matmul_as_rows_is_sound_on_batched_tiny_products() {
     let rule = native("matmul-as-rows").rewrite();
@@ -286,6 +287,9 @@ fn matmul_as_rows_is_sound_on_batched_tiny_products() {
         (&[3, 6, 16], &[3, 16, 16], DType::F32),
         (&[7, 1], &[2, 1, 9], DType::F32),
         (&[2, 4, 5], &[5, 1], DType::Bf16),
+        // One output column at any depth.
+        (&[3, 2, 1, 300], &[300, 1], DType::F32),
+        (&[5, 40], &[2, 40, 1], DType::F16),
     ];
     for &(a, b, dtype) in cases {
         let mut p = Program::new("t");

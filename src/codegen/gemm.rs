@@ -111,16 +111,17 @@ pub fn tile(dom: &[usize], rows: bool) -> Tile {
     }
 }
 
-/// Split-K for a tile over iteration space `dom` with reduction depth `k`: a row epilogue
-/// outside strict numerics whose tiles are fewer than [`SPLIT_TARGET_BLOCKS`] splits each
-/// tile's depth over up to [`MAX_SPLITS`] blocks (each at least one `bk` slice), so that small
-/// products fill the GPU. (The parts are added in a fixed order, but not the order of the
-/// unsplit loop's sums; strict numerics keeps that loop.)
+/// Split-K for a tile over iteration space `dom` with reduction depth `k`: a product outside
+/// strict numerics whose tiles are fewer than [`SPLIT_TARGET_BLOCKS`] splits each tile's depth
+/// over up to [`MAX_SPLITS`] blocks (each at least one `bk` slice), so that small products fill
+/// the GPU; the last block of a tile adds the parts before the epilogue, a row epilogue or an
+/// elementwise one. (The parts are added in a fixed order, but not the order of the unsplit
+/// loop's sums; strict numerics keeps that loop.)
 pub fn split(mut t: Tile, dom: &[usize], k: usize, strict: bool) -> Tile {
     let (batch, m, n) = shape(dom);
     let tiles = m.div_ceil(t.bm) * n.div_ceil(t.bn) * batch;
     let slices = k.div_ceil(t.bk).max(1);
-    let want = if t.rows && !strict { SPLIT_TARGET_BLOCKS.div_ceil(tiles).min(MAX_SPLITS).min(slices) } else { 1 };
+    let want = if !strict { SPLIT_TARGET_BLOCKS.div_ceil(tiles).min(MAX_SPLITS).min(slices) } else { 1 };
     let per = slices.div_ceil(want.max(1));
     t.splits = slices.div_ceil(per);
     t.kspan = if t.splits > 1 { per * t.bk } else { 0 };
@@ -742,6 +743,9 @@ mod tests {
         // Elementwise epilogues: the tile of `tile`, 32 deep on the tensor cores.
         let dom = [4096, 4096];
         assert_eq!(kernel_tile(&dom, 4096, false, Bf16, Bf16, false), (Tile { bk: 32, ..tile(&dom, false) }, true));
-        assert_eq!(kernel_tile(&[64, 100], 4096, false, Bf16, Bf16, false), (tile(&[64, 100], false), false));
+        // (A CUDA-core tile of 8 x 128 over 64 x 100: 8 tiles, each 4096 deep split 16 ways.)
+        let (t, mma) = kernel_tile(&[64, 100], 4096, false, Bf16, Bf16, false);
+        assert_eq!((Tile { splits: 1, kspan: 0, ..t }, mma), (tile(&[64, 100], false), false));
+        assert_eq!((t.splits, t.kspan), (16, 256));
     }
 }

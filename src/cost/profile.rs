@@ -375,8 +375,8 @@ impl DeviceProfile {
         let splits = t.splits.max(1);
         let blocks = tiles * splits as f64;
         let epilogue = if t.rows { rate.row_epilogue_us * (tiles / sms).ceil() } else { 0.0 };
-        let steps = if splits > 1 { t.kspan.min(t.k) } else { t.k };
-        let mean = if splits > 1 { steps } else { t.mean_k.min(t.k) };
+        let steps = t.steps(if splits > 1 { t.kspan.min(t.k) } else { t.k });
+        let mean = if splits > 1 { steps } else { t.steps(t.mean_k.min(t.k)) };
         let ns = (steps as f64 * rate.lone_ns_per_k).max(mean as f64 * blocks / sms * rate.sm_ns_per_k);
         let fixup = if splits > 1 {
             let l2 = self.l2_bandwidth_gbs.unwrap_or(self.copy_bandwidth_gbs);
@@ -620,6 +620,9 @@ pub struct GemmTiles {
     pub mean_k: usize,
     pub bm: usize,
     pub bn: usize,
+    /// Depth of the slice a block stages per step of its mainloop (`EQ_BK`; 1 where steps are
+    /// not staged in slices, as attention's key tiles).
+    pub bk: usize,
     /// Blocks splitting each tile's depth (split-K; 1 for none) and each one's depth.
     pub splits: usize,
     pub kspan: usize,
@@ -630,6 +633,21 @@ pub struct GemmTiles {
     /// Whether the tensor-core mainloop stages both operands in 16-byte chunks (their
     /// contiguous axes and other strides multiples of 8; `caps::gemm_staging`).
     pub wide: bool,
+}
+
+impl GemmTiles {
+    /// The steps a block's mainloop takes over `depth` of the reduction axis: whole slices of
+    /// `bk` (the last one padded with zeros), or, shallower than one slice, the depth itself
+    /// (rounded up to the tensor cores' 16; `EQ_KSTEPS` in kernels/gemm.cu). A product of
+    /// depth 2 in a 64-deep tile takes 2 steps; one of depth 65 takes 128.
+    pub fn steps(&self, depth: usize) -> usize {
+        let bk = self.bk.max(1);
+        match depth {
+            d if d < bk && self.mma => d.next_multiple_of(16).min(bk),
+            d if d < bk => d,
+            d => d.next_multiple_of(bk),
+        }
+    }
 }
 
 /// The arithmetic rate of `r` for operands of `dtype` on calls of `flops` each, in TFLOP/s: its
@@ -717,7 +735,7 @@ mod tests {
     }
 
     fn tiles(m: usize, n: usize, k: usize, bm: usize, bn: usize, rows: bool) -> GemmTiles {
-        GemmTiles { batch: 1, m, n, k, mean_k: k, bm, bn, splits: 1, kspan: 0, rows, mma: false, wide: false }
+        GemmTiles { batch: 1, m, n, k, mean_k: k, bm, bn, bk: 1, splits: 1, kspan: 0, rows, mma: false, wide: false }
     }
 
     /// A profile with one measured tile (8x64: 30 ns per step alone, 20 shared) and 100 SMs.
@@ -752,6 +770,20 @@ mod tests {
         // Without an SM count there is no tile model.
         let q = DeviceProfile { sm_count: None, ..p.clone() };
         assert!(q.tile_us(&r, &tiles(800, 64, 1000, 8, 64, false), DType::F32).is_none());
+    }
+
+    #[test]
+    fn a_block_steps_through_whole_slices_or_a_shallower_product_s_own_depth() {
+        let (p, r) = tiled();
+        let deep = |k: usize, mma: bool| GemmTiles { bk: 64, mma, ..tiles(800, 64, k, 8, 64, false) };
+        // Shallower than a slice: its own depth (the tensor cores' 16 at least).
+        assert_eq!(deep(2, false).steps(2), 2);
+        assert_eq!(deep(2, true).steps(2), 16);
+        // Deeper: whole slices, the last padded with zeros.
+        assert_eq!(deep(65, false).steps(65), 128);
+        assert_eq!(deep(128, false).steps(128), 128);
+        // 100 lone blocks of 65 steps take 128 steps of 30 ns.
+        assert!((p.tile_us(&r, &deep(65, false), DType::F32).unwrap() - 128.0 * 0.03).abs() < 1e-9);
     }
 
     #[test]
