@@ -104,6 +104,14 @@ pub struct TileRate {
     /// Microseconds a row-reducing epilogue (softmax of the tile's rows) adds per wave of blocks.
     #[serde(default)]
     pub row_epilogue_us: f64,
+    /// Microseconds each block of an elementwise epilogue takes beyond its steps (its setup and
+    /// the epilogue's walk over the whole tile, whatever part of it the product covers), at the
+    /// SM's throughput: `blocks / SMs` of them. What a batch of tiny products costs: the steps
+    /// of a product 2 deep are nothing, its 32,768 blocks are not (measured by `eqfuse
+    /// calibrate`'s one-slice probes of many blocks; 0 for row tiles, whose fixed time per
+    /// wave is the row epilogue).
+    #[serde(default)]
+    pub block_us: f64,
 }
 
 /// One GPU's numbers.
@@ -359,6 +367,7 @@ impl DeviceProfile {
             lone_ns_per_k: rate.lone_ns_per_k * scale,
             sm_ns_per_k: rate.sm_ns_per_k * scale,
             row_epilogue_us: rate.row_epilogue_us,
+            block_us: rate.block_us,
         };
         self.tile_time(&rate, t)
     }
@@ -374,7 +383,8 @@ impl DeviceProfile {
         let tiles = (t.m.div_ceil(t.bm) * t.n.div_ceil(t.bn) * t.batch) as f64;
         let splits = t.splits.max(1);
         let blocks = tiles * splits as f64;
-        let epilogue = if t.rows { rate.row_epilogue_us * (tiles / sms).ceil() } else { 0.0 };
+        let epilogue =
+            if t.rows { rate.row_epilogue_us * (tiles / sms).ceil() } else { 0.0 } + rate.block_us * blocks / sms;
         let steps = t.steps(if splits > 1 { t.kspan.min(t.k) } else { t.k });
         let mean = if splits > 1 { steps } else { t.steps(t.mean_k.min(t.k)) };
         let ns = (steps as f64 * rate.lone_ns_per_k).max(mean as f64 * blocks / sms * rate.sm_ns_per_k);
@@ -527,6 +537,7 @@ impl TemplateRates {
                 positive(&format!("{at}.lone_ns_per_k"), rate.lone_ns_per_k)?;
                 positive(&format!("{at}.sm_ns_per_k"), rate.sm_ns_per_k)?;
                 non_negative(&format!("{at}.row_epilogue_us"), rate.row_epilogue_us)?;
+                non_negative(&format!("{at}.block_us"), rate.block_us)?;
             }
         }
         for (key, points) in &self.rate_by_size {
@@ -743,8 +754,11 @@ mod tests {
         let mut p = DeviceProfile::load("h100").unwrap();
         p.sm_count = Some(100);
         let mut r = p.gemm_rates(GemmImpl::Generated).clone();
-        r.tiles =
-            [("8x64".to_string(), TileRate { lone_ns_per_k: 30.0, sm_ns_per_k: 20.0, row_epilogue_us: 2.0 })].into();
+        r.tiles = [(
+            "8x64".to_string(),
+            TileRate { lone_ns_per_k: 30.0, sm_ns_per_k: 20.0, row_epilogue_us: 2.0, block_us: 0.0 },
+        )]
+        .into();
         (p, r)
     }
 
@@ -784,6 +798,15 @@ mod tests {
         assert_eq!(deep(128, false).steps(128), 128);
         // 100 lone blocks of 65 steps take 128 steps of 30 ns.
         assert!((p.tile_us(&r, &deep(65, false), DType::F32).unwrap() - 128.0 * 0.03).abs() < 1e-9);
+        // Each block's fixed time, at the SM's throughput: 32,768 blocks of a product 2 deep.
+        let mut fixed = r.clone();
+        if let Some(t) = fixed.tiles.get_mut("8x64") {
+            t.block_us = 0.5;
+        }
+        let many = GemmTiles { bk: 64, ..tiles(8 * 32768, 64, 2, 8, 64, false) };
+        let extra = p.tile_us(&fixed, &many, DType::F32).unwrap() - p.tile_us(&r, &many, DType::F32).unwrap();
+        let sms = f64::from(p.sm_count.unwrap());
+        assert!((extra - 0.5 * 32768.0 / sms).abs() < 1e-9, "{extra}");
     }
 
     #[test]
@@ -802,8 +825,11 @@ mod tests {
     #[test]
     fn sixteen_bit_operands_take_their_own_tile_rates_where_measured() {
         let (p, mut r) = tiled();
-        r.tiles_16bit =
-            [("8x64".to_string(), TileRate { lone_ns_per_k: 90.0, sm_ns_per_k: 60.0, row_epilogue_us: 0.0 })].into();
+        r.tiles_16bit = [(
+            "8x64".to_string(),
+            TileRate { lone_ns_per_k: 90.0, sm_ns_per_k: 60.0, row_epilogue_us: 0.0, block_us: 0.0 },
+        )]
+        .into();
         let t = tiles(800, 64, 1000, 8, 64, false);
         assert!((p.tile_us(&r, &t, DType::Bf16).unwrap() - 90.0).abs() < 1e-9);
         assert!((p.tile_us(&r, &t, DType::F16).unwrap() - 90.0).abs() < 1e-9);
@@ -817,8 +843,14 @@ mod tests {
     fn tensor_core_tiles_take_the_rate_of_their_staging() {
         let (p, mut r) = tiled();
         r.tiles_mma = [
-            ("32x128".to_string(), TileRate { lone_ns_per_k: 10.0, sm_ns_per_k: 10.0, row_epilogue_us: 1.0 }),
-            ("32x128/e".to_string(), TileRate { lone_ns_per_k: 60.0, sm_ns_per_k: 60.0, row_epilogue_us: 1.0 }),
+            (
+                "32x128".to_string(),
+                TileRate { lone_ns_per_k: 10.0, sm_ns_per_k: 10.0, row_epilogue_us: 1.0, block_us: 0.0 },
+            ),
+            (
+                "32x128/e".to_string(),
+                TileRate { lone_ns_per_k: 60.0, sm_ns_per_k: 60.0, row_epilogue_us: 1.0, block_us: 0.0 },
+            ),
         ]
         .into();
         // 3200 rows: 100 blocks on 100 SMs, one wave; 1000 steps plus one row epilogue.

@@ -486,6 +486,7 @@ fn tile_rates(gpu: &Gpu, profile: &mut DeviceProfile, base: &DeviceProfile) -> R
                     lone_ns_per_k: round(r.lone_ns_per_k, 1),
                     sm_ns_per_k: round(r.sm_ns_per_k, 1),
                     row_epilogue_us: round(r.row_epilogue_us, 2),
+                    block_us: round(r.block_us, 3),
                 }
             } else if let Some(old) = old {
                 fit.note = Some(format!(
@@ -1308,18 +1309,19 @@ impl fmt::Display for Calibration {
         writeln!(
             f,
             "  tile step times, fit relative to each probe's time: time = launch overhead + K x step \
-             (lone: about one block per SM; shared: x blocks/SMs) + waves x row epilogue"
+             (lone: about one block per SM; shared and block: x blocks/SMs) + waves x row epilogue + blocks/SMs x block"
         )?;
         for t in &self.tiles {
             writeln!(
                 f,
-                "  {:<13} {:<7} lone {:>6.1} ns, shared {:>6.1} ns per step, row epilogue {:>5.2} us per wave; \
-                 off by {:>4.1}% on average, {:>4.1}% at worst; a free intercept would be {:>5.1} us ({})",
+                "  {:<13} {:<7} lone {:>6.1} ns, shared {:>6.1} ns per step, row epilogue {:>5.2} us per wave, \
+                 block {:>5.3} us; off by {:>4.1}% on average, {:>4.1}% at worst; a free intercept would be {:>5.1} us ({})",
                 t.family.name(),
                 t.key,
                 t.rate.lone_ns_per_k,
                 t.rate.sm_ns_per_k,
                 t.rate.row_epilogue_us,
+                t.rate.block_us,
                 100.0 * t.mean(),
                 100.0 * t.worst(),
                 t.free_overhead_us.unwrap_or(f64::NAN),

@@ -41,6 +41,11 @@ pub const LONE_K: [usize; 3] = [512, 1024, 2048];
 pub const SHARED_K: [usize; 3] = [128, 256, 512];
 /// Blocks per SM of the shared probes.
 const SHARED_PER_SM: usize = 8;
+/// Reduction depth of the block probes: one staged slice (at most any tile's `bk`), so that a
+/// block's fixed time weighs as much as its steps.
+pub const BLOCK_K: usize = 16;
+/// Blocks per SM of the block probes (fewer where the tile is taken only with fewer blocks).
+const BLOCK_PER_SM: [usize; 2] = [32, 64];
 /// Sequence lengths of the f32 attention probes (head size [`ATTENTION_D`]; K = keys x head /
 /// parts, `codegen::attention::f32_steps`). 128 keys, the shortest, is the size of the small
 /// attentions of the examples (composites).
@@ -128,11 +133,13 @@ impl Family {
     }
 }
 
-/// Lone (about one block per SM) or shared (about eight).
+/// Lone (about one block per SM), shared (about eight), or block: one slice deep over tens of
+/// blocks per SM, timing each block's fixed time (tiles of elementwise epilogues only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Form {
     Lone,
     Shared,
+    Block(usize),
 }
 
 impl Form {
@@ -140,6 +147,8 @@ impl Form {
         match self {
             Form::Lone => "lone",
             Form::Shared => "shared",
+            Form::Block(32) => "block32",
+            Form::Block(_) => "block64",
         }
     }
 }
@@ -207,6 +216,12 @@ pub fn probes(sms: usize) -> Result<Vec<Probe>> {
                     out.push(gemm_probe(family, bm, bn, form, only_rows, k, sms)?);
                 }
             }
+            // A row tile's fixed time per wave is its row epilogue.
+            if !only_rows {
+                for per_sm in BLOCK_PER_SM {
+                    out.push(gemm_probe(family, bm, bn, Form::Block(per_sm), false, BLOCK_K, sms)?);
+                }
+            }
         }
     }
     Ok(out)
@@ -217,6 +232,7 @@ fn gemm_shape(bm: usize, bn: usize, form: Form, rows: bool, sms: usize) -> (usiz
     let target = match form {
         Form::Lone => sms,
         Form::Shared => SHARED_PER_SM * sms,
+        Form::Block(per_sm) => per_sm * sms,
     };
     if rows && bm >= 32 {
         // A tensor-core row tile: one tile column, the row padded to bn.
@@ -228,7 +244,11 @@ fn gemm_shape(bm: usize, bn: usize, form: Form, rows: bool, sms: usize) -> (usiz
         return (TALL_BM * mb, bn);
     }
     if bm == 64 {
-        let n = if form == Form::Lone { 2 * bn } else { 8 * bn };
+        let n = match form {
+            Form::Lone => 2 * bn,
+            Form::Shared => 8 * bn,
+            Form::Block(_) => 16 * bn,
+        };
         return (64 * (target / (n / bn)).max(1), n);
     }
     // Without a row epilogue a narrow product with enough rows would take the tall tile.
@@ -267,6 +287,7 @@ fn attention_probe(sms: usize, form: Form, s: usize) -> Result<Probe> {
     let target = match form {
         Form::Lone => sms,
         Form::Shared => SHARED_PER_SM * sms,
+        Form::Block(per_sm) => per_sm * sms,
     };
     let per = s.div_ceil(bm);
     let batch = (target / per).max(1);
@@ -299,7 +320,7 @@ fn attention_probe(sms: usize, form: Form, s: usize) -> Result<Probe> {
 /// for the plan does not.
 pub fn probe_profile(p: &DeviceProfile, probe: &Probe) -> DeviceProfile {
     let mut q = p.clone();
-    let free = TileRate { lone_ns_per_k: 1e-6, sm_ns_per_k: 1e-6, row_epilogue_us: 0.0 };
+    let free = TileRate { lone_ns_per_k: 1e-6, sm_ns_per_k: 1e-6, row_epilogue_us: 0.0, block_us: 0.0 };
     if probe.family == Family::AttentionF32 {
         if let Some(a) = q.templates.get_mut(Template::Attention.name()) {
             a.tiles.insert(probe.key(), free);
@@ -421,23 +442,27 @@ impl TileFit {
 /// or a singular system).
 pub fn fit(family: Family, key: &str, probes: Vec<Measured>, sms: usize, launch_us: f64) -> Option<TileFit> {
     let sms = sms as f64;
-    // Columns: lone step (ns), shared step (ns), row epilogue (us per wave).
-    let row = |m: &Measured| -> [f64; 3] {
+    // Columns: lone step (ns), shared step (ns), row epilogue (us per wave), block (us per
+    // block per SM; only where block probes were run: every probe's blocks pay it). The block
+    // probes' steps are the SM's share of theirs.
+    let blocks = probes.iter().any(|m| matches!(m.form, Form::Block(_)));
+    let row = |m: &Measured| -> [f64; 4] {
         let k = m.steps as f64 * 1e-3;
         let share = m.blocks as f64 / sms;
         [
             if m.form == Form::Lone { k } else { 0.0 },
-            if m.form == Form::Shared { k * share } else { 0.0 },
+            if m.form != Form::Lone { k * share } else { 0.0 },
             if m.rows { share.ceil() } else { 0.0 },
+            if blocks { share } else { 0.0 },
         ]
     };
-    let x: Vec<[f64; 3]> = probes.iter().map(row).collect();
-    let used: Vec<usize> = (0..3).filter(|&c| x.iter().any(|r| r[c] != 0.0)).collect();
+    let x: Vec<[f64; 4]> = probes.iter().map(row).collect();
+    let used: Vec<usize> = (0..4).filter(|&c| x.iter().any(|r| r[c] != 0.0)).collect();
     // Relative residuals: each row and its target divided by the probe's time.
     let a: Vec<Vec<f64>> = x.iter().zip(&probes).map(|(r, m)| used.iter().map(|&c| r[c] / m.us).collect()).collect();
     let y: Vec<f64> = probes.iter().map(|m| (m.us - launch_us) / m.us).collect();
     let beta = least_squares(&a, &y)?;
-    let mut coef = [0.0; 3];
+    let mut coef = [0.0; 4];
     for (i, &c) in used.iter().enumerate() {
         coef[c] = beta[i];
     }
@@ -449,17 +474,21 @@ pub fn fit(family: Family, key: &str, probes: Vec<Measured>, sms: usize, launch_
     let probes = probes
         .into_iter()
         .zip(&x)
-        .map(|(m, r)| Measured { fit_us: launch_us + (0..3).map(|c| r[c] * coef[c]).sum::<f64>(), ..m })
+        .map(|(m, r)| Measured { fit_us: launch_us + (0..4).map(|c| r[c] * coef[c]).sum::<f64>(), ..m })
         .collect();
     let mut note = None;
     if coef[2] < 0.0 {
         note = Some(format!("row epilogue fit {:.2} us per wave, taken as 0", coef[2]));
         coef[2] = 0.0;
     }
+    if coef[3] < 0.0 {
+        note = Some(format!("block fit {:.3} us per block, taken as 0", coef[3]));
+        coef[3] = 0.0;
+    }
     Some(TileFit {
         family,
         key: key.to_string(),
-        rate: TileRate { lone_ns_per_k: coef[0], sm_ns_per_k: coef[1], row_epilogue_us: coef[2] },
+        rate: TileRate { lone_ns_per_k: coef[0], sm_ns_per_k: coef[1], row_epilogue_us: coef[2], block_us: coef[3] },
         free_overhead_us,
         note,
         probes,
@@ -519,6 +548,9 @@ mod tests {
                     probes.iter().filter(|p| p.family == family && (p.bm, p.bn) == (bm, bn)).collect();
                 assert!(of.iter().any(|p| p.form == Form::Lone), "{family:?} {bm}x{bn}");
                 assert!(of.iter().any(|p| p.form == Form::Shared), "{family:?} {bm}x{bn}");
+                // Tiles of elementwise epilogues time their blocks' fixed time too.
+                let blocks = of.iter().any(|p| matches!(p.form, Form::Block(_)));
+                assert_eq!(blocks, family != Family::AttentionF32 && !row_tile(family, bm, bn), "{family:?} {bm}x{bn}");
             }
         }
         for p in &probes {
@@ -528,6 +560,9 @@ mod tests {
             match p.form {
                 Form::Lone => assert!(p.blocks <= 132, "{}: {} blocks", p.program.source, p.blocks),
                 Form::Shared => assert!(p.blocks >= 7 * 132, "{}: {} blocks", p.program.source, p.blocks),
+                // (The narrow tiles are taken only under 128 tall tiles' rows: 7.7 blocks an SM
+                // for 16 rows.)
+                Form::Block(_) => assert!(p.blocks >= 7 * 132 && p.steps == BLOCK_K, "{}", p.program.source),
             }
         }
     }
@@ -585,9 +620,9 @@ mod tests {
                 let share = p.blocks as f64 / 132.0;
                 let step = match p.form {
                     Form::Lone => rate.lone_ns_per_k,
-                    Form::Shared => share * rate.sm_ns_per_k,
+                    Form::Shared | Form::Block(_) => share * rate.sm_ns_per_k,
                 };
-                let epi = if p.rows { share.ceil() * rate.row_epilogue_us } else { 0.0 };
+                let epi = if p.rows { share.ceil() * rate.row_epilogue_us } else { share * rate.block_us };
                 let us = (overhead + 1e-3 * p.steps as f64 * step + epi)
                     * (1.0 + noise * if i % 2 == 0 { 1.0 } else { -1.0 });
                 Measured {
@@ -606,7 +641,7 @@ mod tests {
 
     #[test]
     fn the_fit_recovers_known_step_times() {
-        let rate = TileRate { lone_ns_per_k: 27.9, sm_ns_per_k: 19.5, row_epilogue_us: 2.1 };
+        let rate = TileRate { lone_ns_per_k: 27.9, sm_ns_per_k: 19.5, row_epilogue_us: 2.1, block_us: 0.35 };
         for (family, key) in
             [(Family::F32, (32, 64)), (Family::F32, (32, 256)), (Family::Mma, (32, 128)), (Family::F32, (64, 16))]
         {
@@ -617,11 +652,16 @@ mod tests {
             assert!((f.free_overhead_us.unwrap() - 4.2).abs() < 1e-6, "{key:?} {f:?}");
             assert!(f.worst() < 1e-9);
         }
-        // A tile no row epilogue takes fits no epilogue.
-        for (family, key) in [(Family::Mma, (128, 32)), (Family::F32, (8, 64))] {
+        // A row tile fits no block time (its fixed time per wave is the row epilogue).
+        let f = fit(Family::F32, "k", synthetic(Family::F32, (32, 64), &rate, 4.2, 0.0), 132, 4.2).unwrap();
+        assert_eq!(f.rate.block_us, 0.0);
+        // A tile no row epilogue takes fits no epilogue, and its blocks' fixed time.
+        for (family, key) in [(Family::Mma, (128, 32)), (Family::F32, (8, 64)), (Family::F32, (64, 128))] {
             let f = fit(family, "k", synthetic(family, key, &rate, 4.2, 0.0), 132, 4.2).unwrap();
             assert!((f.rate.lone_ns_per_k - 27.9).abs() < 1e-6 && (f.rate.sm_ns_per_k - 19.5).abs() < 1e-6);
             assert_eq!(f.rate.row_epilogue_us, 0.0);
+            assert!((f.rate.block_us - 0.35).abs() < 1e-6, "{key:?} {f:?}");
+            assert!(f.worst() < 1e-9);
         }
         // The f32 attention path: K is keys x head elements / parts.
         let key = Family::AttentionF32.keys()[0];
