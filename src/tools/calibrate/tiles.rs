@@ -195,6 +195,12 @@ fn row_tile(family: Family, bm: usize, bn: usize) -> bool {
     }
 }
 
+/// Whether a key of `family` is timed by block probes: a tile of an elementwise epilogue that
+/// products take with many blocks (the tall tiles, and the tiles 128 wide).
+fn block_tile(family: Family, bm: usize, bn: usize) -> bool {
+    family != Family::AttentionF32 && !row_tile(family, bm, bn) && (bm == TALL_BM || bn >= 128)
+}
+
 /// Every probe for a device of `sms` SMs, in family and key order.
 pub fn probes(sms: usize) -> Result<Vec<Probe>> {
     let mut out = Vec::new();
@@ -216,8 +222,9 @@ pub fn probes(sms: usize) -> Result<Vec<Probe>> {
                     out.push(gemm_probe(family, bm, bn, form, only_rows, k, sms)?);
                 }
             }
-            // A row tile's fixed time per wave is its row epilogue.
-            if !only_rows {
+            // A row tile's fixed time per wave is its row epilogue; the narrow tiles of fewer
+            // rows than the tall one are taken only with few blocks.
+            if block_tile(family, bm, bn) {
                 for per_sm in BLOCK_PER_SM {
                     out.push(gemm_probe(family, bm, bn, Form::Block(per_sm), false, BLOCK_K, sms)?);
                 }
@@ -231,8 +238,7 @@ pub fn probes(sms: usize) -> Result<Vec<Probe>> {
 fn gemm_shape(bm: usize, bn: usize, form: Form, rows: bool, sms: usize) -> (usize, usize) {
     let target = match form {
         Form::Lone => sms,
-        Form::Shared => SHARED_PER_SM * sms,
-        Form::Block(per_sm) => per_sm * sms,
+        Form::Shared | Form::Block(_) => SHARED_PER_SM * sms,
     };
     if rows && bm >= 32 {
         // A tensor-core row tile: one tile column, the row padded to bn.
@@ -244,11 +250,7 @@ fn gemm_shape(bm: usize, bn: usize, form: Form, rows: bool, sms: usize) -> (usiz
         return (TALL_BM * mb, bn);
     }
     if bm == 64 {
-        let n = match form {
-            Form::Lone => 2 * bn,
-            Form::Shared => 8 * bn,
-            Form::Block(_) => 16 * bn,
-        };
+        let n = if form == Form::Lone { 2 * bn } else { 8 * bn };
         return (64 * (target / (n / bn)).max(1), n);
     }
     // Without a row epilogue a narrow product with enough rows would take the tall tile.
@@ -256,15 +258,28 @@ fn gemm_shape(bm: usize, bn: usize, form: Form, rows: bool, sms: usize) -> (usiz
     (bm * target.min(cap), bn)
 }
 
+/// Rows of each matrix of a block probe's batch: a block's fixed time, not its output's bytes
+/// (a tile of 128 x 64 f32 outputs, all of them real, is 32 KiB a block to write).
+const BLOCK_ROWS: usize = 2;
+
 fn gemm_probe(family: Family, bm: usize, bn: usize, form: Form, rows: bool, k: usize, sms: usize) -> Result<Probe> {
-    let (m, n) = gemm_shape(bm, bn, form, rows, sms);
+    // A block probe: a batch of BLOCK_ROWS-row products, each one tile row (two tiles wide
+    // at 64 x 128, whose tile a product only wider than 128 takes).
+    let (batch, (m, n)) = match form {
+        Form::Block(per_sm) => {
+            let n = if bm == 64 { 2 * bn } else { bn };
+            (per_sm * sms / n.div_ceil(bn), (BLOCK_ROWS, n))
+        }
+        _ => (1, gemm_shape(bm, bn, form, rows, sms)),
+    };
     let dt = family.dtype();
     let name =
         format!("calibrate-tile-{}-{bm}x{bn}-{}{}-k{k}", family.tag(), form.name(), if rows { "-softmax" } else { "" });
     let body = if rows { "(softmax (@ a b) -1)" } else { "(@ a b)" };
+    let a = if batch > 1 { vec![batch, m, k] } else { vec![m, k] };
     let program = Program::from_sexprs(
         &name,
-        &[("a", TensorType::new(dt, vec![m, k])), ("b", TensorType::new(dt, vec![k, n]))],
+        &[("a", TensorType::new(dt, a)), ("b", TensorType::new(dt, vec![k, n]))],
         &[("y", body)],
     )
     .map_err(Error::Invalid)?;
@@ -275,8 +290,12 @@ fn gemm_probe(family: Family, bm: usize, bn: usize, form: Form, rows: bool, k: u
         form,
         rows,
         steps: k,
-        blocks: m.div_ceil(bm) * n.div_ceil(bn),
-        shape: format!("{m}x{k}x{n}{}", if rows { " softmax" } else { "" }),
+        blocks: batch * m.div_ceil(bm) * n.div_ceil(bn),
+        shape: if batch > 1 {
+            format!("{batch}x{m}x{k}x{n}")
+        } else {
+            format!("{m}x{k}x{n}{}", if rows { " softmax" } else { "" })
+        },
         strict: !rows && family != Family::Mma,
         program,
     })
@@ -286,8 +305,7 @@ fn attention_probe(sms: usize, form: Form, s: usize) -> Result<Probe> {
     let (bm, bn) = (crate::codegen::attention::F32_BLOCK_M, crate::codegen::attention::F32_BLOCK_N);
     let target = match form {
         Form::Lone => sms,
-        Form::Shared => SHARED_PER_SM * sms,
-        Form::Block(per_sm) => per_sm * sms,
+        Form::Shared | Form::Block(_) => SHARED_PER_SM * sms,
     };
     let per = s.div_ceil(bm);
     let batch = (target / per).max(1);
@@ -550,7 +568,7 @@ mod tests {
                 assert!(of.iter().any(|p| p.form == Form::Shared), "{family:?} {bm}x{bn}");
                 // Tiles of elementwise epilogues time their blocks' fixed time too.
                 let blocks = of.iter().any(|p| matches!(p.form, Form::Block(_)));
-                assert_eq!(blocks, family != Family::AttentionF32 && !row_tile(family, bm, bn), "{family:?} {bm}x{bn}");
+                assert_eq!(blocks, block_tile(family, bm, bn), "{family:?} {bm}x{bn}");
             }
         }
         for p in &probes {
@@ -560,9 +578,7 @@ mod tests {
             match p.form {
                 Form::Lone => assert!(p.blocks <= 132, "{}: {} blocks", p.program.source, p.blocks),
                 Form::Shared => assert!(p.blocks >= 7 * 132, "{}: {} blocks", p.program.source, p.blocks),
-                // (The narrow tiles are taken only under 128 tall tiles' rows: 7.7 blocks an SM
-                // for 16 rows.)
-                Form::Block(_) => assert!(p.blocks >= 7 * 132 && p.steps == BLOCK_K, "{}", p.program.source),
+                Form::Block(n) => assert!(p.blocks == n * 132 && p.steps == BLOCK_K, "{}", p.program.source),
             }
         }
     }
@@ -622,7 +638,13 @@ mod tests {
                     Form::Lone => rate.lone_ns_per_k,
                     Form::Shared | Form::Block(_) => share * rate.sm_ns_per_k,
                 };
-                let epi = if p.rows { share.ceil() * rate.row_epilogue_us } else { share * rate.block_us };
+                let epi = if p.rows {
+                    share.ceil() * rate.row_epilogue_us
+                } else if block_tile(family, key.0, key.1) {
+                    share * rate.block_us
+                } else {
+                    0.0
+                };
                 let us = (overhead + 1e-3 * p.steps as f64 * step + epi)
                     * (1.0 + noise * if i % 2 == 0 { 1.0 } else { -1.0 });
                 Measured {
@@ -656,7 +678,7 @@ mod tests {
         let f = fit(Family::F32, "k", synthetic(Family::F32, (32, 64), &rate, 4.2, 0.0), 132, 4.2).unwrap();
         assert_eq!(f.rate.block_us, 0.0);
         // A tile no row epilogue takes fits no epilogue, and its blocks' fixed time.
-        for (family, key) in [(Family::Mma, (128, 32)), (Family::F32, (8, 64)), (Family::F32, (64, 128))] {
+        for (family, key) in [(Family::Mma, (128, 32)), (Family::F32, (8, 128)), (Family::F32, (64, 128))] {
             let f = fit(family, "k", synthetic(family, key, &rate, 4.2, 0.0), 132, 4.2).unwrap();
             assert!((f.rate.lone_ns_per_k - 27.9).abs() < 1e-6 && (f.rate.sm_ns_per_k - 19.5).abs() < 1e-6);
             assert_eq!(f.rate.row_epilogue_us, 0.0);
