@@ -44,3 +44,22 @@ fn softmaxes_of_large_logits_stay_finite_in_every_plan() {
         }
     }
 }
+
+/// Nor a sum of logarithms for the logarithm of a product: with values past 1.8e19 the product
+/// overflows f32 where each logarithm is about 46.
+#[test]
+fn sums_of_logarithms_of_large_values_stay_finite() {
+    let programs = [
+        "input x: f32[64, 300]\ninput z: f32[64, 300]\ny = log(abs(x) + 1) + log(abs(z) + 1)\noutput y\n",
+        "input x: f32[64, 300]\ninput z: f32[64, 300]\ny = log(abs(x) + 1) - log(1 / (abs(z) + 1))\noutput y\n",
+    ];
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    for (i, text) in programs.iter().enumerate() {
+        let p = eqfuse::parse_program("p", text, &[]).unwrap_or_else(|e| panic!("{text}: {e}"));
+        let plan = optimize(&p, &opts).unwrap().plan;
+        let inputs = scaled(&p, 11 + i as u64, 1e20);
+        for (name, c) in check_plan(&p, &plan, &inputs).unwrap() {
+            assert!(c.ok(), "{text}: output {name}: {c:?}");
+        }
+    }
+}
