@@ -5,6 +5,10 @@
 // the middle. For every (o, i) and accumulator k:
 //   out_k[o, 0, i] = finish_k( combine_k over n < EQ_N of e_k(o, n, i) )
 // (finish divides by EQ_N for a mean). Pointwise values of the whole space may be written too.
+// A max m_j = max_n x and a sum s_k = sum_n exp(x - m_j) of the same x may run as an online
+// pair (softmax's statistics along a leading axis, in one pass): each thread keeps its running
+// max with the sum rescaled to it, and `eq_merge` combines two pairs as
+// m = max(m1, m2), s = s1 exp(m1 - m) + s2 exp(m2 - m).
 //
 // Launch shape: block (EQ_TX, EQ_TY, EQ_TZ); thread x owns EQ_VEC consecutive inner elements
 // (16-byte access, coalesced across x), thread y strides over n (EQ_TY is at most an eighth of
@@ -46,7 +50,7 @@ __device__ __forceinline__ void eq_acc_init(float (&acc)[EQ_NACC][EQ_VEC]) {
 #pragma unroll
     for (int v = 0; v < EQ_VEC; ++v) acc[0][v] = 0.0f;
 }
-__device__ __forceinline__ float eq_combine(int k, float a, float b) { return a + b; }
+__device__ __forceinline__ void eq_merge(float (&a)[EQ_NACC], const float (&b)[EQ_NACC]) { a[0] = a[0] + b[0]; }
 __device__ __forceinline__ void eq_accum(EQ_PARAMS, eq_idx o, eq_idx n, eq_idx i0, float (&acc)[EQ_NACC][EQ_VEC]) {
     float g[EQ_VEC];
     eq_loadv<float, EQ_VEC>(p_g + n * EQ_INNER + i0, g);
@@ -89,15 +93,33 @@ extern "C" __global__ void __launch_bounds__(EQ_TX * EQ_TY * EQ_TZ) EQ_KERNEL(EQ
         for (int v = 0; v < EQ_VEC; ++v) red[ty][k][tx * EQ_VEC + v] = acc[k][v];
     }
     __syncthreads();
+    // The EQ_TY partials of each column combined as a tree in a fixed order (slot y takes slot
+    // y + s, s halving from EQ_TY / 2): log2(EQ_TY) steps, where one thread's walk over them took
+    // EQ_TY dependent shared-memory reads (256 for a column of one element).
+    static_assert((EQ_TY & (EQ_TY - 1)) == 0, "EQ_TY is a power of two");
+#pragma unroll 1
+    for (int s = EQ_TY / 2; s > 0; s /= 2) {
+        if (ty < s) {
+#pragma unroll
+            for (int v = 0; v < EQ_VEC; ++v) {
+                float a[EQ_NACC], b[EQ_NACC];
+#pragma unroll
+                for (int k = 0; k < EQ_NACC; ++k) {
+                    a[k] = red[ty][k][tx * EQ_VEC + v];
+                    b[k] = red[ty + s][k][tx * EQ_VEC + v];
+                }
+                eq_merge(a, b);
+#pragma unroll
+                for (int k = 0; k < EQ_NACC; ++k) red[ty][k][tx * EQ_VEC + v] = a[k];
+            }
+        }
+        __syncthreads();
+    }
     if (ty == 0) {
 #pragma unroll
         for (int k = 0; k < EQ_NACC; ++k) {
 #pragma unroll
-            for (int v = 0; v < EQ_VEC; ++v) {
-                float t = red[0][k][tx * EQ_VEC + v];
-                for (int y = 1; y < EQ_TY; ++y) t = eq_combine(k, t, red[y][k][tx * EQ_VEC + v]);
-                acc[k][v] = t;
-            }
+            for (int v = 0; v < EQ_VEC; ++v) acc[k][v] = red[0][k][tx * EQ_VEC + v];
         }
     }
     if (EQ_CHUNKS == 1) {
@@ -121,24 +143,27 @@ extern "C" __global__ void __launch_bounds__(EQ_TX * EQ_TY * EQ_TZ) EQ_KERNEL(EQ
     __threadfence();
     const float* tile_parts = eq_ws + tile * EQ_CHUNKS * (EQ_NACC * EQ_TILE);
 #pragma unroll
-    for (int k = 0; k < EQ_NACC; ++k) {
+    for (int v = 0; v < EQ_VEC; ++v) {
+        // Partials loaded 8 chunks at a time, then combined in chunk order: the loads of a batch
+        // are in flight together (one L2 round trip a batch, not a chunk), the order is fixed.
+        const int x = tx * EQ_VEC + v;
+        float t[EQ_NACC];
 #pragma unroll
-        for (int v = 0; v < EQ_VEC; ++v) {
-            const int x = k * EQ_TILE + tx * EQ_VEC + v;
-            // Partials loaded 8 at a time, then combined in chunk order: the loads of a batch are
-            // in flight together (one L2 round trip a batch, not a chunk), the order is fixed.
-            float t = eq_ld_cg(tile_parts + x);
-            for (int c0 = 1; c0 < EQ_CHUNKS; c0 += 8) {
-                float part8[8];
+        for (int k = 0; k < EQ_NACC; ++k) t[k] = eq_ld_cg(tile_parts + k * EQ_TILE + x);
+        for (int c0 = 1; c0 < EQ_CHUNKS; c0 += 8) {
+            float part8[8][EQ_NACC];
 #pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    part8[j] = c0 + j < EQ_CHUNKS ? eq_ld_cg(tile_parts + (c0 + j) * (EQ_NACC * EQ_TILE) + x) : 0.0f;
+            for (int j = 0; j < 8; ++j) {
 #pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    if (c0 + j < EQ_CHUNKS) t = eq_combine(k, t, part8[j]);
+                for (int k = 0; k < EQ_NACC; ++k)
+                    part8[j][k] = c0 + j < EQ_CHUNKS ? eq_ld_cg(tile_parts + (c0 + j) * (EQ_NACC * EQ_TILE) + k * EQ_TILE + x) : 0.0f;
             }
-            acc[k][v] = t;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                if (c0 + j < EQ_CHUNKS) eq_merge(t, part8[j]);
         }
+#pragma unroll
+        for (int k = 0; k < EQ_NACC; ++k) acc[k][v] = t[k];
     }
     if (valid) eq_col_store(EQ_ARGS, o, i0, acc);
     if (tx == 0) eq_count[tile] = 0;

@@ -36,8 +36,8 @@ use std::time::Instant;
 use egg::Language;
 use eqfuse::{
     broadcast_shapes, eval_plan_with, eval_with, expand_composites, kernel_program, parse_program, plan_saturated,
-    random_inputs, recipes, saturate_program, tolerance, Composite, DType, DeviceProfile, FusionPlan, Kernel, Kind,
-    OptimizeOptions, Precision, Program, Saturated, Template, Tensor, TensorLang,
+    random_inputs, recipes, saturate_program, tolerance, Binary, Composite, DType, DeviceProfile, FusionPlan, Kernel,
+    Kind, OptimizeOptions, Precision, Program, Reduce, Saturated, Template, Tensor, TensorLang, Unary,
 };
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
@@ -388,7 +388,7 @@ fn lint_kernel(k: &Kernel, profile: &DeviceProfile) -> Result<(), String> {
             return Err(format!("a value of type {t} does not fit the domain {:?}", k.domain));
         }
     }
-    template_contract(k, &p, &reds, &anchors)
+    template_contract(k, &p, &reds, &anchors, profile.strict)
 }
 
 /// Whether a node is a forward attention (`attention`, `attention_bias`).
@@ -397,7 +397,13 @@ fn is_attention(n: &TensorLang) -> bool {
 }
 
 /// The template's rules on reductions and products.
-fn template_contract(k: &Kernel, p: &Program, reds: &[(Red, usize)], anchors: &[(&str, usize)]) -> Result<(), String> {
+fn template_contract(
+    k: &Kernel,
+    p: &Program,
+    reds: &[(Red, usize)],
+    anchors: &[(&str, usize)],
+    strict: bool,
+) -> Result<(), String> {
     let names: Vec<&str> = anchors.iter().map(|(n, _)| *n).collect();
     let all_rows = reds.iter().all(|(r, _)| *r == Red::Row);
     let ok = match k.template {
@@ -405,7 +411,8 @@ fn template_contract(k: &Kernel, p: &Program, reds: &[(Red, usize)], anchors: &[
         Template::RowReduce => !reds.is_empty() && all_rows && anchors.is_empty(),
         Template::ColReduce => {
             let across: Vec<usize> = reds.iter().filter(|(r, _)| *r != Red::Row).map(|&(_, i)| i).collect();
-            !across.is_empty() && anchors.is_empty() && only_views_after(p, across)
+            let paired = if strict { vec![] } else { online_pair_nodes(p, reds) };
+            !across.is_empty() && anchors.is_empty() && only_views_after(p, across, &paired)
         }
         Template::Gemm => names == ["@"] && all_rows && (reds.is_empty() || k.domain.last().is_some_and(|&w| w <= 256)),
         Template::Attention => (names == ["attention"] || names == ["attention_bias"]) && reds.is_empty(),
@@ -417,16 +424,53 @@ fn template_contract(k: &Kernel, p: &Program, reds: &[(Red, usize)], anchors: &[
     }
 }
 
+/// The nodes inside the online pairs of a column kernel, which `colreduce` runs in one pass
+/// outside strict numerics: for `sum(exp(x - m))` over an axis, where `m` is `amax(x)` over
+/// the same axis of the same `x` (through reshapes and broadcasts), the exponential, the
+/// subtraction and those views, where none of them feeds anything else or is written.
+fn online_pair_nodes(p: &Program, reds: &[(Red, usize)]) -> Vec<usize> {
+    let nodes = p.expr().as_ref();
+    let op = |i: usize| match &nodes[i] {
+        TensorLang::Op(c, ch) => Some((c.kind(), ch.iter().map(|&c| usize::from(c)).collect::<Vec<_>>())),
+        _ => None,
+    };
+    let red_of = |i: usize| reds.iter().find(|&&(_, j)| j == i).map(|&(r, _)| r);
+    let users =
+        |i: usize| (0..nodes.len()).filter(|&j| op(j).is_some_and(|(_, ch)| ch.contains(&i))).collect::<Vec<_>>();
+    let written = |i: usize| p.outputs.iter().any(|o| usize::from(o.id) == i);
+    let mut out = vec![];
+    for &(r, s) in reds {
+        let Some((Kind::Reduce(Reduce::Sum), ch)) = op(s) else { continue };
+        let e = ch[0];
+        let Some((Kind::Unary(Unary::Exp), under)) = op(e) else { continue };
+        let d = under[0];
+        let Some((Kind::Binary(Binary::Sub), sub)) = op(d) else { continue };
+        let mut chain = vec![e, d];
+        let mut m = sub[1];
+        while let Some((Kind::Reshape | Kind::Broadcast, v)) = op(m) {
+            chain.push(m);
+            m = v[0];
+        }
+        let is_max = matches!(op(m), Some((Kind::Reduce(Reduce::Amax), v)) if v[0] == sub[0]) && red_of(m) == Some(r);
+        let private = chain.iter().all(|&c| !written(c) && users(c).iter().all(|u| *u == s || chain.contains(u)));
+        if is_max && private {
+            out.extend(chain);
+        }
+    }
+    out
+}
+
 /// Whether everything computed from the `across` reductions' results (a column or global
 /// reduction, complete only when every block is done) is a reshape or broadcast no larger than
 /// what it views, or a pointwise operator of them and constants (a cast, a unary operator, a
-/// binary one with a literal): the only epilogue `colreduce` runs, as it stores them.
-fn only_views_after(p: &Program, mut after: Vec<usize>) -> bool {
+/// binary one with a literal): the only epilogue `colreduce` runs, as it stores them. The
+/// `paired` nodes, inside an online pair, are not computed from a finished reduction.
+fn only_views_after(p: &Program, mut after: Vec<usize>, paired: &[usize]) -> bool {
     let nodes = p.expr().as_ref();
     let numel = |i: usize| p.ty(egg::Id::from(i)).map_or(1, |t| t.numel());
     for (i, n) in nodes.iter().enumerate() {
         let TensorLang::Op(code, ch) = n else { continue };
-        if !ch.iter().any(|c| after.contains(&usize::from(*c))) {
+        if paired.contains(&i) || !ch.iter().any(|c| after.contains(&usize::from(*c))) {
             continue;
         }
         let literal_or_after =

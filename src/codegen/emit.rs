@@ -405,6 +405,15 @@ fn emitter<'a>(
     Ok(Emitter { k, l, vec, vsym, groups, strict, packed, shift, tiled, fast_exp })
 }
 
+/// The max `m` of a `sum(exp(x - m))` whose `m` is `amax(x)` of the same `x`: the two run as an
+/// online pair (a running max and the sum rescaled to it) in the row and column templates.
+fn online_max(l: &Lowered, i: usize) -> Option<usize> {
+    let Op::Reduce(Reduce::Sum, e) = l.nodes[i].op else { return None };
+    let Op::Unary(Unary::Exp, d) = l.nodes[e].op else { return None };
+    let Op::Binary(Binary::Sub, a, m) = l.nodes[d].op else { return None };
+    matches!(l.nodes[m].op, Op::Reduce(Reduce::Amax, x) if x == a).then_some(m)
+}
+
 /// Whether a kernel computes `exp` as one `ex2.approx` of its argument times log2(e)
 /// (`eq_exp_fast`): row kernels of 16-bit rows (8 lanes a 16-byte vector) outside strict
 /// numerics and gemm row epilogues, unless `EQFUSE_ROW_FAST_EXP=off` (read once, to compare the

@@ -11,7 +11,7 @@
 pub mod profile;
 
 use crate::ir::infer::broadcast_shapes;
-use crate::ir::lang::{AttnArg, Composite, Kind, Reduce, TensorLang, Unary};
+use crate::ir::lang::{AttnArg, Binary, Composite, Kind, Reduce, TensorLang, Unary};
 use crate::plan::dag::{Dag, Role};
 use std::collections::BTreeMap;
 
@@ -312,7 +312,7 @@ pub fn analyse(
     if let Some((_, l)) = forwards.find_map(|a| body.iter().find_map(|&b| forward_and_stats(dag, a, b))) {
         flops = flops.saturating_sub(node_flops(dag, l));
     }
-    let shape = Shaped { dag, body: &body, strict: profile.strict };
+    let shape = Shaped { dag, body: &body, members, strict: profile.strict };
     let (template, domain) = match shape.classify() {
         Ok(t) => t,
         // A single operator always runs on its own; the template follows from the operator.
@@ -1084,6 +1084,8 @@ fn node_flops(dag: &Dag, i: usize) -> u64 {
 struct Shaped<'a> {
     dag: &'a Dag,
     body: &'a [usize],
+    /// The body's values the kernel writes (sorted).
+    members: &'a [usize],
     /// Strict numerics: nothing whose result depends on scheduling.
     strict: bool,
 }
@@ -1432,8 +1434,12 @@ impl Shaped<'_> {
     /// `mean`, a loss gradient reassociated), and `tests/masks.rs`'s small MLP plan then missed
     /// its tolerance at one element of `gw1` (5e-4 relative): not investigated, not allowed.)
     fn nothing_after_across(&self) -> Result<(), String> {
+        let paired = self.online_pairs();
         let mut after = vec![false; self.body.len()];
         for (bi, &b) in self.body.iter().enumerate() {
+            if paired.contains(&b) {
+                continue;
+            }
             let n = &self.dag.nodes[b];
             let across = |c: usize| {
                 self.body.binary_search(&c).is_ok_and(|ci| after[ci])
@@ -1450,6 +1456,53 @@ impl Shaped<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The nodes between the two reductions of each online pair in the body, outside strict
+    /// numerics: a `sum(exp(x - m))` over a leading axis whose `m` is (a view of) `amax(x)` over
+    /// the same axis, in the body, where the subtraction, the exponential and the views feed
+    /// nothing else in the kernel and are not written. The column template runs the pair in one pass, a
+    /// running max with the sum rescaled to it (`codegen/emit/cols.rs`), so these use no
+    /// finished column reduction.
+    fn online_pairs(&self) -> Vec<usize> {
+        let mut out = vec![];
+        if self.strict {
+            return out;
+        }
+        let kind = |i: usize| self.dag.nodes[i].kind();
+        let first = |i: usize| self.dag.nodes[i].children().next();
+        for &s in self.body {
+            let Some((Red::Across(axis), _)) = self.reduction(s).filter(|_| kind(s) == Some(Kind::Reduce(Reduce::Sum)))
+            else {
+                continue;
+            };
+            let Some(e) = first(s).filter(|&e| self.in_body(e) && kind(e) == Some(Kind::Unary(Unary::Exp))) else {
+                continue;
+            };
+            let Some(d) = first(e).filter(|&d| self.in_body(d) && kind(d) == Some(Kind::Binary(Binary::Sub))) else {
+                continue;
+            };
+            let (Some(x), Some(mut m)) = (first(d), self.dag.nodes[d].children().nth(1)) else { continue };
+            let mut chain = vec![e, d];
+            while self.in_body(m) && matches!(kind(m), Some(Kind::Broadcast | Kind::Reshape)) {
+                chain.push(m);
+                let Some(c) = first(m) else { break };
+                m = c;
+            }
+            let is_max = self.in_body(m)
+                && kind(m) == Some(Kind::Reduce(Reduce::Amax))
+                && first(m) == Some(x)
+                && matches!(self.reduction(m), Some((Red::Across(a), _)) if a == axis);
+            // (Users in other kernels compute the chain's values there again.)
+            let private = chain.iter().all(|&c| {
+                self.members.binary_search(&c).is_err()
+                    && self.dag.users[c].iter().all(|&u| u == s || chain.contains(&u) || !self.in_body(u))
+            });
+            if is_max && private {
+                out.extend(chain);
+            }
+        }
+        out
     }
 
     fn numel(&self, i: usize) -> usize {

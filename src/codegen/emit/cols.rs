@@ -11,13 +11,15 @@ impl Emitter<'_> {
         let a = self.l.axis.unwrap_or(0);
         let reds: Vec<usize> = (0..self.l.nodes.len()).filter(|&i| matches!(self.node(i).op, Op::Reduce(..))).collect();
         let after = self.after_reductions(&reds);
+        let pairs = self.online_pairs(&reds);
+        let paired: Vec<usize> = pairs.iter().flat_map(|&(s, _)| self.pair_nodes(s)).collect();
         for (i, n) in self.l.nodes.iter().enumerate() {
             let epilogue = match n.op {
                 Op::Cast(..) | Op::Unary(..) => true,
                 Op::Binary(_, a, b) => [a, b].iter().all(|&c| after[c] || matches!(self.node(c).op, Op::Const(_))),
                 _ => false,
             };
-            if after[i] && !epilogue && !reds.contains(&i) {
+            if after[i] && !epilogue && !reds.contains(&i) && !paired.contains(&i) {
                 return Err(err(
                     self.k,
                     format!("the result of a column reduction is used in the same kernel (node {i})"),
@@ -27,13 +29,14 @@ impl Emitter<'_> {
         let outer: usize = self.l.domain[..a].iter().product();
         let n = self.dim(a);
         let inner: usize = self.l.domain[a + 1..].iter().product();
+        let (target_blocks, min_rows) = col_settings();
         let tx = pow2_at_least(inner.div_ceil(self.vec)).min(32);
         // (A thread accumulates 8 rows or more: their loads are in flight together.)
-        let ty = (256 / tx).min(pow2_at_least(n.div_ceil(8)));
+        let ty = (256 / tx).min(pow2_at_least(n.div_ceil(min_rows)));
         let tile = tx * self.vec;
         let tiles = outer * inner.div_ceil(tile);
-        let max_chunks = n.div_ceil(ty * 8).max(1);
-        let chunks = 1024usize.div_ceil(tiles.max(1)).clamp(1, max_chunks);
+        let max_chunks = n.div_ceil(ty * min_rows).max(1);
+        let chunks = target_blocks.div_ceil(tiles.max(1)).clamp(1, max_chunks);
         let chunk_n = n.div_ceil(chunks);
         let chunks = n.div_ceil(chunk_n);
         // Narrow tiles over a short axis make blocks of a few threads: several tiles then share
@@ -68,14 +71,28 @@ impl Emitter<'_> {
             t.line(1, format!("for (int v = 0; v < EQ_VEC; ++v) acc[{k}][v] = {};", reduce_init(self.reduce_of(i))));
         }
         t.line(0, "}");
-        t.line(0, "__device__ __forceinline__ float eq_combine(int k, float a, float b) {");
+        // Two accumulators' partials merged: each on its own, an online pair's together (its
+        // sum rescaled to the larger max).
+        t.line(0, "__device__ __forceinline__ void eq_merge(float (&a)[EQ_NACC], const float (&b)[EQ_NACC]) {");
+        let slot = |i: usize| reds.iter().position(|&r| r == i).unwrap_or(0);
         for (k, &i) in reds.iter().enumerate() {
-            t.line(1, format!("if (k == {k}) return {};", reduce_combine(self.reduce_of(i), "a", "b", self.strict)));
+            if pairs.iter().any(|&(s, m)| s == i || m == i) {
+                continue;
+            }
+            let c = reduce_combine(self.reduce_of(i), &format!("a[{k}]"), &format!("b[{k}]"), self.strict);
+            t.line(1, format!("a[{k}] = {c};"));
         }
-        t.line(1, "return a;");
+        for &(s, m) in &pairs {
+            let (ks, km) = (slot(s), slot(m));
+            t.line(1, format!("{{ const float m = eq_max(a[{km}], b[{km}]);"));
+            t.line(
+                2,
+                format!("a[{ks}] = eq_lse_rescale(a[{ks}], a[{km}], m) + eq_lse_rescale(b[{ks}], b[{km}], m); a[{km}] = m; }}"),
+            );
+        }
         t.line(0, "}");
         body.push_str(&t.s);
-        body.push_str(&self.col_accum(&reds, &after));
+        body.push_str(&self.col_accum(&reds, &after, &pairs));
         body.push_str(&self.col_store(&reds, &after, n));
         let shape = Shape {
             grid: [tiles.div_ceil(tz) as u32, chunks as u32, 1],
@@ -99,12 +116,45 @@ impl Emitter<'_> {
         after
     }
 
-    fn col_accum(&self, reds: &[usize], after: &[bool]) -> String {
+    /// Online pairs `(sum, max)` of the kernel's reductions ([`online_max`]), outside strict
+    /// numerics (they keep the unfused plan's two passes): a `sum(exp(x - amax(x)))` with its
+    /// max in the kernel, where the subtraction and the exponential feed nothing else.
+    fn online_pairs(&self, reds: &[usize]) -> Vec<(usize, usize)> {
+        let mut pairs: Vec<(usize, usize)> = vec![];
+        if self.strict {
+            return pairs;
+        }
+        for &s in reds {
+            let Some(m) = online_max(self.l, s).filter(|m| reds.contains(m)) else { continue };
+            let [e, d] = self.pair_nodes(s);
+            let private = self.l.nodes.iter().enumerate().all(|(j, n)| {
+                let c = children(&n.op);
+                (!c.contains(&e) || j == s) && (!c.contains(&d) || j == e)
+            }) && !self.l.stores.iter().any(|st| st.node == e || st.node == d);
+            if private && !pairs.iter().any(|&(_, x)| x == m) {
+                pairs.push((s, m));
+            }
+        }
+        pairs
+    }
+
+    /// The exponential and the subtraction under an online pair's sum.
+    fn pair_nodes(&self, s: usize) -> [usize; 2] {
+        let e = children(&self.node(s).op)[0];
+        [e, children(&self.node(e).op)[0]]
+    }
+
+    fn col_accum(&self, reds: &[usize], after: &[bool], pairs: &[(usize, usize)]) -> String {
         let mut scope = self.scope(true);
         for &i in reds {
             scope.refs[i] = Some(String::new());
         }
-        let inputs: Vec<usize> = reds.iter().map(|&i| children(&self.node(i).op)[0]).collect();
+        // (An online pair's sum accumulates the max's input `x`, not its exponential.)
+        let input = |i: usize| match pairs.iter().find(|&&(s, _)| s == i) {
+            Some(&(_, m)) => children(&self.node(m).op)[0],
+            None => children(&self.node(i).op)[0],
+        };
+        let inputs: Vec<usize> = reds.iter().map(|&i| input(i)).collect();
         let stores: Vec<&Store> = self.l.stores.iter().filter(|s| !after[s.node]).collect();
         let mut roots = inputs.clone();
         roots.extend(stores.iter().map(|s| s.node));
@@ -117,8 +167,23 @@ impl Emitter<'_> {
                 let (decls, mut lines, after) =
                     e.store_lines(&stores, |st| e.operand(st.node, value_type(e.node(st.node).dtype), scope), None, need);
                 for (k, (&red, &x)) in reds.iter().zip(&inputs).enumerate() {
+                    if pairs.iter().any(|&(s, _)| s == red) {
+                        continue;
+                    }
                     let val = e.operand(x, "float", scope);
-                    lines.push(format!("acc[{k}][v] = {};", reduce_combine(e.reduce_of(red), &format!("acc[{k}][v]"), &val, e.strict)));
+                    match pairs.iter().find(|&&(_, m)| m == red).and_then(|&(s, _)| reds.iter().position(|&r| r == s)) {
+                        // The running max and the sum rescaled to it: one exponential an element
+                        // (two where the max grows).
+                        Some(ks) => lines.push(format!(
+                            "{{ const float xo = {val}; const float mo = acc[{k}][v]; const float mn = eq_max(mo, xo); \
+                             if (mn != mo) {{ acc[{ks}][v] = eq_lse_rescale(acc[{ks}][v], mo, mn) + 1.0f; acc[{k}][v] = mn; }} \
+                             else if (mo != -EQ_INF) acc[{ks}][v] += expf(xo - mo); }}"
+                        )),
+                        None => lines.push(format!(
+                            "acc[{k}][v] = {};",
+                            reduce_combine(e.reduce_of(red), &format!("acc[{k}][v]"), &val, e.strict)
+                        )),
+                    }
                 }
                 (decls, lines, after)
             },
@@ -147,4 +212,17 @@ impl Emitter<'_> {
             },
         )
     }
+}
+
+/// The column template's launch settings: the blocks a launch aims at (1024), and the rows a
+/// thread accumulates at least (8). `EQFUSE_COL_BLOCKS` and `EQFUSE_COL_ROWS` set others (read
+/// once), to measure them against these on a device.
+fn col_settings() -> (usize, usize) {
+    static SETTINGS: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    *SETTINGS.get_or_init(|| {
+        let var = |name: &str, default: usize| {
+            std::env::var(name).ok().and_then(|v| v.parse::<usize>().ok()).filter(|&v| v > 0).unwrap_or(default)
+        };
+        (var("EQFUSE_COL_BLOCKS", 1024), var("EQFUSE_COL_ROWS", 8))
+    })
 }

@@ -96,14 +96,6 @@ mod plan {
         pick.filter(|&(_, a)| l.nodes[a].dtype == DType::F32)
     }
 
-    /// The max `m` of a `sum(exp(x - m))` whose `m` is `amax(x)` of the same `x`.
-    pub(super) fn online_max(l: &Lowered, i: usize) -> Option<usize> {
-        let Op::Reduce(Reduce::Sum, e) = l.nodes[i].op else { return None };
-        let Op::Unary(Unary::Exp, d) = l.nodes[e].op else { return None };
-        let Op::Binary(Binary::Sub, a, m) = l.nodes[d].op else { return None };
-        matches!(l.nodes[m].op, Op::Reduce(Reduce::Amax, x) if x == a).then_some(m)
-    }
-
     /// `online`: whether a `sum(exp(x - amax(x)))` may share its max's stage as an online pair.
     pub(super) fn plan(e: &Emitter, online_pairs: bool) -> RowPlan {
         let l = e.l;
