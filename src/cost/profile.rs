@@ -652,12 +652,17 @@ impl GemmTiles {
     /// (rounded up to the tensor cores' 16; `EQ_KSTEPS` in kernels/gemm.cu). A product of
     /// depth 2 in a 64-deep tile takes 2 steps; one of depth 65 takes 128.
     pub fn steps(&self, depth: usize) -> usize {
-        let bk = self.bk.max(1);
-        match depth {
-            d if d < bk && self.mma => d.next_multiple_of(16).min(bk),
-            d if d < bk => d,
-            d => d.next_multiple_of(bk),
-        }
+        slice_steps(self.bk, self.mma, depth)
+    }
+}
+
+/// [`GemmTiles::steps`] of a tile staging slices of `bk`, on the tensor cores where `mma`.
+pub fn slice_steps(bk: usize, mma: bool, depth: usize) -> usize {
+    let bk = bk.max(1);
+    match depth {
+        d if d < bk && mma => d.next_multiple_of(16).min(bk),
+        d if d < bk => d,
+        d => d.next_multiple_of(bk),
     }
 }
 

@@ -147,12 +147,20 @@ pub enum Form {
 }
 
 impl Form {
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            Form::Lone => "lone",
-            Form::Shared => "shared",
-            Form::Block(32) => "block32",
-            Form::Block(_) => "block64",
+            Form::Lone => "lone".into(),
+            Form::Shared => "shared".into(),
+            Form::Block(per_sm) => format!("block{per_sm}"),
+        }
+    }
+
+    /// Blocks a probe of this form aims at on `sms` SMs (a block probe sizes its own batch).
+    fn target_blocks(self, sms: usize) -> usize {
+        match self {
+            Form::Lone => sms,
+            Form::Shared => SHARED_PER_SM * sms,
+            Form::Block(per_sm) => per_sm * sms,
         }
     }
 }
@@ -166,9 +174,11 @@ pub struct Probe {
     pub form: Form,
     /// Whether the product is followed by a row softmax (the row epilogue).
     pub rows: bool,
-    /// Reduction steps per block as the cost model counts them (K; keys x head / parts for
-    /// attention).
+    /// Reduction steps per block as the cost model counts them (K in whole slices of the
+    /// tile, `cost::profile::slice_steps`; keys x head / parts for attention).
     pub steps: usize,
+    /// The product's depth K (the attention probe's keys x head).
+    pub depth: usize,
     pub blocks: usize,
     /// `M x K x N` (gemm) or `batch x S x D` (attention).
     pub shape: String,
@@ -241,12 +251,9 @@ pub fn probes(sms: usize) -> Result<Vec<Probe>> {
     Ok(out)
 }
 
-/// The product shape (M, N) and its block count for a tile, form and epilogue.
+/// The product shape (M, N) for a tile, a lone or shared form and an epilogue.
 fn gemm_shape(bm: usize, bn: usize, form: Form, rows: bool, sms: usize) -> (usize, usize) {
-    let target = match form {
-        Form::Lone => sms,
-        Form::Shared | Form::Block(_) => SHARED_PER_SM * sms,
-    };
+    let target = form.target_blocks(sms);
     if rows && bm >= 32 {
         // A tensor-core row tile: one tile column, the row padded to bn.
         return (bm * target, bn);
@@ -273,13 +280,19 @@ fn gemm_probe(family: Family, bm: usize, bn: usize, form: Form, rows: bool, k: u
     // A block probe: a batch of BLOCK_ROWS-row products, each one tile row (two tiles wide
     // at 64 x 128, whose tile a product only wider than 128 takes).
     let (batch, (m, n)) = match form {
-        Form::Block(per_sm) => {
+        Form::Block(_) => {
             let n = if bm == 64 { 2 * bn } else { bn };
-            (per_sm * sms / n.div_ceil(bn), (BLOCK_ROWS, n))
+            (form.target_blocks(sms) / n.div_ceil(bn), (BLOCK_ROWS, n))
         }
         _ => (1, gemm_shape(bm, bn, form, rows, sms)),
     };
     let dt = family.dtype();
+    let strict = !rows && family != Family::Mma;
+    // The steps the model counts for the tile codegen takes (a product shallower than a slice
+    // takes its own depth, on the tensor cores rounded up to 16: the 17-deep block probe's 32).
+    let dom: Vec<usize> = if batch > 1 { vec![batch, m, n] } else { vec![m, n] };
+    let (t, mma) = kernel_tile(&dom, k, rows, dt, dt, strict);
+    let steps = crate::cost::profile::slice_steps(t.bk, mma, k);
     let name =
         format!("calibrate-tile-{}-{bm}x{bn}-{}{}-k{k}", family.tag(), form.name(), if rows { "-softmax" } else { "" });
     let body = if rows { "(softmax (@ a b) -1)" } else { "(@ a b)" };
@@ -296,27 +309,22 @@ fn gemm_probe(family: Family, bm: usize, bn: usize, form: Form, rows: bool, k: u
         bn,
         form,
         rows,
-        // (The steps the model counts: a product shallower than a slice takes its own depth,
-        // on the tensor cores rounded up to 16: the 17-deep block probe's 32 of its 32-deep
-        // slice.)
-        steps: if family == Family::Mma && form != Form::Lone && form != Form::Shared { 32 } else { k },
+        steps,
+        depth: k,
         blocks: batch * m.div_ceil(bm) * n.div_ceil(bn),
         shape: if batch > 1 {
             format!("{batch}x{m}x{k}x{n}")
         } else {
             format!("{m}x{k}x{n}{}", if rows { " softmax" } else { "" })
         },
-        strict: !rows && family != Family::Mma,
+        strict,
         program,
     })
 }
 
 fn attention_probe(sms: usize, form: Form, s: usize) -> Result<Probe> {
     let (bm, bn) = (crate::codegen::attention::F32_BLOCK_M, crate::codegen::attention::F32_BLOCK_N);
-    let target = match form {
-        Form::Lone => sms,
-        Form::Shared | Form::Block(_) => SHARED_PER_SM * sms,
-    };
+    let target = form.target_blocks(sms);
     let per = s.div_ceil(bm);
     let batch = (target / per).max(1);
     let name = format!("calibrate-tile-attention-f32-{}-s{s}", form.name());
@@ -334,6 +342,7 @@ fn attention_probe(sms: usize, form: Form, s: usize) -> Result<Probe> {
         form,
         rows: true,
         steps: crate::codegen::attention::f32_steps(s, ATTENTION_D),
+        depth: s * ATTENTION_D,
         blocks: batch * per,
         shape: format!("{batch}x{s}x{ATTENTION_D}"),
         strict: false,
@@ -398,7 +407,7 @@ pub fn check(plan: &FusionPlan, probe: &Probe) -> Result<()> {
     }
     let rows = reduces(k);
     let sixteen = probe.family.dtype();
-    let (t, mma) = kernel_tile(&k.domain, probe.steps, rows, sixteen, sixteen, plan.search.strict);
+    let (t, mma) = kernel_tile(&k.domain, probe.depth, rows, sixteen, sixteen, plan.search.strict);
     if (t.bm, t.bn) != (probe.bm, probe.bn)
         || rows != probe.rows
         || mma != (probe.family == Family::Mma)
