@@ -85,6 +85,27 @@ fn generated_kernels_compile() {
     eprintln!("compiled {n} generated kernels with NVRTC");
 }
 
+/// Column kernels with online softmax pairs (`tests/cases/ok/column_softmax.eqf`, which the GPU
+/// tests run): every kernel of its plan compiles without warnings, and the plan takes the pairs
+/// (a column kernel computing a maximum and a sum of exponentials of the same input).
+#[test]
+fn column_online_pair_kernels_compile() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let path = "tests/cases/ok/column_softmax.eqf";
+    let p = eqfuse::load_program(path, &[]).unwrap();
+    let plan = optimize(&p, &OptimizeOptions::new(DeviceProfile::load("h100").unwrap())).unwrap().plan;
+    let paired = plan.kernels.iter().filter(|k| {
+        k.template == eqfuse::Template::ColReduce && ["amax", "exp", "sum"].iter().all(|o| k.ops.iter().any(|x| x == o))
+    });
+    assert!(paired.count() >= 3, "{:#?}", plan.kernels.iter().map(|k| (&k.template, &k.ops)).collect::<Vec<_>>());
+    for s in codegen_plan(&plan).unwrap() {
+        let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[]).unwrap_or_else(|e| panic!("{}: {e}", s.name));
+        assert!(c.log.trim().is_empty(), "{}: warnings\n{}", s.name, c.log);
+    }
+}
+
 /// Every example program at its declared sizes, and with every dim capped at 512 where the
 /// program allows it, planned with and without `--strict`. Gemm kernels that are one cuBLASLt
 /// call have no source: they are skipped (and counted); any codegen failure fails the test (the
