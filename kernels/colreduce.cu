@@ -69,6 +69,7 @@ __device__ __forceinline__ void eq_col_store(EQ_PARAMS, eq_idx o, eq_idx i0, con
 #define EQ_TZ 1
 #endif
 static_assert(EQ_TZ == 1 || EQ_CHUNKS == 1, "tiles share a block only without chunks");
+#define EQ_PART_BATCH (EQ_NACC >= 8 ? 1 : 8 / EQ_NACC)
 
 // The block's EQ_TY partials of each column (`acc` of each thread row y) combined as a tree in a
 // fixed order (slot y takes slot y + s, s halving from EQ_TY / 2): log2(EQ_TY) steps, where one
@@ -149,9 +150,9 @@ extern "C" __global__ void __launch_bounds__(EQ_TX * EQ_TY * EQ_TZ) EQ_KERNEL(EQ
     if (!last_block) return;
     __threadfence();
     // The last block combines the tile's partials with all its threads: thread row y merges
-    // chunks y, y + EQ_TY, y + 2 EQ_TY, ... in order, loading 8 of them at a time (their loads
-    // in flight together: one L2 round trip a batch, not a chunk), then the rows combine as a
-    // tree. A fixed order whatever the schedule; one row merging every chunk took EQ_CHUNKS
+    // chunks y, y + EQ_TY, y + 2 EQ_TY, ... in order, loading EQ_PART_BATCH of them at a time
+    // (8 partials in flight together: one L2 round trip a batch, not a chunk; 8 chunks of
+    // every accumulator took 80 registers with four), then the rows combine as a tree. A fixed order whatever the schedule; one row merging every chunk took EQ_CHUNKS
     // dependent merges (640 over a [40960, 96] column sum: 18 us on the H100, priced 5).
     const float* tile_parts = eq_ws + tile * EQ_CHUNKS * (EQ_NACC * EQ_TILE);
     eq_acc_init(acc);
@@ -161,18 +162,18 @@ extern "C" __global__ void __launch_bounds__(EQ_TX * EQ_TY * EQ_TZ) EQ_KERNEL(EQ
         float t[EQ_NACC];
 #pragma unroll
         for (int k = 0; k < EQ_NACC; ++k) t[k] = acc[k][v];
-        for (int c0 = ty; c0 < EQ_CHUNKS; c0 += 8 * EQ_TY) {
-            float part8[8][EQ_NACC];
+        for (int c0 = ty; c0 < EQ_CHUNKS; c0 += EQ_PART_BATCH * EQ_TY) {
+            float part[EQ_PART_BATCH][EQ_NACC];
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < EQ_PART_BATCH; ++j) {
                 const int c = c0 + j * EQ_TY;
 #pragma unroll
                 for (int k = 0; k < EQ_NACC; ++k)
-                    part8[j][k] = c < EQ_CHUNKS ? eq_ld_cg(tile_parts + c * (EQ_NACC * EQ_TILE) + k * EQ_TILE + x) : 0.0f;
+                    part[j][k] = c < EQ_CHUNKS ? eq_ld_cg(tile_parts + c * (EQ_NACC * EQ_TILE) + k * EQ_TILE + x) : 0.0f;
             }
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
-                if (c0 + j * EQ_TY < EQ_CHUNKS) eq_merge(t, part8[j]);
+            for (int j = 0; j < EQ_PART_BATCH; ++j)
+                if (c0 + j * EQ_TY < EQ_CHUNKS) eq_merge(t, part[j]);
         }
 #pragma unroll
         for (int k = 0; k < EQ_NACC; ++k) acc[k][v] = t[k];

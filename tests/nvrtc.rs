@@ -87,7 +87,11 @@ fn generated_kernels_compile() {
 
 /// Column kernels with online softmax pairs (`tests/cases/ok/column_softmax.eqf`, which the GPU
 /// tests run): every kernel of its plan compiles without warnings, and the plan takes the pairs
-/// (a column kernel computing a maximum and a sum of exponentials of the same input).
+/// (a column kernel computing a maximum and a sum of exponentials of the same input). The
+/// column kernels fit 64 registers a thread without spilling (four blocks of 256 threads an
+/// SM): the last block's merge of 8 chunks of every accumulator at once took 80 with four
+/// accumulators, three blocks an SM, and the [1000, 16384] log-softmax + NLL's 512 blocks ran
+/// as 1.3 waves (ncu on the H100, `benches/results/2026-11-27-h100-session13`).
 #[test]
 fn column_online_pair_kernels_compile() {
     if !nvrtc_or_skip() {
@@ -103,6 +107,16 @@ fn column_online_pair_kernels_compile() {
     for s in codegen_plan(&plan).unwrap() {
         let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[]).unwrap_or_else(|e| panic!("{}: {e}", s.name));
         assert!(c.log.trim().is_empty(), "{}: warnings\n{}", s.name, c.log);
+        if !s.name.starts_with("colreduce") {
+            continue;
+        }
+        let v = nvrtc_compile(&s.source, &s.file, "sm_90a", &["--ptxas-options=-v".to_string()]).unwrap();
+        let number = |after: &str, before: &str| {
+            v.log.lines().find_map(|l| l.split(before).next()?.rsplit(after).next()?.trim().parse::<u32>().ok())
+        };
+        let registers = number("Used ", " registers").unwrap_or_else(|| panic!("{}: no ptxas log\n{}", s.name, v.log));
+        let spills = number(",", " bytes spill stores").unwrap_or(0);
+        assert!(registers <= 64 && spills == 0, "{}: {registers} registers, {spills} bytes spilled", s.name);
     }
 }
 
