@@ -1461,9 +1461,9 @@ impl Shaped<'_> {
     /// The nodes between the two reductions of each online pair in the body, outside strict
     /// numerics: a `sum(exp(x - m))` over a leading axis whose `m` is (a view of) `amax(x)` over
     /// the same axis, in the body, where the subtraction, the exponential and the views feed
-    /// nothing else in the kernel and are not written. The column template runs the pair in one pass, a
-    /// running max with the sum rescaled to it (`codegen/emit/cols.rs`), so these use no
-    /// finished column reduction.
+    /// nothing else in the kernel and are not written. The column template runs the pair in one
+    /// pass, a running max with the sum rescaled to it (`codegen/emit/cols.rs`), so these use
+    /// no finished column reduction.
     fn online_pairs(&self) -> Vec<usize> {
         let mut out = vec![];
         if self.strict {
