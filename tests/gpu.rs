@@ -60,6 +60,7 @@ fn programs_with(declared: bool) -> Vec<(String, Program)> {
         "tests/cases/ok/gelu_of_log_probabilities.eqf",
         "tests/cases/ok/small_products.eqf",
         "tests/cases/ok/column_softmax.eqf",
+        "tests/cases/ok/merged_axes.eqf",
     ] {
         programs.push((path.to_string(), eqfuse::load_program(path, &[]).unwrap_or_else(|e| panic!("{path}: {e}"))));
     }

@@ -161,6 +161,13 @@ pub fn vector_width(
     super::emit::lanes(template, rank, last, widest, strict, packed_writes)
 }
 
+/// The lanes an elementwise kernel's plain path reads with and the bytes of the widest element
+/// along its last axis, as code generation renders it (its merged axes, the tiled path's one
+/// lane); `None` for a kernel of another template or that does not lower.
+pub fn elementwise_lanes(k: &Kernel, strict: bool) -> Option<(usize, usize)> {
+    super::emit::elementwise_lanes(k, strict)
+}
+
 /// How an elementwise kernel reads its inputs: whether code generation takes the tiled path
 /// (transposed reads through a shared-memory tile), and each read that touches more 32-byte
 /// sectors than it uses, with the window in which later warps use the rest; `None` for a

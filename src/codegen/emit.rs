@@ -449,16 +449,27 @@ pub fn elementwise_traffic(k: &Kernel, strict: bool) -> Option<(bool, Vec<ReadTr
     Some((t.is_some(), tiled::read_traffic(&l, vec, t.as_ref())))
 }
 
-/// The lane count of a lowered kernel: [`lanes`] of the widest element accessed along the last
-/// axis.
-fn choose_vec(l: &Lowered, k: &Kernel, strict: bool, packed_writes: bool) -> usize {
-    let r = l.domain.len();
-    if r == 0 {
-        return 1;
+/// The lanes an elementwise kernel's plain path reads with, as [`render`] generates it outside
+/// 1-bit masks (after `lower` merged the axes it walks as one: an odd last extent of a
+/// contiguous tensor does not narrow them), and the bytes of the widest element accessed along
+/// its last axis; 1 lane on the tiled path. `None` for a kernel of another template or that
+/// does not lower. The cost model asks this (`caps::elementwise_lanes`) to price narrow lanes.
+pub fn elementwise_lanes(k: &Kernel, strict: bool) -> Option<(usize, usize)> {
+    let l = super::lower::lower(k).ok()?;
+    if l.template != Template::Elementwise || l.scatter.is_some() || l.domain.is_empty() {
+        return None;
     }
+    let vec = choose_vec(&l, k, strict, false);
+    let vec = if tiled::tiled(&l, vec, false).is_some() { 1 } else { vec };
+    Some((vec, widest_along_last(&l, k)))
+}
+
+/// The bytes of the widest element a lowered kernel of rank >= 1 accesses along its last axis
+/// (4 where none is).
+fn widest_along_last(l: &Lowered, k: &Kernel) -> usize {
+    let r = l.domain.len();
     let last = l.domain[r - 1];
-    let widest = l
-        .accesses
+    l.accesses
         .iter()
         .filter(|a| a.strides[r - 1] != 0)
         .map(|a| a.dtype.size())
@@ -467,7 +478,18 @@ fn choose_vec(l: &Lowered, k: &Kernel, strict: bool, packed_writes: bool) -> usi
         // and writes one f32 per row: 16-byte reads, not 8-byte).
         .chain(l.stores.iter().filter(|s| s.shape[r - 1] != 1 || last == 1).map(|s| k.writes[s.write].ty.dtype.size()))
         .max()
-        .unwrap_or(4);
+        .unwrap_or(4)
+}
+
+/// The lane count of a lowered kernel: [`lanes`] of the widest element accessed along the last
+/// axis.
+fn choose_vec(l: &Lowered, k: &Kernel, strict: bool, packed_writes: bool) -> usize {
+    let r = l.domain.len();
+    if r == 0 {
+        return 1;
+    }
+    let last = l.domain[r - 1];
+    let widest = widest_along_last(l, k);
     if l.product.is_some() {
         // A gemm's row epilogue (`kernels/gemm.cu`) has no shifted rows.
         return halved_lanes(l.template, r, last, widest, strict, packed_writes);

@@ -535,9 +535,20 @@ fn strided_bias(dag: &Dag, members: &[usize], k: &mut KernelCost, profile: &Devi
 /// kernels of 16 MB and more whose lanes read 4 bytes (an odd last extent of f32) took 1.23x
 /// their price at copy bandwidth, those of 16-byte lanes 1.00x (medians of 266 and 770,
 /// `benches/results/2026-11-26-h100-fidelity`).
+///
+/// The lanes are first taken from the kernel's own last extent (cheap); where those are narrow,
+/// codegen is asked (`caps::elementwise_lanes`: it walks axes that every access steps through
+/// as one as a single axis, so a contiguous tensor of an odd last extent is still read 16 bytes
+/// a lane).
 fn narrow_access(dag: &Dag, members: &[usize], k: &KernelCost, profile: &DeviceProfile) -> u32 {
     let Some((lanes, widest)) = lanes(dag, members, k, profile, Template::Elementwise) else { return 0 };
-    let bytes = lanes * widest;
+    let mut bytes = lanes * widest;
+    if bytes < 16 {
+        let kernel = candidate_kernel(dag, members, k, Template::Elementwise);
+        if let Some((lanes, widest)) = caps::elementwise_lanes(&kernel, profile.strict) {
+            bytes = lanes * widest;
+        }
+    }
     if bytes < 16 {
         u32::try_from(bytes).unwrap_or(0)
     } else {

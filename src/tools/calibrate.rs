@@ -923,21 +923,27 @@ fn narrow_access(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Resul
 /// the elementwise template's efficiency taken).
 pub type NarrowProbe = (u32, String, u64, f64, f64);
 
-/// `narrow_access`' probes, by bytes a lane: `(not x)` over bool [16384, 16383] (1), and
-/// `(* (+ x 1) z)` over bf16 [8192, 8191] (2), f32 [8192, 4095] (4) and f32 [8192, 4094] (8).
+/// `narrow_access`' probes, by bytes a lane: `(== x b)` over bool [16384, 16383] (1), and
+/// `(* (+ x b) z)` over bf16 [8192, 8191] (2), f32 [8192, 4095] (4) and f32 [8192, 4094] (8),
+/// `b` a row broadcast over the rows (of the last extent only), so that code generation cannot
+/// walk the rows as one axis (it would read them 16 bytes a lane over the flat index).
 fn narrow_programs() -> Result<Vec<(u32, Program)>> {
     let pointwise = |dt: DType, cols: usize| -> Result<Program> {
         let t = TensorType::new(dt, vec![8192, cols]);
         Program::from_sexprs(
             &format!("calibrate-lanes-{}-{cols}", dt.name()),
-            &[("x", t.clone()), ("z", t)],
-            &[("y", "(* (+ x 1) z)")],
+            &[("x", t.clone()), ("b", TensorType::new(dt, vec![cols])), ("z", t)],
+            &[("y", "(* (+ x b) z)")],
         )
         .map_err(Error::Invalid)
     };
-    let b = TensorType::new(DType::Bool, vec![16384, 16383]);
-    let not =
-        Program::from_sexprs("calibrate-lanes-bool-16383", &[("x", b)], &[("y", "(not x)")]).map_err(Error::Invalid)?;
+    let cols = 16383;
+    let not = Program::from_sexprs(
+        "calibrate-lanes-bool-16383",
+        &[("x", TensorType::new(DType::Bool, vec![16384, cols])), ("b", TensorType::new(DType::Bool, vec![cols]))],
+        &[("y", "(== x b)")],
+    )
+    .map_err(Error::Invalid)?;
     Ok(vec![
         (1, not),
         (2, pointwise(DType::Bf16, 8191)?),
@@ -946,15 +952,15 @@ fn narrow_programs() -> Result<Vec<(u32, Program)>> {
     ])
 }
 
-/// A narrow-lane probe's plan: one elementwise kernel whose lanes access `width` bytes, as the
-/// cost model counts them (error otherwise).
+/// A narrow-lane probe's plan: one elementwise kernel whose lanes access `width` bytes, as code
+/// generation reads them (`caps::elementwise_lanes`; error otherwise).
 fn narrow_plan(profile: &DeviceProfile, program: &Program, width: u32) -> Result<FusionPlan> {
     let plan = optimize(program, &OptimizeOptions::new(profile.clone()))?.plan;
-    let lanes = plan.kernels.first().map(|k| {
-        let last = k.domain.last().copied().unwrap_or(1);
-        let widest = k.reads.iter().chain(&k.writes).map(|t| t.ty.dtype.size()).max().unwrap_or(4);
-        crate::codegen::caps::vector_width(Template::Elementwise, k.domain.len(), last, widest, false, false) * widest
-    });
+    let lanes = plan
+        .kernels
+        .first()
+        .and_then(|k| crate::codegen::caps::elementwise_lanes(k, false))
+        .map(|(lanes, widest)| lanes * widest);
     if plan.kernels.len() != 1 || plan.kernels[0].template != Template::Elementwise || lanes != Some(width as usize) {
         return Err(Error::Invalid(format!(
             "calibration program {} did not plan as one elementwise kernel of {width}-byte lanes",
