@@ -152,8 +152,9 @@ extern "C" __global__ void __launch_bounds__(EQ_TX * EQ_TY * EQ_TZ) EQ_KERNEL(EQ
     // The last block combines the tile's partials with all its threads: thread row y merges
     // chunks y, y + EQ_TY, y + 2 EQ_TY, ... in order, loading EQ_PART_BATCH of them at a time
     // (8 partials in flight together: one L2 round trip a batch, not a chunk; 8 chunks of
-    // every accumulator took 80 registers with four), then the rows combine as a tree. A fixed order whatever the schedule; one row merging every chunk took EQ_CHUNKS
-    // dependent merges (640 over a [40960, 96] column sum: 18 us on the H100, priced 5).
+    // every accumulator took 80 registers with four), then the rows combine as a tree. A fixed
+    // order whatever the schedule; one row merging every chunk took EQ_CHUNKS dependent merges
+    // (640 over a [40960, 96] column sum: 18 us on the H100, priced 5).
     const float* tile_parts = eq_ws + tile * EQ_CHUNKS * (EQ_NACC * EQ_TILE);
     eq_acc_init(acc);
 #pragma unroll

@@ -609,3 +609,41 @@ fn i32_arithmetic_takes_a_fractional_literal_as_an_i32() {
         assert!(src.contains("((double)0.5f)"), "the comparison computes in double: {src}");
     }
 }
+
+/// The one kernel of a program of one output `body` over f32 `inputs`, and its generated part.
+fn one_kernel(inputs: &[(&str, &[usize])], body: &str) -> (String, String) {
+    let inputs: Vec<(&str, eqfuse::TensorType)> =
+        inputs.iter().map(|&(n, s)| (n, eqfuse::TensorType::new(eqfuse::DType::F32, s.to_vec()))).collect();
+    let program = Program::from_sexprs("t", &inputs, &[("y", body)]).unwrap();
+    let plan = optimize(&program, &opts()).unwrap().plan;
+    assert_eq!(plan.kernels.len(), 1, "{body}");
+    let sources = codegen_plan(&plan).unwrap();
+    (plan.kernels[0].template.name().to_string(), generated(&sources[0]))
+}
+
+/// Elementwise kernels walk the axes every access steps through as one as a single axis
+/// (`lower`'s merge): a contiguous tensor of an odd last extent is read 4 f32 a lane over its flat
+/// index, with no coordinate computed; a broadcast row, a coordinate or a slice keeps the axes it
+/// needs apart; a reduction along an axis of one element reduces nothing (an elementwise kernel).
+#[test]
+fn elementwise_axes_walked_as_one_are_merged_and_only_those() {
+    let odd: &[usize] = &[8, 32, 50257];
+    let (t, src) = one_kernel(&[("x", odd), ("z", odd)], "(* x z)");
+    assert_eq!(t, "elementwise");
+    assert!(src.contains("#define EQ_VEC 4") && !src.contains('%'), "{src}");
+    let (_, src) = one_kernel(&[("x", odd), ("b", &[50257])], "(+ x b)");
+    assert!(src.contains("#define EQ_VEC 1") && src.contains("% 50257") && !src.contains("% 32"), "{src}");
+    let (_, src) = one_kernel(&[("x", odd), ("c", &[8, 1, 1])], "(* x c)");
+    assert!(src.contains("#define EQ_VEC 4") && src.contains("/ 1608224") && !src.contains("% 50257"), "{src}");
+    let (_, src) = one_kernel(&[("x", odd)], "(+ x (cast (iota 50257) f32))");
+    assert!(src.contains("#define EQ_VEC 1"), "{src}");
+    let (_, src) = one_kernel(&[("s", &[6, 9, 14])], "(* (slice s -1 1 13 2) 3)");
+    assert!(src.contains("% 6") && !src.contains("% 9"), "{src}");
+    let (_, src) = one_kernel(&[("w", &[3, 1, 5, 1, 7])], "(* w 2)");
+    assert!(src.contains("#define EQ_VEC 4") && !src.contains('%'), "{src}");
+    for body in ["(* (mean u -1) 2)", "(softmax u -1)", "(layernorm u u u 1e-5)"] {
+        let (t, src) = one_kernel(&[("u", &[64, 1000, 1])], body);
+        assert_eq!(t, "elementwise", "{body}");
+        assert!(src.contains("#define EQ_VEC 4") && !src.contains('%'), "{body}: {src}");
+    }
+}

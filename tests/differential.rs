@@ -246,22 +246,29 @@ enum Red {
     Across(usize),
 }
 
-/// The reduction a kernel body node performs, if any.
+/// The reduction a kernel body node performs, if any. One along an axis of one element reduces
+/// nothing (its value passes through, as `lower` renders it): none.
 fn reduction(p: &Program, n: &TensorLang) -> Option<Red> {
     let TensorLang::Op(code, ch) = n else { return None };
-    let rank = p.ty(*ch.first()?).map_or(0, |t| t.rank()) as i64;
+    let shape = p.ty(*ch.first()?).map(|t| t.shape.clone()).unwrap_or_default();
+    let rank = shape.len() as i64;
+    let unit = |a: usize| shape.get(a) == Some(&1);
     let axis = |k: usize| {
         let a = p.fact(ch[k]).konst.expect("axes are literals") as i64;
         let a = if a < 0 { a + rank } else { a } as usize;
-        if a as i64 + 1 == rank {
-            Red::Row
+        if unit(a) {
+            None
+        } else if a as i64 + 1 == rank {
+            Some(Red::Row)
         } else {
-            Red::Across(a)
+            Some(Red::Across(a))
         }
     };
     match code.kind() {
-        Kind::Reduce(_) | Kind::Composite(Composite::Softmax | Composite::LogSoftmax) => Some(axis(1)),
-        Kind::Composite(Composite::LayerNorm | Composite::RmsNorm) => Some(Red::Row),
+        Kind::Reduce(_) | Kind::Composite(Composite::Softmax | Composite::LogSoftmax) => axis(1),
+        Kind::Composite(Composite::LayerNorm | Composite::RmsNorm) => {
+            (!unit(shape.len().wrapping_sub(1))).then_some(Red::Row)
+        }
         Kind::Composite(Composite::CrossEntropy) => Some(Red::Across(usize::MAX)),
         _ => None,
     }

@@ -414,6 +414,17 @@ fn online_max(l: &Lowered, i: usize) -> Option<usize> {
     matches!(l.nodes[m].op, Op::Reduce(Reduce::Amax, x) if x == a).then_some(m)
 }
 
+/// The lines merging partial `b` of an online pair into `a` (accumulator arrays): the pair's
+/// max at slot `km`, its sum at slot `ks`, rescaled to the larger max `m` (a local of that
+/// name). The row and the column templates' `eq_merge` both render a pair with it.
+fn online_merge(ks: usize, km: usize, m: &str) -> [String; 3] {
+    [
+        format!("const float {m} = eq_max(a[{km}], b[{km}]);"),
+        format!("a[{ks}] = eq_lse_rescale(a[{ks}], a[{km}], {m}) + eq_lse_rescale(b[{ks}], b[{km}], {m});"),
+        format!("a[{km}] = {m};"),
+    ]
+}
+
 /// Whether a kernel computes `exp` as one `ex2.approx` of its argument times log2(e)
 /// (`eq_exp_fast`): row kernels of 16-bit rows (8 lanes a 16-byte vector) outside strict
 /// numerics and gemm row epilogues, unless `EQFUSE_ROW_FAST_EXP=off` (read once, to compare the

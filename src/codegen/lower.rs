@@ -1129,43 +1129,6 @@ mod tests {
         assert_eq!(reshape_strides(&[6, 4], &[1, 6], &[6, 1, 4]).map(|s| (s[0], s[2])), Some((1, 6)));
     }
 
-    /// The one kernel of a program of one output `body` over `inputs`.
-    fn kernel_of(inputs: &[(&str, TensorType)], body: &str) -> Kernel {
-        let program = crate::ir::program::Program::from_sexprs("t", inputs, &[("y", body)]).unwrap();
-        let profile = crate::cost::profile::DeviceProfile::load("h100").unwrap();
-        let opts = crate::search::optimize::OptimizeOptions::new(profile);
-        let plan = crate::search::optimize::optimize(&program, &opts).unwrap().plan;
-        assert_eq!(plan.kernels.len(), 1, "{body}");
-        plan.kernels[0].clone()
-    }
-
-    #[test]
-    fn elementwise_axes_walked_as_one_are_merged_and_only_those() {
-        let f32s = |shape: &[usize]| TensorType::new(DType::F32, shape.to_vec());
-        let odd = f32s(&[8, 32, 50257]);
-        // Contiguous operands: one axis, read 4 lanes at a time whatever the last extent.
-        let k = kernel_of(&[("x", odd.clone()), ("z", odd.clone())], "(* x z)");
-        assert_eq!(lower(&k).unwrap().domain, vec![8 * 32 * 50257]);
-        assert_eq!(crate::codegen::caps::elementwise_lanes(&k, false), Some((4, 4)));
-        // A row broadcast over the rows keeps the last axis apart (the rows merge).
-        let k = kernel_of(&[("x", odd.clone()), ("b", f32s(&[50257]))], "(+ x b)");
-        assert_eq!(lower(&k).unwrap().domain, vec![8 * 32, 50257]);
-        assert_eq!(crate::codegen::caps::elementwise_lanes(&k, false), Some((1, 4)));
-        // A column broadcast keeps the rows apart from the batch only where it varies.
-        let k = kernel_of(&[("x", odd.clone()), ("c", f32s(&[8, 1, 1]))], "(* x c)");
-        assert_eq!(lower(&k).unwrap().domain, vec![8, 32 * 50257]);
-        // A coordinate of the last axis keeps it.
-        let k = kernel_of(&[("x", odd.clone())], "(+ x (cast (iota 50257) f32))");
-        assert_eq!(lower(&k).unwrap().domain, vec![8 * 32, 50257]);
-        // A slice of the last axis strides its rows by the full extent.
-        let s = f32s(&[6, 9, 14]);
-        let k = kernel_of(&[("s", s)], "(* (slice s -1 1 13 2) 3)");
-        assert_eq!(lower(&k).unwrap().domain, vec![54, 6]);
-        // Unit axes go.
-        let k = kernel_of(&[("w", f32s(&[3, 1, 5, 1, 7]))], "(* w 2)");
-        assert_eq!(lower(&k).unwrap().domain, vec![105]);
-    }
-
     #[test]
     fn broadcast_of_a_view() {
         assert_eq!(broadcast_strides(&[1, 5], &[5, 1], &[3, 4, 5]), vec![0, 0, 1]);

@@ -1153,9 +1153,21 @@ impl Shaped<'_> {
                 }
             }
             Kind::Composite(Composite::LayerNorm | Composite::RmsNorm) => Red::Row,
-            Kind::Composite(Composite::CrossEntropy) => Red::Across(usize::MAX),
+            Kind::Composite(Composite::CrossEntropy) => return Some((Red::Across(usize::MAX), input)),
             _ => return None,
         };
+        // Along an axis of one element nothing is reduced: codegen passes the value through
+        // (`lower`: max, min and mean are the value, softmax and the norms their formulas at
+        // one element), so the kernel is elementwise. Priced as a row kernel, a mean over the
+        // unit last axis of f32 [8, 2048, 1024, 1] ran 1.2x its prediction on an H100 (52 such
+        // kernels of the held-out fidelity seed 11001, 30 off by more than 15%).
+        let along = match red {
+            Red::Row => rank.checked_sub(1)?,
+            Red::Across(a) => a,
+        };
+        if input.get(along) == Some(&1) {
+            return None;
+        }
         Some((red, input))
     }
 

@@ -84,11 +84,11 @@ impl Emitter<'_> {
         }
         for &(s, m) in &pairs {
             let (ks, km) = (slot(s), slot(m));
-            t.line(1, format!("{{ const float m = eq_max(a[{km}], b[{km}]);"));
-            t.line(
-                2,
-                format!("a[{ks}] = eq_lse_rescale(a[{ks}], a[{km}], m) + eq_lse_rescale(b[{ks}], b[{km}], m); a[{km}] = m; }}"),
-            );
+            t.line(1, "{");
+            for line in online_merge(ks, km, "m") {
+                t.line(2, line);
+            }
+            t.line(1, "}");
         }
         t.line(0, "}");
         body.push_str(&t.s);

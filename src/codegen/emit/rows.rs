@@ -846,9 +846,9 @@ impl Emitter<'_> {
                 match rp.online.iter().find(|&&(_, m)| m == i).and_then(|&(sum, _)| reds.iter().position(|&x| x == sum))
                 {
                     Some(ks) => {
-                        t.line(2, format!("const float m{k} = eq_max(a[{k}], b[{k}]);"));
-                        t.line(2, format!("a[{ks}] = eq_lse_rescale(a[{ks}], a[{k}], m{k}) + eq_lse_rescale(b[{ks}], b[{k}], m{k});"));
-                        t.line(2, format!("a[{k}] = m{k};"));
+                        for line in online_merge(ks, k, &format!("m{k}")) {
+                            t.line(2, line);
+                        }
                     }
                     None => t.line(
                         2,
