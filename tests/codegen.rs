@@ -623,8 +623,9 @@ fn one_kernel(inputs: &[(&str, &[usize])], body: &str) -> (String, String) {
 
 /// Elementwise kernels walk the axes every access steps through as one as a single axis
 /// (`lower`'s merge): a contiguous tensor of an odd last extent is read 4 f32 a lane over its flat
-/// index, with no coordinate computed; a broadcast row, a coordinate or a slice keeps the axes it
-/// needs apart; a reduction along an axis of one element reduces nothing (an elementwise kernel).
+/// index, with no coordinate computed; a broadcast row or a slice keeps the axes it needs apart;
+/// a coordinate becomes a quotient and remainder of the merged index; a reduction along an axis
+/// of one element reduces nothing (an elementwise kernel).
 #[test]
 fn elementwise_axes_walked_as_one_are_merged_and_only_those() {
     let odd: &[usize] = &[8, 32, 50257];
@@ -635,8 +636,11 @@ fn elementwise_axes_walked_as_one_are_merged_and_only_those() {
     assert!(src.contains("#define EQ_VEC 1") && src.contains("% 50257") && !src.contains("% 32"), "{src}");
     let (_, src) = one_kernel(&[("x", odd), ("c", &[8, 1, 1])], "(* x c)");
     assert!(src.contains("#define EQ_VEC 4") && src.contains("/ 1608224") && !src.contains("% 50257"), "{src}");
+    // A coordinate becomes a quotient and a remainder of the merged index.
     let (_, src) = one_kernel(&[("x", odd)], "(+ x (cast (iota 50257) f32))");
-    assert!(src.contains("#define EQ_VEC 1"), "{src}");
+    assert!(src.contains("#define EQ_VEC 4") && src.contains("(c0 + v) % 50257"), "{src}");
+    let (_, src) = one_kernel(&[("x", odd)], "(+ x (cast (reshape (iota 32) [32,1]) f32))");
+    assert!(src.contains("#define EQ_VEC 4") && src.contains("(c0 + v) / 50257 % 32"), "{src}");
     let (_, src) = one_kernel(&[("s", &[6, 9, 14])], "(* (slice s -1 1 13 2) 3)");
     assert!(src.contains("% 6") && !src.contains("% 9"), "{src}");
     let (_, src) = one_kernel(&[("w", &[3, 1, 5, 1, 7])], "(* w 2)");

@@ -783,6 +783,19 @@ impl Emitter<'_> {
                 need.insert(*k);
                 format!("(int)c{k}")
             }
+            Op::CoordPart { axis, inner, extent } => {
+                let c = if *axis + 1 == self.rank() {
+                    self.lane_coord(scope, need)
+                } else {
+                    need.insert(*axis);
+                    format!("c{axis}")
+                };
+                match (*inner, *extent) {
+                    (_, 1) => "0".to_string(),
+                    (1, e) => format!("(int)({c} % {e})"),
+                    (i, e) => format!("(int)({c} / {i} % {e})"),
+                }
+            }
             Op::Iota(strides) => {
                 let base = self.offset(strides, need);
                 let s = strides.last().copied().unwrap_or(0);
@@ -1289,7 +1302,7 @@ pub fn kernel_name(k: &Kernel, template: Template) -> String {
 
 fn children(op: &Op) -> Vec<usize> {
     match op {
-        Op::Const(_) | Op::Load(_) | Op::Coord(_) | Op::Flat(_) | Op::Iota(_) => vec![],
+        Op::Const(_) | Op::Load(_) | Op::Coord(_) | Op::CoordPart { .. } | Op::Flat(_) | Op::Iota(_) => vec![],
         Op::Unary(_, a) | Op::Cast(_, a) | Op::Reduce(_, a) | Op::Global(_, a) => vec![*a],
         Op::Binary(_, a, b) => vec![*a, *b],
         Op::Where(c, a, b) => vec![*c, *a, *b],

@@ -34,6 +34,13 @@ pub enum Op {
     Load(usize),
     /// The coordinate of the element along a domain axis.
     Coord(usize),
+    /// The coordinate along an axis that [`merge_axes`] merged into domain axis `axis`: that
+    /// axis's coordinate divided by `inner` (the extents merged inside it), modulo `extent`.
+    CoordPart {
+        axis: usize,
+        inner: usize,
+        extent: usize,
+    },
     /// A row-major flat index: the sum of coordinates times these strides.
     Flat(Vec<usize>),
     /// `iota` seen through views: the i32 sum of coordinates times these strides.
@@ -253,9 +260,9 @@ fn lower_with(kernel: &Kernel, gemm: Option<(usize, usize)>) -> Result<Lowered> 
 /// Merges adjacent axes of an elementwise kernel's iteration space wherever every access,
 /// index (`Flat`, `Iota`), value and store walks the two as one axis: the outer axis's stride is
 /// the inner one's times the inner extent (both 0 where broadcast), or one of the two extents
-/// is 1. No coordinate (`Coord`) of either axis may be used. This is PyTorch's
-/// `TensorIterator::coalesce_dimensions`: it changes no address, only how the flat index is
-/// split, and it lets a contiguous tensor of an odd last extent (GPT-2's 50257-wide logits,
+/// is 1. A coordinate of either axis becomes a part of the merged one ([`Op::CoordPart`]: a
+/// quotient and a remainder). This is PyTorch's `TensorIterator::coalesce_dimensions`: it
+/// changes no address, only how the flat index is split, and it lets a contiguous tensor of an odd last extent (GPT-2's 50257-wide logits,
 /// ViT's 197 tokens) be read 16 bytes a lane over its flat index instead of one element a lane
 /// (4-byte lanes ran at 0.79x the 16-byte ones' bandwidth on an H100: 309 elementwise kernels
 /// of 20 MB or more of the held-out fidelity seed 9001, 2026-11-27).
@@ -276,23 +283,21 @@ fn mergeable(l: &Lowered, a: usize, b: usize) -> bool {
     let (da, db) = (l.domain[a], l.domain[b]);
     let unit = da == 1 || db == 1;
     let strides_ok = |s: &[usize]| unit || s[a] == s[b] * db;
-    // A value or store varies along both axes or along neither (a unit axis aside).
+    // A store varies along both axes or along neither (a unit axis aside). A value may vary
+    // along one only where no load or index does (a coordinate, or a value computed from one):
+    // it is computed at every element of the merged axis.
     let shape_ok = |s: &[usize]| unit || (s[a] == da && s[b] == db) || (s[a] == 1 && s[b] == 1);
     l.accesses.iter().all(|acc| strides_ok(&acc.strides))
         && l.stores.iter().all(|st| shape_ok(&st.shape))
-        && l.nodes.iter().all(|n| {
-            shape_ok(&n.shape)
-                && match &n.op {
-                    Op::Coord(c) => *c != a && *c != b,
-                    Op::Flat(s) | Op::Iota(s) => strides_ok(s),
-                    _ => true,
-                }
+        && l.nodes.iter().all(|n| match &n.op {
+            Op::Flat(s) | Op::Iota(s) => strides_ok(s),
+            _ => true,
         })
 }
 
 /// Merges axes `a` and `b = a + 1` of `l`'s iteration space ([`mergeable`] holds).
 fn merge(l: &mut Lowered, a: usize, b: usize) {
-    let db = l.domain[b];
+    let (da, db) = (l.domain[a], l.domain[b]);
     let strides = |s: &mut Vec<usize>| {
         if db != 1 {
             s[a] = s[b];
@@ -303,6 +308,11 @@ fn merge(l: &mut Lowered, a: usize, b: usize) {
         s[a] *= s[b];
         s.remove(b);
     };
+    // (A value varying along one of the two varies along the merged axis.)
+    let value_shape = |s: &mut Vec<usize>| {
+        s[a] = if s[a] == 1 && s[b] == 1 { 1 } else { da * db };
+        s.remove(b);
+    };
     shape(&mut l.domain);
     for acc in &mut l.accesses {
         strides(&mut acc.strides);
@@ -311,12 +321,25 @@ fn merge(l: &mut Lowered, a: usize, b: usize) {
         shape(&mut st.shape);
     }
     for n in &mut l.nodes {
-        shape(&mut n.shape);
-        match &mut n.op {
-            Op::Coord(c) if *c > b => *c -= 1,
-            Op::Flat(s) | Op::Iota(s) => strides(s),
-            _ => {}
-        }
+        value_shape(&mut n.shape);
+        // (A part of `b` keeps its quotient and remainder: `b`'s extent is a multiple of its
+        // inner extents times its own, so the remainder modulo `db` may be dropped.)
+        n.op = match n.op.clone() {
+            Op::Coord(c) if c == a => Op::CoordPart { axis: a, inner: db, extent: da },
+            Op::Coord(c) if c == b => Op::CoordPart { axis: a, inner: 1, extent: db },
+            Op::Coord(c) if c > b => Op::Coord(c - 1),
+            Op::CoordPart { axis, inner, extent } if axis == a => Op::CoordPart { axis: a, inner: inner * db, extent },
+            Op::CoordPart { axis, inner, extent } if axis >= b => Op::CoordPart { axis: axis - 1, inner, extent },
+            Op::Flat(mut s) => {
+                strides(&mut s);
+                Op::Flat(s)
+            }
+            Op::Iota(mut s) => {
+                strides(&mut s);
+                Op::Iota(s)
+            }
+            op => op,
+        };
     }
 }
 
