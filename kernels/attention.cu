@@ -167,50 +167,57 @@
 
 #if EQ_F32
 // ---- f32 operands: the same online softmax on CUDA cores, in full f32 (no tensor cores) ----
-// Each query row is split over EQ_FP threads (parts), flash-decoding inside the block: thread
-// tid owns row r = tid % EQ_FBM of the block's EQ_FBM rows and part p = tid / EQ_FBM, so a warp
-// is 32 rows of one part, and every shared-memory read of a key or value is one address for the
-// whole warp (a broadcast). A key tile of EQ_FBN = EQ_FP * EQ_FKP keys gives part p its keys
-// [p * EQ_FKP, (p + 1) * EQ_FKP); each part keeps its own online-softmax state (m_p, l_p, o_p)
-// over its keys of every tile: EQ_FKP independent score sums (s_j = <q, k_j> over d in order),
-// one rescale, then o_p += exp(s_j - m_p) v_j. At the end the parts merge through shared memory
-// in part order (deterministic): M = max_p m_p, L = sum_p l_p exp(m_p - M),
-// o = (sum_p o_p exp(m_p - M)) / L, lse = M + log(L).
-// Launch shape: grid (ceil(EQ_SQ / EQ_FBM), EQ_NB), block EQ_FNT = EQ_FBM * EQ_FP threads,
-// dynamic shared memory EQ_SMEM_BYTES (EQ_FSMEM_FLOATS floats): two buffers each of the key and
-// value tiles (EQ_FBN rows of EQ_FDP = EQ_D rounded up to 4 floats, zero past EQ_D; cp.async,
-// tile j + 1 loads while tile j is consumed, one barrier per tile), the query tile where q does
-// not stay in registers (EQ_FDP over 64: rows padded by 4 floats), and, reusing that space after
-// the last tile, the merge: every part's scaled o (rows padded to an odd stride) and m, l.
-// The query row lives in registers for heads up to 64 (o and q: 2 * EQ_FDP floats), else in
-// shared memory (read as float4, shared by the EQ_FKP keys of a step). Tiles load by 16-byte
-// cp.async where the head is a multiple of 4 and every key and value stride a multiple of 4
-// elements (EQ_FVEC), else by 4-byte ones; queries likewise by float4 or scalar loads.
-// Under EQ_CAUSAL the block of the last query tile runs first, tiles wholly above the block's
-// diagonal are skipped, and a warp skips its part of a tile when every key of it is above the
-// diagonal of every row of the warp (the scores are masked either way).
-// The code generator's shape (F32_* in src/codegen/attention.rs): 32 rows, 4 parts, 8 keys a
-// part per tile (128 threads, 32-key tiles): within 5% of the fastest of ten shapes measured on
-// an H100 on each of a small causal, two large and a head-128 problem, and the fastest on the
-// last (benches/results/2026-11-22-h100-6d005bd-f32att).
-#ifndef EQ_FBM
-#define EQ_FBM 32
+// Register tiles, as a CUDA-core gemm does them. A block of EQ_FNT threads forms a grid of
+// EQ_FTR = EQ_FNT / EQ_FTC row groups by EQ_FTC threads a row; it takes EQ_FBM = EQ_FTR * EQ_FR
+// query rows (EQ_FR = 4) and walks key tiles of EQ_FBN = EQ_FTC * EQ_FK keys. Thread (tr, tc) =
+// (tid / EQ_FTC, tid % EQ_FTC) holds
+//   - the scores of rows tr + EQ_FTR a (a < EQ_FR) and keys tc + EQ_FTC c (c < EQ_FK) of a tile,
+//   - the output of those rows over the padded head's float4 columns tc + EQ_FTC u (u < EQ_FU),
+//   - each of its rows' running max m (the row's, the same in all its threads) and its own part
+//     of the row sum l (the parts summed at the end, in a fixed order).
+// A row's EQ_FTC threads are consecutive lanes of one warp. Per tile:
+//   - scores: per float4 of the head, EQ_FR query and EQ_FK key float4 reads of shared memory
+//     feed 4 EQ_FR EQ_FK fmas (s_ij = <q_i, k_j> over d in order, 4 elements a read);
+//   - the row max over the row's lanes (shuffles), one rescale of l and o by exp(m - m_new);
+//   - p = exp(s - m_new) into the block's probability tile (rows padded to EQ_FBN + EQ_FTC
+//     floats: the scalar writes of a warp's rows fall on distinct banks), read back only by the
+//     warp that wrote it (a warp barrier);
+//   - o += P V: per 4 keys, EQ_FR probability float4 reads (one address per row) and 4 EQ_FU
+//     value float4 reads feed 16 EQ_FR EQ_FU fmas.
+// Key rows lie EQ_FS = EQ_FDP + 4 floats apart, so 8 consecutive keys read by 16 bytes fall on
+// distinct banks: with 8 threads a row (the code generator's choice) every shared-memory read of
+// a warp is one wavefront (its 4 rows' queries or probabilities, its 8 keys or value columns).
+// The one-row-a-thread-part kernel this replaces (keys split over 4 threads a row, one float4
+// read of shared memory a 4 fmas) ran at 36% of the CUDA cores' peak on [128, 1024, 64]
+// (benches/results/2026-11-22-h100-6d005bd-f32att).
+// Launch shape: grid (ceil(EQ_SQ / EQ_FBM), EQ_NB), block EQ_FNT threads, dynamic shared memory
+// EQ_SMEM_BYTES: the query tile (loaded once), two buffers each of the key and value tiles
+// (cp.async, tile j + 1 loads while tile j is consumed, one barrier per tile) and the
+// probability tile. Rows of EQ_FDP = EQ_D rounded up to 4 floats, zero past EQ_D; loads by 16
+// bytes where the head is a multiple of 4 and every stride and offset a multiple of 4 elements
+// (EQ_FVEC, EQ_FQVEC), else by 4 bytes; the output likewise (EQ_FOVEC).
+// Under EQ_CAUSAL the block of the last query rows runs first and tiles wholly above the
+// block's diagonal are skipped (the rest are masked per score).
+#ifndef EQ_FK
+#define EQ_FK 8
 #endif
-#ifndef EQ_FP
-#define EQ_FP 4
+#ifndef EQ_FTC
+#define EQ_FTC 8
 #endif
-#ifndef EQ_FKP
-#define EQ_FKP 8
+#ifndef EQ_FNT
+#define EQ_FNT 128
 #endif
-#define EQ_FNT (EQ_FBM * EQ_FP)
+#define EQ_FR 4
+#define EQ_FTR (EQ_FNT / EQ_FTC)
+#define EQ_FBM (EQ_FTR * EQ_FR)
+#define EQ_FBN (EQ_FTC * EQ_FK)
+#define EQ_FDP (((EQ_D + 3) / 4) * 4)
+#define EQ_FU ((EQ_FDP / 4 + EQ_FTC - 1) / EQ_FTC)
+#define EQ_FS (EQ_FDP + 4)
+#define EQ_FPS (EQ_FBN + EQ_FTC)
 // Blocks per SM the register allocation must allow.
 #ifndef EQ_FMINB
-#define EQ_FMINB 1
-#endif
-#define EQ_FBN (EQ_FP * EQ_FKP)
-#define EQ_FDP (((EQ_D + 3) / 4) * 4)
-#ifndef EQ_FQREG
-#define EQ_FQREG (EQ_FDP <= 64)
+#define EQ_FMINB 2
 #endif
 // Element offsets of q, k, v from their pointers (slices read in place; EQ_QP and the others
 // already include them): 16-byte loads need them aligned too.
@@ -230,46 +237,56 @@
 #define EQ_FQVEC                                                                                    \
     (EQ_D % 4 == 0 && EQ_Q_S0 % 4 == 0 && EQ_Q_S1 % 4 == 0 && EQ_Q_S2 % 4 == 0 && EQ_Q_SR % 4 == 0 && \
      EQ_Q_OFF % 4 == 0)
-#define EQ_FQS (EQ_FDP + 4)            // query tile row stride (floats)
-#define EQ_FOS (EQ_FDP + 1)            // merge row stride (odd: conflict-free)
-#define EQ_FTILE (EQ_FBN * EQ_FDP)     // one key or value tile (floats)
-#define EQ_FLOOP_FLOATS (4 * EQ_FTILE + (EQ_FQREG ? 0 : EQ_FBM * EQ_FQS))
-#define EQ_FMERGE_FLOATS (EQ_FP * EQ_FBM * EQ_FOS + 2 * EQ_FNT + EQ_FBM)
-#define EQ_FSMEM_FLOATS (EQ_FLOOP_FLOATS > EQ_FMERGE_FLOATS ? EQ_FLOOP_FLOATS : EQ_FMERGE_FLOATS)
+#define EQ_FOVEC (EQ_D % 4 == 0 && EQ_O_S0 % 4 == 0 && EQ_O_S1 % 4 == 0 && EQ_O_S2 % 4 == 0 && EQ_O_SR % 4 == 0)
+#define EQ_FTILE (EQ_FBN * EQ_FS)      // one key or value tile (floats)
+#define EQ_FSMEM_FLOATS (EQ_FBM * EQ_FS + 4 * EQ_FTILE + EQ_FBM * EQ_FPS)
 #define EQ_SMEM_BYTES (EQ_FSMEM_FLOATS * 4)
 
 namespace eq_f32a {
-static_assert(EQ_FBM % 32 == 0, "a warp holds rows of one part");
 static_assert(EQ_D > 0 && EQ_D <= 128, "head sizes up to 128");
+static_assert(EQ_FTC == 8 || EQ_FTC == 16, "a row's threads: 8 or 16 lanes of a warp");
+static_assert(EQ_FBN % 32 == 0, "key tiles of whole banks: conflict-free probability writes");
 constexpr int DP4 = EQ_FDP / 4;
 __device__ __forceinline__ void cp4(float* dst, const float* src) { eq_cp_async<4>(dst, src); }
 __device__ __forceinline__ void cp16(float* dst, const float* src) { eq_cp_async<16>(dst, src); }
-// Rows [n0, n0 + EQ_FBN) of keys and values into a buffer (zero past EQ_SK and EQ_D).
-__device__ __forceinline__ void load_tile(float* sk, float* sv, const float* kg, const float* vg, int n0, int tid) {
-#if EQ_FVEC
-    for (int c = tid; c < EQ_FBN * DP4; c += EQ_FNT) {
-        const int r = c / DP4, c4 = c % DP4;
-        if (n0 + r < EQ_SK) {
-            cp16(sk + 4 * c, kg + (long long)(n0 + r) * EQ_K_SR + 4 * c4);
-            cp16(sv + 4 * c, vg + (long long)(n0 + r) * EQ_V_SR + 4 * c4);
-        } else {
-            reinterpret_cast<float4*>(sk)[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            reinterpret_cast<float4*>(sv)[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+// Rows [r0, r0 + rows) of a [*, EQ_D] tensor at rows stride sr into a tile of rows EQ_FS apart
+// (zero past `limit` rows and past EQ_D), by 16 bytes where `vec`. No commit.
+template <int ROWS, bool VEC>
+__device__ __forceinline__ void load_rows(float* dst, const float* src, long long sr, int r0, int limit, int tid) {
+    if (VEC) {
+        for (int c = tid; c < ROWS * DP4; c += EQ_FNT) {
+            const int r = c / DP4, c4 = c % DP4;
+            float* d = dst + r * EQ_FS + 4 * c4;
+            if (r0 + r < limit) {
+                cp16(d, src + (long long)(r0 + r) * sr + 4 * c4);
+            } else {
+                *reinterpret_cast<float4*>(d) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+        }
+    } else {
+        for (int c = tid; c < ROWS * EQ_FDP; c += EQ_FNT) {
+            const int r = c / EQ_FDP, e = c % EQ_FDP;
+            float* d = dst + r * EQ_FS + e;
+            if (r0 + r < limit && e < EQ_D) {
+                cp4(d, src + (long long)(r0 + r) * sr + e);
+            } else {
+                *d = 0.0f;
+            }
         }
     }
-#else
-    for (int c = tid; c < EQ_FBN * EQ_FDP; c += EQ_FNT) {
-        const int r = c / EQ_FDP, d = c % EQ_FDP;
-        if (n0 + r < EQ_SK && d < EQ_D) {
-            cp4(sk + c, kg + (long long)(n0 + r) * EQ_K_SR + d);
-            cp4(sv + c, vg + (long long)(n0 + r) * EQ_V_SR + d);
-        } else {
-            sk[c] = 0.0f;
-            sv[c] = 0.0f;
-        }
-    }
-#endif
-    eq_cp_async_commit();
+}
+__device__ __forceinline__ float lane4(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+__device__ __forceinline__ void fma4(float4& acc, float p, const float4& v) {
+    acc.x = fmaf(p, v.x, acc.x);
+    acc.y = fmaf(p, v.y, acc.y);
+    acc.z = fmaf(p, v.z, acc.z);
+    acc.w = fmaf(p, v.w, acc.w);
+}
+__device__ __forceinline__ float dot4(const float4& a, const float4& b, float s) {
+    s = fmaf(a.x, b.x, s);
+    s = fmaf(a.y, b.y, s);
+    s = fmaf(a.z, b.z, s);
+    return fmaf(a.w, b.w, s);
 }
 }  // namespace eq_f32a
 
@@ -277,7 +294,7 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
     using namespace eq_f32a;
     extern __shared__ __align__(16) float eq_fsmem[];
     const int tid = threadIdx.x;
-    const int rl = tid % EQ_FBM, part = tid / EQ_FBM;
+    const int tr = tid / EQ_FTC, tc = tid % EQ_FTC;
     const int mblocks = (EQ_SQ + EQ_FBM - 1) / EQ_FBM;
     const int mb = EQ_CAUSAL ? mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x;
     const long long b = blockIdx.y;
@@ -289,158 +306,152 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
 #if EQ_BIAS
     const EQ_BT* bg = EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2;
 #endif
-    const int m0 = mb * EQ_FBM, row = m0 + rl;
+    const int m0 = mb * EQ_FBM;
     const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_FBM ? EQ_SK : m0 + EQ_FBM) : EQ_SK;
     const int ntiles = (n_end + EQ_FBN - 1) / EQ_FBN;
-    float* tiles = eq_fsmem;   // [2 buffers][keys, values][EQ_FBN][EQ_FDP]
-    load_tile(tiles, tiles + EQ_FTILE, kg, vg, 0, tid);
+    float* sq = eq_fsmem;                     // [EQ_FBM][EQ_FS]
+    float* tiles = sq + EQ_FBM * EQ_FS;       // [2 buffers][keys, values][EQ_FBN][EQ_FS]
+    float* sp = tiles + 4 * EQ_FTILE;         // [EQ_FBM][EQ_FPS]
+    load_rows<EQ_FBM, EQ_FQVEC>(sq, qg, EQ_Q_SR, m0, EQ_SQ, tid);
+    load_rows<EQ_FBN, EQ_FVEC>(tiles, kg, EQ_K_SR, 0, EQ_SK, tid);
+    load_rows<EQ_FBN, EQ_FVEC>(tiles + EQ_FTILE, vg, EQ_V_SR, 0, EQ_SK, tid);
+    eq_cp_async_commit();
 
-    // The query row: registers (heads up to 64) or the shared query tile.
-#if EQ_FQREG
-    float q[EQ_FDP];
-    {
-        const float* qr = qg + (long long)(row < EQ_SQ ? row : 0) * EQ_Q_SR;
-#if EQ_FQVEC
+    float4 o[EQ_FR][EQ_FU];
+    float m[EQ_FR], l[EQ_FR];
 #pragma unroll
-        for (int c = 0; c < DP4; ++c) {
-            const float4 x = row < EQ_SQ ? __ldg(reinterpret_cast<const float4*>(qr) + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-            q[4 * c] = x.x, q[4 * c + 1] = x.y, q[4 * c + 2] = x.z, q[4 * c + 3] = x.w;
-        }
-#else
+    for (int a = 0; a < EQ_FR; ++a) {
+        m[a] = -EQ_INF;
+        l[a] = 0.0f;
 #pragma unroll
-        for (int d = 0; d < EQ_FDP; ++d) q[d] = row < EQ_SQ && d < EQ_D ? __ldg(qr + d) : 0.0f;
-#endif
+        for (int u = 0; u < EQ_FU; ++u) o[a][u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-#else
-    float* sq = tiles + 4 * EQ_FTILE;   // [EQ_FBM][EQ_FQS]
-    for (int c = tid; c < EQ_FBM * EQ_FDP; c += EQ_FNT) {
-        const int r = c / EQ_FDP, d = c % EQ_FDP;
-        sq[r * EQ_FQS + d] = m0 + r < EQ_SQ && d < EQ_D ? qg[(long long)(m0 + r) * EQ_Q_SR + d] : 0.0f;
-    }
-    const float4* sq4 = reinterpret_cast<const float4*>(sq + rl * EQ_FQS);
-#endif
-
-    float o[EQ_FDP];
-#pragma unroll
-    for (int d = 0; d < EQ_FDP; ++d) o[d] = 0.0f;
-    float m = -EQ_INF, l = 0.0f;
     const float scale = EQ_SCALE;
 #if EQ_DROPOUT
     const unsigned dseed = EQ_DROP_SEED, dkey0 = eq_dropout_key0(dseed);
 #endif
-    // The last row of this thread's warp (warp-uniform; the causal skip of a part's keys).
-    const int wlast = m0 + (rl | 31);
+    const float* qt = sq + tr * EQ_FS;        // row tr + EQ_FTR a at qt + EQ_FTR a EQ_FS
+    const float* prow = sp + tr * EQ_FPS;     // likewise, rows EQ_FPS apart
     for (int t = 0; t < ntiles; ++t) {
         eq_cp_async_wait_all();
         __syncthreads();   // tile t landed for every thread; tile t - 1 is consumed by all
         if (t + 1 < ntiles) {
             float* nb = tiles + ((t + 1) & 1) * 2 * EQ_FTILE;
-            load_tile(nb, nb + EQ_FTILE, kg, vg, (t + 1) * EQ_FBN, tid);
+            load_rows<EQ_FBN, EQ_FVEC>(nb, kg, EQ_K_SR, (t + 1) * EQ_FBN, EQ_SK, tid);
+            load_rows<EQ_FBN, EQ_FVEC>(nb + EQ_FTILE, vg, EQ_V_SR, (t + 1) * EQ_FBN, EQ_SK, tid);
+            eq_cp_async_commit();
         }
-        const int kb = t * EQ_FBN + part * EQ_FKP;   // this part's first key of the tile
-        if (EQ_CAUSAL && kb > wlast) continue;
-        const float* cur = tiles + (t & 1) * 2 * EQ_FTILE;
-        const float4* sk4 = reinterpret_cast<const float4*>(cur) + part * EQ_FKP * DP4;
-        const float4* sv4 = reinterpret_cast<const float4*>(cur + EQ_FTILE) + part * EQ_FKP * DP4;
-        float s[EQ_FKP];
+        const float* ck = tiles + (t & 1) * 2 * EQ_FTILE;
+        const float* cv = ck + EQ_FTILE;
+        const float* kt = ck + tc * EQ_FS;    // key tc + EQ_FTC c at kt + EQ_FTC c EQ_FS
+        float s[EQ_FR][EQ_FK];
 #pragma unroll
-        for (int j = 0; j < EQ_FKP; ++j) s[j] = 0.0f;
-#if EQ_FQREG
+        for (int a = 0; a < EQ_FR; ++a)
 #pragma unroll
-#else
+            for (int c = 0; c < EQ_FK; ++c) s[a][c] = 0.0f;
 #pragma unroll 4
-#endif
-        for (int c = 0; c < DP4; ++c) {
-#if EQ_FQREG
-            const float4 qv = make_float4(q[4 * c], q[4 * c + 1], q[4 * c + 2], q[4 * c + 3]);
-#else
-            const float4 qv = sq4[c];
-#endif
+        for (int d4 = 0; d4 < DP4; ++d4) {
+            float4 qv[EQ_FR], kv[EQ_FK];
 #pragma unroll
-            for (int j = 0; j < EQ_FKP; ++j) {
-                const float4 kv = sk4[j * DP4 + c];
-                s[j] = fmaf(qv.x, kv.x, s[j]);
-                s[j] = fmaf(qv.y, kv.y, s[j]);
-                s[j] = fmaf(qv.z, kv.z, s[j]);
-                s[j] = fmaf(qv.w, kv.w, s[j]);
+            for (int a = 0; a < EQ_FR; ++a) qv[a] = *reinterpret_cast<const float4*>(qt + EQ_FTR * a * EQ_FS + 4 * d4);
+#pragma unroll
+            for (int c = 0; c < EQ_FK; ++c) kv[c] = *reinterpret_cast<const float4*>(kt + EQ_FTC * c * EQ_FS + 4 * d4);
+#pragma unroll
+            for (int a = 0; a < EQ_FR; ++a)
+#pragma unroll
+                for (int c = 0; c < EQ_FK; ++c) s[a][c] = dot4(qv[a], kv[c], s[a][c]);
+        }
+        const int n0 = t * EQ_FBN;
+#pragma unroll
+        for (int a = 0; a < EQ_FR; ++a) {
+            const int row = m0 + tr + EQ_FTR * a;
+            float mx = -EQ_INF;
+#pragma unroll
+            for (int c = 0; c < EQ_FK; ++c) {
+                const int col = n0 + tc + EQ_FTC * c;
+#if EQ_BIAS
+                s[a][c] = (col >= EQ_SK || (EQ_CAUSAL && col > row)) ? -EQ_INF
+                                                                     : fmaf(s[a][c], scale, eq_att_bias(bg, row, col));
+#else
+                s[a][c] = (col >= EQ_SK || (EQ_CAUSAL && col > row)) ? -EQ_INF : s[a][c] * scale;
+#endif
+                mx = fmaxf(mx, s[a][c]);
+            }
+#pragma unroll
+            for (int x = EQ_FTC / 2; x >= 1; x >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+            const float mnew = fmaxf(m[a], mx);
+            const float mu = mnew == -EQ_INF ? 0.0f : mnew;
+            const float alpha = expf(m[a] - mu);
+            m[a] = mnew;
+            l[a] *= alpha;
+#pragma unroll
+            for (int u = 0; u < EQ_FU; ++u) {
+                o[a][u].x *= alpha;
+                o[a][u].y *= alpha;
+                o[a][u].z *= alpha;
+                o[a][u].w *= alpha;
+            }
+#pragma unroll
+            for (int c = 0; c < EQ_FK; ++c) {
+                float p = expf(s[a][c] - mu);
+                l[a] += p;
+#if EQ_DROPOUT
+                if (!eq_att_keep(dseed, dkey0, b, row, n0 + tc + EQ_FTC * c)) p = 0.0f;
+#endif
+                sp[(tr + EQ_FTR * a) * EQ_FPS + tc + EQ_FTC * c] = p;
             }
         }
-        float mx = m;
+        __syncwarp();   // a warp reads back only the probability rows it wrote
+#pragma unroll 2
+        for (int j4 = 0; j4 < EQ_FBN / 4; ++j4) {
+            float4 pv[EQ_FR];
 #pragma unroll
-        for (int j = 0; j < EQ_FKP; ++j) {
-            const int col = kb + j;
-#if EQ_BIAS
-            s[j] = (col >= EQ_SK || (EQ_CAUSAL && col > row)) ? -EQ_INF : fmaf(s[j], scale, eq_att_bias(bg, row, col));
-#else
-            s[j] = (col >= EQ_SK || (EQ_CAUSAL && col > row)) ? -EQ_INF : s[j] * scale;
-#endif
-            mx = fmaxf(mx, s[j]);
-        }
-        const float mu = mx == -EQ_INF ? 0.0f : mx;
-        const float alpha = expf(m - mu);
-        m = mx;
-        l *= alpha;
+            for (int a = 0; a < EQ_FR; ++a) pv[a] = *reinterpret_cast<const float4*>(prow + EQ_FTR * a * EQ_FPS + 4 * j4);
 #pragma unroll
-        for (int d = 0; d < EQ_FDP; ++d) o[d] *= alpha;
+            for (int jj = 0; jj < 4; ++jj) {
 #pragma unroll
-        for (int j = 0; j < EQ_FKP; ++j) {
-            float p = expf(s[j] - mu);
-            l += p;
-#if EQ_DROPOUT
-            if (!eq_att_keep(dseed, dkey0, b, row, kb + j)) p = 0.0f;
-#endif
+                for (int u = 0; u < EQ_FU; ++u) {
+                    if (DP4 % EQ_FTC == 0 || tc + EQ_FTC * u < DP4) {
+                        const float4 vv = *reinterpret_cast<const float4*>(cv + (4 * j4 + jj) * EQ_FS + 4 * (tc + EQ_FTC * u));
 #pragma unroll
-            for (int c = 0; c < DP4; ++c) {
-                const float4 vv = sv4[j * DP4 + c];
-                o[4 * c] = fmaf(p, vv.x, o[4 * c]);
-                o[4 * c + 1] = fmaf(p, vv.y, o[4 * c + 1]);
-                o[4 * c + 2] = fmaf(p, vv.z, o[4 * c + 2]);
-                o[4 * c + 3] = fmaf(p, vv.w, o[4 * c + 3]);
+                        for (int a = 0; a < EQ_FR; ++a) fma4(o[a][u], lane4(pv[a], jj), vv);
+                    }
+                }
             }
         }
     }
 
-    // Merge the parts of each row, in part order.
-    float* so = eq_fsmem;                                  // [EQ_FP][EQ_FBM][EQ_FOS]
-    float* sm = so + EQ_FP * EQ_FBM * EQ_FOS;              // [EQ_FP][EQ_FBM]
-    float* sl = sm + EQ_FNT;                               // [EQ_FP][EQ_FBM]
-    float* sinv = sl + EQ_FNT;                             // [EQ_FBM]
-    __syncthreads();   // every part is done with the tiles (and the query tile)
-    sm[tid] = m;
-    sl[tid] = l;
-    __syncthreads();
-    float mall = -EQ_INF;
+    // Each row's sum over its threads (a fixed butterfly), then the output.
 #pragma unroll
-    for (int p = 0; p < EQ_FP; ++p) mall = fmaxf(mall, sm[p * EQ_FBM + rl]);
-    const float mu = mall == -EQ_INF ? 0.0f : mall;
-    const float c = expf(m - mu);
-    float* sor = so + (part * EQ_FBM + rl) * EQ_FOS;
+    for (int a = 0; a < EQ_FR; ++a) {
 #pragma unroll
-    for (int d = 0; d < EQ_FDP; ++d) sor[d] = o[d] * c;
-    if (part == 0) {
-        float lall = 0.0f;
+        for (int x = EQ_FTC / 2; x >= 1; x >>= 1) l[a] += __shfl_xor_sync(0xffffffffu, l[a], x);
+        const int row = m0 + tr + EQ_FTR * a;
+        if (row >= EQ_SQ) continue;
+        const float inv = l[a] > 0.0f ? EQ_DROP_FACTOR / l[a] : 0.0f;
+        float* orow = og + (long long)row * EQ_O_SR;
 #pragma unroll
-        for (int p = 0; p < EQ_FP; ++p) lall += sl[p * EQ_FBM + rl] * expf(sm[p * EQ_FBM + rl] - mu);
-        sinv[rl] = lall > 0.0f ? EQ_DROP_FACTOR / lall : 0.0f;
+        for (int u = 0; u < EQ_FU; ++u) {
+            const int c4 = tc + EQ_FTC * u;
+            if (c4 >= DP4) continue;
+            const float4 r = make_float4(o[a][u].x * inv, o[a][u].y * inv, o[a][u].z * inv, o[a][u].w * inv);
+#if EQ_FOVEC
+            *reinterpret_cast<float4*>(orow + 4 * c4) = r;
+#else
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (4 * c4 + e < EQ_D) orow[4 * c4 + e] = lane4(r, e);
+#endif
+        }
 #if EQ_LSE
-        if (row < EQ_SQ) EQ_LSEP[b * EQ_SQ + row] = mall + logf(lall);
+        if (tc == 0) EQ_LSEP[b * EQ_SQ + row] = m[a] + logf(l[a]);
 #endif
 #if EQ_STATS
-        if (row < EQ_SQ) {
-            EQ_LSEP[(b * EQ_SQ + row) * 2] = mall;
-            EQ_LSEP[(b * EQ_SQ + row) * 2 + 1] = logf(lall);
+        if (tc == 0) {
+            EQ_LSEP[(b * EQ_SQ + row) * 2] = m[a];
+            EQ_LSEP[(b * EQ_SQ + row) * 2 + 1] = logf(l[a]);
         }
 #endif
-    }
-    __syncthreads();
-    // Consecutive threads write consecutive elements of a row.
-    for (int i = tid; i < EQ_FBM * EQ_D; i += EQ_FNT) {
-        const int r = i / EQ_D, d = i % EQ_D;
-        if (m0 + r >= EQ_SQ) break;
-        float acc = 0.0f;
-#pragma unroll
-        for (int p = 0; p < EQ_FP; ++p) acc += so[(p * EQ_FBM + r) * EQ_FOS + d];
-        og[(long long)(m0 + r) * EQ_O_SR + d] = acc * sinv[r];
     }
 }
 #elif EQ_WGMMA && defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -67,45 +67,53 @@ pub fn hopper_path(dtype: DType, scale: f64) -> bool {
     dtype != DType::F32 && (scale * std::f64::consts::LOG2_E) as f32 > 0.0
 }
 
-/// The f32 path (`kernels/attention.cu`, `EQ_F32`, CUDA cores): query rows per block, parts
-/// each row's keys are split over (one thread per row and part), keys of a part per tile, and so
-/// keys per tile (`F32_PARTS * F32_PART_KEYS`). Measured on an H100 (kernel alone, event-timed per
-/// launch; benches/results/2026-11-22-h100-6d005bd-f32att, run1):
-/// 32 rows x 4 parts x 8 keys took 16.4 us on a causal [4, 128, 64] attention (the one-row-a-
-/// thread kernel before it: 77.0), 1421 us on [128, 1024, 64] (2484), 805 us causal (1758) and
-/// 104 us on [16, 512, 128] (495); 8 parts (256 threads) 16.1 / 1620 / 924 / 114, 64 rows x 4
-/// parts 21.6 / 1487 / 866 / 106, 64 rows x 2 parts 23.2 / 1355 / 815 / 118: small blocks keep
-/// small problems on many SMs, and 128 threads of about 210 registers run two blocks an SM.
-pub const F32_BLOCK_M: usize = 32;
-pub const F32_PARTS: usize = 4;
-pub const F32_PART_KEYS: usize = 8;
-pub const F32_BLOCK_N: usize = F32_PARTS * F32_PART_KEYS;
+/// The f32 path (`kernels/attention.cu`, `EQ_F32`, CUDA cores): register tiles as in a
+/// CUDA-core gemm. A block of `F32_BLOCK_M` query rows and `F32_THREADS` threads (16 row groups
+/// of `F32_ROW_THREADS`) walks key tiles of [`f32_block_n`] keys; a thread holds 4 rows x
+/// [`f32_thread_keys`] keys of scores and its 4 rows' output over an eighth of the head. The kernel it replaced (each row's keys
+/// split over 4 threads of a 32-row block, one shared-memory read a 4 fmas) ran [128, 1024, 64]
+/// in 1421 us on an H100 (benches/results/2026-11-22-h100-6d005bd-f32att).
+pub const F32_BLOCK_M: usize = 64;
 /// Threads per block of the f32 path.
-pub const F32_THREADS: usize = F32_BLOCK_M * F32_PARTS;
+pub const F32_THREADS: usize = 128;
+/// Threads a query row's scores are spread over (consecutive lanes of a warp): with 8, every
+/// shared-memory read of a warp is one wavefront.
+pub const F32_ROW_THREADS: usize = 8;
+/// Keys a thread holds per tile, by padded head size: 8 (64-key tiles) up to 64, 4 (32-key
+/// tiles) over it, so that two blocks' shared memory fits an SM for every head up to 128.
+pub const fn f32_thread_keys(d: usize) -> usize {
+    if f32_head(d) <= 64 {
+        8
+    } else {
+        4
+    }
+}
+
+/// Keys per tile of the f32 path for head size `d`.
+pub const fn f32_block_n(d: usize) -> usize {
+    F32_ROW_THREADS * f32_thread_keys(d)
+}
 
 /// The head size the f32 path pads rows to (a multiple of 4 floats: 16-byte reads).
-pub fn f32_head(d: usize) -> usize {
+pub const fn f32_head(d: usize) -> usize {
     d.div_ceil(4) * 4
 }
 
 /// The steps a thread of the f32 path runs over `sk` keys of head size `d`, as the cost model
-/// counts them (one step: one key and one padded head element, in the scores and again in the
-/// output): its part's keys of every tile, `ceil(sk / F32_BLOCK_N) * F32_PART_KEYS`, times the
-/// padded head, that is keys x head / `F32_PARTS`.
+/// counts them (one step: one fma of the scores, and one of the output beside it): 4 rows x
+/// [`f32_thread_keys`] keys x the padded head per key tile, that is keys x head / 2 over whole
+/// tiles.
 pub fn f32_steps(sk: usize, d: usize) -> usize {
-    sk.div_ceil(F32_BLOCK_N) * F32_PART_KEYS * f32_head(d)
+    let bn = f32_block_n(d);
+    sk.div_ceil(bn) * bn * f32_head(d) * 4 / F32_ROW_THREADS
 }
 
-/// The shared memory a block of the f32 path uses for head size `d` (bytes): two buffers each
-/// of the key and value tiles, plus the query tile where the query row does not stay in
-/// registers (heads over 64), or, if larger, the merge of the parts (each part's output row at
-/// an odd stride, the parts' maxima and sums, the rows' reciprocal sums).
+/// The shared memory a block of the f32 path uses for head size `d` (bytes): the query tile,
+/// two buffers each of the key and value tiles (rows of the padded head plus 4 floats) and the
+/// probability tile (rows of the tile's keys plus `F32_ROW_THREADS` floats).
 pub fn smem_bytes_f32(d: usize) -> usize {
-    let dp = f32_head(d);
-    let q = if dp <= 64 { 0 } else { F32_BLOCK_M * (dp + 4) };
-    let the_loop = 4 * F32_BLOCK_N * dp + q;
-    let merge = F32_PARTS * F32_BLOCK_M * (dp + 1) + 2 * F32_THREADS + F32_BLOCK_M;
-    the_loop.max(merge) * 4
+    let (rows, bn) = (F32_BLOCK_M + 4 * f32_block_n(d), f32_block_n(d));
+    (rows * (f32_head(d) + 4) + F32_BLOCK_M * (bn + F32_ROW_THREADS)) * 4
 }
 
 /// Whether the template runs attention over queries, keys and values of these types (storage
@@ -886,9 +894,10 @@ pub fn codegen(
     }
     def("EQ_F32", u8::from(f32).to_string());
     def("EQ_SCALE", float_literal(inst.scale));
-    def("EQ_FBM", F32_BLOCK_M.to_string());
-    def("EQ_FP", F32_PARTS.to_string());
-    def("EQ_FKP", F32_PART_KEYS.to_string());
+    def("EQ_FK", f32_thread_keys(inst.d).to_string());
+    def("EQ_FTC", F32_ROW_THREADS.to_string());
+    def("EQ_FNT", F32_THREADS.to_string());
+    def("EQ_FMINB", "2".into());
     def("EQ_SCALE_LOG2", float_literal(inst.scale * std::f64::consts::LOG2_E));
     def("EQ_BM", BLOCK_M.to_string());
     def("EQ_BN", BLOCK_N.to_string());
@@ -962,12 +971,15 @@ mod tests {
         assert_eq!(hopper_smem_bytes(64), (128 + 4 * 64) * 64 * 2 + 1024);
         assert_eq!(hopper_smem_bytes(128), (128 + 4 * 64) * 128 * 2 + 1024);
         assert_eq!(hopper_smem_bytes(16), hopper_smem_bytes(64));
-        // f32: two buffers each of 32-key tiles (with the query tile past heads of 64), or the
-        // merge of 4 parts of 32 rows where that is larger.
-        assert_eq!(smem_bytes_f32(64), (4 * 32 * 65 + 2 * 128 + 32) * 4);
-        assert_eq!(smem_bytes_f32(128), (4 * 32 * 128 + 32 * 132) * 4);
-        assert_eq!(smem_bytes_f32(8), (4 * 32 * 9 + 2 * 128 + 32) * 4);
+        // f32: the query tile, two buffers each of 64-key tiles (32-key past heads of 64) and
+        // the probability tile.
+        assert_eq!(smem_bytes_f32(64), ((64 + 4 * 64) * 68 + 64 * 72) * 4);
+        assert_eq!(smem_bytes_f32(128), ((64 + 4 * 32) * 132 + 64 * 40) * 4);
+        assert_eq!(smem_bytes_f32(8), ((64 + 4 * 64) * 12 + 64 * 72) * 4);
         assert_eq!(smem_bytes_f32(20), smem_bytes_f32(17));
+        // Two blocks an SM for every head size (227 KiB of shared memory an SM, 1 KiB of it
+        // reserved per block).
+        assert!((1..=128).all(|d| 2 * (smem_bytes_f32(d) + 1024) <= 228 * 1024));
     }
 
     #[test]

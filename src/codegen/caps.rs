@@ -43,8 +43,10 @@ const _: () = assert!(
         && super::attention::BLOCK_N == super::attention::HOPPER_BLOCK_N
 );
 
-/// Query rows per block and keys per tile of attention's f32 path (CUDA cores).
-pub const ATTENTION_F32_BLOCK: (usize, usize) = (super::attention::F32_BLOCK_M, super::attention::F32_BLOCK_N);
+/// Query rows per block and keys per tile of attention's f32 path (CUDA cores), heads up to 64:
+/// the tile its step times are measured and priced by (heads over 64 walk 32-key tiles, their
+/// steps counted by [`attention_f32_steps`]).
+pub const ATTENTION_F32_BLOCK: (usize, usize) = (super::attention::F32_BLOCK_M, super::attention::f32_block_n(64));
 
 /// The steps a thread of attention's f32 path runs over `sk` keys of head size `d`.
 pub fn attention_f32_steps(sk: usize, d: usize) -> usize {

@@ -646,12 +646,11 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
     })
 }
 
-/// Attention on f32 operands runs on CUDA cores: a block of `F32_BLOCK_M` query rows, each row's
-/// keys split over `F32_PARTS` threads, every thread walking its part's keys of every key tile
-/// (each step one key and one head element), so it is timed like a gemm tile of `F32_BLOCK_M`
-/// rows whose reduction axis is keys x head size / parts (`caps::attention_f32_steps`), plus
-/// a fixed time per wave of blocks (the tile's "row epilogue": the query row's loads, the first
-/// key tile's latency and the merge of the parts). Under a causal mask the block of the last
+/// Attention on f32 operands runs on CUDA cores: a block of `F32_BLOCK_M` query rows whose
+/// threads each hold a register tile of 4 rows' scores and outputs, walking every key tile, so
+/// it is timed like a gemm tile of `F32_BLOCK_M` rows whose reduction axis is keys x head size
+/// / 2 (`caps::attention_f32_steps`), plus a fixed time per wave of blocks (the tile's "row
+/// epilogue": the query tile's loads, the first key tile's latency and the output's writes). Under a causal mask the block of the last
 /// query rows, which runs first, walks every key tile up to its diagonal, the others fewer: a
 /// lone block's latency takes the longest block's steps, the SM's throughput the average's.
 fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {

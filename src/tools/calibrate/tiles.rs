@@ -1,8 +1,8 @@
 //! Step times of the tiled kernels, measured: the generated gemm kernel's per tile (`tiles` on
 //! f32 operands, `tiles_16bit` on 16-bit operands off the tensor cores, `tiles_mma` on them) and
-//! the attention template's f32 path (`32x32`: 32 query rows a block, each row's keys split over
-//! 4 threads, 32-key tiles; its row epilogue is the fixed time of a wave of blocks: the query
-//! rows' loads, the first key tile's latency and the merge of the parts).
+//! the attention template's f32 path (`64x64`: 64 query rows a block, 64-key tiles, each thread
+//! a register tile of 4 rows by 8 keys; its row epilogue is the fixed time of a wave of blocks:
+//! the query tile's loads, the first key tile's latency and the output's writes).
 //!
 //! For every tile key codegen can choose, single-product programs of growing reduction depth K
 //! run in two forms: about one block per SM (*lone*: each block alone on its SM, bound by the
@@ -51,7 +51,7 @@ pub const BLOCK_K: usize = 2;
 /// Blocks per SM of the block probes (fewer where the tile is taken only with fewer blocks).
 const BLOCK_PER_SM: [usize; 2] = [32, 64];
 /// Sequence lengths of the f32 attention probes (head size [`ATTENTION_D`]; K = keys x head /
-/// parts, `codegen::attention::f32_steps`). 128 keys, the shortest, is the size of the small
+/// 2, `codegen::attention::f32_steps`). 128 keys, the shortest, is the size of the small
 /// attentions of the examples (composites).
 pub const ATTENTION_S: [usize; 4] = [128, 256, 512, 1024];
 const ATTENTION_D: usize = 64;
@@ -131,7 +131,7 @@ impl Family {
                 v
             }
             Family::AttentionF32 => {
-                vec![(crate::codegen::attention::F32_BLOCK_M, crate::codegen::attention::F32_BLOCK_N)]
+                vec![crate::codegen::caps::ATTENTION_F32_BLOCK]
             }
         }
     }
@@ -175,7 +175,7 @@ pub struct Probe {
     /// Whether the product is followed by a row softmax (the row epilogue).
     pub rows: bool,
     /// Reduction steps per block as the cost model counts them (K in whole slices of the
-    /// tile, `cost::profile::slice_steps`; keys x head / parts for attention).
+    /// tile, `cost::profile::slice_steps`; keys x head / 2 for attention).
     pub steps: usize,
     /// The product's depth K (the attention probe's keys x head).
     pub depth: usize,
@@ -323,7 +323,7 @@ fn gemm_probe(family: Family, bm: usize, bn: usize, form: Form, rows: bool, k: u
 }
 
 fn attention_probe(sms: usize, form: Form, s: usize) -> Result<Probe> {
-    let (bm, bn) = (crate::codegen::attention::F32_BLOCK_M, crate::codegen::attention::F32_BLOCK_N);
+    let (bm, bn) = crate::codegen::caps::ATTENTION_F32_BLOCK;
     let target = form.target_blocks(sms);
     let per = s.div_ceil(bm);
     let batch = (target / per).max(1);
@@ -704,7 +704,7 @@ mod tests {
             assert!((f.rate.block_us - 0.35).abs() < 1e-6, "{key:?} {f:?}");
             assert!(f.worst() < 1e-9);
         }
-        // The f32 attention path: K is keys x head elements / parts.
+        // The f32 attention path: K is keys x head elements / 2.
         let key = Family::AttentionF32.keys()[0];
         let f =
             fit(Family::AttentionF32, "k", synthetic(Family::AttentionF32, key, &rate, 4.2, 0.0), 132, 4.2).unwrap();
