@@ -938,14 +938,14 @@ fn narrow_programs() -> Result<Vec<(u32, Program)>> {
         .map_err(Error::Invalid)
     };
     let cols = 16383;
-    let not = Program::from_sexprs(
+    let equal = Program::from_sexprs(
         "calibrate-lanes-bool-16383",
         &[("x", TensorType::new(DType::Bool, vec![16384, cols])), ("b", TensorType::new(DType::Bool, vec![cols]))],
         &[("y", "(== x b)")],
     )
     .map_err(Error::Invalid)?;
     Ok(vec![
-        (1, not),
+        (1, equal),
         (2, pointwise(DType::Bf16, 8191)?),
         (4, pointwise(DType::F32, 4095)?),
         (8, pointwise(DType::F32, 4094)?),
