@@ -11,7 +11,9 @@ use crate::ir::types::{DType, TensorType};
 use crate::plan::{Kernel, Template};
 
 pub use super::cublaslt::LtCall;
-pub use super::emit::{ClusterShape as RowCluster, ReadTraffic, RowKeep, MAX_ROW_SMEM_BYTES, ROW_CACHE_PER_THREAD};
+pub use super::emit::{
+    ClusterShape as RowCluster, ElementwiseReads, ReadTraffic, RowKeep, MAX_ROW_SMEM_BYTES, ROW_CACHE_PER_THREAD,
+};
 pub use super::gemm::{Tile as GemmTile, MAX_ROW_EPILOGUE as MAX_GEMM_ROW};
 pub use super::{mask_refusal, MaskAccess, MaskSite};
 
@@ -163,17 +165,11 @@ pub fn vector_width(
     super::emit::lanes(template, rank, last, widest, strict, packed_writes)
 }
 
-/// The lanes an elementwise kernel's plain path reads with and the bytes of the widest element
-/// along its last axis, as code generation renders it (its merged axes, the tiled path's one
-/// lane); `None` for a kernel of another template or that does not lower.
-pub fn elementwise_lanes(k: &Kernel, strict: bool) -> Option<(usize, usize)> {
-    super::emit::elementwise_lanes(k, strict)
-}
-
-/// How an elementwise kernel reads its inputs: whether code generation takes the tiled path
-/// (transposed reads through a shared-memory tile), and each read that touches more 32-byte
-/// sectors than it uses, with the window in which later warps use the rest; `None` for a
-/// kernel of another template or that does not lower.
-pub fn elementwise_traffic(k: &Kernel, strict: bool) -> Option<(bool, Vec<ReadTraffic>)> {
-    super::emit::elementwise_traffic(k, strict)
+/// How an elementwise kernel (or a plain row kernel) reads its inputs, as code generation
+/// renders it: whether it takes the tiled path (transposed reads through a shared-memory tile),
+/// its lanes and widest element along the last axis (its merged axes; the tiled path's one
+/// lane), and each read that touches more 32-byte sectors than it uses, with the window in which
+/// later warps use the rest; `None` for a kernel of another template or that does not lower.
+pub fn elementwise_reads(k: &Kernel, strict: bool) -> Option<ElementwiseReads> {
+    super::emit::elementwise_reads(k, strict)
 }

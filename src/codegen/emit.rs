@@ -440,39 +440,42 @@ fn fast_exp(l: &Lowered, vec: usize, strict: bool) -> bool {
     on && !strict && vec == 8 && l.template == Template::RowReduce && l.product.is_none() && l.scatter.is_none()
 }
 
-/// How an elementwise kernel, or a row kernel without a product, reads: whether it takes the
-/// tiled path, and the reads that touch more sectors than they use ([`ReadTraffic`]), as
-/// [`render`] generates it outside 1-bit masks (the cost model's question,
-/// `caps::elementwise_traffic`); `None` for a kernel of another template or that does not lower.
-pub fn elementwise_traffic(k: &Kernel, strict: bool) -> Option<(bool, Vec<ReadTraffic>)> {
+/// How an elementwise kernel (or a plain row kernel) reads, as [`render`] generates it outside
+/// 1-bit masks: see [`ElementwiseReads`]. `None` for a kernel of another template or that does
+/// not lower. The cost model asks this (`caps::elementwise_reads`), once per candidate kernel,
+/// for strided reads' sectors and for narrow lanes.
+pub fn elementwise_reads(k: &Kernel, strict: bool) -> Option<ElementwiseReads> {
     let l = super::lower::lower(k).ok()?;
+    let widest = if l.domain.is_empty() { 4 } else { widest_along_last(&l, k) };
     if l.template == Template::RowReduce && l.product.is_none() && l.scatter.is_none() {
         // A row kernel's lanes read along the last axis as the plain elementwise path's do.
-        let vec = choose_vec(&l, k, strict, false);
-        return Some((false, tiled::read_traffic(&l, vec, None)));
+        let lanes = choose_vec(&l, k, strict, false);
+        return Some(ElementwiseReads { tiled: false, lanes, widest, traffic: tiled::read_traffic(&l, lanes, None) });
     }
     if l.template != Template::Elementwise || l.scatter.is_some() {
         return None;
     }
     let vec = choose_vec(&l, k, strict, false);
     let t = tiled::tiled(&l, vec, false);
-    let vec = if t.is_some() { 1 } else { vec };
-    Some((t.is_some(), tiled::read_traffic(&l, vec, t.as_ref())))
+    let lanes = if t.is_some() { 1 } else { vec };
+    Some(ElementwiseReads { tiled: t.is_some(), lanes, widest, traffic: tiled::read_traffic(&l, lanes, t.as_ref()) })
 }
 
-/// The lanes an elementwise kernel's plain path reads with, as [`render`] generates it outside
-/// 1-bit masks (after `lower` merged the axes it walks as one: an odd last extent of a
-/// contiguous tensor does not narrow them), and the bytes of the widest element accessed along
-/// its last axis; 1 lane on the tiled path. `None` for a kernel of another template or that
-/// does not lower. The cost model asks this (`caps::elementwise_lanes`) to price narrow lanes.
-pub fn elementwise_lanes(k: &Kernel, strict: bool) -> Option<(usize, usize)> {
-    let l = super::lower::lower(k).ok()?;
-    if l.template != Template::Elementwise || l.scatter.is_some() || l.domain.is_empty() {
-        return None;
-    }
-    let vec = choose_vec(&l, k, strict, false);
-    let vec = if tiled::tiled(&l, vec, false).is_some() { 1 } else { vec };
-    Some((vec, widest_along_last(&l, k)))
+/// How a kernel's plain path reads its inputs ([`elementwise_reads`]).
+#[derive(Clone, Debug)]
+pub struct ElementwiseReads {
+    /// Whether code generation takes the tiled path (transposed reads through a shared-memory
+    /// tile).
+    pub tiled: bool,
+    /// The lanes each thread reads with along the last axis (after `lower` merged the axes it
+    /// walks as one: an odd last extent of a contiguous tensor does not narrow them); 1 on the
+    /// tiled path.
+    pub lanes: usize,
+    /// The bytes of the widest element accessed along the last axis (4 where none is).
+    pub widest: usize,
+    /// Each read that touches more 32-byte sectors than it uses, with the window in which later
+    /// warps use the rest.
+    pub traffic: Vec<ReadTraffic>,
 }
 
 /// The bytes of the widest element a lowered kernel of rank >= 1 accesses along its last axis

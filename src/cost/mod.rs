@@ -391,9 +391,21 @@ pub fn analyse(
         k.passes = passes;
     }
     if matches!(template, Template::Elementwise | Template::RowReduce) && k.kind == KernelKind::Plain {
-        strided_reads(dag, members, &mut k, profile, template);
+        // Codegen is asked once (the candidate lowered once) where a read is strided or the
+        // lanes the kernel's own last extent gives are narrow.
+        let strided = k.body.iter().any(|&b| matches!(dag.nodes[b].kind(), Some(Kind::Transpose | Kind::Slice)));
+        let narrow = (template == Template::Elementwise)
+            .then(|| lanes(dag, members, &k, profile, template))
+            .flatten()
+            .map_or(0, |(lanes, widest)| lanes * widest);
+        let reads = (strided || (1..16).contains(&narrow))
+            .then(|| caps::elementwise_reads(&candidate_kernel(dag, members, &k, template), profile.strict))
+            .flatten();
+        if strided {
+            strided_reads(dag, members, &mut k, profile, reads.as_ref());
+        }
         if template == Template::Elementwise && !k.tiled {
-            k.access_bytes = narrow_access(dag, members, &k, profile);
+            k.access_bytes = narrow_access(narrow, reads.as_ref());
         }
     }
     if template == Template::RowReduce || k.kind == KernelKind::RowGlobal {
@@ -456,7 +468,7 @@ pub fn analyse(
 }
 
 /// Prices an elementwise or row kernel's reads by the 32-byte sectors its warps touch, as codegen
-/// reads them (`caps::elementwise_traffic`: the tiled path, or lanes along the last axis), for a
+/// reads them (`reads`, `caps::elementwise_reads`: the tiled path, or lanes along the last axis), for a
 /// body that reads a view which may be strided (a transpose or a slice; every other view keeps a
 /// read's contiguous axis last or broadcasts it, and touches whole sectors).
 ///
@@ -472,15 +484,16 @@ pub fn analyse(
 /// next output rows) come within L2's reuse capacity of the first (the window, in elements of
 /// the space, times the bytes the kernel moves an element); otherwise every touch is a fetch
 /// (`strided_dram_bytes`), as it is where nothing uses the rest.
-fn strided_reads(dag: &Dag, members: &[usize], k: &mut KernelCost, profile: &DeviceProfile, template: Template) {
-    let strided = |&b: &usize| matches!(dag.nodes[b].kind(), Some(Kind::Transpose | Kind::Slice));
-    if !k.body.iter().any(strided) {
-        return;
-    }
-    let kernel = candidate_kernel(dag, members, k, template);
-    let Some((tiled, traffic)) = caps::elementwise_traffic(&kernel, profile.strict) else { return };
-    k.tiled = tiled;
-    if tiled {
+fn strided_reads(
+    dag: &Dag,
+    members: &[usize],
+    k: &mut KernelCost,
+    profile: &DeviceProfile,
+    reads: Option<&caps::ElementwiseReads>,
+) {
+    let Some(caps::ElementwiseReads { tiled, traffic, .. }) = reads else { return };
+    k.tiled = *tiled;
+    if *tiled {
         k.notes.push("transposed reads go through a shared-memory tile (coalesced on both sides)".into());
     }
     if traffic.is_empty() {
@@ -536,17 +549,15 @@ fn strided_bias(dag: &Dag, members: &[usize], k: &mut KernelCost, profile: &Devi
 /// their price at copy bandwidth, those of 16-byte lanes 1.00x (medians of 266 and 770,
 /// `benches/results/2026-11-26-h100-fidelity`).
 ///
-/// The lanes are first taken from the kernel's own last extent (cheap); where those are narrow,
-/// codegen is asked (`caps::elementwise_lanes`: it walks axes that every access steps through
-/// as one as a single axis, so a contiguous tensor of an odd last extent is still read 16 bytes
-/// a lane).
-fn narrow_access(dag: &Dag, members: &[usize], k: &KernelCost, profile: &DeviceProfile) -> u32 {
-    let Some((lanes, widest)) = lanes(dag, members, k, profile, Template::Elementwise) else { return 0 };
-    let mut bytes = lanes * widest;
-    if bytes < 16 {
-        let kernel = candidate_kernel(dag, members, k, Template::Elementwise);
-        if let Some((lanes, widest)) = caps::elementwise_lanes(&kernel, profile.strict) {
-            bytes = lanes * widest;
+/// The lanes are first taken from the kernel's own last extent (`cheap`: lanes times the widest
+/// element's bytes, 0 for a kernel of no axis); where those are narrow, codegen's answer
+/// (`reads`, `caps::elementwise_reads`: it walks axes that every access steps through as one as
+/// a single axis, so a contiguous tensor of an odd last extent is still read 16 bytes a lane).
+fn narrow_access(cheap: usize, reads: Option<&caps::ElementwiseReads>) -> u32 {
+    let mut bytes = cheap;
+    if (1..16).contains(&bytes) {
+        if let Some(r) = reads {
+            bytes = r.lanes * r.widest;
         }
     }
     if bytes < 16 {

@@ -953,14 +953,14 @@ fn narrow_programs() -> Result<Vec<(u32, Program)>> {
 }
 
 /// A narrow-lane probe's plan: one elementwise kernel whose lanes access `width` bytes, as code
-/// generation reads them (`caps::elementwise_lanes`; error otherwise).
+/// generation reads them (`caps::elementwise_reads`; error otherwise).
 fn narrow_plan(profile: &DeviceProfile, program: &Program, width: u32) -> Result<FusionPlan> {
     let plan = optimize(program, &OptimizeOptions::new(profile.clone()))?.plan;
     let lanes = plan
         .kernels
         .first()
-        .and_then(|k| crate::codegen::caps::elementwise_lanes(k, false))
-        .map(|(lanes, widest)| lanes * widest);
+        .and_then(|k| crate::codegen::caps::elementwise_reads(k, false))
+        .map(|r| r.lanes * r.widest);
     if plan.kernels.len() != 1 || plan.kernels[0].template != Template::Elementwise || lanes != Some(width as usize) {
         return Err(Error::Invalid(format!(
             "calibration program {} did not plan as one elementwise kernel of {width}-byte lanes",
@@ -1071,9 +1071,10 @@ fn strided_plan(profile: &DeviceProfile, program: &Program) -> Result<(FusionPla
     let (Some(k), 1) = (plan.kernels.first(), plan.kernels.len()) else {
         return Err(Error::Invalid(format!("calibration program {} did not plan as one kernel", program.source)));
     };
-    let (tiled, traffic) = crate::codegen::caps::elementwise_traffic(k, false).ok_or_else(|| {
-        Error::Invalid(format!("calibration program {} did not plan as an elementwise kernel", program.source))
-    })?;
+    let crate::codegen::caps::ElementwiseReads { tiled, traffic, .. } =
+        crate::codegen::caps::elementwise_reads(k, false).ok_or_else(|| {
+            Error::Invalid(format!("calibration program {} did not plan as an elementwise kernel", program.source))
+        })?;
     let excess = traffic.iter().map(|t| (k.bytes_read as f64 * (t.sectors_per_byte - 1.0)) as u64).sum();
     let sources = codegen_plan(&plan)?;
     Ok((plan, sources, tiled, excess))

@@ -5,7 +5,7 @@
 //! an input whose contiguous axis is another one (a transpose) has each lane touch a sector of
 //! its own, and uses 2 of its 32 bytes for bf16. [`read_traffic`] counts, by enumerating the
 //! elements of sampled warps, the sectors each read's lanes touch against the bytes they use;
-//! the cost model prices a kernel by them (`caps::elementwise_traffic`).
+//! the cost model prices a kernel by them (`caps::elementwise_reads`).
 //!
 //! Where such a read has a contiguous axis `P` inside the space, [`tiled`] takes the tiled path
 //! (`kernels/elementwise.cu`, `EQ_TILED`): a block copies a 32 x 32 tile of the read into shared
