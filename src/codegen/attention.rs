@@ -70,9 +70,11 @@ pub fn hopper_path(dtype: DType, scale: f64) -> bool {
 /// The f32 path (`kernels/attention.cu`, `EQ_F32`, CUDA cores): register tiles as in a
 /// CUDA-core gemm. A block of `F32_BLOCK_M` query rows and `F32_THREADS` threads (16 row groups
 /// of `F32_ROW_THREADS`) walks key tiles of [`f32_block_n`] keys; a thread holds 4 rows x
-/// [`f32_thread_keys`] keys of scores and its 4 rows' output over an eighth of the head. The kernel it replaced (each row's keys
-/// split over 4 threads of a 32-row block, one shared-memory read a 4 fmas) ran [128, 1024, 64]
-/// in 1421 us on an H100 (benches/results/2026-11-22-h100-6d005bd-f32att).
+/// [`f32_thread_keys`] keys of scores and its 4 rows' output over an eighth of the head. The
+/// kernel it replaced (each row's keys split over 4 threads of a 32-row block, one shared-memory
+/// read a 4 fmas) ran [128, 1024, 64] in 1421 us on an H100
+/// (benches/results/2026-11-22-h100-6d005bd-f32att); this one 771.5 us on [8, 12, 1024, 64]
+/// (benches/results/2026-11-27-h100-session15).
 pub const F32_BLOCK_M: usize = 64;
 /// Threads per block of the f32 path.
 pub const F32_THREADS: usize = 128;

@@ -262,10 +262,11 @@ fn lower_with(kernel: &Kernel, gemm: Option<(usize, usize)>) -> Result<Lowered> 
 /// the inner one's times the inner extent (both 0 where broadcast), or one of the two extents
 /// is 1. A coordinate of either axis becomes a part of the merged one ([`Op::CoordPart`]: a
 /// quotient and a remainder). This is PyTorch's `TensorIterator::coalesce_dimensions`: it
-/// changes no address, only how the flat index is split, and it lets a contiguous tensor of an odd last extent (GPT-2's 50257-wide logits,
-/// ViT's 197 tokens) be read 16 bytes a lane over its flat index instead of one element a lane
-/// (4-byte lanes ran at 0.79x the 16-byte ones' bandwidth on an H100: 309 elementwise kernels
-/// of 20 MB or more of the held-out fidelity seed 9001, 2026-11-27).
+/// changes no address, only how the flat index is split, and it lets a contiguous tensor of an
+/// odd last extent (GPT-2's 50257-wide logits, ViT's 197 tokens) be read 16 bytes a lane over
+/// its flat index instead of one element a lane (4-byte lanes ran at 0.79x the 16-byte ones'
+/// bandwidth on an H100: 309 elementwise kernels of 20 MB or more of the held-out fidelity seed
+/// 9001, 2026-11-27).
 fn merge_axes(l: &mut Lowered) {
     let mut k = l.domain.len();
     while k >= 2 {
@@ -304,12 +305,9 @@ fn merge(l: &mut Lowered, a: usize, b: usize) {
         }
         s.remove(b);
     };
+    // The domain's, a store's or a value's shape: one varying along either axis varies along the
+    // merged one (a store along both or neither, [`mergeable`]: the same as the product).
     let shape = |s: &mut Vec<usize>| {
-        s[a] *= s[b];
-        s.remove(b);
-    };
-    // (A value varying along one of the two varies along the merged axis.)
-    let value_shape = |s: &mut Vec<usize>| {
         s[a] = if s[a] == 1 && s[b] == 1 { 1 } else { da * db };
         s.remove(b);
     };
@@ -321,7 +319,7 @@ fn merge(l: &mut Lowered, a: usize, b: usize) {
         shape(&mut st.shape);
     }
     for n in &mut l.nodes {
-        value_shape(&mut n.shape);
+        shape(&mut n.shape);
         // (A part of `b` keeps its quotient and remainder: `b`'s extent is a multiple of its
         // inner extents times its own, so the remainder modulo `db` may be dropped.)
         n.op = match n.op.clone() {

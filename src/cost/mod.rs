@@ -468,9 +468,9 @@ pub fn analyse(
 }
 
 /// Prices an elementwise or row kernel's reads by the 32-byte sectors its warps touch, as codegen
-/// reads them (`reads`, `caps::elementwise_reads`: the tiled path, or lanes along the last axis), for a
-/// body that reads a view which may be strided (a transpose or a slice; every other view keeps a
-/// read's contiguous axis last or broadcasts it, and touches whole sectors).
+/// reads them (`reads`, `caps::elementwise_reads`: the tiled path, or lanes along the last
+/// axis), for a body that reads a view which may be strided (a transpose or a slice; every other
+/// view keeps a read's contiguous axis last or broadcasts it, and touches whole sectors).
 ///
 /// The model: the sectors a read's warps touch (`sector_traffic`: on the plain path each warp's
 /// own, so a read broadcast along an axis touches them again at each of its indices; through
@@ -661,9 +661,10 @@ fn gemm_tiles(dag: &Dag, k: &KernelCost, kernel: &Kernel, strict: bool) -> Optio
 /// threads each hold a register tile of 4 rows' scores and outputs, walking every key tile, so
 /// it is timed like a gemm tile of `F32_BLOCK_M` rows whose reduction axis is keys x head size
 /// / 2 (`caps::attention_f32_steps`), plus a fixed time per wave of blocks (the tile's "row
-/// epilogue": the query tile's loads, the first key tile's latency and the output's writes). Under a causal mask the block of the last
-/// query rows, which runs first, walks every key tile up to its diagonal, the others fewer: a
-/// lone block's latency takes the longest block's steps, the SM's throughput the average's.
+/// epilogue": the query tile's loads, the first key tile's latency and the output's writes).
+/// Under a causal mask the block of the last query rows, which runs first, walks every key tile
+/// up to its diagonal, the others fewer: a lone block's latency takes the longest block's steps,
+/// the SM's throughput the average's.
 fn attention_tiles(dag: &Dag, k: &KernelCost) -> Option<GemmTiles> {
     let (f32_block_m, f32_block_n) = caps::ATTENTION_F32_BLOCK;
     let f32_steps = caps::attention_f32_steps;
