@@ -221,6 +221,18 @@ fn gemm_kernels_render_in_their_implementation() {
             .unwrap();
     let call = eqfuse::gemm_cublaslt_call(&optimize(&t, &opts()).unwrap().plan.kernels[0]).expect("a call");
     assert_eq!((call.batch, call.calls()), (6, 1));
+    // A linear layer over [batch, rows, k] activations shares its weight: one product of
+    // batch x rows rows (large tiles), not a batch of small matrices each padded to its tiles.
+    let t = eqfuse::parse_program("t", "input x: f32[8, 197, 64]\ninput w: f32[64, 96]\ny = x @ w\noutput y\n", &[])
+        .unwrap();
+    let call = eqfuse::gemm_cublaslt_call(&optimize(&t, &opts()).unwrap().plan.kernels[0]).expect("a call");
+    assert_eq!((call.batch, call.m, call.n, call.calls()), (1, 96, 8 * 197, 1));
+    assert_eq!((call.b.cols, call.b.ld, call.b.batch_stride, call.a.batch_stride), (8 * 197, 64, 0, 0));
+    // The weight on the left of a batch does not fold (its rows would interleave the outputs).
+    let t = eqfuse::parse_program("t", "input w: f32[96, 64]\ninput x: f32[8, 64, 197]\ny = w @ x\noutput y\n", &[])
+        .unwrap();
+    let call = eqfuse::gemm_cublaslt_call(&optimize(&t, &opts()).unwrap().plan.kernels[0]).expect("a call");
+    assert_eq!((call.batch, call.m, call.n), (8, 197, 96));
     // softmax(x @ w) of a small product is one generated kernel whose epilogue is the row
     // template's functions; its one 64-row tile splits the 128-deep sum over two blocks.
     let dims = [("B".to_string(), 64), ("F".to_string(), 128), ("K".to_string(), 10)];

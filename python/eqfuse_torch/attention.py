@@ -426,14 +426,14 @@ _MATH_SDPA = None
 
 def math_sdpa_op():
     """`eqfuse::sdpa_math_mask(q, k, v, attn_mask, is_causal, scale, enable_gqa)`: an opaque
-    `F.scaled_dot_product_attention` with a float mask, defined once a process. Run eagerly it is
+    `F.scaled_dot_product_attention` (a mask or none), defined once a process. Run eagerly it is
     that call, so eager's result (and the backend's first-call check) is PyTorch's own; traced by
     AOTAutograd it stays one node, which the exporter lowers to eqfuse's `attention_bias`."""
     global _MATH_SDPA
     if _MATH_SDPA is None:
         try:
             @torch.library.custom_op("eqfuse::sdpa_math_mask", mutates_args=())
-            def sdpa_math_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor,
+            def sdpa_math_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Optional[torch.Tensor],
                                is_causal: bool, scale: Optional[float], enable_gqa: bool) -> torch.Tensor:
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                                       scale=scale, enable_gqa=enable_gqa).contiguous()
@@ -448,12 +448,20 @@ def math_sdpa_op():
 
 
 def _math_fallback(q, mask) -> bool:
-    """Whether PyTorch's CUDA dispatch would run SDPA of a 16-bit `q` with this float mask as its
-    math fallback: a mask of another dtype (T5's f32 position bias beside bf16 heads) or one whose
-    last axis is not contiguous (a bias permuted from `[S, S, H]`). The math fallback upcasts q, k
-    and v to f32 and writes the `[B, H, L, S]` scores; eqfuse's flash kernel with the bias read in
-    place computes the same attention up to the rounding every fused SDPA kernel has."""
-    if q.dtype not in (torch.float16, torch.bfloat16) or not mask.is_floating_point():
+    """Whether PyTorch's CUDA dispatch may run SDPA of `q` with this mask as its math fallback,
+    which writes the `[B, H, L, S]` scores and traces as matmul, `_safe_softmax`, matmul:
+    - f32 heads, with or without a mask: PyTorch runs them as math wherever its memory-efficient
+      kernel refuses them (ViT-B/16's 197 keys, T5's permuted bias: `transformers` 5.17,
+      PyTorch 2.11 on an H100), and where it would take them the op lowers to the same
+      attention;
+    - 16-bit heads with a float mask of another dtype (T5's f32 position bias beside bf16 heads)
+      or one whose last axis is not contiguous (a bias permuted from `[S, S, H]`): the math
+      fallback upcasts q, k and v to f32.
+    eqfuse's flash kernel, with a bias read in place, computes the same attention up to the
+    rounding every fused SDPA kernel has."""
+    if q.dtype == torch.float32:
+        return mask is None or mask.dtype in (torch.float32, torch.bool)
+    if mask is None or q.dtype not in (torch.float16, torch.bfloat16) or not mask.is_floating_point():
         return False
     return mask.dtype != q.dtype or (mask.dim() > 0 and mask.shape[-1] > 1 and mask.stride(-1) != 1)
 
@@ -476,10 +484,11 @@ def route_math_sdpa(gm) -> int:
         is_causal = _arg(node, 5, "is_causal", False)
         scale = node.kwargs.get("scale")
         gqa = node.kwargs.get("enable_gqa", False)
-        if None in (q, k, v, mask) or len(node.args) > 6 or set(node.kwargs) - {
+        if None in (q, k, v) or (mask_node is not None and mask is None) or len(node.args) > 6 or set(node.kwargs) - {
                 "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa"}:
             continue
-        if any(t.requires_grad for t in (q, k, v, mask)) or dropout != 0.0 or not isinstance(is_causal, bool):
+        grads = any(t.requires_grad for t in (q, k, v, mask) if t is not None)
+        if grads or dropout != 0.0 or not isinstance(is_causal, bool):
             continue
         if not isinstance(gqa, bool) or (scale is not None and not isinstance(scale, (int, float))):
             continue

@@ -245,8 +245,8 @@ class EqfuseBackend:
             from .attention import rewrite_attention, route_math_sdpa
 
             rewrite_attention(gm)
-            # SDPA calls PyTorch would run as math in f32 (a float mask it cannot pass to its
-            # fused kernels): kept one attention node for eqfuse's kernel.
+            # SDPA calls PyTorch may run as math (f32 heads; a float mask its 16-bit fused
+            # kernels cannot take): kept one attention node for eqfuse's kernel.
             route_math_sdpa(gm)
         if _symbolic(example_inputs):
             # Dynamo captured the graph with symbolic shapes (a second call at another size, or

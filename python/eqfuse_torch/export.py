@@ -1661,7 +1661,7 @@ def _sdpa(L, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=N
 
 
 def _sdpa_math_mask(L, q, k, v, attn_mask, is_causal, scale, enable_gqa):
-    """`eqfuse::sdpa_math_mask` (`attention.route_math_sdpa`): SDPA with a float mask."""
+    """`eqfuse::sdpa_math_mask` (`attention.route_math_sdpa`): SDPA with a mask or none."""
     return _sdpa_forward(L, q, k, v, attn_mask, 0.0, is_causal, scale, 1)
 
 

@@ -31,11 +31,12 @@ differs from eager launch turns graphs off for the plan with one line on stderr.
 
 A gemm kernel that codegen plans as one cuBLASLt call (`cublaslt` in the manifest: no file, a
 column-major description of the product, its bias and epilogue) is run by `lt_call_torch`:
-`torch.matmul` on strided views of the same buffers (PyTorch calls cuBLAS), then the bias and the
-activation as PyTorch ops, written into the output buffer. That is the same product, not
-eqfuse's fused kernel: the epilogue costs extra passes (bf16 rounds the product before the
-bias). With `cublaslt=False`, `Codegen.unsupported()` names such kernels instead and the backend
-falls back to eager for the whole graph.
+PyTorch's `addmm` (cuBLASLt with the bias and GELU epilogues), `baddbmm` or `_addmm_activation`
+on strided views of the same buffers, written into the output buffer. A call with a bias is
+run both ways on its first launch, with the epilogue and as a plain product added to the bias,
+and the faster is kept (`lt_variants`; `EQFUSE_LT_VARIANT=epilogue` or `separate` fixes one).
+With `cublaslt=False`, `Codegen.unsupported()` names such kernels instead and the backend falls
+back to eager for the whole graph.
 
 CuPy is imported only by `GpuPlan`; nothing else here needs it or a GPU.
 """
@@ -122,7 +123,7 @@ class Codegen:
         return out
 
 
-def lt_call_torch(call: dict, env: dict) -> None:
+def lt_call_torch(call: dict, env: dict, variant: str = "epilogue") -> None:
     """Runs a manifest's cuBLASLt call with PyTorch on the tensors of `env` (name -> tensor):
     column-major `d[m, n] = epilogue(alpha op(a) @ op(b) + bias per row of d)` (relu or the
     tanh form of GELU), for each of `batch` matrices and each index of the `outer` loops,
@@ -132,7 +133,13 @@ def lt_call_torch(call: dict, env: dict) -> None:
     computed in that order straight into `d`'s memory (`out=`): no transposing copy. A bias
     (one value per column of dᵀ) and an activation go through `addmm` and `_addmm_activation`,
     which PyTorch runs as cuBLASLt with the bias (and GELU) epilogue, as eqfuse's own runtime
-    does; batched products through `baddbmm`."""
+    does; batched products through `baddbmm`.
+
+    `variant="separate"` (a call with a bias, no loops, [`lt_variants`]) runs the bias of one
+    matrix as PyTorch runs a broadcast addend: written into `d`, then cuBLAS's plain product
+    added to it, then the activation in place. cuBLASLt's heuristics for the bias epilogue pick
+    other tiles than cuBLAS's for the plain product: on an H100, f32 [1576, 3072] @ [3072, 768]
+    ran 255.6 us with the epilogue and 183.0 us without (PyTorch 2.11)."""
     import torch
 
     batch, m, n = int(call["batch"]) or 1, int(call["m"]), int(call["n"])
@@ -161,7 +168,11 @@ def lt_call_torch(call: dict, env: dict) -> None:
         out = out_t.as_strided((batch, n, m), (m * n, m, 1), out_t.storage_offset() + off["d"])
         x, y = b.transpose(1, 2), a.transpose(1, 2)  # dᵀ = op(b)ᵀ @ op(a)ᵀ: [batch, n, k] @ [batch, k, m]
         if batch == 1 and bias is not None and act != "relu":
-            if act == "gelu" and out.is_cuda:
+            if variant == "separate":
+                torch.addmm(bias.expand(n, m), x[0], y[0], alpha=alpha, out=out[0])
+                if act == "gelu":
+                    torch._C._nn.gelu_(out[0], approximate="tanh")
+            elif act == "gelu" and out.is_cuda:
                 # On CUDA the GELU of `_addmm_activation` is the tanh form: cuBLASLt's epilogue,
                 # or `gelu_(..., "tanh")` after the product where cuBLASLt is not used.
                 torch._addmm_activation(bias, x[0], y[0], alpha=alpha, use_gelu=True, out=out[0])
@@ -171,6 +182,11 @@ def lt_call_torch(call: dict, env: dict) -> None:
             else:
                 torch.addmm(bias, x[0], y[0], alpha=alpha, out=out[0])
             continue
+        if batch == 1 and bias is None and act is None:
+            # One matrix (codegen folds a linear layer's batch into its rows): a plain product,
+            # as PyTorch runs `mm`, not a batched one of one matrix.
+            torch.addmm(out[0], x[0], y[0], beta=0, alpha=alpha, out=out[0])
+            continue
         if bias is not None:
             torch.baddbmm(bias.expand(batch, n, m), x, y, alpha=alpha, out=out)
         else:
@@ -179,6 +195,40 @@ def lt_call_torch(call: dict, env: dict) -> None:
             out.relu_()
         elif act == "gelu":
             torch._C._nn.gelu_(out, approximate="tanh")
+
+
+LT_VARIANTS = ("epilogue", "separate")
+
+
+def lt_variants(call: dict) -> tuple[str, ...]:
+    """The ways `lt_call_torch` can run `call`: a call of one matrix with a bias and no loops
+    has two (`LT_VARIANTS`), which `GpuPlan` times on its first launch; others one."""
+    if call.get("bias") and (int(call["batch"]) or 1) == 1 and not call.get("outer") \
+            and not call["epilogue"].startswith("relu"):
+        return LT_VARIANTS
+    return LT_VARIANTS[:1]
+
+
+def _lt_graph_us(call: dict, env: dict, variant: str, reps: int = 4) -> float:
+    """Microseconds of one `lt_call_torch(call, env, variant)` on the GPU: `reps` calls captured
+    in a CUDA graph (after one call outside it: cuBLAS's handle and heuristics), the graph
+    replayed once to warm and then timed over two replays with CUDA events."""
+    import torch
+
+    lt_call_torch(call, env, variant)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            lt_call_torch(call, env, variant)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return 1000.0 * start.elapsed_time(end) / (2 * reps)
 
 
 def workspaces(manifest: dict) -> dict[str, tuple[int, bool]]:
@@ -321,6 +371,9 @@ class GpuPlan(LaunchPlan):
         major, minor = torch.cuda.get_device_capability(self.device)
         arch = f"sm_{major}{minor}"
         self.kernels = []
+        # cuBLASLt calls' variants by kernel index, once timed (`_lt_variant`), and their times.
+        self.lt_chosen: dict[int, str] = {}
+        self.lt_times: dict[int, dict[str, float]] = {}
         tag = f"_g{next(_RUNNERS)}"
         sources = {k["name"]: (cg.dir / k["file"]).read_text() for k in m["kernels"] if k.get("cublaslt") is None}
         compile_all(cp, sources, arch, self.device.index, tag)
@@ -360,6 +413,35 @@ class GpuPlan(LaunchPlan):
         with torch.cuda.device(self.device):
             return super().__call__(inputs)
 
+    def _lt_variant(self, i: int, call: dict, env: dict, stream) -> str:
+        """The way kernel `i`'s cuBLASLt call runs (`lt_variants`): where it has several, each
+        is timed on the tensors of the first launch that is not being captured, as the plan
+        runs it, replayed from a CUDA graph (`_lt_graph_us`: GPU time, no Python or launch
+        time), and the fastest kept. `EQFUSE_LT_VARIANT` fixes the variant where the call has it.
+        The launch then runs the variant kept, so that the output is its result."""
+        import torch
+
+        chosen = self.lt_chosen.get(i)
+        if chosen is not None:
+            return chosen
+        variants = lt_variants(call)
+        fixed = os.environ.get("EQFUSE_LT_VARIANT", "")
+        if fixed in variants or len(variants) == 1:
+            self.lt_chosen[i] = fixed if fixed in variants else variants[0]
+            return self.lt_chosen[i]
+        if torch.cuda.is_current_stream_capturing():
+            return variants[0]
+        stream.synchronize()
+        try:
+            times = {v: _lt_graph_us(call, env, v) for v in variants}
+        except Exception as e:  # a call that cannot be captured keeps the epilogue
+            self.lt_times[i] = {"error": f"{type(e).__name__}: {e}"}
+            times = {variants[0]: 0.0}
+        else:
+            self.lt_times[i] = times
+        self.lt_chosen[i] = min(times, key=lambda v: times[v])
+        return self.lt_chosen[i]
+
     @staticmethod
     def _resident_blocks(cp, fn, threads: int, smem: int, sms: int) -> int:
         """One wave: blocks per SM by the driver's occupancy calculator, times the SMs."""
@@ -376,9 +458,9 @@ class GpuPlan(LaunchPlan):
         cp = _cupy()
         stream = torch.cuda.current_stream(self.device)
         with cp.cuda.Device(self.device.index), cp.cuda.ExternalStream(stream.cuda_stream, self.device.index):
-            for k, _module, fn, grid, block, smem in self.kernels:
+            for i, (k, _module, fn, grid, block, smem) in enumerate(self.kernels):
                 if fn is None:
-                    lt_call_torch(k["cublaslt"], env)
+                    lt_call_torch(k["cublaslt"], env, self._lt_variant(i, k["cublaslt"], env, stream))
                     continue
                 if 0 in grid:
                     continue

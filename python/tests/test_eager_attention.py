@@ -269,6 +269,23 @@ def test_sdpa_with_a_bias_pytorch_runs_as_math_stays_one_op(bias_dtype):
     torch.testing.assert_close(out, fn(q, k, v, bias), rtol=0, atol=0)  # the op runs PyTorch's call
 
 
+@pytest.mark.parametrize("mask", [None, "bias", "bool"])
+def test_f32_sdpa_stays_one_op(mask):
+    """f32 heads: PyTorch's CUDA dispatch runs SDPA as math wherever its memory-efficient kernel
+    refuses it (ViT's 197 keys, T5's permuted bias), so every f32 call without a gradient is kept
+    one op, with a mask of either kind or none, causal or not."""
+    q, k, v = _qkv(torch.float32)
+    keep = torch.rand(1, 1, S, S, generator=torch.Generator().manual_seed(2)) > 0.2
+    m = {None: None, "bias": _position_bias(torch.float32), "bool": keep}[mask]
+
+    def fn(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=m is None)
+
+    n, out = _routed(fn, q, k, v, m)
+    assert n == 1
+    torch.testing.assert_close(out, fn(q, k, v, m), rtol=0, atol=0)
+
+
 def test_sdpa_left_to_pytorch_where_its_fused_kernels_take_the_mask_or_a_gradient_is_needed():
     q, k, v = _qkv(torch.bfloat16)
 
@@ -276,19 +293,20 @@ def test_sdpa_left_to_pytorch_where_its_fused_kernels_take_the_mask_or_a_gradien
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
     assert _routed(fn, q, k, v, _position_bias(torch.bfloat16).contiguous())[0] == 0  # fused kernels take it
-    assert _routed(fn, *_qkv(), _position_bias(torch.float32))[0] == 0  # f32 heads: not a 16-bit fallback
+    assert _routed(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, k, v)[0] == 0  # flash takes it
     q.requires_grad_(True)
     assert _routed(fn, q, k, v, _position_bias(torch.float32))[0] == 0  # no backward for the op
 
 
-def test_t5_position_bias_attention_is_planned_as_attention():
-    """T5's encoder in bf16 adds an `[S, S, H]` position bias permuted to `[1, H, S, S]`: PyTorch's
-    CUDA dispatch runs that SDPA as math in f32 (`transformers` 5.17); the backend keeps it one
-    op, planned as eqfuse's attention kernel with the bias read in place."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_t5_position_bias_attention_is_planned_as_attention(dtype):
+    """T5's encoder adds an `[S, S, H]` position bias permuted to `[1, H, S, S]`: PyTorch's CUDA
+    dispatch runs that SDPA as math in f32 (`transformers` 5.17), in bf16 and in f32; the backend
+    keeps it one op, planned as eqfuse's attention kernel with the bias read in place."""
 
     cfg = T.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
                      dropout_rate=0.0)
-    model = T.T5EncoderModel(cfg).eval().to(torch.bfloat16)
+    model = T.T5EncoderModel(cfg).eval().to(dtype)
     ids = _ids()
     be = EqfuseBackend(report=None, execute=False)
     torch._dynamo.reset()

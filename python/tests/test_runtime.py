@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT / "python"))
 
 from eqfuse_torch import export_program  # noqa: E402
 from eqfuse_torch.backend import EqfuseBackend, PlanError, _Runner, find_eqfuse  # noqa: E402
-from eqfuse_torch.runtime import Codegen, GpuPlan, RuntimeUnavailable, _parse_type, lt_call_torch, workspaces  # noqa: E402
+from eqfuse_torch.runtime import (LT_VARIANTS, Codegen, GpuPlan, RuntimeUnavailable, _parse_type,  # noqa: E402
+                                  lt_call_torch, lt_variants, workspaces)
 
 F = torch.nn.functional
 
@@ -116,10 +117,12 @@ def _lt_operand(name, t, transposed_view):
     return {"tensor": name, "transpose": False, "rows": c, "cols": r, "ld": c, "batch_stride": bs}
 
 
+@pytest.mark.parametrize("variant", ["epilogue", "separate"])
 @pytest.mark.parametrize("epilogue", ["default", "bias", "relu_bias", "gelu_bias"])
 @pytest.mark.parametrize("batched,wt", [(False, False), (False, True), (True, False)])
-def test_cublaslt_calls_run_as_torch_products(epilogue, batched, wt):
-    """Row-major D = act(A @ B + bias) is the column-major call d = op(B) op(A), m = N, n = M."""
+def test_cublaslt_calls_run_as_torch_products(epilogue, batched, wt, variant):
+    """Row-major D = act(A @ B + bias) is the column-major call d = op(B) op(A), m = N, n = M,
+    in either variant (`separate`: the bias written first, a plain product added to it)."""
     torch.manual_seed(0)
     M, K, N, batch = 5, 7, 3, (2 if batched else 1)
     a = torch.randn(batch, M, K) if batched else torch.randn(M, K)
@@ -131,7 +134,8 @@ def test_cublaslt_calls_run_as_torch_products(epilogue, batched, wt):
             "b": _lt_operand("a", a, False), "d": "d", "epilogue": epilogue}
     if "bias" in epilogue:
         call["bias"] = "bias"
-    lt_call_torch(call, env)
+    assert lt_variants(call) == (LT_VARIANTS if epilogue in ("bias", "gelu_bias") and not batched else ("epilogue",))
+    lt_call_torch(call, env, variant)
     want = a @ b_logical + (bias if "bias" in epilogue else 0)
     if epilogue.startswith("relu"):
         want = torch.relu(want)
@@ -178,12 +182,15 @@ def test_cublaslt_operands_start_at_their_offset():
     torch.testing.assert_close(env["d"], x[..., K:] @ w, rtol=1e-5, atol=1e-5)
 
 
-def test_codegen_cublaslt_calls_compute_the_graph():
+@pytest.mark.parametrize("shape,act", [((64, 96), True), ((3, 21, 96), True), ((4, 33, 96), False)])
+def test_codegen_cublaslt_calls_compute_the_graph(shape, act):
     """When this binary plans a dense layer as a cuBLASLt call, running the manifest's call with
-    `lt_call_torch` on the graph's inputs gives the graph's output."""
+    `lt_call_torch` on the graph's inputs gives the graph's output; over [batch, rows, features]
+    activations the call is one product of batch x rows rows (codegen folds the batch)."""
     torch.manual_seed(0)
-    x, w, b = torch.randn(64, 96), torch.randn(48, 96), torch.randn(48)
-    exported = graph_of(lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh"), x, w, b)
+    x, w, b = torch.randn(*shape), torch.randn(48, 96), torch.randn(48)
+    f = (lambda x, w, b: F.gelu(F.linear(x, w, b), approximate="tanh")) if act else (lambda x, w, b: x @ w.t())
+    exported = graph_of(f, x, w, b)
     try:
         cg = Codegen.of_graph(exported.graph)
     except PlanError as e:
@@ -196,8 +203,10 @@ def test_codegen_cublaslt_calls_compute_the_graph():
     out_name, tensor = cg.manifest["outputs"][0]
     shape = tuple(calls[0]["args"][-1]["shape"])
     env[tensor] = torch.empty(shape)
-    lt_call_torch(calls[0]["cublaslt"], env)
-    torch.testing.assert_close(env[tensor], F.gelu(F.linear(x, w, b), approximate="tanh"), rtol=1e-4, atol=1e-4)
+    call = calls[0]["cublaslt"]
+    assert (call["batch"], call["n"], call.get("outer", [])) == (1, x.numel() // 96, [])
+    lt_call_torch(call, env)
+    torch.testing.assert_close(env[tensor], f(x, w, b), rtol=1e-4, atol=1e-4)
 
 
 class CpuReferencePlan:

@@ -629,12 +629,23 @@ fn lt_call(k: &Kernel, l: &Lowered) -> Option<LtCall> {
     if !is_acc(node) || l.nodes.iter().any(|n| n.dtype != dtype && !matches!(n.op, Op::Load(_) | Op::Const(_))) {
         return None;
     }
-    let (m, n) = (dom[rank - 2], dom[rank - 1]);
+    let m = dom[rank - 2];
     let kk = *p.a.shape.last()?;
     let (batch, outer) = lt_batches(dom, &p.a, &p.b)?;
     // Row-major D = A B is column-major D^T = B^T A^T: the call's first operand is B.
     let a = lt_operand(&k.reads[p.b.read].name, &p.b, batch.b)?;
-    let b = lt_operand(&k.reads[p.a.read].name, &p.a, batch.a)?;
+    let mut b = lt_operand(&k.reads[p.a.read].name, &p.a, batch.a)?;
+    let (mut n, mut count) = (m as u64, batch.count);
+    // A batch that shares the call's `a` (a linear layer's weight over `[batch, rows, k]`
+    // activations) and whose `b` matrices lie one after another at the leading dimension is
+    // one product of `batch * rows` columns: one matrix with large tiles, not a batch of
+    // small ones each padded to its tiles (the output is contiguous, so it folds alike).
+    if count > 1 && outer.is_empty() && a.batch_stride == 0 && !b.transpose && b.batch_stride == b.ld * b.cols as i64 {
+        b.cols *= count;
+        n *= count;
+        b.batch_stride = 0;
+        count = 1;
+    }
     let epilogue = match (act, bias.is_some()) {
         (None, false) => LtEpilogue::Default,
         (None, true) => LtEpilogue::Bias,
@@ -645,10 +656,10 @@ fn lt_call(k: &Kernel, l: &Lowered) -> Option<LtCall> {
     };
     Some(LtCall {
         dtype,
-        m: n as u64,
-        n: m as u64,
+        m: dom[rank - 1] as u64,
+        n,
         k: kk as u64,
-        batch: batch.count,
+        batch: count,
         a,
         b,
         d: out.name.clone(),
