@@ -387,7 +387,10 @@ impl DeviceProfile {
             if t.rows { rate.row_epilogue_us * (tiles / sms).ceil() } else { 0.0 } + rate.block_us * blocks / sms;
         let steps = t.steps(if splits > 1 { t.kspan.min(t.k) } else { t.k });
         let mean = if splits > 1 { steps } else { t.steps(t.mean_k.min(t.k)) };
-        let ns = (steps as f64 * rate.lone_ns_per_k).max(mean as f64 * blocks / sms * rate.sm_ns_per_k);
+        // The SM's share is that of the busiest SM: whole blocks (192 blocks on 132 SMs leave 60
+        // of them two; the calibration's probes are whole multiples of the SMs).
+        let share = (blocks / sms).ceil();
+        let ns = (steps as f64 * rate.lone_ns_per_k).max(mean as f64 * share * rate.sm_ns_per_k);
         let fixup = if splits > 1 {
             let l2 = self.l2_bandwidth_gbs.unwrap_or(self.copy_bandwidth_gbs);
             let bytes = (splits * t.bm * t.bn * 4) as f64 * (tiles / sms).ceil();
@@ -780,6 +783,9 @@ mod tests {
         assert!((p.tile_us(&r, &uneven, DType::F32).unwrap() - 80.0).abs() < 1e-9);
         let lone = GemmTiles { mean_k: 400, ..tiles(800, 64, 1000, 8, 64, false) };
         assert!((p.tile_us(&r, &lone, DType::F32).unwrap() - 30.0).abs() < 1e-9);
+        // 1450 blocks on 100 SMs: the busiest SMs run 15 of them (15 x 20 ns a step), not the
+        // average 14.5 (f32 attention's 192 blocks on 132 SMs ran 1.42x their average's time).
+        assert!((p.tile_us(&r, &tiles(11600, 64, 1000, 8, 64, false), DType::F32).unwrap() - 300.0).abs() < 1e-9);
         // A row epilogue adds its time once per wave.
         assert!((p.tile_us(&r, &tiles(8000, 64, 1000, 8, 64, true), DType::F32).unwrap() - 220.0).abs() < 1e-9);
         // An unmeasured tile takes the nearest measured one, scaled by the elements staged per
