@@ -286,6 +286,37 @@ def test_f32_sdpa_stays_one_op(mask):
     torch.testing.assert_close(out, fn(q, k, v, m), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("form", ["plain", "causal", "bias", "bool", "gqa"])
+def test_routed_f32_sdpa_runs_as_eqfuses_attention(form, monkeypatch):
+    """Through the backend, each routed f32 form reaches eqfuse as one attention operator (the
+    planner then prices it against products: at this size it takes products) and its plan, run
+    by the CPU reference (`eqfuse run --cpu`), gives PyTorch's result."""
+    from test_runtime import CpuReferencePlan
+
+    monkeypatch.setattr(EqfuseBackend, "_build", lambda self, graph, ex: CpuReferencePlan(graph))
+    q, k, v = _qkv(torch.float32)
+    if form == "gqa":
+        k, v = k[:, :1], v[:, :1]
+    m = {"bias": _position_bias(torch.float32),
+         "bool": torch.rand(1, 1, S, S, generator=torch.Generator().manual_seed(3)) > 0.3}.get(form)
+
+    def fn(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=form == "causal",
+                                              enable_gqa=form == "gqa") * 2.0
+
+    backend = EqfuseBackend(report=None)
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = torch.compile(fn, backend=backend, dynamic=False, fullgraph=True)(q, k, v, m)
+    plans = [p for p in backend.plans if p.kind != "joint"]
+    assert [p.runs for p in plans] == ["eqfuse"], [(p.runs, p.why_eager) for p in plans]
+    ops = [n.get("op") for n in plans[0].graph["nodes"]]
+    assert sum(op in ("attention", "attention_bias") for op in ops) == 1, ops
+    assert "softmax" not in ops and "amax" not in ops, ops
+    torch.testing.assert_close(got, fn(q, k, v, m), rtol=1e-5, atol=1e-5)
+
+
 def test_sdpa_left_to_pytorch_where_its_fused_kernels_take_the_mask_or_a_gradient_is_needed():
     q, k, v = _qkv(torch.bfloat16)
 
