@@ -447,6 +447,15 @@ def math_sdpa_op():
     return _MATH_SDPA
 
 
+def _autocast(graph) -> bool:
+    """Whether a captured graph may run under `torch.autocast`: autocast on where it is compiled
+    (Dynamo guards on it) or entered inside it. An f32 SDPA there runs in 16 bits, which the
+    opaque op, whose traced result keeps its inputs' dtype, would not."""
+    if any(torch.is_autocast_enabled(d) for d in ("cuda", "cpu")):
+        return True
+    return any(n.op == "call_function" and "autocast" in getattr(n.target, "__name__", "") for n in graph.nodes)
+
+
 def _math_fallback(q, mask) -> bool:
     """Whether PyTorch's CUDA dispatch may run SDPA of `q` with this mask as its math fallback,
     which writes the `[B, H, L, S]` scores and traces as matmul, `_safe_softmax`, matmul:
@@ -474,6 +483,7 @@ def route_math_sdpa(gm) -> int:
     backward) and dropout is off. Returns how many calls it rewrote."""
     graph = gm.graph
     count = 0
+    autocast = None
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in _SDPA:
             continue
@@ -494,6 +504,10 @@ def route_math_sdpa(gm) -> int:
             continue
         if not _math_fallback(q, mask):
             continue
+        if q.dtype == torch.float32:
+            autocast = _autocast(graph) if autocast is None else autocast
+            if autocast:
+                continue
         with graph.inserting_before(node):
             qkv = tuple(_arg(node, i, name) for i, name in enumerate(("query", "key", "value")))
             new = graph.call_function(math_sdpa_op(),

@@ -286,6 +286,21 @@ def test_f32_sdpa_stays_one_op(mask):
     torch.testing.assert_close(out, fn(q, k, v, m), rtol=0, atol=0)
 
 
+def test_f32_sdpa_under_autocast_is_left_to_pytorch():
+    """Under `torch.autocast` an f32 SDPA runs in 16 bits: the opaque op would keep f32 in the
+    traced graph (a result of another dtype than eager's), so it is not routed, whether autocast
+    is entered inside the compiled function or around it."""
+    q, k, v = _qkv(torch.float32)
+
+    def inside(q, k, v):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    assert _routed(inside, q, k, v)[0] == 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _routed(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), q, k, v)[0] == 0
+
+
 @pytest.mark.parametrize("form", ["plain", "causal", "bias", "bool", "gqa"])
 def test_routed_f32_sdpa_runs_as_eqfuses_attention(form, monkeypatch):
     """Through the backend, each routed f32 form reaches eqfuse as one attention operator (the
