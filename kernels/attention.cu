@@ -349,6 +349,23 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
         for (int a = 0; a < EQ_FR; ++a)
 #pragma unroll
             for (int c = 0; c < EQ_FK; ++c) s[a][c] = 0.0f;
+        const int n0 = t * EQ_FBN;
+#if EQ_BIAS
+        // The tile's bias, loaded before its products so that their arithmetic hides the loads'
+        // latency (read where each score is scaled, every load waited for in turn: ViT-B/16's
+        // [8, 1, 197, 197] bias took the kernel from 58 to 103 us on the H100).
+        EQ_BT bv[EQ_FR][EQ_FK];
+#pragma unroll
+        for (int a = 0; a < EQ_FR; ++a) {
+            const int row = m0 + tr + EQ_FTR * a;
+#pragma unroll
+            for (int c = 0; c < EQ_FK; ++c) {
+                const int col = n0 + tc + EQ_FTC * c;
+                const bool in = row < EQ_SQ && col < EQ_SK;
+                bv[a][c] = bg[in ? (long long)row * EQ_B_SR + (long long)col * EQ_B_SC : 0LL];
+            }
+        }
+#endif
 #pragma unroll 4
         for (int d4 = 0; d4 < DP4; ++d4) {
             float4 qv[EQ_FR], kv[EQ_FK];
@@ -361,7 +378,6 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
 #pragma unroll
                 for (int c = 0; c < EQ_FK; ++c) s[a][c] = dot4(qv[a], kv[c], s[a][c]);
         }
-        const int n0 = t * EQ_FBN;
 #pragma unroll
         for (int a = 0; a < EQ_FR; ++a) {
             const int row = m0 + tr + EQ_FTR * a;
@@ -371,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
                 const int col = n0 + tc + EQ_FTC * c;
 #if EQ_BIAS
                 s[a][c] = (col >= EQ_SK || (EQ_CAUSAL && col > row)) ? -EQ_INF
-                                                                     : fmaf(s[a][c], scale, eq_att_bias(bg, row, col));
+                                                                     : fmaf(s[a][c], scale, eq_att_bias_of(bv[a][c]));
 #else
                 s[a][c] = (col >= EQ_SK || (EQ_CAUSAL && col > row)) ? -EQ_INF : s[a][c] * scale;
 #endif

@@ -225,6 +225,44 @@ fn a_mask_broadcast_to_the_scores_stays_a_bias_by_key() {
     assert!(defines.contains("#define EQ_BIAS 1\n") && defines.contains("#define EQ_B_SR 0LL\n"), "{defines}");
 }
 
+/// A mask of all true (`transformers` 5.17 passes ViT's SDPA `ones(...).bool()` expanded to the
+/// scores; the exporter turns a bool mask into the bias `where(m, 0, FILL)`) and a bias of zeros
+/// plan as attention with no bias read (`attention-zero-bias`), in f32 and bf16, with or without
+/// the causal mask; the plan matches the reference. A mask that is not all true stays.
+#[test]
+fn a_bias_of_zeros_is_no_bias() {
+    let biases = [
+        "where(broadcast(cast(1, bool), [2, 1, 97, 97]), cast(0, T), cast(-3e38, T))",
+        "broadcast(cast(0, T), [2, 4, 97, 97])",
+        "where(broadcast(cast(3, bool), [97, 97]), 0, -1e30)",
+    ];
+    for (dtype, bias, causal) in [("f32", 0, 0), ("f32", 1, 1), ("bf16", 0, 1), ("bf16", 2, 0), ("f32", 2, 0)] {
+        let bias = biases[bias].replace('T', dtype);
+        let src = format!(
+            "input q: {dtype}[2, 4, 97, 64]\ninput k: {dtype}[2, 4, 97, 64]\ninput v: {dtype}[2, 4, 97, 64]\n\
+             o = attention_bias(q, k, v, {bias}, 0.125, {causal})\noutput o\n"
+        );
+        let p = parse_program("zero_bias.eqf", &src, &[]).unwrap();
+        let plan = optimize(&p, &opts()).unwrap().plan;
+        assert_eq!(kernels(&plan), [(Template::Attention, &["attention".to_string()][..])], "{src}");
+        assert_eq!(plan.total.bytes, 4 * 2 * 4 * 97 * 64 * if dtype == "f32" { 4 } else { 2 }, "{src}");
+        assert!(!defines(&plan, 0).contains("#define EQ_BIAS 1\n"), "{src}");
+        for (out, cmp) in check_plan(&p, &plan, &random_inputs(&p, 1)).unwrap() {
+            assert!(cmp.ok(), "{src}: {out}: {cmp:?}");
+        }
+    }
+    // One key masked: the mask stays.
+    let src = "input q: f32[2, 4, 97, 64]\ninput k: f32[2, 4, 97, 64]\ninput v: f32[2, 4, 97, 64]\n\
+               m = iota(97) != 5\n\
+               o = attention_bias(q, k, v, where(broadcast(m, [2, 1, 97, 97]), cast(0, f32), cast(-1e30, f32)), 0.125, 0)\noutput o\n";
+    let p = parse_program("one_masked.eqf", src, &[]).unwrap();
+    let plan = optimize(&p, &opts()).unwrap().plan;
+    assert!(plan.kernels.iter().any(|k| k.ops.iter().any(|o| o == "where")), "{:?}", kernels(&plan));
+    for (out, cmp) in check_plan(&p, &plan, &random_inputs(&p, 1)).unwrap() {
+        assert!(cmp.ok(), "{out}: {cmp:?}");
+    }
+}
+
 /// A program of `common::sliced_operand_programs` by name.
 fn sliced(name: &str) -> Program {
     let (_, text) = common::sliced_operand_programs().into_iter().find(|(n, _)| n == name).expect("a sliced program");

@@ -277,6 +277,49 @@ fn is_zero<G: IndexGraph + ?Sized>(g: &G, id: Id) -> bool {
     g.konst(id) == Some(0.0)
 }
 
+/// The one value every element of `id` holds, where its nodes prove it: a literal, or a
+/// `broadcast`, `reshape`, `transpose` or `cast` of such a value, or a `where` whose condition
+/// holds one value (or whose two branches hold the same). Casts are followed only for values
+/// every dtype holds exactly (integers of magnitude under 256) and to `bool` (any value, as
+/// nonzero or not). A mask built as `ones(...).bool()` expanded to the scores (`transformers`'
+/// masks where no position is padded) is uniformly true, and its bias `where(m, 0, FILL)`
+/// uniformly 0.
+pub fn uniform<G: IndexGraph + ?Sized>(g: &G, id: Id) -> Option<f64> {
+    uniform_at(g, id, DEPTH)
+}
+
+fn uniform_at<G: IndexGraph + ?Sized>(g: &G, id: Id, depth: usize) -> Option<f64> {
+    if let Some(v) = g.konst(id) {
+        return Some(v);
+    }
+    if depth == 0 {
+        return None;
+    }
+    let (_, dtype) = shape_of(g, id)?;
+    g.nodes(id).iter().find_map(|n| {
+        let TensorLang::Op(code, ch) = n else { return None };
+        match code.kind() {
+            Kind::Broadcast | Kind::Reshape | Kind::Transpose => uniform_at(g, ch[0], depth - 1),
+            Kind::Cast => {
+                let v = uniform_at(g, ch[0], depth - 1)?;
+                if dtype == DType::Bool {
+                    (!v.is_nan()).then_some(if v != 0.0 { 1.0 } else { 0.0 })
+                } else {
+                    (v.fract() == 0.0 && v.abs() < 256.0).then_some(v)
+                }
+            }
+            Kind::Where => match uniform_at(g, ch[0], depth - 1) {
+                Some(c) => uniform_at(g, if c != 0.0 { ch[1] } else { ch[2] }, depth - 1),
+                None => {
+                    let a = uniform_at(g, ch[1], depth - 1)?;
+                    (uniform_at(g, ch[2], depth - 1) == Some(a)).then_some(a)
+                }
+            },
+            _ => None,
+        }
+    })
+}
+
 fn additive_mask_node<G: IndexGraph + ?Sized>(
     g: &G,
     node: &TensorLang,

@@ -4,7 +4,7 @@
 
 use egg::Id;
 
-pub use crate::ir::index::{additive_mask, is_fill, predicate, scores_keep, Affine, IndexGraph};
+pub use crate::ir::index::{additive_mask, is_fill, predicate, scores_keep, uniform, Affine, IndexGraph};
 use crate::ir::lang::TensorLang;
 use crate::ir::types::TensorType;
 use crate::search::analysis::TensorGraph;

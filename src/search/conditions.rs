@@ -162,6 +162,15 @@ pub const CONDITIONS: &[NamedCondition] = &[
                 && !causal_mask(g, s, v, causal::predicate, true)
         },
     ),
+    cond(
+        "zero-bias",
+        1,
+        "?b is a float tensor that is 0 at every element (a literal, or a broadcast, cast or selection of one)",
+        |g, s, v| {
+            matches!(ty(g, s, v[0]), Some(t) if t.dtype.is_float())
+                && class(s, v[0]).is_some_and(|c| causal::uniform(g, c) == Some(0.0))
+        },
+    ),
 ];
 
 /// Looks a condition up by its spelling.

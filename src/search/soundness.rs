@@ -95,6 +95,8 @@ enum Role {
     CausalBias,
     /// A bool tensor of a shape related to the base shape (an attention mask given as an input).
     Mask,
+    /// A float tensor that is 0 everywhere, spelled as models spell it (`zero-bias`).
+    ZeroBias,
 }
 
 /// Sign facts a condition asks of a tensor variable.
@@ -141,6 +143,7 @@ fn condition_role(name: &str, i: usize) -> Option<Role> {
         ("causal-mask", 0) => Some(Role::Causal(true)),
         ("causal-bias", 0) => Some(Role::CausalBias),
         ("attention-mask", 0) => Some(Role::Mask),
+        ("zero-bias", 0) => Some(Role::ZeroBias),
         _ => None,
     }
 }
@@ -337,6 +340,7 @@ impl Gen<'_> {
                 p.add_input(&format!("in{}", p.inputs.len()), TensorType::new(DType::Bool, shape))
             }
             Role::Causal(masked) => self.causal(p, masked),
+            Role::ZeroBias => self.zero_bias(p),
             Role::CausalBias => {
                 let fill = p.num(self.fill());
                 let zero = p.num(0.0);
@@ -362,6 +366,36 @@ impl Gen<'_> {
                 } else {
                     Ok(bias)
                 }
+            }
+        }
+    }
+
+    /// A bias of 0 at every element: a cast of the literal 0, its broadcast, or the bias
+    /// `where(m, 0, FILL)` of a mask `m` of all true (`broadcast(cast(1, bool), dims)`), in the
+    /// rule's float dtype (f32 where the rule's dtype is not a float).
+    fn zero_bias(&mut self, p: &mut Program) -> Result<Id, String> {
+        let dtype = if self.dtype.is_float() { self.dtype } else { DType::F32 };
+        let t = p.add(TensorLang::Type(dtype))?;
+        let dims = self.shape();
+        let d = p.add(TensorLang::Dims(Dims(dims)))?;
+        match self.rng.below(3) {
+            0 => {
+                let z = p.num(0.0);
+                op(p, "cast", vec![z, t])
+            }
+            1 => {
+                let z = p.num(0.0);
+                let z = op(p, "cast", vec![z, t])?;
+                op(p, "broadcast", vec![z, d])
+            }
+            _ => {
+                let one = p.num(1.0);
+                let b = p.add(TensorLang::Type(DType::Bool))?;
+                let m = op(p, "cast", vec![one, b])?;
+                let m = op(p, "broadcast", vec![m, d])?;
+                let (z, fill) = (p.num(0.0), p.num(self.fill()));
+                let (z, fill) = (op(p, "cast", vec![z, t])?, op(p, "cast", vec![fill, t])?);
+                op(p, "where", vec![m, z, fill])
             }
         }
     }
