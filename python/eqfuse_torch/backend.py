@@ -351,7 +351,7 @@ class EqfuseBackend:
             views = constants.get(_VIEWS, {}) if kind == "backward" else {}
             saved_from = constants.get(_SAVED_FROM) if kind == "forward" else None
             exported = export_graph_module(aten_gm, statics=statics, free_layout_from=saved_from,
-                                           broadcasts=broadcasts, views=views)
+                                           broadcasts=broadcasts, views=views, reshaped_outputs=True)
             if kind == "forward":
                 out_node = next(n for n in aten_gm.graph.nodes if n.op == "output")
                 results = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]

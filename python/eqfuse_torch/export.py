@@ -278,7 +278,7 @@ def export_program(ep: "torch.export.ExportedProgram") -> Exported:
 def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Tensor] | None = None,
                         statics: dict[str, torch.Tensor] | None = None, *, free_layout_from: int | None = None,
                         broadcasts: dict[str, tuple[int, ...]] | None = None,
-                        views: dict[str, ViewOf] | None = None) -> Exported:
+                        views: dict[str, ViewOf] | None = None, reshaped_outputs: bool = False) -> Exported:
     """Exports an ATen-level graph: every placeholder is an input (`parameters` gives values for
     some, by placeholder name), except those `statics` gives a value that never changes (a
     constant the forward graph returns for its backward), which are folded like `get_attr`
@@ -296,7 +296,10 @@ def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Te
     Views (`Exported.view_outputs`, `Exported.view_inputs`): an output saved for the backward
     alone that is a view of a tensor in memory is returned as that view of it, not written; a
     placeholder that `views` names (placeholder name -> `ViewOf`: a forward's output returned
-    so) is its base, an input, with the view replayed in the graph."""
+    so) is its base, an input, with the view replayed in the graph. With `reshaped_outputs` (the
+    backend, which makes such views), any other output that only reshapes a contiguous value
+    the graph computes (a product viewed as `[B, S, N]` logits) is made so too
+    (`Exporter.reshaped_output`): the graph's outputs are then not the module's one for one."""
     parameters = parameters or {}
     statics = statics or {}
     kinds = {}
@@ -307,7 +310,7 @@ def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Te
                 kinds[node.name] = ("static", statics[node.name])
             else:
                 kinds[node.name] = ("parameter", value) if value is not None else ("input", None)
-    return Exporter(gm, kinds, free_layout_from, broadcasts, views).run()
+    return Exporter(gm, kinds, free_layout_from, broadcasts, views, reshaped_outputs).run()
 
 
 def unordered_outputs(gm: torch.fx.GraphModule) -> set[int]:
@@ -351,10 +354,11 @@ class Exporter:
 
     def __init__(self, gm: torch.fx.GraphModule, kinds: dict[str, tuple[str, torch.Tensor | None]],
                  free_layout_from: int | None = None, broadcasts: dict[str, tuple[int, ...]] | None = None,
-                 views: dict[str, ViewOf] | None = None):
+                 views: dict[str, ViewOf] | None = None, reshaped_outputs: bool = False):
         self.gm = gm
         self.kinds = kinds
         self.free_layout_from = free_layout_from
+        self.reshaped_outputs = reshaped_outputs
         self.broadcasts = broadcasts or {}
         self.broadcast_inputs: dict[str, tuple[int, ...]] = {}
         self.broadcast_outputs: dict[int, tuple[int, ...]] = {}
@@ -675,8 +679,10 @@ class Exporter:
         (a view that only reshapes or transposes may view any value the graph computes: writing
         its base costs what writing the view would). The output is then made from the base by PyTorch's view
         operators (`replay_views`), and no kernel copies it."""
-        if self.free_layout_from is None or i < self.free_layout_from or not isinstance(r, torch.fx.Node):
+        if not isinstance(r, torch.fx.Node):
             return None
+        if self.free_layout_from is None or i < self.free_layout_from:
+            return self.reshaped_output(r) if self.reshaped_outputs else None
         found = view_chain(r)
         if found is None:
             return None
@@ -693,6 +699,32 @@ class Exporter:
             return None
         val = base.meta.get("val")
         layout = view_of(chain, _static_shape(val, base), val.dtype) if isinstance(val, torch.Tensor) else None
+        return (base, chain, layout) if layout is not None else None
+
+    def reshaped_output(self, r: torch.fx.Node) -> tuple[torch.fx.Node, list, tuple] | None:
+        """(base node, chain, layout) when output `r`, one the caller reads as traced, only
+        reshapes (`_RESHAPES`) a contiguous value the graph computes into a contiguous tensor: a
+        linear layer's product `[B * S, N]` viewed as `[B, S, N]`, as every model ending in a
+        classifier or language-model head returns its logits. The view of the written base has
+        the traced strides, so no kernel copies the base into the output (a copy of GPT-2's f32
+        logits, `[8, 1024, 50257]`, moves 3.3 GB)."""
+        found = view_chain(r)
+        if found is None:
+            return None
+        base, chain = found
+        if any(_target_name(c) not in _RESHAPES for c in chain) or base.op != "call_function":
+            return None
+        if base.name in self.static or base.name in self.views or not isinstance(self.env.get(base.name), Value):
+            return None
+        val, out = base.meta.get("val"), r.meta.get("val")
+        if not isinstance(val, torch.Tensor) or not isinstance(out, torch.Tensor):
+            return None
+        try:
+            if not (val.is_contiguous() and out.is_contiguous()):
+                return None
+        except Exception:  # noqa: BLE001 - a layout without strides
+            return None
+        layout = view_of(chain, _static_shape(val, base), val.dtype)
         return (base, chain, layout) if layout is not None else None
 
     def broadcast_output(self, i: int, node: torch.fx.Node, v: Value) -> Value:
@@ -808,6 +840,9 @@ _PART_OPS = frozenset({"split", "split_with_sizes", "unbind"})
 """Operators returning a tuple of views of their tensor argument (taken by `getitem`)."""
 
 _SHRINKING = frozenset({"slice", "select", "narrow", "getitem"})
+
+_RESHAPES = frozenset({"view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "alias"})
+"""View operators that keep a contiguous tensor's elements in place (a contiguous result)."""
 
 _ALWAYS_WRITTEN = frozenset({"mm", "addmm", "bmm", "linear"})
 """Operators whose result every plan writes to memory (a product's output is never fused into

@@ -34,7 +34,9 @@ column-major description of the product, its bias and epilogue) is run by `lt_ca
 PyTorch's `addmm` (cuBLASLt with the bias and GELU epilogues), `baddbmm` or `_addmm_activation`
 on strided views of the same buffers, written into the output buffer. A call with a bias is
 run both ways on its first launch, with the epilogue and as a plain product added to the bias,
-and the faster is kept (`lt_variants`; `EQFUSE_LT_VARIANT=epilogue` or `separate` fixes one).
+and a 16-bit call with a matrix off 16 bytes (a 50257-wide vocabulary) also with its matrices
+copied to padded rows; the fastest is kept (`lt_variants`; `EQFUSE_LT_VARIANT=epilogue`,
+`separate` or `aligned` fixes one).
 With `cublaslt=False`, `Codegen.unsupported()` names such kernels instead and the backend falls
 back to eager for the whole graph.
 
@@ -139,7 +141,10 @@ def lt_call_torch(call: dict, env: dict, variant: str = "epilogue") -> None:
     matrix as PyTorch runs a broadcast addend: written into `d`, then cuBLAS's plain product
     added to it, then the activation in place. cuBLASLt's heuristics for the bias epilogue pick
     other tiles than cuBLAS's for the plain product: on an H100, f32 [1576, 3072] @ [3072, 768]
-    ran 255.6 us with the epilogue and 183.0 us without (PyTorch 2.11)."""
+    ran 255.6 us with the epilogue and 183.0 us without (PyTorch 2.11).
+
+    `variant="aligned"` copies each 16-bit matrix that is not on 16 bytes (`_aligned`) to rows
+    padded to 16 bytes, and computes an output that is not into such rows, copied back."""
     import torch
 
     batch, m, n = int(call["batch"]) or 1, int(call["m"]), int(call["n"])
@@ -167,46 +172,99 @@ def lt_call_torch(call: dict, env: dict, variant: str = "epilogue") -> None:
         b = operand(call["b"], off["b"])  # op(b): [batch, k, n]
         out = out_t.as_strided((batch, n, m), (m * n, m, 1), out_t.storage_offset() + off["d"])
         x, y = b.transpose(1, 2), a.transpose(1, 2)  # dᵀ = op(b)ᵀ @ op(a)ᵀ: [batch, n, k] @ [batch, k, m]
-        if batch == 1 and bias is not None and act != "relu":
-            if variant == "separate":
-                torch.addmm(bias.expand(n, m), x[0], y[0], alpha=alpha, out=out[0])
-                if act == "gelu":
-                    torch._C._nn.gelu_(out[0], approximate="tanh")
-            elif act == "gelu" and out.is_cuda:
-                # On CUDA the GELU of `_addmm_activation` is the tanh form: cuBLASLt's epilogue,
-                # or `gelu_(..., "tanh")` after the product where cuBLASLt is not used.
-                torch._addmm_activation(bias, x[0], y[0], alpha=alpha, use_gelu=True, out=out[0])
-            elif act == "gelu":
-                torch.addmm(bias, x[0], y[0], alpha=alpha, out=out[0])
-                torch._C._nn.gelu_(out, approximate="tanh")
-            else:
-                torch.addmm(bias, x[0], y[0], alpha=alpha, out=out[0])
-            continue
-        if batch == 1 and bias is None and act is None:
-            # One matrix (codegen folds a linear layer's batch into its rows): a plain product,
-            # as PyTorch runs `mm`, not a batched one of one matrix.
-            torch.addmm(out[0], x[0], y[0], beta=0, alpha=alpha, out=out[0])
-            continue
-        if bias is not None:
-            torch.baddbmm(bias.expand(batch, n, m), x, y, alpha=alpha, out=out)
+        if variant == "aligned":
+            x, y, target, out = _aligned(x), _aligned(y), out, _aligned(out, copy=False)
+            _lt_product(x, y, out, bias, act, alpha, "epilogue")
+            if out is not target:
+                target.copy_(out)
         else:
-            out.baddbmm_(x, y, beta=0, alpha=alpha)
-        if act == "relu":
-            out.relu_()
+            _lt_product(x, y, out, bias, act, alpha, variant)
+
+
+def _lt_product(x, y, out, bias, act: str | None, alpha: float, variant: str) -> None:
+    """`out = act(alpha x @ y + bias)` over `[batch, n, k] @ [batch, k, m]` (`lt_call_torch`)."""
+    import torch
+
+    batch, n, m = out.shape
+    if batch == 1 and bias is not None and act != "relu":
+        if variant == "separate":
+            torch.addmm(bias.expand(n, m), x[0], y[0], alpha=alpha, out=out[0])
+            if act == "gelu":
+                torch._C._nn.gelu_(out[0], approximate="tanh")
+        elif act == "gelu" and out.is_cuda:
+            # On CUDA the GELU of `_addmm_activation` is the tanh form: cuBLASLt's epilogue,
+            # or `gelu_(..., "tanh")` after the product where cuBLASLt is not used.
+            torch._addmm_activation(bias, x[0], y[0], alpha=alpha, use_gelu=True, out=out[0])
         elif act == "gelu":
+            torch.addmm(bias, x[0], y[0], alpha=alpha, out=out[0])
             torch._C._nn.gelu_(out, approximate="tanh")
+        else:
+            torch.addmm(bias, x[0], y[0], alpha=alpha, out=out[0])
+        return
+    if batch == 1 and bias is None and act is None:
+        # One matrix (codegen folds a linear layer's batch into its rows): a plain product,
+        # as PyTorch runs `mm`, not a batched one of one matrix.
+        torch.addmm(out[0], x[0], y[0], beta=0, alpha=alpha, out=out[0])
+        return
+    if bias is not None:
+        torch.baddbmm(bias.expand(batch, n, m), x, y, alpha=alpha, out=out)
+    else:
+        out.baddbmm_(x, y, beta=0, alpha=alpha)
+    if act == "relu":
+        out.relu_()
+    elif act == "gelu":
+        torch._C._nn.gelu_(out, approximate="tanh")
 
 
-LT_VARIANTS = ("epilogue", "separate")
+def _is_aligned(v) -> bool:
+    """Whether cuBLAS's tensor-core kernels take the 16-bit matrices `v` (`[batch, r, c]`): a
+    unit stride, the other strides and the first element on 16 bytes (a 32-bit type: always)."""
+    if v.element_size() >= 4:
+        return True
+    step = 16 // v.element_size()
+    if 1 not in v.stride()[1:] or v.storage_offset() % step:
+        return False
+    return all(st % step == 0 for d, st in enumerate(v.stride()) if st != 1 and v.shape[d] > 1)
+
+
+def _aligned(v, copy: bool = True):
+    """`v` (`[batch, r, c]`), or where cuBLAS would take it only unaligned (`_is_aligned`: GPT-2's
+    logits, 50257 wide in bf16), the same values (`copy`) in a buffer whose rows are padded to 16
+    bytes: a view `[batch, r, c]` of `[batch, r, c rounded up]`."""
+    import torch
+
+    if _is_aligned(v):
+        return v
+    batch, r, c = v.shape
+    step = 16 // v.element_size()
+    buf = torch.empty(batch, r, -(-c // step) * step, dtype=v.dtype, device=v.device)[..., :c]
+    if copy:
+        buf.copy_(v)
+    return buf
+
+
+LT_VARIANTS = ("epilogue", "separate", "aligned")
 
 
 def lt_variants(call: dict) -> tuple[str, ...]:
-    """The ways `lt_call_torch` can run `call`: a call of one matrix with a bias and no loops
-    has two (`LT_VARIANTS`), which `GpuPlan` times on its first launch; others one."""
+    """The ways `lt_call_torch` can run `call`, which `GpuPlan` times on its first launch where
+    there are several: `epilogue` always; `separate` for a call of one matrix with a bias and no
+    loops; `aligned` for a 16-bit call whose matrices are not all on 16 bytes (a leading
+    dimension of 50257: cuBLAS's kernels for unaligned bf16 ran GPT-2's [8192, 768] @ [768,
+    50257] in 6.7 ms on an H100, Inductor, which pads it, in 1.0), each such matrix copied to
+    rows padded to 16 bytes (the output copied back)."""
+    out = ["epilogue"]
     if call.get("bias") and (int(call["batch"]) or 1) == 1 and not call.get("outer") \
             and not call["epilogue"].startswith("relu"):
-        return LT_VARIANTS
-    return LT_VARIANTS[:1]
+        out.append("separate")
+    if call.get("dtype") in ("bf16", "f16"):
+        lds = [int(call["a"]["ld"]), int(call["b"]["ld"]), int(call["m"])]
+        offsets = [int(call["a"].get("offset", 0)), int(call["b"].get("offset", 0))]
+        offsets += [int(call[o]["batch_stride"]) for o in ("a", "b")] if (int(call["batch"]) or 1) > 1 else []
+        offsets += [int(lp[key]) for lp in call.get("outer") or [] for key in ("a", "b", "d")]
+        if any(v % 8 for v in lds + offsets):
+            out.append("aligned")
+    return tuple(out)
 
 
 def _lt_graph_us(call: dict, env: dict, variant: str, reps: int = 4) -> float:

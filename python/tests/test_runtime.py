@@ -134,7 +134,8 @@ def test_cublaslt_calls_run_as_torch_products(epilogue, batched, wt, variant):
             "b": _lt_operand("a", a, False), "d": "d", "epilogue": epilogue}
     if "bias" in epilogue:
         call["bias"] = "bias"
-    assert lt_variants(call) == (LT_VARIANTS if epilogue in ("bias", "gelu_bias") and not batched else ("epilogue",))
+    assert lt_variants(call) == (("epilogue", "separate") if epilogue in ("bias", "gelu_bias") and not batched
+                                 else ("epilogue",))
     lt_call_torch(call, env, variant)
     want = a @ b_logical + (bias if "bias" in epilogue else 0)
     if epilogue.startswith("relu"):
@@ -142,6 +143,36 @@ def test_cublaslt_calls_run_as_torch_products(epilogue, batched, wt, variant):
     if epilogue.startswith("gelu"):
         want = F.gelu(want, approximate="tanh")
     torch.testing.assert_close(env["d"], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("epilogue", ["default", "bias", "gelu_bias"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_unaligned_16_bit_calls_have_an_aligned_variant(epilogue, batched):
+    """A bf16 call whose output rows are 13 wide (26 bytes, as GPT-2's 50257-wide logits are off
+    16 bytes) has the `aligned` variant: its matrices copied to padded rows, the output computed
+    there and copied back, the same values as the call run in place; an aligned bf16 call has
+    no such variant."""
+    torch.manual_seed(0)
+    M, K, N, batch = 6, 16, 13, (2 if batched else 1)
+    a = torch.randn(batch, M, K, dtype=torch.bfloat16) if batched else torch.randn(M, K, dtype=torch.bfloat16)
+    w = torch.randn(N, K, dtype=torch.bfloat16)
+    bias = torch.randn(N, dtype=torch.bfloat16)
+    call = {"dtype": "bf16", "m": N, "n": M, "k": K, "batch": batch, "a": _lt_operand("w", w.t(), True),
+            "b": _lt_operand("a", a, False), "d": "d", "epilogue": epilogue}
+    if "bias" in epilogue:
+        call["bias"] = "bias"
+    assert "aligned" in lt_variants(call)
+    assert "aligned" not in lt_variants({**call, "m": 16, "a": {**call["a"], "rows": 16}})
+    runs = {}
+    for variant in ("epilogue", "aligned"):
+        env = {"a": a, "w": w, "bias": bias, "d": torch.full((batch, M, N) if batched else (M, N), float("nan"),
+                                                             dtype=torch.bfloat16)}
+        lt_call_torch(call, env, variant)
+        runs[variant] = env["d"]
+    torch.testing.assert_close(runs["aligned"], runs["epilogue"], rtol=0, atol=0)
+    want = a.float() @ w.float().t() + (bias.float() if "bias" in epilogue else 0)
+    want = F.gelu(want, approximate="tanh") if epilogue.startswith("gelu") else want
+    torch.testing.assert_close(runs["aligned"].float(), want, rtol=2e-2, atol=5e-2)
 
 
 @pytest.mark.parametrize("epilogue", ["default", "gelu_bias"])
@@ -264,6 +295,41 @@ def test_backend_runner_maps_arguments_values_and_outputs(monkeypatch):
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_an_output_that_reshapes_a_product_is_returned_as_a_view(monkeypatch):
+    """A linear layer over [B, S, E] activations returns `view(mm, [B, S, N])` (a classifier's or
+    a language model's logits): the graph writes the product and the backend returns the view of
+    it, with eager's shape and strides, and no kernel copies it. In a training step the
+    gradients equal eager's too."""
+    made = []
+    monkeypatch.setattr(EqfuseBackend, "_build", lambda self, graph, ex: made.append(ShapeRecordingPlan(graph)) or made[-1])
+    torch.manual_seed(0)
+    head = torch.nn.Linear(64, 96, bias=False)
+    x = torch.randn(4, 50, 64)
+
+    def f(x):
+        return head(torch.tanh(x)).unsqueeze(1)
+
+    backend = EqfuseBackend(report=None)
+    with torch.no_grad():
+        got = torch.compile(f, backend=backend, dynamic=False)(x)
+        want = f(x)
+    assert [p.runs for p in backend.plans] == ["eqfuse"], [p.why_eager for p in backend.plans]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert got.shape == want.shape and got.stride() == want.stride()
+    kernels = backend.plans[0].plan["kernels"]
+    assert all(set(k["ops"]) - {"reshape", "transpose"} for k in kernels), [k["ops"] for k in kernels]  # no copy
+    assert [o["name"] for o in made[0].graph["outputs"]] == [n for n in made[0].results], made[0].results
+    assert not any(name.startswith("out") for name in made[0].results), made[0].results
+
+    torch._dynamo.reset()
+    xg = x.clone().requires_grad_(True)
+    compiled = torch.compile(f, backend=EqfuseBackend(report=None), dynamic=False)
+    compiled(xg).square().mean().backward()
+    xe = x.clone().requires_grad_(True)
+    f(xe).square().mean().backward()
+    torch.testing.assert_close(xg.grad, xe.grad, rtol=1e-5, atol=1e-6)
 
 
 class ShapeRecordingPlan(CpuReferencePlan):
