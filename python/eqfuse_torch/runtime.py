@@ -143,8 +143,8 @@ def lt_call_torch(call: dict, env: dict, variant: str = "epilogue") -> None:
     other tiles than cuBLAS's for the plain product: on an H100, f32 [1576, 3072] @ [3072, 768]
     ran 255.6 us with the epilogue and 183.0 us without (PyTorch 2.11).
 
-    `variant="aligned"` copies each 16-bit matrix that is not on 16 bytes (`_aligned`) to rows
-    padded to 16 bytes, and computes an output that is not into such rows, copied back."""
+    `variant="aligned"` pads each matrix (and the bias) with zeros to extents on 16 bytes
+    (`_padded`), computes the padded product into a contiguous buffer and copies its part back."""
     import torch
 
     batch, m, n = int(call["batch"]) or 1, int(call["m"]), int(call["n"])
@@ -173,10 +173,14 @@ def lt_call_torch(call: dict, env: dict, variant: str = "epilogue") -> None:
         out = out_t.as_strided((batch, n, m), (m * n, m, 1), out_t.storage_offset() + off["d"])
         x, y = b.transpose(1, 2), a.transpose(1, 2)  # dᵀ = op(b)ᵀ @ op(a)ᵀ: [batch, n, k] @ [batch, k, m]
         if variant == "aligned":
-            x, y, target, out = _aligned(x), _aligned(y), out, _aligned(out, copy=False)
-            _lt_product(x, y, out, bias, act, alpha, "epilogue")
-            if out is not target:
-                target.copy_(out)
+            # Every extent padded with zeros to 16 bytes, into contiguous buffers that PyTorch's
+            # products take as they are (an `out=` view with padded rows it would copy to a
+            # contiguous temporary, unaligned again): the padding adds zeros to the sums and
+            # columns that are dropped.
+            xp, yp, pad_bias = _padded(x), _padded(y), None if bias is None else _padded(bias.view(1, 1, -1))[0, 0]
+            outp = torch.empty(batch, xp.shape[1], yp.shape[2], dtype=out.dtype, device=out.device)
+            _lt_product(xp, yp, outp, pad_bias, act, alpha, "epilogue")
+            out.copy_(outp[:, :n, :m])
         else:
             _lt_product(x, y, out, bias, act, alpha, variant)
 
@@ -216,31 +220,22 @@ def _lt_product(x, y, out, bias, act: str | None, alpha: float, variant: str) ->
         torch._C._nn.gelu_(out, approximate="tanh")
 
 
-def _is_aligned(v) -> bool:
-    """Whether cuBLAS's tensor-core kernels take the 16-bit matrices `v` (`[batch, r, c]`): a
-    unit stride, the other strides and the first element on 16 bytes (a 32-bit type: always)."""
-    if v.element_size() >= 4:
-        return True
-    step = 16 // v.element_size()
-    if 1 not in v.stride()[1:] or v.storage_offset() % step:
-        return False
-    return all(st % step == 0 for d, st in enumerate(v.stride()) if st != 1 and v.shape[d] > 1)
-
-
-def _aligned(v, copy: bool = True):
-    """`v` (`[batch, r, c]`), or where cuBLAS would take it only unaligned (`_is_aligned`: GPT-2's
-    logits, 50257 wide in bf16), the same values (`copy`) in a buffer whose rows are padded to 16
-    bytes: a view `[batch, r, c]` of `[batch, r, c rounded up]`."""
+def _padded(v):
+    """`v` (`[batch, r, c]`) zero-padded to `[batch, r', c']`, each extent rounded up to 16 bytes
+    of elements: contiguous, or the transpose of a contiguous buffer where `v` is a transposed
+    view (so that the copy reads and writes along the same axis)."""
     import torch
 
-    if _is_aligned(v):
-        return v
-    batch, r, c = v.shape
     step = 16 // v.element_size()
-    buf = torch.empty(batch, r, -(-c // step) * step, dtype=v.dtype, device=v.device)[..., :c]
-    if copy:
-        buf.copy_(v)
-    return buf
+    batch, r, c = v.shape
+    rp, cp = -(-r // step) * step, -(-c // step) * step
+    if v.stride(1) == 1 and v.stride(2) != 1 and r > 1:
+        out = torch.zeros(batch, cp, rp, dtype=v.dtype, device=v.device)
+        out[:, :c, :r] = v.transpose(1, 2)
+        return out.transpose(1, 2)
+    out = torch.zeros(batch, rp, cp, dtype=v.dtype, device=v.device)
+    out[:, :r, :c] = v
+    return out
 
 
 LT_VARIANTS = ("epilogue", "separate", "aligned")
@@ -251,8 +246,8 @@ def lt_variants(call: dict) -> tuple[str, ...]:
     there are several: `epilogue` always; `separate` for a call of one matrix with a bias and no
     loops; `aligned` for a 16-bit call whose matrices are not all on 16 bytes (a leading
     dimension of 50257: cuBLAS's kernels for unaligned bf16 ran GPT-2's [8192, 768] @ [768,
-    50257] in 6.7 ms on an H100, Inductor, which pads it, in 1.0), each such matrix copied to
-    rows padded to 16 bytes (the output copied back)."""
+    50257] in 6.7 ms on an H100, Inductor, which pads it, in 1.0): the product of matrices
+    zero-padded to extents on 16 bytes, its part copied to the output."""
     out = ["epilogue"]
     if call.get("bias") and (int(call["batch"]) or 1) == 1 and not call.get("outer") \
             and not call["epilogue"].startswith("relu"):

@@ -149,9 +149,9 @@ def test_cublaslt_calls_run_as_torch_products(epilogue, batched, wt, variant):
 @pytest.mark.parametrize("batched", [False, True])
 def test_unaligned_16_bit_calls_have_an_aligned_variant(epilogue, batched):
     """A bf16 call whose output rows are 13 wide (26 bytes, as GPT-2's 50257-wide logits are off
-    16 bytes) has the `aligned` variant: its matrices copied to padded rows, the output computed
-    there and copied back, the same values as the call run in place; an aligned bf16 call has
-    no such variant."""
+    16 bytes) has the `aligned` variant: the product of its matrices zero-padded to 16 bytes,
+    its part copied to the output, the same values as the call run in place; an aligned bf16
+    call has no such variant."""
     torch.manual_seed(0)
     M, K, N, batch = 6, 16, 13, (2 if batched else 1)
     a = torch.randn(batch, M, K, dtype=torch.bfloat16) if batched else torch.randn(M, K, dtype=torch.bfloat16)
