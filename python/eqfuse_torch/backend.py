@@ -351,7 +351,8 @@ class EqfuseBackend:
             views = constants.get(_VIEWS, {}) if kind == "backward" else {}
             saved_from = constants.get(_SAVED_FROM) if kind == "forward" else None
             exported = export_graph_module(aten_gm, statics=statics, free_layout_from=saved_from,
-                                           broadcasts=broadcasts, views=views, reshaped_outputs=True)
+                                           broadcasts=broadcasts, views=views, reshaped_outputs=True,
+                                           allow_empty=True)
             if kind == "forward":
                 out_node = next(n for n in aten_gm.graph.nodes if n.op == "output")
                 results = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
@@ -365,6 +366,15 @@ class EqfuseBackend:
                 for i, view in exported.view_outputs.items():
                     constants.setdefault(_VIEWS, {})[results[i].name] = view
             graph = exported.graph
+            if graph is None:
+                # Nothing to compute: every output is a constant the export folded (a mask
+                # built from `arange` alone, in a graph of its own) or a view of an argument.
+                record = CapturedPlan(kind, None, _empty_plan())
+                if build:
+                    record.runs, runner = "eqfuse", _NoKernels(aten_gm)
+                self._plans.append(record)
+                self._reported(record, build)
+                return record, exported, runner
             if later and not build:
                 record = CapturedPlan(kind, graph, None)
                 self._later(record)
@@ -445,6 +455,29 @@ class EqfuseBackend:
         with torch.cuda.device(tensors[0].device):
             cg = Codegen.of_graph(graph, binary=self.binary, device=self.device, args=self.args)
             return GpuPlan(cg)
+
+
+def _empty_plan() -> dict:
+    """The plan of a graph with nothing to compute: no kernels."""
+    zero = {"kernels": 0, "bytes": 0, "flops": 0, "predicted_us": 0.0}
+    return {"schema": "eqfuse.plan/1", "kernels": [], "total": zero, "unfused": dict(zero)}
+
+
+class _NoKernels:
+    """The runner of a graph with nothing to compute (`_empty_plan`): its outputs are constants
+    or views of its arguments, which `_Runner` makes; no kernel runs."""
+
+    def __init__(self, aten_gm):
+        import torch
+
+        out = next(n for n in aten_gm.graph.nodes if n.op == "output")
+        results = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+        vals = [getattr(r, "meta", {}).get("val") for r in results]
+        self.device = next((v.device for v in vals if isinstance(v, torch.Tensor)), torch.device("cpu"))
+        self.stats = {"kernels": 0}
+
+    def __call__(self, inputs: dict) -> dict:
+        return {}
 
 
 _SAVED_FROM = "__eqfuse_saved_from__"

@@ -278,7 +278,8 @@ def export_program(ep: "torch.export.ExportedProgram") -> Exported:
 def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Tensor] | None = None,
                         statics: dict[str, torch.Tensor] | None = None, *, free_layout_from: int | None = None,
                         broadcasts: dict[str, tuple[int, ...]] | None = None,
-                        views: dict[str, ViewOf] | None = None, reshaped_outputs: bool = False) -> Exported:
+                        views: dict[str, ViewOf] | None = None, reshaped_outputs: bool = False,
+                        allow_empty: bool = False) -> Exported:
     """Exports an ATen-level graph: every placeholder is an input (`parameters` gives values for
     some, by placeholder name), except those `statics` gives a value that never changes (a
     constant the forward graph returns for its backward), which are folded like `get_attr`
@@ -299,7 +300,10 @@ def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Te
     so) is its base, an input, with the view replayed in the graph. With `reshaped_outputs` (the
     backend, which makes such views), any other output that only reshapes a contiguous value
     the graph computes (a product viewed as `[B, S, N]` logits) is made so too
-    (`Exporter.reshaped_output`): the graph's outputs are then not the module's one for one."""
+    (`Exporter.reshaped_output`): the graph's outputs are then not the module's one for one.
+    With `allow_empty`, a graph none of whose outputs is computed (each a constant the export
+    folds, such as a mask built from `arange` alone, or a view of an argument) exports with
+    `graph` None instead of raising."""
     parameters = parameters or {}
     statics = statics or {}
     kinds = {}
@@ -310,7 +314,7 @@ def export_graph_module(gm: torch.fx.GraphModule, parameters: dict[str, torch.Te
                 kinds[node.name] = ("static", statics[node.name])
             else:
                 kinds[node.name] = ("parameter", value) if value is not None else ("input", None)
-    return Exporter(gm, kinds, free_layout_from, broadcasts, views, reshaped_outputs).run()
+    return Exporter(gm, kinds, free_layout_from, broadcasts, views, reshaped_outputs, allow_empty).run()
 
 
 def unordered_outputs(gm: torch.fx.GraphModule) -> set[int]:
@@ -354,8 +358,10 @@ class Exporter:
 
     def __init__(self, gm: torch.fx.GraphModule, kinds: dict[str, tuple[str, torch.Tensor | None]],
                  free_layout_from: int | None = None, broadcasts: dict[str, tuple[int, ...]] | None = None,
-                 views: dict[str, ViewOf] | None = None, reshaped_outputs: bool = False):
+                 views: dict[str, ViewOf] | None = None, reshaped_outputs: bool = False,
+                 allow_empty: bool = False):
         self.gm = gm
+        self.allow_empty = allow_empty
         self.kinds = kinds
         self.free_layout_from = free_layout_from
         self.reshaped_outputs = reshaped_outputs
@@ -397,7 +403,8 @@ class Exporter:
             else:
                 raise ExportError(f"fx node {node.name} of kind {node.op} is not supported (export an ATen graph)")
         seed_input = self.seeds.finish()
-        return Exported(self.b.to_json(), self.values, input_names, self.constants, self.dont_care_outputs,
+        graph = None if self.allow_empty and not self.b.outputs else self.b.to_json()
+        return Exported(graph, self.values, input_names, self.constants, self.dont_care_outputs,
                         dict(self.seeds.sites), seed_input, self.pads, self.seed_outputs, self.broadcast_inputs,
                         self.broadcast_outputs, self.view_outputs, self.view_inputs, self.output_names,
                         unordered_outputs(self.gm))

@@ -332,6 +332,27 @@ def test_an_output_that_reshapes_a_product_is_returned_as_a_view(monkeypatch):
     torch.testing.assert_close(xg.grad, xe.grad, rtol=1e-5, atol=1e-6)
 
 
+def test_a_graph_with_nothing_to_compute_runs_no_kernel(monkeypatch):
+    """A graph whose every output is a constant the export folds (a causal mask built from
+    `arange` alone, which `transformers` 5.17 computes in a graph of its own for XGLM and
+    wav2vec2) has nothing to launch: the backend returns the constants, eqfuse's empty plan,
+    not an eager fallback."""
+    made = []
+    monkeypatch.setattr(EqfuseBackend, "_build", lambda self, graph, ex: made.append(CpuReferencePlan(graph)) or made[-1])
+
+    def mask():
+        i = torch.arange(16)
+        return torch.where(i[None, :] <= i[:, None], 0.0, torch.finfo(torch.float32).min).expand(2, 1, 16, 16)
+
+    backend = EqfuseBackend(report=None)
+    torch._dynamo.reset()
+    got = torch.compile(mask, backend=backend, dynamic=False)()
+    assert [(p.runs, p.plan["kernels"]) for p in backend.plans] == [("eqfuse", [])], \
+        [(p.runs, p.why_eager) for p in backend.plans]
+    assert not made
+    torch.testing.assert_close(got, mask(), rtol=0, atol=0)
+
+
 class ShapeRecordingPlan(CpuReferencePlan):
     """The CPU stand-in, keeping the inputs it was given and the outputs it gave (name -> tensor)."""
 
