@@ -370,18 +370,15 @@ class EqfuseBackend:
                 # Nothing to compute: every output is a constant the export folded (a mask
                 # built from `arange` alone, in a graph of its own) or a view of an argument.
                 record = CapturedPlan(kind, None, _empty_plan())
-                if build:
-                    record.runs, runner = "eqfuse", _NoKernels(aten_gm)
-                self._plans.append(record)
-                self._reported(record, build)
-                return record, exported, runner
-            if later and not build:
+            elif later and not build:
                 record = CapturedPlan(kind, graph, None)
                 self._later(record)
                 return record, exported, None
-            if build and _on_cuda(example_inputs):
-                self._codegen(graph)
-            record = CapturedPlan(kind, graph, plan_graph(graph, binary=self.binary, device=self.device, args=self.args))
+            else:
+                if build and _on_cuda(example_inputs):
+                    self._codegen(graph)
+                plan = plan_graph(graph, binary=self.binary, device=self.device, args=self.args)
+                record = CapturedPlan(kind, graph, plan)
         except (ExportError, PlanError) as e:
             record = CapturedPlan(kind, graph, None, str(e))
         except Exception as e:  # an exporter bug must not stop the user's model from running
@@ -390,7 +387,7 @@ class EqfuseBackend:
             record.why_eager = f"no plan: {record.error}"
         elif build:
             try:
-                runner = self._build(graph, example_inputs)
+                runner = _NoKernels(aten_gm) if graph is None else self._build(graph, example_inputs)
                 record.runs = "eqfuse"
                 record.launches = getattr(runner, "stats", None)
             except Exception as e:  # RuntimeUnavailable, PlanError, a CuPy compile error
@@ -474,7 +471,6 @@ class _NoKernels:
         results = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
         vals = [getattr(r, "meta", {}).get("val") for r in results]
         self.device = next((v.device for v in vals if isinstance(v, torch.Tensor)), torch.device("cpu"))
-        self.stats = {"kernels": 0}
 
     def __call__(self, inputs: dict) -> dict:
         return {}

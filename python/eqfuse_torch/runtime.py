@@ -34,8 +34,8 @@ column-major description of the product, its bias and epilogue) is run by `lt_ca
 PyTorch's `addmm` (cuBLASLt with the bias and GELU epilogues), `baddbmm` or `_addmm_activation`
 on strided views of the same buffers, written into the output buffer. A call with a bias is
 run both ways on its first launch, with the epilogue and as a plain product added to the bias,
-and a 16-bit call with a matrix off 16 bytes (a 50257-wide vocabulary) also with its matrices
-copied to padded rows; the fastest is kept (`lt_variants`; `EQFUSE_LT_VARIANT=epilogue`,
+and a 16-bit call with a matrix off 16 bytes (a 50257-wide vocabulary) also as the product of
+its matrices zero-padded to 16-byte extents; the fastest is kept (`lt_variants`; `EQFUSE_LT_VARIANT=epilogue`,
 `separate` or `aligned` fixes one).
 With `cublaslt=False`, `Codegen.unsupported()` names such kernels instead and the backend falls
 back to eager for the whole graph.
