@@ -275,19 +275,6 @@ __device__ __forceinline__ void load_rows(float* dst, const float* src, long lon
         }
     }
 }
-__device__ __forceinline__ float lane4(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-__device__ __forceinline__ void fma4(float4& acc, float p, const float4& v) {
-    acc.x = fmaf(p, v.x, acc.x);
-    acc.y = fmaf(p, v.y, acc.y);
-    acc.z = fmaf(p, v.z, acc.z);
-    acc.w = fmaf(p, v.w, acc.w);
-}
-__device__ __forceinline__ float dot4(const float4& a, const float4& b, float s) {
-    s = fmaf(a.x, b.x, s);
-    s = fmaf(a.y, b.y, s);
-    s = fmaf(a.z, b.z, s);
-    return fmaf(a.w, b.w, s);
-}
 }  // namespace eq_f32a
 
 extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARAMS) {
@@ -376,7 +363,7 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
 #pragma unroll
             for (int a = 0; a < EQ_FR; ++a)
 #pragma unroll
-                for (int c = 0; c < EQ_FK; ++c) s[a][c] = dot4(qv[a], kv[c], s[a][c]);
+                for (int c = 0; c < EQ_FK; ++c) s[a][c] = eq_dot4(qv[a], kv[c], s[a][c]);
         }
 #pragma unroll
         for (int a = 0; a < EQ_FR; ++a) {
@@ -430,7 +417,7 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
                     if (DP4 % EQ_FTC == 0 || tc + EQ_FTC * u < DP4) {
                         const float4 vv = *reinterpret_cast<const float4*>(cv + (4 * j4 + jj) * EQ_FS + 4 * (tc + EQ_FTC * u));
 #pragma unroll
-                        for (int a = 0; a < EQ_FR; ++a) fma4(o[a][u], lane4(pv[a], jj), vv);
+                        for (int a = 0; a < EQ_FR; ++a) eq_fma4(o[a][u], eq_lane4(pv[a], jj), vv);
                     }
                 }
             }
@@ -456,7 +443,7 @@ extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FMINB) EQ_KERNEL(EQ_PARA
 #else
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                if (4 * c4 + e < EQ_D) orow[4 * c4 + e] = lane4(r, e);
+                if (4 * c4 + e < EQ_D) orow[4 * c4 + e] = eq_lane4(r, e);
 #endif
         }
 #if EQ_LSE

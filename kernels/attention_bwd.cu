@@ -34,6 +34,7 @@
 // 128 h + 16 g, and the four columns 2t, 2t + 1, 8 + 2t, 9 + 2t that thread (g, t) of a warp
 // adds at 4 t. So each atomic is 16 bytes and a warp's adds to one half block are 512
 // contiguous bytes.
+// f32 operands (EQ_F32) take a CUDA-core form of the same three modes (see below); otherwise:
 // Products run as mma.sync m16n8k16 (bf16 or f16 inputs, f32 accumulate); P and dS are rounded
 // to the storage type before the products that consume them (as FlashAttention does).
 //
@@ -175,7 +176,496 @@
 #endif
 // The offset of batch entry (b0, b1, b2) in read tensor T.
 #define EQ_BOFF(T) (b0 * EQ_##T##_S0 + b1 * EQ_##T##_S1 + b2 * EQ_##T##_S2)
+// This block's batch index b (its axes b0, b1, b2) and its batch entry's q and k (qg, kg, of
+// element type T) and, under EQ_BIAS, bias (bg); EQ_BWD_GRAD_OPERANDS: v, g (vg, gg), the
+// statistics and delta (lg, dg).
+#if EQ_BIAS
+#define EQ_BWD_BIAS_POINTER const EQ_BT* bg = EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2;
+#else
+#define EQ_BWD_BIAS_POINTER
+#endif
+#define EQ_BWD_BATCH(T)                                                                           \
+    const long long b = blockIdx.y;                                                               \
+    const long long b0 = b / (EQ_NB1 * EQ_NB2), b1 = (b / EQ_NB2) % EQ_NB1, b2 = b % EQ_NB2;     \
+    const T* qg = EQ_QP + EQ_BOFF(Q);                                                             \
+    const T* kg = EQ_KP + EQ_BOFF(K);                                                             \
+    EQ_BWD_BIAS_POINTER
+// The address of statistic `which` of query row `row` (0: the log-sum-exp, or with a bias the
+// row maximum; 1: delta; 2: with a bias, the log row sum).
+#if EQ_BIAS
+#define EQ_BWD_STAT(which, row) \
+    ((which) == 1 ? dg + (row) * EQ_DL_SR : lg + (row) * EQ_L_SR + ((which) == 2 ? EQ_L_SC : 0))
+#else
+#define EQ_BWD_STAT(which, row) ((which) == 1 ? dg + (row) * EQ_DL_SR : lg + (row) * EQ_L_SR)
+#endif
+#define EQ_BWD_GRAD_OPERANDS(T)          \
+    const T* vg = EQ_VP + EQ_BOFF(V);     \
+    const T* gg = EQ_GP + EQ_BOFF(G);     \
+    const float* lg = EQ_LSEP + EQ_BOFF(L); \
+    const float* dg = EQ_DELP + EQ_BOFF(DL);
 #define EQ_LOG2E 1.4426950408889634f
+
+#ifndef EQ_F32
+#define EQ_F32 0
+#endif
+
+#if EQ_F32
+// ---- f32 operands: the same three modes on CUDA cores, in full f32 (no tensor cores) ----
+// Register tiles as the forward's f32 path (kernels/attention.cu) has them. A block of EQ_FNT
+// (128) threads is a grid of EQ_FTR = 16 row groups by EQ_FTC = 8 threads a row; it owns
+// EQ_FBM = 64 rows (queries in modes 0 and 1, keys in mode 2) and walks tiles of EQ_FBN =
+// EQ_FTC EQ_FK columns (keys in modes 0 and 1, queries in mode 2; EQ_FK = 8 for heads up to
+// 64, 4 over it). Thread (tr, tc) holds the scores of rows tr + 16 a (a < 4) and columns
+// tc + 8 c (c < EQ_FK) of a tile, and its rows' gradient over the head's float4 columns
+// tc + 8 u (u < EQ_FU). Per tile:
+//   - s = A B^T and (modes 1 and 2, where dS is needed) dP = A' B'^T, each over the head by
+//     float4 reads of shared memory (A, A' the block's rows: q, g in mode 1, k, v in mode 2;
+//     B, B' the tile's: k, v in mode 1, q, g in mode 2);
+//   - P and dS per score, as the 16-bit kernels compute them (in natural units, expf);
+//   - P (times dropout's mask) or dS into the block's score tile (rows EQ_FBN + 8 floats apart),
+//     read back by the warp that wrote it (its rows): acc += tile C, C the tile's rows
+//     (mode 1: dq += dS k; mode 2: dv += P^T g, dk += dS^T q).
+// Each gradient element is summed by one thread in a fixed order (deterministic), except the
+// query gradient under EQ_DQ in mode 2 (heads up to 64): dS is also stored transposed into a
+// second score tile, and after a barrier each thread sums dS k over the block's keys for 4 of
+// the tile's queries and 4 float4 columns, added with f32 atomics (four at once on sm_90) into
+// the accumulator EQ_DQACC ([EQ_NB, EQ_SQ, EQ_FDP], zero before the launch); the last block of a
+// batch index (counted in EQ_DQCNT) writes dq = scale * acc and leaves the accumulator and the
+// count zero, as the 16-bit kernel does. Tiles load by 16 bytes (cp.async): the code generator requires a head of a
+// multiple of 4 and strides and offsets of multiples of 4 elements. Shared memory: the block's
+// two row tiles, one buffer of each of the walked tiles (two blocks of heads up to 64 fit an
+// SM: their loads overlap the other's products), the score tile, and in mode 2 the tile's
+// query statistics. Launch shape: grid (ceil(rows / 64), EQ_NB), block 128 threads, dynamic
+// shared memory EQ_SMEM_BYTES.
+#define EQ_FNT 128
+#define EQ_FTC 8
+#define EQ_FTR (EQ_FNT / EQ_FTC)
+#define EQ_FR 4
+#define EQ_FBM (EQ_FTR * EQ_FR)
+#define EQ_FDP (((EQ_D + 3) / 4) * 4)
+#define EQ_FK (EQ_FDP <= 64 ? 8 : 4)
+#define EQ_FBN (EQ_FTC * EQ_FK)
+#define EQ_FU ((EQ_FDP / 4 + EQ_FTC - 1) / EQ_FTC)
+#define EQ_FS (EQ_FDP + 4)
+#define EQ_FPS (EQ_FBN + EQ_FTC)
+#if EQ_MODE == 0
+#define EQ_SMEM_BYTES ((EQ_FBM + EQ_FBN) * EQ_FS * 4)
+#else
+#define EQ_SMEM_BYTES \
+    ((2 * EQ_FBM * EQ_FS + 2 * EQ_FBN * EQ_FS + (1 + EQ_DQ) * EQ_FBM * EQ_FPS + (2 + EQ_BIAS) * EQ_FBN) * 4)
+#endif
+#if EQ_MODE == 2 && EQ_DQ && EQ_FBN != EQ_FBM
+#error "the f32 key kernel sums the query gradient for heads up to 64 only (square tiles)"
+#endif
+
+namespace eq_attf {
+static_assert(EQ_D % 4 == 0 && EQ_D > 0 && EQ_D <= 128, "f32 heads: multiples of 4 up to 128");
+constexpr int DP4 = EQ_FDP / 4;
+// Rows [r0, r0 + ROWS) of a [*, EQ_D] matrix of row stride `sr` into a tile of rows EQ_FS
+// apart, zero at and past `limit`. No commit.
+template <int ROWS>
+__device__ __forceinline__ void load_rows(float* dst, const float* src, long long sr, int r0, int limit, int tid) {
+    for (int c = tid; c < ROWS * DP4; c += EQ_FNT) {
+        const int r = c / DP4, c4 = c % DP4;
+        const bool ok = r0 + r < limit;
+        eq_cp_async_n<16>(dst + r * EQ_FS + 4 * c4, ok ? src + (long long)(r0 + r) * sr + 4 * c4 : src, ok ? 16 : 0);
+    }
+}
+// s[a][c] = <row tr + 16 a of `at`, row tc + 8 c of `bt`> over the head, in order.
+__device__ __forceinline__ void scores(float (&s)[EQ_FR][EQ_FK], const float* at, const float* bt, int tr, int tc) {
+#pragma unroll
+    for (int a = 0; a < EQ_FR; ++a)
+#pragma unroll
+        for (int c = 0; c < EQ_FK; ++c) s[a][c] = 0.0f;
+    const float* ar = at + tr * EQ_FS;
+    const float* br = bt + tc * EQ_FS;
+#pragma unroll 4
+    for (int d4 = 0; d4 < DP4; ++d4) {
+        float4 av[EQ_FR], bv[EQ_FK];
+#pragma unroll
+        for (int a = 0; a < EQ_FR; ++a) av[a] = *reinterpret_cast<const float4*>(ar + EQ_FTR * a * EQ_FS + 4 * d4);
+#pragma unroll
+        for (int c = 0; c < EQ_FK; ++c) bv[c] = *reinterpret_cast<const float4*>(br + EQ_FTC * c * EQ_FS + 4 * d4);
+#pragma unroll
+        for (int a = 0; a < EQ_FR; ++a)
+#pragma unroll
+            for (int c = 0; c < EQ_FK; ++c) s[a][c] = eq_dot4(av[a], bv[c], s[a][c]);
+    }
+}
+// acc[a][u] += sum over the tile's columns j of the score tile's row tr + 16 a at j times row j
+// of `ct` (its float4 column tc + 8 u): the rows this thread's warp wrote.
+__device__ __forceinline__ void accumulate(float4 (&acc)[EQ_FR][EQ_FU], const float* sp, const float* ct, int tr,
+                                           int tc) {
+    const float* prow = sp + tr * EQ_FPS;
+#pragma unroll 2
+    for (int j4 = 0; j4 < EQ_FBN / 4; ++j4) {
+        float4 pv[EQ_FR];
+#pragma unroll
+        for (int a = 0; a < EQ_FR; ++a) pv[a] = *reinterpret_cast<const float4*>(prow + EQ_FTR * a * EQ_FPS + 4 * j4);
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+            for (int u = 0; u < EQ_FU; ++u)
+                if (DP4 % EQ_FTC == 0 || tc + EQ_FTC * u < DP4) {
+                    const float4 cv = *reinterpret_cast<const float4*>(ct + (4 * j4 + jj) * EQ_FS + 4 * (tc + EQ_FTC * u));
+#pragma unroll
+                    for (int a = 0; a < EQ_FR; ++a) eq_fma4(acc[a][u], eq_lane4(pv[a], jj), cv);
+                }
+    }
+}
+// Stores rows row0 + tr + 16 a (below `limit`) of an accumulator times `mul` to a matrix of row
+// stride `rs` (contiguous head).
+__device__ __forceinline__ void store(float* out, long long rs, const float4 (&acc)[EQ_FR][EQ_FU], float mul, int row0,
+                                      int limit, int tr, int tc) {
+#pragma unroll
+    for (int a = 0; a < EQ_FR; ++a) {
+        const int row = row0 + tr + EQ_FTR * a;
+        if (row >= limit) continue;
+#pragma unroll
+        for (int u = 0; u < EQ_FU; ++u) {
+            const int c4 = tc + EQ_FTC * u;
+            if (c4 >= DP4) continue;
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (4 * c4 + e < EQ_D) out[(long long)row * rs + 4 * c4 + e] = eq_lane4(acc[a][u], e) * mul;
+        }
+    }
+}
+#if EQ_MODE == 2 && EQ_DQ
+// Adds a float4 to 16-byte aligned accumulator entries.
+__device__ __forceinline__ void add4(float* p, const float4& v) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+#else
+    atomicAdd(p, v.x);
+    atomicAdd(p + 1, v.y);
+    atomicAdd(p + 2, v.z);
+    atomicAdd(p + 3, v.w);
+#endif
+}
+#endif
+__device__ __forceinline__ void zero(float4 (&acc)[EQ_FR][EQ_FU]) {
+#pragma unroll
+    for (int a = 0; a < EQ_FR; ++a)
+#pragma unroll
+        for (int u = 0; u < EQ_FU; ++u) acc[a][u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+#if EQ_BIAS
+// The bias of a tile's scores this thread holds (rows r0 + tr + 16 a, columns c0 + tc + 8 c:
+// queries by keys, or keys by queries where `keys_are_rows`), loaded before the tile's products
+// (whose arithmetic hides the loads): raw values, 0 outside the scores.
+__device__ __forceinline__ void load_bias(EQ_BT (&bv)[EQ_FR][EQ_FK], const EQ_BT* bg, int r0, int c0, int tr, int tc,
+                                          bool keys_are_rows) {
+#pragma unroll
+    for (int a = 0; a < EQ_FR; ++a)
+#pragma unroll
+        for (int c = 0; c < EQ_FK; ++c) {
+            const int r = r0 + tr + EQ_FTR * a, cc = c0 + tc + EQ_FTC * c;
+            const int row = keys_are_rows ? cc : r, col = keys_are_rows ? r : cc;
+            bv[a][c] = bg[row < EQ_SQ && col < EQ_SK ? (long long)row * EQ_B_SR + (long long)col * EQ_B_SC : 0LL];
+        }
+}
+#endif
+}  // namespace eq_attf
+
+#if EQ_MODE == 0
+// ---- the row statistics of each query row: the forward's online max and sum, no values ----
+extern "C" __global__ void __launch_bounds__(EQ_FNT, 2) EQ_KERNEL(EQ_PARAMS) {
+    using namespace eq_attf;
+    extern __shared__ __align__(16) float eq_fsmem[];
+    const int tid = threadIdx.x, tr = tid / EQ_FTC, tc = tid % EQ_FTC;
+    const int mblocks = (EQ_SQ + EQ_FBM - 1) / EQ_FBM;
+    const int m0 = (EQ_CAUSAL ? mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x) * EQ_FBM;
+    EQ_BWD_BATCH(float)
+    float* sq = eq_fsmem;
+    float* sk = sq + EQ_FBM * EQ_FS;
+    const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_FBM ? EQ_SK : m0 + EQ_FBM) : EQ_SK;
+    const int ntiles = (n_end + EQ_FBN - 1) / EQ_FBN;
+    load_rows<EQ_FBM>(sq, qg, EQ_Q_SR, m0, EQ_SQ, tid);
+    float m[EQ_FR], l[EQ_FR];
+#pragma unroll
+    for (int a = 0; a < EQ_FR; ++a) {
+        m[a] = -EQ_INF;
+        l[a] = 0.0f;
+    }
+    for (int t = 0; t < ntiles; ++t) {
+        const int n0 = t * EQ_FBN;
+        load_rows<EQ_FBN>(sk, kg, EQ_K_SR, n0, EQ_SK, tid);
+        eq_cp_async_commit();
+#if EQ_BIAS
+        EQ_BT bv[EQ_FR][EQ_FK];
+        load_bias(bv, bg, m0, n0, tr, tc, false);
+#endif
+        eq_cp_async_wait_all();
+        __syncthreads();
+        float s[EQ_FR][EQ_FK];
+        scores(s, sq, sk, tr, tc);
+#pragma unroll
+        for (int a = 0; a < EQ_FR; ++a) {
+            const int row = m0 + tr + EQ_FTR * a;
+            float mx = -EQ_INF;
+#pragma unroll
+            for (int c = 0; c < EQ_FK; ++c) {
+                const int col = n0 + tc + EQ_FTC * c;
+#if EQ_BIAS
+                const float x = fmaf(s[a][c], EQ_SCALE, eq_att_bias_of(bv[a][c]));
+#else
+                const float x = s[a][c] * EQ_SCALE;
+#endif
+                s[a][c] = (col >= EQ_SK || (EQ_CAUSAL && col > row)) ? -EQ_INF : x;
+                mx = fmaxf(mx, s[a][c]);
+            }
+#pragma unroll
+            for (int x = EQ_FTC / 2; x >= 1; x >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+            const float mnew = fmaxf(m[a], mx);
+            const float mu = mnew == -EQ_INF ? 0.0f : mnew;
+            float rs = 0.0f;
+#pragma unroll
+            for (int c = 0; c < EQ_FK; ++c) rs += expf(s[a][c] - mu);
+            l[a] = l[a] * expf(m[a] - mu) + rs;
+            m[a] = mnew;
+        }
+        __syncthreads();  // the key tile is consumed before it is loaded again
+    }
+#pragma unroll
+    for (int a = 0; a < EQ_FR; ++a) {
+#pragma unroll
+        for (int x = EQ_FTC / 2; x >= 1; x >>= 1) l[a] += __shfl_xor_sync(0xffffffffu, l[a], x);
+        const int row = m0 + tr + EQ_FTR * a;
+        if (tc != 0 || row >= EQ_SQ) continue;
+#if EQ_BIAS
+        // The row maximum and the log of the row sum (-inf both for a row of -inf scores).
+        EQ_LSEOUT[(b * EQ_SQ + row) * 2] = m[a];
+        EQ_LSEOUT[(b * EQ_SQ + row) * 2 + 1] = logf(l[a]);
+#else
+        EQ_LSEOUT[b * EQ_SQ + row] = m[a] + logf(l[a]);
+#endif
+    }
+}
+
+#else
+// ---- mode 1: dq, one block per query tile walking key tiles; mode 2: dk and/or dv, one
+// block per key tile walking query tiles ----
+extern "C" __global__ void __launch_bounds__(EQ_FNT, EQ_FDP <= 64 ? 2 : 1) EQ_KERNEL(EQ_PARAMS) {
+    using namespace eq_attf;
+    extern __shared__ __align__(16) float eq_fsmem[];
+    const int tid = threadIdx.x, tr = tid / EQ_FTC, tc = tid % EQ_FTC;
+    EQ_BWD_BATCH(float)
+    EQ_BWD_GRAD_OPERANDS(float)
+    float* ra = eq_fsmem;                 // the block's rows: q (mode 1) or k (mode 2)
+    float* rb = ra + EQ_FBM * EQ_FS;      // g (mode 1) or v (mode 2)
+    float* ta = rb + EQ_FBM * EQ_FS;      // the tile's rows: k (mode 1) or q (mode 2)
+    float* tb = ta + EQ_FBN * EQ_FS;      // v (mode 1) or g (mode 2)
+    float* sp = tb + EQ_FBN * EQ_FS;      // [EQ_FBM][EQ_FPS]: P or dS of the block's rows
+#if EQ_MODE == 2
+    float* st = sp + EQ_FBM * EQ_FPS;     // [2 + EQ_BIAS][EQ_FBN]: the tile's query statistics
+#if EQ_DQ
+    float* spt = st + (2 + EQ_BIAS) * EQ_FBN;  // [EQ_FBN][EQ_FPS]: dS transposed (rows: queries)
+    float* dqacc = EQ_DQACC + b * EQ_SQ * EQ_FDP;
+#endif
+#endif
+#if EQ_DROPOUT
+    const unsigned dseed = EQ_DROP_SEED, dkey0 = eq_dropout_key0(dseed);
+#endif
+#if EQ_MODE == 1
+    const int mblocks = (EQ_SQ + EQ_FBM - 1) / EQ_FBM;
+    const int r0 = (EQ_CAUSAL ? mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x) * EQ_FBM;
+    const int c_start = 0;
+    const int c_end = EQ_CAUSAL ? (EQ_SK < r0 + EQ_FBM ? EQ_SK : r0 + EQ_FBM) : EQ_SK;
+    load_rows<EQ_FBM>(ra, qg, EQ_Q_SR, r0, EQ_SQ, tid);
+    load_rows<EQ_FBM>(rb, gg, EQ_G_SR, r0, EQ_SQ, tid);
+    // This thread's rows' statistics: lse (or the row maximum, at least -FLT_MAX, and the log
+    // row sum, at least 0) and delta.
+    float lse[EQ_FR], del[EQ_FR];
+#if EQ_BIAS
+    float mrow[EQ_FR];
+#endif
+#pragma unroll
+    for (int a = 0; a < EQ_FR; ++a) {
+        const int row = r0 + tr + EQ_FTR * a;
+        const bool ok = row < EQ_SQ;
+#if EQ_BIAS
+        mrow[a] = ok ? fmaxf(lg[row * EQ_L_SR], -3.402823466e38f) : 0.0f;
+        lse[a] = ok ? fmaxf(lg[row * EQ_L_SR + EQ_L_SC], 0.0f) : 0.0f;
+#else
+        lse[a] = ok ? lg[row * EQ_L_SR] : 0.0f;
+#endif
+        del[a] = ok ? dg[row * EQ_DL_SR] : 0.0f;
+    }
+    float4 dq[EQ_FR][EQ_FU];
+    zero(dq);
+#else
+    const int r0 = (int)blockIdx.x * EQ_FBM;  // keys
+    const int c_start = EQ_CAUSAL ? r0 / EQ_FBN * EQ_FBN : 0;
+    const int c_end = EQ_SQ;
+    load_rows<EQ_FBM>(ra, kg, EQ_K_SR, r0, EQ_SK, tid);
+    load_rows<EQ_FBM>(rb, vg, EQ_V_SR, r0, EQ_SK, tid);
+#if EQ_DK
+    float4 dk[EQ_FR][EQ_FU];
+    zero(dk);
+#endif
+#if EQ_DV
+    float4 dv[EQ_FR][EQ_FU];
+    zero(dv);
+#endif
+#endif
+    for (int c0 = c_start; c0 < c_end; c0 += EQ_FBN) {
+#if EQ_MODE == 1
+        load_rows<EQ_FBN>(ta, kg, EQ_K_SR, c0, EQ_SK, tid);
+        load_rows<EQ_FBN>(tb, vg, EQ_V_SR, c0, EQ_SK, tid);
+#else
+        load_rows<EQ_FBN>(ta, qg, EQ_Q_SR, c0, EQ_SQ, tid);
+        load_rows<EQ_FBN>(tb, gg, EQ_G_SR, c0, EQ_SQ, tid);
+        for (int c = tid; c < (2 + EQ_BIAS) * EQ_FBN; c += EQ_FNT) {
+            const int r = c % EQ_FBN, which = c / EQ_FBN;
+            const bool ok = c0 + r < EQ_SQ;
+            const long long row = ok ? c0 + r : 0;
+            eq_cp_async_n<4>(st + c, EQ_BWD_STAT(which, row), ok ? 4 : 0);
+        }
+#endif
+        eq_cp_async_commit();
+#if EQ_BIAS
+        EQ_BT bv[EQ_FR][EQ_FK];
+        load_bias(bv, bg, r0, c0, tr, tc, EQ_MODE == 2);
+#endif
+        eq_cp_async_wait_all();
+        __syncthreads();
+        float p[EQ_FR][EQ_FK];
+        scores(p, ra, ta, tr, tc);
+#if EQ_MODE == 1 || EQ_DK
+        float dp[EQ_FR][EQ_FK];
+        scores(dp, rb, tb, tr, tc);
+#endif
+#if EQ_DROPOUT
+        unsigned kept = 0xffffffffu;  // bit EQ_FK a + c: dropout keeps score (a, c)
+#define EQ_FKEPT(a, c) ((kept >> (EQ_FK * (a) + (c))) & 1u)
+#else
+#define EQ_FKEPT(a, c) 1u
+#endif
+#pragma unroll
+        for (int a = 0; a < EQ_FR; ++a)
+#pragma unroll
+            for (int c = 0; c < EQ_FK; ++c) {
+                const int row = r0 + tr + EQ_FTR * a, col = c0 + tc + EQ_FTC * c;
+#if EQ_MODE == 1
+                const int qi = row, kj = col;
+                const float ls = lse[a];
+#if EQ_BIAS
+                const float mx = mrow[a];
+#endif
+#else
+                const int qi = col, kj = row;
+                const int qc = tc + EQ_FTC * c;
+#if EQ_BIAS
+                const float mx = fmaxf(st[qc], -3.402823466e38f), ls = fmaxf(st[2 * EQ_FBN + qc], 0.0f);
+#else
+                const float ls = st[qc];
+#endif
+#endif
+#if EQ_BIAS
+                float x = expf(fmaf(p[a][c], EQ_SCALE, eq_att_bias_of(bv[a][c])) - mx - ls);
+#else
+                float x = expf(p[a][c] * EQ_SCALE - ls);
+#endif
+                if (qi >= EQ_SQ || kj >= EQ_SK || (EQ_CAUSAL && kj > qi)) x = 0.0f;
+                p[a][c] = x;
+#if EQ_DROPOUT
+                if (!eq_att_keep(dseed, dkey0, b, qi, kj)) kept &= ~(1u << (EQ_FK * a + c));
+#endif
+            }
+#if EQ_MODE == 2 && EQ_DV
+        // dv += (P Z)^T g (the kept P; times the dropout scale at the end).
+#pragma unroll
+        for (int a = 0; a < EQ_FR; ++a)
+#pragma unroll
+            for (int c = 0; c < EQ_FK; ++c)
+                sp[(tr + EQ_FTR * a) * EQ_FPS + tc + EQ_FTC * c] = EQ_FKEPT(a, c) ? p[a][c] : 0.0f;
+        __syncwarp();
+        accumulate(dv, sp, tb, tr, tc);
+        __syncwarp();  // the warp's P rows are read before dS overwrites them
+#endif
+#if EQ_MODE == 1 || EQ_DK
+        // dS = P (dP Z - delta) (times the scale at the end).
+#pragma unroll
+        for (int a = 0; a < EQ_FR; ++a)
+#pragma unroll
+            for (int c = 0; c < EQ_FK; ++c) {
+#if EQ_MODE == 1
+                const float dl = del[a];
+#else
+                const float dl = st[EQ_FBN + tc + EQ_FTC * c];
+#endif
+#if EQ_DROPOUT
+                const float z = EQ_FKEPT(a, c) ? EQ_DROP_SCALE : 0.0f;
+                const float ds = p[a][c] * (dp[a][c] * z - dl);
+#else
+                const float ds = p[a][c] * (dp[a][c] - dl);
+#endif
+                sp[(tr + EQ_FTR * a) * EQ_FPS + tc + EQ_FTC * c] = ds;
+#if EQ_MODE == 2 && EQ_DQ
+                spt[(tc + EQ_FTC * c) * EQ_FPS + tr + EQ_FTR * a] = ds;
+#endif
+            }
+        __syncwarp();
+#if EQ_MODE == 1
+        accumulate(dq, sp, ta, tr, tc);  // dq += dS k
+#else
+        accumulate(dk, sp, ta, tr, tc);  // dk += dS^T q
+#endif
+#endif
+#if EQ_MODE == 2 && EQ_DQ
+        // dq[queries c0 + tr + 16 a] += dS k over this block's keys, from every warp's dS.
+        __syncthreads();
+        {
+            float4 part[EQ_FR][EQ_FU];
+            zero(part);
+            accumulate(part, spt, ra, tr, tc);
+#pragma unroll
+            for (int a = 0; a < EQ_FR; ++a) {
+                const int qi = c0 + tr + EQ_FTR * a;
+                if (qi >= EQ_SQ) continue;
+#pragma unroll
+                for (int u = 0; u < EQ_FU; ++u)
+                    if (DP4 % EQ_FTC == 0 || tc + EQ_FTC * u < DP4)
+                        add4(dqacc + (long long)qi * EQ_FDP + 4 * (tc + EQ_FTC * u), part[a][u]);
+            }
+        }
+#endif
+        __syncthreads();  // the tiles are consumed before they are loaded again
+    }
+#if EQ_MODE == 1
+    store(EQ_DQP + EQ_BOFF(DQ), EQ_DQ_SR, dq, EQ_SCALE, r0, EQ_SQ, tr, tc);
+#else
+#if EQ_DK
+    store(EQ_DKP + EQ_BOFF(DK), EQ_DK_SR, dk, EQ_SCALE, r0, EQ_SK, tr, tc);
+#endif
+#if EQ_DV
+    store(EQ_DVP + EQ_BOFF(DV), EQ_DV_SR, dv, EQ_DROP_FACTOR, r0, EQ_SK, tr, tc);
+#endif
+#if EQ_DQ
+    // The last block of this batch index to arrive writes dq (and leaves the accumulator and
+    // the count zero).
+    if (eq_arrive_last(EQ_DQCNT + b)) {
+        float* out = EQ_DQP + EQ_BOFF(DQ);
+        for (int i = tid; i < EQ_SQ * DP4; i += EQ_FNT) {
+            const int row = i / DP4, c4 = i % DP4;
+            float4* src = reinterpret_cast<float4*>(dqacc) + i;
+            const float4 v = __ldcg(src);
+            __stcg(src, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (4 * c4 + e < EQ_D) out[(long long)row * EQ_DQ_SR + 4 * c4 + e] = eq_lane4(v, e) * EQ_SCALE;
+        }
+        if (tid == 0) EQ_DQCNT[b] = 0;
+    }
+#endif
+#endif
+}
+#endif
+
+#else  // 16-bit operands
+
 #define EQ_DP (((EQ_D + 63) / 64) * 64)
 #define EQ_TILE_BYTES (EQ_BM * EQ_DP * 2)
 #if EQ_MODE == 0
@@ -466,13 +956,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int mblocks = (EQ_SQ + EQ_BM - 1) / EQ_BM;
     const int m0 = (EQ_CAUSAL ? mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x) * EQ_BM;
-    const long long b = blockIdx.y;
-    const long long b0 = b / (EQ_NB1 * EQ_NB2), b1 = (b / EQ_NB2) % EQ_NB1, b2 = b % EQ_NB2;
-    const EQ_T* qg = EQ_QP + EQ_BOFF(Q);
-    const EQ_T* kg = EQ_KP + EQ_BOFF(K);
-#if EQ_BIAS
-    const EQ_BT* bg = EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2;
-#endif
+    EQ_BWD_BATCH(EQ_T)
     const unsigned sq = smem_u32(eq_smem), sk = sq + EQ_TILE_BYTES;
     const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_BM ? EQ_SK : m0 + EQ_BM) : EQ_SK;
     const int ntiles = (n_end + EQ_BN - 1) / EQ_BN;
@@ -556,17 +1040,8 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int mblocks = (EQ_SQ + EQ_BM - 1) / EQ_BM;
     const int m0 = (EQ_CAUSAL ? mblocks - 1 - (int)blockIdx.x : (int)blockIdx.x) * EQ_BM;
-    const long long b = blockIdx.y;
-    const long long b0 = b / (EQ_NB1 * EQ_NB2), b1 = (b / EQ_NB2) % EQ_NB1, b2 = b % EQ_NB2;
-    const EQ_T* qg = EQ_QP + EQ_BOFF(Q);
-    const EQ_T* kg = EQ_KP + EQ_BOFF(K);
-    const EQ_T* vg = EQ_VP + EQ_BOFF(V);
-    const EQ_T* gg = EQ_GP + EQ_BOFF(G);
-    const float* lg = EQ_LSEP + EQ_BOFF(L);
-    const float* dg = EQ_DELP + EQ_BOFF(DL);
-#if EQ_BIAS
-    const EQ_BT* bg = EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2;
-#endif
+    EQ_BWD_BATCH(EQ_T)
+    EQ_BWD_GRAD_OPERANDS(EQ_T)
     const unsigned sq = smem_u32(eq_smem), sg = sq + EQ_TILE_BYTES, sk = sg + EQ_TILE_BYTES;
     const unsigned sv = sk + 2 * EQ_TILE_BYTES;
     const int n_end = EQ_CAUSAL ? (EQ_SK < m0 + EQ_BM ? EQ_SK : m0 + EQ_BM) : EQ_SK;
@@ -666,17 +1141,8 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     // (Under EQ_CAUSAL the first key tiles see the most queries: they run first.)
     const int n0 = (int)blockIdx.x * EQ_BN;
-    const long long b = blockIdx.y;
-    const long long b0 = b / (EQ_NB1 * EQ_NB2), b1 = (b / EQ_NB2) % EQ_NB1, b2 = b % EQ_NB2;
-    const EQ_T* qg = EQ_QP + EQ_BOFF(Q);
-    const EQ_T* kg = EQ_KP + EQ_BOFF(K);
-    const EQ_T* vg = EQ_VP + EQ_BOFF(V);
-    const EQ_T* gg = EQ_GP + EQ_BOFF(G);
-    const float* lg = EQ_LSEP + EQ_BOFF(L);
-    const float* dg = EQ_DELP + EQ_BOFF(DL);
-#if EQ_BIAS
-    const EQ_BT* bg = EQ_BP + b0 * EQ_B_S0 + b1 * EQ_B_S1 + b2 * EQ_B_S2;
-#endif
+    EQ_BWD_BATCH(EQ_T)
+    EQ_BWD_GRAD_OPERANDS(EQ_T)
     const unsigned sk = smem_u32(eq_smem), sv = sk + EQ_TILE_BYTES, sq = sv + EQ_TILE_BYTES;
     // sl: [2 buffers][EQ_NSTAT: lse (or m), delta, log l][EQ_BM] f32
     const unsigned sg = sq + 2 * EQ_TILE_BYTES, sl = sg + 2 * EQ_TILE_BYTES;
@@ -701,12 +1167,7 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
             const int r = c % EQ_BM, which = c / EQ_BM;
             const bool ok = m0 + r < EQ_SQ;
             const long long row = ok ? m0 + r : 0;
-#if EQ_BIAS
-            const float* src = which == 1 ? dg + row * EQ_DL_SR : lg + row * EQ_L_SR + (which == 2 ? EQ_L_SC : 0);
-#else
-            const float* src = which == 0 ? lg + row * EQ_L_SR : dg + row * EQ_DL_SR;
-#endif
-            cp4(sl + ((buf * EQ_NSTAT + which) * EQ_BM + r) * 4, src, ok ? 4 : 0);
+            cp4(sl + ((buf * EQ_NSTAT + which) * EQ_BM + r) * 4, EQ_BWD_STAT(which, row), ok ? 4 : 0);
         }
     };
     load_tile(sk, kg, EQ_K_SR, n0, EQ_SK);
@@ -871,18 +1332,13 @@ extern "C" __global__ void __launch_bounds__(EQ_NWARPS * 32) EQ_KERNEL(EQ_PARAMS
     store_rows(EQ_DVP + EQ_BOFF(DV), EQ_DV_SR, dv, EQ_DROP_FACTOR, wkey, EQ_SK, lane);
 #endif
 #if EQ_DQ
-    // Every thread's additions are visible before the block is counted; the last block of this
-    // batch index to arrive converts the accumulator (and leaves it and the count zero).
-    __shared__ bool last_block;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last_block = atomicAdd(EQ_DQCNT + b, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (last_block) {
-        __threadfence();
+    // The last block of this batch index to arrive converts the accumulator (and leaves it and
+    // the count zero).
+    if (eq_arrive_last(EQ_DQCNT + b)) {
         convert_dq(dqacc, EQ_DQP + EQ_BOFF(DQ), tid);
         if (tid == 0) EQ_DQCNT[b] = 0;
     }
 #endif
 }
 #endif
+#endif  // EQ_F32

@@ -256,6 +256,35 @@ __device__ __forceinline__ void eq_put_bits(eq_bits_out p, eq_idx i0, unsigned i
     if (ok && lane % G == 0) p.w[i0 >> 5] = c;
 }
 
+// ---- f32 register tiles (the f32 attention kernels) ----
+// Lane i of a float4; acc += p * v; s + <a, b> (in order x, y, z, w).
+__device__ __forceinline__ float eq_lane4(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+__device__ __forceinline__ void eq_fma4(float4& acc, float p, const float4& v) {
+    acc.x = fmaf(p, v.x, acc.x);
+    acc.y = fmaf(p, v.y, acc.y);
+    acc.z = fmaf(p, v.z, acc.z);
+    acc.w = fmaf(p, v.w, acc.w);
+}
+__device__ __forceinline__ float eq_dot4(const float4& a, const float4& b, float s) {
+    s = fmaf(a.x, b.x, s);
+    s = fmaf(a.y, b.y, s);
+    s = fmaf(a.z, b.z, s);
+    return fmaf(a.w, b.w, s);
+}
+
+// Called by every thread of a block after its atomic additions: whether the block is the last
+// of the gridDim.x blocks counted in *count to arrive. Every thread's additions are made visible
+// before the block is counted, and the last block's reads see every block's.
+__device__ __forceinline__ bool eq_arrive_last(unsigned* count) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(count, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // ---- asynchronous copies global -> shared (sm_80+), no registers held while in flight ----
 template <int B>
 __device__ __forceinline__ void eq_cp_async(void* smem, const void* gmem) {

@@ -78,7 +78,7 @@ mod runtime;
 mod tools;
 
 pub use autodiff::expand::expand_composites;
-pub use autodiff::{expand_grads, grad, has_grads};
+pub use autodiff::{expand_grads, grad, grad_decomposed, has_grads};
 pub use codegen::caps::{row_cluster, row_keep, RowCluster, RowKeep, MAX_ROW_SMEM_BYTES};
 pub use codegen::cublaslt::{LtCall, LtEpilogue, LtLoop, LtOperand};
 pub use codegen::gemm::cublaslt_call as gemm_cublaslt_call;

@@ -132,6 +132,28 @@ fn written_dropout_attention_plans_as_one_kernel() {
     }
 }
 
+/// [`program`]'s f32 form differentiated by [`eqfuse::grad_decomposed`]: through dropout and
+/// softmax (its dropout the forward's mask), never the flash composites.
+fn decomposed_program((sq, sk, d): (usize, usize, usize), causal: u8, bias: bool, p: f64) -> Program {
+    let att = if bias {
+        format!("attention_bias_dropout(q, k, v, b, 0.3, {causal}, {p}, s)")
+    } else {
+        format!("attention_dropout(q, k, v, 0.3, {causal}, {p}, s)")
+    };
+    let mut prog = parse(&format!(
+        "input q: f32[2, {sq}, {d}]\ninput k: f32[2, {sk}, {d}]\ninput v: f32[2, {sk}, {d}]\n\
+         input r: f32[2, {sq}, {d}]\ninput b: f32[2, 1, {sk}]\ninput s: i32[1]\n\
+         y = {att}\nloss = sum(sum(sum(cast(y * r, f32), -1), -2), -3)\noutput loss\n"
+    ));
+    let loss = prog.outputs[0].id;
+    let ws: Vec<_> = ["q", "k", "v"].iter().map(|w| prog.input(w).unwrap().id).collect();
+    let gs = eqfuse::grad_decomposed(&mut prog, loss, &ws).unwrap();
+    for (w, g) in ["q", "k", "v"].iter().zip(gs) {
+        prog.add_output(&format!("d_{w}"), g).unwrap();
+    }
+    prog
+}
+
 /// `loss = sum(attention_dropout(q, k, v) * r)` (or `attention_bias_dropout` with an f32 bias
 /// `[2, 1, SK]` that needs no gradient) over `[2, sq, d]` operands and its gradients with
 /// respect to q, k and v; the seed `seed` (a literal, or the i32 input `s`).
@@ -149,9 +171,8 @@ fn program(dtype: &str, (sq, sk, d): (usize, usize, usize), causal: u8, bias: bo
     ))
 }
 
-/// bf16 and f16 gradients run as the flash-style dropout composites (`attention_lse` or
-/// `attention_bias_lse`, `attention_*dropout_grad_{q,k,v}`), f32 ones as the decomposed backward
-/// (its dropout the forward's mask); both agree with central finite differences of the forward
+/// bf16, f16 and f32 gradients run as the flash-style dropout composites (`attention_lse` or
+/// `attention_bias_lse`, `attention_*dropout_grad_{q,k,v}`) and agree with central finite differences of the forward
 /// (unrounded reference: the mask does not depend on q, k, v).
 #[test]
 fn gradients_match_finite_differences() {
@@ -168,21 +189,21 @@ fn gradients_match_finite_differences() {
         let names = ops(&prog);
         let what = format!("{dtype} {dims:?} causal {causal} bias {bias} p {p} seed {seed}");
         let flash = if bias { "attention_bias_dropout_grad_q" } else { "attention_dropout_grad_q" };
-        assert_eq!(names.contains(&flash), dtype != "f32", "{what}: {names:?}");
-        assert_eq!(names.contains(&"dropout"), dtype == "f32", "{what}: {names:?}");
+        assert!(names.contains(&flash), "{what}: {names:?}");
+        assert!(!names.contains(&"dropout"), "{what}: {names:?}");
         common::assert_gradients_match_finite_differences(&prog, &["q", "k", "v"], 3, &what);
     }
 }
 
 /// The flash composites' gradients equal the decomposed backward of the same forward (the
-/// f32-dtype program differentiates through dropout and softmax), evaluated unrounded; the
+/// f32-dtype program differentiated by `grad_decomposed`, through dropout and softmax), evaluated unrounded; the
 /// composites' expansion (strict plans, the unfused baseline) equals their reference; and every
 /// plan, strict or not, evaluates kernel by kernel to the program's values.
 #[test]
 fn composites_match_the_decomposed_backward_the_expansion_and_the_plans() {
     for (causal, bias) in [(0, false), (1, false), (0, true), (1, true)] {
         let flash = program("bf16", (12, 10, 16), causal, bias, 0.25, "s");
-        let decomposed = program("f32", (12, 10, 16), causal, bias, 0.25, "s");
+        let decomposed = decomposed_program((12, 10, 16), causal, bias, 0.25);
         assert!(ops(&flash).iter().any(|n| n.contains("dropout_grad")));
         assert!(!ops(&decomposed).iter().any(|n| n.contains("dropout_grad")));
         let inputs = random_inputs(&flash, 5);

@@ -1,5 +1,5 @@
 //! Attention's flash-style backward (`attention_lse`, `attention_grad_{q,k,v}`): the gradients
-//! the autodiff pass emits for bf16 and f16 attention agree with central finite differences of
+//! the autodiff pass emits for bf16, f16 and f32 attention agree with central finite differences of
 //! the forward (unrounded reference), the expansion of the composites (strict numerics, and
 //! types the kernels do not run) computes the same values, and the plan of
 //! `examples/attention_grad.eqf` moves no score matrix through device memory.
@@ -85,11 +85,104 @@ fn attention_bias_gradients_match_finite_differences() {
     }
 }
 
+/// f32 attention's gradients run as the flash-style composites too (the f32 kernels, CUDA
+/// cores), with a head that is a multiple of 4, and agree with central finite differences of the
+/// forward; a head of 6 keeps the decomposed backward.
 #[test]
-fn f32_attention_keeps_the_decomposed_backward() {
-    let names = ops(&program("f32", 4, 4, 8, 1));
+fn f32_gradients_use_the_flash_backward_and_match_finite_differences() {
+    for (sq, sk, d, causal) in [(5, 7, 8, 0), (6, 6, 12, 1), (9, 4, 4, 1)] {
+        let p = program("f32", sq, sk, d, causal);
+        let names = ops(&p);
+        for op in ["attention_lse", "attention_grad_q", "attention_grad_k", "attention_grad_v"] {
+            assert!(names.contains(&op), "f32: no `{op}` in {names:?}");
+        }
+        assert!(!names.contains(&"@") && !names.contains(&"softmax"), "f32: the decomposed backward: {names:?}");
+        common::assert_gradients_match_finite_differences(&p, &["q", "k", "v"], 3, &format!("f32 causal {causal}"));
+    }
+    let names = ops(&program("f32", 4, 4, 6, 1));
     assert!(!names.iter().any(|n| n.starts_with("attention_")), "{names:?}");
     assert!(names.contains(&"@"));
+}
+
+/// The f32 backward kernels (`kernels/attention_bwd.cu`, `EQ_F32`) compile with NVRTC at sm_90
+/// and sm_80 in every mode a plan takes (the statistics alone, dq alone, dk and/or dv), with and
+/// without a causal mask, a bias (a tensor, or a bool mask's select) and dropout, for heads of 64,
+/// 40 and 128 (32-query tiles); the key kernel sums the query gradient (atomics) only for heads
+/// up to 64.
+#[test]
+fn f32_backward_kernels_compile_for_every_mode() {
+    if eqfuse::nvrtc_available().is_err() {
+        eprintln!("skipped: NVRTC is not available");
+        return;
+    }
+    let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
+    let mut seen = std::collections::BTreeSet::new();
+    let forms = [
+        "attention(q, k, v, 0.125, {c})",
+        "attention_bias(q, k, v, b, 0.125, {c})",
+        "attention_bias(q, k, v, where(m, cast(0, f32), cast(-1e30, f32)), 0.125, {c})",
+        "attention_dropout(q, k, v, 0.125, {c}, 0.1, 7)",
+    ];
+    let mut cases: Vec<(usize, usize, u8, &str, &[&str])> = Vec::new();
+    for (s, d, causal) in [(100, 64, 1), (72, 40, 0), (80, 128, 1)] {
+        cases.extend(forms.iter().map(|&f| (s, d, causal, f, &["q", "k", "v"][..])));
+    }
+    cases.extend([&["k"][..], &["v"]].map(|ws| (100, 64, 0, forms[3], ws)));
+    for (s, d, causal, form, ws) in cases {
+        {
+            {
+                let grads: String = ws.iter().map(|w| format!("d{w} = grad(l, {w})\n")).collect();
+                let outs: Vec<String> = ws.iter().map(|w| format!("d{w}")).collect();
+                let att = form.replace("{c}", &causal.to_string());
+                let text = format!(
+                    "input q: f32[2, 3, {s}, {d}]\ninput k: f32[2, 3, {s}, {d}]\ninput v: f32[2, 3, {s}, {d}]\n\
+                     input g: f32[2, 3, {s}, {d}]\ninput b: f32[2, 1, {s}, {s}]\ninput m: bool[2, 1, 1, {s}]\n\
+                     o = {att}\nl = sum(sum(sum(sum(o * g, -1), -2), -3), -4)\n{grads}output {}\n",
+                    outs.join(", ")
+                );
+                let p = parse_program("c.eqf", &text, &[]).unwrap();
+                let plan = eqfuse::optimize(&p, &opts).unwrap().plan;
+                let sources = eqfuse::codegen_plan(&plan).unwrap_or_else(|e| panic!("{att} {ws:?}: {e}"));
+                let bwd: Vec<_> = sources.iter().filter(|s| s.name.starts_with("attention_bwd")).collect();
+                assert!(!bwd.is_empty(), "{att} {ws:?}: no backward kernel");
+                for src in bwd {
+                    if d > 64 {
+                        assert!(
+                            !src.name.contains("_dqk") && !src.name.contains("_dqv"),
+                            "{}: dq by atomics",
+                            src.name
+                        );
+                    }
+                    seen.insert(src.name.split("_f32").next().unwrap().to_string());
+                    // (sm_80 for the first shape: each compile takes about a second.)
+                    let archs: &[&str] =
+                        if s == 100 { &[eqfuse::DEFAULT_ARCH, "sm_80"] } else { &[eqfuse::DEFAULT_ARCH] };
+                    for arch in archs {
+                        let c = eqfuse::nvrtc_compile(&src.source, &src.file, arch, &[])
+                            .unwrap_or_else(|e| panic!("{} ({arch}): {e}", src.name));
+                        assert!(c.log.trim().is_empty(), "{} ({arch}): warnings\n{}", src.name, c.log);
+                    }
+                }
+            }
+        }
+    }
+    // The statistics alone, written as a program.
+    let text = "input q: f32[2, 70, 64]\ninput k: f32[2, 90, 64]\nl = attention_lse(q, k, 0.5, 1)\noutput l\n";
+    let plan = eqfuse::optimize(&parse_program("l.eqf", text, &[]).unwrap(), &opts).unwrap().plan;
+    for src in eqfuse::codegen_plan(&plan).unwrap() {
+        seen.insert(src.name.split("_f32").next().unwrap().to_string());
+        eqfuse::nvrtc_compile(&src.source, &src.file, eqfuse::DEFAULT_ARCH, &[]).unwrap();
+    }
+    for want in [
+        "attention_bwd_lse",
+        "attention_bwd_dq",
+        "attention_bwd_dk",
+        "attention_bwd_dv",
+        "attention_bwd_dkv",
+        "attention_bwd_dqkv",
+    ] {
+        assert!(seen.contains(want), "no {want} kernel: {seen:?}");
+    }
 }
 
 /// The composites' expansion (what strict plans and the unfused baseline run) equals their

@@ -422,7 +422,15 @@ fn template_contract(
             !across.is_empty() && anchors.is_empty() && only_views_after(p, across, &paired)
         }
         Template::Gemm => names == ["@"] && all_rows && (reds.is_empty() || k.domain.last().is_some_and(|&w| w <= 256)),
-        Template::Attention => (names == ["attention"] || names == ["attention_bias"]) && reds.is_empty(),
+        // (A kernel of attention's backward composites: the flash backward, whose recomputed
+        // scores are no product of the body.)
+        Template::Attention => {
+            let backward = |o: &String| o.starts_with("attention") && (o.contains("_grad_") || o.ends_with("_lse"));
+            reds.is_empty()
+                && (names == ["attention"]
+                    || names == ["attention_bias"]
+                    || (names.is_empty() && k.ops.iter().any(backward)))
+        }
     };
     if ok {
         Ok(())

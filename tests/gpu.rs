@@ -489,7 +489,7 @@ fn written_attention_backward_matches_the_reference() {
     ];
     let opts = OptimizeOptions::new(DeviceProfile::load("h100").unwrap());
     let mut plans = Vec::new();
-    for t in ["bf16", "f16"] {
+    for t in ["bf16", "f16", "f32"] {
         for (name, body, grad) in bodies {
             let name = format!("{t} {name}");
             let text = format!("{}{}{tail}", head(t), body.replace("T)", &format!("{t})")));

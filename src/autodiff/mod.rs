@@ -72,6 +72,21 @@ pub(crate) fn grad_of(p: &mut Program, loss: Id, wrt: &[Id]) -> R<Vec<Id>> {
     grad_with(p, loss, wrt, true)
 }
 
+/// [`grad`] with attention differentiated as its decomposition everywhere (softmax's and the
+/// products' VJPs, the probabilities recomputed), never as the flash-style composites: what the
+/// tests check the composites' gradients against.
+pub fn grad_decomposed(p: &mut Program, loss: Id, wrt: &[Id]) -> Result<Vec<Id>> {
+    check_loss(p, loss).map_err(Error::Invalid)?;
+    for &w in wrt {
+        check_variable(p, w).map_err(Error::Invalid)?;
+    }
+    let mut tape = Tape::new(p, loss, wrt);
+    tape.recognise_attention = false;
+    tape.flash_backward = false;
+    tape.sweep().map_err(Error::Invalid)?;
+    wrt.iter().map(|&w| tape.gradient(w).map_err(Error::Invalid)).collect()
+}
+
 /// [`grad_of`], with written-out attention recognised (`attention.rs`) or left to the primitive
 /// VJPs (the tests compare the two).
 fn grad_with(p: &mut Program, loss: Id, wrt: &[Id], recognise_attention: bool) -> R<Vec<Id>> {
@@ -155,6 +170,9 @@ struct Tape<'a> {
     /// Whether written-out attention gets its composite's backward (`attention.rs`); off only
     /// in the tests that compare it with the primitive VJPs.
     recognise_attention: bool,
+    /// Whether attention's backward is the flash-style composites where their kernels run
+    /// (`vjp.rs`); off only in [`grad_decomposed`].
+    flash_backward: bool,
 }
 
 impl<'a> Tape<'a> {
@@ -167,7 +185,7 @@ impl<'a> Tape<'a> {
                 wrt.contains(&Id::from(i)) || (float && node.children().iter().any(|&c| active[usize::from(c)]));
         }
         let names = (0..p.len()).filter_map(|i| p.name(Id::from(i)).map(str::to_string)).collect();
-        Tape { p, loss, active, adj: vec![None; n], names, recognise_attention: true }
+        Tape { p, loss, active, adj: vec![None; n], names, recognise_attention: true, flash_backward: true }
     }
 
     /// Propagates adjoints from the loss down to the variables, each node once, parents first.

@@ -526,7 +526,7 @@ impl Tape<'_> {
     /// Attention backward with the probabilities recomputed (the forward keeps none):
     /// P = softmax(S), dV = Pᵀ dO, dS = P (dO Vᵀ - sum(P dO Vᵀ)) · scale, dQ = dS K, dK = dSᵀ Q.
     ///
-    /// Where the flash-style backward kernels run (bf16, f16; `codegen::attention_bwd`), the
+    /// Where the flash-style backward kernels run (bf16, f16, f32; `codegen::attention_bwd`), the
     /// gradients are its composites instead, which recompute the probabilities from the scores'
     /// log-sum-exp: `lse = attention_lse(q, k)`, `delta = sum(g * o, -1)` (f32), and
     /// `attention_grad_{q,k,v}(q, k, v, g, lse, delta)`; no `[S, S]` value is left in the graph.
@@ -537,7 +537,9 @@ impl Tape<'_> {
     /// `attention_dropout_grad_{q,k,v}`.
     fn attention(&mut self, ch: &[Id], drop: Option<(Id, Id)>, y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
         let (q, k, v, scale, causal) = (ch[0], ch[1], ch[2], ch[3], ch[4]);
-        if crate::codegen::caps::attention_backward_runs(&self.ty(q)?, &self.ty(k)?, &self.ty(v)?) {
+        if self.flash_backward
+            && crate::codegen::caps::attention_backward_runs(&self.ty(q)?, &self.ty(k)?, &self.ty(v)?)
+        {
             return self.attention_flash(ch, None, drop, y, g, out);
         }
         let scores = crate::autodiff::expand::attention_scores(self.p, q, k, scale, causal)?;
@@ -575,7 +577,10 @@ impl Tape<'_> {
     /// scale, dK = dSᵀ Q scale.
     fn attention_bias(&mut self, ch: &[Id], drop: Option<(Id, Id)>, y: Id, g: Id, out: &mut Vec<(Id, Id)>) -> R<()> {
         let (q, k, v, bias, scale, causal) = (ch[0], ch[1], ch[2], ch[3], ch[4], ch[5]);
-        if !self.on(bias) && crate::codegen::caps::attention_backward_runs(&self.ty(q)?, &self.ty(k)?, &self.ty(v)?) {
+        if self.flash_backward
+            && !self.on(bias)
+            && crate::codegen::caps::attention_backward_runs(&self.ty(q)?, &self.ty(k)?, &self.ty(v)?)
+        {
             return self.attention_flash(&[q, k, v, scale, causal], Some(bias), drop, y, g, out);
         }
         let scores = crate::autodiff::expand::attention_bias_scores(self.p, q, k, bias, scale, causal)?;

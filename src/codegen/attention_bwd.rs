@@ -17,12 +17,12 @@
 //! (`where(m, 0, FILL)`). The statistics are written contiguously; each gradient as computed or
 //! through the views and concatenations its consumers read it by (`Body::placed`: heads merged
 //! by `reshape(transpose(..))`, dq, dk and dv as the column blocks of d(qkv) `[B, S, 3E]`), with
-//! a contiguous head and even strides and offsets, so neither the transposes nor the
-//! concatenation is a copy kernel. bf16 or f16 with head sizes that are multiples of 8 up to
-//! 128; fused epilogues and f32 operands are errors naming the kernel ("not supported yet"),
-//! never an approximation. (f32 attention
-//! keeps the decomposed backward: the autodiff pass emits these composites only where
-//! [`template_runs`] holds.)
+//! a contiguous head (16-bit ones at even strides and offsets), so neither the transposes nor the
+//! concatenation is a copy kernel. bf16 or f16 (tensor cores) with head sizes that are multiples
+//! of 8 up to 128, or f32 (CUDA cores, `EQ_F32`) with multiples of 4 up to 128, whose key kernel
+//! sums dq for heads up to 64 only; fused epilogues are errors naming the kernel ("not supported
+//! yet"), never an approximation. (Other heads keep the decomposed backward: the autodiff pass
+//! emits these composites only where [`template_runs`] holds.)
 
 use crate::error::{Error, Result};
 use egg::Language;
@@ -42,18 +42,52 @@ pub const WARPS: usize = 4;
 pub const MAX_HEAD: usize = 128;
 
 /// Whether the backward kernels run attention over queries, keys and values of these types:
-/// bf16 or f16, one dtype, equal head sizes, a multiple of 8 up to 128.
+/// bf16 or f16 (tensor cores) with head sizes a multiple of 8, or f32 (CUDA cores) with head
+/// sizes a multiple of 4; one dtype, equal head sizes up to 128.
 pub fn template_runs(q: &TensorType, k: &TensorType, v: &TensorType) -> bool {
     let (Some(&d), Some(&dk), Some(&dv)) = (q.shape.last(), k.shape.last(), v.shape.last()) else { return false };
-    matches!(q.dtype, DType::Bf16 | DType::F16)
+    matches!(q.dtype, DType::Bf16 | DType::F16 | DType::F32)
         && q.dtype == k.dtype
         && q.dtype == v.dtype
         && d == dk
         && d == dv
         && d > 0
         && d <= MAX_HEAD
-        && d % 8 == 0
+        && d % align(q.dtype) == 0
         && q.rank() >= 2
+}
+
+/// The elements of 16 bytes of `dtype`: the multiple the head, the strides and the offsets of
+/// the tiles' operands must be (16-byte cp.async).
+fn align(dtype: DType) -> usize {
+    16 / dtype.size()
+}
+
+/// Keys (modes 0 and 1) or queries (mode 2) per tile of the f32 kernels (`EQ_FBN`): 64 for
+/// heads up to 64, 32 over it.
+pub const fn f32_block_n(d: usize) -> usize {
+    if d.div_ceil(4) * 4 <= 64 {
+        64
+    } else {
+        32
+    }
+}
+
+/// The shared memory a block of the f32 kernels uses in `mode` for head size `d` (bytes): rows
+/// of the head plus 4 floats; the block's tile, and in modes 1 and 2 its second tile, one buffer
+/// of each walked tile, the score tile and (mode 2) the walked queries' statistics.
+pub fn smem_bytes_f32(mode: Mode, d: usize, bias: bool) -> usize {
+    let (row, bn) = (d.div_ceil(4) * 4 + 4, f32_block_n(d));
+    match mode {
+        Mode::Lse => (BLOCK + bn) * row * 4,
+        Mode::Dq | Mode::Dkv { dq: false, .. } => {
+            (2 * BLOCK * row + 2 * bn * row + BLOCK * (bn + 8) + (2 + usize::from(bias)) * bn) * 4
+        }
+        // (dS transposed too: a second score tile.)
+        Mode::Dkv { dq: true, .. } => {
+            (2 * BLOCK * row + 2 * bn * row + 2 * BLOCK * (bn + 8) + (2 + usize::from(bias)) * bn) * 4
+        }
+    }
 }
 
 /// The shared memory a block uses in `mode` for head size `d` (bytes); with a bias, the key and
@@ -291,34 +325,41 @@ fn instance(k: &Kernel) -> Result<Instance> {
     layouts.extend(bias_layout.as_ref());
     let first_write = layouts.len();
     layouts.extend(&write_layouts);
-    // The tiles of q, k, v and g load by 16 bytes: a contiguous head, strides of multiples of 8.
+    // The tiles of q, k, v and g load by 16 bytes: a contiguous head, strides and offsets of
+    // multiples of 16 bytes.
     let tiles = if mode == Mode::Lse { 2 } else { 4 };
+    let al = align(q.dtype);
+    if q.dtype == DType::F32 && matches!(mode, Mode::Dkv { dq: true, .. }) && f32_block_n(d) != BLOCK {
+        return Err(unsupported(k, format!("the f32 query gradient beside the key gradients at head {d} (over 64)")));
+    }
     let batched = Batched::new(k, &layouts, r, |all, batch_strides| {
         for (t, s) in all[..tiles].iter().enumerate() {
             if s[1] != 1 && d > 1 {
                 return Err(unsupported(k, "an operand without a contiguous head axis"));
             }
-            if s[0] % 8 != 0 || batch_strides[t].iter().any(|&x| x % 8 != 0) {
-                return Err(unsupported(k, "an operand of strides that are not multiples of 8 elements"));
+            if s[0] % al != 0 || batch_strides[t].iter().any(|&x| x % al != 0) {
+                return Err(unsupported(k, format!("an operand of strides that are not multiples of {al} elements")));
             }
-            if !ops[t].offset.is_multiple_of(8) {
+            if !ops[t].offset.is_multiple_of(al) {
                 return Err(unsupported(
                     k,
-                    format!("an operand read from element {} (a slice), not a multiple of 8", ops[t].offset),
+                    format!("an operand read from element {} (a slice), not a multiple of {al}", ops[t].offset),
                 ));
             }
         }
-        // The gradients are stored two elements (four bytes) at a time along the head.
+        // The gradients are stored along a contiguous head; 16-bit ones two elements (four
+        // bytes) at a time.
+        let pairs = q.dtype != DType::F32;
         for (s, (_, _, offset, _)) in all[first_write..].iter().zip(&placed) {
             if s[1] != 1 && d > 1 {
                 return Err(unsupported(k, "a stored gradient without a contiguous head axis"));
             }
-            if s[0] % 2 != 0 || offset % 2 != 0 {
+            if pairs && (s[0] % 2 != 0 || offset % 2 != 0) {
                 return Err(unsupported(k, "a stored gradient at an odd row stride or offset"));
             }
         }
         for bs in &batch_strides[first_write..] {
-            if bs.iter().any(|x| x % 2 != 0) {
+            if pairs && bs.iter().any(|x| x % 2 != 0) {
                 return Err(unsupported(k, "a stored gradient at an odd batch stride"));
             }
         }
@@ -419,7 +460,12 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     let rows = if matches!(inst.mode, Mode::Dkv { .. }) { inst.sk } else { inst.sq };
     let grid = [rows.div_ceil(BLOCK) as u32, inst.nb as u32, 1];
     let block = [(WARPS * 32) as u32, 1, 1];
-    let smem = smem_bytes(inst.mode, inst.d, inst.bias.is_some()) as u32;
+    let f32 = inst.dtype == DType::F32;
+    let smem = if f32 {
+        smem_bytes_f32(inst.mode, inst.d, inst.bias.is_some())
+    } else {
+        smem_bytes(inst.mode, inst.d, inst.bias.is_some())
+    } as u32;
 
     let mut params: Vec<String> = k
         .reads
@@ -448,6 +494,7 @@ pub fn codegen(plan: &FusionPlan, k: &Kernel, template_text: &str, common: &str)
     def("EQ_KERNEL", name.clone());
     def("EQ_T", super::attention::ctype(inst.dtype).into());
     def("EQ_BF16", u8::from(inst.dtype == DType::Bf16).to_string());
+    def("EQ_F32", u8::from(f32).to_string());
     def("EQ_MODE", mode_no.to_string());
     if let Mode::Dkv { dq, dk, dv } = inst.mode {
         def("EQ_DQ", u8::from(dq).to_string());
@@ -541,14 +588,23 @@ mod tests {
         assert_eq!(smem_bytes(Mode::Dkv { dq: true, dk: true, dv: true }, 128, false), 107520);
         assert_eq!(smem_bytes(Mode::Dkv { dq: true, dk: true, dv: true }, 128, true), 107520 + 2 * 64 * 4);
         assert_eq!(smem_bytes(Mode::Dq, 64, true), 49152);
+        // f32: rows of the head plus 4 floats; two blocks of heads up to 64 fit an SM.
+        let dkv = |dq| Mode::Dkv { dq, dk: true, dv: true };
+        assert_eq!(smem_bytes_f32(Mode::Lse, 64, false), 128 * 68 * 4);
+        assert_eq!(smem_bytes_f32(dkv(false), 64, false), (4 * 64 * 68 + 64 * 72 + 128) * 4);
+        assert_eq!(smem_bytes_f32(dkv(true), 64, true), (4 * 64 * 68 + 2 * 64 * 72 + 192) * 4);
+        assert!(2 * (smem_bytes_f32(dkv(true), 64, true) + 1024) <= 228 * 1024);
+        assert_eq!(smem_bytes_f32(Mode::Dq, 128, false), (2 * 64 * 132 + 2 * 32 * 132 + 64 * 40 + 64) * 4);
     }
 
     #[test]
-    fn runs_bf16_and_f16_heads_up_to_128() {
+    fn runs_16_bit_and_f32_heads_up_to_128() {
         let t = |d: DType, h: usize| TensorType::new(d, vec![2, 16, h]);
         assert!(template_runs(&t(DType::Bf16, 64), &t(DType::Bf16, 64), &t(DType::Bf16, 64)));
         assert!(template_runs(&t(DType::F16, 128), &t(DType::F16, 128), &t(DType::F16, 128)));
-        assert!(!template_runs(&t(DType::F32, 64), &t(DType::F32, 64), &t(DType::F32, 64)));
+        assert!(template_runs(&t(DType::F32, 64), &t(DType::F32, 64), &t(DType::F32, 64)));
+        assert!(template_runs(&t(DType::F32, 12), &t(DType::F32, 12), &t(DType::F32, 12)));
+        assert!(!template_runs(&t(DType::F32, 6), &t(DType::F32, 6), &t(DType::F32, 6)));
         assert!(!template_runs(&t(DType::Bf16, 12), &t(DType::Bf16, 12), &t(DType::Bf16, 12)));
         assert!(!template_runs(&t(DType::Bf16, 256), &t(DType::Bf16, 256), &t(DType::Bf16, 256)));
     }

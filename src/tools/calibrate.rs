@@ -11,7 +11,8 @@
 //! step times for every tile codegen can choose and the attention f32 path's (`tiles.rs`: fits
 //! over probes of growing depth); the attention forward's bf16 rate on the path the device takes
 //! (wgmma on a 9.0 device) and on the portable mma.sync path (the `portable` implementation);
-//! and the attention backward kernel's rate (an attention_grad program's one dq/dk/dv kernel).
+//! and the attention backward kernel's rates (an attention_grad program's one dq/dk/dv kernel,
+//! bf16 and f32).
 //! The other rates (elementwise and reduction arithmetic, which no kernel is bound by) and the
 //! plan-order terms (L2 reuse capacity and bandwidth) keep the base profile's
 //! figures, which the profile's `source` says.
@@ -199,8 +200,8 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          for the row epilogue per wave; the generated gemm's split-K latency (the mean residual of \
          two f32 row-softmax products split along K: 256x1024x50, 256x4096x50); the attention bf16 forward rate on the path this device takes \
          ({}) and on the portable mma.sync path (implementations.portable), and the attention \
-         backward kernel's rate (implementations.backward_fused: the one kernel of dq, dk and dv \
-         of an 8x16x2048x64 bf16 attention_grad), each flops / (time - launch overhead); kept from \
+         backward kernels' rates (implementations.backward_fused: the one kernel of dq, dk and dv \
+         of an 8x16x2048x64 attention_grad, bf16 and f32), each flops / (time - launch overhead); kept from \
          the base profile ({}): the deterministic attention backward kernels' rate \
          (implementations.backward, which no default plan runs), \
          the elementwise and reduction templates' arithmetic rates, the gemm and attention templates' \
@@ -597,9 +598,12 @@ struct BackwardPlan {
 
 /// The attention_grad program and its plan, whose backward must be one kernel of dq, dk and dv
 /// (`fused`: dq summed by atomics), or else one dq kernel and one dk/dv kernel; error otherwise.
-fn attention_backward_plan(profile: &DeviceProfile, fused: bool) -> Result<BackwardPlan> {
-    let file = "calibrate-attention-grad-bf16.eqf";
-    let program = crate::frontend::parse::parse_program(file, ATTENTION_GRAD, &[])?;
+fn attention_backward_plan(profile: &DeviceProfile, fused: bool, dtype: DType) -> Result<BackwardPlan> {
+    let (file, text) = match dtype {
+        DType::F32 => ("calibrate-attention-grad-f32.eqf", ATTENTION_GRAD.replace("bf16", "f32")),
+        _ => ("calibrate-attention-grad-bf16.eqf", ATTENTION_GRAD.to_string()),
+    };
+    let program = crate::frontend::parse::parse_program(file, &text, &[])?;
     let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
     let is_grad = |o: &String| o.starts_with("attention_grad");
     let backward: Vec<&crate::plan::Kernel> =
@@ -678,17 +682,25 @@ fn attention_forward(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<Kerne
     Ok(out)
 }
 
-/// The attention backward kernel's bf16 rate, flops over time net of its launch: the one kernel
-/// of dq, dk and dv the planner picks (`implementations.backward_fused`). The forward kernel of
-/// the plan (which writes the log-sum-exp too) is reported beside it. (The deterministic dq and
-/// dk/dv kernels' rate, `implementations.backward`, is the base profile's: no default plan runs
-/// them, and strict numerics keep attention's backward decomposed.)
+/// The attention backward kernels' rates, flops over time net of their launches: the one kernel
+/// of dq, dk and dv the planner picks (`implementations.backward_fused`), in bf16 (tensor cores)
+/// and f32 (CUDA cores). The forward kernel of each plan (which writes the log-sum-exp too) is
+/// reported beside it. (The deterministic bf16 dq and dk/dv kernels' rate,
+/// `implementations.backward`'s bf16 one, is the base profile's: no default plan runs them, and
+/// strict numerics keep attention's backward decomposed.)
 fn attention_backward(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<Vec<KernelRate>> {
-    attention_backward_form(gpu, profile, true)
+    let mut out = attention_backward_form(gpu, profile, true, DType::Bf16)?;
+    out.extend(attention_backward_form(gpu, profile, true, DType::F32)?);
+    Ok(out)
 }
 
-fn attention_backward_form(gpu: &Gpu, profile: &mut DeviceProfile, fused: bool) -> Result<Vec<KernelRate>> {
-    let BackwardPlan { file, program, plan, backward, forward } = attention_backward_plan(profile, fused)?;
+fn attention_backward_form(
+    gpu: &Gpu,
+    profile: &mut DeviceProfile,
+    fused: bool,
+    dtype: DType,
+) -> Result<Vec<KernelRate>> {
+    let BackwardPlan { file, program, plan, backward, forward } = attention_backward_plan(profile, fused, dtype)?;
     let backward: Vec<&crate::plan::Kernel> = backward.iter().map(|&id| &plan.kernels[id]).collect();
     let forward = forward.map(|id| &plan.kernels[id]);
     let sources = codegen_plan(&plan)?;
@@ -699,7 +711,7 @@ fn attention_backward_form(gpu: &Gpu, profile: &mut DeviceProfile, fused: bool) 
     if let Some(f) = forward {
         let us = time(f.id);
         out.push(KernelRate {
-            what: format!("attention forward bf16 writing the log-sum-exp ({}; not stored)", f.ops.join(" ")),
+            what: format!("attention forward {dtype} writing the log-sum-exp ({}; not stored)", f.ops.join(" ")),
             program: file.into(),
             flops: f.flops,
             us,
@@ -709,7 +721,7 @@ fn attention_backward_form(gpu: &Gpu, profile: &mut DeviceProfile, fused: bool) 
     for k in &backward {
         let us = time(k.id);
         out.push(KernelRate {
-            what: format!("attention backward bf16, {}", k.ops.join(" ")),
+            what: format!("attention backward {dtype}, {}", k.ops.join(" ")),
             program: file.into(),
             flops: k.flops,
             us,
@@ -723,12 +735,17 @@ fn attention_backward_form(gpu: &Gpu, profile: &mut DeviceProfile, fused: bool) 
     }
     let tflops = net_tflops(flops, us, backward.len(), launch);
     let (what, entry) = if fused {
-        ("attention backward bf16 (one kernel: dq by atomics)", "backward_fused")
+        (format!("attention backward {dtype} (one kernel: dq by atomics)"), "backward_fused")
     } else {
-        ("attention backward bf16 (dq and dk/dv kernels, deterministic)", "backward")
+        (format!("attention backward {dtype} (dq and dk/dv kernels, deterministic)"), "backward")
     };
-    out.push(KernelRate { what: what.into(), program: file.into(), flops, us, tflops });
-    attention_impl(profile, entry)?.flops_bf16_tflops = Some(round(tflops, 1));
+    out.push(KernelRate { what, program: file.into(), flops, us, tflops });
+    let rates = attention_impl(profile, entry)?;
+    if dtype == DType::F32 {
+        rates.flops_f32_tflops = round(tflops, 1);
+    } else {
+        rates.flops_bf16_tflops = Some(round(tflops, 1));
+    }
     Ok(out)
 }
 
@@ -1512,13 +1529,17 @@ mod tests {
         let (_, _, plan, sources) = attention_forward_plan(&p).unwrap();
         assert!(plan.kernels[0].flops >= 4 * 8 * 16 * 2048 * 2048 * 64);
         assert!(sources[0].launch.sm90a.is_some());
-        let BackwardPlan { plan, backward, forward, .. } = attention_backward_plan(&p, true).unwrap();
+        let BackwardPlan { plan, backward, forward, .. } = attention_backward_plan(&p, true, DType::Bf16).unwrap();
         assert_eq!(backward.len(), 1);
         assert!(backward.iter().chain(&forward).all(|&id| plan.kernels[id].id == id));
         assert!(forward.is_some());
         // The planner does not pick the two-kernel form: asking for it is an error, not a
         // measurement of something else.
-        assert!(attention_backward_plan(&p, false).is_err());
+        assert!(attention_backward_plan(&p, false, DType::Bf16).is_err());
+        // And so does f32 (the CUDA-core kernels).
+        let BackwardPlan { plan, backward, forward, .. } = attention_backward_plan(&p, true, DType::F32).unwrap();
+        assert_eq!(backward.len(), 1);
+        assert!(forward.is_some_and(|f| plan.kernels[f].ops.contains(&"attention_lse".to_string())));
     }
 
     #[test]

@@ -326,6 +326,19 @@ pub fn attention_backward_programs() -> Vec<(String, String)> {
         ("bias_full_f16".into(), biased("f16", "f16[B, 1, S, S]", 0)),
         ("bias_full_bf16_causal".into(), biased("bf16", "bf16[B, 1, S, S]", 1)),
         ("bias_square_f32_mask_bf16".into(), biased("bf16", "f32[S, S]", 1)),
+        // f32: the CUDA-core kernels.
+        ("gqa_f32_causal".into(), gqa("f32", 1)),
+        (
+            "heads_bool_mask_f32_causal".into(),
+            heads(
+                "f32",
+                4,
+                "attention_bias(qh, {K}, {V}, where(m, 0, -3e38), 0.125, 1)",
+                "input m: bool[B, 1, 1, S]\n",
+            ),
+        ),
+        ("bias_padding_f32_causal".into(), biased("f32", "f32[B, 1, 1, S]", 1)),
+        ("bias_full_f32".into(), biased("f32", "f32[B, 1, S, S]", 0)),
     ]
 }
 
