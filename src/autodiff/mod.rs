@@ -76,26 +76,24 @@ pub(crate) fn grad_of(p: &mut Program, loss: Id, wrt: &[Id]) -> R<Vec<Id>> {
 /// products' VJPs, the probabilities recomputed), never as the flash-style composites: what the
 /// tests check the composites' gradients against.
 pub fn grad_decomposed(p: &mut Program, loss: Id, wrt: &[Id]) -> Result<Vec<Id>> {
-    check_loss(p, loss).map_err(Error::Invalid)?;
-    for &w in wrt {
-        check_variable(p, w).map_err(Error::Invalid)?;
-    }
-    let mut tape = Tape::new(p, loss, wrt);
-    tape.recognise_attention = false;
-    tape.flash_backward = false;
-    tape.sweep().map_err(Error::Invalid)?;
-    wrt.iter().map(|&w| tape.gradient(w).map_err(Error::Invalid)).collect()
+    sweep(p, loss, wrt, false, false).map_err(Error::Invalid)
 }
 
 /// [`grad_of`], with written-out attention recognised (`attention.rs`) or left to the primitive
 /// VJPs (the tests compare the two).
 fn grad_with(p: &mut Program, loss: Id, wrt: &[Id], recognise_attention: bool) -> R<Vec<Id>> {
+    sweep(p, loss, wrt, recognise_attention, true)
+}
+
+/// The gradients of `loss` with respect to `wrt`, with the tape's two attention switches.
+fn sweep(p: &mut Program, loss: Id, wrt: &[Id], recognise_attention: bool, flash_backward: bool) -> R<Vec<Id>> {
     check_loss(p, loss)?;
     for &w in wrt {
         check_variable(p, w)?;
     }
     let mut tape = Tape::new(p, loss, wrt);
     tape.recognise_attention = recognise_attention;
+    tape.flash_backward = flash_backward;
     tape.sweep()?;
     wrt.iter().map(|&w| tape.gradient(w)).collect()
 }
