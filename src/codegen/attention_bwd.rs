@@ -78,17 +78,15 @@ pub const fn f32_block_n(d: usize) -> usize {
 /// of each walked tile, the score tile and (mode 2) the walked queries' statistics.
 pub fn smem_bytes_f32(mode: Mode, d: usize, bias: bool) -> usize {
     let (row, bn) = (d.div_ceil(4) * 4 + 4, f32_block_n(d));
+    // (With dq, dS transposed too: a second score tile.)
+    let score_tiles = if matches!(mode, Mode::Dkv { dq: true, .. }) { 2 } else { 1 };
     match mode {
         Mode::Lse => (BLOCK + bn) * row * 4,
-        Mode::Dq | Mode::Dkv { dq: false, .. } => {
-            (2 * BLOCK * row + 2 * bn * row + BLOCK * (bn + 8) + (2 + usize::from(bias)) * bn) * 4
-        }
-        // (dS transposed too: a second score tile.)
-        Mode::Dkv { dq: true, .. } => {
-            (2 * BLOCK * row + 2 * bn * row + 2 * BLOCK * (bn + 8) + (2 + usize::from(bias)) * bn) * 4
-        }
+        _ => (2 * BLOCK * row + 2 * bn * row + score_tiles * BLOCK * (bn + 8) + (2 + usize::from(bias)) * bn) * 4,
     }
 }
+// The f32 kernels launch as the 16-bit ones do: 64 rows a block (`EQ_FBM`), 128 threads (`EQ_FNT`).
+const _: () = assert!(BLOCK == 64 && WARPS * 32 == 128);
 
 /// The shared memory a block uses in `mode` for head size `d` (bytes); with a bias, the key and
 /// value gradients keep three statistics of each query row (the row maximum, the log row sum,
