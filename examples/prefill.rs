@@ -1,23 +1,32 @@
-//! Compiles every kernel of programs' fused and unfused plans (as the built-in h100 profile
-//! plans them, strict or not) into the NVRTC disk cache (`EQFUSE_CACHE_DIR`), without a GPU, so
-//! that a GPU session spends its time running: `cargo run --release --example prefill --
-//! [--strict] PROG...` (`.eqf` files or `.json` graphs at their declared sizes).
+//! Compiles every kernel of programs' fused and unfused plans (as the profile `--device` names
+//! plans them, default the built-in h100, strict or not) into the NVRTC disk cache
+//! (`EQFUSE_CACHE_DIR`), without a GPU, so that a GPU session spends its time running: `cargo run
+//! --release --example prefill -- [--strict] [--device PROFILE] PROG...` (`.eqf` files or `.json`
+//! graphs at their declared sizes).
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let strict = args.iter().any(|a| a == "--strict");
-    let files: Vec<&String> = args.iter().filter(|a| *a != "--strict").collect();
-    if files.is_empty() {
-        eprintln!("usage: prefill [--strict] PROG...");
+    let mut strict = false;
+    let mut device = "h100".to_string();
+    let mut files = Vec::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--strict" => strict = true,
+            "--device" => device = it.next().unwrap_or_default(),
+            _ => files.push(a),
+        }
+    }
+    if files.is_empty() || device.is_empty() {
+        eprintln!("usage: prefill [--strict] [--device PROFILE] PROG...");
         std::process::exit(2);
     }
-    if let Err(e) = prefill(&files, strict) {
+    if let Err(e) = prefill(&files, strict, &device) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
 }
 
-fn prefill(files: &[&String], strict: bool) -> eqfuse::Result<()> {
-    let profile = eqfuse::DeviceProfile::load("h100")?;
+fn prefill(files: &[String], strict: bool, device: &str) -> eqfuse::Result<()> {
+    let profile = eqfuse::DeviceProfile::load(device)?;
     let opts = eqfuse::OptimizeOptions { strict, ..eqfuse::OptimizeOptions::new(profile.clone()) };
     let mut n = 0;
     for file in files {

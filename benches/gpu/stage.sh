@@ -17,7 +17,8 @@
 #                compile and every kernel of every example's fused and unfused plans (plain
 #                and strict), so that the device spends its time running.
 #   fidelity     fidelity/: FIDELITY_COUNT (default 250) random programs at the sizes models
-#                run at, from seed FIDELITY_SEED (default 1), by examples/gen_programs.rs (their
+#                run at, from seed FIDELITY_SEED (default 1), by examples/gen_programs.rs for the
+#                profile FIDELITY_DEVICE (default h100; benches/gpu/fidelity.sh's DEVICE) (their
 #                plans and index.json stay here, in FIDELITY_DIR, default target/fidelity, for
 #                benches/fidelity.py), and fidelity-cache.tar.xz: the NVRTC cache of every kernel
 #                of their fused and unfused plans, compressed (benches/gpu/fidelity.sh unpacks
@@ -81,11 +82,13 @@ if has fidelity; then
   F="${FIDELITY_DIR:-target/fidelity}"
   rm -rf "$F" && mkdir -p "$F" "$DEST/fidelity"
   cargo build --release --quiet --example gen_programs --example prefill
-  target/release/examples/gen_programs --count "${FIDELITY_COUNT:-250}" --seed "${FIDELITY_SEED:-1}" -o "$F" \
+  target/release/examples/gen_programs --count "${FIDELITY_COUNT:-250}" --seed "${FIDELITY_SEED:-1}" \
+    --device "${FIDELITY_DEVICE:-h100}" -o "$F" \
     2> "$F/gen.log" | tail -1 || echo "gen_programs FAILED on some programs: see $F/failed/ and $F/gen.log"
   cp "$F"/g*.eqf "$DEST/fidelity/"
   cache="$(mktemp -d)"
-  ls "$F"/g*.eqf | xargs -P "$(nproc)" -n 5 env EQFUSE_CACHE_DIR="$cache" target/release/examples/prefill > /dev/null
+  ls "$F"/g*.eqf | xargs -P "$(nproc)" -n 5 env EQFUSE_CACHE_DIR="$cache" target/release/examples/prefill \
+    --device "${FIDELITY_DEVICE:-h100}" > /dev/null
   echo "fidelity NVRTC cache: $(ls "$cache" | wc -l) kernels, $(du -sh "$cache" | cut -f1) before compression"
   tar cJf "$DEST/fidelity-cache.tar.xz" -C "$cache" .
   rm -rf "$cache"

@@ -85,6 +85,20 @@ def find_eqfuse(binary: str | None = None) -> str:
     raise PlanError("no eqfuse binary: set $EQFUSE, put eqfuse on the PATH, or `cargo build --release`")
 
 
+def device_profile(name: str | None = None) -> str:
+    """The built-in profile for a GPU named `name` (default: the current CUDA device's, where
+    PyTorch has one): `h200` for an H200, `h100` for an H100 and for anything else (a GPU without
+    a profile of its own is planned as an H100; `eqfuse calibrate` writes one for it)."""
+    if name is None:
+        try:
+            import torch
+
+            name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+        except Exception:  # no CUDA build, no driver: nothing to plan for but the default
+            name = ""
+    return "h200" if "H200" in name.upper() else "h100"
+
+
 def plan_graph(graph: dict, *, binary: str | None = None, device: str = "h100", args: tuple[str, ...] = (),
                timeout: float = 600.0) -> dict:
     """Plans an `eqfuse.graph/1` graph with `eqfuse optimize --format json`; returns the plan
@@ -196,7 +210,8 @@ def _stderr(line: str) -> None:
 class EqfuseBackend:
     """The backend; call the instance as `torch.compile(model, backend=instance)`.
 
-    `binary`, `device` and `args` go to `eqfuse optimize` / `eqfuse codegen`; `report` receives
+    `binary`, `device` and `args` go to `eqfuse optimize` / `eqfuse codegen` (`device`, by
+    default `auto`: the built-in profile of the current CUDA device, `device_profile()`); `report` receives
     one line per captured graph (None to stay quiet); `joint` also plans the joint
     forward-backward graph; `execute` runs eqfuse's kernels where it can (else every graph runs
     eagerly and the plans are a report); `verify` checks the first call of every graph eqfuse
@@ -213,11 +228,12 @@ class EqfuseBackend:
     shapes are lowered and planned (`_PerShape`); further shapes run it eagerly.
     """
 
-    def __init__(self, binary: str | None = None, device: str = "h100", args: tuple[str, ...] = (),
+    def __init__(self, binary: str | None = None, device: str = "auto", args: tuple[str, ...] = (),
                  report=_stderr, joint: bool = True, execute: bool = True, verify: bool = True,
                  partition: str = "min_cut", attention: bool = True, shapes: int = 8):
         if partition not in ("min_cut", "default"):
             raise ValueError(f"partition must be `min_cut` or `default`, not {partition!r}")
+        device = device_profile() if device == "auto" else device
         self.binary, self.device, self.args, self.report, self.joint = binary, device, args, report, joint
         self.execute, self.verify, self.partition, self.attention = execute, verify, partition, attention
         self.shapes = shapes

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python"))
 
 from eqfuse_torch import ExportError, export_graph_module, export_program  # noqa: E402
-from eqfuse_torch.backend import EqfuseBackend, find_eqfuse, plan_graph  # noqa: E402
+from eqfuse_torch.backend import EqfuseBackend, device_profile, find_eqfuse, plan_graph  # noqa: E402
 
 nn = torch.nn
 F = torch.nn.functional
@@ -137,6 +137,22 @@ def test_exported_program_computes_the_model(make, tmp_path):
     plan = plan_graph(exported.graph)
     assert plan["schema"] == "eqfuse.plan/1"
     assert plan["total"]["kernels"] < plan["unfused"]["kernels"]
+
+
+def test_the_backend_plans_for_the_gpu_it_runs_on(monkeypatch):
+    """`device="auto"` (the default) takes the built-in profile of the current CUDA device: an
+    H200's where it runs on one, an H100's otherwise."""
+    assert device_profile("NVIDIA H200") == "h200"
+    assert device_profile("NVIDIA H200 NVL") == "h200"
+    assert device_profile("NVIDIA H100 80GB HBM3") == "h100"
+    assert device_profile("NVIDIA A100-SXM4-80GB") == "h100"
+    assert device_profile("") == "h100"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    assert EqfuseBackend(report=None).device == "h200"
+    assert EqfuseBackend(report=None, device="h100").device == "h100"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 PCIe")
+    assert EqfuseBackend(report=None).device == "h100"
 
 
 def test_decomposed_layernorm_plans_as_one_kernel():

@@ -271,6 +271,7 @@ impl DeviceProfile {
                 Template::Gemm => &["cublaslt", "generated"],
                 Template::Attention => &["backward", "backward_fused", "portable"],
                 Template::RowReduce => &["cluster"],
+                Template::Elementwise => &["tiled"],
                 _ => &[],
             };
             for (imp, r) in &rates.implementations {
@@ -930,6 +931,26 @@ mod tests {
         let a = p.gemm_us(lt, &work, DType::F32, Some(&big));
         p.templates.get_mut("gemm").unwrap().implementations.get_mut("cublaslt").unwrap().tile_ns = None;
         assert_eq!(a, p.gemm_us(lt, &work, DType::F32, Some(&big)));
+    }
+
+    #[test]
+    fn the_elementwise_tiled_path_takes_its_own_rates_where_measured() {
+        // `eqfuse calibrate` writes `templates.elementwise.implementations.tiled`; a profile with
+        // it must load (it did not: calibrate's own output was refused on 2026-11-28).
+        let mut p = DeviceProfile::load("h100").unwrap();
+        p.templates.get_mut("elementwise").unwrap().implementations.remove("tiled");
+        let work = Work { bytes: 1 << 30, ..Work::default() };
+        let plain = p.elementwise_tiled_us(&work, DType::F32);
+        let mut tiled = p.rates(Template::Elementwise).clone();
+        tiled.bandwidth_efficiency /= 2.0;
+        p.templates.get_mut("elementwise").unwrap().implementations.insert("tiled".into(), tiled.clone());
+        p.validate().unwrap();
+        let text = serde_json::to_string(&p).unwrap();
+        let q = DeviceProfile::parse("calibrated.json", &text).unwrap();
+        let slow = q.elementwise_tiled_us(&work, DType::F32);
+        assert!(slow > 1.9 * (plain - p.launch_overhead_us), "{slow} against {plain}");
+        p.templates.get_mut("colreduce").unwrap().implementations.insert("tiled".into(), tiled);
+        assert!(p.validate().unwrap_err().contains("unknown implementation `tiled`"));
     }
 
     #[test]
