@@ -77,6 +77,12 @@ pub struct KernelCost {
     /// (`caps::elementwise_traffic`), priced at the `tiled` implementation's rates of the
     /// elementwise template where the profile has them.
     pub tiled: bool,
+    /// Whether a column kernel runs an online pair (`sum(exp(x - amax(x)))` over its axis in
+    /// one pass, `Shaped::online_pairs`), priced at the `online` implementation's rates of the
+    /// column template where the profile has them: the running max and the rescaled sum are
+    /// a dependent chain per element, and such kernels ran at 1.43x their plain column price
+    /// (median of 53 on an H200, `benches/results/2026-11-28-h200-session19`).
+    pub online: bool,
     /// For a row kernel whose rows do not fit one block, the blocks of the cluster each row is
     /// spread over (`caps::row_cluster`: sm_90, each block's segment in registers); 1 otherwise.
     pub cluster: u32,
@@ -226,6 +232,7 @@ impl KernelCost {
                 )) + self.row_loop_us(profile, segments)
             }
             (None, _) if self.tiled => profile.elementwise_tiled_us(&work, dtype),
+            (None, _) if self.online => profile.column_online_us(&work, dtype),
             (None, _) => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
     }
@@ -321,6 +328,7 @@ pub fn analyse(
         }
         Err(e) => return Err(e),
     };
+    let online = template == Template::ColReduce && !shape.online_pairs().is_empty();
     // A product's kernel iterates over the product's elements: it can write nothing of another
     // size (an operand passed through as an output would have elements left unwritten).
     let size: usize = domain.iter().product();
@@ -368,6 +376,7 @@ pub fn analyse(
         sector_bytes: 0,
         strided_dram_bytes: 0,
         tiled: false,
+        online,
         access_bytes: 0,
         narrow_rows: false,
     };

@@ -272,7 +272,7 @@ impl DeviceProfile {
                 Template::Attention => &["backward", "backward_fused", "portable"],
                 Template::RowReduce => &["cluster"],
                 Template::Elementwise => &["tiled"],
-                _ => &[],
+                Template::ColReduce => &["online"],
             };
             for (imp, r) in &rates.implementations {
                 if !implementations.contains(&imp.as_str()) {
@@ -475,6 +475,14 @@ impl DeviceProfile {
     pub fn attention_portable_us(&self, work: &Work, dtype: DType) -> f64 {
         let a = self.rates(Template::Attention);
         self.work_us(a.implementations.get("portable").unwrap_or(a), work, dtype, None)
+    }
+
+    /// [`kernel_work_us`](Self::kernel_work_us) of a column kernel with an online pair (a
+    /// running max and the sum of exponentials rescaled to it), at the rates of the column
+    /// template's `online` implementation where the profile has them (else the template's).
+    pub fn column_online_us(&self, work: &Work, dtype: DType) -> f64 {
+        let c = self.rates(Template::ColReduce);
+        self.work_us(c.implementations.get("online").unwrap_or(c), work, dtype, None)
     }
 
     /// [`kernel_work_us`](Self::kernel_work_us) of an elementwise kernel on its tiled path
@@ -951,6 +959,23 @@ mod tests {
         assert!(slow > 1.9 * (plain - p.launch_overhead_us), "{slow} against {plain}");
         p.templates.get_mut("colreduce").unwrap().implementations.insert("tiled".into(), tiled);
         assert!(p.validate().unwrap_err().contains("unknown implementation `tiled`"));
+    }
+
+    #[test]
+    fn online_column_pairs_take_their_own_rates_where_measured() {
+        let mut p = DeviceProfile::load("h100").unwrap();
+        p.templates.get_mut("colreduce").unwrap().implementations.remove("online");
+        let work = Work { bytes: 1 << 30, ..Work::default() };
+        let plain = p.column_online_us(&work, DType::F32);
+        assert_eq!(plain, p.kernel_work_us(Template::ColReduce, &work, DType::F32, None));
+        let mut online = p.rates(Template::ColReduce).clone();
+        online.bandwidth_efficiency /= 2.0;
+        p.templates.get_mut("colreduce").unwrap().implementations.insert("online".into(), online.clone());
+        p.validate().unwrap();
+        let slow = p.column_online_us(&work, DType::F32);
+        assert!(slow > 1.9 * (plain - p.launch_overhead_us), "{slow} against {plain}");
+        p.templates.get_mut("rowreduce").unwrap().implementations.insert("online".into(), online);
+        assert!(p.validate().unwrap_err().contains("unknown implementation `online`"));
     }
 
     #[test]

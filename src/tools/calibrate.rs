@@ -159,6 +159,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     let row = row_time(gpu, &mut profile, copy_gbs)?;
     let stages = stage_latency(gpu, &mut profile)?;
     let dirty = dirty_bytes(gpu, &mut profile, copy_gbs)?;
+    templates.push(online_columns(gpu, &mut profile, copy_gbs)?);
     let narrow = narrow_access(gpu, &mut profile, copy_gbs)?;
     lap("copy, launch, template efficiencies, strided reads, row stage latency and L2's written bytes", &mut seconds);
     let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
@@ -181,7 +182,9 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     profile.source = format!(
         "calibrated by `eqfuse calibrate` on {} ({}, {}); measured: copy bandwidth, launch overhead, \
          the elementwise, rowreduce and colreduce efficiencies (and on a 9.0 device, rows over clusters of \
-         blocks: rowreduce.implementations.cluster, an f32 softmax over 1024x128256), the elementwise tiled path's \
+         blocks: rowreduce.implementations.cluster, an f32 softmax over 1024x128256), the column template's online pairs' (colreduce.implementations.online: \
+         sum(exp(x - amax(x, 0)), 0) over 8192 x 2048 f32, after a plain column sum that takes the flush's \
+         write-backs), the elementwise tiled path's \
          (implementations.tiled: an 8192 x 8192 f32 transpose), the row kernels' time a row (rowreduce.row_ns: \
          a mean over 2^22 rows of 3 f32, net of the launch and its bytes), the sector bandwidth of strided reads \
          (sector_bandwidth_gbs: [2^24, 4] bf16 read as [4, 2^24] on the plain path, its bytes and the \
@@ -998,6 +1001,49 @@ fn dirty_program() -> Result<Program> {
     .map_err(Error::Invalid)
 }
 
+/// The column template's rate on an online pair (a running max and the sum of exponentials
+/// rescaled to it, `cost::KernelCost::online`): its share of copy bandwidth, as the template's
+/// own, in `colreduce.implementations.online`. The probe's plan is two column kernels: a plain
+/// sum of another tensor first, which takes the write-backs of the flush before a timed run
+/// (the template's own efficiency is measured with L2 clean too, `dirty_bytes`), then the pair.
+fn online_columns(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<TemplateShare> {
+    let program = online_program()?;
+    let plan = optimize(&program, &OptimizeOptions::new(profile.clone()))?.plan;
+    let online = |k: &crate::plan::Kernel| k.ops.iter().any(|o| o == "exp");
+    if plan.kernels.len() != 2
+        || plan.kernels.iter().any(|k| k.template != Template::ColReduce)
+        || online(&plan.kernels[0])
+        || !online(&plan.kernels[1])
+    {
+        return Err(Error::Invalid(format!(
+            "calibration program {} did not plan as a plain column kernel, then an online one",
+            program.source
+        )));
+    }
+    let sources = codegen_plan(&plan)?;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
+    let k = &r.kernels[1];
+    let share = (k.achieved_gbs / copy_gbs).min(1.0);
+    if let Some(rates) = profile.templates.get_mut(Template::ColReduce.name()) {
+        let online = TemplateRates {
+            implementations: Default::default(),
+            bandwidth_efficiency: round(share, 3),
+            ..rates.clone()
+        };
+        rates.implementations.insert("online".into(), online);
+    }
+    Ok((Template::ColReduce, program.source.clone(), k.bytes, k.measured_us, share))
+}
+
+fn online_program() -> Result<Program> {
+    Program::from_sexprs(
+        "calibrate-colreduce-online",
+        &[("a", TensorType::new(DType::F32, vec![8192, 4096])), ("x", TensorType::new(DType::F32, vec![8192, 2048]))],
+        &[("y", "(sum a 0)"), ("w", "(sum (exp (- x (amax x 0))) 0)")],
+    )
+    .map_err(Error::Invalid)
+}
+
 /// What `dirty_bytes` measured: the program, its two kernels' median microseconds (after the
 /// flush, then with L2 clean), and the written bytes and column efficiency taken.
 #[derive(Clone, Debug)]
@@ -1470,6 +1516,32 @@ mod tests {
         assert_eq!(codegen_plan(&plan).unwrap().len(), LAUNCH_CHAIN);
         let values = crate::reference::eval(&program, &crate::reference::rng::random_inputs(&program, 0)).unwrap();
         assert!(values[0].data.iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn the_online_probe_is_a_plain_column_kernel_then_an_online_pair_priced_at_its_rates() {
+        for device in ["h100", "h200"] {
+            let mut p = DeviceProfile::load(device).unwrap();
+            let program = online_program().unwrap();
+            let plan = optimize(&program, &OptimizeOptions::new(p.clone())).unwrap().plan;
+            assert_eq!(plan.kernels.len(), 2, "{device}");
+            assert!(plan.kernels.iter().all(|k| k.template == Template::ColReduce));
+            assert!(!plan.kernels[0].ops.iter().any(|o| o == "exp"));
+            assert!(plan.kernels[1].ops.iter().any(|o| o == "exp"));
+            assert_eq!(plan.kernels[1].bytes_read, 64 << 20);
+            // At half the plain rate the pair's kernel takes about twice its time.
+            let mut online = p.templates["colreduce"].clone();
+            online.implementations.clear();
+            online.bandwidth_efficiency = p.templates["colreduce"].bandwidth_efficiency / 2.0;
+            let before = plan.kernels[1].predicted_us - p.launch_overhead_us;
+            let c = p.templates.get_mut("colreduce").unwrap();
+            c.implementations.remove("online");
+            let plain = optimize(&program, &OptimizeOptions::new(p.clone())).unwrap().plan.kernels[1].predicted_us;
+            p.templates.get_mut("colreduce").unwrap().implementations.insert("online".into(), online);
+            let slow = optimize(&program, &OptimizeOptions::new(p.clone())).unwrap().plan.kernels[1].predicted_us;
+            let net = |us: f64| us - p.launch_overhead_us;
+            assert!((net(slow) / net(plain) - 2.0).abs() < 0.05, "{device}: {slow} against {plain} ({before})");
+        }
     }
 
     #[test]
