@@ -211,9 +211,9 @@ class EqfuseBackend:
     """The backend; call the instance as `torch.compile(model, backend=instance)`.
 
     `binary`, `device` and `args` go to `eqfuse optimize` / `eqfuse codegen` (`device`, by
-    default `auto`: the built-in profile of the current CUDA device, `device_profile()`); `report` receives
-    one line per captured graph (None to stay quiet); `joint` also plans the joint
-    forward-backward graph; `execute` runs eqfuse's kernels where it can (else every graph runs
+    default `auto`: the built-in profile of the current CUDA device, `device_profile()`);
+    `report` receives one line per captured graph (None to stay quiet); `joint` also plans the
+    joint forward-backward graph; `execute` runs eqfuse's kernels where it can (else every graph runs
     eagerly and the plans are a report); `verify` checks the first call of every graph eqfuse
     runs against the ATen graph run eagerly on the same arguments, and if any output differs
     beyond rounding (`results_agree`) runs that graph eagerly from then on, warned and recorded
