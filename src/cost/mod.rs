@@ -215,7 +215,7 @@ impl KernelCost {
             (None, KernelKind::AttentionBackward) => profile.attention_backward_us(&work, dtype, fused),
             // (The forward writing its log-sum-exp too runs at the forward's rates.)
             (None, KernelKind::Attention { path: AttentionPath::Portable, .. }) => {
-                profile.attention_portable_us(&work, dtype)
+                profile.implementation_us(Template::Attention, "portable", &work, dtype)
             }
             // (See `analyse` for its stages.)
             // (Rows over clusters run at the rates of their own where the profile has them, on
@@ -231,8 +231,8 @@ impl KernelCost {
                     segments * self.cluster,
                 )) + self.row_loop_us(profile, segments)
             }
-            (None, _) if self.tiled => profile.elementwise_tiled_us(&work, dtype),
-            (None, _) if self.online => profile.column_online_us(&work, dtype),
+            (None, _) if self.tiled => profile.implementation_us(Template::Elementwise, "tiled", &work, dtype),
+            (None, _) if self.online => profile.implementation_us(Template::ColReduce, "online", &work, dtype),
             (None, _) => profile.kernel_work_us(self.template, &work, dtype, self.tiles.as_ref()),
         }
     }

@@ -467,30 +467,15 @@ impl DeviceProfile {
         self.work_us(r, work, dtype, None)
     }
 
-    /// [`kernel_work_us`](Self::kernel_work_us) of a 16-bit attention forward kernel that runs
-    /// the template's portable mma.sync path everywhere (`caps::attention_hopper_path` is
-    /// false: a non-positive scale), at the rates of its `portable` implementation where the
-    /// profile has one. (The template's own rates are those of the path the device takes for
-    /// the others: wgmma on a 9.0 device.)
-    pub fn attention_portable_us(&self, work: &Work, dtype: DType) -> f64 {
-        let a = self.rates(Template::Attention);
-        self.work_us(a.implementations.get("portable").unwrap_or(a), work, dtype, None)
-    }
-
-    /// [`kernel_work_us`](Self::kernel_work_us) of a column kernel with an online pair (a
-    /// running max and the sum of exponentials rescaled to it), at the rates of the column
-    /// template's `online` implementation where the profile has them (else the template's).
-    pub fn column_online_us(&self, work: &Work, dtype: DType) -> f64 {
-        let c = self.rates(Template::ColReduce);
-        self.work_us(c.implementations.get("online").unwrap_or(c), work, dtype, None)
-    }
-
-    /// [`kernel_work_us`](Self::kernel_work_us) of an elementwise kernel on its tiled path
-    /// (transposed reads through shared memory), at the rates of the template's `tiled`
-    /// implementation where the profile has one.
-    pub fn elementwise_tiled_us(&self, work: &Work, dtype: DType) -> f64 {
-        let e = self.rates(Template::Elementwise);
-        self.work_us(e.implementations.get("tiled").unwrap_or(e), work, dtype, None)
+    /// [`kernel_work_us`](Self::kernel_work_us) at the rates of template `t`'s implementation
+    /// `imp` where the profile has them, else at the template's own: attention's `portable`
+    /// mma.sync path (the template's own rates are those of the path the device takes, wgmma on
+    /// a 9.0 device), the column template's `online` pairs (a running max and the sum of
+    /// exponentials rescaled to it), the elementwise template's `tiled` path (transposed reads
+    /// through shared memory).
+    pub fn implementation_us(&self, t: Template, imp: &str, work: &Work, dtype: DType) -> f64 {
+        let r = self.rates(t);
+        self.work_us(r.implementations.get(imp).unwrap_or(r), work, dtype, None)
     }
 
     fn work_us(&self, r: &TemplateRates, work: &Work, dtype: DType, tiles: Option<&GemmTiles>) -> f64 {
@@ -941,41 +926,31 @@ mod tests {
         assert_eq!(a, p.gemm_us(lt, &work, DType::F32, Some(&big)));
     }
 
+    /// The elementwise template's `tiled` path and the column template's `online` pairs take
+    /// their implementation's rates where the profile has them, the template's otherwise; a
+    /// profile with them loads (`eqfuse calibrate` writes both; its own output was refused on
+    /// 2026-11-28 for `tiled`), and another template may not have them.
     #[test]
-    fn the_elementwise_tiled_path_takes_its_own_rates_where_measured() {
-        // `eqfuse calibrate` writes `templates.elementwise.implementations.tiled`; a profile with
-        // it must load (it did not: calibrate's own output was refused on 2026-11-28).
-        let mut p = DeviceProfile::load("h100").unwrap();
-        p.templates.get_mut("elementwise").unwrap().implementations.remove("tiled");
-        let work = Work { bytes: 1 << 30, ..Work::default() };
-        let plain = p.elementwise_tiled_us(&work, DType::F32);
-        let mut tiled = p.rates(Template::Elementwise).clone();
-        tiled.bandwidth_efficiency /= 2.0;
-        p.templates.get_mut("elementwise").unwrap().implementations.insert("tiled".into(), tiled.clone());
-        p.validate().unwrap();
-        let text = serde_json::to_string(&p).unwrap();
-        let q = DeviceProfile::parse("calibrated.json", &text).unwrap();
-        let slow = q.elementwise_tiled_us(&work, DType::F32);
-        assert!(slow > 1.9 * (plain - p.launch_overhead_us), "{slow} against {plain}");
-        p.templates.get_mut("colreduce").unwrap().implementations.insert("tiled".into(), tiled);
-        assert!(p.validate().unwrap_err().contains("unknown implementation `tiled`"));
-    }
-
-    #[test]
-    fn online_column_pairs_take_their_own_rates_where_measured() {
-        let mut p = DeviceProfile::load("h100").unwrap();
-        p.templates.get_mut("colreduce").unwrap().implementations.remove("online");
-        let work = Work { bytes: 1 << 30, ..Work::default() };
-        let plain = p.column_online_us(&work, DType::F32);
-        assert_eq!(plain, p.kernel_work_us(Template::ColReduce, &work, DType::F32, None));
-        let mut online = p.rates(Template::ColReduce).clone();
-        online.bandwidth_efficiency /= 2.0;
-        p.templates.get_mut("colreduce").unwrap().implementations.insert("online".into(), online.clone());
-        p.validate().unwrap();
-        let slow = p.column_online_us(&work, DType::F32);
-        assert!(slow > 1.9 * (plain - p.launch_overhead_us), "{slow} against {plain}");
-        p.templates.get_mut("rowreduce").unwrap().implementations.insert("online".into(), online);
-        assert!(p.validate().unwrap_err().contains("unknown implementation `online`"));
+    fn implementations_take_their_own_rates_where_measured() {
+        for (t, imp, other) in
+            [(Template::Elementwise, "tiled", "colreduce"), (Template::ColReduce, "online", "rowreduce")]
+        {
+            let mut p = DeviceProfile::load("h100").unwrap();
+            p.templates.get_mut(t.name()).unwrap().implementations.remove(imp);
+            let work = Work { bytes: 1 << 30, ..Work::default() };
+            let plain = p.implementation_us(t, imp, &work, DType::F32);
+            assert_eq!(plain, p.kernel_work_us(t, &work, DType::F32, None));
+            let mut own = p.rates(t).clone();
+            own.bandwidth_efficiency /= 2.0;
+            p.templates.get_mut(t.name()).unwrap().implementations.insert(imp.into(), own.clone());
+            p.validate().unwrap();
+            let text = serde_json::to_string(&p).unwrap();
+            let q = DeviceProfile::parse("calibrated.json", &text).unwrap();
+            let slow = q.implementation_us(t, imp, &work, DType::F32);
+            assert!(slow > 1.9 * (plain - p.launch_overhead_us), "{imp}: {slow} against {plain}");
+            p.templates.get_mut(other).unwrap().implementations.insert(imp.into(), own);
+            assert!(p.validate().unwrap_err().contains(&format!("unknown implementation `{imp}`")));
+        }
     }
 
     #[test]
