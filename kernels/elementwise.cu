@@ -93,10 +93,26 @@ extern "C" __global__ void __launch_bounds__(EQ_THREADS) EQ_KERNEL(EQ_PARAMS) {
         const bool ok = w + lane < nvec;
         eq_body<EQ_VEC>(EQ_ARGS, ok ? (w + lane) * EQ_VEC : 0, ok);
     }
+#elif defined(EQ_UNROLL) && EQ_UNROLL > 1
+    // Narrow lanes: EQ_UNROLL vectors a step, a block's width apart (coalesced), so that each
+    // thread has that many loads in flight (the restrict-qualified body lets them all be issued
+    // before the first store).
+    // (A step wholly in range runs unguarded: a guard per vector would keep each vector's
+    // loads behind the previous one's store.)
+    for (eq_idx c = (eq_idx)blockIdx.x * EQ_THREADS * EQ_UNROLL + threadIdx.x; c < nvec; c += stride * EQ_UNROLL) {
+        if (c + (eq_idx)(EQ_UNROLL - 1) * EQ_THREADS < nvec) {
+#pragma unroll
+            for (int u = 0; u < EQ_UNROLL; ++u) eq_body<EQ_VEC>(EQ_ARGS, (c + (eq_idx)u * EQ_THREADS) * EQ_VEC);
+        } else {
+            for (eq_idx v = c; v < nvec; v += EQ_THREADS) eq_body<EQ_VEC>(EQ_ARGS, v * EQ_VEC);
+        }
+    }
 #else
     for (eq_idx v = first; v < nvec; v += stride) {
         eq_body<EQ_VEC>(EQ_ARGS, v * EQ_VEC);
     }
+#endif
+#ifndef EQ_PACKED_WRITES
     if (EQ_NUMEL % EQ_VEC != 0) {
         for (eq_idx i = nvec * EQ_VEC + first; i < (eq_idx)EQ_NUMEL; i += stride) {
             eq_body<1>(EQ_ARGS, i);

@@ -952,3 +952,44 @@ fn transposed_read_kernels_compile() {
         }
     }
 }
+
+/// Elementwise kernels whose lanes access fewer than 16 bytes (an odd last extent under a row
+/// or column broadcast: one f32, one bf16, one bool a lane) handle `EQ_UNROLL` vectors a step,
+/// enough for 16 bytes in flight a thread (the unrolled step's loads all in its PTX, on the
+/// non-coherent path). 16-byte lanes keep one vector a step.
+#[test]
+fn narrow_lane_elementwise_kernels_unroll_their_loads() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let cases = [
+        ("f32_rows", "input x: f32[320, 50257]\ninput m: f32[320, 1]\ny = x - m\noutput y\n", 4),
+        ("bf16_cols", "input x: bf16[8192, 8191]\ninput b: bf16[8191]\ny = x * b\noutput y\n", 8),
+        ("bool_cols", "input x: i32[4096, 127]\ninput b: i32[127]\ny = x == b\noutput y\n", 4),
+        ("f32_even", "input x: f32[320, 50256]\ninput m: f32[320, 1]\ny = x - m\noutput y\n", 1),
+    ];
+    let opts = OptimizeOptions::new(DeviceProfile::load("h200").unwrap());
+    for (name, text, unroll) in cases {
+        let p = eqfuse::parse_program(name, text, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let plan = optimize(&p, &opts).unwrap().plan;
+        let sources = codegen_plan(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(sources.len(), 1, "{name}: one kernel");
+        let s = &sources[0];
+        let defines = generated_defines(&s.source);
+        let got = defines
+            .lines()
+            .find_map(|l| l.strip_prefix("#define EQ_UNROLL "))
+            .map_or(1, |v| v.trim().parse::<usize>().unwrap());
+        assert_eq!(got, unroll, "{name}: EQ_UNROLL\n{defines}");
+        let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(c.log.trim().is_empty(), "{name}: warnings\n{}", c.log);
+        if unroll > 1 {
+            // The unrolled step: the loads of `x` of every vector of it, each in place (the
+            // order of loads and stores is ptxas's: `x` is read through the non-coherent path,
+            // which no store of the kernel can alias, so it may issue them all first).
+            let ptx = String::from_utf8_lossy(&c.ptx);
+            let loads = ptx.matches("ld.global.nc").count();
+            assert!(loads > unroll, "{name}: {loads} non-coherent global loads, want more than {unroll}\n{ptx}");
+        }
+    }
+}

@@ -433,7 +433,9 @@ fn a_row_kernel_does_not_read_a_bias_strided_along_its_rows() {
 /// a batch of up to a million matrices): priced by their tiles, such a call loses to the
 /// product as a sum along a short row (`matmul-as-rows`), one row kernel that reads the large
 /// operand once. At the programs' sizes no plan holds a cuBLASLt call over the batch; at a size
-/// the reference runs the plan computes the program.
+/// the reference runs the plan computes the program. (A shared right operand folds the batch into
+/// one tall matrix, which cuBLASLt runs at its bytes' time: f32 [8192, 96, 4, 13] by [13, 8],
+/// 33 MB, in 28 us on an H200, `benches/results/2026-11-28-h200-session19`.)
 #[test]
 fn batched_tiny_products_plan_as_rows_not_as_a_library_call() {
     let program = |batch: usize, m: usize, k: usize, n: usize, dtype: DType, gelu: bool| {
@@ -451,23 +453,53 @@ fn batched_tiny_products_plan_as_rows_not_as_a_library_call() {
         let p = program(batch, m, k, n, dtype, gelu);
         let plan = optimize(&p, &opts()).unwrap().plan;
         let what = format!("[{batch},512,{m},{k}] @ [{k},{n}] {dtype}");
-        // No cuBLASLt call over the batch (the measured pathology). Rows of 3 f32 read one
-        // element a lane, priced by the row template's time a row (`rowreduce.row_ns`: the
-        // g1386-like product ran 419 us as rows on the H100), may lose to the generated gemm.
+        // No cuBLASLt call over a batch of small matrices (the measured pathology); one call
+        // over the tall matrix the shared weight folds the batch into may run it. Rows of 3
+        // f32 read one element a lane, priced by the row template's time a row
+        // (`rowreduce.row_ns`: the g1386-like product ran 419 us as rows on the H100), may lose
+        // to a gemm.
         let lt = |plan: &eqfuse::FusionPlan| {
-            gemms(plan).iter().any(|g| g.implementation == Some(eqfuse::GemmImpl::Cublaslt))
+            gemms(plan).iter().any(|g| {
+                let call = eqfuse::codegen_kernel(plan, g).unwrap().cublaslt;
+                call.is_some_and(|c| c.batch * c.calls() > 1 || c.m.min(c.n) * c.m.max(c.n) < (batch * 512) as u64)
+            })
         };
         assert!(!lt(&plan), "{what}: {:#?}", gemms(&plan));
         if n <= 4 {
-            assert!(gemms(&plan).is_empty(), "{what}: {:#?}", gemms(&plan));
-            assert!(plan.kernels.iter().any(|k| k.template == Template::RowReduce), "{what}");
+            // A row kernel, or the one folded call.
+            let folded = gemms(&plan).iter().all(|g| g.implementation == Some(eqfuse::GemmImpl::Cublaslt));
+            let rows = plan.kernels.iter().any(|k| k.template == Template::RowReduce);
+            assert!(rows || (folded && gemms(&plan).len() == 1), "{what}: {:#?}", plan.kernels);
         }
-        // The unfused plan's product is the cuBLASLt call, now priced by its tiles: far above
-        // its bytes' time.
-        let unfused = eqfuse::unfused_plan(&p, &DeviceProfile::load("h100").unwrap(), false).unwrap();
+        // The unfused plan's product is one cuBLASLt call over one tall matrix (the shared
+        // weight folds the batch into its rows: `codegen::gemm::lt_call`), priced by that
+        // matrix's tiles and bytes, not by a tile for each small matrix of the batch.
+        let h100 = DeviceProfile::load("h100").unwrap();
+        let unfused = eqfuse::unfused_plan(&p, &h100, false).unwrap();
         let g = gemms(&unfused)[0];
         let bytes_us = (g.bytes_read + g.bytes_written) as f64 / 2989.4e3;
-        assert!(g.predicted_us > 4.0 * bytes_us, "{what}: {} us, bytes {bytes_us} us", g.predicted_us);
+        let tile_ns = h100.gemm_rates(eqfuse::GemmImpl::Cublaslt).tile_ns.unwrap();
+        let per_matrix_us = 1e-3 * tile_ns * (batch * 512) as f64;
+        assert!(
+            g.predicted_us > bytes_us && g.predicted_us < 0.25 * per_matrix_us,
+            "{what}: {} us, bytes {bytes_us} us, a tile a matrix {per_matrix_us} us",
+            g.predicted_us
+        );
+        // Distinct right operands do not fold: the call runs a tile for every matrix, far
+        // above its bytes' time.
+        let batched = Program::from_sexprs(
+            "tiny-batched",
+            &[
+                ("x", TensorType::new(dtype, vec![batch, 512, m, k])),
+                ("w", TensorType::new(dtype, vec![batch, 512, k, n])),
+            ],
+            &[("y", "(@ x w)")],
+        )
+        .unwrap();
+        let unfused = eqfuse::unfused_plan(&batched, &h100, false).unwrap();
+        let g = gemms(&unfused)[0];
+        let bytes_us = (g.bytes_read + g.bytes_written) as f64 / 2989.4e3;
+        assert!(g.predicted_us > 4.0 * bytes_us, "{what}, batched: {} us, bytes {bytes_us} us", g.predicted_us);
         let small = program(batch / 8, m, k, n, dtype, gelu);
         let plan = plan_checked(&small);
         assert!(!lt(&plan), "{what} / 8");

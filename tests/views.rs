@@ -205,6 +205,25 @@ fn transposed_reads_take_the_tiled_path_where_it_touches_fewer_sectors() {
     }
 }
 
+/// A transpose whose tiled axis and last axis are both short (a [4, 2, 999, 3] tensor with its
+/// axes of 2 and 3 swapped: tiles of 3 x 2 elements in 32 x 32 slots) stays on the plain path,
+/// whose lanes touch 3 sectors a sector used; one pairing a short last axis with a long tiled
+/// axis (8 x 999: a quarter of the slots filled) keeps the tile. Both plans match the reference.
+#[test]
+fn transposes_of_short_axes_stay_on_the_plain_path() {
+    for (text, tiled) in [
+        ("input x: f32[4, 2, 999, 3]\ny = transpose(x, 3, -3)\noutput y\n", false),
+        ("input x: f32[999, 4, 8]\ny = transpose(x, 0, 2) * 2.0\noutput y\n", true),
+    ] {
+        let p = parse_program("short.eqf", text, &[]).unwrap();
+        let plan = optimize(&p, &opts()).unwrap().plan;
+        checked(&p, &plan);
+        assert_eq!(plan.kernels.len(), 1, "{text}");
+        let s = codegen_kernel(&plan, &plan.kernels[0]).unwrap();
+        assert_eq!(s.source.contains("#define EQ_TILED 1"), tiled, "{text}");
+    }
+}
+
 /// A transposed read on the plain path costs the sectors its lanes touch: at sizes where the
 /// plain path runs it (`[N, 2]` read as `[2, N]`: 16 of each 32-byte sector used), it is priced
 /// above a contiguous kernel moving the same bytes.

@@ -495,6 +495,20 @@ fn widest_along_last(l: &Lowered, k: &Kernel) -> usize {
         .unwrap_or(4)
 }
 
+/// The vectors each thread of the plain elementwise loop handles per step (`EQ_UNROLL`, each a
+/// block's width apart, all loaded before any is stored) where its lanes access `lane_bytes`
+/// bytes: enough for 16 bytes in flight a thread, at most 8 vectors. A lane of fewer bytes
+/// keeps fewer bytes in flight per thread than the device needs to fill its memory pipe: on an
+/// H200, one-element f32 lanes (an odd last extent under a broadcast) ran at 2400-2600 GB/s
+/// where 16-byte lanes ran at 3400-4000 (`benches/results/2026-11-28-h200-session19`).
+pub fn elementwise_unroll(lane_bytes: usize) -> usize {
+    if lane_bytes == 0 || lane_bytes >= 16 {
+        1
+    } else {
+        (16 / lane_bytes).clamp(1, 8)
+    }
+}
+
 /// The lane count of a lowered kernel: [`lanes`] of the widest element accessed along the last
 /// axis.
 fn choose_vec(l: &Lowered, k: &Kernel, strict: bool, packed_writes: bool) -> usize {
@@ -1206,14 +1220,23 @@ impl Emitter<'_> {
             return Ok(self.tiled_elementwise(t, f, numel));
         }
         let threads = 256usize;
+        let unroll = if self.packed_writes() || self.l.domain.is_empty() {
+            1
+        } else {
+            elementwise_unroll(self.vec * widest_along_last(self.l, self.k))
+        };
         // Up to one vector per thread for 16M vectors (64M f32); the loop strides over more.
         // bias+gelu+dropout 8192x8192 f32 on an H100 (2026-11-22): 185.6 us with one vector per
         // thread (65536 blocks) against 189.7 us with 8192 blocks looping 8 times.
-        let blocks = (numel / self.vec).max(numel % self.vec).div_ceil(threads).min(MAX_ELEMENTWISE_BLOCKS);
+        let vectors = (numel / self.vec).max(numel % self.vec);
+        let blocks = vectors.div_ceil(threads * unroll).clamp(1, MAX_ELEMENTWISE_BLOCKS);
         let mut d = self.common_defines(&self.name(), &[]);
         let _ = writeln!(d, "#define EQ_NUMEL {numel}");
         let _ = writeln!(d, "#define EQ_VEC {}", self.vec);
         let _ = writeln!(d, "#define EQ_THREADS {threads}");
+        if unroll > 1 {
+            let _ = writeln!(d, "#define EQ_UNROLL {unroll}");
+        }
         let shape = Shape {
             grid: [blocks as u32, 1, 1],
             block: [threads as u32, 1, 1],

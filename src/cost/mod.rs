@@ -51,6 +51,11 @@ pub struct KernelCost {
     /// For a gemm kernel on cuBLASLt, the calls it makes (one per index of the batch axes no
     /// single stride spans); 1 otherwise.
     pub calls: u64,
+    /// For a gemm kernel cuBLASLt can run, the product as the call runs it (`batch`: its
+    /// matrices over all calls; `m`, `n`: each one's output): a batch that shares one operand
+    /// folds into one tall matrix (`codegen::gemm::lt_call`), whose tiles are not those of the
+    /// batch of small matrices the kernel's domain would give.
+    pub lt_tiles: Option<GemmTiles>,
     /// Device-memory traffic beyond the kernel's tensors read and written once: its own
     /// workspace (the f32 accumulator of attention's query gradient summed by atomics) and a
     /// scatter_add's atomics (see `scatter_traffic_bytes`).
@@ -211,6 +216,7 @@ impl KernelCost {
         // (The one kernel of the query, key and value gradients has a rate of its own.)
         let fused = self.workspace_bytes > 0;
         match (self.implementation, self.kind) {
+            (Some(GemmImpl::Cublaslt), _) => profile.gemm_us(GemmImpl::Cublaslt, &work, dtype, self.lt_tiles.as_ref()),
             (Some(imp), _) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
             (None, KernelKind::AttentionBackward) => profile.attention_backward_us(&work, dtype, fused),
             // (The forward writing its log-sum-exp too runs at the forward's rates.)
@@ -367,6 +373,7 @@ pub fn analyse(
         stages: 0,
         tiles: None,
         calls: 1,
+        lt_tiles: None,
         workspace_bytes,
         read_bytes: 0,
         segments: 1,
@@ -469,9 +476,10 @@ pub fn analyse(
         if !alone {
             caps::gemm_can_generate(&kernel).map_err(|e| format!("the gemm template cannot run it: {e}"))?;
         }
-        let (imp, calls) = gemm_implementation(dag, members, &kernel, &k, profile);
+        let (imp, calls, lt) = gemm_implementation(dag, members, &kernel, &k, profile);
         k.implementation = Some(imp);
         k.calls = calls;
+        k.lt_tiles = lt;
     }
     Ok(k)
 }
@@ -604,18 +612,19 @@ fn lanes(
 /// cuBLASLt when it can run the kernel (one write; its epilogues cover the body; codegen's own
 /// test, on the kernel as the plan would hold it) and the profile predicts it faster than the
 /// generated kernel; the generated kernel otherwise. With it, the calls the implementation
-/// makes (cuBLASLt's loop over batch axes no stride spans; 1 for the generated kernel).
+/// makes (cuBLASLt's loop over batch axes no stride spans; 1 for the generated kernel), and
+/// the product as cuBLASLt would run it (see [`KernelCost::lt_tiles`]), where it can.
 fn gemm_implementation(
     dag: &Dag,
     members: &[usize],
     kernel: &Kernel,
     k: &KernelCost,
     profile: &DeviceProfile,
-) -> (GemmImpl, u64) {
+) -> (GemmImpl, u64, Option<GemmTiles>) {
     // (The cheap tests first: the form test lowers the kernel.)
     let call = (!profile.strict && members.len() == 1).then(|| caps::cublaslt_call(kernel)).flatten();
     let Some(call) = call else {
-        return (GemmImpl::Generated, 1);
+        return (GemmImpl::Generated, 1, None);
     };
     let dtype = k.body.last().and_then(|&b| dag.nodes[b].ty()).map_or(DType::F32, |t| t.dtype);
     let work = Work {
@@ -627,12 +636,27 @@ fn gemm_implementation(
         sector_bytes: 0,
         access_bytes: 0,
     };
-    let lt = profile.gemm_us(GemmImpl::Cublaslt, &work, dtype, k.tiles.as_ref());
+    let lt_tiles = k.tiles.map(|t| lt_call_tiles(&call, t));
+    let lt = profile.gemm_us(GemmImpl::Cublaslt, &work, dtype, lt_tiles.as_ref());
     let generated = profile.gemm_us(GemmImpl::Generated, &Work { calls: 1, ..work }, dtype, k.tiles.as_ref());
     if lt <= generated {
-        (GemmImpl::Cublaslt, call.calls())
+        (GemmImpl::Cublaslt, call.calls(), lt_tiles)
     } else {
-        (GemmImpl::Generated, 1)
+        (GemmImpl::Generated, 1, lt_tiles)
+    }
+}
+
+/// The product of a cuBLASLt call (over all its calls), in the shape of the generated kernel's
+/// `t`: its matrices and each one's output as the call states them.
+fn lt_call_tiles(call: &caps::LtCall, t: GemmTiles) -> GemmTiles {
+    let size = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
+    GemmTiles {
+        batch: size(call.batch.max(1).saturating_mul(call.calls().max(1))),
+        m: size(call.m),
+        n: size(call.n),
+        k: size(call.k),
+        mean_k: size(call.k),
+        ..t
     }
 }
 

@@ -46,6 +46,14 @@ pub struct TemplateRates {
     /// Absent: not priced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tile_ns: Option<f64>,
+    /// The share of copy bandwidth a cuBLASLt call moves its bytes at where its matrices have
+    /// at most `SKINNY_OUTPUT` (16) output rows or columns (a matrix times a few vectors, such as a
+    /// classifier of few classes or a low-rank adapter): the library runs such products well
+    /// below the bandwidth of its other memory-bound calls (f32 on an H200: 400 to 2600 GB/s,
+    /// `benches/results/2026-11-28-h200-session19`). It bounds the call's whole traffic.
+    /// Absent: priced as other calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skinny_share: Option<f64>,
     /// Device-wide time of one row of a row kernel, in nanoseconds (rowreduce): each iteration
     /// of a block's loop over its rows loads them, reduces across the row's threads and stores,
     /// one dependent round trip, so rows of a few elements (a thread's one load each) cost a
@@ -324,7 +332,13 @@ impl DeviceProfile {
             (GemmImpl::Cublaslt, Some(t), Some(ns)) => 1e-3 * ns * lt_tiles(t) as f64,
             _ => 0.0,
         };
-        fixed + memory.max(compute).max(tiled)
+        let skinny = match (imp, tiles, r.skinny_share) {
+            (GemmImpl::Cublaslt, Some(t), Some(share)) if t.m.min(t.n) <= SKINNY_OUTPUT => {
+                work.bytes as f64 / (self.copy_bandwidth_gbs * 1e3 * share)
+            }
+            _ => 0.0,
+        };
+        fixed + memory.max(compute).max(tiled).max(skinny)
     }
 
     /// The generated kernel's time from its tile's measured step times: `K` steps per block,
@@ -506,6 +520,11 @@ impl TemplateRates {
                 non_negative(&format!("{path}.{field}"), v)?;
             }
         }
+        if let Some(share) = self.skinny_share {
+            if !(share > 0.0 && share <= 1.0) {
+                return Err(format!("{path}.skinny_share must be in (0, 1], got {share}"));
+            }
+        }
         for (width, share) in &self.narrow_access_share {
             if !matches!(width.as_str(), "1" | "2" | "4" | "8") {
                 return Err(format!("{path}.narrow_access_share has a width `{width}` (1, 2, 4 or 8 bytes)"));
@@ -588,6 +607,10 @@ fn at_least(field: &str, v: u64, min: u64) -> std::result::Result<(), String> {
 /// counted in: a nominal tile (cuBLASLt's heuristics pick their own, none smaller than this
 /// on a matrix this size or larger).
 pub const LT_TILE: usize = 64;
+
+/// The most output rows or columns of a cuBLASLt call's matrices priced at its skinny rate
+/// ([`TemplateRates::skinny_share`]).
+pub const SKINNY_OUTPUT: usize = 16;
 
 /// Output tiles of [`LT_TILE`] x [`LT_TILE`] in every matrix of a product.
 pub fn lt_tiles(t: &GemmTiles) -> u64 {
@@ -898,6 +921,35 @@ mod tests {
         let us = |w: &Work| p.kernel_work_us(Template::Elementwise, w, DType::Bf16, None);
         assert!((us(&plain) - 26.1).abs() < 0.1, "{}", us(&plain));
         assert!((us(&strided) - 139.1).abs() < 0.1, "{}", us(&strided));
+    }
+
+    /// A cuBLASLt call whose matrices have at most `SKINNY_OUTPUT` output columns moves its
+    /// bytes at the profile's skinny share of copy bandwidth; wider calls, or a profile without
+    /// the share, are priced as before.
+    #[test]
+    fn skinny_cublaslt_calls_move_their_bytes_at_the_skinny_share() {
+        let mut p = DeviceProfile::load("h100").unwrap();
+        let lt = GemmImpl::Cublaslt;
+        let set = |p: &mut DeviceProfile, share: Option<f64>| {
+            p.templates.get_mut("gemm").unwrap().implementations.get_mut("cublaslt").unwrap().skinny_share = share;
+        };
+        set(&mut p, Some(0.4));
+        let fixed = p.gemm_rates(lt).call_overhead_us.unwrap();
+        // [131072, 128] @ [128, 4] f32: 4 output columns, memory-bound.
+        let skinny = tiles(131_072, 4, 128, 64, 64, false);
+        let work = Work { bytes: (131_072 * 132 + 512) * 4, flops: 2 * 131_072 * 128 * 4, calls: 1, ..Work::default() };
+        let us = p.gemm_us(lt, &work, DType::F32, Some(&skinny));
+        let expect = fixed + work.bytes as f64 / (p.copy_bandwidth_gbs * 1e3 * 0.4);
+        assert!((us - expect).abs() < 1e-6, "{us} against {expect}");
+        // 17 columns and more, or no share in the profile: priced as other calls.
+        let wider = GemmTiles { n: SKINNY_OUTPUT + 1, ..skinny };
+        let plain = p.gemm_us(lt, &work, DType::F32, Some(&wider));
+        assert!(plain < 0.6 * us, "{plain} against {us}");
+        set(&mut p, None);
+        assert_eq!(p.gemm_us(lt, &work, DType::F32, Some(&skinny)), plain);
+        // A skinny share above 1 is refused.
+        set(&mut p, Some(1.5));
+        assert!(p.validate().is_err());
     }
 
     /// A cuBLASLt call over a large batch of tiny matrices costs its tiles, not its bytes or

@@ -76,6 +76,9 @@ pub struct Calibration {
     /// cuBLASLt's time per output tile of a batch of tiny matrices: (program, median
     /// microseconds of the call, nanoseconds per tile).
     pub cublaslt_tile: (String, f64, f64),
+    /// cuBLASLt's share of copy bandwidth on a skinny product: (program, bytes, median
+    /// microseconds of the call, share).
+    pub cublaslt_skinny: (String, u64, f64, f64),
     /// The row template's time a row: (program, median microseconds, nanoseconds a row).
     pub row: (String, f64, f64),
     /// (gemm implementation, dtype, program, median microseconds, TFLOP/s).
@@ -164,6 +167,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     lap("copy, launch, template efficiencies, strided reads, row stage latency and L2's written bytes", &mut seconds);
     let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
     let cublaslt_tile = cublaslt_tile_time(gpu, &mut profile)?;
+    let cublaslt_skinny = cublaslt_skinny_share(gpu, &mut profile, copy_gbs)?;
     let gemm = gemm_rates(gpu, &mut profile)?;
     lap("gemm rates and cuBLASLt's call", &mut seconds);
     let tiles = tile_rates(gpu, &mut profile, base)?;
@@ -190,7 +194,9 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          (sector_bandwidth_gbs: [2^24, 4] bf16 read as [4, 2^24] on the plain path, its bytes and the \
          excess of the sectors its warps touch over the time past the launch overhead), cuBLASLt's call overhead (a 64x128x64 \
          f32 product) and its time per 64 x 64 output tile of each matrix of a call (gemm.implementations.cublaslt.tile_ns: \
-         a batch of 262144 8x8x8 f32 products as one call, net of the call overhead), the row kernels' latency per dependent reduction stage (least squares, in \
+         a batch of 262144 8x8x8 f32 products as one call, net of the call overhead) and its share of copy \
+         bandwidth on skinny products (gemm.implementations.cublaslt.skinny_share: [131072, 128] by [128, 4] f32, \
+         net of the call overhead), the row kernels' latency per dependent reduction stage (least squares, in \
          the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the elementwise template's share of its efficiency with lanes of 1, 2, 4 and 8 bytes \
          (elementwise.narrow_access_share: an odd or even last extent of bool, bf16 and f32), the written bytes L2 holds (l2_dirty_bytes) and the colreduce efficiency \
          without them (two 128 MiB column sums in one plan: the first after the flush, the second with L2 clean), \
@@ -233,6 +239,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         narrow,
         cublaslt_call,
         cublaslt_tile,
+        cublaslt_skinny,
         row,
         gemm,
         tiles,
@@ -261,6 +268,7 @@ fn gemm_impl(profile: &mut DeviceProfile, imp: GemmImpl) -> &mut TemplateRates {
         stage_latency_us: None,
         call_overhead_us: None,
         tile_ns: None,
+        skinny_share: None,
         row_ns: None,
         split_latency_us: None,
         tiles: Default::default(),
@@ -329,16 +337,59 @@ fn cublaslt_tile_time(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<(String,
     Ok((name.to_string(), us, ns))
 }
 
+/// The skinny product cuBLASLt's share of copy bandwidth is measured on (`skinny_share`): rows
+/// of 128 f32 times 4 columns, one call (the shared right operand folds the rows into one
+/// matrix), 64 MiB read, 2 MiB written.
+const SKINNY_PROBE: (usize, usize, usize) = (131_072, 128, 4);
+
+/// cuBLASLt's share of copy bandwidth on a product of few output columns (`skinny_share`):
+/// the call's bytes over its time net of the call overhead, over copy bandwidth.
+fn cublaslt_skinny_share(gpu: &Gpu, profile: &mut DeviceProfile, copy_gbs: f64) -> Result<(String, u64, f64, f64)> {
+    let (name, program, plan, sources) = cublaslt_skinny_plan(profile)?;
+    let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
+    let (bytes, us) = (r.kernels[0].bytes, r.kernels[0].measured_us);
+    let launch = profile.launch_overhead_us;
+    let lt = gemm_impl(profile, GemmImpl::Cublaslt);
+    let net = (us - lt.call_overhead_us.unwrap_or(launch)).max(1e-3);
+    let share = (bytes as f64 / (net * 1e3) / copy_gbs).min(1.0);
+    lt.skinny_share = Some(round(share, 3));
+    Ok((name.to_string(), bytes, us, share))
+}
+
+/// The skinny probe program, unfused, marked cuBLASLt; error unless it renders as one call
+/// whose output matrices have at most `SKINNY_OUTPUT` rows or columns.
+fn cublaslt_skinny_plan(profile: &DeviceProfile) -> Result<(&'static str, Program, FusionPlan, Vec<KernelSource>)> {
+    let name = "calibrate-cublaslt-skinny";
+    let (rows, depth, cols) = SKINNY_PROBE;
+    let (program, plan, sources) = one_cublaslt_call(profile, name, vec![rows, depth], vec![depth, cols])?;
+    let skinny = crate::cost::profile::SKINNY_OUTPUT as u64;
+    match &sources[0].cublaslt {
+        Some(call) if call.m.min(call.n) <= skinny => Ok((name, program, plan, sources)),
+        _ => Err(Error::Invalid(format!("calibration program {name} did not render as one skinny cuBLASLt call"))),
+    }
+}
+
 /// The tile probe program, unfused (one gemm kernel, whatever form the planner would pick),
 /// marked cuBLASLt; error unless it renders as one cuBLASLt call.
 fn cublaslt_tile_plan(profile: &DeviceProfile) -> Result<(&'static str, Program, FusionPlan, Vec<KernelSource>)> {
     let name = "calibrate-cublaslt-tiles";
+    let shape = vec![TILE_PROBE_BATCH, 8, 8];
+    let (program, plan, sources) = one_cublaslt_call(profile, name, shape.clone(), shape)?;
+    Ok((name, program, plan, sources))
+}
+
+/// `x @ w` over f32 operands of these shapes, unfused (one gemm kernel, whatever form the
+/// planner would pick), marked cuBLASLt: its program, plan and source; error unless it renders
+/// as one cuBLASLt call.
+fn one_cublaslt_call(
+    profile: &DeviceProfile,
+    name: &str,
+    x: Vec<usize>,
+    w: Vec<usize>,
+) -> Result<(Program, FusionPlan, Vec<KernelSource>)> {
     let program = Program::from_sexprs(
         name,
-        &[
-            ("x", TensorType::new(DType::F32, vec![TILE_PROBE_BATCH, 8, 8])),
-            ("w", TensorType::new(DType::F32, vec![TILE_PROBE_BATCH, 8, 8])),
-        ],
+        &[("x", TensorType::new(DType::F32, x)), ("w", TensorType::new(DType::F32, w))],
         &[("y", "(@ x w)")],
     )
     .map_err(Error::Invalid)?;
@@ -349,7 +400,7 @@ fn cublaslt_tile_plan(profile: &DeviceProfile) -> Result<(&'static str, Program,
     plan.kernels[0].implementation = Some(GemmImpl::Cublaslt);
     let sources = codegen_plan(&plan)?;
     match &sources[0].cublaslt {
-        Some(call) if call.calls() == 1 => Ok((name, program, plan, sources)),
+        Some(call) if call.calls() == 1 => Ok((program, plan, sources)),
         _ => Err(Error::Invalid(format!("calibration program {name} did not render as one cuBLASLt call"))),
     }
 }
@@ -1360,6 +1411,13 @@ impl fmt::Display for Calibration {
         writeln!(f, "  cuBLASLt call    {us:.1} us ({prog}: 64x128x64 f32)")?;
         let (prog, us, ns) = &self.cublaslt_tile;
         writeln!(f, "  cuBLASLt tile    {ns:.2} ns ({prog}: {TILE_PROBE_BATCH} x 8x8x8 f32 in {us:.1} us)")?;
+        let (prog, bytes, us, share) = &self.cublaslt_skinny;
+        writeln!(
+            f,
+            "  cuBLASLt skinny  {:.1}% of copy bandwidth ({prog}: {} in {us:.1} us)",
+            100.0 * share,
+            crate::plan::render::human_bytes(*bytes)
+        )?;
         let (prog, us, ns) = &self.row;
         writeln!(f, "  rowreduce row    {ns:.4} ns ({prog}: {ROW_PROBE_ROWS} rows of 3 f32 in {us:.1} us)")?;
         for (imp, dtype, prog, us, tflops) in &self.gemm {
@@ -1617,6 +1675,15 @@ mod tests {
         let p = DeviceProfile::load("h100").unwrap();
         let (_, _, _, sources) = cublaslt_call_plan(&p).unwrap();
         assert!(sources[0].cublaslt.is_some());
+    }
+
+    #[test]
+    fn the_cublaslt_skinny_program_renders_as_one_skinny_call() {
+        let p = DeviceProfile::load("h100").unwrap();
+        let (_, _, plan, sources) = cublaslt_skinny_plan(&p).unwrap();
+        assert_eq!(plan.kernels[0].implementation, Some(GemmImpl::Cublaslt));
+        let call = sources[0].cublaslt.as_ref().unwrap();
+        assert_eq!((call.calls(), call.m.min(call.n), call.m.max(call.n)), (1, 4, 131_072));
     }
 
     #[test]

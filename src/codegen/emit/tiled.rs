@@ -173,14 +173,31 @@ pub fn tiled(l: &Lowered, vec: usize, packed: bool) -> Option<Tiled> {
     let loads = plain_loads(l);
     let axis = loads.iter().find_map(|&a| transposed_along(l, a))?;
     let accesses: BTreeSet<usize> = loads.into_iter().filter(|&a| transposed_along(l, a) == Some(axis)).collect();
-    let (mut plain, mut tile) = (0.0, 0.0);
+    // Sectors per byte used, summed over the kernel's accesses and stores (those off the tile
+    // at 1 in either path).
+    let others = (l.accesses.len() - accesses.len() + l.stores.len()) as f64;
+    let (mut plain, mut tile) = (others, others);
     for &a in &accesses {
         let acc = &l.accesses[a];
         let b = acc.dtype.size();
         plain += plain_ratio(&l.domain, &acc.strides, b, vec);
         tile += tiled_ratio(&l.domain, &acc.strides, b, axis);
     }
-    (tile < plain).then_some(Tiled { axis, accesses })
+    let occupancy = tile_occupancy(l.domain[axis], l.domain[l.domain.len() - 1]);
+    (tile / occupancy.sqrt() < plain).then_some(Tiled { axis, accesses })
+}
+
+/// The share of a tile's slots that hold elements where the tiled axis P has `p` elements and
+/// the last axis `l`: a block walks whole `TILE` x `TILE` tiles (two barriers and every slot's
+/// index arithmetic a tile), so a tile over 3 x 2 elements costs a block much of what a full one
+/// does for 6 of its 1024 elements. The tiled path's sectors are weighed at its square root, as
+/// the tiled kernels of the H200's fidelity runs ran against their price (contiguous: about
+/// 1.0x): a share of 0.5 (512 or 768 with 16) 1.34x-1.53x, 0.25 (50257 with 8) 5.1x, 0.0625 (2
+/// with 8192) 3.8x, 0.006 (a [16, 2, 50257, 3] transpose swapping its axes of 2 and 3: 3 with 2)
+/// 38x (`benches/results/2026-11-28-h200-session19`).
+pub fn tile_occupancy(p: usize, l: usize) -> f64 {
+    let share = |n: usize| if n == 0 { 1.0 } else { n as f64 / n.next_multiple_of(TILE) as f64 };
+    share(p) * share(l)
 }
 
 /// The traffic of each read that touches more sectors than it uses, in the path codegen takes
@@ -239,5 +256,13 @@ mod tests {
         assert!((plain_ratio(&dom, &[0, 1], 4, 4) - 1.0).abs() < 1e-9);
         // Every other f32 element (a step-2 slice): half of each sector.
         assert!((plain_ratio(&[64, 512], &[1024, 2], 4, 4) - 2.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn tile_occupancy_is_the_share_of_slots_holding_elements() {
+        assert_eq!(tile_occupancy(8192, 8192), 1.0);
+        assert_eq!(tile_occupancy(3, 2), 6.0 / 1024.0);
+        assert_eq!(tile_occupancy(48, 8192), 0.75);
+        assert_eq!(tile_occupancy(50257, 8), 50257.0 / 50272.0 * 0.25);
     }
 }
