@@ -501,11 +501,11 @@ fn widest_along_last(l: &Lowered, k: &Kernel) -> usize {
 /// keeps fewer bytes in flight per thread than the device needs to fill its memory pipe: on an
 /// H200, one-element f32 lanes (an odd last extent under a broadcast) ran at 2400-2600 GB/s
 /// where 16-byte lanes ran at 3400-4000 (`benches/results/2026-11-28-h200-session19`).
-pub fn elementwise_unroll(lane_bytes: usize) -> usize {
-    if lane_bytes == 0 || lane_bytes >= 16 {
-        1
+fn elementwise_unroll(lane_bytes: usize) -> usize {
+    if (1..16).contains(&lane_bytes) {
+        (16 / lane_bytes).min(8)
     } else {
-        (16 / lane_bytes).clamp(1, 8)
+        1
     }
 }
 

@@ -216,8 +216,10 @@ impl KernelCost {
         // (The one kernel of the query, key and value gradients has a rate of its own.)
         let fused = self.workspace_bytes > 0;
         match (self.implementation, self.kind) {
-            (Some(GemmImpl::Cublaslt), _) => profile.gemm_us(GemmImpl::Cublaslt, &work, dtype, self.lt_tiles.as_ref()),
-            (Some(imp), _) => profile.gemm_us(imp, &work, dtype, self.tiles.as_ref()),
+            (Some(imp), _) => {
+                let tiles = if imp == GemmImpl::Cublaslt { &self.lt_tiles } else { &self.tiles };
+                profile.gemm_us(imp, &work, dtype, tiles.as_ref())
+            }
             (None, KernelKind::AttentionBackward) => profile.attention_backward_us(&work, dtype, fused),
             // (The forward writing its log-sum-exp too runs at the forward's rates.)
             (None, KernelKind::Attention { path: AttentionPath::Portable, .. }) => {

@@ -195,7 +195,7 @@ pub fn tiled(l: &Lowered, vec: usize, packed: bool) -> Option<Tiled> {
 /// 1.0x): a share of 0.5 (512 or 768 with 16) 1.34x-1.53x, 0.25 (50257 with 8) 5.1x, 0.0625 (2
 /// with 8192) 3.8x, 0.006 (a [16, 2, 50257, 3] transpose swapping its axes of 2 and 3: 3 with 2)
 /// 38x (`benches/results/2026-11-28-h200-session19`).
-pub fn tile_occupancy(p: usize, l: usize) -> f64 {
+fn tile_occupancy(p: usize, l: usize) -> f64 {
     let share = |n: usize| if n == 0 { 1.0 } else { n as f64 / n.next_multiple_of(TILE) as f64 };
     share(p) * share(l)
 }
