@@ -112,21 +112,38 @@ def run(name, dtype, args):
     model.train(args.train)
     probe = None
 
-    def step(m):
+    def step(m, inputs=None, acc=torch.float32):
+        inputs = kw if inputs is None else inputs
         if not args.train:
             with torch.no_grad():
-                return first(m(**kw))
+                return first(m(**inputs))
         nonlocal probe
-        out = first(m(**kw))
+        out = first(m(**inputs))
         if probe is None:
             probe = torch.randn(out.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(2))
-        loss = (out.float() * probe).mean()
+        loss = (out.to(acc) * probe.to(acc)).mean()
         loss.backward()
         return out
 
     rec = {"model": name, "dtype": dtype, "batch": args.batch, "seq": args.seq, "train": args.train}
     want = step(model)
     grads0 = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None} if args.train else {}
+    # The f64 truth (--truth): the same weights and inputs in float64, so that each mode's
+    # gradients, eager's among them, are measured against exact arithmetic, not only against
+    # eager's own rounding.
+    truth, zero = {}, set()
+    if args.train and args.truth:
+        m64 = copy.deepcopy(model).double()
+        m64.zero_grad(set_to_none=True)
+        step(m64, {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+                   for k, v in kw.items()}, torch.float64)
+        truth = {n: p.grad for n, p in m64.named_parameters() if p.grad is not None}
+        del m64
+        top = max(g.abs().max().item() for g in truth.values())
+        zero = {n for n, g in truth.items() if g.abs().max().item() <= 1e-9 * top}
+        rec["grad_zero_in_exact"] = len(zero)
+    if truth:
+        grad_errors(rec, "eager", dict(model.named_parameters()), truth, dtype, "truth", zero)
     rec["eager_us"] = timed(lambda: step(model), args.reps)
     for mode in args.modes:
         if mode == "eager":
@@ -154,11 +171,10 @@ def run(name, dtype, args):
             # per-query shift) is rounding noise on every side; it is measured against a floor of
             # the step's largest gradient (1e-5 of it in f32, 1e-3 in 16-bit types), as the tests
             # do, not against its own size (Inductor's was 1.4 on BERT without the floor).
-            largest = max(g.float().abs().max().item() for g in grads0.values())
-            floor = largest * (1e-5 if dtype == "f32" else 1e-3)
-            errs = [relative(p.grad, grads0[n], floor) for n, p in m.named_parameters()
-                    if n in grads0 and p.grad is not None]
-            rec[f"{mode}_grad_rel_err"] = max(errs) if errs else None
+            params = dict(m.named_parameters())
+            grad_errors(rec, mode, params, grads0, dtype, "rel", zero)
+            if truth:
+                grad_errors(rec, mode, params, truth, dtype, "truth", zero)
         rec[f"{mode}_us"] = timed(lambda: step(compiled), args.reps)
         if backend is not None:
             rec["eqfuse_graphs"] = [{"kind": p.kind, "runs": p.runs, "why_eager": p.why_eager,
@@ -173,6 +189,38 @@ def run(name, dtype, args):
     if "inductor_us" in rec and "eqfuse_us" in rec:
         rec["inductor_over_eqfuse"] = round(rec["inductor_us"] / rec["eqfuse_us"], 3)
     return rec
+
+
+def grad_errors(rec, mode, params, want, dtype, key, zero=()):
+    """Records `mode`'s gradient errors against `want` (eager's: `key` "rel"; the f64 truth:
+    "truth"): `{mode}_grad_{key}_err`, the largest over parameters of `relative` with a floor of
+    the step's largest gradient (1e-5 of it in f32, 1e-3 in 16-bit types); the parameter where
+    it is largest (`..._worst`); and the largest over parameters of the norm of the difference
+    over the norm of `want` (`..._norm_err`). Where `zero` names parameters whose gradient is
+    zero in exact arithmetic (attention's key bias), `..._nonzero_err` is the largest over the
+    others: on those, every mode's error, eager's against the truth too, is rounding noise over
+    the floor."""
+    largest = max(g.float().abs().max().item() for g in want.values())
+    floor = largest * (1e-5 if dtype == "f32" else 1e-3)
+    errs, norms = {}, {}
+    for n, p in params.items():
+        if n in want and p.grad is not None:
+            got, ref = p.grad.double(), want[n].double()
+            errs[n] = relative(got, ref, floor)
+            norms[n] = ((got - ref).norm() / ref.norm().clamp_min(floor)).item()
+    if not errs:
+        rec[f"{mode}_grad_{key}_err"] = None
+        return
+    worst = max(errs, key=errs.get)
+    rec[f"{mode}_grad_{key}_err"] = errs[worst]
+    rec[f"{mode}_grad_{key}_worst"] = worst
+    rec[f"{mode}_grad_{key}_norm_err"] = max(norms.values())
+    if zero:
+        rest = {n: e for n, e in errs.items() if n not in zero}
+        if rest:
+            worst = max(rest, key=rest.get)
+            rec[f"{mode}_grad_{key}_nonzero_err"] = rest[worst]
+            rec[f"{mode}_grad_{key}_nonzero_worst"] = worst
 
 
 def isolated(name, dtype, args):
@@ -192,7 +240,8 @@ def isolated(name, dtype, args):
                 env[var] = os.path.join(cold.name, var.lower())
         cmd = [sys.executable, __file__, "--models", name, "--dtypes", dtype, "--modes", f"eager,{mode}",
                "--batch", str(args.batch), "--seq", str(args.seq), "--llama-layers", str(args.llama_layers),
-               "--reps", str(args.reps), "--same-process"] + (["--train"] if args.train else [])
+               "--reps", str(args.reps), "--same-process"] + (["--train"] if args.train else []) + (
+                   ["--truth"] if args.truth else [])
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if cold:
             cold.cleanup()
@@ -224,6 +273,8 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--json", help="append one JSON record per model and dtype")
+    ap.add_argument("--truth", action="store_true",
+                    help="with --train: every mode's gradients (eager's too) against the model in float64 as well")
     ap.add_argument("--same-process", action="store_true", help="every mode in this process")
     ap.add_argument("--warm-caches", action="store_true", help="compile caches of earlier runs kept")
     args = ap.parse_args()

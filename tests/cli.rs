@@ -137,6 +137,14 @@ fn device_profiles_are_validated_on_load() {
         ("l2", Box::new(|v| v["l2_bandwidth_gbs"] = json!(0.0)), "l2_bandwidth_gbs must be a positive number"),
         ("reuse", Box::new(|v| v["l2_reuse_bytes"] = json!(1u64 << 40)), "l2_reuse_bytes"),
         (
+            "reuse_limit",
+            Box::new(|v| {
+                v["l2_reuse_bytes"] = json!(1u64 << 24);
+                v["l2_reuse_limit_bytes"] = json!(1u64 << 23)
+            }),
+            "l2_reuse_limit_bytes (8388608) must exceed l2_reuse_bytes (16777216)",
+        ),
+        (
             "eff",
             Box::new(|v| v["templates"]["rowreduce"]["bandwidth_efficiency"] = json!(0.0)),
             "templates.rowreduce.bandwidth_efficiency must be a positive number, got 0",

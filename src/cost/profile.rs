@@ -158,6 +158,14 @@ pub struct DeviceProfile {
     /// Absent: the plan order is not modelled and every read comes from device memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub l2_reuse_bytes: Option<u64>,
+    /// With `l2_reuse_bytes`, the reuse-distance form of the plan-order model
+    /// (`search::residency::l2_hits_by_distance`): a line read again after fewer than
+    /// `l2_reuse_bytes` of distinct bytes were touched since its last touch hits, one after more
+    /// than this many misses, and between the two its chance falls linearly (a set-associative,
+    /// partitioned L2 is no exact least-recently-used cache). Absent: the whole-tensor
+    /// least-recently-used form of `l2_reuse_bytes` alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l2_reuse_limit_bytes: Option<u64>,
     /// Written bytes L2 holds before device memory has them: a kernel's writes stay in L2, up
     /// to this many, when it ends, and are written back while later kernels' reads and writes
     /// take their lines, at device-memory bandwidth in those kernels' time (a kernel that only
@@ -247,6 +255,15 @@ impl DeviceProfile {
         if let (Some(reuse), Some(l2)) = (self.l2_reuse_bytes, self.l2_bytes) {
             if reuse > l2 {
                 return Err(format!("l2_reuse_bytes ({reuse}) exceeds l2_bytes ({l2})"));
+            }
+        }
+        if let Some(limit) = self.l2_reuse_limit_bytes {
+            match self.l2_reuse_bytes {
+                Some(reuse) if limit > reuse => {}
+                Some(reuse) => {
+                    return Err(format!("l2_reuse_limit_bytes ({limit}) must exceed l2_reuse_bytes ({reuse})"))
+                }
+                None => return Err("l2_reuse_limit_bytes needs l2_reuse_bytes".into()),
             }
         }
         if let (Some(dirty), Some(l2)) = (self.l2_dirty_bytes, self.l2_bytes) {

@@ -62,6 +62,99 @@ pub fn l2_hits(kernels: &[Access], capacity: u64) -> Vec<u64> {
     hits
 }
 
+/// Bytes each kernel reads from L2, for kernels given in plan order, by reuse distance: a read
+/// line hits with a chance that is 1 where fewer than `near` distinct bytes were touched since
+/// its last touch, 0 where more than `far`, and falls linearly between.
+///
+/// Every kernel streams all its tensors together from their starts, so the line at position
+/// `p` (0 to 1) of tensor `t` (`b` bytes), last touched by kernel `j` and read by kernel `k`,
+/// has seen, since, the rest of kernel `j`'s tensors from `p` on, every tensor the kernels
+/// between touched, and kernel `k`'s tensors up to `p`: a distance linear in `p`, from
+/// `d0 = b + S(j, between)` at the tensor's first line to `d1 = b + S(between, k)` at its last,
+/// where `S` sums the distinct tensors of those kernels other than `t`. The hit bytes are `b`
+/// times the chance averaged over `p`. A chain of kernels on tensors of 24 MB (each reads the
+/// last one's result and writes one as large) then sees `d0 = d1 = 48 MB`, beyond what the
+/// whole-tensor form (`l2_hits`) could tell from a tensor that stayed resident.
+pub fn l2_hits_by_distance(kernels: &[Access], near: u64, far: u64) -> Vec<u64> {
+    let touched: Vec<Vec<(usize, u64)>> = kernels
+        .iter()
+        .map(|(reads, writes)| {
+            let mut ts: Vec<(usize, u64)> = Vec::new();
+            for &(t, b) in reads.iter().chain(writes) {
+                match ts.iter_mut().find(|u| u.0 == t) {
+                    Some(u) => u.1 = u.1.max(b),
+                    None => ts.push((t, b)),
+                }
+            }
+            ts
+        })
+        .collect();
+    let sum_except = |sets: &[&[(usize, u64)]], t: usize| -> u64 {
+        let mut seen: Vec<usize> = Vec::new();
+        let mut total = 0;
+        for &(u, b) in sets.iter().flat_map(|s| s.iter()) {
+            if u != t && !seen.contains(&u) {
+                seen.push(u);
+                total += b;
+            }
+        }
+        total
+    };
+    (0..kernels.len())
+        .map(|k| {
+            let mut hit = 0.0;
+            for &(t, b) in &kernels[k].0 {
+                // The kernels since `t`'s last touch, newest first, while their bytes can
+                // still leave some of it a chance.
+                let mut between: Vec<&[(usize, u64)]> = Vec::new();
+                let mut last = None;
+                for j in (0..k).rev() {
+                    if touched[j].iter().any(|u| u.0 == t) {
+                        last = Some(j);
+                        break;
+                    }
+                    between.push(&touched[j]);
+                    if sum_except(&between, t) >= far {
+                        break;
+                    }
+                }
+                let Some(j) = last else { continue };
+                let mut first_sets = between.clone();
+                first_sets.push(&touched[j]);
+                let mut last_sets = between;
+                last_sets.push(&touched[k]);
+                let d0 = b + sum_except(&first_sets, t);
+                let d1 = b + sum_except(&last_sets, t);
+                hit += b as f64 * mean_hit_chance(d0 as f64, d1 as f64, near as f64, far as f64);
+            }
+            hit.round() as u64
+        })
+        .collect()
+}
+
+/// The hit chance of `l2_hits_by_distance` averaged over distances spread evenly from `d0` to
+/// `d1`: the integral of the chance over that range over its length.
+fn mean_hit_chance(d0: f64, d1: f64, near: f64, far: f64) -> f64 {
+    let width = far - near;
+    let chance = |d: f64| ((far - d) / width).clamp(0.0, 1.0);
+    // The integral of the chance from 0 to d.
+    let integral = |d: f64| {
+        if d <= near {
+            d
+        } else if d >= far {
+            near + width / 2.0
+        } else {
+            near + (d - near) - (d - near).powi(2) / (2.0 * width)
+        }
+    };
+    let (lo, hi) = if d0 <= d1 { (d0, d1) } else { (d1, d0) };
+    if hi - lo < 1.0 {
+        chance(lo)
+    } else {
+        (integral(hi) - integral(lo)) / (hi - lo)
+    }
+}
+
 /// For kernels in plan order with their L2 hits, the bytes of earlier kernels' writes each
 /// writes back to device memory less the bytes of its own it leaves in L2 for later kernels
 /// (negative when it leaves more than it writes back), where L2 holds `dirty` written bytes.
@@ -104,9 +197,10 @@ pub fn ordered_times(dag: &Dag, fusion: &Fusion, profile: &DeviceProfile) -> Vec
             (reads, writes)
         })
         .collect();
-    let hits = match profile.l2_reuse_bytes {
-        Some(capacity) => l2_hits(&access, capacity),
-        None => vec![0; groups.len()],
+    let hits = match (profile.l2_reuse_bytes, profile.l2_reuse_limit_bytes) {
+        (Some(near), Some(far)) => l2_hits_by_distance(&access, near, far),
+        (Some(capacity), None) => l2_hits(&access, capacity),
+        (None, _) => vec![0; groups.len()],
     };
     let backs = match profile.l2_dirty_bytes {
         Some(dirty) => write_backs(&access, &hits, dirty),
@@ -176,6 +270,44 @@ mod tests {
         // Reads that hit L2 take no lines.
         let k = vec![(vec![(0, 40)], vec![])];
         assert_eq!(write_backs(&k, &[40], dirty), vec![0]);
+    }
+
+    #[test]
+    fn reuse_distances_grow_with_the_bytes_touched_since_a_tensors_last_touch() {
+        // A chain: kernel 0 reads x (24) and writes a (24); kernel 1 reads a and writes b (24).
+        // Every line of a comes back after 48 bytes: within `near` it all hits, beyond `far`
+        // none, halfway between half of it.
+        let chain = vec![(vec![(0, 24)], vec![(1, 24)]), (vec![(1, 24)], vec![(2, 24)])];
+        assert_eq!(l2_hits_by_distance(&chain, 48, 96), vec![0, 24]);
+        assert_eq!(l2_hits_by_distance(&chain, 16, 48), vec![0, 0]);
+        assert_eq!(l2_hits_by_distance(&chain, 32, 64), vec![0, 12]);
+        // A kernel that only reads a finds its first line after 48 bytes and its last after
+        // 24 (only a itself since): with near 24 and far 48, its chance falls from 1 to 0
+        // along it, half of it on average.
+        let reader = vec![(vec![(0, 24)], vec![(1, 24)]), (vec![(1, 24)], vec![])];
+        assert_eq!(l2_hits_by_distance(&reader, 24, 48), vec![0, 12]);
+        // Tensors the kernels between touched push the reads further; one touched twice counts
+        // once; a tensor never touched before misses.
+        let between = vec![
+            (vec![], vec![(0, 10)]),
+            (vec![(1, 10)], vec![(2, 10)]),
+            (vec![(1, 10), (2, 10)], vec![]),
+            (vec![(0, 10), (3, 10)], vec![]),
+        ];
+        // Tensor 0: written by kernel 0 (d0 = 10), then 1 and 2 touched (20), then kernel 3
+        // touches 3 (10): from 30 to 40.
+        assert_eq!(l2_hits_by_distance(&between, 40, 80), vec![0, 0, 20, 10]);
+        assert_eq!(l2_hits_by_distance(&between, 20, 30), vec![0, 0, 20, 0]);
+    }
+
+    #[test]
+    fn the_mean_hit_chance_is_the_chance_averaged_over_the_distances() {
+        for (d0, d1) in [(0.0, 10.0), (30.0, 50.0), (50.0, 30.0), (10.0, 90.0), (45.0, 45.0)] {
+            let n = 100_000;
+            let chance = |d: f64| ((60.0 - d) / 20.0).clamp(0.0, 1.0);
+            let mean = (0..n).map(|i| chance(d0 + (d1 - d0) * (i as f64 + 0.5) / n as f64)).sum::<f64>() / n as f64;
+            assert!((mean_hit_chance(d0, d1, 40.0, 60.0) - mean).abs() < 1e-6, "{d0} {d1}");
+        }
     }
 
     #[test]

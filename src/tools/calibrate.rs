@@ -71,6 +71,8 @@ pub struct Calibration {
     pub dirty: DirtyProbe,
     /// Elementwise kernels whose lanes access fewer than 16 bytes: see `NarrowProbe`.
     pub narrow: Vec<NarrowProbe>,
+    /// L2's reuse distances: see `ReuseProbe`.
+    pub reuse: ReuseProbe,
     /// cuBLASLt's fixed time per call: (program, median microseconds).
     pub cublaslt_call: (String, f64),
     /// cuBLASLt's time per output tile of a batch of tiny matrices: (program, median
@@ -164,7 +166,11 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
     let dirty = dirty_bytes(gpu, &mut profile, copy_gbs)?;
     templates.push(online_columns(gpu, &mut profile, copy_gbs)?);
     let narrow = narrow_access(gpu, &mut profile, copy_gbs)?;
-    lap("copy, launch, template efficiencies, strided reads, row stage latency and L2's written bytes", &mut seconds);
+    let reuse = reuse_distance(gpu, &mut profile)?;
+    lap(
+        "copy, launch, template efficiencies, strided reads, row stage latency, L2's written bytes and reuse distances",
+        &mut seconds,
+    );
     let cublaslt_call = cublaslt_call_time(gpu, &mut profile)?;
     let cublaslt_tile = cublaslt_tile_time(gpu, &mut profile)?;
     let cublaslt_skinny = cublaslt_skinny_share(gpu, &mut profile, copy_gbs)?;
@@ -200,6 +206,9 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          the model's form, over 4 MiB row kernels of 1, 2 and 3 stages), the elementwise template's share of its efficiency with lanes of 1, 2, 4 and 8 bytes \
          (elementwise.narrow_access_share: an odd or even last extent of bool, bf16 and f32), the written bytes L2 holds (l2_dirty_bytes) and the colreduce efficiency \
          without them (two 128 MiB column sums in one plan: the first after the flush, the second with L2 clean), \
+         L2's reuse distances (l2_reuse_bytes and l2_reuse_limit_bytes: least squares of the log of measured over \
+         predicted times of every kernel of unfused chains, exp, sigmoid, tanh, a row sum and sin, over f32 tensors of \
+         8 to 64 MiB), \
          the gemm implementations' f32 and bf16 rates (4096^3 products, net of the call \
          or launch overhead) and cuBLASLt's at 512^3, 1024^3 and 2048^3 too (rate_by_size), the generated gemm's step times for every tile codegen can choose \
          (tiles on f32, tiles_16bit on bf16 CUDA-core and tiles_mma on bf16 tensor-core products) and \
@@ -215,7 +224,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
          (implementations.backward, which no default plan runs), \
          the elementwise and reduction templates' arithmetic rates, the gemm and attention templates' \
          own rates (used only where an implementation or tile has none), the gemm and attention \
-         bandwidth efficiencies, and the plan-order terms (L2 reuse capacity and bandwidth){}{}",
+         bandwidth efficiencies, and L2's bandwidth{}{}",
         today(),
         gpu.name,
         gpu.arch,
@@ -237,6 +246,7 @@ pub fn calibrate_on(gpu: &Gpu, base: &DeviceProfile) -> Result<Calibration> {
         stages,
         dirty,
         narrow,
+        reuse,
         cublaslt_call,
         cublaslt_tile,
         cublaslt_skinny,
@@ -1042,6 +1052,98 @@ fn narrow_plan(profile: &DeviceProfile, program: &Program, width: u32) -> Result
 }
 
 /// `dirty_bytes`' probe: two column sums over f32 [8192, 4096], one of each input.
+/// L2's reuse distances (`l2_reuse_bytes` and `l2_reuse_limit_bytes`, see
+/// `search::residency::l2_hits_by_distance`): the unfused plans of `reuse_programs`, timed as
+/// `eqfuse bench` times plans (after the flush), and the two distances whose prices of every
+/// kernel fit the measured times best (least squares of the log of their ratio, `fit_reuse`),
+/// the other rates as calibrated before.
+fn reuse_distance(gpu: &Gpu, profile: &mut DeviceProfile) -> Result<ReuseProbe> {
+    let mut measured = Vec::new();
+    for program in reuse_programs()? {
+        let plan = unfused_plan(&program, profile, false)?;
+        let sources = codegen_plan(&plan)?;
+        let r = run_on(gpu, &program, &plan, &sources, &run_options(profile, 30))?;
+        measured.push((program, r.kernels.iter().map(|k| k.measured_us).collect::<Vec<_>>()));
+    }
+    let l2 = profile.l2_bytes.unwrap_or(50 << 20);
+    let (near, far, rms) = fit_reuse(profile, &measured, l2)?;
+    profile.l2_reuse_bytes = Some(near);
+    profile.l2_reuse_limit_bytes = Some(far);
+    Ok(ReuseProbe {
+        programs: measured.iter().map(|(p, t)| (p.source.clone(), t.clone())).collect(),
+        near,
+        far,
+        rms_log_error: rms,
+    })
+}
+
+/// What `reuse_distance` measured: each program with its kernels' median microseconds in plan
+/// order, the two distances taken, and the root mean square of the log of measured over
+/// predicted times with them.
+#[derive(Clone, Debug)]
+pub struct ReuseProbe {
+    pub programs: Vec<(String, Vec<f64>)>,
+    pub near: u64,
+    pub far: u64,
+    pub rms_log_error: f64,
+}
+
+/// The reuse distances (bytes: near, far) that price the unfused plans of `measured` (each
+/// program with its kernels' measured microseconds in plan order) closest to their times, on a
+/// grid of 2 MiB steps for `near` (up to the L2 size `l2`) and 4 MiB steps beyond it for `far`
+/// (up to twice `l2`), and the root mean square of the log of measured over predicted times
+/// there.
+fn fit_reuse(profile: &DeviceProfile, measured: &[(Program, Vec<f64>)], l2: u64) -> Result<(u64, u64, f64)> {
+    const MIB: u64 = 1 << 20;
+    let mut best: Option<(f64, u64, u64)> = None;
+    for near in (2..=(l2 / MIB).max(2)).step_by(2).map(|m| m * MIB) {
+        for far in (near + 4 * MIB..=2 * l2.max(near)).step_by(4 * MIB as usize) {
+            let p = DeviceProfile { l2_reuse_bytes: Some(near), l2_reuse_limit_bytes: Some(far), ..profile.clone() };
+            let (mut sum, mut n) = (0.0, 0usize);
+            for (program, times) in measured {
+                let plan = unfused_plan(program, &p, false)?;
+                if plan.kernels.len() != times.len() {
+                    return Err(Error::Invalid(format!(
+                        "calibration program {} planned as {} kernels, measured {}",
+                        program.source,
+                        plan.kernels.len(),
+                        times.len()
+                    )));
+                }
+                for (k, &t) in plan.kernels.iter().zip(times) {
+                    sum += (t / k.predicted_us).ln().powi(2);
+                    n += 1;
+                }
+            }
+            let rms = (sum / n.max(1) as f64).sqrt();
+            if best.is_none_or(|b| rms < b.0) {
+                best = Some((rms, near, far));
+            }
+        }
+    }
+    let (rms, near, far) = best.ok_or_else(|| Error::Invalid("no reuse distances to fit".into()))?;
+    Ok((near, far, rms))
+}
+
+/// `reuse_distance`'s probes: over an f32 tensor `x` of 8 to 64 MiB (rows of 1024), a chain of
+/// unary kernels, each reading the last one's result and writing one as large, a row sum of
+/// the last and one more unary kernel on it, so that their reads come back after distances from
+/// the tensor's size to four times it.
+fn reuse_programs() -> Result<Vec<Program>> {
+    [8usize, 12, 16, 20, 24, 28, 32, 40, 48, 64]
+        .iter()
+        .map(|&mib| {
+            let x = TensorType::new(DType::F32, vec![mib * 256, 1024]);
+            Program::from_sexprs(
+                &format!("calibrate-l2-reuse-{mib}MiB"),
+                &[("x", x)],
+                &[("s", "(sum (tanh (sigmoid (exp x))) -1)"), ("d", "(sin (tanh (sigmoid (exp x))))")],
+            )
+            .map_err(Error::Invalid)
+        })
+        .collect()
+}
+
 fn dirty_program() -> Result<Program> {
     let x = TensorType::new(DType::F32, vec![8192, 4096]);
     Program::from_sexprs(
@@ -1402,6 +1504,19 @@ impl fmt::Display for Calibration {
             d.clean_us,
             100.0 * d.efficiency
         )?;
+        let r = &self.reuse;
+        writeln!(
+            f,
+            "  L2 reuse         hits within {} of distance, none beyond {} (log error {:.3} over {} programs)",
+            crate::plan::render::human_bytes(r.near),
+            crate::plan::render::human_bytes(r.far),
+            r.rms_log_error,
+            r.programs.len()
+        )?;
+        for (prog, times) in &r.programs {
+            let times: Vec<String> = times.iter().map(|t| format!("{t:.1}")).collect();
+            writeln!(f, "      {prog:<40} {} us", times.join(", "))?;
+        }
         let (probes, latency) = &self.split;
         writeln!(f, "  split-K          {latency:.2} us past the model's steps and parts' reads")?;
         for (prog, n, us, base) in probes {
@@ -1616,6 +1731,33 @@ mod tests {
         let bandwidth = p.copy_bandwidth_gbs * 1e3 * p.templates["colreduce"].bandwidth_efficiency;
         let extra = plan.kernels[0].predicted_us - plan.kernels[1].predicted_us;
         assert!((extra - dirty as f64 / bandwidth).abs() < 0.01, "{extra}");
+    }
+
+    /// Each reuse probe plans unfused as its five kernels; the fit recovers the distances that
+    /// priced a set of times, and the distances change the probes' prices (they measure them).
+    #[test]
+    fn the_reuse_fit_recovers_the_distances_that_priced_the_probes() {
+        let mib = 1u64 << 20;
+        let p = DeviceProfile::load("h200").unwrap();
+        let truth = DeviceProfile { l2_reuse_bytes: Some(30 * mib), l2_reuse_limit_bytes: Some(70 * mib), ..p.clone() };
+        let measured: Vec<(Program, Vec<f64>)> = reuse_programs()
+            .unwrap()
+            .into_iter()
+            .map(|program| {
+                let plan = unfused_plan(&program, &truth, false).unwrap();
+                assert_eq!(plan.kernels.len(), 5, "{}", program.source);
+                let times = plan.kernels.iter().map(|k| k.predicted_us).collect();
+                (program, times)
+            })
+            .collect();
+        let (near, far, rms) = fit_reuse(&p, &measured, p.l2_bytes.unwrap()).unwrap();
+        assert_eq!((near / mib, far / mib), (30, 70), "rms {rms}");
+        assert!(rms < 1e-9, "{rms}");
+        // Another pair prices them otherwise.
+        let other = DeviceProfile { l2_reuse_bytes: Some(10 * mib), l2_reuse_limit_bytes: Some(20 * mib), ..p };
+        let (program, times) = &measured[5];
+        let plan = unfused_plan(program, &other, false).unwrap();
+        assert!(plan.kernels.iter().zip(times).any(|(k, t)| (k.predicted_us / t - 1.0).abs() > 0.05));
     }
 
     #[test]
