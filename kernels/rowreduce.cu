@@ -46,11 +46,6 @@
 // reads of the next row so overlap this row's reductions and writes, where without the pipeline
 // they wait for them. Each thread reads back only the vectors it copied itself, and copies
 // into a buffer only after its own last read of it, so no barrier guards the buffers.
-// Early next row (EQ_EARLY_NEXT, rows in registers reduced in one stage with no element outputs:
-// a sum, mean or max over rows): the pass fetches the next row's vector c into the registers of
-// vector c as soon as it has accumulated it, so the next row's loads are in flight while the
-// row's threads combine their accumulators; otherwise they would start after the combine, in
-// the epilogue's loop, and every SM would wait for memory once a row.
 // Cross-thread combining: warp shuffles, then shared memory across the row's warps.
 // Kept values: a stage over a cached row may overwrite a cached value by a per-element value it
 // computes (after its accumulation has read both) when nothing later needs the raw value, and
@@ -218,12 +213,6 @@ __device__ __forceinline__ void eq_row_store(EQ_PARAMS, eq_idx row, const EqRow&
 #endif
 #if EQ_SMEM_CACHE && EQ_CACHED
 #error "a row is kept in registers or in shared memory, not both"
-#endif
-#ifndef EQ_EARLY_NEXT
-#define EQ_EARLY_NEXT 0
-#endif
-#if EQ_EARLY_NEXT && (!EQ_CACHED || EQ_PIPELINED || EQ_SMEM_CACHE || EQ_CLUSTER > 1 || EQ_STAGES != 1)
-#error "the next row is fetched in the pass only over rows in registers of one stage, one block a row group"
 #endif
 #if EQ_SMEM_PIPELINED && !EQ_SMEM_CACHE
 #error "only rows kept in shared memory are pipelined through it"
@@ -541,14 +530,6 @@ extern "C" __global__ void EQ_BOUNDS EQ_CLUSTER_DIMS EQ_KERNEL(EQ_PARAMS) {
         const eq_idx lead = eq_lead(row);
         EqRow rv;
         if (active) eq_row_init(EQ_ARGS, row, rv);
-#if EQ_EARLY_NEXT
-        // (The next row's lead, for its fetch in the pass.)
-#if EQ_SHIFT
-        const eq_idx next_lead = eq_lead(row + stride);
-#else
-        const eq_idx next_lead = 0;
-#endif
-#endif
 #if EQ_SMEM_PIPELINED
         // Start the next row's copy into the other buffer (this thread's last reads of it were
         // the previous row's), then wait for this row's, leaving the next one in flight.
@@ -639,13 +620,6 @@ extern "C" __global__ void EQ_BOUNDS EQ_CLUSTER_DIMS EQ_KERNEL(EQ_PARAMS) {
                     eq_accum(s, EQ_ARGS, row, col0, cv, rv, acc);
 #endif
                 }
-#if EQ_EARLY_NEXT
-                // Vector c is accumulated and nothing reads it again (one stage, no element
-                // outputs): its registers take the next row's vector c now, so those loads are
-                // in flight through the row combine instead of starting after it.
-                if (row + stride < (eq_idx)EQ_ROWS && vc < (eq_idx)EQ_COLS + next_lead)
-                    EQ_CACHE_FETCH(row + stride, vc - next_lead, c);
-#endif
             }
 #endif
             eq_row_combine(s, acc, red, slot, lane);
@@ -661,7 +635,7 @@ extern "C" __global__ void EQ_BOUNDS EQ_CLUSTER_DIMS EQ_KERNEL(EQ_PARAMS) {
 #if EQ_PIPELINED
         eq_cp_async_wait_all();
 #endif
-#if EQ_CACHED && EQ_SHIFT && !EQ_EARLY_NEXT
+#if EQ_CACHED && EQ_SHIFT
         const eq_idx next_lead = eq_lead(row + stride);
 #endif
 #if EQ_SMEM_CACHE
@@ -674,7 +648,7 @@ extern "C" __global__ void EQ_BOUNDS EQ_CLUSTER_DIMS EQ_KERNEL(EQ_PARAMS) {
                 eq_epilogue(EQ_ARGS, row, vc - lead, cv, rv);
             }
         }
-#elif !EQ_EARLY_NEXT
+#else
 #if EQ_CACHED || !EQ_SHIFT
 #pragma unroll
 #else

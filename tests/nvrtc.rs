@@ -993,38 +993,3 @@ fn narrow_lane_elementwise_kernels_unroll_their_loads() {
         }
     }
 }
-
-/// Row kernels that keep rows in registers, reduce them in one stage and write no element
-/// (a sum, mean or max over rows: plain and shifted f32 rows, bf16 rows, several reductions in
-/// one kernel) fetch the next row in the pass (`EQ_EARLY_NEXT`) and compile without warnings or
-/// spills; a softmax (element outputs) and a layer norm's statistics (two stages) do not.
-#[test]
-fn reduce_only_row_kernels_fetch_the_next_row_in_the_pass() {
-    if !nvrtc_or_skip() {
-        return;
-    }
-    let cases = [
-        ("sum_f32", "input x: f32[8192, 2048]\ny = sum(x, -1)\noutput y\n", true),
-        ("amax_shifted", "input x: f32[50257, 127]\ny = amax(x, -1)\noutput y\n", true),
-        ("mean_bf16", "input x: bf16[512, 8192]\ny = mean(x, -1)\noutput y\n", true),
-        ("sum_and_max", "input x: f32[4096, 1000]\ns = sum(x, -1)\nm = amax(x, -1)\noutput s, m\n", true),
-        ("softmax", "input x: f32[8192, 2048]\ny = softmax(x, -1)\noutput y\n", false),
-        ("variance", "input x: f32[8192, 2048]\nm = mean(x, -1)\nv = mean(square(x - m), -1)\noutput v\n", false),
-    ];
-    let opts = OptimizeOptions::new(DeviceProfile::load("h200").unwrap());
-    for (name, text, early) in cases {
-        let p = eqfuse::parse_program(name, text, &[]).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let plan = optimize(&p, &opts).unwrap().plan;
-        let sources = codegen_plan(&plan).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let rows: Vec<_> = sources.iter().filter(|s| s.template == eqfuse::Template::RowReduce).collect();
-        assert_eq!(rows.len(), 1, "{name}: one row kernel");
-        let s = rows[0];
-        let defines = generated_defines(&s.source);
-        assert_eq!(defines.contains("#define EQ_EARLY_NEXT 1\n"), early, "{name}\n{defines}");
-        let c = nvrtc_compile(&s.source, &s.file, DEFAULT_ARCH, &["--ptxas-options=-v".into()])
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let spills = c.log.lines().any(|l| l.contains("bytes spill") && !l.contains(" 0 bytes spill stores"));
-        assert!(!spills, "{name}: spills\n{}", c.log);
-        assert!(!c.log.contains("warning"), "{name}: warnings\n{}", c.log);
-    }
-}

@@ -372,11 +372,6 @@ impl Emitter<'_> {
         ] {
             let _ = writeln!(d, "#define {k} {v}");
         }
-        // Rows in registers reduced in one stage with no element outputs fetch the next row
-        // in the pass (`kernels/rowreduce.cu`, EQ_EARLY_NEXT).
-        if cached && !pipelined && cluster.is_none() && rp.stages.len() == 1 && self.epilogue_roots().is_empty() {
-            let _ = writeln!(d, "#define EQ_EARLY_NEXT 1");
-        }
         if self.shift {
             let _ = writeln!(d, "#define EQ_SHIFT 1");
             // (Lane loops split into whole vectors and the row's edges: not over rows in
