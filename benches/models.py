@@ -22,7 +22,13 @@ seventh session's ViT and T5 Inductor compiles, 2.5 and 3.7 s, read the caches o
 `--warm-caches` keeps the default folders.
 
     python3 benches/models.py [--models gpt2,bert,llama,vit,t5] [--dtypes bf16,f32]
-        [--batch 8 --seq 1024] [--train] [--reps 10] [--json OUT]
+        [--batch 8 --seq 1024] [--train [--truth]] [--reps 10] [--json OUT]
+
+With --truth, the training step also runs once on the model in float64 (the same weights and
+inputs), and every mode's gradients, eager's among them, are measured against it as well
+(`*_grad_truth_*`): the gradient error against eager is the sum of both sides' rounding, and
+on parameters whose gradient is zero in exact arithmetic (attention's key bias) it is rounding
+noise alone (`*_nonzero_*` leaves them out; `grad_zero_in_exact` counts them).
 
 Needs a CUDA device, CuPy and the eqfuse binary (`$EQFUSE`, or as `backend.find_eqfuse` says).
 """
