@@ -76,60 +76,81 @@ pub fn l2_hits(kernels: &[Access], capacity: u64) -> Vec<u64> {
 /// last one's result and writes one as large) then sees `d0 = d1 = 48 MB`, beyond what the
 /// whole-tensor form (`l2_hits`) could tell from a tensor that stayed resident.
 pub fn l2_hits_by_distance(kernels: &[Access], near: u64, far: u64) -> Vec<u64> {
-    let touched: Vec<Vec<(usize, u64)>> = kernels
-        .iter()
-        .map(|(reads, writes)| {
-            let mut ts: Vec<(usize, u64)> = Vec::new();
-            for &(t, b) in reads.iter().chain(writes) {
-                match ts.iter_mut().find(|u| u.0 == t) {
-                    Some(u) => u.1 = u.1.max(b),
-                    None => ts.push((t, b)),
-                }
-            }
-            ts
-        })
-        .collect();
-    let sum_except = |sets: &[&[(usize, u64)]], t: usize| -> u64 {
-        let mut seen: Vec<usize> = Vec::new();
-        let mut total = 0;
-        for &(u, b) in sets.iter().flat_map(|s| s.iter()) {
-            if u != t && !seen.contains(&u) {
-                seen.push(u);
-                total += b;
+    // Every tensor's last touch (kernel, bytes), and the bytes of last touches by kernel in a
+    // Fenwick tree: the distinct bytes touched in kernels `a..b` are those whose last touch
+    // (before the kernel at hand) lies there, a difference of two prefix sums, so each read
+    // costs a logarithm of the plan's length, not a walk back over it.
+    let mut last: std::collections::HashMap<usize, (usize, u64)> = std::collections::HashMap::new();
+    let mut tree = Fenwick::new(kernels.len());
+    let mut hits = Vec::with_capacity(kernels.len());
+    for (k, (reads, writes)) in kernels.iter().enumerate() {
+        // The kernel's distinct tensors with the most bytes it touches of each.
+        let mut touched: Vec<(usize, u64)> = Vec::new();
+        for &(t, b) in reads.iter().chain(writes) {
+            match touched.iter_mut().find(|u| u.0 == t) {
+                Some(u) => u.1 = u.1.max(b),
+                None => touched.push((t, b)),
             }
         }
-        total
-    };
-    (0..kernels.len())
-        .map(|k| {
-            let mut hit = 0.0;
-            for &(t, b) in &kernels[k].0 {
-                // The kernels since `t`'s last touch, newest first, while their bytes can
-                // still leave some of it a chance.
-                let mut between: Vec<&[(usize, u64)]> = Vec::new();
-                let mut last = None;
-                for j in (0..k).rev() {
-                    if touched[j].iter().any(|u| u.0 == t) {
-                        last = Some(j);
-                        break;
-                    }
-                    between.push(&touched[j]);
-                    if sum_except(&between, t) >= far {
-                        break;
-                    }
-                }
-                let Some(j) = last else { continue };
-                let mut first_sets = between.clone();
-                first_sets.push(&touched[j]);
-                let mut last_sets = between;
-                last_sets.push(&touched[k]);
-                let d0 = b + sum_except(&first_sets, t);
-                let d1 = b + sum_except(&last_sets, t);
-                hit += b as f64 * mean_hit_chance(d0 as f64, d1 as f64, near as f64, far as f64);
+        let mut hit = 0.0;
+        for &(t, b) in reads {
+            let Some(&(j, bt)) = last.get(&t) else { continue };
+            // Distinct bytes touched since kernel j (t's own last touch excluded), and those
+            // of this kernel's other tensors not touched since kernel j.
+            let since_j = tree.range(j, k) - bt;
+            let between = tree.range(j + 1, k);
+            let fresh: u64 = touched
+                .iter()
+                .filter(|&&(u, _)| u != t && last.get(&u).is_none_or(|&(ju, _)| ju <= j))
+                .map(|&(_, bu)| bu)
+                .sum();
+            let (d0, d1) = (b + since_j, b + between + fresh);
+            hit += b as f64 * mean_hit_chance(d0 as f64, d1 as f64, near as f64, far as f64);
+        }
+        for &(t, b) in &touched {
+            if let Some((j, bt)) = last.insert(t, (k, b)) {
+                tree.add(j, -(bt as i64));
             }
-            hit.round() as u64
-        })
-        .collect()
+            tree.add(k, b as i64);
+        }
+        hits.push(hit.round() as u64);
+    }
+    hits
+}
+
+/// A Fenwick tree of byte counts by kernel index.
+struct Fenwick(Vec<i64>);
+
+impl Fenwick {
+    fn new(n: usize) -> Self {
+        Fenwick(vec![0; n + 1])
+    }
+
+    fn add(&mut self, i: usize, v: i64) {
+        let mut i = i + 1;
+        while i < self.0.len() {
+            self.0[i] += v;
+            i += i & i.wrapping_neg();
+        }
+    }
+
+    /// The sum over indices below `i`.
+    fn prefix(&self, i: usize) -> i64 {
+        let (mut i, mut s) = (i.min(self.0.len() - 1), 0);
+        while i > 0 {
+            s += self.0[i];
+            i -= i & i.wrapping_neg();
+        }
+        s
+    }
+
+    /// The sum over indices `a..b` (as bytes: never negative).
+    fn range(&self, a: usize, b: usize) -> u64 {
+        if b <= a {
+            return 0;
+        }
+        (self.prefix(b) - self.prefix(a)).max(0) as u64
+    }
 }
 
 /// The hit chance of `l2_hits_by_distance` averaged over distances spread evenly from `d0` to
@@ -298,6 +319,69 @@ mod tests {
         // touches 3 (10): from 30 to 40.
         assert_eq!(l2_hits_by_distance(&between, 40, 80), vec![0, 0, 20, 10]);
         assert_eq!(l2_hits_by_distance(&between, 20, 30), vec![0, 0, 20, 0]);
+    }
+
+    /// The distances as defined, walking back over the kernels: the reference for the Fenwick
+    /// tree's sums, on pseudo-random plans.
+    #[test]
+    fn reuse_distances_match_a_walk_back_over_the_kernels() {
+        fn walk(kernels: &[Access], near: u64, far: u64) -> Vec<u64> {
+            let touched = |k: usize| {
+                let mut ts: Vec<(usize, u64)> = Vec::new();
+                for &(t, b) in kernels[k].0.iter().chain(&kernels[k].1) {
+                    match ts.iter_mut().find(|u| u.0 == t) {
+                        Some(u) => u.1 = u.1.max(b),
+                        None => ts.push((t, b)),
+                    }
+                }
+                ts
+            };
+            let distinct = |ks: &[usize], t: usize| {
+                let mut seen: Vec<usize> = Vec::new();
+                let mut total = 0;
+                for &k in ks {
+                    for (u, b) in touched(k) {
+                        // A tensor's bytes as its latest touch among `ks` has them.
+                        if u != t && !seen.contains(&u) {
+                            seen.push(u);
+                            let latest = ks.iter().rev().find_map(|&m| touched(m).into_iter().find(|x| x.0 == u));
+                            total += latest.map_or(b, |x| x.1);
+                        }
+                    }
+                }
+                total
+            };
+            (0..kernels.len())
+                .map(|k| {
+                    let mut hit = 0.0;
+                    for &(t, b) in &kernels[k].0 {
+                        let Some(j) = (0..k).rev().find(|&j| touched(j).iter().any(|u| u.0 == t)) else { continue };
+                        let first: Vec<usize> = (j..k).collect();
+                        let mut last: Vec<usize> = (j + 1..k).collect();
+                        last.push(k);
+                        let (d0, d1) = (b + distinct(&first, t), b + distinct(&last, t));
+                        hit += b as f64 * mean_hit_chance(d0 as f64, d1 as f64, near as f64, far as f64);
+                    }
+                    hit.round() as u64
+                })
+                .collect()
+        }
+        let mut seed = 12345u64;
+        let mut next = |n: u64| {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 33) % n
+        };
+        for _ in 0..50 {
+            let sizes: Vec<u64> = (0..12).map(|_| 1 + next(40)).collect();
+            let kernels: Vec<Access> = (0..20)
+                .map(|_| {
+                    let reads = (0..next(4)).map(|_| next(12) as usize).map(|t| (t, sizes[t])).collect();
+                    let writes = (0..next(3)).map(|_| next(12) as usize).map(|t| (t, sizes[t])).collect();
+                    (reads, writes)
+                })
+                .collect();
+            assert_eq!(l2_hits_by_distance(&kernels, 30, 90), walk(&kernels, 30, 90), "{kernels:?}");
+        }
     }
 
     #[test]
