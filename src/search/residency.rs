@@ -83,17 +83,10 @@ pub fn l2_hits_by_distance(kernels: &[Access], near: u64, far: u64) -> Vec<u64> 
     let mut last: std::collections::HashMap<usize, (usize, u64)> = std::collections::HashMap::new();
     let mut tree = Fenwick::new(kernels.len());
     let mut hits = Vec::with_capacity(kernels.len());
-    for (k, (reads, writes)) in kernels.iter().enumerate() {
-        // The kernel's distinct tensors with the most bytes it touches of each.
-        let mut touched: Vec<(usize, u64)> = Vec::new();
-        for &(t, b) in reads.iter().chain(writes) {
-            match touched.iter_mut().find(|u| u.0 == t) {
-                Some(u) => u.1 = u.1.max(b),
-                None => touched.push((t, b)),
-            }
-        }
+    for (k, access) in kernels.iter().enumerate() {
+        let touched = distinct_touches(access);
         let mut hit = 0.0;
-        for &(t, b) in reads {
+        for &(t, b) in &access.0 {
             let Some(&(j, bt)) = last.get(&t) else { continue };
             // Distinct bytes touched since kernel j (t's own last touch excluded), and those
             // of this kernel's other tensors not touched since kernel j.
@@ -116,6 +109,18 @@ pub fn l2_hits_by_distance(kernels: &[Access], near: u64, far: u64) -> Vec<u64> 
         hits.push(hit.round() as u64);
     }
     hits
+}
+
+/// A kernel's distinct tensors (read or written), each with the most bytes it touches of it.
+fn distinct_touches((reads, writes): &Access) -> Vec<(usize, u64)> {
+    let mut touched: Vec<(usize, u64)> = Vec::new();
+    for &(t, b) in reads.iter().chain(writes) {
+        match touched.iter_mut().find(|u| u.0 == t) {
+            Some(u) => u.1 = u.1.max(b),
+            None => touched.push((t, b)),
+        }
+    }
+    touched
 }
 
 /// A Fenwick tree of byte counts by kernel index.
@@ -326,16 +331,7 @@ mod tests {
     #[test]
     fn reuse_distances_match_a_walk_back_over_the_kernels() {
         fn walk(kernels: &[Access], near: u64, far: u64) -> Vec<u64> {
-            let touched = |k: usize| {
-                let mut ts: Vec<(usize, u64)> = Vec::new();
-                for &(t, b) in kernels[k].0.iter().chain(&kernels[k].1) {
-                    match ts.iter_mut().find(|u| u.0 == t) {
-                        Some(u) => u.1 = u.1.max(b),
-                        None => ts.push((t, b)),
-                    }
-                }
-                ts
-            };
+            let touched = |k: usize| distinct_touches(&kernels[k]);
             let distinct = |ks: &[usize], t: usize| {
                 let mut seen: Vec<usize> = Vec::new();
                 let mut total = 0;

@@ -1051,7 +1051,6 @@ fn narrow_plan(profile: &DeviceProfile, program: &Program, width: u32) -> Result
     Ok(plan)
 }
 
-/// `dirty_bytes`' probe: two column sums over f32 [8192, 4096], one of each input.
 /// L2's reuse distances (`l2_reuse_bytes` and `l2_reuse_limit_bytes`, see
 /// `search::residency::l2_hits_by_distance`): the unfused plans of `reuse_programs`, timed as
 /// `eqfuse bench` times plans (after the flush), and the two distances whose prices of every
@@ -1144,6 +1143,7 @@ fn reuse_programs() -> Result<Vec<Program>> {
         .collect()
 }
 
+/// `dirty_bytes`' probe: two column sums over f32 [8192, 4096], one of each input.
 fn dirty_program() -> Result<Program> {
     let x = TensorType::new(DType::F32, vec![8192, 4096]);
     Program::from_sexprs(
